@@ -1,0 +1,183 @@
+package tierlimit
+
+import (
+	"net/http"
+	"net/netip"
+	"strings"
+)
+
+// unknownClient is the key of a request whose TCP peer is not an address (which
+// Traefik does not produce for TCP entrypoints). Such requests share one bucket
+// rather than escaping the per-IP layers.
+const unknownClient = "unknown"
+
+// maxForwardedEntries bounds the X-Forwarded-For walk: a longer chain is
+// treated as malformed past this many entries from the right.
+const maxForwardedEntries = 32
+
+// ipResolver finds the client address of a request. It is immutable after New
+// and safe for concurrent use.
+type ipResolver struct {
+	proxies    []netip.Prefix // trusted proxies; used when hops == 0
+	hops       int            // > 0: the client is the hops-th X-Forwarded-For entry from the right
+	ipv6Prefix int            // IPv6 clients are keyed by their prefix of this many bits
+}
+
+// clientKey returns the bucket key for the client of req: the IPv4 address, or
+// the IPv6 prefix in CIDR notation. It is never empty.
+func (r *ipResolver) clientKey(req *http.Request) string {
+	a, ok := r.clientAddr(req.RemoteAddr, req.Header["X-Forwarded-For"])
+	if !ok {
+		return unknownClient
+	}
+
+	return r.keyOf(a)
+}
+
+// keyOf returns the bucket key of a client address.
+func (r *ipResolver) keyOf(a netip.Addr) string {
+	if a.Is4() || r.ipv6Prefix >= 128 {
+		return a.String()
+	}
+
+	p, err := a.Prefix(r.ipv6Prefix)
+	if err != nil {
+		return a.String()
+	}
+
+	return p.String()
+}
+
+// clientAddr resolves the client from the TCP peer and the X-Forwarded-For
+// header values, as the design note says: X-Forwarded-For is read only when the
+// peer is a trusted proxy (or hops is set), from the right, and a malformed
+// entry ends the walk at the last good address.
+func (r *ipResolver) clientAddr(remoteAddr string, forwarded []string) (netip.Addr, bool) {
+	peer, ok := parseHost(remoteAddr)
+
+	if r.hops > 0 {
+		return r.nthFromRight(peer, ok, forwarded)
+	}
+
+	if !ok {
+		return netip.Addr{}, false
+	}
+
+	if len(forwarded) == 0 || !r.trusted(peer) {
+		return peer, true
+	}
+
+	last := peer
+	seen := 0
+
+	for v := len(forwarded) - 1; v >= 0; v-- {
+		rest := forwarded[v]
+
+		for {
+			i := strings.LastIndexByte(rest, ',')
+			entry := rest[i+1:]
+
+			seen++
+			if seen > maxForwardedEntries {
+				return last, true
+			}
+
+			a, good := parseForwarded(entry)
+			if !good {
+				return last, true
+			}
+
+			if !r.trusted(a) {
+				return a, true
+			}
+
+			last = a
+
+			if i < 0 {
+				break
+			}
+
+			rest = rest[:i]
+		}
+	}
+
+	// Every hop is a trusted proxy: the leftmost is the closest we know to the client.
+	return last, true
+}
+
+// nthFromRight implements trustedHops: the hops-th X-Forwarded-For entry from
+// the right, or the peer when the header has fewer entries.
+func (r *ipResolver) nthFromRight(peer netip.Addr, peerOK bool, forwarded []string) (netip.Addr, bool) {
+	last, lastOK := peer, peerOK
+	seen := 0
+
+	for v := len(forwarded) - 1; v >= 0; v-- {
+		rest := forwarded[v]
+
+		for {
+			i := strings.LastIndexByte(rest, ',')
+			entry := rest[i+1:]
+
+			seen++
+
+			a, good := parseForwarded(entry)
+			if !good {
+				return last, lastOK
+			}
+
+			if seen == r.hops {
+				return a, true
+			}
+
+			last, lastOK = a, true
+
+			if i < 0 {
+				break
+			}
+
+			rest = rest[:i]
+		}
+	}
+
+	return peer, peerOK
+}
+
+func (r *ipResolver) trusted(a netip.Addr) bool {
+	for _, p := range r.proxies {
+		if p.Contains(a) {
+			return true
+		}
+	}
+
+	return false
+}
+
+// parseHost reads RemoteAddr: "ip:port", "[ipv6]:port" or a bare address.
+func parseHost(s string) (netip.Addr, bool) {
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return normalize(ap.Addr()), true
+	}
+
+	if a, err := netip.ParseAddr(s); err == nil {
+		return normalize(a), true
+	}
+
+	return netip.Addr{}, false
+}
+
+// parseForwarded reads one X-Forwarded-For entry: an address, optionally with a
+// port as some proxies add. Anything else is malformed.
+func parseForwarded(entry string) (netip.Addr, bool) {
+	entry = strings.TrimSpace(entry)
+	if entry == "" || len(entry) > 64 {
+		return netip.Addr{}, false
+	}
+
+	return parseHost(entry)
+}
+
+// normalize keys IPv4-mapped IPv6 as IPv4 and drops zones, which name an
+// interface, not a client.
+func normalize(a netip.Addr) netip.Addr {
+	return a.Unmap().WithZone("")
+}

@@ -1,0 +1,568 @@
+package tierlimit
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Config is the plugin's dynamic configuration. Traefik decodes it with
+// mapstructure: keys match field names case-insensitively and every scalar may
+// arrive as a string, so durations are strings parsed in New (see parseDuration).
+type Config struct {
+	Enabled          bool
+	DryRun           bool
+	Store            string
+	KeyPrefix        string
+	TrustedProxies   []string
+	TrustedHops      int
+	IPv6PrefixLength int
+	MaxTracked       int
+
+	Global  LayerConfig
+	IP      LayerConfig
+	Assets  AssetsConfig
+	User    LayerConfig
+	Service LayerConfig
+	Routes  []RouteConfig
+
+	Principal PrincipalConfig
+	Redis     RedisConfig
+	Headers   bool
+	Websocket WebsocketConfig
+}
+
+// LayerConfig is one fixed window: Points requests per Duration. Points 0 turns
+// the layer off. Duration is a time.ParseDuration string; a bare integer means seconds.
+type LayerConfig struct {
+	Points   int
+	Duration string
+}
+
+// AssetsConfig is the per-IP budget for anonymous requests under PathPrefixes.
+type AssetsConfig struct {
+	Points       int
+	Duration     string
+	PathPrefixes []string
+}
+
+// RouteConfig is a limit on requests matching Methods (all when empty) and
+// Paths (exact, or by prefix when the path ends with "/"), counted per Key:
+// "ip", "principal" or "global". Name is the layer name in keys and headers.
+type RouteConfig struct {
+	Name     string
+	Methods  []string
+	Paths    []string
+	Key      string
+	Points   int
+	Duration string
+}
+
+// PrincipalConfig says where the principal and credentials are read from.
+type PrincipalConfig struct {
+	UserHeader              string
+	ServiceAccountHeader    string
+	CredentialHeaders       []string
+	CredentialCookies       []string
+	CredentialQueryParams   []string
+	InvalidCredentialStatus []int
+}
+
+// RedisConfig configures the shared store (store: redis).
+type RedisConfig struct {
+	Address     string
+	Username    string
+	Password    string
+	DB          int
+	TLS         bool
+	DialTimeout string
+	Timeout     string
+	PoolSize    int
+}
+
+// WebsocketConfig caps upgraded connections; 0 means no cap.
+type WebsocketConfig struct {
+	MaxConnectionsPerIP int
+}
+
+// defaultTrustedProxies is loopback, RFC 1918 and ULA: the addresses a reverse
+// proxy in front of Traefik usually has.
+var defaultTrustedProxies = []string{
+	"127.0.0.1/8", "::1/128", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7",
+}
+
+// CreateConfig returns the defaults of the design note; Traefik decodes the
+// user's settings over it.
+func CreateConfig() *Config {
+	proxies := make([]string, len(defaultTrustedProxies))
+	copy(proxies, defaultTrustedProxies)
+
+	return &Config{
+		Enabled:          true,
+		Store:            "memory",
+		KeyPrefix:        "ratelimit",
+		TrustedProxies:   proxies,
+		IPv6PrefixLength: 64,
+		MaxTracked:       100000,
+		Global:           LayerConfig{Points: 1000, Duration: "1s"},
+		IP:               LayerConfig{Points: 50, Duration: "1s"},
+		Assets:           AssetsConfig{Points: 300, Duration: "1s", PathPrefixes: []string{"/assets/"}},
+		User:             LayerConfig{Points: 300, Duration: "60s"},
+		Service:          LayerConfig{Points: 10000, Duration: "60s"},
+		Principal: PrincipalConfig{
+			ServiceAccountHeader:    "X-Auth-Service-Account",
+			InvalidCredentialStatus: []int{http.StatusUnauthorized},
+		},
+		Redis: RedisConfig{
+			Address:     "127.0.0.1:6379",
+			DialTimeout: "250ms",
+			Timeout:     "100ms",
+			PoolSize:    16,
+		},
+		Headers: true,
+	}
+}
+
+// Layer names that routes may not take, since they name the built-in layers.
+const (
+	layerGlobal  = "global"
+	layerIP      = "ip"
+	layerAssets  = "assets"
+	layerUser    = "user"
+	layerService = "service"
+)
+
+// Route keys.
+const (
+	keyIP        = "ip"
+	keyPrincipal = "principal"
+	keyGlobal    = "global"
+)
+
+// settings is the validated, parsed form of Config that New builds once, so
+// that nothing on the request path parses configuration.
+type settings struct {
+	enabled   bool
+	dryRun    bool
+	store     string
+	keyPrefix string
+	headers   bool
+
+	proxies     []netip.Prefix
+	hops        int
+	ipv6Prefix  int
+	maxTracked  int
+	global      layerSpec
+	ip          layerSpec
+	assets      layerSpec
+	assetPaths  []string
+	user        layerSpec
+	service     layerSpec
+	routes      []routeSpec
+	principal   PrincipalConfig
+	invalidCode map[int]bool
+
+	redisDialTimeout time.Duration
+	redisTimeout     time.Duration
+	wsMaxPerIP       int
+}
+
+// layerSpec is a parsed layer. points == 0 means off.
+type layerSpec struct {
+	name     string
+	points   int64
+	duration time.Duration
+}
+
+func (l layerSpec) on() bool { return l.points > 0 }
+
+// routeSpec is a parsed route limit.
+type routeSpec struct {
+	layerSpec
+	methods  []string
+	exact    map[string]bool
+	prefixes []string
+	key      string
+}
+
+// errConfig is the sentinel every validation error wraps, so callers can tell
+// a configuration error from anything else with errors.Is.
+var errConfig = errors.New("invalid configuration")
+
+func invalid(field string, value interface{}, why string) error {
+	return fmt.Errorf("%w: %s = %q: %s", errConfig, field, fmt.Sprint(value), why)
+}
+
+// parse validates cfg and returns its parsed form. Every error names the field
+// and the bad value.
+func parse(cfg *Config) (*settings, error) {
+	if cfg == nil {
+		cfg = CreateConfig()
+	}
+
+	s := &settings{
+		enabled:   cfg.Enabled,
+		dryRun:    cfg.DryRun,
+		headers:   cfg.Headers,
+		keyPrefix: cfg.KeyPrefix,
+		principal: cfg.Principal,
+	}
+
+	var err error
+
+	switch cfg.Store {
+	case "memory", "redis":
+		s.store = cfg.Store
+	default:
+		return nil, invalid("store", cfg.Store, `must be "memory" or "redis"`)
+	}
+
+	if strings.ContainsAny(cfg.KeyPrefix, " \t\r\n") {
+		return nil, invalid("keyPrefix", cfg.KeyPrefix, "must not contain whitespace")
+	}
+
+	if cfg.TrustedHops < 0 {
+		return nil, invalid("trustedHops", cfg.TrustedHops, "must be >= 0")
+	}
+
+	s.hops = cfg.TrustedHops
+
+	if s.hops > 0 {
+		// The defaults stand for "not set": only a list the user wrote conflicts.
+		if len(cfg.TrustedProxies) > 0 && !sameStrings(cfg.TrustedProxies, defaultTrustedProxies) {
+			return nil, invalid("trustedProxies", strings.Join(cfg.TrustedProxies, ","),
+				"cannot be set together with trustedHops ("+strconv.Itoa(cfg.TrustedHops)+"); use one of them")
+		}
+	} else {
+		for i, raw := range cfg.TrustedProxies {
+			p, perr := parsePrefix(raw)
+			if perr != nil {
+				return nil, invalid("trustedProxies["+strconv.Itoa(i)+"]", raw, "not a CIDR or IP address")
+			}
+
+			s.proxies = append(s.proxies, p)
+		}
+	}
+
+	if cfg.IPv6PrefixLength < 1 || cfg.IPv6PrefixLength > 128 {
+		return nil, invalid("ipv6PrefixLength", cfg.IPv6PrefixLength, "must be between 1 and 128")
+	}
+
+	s.ipv6Prefix = cfg.IPv6PrefixLength
+
+	if cfg.MaxTracked < 1 {
+		return nil, invalid("maxTracked", cfg.MaxTracked, "must be >= 1")
+	}
+
+	s.maxTracked = cfg.MaxTracked
+
+	if s.global, err = parseLayer("global", layerGlobal, cfg.Global.Points, cfg.Global.Duration); err != nil {
+		return nil, err
+	}
+
+	if s.ip, err = parseLayer("ip", layerIP, cfg.IP.Points, cfg.IP.Duration); err != nil {
+		return nil, err
+	}
+
+	if s.assets, err = parseLayer("assets", layerAssets, cfg.Assets.Points, cfg.Assets.Duration); err != nil {
+		return nil, err
+	}
+
+	for i, p := range cfg.Assets.PathPrefixes {
+		if !strings.HasPrefix(p, "/") {
+			return nil, invalid("assets.pathPrefixes["+strconv.Itoa(i)+"]", p, `must start with "/"`)
+		}
+	}
+
+	s.assetPaths = cfg.Assets.PathPrefixes
+
+	if s.user, err = parseLayer("user", layerUser, cfg.User.Points, cfg.User.Duration); err != nil {
+		return nil, err
+	}
+
+	if s.service, err = parseLayer("service", layerService, cfg.Service.Points, cfg.Service.Duration); err != nil {
+		return nil, err
+	}
+
+	if s.routes, err = parseRoutes(cfg.Routes); err != nil {
+		return nil, err
+	}
+
+	if err = checkPrincipal(cfg.Principal); err != nil {
+		return nil, err
+	}
+
+	s.invalidCode = make(map[int]bool, len(cfg.Principal.InvalidCredentialStatus))
+	for _, code := range cfg.Principal.InvalidCredentialStatus {
+		s.invalidCode[code] = true
+	}
+
+	if err = checkRedis(cfg.Redis, s); err != nil {
+		return nil, err
+	}
+
+	if cfg.Websocket.MaxConnectionsPerIP < 0 {
+		return nil, invalid("websocket.maxConnectionsPerIP", cfg.Websocket.MaxConnectionsPerIP, "must be >= 0")
+	}
+
+	s.wsMaxPerIP = cfg.Websocket.MaxConnectionsPerIP
+
+	return s, nil
+}
+
+func parseLayer(field, name string, points int, duration string) (layerSpec, error) {
+	if points < 0 {
+		return layerSpec{}, invalid(field+".points", points, "must be >= 0 (0 turns the layer off)")
+	}
+
+	d, err := parseDuration(duration)
+	if err != nil {
+		return layerSpec{}, invalid(field+".duration", duration, err.Error())
+	}
+
+	return layerSpec{name: name, points: int64(points), duration: d}, nil
+}
+
+// parseDuration reads a time.ParseDuration string or a bare integer of seconds.
+// Windows are kept in whole milliseconds because Redis expiries are.
+func parseDuration(raw string) (time.Duration, error) {
+	raw = strings.TrimSpace(raw)
+
+	var d time.Duration
+
+	if n, err := strconv.ParseInt(raw, 10, 64); err == nil {
+		if n > int64(365*24*time.Hour/time.Second) {
+			return 0, errors.New("longer than a year")
+		}
+
+		d = time.Duration(n) * time.Second
+	} else {
+		d, err = time.ParseDuration(raw)
+		if err != nil {
+			return 0, errors.New(`not a duration (examples: "1s", "60s", "500ms", 60)`)
+		}
+	}
+
+	if d < time.Millisecond {
+		return 0, errors.New("must be at least 1ms")
+	}
+
+	if d > 365*24*time.Hour {
+		return 0, errors.New("longer than a year")
+	}
+
+	return d.Truncate(time.Millisecond), nil
+}
+
+func parseRoutes(routes []RouteConfig) ([]routeSpec, error) {
+	seen := map[string]bool{}
+	specs := make([]routeSpec, 0, len(routes))
+
+	for i, rc := range routes {
+		field := "routes[" + strconv.Itoa(i) + "]"
+
+		if !validName(rc.Name) {
+			return nil, invalid(field+".name", rc.Name, "must be 1-64 characters of A-Z a-z 0-9 _ - .")
+		}
+
+		switch rc.Name {
+		case layerGlobal, layerIP, layerAssets, layerUser, layerService:
+			return nil, invalid(field+".name", rc.Name, "is the name of a built-in layer")
+		}
+
+		if seen[rc.Name] {
+			return nil, invalid(field+".name", rc.Name, "is used by another route")
+		}
+
+		seen[rc.Name] = true
+
+		layer, err := parseLayer(field, rc.Name, rc.Points, rc.Duration)
+		if err != nil {
+			return nil, err
+		}
+
+		spec := routeSpec{layerSpec: layer, exact: map[string]bool{}}
+
+		switch rc.Key {
+		case keyIP, keyPrincipal, keyGlobal:
+			spec.key = rc.Key
+		case "":
+			spec.key = keyIP
+		default:
+			return nil, invalid(field+".key", rc.Key, `must be "ip", "principal" or "global"`)
+		}
+
+		for j, m := range rc.Methods {
+			if !validToken(m) {
+				return nil, invalid(field+".methods["+strconv.Itoa(j)+"]", m, "not an HTTP method")
+			}
+
+			spec.methods = append(spec.methods, strings.ToUpper(m))
+		}
+
+		if len(rc.Paths) == 0 {
+			return nil, invalid(field+".paths", "", "at least one path is required")
+		}
+
+		for j, p := range rc.Paths {
+			if !strings.HasPrefix(p, "/") {
+				return nil, invalid(field+".paths["+strconv.Itoa(j)+"]", p, `must start with "/"`)
+			}
+
+			if strings.HasSuffix(p, "/") {
+				spec.prefixes = append(spec.prefixes, p)
+			} else {
+				spec.exact[p] = true
+			}
+		}
+
+		specs = append(specs, spec)
+	}
+
+	return specs, nil
+}
+
+func checkPrincipal(pc PrincipalConfig) error {
+	if pc.UserHeader != "" && !validToken(pc.UserHeader) {
+		return invalid("principal.userHeader", pc.UserHeader, "not a header name")
+	}
+
+	if pc.ServiceAccountHeader != "" && !validToken(pc.ServiceAccountHeader) {
+		return invalid("principal.serviceAccountHeader", pc.ServiceAccountHeader, "not a header name")
+	}
+
+	for i, h := range pc.CredentialHeaders {
+		if !validToken(h) {
+			return invalid("principal.credentialHeaders["+strconv.Itoa(i)+"]", h, "not a header name")
+		}
+	}
+
+	for i, c := range pc.CredentialCookies {
+		if !validToken(c) {
+			return invalid("principal.credentialCookies["+strconv.Itoa(i)+"]", c, "not a cookie name")
+		}
+	}
+
+	for i, q := range pc.CredentialQueryParams {
+		if q == "" {
+			return invalid("principal.credentialQueryParams["+strconv.Itoa(i)+"]", q, "must not be empty")
+		}
+	}
+
+	for i, code := range pc.InvalidCredentialStatus {
+		if code < 100 || code > 599 {
+			return invalid("principal.invalidCredentialStatus["+strconv.Itoa(i)+"]", code, "not an HTTP status")
+		}
+	}
+
+	return nil
+}
+
+func checkRedis(rc RedisConfig, s *settings) error {
+	var err error
+
+	if s.redisDialTimeout, err = parseDuration(rc.DialTimeout); err != nil {
+		return invalid("redis.dialTimeout", rc.DialTimeout, err.Error())
+	}
+
+	if s.redisTimeout, err = parseDuration(rc.Timeout); err != nil {
+		return invalid("redis.timeout", rc.Timeout, err.Error())
+	}
+
+	if rc.DB < 0 {
+		return invalid("redis.db", rc.DB, "must be >= 0")
+	}
+
+	if rc.PoolSize < 1 {
+		return invalid("redis.poolSize", rc.PoolSize, "must be >= 1")
+	}
+
+	if s.store == "redis" {
+		host, port, serr := net.SplitHostPort(rc.Address)
+		if serr != nil || host == "" || port == "" {
+			return invalid("redis.address", rc.Address, "must be host:port")
+		}
+	}
+
+	return nil
+}
+
+// parsePrefix accepts a CIDR or a bare address (a one-address prefix). IPv4-mapped
+// IPv6 prefixes are stored as IPv4 so that they match unmapped client addresses.
+func parsePrefix(raw string) (netip.Prefix, error) {
+	raw = strings.TrimSpace(raw)
+
+	if !strings.Contains(raw, "/") {
+		a, err := netip.ParseAddr(raw)
+		if err != nil {
+			return netip.Prefix{}, err
+		}
+
+		a = a.Unmap().WithZone("")
+
+		return netip.PrefixFrom(a, a.BitLen()), nil
+	}
+
+	p, err := netip.ParsePrefix(raw)
+	if err != nil {
+		return netip.Prefix{}, err
+	}
+
+	if p.Addr().Is4In6() && p.Bits() >= 96 {
+		p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
+	}
+
+	return p.Masked(), nil
+}
+
+func sameStrings(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+
+	return true
+}
+
+// validName limits layer names to characters that are safe unquoted in Redis
+// keys, log lines and structured header fields.
+func validName(s string) bool {
+	if s == "" || len(s) > 64 {
+		return false
+	}
+
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.') {
+			return false
+		}
+	}
+
+	return true
+}
+
+// validToken reports whether s is an RFC 9110 token (header names, methods, cookie names).
+func validToken(s string) bool {
+	if s == "" || len(s) > 256 {
+		return false
+	}
+
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
+			return false
+		}
+	}
+
+	return true
+}

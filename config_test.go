@@ -1,0 +1,180 @@
+package tierlimit
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestDefaultsMatchDesign(t *testing.T) {
+	s, err := parse(CreateConfig())
+	if err != nil {
+		t.Fatalf("defaults rejected: %v", err)
+	}
+
+	layers := []struct {
+		got    layerSpec
+		points int64
+		d      time.Duration
+	}{
+		{s.global, 1000, time.Second},
+		{s.ip, 50, time.Second},
+		{s.assets, 300, time.Second},
+		{s.user, 300, time.Minute},
+		{s.service, 10000, time.Minute},
+	}
+	for _, l := range layers {
+		if l.got.points != l.points || l.got.duration != l.d {
+			t.Errorf("%s: %d/%s, want %d/%s", l.got.name, l.got.points, l.got.duration, l.points, l.d)
+		}
+	}
+
+	if !s.enabled || s.dryRun || !s.headers || s.store != "memory" || s.keyPrefix != "ratelimit" ||
+		s.maxTracked != 100000 || s.ipv6Prefix != 64 || s.hops != 0 || len(s.proxies) != 6 ||
+		len(s.assetPaths) != 1 || s.assetPaths[0] != "/assets/" || len(s.routes) != 0 ||
+		s.principal.UserHeader != "" || s.principal.ServiceAccountHeader != "X-Auth-Service-Account" ||
+		!s.invalidCode[401] || len(s.invalidCode) != 1 ||
+		s.redisDialTimeout != 250*time.Millisecond || s.redisTimeout != 100*time.Millisecond || s.wsMaxPerIP != 0 {
+		t.Fatalf("defaults differ from the design note: %+v", s)
+	}
+}
+
+func TestDurations(t *testing.T) {
+	for raw, want := range map[string]time.Duration{
+		"1s": time.Second, "60s": time.Minute, "60": time.Minute, " 5 ": 5 * time.Second,
+		"500ms": 500 * time.Millisecond, "1h": time.Hour, "1.5s": 1500 * time.Millisecond,
+	} {
+		got, err := parseDuration(raw)
+		if err != nil || got != want {
+			t.Errorf("parseDuration(%q) = %s, %v; want %s", raw, got, err, want)
+		}
+	}
+}
+
+func TestInvalidConfigurationNamesFieldAndValue(t *testing.T) {
+	cases := []struct {
+		field, value string
+		mutate       func(c *Config)
+	}{
+		{"store", "etcd", func(c *Config) { c.Store = "etcd" }},
+		{"keyPrefix", "rate limit", func(c *Config) { c.KeyPrefix = "rate limit" }},
+		{"trustedProxies[1]", "10.0.0.0/33", func(c *Config) { c.TrustedProxies = []string{"10.0.0.0/8", "10.0.0.0/33"} }},
+		{"trustedProxies[0]", "proxy.local", func(c *Config) { c.TrustedProxies = []string{"proxy.local"} }},
+		{"trustedHops", "-1", func(c *Config) { c.TrustedHops = -1 }},
+		{"trustedProxies", "10.1.0.0/16", func(c *Config) { c.TrustedHops = 2; c.TrustedProxies = []string{"10.1.0.0/16"} }},
+		{"ipv6PrefixLength", "0", func(c *Config) { c.IPv6PrefixLength = 0 }},
+		{"ipv6PrefixLength", "129", func(c *Config) { c.IPv6PrefixLength = 129 }},
+		{"maxTracked", "0", func(c *Config) { c.MaxTracked = 0 }},
+		{"maxTracked", "-5", func(c *Config) { c.MaxTracked = -5 }},
+		{"global.points", "-1", func(c *Config) { c.Global.Points = -1 }},
+		{"global.duration", "soon", func(c *Config) { c.Global.Duration = "soon" }},
+		{"ip.points", "-50", func(c *Config) { c.IP.Points = -50 }},
+		{"ip.duration", "", func(c *Config) { c.IP.Duration = "" }},
+		{"ip.duration", "0s", func(c *Config) { c.IP.Duration = "0s" }},
+		{"ip.duration", "-1s", func(c *Config) { c.IP.Duration = "-1s" }},
+		{"ip.duration", "-3", func(c *Config) { c.IP.Duration = "-3" }},
+		{"ip.duration", "1us", func(c *Config) { c.IP.Duration = "1us" }},
+		{"assets.points", "-1", func(c *Config) { c.Assets.Points = -1 }},
+		{"assets.duration", "1x", func(c *Config) { c.Assets.Duration = "1x" }},
+		{"assets.pathPrefixes[1]", "static/", func(c *Config) { c.Assets.PathPrefixes = []string{"/assets/", "static/"} }},
+		{"user.points", "-1", func(c *Config) { c.User.Points = -1 }},
+		{"user.duration", "forever", func(c *Config) { c.User.Duration = "forever" }},
+		{"service.points", "-1", func(c *Config) { c.Service.Points = -1 }},
+		{"service.duration", "100000000", func(c *Config) { c.Service.Duration = "100000000" }},
+		{"routes[0].name", "", func(c *Config) { c.Routes = []RouteConfig{{Paths: []string{"/x"}, Points: 1, Duration: "1s"}} }},
+		{"routes[0].name", "ip", func(c *Config) {
+			c.Routes = []RouteConfig{{Name: "ip", Paths: []string{"/x"}, Points: 1, Duration: "1s"}}
+		}},
+		{"routes[0].name", "log in", func(c *Config) {
+			c.Routes = []RouteConfig{{Name: "log in", Paths: []string{"/x"}, Points: 1, Duration: "1s"}}
+		}},
+		{"routes[1].name", "login", func(c *Config) {
+			c.Routes = []RouteConfig{
+				{Name: "login", Paths: []string{"/x"}, Points: 1, Duration: "1s"},
+				{Name: "login", Paths: []string{"/y"}, Points: 1, Duration: "1s"},
+			}
+		}},
+		{"routes[0].key", "session", func(c *Config) {
+			c.Routes = []RouteConfig{{Name: "r", Paths: []string{"/x"}, Key: "session", Points: 1, Duration: "1s"}}
+		}},
+		{"routes[0].points", "-2", func(c *Config) {
+			c.Routes = []RouteConfig{{Name: "r", Paths: []string{"/x"}, Points: -2, Duration: "1s"}}
+		}},
+		{"routes[0].duration", "1 minute", func(c *Config) {
+			c.Routes = []RouteConfig{{Name: "r", Paths: []string{"/x"}, Points: 1, Duration: "1 minute"}}
+		}},
+		{"routes[0].methods[1]", "PO ST", func(c *Config) {
+			c.Routes = []RouteConfig{{Name: "r", Methods: []string{"GET", "PO ST"}, Paths: []string{"/x"}, Points: 1, Duration: "1s"}}
+		}},
+		{"routes[0].paths", "", func(c *Config) { c.Routes = []RouteConfig{{Name: "r", Points: 1, Duration: "1s"}} }},
+		{"routes[0].paths[0]", "auth/login", func(c *Config) {
+			c.Routes = []RouteConfig{{Name: "r", Paths: []string{"auth/login"}, Points: 1, Duration: "1s"}}
+		}},
+		{"principal.userHeader", "X Auth User", func(c *Config) { c.Principal.UserHeader = "X Auth User" }},
+		{"principal.serviceAccountHeader", "X:SA", func(c *Config) { c.Principal.ServiceAccountHeader = "X:SA" }},
+		{"principal.credentialHeaders[0]", "", func(c *Config) { c.Principal.CredentialHeaders = []string{""} }},
+		{"principal.credentialCookies[0]", "a=b", func(c *Config) { c.Principal.CredentialCookies = []string{"a=b"} }},
+		{"principal.credentialQueryParams[0]", "", func(c *Config) { c.Principal.CredentialQueryParams = []string{""} }},
+		{"principal.invalidCredentialStatus[1]", "4010", func(c *Config) { c.Principal.InvalidCredentialStatus = []int{401, 4010} }},
+		{"redis.dialTimeout", "fast", func(c *Config) { c.Redis.DialTimeout = "fast" }},
+		{"redis.timeout", "0", func(c *Config) { c.Redis.Timeout = "0" }},
+		{"redis.db", "-1", func(c *Config) { c.Redis.DB = -1 }},
+		{"redis.poolSize", "0", func(c *Config) { c.Redis.PoolSize = 0 }},
+		{"redis.address", "localhost", func(c *Config) { c.Store = "redis"; c.Redis.Address = "localhost" }},
+		{"websocket.maxConnectionsPerIP", "-1", func(c *Config) { c.Websocket.MaxConnectionsPerIP = -1 }},
+	}
+
+	for _, tc := range cases {
+		cfg := CreateConfig()
+		tc.mutate(cfg)
+
+		_, err := New(context.Background(), http.NotFoundHandler(), cfg, "invalid@test")
+		if err == nil {
+			t.Errorf("%s = %q accepted", tc.field, tc.value)
+			continue
+		}
+
+		if !errors.Is(err, errConfig) {
+			t.Errorf("%s: error does not wrap errConfig: %v", tc.field, err)
+		}
+
+		if want := tc.field + ` = "` + tc.value + `"`; !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not name %s", err, want)
+		}
+	}
+}
+
+func TestValidConfigurationsAccepted(t *testing.T) {
+	cases := map[string]func(c *Config){
+		"hops with default proxies": func(c *Config) { c.TrustedHops = 2 },
+		"hops with no proxies":      func(c *Config) { c.TrustedHops = 1; c.TrustedProxies = nil },
+		"bare address as proxy":     func(c *Config) { c.TrustedProxies = []string{"203.0.113.7", "2001:db8::1"} },
+		"all layers off":            func(c *Config) { c.Global.Points = 0; c.IP.Points = 0; c.Assets.Points = 0 },
+		"bare integer duration":     func(c *Config) { c.IP.Duration = "60" },
+		"route without methods": func(c *Config) {
+			c.Routes = []RouteConfig{{Name: "r", Paths: []string{"/a/"}, Points: 1, Duration: "1s"}}
+		},
+		"route off": func(c *Config) { c.Routes = []RouteConfig{{Name: "r", Paths: []string{"/a"}, Duration: "1s"}} },
+		"route default key is ip": func(c *Config) {
+			c.Routes = []RouteConfig{{Name: "r", Paths: []string{"/a"}, Points: 1, Duration: "1s"}}
+		},
+		"ipv6 /128": func(c *Config) { c.IPv6PrefixLength = 128 },
+		"principal headers": func(c *Config) {
+			c.Principal.UserHeader = "X-Auth-User"
+			c.Principal.CredentialHeaders = []string{"Authorization"}
+		},
+		"redis settings not used yet": func(c *Config) { c.Redis.Address = "" },
+	}
+
+	for name, mutate := range cases {
+		cfg := CreateConfig()
+		mutate(cfg)
+
+		if _, err := New(context.Background(), http.NotFoundHandler(), cfg, "valid@test"); err != nil {
+			t.Errorf("%s: rejected: %v", name, err)
+		}
+	}
+}

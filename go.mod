@@ -1,0 +1,3 @@
+module github.com/tierlimit/tierlimit
+
+go 1.22

@@ -1,0 +1,317 @@
+// Package tierlimit is a Traefik middleware plugin that limits requests with
+// several fixed-window layers: global, per client IP, per IP for public assets,
+// per principal, and per route. See README.md for the configuration.
+package tierlimit
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// Plugin is the middleware. It is safe for concurrent use; everything but the
+// counters is fixed in New.
+type Plugin struct {
+	next http.Handler
+	name string
+	cfg  *settings
+	now  func() time.Time
+
+	store  *windowStore
+	ips    ipResolver
+	events *eventLog
+
+	global  *layer
+	ip      *layer
+	assets  *layer
+	user    *layer
+	service *layer
+	routes  []*route
+
+	credHeaders []string
+	credCookies []string
+	credQuery   []string
+}
+
+// layer is a layer as the request path uses it: its limits, its counter list in
+// the store and the header values that do not depend on the request.
+type layer struct {
+	name     string
+	points   int64
+	duration int64 // nanoseconds
+	list     *windowList
+	limit    string // points, formatted
+	policy   string // RateLimit-Policy item
+}
+
+// route is a route limit with its matcher.
+type route struct {
+	layer
+	methods  []string
+	exact    map[string]bool
+	prefixes []string
+	key      string
+}
+
+// New builds the middleware from a validated configuration. It does no I/O:
+// counters live in the package registry, keyed by name, so routers that share
+// the middleware share its budget and reloads keep the counts.
+func New(ctx context.Context, next http.Handler, config *Config, name string) (http.Handler, error) {
+	cfg, err := parse(config)
+	if err != nil {
+		return nil, fmt.Errorf("configuring %s: %w", name, err)
+	}
+
+	if cfg.store == "redis" {
+		return nil, fmt.Errorf("configuring %s: %w", name,
+			invalid("store", cfg.store, "the redis store is not available in this version; use memory"))
+	}
+
+	store := registry.get(name, cfg.maxTracked)
+
+	p := &Plugin{
+		next:   next,
+		name:   name,
+		cfg:    cfg,
+		now:    time.Now,
+		store:  store,
+		ips:    ipResolver{proxies: cfg.proxies, hops: cfg.hops, ipv6Prefix: cfg.ipv6Prefix},
+		events: newEventLog(eventWriter, name),
+
+		global:  newLayer(store, cfg.global),
+		ip:      newLayer(store, cfg.ip),
+		assets:  newLayer(store, cfg.assets),
+		user:    newLayer(store, cfg.user),
+		service: newLayer(store, cfg.service),
+
+		credCookies: cfg.principal.CredentialCookies,
+		credQuery:   cfg.principal.CredentialQueryParams,
+	}
+
+	for _, h := range cfg.principal.CredentialHeaders {
+		p.credHeaders = append(p.credHeaders, http.CanonicalHeaderKey(h))
+	}
+
+	for _, rs := range cfg.routes {
+		if !rs.on() {
+			continue
+		}
+
+		l := newLayer(store, rs.layerSpec)
+		p.routes = append(p.routes, &route{
+			layer: *l, methods: rs.methods, exact: rs.exact, prefixes: rs.prefixes, key: rs.key,
+		})
+	}
+
+	return p, nil
+}
+
+// newLayer returns nil for a layer that is off, so the request path tests one pointer.
+func newLayer(store *windowStore, spec layerSpec) *layer {
+	if !spec.on() {
+		return nil
+	}
+
+	return &layer{
+		name:     spec.name,
+		points:   spec.points,
+		duration: int64(spec.duration),
+		list:     store.listFor(spec.duration),
+		limit:    formatInt(spec.points),
+		policy:   `"` + spec.name + `";q=` + formatInt(spec.points) + ";w=" + formatInt(ceilSeconds(int64(spec.duration))),
+	}
+}
+
+// ServeHTTP charges the request to its layers, in the order global, tier,
+// routes, and either refuses it or passes it on with the rate-limit headers.
+func (p *Plugin) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
+	if !p.cfg.enabled {
+		p.next.ServeHTTP(rw, req)
+		return
+	}
+
+	now := p.now().UnixNano()
+	clientKey := p.ips.clientKey(req)
+
+	charges := make([]charge, 0, 4)
+
+	if p.global != nil {
+		charges = append(charges, charge{layer: p.global, key: layerGlobal})
+	}
+
+	principal := p.principalOf(req)
+
+	if l, key := p.tier(req, principal, clientKey); l != nil {
+		charges = append(charges, charge{layer: l, key: key})
+	}
+
+	for _, rt := range p.routes {
+		if rt.matches(req) {
+			charges = append(charges, charge{layer: &rt.layer, key: rt.keyFor(principal, clientKey)})
+		}
+	}
+
+	if len(charges) == 0 {
+		p.next.ServeHTTP(rw, req)
+		return
+	}
+
+	results := make([]result, len(charges))
+	n := p.store.take(now, charges, results, p.cfg.dryRun)
+
+	shown := -1
+	refused := -1
+
+	for i := 0; i < n; i++ {
+		c, res := charges[i], results[i]
+
+		if res.count > c.layer.points && refused < 0 {
+			refused = i
+		}
+
+		if res.firstRefusal {
+			p.events.refused(c.layer.name, c.key, clientKey)
+		}
+
+		if shown < 0 || remaining(c.layer, res) < remaining(charges[shown].layer, results[shown]) {
+			shown = i
+		}
+	}
+
+	if refused >= 0 {
+		shown = refused
+	}
+
+	if p.cfg.headers {
+		setHeaders(rw.Header(), charges[shown].layer, results[shown], now)
+	}
+
+	if refused >= 0 && !p.cfg.dryRun {
+		refuse(rw, charges[refused].layer, results[refused], now)
+		return
+	}
+
+	p.next.ServeHTTP(rw, req)
+}
+
+// principalOf returns the principal id set by the auth server, or "".
+func (p *Plugin) principalOf(req *http.Request) string {
+	if p.cfg.principal.UserHeader == "" {
+		return ""
+	}
+
+	return req.Header.Get(p.cfg.principal.UserHeader)
+}
+
+// tier returns the one bucket, besides global and routes, that the request is
+// charged to up front: user or service for a principal, nothing for a
+// credential that the downstream has yet to judge, else assets or ip. A layer
+// that is off charges nothing.
+func (p *Plugin) tier(req *http.Request, principal, clientKey string) (*layer, string) {
+	if principal != "" {
+		if p.isServiceAccount(req) {
+			return p.service, principal
+		}
+
+		return p.user, principal
+	}
+
+	if p.hasCredential(req) {
+		return nil, ""
+	}
+
+	for _, prefix := range p.cfg.assetPaths {
+		if strings.HasPrefix(req.URL.Path, prefix) {
+			return p.assets, clientKey
+		}
+	}
+
+	return p.ip, clientKey
+}
+
+func (p *Plugin) isServiceAccount(req *http.Request) bool {
+	if p.cfg.principal.ServiceAccountHeader == "" {
+		return false
+	}
+
+	v := strings.TrimSpace(req.Header.Get(p.cfg.principal.ServiceAccountHeader))
+
+	return v == "1" || strings.EqualFold(v, "true")
+}
+
+// hasCredential reports whether the request carries a non-empty credential in
+// one of the configured headers, cookies or query parameters. An empty value is
+// no credential: an auth server would treat it as anonymous.
+func (p *Plugin) hasCredential(req *http.Request) bool {
+	for _, h := range p.credHeaders {
+		if v := req.Header[h]; len(v) > 0 && strings.TrimSpace(v[0]) != "" {
+			return true
+		}
+	}
+
+	for _, name := range p.credCookies {
+		if c, err := req.Cookie(name); err == nil && c.Value != "" {
+			return true
+		}
+	}
+
+	if len(p.credQuery) > 0 && req.URL.RawQuery != "" {
+		q := req.URL.Query()
+		for _, name := range p.credQuery {
+			if q.Get(name) != "" {
+				return true
+			}
+		}
+	}
+
+	return false
+}
+
+func (rt *route) matches(req *http.Request) bool {
+	if len(rt.methods) > 0 {
+		found := false
+
+		for _, m := range rt.methods {
+			if m == req.Method {
+				found = true
+				break
+			}
+		}
+
+		if !found {
+			return false
+		}
+	}
+
+	if rt.exact[req.URL.Path] {
+		return true
+	}
+
+	for _, prefix := range rt.prefixes {
+		if strings.HasPrefix(req.URL.Path, prefix) {
+			return true
+		}
+	}
+
+	return false
+}
+
+// keyFor returns the route's bucket key. A principal-keyed route falls back to
+// the client IP for requests without a principal, in a namespace of its own so
+// that an IP never shares a bucket with a principal id.
+func (rt *route) keyFor(principal, clientKey string) string {
+	switch rt.key {
+	case keyGlobal:
+		return layerGlobal
+	case keyPrincipal:
+		if principal != "" {
+			return principal
+		}
+
+		return "ip:" + clientKey
+	default:
+		return clientKey
+	}
+}

@@ -1,0 +1,559 @@
+package tierlimit
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// clock is a manual clock for the plugin.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+
+	return c.now
+}
+
+func (c *clock) Add(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+var instanceSeq atomic.Int64
+
+// harness is a plugin instance with a manual clock, an event buffer and a
+// backend that answers 200, or 404 under /missing.
+type harness struct {
+	t      *testing.T
+	p      *Plugin
+	clock  *clock
+	events *bytes.Buffer
+	calls  atomic.Int64
+}
+
+func newHarness(t *testing.T, mutate func(c *Config)) *harness {
+	t.Helper()
+
+	cfg := CreateConfig()
+	if mutate != nil {
+		mutate(cfg)
+	}
+
+	h := &harness{t: t, clock: &clock{now: time.Date(2026, 6, 15, 10, 0, 0, 200e6, time.UTC)}, events: &bytes.Buffer{}}
+	next := http.HandlerFunc(func(rw http.ResponseWriter, req *http.Request) {
+		h.calls.Add(1)
+
+		if strings.HasPrefix(req.URL.Path, "/missing") {
+			http.NotFound(rw, req)
+			return
+		}
+
+		_, _ = rw.Write([]byte("ok"))
+	})
+
+	name := t.Name() + "-" + strconv.FormatInt(instanceSeq.Add(1), 10) + "@test"
+
+	handler, err := New(context.Background(), next, cfg, name)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+
+	h.p = handler.(*Plugin)
+	h.p.now = h.clock.Now
+	h.p.events = newEventLog(h.events, name)
+
+	return h
+}
+
+func (h *harness) do(method, target, remote string, hdr map[string]string) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(method, target, nil)
+	req.RemoteAddr = remote
+
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+
+	rec := httptest.NewRecorder()
+	h.p.ServeHTTP(rec, req)
+
+	return rec
+}
+
+func (h *harness) get(target, remote string) *httptest.ResponseRecorder {
+	return h.do(http.MethodGet, target, remote, nil)
+}
+
+func onlyIP(points int, duration string) func(c *Config) {
+	return func(c *Config) {
+		c.Global.Points = 0
+		c.IP = LayerConfig{Points: points, Duration: duration}
+	}
+}
+
+func TestIPLayerRefusesThe51st(t *testing.T) {
+	h := newHarness(t, nil)
+
+	for i := 1; i <= 50; i++ {
+		rec := h.get("/api", "203.0.113.9:1234")
+		if rec.Code != http.StatusOK {
+			t.Fatalf("request %d: %d", i, rec.Code)
+		}
+
+		if got := rec.Header().Get("X-RateLimit-Remaining"); got != strconv.Itoa(50-i) {
+			t.Fatalf("request %d: remaining %q", i, got)
+		}
+	}
+
+	rec := h.get("/api", "203.0.113.9:1234")
+	if rec.Code != http.StatusTooManyRequests {
+		t.Fatalf("51st: %d", rec.Code)
+	}
+
+	if h.calls.Load() != 50 {
+		t.Fatalf("backend called %d times, want 50", h.calls.Load())
+	}
+
+	// Another client is unaffected.
+	if rec := h.get("/api", "203.0.113.10:1234"); rec.Code != http.StatusOK {
+		t.Fatalf("other client: %d", rec.Code)
+	}
+
+	// The window ends at first hit + 1s.
+	h.clock.Add(time.Second)
+
+	if rec := h.get("/api", "203.0.113.9:1234"); rec.Code != http.StatusOK {
+		t.Fatalf("after reset: %d", rec.Code)
+	}
+}
+
+func TestRefusalResponse(t *testing.T) {
+	h := newHarness(t, onlyIP(2, "5s"))
+	h.get("/", "203.0.113.9:1")
+	h.clock.Add(1500 * time.Millisecond)
+	h.get("/", "203.0.113.9:1")
+
+	rec := h.get("/", "203.0.113.9:1")
+	if rec.Code != http.StatusTooManyRequests {
+		t.Fatalf("status %d", rec.Code)
+	}
+
+	// First hit at 10:00:00.2, window 5s: reset 10:00:05.2, 3.5s from now.
+	want := map[string]string{
+		"Retry-After":           "4",
+		"Content-Type":          "application/json",
+		"X-RateLimit-Limit":     "2",
+		"X-RateLimit-Remaining": "0",
+		"X-RateLimit-Reset":     strconv.FormatInt(time.Date(2026, 6, 15, 10, 0, 6, 0, time.UTC).Unix(), 10),
+		"RateLimit-Policy":      `"ip";q=2;w=5`,
+		"RateLimit":             `"ip";r=0;t=4`,
+	}
+	for k, v := range want {
+		if got := rec.Header().Get(k); got != v {
+			t.Errorf("%s: %q, want %q", k, got, v)
+		}
+	}
+
+	var body struct {
+		Errors []struct {
+			Message    string `json:"message"`
+			Extensions struct {
+				Code  string `json:"code"`
+				Limit int    `json:"limit"`
+				Reset string `json:"reset"`
+				Layer string `json:"layer"`
+			} `json:"extensions"`
+		} `json:"errors"`
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+		t.Fatalf("body %q: %v", rec.Body.String(), err)
+	}
+
+	if len(body.Errors) != 1 {
+		t.Fatalf("body %q", rec.Body.String())
+	}
+
+	e := body.Errors[0]
+	if e.Message != "Hit rate limit" || e.Extensions.Code != "REQUESTS_EXCEEDED" || e.Extensions.Limit != 2 ||
+		e.Extensions.Reset != "2026-06-15T10:00:06Z" || e.Extensions.Layer != "ip" {
+		t.Fatalf("body %q", rec.Body.String())
+	}
+}
+
+func TestRetryAfterIsNeverZero(t *testing.T) {
+	h := newHarness(t, onlyIP(1, "1s"))
+	h.get("/", "203.0.113.9:1")
+	h.clock.Add(time.Second - time.Nanosecond)
+
+	rec := h.get("/", "203.0.113.9:1")
+	if rec.Code != http.StatusTooManyRequests || rec.Header().Get("Retry-After") != "1" {
+		t.Fatalf("status %d, Retry-After %q", rec.Code, rec.Header().Get("Retry-After"))
+	}
+}
+
+func TestHeadersOnAllowedAndDownstreamErrors(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.Global = LayerConfig{Points: 1000, Duration: "1s"} })
+
+	for _, path := range []string{"/ok", "/missing"} {
+		rec := h.get(path, "203.0.113.9:1")
+
+		for _, k := range []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "RateLimit-Policy", "RateLimit"} {
+			if rec.Header().Get(k) == "" {
+				t.Errorf("%s (%d): no %s", path, rec.Code, k)
+			}
+		}
+	}
+
+	// The most restrictive layer is shown: ip (50) rather than global (1000).
+	rec := h.get("/ok", "203.0.113.9:1")
+	if rec.Header().Get("X-RateLimit-Limit") != "50" || rec.Header().Get("X-RateLimit-Remaining") != "47" ||
+		rec.Header().Get("RateLimit-Policy") != `"ip";q=50;w=1` || rec.Header().Get("RateLimit") != `"ip";r=47;t=1` {
+		t.Fatalf("headers %v", rec.Header())
+	}
+}
+
+func TestMostRestrictiveIsTheLowestRemaining(t *testing.T) {
+	h := newHarness(t, func(c *Config) {
+		c.Global = LayerConfig{Points: 5, Duration: "1s"}
+		c.IP = LayerConfig{Points: 50, Duration: "1s"}
+	})
+
+	for i := 0; i < 3; i++ {
+		h.get("/", "203.0.113."+strconv.Itoa(i)+":1")
+	}
+
+	rec := h.get("/", "203.0.113.99:1")
+	if rec.Header().Get("X-RateLimit-Limit") != "5" || rec.Header().Get("X-RateLimit-Remaining") != "1" {
+		t.Fatalf("headers %v", rec.Header())
+	}
+}
+
+func TestHeadersOff(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.Headers = false; c.IP.Points = 1 })
+
+	if rec := h.get("/", "203.0.113.9:1"); rec.Header().Get("X-RateLimit-Limit") != "" || rec.Header().Get("RateLimit") != "" {
+		t.Fatalf("headers sent with headers: false: %v", rec.Header())
+	}
+
+	if rec := h.get("/", "203.0.113.9:1"); rec.Code != http.StatusTooManyRequests || rec.Header().Get("Retry-After") == "" {
+		t.Fatalf("refusal without headers: %d %v", rec.Code, rec.Header())
+	}
+}
+
+func TestGlobalLayerCountsEveryone(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.Global = LayerConfig{Points: 3, Duration: "1s"} })
+
+	for i := 0; i < 3; i++ {
+		if rec := h.get("/", "203.0.113."+strconv.Itoa(i)+":1"); rec.Code != http.StatusOK {
+			t.Fatalf("request %d: %d", i, rec.Code)
+		}
+	}
+
+	rec := h.get("/", "198.51.100.1:1")
+	if rec.Code != http.StatusTooManyRequests || !strings.Contains(rec.Body.String(), `"layer":"global"`) {
+		t.Fatalf("4th client: %d %s", rec.Code, rec.Body.String())
+	}
+
+	// Refused at global: not charged to ip.
+	if got := h.p.store.peek(h.clock.Now().UnixNano(), "ip", "198.51.100.1"); got.count != 0 {
+		t.Fatalf("ip charged after global refused: %d", got.count)
+	}
+}
+
+func TestAssetsHaveTheirOwnBudget(t *testing.T) {
+	h := newHarness(t, func(c *Config) {
+		c.Global.Points = 0
+		c.IP = LayerConfig{Points: 2, Duration: "1s"}
+		c.Assets = AssetsConfig{Points: 5, Duration: "1s", PathPrefixes: []string{"/assets/", "/static/"}}
+	})
+
+	for i := 0; i < 5; i++ {
+		path := "/assets/app.js"
+		if i%2 == 1 {
+			path = "/static/logo.png"
+		}
+
+		if rec := h.get(path, "203.0.113.9:1"); rec.Code != http.StatusOK || rec.Header().Get("X-RateLimit-Limit") != "5" {
+			t.Fatalf("asset %d: %d limit %q", i, rec.Code, rec.Header().Get("X-RateLimit-Limit"))
+		}
+	}
+
+	if rec := h.get("/assets/app.js", "203.0.113.9:1"); rec.Code != http.StatusTooManyRequests ||
+		!strings.Contains(rec.Body.String(), `"layer":"assets"`) {
+		t.Fatalf("6th asset: %d %s", rec.Code, rec.Body.String())
+	}
+
+	// The API budget is untouched by assets.
+	for i := 0; i < 2; i++ {
+		if rec := h.get("/api", "203.0.113.9:1"); rec.Code != http.StatusOK {
+			t.Fatalf("api %d: %d", i, rec.Code)
+		}
+	}
+
+	if rec := h.get("/api", "203.0.113.9:1"); rec.Code != http.StatusTooManyRequests {
+		t.Fatalf("3rd api: %d", rec.Code)
+	}
+
+	// "/assetsX" is not under "/assets/".
+	if got := h.p.store.peek(h.clock.Now().UnixNano(), "ip", "203.0.113.9"); got.count != 3 {
+		t.Fatalf("ip count %d, want 3", got.count)
+	}
+}
+
+func TestRoutes(t *testing.T) {
+	h := newHarness(t, func(c *Config) {
+		c.Global.Points = 0
+		c.IP = LayerConfig{Points: 1000, Duration: "1s"}
+		c.Routes = []RouteConfig{
+			{Name: "auth_login", Methods: []string{"post"}, Paths: []string{"/auth/login"}, Key: "ip", Points: 10, Duration: "60s"},
+			{Name: "email", Methods: []string{"POST"}, Paths: []string{"/auth/password/request", "/users/invite/"}, Points: 2, Duration: "60s"},
+			{Name: "exports", Paths: []string{"/export"}, Key: "global", Points: 1, Duration: "60s"},
+		}
+	})
+
+	for i := 1; i <= 10; i++ {
+		if rec := h.do(http.MethodPost, "/auth/login", "203.0.113.9:1", nil); rec.Code != http.StatusOK {
+			t.Fatalf("login %d: %d", i, rec.Code)
+		}
+	}
+
+	rec := h.do(http.MethodPost, "/auth/login", "203.0.113.9:1", nil)
+	if rec.Code != http.StatusTooManyRequests || !strings.Contains(rec.Body.String(), `"layer":"auth_login"`) {
+		t.Fatalf("11th login: %d %s", rec.Code, rec.Body.String())
+	}
+
+	if ra, _ := strconv.Atoi(rec.Header().Get("Retry-After")); ra < 1 || ra > 60 {
+		t.Fatalf("Retry-After %q", rec.Header().Get("Retry-After"))
+	}
+
+	// Other methods, other paths and other clients pass.
+	for _, c := range []struct{ method, path, remote string }{
+		{http.MethodGet, "/auth/login", "203.0.113.9:1"},
+		{http.MethodPost, "/auth/login/x", "203.0.113.9:1"},
+		{http.MethodPost, "/api", "203.0.113.9:1"},
+		{http.MethodPost, "/auth/login", "203.0.113.10:1"},
+	} {
+		if rec := h.do(c.method, c.path, c.remote, nil); rec.Code != http.StatusOK {
+			t.Fatalf("%s %s from %s: %d", c.method, c.path, c.remote, rec.Code)
+		}
+	}
+
+	// Prefix paths end with "/"; routes with several paths share one budget.
+	h.do(http.MethodPost, "/auth/password/request", "203.0.113.9:1", nil)
+	h.do(http.MethodPost, "/users/invite/42", "203.0.113.9:1", nil)
+
+	if rec := h.do(http.MethodPost, "/users/invite/43", "203.0.113.9:1", nil); rec.Code != http.StatusTooManyRequests {
+		t.Fatalf("3rd email: %d", rec.Code)
+	}
+
+	// A globally keyed route is shared by all clients; no methods means all.
+	if rec := h.do(http.MethodDelete, "/export", "203.0.113.1:1", nil); rec.Code != http.StatusOK {
+		t.Fatalf("first export: %d", rec.Code)
+	}
+
+	if rec := h.get("/export", "203.0.113.2:1"); rec.Code != http.StatusTooManyRequests {
+		t.Fatalf("second export from another client: %d", rec.Code)
+	}
+}
+
+func TestPrincipalRouteFallsBackToIPNamespace(t *testing.T) {
+	rt := &route{key: keyPrincipal}
+
+	if got := rt.keyFor("alice", "1.2.3.4"); got != "alice" {
+		t.Fatalf("principal key %q", got)
+	}
+
+	if got := rt.keyFor("", "1.2.3.4"); got != "ip:1.2.3.4" {
+		t.Fatalf("fallback key %q", got)
+	}
+}
+
+func TestCredentialedRequestsAreNotChargedToIPUpFront(t *testing.T) {
+	h := newHarness(t, func(c *Config) {
+		c.Global.Points = 0
+		c.IP = LayerConfig{Points: 1, Duration: "1s"}
+		c.Principal.CredentialHeaders = []string{"authorization"}
+		c.Principal.CredentialCookies = []string{"session"}
+		c.Principal.CredentialQueryParams = []string{"access_token"}
+	})
+
+	credentialed := []*http.Request{
+		httptest.NewRequest(http.MethodGet, "/api", nil),
+		httptest.NewRequest(http.MethodGet, "/api", nil),
+		httptest.NewRequest(http.MethodGet, "/api?x=1&access_token=abc", nil),
+	}
+	credentialed[0].Header.Set("Authorization", "Bearer abc")
+	credentialed[1].AddCookie(&http.Cookie{Name: "session", Value: "s1"})
+
+	for i, req := range credentialed {
+		for n := 0; n < 3; n++ {
+			req.RemoteAddr = "203.0.113.9:1"
+			rec := httptest.NewRecorder()
+			h.p.ServeHTTP(rec, req)
+
+			if rec.Code != http.StatusOK {
+				t.Fatalf("credentialed request %d/%d: %d", i, n, rec.Code)
+			}
+		}
+	}
+
+	// Empty credentials are no credentials.
+	for _, req := range []*http.Request{
+		httptest.NewRequest(http.MethodGet, "/api?access_token=", nil),
+		httptest.NewRequest(http.MethodGet, "/api", nil),
+	} {
+		req.Header.Set("Authorization", " ")
+		req.RemoteAddr = "198.51.100.1:1"
+		rec := httptest.NewRecorder()
+		h.p.ServeHTTP(rec, req)
+
+		if rec.Header().Get("X-RateLimit-Limit") != "1" {
+			t.Fatalf("empty credential not charged to ip: %v", rec.Header())
+		}
+	}
+
+	if got := h.p.store.peek(h.clock.Now().UnixNano(), "ip", "198.51.100.1"); got.count != 2 {
+		t.Fatalf("ip count %d, want 2", got.count)
+	}
+}
+
+func TestDryRunNeverRefuses(t *testing.T) {
+	h := newHarness(t, func(c *Config) {
+		c.DryRun = true
+		c.Global = LayerConfig{Points: 3, Duration: "1s"}
+		c.IP = LayerConfig{Points: 2, Duration: "1s"}
+		c.Routes = []RouteConfig{{Name: "login", Paths: []string{"/login"}, Points: 1, Duration: "1s"}}
+	})
+
+	for i := 1; i <= 10; i++ {
+		rec := h.get("/login", "203.0.113.9:1")
+		if rec.Code != http.StatusOK {
+			t.Fatalf("dry run refused request %d: %d", i, rec.Code)
+		}
+
+		if i > 1 && rec.Header().Get("X-RateLimit-Remaining") != "0" {
+			t.Fatalf("request %d: remaining %q", i, rec.Header().Get("X-RateLimit-Remaining"))
+		}
+	}
+
+	if h.calls.Load() != 10 {
+		t.Fatalf("backend saw %d of 10", h.calls.Load())
+	}
+
+	// Every layer was counted and reported once.
+	for _, layer := range []string{"global", "ip", "login"} {
+		if n := strings.Count(h.events.String(), `"limiter":"`+layer+`"`); n != 1 {
+			t.Errorf("%s reported %d times in dry run:\n%s", layer, n, h.events.String())
+		}
+	}
+}
+
+func TestDisabledPassesEverything(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.Enabled = false; c.IP.Points = 1 })
+
+	for i := 0; i < 5; i++ {
+		rec := h.get("/", "203.0.113.9:1")
+		if rec.Code != http.StatusOK || rec.Header().Get("X-RateLimit-Limit") != "" {
+			t.Fatalf("disabled plugin acted: %d %v", rec.Code, rec.Header())
+		}
+	}
+}
+
+func TestAllLayersOffPassesWithoutHeaders(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.Global.Points = 0; c.IP.Points = 0 })
+
+	rec := h.get("/", "203.0.113.9:1")
+	if rec.Code != http.StatusOK || rec.Header().Get("X-RateLimit-Limit") != "" {
+		t.Fatalf("%d %v", rec.Code, rec.Header())
+	}
+}
+
+func TestEventsOncePerLayerKeyAndWindow(t *testing.T) {
+	h := newHarness(t, onlyIP(1, "1s"))
+
+	for i := 0; i < 20; i++ {
+		h.get("/", "203.0.113.9:1")
+		h.get("/", "[2001:db8::1]:1")
+	}
+
+	lines := strings.Split(strings.TrimSpace(h.events.String()), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("%d event lines for 2 refused keys:\n%s", len(lines), h.events.String())
+	}
+
+	var ev map[string]string
+	if err := json.Unmarshal([]byte(lines[0]), &ev); err != nil {
+		t.Fatalf("event %q: %v", lines[0], err)
+	}
+
+	want := map[string]string{
+		"event": "RATE_LIMIT_TRIGGERED", "severity": "warning", "limiter": "ip",
+		"key": "203.0.113.9", "ip": "203.0.113.9", "middleware": h.p.name,
+	}
+	for k, v := range want {
+		if ev[k] != v {
+			t.Errorf("event %s = %q, want %q", k, ev[k], v)
+		}
+	}
+
+	if !strings.Contains(lines[1], `"key":"2001:db8::/64"`) {
+		t.Errorf("second event %q", lines[1])
+	}
+
+	h.clock.Add(time.Second)
+	h.get("/", "203.0.113.9:1")
+	h.get("/", "203.0.113.9:1")
+
+	if n := strings.Count(h.events.String(), "\n"); n != 3 {
+		t.Fatalf("%d event lines after the next window, want 3", n)
+	}
+}
+
+func TestInstancesWithOneNameShareCounters(t *testing.T) {
+	cfg := CreateConfig()
+	cfg.Global.Points = 0
+	cfg.IP.Points = 3
+	cfg.IP.Duration = "60s"
+
+	ok := http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {})
+	name := "shared-" + strconv.FormatInt(instanceSeq.Add(1), 10) + "@file"
+
+	var handlers []http.Handler
+
+	for i := 0; i < 2; i++ {
+		// Two routers, or a reload: New runs again with the same name.
+		hd, err := New(context.Background(), ok, cfg, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+
+		handlers = append(handlers, hd)
+	}
+
+	codes := []int{}
+
+	for i := 0; i < 4; i++ {
+		req := httptest.NewRequest(http.MethodGet, "/", nil)
+		req.RemoteAddr = "203.0.113.9:1"
+		rec := httptest.NewRecorder()
+		handlers[i%2].ServeHTTP(rec, req)
+		codes = append(codes, rec.Code)
+	}
+
+	if codes[3] != http.StatusTooManyRequests || codes[2] != http.StatusOK {
+		t.Fatalf("codes %v: instances do not share one budget", codes)
+	}
+}

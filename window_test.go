@@ -1,0 +1,241 @@
+package tierlimit
+
+import (
+	"sync"
+	"testing"
+	"time"
+)
+
+var t0 = time.Date(2026, 6, 15, 10, 0, 0, 0, time.UTC).UnixNano()
+
+func testLayer(s *windowStore, name string, points int64, d time.Duration) *layer {
+	return newLayer(s, layerSpec{name: name, points: points, duration: d})
+}
+
+func hitOnce(s *windowStore, now int64, l *layer, key string) result {
+	out := make([]result, 1)
+	s.take(now, []charge{{layer: l, key: key}}, out, false)
+
+	return out[0]
+}
+
+func TestWindowResetsAtFirstHitPlusDuration(t *testing.T) {
+	s := newWindowStore(100)
+	l := testLayer(s, "ip", 3, time.Second)
+	first := t0 + int64(300*time.Millisecond)
+
+	steps := []struct {
+		at    int64
+		count int64
+		reset int64
+	}{
+		{first, 1, first + int64(time.Second)},
+		{first + int64(500*time.Millisecond), 2, first + int64(time.Second)},
+		{first + int64(999*time.Millisecond), 3, first + int64(time.Second)},
+		{first + int64(time.Second) - 1, 4, first + int64(time.Second)},
+		// The window ends exactly at first hit + duration, not on a clock boundary.
+		{first + int64(time.Second), 1, first + int64(2*time.Second)},
+		{first + int64(2500*time.Millisecond), 1, first + int64(3500*time.Millisecond)},
+	}
+
+	for i, st := range steps {
+		got := hitOnce(s, st.at, l, "a")
+		if got.count != st.count || got.reset != st.reset {
+			t.Fatalf("step %d: count=%d reset=%d, want count=%d reset=%d", i, got.count, got.reset, st.count, st.reset)
+		}
+	}
+}
+
+func TestWindowExactCountAtBoundary(t *testing.T) {
+	s := newWindowStore(100)
+	l := testLayer(s, "ip", 50, time.Second)
+
+	for i := 1; i <= 52; i++ {
+		got := hitOnce(s, t0+int64(i), l, "k")
+		if got.count != int64(i) {
+			t.Fatalf("hit %d: count %d", i, got.count)
+		}
+
+		if refused := got.count > l.points; refused != (i > 50) {
+			t.Fatalf("hit %d: refused=%v", i, refused)
+		}
+
+		// The refusal is reported once per window.
+		if got.firstRefusal != (i == 51) {
+			t.Fatalf("hit %d: firstRefusal=%v", i, got.firstRefusal)
+		}
+	}
+
+	// Next window: reported again.
+	next := t0 + int64(2*time.Second)
+	for i := 1; i <= 51; i++ {
+		got := hitOnce(s, next, l, "k")
+		if got.firstRefusal != (i == 51) {
+			t.Fatalf("second window hit %d: firstRefusal=%v", i, got.firstRefusal)
+		}
+	}
+}
+
+func TestWindowKeysAndLayersAreSeparate(t *testing.T) {
+	s := newWindowStore(100)
+	a := testLayer(s, "a", 1, time.Second)
+	b := testLayer(s, "b", 1, time.Second)
+
+	for _, c := range []struct {
+		l   *layer
+		key string
+	}{{a, "x"}, {a, "y"}, {b, "x"}} {
+		if got := hitOnce(s, t0, c.l, c.key); got.count != 1 {
+			t.Fatalf("%s/%s: count %d, want 1", c.l.name, c.key, got.count)
+		}
+	}
+}
+
+func TestTakeStopsAtRefusingLayer(t *testing.T) {
+	s := newWindowStore(100)
+	g := testLayer(s, "global", 10, time.Second)
+	ip := testLayer(s, "ip", 1, time.Second)
+	route := testLayer(s, "login", 10, time.Second)
+	charges := []charge{{g, "global"}, {ip, "1.2.3.4"}, {route, "1.2.3.4"}}
+	out := make([]result, 3)
+
+	if n := s.take(t0, charges, out, false); n != 3 {
+		t.Fatalf("first request charged %d layers, want 3", n)
+	}
+
+	if n := s.take(t0, charges, out, false); n != 2 {
+		t.Fatalf("refused request charged %d layers, want 2 (up to and including ip)", n)
+	}
+
+	if got := s.peek(t0, "login", "1.2.3.4"); got.count != 1 {
+		t.Fatalf("route charged after refusal: count %d", got.count)
+	}
+
+	if got := s.peek(t0, "global", "global"); got.count != 2 {
+		t.Fatalf("global count %d, want 2", got.count)
+	}
+
+	// all=true (dry run) charges every layer.
+	if n := s.take(t0, charges, out, true); n != 3 {
+		t.Fatalf("dry run charged %d layers, want 3", n)
+	}
+}
+
+func TestMaxTrackedPurgesExpiredThenEvictsOldest(t *testing.T) {
+	s := newWindowStore(3)
+	short := testLayer(s, "short", 5, time.Second)
+	long := testLayer(s, "long", 5, time.Minute)
+
+	hitOnce(s, t0, long, "old")         // oldest start, long-lived
+	hitOnce(s, t0+1, short, "expiring") // expires at t0+1s
+	hitOnce(s, t0+2, long, "young")     // live
+	later := t0 + int64(2*time.Second)  // "expiring" is now expired
+	hitOnce(s, later, long, "new")      // at the cap: the expired one goes first
+
+	if got := s.peek(later, "long", "old"); got.count != 1 {
+		t.Fatalf("live key %q evicted while an expired one was held", "old")
+	}
+
+	if s.size() != 3 {
+		t.Fatalf("size %d, want 3", s.size())
+	}
+
+	hitOnce(s, later+1, long, "newest") // no expired keys: the oldest start goes
+
+	if got := s.peek(later+1, "long", "old"); got.count != 0 {
+		t.Fatal("oldest key not evicted at the cap")
+	}
+
+	for _, k := range []string{"young", "new", "newest"} {
+		if got := s.peek(later+1, "long", k); got.count != 1 {
+			t.Fatalf("key %q lost", k)
+		}
+	}
+
+	if s.size() != 3 {
+		t.Fatalf("size %d, want 3", s.size())
+	}
+}
+
+func TestMaxTrackedBoundsAFlood(t *testing.T) {
+	s := newWindowStore(1000)
+	l := testLayer(s, "ip", 5, time.Minute)
+
+	for i := 0; i < 100000; i++ {
+		hitOnce(s, t0+int64(i), l, formatInt(int64(i)))
+	}
+
+	if s.size() != 1000 {
+		t.Fatalf("size %d after flood, want 1000", s.size())
+	}
+
+	// The newest keys survive.
+	if got := s.peek(t0+100000, "ip", "99999"); got.count != 1 {
+		t.Fatal("newest key evicted")
+	}
+}
+
+func TestExpiredKeysArePurgedBelowTheCap(t *testing.T) {
+	s := newWindowStore(1 << 20)
+	l := testLayer(s, "ip", 5, time.Second)
+
+	// Each second brings 100 new clients; the old ones expire.
+	for sec := int64(0); sec < 50; sec++ {
+		for i := int64(0); i < 100; i++ {
+			hitOnce(s, t0+sec*int64(time.Second)+i, l, formatInt(sec*1000+i))
+		}
+	}
+
+	if s.size() > 300 {
+		t.Fatalf("%d counters held for 100 live clients: expired ones are not purged", s.size())
+	}
+}
+
+func TestWindowCountsExactlyUnderConcurrency(t *testing.T) {
+	s := newWindowStore(100)
+	l := testLayer(s, "ip", 1000, time.Hour)
+
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	allowed := 0
+
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+
+		go func() {
+			defer wg.Done()
+
+			for i := 0; i < 250; i++ {
+				if got := hitOnce(s, t0, l, "k"); got.count <= l.points {
+					mu.Lock()
+					allowed++
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+
+	wg.Wait()
+
+	if allowed != 1000 {
+		t.Fatalf("allowed %d of 2000, want exactly 1000", allowed)
+	}
+}
+
+func TestRegistrySharesStoresByName(t *testing.T) {
+	a := registry.get("shared-test@file", 10)
+	b := registry.get("shared-test@file", 20)
+	c := registry.get("other-test@file", 10)
+
+	if a != b {
+		t.Fatal("same middleware name got two stores")
+	}
+
+	if a == c {
+		t.Fatal("different middleware names share a store")
+	}
+
+	if a.max != 20 {
+		t.Fatalf("reload did not apply maxTracked: %d", a.max)
+	}
+}
