@@ -1,0 +1,34 @@
+# make demo: Traefik with the plugin in local mode, a demo backend, a short burst.
+# make test: every test (unit tests with -race, then the real-Traefik tests).
+GO ?= go
+TRAEFIK := e2e/.cache/traefik-v3.6.12
+
+.PHONY: test unit e2e demo traefik vendor-check
+
+test: vendor-check unit e2e
+
+unit:
+	@test -z "$$(gofmt -l $$(git ls-files '*.go' | grep -v '^vendor/'))" || { gofmt -l $$(git ls-files '*.go' | grep -v '^vendor/'); echo 'gofmt: files above need formatting'; exit 1; }
+	$(GO) vet ./...
+	$(GO) test -race -count=1 ./...
+
+e2e: $(TRAEFIK)
+	cd e2e && $(GO) vet ./...
+	cd e2e && $(GO) test -count=1 -timeout 20m ./...
+
+demo: $(TRAEFIK)
+	cd e2e && $(GO) run ./cmd/demo
+
+traefik: $(TRAEFIK)
+
+# Built once from the Go module proxy (e2e/go.mod pins the version); git-ignored.
+$(TRAEFIK):
+	cd e2e && $(GO) build -o .cache/traefik-v3.6.12.tmp github.com/traefik/traefik/v3/cmd/traefik
+	mv $(TRAEFIK).tmp $(TRAEFIK)
+
+# The catalog loads dependencies from vendor/ only: it must match go.mod.
+vendor-check:
+	$(GO) mod verify
+	@rm -rf .vendor-check && $(GO) mod vendor -o .vendor-check 2>/dev/null; \
+	if [ -d .vendor-check ] || [ -d vendor ]; then diff -r vendor .vendor-check || { rm -rf .vendor-check; echo 'vendor/ is out of date: run go mod vendor'; exit 1; }; fi; \
+	rm -rf .vendor-check

@@ -1,0 +1,365 @@
+// Package harness runs the plugin inside a real Traefik binary: it builds
+// Traefik v3.6.12 from the Go module proxy once, lays the plugin out under
+// plugins-local, and starts Traefik with a file-provider dynamic configuration.
+package harness
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// TraefikVersion is the Traefik release the tests run; e2e/go.mod pins the same.
+const TraefikVersion = "v3.6.12"
+
+// ModuleName is the plugin's module path, as Traefik's localPlugins names it.
+const ModuleName = "github.com/tierlimit/tierlimit"
+
+// E2EDir returns the e2e module's directory.
+func E2EDir() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Dir(filepath.Dir(file))
+}
+
+// RepoRoot returns the plugin repository's root.
+func RepoRoot() string {
+	return filepath.Dir(E2EDir())
+}
+
+// TraefikBinary returns the path of the Traefik binary, building it into the
+// git-ignored e2e/.cache on first use (a few minutes on a cold module cache).
+func TraefikBinary(log io.Writer) (string, error) {
+	bin := filepath.Join(E2EDir(), ".cache", "traefik-"+TraefikVersion)
+	if _, err := os.Stat(bin); err == nil {
+		return bin, nil
+	}
+
+	if log != nil {
+		fmt.Fprintf(log, "building Traefik %s from the Go module proxy into %s (first run only)\n", TraefikVersion, bin)
+	}
+
+	tmp := bin + ".tmp"
+	cmd := exec.Command("go", "build", "-o", tmp, "github.com/traefik/traefik/v3/cmd/traefik")
+	cmd.Dir = E2EDir()
+	cmd.Stdout = log
+	cmd.Stderr = log
+
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("building traefik: %w", err)
+	}
+
+	if err := os.Rename(tmp, bin); err != nil {
+		return "", fmt.Errorf("installing traefik binary: %w", err)
+	}
+
+	return bin, nil
+}
+
+// CopyPlugin lays the plugin's source out as Traefik's local plugin loader
+// expects it: <goPath>/src/<module>/. Only what the catalog would ship goes:
+// the manifest, go.mod, vendor/ and non-test Go files of the module's packages.
+func CopyPlugin(goPath string) error {
+	src := RepoRoot()
+	dst := filepath.Join(goPath, "src", filepath.FromSlash(ModuleName))
+
+	return filepath.WalkDir(src, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+
+		rel, _ := filepath.Rel(src, path)
+
+		if d.IsDir() {
+			if rel != "." && (strings.HasPrefix(d.Name(), ".") || rel == "e2e" || rel == "examples") {
+				return filepath.SkipDir
+			}
+
+			return os.MkdirAll(filepath.Join(dst, rel), 0o755)
+		}
+
+		keep := rel == ".traefik.yml" || rel == "go.mod" || rel == "go.sum" ||
+			strings.HasPrefix(rel, "vendor"+string(filepath.Separator)) ||
+			(strings.HasSuffix(rel, ".go") && !strings.HasSuffix(rel, "_test.go"))
+		if !keep {
+			return nil
+		}
+
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+
+		return os.WriteFile(filepath.Join(dst, rel), data, 0o644)
+	})
+}
+
+// FreePort returns a loopback TCP port that was free a moment ago.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// Traefik is a running Traefik process.
+type Traefik struct {
+	Dir         string // working directory, holding plugins-local/
+	DynamicPath string
+	Web         string // base URL of the "web" entrypoint (forwardedHeaders trusted from 127.0.0.1)
+	Insecure    string // base URL of the "insecure" entrypoint (forwardedHeaders.insecure)
+	API         string // base URL of the API and ping entrypoint
+
+	cmd  *exec.Cmd
+	logs *syncBuffer
+	done chan struct{}
+}
+
+// Options configures Start.
+type Options struct {
+	Dir     string // a fresh directory to run in
+	Dynamic string // the dynamic configuration (YAML)
+	// Extra is appended to the static configuration (YAML, top level).
+	Extra string
+	// Stdout, when set, also receives Traefik's output.
+	Stdout io.Writer
+	// BuildLog, when set, receives the output of building Traefik (first run only).
+	BuildLog io.Writer
+}
+
+// Start runs Traefik with the plugin in local mode and waits until it answers ping.
+func Start(opts Options) (*Traefik, error) {
+	bin, err := TraefikBinary(opts.BuildLog)
+	if err != nil {
+		return nil, err
+	}
+
+	if err := CopyPlugin(filepath.Join(opts.Dir, "plugins-local")); err != nil {
+		return nil, fmt.Errorf("copying plugin: %w", err)
+	}
+
+	ports := make([]int, 3)
+	for i := range ports {
+		if ports[i], err = FreePort(); err != nil {
+			return nil, err
+		}
+	}
+
+	tr := &Traefik{
+		Dir:         opts.Dir,
+		DynamicPath: filepath.Join(opts.Dir, "dynamic", "dynamic.yml"),
+		Web:         fmt.Sprintf("http://127.0.0.1:%d", ports[0]),
+		Insecure:    fmt.Sprintf("http://127.0.0.1:%d", ports[1]),
+		API:         fmt.Sprintf("http://127.0.0.1:%d", ports[2]),
+		logs:        &syncBuffer{},
+		done:        make(chan struct{}),
+	}
+
+	if err := os.MkdirAll(filepath.Dir(tr.DynamicPath), 0o755); err != nil {
+		return nil, err
+	}
+
+	if err := tr.WriteDynamic(opts.Dynamic); err != nil {
+		return nil, err
+	}
+
+	static := fmt.Sprintf(`entryPoints:
+  web:
+    address: 127.0.0.1:%d
+    forwardedHeaders:
+      trustedIPs: ["127.0.0.1/32"]
+  insecure:
+    address: 127.0.0.1:%d
+    forwardedHeaders:
+      insecure: true
+  traefik:
+    address: 127.0.0.1:%d
+api:
+  insecure: true
+ping: {}
+log:
+  level: INFO
+providers:
+  file:
+    filename: %q
+    watch: true
+experimental:
+  localPlugins:
+    tierlimit:
+      moduleName: %s
+%s`, ports[0], ports[1], ports[2], tr.DynamicPath, ModuleName, opts.Extra)
+
+	staticPath := filepath.Join(opts.Dir, "traefik.yml")
+	if err := os.WriteFile(staticPath, []byte(static), 0o644); err != nil {
+		return nil, err
+	}
+
+	var out io.Writer = tr.logs
+	if opts.Stdout != nil {
+		out = io.MultiWriter(tr.logs, opts.Stdout)
+	}
+
+	tr.cmd = exec.Command(bin, "--configFile="+staticPath)
+	tr.cmd.Dir = opts.Dir
+	tr.cmd.Stdout = out
+	tr.cmd.Stderr = out
+	tr.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+
+	if err := tr.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting traefik: %w", err)
+	}
+
+	go func() {
+		_ = tr.cmd.Wait()
+		close(tr.done)
+	}()
+
+	if err := tr.waitPing(60 * time.Second); err != nil {
+		tr.Stop()
+		return nil, fmt.Errorf("%w\ntraefik output:\n%s", err, tr.Logs())
+	}
+
+	return tr, nil
+}
+
+func (tr *Traefik) waitPing(limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	client := &http.Client{Timeout: time.Second}
+
+	for time.Now().Before(deadline) {
+		select {
+		case <-tr.done:
+			return errors.New("traefik exited")
+		default:
+		}
+
+		resp, err := client.Get(tr.API + "/ping")
+		if err == nil {
+			resp.Body.Close()
+
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	return errors.New("traefik did not answer ping")
+}
+
+// WriteDynamic replaces the dynamic configuration; Traefik reloads it.
+func (tr *Traefik) WriteDynamic(content string) error {
+	return os.WriteFile(tr.DynamicPath, []byte(content), 0o644)
+}
+
+// RouterState is a router as Traefik's API reports it.
+type RouterState struct {
+	Name   string   `json:"name"`
+	Status string   `json:"status"`
+	Error  []string `json:"error"`
+}
+
+// WaitRouters waits until every named router (without provider suffix) is
+// reported by the API, and returns their states. A router whose middleware
+// failed to build is reported with status "disabled" and its error.
+func (tr *Traefik) WaitRouters(limit time.Duration, names ...string) (map[string]RouterState, error) {
+	deadline := time.Now().Add(limit)
+
+	for {
+		states, err := tr.routers()
+		if err == nil {
+			all := true
+
+			for _, n := range names {
+				if _, ok := states[n]; !ok {
+					all = false
+				}
+			}
+
+			if all {
+				return states, nil
+			}
+		}
+
+		if time.Now().After(deadline) {
+			return states, fmt.Errorf("routers %v not reported within %s (last error: %v)", names, limit, err)
+		}
+
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (tr *Traefik) routers() (map[string]RouterState, error) {
+	resp, err := http.Get(tr.API + "/api/http/routers")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+
+	var list []RouterState
+	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
+		return nil, err
+	}
+
+	states := make(map[string]RouterState, len(list))
+	for _, r := range list {
+		states[strings.TrimSuffix(r.Name, "@file")] = r
+	}
+
+	return states, nil
+}
+
+// Logs returns everything Traefik has printed so far.
+func (tr *Traefik) Logs() string {
+	return tr.logs.String()
+}
+
+// Stop terminates Traefik and waits for it.
+func (tr *Traefik) Stop() {
+	if tr.cmd == nil || tr.cmd.Process == nil {
+		return
+	}
+
+	_ = tr.cmd.Process.Signal(syscall.SIGTERM)
+
+	select {
+	case <-tr.done:
+	case <-time.After(10 * time.Second):
+		_ = tr.cmd.Process.Kill()
+		<-tr.done
+	}
+}
+
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+
+	return b.buf.String()
+}

@@ -1,0 +1,131 @@
+package e2e
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tierlimit/tierlimit/e2e/harness"
+)
+
+func TestMain(m *testing.M) {
+	// Build Traefik before any test's timer starts counting.
+	if _, err := harness.TraefikBinary(os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+
+	os.Exit(m.Run())
+}
+
+// env is one Traefik with the plugin and one backend, stopped at the end of the test.
+type env struct {
+	t       *testing.T
+	traefik *harness.Traefik
+	backend string
+	client  *http.Client
+}
+
+// start runs Traefik with dynamic, in which {{backend}} stands for the backend URL.
+func start(t *testing.T, dynamic string) *env {
+	t.Helper()
+
+	backend, stop, err := harness.ServeBackend("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	t.Cleanup(stop)
+
+	e := &env{t: t, backend: backend, client: &http.Client{Timeout: 10 * time.Second}}
+
+	tr, err := harness.Start(harness.Options{Dir: t.TempDir(), Dynamic: e.render(dynamic)})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	e.traefik = tr
+
+	t.Cleanup(func() {
+		tr.Stop()
+
+		if t.Failed() {
+			t.Logf("traefik output:\n%s", tail(tr.Logs(), 60))
+		}
+	})
+
+	return e
+}
+
+func (e *env) render(dynamic string) string {
+	return strings.ReplaceAll(dynamic, "{{backend}}", e.backend)
+}
+
+// waitRouters waits for the routers and fails unless each is enabled.
+func (e *env) waitRouters(names ...string) {
+	e.t.Helper()
+
+	states, err := e.traefik.WaitRouters(30*time.Second, names...)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+
+	for _, n := range names {
+		if s := states[n]; s.Status != "enabled" {
+			e.t.Fatalf("router %s is %q: %v", n, s.Status, s.Error)
+		}
+	}
+}
+
+// response is what a test reads of a response.
+type response struct {
+	code   int
+	header http.Header
+	body   string
+}
+
+// do sends a request; hdr may set X-Forwarded-For to act as a client behind a proxy.
+func (e *env) do(method, url string, hdr map[string]string) response {
+	e.t.Helper()
+
+	req, err := http.NewRequest(method, url, nil)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+
+	resp, err := e.client.Do(req)
+	if err != nil {
+		e.t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer resp.Body.Close()
+
+	body, _ := io.ReadAll(resp.Body)
+
+	return response{code: resp.StatusCode, header: resp.Header, body: string(body)}
+}
+
+func (e *env) get(url string, hdr map[string]string) response {
+	e.t.Helper()
+	return e.do(http.MethodGet, url, hdr)
+}
+
+func from(ip string) map[string]string {
+	return map[string]string{"X-Forwarded-For": ip}
+}
+
+func tail(s string, lines int) string {
+	all := strings.Split(s, "\n")
+	if len(all) > lines {
+		all = all[len(all)-lines:]
+	}
+
+	return strings.Join(all, "\n")
+}
