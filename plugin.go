@@ -30,9 +30,11 @@ type Plugin struct {
 	service *layer
 	routes  []*route
 
-	credHeaders []string
-	credCookies []string
-	credQuery   []string
+	userHeader    string // canonical; "" when principal tiers are off
+	serviceHeader string // canonical
+	credHeaders   []string
+	credCookies   []string
+	credQuery     []string
 }
 
 // layer is a layer as the request path uses it: its limits, its counter list in
@@ -86,8 +88,10 @@ func New(ctx context.Context, next http.Handler, config *Config, name string) (h
 		user:    newLayer(store, cfg.user),
 		service: newLayer(store, cfg.service),
 
-		credCookies: cfg.principal.CredentialCookies,
-		credQuery:   cfg.principal.CredentialQueryParams,
+		userHeader:    http.CanonicalHeaderKey(cfg.principal.UserHeader),
+		serviceHeader: http.CanonicalHeaderKey(cfg.principal.ServiceAccountHeader),
+		credCookies:   cfg.principal.CredentialCookies,
+		credQuery:     cfg.principal.CredentialQueryParams,
 	}
 
 	for _, h := range cfg.principal.CredentialHeaders {
@@ -132,18 +136,16 @@ func (p *Plugin) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 		return
 	}
 
-	now := p.now().UnixNano()
 	clientKey := p.ips.clientKey(req)
-
+	principal := p.principalOf(req)
 	charges := make([]charge, 0, 4)
 
 	if p.global != nil {
 		charges = append(charges, charge{layer: p.global, key: layerGlobal})
 	}
 
-	principal := p.principalOf(req)
-
-	if l, key := p.tier(req, principal, clientKey); l != nil {
+	l, key, credentialed := p.tier(req, principal, clientKey)
+	if l != nil {
 		charges = append(charges, charge{layer: l, key: key})
 	}
 
@@ -153,16 +155,40 @@ func (p *Plugin) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 		}
 	}
 
-	if len(charges) == 0 {
-		p.next.ServeHTTP(rw, req)
+	d := p.decide(rw.Header(), charges, clientKey)
+	if d.refused {
+		refuse(rw, d.shown, d.shownResult, d.now)
 		return
 	}
 
-	results := make([]result, len(charges))
-	n := p.store.take(now, charges, results, p.cfg.dryRun)
+	if credentialed && p.ip != nil && len(p.cfg.invalidCode) > 0 {
+		p.next.ServeHTTP(newCredentialWriter(rw, p, clientKey, d), req)
+		return
+	}
 
-	shown := -1
-	refused := -1
+	p.next.ServeHTTP(rw, req)
+}
+
+// decision is what decide made of a request's charges.
+type decision struct {
+	now         int64
+	refused     bool   // a layer refused and dryRun is off
+	shown       *layer // the layer in the headers; nil when none applied
+	shownResult result
+}
+
+// decide charges the layers, logs first refusals, and sets the rate-limit
+// headers of the most restrictive layer: the one that refused, else the one
+// with the fewest requests left. A nil h sets no headers.
+func (p *Plugin) decide(h http.Header, charges []charge, clientKey string) decision {
+	d := decision{now: p.now().UnixNano()}
+	if len(charges) == 0 {
+		return d
+	}
+
+	results := make([]result, len(charges))
+	n := p.store.take(d.now, charges, results, p.cfg.dryRun)
+	shown, refused := -1, -1
 
 	for i := 0; i < n; i++ {
 		c, res := charges[i], results[i]
@@ -184,89 +210,14 @@ func (p *Plugin) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 		shown = refused
 	}
 
-	if p.cfg.headers {
-		setHeaders(rw.Header(), charges[shown].layer, results[shown], now)
+	d.shown, d.shownResult = charges[shown].layer, results[shown]
+	d.refused = refused >= 0 && !p.cfg.dryRun
+
+	if p.cfg.headers && h != nil {
+		setHeaders(h, d.shown, d.shownResult, d.now)
 	}
 
-	if refused >= 0 && !p.cfg.dryRun {
-		refuse(rw, charges[refused].layer, results[refused], now)
-		return
-	}
-
-	p.next.ServeHTTP(rw, req)
-}
-
-// principalOf returns the principal id set by the auth server, or "".
-func (p *Plugin) principalOf(req *http.Request) string {
-	if p.cfg.principal.UserHeader == "" {
-		return ""
-	}
-
-	return req.Header.Get(p.cfg.principal.UserHeader)
-}
-
-// tier returns the one bucket, besides global and routes, that the request is
-// charged to up front: user or service for a principal, nothing for a
-// credential that the downstream has yet to judge, else assets or ip. A layer
-// that is off charges nothing.
-func (p *Plugin) tier(req *http.Request, principal, clientKey string) (*layer, string) {
-	if principal != "" {
-		if p.isServiceAccount(req) {
-			return p.service, principal
-		}
-
-		return p.user, principal
-	}
-
-	if p.hasCredential(req) {
-		return nil, ""
-	}
-
-	for _, prefix := range p.cfg.assetPaths {
-		if strings.HasPrefix(req.URL.Path, prefix) {
-			return p.assets, clientKey
-		}
-	}
-
-	return p.ip, clientKey
-}
-
-func (p *Plugin) isServiceAccount(req *http.Request) bool {
-	if p.cfg.principal.ServiceAccountHeader == "" {
-		return false
-	}
-
-	v := strings.TrimSpace(req.Header.Get(p.cfg.principal.ServiceAccountHeader))
-
-	return v == "1" || strings.EqualFold(v, "true")
-}
-
-// hasCredential reports whether the request carries a non-empty credential in
-// one of the configured headers, cookies or query parameters. An empty value is
-// no credential: an auth server would treat it as anonymous.
-func (p *Plugin) hasCredential(req *http.Request) bool {
-	for _, h := range p.credHeaders {
-		if v := req.Header[h]; len(v) > 0 && strings.TrimSpace(v[0]) != "" {
-			return true
-		}
-	}
-
-	for _, name := range p.credCookies {
-		if c, err := req.Cookie(name); err == nil && c.Value != "" {
-			return true
-		}
-	}
-
-	if len(p.credQuery) > 0 && req.URL.RawQuery != "" {
-		q := req.URL.Query()
-		for _, name := range p.credQuery {
-			if q.Get(name) != "" {
-				return true
-			}
-		}
-	}
-
-	return false
+	return d
 }
 
 func (rt *route) matches(req *http.Request) bool {

@@ -1,0 +1,103 @@
+package tierlimit
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"net/http"
+	"strings"
+)
+
+// maxPrincipalLen bounds the principal ids kept as keys; a longer id (an auth
+// server that puts a token in the header) is keyed by its digest, so a header
+// cannot make the store hold large keys.
+const maxPrincipalLen = 128
+
+// principalOf returns the principal id that the auth server set in
+// principal.userHeader, or "" when principal tiers are off or the header is
+// absent. Only an instance placed after ForwardAuth may set userHeader: before
+// it, the client controls the header.
+func (p *Plugin) principalOf(req *http.Request) string {
+	if p.userHeader == "" {
+		return ""
+	}
+
+	id := strings.TrimSpace(req.Header.Get(p.userHeader))
+	if len(id) > maxPrincipalLen {
+		return hashKey(id)
+	}
+
+	return id
+}
+
+// tier returns the one bucket, besides global and routes, that the request is
+// charged to up front: user or service for a principal, nothing for a
+// credential that the downstream has yet to judge (see invalidcred.go), else
+// assets or ip. A layer that is off charges nothing.
+func (p *Plugin) tier(req *http.Request, principal, clientKey string) (*layer, string, bool) {
+	if principal != "" {
+		if p.isServiceAccount(req) {
+			return p.service, principal, false
+		}
+
+		return p.user, principal, false
+	}
+
+	if p.hasCredential(req) {
+		return nil, "", true
+	}
+
+	for _, prefix := range p.cfg.assetPaths {
+		if strings.HasPrefix(req.URL.Path, prefix) {
+			return p.assets, clientKey, false
+		}
+	}
+
+	return p.ip, clientKey, false
+}
+
+// isServiceAccount reads the auth server's service-account flag: "true" or "1".
+func (p *Plugin) isServiceAccount(req *http.Request) bool {
+	if p.serviceHeader == "" {
+		return false
+	}
+
+	v := strings.TrimSpace(req.Header.Get(p.serviceHeader))
+
+	return v == "1" || strings.EqualFold(v, "true")
+}
+
+// hasCredential reports whether the request carries a non-empty credential in
+// one of the configured headers, cookies or query parameters. An empty value is
+// no credential: an auth server treats it as anonymous, so it must not exempt
+// the request from the ip layer.
+func (p *Plugin) hasCredential(req *http.Request) bool {
+	for _, h := range p.credHeaders {
+		if v := req.Header[h]; len(v) > 0 && strings.TrimSpace(v[0]) != "" {
+			return true
+		}
+	}
+
+	for _, name := range p.credCookies {
+		if c, err := req.Cookie(name); err == nil && c.Value != "" {
+			return true
+		}
+	}
+
+	if len(p.credQuery) > 0 && req.URL.RawQuery != "" {
+		q := req.URL.Query()
+		for _, name := range p.credQuery {
+			if q.Get(name) != "" {
+				return true
+			}
+		}
+	}
+
+	return false
+}
+
+// hashKey returns a short, stable digest of a key that must not be kept or
+// shown in clear (a credential, or an overlong id).
+func hashKey(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return "sha256:" + hex.EncodeToString(sum[:16])
+}
