@@ -162,7 +162,12 @@ func (p *Plugin) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	}
 
 	if credentialed && p.ip != nil && len(p.cfg.invalidCode) > 0 {
-		p.next.ServeHTTP(newCredentialWriter(rw, p, clientKey, d), req)
+		// Yaegi wraps an interpreted type for compiled code only when it is
+		// converted to the interface first; passing *credentialWriter straight
+		// to next.ServeHTTP panics in reflect.
+		var watched http.ResponseWriter = newCredentialWriter(rw, p, clientKey, d)
+		p.next.ServeHTTP(watched, req)
+
 		return
 	}
 

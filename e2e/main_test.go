@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -27,10 +28,12 @@ type env struct {
 	t       *testing.T
 	traefik *harness.Traefik
 	backend string
+	auth    string // the ForwardAuth server (harness.AuthHandler)
 	client  *http.Client
 }
 
-// start runs Traefik with dynamic, in which {{backend}} stands for the backend URL.
+// start runs Traefik with dynamic, in which {{backend}} stands for the backend
+// URL and {{auth}} for the ForwardAuth server's.
 func start(t *testing.T, dynamic string) *env {
 	t.Helper()
 
@@ -41,7 +44,14 @@ func start(t *testing.T, dynamic string) *env {
 
 	t.Cleanup(stop)
 
-	e := &env{t: t, backend: backend, client: &http.Client{Timeout: 10 * time.Second}}
+	auth, stopAuth, err := harness.Serve("127.0.0.1:0", harness.AuthHandler())
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	t.Cleanup(stopAuth)
+
+	e := &env{t: t, backend: backend, auth: auth, client: &http.Client{Timeout: 10 * time.Second}}
 
 	tr, err := harness.Start(harness.Options{Dir: t.TempDir(), Dynamic: e.render(dynamic)})
 	if err != nil {
@@ -54,7 +64,9 @@ func start(t *testing.T, dynamic string) *env {
 		tr.Stop()
 
 		if t.Failed() {
-			t.Logf("traefik output:\n%s", tail(tr.Logs(), 60))
+			full := filepath.Join(os.TempDir(), "tierlimit-e2e-"+strings.ReplaceAll(t.Name(), "/", "_")+".log")
+			_ = os.WriteFile(full, []byte(tr.Logs()), 0o644)
+			t.Logf("traefik output (all of it in %s):\n%s", full, tail(tr.Logs(), 30))
 		}
 	})
 
@@ -62,7 +74,7 @@ func start(t *testing.T, dynamic string) *env {
 }
 
 func (e *env) render(dynamic string) string {
-	return strings.ReplaceAll(dynamic, "{{backend}}", e.backend)
+	return strings.NewReplacer("{{backend}}", e.backend, "{{auth}}", e.auth).Replace(dynamic)
 }
 
 // waitRouters waits for the routers and fails unless each is enabled.

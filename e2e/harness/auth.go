@@ -1,0 +1,34 @@
+package harness
+
+import (
+	"net/http"
+	"strings"
+)
+
+// AuthHandler is a ForwardAuth server for the recommended chain: no
+// Authorization header is anonymous (200, no principal headers); "Bearer
+// user-<id>" is user <id>; "Bearer svc-<id>" is service account <id>; anything
+// else is an invalid token (401).
+func AuthHandler() http.Handler {
+	return http.HandlerFunc(func(rw http.ResponseWriter, req *http.Request) {
+		authz := req.Header.Get("Authorization")
+		token := strings.TrimPrefix(authz, "Bearer ")
+
+		switch {
+		case authz == "":
+			rw.WriteHeader(http.StatusOK)
+		case strings.HasPrefix(token, "user-") && len(token) > len("user-"):
+			rw.Header().Set("X-Auth-User", strings.TrimPrefix(token, "user-"))
+			rw.WriteHeader(http.StatusOK)
+		case strings.HasPrefix(token, "svc-") && len(token) > len("svc-"):
+			rw.Header().Set("X-Auth-User", strings.TrimPrefix(token, "svc-"))
+			rw.Header().Set("X-Auth-Service-Account", "true")
+			rw.WriteHeader(http.StatusOK)
+		default:
+			rw.Header().Set("WWW-Authenticate", `Bearer error="invalid_token"`)
+			rw.Header().Set("Content-Type", "application/json")
+			rw.WriteHeader(http.StatusUnauthorized)
+			_, _ = rw.Write([]byte(`{"error":"invalid_token"}`))
+		}
+	})
+}
