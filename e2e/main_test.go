@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tierlimit/tierlimit/e2e/fakeauth"
 	"github.com/tierlimit/tierlimit/e2e/harness"
 )
 
@@ -28,7 +29,7 @@ type env struct {
 	t       *testing.T
 	traefik *harness.Traefik
 	backend string
-	auth    string // the ForwardAuth server (harness.AuthHandler)
+	auth    string // the ForwardAuth server (fakeauth.Handler)
 	client  *http.Client
 }
 
@@ -44,7 +45,7 @@ func start(t *testing.T, dynamic string) *env {
 
 	t.Cleanup(stop)
 
-	auth, stopAuth, err := harness.Serve("127.0.0.1:0", harness.AuthHandler())
+	auth, stopAuth, err := harness.Serve("127.0.0.1:0", fakeauth.Handler())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,15 +1,17 @@
-package harness
+// Package fakeauth is the ForwardAuth server of the tests, the demo and
+// docker-compose.yml: standard library only, so it runs anywhere.
+package fakeauth
 
 import (
 	"net/http"
 	"strings"
 )
 
-// AuthHandler is a ForwardAuth server for the recommended chain: no
+// Handler is a ForwardAuth server for the recommended chain: no
 // Authorization header is anonymous (200, no principal headers); "Bearer
 // user-<id>" is user <id>; "Bearer svc-<id>" is service account <id>; anything
 // else is an invalid token (401).
-func AuthHandler() http.Handler {
+func Handler() http.Handler {
 	return http.HandlerFunc(func(rw http.ResponseWriter, req *http.Request) {
 		authz := req.Header.Get("Authorization")
 		token := strings.TrimPrefix(authz, "Bearer ")
