@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/tierlimit/tierlimit/redisresp"
 )
 
 // Config is the plugin's dynamic configuration. Traefik decodes it with
@@ -167,9 +169,8 @@ type settings struct {
 	principal   PrincipalConfig
 	invalidCode map[int]bool
 
-	redisDialTimeout time.Duration
-	redisTimeout     time.Duration
-	wsMaxPerIP       int
+	redis      redisresp.Options
+	wsMaxPerIP int
 }
 
 // layerSpec is a parsed layer. points == 0 means off.
@@ -466,11 +467,16 @@ func checkPrincipal(pc PrincipalConfig) error {
 func checkRedis(rc RedisConfig, s *settings) error {
 	var err error
 
-	if s.redisDialTimeout, err = parseDuration(rc.DialTimeout); err != nil {
+	s.redis = redisresp.Options{
+		Address: rc.Address, Username: rc.Username, Password: rc.Password,
+		DB: rc.DB, TLS: rc.TLS, PoolSize: rc.PoolSize,
+	}
+
+	if s.redis.DialTimeout, err = parseDuration(rc.DialTimeout); err != nil {
 		return invalid("redis.dialTimeout", rc.DialTimeout, err.Error())
 	}
 
-	if s.redisTimeout, err = parseDuration(rc.Timeout); err != nil {
+	if s.redis.Timeout, err = parseDuration(rc.Timeout); err != nil {
 		return invalid("redis.timeout", rc.Timeout, err.Error())
 	}
 

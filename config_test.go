@@ -37,7 +37,7 @@ func TestDefaultsMatchDesign(t *testing.T) {
 		len(s.assetPaths) != 1 || s.assetPaths[0] != "/assets/" || len(s.routes) != 0 ||
 		s.principal.UserHeader != "" || s.principal.ServiceAccountHeader != "X-Auth-Service-Account" ||
 		!s.invalidCode[401] || len(s.invalidCode) != 1 ||
-		s.redisDialTimeout != 250*time.Millisecond || s.redisTimeout != 100*time.Millisecond || s.wsMaxPerIP != 0 {
+		s.redis.DialTimeout != 250*time.Millisecond || s.redis.Timeout != 100*time.Millisecond || s.redis.PoolSize != 16 || s.redis.Address != "127.0.0.1:6379" || s.wsMaxPerIP != 0 {
 		t.Fatalf("defaults differ from the design note: %+v", s)
 	}
 }

@@ -19,7 +19,8 @@ type Plugin struct {
 	cfg  *settings
 	now  func() time.Time
 
-	store  *windowStore
+	store  counterStore
+	memory *windowStore // the memory store, or the redis store's fallback
 	ips    ipResolver
 	events *eventLog
 
@@ -45,6 +46,7 @@ type layer struct {
 	duration int64 // nanoseconds
 	list     *windowList
 	limit    string // points, formatted
+	windowMS string // duration in milliseconds, formatted (Redis argument)
 	policy   string // RateLimit-Policy item
 }
 
@@ -66,12 +68,17 @@ func New(ctx context.Context, next http.Handler, config *Config, name string) (h
 		return nil, fmt.Errorf("configuring %s: %w", name, err)
 	}
 
-	if cfg.store == "redis" {
-		return nil, fmt.Errorf("configuring %s: %w", name,
-			invalid("store", cfg.store, "the redis store is not available in this version; use memory"))
-	}
+	memory := registry.get(name, cfg.maxTracked)
+	store := counterStore(memory)
 
-	store := registry.get(name, cfg.maxTracked)
+	if cfg.store == "redis" {
+		store = &redisStore{
+			prefix:  cfg.keyPrefix + ":" + name + ":",
+			backend: backends.get(cfg.redis),
+			local:   memory,
+			blocked: registry.blockListFor(name, cfg.maxTracked),
+		}
+	}
 
 	p := &Plugin{
 		next:   next,
@@ -79,14 +86,15 @@ func New(ctx context.Context, next http.Handler, config *Config, name string) (h
 		cfg:    cfg,
 		now:    time.Now,
 		store:  store,
+		memory: memory,
 		ips:    ipResolver{proxies: cfg.proxies, hops: cfg.hops, ipv6Prefix: cfg.ipv6Prefix},
 		events: newEventLog(eventWriter, name),
 
-		global:  newLayer(store, cfg.global),
-		ip:      newLayer(store, cfg.ip),
-		assets:  newLayer(store, cfg.assets),
-		user:    newLayer(store, cfg.user),
-		service: newLayer(store, cfg.service),
+		global:  newLayer(memory, cfg.global),
+		ip:      newLayer(memory, cfg.ip),
+		assets:  newLayer(memory, cfg.assets),
+		user:    newLayer(memory, cfg.user),
+		service: newLayer(memory, cfg.service),
 
 		userHeader:    http.CanonicalHeaderKey(cfg.principal.UserHeader),
 		serviceHeader: http.CanonicalHeaderKey(cfg.principal.ServiceAccountHeader),
@@ -103,7 +111,7 @@ func New(ctx context.Context, next http.Handler, config *Config, name string) (h
 			continue
 		}
 
-		l := newLayer(store, rs.layerSpec)
+		l := newLayer(memory, rs.layerSpec)
 		p.routes = append(p.routes, &route{
 			layer: *l, methods: rs.methods, exact: rs.exact, prefixes: rs.prefixes, key: rs.key,
 		})
@@ -113,7 +121,7 @@ func New(ctx context.Context, next http.Handler, config *Config, name string) (h
 }
 
 // newLayer returns nil for a layer that is off, so the request path tests one pointer.
-func newLayer(store *windowStore, spec layerSpec) *layer {
+func newLayer(memory *windowStore, spec layerSpec) *layer {
 	if !spec.on() {
 		return nil
 	}
@@ -122,8 +130,9 @@ func newLayer(store *windowStore, spec layerSpec) *layer {
 		name:     spec.name,
 		points:   spec.points,
 		duration: int64(spec.duration),
-		list:     store.listFor(spec.duration),
+		list:     memory.listFor(spec.duration),
 		limit:    formatInt(spec.points),
+		windowMS: formatInt(int64(spec.duration / time.Millisecond)),
 		policy:   `"` + spec.name + `";q=` + formatInt(spec.points) + ";w=" + formatInt(ceilSeconds(int64(spec.duration))),
 	}
 }

@@ -268,7 +268,7 @@ func TestGlobalLayerCountsEveryone(t *testing.T) {
 	}
 
 	// Refused at global: not charged to ip.
-	if got := h.p.store.peek(h.clock.Now().UnixNano(), "ip", "198.51.100.1"); got.count != 0 {
+	if got := h.p.memory.peek(h.clock.Now().UnixNano(), "ip", "198.51.100.1"); got.count != 0 {
 		t.Fatalf("ip charged after global refused: %d", got.count)
 	}
 }
@@ -308,7 +308,7 @@ func TestAssetsHaveTheirOwnBudget(t *testing.T) {
 	}
 
 	// "/assetsX" is not under "/assets/".
-	if got := h.p.store.peek(h.clock.Now().UnixNano(), "ip", "203.0.113.9"); got.count != 3 {
+	if got := h.p.memory.peek(h.clock.Now().UnixNano(), "ip", "203.0.113.9"); got.count != 3 {
 		t.Fatalf("ip count %d, want 3", got.count)
 	}
 }
@@ -425,7 +425,7 @@ func TestCredentialedRequestsAreNotChargedToIPUpFront(t *testing.T) {
 		}
 	}
 
-	if got := h.p.store.peek(h.clock.Now().UnixNano(), "ip", "198.51.100.1"); got.count != 2 {
+	if got := h.p.memory.peek(h.clock.Now().UnixNano(), "ip", "198.51.100.1"); got.count != 2 {
 		t.Fatalf("ip count %d, want 2", got.count)
 	}
 }

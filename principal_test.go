@@ -111,7 +111,7 @@ func TestOverlongPrincipalIsHashed(t *testing.T) {
 	long := strings.Repeat("a", 4096)
 	h.do(http.MethodGet, "/api", "10.0.0.1:1", map[string]string{"X-Auth-User": long})
 
-	if got := h.p.store.peek(h.clock.Now().UnixNano(), "user", hashKey(long)); got.count != 1 {
+	if got := h.p.memory.peek(h.clock.Now().UnixNano(), "user", hashKey(long)); got.count != 1 {
 		t.Fatal("overlong principal not keyed by its digest")
 	}
 }
@@ -305,7 +305,7 @@ func TestEveryRequestIsChargedToExactlyOneTierBucket(t *testing.T) {
 	got := map[string]int64{}
 	var sum int64
 
-	for _, s := range []*windowStore{c.edge.p.store, c.principal.p.store} {
+	for _, s := range []*windowStore{c.edge.p.memory, c.principal.p.memory} {
 		for id, w := range s.entries {
 			if id.layer == "ip" || id.layer == "assets" || id.layer == "user" || id.layer == "service" {
 				got[id.layer+"/"+id.key] += w.count

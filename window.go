@@ -249,11 +249,12 @@ func (l *windowList) unlink(w *window) {
 // registry holds one windowStore per middleware name for the life of the
 // process. Traefik keeps one interpreter per plugin, so this survives
 // configuration reloads and is shared by every router that uses the middleware.
-var registry = &storeRegistry{stores: map[string]*windowStore{}}
+var registry = &storeRegistry{stores: map[string]*windowStore{}, blocked: map[string]*blockList{}}
 
 type storeRegistry struct {
-	mu     sync.Mutex
-	stores map[string]*windowStore
+	mu      sync.Mutex
+	stores  map[string]*windowStore
+	blocked map[string]*blockList // redis store: keys known over their limit
 }
 
 // get returns the store of the middleware called name, creating it with the
@@ -273,4 +274,19 @@ func (r *storeRegistry) get(name string, capacity int) *windowStore {
 	s.setMax(capacity)
 
 	return s
+}
+
+// blockListFor returns the list of keys known over their limit for the
+// middleware called name (redis store).
+func (r *storeRegistry) blockListFor(name string, capacity int) *blockList {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+
+	b := r.blocked[name]
+	if b == nil {
+		b = newBlockList(capacity)
+		r.blocked[name] = b
+	}
+
+	return b
 }

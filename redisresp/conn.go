@@ -1,0 +1,279 @@
+package redisresp
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"time"
+)
+
+// Limits bound what one reply may hold. A reply over a limit is a protocol
+// error and closes the connection.
+type Limits struct {
+	MaxLine     int // bytes in a status, error, integer or length line
+	MaxBulk     int // bytes in one bulk string, and in all bulk strings of one reply
+	MaxElements int // values in one reply, counting every nesting level
+	MaxDepth    int // nesting of arrays
+}
+
+// DefaultLimits fit a rate limiter's replies with a wide margin.
+var DefaultLimits = Limits{MaxLine: 4096, MaxBulk: 1 << 20, MaxElements: 1 << 16, MaxDepth: 8}
+
+// Conn is one connection. It is not safe for concurrent use; Pool hands each
+// Conn to one caller at a time. After an I/O or protocol error the Conn is
+// closed and every later call returns that error.
+type Conn struct {
+	nc  net.Conn
+	bw  *bufio.Writer
+	rd  reader
+	err error
+}
+
+// NewConn wraps an established connection (after TLS, before AUTH).
+func NewConn(nc net.Conn, lim Limits) *Conn {
+	if lim.MaxLine < 16 {
+		lim.MaxLine = 16
+	}
+
+	return &Conn{
+		nc: nc,
+		bw: bufio.NewWriterSize(nc, 4096),
+		rd: reader{br: bufio.NewReaderSize(nc, lim.MaxLine), lim: lim},
+	}
+}
+
+// Err returns the error that closed the connection, or nil.
+func (c *Conn) Err() error {
+	return c.err
+}
+
+// Close closes the connection.
+func (c *Conn) Close() error {
+	if c.err == nil {
+		c.err = ErrClosed
+	}
+
+	return c.nc.Close()
+}
+
+// Pipeline sends every command, then reads one reply per command, all before
+// deadline. Server error replies come back as values.
+func (c *Conn) Pipeline(deadline time.Time, cmds [][]string) ([]Value, error) {
+	if c.err != nil {
+		return nil, c.err
+	}
+
+	if err := c.nc.SetDeadline(deadline); err != nil {
+		return nil, c.fail(fmt.Errorf("setting redis deadline: %w", err))
+	}
+
+	for _, cmd := range cmds {
+		if err := writeCommand(c.bw, cmd); err != nil {
+			return nil, c.fail(fmt.Errorf("writing redis command: %w", err))
+		}
+	}
+
+	if err := c.bw.Flush(); err != nil {
+		return nil, c.fail(fmt.Errorf("writing redis command: %w", err))
+	}
+
+	replies := make([]Value, len(cmds))
+
+	for i := range replies {
+		v, err := c.rd.readReply()
+		if err != nil {
+			return nil, c.fail(fmt.Errorf("reading redis reply: %w", err))
+		}
+
+		replies[i] = v
+	}
+
+	return replies, nil
+}
+
+// Do runs one command.
+func (c *Conn) Do(deadline time.Time, args ...string) (Value, error) {
+	replies, err := c.Pipeline(deadline, [][]string{args})
+	if err != nil {
+		return Value{}, err
+	}
+
+	return replies[0], nil
+}
+
+func (c *Conn) fail(err error) error {
+	c.err = err
+	_ = c.nc.Close()
+
+	return err
+}
+
+// writeCommand writes args as a RESP array of bulk strings.
+func writeCommand(bw *bufio.Writer, args []string) error {
+	var num [24]byte
+
+	bw.WriteByte('*')
+	bw.Write(strconv.AppendInt(num[:0], int64(len(args)), 10))
+	bw.WriteString("\r\n")
+
+	for _, a := range args {
+		bw.WriteByte('$')
+		bw.Write(strconv.AppendInt(num[:0], int64(len(a)), 10))
+		bw.WriteString("\r\n")
+		bw.WriteString(a)
+
+		if _, err := bw.WriteString("\r\n"); err != nil {
+			return err
+		}
+	}
+
+	return nil
+}
+
+// reader parses replies within Limits.
+type reader struct {
+	br       *bufio.Reader
+	lim      Limits
+	elements int // values left in this reply
+	bytes    int // bulk bytes left in this reply
+}
+
+func (r *reader) readReply() (Value, error) {
+	r.elements = r.lim.MaxElements
+	r.bytes = r.lim.MaxBulk
+
+	return r.read(0)
+}
+
+func (r *reader) read(depth int) (Value, error) {
+	if depth > r.lim.MaxDepth {
+		return Value{}, fmt.Errorf("%w: arrays nested deeper than %d", ErrProtocol, r.lim.MaxDepth)
+	}
+
+	r.elements--
+	if r.elements < 0 {
+		return Value{}, fmt.Errorf("%w: more than %d values in one reply", ErrProtocol, r.lim.MaxElements)
+	}
+
+	line, err := r.line()
+	if err != nil {
+		return Value{}, err
+	}
+
+	if len(line) == 0 {
+		return Value{}, fmt.Errorf("%w: empty line", ErrProtocol)
+	}
+
+	switch kind := line[0]; kind {
+	case KindSimple, KindError:
+		return Value{Kind: kind, Str: string(line[1:])}, nil
+
+	case KindInteger:
+		n, err := parseInt(line[1:])
+		if err != nil {
+			return Value{}, err
+		}
+
+		return Value{Kind: KindInteger, Int: n}, nil
+
+	case KindBulk:
+		n, err := parseInt(line[1:])
+		if err != nil {
+			return Value{}, err
+		}
+
+		if n == -1 {
+			return Value{Kind: KindBulk, Null: true}, nil
+		}
+
+		if n < 0 || n > int64(r.bytes) {
+			return Value{}, fmt.Errorf("%w: bulk length %d out of bounds (at most %d)", ErrProtocol, n, r.bytes)
+		}
+
+		r.bytes -= int(n)
+
+		buf := make([]byte, int(n)+2)
+		if _, err := io.ReadFull(r.br, buf); err != nil {
+			return Value{}, err
+		}
+
+		if buf[n] != '\r' || buf[n+1] != '\n' {
+			return Value{}, fmt.Errorf("%w: bulk string not terminated by CRLF", ErrProtocol)
+		}
+
+		return Value{Kind: KindBulk, Str: string(buf[:n])}, nil
+
+	case KindArray:
+		n, err := parseInt(line[1:])
+		if err != nil {
+			return Value{}, err
+		}
+
+		if n == -1 {
+			return Value{Kind: KindArray, Null: true}, nil
+		}
+
+		if n < 0 || n > int64(r.elements) {
+			return Value{}, fmt.Errorf("%w: array length %d out of bounds (at most %d)", ErrProtocol, n, r.elements)
+		}
+
+		// Grow as elements arrive rather than trusting the announced length.
+		size := int(n)
+		if size > 16 {
+			size = 16
+		}
+
+		arr := make([]Value, 0, size)
+
+		for i := int64(0); i < n; i++ {
+			v, err := r.read(depth + 1)
+			if err != nil {
+				return Value{}, err
+			}
+
+			arr = append(arr, v)
+		}
+
+		return Value{Kind: KindArray, Array: arr}, nil
+
+	default:
+		return Value{}, fmt.Errorf("%w: unexpected reply type %q", ErrProtocol, kind)
+	}
+}
+
+// line reads one CRLF-terminated line, without the CRLF, of at most MaxLine bytes.
+func (r *reader) line() ([]byte, error) {
+	b, err := r.br.ReadSlice('\n')
+	if err == bufio.ErrBufferFull {
+		return nil, fmt.Errorf("%w: line longer than %d bytes", ErrProtocol, r.br.Size())
+	}
+
+	if err != nil {
+		return nil, err
+	}
+
+	if len(b) < 2 || b[len(b)-2] != '\r' {
+		return nil, fmt.Errorf("%w: line not terminated by CRLF", ErrProtocol)
+	}
+
+	return b[:len(b)-2], nil
+}
+
+func parseInt(b []byte) (int64, error) {
+	n, err := strconv.ParseInt(string(b), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%w: bad integer %q", ErrProtocol, truncate(b))
+	}
+
+	return n, nil
+}
+
+func truncate(b []byte) string {
+	if len(b) > 32 {
+		return string(b[:32]) + "..."
+	}
+
+	return string(b)
+}

@@ -1,0 +1,43 @@
+package redisresp
+
+import (
+	"crypto/sha1"
+	"encoding/hex"
+	"strconv"
+	"strings"
+)
+
+// Script is a Lua script run with EVALSHA, falling back to EVAL (which also
+// caches it on the server) when the server answers NOSCRIPT.
+type Script struct {
+	src string
+	sha string
+}
+
+// NewScript computes the script's SHA1 locally; it does no I/O.
+func NewScript(src string) *Script {
+	sum := sha1.Sum([]byte(src))
+	return &Script{src: src, sha: hex.EncodeToString(sum[:])}
+}
+
+// SHA returns the script's SHA1, as the server names it.
+func (s *Script) SHA() string {
+	return s.sha
+}
+
+// Run runs the script with keys and args. A script error is a Value of KindError.
+func (s *Script) Run(p *Pool, keys, args []string) (Value, error) {
+	cmd := make([]string, 0, 3+len(keys)+len(args))
+	cmd = append(cmd, "EVALSHA", s.sha, strconv.Itoa(len(keys)))
+	cmd = append(cmd, keys...)
+	cmd = append(cmd, args...)
+
+	v, err := p.Do(cmd...)
+	if err != nil || !v.IsError() || !strings.HasPrefix(v.Str, "NOSCRIPT") {
+		return v, err
+	}
+
+	cmd[0], cmd[1] = "EVAL", s.src
+
+	return p.Do(cmd...)
+}

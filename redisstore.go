@@ -1,0 +1,353 @@
+package tierlimit
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/tierlimit/tierlimit/redisresp"
+)
+
+// counterStore charges requests to layers. take charges one hit to each charge
+// in order, writes out[i] for each charge it took and returns how many it
+// took; unless all is set it stops after the first charge whose count exceeds
+// its layer's points. windowStore (memory) and redisStore implement it.
+type counterStore interface {
+	take(now int64, charges []charge, out []result, all bool) int
+}
+
+// takeScript is the whole decision of one request in one round trip. Each key
+// is created with its expiry (SET NX PX) before it is incremented, so no key is
+// ever left without a TTL; the reset is first hit + window, as in memory.
+//
+// KEYS: one counter per layer, in evaluation order.
+// ARGV[1]: "1" charges every key (dry run); "0" stops after the first refusal.
+// ARGV[2i], ARGV[2i+1]: points and window (milliseconds) of KEYS[i].
+// Returns count, milliseconds to reset, for each key charged.
+const takeScript = `
+local all = ARGV[1] == '1'
+local out = {}
+for i = 1, #KEYS do
+  local points = tonumber(ARGV[2 * i])
+  local window = tonumber(ARGV[2 * i + 1])
+  redis.call('SET', KEYS[i], 0, 'NX', 'PX', window)
+  local count = redis.call('INCR', KEYS[i])
+  local ttl = redis.call('PTTL', KEYS[i])
+  if ttl < 0 then
+    redis.call('PEXPIRE', KEYS[i], window)
+    ttl = window
+  end
+  out[#out + 1] = count
+  out[#out + 1] = ttl
+  if count > points and not all then
+    break
+  end
+end
+return out
+`
+
+var takeRedis = redisresp.NewScript(takeScript)
+
+var errBadReply = errors.New("unexpected reply from the rate-limit script")
+
+// redisStore keeps the counters in Redis, shared by every Traefik instance,
+// with keys <keyPrefix>:<middleware name>:<layer>:<key>. When Redis fails or is
+// slower than redis.timeout, local (the middleware's memory store, same limits)
+// decides instead, and Redis is skipped during a back-off. Keys that Redis
+// reported over their limit are refused locally until their reset.
+type redisStore struct {
+	prefix  string
+	backend *redisBackend
+	local   *windowStore
+	blocked *blockList
+}
+
+func (s *redisStore) take(now int64, charges []charge, out []result, all bool) int {
+	if !all {
+		for i := range charges {
+			reset := s.blocked.resetOf(charges[i].layer.name, charges[i].key, now)
+			if reset == 0 {
+				continue
+			}
+
+			for j := 0; j < i; j++ {
+				out[j] = result{reset: now}
+			}
+
+			out[i] = result{count: charges[i].layer.points + 1, reset: reset}
+
+			return i + 1
+		}
+	}
+
+	use, probe := s.backend.usable(now)
+	if !use {
+		return s.local.take(now, charges, out, all)
+	}
+
+	n, err := s.takeRedis(now, charges, out, all)
+	if err != nil {
+		s.backend.failed(now, probe, err)
+		return s.local.take(now, charges, out, all)
+	}
+
+	s.backend.succeeded()
+
+	return n
+}
+
+func (s *redisStore) takeRedis(now int64, charges []charge, out []result, all bool) (int, error) {
+	keys := make([]string, len(charges))
+	args := make([]string, 1, 1+2*len(charges))
+	args[0] = "0"
+
+	if all {
+		args[0] = "1"
+	}
+
+	for i, c := range charges {
+		keys[i] = s.prefix + c.layer.name + ":" + c.key
+		args = append(args, c.layer.limit, c.layer.windowMS)
+	}
+
+	v, err := takeRedis.Run(s.backend.pool, keys, args)
+	if err != nil {
+		return 0, err
+	}
+
+	if v.IsError() {
+		return 0, fmt.Errorf("running the rate-limit script: %s", v.Str)
+	}
+
+	n := len(v.Array) / 2
+	if v.Kind != redisresp.KindArray || len(v.Array)%2 != 0 || n == 0 || n > len(charges) {
+		return 0, fmt.Errorf("%w: %s", errBadReply, v.String())
+	}
+
+	for i := 0; i < n; i++ {
+		count, ttl := v.Array[2*i], v.Array[2*i+1]
+		window := charges[i].layer.duration / int64(time.Millisecond)
+
+		if count.Kind != redisresp.KindInteger || ttl.Kind != redisresp.KindInteger ||
+			count.Int < 1 || ttl.Int < 0 || ttl.Int > window {
+			return 0, fmt.Errorf("%w: count %s, ttl %s", errBadReply, count.String(), ttl.String())
+		}
+
+		out[i] = result{count: count.Int, reset: now + ttl.Int*int64(time.Millisecond)}
+	}
+
+	// The script stops only at a refusal; a shorter reply that does not end in
+	// one would let a request skip the layers it did not reach.
+	if n < len(charges) && (all || out[n-1].count <= charges[n-1].layer.points) {
+		return 0, fmt.Errorf("%w: %d of %d layers answered", errBadReply, n, len(charges))
+	}
+
+	for i := 0; i < n; i++ {
+		c := charges[i]
+		if out[i].count > c.layer.points {
+			out[i].firstRefusal = s.blocked.add(c.layer.name, c.key, out[i].reset, now)
+		}
+	}
+
+	return n, nil
+}
+
+// Back-off bounds: Redis is skipped for minBackoff after a failure, doubling
+// while probes keep failing, up to maxBackoff.
+const (
+	minBackoff = 200 * time.Millisecond
+	maxBackoff = 5 * time.Second
+)
+
+// redisBackend is one Redis server as every middleware configured for it
+// shares it: the connection pool and whether Redis is usable now.
+type redisBackend struct {
+	pool    *redisresp.Pool
+	address string
+	log     io.Writer
+
+	mu      sync.Mutex
+	failing bool
+	probing bool  // one request is trying Redis after the back-off
+	retryAt int64 // Unix nanoseconds
+	backoff time.Duration
+}
+
+// usable reports whether to call Redis at now. While failing, one request per
+// back-off period is let through as a probe.
+func (b *redisBackend) usable(now int64) (use, probe bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+
+	if !b.failing {
+		return true, false
+	}
+
+	if b.probing || now < b.retryAt {
+		return false, false
+	}
+
+	b.probing = true
+
+	return true, true
+}
+
+func (b *redisBackend) succeeded() {
+	b.mu.Lock()
+	recovered := b.failing
+	b.failing, b.probing, b.backoff = false, false, 0
+	b.mu.Unlock()
+
+	if recovered {
+		b.event("REDIS_RECOVERED", "info", "", 0)
+	}
+}
+
+// failed records a failed call. The first failure starts the back-off; a failed
+// probe doubles it. Failures of calls that were in flight when Redis went away
+// change nothing, so a burst of them does not inflate the back-off.
+func (b *redisBackend) failed(now int64, probe bool, err error) {
+	b.mu.Lock()
+
+	first := !b.failing
+
+	switch {
+	case first:
+		b.failing, b.backoff = true, minBackoff
+	case probe:
+		b.backoff *= 2
+		if b.backoff > maxBackoff {
+			b.backoff = maxBackoff
+		}
+	default:
+		b.mu.Unlock()
+		return
+	}
+
+	b.probing = false
+	b.retryAt = now + int64(b.backoff)
+	backoff := b.backoff
+	b.mu.Unlock()
+
+	if first {
+		b.event("REDIS_UNAVAILABLE", "error", err.Error(), backoff)
+	}
+}
+
+type redisEvent struct {
+	Event    string `json:"event"`
+	Severity string `json:"severity"`
+	Address  string `json:"address"`
+	Error    string `json:"error,omitempty"`
+	Fallback string `json:"fallback,omitempty"`
+	RetryIn  string `json:"retryIn,omitempty"`
+}
+
+func (b *redisBackend) event(name, severity, msg string, retry time.Duration) {
+	ev := redisEvent{Event: name, Severity: severity, Address: b.address, Error: msg}
+	if retry > 0 {
+		ev.Fallback, ev.RetryIn = "memory", retry.String()
+	}
+
+	line, err := json.Marshal(ev)
+	if err != nil {
+		return
+	}
+
+	_, _ = b.log.Write(append(line, '\n'))
+}
+
+// backends shares one redisBackend per distinct Redis configuration across
+// middlewares, routers and reloads, so reloads do not open new pools.
+var backends = &backendRegistry{byConfig: map[string]*redisBackend{}}
+
+type backendRegistry struct {
+	mu       sync.Mutex
+	byConfig map[string]*redisBackend
+}
+
+func (r *backendRegistry) get(opts redisresp.Options) *redisBackend {
+	id := opts.Address + "\x00" + opts.Username + "\x00" + opts.Password + "\x00" + strconv.Itoa(opts.DB) +
+		"\x00" + strconv.FormatBool(opts.TLS) + "\x00" + opts.DialTimeout.String() + "\x00" + opts.Timeout.String() +
+		"\x00" + strconv.Itoa(opts.PoolSize)
+
+	r.mu.Lock()
+	defer r.mu.Unlock()
+
+	b := r.byConfig[id]
+	if b == nil {
+		b = &redisBackend{pool: redisresp.NewPool(opts), address: opts.Address, log: eventWriter}
+		r.byConfig[id] = b
+	}
+
+	return b
+}
+
+// blockList remembers keys that Redis reported over their limit, until their
+// reset. It holds at most max keys.
+type blockList struct {
+	mu    sync.Mutex
+	max   int
+	until map[slotKey]int64
+}
+
+func newBlockList(capacity int) *blockList {
+	return &blockList{max: capacity, until: map[slotKey]int64{}}
+}
+
+// resetOf returns the reset of a blocked key, or 0.
+func (b *blockList) resetOf(layer, key string, now int64) int64 {
+	id := slotKey{layer: layer, key: key}
+
+	b.mu.Lock()
+	defer b.mu.Unlock()
+
+	reset := b.until[id]
+	if reset != 0 && reset <= now {
+		delete(b.until, id)
+		return 0
+	}
+
+	return reset
+}
+
+// add blocks a key until reset and reports whether it was not blocked yet, so
+// that a refusal is reported once per key and window.
+func (b *blockList) add(layer, key string, reset, now int64) bool {
+	id := slotKey{layer: layer, key: key}
+
+	b.mu.Lock()
+	defer b.mu.Unlock()
+
+	if old, ok := b.until[id]; ok && old > now {
+		if reset > old {
+			b.until[id] = reset
+		}
+
+		return false
+	}
+
+	if len(b.until) >= b.max {
+		for k, r := range b.until {
+			if r <= now {
+				delete(b.until, k)
+			}
+		}
+
+		for k := range b.until {
+			if len(b.until) < b.max {
+				break
+			}
+
+			delete(b.until, k)
+		}
+	}
+
+	b.until[id] = reset
+
+	return true
+}
