@@ -1,0 +1,107 @@
+package harness
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/tierlimit/tierlimit/redisresp"
+)
+
+// Redis is a real redis-server (Debian's package) on a loopback port.
+type Redis struct {
+	Addr string
+	Port int
+	dir  string
+	args []string
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// StartRedis runs redis-server on a free loopback port with persistence off;
+// extra arguments (e.g. "--requirepass", "secret") are appended.
+func StartRedis(dir string, extra ...string) (*Redis, error) {
+	port, err := FreePort()
+	if err != nil {
+		return nil, err
+	}
+
+	r := &Redis{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, dir: dir, args: extra}
+
+	return r, r.Start()
+}
+
+// Start starts (or restarts) the server on its port.
+func (r *Redis) Start() error {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return fmt.Errorf("redis-server is not installed (apt-get install redis-server): %w", err)
+	}
+
+	args := append([]string{"--port", strconv.Itoa(r.Port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--dir", r.dir, "--logfile", filepath.Join(r.dir, "redis.log")}, r.args...)
+
+	r.cmd = exec.Command(bin, args...)
+	r.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	r.done = make(chan struct{})
+
+	if err := r.cmd.Start(); err != nil {
+		return fmt.Errorf("starting redis-server: %w", err)
+	}
+
+	go func() {
+		_ = r.cmd.Wait()
+		close(r.done)
+	}()
+
+	deadline := time.Now().Add(10 * time.Second)
+
+	for time.Now().Before(deadline) {
+		select {
+		case <-r.done:
+			log, _ := os.ReadFile(filepath.Join(r.dir, "redis.log"))
+			return fmt.Errorf("redis-server exited:\n%s", log)
+		default:
+		}
+
+		p := redisresp.NewPool(redisresp.Options{Address: r.Addr, Timeout: time.Second, PoolSize: 1})
+		v, err := p.Do("PING")
+		p.Close()
+
+		// NOAUTH means it is up but wants a password.
+		if err == nil && (v.Str == "PONG" || v.IsError()) {
+			return nil
+		}
+
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	r.Kill()
+
+	return errors.New("redis-server did not answer PING")
+}
+
+// Kill stops the server abruptly (SIGKILL), as a crash would.
+func (r *Redis) Kill() {
+	if r.cmd == nil || r.cmd.Process == nil {
+		return
+	}
+
+	_ = r.cmd.Process.Kill()
+	<-r.done
+}
+
+// Client returns a pool for inspecting the server; opts.Address is set.
+func (r *Redis) Client(opts redisresp.Options) *redisresp.Pool {
+	opts.Address = r.Addr
+	if opts.Timeout == 0 {
+		opts.Timeout = 5 * time.Second
+	}
+
+	return redisresp.NewPool(opts)
+}
