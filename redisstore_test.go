@@ -1,0 +1,367 @@
+package tierlimit
+
+import (
+	"bufio"
+	"bytes"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tierlimit/tierlimit/redisresp"
+)
+
+// cannedRedis answers every command with reply (raw RESP) and counts commands.
+type cannedRedis struct {
+	l        net.Listener
+	mu       sync.Mutex
+	reply    string
+	last     []string // the last command's arguments
+	commands atomic.Int64
+}
+
+func newCannedRedis(t *testing.T, reply string) *cannedRedis {
+	t.Helper()
+
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	s := &cannedRedis{l: l, reply: reply}
+	t.Cleanup(func() { l.Close() })
+
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+
+			go s.serve(c)
+		}
+	}()
+
+	return s
+}
+
+func (s *cannedRedis) setReply(r string) {
+	s.mu.Lock()
+	s.reply = r
+	s.mu.Unlock()
+}
+
+func (s *cannedRedis) serve(c net.Conn) {
+	defer c.Close()
+
+	br := bufio.NewReader(c)
+
+	for {
+		// A command is an array of bulk strings.
+		line, err := br.ReadString('\n')
+		if err != nil {
+			return
+		}
+
+		n, _ := strconv.Atoi(strings.TrimSpace(line[1:]))
+		args := make([]string, 0, n)
+
+		for i := 0; i < n; i++ {
+			hdr, err := br.ReadString('\n')
+			if err != nil {
+				return
+			}
+
+			size, _ := strconv.Atoi(strings.TrimSpace(hdr[1:]))
+			buf := make([]byte, size+2)
+
+			if _, err := io.ReadFull(br, buf); err != nil {
+				return
+			}
+
+			args = append(args, string(buf[:size]))
+		}
+
+		s.commands.Add(1)
+		s.mu.Lock()
+		reply := s.reply
+		s.last = args
+		s.mu.Unlock()
+
+		if _, err := c.Write([]byte(reply)); err != nil {
+			return
+		}
+	}
+}
+
+func closedPort(t *testing.T) string {
+	t.Helper()
+
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	addr := l.Addr().String()
+	l.Close()
+
+	return addr
+}
+
+func redisHarness(t *testing.T, addr string, mutate func(c *Config)) (*harness, *bytes.Buffer) {
+	t.Helper()
+
+	h := newHarness(t, func(c *Config) {
+		c.Store = "redis"
+		c.Redis.Address = addr
+		c.Redis.Timeout = "1s"
+		c.Global.Points = 0
+		c.IP = LayerConfig{Points: 3, Duration: "60s"}
+
+		if mutate != nil {
+			mutate(c)
+		}
+	})
+
+	// A backend of its own: the shared registry could hand a later test with
+	// a reused port the state of an earlier one.
+	logs := &bytes.Buffer{}
+	h.p.store.(*redisStore).backend = &redisBackend{pool: redisresp.NewPool(h.p.cfg.redis), address: addr, log: logs}
+
+	return h, logs
+}
+
+func TestRedisDownIsDecidedInMemoryWithTheSameLimits(t *testing.T) {
+	h, logs := redisHarness(t, closedPort(t), nil)
+
+	for i := 1; i <= 6; i++ {
+		rec := h.get("/api", "203.0.113.9:1")
+
+		want := http.StatusOK
+		if i > 3 {
+			want = http.StatusTooManyRequests
+		}
+
+		if rec.Code != want || rec.Header().Get("X-RateLimit-Limit") != "3" {
+			t.Fatalf("request %d with Redis down: %d %v", i, rec.Code, rec.Header())
+		}
+	}
+
+	if got := h.p.memory.peek(h.clock.Now().UnixNano(), "ip", "203.0.113.9"); got.count != 6 {
+		t.Fatalf("memory fallback count %d, want 6 (every request counted)", got.count)
+	}
+
+	if n := strings.Count(logs.String(), "REDIS_UNAVAILABLE"); n != 1 {
+		t.Fatalf("REDIS_UNAVAILABLE logged %d times:\n%s", n, logs.String())
+	}
+}
+
+func TestBackoffGrowsWhileProbesFailAndEndsOnSuccess(t *testing.T) {
+	logs := &bytes.Buffer{}
+	b := &redisBackend{address: "test", log: logs}
+	ms := int64(time.Millisecond)
+	now := t0
+
+	if use, probe := b.usable(now); !use || probe {
+		t.Fatal("a healthy backend is not used")
+	}
+
+	// Calls in flight when Redis went away all fail: one back-off, one log line.
+	for i := 0; i < 10; i++ {
+		b.failed(now, false, io.EOF)
+	}
+
+	want := []int64{200, 400, 800, 1600, 3200, 5000, 5000}
+	for i, backoff := range want {
+		if use, _ := b.usable(now + backoff*ms - 1); use {
+			t.Fatalf("step %d: Redis used before the back-off of %dms ended", i, backoff)
+		}
+
+		now += backoff * ms
+
+		use, probe := b.usable(now)
+		if !use || !probe {
+			t.Fatalf("step %d: no probe after %dms", i, backoff)
+		}
+
+		// One probe at a time.
+		if use, _ := b.usable(now); use {
+			t.Fatalf("step %d: a second request probed concurrently", i)
+		}
+
+		b.failed(now, true, io.EOF)
+	}
+
+	now += 5000 * ms
+	if use, probe := b.usable(now); !use || !probe {
+		t.Fatal("no probe at the capped back-off")
+	}
+
+	b.succeeded()
+
+	if use, probe := b.usable(now); !use || probe {
+		t.Fatal("Redis not used after a successful probe")
+	}
+
+	if strings.Count(logs.String(), "REDIS_UNAVAILABLE") != 1 || strings.Count(logs.String(), "REDIS_RECOVERED") != 1 {
+		t.Fatalf("transitions not logged once each:\n%s", logs.String())
+	}
+}
+
+func TestMalformedRedisRepliesAreDecidedInMemory(t *testing.T) {
+	replies := map[string]string{
+		"odd array":             "*1\r\n:1\r\n",
+		"empty array":           "*0\r\n",
+		"zero count":            "*2\r\n:0\r\n:5000\r\n",
+		"negative ttl":          "*2\r\n:1\r\n:-1\r\n",
+		"ttl beyond the window": "*2\r\n:1\r\n:60001\r\n",
+		"bulk instead of int":   "*2\r\n$1\r\n1\r\n:5000\r\n",
+		"status":                "+OK\r\n",
+		"script error":          "-ERR boom\r\n",
+		"null":                  "*-1\r\n",
+		"too many pairs":        "*6\r\n:1\r\n:5000\r\n:1\r\n:5000\r\n:1\r\n:5000\r\n",
+		"short without refusal": "*2\r\n:1\r\n:5000\r\n", // two layers charged, one answered
+		"not RESP":              "hello\r\n",
+		"huge bulk":             "$99999999999\r\n",
+		"unterminated":          "*2\r\n:1\r\n:50",
+	}
+
+	for name, reply := range replies {
+		srv := newCannedRedis(t, reply)
+		h, _ := redisHarness(t, srv.l.Addr().String(), func(c *Config) {
+			c.Redis.Timeout = "200ms"
+			c.Global = LayerConfig{Points: 100, Duration: "60s"}
+		})
+
+		rec := h.get("/api", "203.0.113.9:1")
+		if rec.Code != http.StatusOK || rec.Header().Get("X-RateLimit-Remaining") != "2" {
+			t.Errorf("%s: %d %v, want the memory store's decision", name, rec.Code, rec.Header())
+		}
+
+		if got := h.p.memory.peek(h.clock.Now().UnixNano(), "ip", "203.0.113.9"); got.count != 1 {
+			t.Errorf("%s: memory not charged (count %d) %v", name, got.count, rec.Header())
+		}
+	}
+}
+
+func TestKeysKnownOverTheirLimitAreRefusedWithoutRedis(t *testing.T) {
+	// Redis says: count 4 of 3, 30s left.
+	srv := newCannedRedis(t, "*2\r\n:4\r\n:30000\r\n")
+	h, _ := redisHarness(t, srv.l.Addr().String(), nil)
+
+	rec := h.get("/api", "203.0.113.9:1")
+	if rec.Code != http.StatusTooManyRequests || rec.Header().Get("Retry-After") != "30" {
+		t.Fatalf("refusal from Redis: %d %v", rec.Code, rec.Header())
+	}
+
+	calls := srv.commands.Load()
+
+	for i := 0; i < 5; i++ {
+		rec := h.get("/api", "203.0.113.9:1")
+		if rec.Code != http.StatusTooManyRequests || rec.Header().Get("X-RateLimit-Remaining") != "0" {
+			t.Fatalf("blocked client: %d %v", rec.Code, rec.Header())
+		}
+	}
+
+	if srv.commands.Load() != calls {
+		t.Fatalf("%d Redis calls for a client known over its limit", srv.commands.Load()-calls)
+	}
+
+	if n := strings.Count(h.events.String(), "RATE_LIMIT_TRIGGERED"); n != 1 {
+		t.Fatalf("%d events, want 1", n)
+	}
+
+	// Another client still goes to Redis; after the reset, so does this one.
+	srv.setReply("*2\r\n:1\r\n:60000\r\n")
+	h.get("/api", "203.0.113.10:1")
+
+	h.clock.Add(30 * time.Second)
+
+	if rec := h.get("/api", "203.0.113.9:1"); rec.Code != http.StatusOK || srv.commands.Load() != calls+2 {
+		t.Fatalf("after the reset: %d, %d calls", rec.Code, srv.commands.Load()-calls)
+	}
+}
+
+func TestDryRunWithRedisChargesEveryLayerAndNeverBlocks(t *testing.T) {
+	srv := newCannedRedis(t, "*4\r\n:1001\r\n:500\r\n:9\r\n:50000\r\n")
+	h, _ := redisHarness(t, srv.l.Addr().String(), func(c *Config) {
+		c.DryRun = true
+		c.Global = LayerConfig{Points: 1000, Duration: "1s"}
+	})
+
+	for i := 0; i < 3; i++ {
+		if rec := h.get("/api", "203.0.113.9:1"); rec.Code != http.StatusOK {
+			t.Fatalf("dry run refused: %d", rec.Code)
+		}
+	}
+
+	if srv.commands.Load() != 3 {
+		t.Fatalf("%d calls, want one per request in dry run", srv.commands.Load())
+	}
+
+	// Reported once per key and window.
+	if strings.Count(h.events.String(), `"limiter":"global"`) != 1 || strings.Count(h.events.String(), `"limiter":"ip"`) != 1 {
+		t.Fatalf("events:\n%s", h.events.String())
+	}
+}
+
+func TestBlockListIsBounded(t *testing.T) {
+	b := newBlockList(10)
+
+	for i := 0; i < 1000; i++ {
+		b.add("ip", strconv.Itoa(i), t0+int64(time.Minute), t0)
+	}
+
+	if len(b.until) > 10 {
+		t.Fatalf("%d keys held, cap 10", len(b.until))
+	}
+
+	if !b.add("ip", "expired", t0+1, t0) || b.resetOf("ip", "expired", t0+1) != 0 {
+		t.Fatal("an expired block is still held")
+	}
+}
+
+func TestRedisKeysAndArguments(t *testing.T) {
+	srv := newCannedRedis(t, "*6\r\n:1\r\n:1000\r\n:1\r\n:60000\r\n:1\r\n:60000\r\n")
+	h, _ := redisHarness(t, srv.l.Addr().String(), func(c *Config) {
+		c.KeyPrefix = "rl"
+		c.Global = LayerConfig{Points: 1000, Duration: "1s"}
+		c.Routes = []RouteConfig{{Name: "auth_login", Paths: []string{"/auth/login"}, Points: 10, Duration: "60s"}}
+	})
+
+	store := h.p.store.(*redisStore)
+	charges := []charge{{h.p.global, "global"}, {h.p.ip, "2001:db8::/64"}, {&h.p.routes[0].layer, "2001:db8::/64"}}
+	out := make([]result, 3)
+
+	if n := store.take(t0, charges, out, false); n != 3 {
+		t.Fatalf("took %d", n)
+	}
+
+	srv.mu.Lock()
+	got := srv.last
+	srv.mu.Unlock()
+
+	prefix := "rl:" + h.p.name + ":"
+	want := []string{
+		"EVALSHA", takeRedis.SHA(), "3",
+		prefix + "global:global", prefix + "ip:2001:db8::/64", prefix + "auth_login:2001:db8::/64",
+		"0", "1000", "1000", "3", "60000", "10", "60000",
+	}
+
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("command\n%q\nwant\n%q", got, want)
+	}
+
+	if store.prefix != "rl:"+h.p.name+":" {
+		t.Fatalf("prefix %q", store.prefix)
+	}
+
+	if out[0].reset != t0+int64(time.Second) || out[1].reset != t0+int64(time.Minute) {
+		t.Fatalf("resets %v", out)
+	}
+}
