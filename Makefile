@@ -3,15 +3,20 @@
 GO ?= go
 TRAEFIK := e2e/.cache/traefik-v3.6.12
 
-.PHONY: test unit e2e demo traefik vendor-check
+.PHONY: test unit fuzz e2e demo traefik vendor-check
 
-test: vendor-check unit e2e
+test: vendor-check unit fuzz e2e
 
 unit:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' | grep -v '^vendor/'))" || { gofmt -l $$(git ls-files '*.go' | grep -v '^vendor/'); echo 'gofmt: files above need formatting'; exit 1; }
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./...
 
+# A short run of the RESP reply fuzzer on top of its seed corpus (which `unit` runs).
+fuzz:
+	$(GO) test -run='^$$' -fuzz=FuzzReadReply -fuzztime=10s ./redisresp
+
+# The e2e tests start redis-server themselves: it must be installed (apt-get install redis-server).
 e2e: $(TRAEFIK)
 	cd e2e && $(GO) vet ./...
 	cd e2e && $(GO) test -count=1 -timeout 20m ./...

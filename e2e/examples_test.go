@@ -15,6 +15,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/tierlimit/tierlimit/e2e/harness"
+	"github.com/tierlimit/tierlimit/redisresp"
 )
 
 func readYAML(t *testing.T, rel string) []map[string]interface{} {
@@ -200,7 +201,8 @@ func TestFileExampleRunsInTraefik(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	dynamic := strings.NewReplacer("http://whoami:80", "{{backend}}", "http://auth:9000", "{{auth}}").Replace(string(raw))
+	r := startRedis(t)
+	dynamic := strings.NewReplacer("http://whoami:80", "{{backend}}", "http://auth:9000", "{{auth}}", "redis:6379", r.Addr).Replace(string(raw))
 
 	e := start(t, dynamic)
 	e.waitRouters("api")
@@ -217,5 +219,13 @@ func TestFileExampleRunsInTraefik(t *testing.T) {
 
 	if r := e.get(e.traefik.Web+"/", bearer("garbage")); r.code != http.StatusUnauthorized || r.header.Get("RateLimit-Policy") != `"ip";q=50;w=1` {
 		t.Fatalf("garbage: %d %v", r.code, r.header)
+	}
+
+	// The counters are in Redis, where every replica sees them.
+	admin := r.Client(redisresp.Options{})
+	defer admin.Close()
+
+	if v := redisDo(t, admin, "GET", "ratelimit:ratelimit-principal@file:user:alice"); v.Str != "60" {
+		t.Fatalf("alice's counter in Redis: %q, want 60", v.Str)
 	}
 }

@@ -11,7 +11,13 @@ replace (
 
 tool github.com/traefik/traefik/v3/cmd/traefik
 
-require gopkg.in/yaml.v3 v3.0.1
+require (
+	github.com/alicebob/miniredis/v2 v2.40.0
+	github.com/coder/websocket v1.8.15
+	github.com/tierlimit/tierlimit v0.0.0-00010101000000-000000000000
+	github.com/traefik/traefik/v3 v3.6.12
+	gopkg.in/yaml.v3 v3.0.1
+)
 
 require (
 	cloud.google.com/go/auth v0.18.1 // indirect
@@ -49,7 +55,6 @@ require (
 	github.com/alibabacloud-go/debug v1.0.1 // indirect
 	github.com/alibabacloud-go/tea v1.4.0 // indirect
 	github.com/alibabacloud-go/tea-utils/v2 v2.0.7 // indirect
-	github.com/alicebob/miniredis/v2 v2.40.0 // indirect
 	github.com/aliyun/credentials-go v1.4.7 // indirect
 	github.com/andybalholm/brotli v1.2.0 // indirect
 	github.com/armon/go-metrics v0.4.1 // indirect
@@ -83,7 +88,6 @@ require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/clbanning/mxj/v2 v2.7.0 // indirect
 	github.com/cloudwego/base64x v0.1.7 // indirect
-	github.com/coder/websocket v1.8.15 // indirect
 	github.com/containerd/errdefs v1.0.0 // indirect
 	github.com/containerd/errdefs/pkg v0.3.0 // indirect
 	github.com/containous/alice v0.0.0-20181107144136-d83ebdd94cbd // indirect
@@ -282,11 +286,9 @@ require (
 	github.com/tailscale/tscert v0.0.0-20230806124524-28a91b69a046 // indirect
 	github.com/tencentcloud/tencentcloud-sdk-go/tencentcloud/common v1.3.48 // indirect
 	github.com/tetratelabs/wazero v1.8.0 // indirect
-	github.com/tierlimit/tierlimit v0.0.0-00010101000000-000000000000 // indirect
 	github.com/tjfoc/gmsm v1.4.1 // indirect
 	github.com/traefik/grpc-web v0.16.0 // indirect
 	github.com/traefik/paerser v0.2.2 // indirect
-	github.com/traefik/traefik/v3 v3.6.12 // indirect
 	github.com/traefik/yaegi v0.16.1 // indirect
 	github.com/transip/gotransip/v6 v6.26.1 // indirect
 	github.com/twitchyliquid64/golang-asm v0.15.1 // indirect

@@ -1,0 +1,209 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+
+	"github.com/tierlimit/tierlimit"
+	"github.com/tierlimit/tierlimit/redisresp"
+)
+
+// Fast tests of the RESP client and the redis store against miniredis. The
+// real redis-server tests are in redis_test.go.
+
+func TestClientAgainstMiniredis(t *testing.T) {
+	m := miniredis.RunT(t)
+	p := redisresp.NewPool(redisresp.Options{Address: m.Addr(), Timeout: time.Second})
+	defer p.Close()
+
+	if v, err := p.Do("SET", "k", "hello world\r\nwith CRLF"); err != nil || v.Str != "OK" {
+		t.Fatalf("SET: %v %v", v, err)
+	}
+
+	if v, err := p.Do("GET", "k"); err != nil || v.Kind != redisresp.KindBulk || v.Str != "hello world\r\nwith CRLF" {
+		t.Fatalf("GET: %+v %v", v, err)
+	}
+
+	if v, err := p.Do("GET", "missing"); err != nil || !v.Null {
+		t.Fatalf("GET missing: %+v %v", v, err)
+	}
+
+	replies, err := p.Pipeline([][]string{{"INCR", "n"}, {"INCR", "n"}, {"INCRBY", "n", "40"}, {"LPUSH", "l", "a", "b"}, {"LRANGE", "l", "0", "-1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	if replies[0].Int != 1 || replies[1].Int != 2 || replies[2].Int != 42 || len(replies[4].Array) != 2 || replies[4].Array[0].Str != "b" {
+		t.Fatalf("pipeline: %+v", replies)
+	}
+
+	// A server error is a value, and the connection stays usable.
+	if v, err := p.Do("INCR", "k"); err != nil || !v.IsError() || !strings.Contains(v.Str, "not an integer") {
+		t.Fatalf("INCR on a string: %+v %v", v, err)
+	}
+
+	if v, err := p.Do("PING"); err != nil || v.Str != "PONG" {
+		t.Fatalf("PING after an error reply: %+v %v", v, err)
+	}
+}
+
+func TestClientAuthAndSelectAgainstMiniredis(t *testing.T) {
+	m := miniredis.RunT(t)
+	m.RequireAuth("secret")
+	m.RequireUserAuth("limiter", "s3cret")
+
+	cases := []struct {
+		name string
+		opts redisresp.Options
+		ok   bool
+	}{
+		{"password", redisresp.Options{Password: "secret"}, true},
+		{"acl user", redisresp.Options{Username: "limiter", Password: "s3cret"}, true},
+		{"wrong password", redisresp.Options{Password: "nope-123"}, false},
+		{"wrong acl password", redisresp.Options{Username: "limiter", Password: "nope-456"}, false},
+		{"no password", redisresp.Options{}, false},
+	}
+
+	for _, tc := range cases {
+		tc.opts.Address, tc.opts.Timeout = m.Addr(), time.Second
+		p := redisresp.NewPool(tc.opts)
+
+		v, err := p.Do("SET", "who", tc.name)
+		if tc.ok && (err != nil || v.Str != "OK") {
+			t.Errorf("%s: %+v %v", tc.name, v, err)
+		}
+
+		if !tc.ok && err == nil && !v.IsError() {
+			t.Errorf("%s: accepted", tc.name)
+		}
+
+		if err != nil && strings.Contains(err.Error(), tc.opts.Password) && tc.opts.Password != "" {
+			t.Errorf("%s: the error discloses the password: %v", tc.name, err)
+		}
+
+		p.Close()
+	}
+
+	// SELECT: a key set in db 3 is not in db 0.
+	p3 := redisresp.NewPool(redisresp.Options{Address: m.Addr(), Password: "secret", DB: 3, Timeout: time.Second})
+	defer p3.Close()
+
+	if _, err := p3.Do("SET", "only3", "x"); err != nil {
+		t.Fatal(err)
+	}
+
+	if m.DB(3).Exists("only3") == false || m.DB(0).Exists("only3") {
+		t.Fatal("SELECT 3 did not take effect")
+	}
+}
+
+func TestScriptFallsBackToEvalAgainstMiniredis(t *testing.T) {
+	m := miniredis.RunT(t)
+	p := redisresp.NewPool(redisresp.Options{Address: m.Addr(), Timeout: time.Second})
+	defer p.Close()
+
+	s := redisresp.NewScript(`return redis.call('INCRBY', KEYS[1], ARGV[1])`)
+
+	for want := int64(5); want <= 15; want += 5 {
+		v, err := s.Run(p, []string{"c"}, []string{"5"})
+		if err != nil || v.Int != want {
+			t.Fatalf("run: %+v %v, want %d", v, err, want)
+		}
+	}
+
+	if _, err := p.Do("SCRIPT", "FLUSH"); err != nil {
+		t.Fatal(err)
+	}
+
+	if v, err := s.Run(p, []string{"c"}, []string{"5"}); err != nil || v.Int != 20 {
+		t.Fatalf("after SCRIPT FLUSH: %+v %v", v, err)
+	}
+
+	bad := redisresp.NewScript(`return redis.call('NOPE')`)
+	if v, err := bad.Run(p, nil, nil); err != nil || !v.IsError() {
+		t.Fatalf("script error: %+v %v", v, err)
+	}
+}
+
+func TestClosedPoolAgainstMiniredis(t *testing.T) {
+	m := miniredis.RunT(t)
+	p := redisresp.NewPool(redisresp.Options{Address: m.Addr(), Timeout: time.Second})
+
+	if _, err := p.Do("PING"); err != nil {
+		t.Fatal(err)
+	}
+
+	p.Close()
+
+	if _, err := p.Do("PING"); !errors.Is(err, redisresp.ErrClosed) {
+		t.Fatalf("after Close: %v", err)
+	}
+}
+
+// TestRedisStoreAgainstMiniredis runs the compiled plugin on miniredis: the
+// window lives in Redis (moving miniredis's clock resets it), counts are exact.
+func TestRedisStoreAgainstMiniredis(t *testing.T) {
+	m := miniredis.RunT(t)
+
+	cfg := tierlimit.CreateConfig()
+	cfg.Store = "redis"
+	cfg.Redis.Address = m.Addr()
+	cfg.Redis.Timeout = "1s"
+	cfg.Global.Points = 0
+	cfg.IP = tierlimit.LayerConfig{Points: 3, Duration: "10s"}
+
+	h, err := tierlimit.New(context.Background(), http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}), cfg, "mini@test")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	get := func(client string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest(http.MethodGet, "/api", nil)
+		req.RemoteAddr = client + ":1"
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+
+		return rec
+	}
+
+	for i, want := range []string{"2", "1"} {
+		if rec := get("203.0.113.1"); rec.Code != http.StatusOK || rec.Header().Get("X-RateLimit-Remaining") != want {
+			t.Fatalf("request %d: %d %v", i+1, rec.Code, rec.Header())
+		}
+	}
+
+	key := "ratelimit:mini@test:ip:203.0.113.1"
+	if got, _ := m.Get(key); got != "2" {
+		t.Fatalf("counter %q", got)
+	}
+
+	if ttl := m.TTL(key); ttl <= 0 || ttl > 10*time.Second {
+		t.Fatalf("TTL %s, want within (0, 10s]", ttl)
+	}
+
+	m.FastForward(10 * time.Second)
+
+	if rec := get("203.0.113.1"); rec.Header().Get("X-RateLimit-Remaining") != "2" {
+		t.Fatalf("after the window: %v", rec.Header())
+	}
+
+	// A second client: exactly 3 allowed.
+	allowed := 0
+
+	for i := 0; i < 10; i++ {
+		if get("203.0.113.2").Code == http.StatusOK {
+			allowed++
+		}
+	}
+
+	if allowed != 3 {
+		t.Fatalf("%d allowed, want 3", allowed)
+	}
+}
