@@ -22,6 +22,7 @@ import (
 // live, and passes Hijack through for WebSocket upgrades.
 type credentialWriter struct {
 	rw        http.ResponseWriter
+	req       *http.Request
 	p         *Plugin
 	clientKey string
 	prev      decision // the up-front decision, whose layer the headers show
@@ -31,8 +32,8 @@ type credentialWriter struct {
 	flushEach   bool
 }
 
-func newCredentialWriter(rw http.ResponseWriter, p *Plugin, clientKey string, prev decision) *credentialWriter {
-	return &credentialWriter{rw: rw, p: p, clientKey: clientKey, prev: prev}
+func newCredentialWriter(rw http.ResponseWriter, req *http.Request, p *Plugin, clientKey string, prev decision) *credentialWriter {
+	return &credentialWriter{rw: rw, req: req, p: p, clientKey: clientKey, prev: prev}
 }
 
 // replacedHeaders describe the downstream's body or challenge, which a 429 replaces.
@@ -124,7 +125,7 @@ func (w *credentialWriter) chargeIP() bool {
 			setHeaders(h, d.shown, d.shownResult, d.now)
 		}
 
-		refuse(w.rw, d.shown, d.shownResult, d.now)
+		p.reject(w.rw, w.req, d)
 
 		return true
 	}

@@ -31,6 +31,9 @@ type Plugin struct {
 	service *layer
 	routes  []*route
 
+	ws      *connCounter // nil when websocket.maxConnectionsPerIP is 0
+	wsLayer *layer       // stands for the connection cap in a refusal
+
 	userHeader    string // canonical; "" when principal tiers are off
 	serviceHeader string // canonical
 	credHeaders   []string
@@ -102,6 +105,11 @@ func New(ctx context.Context, next http.Handler, config *Config, name string) (h
 		credQuery:     cfg.principal.CredentialQueryParams,
 	}
 
+	if cfg.wsMaxPerIP > 0 {
+		p.ws = connCounters.get(name, cfg.wsMaxPerIP)
+		p.wsLayer = newLayer(memory, layerSpec{name: "websocket", points: int64(cfg.wsMaxPerIP), duration: time.Second})
+	}
+
 	for _, h := range cfg.principal.CredentialHeaders {
 		p.credHeaders = append(p.credHeaders, http.CanonicalHeaderKey(h))
 	}
@@ -166,21 +174,65 @@ func (p *Plugin) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 
 	d := p.decide(rw.Header(), charges, clientKey)
 	if d.refused {
-		refuse(rw, d.shown, d.shownResult, d.now)
+		p.reject(rw, req, d)
 		return
+	}
+
+	if p.ws != nil && isUpgrade(req) {
+		ok, first := p.ws.acquire(clientKey)
+		if first {
+			p.events.refused(p.wsLayer.name, clientKey, clientKey)
+		}
+
+		if !ok && !p.cfg.dryRun {
+			p.reject(rw, req, decision{now: d.now, shown: p.wsLayer,
+				shownResult: result{count: p.wsLayer.points + 1, reset: d.now + p.wsLayer.duration}})
+
+			return
+		}
+
+		if ok {
+			// Held while the proxy serves the connection, which is its whole life.
+			defer p.ws.release(clientKey)
+		}
 	}
 
 	if credentialed && p.ip != nil && len(p.cfg.invalidCode) > 0 {
 		// Yaegi wraps an interpreted type for compiled code only when it is
 		// converted to the interface first; passing *credentialWriter straight
 		// to next.ServeHTTP panics in reflect.
-		var watched http.ResponseWriter = newCredentialWriter(rw, p, clientKey, d)
+		var watched http.ResponseWriter = newCredentialWriter(rw, req, p, clientKey, d)
 		p.next.ServeHTTP(watched, req)
 
 		return
 	}
 
 	p.next.ServeHTTP(rw, req)
+}
+
+// reject answers a refused request: a 429, or for a WebSocket upgrade a
+// completed handshake closed with 1013.
+func (p *Plugin) reject(rw http.ResponseWriter, req *http.Request, d decision) {
+	plain := func() { refuse(rw, d.shown, d.shownResult, d.now) }
+
+	if !isUpgrade(req) {
+		plain()
+		return
+	}
+
+	if d.shown != p.wsLayer {
+		retry := ceilSeconds(d.shownResult.reset - d.now)
+		if retry < 1 {
+			retry = 1
+		}
+
+		rw.Header().Set("Retry-After", formatInt(retry))
+		refuseUpgrade(rw, req, "rate limit "+d.shown.name+": retry in "+formatInt(retry)+"s", plain)
+
+		return
+	}
+
+	refuseUpgrade(rw, req, "too many connections from this address", plain)
 }
 
 // decision is what decide made of a request's charges.

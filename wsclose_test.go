@@ -1,0 +1,217 @@
+package tierlimit
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// The handshake example of RFC 6455, section 1.3.
+const (
+	rfcKey    = "dGhlIHNhbXBsZSBub25jZQ=="
+	rfcAccept = "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
+)
+
+// wsServer serves the plugin on a real listener, so that it can hijack.
+func wsServer(t *testing.T, mutate func(c *Config), next http.Handler) *httptest.Server {
+	t.Helper()
+
+	cfg := CreateConfig()
+	cfg.Global.Points = 0
+
+	if mutate != nil {
+		mutate(cfg)
+	}
+
+	h, err := New(context.Background(), next, cfg, t.Name()+"@test")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	h.(*Plugin).events = newEventLog(io.Discard, "test")
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+
+	return srv
+}
+
+// upgrade sends a raw upgrade request and returns the response and the connection.
+func upgrade(t *testing.T, srv *httptest.Server, key, version string) (*http.Response, *bufio.Reader, net.Conn) {
+	t.Helper()
+
+	conn, err := net.Dial("tcp", strings.TrimPrefix(srv.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	t.Cleanup(func() { conn.Close() })
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+
+	req := "GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: keep-alive, Upgrade\r\n" +
+		"Sec-WebSocket-Key: " + key + "\r\nSec-WebSocket-Version: " + version + "\r\n\r\n"
+	if _, err := conn.Write([]byte(req)); err != nil {
+		t.Fatal(err)
+	}
+
+	br := bufio.NewReader(conn)
+
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	return resp, br, conn
+}
+
+// readClose reads one server frame and returns its close status and reason.
+func readClose(t *testing.T, br *bufio.Reader) (uint16, string) {
+	t.Helper()
+
+	hdr := make([]byte, 2)
+	if _, err := io.ReadFull(br, hdr); err != nil {
+		t.Fatal(err)
+	}
+
+	if hdr[0] != 0x88 || hdr[1]&0x80 != 0 {
+		t.Fatalf("not an unmasked close frame: % x", hdr)
+	}
+
+	payload := make([]byte, int(hdr[1]))
+	if _, err := io.ReadFull(br, payload); err != nil {
+		t.Fatal(err)
+	}
+
+	return binary.BigEndian.Uint16(payload), string(payload[2:])
+}
+
+func TestRefusedUpgradeIsClosedWith1013(t *testing.T) {
+	srv := wsServer(t, func(c *Config) { c.IP = LayerConfig{Points: 1, Duration: "60s"} },
+		http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) { rw.WriteHeader(http.StatusTeapot) }))
+
+	if resp, _, _ := upgrade(t, srv, rfcKey, "13"); resp.StatusCode != http.StatusTeapot {
+		t.Fatalf("allowed upgrade: %d", resp.StatusCode)
+	}
+
+	resp, br, _ := upgrade(t, srv, rfcKey, "13")
+	if resp.StatusCode != http.StatusSwitchingProtocols || resp.Header.Get("Sec-WebSocket-Accept") != rfcAccept ||
+		!strings.EqualFold(resp.Header.Get("Upgrade"), "websocket") {
+		t.Fatalf("refused upgrade: %d %v", resp.StatusCode, resp.Header)
+	}
+
+	if resp.Header.Get("X-RateLimit-Limit") != "1" || resp.Header.Get("X-RateLimit-Remaining") != "0" || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("handshake without the rate-limit headers: %v", resp.Header)
+	}
+
+	code, reason := readClose(t, br)
+	if code != 1013 || !strings.Contains(reason, "ip") {
+		t.Fatalf("close %d %q", code, reason)
+	}
+}
+
+func TestMalformedRefusedUpgradeGetsA429(t *testing.T) {
+	srv := wsServer(t, func(c *Config) { c.IP = LayerConfig{Points: 1, Duration: "60s"} }, http.NotFoundHandler())
+	upgrade(t, srv, rfcKey, "13")
+
+	for _, bad := range []struct{ key, version string }{
+		{"", "13"},
+		{"short", "13"},
+		{"!!!!!!!!!!!!!!!!!!!!!!==", "13"},
+		{"dGhlIHNhbXBsZSBub25jZQ==", "8"},
+		{"dGhlIHNhbXBsZSBub25jZQ==x", "13"},
+	} {
+		resp, _, _ := upgrade(t, srv, bad.key, bad.version)
+		if resp.StatusCode != http.StatusTooManyRequests {
+			t.Errorf("key %q version %q: %d, want a plain 429", bad.key, bad.version, resp.StatusCode)
+		}
+	}
+}
+
+func TestConnectionCapPerIP(t *testing.T) {
+	var mu sync.Mutex
+	releases := map[string]chan struct{}{}
+
+	// The "connection" lasts until the test releases it, like a proxied WebSocket.
+	next := http.HandlerFunc(func(rw http.ResponseWriter, req *http.Request) {
+		ch := make(chan struct{})
+
+		mu.Lock()
+		releases[req.Header.Get("Sec-WebSocket-Key")] = ch
+		mu.Unlock()
+
+		rw.WriteHeader(http.StatusSwitchingProtocols)
+		rw.(http.Flusher).Flush()
+		<-ch
+	})
+
+	srv := wsServer(t, func(c *Config) { c.Websocket.MaxConnectionsPerIP = 3 }, next)
+	p := srv.Config.Handler.(*Plugin)
+	keys := []string{"AAAAAAAAAAAAAAAAAAAAAA==", "AQAAAAAAAAAAAAAAAAAAAA==", "AgAAAAAAAAAAAAAAAAAAAA==", "AwAAAAAAAAAAAAAAAAAAAA=="}
+
+	for _, k := range keys[:3] {
+		if resp, _, _ := upgrade(t, srv, k, "13"); resp.StatusCode != http.StatusSwitchingProtocols || resp.Header.Get("Sec-WebSocket-Accept") != "" {
+			t.Fatalf("connection %s: %d %v", k, resp.StatusCode, resp.Header)
+		}
+	}
+
+	if n := p.ws.open("127.0.0.1"); n != 3 {
+		t.Fatalf("%d open", n)
+	}
+
+	resp, br, _ := upgrade(t, srv, keys[3], "13")
+	if resp.Header.Get("Sec-WebSocket-Accept") == "" {
+		t.Fatalf("4th connection not refused by the plugin: %v", resp.Header)
+	}
+
+	if code, _ := readClose(t, br); code != 1013 {
+		t.Fatalf("4th: close %d", code)
+	}
+
+	// One ends: a new one is accepted.
+	mu.Lock()
+	close(releases[keys[0]])
+	mu.Unlock()
+
+	for p.ws.open("127.0.0.1") != 2 {
+		time.Sleep(time.Millisecond) // the handler returns on its own goroutine
+	}
+
+	if resp, _, _ := upgrade(t, srv, keys[3], "13"); resp.Header.Get("Sec-WebSocket-Accept") != "" {
+		t.Fatal("refused after a slot was freed")
+	}
+
+	mu.Lock()
+	for _, ch := range releases {
+		select {
+		case <-ch:
+		default:
+			close(ch)
+		}
+	}
+	mu.Unlock()
+
+	for p.ws.open("127.0.0.1") != 0 {
+		time.Sleep(time.Millisecond)
+	}
+
+	p.ws.mu.Lock()
+	defer p.ws.mu.Unlock()
+
+	if len(p.ws.byIP) != 0 || len(p.ws.logged) != 0 {
+		t.Fatalf("counter maps keep %d and %d entries", len(p.ws.byIP), len(p.ws.logged))
+	}
+}
+
+func TestCloseFrameReasonFitsAControlFrame(t *testing.T) {
+	f := closeFrame(1013, strings.Repeat("x", 300))
+	if len(f) != 4+123 || f[1] != 125 {
+		t.Fatalf("frame of %d bytes, length byte %d", len(f), f[1])
+	}
+}
