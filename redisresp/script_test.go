@@ -1,0 +1,281 @@
+package redisresp
+
+import (
+	"crypto/sha1"
+	"encoding/hex"
+	"errors"
+	"strconv"
+	"sync"
+	"testing"
+)
+
+const testScript = "return {KEYS[1], ARGV[1]}"
+
+// scriptHandler imitates Redis's script cache: EVALSHA of an unknown SHA is
+// NOSCRIPT, EVAL caches the source. A script "runs" by echoing its keys and
+// arguments as an array of bulk strings; evalshaReply, when set, replaces
+// every EVALSHA answer.
+type scriptHandler struct {
+	mu           sync.Mutex
+	cache        map[string]string
+	evalshaReply string
+	evalReply    string
+}
+
+func newScriptHandler() *scriptHandler {
+	return &scriptHandler{cache: map[string]string{}}
+}
+
+func (h *scriptHandler) handle(conn int, args []string) string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+
+	switch args[0] {
+	case "EVALSHA":
+		if h.evalshaReply != "" {
+			return h.evalshaReply
+		}
+
+		if len(args) < 3 {
+			return "-ERR wrong number of arguments for 'evalsha' command\r\n"
+		}
+
+		if _, ok := h.cache[args[1]]; !ok {
+			return "-NOSCRIPT No matching script. Please use EVAL.\r\n"
+		}
+
+		return runReply(args[2:])
+	case "EVAL":
+		if h.evalReply != "" {
+			return h.evalReply
+		}
+
+		if len(args) < 3 {
+			return "-ERR wrong number of arguments for 'eval' command\r\n"
+		}
+
+		sum := sha1.Sum([]byte(args[1]))
+		h.cache[hex.EncodeToString(sum[:])] = args[1]
+
+		return runReply(args[2:])
+	default:
+		return basicHandler(conn, args)
+	}
+}
+
+// runReply answers numkeys, keys and args with the keys and args.
+func runReply(rest []string) string {
+	out := "*" + strconv.Itoa(len(rest)-1) + "\r\n"
+	for _, a := range rest[1:] {
+		out += bulk(a)
+	}
+
+	return out
+}
+
+func sha1Hex(s string) string {
+	sum := sha1.Sum([]byte(s))
+	return hex.EncodeToString(sum[:])
+}
+
+func TestScriptSHA(t *testing.T) {
+	// Known value: redis-cli SCRIPT LOAD "return 1".
+	if got := NewScript("return 1").SHA(); got != "e0e1f9fabfc9d4800c877a703b823ac0578ff8db" {
+		t.Fatalf(`SHA of "return 1" = %s`, got)
+	}
+
+	for _, src := range []string{"", testScript, "return redis.call('GET', KEYS[1])\n"} {
+		if got, want := NewScript(src).SHA(), sha1Hex(src); got != want {
+			t.Fatalf("SHA of %q = %s, want %s", src, got, want)
+		}
+	}
+}
+
+func TestScriptRunFallsBackToEval(t *testing.T) {
+	h := newScriptHandler()
+	s := startServer(t, h.handle)
+
+	p := NewPool(longOptions(s.addr()))
+	defer p.Close()
+
+	sc := NewScript(testScript)
+	sha := sc.SHA()
+
+	keys, args := []string{"k1", "k2"}, []string{"a1", "a2", "a3"}
+
+	check := func(v Value, err error) {
+		t.Helper()
+
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+
+		want := []string{"k1", "k2", "a1", "a2", "a3"}
+		if v.Kind != KindArray || len(v.Array) != len(want) {
+			t.Fatalf("Run = %#v, want the script's reply", v)
+		}
+
+		for i, w := range want {
+			if v.Array[i].Str != w {
+				t.Fatalf("Run = %#v, want the script's reply", v)
+			}
+		}
+	}
+
+	// Not cached yet: EVALSHA, NOSCRIPT, then EVAL.
+	check(sc.Run(p, keys, args))
+
+	// Cached by EVAL: EVALSHA alone.
+	check(sc.Run(p, keys, args))
+
+	want := [][]string{
+		{"EVALSHA", sha, "2", "k1", "k2", "a1", "a2", "a3"},
+		{"EVAL", testScript, "2", "k1", "k2", "a1", "a2", "a3"},
+		{"EVALSHA", sha, "2", "k1", "k2", "a1", "a2", "a3"},
+	}
+
+	got := s.log()
+	if len(got) != len(want) {
+		t.Fatalf("server got %v, want %v", got, want)
+	}
+
+	for i := range want {
+		if !sameArgs(got[i].args, want[i]) {
+			t.Fatalf("command %d = %q, want %q", i, got[i].args, want[i])
+		}
+	}
+}
+
+func TestScriptRunNoKeysNoArgs(t *testing.T) {
+	h := newScriptHandler()
+	s := startServer(t, h.handle)
+
+	p := NewPool(longOptions(s.addr()))
+	defer p.Close()
+
+	sc := NewScript("return 1")
+
+	v, err := sc.Run(p, nil, nil)
+	if err != nil || v.Kind != KindArray || len(v.Array) != 0 {
+		t.Fatalf("Run = %#v, %v", v, err)
+	}
+
+	got := s.log()
+	if len(got) != 2 || !sameArgs(got[0].args, []string{"EVALSHA", sc.SHA(), "0"}) ||
+		!sameArgs(got[1].args, []string{"EVAL", "return 1", "0"}) {
+		t.Fatalf("server got %v", got)
+	}
+}
+
+func TestScriptRunReturnsEvalReply(t *testing.T) {
+	// The reply of the fallback EVAL is Run's reply, error values included.
+	h := newScriptHandler()
+	h.evalReply = "-ERR user_script:1: Script attempted to access nonexistent global variable 'x'\r\n"
+	s := startServer(t, h.handle)
+
+	p := NewPool(longOptions(s.addr()))
+	defer p.Close()
+
+	v, err := NewScript("return x").Run(p, []string{"k"}, nil)
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+
+	if !v.IsError() || v.Str != "ERR user_script:1: Script attempted to access nonexistent global variable 'x'" {
+		t.Fatalf("Run = %#v, want the EVAL error value", v)
+	}
+
+	if got := s.log(); len(got) != 2 || got[1].args[0] != "EVAL" {
+		t.Fatalf("server got %v, want EVALSHA then EVAL", got)
+	}
+}
+
+func TestScriptRunOtherErrorNoEval(t *testing.T) {
+	cases := []struct {
+		name  string
+		reply string
+		want  string
+	}{
+		{"plain error", "-ERR x\r\n", "ERR x"},
+		{"busy", "-BUSY Redis is busy running a script.\r\n", "BUSY Redis is busy running a script."},
+		{"noscript not first", "-ERR NOSCRIPT inside the text\r\n", "ERR NOSCRIPT inside the text"},
+	}
+
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newScriptHandler()
+			h.evalshaReply = tc.reply
+			s := startServer(t, h.handle)
+
+			p := NewPool(longOptions(s.addr()))
+			defer p.Close()
+
+			v, err := NewScript(testScript).Run(p, []string{"k"}, []string{"a"})
+			if err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+
+			if !v.IsError() || v.Str != tc.want {
+				t.Fatalf("Run = %#v, want error value %q", v, tc.want)
+			}
+
+			got := s.log()
+			if len(got) != 1 || got[0].args[0] != "EVALSHA" {
+				t.Fatalf("server got %v, want EVALSHA alone", got)
+			}
+		})
+	}
+}
+
+func TestScriptRunNonErrorReplyNoEval(t *testing.T) {
+	// A reply that merely looks like NOSCRIPT but is not an error is a result.
+	h := newScriptHandler()
+	h.evalshaReply = "+NOSCRIPT\r\n"
+	s := startServer(t, h.handle)
+
+	p := NewPool(longOptions(s.addr()))
+	defer p.Close()
+
+	v, err := NewScript(testScript).Run(p, nil, nil)
+	if err != nil || v.Kind != KindSimple || v.Str != "NOSCRIPT" {
+		t.Fatalf("Run = %#v, %v", v, err)
+	}
+
+	if got := s.log(); len(got) != 1 {
+		t.Fatalf("server got %v, want EVALSHA alone", got)
+	}
+}
+
+func TestScriptRunIOErrorNoEval(t *testing.T) {
+	h := newScriptHandler()
+	h.evalshaReply = closeConn
+	s := startServer(t, h.handle)
+
+	p := NewPool(longOptions(s.addr()))
+	defer p.Close()
+
+	v, err := NewScript(testScript).Run(p, []string{"k"}, nil)
+	if err == nil {
+		t.Fatalf("Run = %#v, want an error", v)
+	}
+
+	// Run returned; an EVAL would have been answered, hence logged, before.
+	if got := s.log(); len(got) != 1 || got[0].args[0] != "EVALSHA" {
+		t.Fatalf("server got %v, want EVALSHA alone", got)
+	}
+}
+
+func TestScriptRunClosedPool(t *testing.T) {
+	s := startServer(t, newScriptHandler().handle)
+
+	p := NewPool(longOptions(s.addr()))
+	p.Close()
+
+	if _, err := NewScript(testScript).Run(p, nil, nil); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Run on a closed pool: err = %v, want ErrClosed", err)
+	}
+
+	if n := s.acceptedCount(); n != 0 {
+		t.Fatalf("closed pool opened %d connections", n)
+	}
+}
