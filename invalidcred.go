@@ -25,15 +25,15 @@ type credentialWriter struct {
 	req       *http.Request
 	p         *Plugin
 	clientKey string
-	prev      decision // the up-front decision, whose layer the headers show
+	prevLeft  int64 // requests left in the layer the headers show; -1 if none
 
 	wroteHeader bool
 	discard     bool // the downstream's answer was replaced by a 429
 	flushEach   bool
 }
 
-func newCredentialWriter(rw http.ResponseWriter, req *http.Request, p *Plugin, clientKey string, prev decision) *credentialWriter {
-	return &credentialWriter{rw: rw, req: req, p: p, clientKey: clientKey, prev: prev}
+func newCredentialWriter(rw http.ResponseWriter, req *http.Request, p *Plugin, clientKey string, prevLeft int64) *credentialWriter {
+	return &credentialWriter{rw: rw, req: req, p: p, clientKey: clientKey, prevLeft: prevLeft}
 }
 
 // replacedHeaders describe the downstream's body or challenge, which a 429 replaces.
@@ -109,30 +109,41 @@ func (w *credentialWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 var errHijackUnsupported = errors.New("hijacking the connection: the response writer does not support it")
 
 // chargeIP charges the client's ip bucket for an invalid credential and, when
-// the bucket refuses, answers 429 in place of the downstream. It reports
-// whether it did.
+// the bucket refuses, answers 429 (or 1013) in place of the downstream. It
+// reports whether it did.
 func (w *credentialWriter) chargeIP() bool {
 	p := w.p
 	h := w.rw.Header()
-	d := p.decide(nil, []charge{{layer: p.ip, key: w.clientKey}}, w.clientKey)
+	now := p.now().UnixNano()
 
-	if d.refused {
+	var t tally
+
+	p.store.take(&t, now, p.planInvalid, w.clientKey, "", p.cfg.dryRun)
+
+	if t.firsts != 0 {
+		p.report(p.planInvalid, t.firsts, w.clientKey, "")
+	}
+
+	if t.shown < 0 {
+		return false
+	}
+
+	if t.refused && !p.cfg.dryRun {
 		for _, name := range replacedHeaders {
 			h.Del(name)
 		}
 
 		if p.cfg.headers {
-			setHeaders(h, d.shown, d.shownResult, d.now)
+			setHeaders(h, p.ip, &t, now)
 		}
 
-		p.reject(w.rw, w.req, d)
+		p.reject(w.rw, w.req, p.ip, t.count, t.reset, now)
 
 		return true
 	}
 
-	if p.cfg.headers && (w.prev.shown == nil ||
-		remaining(d.shown, d.shownResult) < remaining(w.prev.shown, w.prev.shownResult)) {
-		setHeaders(h, d.shown, d.shownResult, d.now)
+	if p.cfg.headers && (w.prevLeft < 0 || t.left < w.prevLeft) {
+		setHeaders(h, p.ip, &t, now)
 	}
 
 	return false

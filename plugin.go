@@ -13,53 +13,108 @@ import (
 
 // Plugin is the middleware. It is safe for concurrent use; everything but the
 // counters is fixed in New.
+//
+// Traefik runs this code in the Yaegi interpreter, where each function call
+// allocates every local of the callee and a defer or a per-request slice of
+// structs costs microseconds. So New precomputes the layer lists ("plans")
+// each kind of request is charged to, ServeHTTP keeps to the common path, and
+// rarer work (principals, credentials, routes, WebSocket caps) lives in
+// functions that only those requests call.
 type Plugin struct {
-	next http.Handler
-	name string
-	cfg  *settings
-	now  func() time.Time
+	next    http.Handler
+	name    string
+	cfg     *settings
+	now     func() time.Time
+	active  bool // enabled, and some layer or the connection cap is on
+	general bool // not only anonymous layers: see ServeHTTP
 
 	store  counterStore
 	memory *windowStore // the memory store, or the redis store's fallback
 	ips    ipResolver
 	events *eventLog
 
-	global  *layer
+	global  *layer // nil when off, like every layer
 	ip      *layer
 	assets  *layer
 	user    *layer
 	service *layer
 	routes  []*route
 
-	ws      *connCounter // nil when websocket.maxConnectionsPerIP is 0
-	wsLayer *layer       // stands for the connection cap in a refusal
+	// The layers charged up front, by kind of request, in evaluation order.
+	planIP, planAssets, planUser, planService, planCred, planInvalid []*layer
 
+	assetPaths    []string
 	userHeader    string // canonical; "" when principal tiers are off
 	serviceHeader string // canonical
+	credentials   bool   // some credential header, cookie or query parameter is configured
 	credHeaders   []string
 	credCookies   []string
 	credQuery     []string
+
+	ws      *connCounter // nil when websocket.maxConnectionsPerIP is 0
+	wsLayer *layer       // stands for the connection cap in a refusal
 }
 
-// layer is a layer as the request path uses it: its limits, its counter list in
-// the store and the header values that do not depend on the request.
+// How a layer finds its key in a request.
+const (
+	keyOfClient              = iota // the client IP (ip, assets, routes keyed by ip)
+	keyOfPrincipal                  // the principal id (user, service)
+	keyOfConst                      // layer.constKey (global, routes keyed by global)
+	keyOfPrincipalElseClient        // routes keyed by principal
+)
+
+// layer is a layer as the request path uses it: its limits, its counters in
+// the memory store and the header values that do not depend on the request.
 type layer struct {
 	name     string
 	points   int64
 	duration int64 // nanoseconds
-	list     *windowList
-	limit    string // points, formatted
-	windowMS string // duration in milliseconds, formatted (Redis argument)
-	policy   string // RateLimit-Policy item
+	keyKind  int
+	constKey string
+
+	entries map[string]*window // this layer's counters in the memory store
+	list    *windowList        // the memory store's list for this duration
+
+	limit     string   // points, formatted
+	windowMS  string   // duration in milliseconds, formatted (Redis argument)
+	limitHdr  []string // X-RateLimit-Limit value (shared, never modified)
+	policyHdr []string // RateLimit-Policy value (shared, never modified)
+
+	// By requests left, for the first maxPrecomputed values (see setHeaders):
+	remainingHdr [][]string // X-RateLimit-Remaining values
+	ratePrefix   []string   // RateLimit values up to the seconds: `"name";r=12;t=`
+}
+
+// maxPrecomputed bounds the per-layer header tables; layers with more points
+// format the larger values per request.
+const maxPrecomputed = 4096
+
+// keyFor returns the layer's bucket key for a request. A principal-keyed route
+// counts requests without a principal per client IP, in a namespace of its own
+// so that an IP never shares a bucket with a principal id.
+func (l *layer) keyFor(client, principal string) string {
+	switch l.keyKind {
+	case keyOfClient:
+		return client
+	case keyOfPrincipal:
+		return principal
+	case keyOfConst:
+		return l.constKey
+	}
+
+	if principal != "" {
+		return principal
+	}
+
+	return "ip:" + client
 }
 
 // route is a route limit with its matcher.
 type route struct {
-	layer
+	layer    *layer
 	methods  []string
 	exact    map[string]bool
 	prefixes []string
-	key      string
 }
 
 // New builds the middleware from a validated configuration. It does no I/O:
@@ -93,197 +148,292 @@ func New(ctx context.Context, next http.Handler, config *Config, name string) (h
 		ips:    ipResolver{proxies: cfg.proxies, hops: cfg.hops, ipv6Prefix: cfg.ipv6Prefix},
 		events: newEventLog(eventWriter, name),
 
-		global:  newLayer(memory, cfg.global),
-		ip:      newLayer(memory, cfg.ip),
-		assets:  newLayer(memory, cfg.assets),
-		user:    newLayer(memory, cfg.user),
-		service: newLayer(memory, cfg.service),
+		global:  newLayer(memory, cfg.global, keyOfConst),
+		ip:      newLayer(memory, cfg.ip, keyOfClient),
+		assets:  newLayer(memory, cfg.assets, keyOfClient),
+		user:    newLayer(memory, cfg.user, keyOfPrincipal),
+		service: newLayer(memory, cfg.service, keyOfPrincipal),
 
+		assetPaths:    cfg.assetPaths,
 		userHeader:    http.CanonicalHeaderKey(cfg.principal.UserHeader),
 		serviceHeader: http.CanonicalHeaderKey(cfg.principal.ServiceAccountHeader),
 		credCookies:   cfg.principal.CredentialCookies,
 		credQuery:     cfg.principal.CredentialQueryParams,
 	}
 
-	if cfg.wsMaxPerIP > 0 {
-		p.ws = connCounters.get(name, cfg.wsMaxPerIP)
-		p.wsLayer = newLayer(memory, layerSpec{name: "websocket", points: int64(cfg.wsMaxPerIP), duration: time.Second})
-	}
-
 	for _, h := range cfg.principal.CredentialHeaders {
 		p.credHeaders = append(p.credHeaders, http.CanonicalHeaderKey(h))
 	}
 
-	for _, rs := range cfg.routes {
-		if !rs.on() {
-			continue
-		}
+	p.credentials = len(p.credHeaders)+len(p.credCookies)+len(p.credQuery) > 0
 
-		l := newLayer(memory, rs.layerSpec)
-		p.routes = append(p.routes, &route{
-			layer: *l, methods: rs.methods, exact: rs.exact, prefixes: rs.prefixes, key: rs.key,
-		})
+	kinds := map[string]int{keyIP: keyOfClient, keyPrincipal: keyOfPrincipalElseClient, keyGlobal: keyOfConst}
+
+	for _, rs := range cfg.routes {
+		if rs.on() {
+			p.routes = append(p.routes, &route{
+				layer: newLayer(memory, rs.layerSpec, kinds[rs.key]), methods: rs.methods, exact: rs.exact, prefixes: rs.prefixes,
+			})
+		}
 	}
+
+	p.planIP = plan(p.global, p.ip)
+	p.planAssets = plan(p.global, p.assets)
+	p.planUser = plan(p.global, p.user)
+	p.planService = plan(p.global, p.service)
+	p.planCred = plan(p.global)
+	p.planInvalid = plan(p.ip)
+
+	if cfg.wsMaxPerIP > 0 {
+		p.ws = connCounters.get(name, cfg.wsMaxPerIP)
+		p.wsLayer = newLayer(memory, layerSpec{name: "websocket", points: int64(cfg.wsMaxPerIP), duration: time.Second}, keyOfClient)
+	}
+
+	p.active = cfg.enabled && (len(p.planIP)+len(p.planAssets)+len(p.planUser)+len(p.planService)+len(p.routes) > 0 || p.ws != nil)
+	p.general = !p.active || p.userHeader != "" || p.credentials || p.routes != nil || p.ws != nil
 
 	return p, nil
 }
 
-// newLayer returns nil for a layer that is off, so the request path tests one pointer.
-func newLayer(memory *windowStore, spec layerSpec) *layer {
+// plan lists the layers that are on, in order.
+func plan(layers ...*layer) []*layer {
+	var out []*layer
+
+	for _, l := range layers {
+		if l != nil {
+			out = append(out, l)
+		}
+	}
+
+	return out
+}
+
+// newLayer returns nil for a layer that is off.
+func newLayer(memory *windowStore, spec layerSpec, keyKind int) *layer {
 	if !spec.on() {
 		return nil
 	}
 
-	return &layer{
+	l := &layer{
 		name:     spec.name,
 		points:   spec.points,
 		duration: int64(spec.duration),
-		list:     memory.listFor(spec.duration),
+		keyKind:  keyKind,
+		constKey: layerGlobal,
 		limit:    formatInt(spec.points),
 		windowMS: formatInt(int64(spec.duration / time.Millisecond)),
-		policy:   `"` + spec.name + `";q=` + formatInt(spec.points) + ";w=" + formatInt(ceilSeconds(int64(spec.duration))),
 	}
+
+	l.limitHdr = []string{l.limit}
+	l.policyHdr = []string{`"` + spec.name + `";q=` + l.limit + ";w=" + formatInt(ceilSeconds(l.duration))}
+
+	for left := int64(0); left <= spec.points && left < maxPrecomputed; left++ {
+		l.remainingHdr = append(l.remainingHdr, []string{formatInt(left)})
+		l.ratePrefix = append(l.ratePrefix, `"`+spec.name+`";r=`+formatInt(left)+";t=")
+	}
+
+	memory.attach(l)
+
+	return l
 }
 
 // ServeHTTP charges the request to its layers, in the order global, tier,
 // routes, and either refuses it or passes it on with the rate-limit headers.
+// This is the path of an instance with anonymous layers only (global, ip,
+// assets); anything more goes through serveGeneral.
 func (p *Plugin) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
-	if !p.cfg.enabled {
+	if p.general {
+		p.serveGeneral(rw, req)
+		return
+	}
+
+	layers := p.planIP
+	if p.assetPaths != nil && hasAnyPrefix(req.URL.Path, p.assetPaths) {
+		layers = p.planAssets
+	}
+
+	if ok, _ := p.decide(rw, req, layers, p.ips.clientKey(req), ""); ok {
+		p.next.ServeHTTP(rw, req)
+	}
+}
+
+// serveGeneral is ServeHTTP for instances with principals, credentials,
+// routes or a connection cap, or turned off.
+func (p *Plugin) serveGeneral(rw http.ResponseWriter, req *http.Request) {
+	if !p.active {
 		p.next.ServeHTTP(rw, req)
 		return
 	}
 
-	clientKey := p.ips.clientKey(req)
-	principal := p.principalOf(req)
-	charges := make([]charge, 0, 4)
+	client := p.ips.clientKey(req)
+	principal := ""
+	layers := p.planIP
+	watch := false
 
-	if p.global != nil {
-		charges = append(charges, charge{layer: p.global, key: layerGlobal})
+	if p.userHeader != "" {
+		principal = p.principalOf(req)
 	}
 
-	l, key, credentialed := p.tier(req, principal, clientKey)
-	if l != nil {
-		charges = append(charges, charge{layer: l, key: key})
+	switch {
+	case principal != "":
+		layers = p.principalPlan(req)
+	case p.credentials && p.hasCredential(req):
+		layers, watch = p.planCred, p.ip != nil && len(p.cfg.invalidCode) > 0
+	case p.assetPaths != nil && hasAnyPrefix(req.URL.Path, p.assetPaths):
+		layers = p.planAssets
 	}
 
-	for _, rt := range p.routes {
-		if rt.matches(req) {
-			charges = append(charges, charge{layer: &rt.layer, key: rt.keyFor(principal, clientKey)})
-		}
+	if p.routes != nil {
+		layers = p.withRoutes(layers, req)
 	}
 
-	d := p.decide(rw.Header(), charges, clientKey)
-	if d.refused {
-		p.reject(rw, req, d)
+	ok, left := p.decide(rw, req, layers, client, principal)
+	if !ok {
 		return
+	}
+
+	// Yaegi wraps an interpreted type for compiled code only when it is
+	// converted to the interface first; passing *credentialWriter straight to
+	// next.ServeHTTP panics in reflect.
+	var out http.ResponseWriter = rw
+	if watch {
+		out = newCredentialWriter(rw, req, p, client, left)
 	}
 
 	if p.ws != nil && isUpgrade(req) {
-		ok, first := p.ws.acquire(clientKey)
-		if first {
-			p.events.refused(p.wsLayer.name, clientKey, clientKey)
-		}
-
-		if !ok && !p.cfg.dryRun {
-			p.reject(rw, req, decision{now: d.now, shown: p.wsLayer,
-				shownResult: result{count: p.wsLayer.points + 1, reset: d.now + p.wsLayer.duration}})
-
-			return
-		}
-
-		if ok {
-			// Held while the proxy serves the connection, which is its whole life.
-			defer p.ws.release(clientKey)
-		}
+		p.serveUpgrade(out, rw, req, client)
+		return
 	}
 
-	if credentialed && p.ip != nil && len(p.cfg.invalidCode) > 0 {
-		// Yaegi wraps an interpreted type for compiled code only when it is
-		// converted to the interface first; passing *credentialWriter straight
-		// to next.ServeHTTP panics in reflect.
-		var watched http.ResponseWriter = newCredentialWriter(rw, req, p, clientKey, d)
-		p.next.ServeHTTP(watched, req)
+	p.next.ServeHTTP(out, req)
+}
+
+// decide charges the layers, reports first refusals, sets the headers of the
+// most restrictive layer and answers a refusal. It reports whether the request
+// may go on, and the requests left in the layer the headers show (-1: none).
+func (p *Plugin) decide(rw http.ResponseWriter, req *http.Request, layers []*layer, client, principal string) (bool, int64) {
+	now := p.now().UnixNano()
+
+	var t tally
+
+	p.store.take(&t, now, layers, client, principal, p.cfg.dryRun)
+
+	if t.firsts != 0 {
+		p.report(layers, t.firsts, client, principal)
+	}
+
+	if t.shown < 0 {
+		return true, -1
+	}
+
+	if p.cfg.headers {
+		setHeaders(rw.Header(), layers[t.shown], &t, now)
+	}
+
+	if !t.refused || p.cfg.dryRun {
+		return true, t.left
+	}
+
+	p.reject(rw, req, layers[t.shown], t.count, t.reset, now)
+
+	return false, 0
+}
+
+// serveUpgrade passes on a WebSocket upgrade under the per-IP connection cap.
+// out is what next gets (rw, or a credentialWriter around it); refusals are
+// written to rw itself, which can be hijacked.
+func (p *Plugin) serveUpgrade(out, rw http.ResponseWriter, req *http.Request, client string) {
+	ok, first := p.ws.acquire(client)
+	if first {
+		p.events.refused(p.wsLayer.name, client, client)
+	}
+
+	if !ok && !p.cfg.dryRun {
+		now := p.now().UnixNano()
+		p.reject(rw, req, p.wsLayer, p.wsLayer.points+1, now+p.wsLayer.duration, now)
 
 		return
 	}
 
-	p.next.ServeHTTP(rw, req)
+	if ok {
+		// Held while the proxy serves the connection, which is its whole life.
+		defer p.ws.release(client)
+	}
+
+	p.next.ServeHTTP(out, req)
+}
+
+// report writes an event for each layer whose refusal is the first of its window.
+func (p *Plugin) report(layers []*layer, firsts uint64, client, principal string) {
+	for i, l := range layers {
+		if firsts&(uint64(1)<<uint(i)) != 0 {
+			p.events.refused(l.name, l.keyFor(client, principal), client)
+		}
+	}
 }
 
 // reject answers a refused request: a 429, or for a WebSocket upgrade a
 // completed handshake closed with 1013.
-func (p *Plugin) reject(rw http.ResponseWriter, req *http.Request, d decision) {
-	plain := func() { refuse(rw, d.shown, d.shownResult, d.now) }
+func (p *Plugin) reject(rw http.ResponseWriter, req *http.Request, l *layer, count, reset, now int64) {
+	plain := func() { refuse(rw, l, count, reset, now) }
 
 	if !isUpgrade(req) {
 		plain()
 		return
 	}
 
-	if d.shown != p.wsLayer {
-		retry := ceilSeconds(d.shownResult.reset - d.now)
-		if retry < 1 {
-			retry = 1
-		}
-
-		rw.Header().Set("Retry-After", formatInt(retry))
-		refuseUpgrade(rw, req, "rate limit "+d.shown.name+": retry in "+formatInt(retry)+"s", plain)
-
+	if l == p.wsLayer {
+		refuseUpgrade(rw, req, "too many connections from this address", plain)
 		return
 	}
 
-	refuseUpgrade(rw, req, "too many connections from this address", plain)
+	retry := retryAfter(reset, now)
+	rw.Header().Set("Retry-After", retry)
+	refuseUpgrade(rw, req, "rate limit "+l.name+": retry in "+retry+"s", plain)
 }
 
-// decision is what decide made of a request's charges.
-type decision struct {
-	now         int64
-	refused     bool   // a layer refused and dryRun is off
-	shown       *layer // the layer in the headers; nil when none applied
-	shownResult result
+// principalPlan is the plan of a request with a principal: service or user.
+func (p *Plugin) principalPlan(req *http.Request) []*layer {
+	if p.isServiceAccount(req) {
+		return p.planService
+	}
+
+	return p.planUser
 }
 
-// decide charges the layers, logs first refusals, and sets the rate-limit
-// headers of the most restrictive layer: the one that refused, else the one
-// with the fewest requests left. A nil h sets no headers.
-func (p *Plugin) decide(h http.Header, charges []charge, clientKey string) decision {
-	d := decision{now: p.now().UnixNano()}
-	if len(charges) == 0 {
-		return d
-	}
+// withRoutes appends the matching routes' layers to the plan; it allocates
+// only when a route matches.
+func (p *Plugin) withRoutes(layers []*layer, req *http.Request) []*layer {
+	var out []*layer
 
-	results := make([]result, len(charges))
-	n := p.store.take(d.now, charges, results, p.cfg.dryRun)
-	shown, refused := -1, -1
-
-	for i := 0; i < n; i++ {
-		c, res := charges[i], results[i]
-
-		if res.count > c.layer.points && refused < 0 {
-			refused = i
+	for _, rt := range p.routes {
+		if !rt.matches(req) {
+			continue
 		}
 
-		if res.firstRefusal {
-			p.events.refused(c.layer.name, c.key, clientKey)
+		if out == nil {
+			out = make([]*layer, len(layers), len(layers)+len(p.routes))
+			copy(out, layers)
 		}
 
-		if shown < 0 || remaining(c.layer, res) < remaining(charges[shown].layer, results[shown]) {
-			shown = i
+		out = append(out, rt.layer)
+	}
+
+	if out == nil {
+		return layers
+	}
+
+	return out
+}
+
+func hasAnyPrefix(path string, prefixes []string) bool {
+	for _, prefix := range prefixes {
+		if strings.HasPrefix(path, prefix) {
+			return true
 		}
 	}
 
-	if refused >= 0 {
-		shown = refused
-	}
-
-	d.shown, d.shownResult = charges[shown].layer, results[shown]
-	d.refused = refused >= 0 && !p.cfg.dryRun
-
-	if p.cfg.headers && h != nil {
-		setHeaders(h, d.shown, d.shownResult, d.now)
-	}
-
-	return d
+	return false
 }
 
 func (rt *route) matches(req *http.Request) bool {
@@ -302,33 +452,5 @@ func (rt *route) matches(req *http.Request) bool {
 		}
 	}
 
-	if rt.exact[req.URL.Path] {
-		return true
-	}
-
-	for _, prefix := range rt.prefixes {
-		if strings.HasPrefix(req.URL.Path, prefix) {
-			return true
-		}
-	}
-
-	return false
-}
-
-// keyFor returns the route's bucket key. A principal-keyed route falls back to
-// the client IP for requests without a principal, in a namespace of its own so
-// that an IP never shares a bucket with a principal id.
-func (rt *route) keyFor(principal, clientKey string) string {
-	switch rt.key {
-	case keyGlobal:
-		return layerGlobal
-	case keyPrincipal:
-		if principal != "" {
-			return principal
-		}
-
-		return "ip:" + clientKey
-	default:
-		return clientKey
-	}
+	return rt.exact[req.URL.Path] || hasAnyPrefix(req.URL.Path, rt.prefixes)
 }

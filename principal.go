@@ -29,32 +29,6 @@ func (p *Plugin) principalOf(req *http.Request) string {
 	return id
 }
 
-// tier returns the one bucket, besides global and routes, that the request is
-// charged to up front: user or service for a principal, nothing for a
-// credential that the downstream has yet to judge (see invalidcred.go), else
-// assets or ip. A layer that is off charges nothing.
-func (p *Plugin) tier(req *http.Request, principal, clientKey string) (*layer, string, bool) {
-	if principal != "" {
-		if p.isServiceAccount(req) {
-			return p.service, principal, false
-		}
-
-		return p.user, principal, false
-	}
-
-	if p.hasCredential(req) {
-		return nil, "", true
-	}
-
-	for _, prefix := range p.cfg.assetPaths {
-		if strings.HasPrefix(req.URL.Path, prefix) {
-			return p.assets, clientKey, false
-		}
-	}
-
-	return p.ip, clientKey, false
-}
-
 // isServiceAccount reads the auth server's service-account flag: "true" or "1".
 func (p *Plugin) isServiceAccount(req *http.Request) bool {
 	if p.serviceHeader == "" {

@@ -111,7 +111,7 @@ func TestOverlongPrincipalIsHashed(t *testing.T) {
 	long := strings.Repeat("a", 4096)
 	h.do(http.MethodGet, "/api", "10.0.0.1:1", map[string]string{"X-Auth-User": long})
 
-	if got := h.p.memory.peek(h.clock.Now().UnixNano(), "user", hashKey(long)); got.count != 1 {
+	if got := peekCount(h.p.memory, h.clock.Now().UnixNano(), "user", hashKey(long)); got != 1 {
 		t.Fatal("overlong principal not keyed by its digest")
 	}
 }
@@ -306,9 +306,13 @@ func TestEveryRequestIsChargedToExactlyOneTierBucket(t *testing.T) {
 	var sum int64
 
 	for _, s := range []*windowStore{c.edge.p.memory, c.principal.p.memory} {
-		for id, w := range s.entries {
-			if id.layer == "ip" || id.layer == "assets" || id.layer == "user" || id.layer == "service" {
-				got[id.layer+"/"+id.key] += w.count
+		for layer, entries := range s.maps {
+			if layer != "ip" && layer != "assets" && layer != "user" && layer != "service" {
+				continue
+			}
+
+			for key, w := range entries {
+				got[layer+"/"+key] += w.count
 				sum += w.count
 			}
 		}

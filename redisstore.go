@@ -12,12 +12,12 @@ import (
 	"github.com/tierlimit/tierlimit/redisresp"
 )
 
-// counterStore charges requests to layers. take charges one hit to each charge
-// in order, writes out[i] for each charge it took and returns how many it
-// took; unless all is set it stops after the first charge whose count exceeds
-// its layer's points. windowStore (memory) and redisStore implement it.
+// counterStore charges requests to layers. take charges one hit to each layer
+// in order, under the key layer.keyFor(client, principal); unless all is set
+// it stops after the first layer whose count exceeds its points. It reports
+// the outcome as a tally. windowStore (memory) and redisStore implement it.
 type counterStore interface {
-	take(now int64, charges []charge, out []result, all bool) int
+	take(t *tally, now int64, layers []*layer, client, principal string, all bool)
 }
 
 // takeScript is the whole decision of one request in one round trip. Each key
@@ -66,94 +66,89 @@ type redisStore struct {
 	blocked *blockList
 }
 
-func (s *redisStore) take(now int64, charges []charge, out []result, all bool) int {
+func (s *redisStore) take(t *tally, now int64, layers []*layer, client, principal string, all bool) {
 	if !all {
-		for i := range charges {
-			reset := s.blocked.resetOf(charges[i].layer.name, charges[i].key, now)
-			if reset == 0 {
-				continue
+		for i, l := range layers {
+			if reset := s.blocked.resetOf(l.name, l.keyFor(client, principal), now); reset != 0 {
+				*t = tally{charged: i + 1, shown: i, count: l.points + 1, reset: reset, refused: true,
+					resetH: []string{formatInt(ceilSeconds(reset))}}
+				return
 			}
-
-			for j := 0; j < i; j++ {
-				out[j] = result{reset: now}
-			}
-
-			out[i] = result{count: charges[i].layer.points + 1, reset: reset}
-
-			return i + 1
 		}
 	}
 
 	use, probe := s.backend.usable(now)
 	if !use {
-		return s.local.take(now, charges, out, all)
+		s.local.take(t, now, layers, client, principal, all)
+		return
 	}
 
-	n, err := s.takeRedis(now, charges, out, all)
+	r, err := s.takeRedis(now, layers, client, principal, all)
 	if err != nil {
 		s.backend.failed(now, probe, err)
-		return s.local.take(now, charges, out, all)
+		s.local.take(t, now, layers, client, principal, all)
+
+		return
 	}
 
 	s.backend.succeeded()
 
-	return n
+	*t = r
 }
 
-func (s *redisStore) takeRedis(now int64, charges []charge, out []result, all bool) (int, error) {
-	keys := make([]string, len(charges))
-	args := make([]string, 1, 1+2*len(charges))
+func (s *redisStore) takeRedis(now int64, layers []*layer, client, principal string, all bool) (tally, error) {
+	keys := make([]string, len(layers))
+	args := make([]string, 1, 1+2*len(layers))
 	args[0] = "0"
 
 	if all {
 		args[0] = "1"
 	}
 
-	for i, c := range charges {
-		keys[i] = s.prefix + c.layer.name + ":" + c.key
-		args = append(args, c.layer.limit, c.layer.windowMS)
+	for i, l := range layers {
+		keys[i] = s.prefix + l.name + ":" + l.keyFor(client, principal)
+		args = append(args, l.limit, l.windowMS)
 	}
 
 	v, err := takeRedis.Run(s.backend.pool, keys, args)
 	if err != nil {
-		return 0, err
+		return tally{}, err
 	}
 
 	if v.IsError() {
-		return 0, fmt.Errorf("running the rate-limit script: %s", v.Str)
+		return tally{}, fmt.Errorf("running the rate-limit script: %s", v.Str)
 	}
 
 	n := len(v.Array) / 2
-	if v.Kind != redisresp.KindArray || len(v.Array)%2 != 0 || n == 0 || n > len(charges) {
-		return 0, fmt.Errorf("%w: %s", errBadReply, v.String())
+	if v.Kind != redisresp.KindArray || len(v.Array)%2 != 0 || n == 0 || n > len(layers) {
+		return tally{}, fmt.Errorf("%w: %s", errBadReply, v.String())
 	}
 
+	t := tally{shown: -1}
+
 	for i := 0; i < n; i++ {
-		count, ttl := v.Array[2*i], v.Array[2*i+1]
-		window := charges[i].layer.duration / int64(time.Millisecond)
+		l, count, ttl := layers[i], v.Array[2*i], v.Array[2*i+1]
 
 		if count.Kind != redisresp.KindInteger || ttl.Kind != redisresp.KindInteger ||
-			count.Int < 1 || ttl.Int < 0 || ttl.Int > window {
-			return 0, fmt.Errorf("%w: count %s, ttl %s", errBadReply, count.String(), ttl.String())
+			count.Int < 1 || ttl.Int < 0 || ttl.Int > l.duration/int64(time.Millisecond) {
+			return tally{}, fmt.Errorf("%w: count %s, ttl %s", errBadReply, count.String(), ttl.String())
 		}
 
-		out[i] = result{count: count.Int, reset: now + ttl.Int*int64(time.Millisecond)}
+		reset := now + ttl.Int*int64(time.Millisecond)
+		first := count.Int > l.points && s.blocked.add(l.name, l.keyFor(client, principal), reset, now)
+
+		if t.note(i, l, count.Int, reset, first, all) && i < n-1 {
+			return tally{}, fmt.Errorf("%w: layers answered after a refusal", errBadReply)
+		}
 	}
 
 	// The script stops only at a refusal; a shorter reply that does not end in
 	// one would let a request skip the layers it did not reach.
-	if n < len(charges) && (all || out[n-1].count <= charges[n-1].layer.points) {
-		return 0, fmt.Errorf("%w: %d of %d layers answered", errBadReply, n, len(charges))
+	if n < len(layers) && (all || !t.refused) {
+		return tally{}, fmt.Errorf("%w: %d of %d layers answered", errBadReply, n, len(layers))
 	}
 
-	for i := 0; i < n; i++ {
-		c := charges[i]
-		if out[i].count > c.layer.points {
-			out[i].firstRefusal = s.blocked.add(c.layer.name, c.key, out[i].reset, now)
-		}
-	}
-
-	return n, nil
+	return t, nil
 }
 
 // Back-off bounds: Redis is skipped for minBackoff after a failure, doubling
@@ -292,16 +287,16 @@ func (r *backendRegistry) get(opts redisresp.Options) *redisBackend {
 type blockList struct {
 	mu    sync.Mutex
 	max   int
-	until map[slotKey]int64
+	until map[string]int64 // by layer + "\x00" + key
 }
 
 func newBlockList(capacity int) *blockList {
-	return &blockList{max: capacity, until: map[slotKey]int64{}}
+	return &blockList{max: capacity, until: map[string]int64{}}
 }
 
 // resetOf returns the reset of a blocked key, or 0.
 func (b *blockList) resetOf(layer, key string, now int64) int64 {
-	id := slotKey{layer: layer, key: key}
+	id := layer + "\x00" + key
 
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -318,7 +313,7 @@ func (b *blockList) resetOf(layer, key string, now int64) int64 {
 // add blocks a key until reset and reports whether it was not blocked yet, so
 // that a refusal is reported once per key and window.
 func (b *blockList) add(layer, key string, reset, now int64) bool {
-	id := slotKey{layer: layer, key: key}
+	id := layer + "\x00" + key
 
 	b.mu.Lock()
 	defer b.mu.Unlock()

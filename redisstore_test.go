@@ -152,8 +152,8 @@ func TestRedisDownIsDecidedInMemoryWithTheSameLimits(t *testing.T) {
 		}
 	}
 
-	if got := h.p.memory.peek(h.clock.Now().UnixNano(), "ip", "203.0.113.9"); got.count != 6 {
-		t.Fatalf("memory fallback count %d, want 6 (every request counted)", got.count)
+	if got := peekCount(h.p.memory, h.clock.Now().UnixNano(), "ip", "203.0.113.9"); got != 6 {
+		t.Fatalf("memory fallback count %d, want 6 (every request counted)", got)
 	}
 
 	if n := strings.Count(logs.String(), "REDIS_UNAVAILABLE"); n != 1 {
@@ -243,8 +243,8 @@ func TestMalformedRedisRepliesAreDecidedInMemory(t *testing.T) {
 			t.Errorf("%s: %d %v, want the memory store's decision", name, rec.Code, rec.Header())
 		}
 
-		if got := h.p.memory.peek(h.clock.Now().UnixNano(), "ip", "203.0.113.9"); got.count != 1 {
-			t.Errorf("%s: memory not charged (count %d) %v", name, got.count, rec.Header())
+		if got := peekCount(h.p.memory, h.clock.Now().UnixNano(), "ip", "203.0.113.9"); got != 1 {
+			t.Errorf("%s: memory not charged (count %d) %v", name, got, rec.Header())
 		}
 	}
 }
@@ -335,11 +335,9 @@ func TestRedisKeysAndArguments(t *testing.T) {
 	})
 
 	store := h.p.store.(*redisStore)
-	charges := []charge{{h.p.global, "global"}, {h.p.ip, "2001:db8::/64"}, {&h.p.routes[0].layer, "2001:db8::/64"}}
-	out := make([]result, 3)
-
-	if n := store.take(t0, charges, out, false); n != 3 {
-		t.Fatalf("took %d", n)
+	tl := take(store, t0, []*layer{h.p.global, h.p.ip, h.p.routes[0].layer}, "2001:db8::/64", "", false)
+	if tl.charged != 3 || tl.refused || tl.shown != 1 || tl.count != 1 || tl.reset != t0+int64(time.Minute) {
+		t.Fatalf("tally %+v, want 3 charged, ip shown (fewest left), reset from its TTL", tl)
 	}
 
 	srv.mu.Lock()
@@ -361,7 +359,4 @@ func TestRedisKeysAndArguments(t *testing.T) {
 		t.Fatalf("prefix %q", store.prefix)
 	}
 
-	if out[0].reset != t0+int64(time.Second) || out[1].reset != t0+int64(time.Minute) {
-		t.Fatalf("resets %v", out)
-	}
 }

@@ -6,47 +6,70 @@ import (
 	"time"
 )
 
-// remaining is what the layer still allows in the window, never negative.
-func remaining(l *layer, res result) int64 {
-	if res.count >= l.points {
-		return 0
+// setHeaders writes the X-RateLimit-* headers and the IETF draft fields
+// RateLimit-Policy and RateLimit for the layer a tally shows. Reset is in Unix
+// seconds, rounded up so that a client waiting until then finds a new window.
+//
+// Under Yaegi every expression costs, so the values are precomputed where they
+// can be (per layer, per number of requests left, per window) and the map is
+// written directly, with the canonical names. The slices are shared by every
+// response: http.Header's Add and Set replace a value rather than write into it.
+func setHeaders(h http.Header, l *layer, t *tally, now int64) {
+	h["X-Ratelimit-Limit"] = l.limitHdr
+	h["Ratelimit-Policy"] = l.policyHdr
+	h["X-Ratelimit-Reset"] = t.resetH
+
+	secs := (t.reset - now + int64(time.Second) - 1) / int64(time.Second)
+
+	if t.left < int64(len(l.remainingHdr)) && secs < int64(len(smallInts)) {
+		h["X-Ratelimit-Remaining"] = l.remainingHdr[t.left]
+		h["Ratelimit"] = []string{l.ratePrefix[t.left] + smallInts[secs]}
+
+		return
 	}
 
-	return l.points - res.count
+	setLargeHeaders(h, l, t.left, secs)
 }
 
-// setHeaders writes the X-RateLimit-* headers and the IETF draft fields
-// RateLimit-Policy and RateLimit for one layer. Reset is in Unix seconds,
-// rounded up so that a client waiting until then finds a new window.
-func setHeaders(h http.Header, l *layer, res result, now int64) {
-	rem := formatInt(remaining(l, res))
-
-	h.Set("X-RateLimit-Limit", l.limit)
-	h.Set("X-RateLimit-Remaining", rem)
-	h.Set("X-RateLimit-Reset", formatInt(ceilSeconds(res.reset)))
-	h.Set("RateLimit-Policy", l.policy)
-	h.Set("RateLimit", `"`+l.name+`";r=`+rem+";t="+formatInt(ceilSeconds(res.reset-now)))
+// setLargeHeaders formats the values beyond setHeaders' tables. A function of
+// its own, so that the common case does not pay for its expressions.
+func setLargeHeaders(h http.Header, l *layer, left, secs int64) {
+	rem := formatInt(left)
+	h["X-Ratelimit-Remaining"] = []string{rem}
+	h["Ratelimit"] = []string{`"` + l.name + `";r=` + rem + ";t=" + formatInt(secs)}
 }
 
-// refuse answers 429 with Retry-After (whole seconds, at least 1) and the JSON
-// body of the design note.
-func refuse(rw http.ResponseWriter, l *layer, res result, now int64) {
-	retry := ceilSeconds(res.reset - now)
+// smallInts are the decimal forms of 0 to 3600, for header values.
+var smallInts = func() []string {
+	out := make([]string, 3601)
+	for i := range out {
+		out[i] = strconv.Itoa(i)
+	}
+
+	return out
+}()
+
+// retryAfter is the Retry-After value: whole seconds to the reset, rounded up, at least 1.
+func retryAfter(reset, now int64) string {
+	retry := ceilSeconds(reset - now)
 	if retry < 1 {
 		retry = 1
 	}
 
-	reset := time.Unix(ceilSeconds(res.reset), 0).UTC().Format(time.RFC3339)
+	return strconv.FormatInt(retry, 10)
+}
 
+// refuse answers 429 with Retry-After and the JSON body of the design note.
+func refuse(rw http.ResponseWriter, l *layer, count, reset, now int64) {
 	h := rw.Header()
-	h.Set("Retry-After", formatInt(retry))
+	h.Set("Retry-After", retryAfter(reset, now))
 	h.Set("Content-Type", "application/json")
 	h.Set("Cache-Control", "no-store")
 	rw.WriteHeader(http.StatusTooManyRequests)
 
 	// Layer names are restricted to characters that need no JSON escaping (validName).
 	_, _ = rw.Write([]byte(`{"errors":[{"message":"Hit rate limit","extensions":{"code":"REQUESTS_EXCEEDED","limit":` +
-		l.limit + `,"reset":"` + reset + `","layer":"` + l.name + `"}}]}`))
+		l.limit + `,"reset":"` + time.Unix(ceilSeconds(reset), 0).UTC().Format(time.RFC3339) + `","layer":"` + l.name + `"}}]}`))
 }
 
 // ceilSeconds converts nanoseconds to whole seconds, rounding up.

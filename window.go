@@ -2,11 +2,10 @@ package tierlimit
 
 import (
 	"sync"
-	"time"
 )
 
-// windowStore holds fixed-window counters in memory: one counter per (layer, key),
-// starting at the key's first hit and reset duration later. It is safe for
+// windowStore holds fixed-window counters in memory: one counter per layer and
+// key, starting at the key's first hit and reset duration later. It is safe for
 // concurrent use; every method takes the time from its caller, so tests move a
 // clock instead of sleeping.
 //
@@ -15,26 +14,26 @@ import (
 // start: expired counters are found at the list heads in O(1), without a
 // goroutine or a scan. Each new key purges a few expired counters; at the cap
 // all expired counters go, then the oldest live one.
+//
+// Each layer has its own map keyed by the bucket key: under Yaegi a map with a
+// string key is one compiled operation, a struct key is not.
 type windowStore struct {
-	mu      sync.Mutex
-	max     int
-	entries map[slotKey]*window
-	lists   []*windowList
-}
-
-// slotKey names one counter.
-type slotKey struct {
-	layer string
-	key   string
+	mu    sync.Mutex
+	max   int
+	size  int
+	maps  map[string]map[string]*window // by layer name
+	lists []*windowList
 }
 
 // window is one counter. Times are Unix nanoseconds.
 type window struct {
-	id     slotKey
+	layer  string
+	key    string
 	count  int64
 	start  int64
 	reset  int64
-	logged bool // a refusal of this window was reported (see take)
+	logged bool     // a refusal of this window was reported (see tally.firsts)
+	resetH []string // X-RateLimit-Reset value, formatted once per window
 	list   *windowList
 	prev   *window
 	next   *window
@@ -52,7 +51,7 @@ type windowList struct {
 const purgePerInsert = 2
 
 func newWindowStore(capacity int) *windowStore {
-	return &windowStore{max: capacity, entries: make(map[slotKey]*window)}
+	return &windowStore{max: capacity, maps: map[string]map[string]*window{}}
 }
 
 // setMax changes the cap; a lower cap takes effect as keys are added.
@@ -62,117 +61,176 @@ func (s *windowStore) setMax(capacity int) {
 	s.mu.Unlock()
 }
 
-// listFor returns the list that keeps counters of duration d. Layers resolve
-// their list once, in New, so the request path does no lookup.
-func (s *windowStore) listFor(d time.Duration) *windowList {
+// attach gives a layer its map and its duration's list in this store. Layers
+// resolve both once, in New, so the request path does no lookup.
+func (s *windowStore) attach(l *layer) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 
-	for _, l := range s.lists {
-		if l.duration == int64(d) {
-			return l
+	if s.maps[l.name] == nil {
+		s.maps[l.name] = map[string]*window{}
+	}
+
+	l.entries = s.maps[l.name]
+
+	for _, wl := range s.lists {
+		if wl.duration == l.duration {
+			l.list = wl
+			return
 		}
 	}
 
-	l := &windowList{duration: int64(d)}
-	s.lists = append(s.lists, l)
-
-	return l
+	l.list = &windowList{duration: l.duration}
+	s.lists = append(s.lists, l.list)
 }
 
-// size returns the number of counters held, expired or not.
-func (s *windowStore) size() int {
+// count returns the number of counters held, expired or not.
+func (s *windowStore) count() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 
-	return len(s.entries)
+	return s.size
 }
 
-// charge is one hit to take: the layer (with its list in this store) and the key.
-type charge struct {
-	layer *layer
-	key   string
+// tally is what a store reports of one request's layers.
+type tally struct {
+	charged int   // layers charged, from the first
+	shown   int   // the layer for the headers: the refusing one, else the one with the fewest left; -1 if none
+	count   int64 // its count after this request
+	reset   int64 // its reset, Unix nanoseconds
+	resetH  []string
+	left    int64 // its requests left
+	refused bool  // a layer's count exceeds its points
+	firsts  uint64
+	// firsts has bit i set when layers[i] refused for the first time in its
+	// window, so a refusal is reported once per layer, key and window.
 }
 
-// result is a counter after a hit. firstRefusal is true for the first hit of
-// the window that went over the layer's points, so a refusal is reported once
-// per layer, key and window.
-type result struct {
-	count        int64
-	reset        int64
-	firstRefusal bool
-}
+// note records layers[i] after its hit and reports whether to stop: after a
+// refusal, unless all layers are to be charged (dry run).
+func (t *tally) note(i int, l *layer, count, reset int64, first, all bool) bool {
+	t.charged = i + 1
+	left := l.points - count
 
-// take charges one hit to each charge in order, under one lock so that the
-// counts are exact under concurrency. Unless all is set it stops after the
-// first charge whose count exceeds its layer's points: a refused request is not
-// charged to the layers after the one that refused it. It writes out[i] for
-// each charge taken and returns how many were taken.
-func (s *windowStore) take(now int64, charges []charge, out []result, all bool) int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-
-	for i := range charges {
-		c := charges[i]
-		w := s.hitLocked(now, c.layer.list, c.layer.name, c.key)
-
-		res := result{count: w.count, reset: w.reset}
-		if w.count > c.layer.points && !w.logged {
-			w.logged = true
-			res.firstRefusal = true
+	if left < 0 {
+		if first {
+			t.firsts |= uint64(1) << uint(i)
 		}
 
-		out[i] = res
+		if !t.refused {
+			t.refused, t.shown, t.count, t.reset, t.left = true, i, count, reset, 0
+			t.resetH = []string{formatInt(ceilSeconds(reset))}
+		}
 
-		if !all && w.count > c.layer.points {
-			return i + 1
+		return !all
+	}
+
+	if !t.refused && (t.shown < 0 || left < t.left) {
+		t.shown, t.count, t.reset, t.left = i, count, reset, left
+		t.resetH = []string{formatInt(ceilSeconds(reset))}
+	}
+
+	return false
+}
+
+// take charges one hit to each layer in order, under one lock so that the
+// counts are exact under concurrency, with the key each layer takes from
+// client and principal (layer.keyFor), and writes the outcome to t. Unless all
+// is set it stops after the first layer whose count exceeds its points: a
+// refused request is not charged to the layers after the one that refused it.
+//
+// The loop repeats tally.note and the common cases of layer.keyFor inline:
+// under Yaegi each call allocates every local of the callee, and this loop
+// runs for every request.
+func (s *windowStore) take(t *tally, now int64, layers []*layer, client, principal string, all bool) {
+	t.shown = -1
+
+	s.mu.Lock()
+
+	for i, l := range layers {
+		key := client
+		if l.keyKind == keyOfConst {
+			key = l.constKey
+		} else if l.keyKind != keyOfClient {
+			key = l.keyFor(client, principal)
+		}
+
+		w := l.entries[key]
+		if w != nil && w.reset > now && w.list == l.list {
+			w.count++
+		} else {
+			w = s.restart(now, l, w, key)
+		}
+
+		t.charged = i + 1
+
+		if w.count > l.points {
+			if t.refuse(i, w) && !all {
+				break
+			}
+
+			continue
+		}
+
+		if !t.refused && (t.shown < 0 || l.points-w.count < t.left) {
+			t.shown, t.count, t.reset, t.resetH, t.left = i, w.count, w.reset, w.resetH, l.points-w.count
 		}
 	}
 
-	return len(charges)
+	s.mu.Unlock()
 }
 
-// peek returns the counter of (layer, key) without charging it; count is 0 when
-// the key has no live window.
-func (s *windowStore) peek(now int64, layer, key string) result {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-
-	w := s.entries[slotKey{layer: layer, key: key}]
-	if w == nil || w.reset <= now {
-		return result{}
+// refuse records that layers[i] refused with window w (under the store's
+// lock) and reports true. Out of take's loop, which is the common path.
+func (t *tally) refuse(i int, w *window) bool {
+	if !w.logged {
+		w.logged = true
+		t.firsts |= uint64(1) << uint(i)
 	}
 
-	return result{count: w.count, reset: w.reset}
+	if !t.refused {
+		t.refused, t.shown, t.count, t.reset, t.resetH, t.left = true, i, w.count, w.reset, w.resetH, 0
+	}
+
+	return true
 }
 
-func (s *windowStore) hitLocked(now int64, l *windowList, layer, key string) *window {
-	id := slotKey{layer: layer, key: key}
-
-	w := s.entries[id]
-	if w != nil && w.reset > now && w.list == l {
-		w.count++
-		return w
-	}
-
+// restart starts a new window for key in l: the expired w (or one whose layer
+// changed duration at a reload), or a new counter. Kept out of take so that
+// the common path stays small under Yaegi.
+func (s *windowStore) restart(now int64, l *layer, w *window, key string) *window {
 	if w != nil {
-		// Expired (or its layer changed duration at a reload): start a new
-		// window at the tail of its list.
 		w.list.unlink(w)
 	} else {
-		s.makeRoom(now, l)
+		s.makeRoom(now, l.list)
 
-		w = &window{id: id}
-		s.entries[id] = w
+		w = &window{layer: l.name, key: key}
+		l.entries[key] = w
+		s.size++
 	}
 
 	w.count = 1
 	w.start = now
-	w.reset = now + l.duration
+	w.reset = now + l.list.duration
+	w.resetH = []string{formatInt(ceilSeconds(w.reset))}
 	w.logged = false
-	l.push(w)
+	l.list.push(w)
 
 	return w
+}
+
+// peek returns the count and reset of a live window without charging it;
+// count is 0 when the key has no live window.
+func (s *windowStore) peek(now int64, layer, key string) (count, reset int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	w := s.maps[layer][key]
+	if w == nil || w.reset <= now {
+		return 0, 0
+	}
+
+	return w.count, w.reset
 }
 
 // makeRoom purges a few expired counters and, at the cap, all expired ones and
@@ -182,7 +240,7 @@ func (s *windowStore) makeRoom(now int64, l *windowList) {
 		s.remove(l.head)
 	}
 
-	if len(s.entries) < s.max {
+	if s.size < s.max {
 		return
 	}
 
@@ -192,7 +250,7 @@ func (s *windowStore) makeRoom(now int64, l *windowList) {
 		}
 	}
 
-	for len(s.entries) >= s.max {
+	for s.size >= s.max {
 		var oldest *window
 
 		for _, other := range s.lists {
@@ -211,7 +269,8 @@ func (s *windowStore) makeRoom(now int64, l *windowList) {
 
 func (s *windowStore) remove(w *window) {
 	w.list.unlink(w)
-	delete(s.entries, w.id)
+	delete(s.maps[w.layer], w.key)
+	s.size--
 }
 
 func (l *windowList) push(w *window) {

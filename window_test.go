@@ -9,14 +9,35 @@ import (
 var t0 = time.Date(2026, 6, 15, 10, 0, 0, 0, time.UTC).UnixNano()
 
 func testLayer(s *windowStore, name string, points int64, d time.Duration) *layer {
-	return newLayer(s, layerSpec{name: name, points: points, duration: d})
+	return newLayer(s, layerSpec{name: name, points: points, duration: d}, keyOfClient)
 }
 
-func hitOnce(s *windowStore, now int64, l *layer, key string) result {
-	out := make([]result, 1)
-	s.take(now, []charge{{layer: l, key: key}}, out, false)
+// hit is one layer's outcome of a request.
+type hit struct {
+	count, reset int64
+	firstRefusal bool
+}
 
-	return out[0]
+func hitOnce(s *windowStore, now int64, l *layer, key string) hit {
+	var t tally
+
+	s.take(&t, now, []*layer{l}, key, "", false)
+
+	return hit{count: t.count, reset: t.reset, firstRefusal: t.firsts != 0}
+}
+
+// take runs store.take and returns the tally.
+func take(s counterStore, now int64, layers []*layer, client, principal string, all bool) tally {
+	var t tally
+
+	s.take(&t, now, layers, client, principal, all)
+
+	return t
+}
+
+func peekCount(s *windowStore, now int64, layer, key string) int64 {
+	count, _ := s.peek(now, layer, key)
+	return count
 }
 
 func TestWindowResetsAtFirstHitPlusDuration(t *testing.T) {
@@ -93,31 +114,52 @@ func TestWindowKeysAndLayersAreSeparate(t *testing.T) {
 
 func TestTakeStopsAtRefusingLayer(t *testing.T) {
 	s := newWindowStore(100)
-	g := testLayer(s, "global", 10, time.Second)
+	g := newLayer(s, layerSpec{name: "global", points: 10, duration: time.Second}, keyOfConst)
 	ip := testLayer(s, "ip", 1, time.Second)
 	route := testLayer(s, "login", 10, time.Second)
-	charges := []charge{{g, "global"}, {ip, "1.2.3.4"}, {route, "1.2.3.4"}}
-	out := make([]result, 3)
+	layers := []*layer{g, ip, route}
 
-	if n := s.take(t0, charges, out, false); n != 3 {
-		t.Fatalf("first request charged %d layers, want 3", n)
+	if tl := take(s, t0, layers, "1.2.3.4", "", false); tl.charged != 3 || tl.refused || tl.shown != 1 || tl.count != 1 {
+		t.Fatalf("first request: %+v, want 3 charged, ip shown (fewest left)", tl)
 	}
 
-	if n := s.take(t0, charges, out, false); n != 2 {
-		t.Fatalf("refused request charged %d layers, want 2 (up to and including ip)", n)
+	tl := take(s, t0, layers, "1.2.3.4", "", false)
+	if tl.charged != 2 || !tl.refused || tl.shown != 1 || tl.count != 2 || tl.firsts != 1<<1 {
+		t.Fatalf("refused request: %+v, want 2 charged (up to and including ip), ip shown", tl)
 	}
 
-	if got := s.peek(t0, "login", "1.2.3.4"); got.count != 1 {
-		t.Fatalf("route charged after refusal: count %d", got.count)
+	if got := peekCount(s, t0, "login", "1.2.3.4"); got != 1 {
+		t.Fatalf("route charged after refusal: count %d", got)
 	}
 
-	if got := s.peek(t0, "global", "global"); got.count != 2 {
-		t.Fatalf("global count %d, want 2", got.count)
+	if got := peekCount(s, t0, "global", "global"); got != 2 {
+		t.Fatalf("global count %d, want 2", got)
 	}
 
-	// all=true (dry run) charges every layer.
-	if n := s.take(t0, charges, out, true); n != 3 {
-		t.Fatalf("dry run charged %d layers, want 3", n)
+	// all=true (dry run) charges every layer; the refusing layer stays shown.
+	if tl := take(s, t0, layers, "1.2.3.4", "", true); tl.charged != 3 || tl.shown != 1 || !tl.refused {
+		t.Fatalf("dry run: %+v", tl)
+	}
+}
+
+func TestKeysByKind(t *testing.T) {
+	cases := []struct {
+		kind              int
+		client, principal string
+		want              string
+	}{
+		{keyOfClient, "1.2.3.4", "alice", "1.2.3.4"},
+		{keyOfPrincipal, "1.2.3.4", "alice", "alice"},
+		{keyOfConst, "1.2.3.4", "alice", "global"},
+		{keyOfPrincipalElseClient, "1.2.3.4", "alice", "alice"},
+		{keyOfPrincipalElseClient, "1.2.3.4", "", "ip:1.2.3.4"},
+	}
+
+	for _, tc := range cases {
+		l := &layer{keyKind: tc.kind, constKey: "global"}
+		if got := l.keyFor(tc.client, tc.principal); got != tc.want {
+			t.Errorf("kind %d: %q, want %q", tc.kind, got, tc.want)
+		}
 	}
 }
 
@@ -132,28 +174,28 @@ func TestMaxTrackedPurgesExpiredThenEvictsOldest(t *testing.T) {
 	later := t0 + int64(2*time.Second)  // "expiring" is now expired
 	hitOnce(s, later, long, "new")      // at the cap: the expired one goes first
 
-	if got := s.peek(later, "long", "old"); got.count != 1 {
+	if got := peekCount(s, later, "long", "old"); got != 1 {
 		t.Fatalf("live key %q evicted while an expired one was held", "old")
 	}
 
-	if s.size() != 3 {
-		t.Fatalf("size %d, want 3", s.size())
+	if s.count() != 3 {
+		t.Fatalf("size %d, want 3", s.count())
 	}
 
 	hitOnce(s, later+1, long, "newest") // no expired keys: the oldest start goes
 
-	if got := s.peek(later+1, "long", "old"); got.count != 0 {
+	if got := peekCount(s, later+1, "long", "old"); got != 0 {
 		t.Fatal("oldest key not evicted at the cap")
 	}
 
 	for _, k := range []string{"young", "new", "newest"} {
-		if got := s.peek(later+1, "long", k); got.count != 1 {
+		if got := peekCount(s, later+1, "long", k); got != 1 {
 			t.Fatalf("key %q lost", k)
 		}
 	}
 
-	if s.size() != 3 {
-		t.Fatalf("size %d, want 3", s.size())
+	if s.count() != 3 {
+		t.Fatalf("size %d, want 3", s.count())
 	}
 }
 
@@ -165,12 +207,12 @@ func TestMaxTrackedBoundsAFlood(t *testing.T) {
 		hitOnce(s, t0+int64(i), l, formatInt(int64(i)))
 	}
 
-	if s.size() != 1000 {
-		t.Fatalf("size %d after flood, want 1000", s.size())
+	if s.count() != 1000 {
+		t.Fatalf("size %d after flood, want 1000", s.count())
 	}
 
 	// The newest keys survive.
-	if got := s.peek(t0+100000, "ip", "99999"); got.count != 1 {
+	if got := peekCount(s, t0+100000, "ip", "99999"); got != 1 {
 		t.Fatal("newest key evicted")
 	}
 }
@@ -186,8 +228,8 @@ func TestExpiredKeysArePurgedBelowTheCap(t *testing.T) {
 		}
 	}
 
-	if s.size() > 300 {
-		t.Fatalf("%d counters held for 100 live clients: expired ones are not purged", s.size())
+	if s.count() > 300 {
+		t.Fatalf("%d counters held for 100 live clients: expired ones are not purged", s.count())
 	}
 }
 

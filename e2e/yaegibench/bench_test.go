@@ -1,0 +1,305 @@
+// Package yaegibench measures the plugin as Traefik runs it: loaded by
+// Traefik's own Yaegi loader (pkg/plugins), in process, against a passthrough
+// plugin loaded the same way. Run by `make bench` (TIERLIMIT_BENCH=1); skipped
+// otherwise.
+package yaegibench
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/traefik/traefik/v3/pkg/plugins"
+
+	"github.com/tierlimit/tierlimit/e2e/harness"
+)
+
+const passthroughModule = "example.com/passthrough"
+
+// The baseline: a middleware that sets one header and calls next.
+const passthroughSource = `package passthrough
+
+import (
+	"context"
+	"net/http"
+)
+
+type Config struct{}
+
+func CreateConfig() *Config { return &Config{} }
+
+type handler struct{ next http.Handler }
+
+func New(ctx context.Context, next http.Handler, config *Config, name string) (http.Handler, error) {
+	return &handler{next: next}, nil
+}
+
+func (h *handler) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
+	rw.Header().Set("X-Passthrough", "1")
+	h.next.ServeHTTP(rw, req)
+}
+`
+
+var builder *plugins.Builder
+
+func TestMain(m *testing.M) {
+	if os.Getenv("TIERLIMIT_BENCH") == "" {
+		fmt.Println("yaegibench: skipped (set TIERLIMIT_BENCH=1, or run make bench)")
+		os.Exit(0)
+	}
+
+	dir, err := os.MkdirTemp("", "tierlimit-yaegibench-")
+	if err != nil {
+		panic(err)
+	}
+	defer os.RemoveAll(dir)
+
+	if err := setup(dir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+
+	os.Exit(m.Run())
+}
+
+// setup lays out plugins-local with both plugins and builds them with
+// Traefik's loader, which reads ./plugins-local relative to the working directory.
+func setup(dir string) error {
+	gopath := filepath.Join(dir, "plugins-local")
+	if err := harness.CopyPlugin(gopath); err != nil {
+		return err
+	}
+
+	pt := filepath.Join(gopath, "src", passthroughModule)
+	if err := os.MkdirAll(pt, 0o755); err != nil {
+		return err
+	}
+
+	manifest := "displayName: passthrough\ntype: middleware\nimport: " + passthroughModule + "\nsummary: baseline\ntestData: {}\n"
+	if err := os.WriteFile(filepath.Join(pt, ".traefik.yml"), []byte(manifest), 0o644); err != nil {
+		return err
+	}
+
+	if err := os.WriteFile(filepath.Join(pt, "passthrough.go"), []byte(passthroughSource), 0o644); err != nil {
+		return err
+	}
+
+	if err := os.WriteFile(filepath.Join(pt, "go.mod"), []byte("module "+passthroughModule+"\n\ngo 1.22\n"), 0o644); err != nil {
+		return err
+	}
+
+	if err := os.Chdir(dir); err != nil {
+		return err
+	}
+
+	b, err := plugins.NewBuilder(nil, nil, map[string]plugins.LocalDescriptor{
+		"tierlimit":   {ModuleName: harness.ModuleName},
+		"passthrough": {ModuleName: passthroughModule},
+	})
+	if err != nil {
+		return fmt.Errorf("loading the plugins with Traefik's loader: %w", err)
+	}
+
+	builder = b
+
+	return nil
+}
+
+func build(t testing.TB, plugin string, config map[string]any, name string) http.Handler {
+	t.Helper()
+
+	ctor, err := builder.Build(plugin, config, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	h, err := ctor(context.Background(), http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	return h
+}
+
+// The typical edge of the design note: global + ip (its default 50/1s),
+// headers on, memory store. The benchmark spreads requests over enough client
+// addresses (requests) that nothing is refused; global is raised for the same reason.
+func edgeConfig() map[string]any {
+	return map[string]any{
+		"global": map[string]any{"points": "1000000000", "duration": "1s"},
+		"ip":     map[string]any{"points": "50", "duration": "1s"},
+	}
+}
+
+// sink is a ResponseWriter that keeps nothing, so both plugins pay the same.
+type sink struct{ h http.Header }
+
+func (s *sink) Header() http.Header         { return s.h }
+func (s *sink) Write(b []byte) (int, error) { return len(b), nil }
+func (s *sink) WriteHeader(int)             {}
+
+// requests from distinct client addresses (untrusted peers, keyed as they are).
+func requests(n int) []*http.Request {
+	out := make([]*http.Request, n)
+
+	for i := range out {
+		req, _ := http.NewRequest(http.MethodGet, "http://example.com/api/items", nil)
+		req.RemoteAddr = fmt.Sprintf("100.64.%d.%d:40000", i/256, i%256)
+		out[i] = req
+	}
+
+	return out
+}
+
+func run(b *testing.B, h http.Handler) {
+	reqs := requests(1000)
+	w := &sink{h: http.Header{}}
+
+	b.ReportAllocs()
+	b.ResetTimer()
+
+	for i := 0; i < b.N; i++ {
+		for k := range w.h {
+			delete(w.h, k)
+		}
+
+		h.ServeHTTP(w, reqs[i%len(reqs)])
+	}
+}
+
+func BenchmarkYaegiPassthrough(b *testing.B) {
+	run(b, build(b, "passthrough", nil, "pass@bench"))
+}
+
+func BenchmarkYaegiTierlimitEdge(b *testing.B) {
+	run(b, build(b, "tierlimit", edgeConfig(), "edge@bench"))
+}
+
+func BenchmarkYaegiTierlimitRefused(b *testing.B) {
+	cfg := edgeConfig()
+	cfg["ip"] = map[string]any{"points": "1", "duration": "1h"}
+	run(b, build(b, "tierlimit", cfg, "refused@bench"))
+}
+
+// TestYaegiCost runs the passthrough and edge benchmarks alternately, several
+// times, and prints the medians and their ratio (the figure in BENCHMARKS.md).
+func TestYaegiCost(t *testing.T) {
+	pass := build(t, "passthrough", nil, "pass@cost")
+	edge := build(t, "tierlimit", edgeConfig(), "edge@cost")
+	refusedCfg := edgeConfig()
+	refusedCfg["ip"] = map[string]any{"points": "1", "duration": "1h"}
+	refused := build(t, "tierlimit", refusedCfg, "refused@cost")
+
+	const rounds = 5
+
+	var p, e, r []float64
+
+	for i := 0; i < rounds; i++ {
+		p = append(p, nsPerOp(pass))
+		e = append(e, nsPerOp(edge))
+		r = append(r, nsPerOp(refused))
+	}
+
+	mp, me, mr := median(p), median(e), median(r)
+
+	fmt.Printf("\nYaegi (Traefik's loader, in process), median of %d rounds:\n", rounds)
+	fmt.Printf("| handler | ns/op | ratio to passthrough |\n|---|---|---|\n")
+	fmt.Printf("| passthrough plugin (sets a header, calls next) | %.0f | 1.00 |\n", mp)
+	fmt.Printf("| tierlimit edge (global + ip, headers, memory), allowed | %.0f | %.2f |\n", me, me/mp)
+	fmt.Printf("| tierlimit edge, refused (429 with body) | %.0f | %.2f |\n", mr, mr/mp)
+	fmt.Printf("rounds: passthrough %v; edge %v; refused %v\n", rounded(p), rounded(e), rounded(r))
+}
+
+func nsPerOp(h http.Handler) float64 {
+	res := testing.Benchmark(func(b *testing.B) { run(b, h) })
+	return float64(res.T.Nanoseconds()) / float64(res.N)
+}
+
+func median(xs []float64) float64 {
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+
+	return s[len(s)/2]
+}
+
+func rounded(xs []float64) string {
+	parts := make([]string, len(xs))
+	for i, x := range xs {
+		parts[i] = strconv.FormatFloat(x, 'f', 0, 64)
+	}
+
+	return strings.Join(parts, " ")
+}
+
+// TestYaegiMemory measures bytes per tracked key under Yaegi and the resident
+// memory after a flood of 1,000,000 distinct client IPs with maxTracked 100000.
+func TestYaegiMemory(t *testing.T) {
+	cfg := edgeConfig()
+	cfg["global"] = map[string]any{"points": "0"}
+	cfg["ip"] = map[string]any{"points": "1000", "duration": "1h"}
+	cfg["maxTracked"] = "100000"
+	h := build(t, "tierlimit", cfg, "flood@mem")
+
+	w := &sink{h: http.Header{}}
+	req, _ := http.NewRequest(http.MethodGet, "http://example.com/api", nil)
+
+	flood := func(from, to int) {
+		for i := from; i < to; i++ {
+			req.RemoteAddr = "10." + strconv.Itoa(i>>16&255) + "." + strconv.Itoa(i>>8&255) + "." + strconv.Itoa(i&255) + ":1"
+			// Not trusted proxies: keep every address its own key.
+			req.RemoteAddr = strings.Replace(req.RemoteAddr, "10.", "100.", 1)
+
+			for k := range w.h {
+				delete(w.h, k)
+			}
+
+			h.ServeHTTP(w, req)
+		}
+	}
+
+	heap0, rss0 := memory()
+	flood(0, 100000)
+	heap1, rss1 := memory()
+	flood(100000, 1000000)
+	heap2, rss2 := memory()
+
+	fmt.Printf("\nMemory under Yaegi (maxTracked 100000, ip layer only):\n")
+	fmt.Printf("| after | live heap | resident (VmRSS) |\n|---|---|---|\n")
+	fmt.Printf("| plugin loaded | %.1f MiB | %.1f MiB |\n", mib(heap0), mib(rss0))
+	fmt.Printf("| 100,000 distinct IPs | %.1f MiB | %.1f MiB |\n", mib(heap1), mib(rss1))
+	fmt.Printf("| 1,000,000 distinct IPs | %.1f MiB | %.1f MiB |\n", mib(heap2), mib(rss2))
+	fmt.Printf("bytes per tracked key (live heap): %.0f\n", float64(heap1-heap0)/100000)
+	fmt.Printf("flood growth over 100,000 keys: heap %.2fx, resident %.2fx\n",
+		float64(heap2-heap0)/float64(heap1-heap0), float64(rss2-rss0)/float64(rss1-rss0))
+}
+
+func memory() (heap, rss uint64) {
+	runtime.GC()
+	debug.FreeOSMemory()
+
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+
+	status, _ := os.ReadFile("/proc/self/status")
+	for _, line := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseUint(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			rss = kb * 1024
+		}
+	}
+
+	return ms.HeapAlloc, rss
+}
+
+func mib(b uint64) float64 { return float64(b) / (1 << 20) }
+
+var _ = time.Second
