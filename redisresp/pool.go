@@ -19,7 +19,7 @@ type Options struct {
 	DialTimeout time.Duration // connect, TLS and AUTH/SELECT; default 250ms
 	Timeout     time.Duration // each call, from taking a connection to the last reply; default 100ms
 	PoolSize    int           // connections open at most; default 16
-	Limits      Limits        // default DefaultLimits
+	Limits      Limits        // zero fields take DefaultLimits' values
 }
 
 // Pool is a bounded pool of connections. New connections are dialled on
@@ -47,8 +47,20 @@ func NewPool(opts Options) *Pool {
 		opts.PoolSize = 16
 	}
 
-	if opts.Limits.MaxLine == 0 {
-		opts.Limits = DefaultLimits
+	if opts.Limits.MaxLine <= 0 {
+		opts.Limits.MaxLine = DefaultLimits.MaxLine
+	}
+
+	if opts.Limits.MaxBulk <= 0 {
+		opts.Limits.MaxBulk = DefaultLimits.MaxBulk
+	}
+
+	if opts.Limits.MaxElements <= 0 {
+		opts.Limits.MaxElements = DefaultLimits.MaxElements
+	}
+
+	if opts.Limits.MaxDepth <= 0 {
+		opts.Limits.MaxDepth = DefaultLimits.MaxDepth
 	}
 
 	return &Pool{
@@ -83,12 +95,23 @@ func (p *Pool) Pipeline(cmds [][]string) ([]Value, error) {
 }
 
 // get returns an idle connection, dials a new one while fewer than PoolSize are
-// open, or waits for one until the call's timeout.
+// open, or waits for one until the call's timeout. A pool closed meanwhile
+// hands out nothing.
 func (p *Pool) get() (*Conn, error) {
 	if p.isClosed() {
 		return nil, ErrClosed
 	}
 
+	c, err := p.take()
+	if err == nil && p.isClosed() {
+		p.put(c)
+		return nil, ErrClosed
+	}
+
+	return c, err
+}
+
+func (p *Pool) take() (*Conn, error) {
 	select {
 	case c := <-p.idle:
 		return c, nil
@@ -114,8 +137,14 @@ func (p *Pool) get() (*Conn, error) {
 	}
 }
 
-// dialSlot dials while holding a slot, and gives the slot back on failure.
+// dialSlot dials while holding a slot, and gives the slot back on failure or
+// when the pool was closed while the caller waited for the slot.
 func (p *Pool) dialSlot() (*Conn, error) {
+	if p.isClosed() {
+		<-p.slots
+		return nil, ErrClosed
+	}
+
 	c, err := p.dial()
 	if err != nil {
 		<-p.slots
@@ -125,9 +154,14 @@ func (p *Pool) dialSlot() (*Conn, error) {
 	return c, nil
 }
 
-// put returns a healthy connection to the pool and closes a broken one.
+// put returns a healthy connection to the pool and closes a broken one, or
+// any once the pool is closed. The lock orders it with Close, so that no
+// connection is left idle in a closed pool.
 func (p *Pool) put(c *Conn) {
-	if c.Err() != nil || p.isClosed() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+
+	if c.Err() != nil || p.closed {
 		_ = c.Close()
 		<-p.slots
 
@@ -204,8 +238,9 @@ func (p *Pool) isClosed() bool {
 // Close closes the idle connections; connections in use close when returned.
 func (p *Pool) Close() {
 	p.mu.Lock()
+	defer p.mu.Unlock()
+
 	p.closed = true
-	p.mu.Unlock()
 
 	for {
 		select {

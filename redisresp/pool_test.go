@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"runtime"
 	"strconv"
 	"strings"
@@ -1015,16 +1014,10 @@ func waitBlockedInGet(t *testing.T) {
 	t.Fatal("no caller waiting for a connection")
 }
 
-// TestPoolCloseWhileWaiting shows a known bug, so it runs only with
-// REDISRESP_KNOWN_BUGS=1: a caller that is waiting for a free connection when
-// Close is called is handed the slot freed by the returning connection, dials
-// a new connection to the closed pool and runs its command, instead of failing
-// with ErrClosed.
+// TestPoolCloseWhileWaiting: a caller that is waiting for a free connection
+// when Close is called must fail with ErrClosed, not take the slot freed by
+// the returning connection and run its command on a new one.
 func TestPoolCloseWhileWaiting(t *testing.T) {
-	if os.Getenv("REDISRESP_KNOWN_BUGS") == "" {
-		t.Skip("known bug in Pool.get (dials after Close); set REDISRESP_KNOWN_BUGS=1 to run")
-	}
-
 	started, release := newSignal(), newSignal()
 
 	s := newServer(t)
@@ -1074,5 +1067,16 @@ func TestPoolCloseWhileWaiting(t *testing.T) {
 
 	if n := s.acceptedCount(); n != 1 {
 		t.Errorf("server accepted %d connections, want 1: the closed pool dialled (commands: %v)", n, s.log())
+	}
+}
+
+func TestPartialLimitsTakeDefaultsForTheRest(t *testing.T) {
+	p := NewPool(Options{Address: "127.0.0.1:1", Limits: Limits{MaxLine: 64}})
+
+	want := DefaultLimits
+	want.MaxLine = 64
+
+	if p.opts.Limits != want {
+		t.Fatalf("limits %+v, want %+v", p.opts.Limits, want)
 	}
 }
