@@ -3,7 +3,7 @@
 GO ?= go
 TRAEFIK := e2e/.cache/traefik-v3.6.12
 
-.PHONY: test unit fuzz e2e demo traefik vendor-check
+.PHONY: test unit fuzz e2e demo traefik vendor-check bench
 
 test: vendor-check unit fuzz e2e
 
@@ -20,6 +20,16 @@ fuzz:
 e2e: $(TRAEFIK)
 	cd e2e && $(GO) vet ./...
 	cd e2e && $(GO) test -count=1 -timeout 20m ./...
+
+# Figures for BENCHMARKS.md: 1. compiled and Yaegi per-request cost, 3. memory
+# under Yaegi, 2./4. real Traefik under load with Redis call counts. Several minutes.
+bench: $(TRAEFIK)
+	@echo '== compiled: go test -run ^$$ -bench . -benchmem -count 5 .'
+	$(GO) test -run '^$$' -bench . -benchmem -count 5 .
+	@echo '== Yaegi (Traefik loader, in process): cost and memory'
+	cd e2e && TIERLIMIT_BENCH=1 $(GO) test -count=1 -v -run 'TestYaegiCost|TestYaegiMemory' ./yaegibench 2>/dev/null | grep -v RATE_LIMIT_TRIGGERED
+	@echo '== real Traefik under load'
+	cd e2e && $(GO) run ./cmd/loadbench
 
 demo: $(TRAEFIK)
 	cd e2e && $(GO) run ./cmd/demo
