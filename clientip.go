@@ -84,68 +84,54 @@ func (r *ipResolver) clientAddr(remoteAddr string, forwarded []string) (netip.Ad
 	}
 
 	last := peer
-	seen := 0
+	hops, _ := fromRight(forwarded, maxForwardedEntries)
 
-	for v := len(forwarded) - 1; v >= 0; v-- {
-		rest := forwarded[v]
-
-		for {
-			i := strings.LastIndexByte(rest, ',')
-			entry := rest[i+1:]
-
-			seen++
-			if seen > maxForwardedEntries {
-				return last, true
-			}
-
-			a, good := parseForwarded(entry)
-			if !good {
-				return last, true
-			}
-
-			if !r.trusted(a) {
-				return a, true
-			}
-
-			last = a
-
-			if i < 0 {
-				break
-			}
-
-			rest = rest[:i]
+	for _, a := range hops {
+		if !r.trusted(a) {
+			return a, true
 		}
+
+		last = a
 	}
 
-	// Every hop is a trusted proxy: the leftmost is the closest we know to the client.
+	// Every hop is a trusted proxy (or the walk ended at a malformed entry or
+	// the bound): the last good address is the closest we know to the client.
 	return last, true
 }
 
 // nthFromRight implements trustedHops: the hops-th X-Forwarded-For entry from
-// the right, or the peer when the header has fewer entries.
+// the right, or the peer when the header has fewer entries. A malformed entry
+// before the nth ends the walk at the last good address.
 func (r *ipResolver) nthFromRight(peer netip.Addr, peerOK bool, forwarded []string) (netip.Addr, bool) {
-	last, lastOK := peer, peerOK
-	seen := 0
+	hops, malformed := fromRight(forwarded, r.hops)
+
+	switch {
+	case len(hops) == r.hops:
+		return hops[r.hops-1], true
+	case malformed && len(hops) > 0:
+		return hops[len(hops)-1], true
+	default:
+		return peer, peerOK
+	}
+}
+
+// fromRight returns up to limit X-Forwarded-For entries, rightmost first,
+// across header lines, and whether the walk stopped at a malformed entry.
+func fromRight(forwarded []string, limit int) ([]netip.Addr, bool) {
+	var out []netip.Addr
 
 	for v := len(forwarded) - 1; v >= 0; v-- {
 		rest := forwarded[v]
 
-		for {
+		for len(out) < limit {
 			i := strings.LastIndexByte(rest, ',')
-			entry := rest[i+1:]
 
-			seen++
-
-			a, good := parseForwarded(entry)
+			a, good := parseForwarded(rest[i+1:])
 			if !good {
-				return last, lastOK
+				return out, true
 			}
 
-			if seen == r.hops {
-				return a, true
-			}
-
-			last, lastOK = a, true
+			out = append(out, a)
 
 			if i < 0 {
 				break
@@ -155,7 +141,7 @@ func (r *ipResolver) nthFromRight(peer netip.Addr, peerOK bool, forwarded []stri
 		}
 	}
 
-	return peer, peerOK
+	return out, false
 }
 
 func (r *ipResolver) trusted(a netip.Addr) bool {
