@@ -139,6 +139,30 @@ type Options struct {
 	Stdout io.Writer
 	// BuildLog, when set, receives the output of building Traefik (first run only).
 	BuildLog io.Writer
+	// Plugins are more local plugins to load beside tierlimit (e.g. a baseline).
+	Plugins []LocalPlugin
+}
+
+// LocalPlugin is a plugin given by its source files, loaded in local mode under Alias.
+type LocalPlugin struct {
+	Alias  string
+	Module string
+	Files  map[string]string // file name -> content, .traefik.yml included
+}
+
+func (lp LocalPlugin) write(goPath string) error {
+	dir := filepath.Join(goPath, "src", filepath.FromSlash(lp.Module))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+
+	for name, content := range lp.Files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+			return err
+		}
+	}
+
+	return nil
 }
 
 // Start runs Traefik with the plugin in local mode and waits until it answers ping.
@@ -150,6 +174,16 @@ func Start(opts Options) (*Traefik, error) {
 
 	if err := CopyPlugin(filepath.Join(opts.Dir, "plugins-local")); err != nil {
 		return nil, fmt.Errorf("copying plugin: %w", err)
+	}
+
+	extra := ""
+
+	for _, lp := range opts.Plugins {
+		if err := lp.write(filepath.Join(opts.Dir, "plugins-local")); err != nil {
+			return nil, fmt.Errorf("writing plugin %s: %w", lp.Module, err)
+		}
+
+		extra += fmt.Sprintf("    %s:\n      moduleName: %s\n", lp.Alias, lp.Module)
 	}
 
 	ports := make([]int, 3)
@@ -201,7 +235,7 @@ experimental:
   localPlugins:
     tierlimit:
       moduleName: %s
-%s`, ports[0], ports[1], ports[2], tr.DynamicPath, ModuleName, opts.Extra)
+%s%s`, ports[0], ports[1], ports[2], tr.DynamicPath, ModuleName, extra, opts.Extra)
 
 	staticPath := filepath.Join(opts.Dir, "traefik.yml")
 	if err := os.WriteFile(staticPath, []byte(static), 0o644); err != nil {
@@ -362,4 +396,37 @@ func (b *syncBuffer) String() string {
 	defer b.mu.Unlock()
 
 	return b.buf.String()
+}
+
+// Passthrough is a baseline plugin: it sets one header and calls next.
+// It shows what any Yaegi plugin costs, whatever it does.
+var Passthrough = LocalPlugin{
+	Alias:  "passthrough",
+	Module: "example.com/passthrough",
+	Files: map[string]string{
+		".traefik.yml": "displayName: passthrough\ntype: middleware\nimport: example.com/passthrough\nsummary: baseline\ntestData: {}\n",
+		"go.mod":       "module example.com/passthrough\n\ngo 1.22\n",
+		"passthrough.go": `package passthrough
+
+import (
+	"context"
+	"net/http"
+)
+
+type Config struct{}
+
+func CreateConfig() *Config { return &Config{} }
+
+type handler struct{ next http.Handler }
+
+func New(ctx context.Context, next http.Handler, config *Config, name string) (http.Handler, error) {
+	return &handler{next: next}, nil
+}
+
+func (h *handler) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
+	rw.Header().Set("X-Passthrough", "1")
+	h.next.ServeHTTP(rw, req)
+}
+`,
+	},
 }

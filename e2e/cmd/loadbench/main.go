@@ -1,8 +1,9 @@
 // Command loadbench measures Traefik v3.6.12 (the real binary, started by the
-// e2e harness) under a closed-loop Go load generator on loopback, in five
+// e2e harness) under a closed-loop Go load generator on loopback, in six
 // configurations behind one router to the same backend:
 //
-//	none              no middleware
+//	none                no middleware
+//	passthrough-plugin  a Yaegi plugin that sets one header and calls next: the floor of any plugin
 //	builtin-memory    Traefik's RateLimit, in-memory buckets, keyed by X-Forwarded-For (depth 1)
 //	tierlimit-memory  this plugin, store: memory, global + ip layers, headers on
 //	builtin-redis     Traefik's RateLimit with redis.endpoints
@@ -70,6 +71,7 @@ type configuration struct {
 
 var configurations = []configuration{
 	{name: "none"},
+	{name: "passthrough-plugin", middleware: func(scenario, string) string { return "plugin:\n  passthrough: {}\n" }},
 	{name: "builtin-memory", middleware: builtin(false)},
 	{name: "tierlimit-memory", middleware: plugin(false)},
 	{name: "builtin-redis", redis: true, middleware: builtin(true)},
@@ -354,7 +356,7 @@ func (b *bench) runOne(c configuration, s scenario, rep int) (res result) {
 	}
 	defer os.RemoveAll(dir)
 
-	tr, err := harness.Start(harness.Options{Dir: dir, Dynamic: dynamic(c, s, b.backend, redisAddr)})
+	tr, err := harness.Start(harness.Options{Dir: dir, Dynamic: dynamic(c, s, b.backend, redisAddr), Plugins: []harness.LocalPlugin{harness.Passthrough}})
 	if err != nil {
 		return result{err: err}
 	}
