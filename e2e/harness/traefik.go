@@ -430,3 +430,78 @@ func (h *handler) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 `,
 	},
 }
+
+// MinimalLimiter is the least a plugin can do and still meet the design's
+// contract for the common case: key by the peer's address, one fixed window
+// per key under a mutex, the clock, and the five rate-limit headers. It stands
+// for the floor of any Yaegi rate limiter in loadbench; it is not this plugin.
+var MinimalLimiter = LocalPlugin{
+	Alias:  "minimal",
+	Module: "example.com/minimal",
+	Files: map[string]string{
+		".traefik.yml": "displayName: minimal\ntype: middleware\nimport: example.com/minimal\nsummary: baseline\ntestData: {}\n",
+		"go.mod":       "module example.com/minimal\n\ngo 1.22\n",
+		"minimal.go": `package minimal
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+type Config struct{ Points int64 }
+
+func CreateConfig() *Config { return &Config{Points: 100000000} }
+
+type window struct {
+	count, reset int64
+}
+
+type handler struct {
+	next   http.Handler
+	points int64
+	mu     sync.Mutex
+	m      map[string]*window
+	limit  []string
+	policy []string
+}
+
+func New(ctx context.Context, next http.Handler, config *Config, name string) (http.Handler, error) {
+	return &handler{next: next, points: config.Points, m: map[string]*window{},
+		limit: []string{strconv.FormatInt(config.Points, 10)}, policy: []string{"\"ip\";q=" + strconv.FormatInt(config.Points, 10) + ";w=1"}}, nil
+}
+
+func (h *handler) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
+	key := req.Header.Get("X-Forwarded-For")
+	if key == "" {
+		key = req.RemoteAddr[:strings.LastIndexByte(req.RemoteAddr, ':')]
+	}
+	now := time.Now().UnixNano()
+	h.mu.Lock()
+	w := h.m[key]
+	if w == nil || w.reset <= now {
+		w = &window{reset: now + 1e9}
+		h.m[key] = w
+	}
+	w.count++
+	count, reset := w.count, w.reset
+	h.mu.Unlock()
+	left := strconv.FormatInt(h.points-count, 10)
+	hd := rw.Header()
+	hd["X-Ratelimit-Limit"] = h.limit
+	hd["X-Ratelimit-Remaining"] = []string{left}
+	hd["X-Ratelimit-Reset"] = []string{strconv.FormatInt(reset/1e9+1, 10)}
+	hd["Ratelimit-Policy"] = h.policy
+	hd["Ratelimit"] = []string{"\"ip\";r=" + left + ";t=1"}
+	if count > h.points {
+		rw.WriteHeader(http.StatusTooManyRequests)
+		return
+	}
+	h.next.ServeHTTP(rw, req)
+}
+`,
+	},
+}

@@ -1,9 +1,10 @@
 // Command loadbench measures Traefik v3.6.12 (the real binary, started by the
-// e2e harness) under a closed-loop Go load generator on loopback, in six
+// e2e harness) under a closed-loop Go load generator on loopback, in seven
 // configurations behind one router to the same backend:
 //
 //	none                no middleware
 //	passthrough-plugin  a Yaegi plugin that sets one header and calls next: the floor of any plugin
+//	minimal-limiter-plugin  a Yaegi plugin doing the least a rate limiter with headers must (harness.MinimalLimiter)
 //	builtin-memory    Traefik's RateLimit, in-memory buckets, keyed by X-Forwarded-For (depth 1)
 //	tierlimit-memory  this plugin, store: memory, global + ip layers, headers on
 //	builtin-redis     Traefik's RateLimit with redis.endpoints
@@ -72,6 +73,13 @@ type configuration struct {
 var configurations = []configuration{
 	{name: "none"},
 	{name: "passthrough-plugin", middleware: func(scenario, string) string { return "plugin:\n  passthrough: {}\n" }},
+	{name: "minimal-limiter-plugin", middleware: func(s scenario, _ string) string {
+		if s.id == "b" {
+			return fmt.Sprintf("plugin:\n  minimal: {points: %d}\n", lowPoints)
+		}
+
+		return "plugin:\n  minimal: {}\n"
+	}},
 	{name: "builtin-memory", middleware: builtin(false)},
 	{name: "tierlimit-memory", middleware: plugin(false)},
 	{name: "builtin-redis", redis: true, middleware: builtin(true)},
@@ -356,7 +364,7 @@ func (b *bench) runOne(c configuration, s scenario, rep int) (res result) {
 	}
 	defer os.RemoveAll(dir)
 
-	tr, err := harness.Start(harness.Options{Dir: dir, Dynamic: dynamic(c, s, b.backend, redisAddr), Plugins: []harness.LocalPlugin{harness.Passthrough}})
+	tr, err := harness.Start(harness.Options{Dir: dir, Dynamic: dynamic(c, s, b.backend, redisAddr), Plugins: []harness.LocalPlugin{harness.Passthrough, harness.MinimalLimiter}})
 	if err != nil {
 		return result{err: err}
 	}
