@@ -150,7 +150,8 @@ type LocalPlugin struct {
 	Files  map[string]string // file name -> content, .traefik.yml included
 }
 
-func (lp LocalPlugin) write(goPath string) error {
+// Write lays the plugin out under goPath/src/<module>.
+func (lp LocalPlugin) Write(goPath string) error {
 	dir := filepath.Join(goPath, "src", filepath.FromSlash(lp.Module))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
@@ -179,7 +180,7 @@ func Start(opts Options) (*Traefik, error) {
 	extra := ""
 
 	for _, lp := range opts.Plugins {
-		if err := lp.write(filepath.Join(opts.Dir, "plugins-local")); err != nil {
+		if err := lp.Write(filepath.Join(opts.Dir, "plugins-local")); err != nil {
 			return nil, fmt.Errorf("writing plugin %s: %w", lp.Module, err)
 		}
 

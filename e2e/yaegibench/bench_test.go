@@ -97,6 +97,10 @@ func setup(dir string) error {
 		return err
 	}
 
+	if err := harness.MinimalLimiter.Write(gopath); err != nil {
+		return err
+	}
+
 	if err := os.Chdir(dir); err != nil {
 		return err
 	}
@@ -104,6 +108,7 @@ func setup(dir string) error {
 	b, err := plugins.NewBuilder(nil, nil, map[string]plugins.LocalDescriptor{
 		"tierlimit":   {ModuleName: harness.ModuleName},
 		"passthrough": {ModuleName: passthroughModule},
+		"minimal":     {ModuleName: harness.MinimalLimiter.Module},
 	})
 	if err != nil {
 		return fmt.Errorf("loading the plugins with Traefik's loader: %w", err)
@@ -180,6 +185,10 @@ func BenchmarkYaegiPassthrough(b *testing.B) {
 	run(b, build(b, "passthrough", nil, "pass@bench"))
 }
 
+func BenchmarkYaegiMinimalLimiter(b *testing.B) {
+	run(b, build(b, "minimal", nil, "minimal@bench"))
+}
+
 func BenchmarkYaegiTierlimitEdge(b *testing.B) {
 	run(b, build(b, "tierlimit", edgeConfig(), "edge@bench"))
 }
@@ -194,6 +203,7 @@ func BenchmarkYaegiTierlimitRefused(b *testing.B) {
 // times, and prints the medians and their ratio (the figure in BENCHMARKS.md).
 func TestYaegiCost(t *testing.T) {
 	pass := build(t, "passthrough", nil, "pass@cost")
+	minimal := build(t, "minimal", nil, "minimal@cost")
 	edge := build(t, "tierlimit", edgeConfig(), "edge@cost")
 	refusedCfg := edgeConfig()
 	refusedCfg["ip"] = map[string]any{"points": "1", "duration": "1h"}
@@ -201,22 +211,24 @@ func TestYaegiCost(t *testing.T) {
 
 	const rounds = 5
 
-	var p, e, r []float64
+	var p, m, e, r []float64
 
 	for i := 0; i < rounds; i++ {
 		p = append(p, nsPerOp(pass))
+		m = append(m, nsPerOp(minimal))
 		e = append(e, nsPerOp(edge))
 		r = append(r, nsPerOp(refused))
 	}
 
-	mp, me, mr := median(p), median(e), median(r)
+	mp, mm, me, mr := median(p), median(m), median(e), median(r)
 
 	fmt.Printf("\nYaegi (Traefik's loader, in process), median of %d rounds:\n", rounds)
 	fmt.Printf("| handler | ns/op | ratio to passthrough |\n|---|---|---|\n")
 	fmt.Printf("| passthrough plugin (sets a header, calls next) | %.0f | 1.00 |\n", mp)
+	fmt.Printf("| minimal limiter plugin (harness.MinimalLimiter: one window, five headers) | %.0f | %.2f |\n", mm, mm/mp)
 	fmt.Printf("| tierlimit edge (global + ip, headers, memory), allowed | %.0f | %.2f |\n", me, me/mp)
 	fmt.Printf("| tierlimit edge, refused (429 with body) | %.0f | %.2f |\n", mr, mr/mp)
-	fmt.Printf("rounds: passthrough %v; edge %v; refused %v\n", rounded(p), rounded(e), rounded(r))
+	fmt.Printf("rounds: passthrough %v; minimal %v; edge %v; refused %v\n", rounded(p), rounded(m), rounded(e), rounded(r))
 }
 
 func nsPerOp(h http.Handler) float64 {
