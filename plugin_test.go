@@ -545,3 +545,47 @@ func TestInstancesWithOneNameShareCounters(t *testing.T) {
 		t.Fatalf("codes %v: instances do not share one budget", codes)
 	}
 }
+
+// TestAnonymousPathMatchesTheGeneralPath: serveAnonymous inlines what decide,
+// take and setHeaders do; both paths must answer a sequence of requests alike.
+func TestAnonymousPathMatchesTheGeneralPath(t *testing.T) {
+	cfg := func(c *Config) {
+		c.Global = LayerConfig{Points: 30, Duration: "2s"}
+		c.IP = LayerConfig{Points: 5, Duration: "1s"}
+		c.Assets = AssetsConfig{Points: 7, Duration: "3s", PathPrefixes: []string{"/assets/"}}
+	}
+	fast, general := newHarness(t, cfg), newHarness(t, cfg)
+
+	if !fast.p.anonymous {
+		t.Fatal("the anonymous path is not taken for an anonymous memory instance")
+	}
+
+	general.p.anonymous = false
+
+	paths := []string{"/api", "/assets/a.js", "/api", "/x"}
+	clients := []string{"203.0.113.1:1", "203.0.113.2:1", "[2001:db8::1]:1"}
+
+	for i := 0; i < 120; i++ {
+		path, client := paths[i%len(paths)], clients[i%len(clients)]
+		a, b := fast.get(path, client), general.get(path, client)
+
+		if a.Code != b.Code || a.Body.String() != b.Body.String() {
+			t.Fatalf("request %d: %d %q vs %d %q", i, a.Code, a.Body.String(), b.Code, b.Body.String())
+		}
+
+		for _, k := range []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "RateLimit-Policy", "RateLimit", "Retry-After"} {
+			if a.Header().Get(k) != b.Header().Get(k) {
+				t.Fatalf("request %d: %s %q vs %q", i, k, a.Header().Get(k), b.Header().Get(k))
+			}
+		}
+
+		if i%17 == 0 {
+			fast.clock.Add(700 * time.Millisecond)
+			general.clock.Add(700 * time.Millisecond)
+		}
+	}
+
+	if fast.events.String() == "" || strings.ReplaceAll(fast.events.String(), fast.p.name, "") != strings.ReplaceAll(general.events.String(), general.p.name, "") {
+		t.Fatalf("events differ:\n%s\nvs\n%s", fast.events.String(), general.events.String())
+	}
+}

@@ -59,17 +59,21 @@ func retryAfter(reset, now int64) string {
 	return strconv.FormatInt(retry, 10)
 }
 
+// Shared header values of a refusal (never modified).
+var (
+	jsonContentType = []string{"application/json"}
+	noStore         = []string{"no-store"}
+)
+
 // refuse answers 429 with Retry-After and the JSON body of the design note.
 func refuse(rw http.ResponseWriter, l *layer, count, reset, now int64) {
 	h := rw.Header()
-	h.Set("Retry-After", retryAfter(reset, now))
-	h.Set("Content-Type", "application/json")
-	h.Set("Cache-Control", "no-store")
+	h["Retry-After"] = []string{retryAfter(reset, now)}
+	h["Content-Type"] = jsonContentType
+	h["Cache-Control"] = noStore
 	rw.WriteHeader(http.StatusTooManyRequests)
 
-	// Layer names are restricted to characters that need no JSON escaping (validName).
-	_, _ = rw.Write([]byte(`{"errors":[{"message":"Hit rate limit","extensions":{"code":"REQUESTS_EXCEEDED","limit":` +
-		l.limit + `,"reset":"` + time.Unix(ceilSeconds(reset), 0).UTC().Format(time.RFC3339) + `","layer":"` + l.name + `"}}]}`))
+	_, _ = rw.Write([]byte(l.bodyPrefix + time.Unix(ceilSeconds(reset), 0).UTC().Format(time.RFC3339) + l.bodySuffix))
 }
 
 // ceilSeconds converts nanoseconds to whole seconds, rounding up.
