@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/tierlimit/tierlimit/redisresp"
 )
 
 // Plugin is the middleware. It is safe for concurrent use; everything but the
@@ -77,7 +79,7 @@ type layer struct {
 	list    *windowList        // the memory store's list for this duration
 
 	limit     string   // points, formatted
-	windowMS  string   // duration in milliseconds, formatted (Redis argument)
+	redisArgs string   // points and window (ms) as the script's RESP-encoded arguments
 	limitHdr  []string // X-RateLimit-Limit value (shared, never modified)
 	policyHdr []string // RateLimit-Policy value (shared, never modified)
 
@@ -227,9 +229,9 @@ func newLayer(memory *windowStore, spec layerSpec, keyKind int) *layer {
 		keyKind:  keyKind,
 		constKey: layerGlobal,
 		limit:    formatInt(spec.points),
-		windowMS: formatInt(int64(spec.duration / time.Millisecond)),
 	}
 
+	l.redisArgs = redisresp.Bulk(l.limit) + redisresp.Bulk(formatInt(int64(spec.duration/time.Millisecond)))
 	l.bodyPrefix = `{"errors":[{"message":"Hit rate limit","extensions":{"code":"REQUESTS_EXCEEDED","limit":` + l.limit + `,"reset":"`
 	l.bodySuffix = `","layer":"` + l.name + `"}}]}`
 	l.limitHdr = []string{l.limit}

@@ -52,6 +52,12 @@ return out
 
 var takeRedis = redisresp.NewScript(takeScript)
 
+// The script's first argument, encoded.
+var (
+	bulkFalse = redisresp.Bulk("0")
+	bulkTrue  = redisresp.Bulk("1")
+)
+
 var errBadReply = errors.New("unexpected reply from the rate-limit script")
 
 // redisStore keeps the counters in Redis, shared by every Traefik instance,
@@ -97,20 +103,20 @@ func (s *redisStore) take(t *tally, now int64, layers []*layer, client, principa
 }
 
 func (s *redisStore) takeRedis(now int64, layers []*layer, client, principal string, all bool) (tally, error) {
-	keys := make([]string, len(layers))
-	args := make([]string, 1, 1+2*len(layers))
-	args[0] = "0"
-
+	// The command is encoded here, from each layer's pre-encoded arguments:
+	// under Yaegi, a loop over arguments in the RESP writer costs more than
+	// the round trip.
+	keys, args := "", bulkFalse
 	if all {
-		args[0] = "1"
+		args = bulkTrue
 	}
 
-	for i, l := range layers {
-		keys[i] = s.prefix + l.name + ":" + l.keyFor(client, principal)
-		args = append(args, l.limit, l.windowMS)
+	for _, l := range layers {
+		keys += redisresp.Bulk(s.prefix + l.name + ":" + l.keyFor(client, principal))
+		args += l.redisArgs
 	}
 
-	v, err := takeRedis.Run(s.backend.pool, keys, args)
+	v, err := takeRedis.RunEncoded(s.backend.pool, len(layers), 3*len(layers)+1, keys+args)
 	if err != nil {
 		return tally{}, err
 	}

@@ -93,6 +93,39 @@ func (c *Conn) Pipeline(deadline time.Time, cmds [][]string) ([]Value, error) {
 	return replies, nil
 }
 
+// DoEncoded sends one command already encoded in RESP (see AppendBulk) and
+// reads its reply, before deadline.
+func (c *Conn) DoEncoded(deadline time.Time, cmd string) (Value, error) {
+	if c.err != nil {
+		return Value{}, c.err
+	}
+
+	if err := c.nc.SetDeadline(deadline); err != nil {
+		return Value{}, c.fail(fmt.Errorf("setting redis deadline: %w", err))
+	}
+
+	if _, err := c.bw.WriteString(cmd); err != nil {
+		return Value{}, c.fail(fmt.Errorf("writing redis command: %w", err))
+	}
+
+	if err := c.bw.Flush(); err != nil {
+		return Value{}, c.fail(fmt.Errorf("writing redis command: %w", err))
+	}
+
+	v, err := c.rd.readReply()
+	if err != nil {
+		return Value{}, c.fail(fmt.Errorf("reading redis reply: %w", err))
+	}
+
+	return v, nil
+}
+
+// Bulk returns s encoded as a RESP bulk string, to build commands for
+// DoEncoded once and reuse them.
+func Bulk(s string) string {
+	return "$" + strconv.Itoa(len(s)) + "\r\n" + s + "\r\n"
+}
+
 // Do runs one command.
 func (c *Conn) Do(deadline time.Time, args ...string) (Value, error) {
 	replies, err := c.Pipeline(deadline, [][]string{args})
@@ -147,14 +180,13 @@ func (r *reader) readReply() (Value, error) {
 	return r.read(0)
 }
 
+// read reads one value. Under Yaegi every call allocates all of the callee's
+// locals, so read keeps to the common kinds and leaves bulk strings, arrays
+// and errors to functions of their own.
 func (r *reader) read(depth int) (Value, error) {
-	if depth > r.lim.MaxDepth {
-		return Value{}, fmt.Errorf("%w: arrays nested deeper than %d", ErrProtocol, r.lim.MaxDepth)
-	}
-
 	r.elements--
-	if r.elements < 0 {
-		return Value{}, fmt.Errorf("%w: more than %d values in one reply", ErrProtocol, r.lim.MaxElements)
+	if r.elements < 0 || depth > r.lim.MaxDepth {
+		return Value{}, r.tooMuch(depth)
 	}
 
 	line, err := r.line()
@@ -166,81 +198,91 @@ func (r *reader) read(depth int) (Value, error) {
 		return Value{}, fmt.Errorf("%w: empty line", ErrProtocol)
 	}
 
-	switch kind := line[0]; kind {
-	case KindSimple, KindError:
-		return Value{Kind: kind, Str: string(line[1:])}, nil
-
+	switch line[0] {
 	case KindInteger:
 		n, err := parseInt(line[1:])
-		if err != nil {
-			return Value{}, err
-		}
-
-		return Value{Kind: KindInteger, Int: n}, nil
-
+		return Value{Kind: KindInteger, Int: n}, err
+	case KindSimple, KindError:
+		return Value{Kind: line[0], Str: string(line[1:])}, nil
 	case KindBulk:
-		n, err := parseInt(line[1:])
-		if err != nil {
-			return Value{}, err
-		}
-
-		if n == -1 {
-			return Value{Kind: KindBulk, Null: true}, nil
-		}
-
-		if n < 0 || n > int64(r.bytes) {
-			return Value{}, fmt.Errorf("%w: bulk length %d out of bounds (at most %d)", ErrProtocol, n, r.bytes)
-		}
-
-		r.bytes -= int(n)
-
-		buf := make([]byte, int(n)+2)
-		if _, err := io.ReadFull(r.br, buf); err != nil {
-			return Value{}, err
-		}
-
-		if buf[n] != '\r' || buf[n+1] != '\n' {
-			return Value{}, fmt.Errorf("%w: bulk string not terminated by CRLF", ErrProtocol)
-		}
-
-		return Value{Kind: KindBulk, Str: string(buf[:n])}, nil
-
+		return r.bulk(line[1:])
 	case KindArray:
-		n, err := parseInt(line[1:])
+		return r.array(line[1:], depth)
+	}
+
+	return Value{}, fmt.Errorf("%w: unexpected reply type %q", ErrProtocol, line[0])
+}
+
+func (r *reader) tooMuch(depth int) error {
+	if depth > r.lim.MaxDepth {
+		return fmt.Errorf("%w: arrays nested deeper than %d", ErrProtocol, r.lim.MaxDepth)
+	}
+
+	return fmt.Errorf("%w: more than %d values in one reply", ErrProtocol, r.lim.MaxElements)
+}
+
+// bulk reads a bulk string whose length line was head.
+func (r *reader) bulk(head []byte) (Value, error) {
+	n, err := parseInt(head)
+	if err != nil {
+		return Value{}, err
+	}
+
+	if n == -1 {
+		return Value{Kind: KindBulk, Null: true}, nil
+	}
+
+	if n < 0 || n > int64(r.bytes) {
+		return Value{}, fmt.Errorf("%w: bulk length %d out of bounds (at most %d)", ErrProtocol, n, r.bytes)
+	}
+
+	r.bytes -= int(n)
+
+	buf := make([]byte, int(n)+2)
+	if _, err := io.ReadFull(r.br, buf); err != nil {
+		return Value{}, err
+	}
+
+	if buf[n] != '\r' || buf[n+1] != '\n' {
+		return Value{}, fmt.Errorf("%w: bulk string not terminated by CRLF", ErrProtocol)
+	}
+
+	return Value{Kind: KindBulk, Str: string(buf[:n])}, nil
+}
+
+// array reads an array whose length line was head.
+func (r *reader) array(head []byte, depth int) (Value, error) {
+	n, err := parseInt(head)
+	if err != nil {
+		return Value{}, err
+	}
+
+	if n == -1 {
+		return Value{Kind: KindArray, Null: true}, nil
+	}
+
+	if n < 0 || n > int64(r.elements) {
+		return Value{}, fmt.Errorf("%w: array length %d out of bounds (at most %d)", ErrProtocol, n, r.elements)
+	}
+
+	// Grow as elements arrive rather than trusting the announced length.
+	size := int(n)
+	if size > 16 {
+		size = 16
+	}
+
+	arr := make([]Value, 0, size)
+
+	for i := int64(0); i < n; i++ {
+		v, err := r.read(depth + 1)
 		if err != nil {
 			return Value{}, err
 		}
 
-		if n == -1 {
-			return Value{Kind: KindArray, Null: true}, nil
-		}
-
-		if n < 0 || n > int64(r.elements) {
-			return Value{}, fmt.Errorf("%w: array length %d out of bounds (at most %d)", ErrProtocol, n, r.elements)
-		}
-
-		// Grow as elements arrive rather than trusting the announced length.
-		size := int(n)
-		if size > 16 {
-			size = 16
-		}
-
-		arr := make([]Value, 0, size)
-
-		for i := int64(0); i < n; i++ {
-			v, err := r.read(depth + 1)
-			if err != nil {
-				return Value{}, err
-			}
-
-			arr = append(arr, v)
-		}
-
-		return Value{Kind: KindArray, Array: arr}, nil
-
-	default:
-		return Value{}, fmt.Errorf("%w: unexpected reply type %q", ErrProtocol, kind)
+		arr = append(arr, v)
 	}
+
+	return Value{Kind: KindArray, Array: arr}, nil
 }
 
 // line reads one CRLF-terminated line, without the CRLF, of at most MaxLine bytes.

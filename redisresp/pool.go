@@ -81,6 +81,21 @@ func (p *Pool) Do(args ...string) (Value, error) {
 	return replies[0], nil
 }
 
+// DoEncoded runs one command already encoded in RESP (an array of bulk
+// strings, see Bulk), like Do. Callers that send the same arguments often
+// encode them once.
+func (p *Pool) DoEncoded(cmd string) (Value, error) {
+	c, err := p.get()
+	if err != nil {
+		return Value{}, err
+	}
+
+	v, err := c.DoEncoded(time.Now().Add(p.opts.Timeout), cmd)
+	p.put(c)
+
+	return v, err
+}
+
 // Pipeline sends cmds in one write and reads their replies, on one connection.
 func (p *Pool) Pipeline(cmds [][]string) ([]Value, error) {
 	c, err := p.get()

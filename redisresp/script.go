@@ -41,3 +41,19 @@ func (s *Script) Run(p *Pool, keys, args []string) (Value, error) {
 
 	return p.Do(cmd...)
 }
+
+// RunEncoded runs the script with numKeys keys, the keys and arguments given
+// already encoded as bulk strings (see Bulk), nargs of them in all. It sends
+// EVALSHA, and EVAL when the server answers NOSCRIPT; the reply is Run's.
+func (s *Script) RunEncoded(p *Pool, numKeys, nargs int, encoded string) (Value, error) {
+	head := "*" + strconv.Itoa(3+nargs) + "\r\n$7\r\nEVALSHA\r\n$40\r\n" + s.sha + "\r\n" + Bulk(strconv.Itoa(numKeys))
+
+	v, err := p.DoEncoded(head + encoded)
+	if err != nil || !v.IsError() || !strings.HasPrefix(v.Str, "NOSCRIPT") {
+		return v, err
+	}
+
+	head = "*" + strconv.Itoa(3+nargs) + "\r\n$4\r\nEVAL\r\n" + Bulk(s.src) + Bulk(strconv.Itoa(numKeys))
+
+	return p.DoEncoded(head + encoded)
+}

@@ -279,3 +279,50 @@ func TestScriptRunClosedPool(t *testing.T) {
 		t.Fatalf("closed pool opened %d connections", n)
 	}
 }
+
+// TestScriptRunEncodedSendsWhatRunSends: the pre-encoded path sends the same
+// commands as Run, NOSCRIPT fallback included, and gets the same replies.
+func TestScriptRunEncodedSendsWhatRunSends(t *testing.T) {
+	h := newScriptHandler()
+	s := startServer(t, h.handle)
+
+	p := NewPool(longOptions(s.addr()))
+	defer p.Close()
+
+	sc := NewScript(testScript)
+	encoded := Bulk("k1") + Bulk("k2") + Bulk("a1") + Bulk("") + Bulk("a\r\n3")
+
+	for i := 0; i < 2; i++ {
+		v, err := sc.RunEncoded(p, 2, 5, encoded)
+		if err != nil || v.Kind != KindArray || len(v.Array) != 5 || v.Array[4].Str != "a\r\n3" {
+			t.Fatalf("RunEncoded: %#v %v", v, err)
+		}
+	}
+
+	want := [][]string{
+		{"EVALSHA", sc.SHA(), "2", "k1", "k2", "a1", "", "a\r\n3"},
+		{"EVAL", testScript, "2", "k1", "k2", "a1", "", "a\r\n3"},
+		{"EVALSHA", sc.SHA(), "2", "k1", "k2", "a1", "", "a\r\n3"},
+	}
+
+	got := s.log()
+	if len(got) != len(want) {
+		t.Fatalf("server got %v, want %v", got, want)
+	}
+
+	for i := range want {
+		if !sameArgs(got[i].args, want[i]) {
+			t.Fatalf("command %d = %q, want %q", i, got[i].args, want[i])
+		}
+	}
+}
+
+func TestBulk(t *testing.T) {
+	if got := Bulk("héllo"); got != "$6\r\nhéllo\r\n" {
+		t.Fatalf("%q", got)
+	}
+
+	if got := Bulk(""); got != "$0\r\n\r\n" {
+		t.Fatalf("%q", got)
+	}
+}
