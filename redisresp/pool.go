@@ -24,12 +24,17 @@ type Options struct {
 
 // Pool is a bounded pool of connections. New connections are dialled on
 // demand, never by NewPool. Safe for concurrent use.
+//
+// The bookkeeping is a mutex and a slice rather than channels: under Yaegi a
+// select costs more than the Redis round trip. A channel is used only to wake
+// callers waiting for a connection when all PoolSize are in use.
 type Pool struct {
 	opts  Options
-	idle  chan *Conn    // connections ready for use
-	slots chan struct{} // one token per open connection, PoolSize at most
+	freed chan struct{} // signalled when a connection is returned or a slot freed
 
 	mu     sync.Mutex
+	idle   []*Conn // connections ready for use
+	open   int     // connections open or being dialled, PoolSize at most
 	closed bool
 }
 
@@ -63,11 +68,7 @@ func NewPool(opts Options) *Pool {
 		opts.Limits.MaxDepth = DefaultLimits.MaxDepth
 	}
 
-	return &Pool{
-		opts:  opts,
-		idle:  make(chan *Conn, opts.PoolSize),
-		slots: make(chan struct{}, opts.PoolSize),
-	}
+	return &Pool{opts: opts, freed: make(chan struct{}, 1)}
 }
 
 // Do runs one command within Options.Timeout (plus DialTimeout when it has to
@@ -113,77 +114,99 @@ func (p *Pool) Pipeline(cmds [][]string) ([]Value, error) {
 // open, or waits for one until the call's timeout. A pool closed meanwhile
 // hands out nothing.
 func (p *Pool) get() (*Conn, error) {
-	if p.isClosed() {
-		return nil, ErrClosed
-	}
-
-	c, err := p.take()
-	if err == nil && p.isClosed() {
-		p.put(c)
-		return nil, ErrClosed
-	}
-
-	return c, err
-}
-
-func (p *Pool) take() (*Conn, error) {
-	select {
-	case c := <-p.idle:
-		return c, nil
-	default:
-	}
-
-	select {
-	case p.slots <- struct{}{}:
-		return p.dialSlot()
-	default:
+	if c, dial, err := p.reserve(); c != nil || dial || err != nil {
+		return p.finish(c, dial, err)
 	}
 
 	timer := time.NewTimer(p.opts.Timeout)
 	defer timer.Stop()
 
-	select {
-	case c := <-p.idle:
-		return c, nil
-	case p.slots <- struct{}{}:
-		return p.dialSlot()
-	case <-timer.C:
-		return nil, fmt.Errorf("waiting %s for one of %d connections: %w", p.opts.Timeout, p.opts.PoolSize, ErrPoolTimeout)
+	for {
+		select {
+		case <-p.freed:
+		case <-timer.C:
+			return nil, fmt.Errorf("waiting %s for one of %d connections: %w", p.opts.Timeout, p.opts.PoolSize, ErrPoolTimeout)
+		}
+
+		if c, dial, err := p.reserve(); c != nil || dial || err != nil {
+			// Pass the wake-up on: two returns may have left one signal, and
+			// another caller may be waiting for the second connection.
+			p.wake()
+			return p.finish(c, dial, err)
+		}
 	}
 }
 
-// dialSlot dials while holding a slot, and gives the slot back on failure or
-// when the pool was closed while the caller waited for the slot.
-func (p *Pool) dialSlot() (*Conn, error) {
-	if p.isClosed() {
-		<-p.slots
-		return nil, ErrClosed
+// reserve takes an idle connection, or a slot to dial one (dial), under the lock.
+func (p *Pool) reserve() (*Conn, bool, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+
+	if p.closed {
+		return nil, false, ErrClosed
 	}
 
-	c, err := p.dial()
+	if n := len(p.idle); n > 0 {
+		c := p.idle[n-1]
+		p.idle = p.idle[:n-1]
+
+		return c, false, nil
+	}
+
+	if p.open < p.opts.PoolSize {
+		p.open++
+		return nil, true, nil
+	}
+
+	return nil, false, nil
+}
+
+func (p *Pool) finish(c *Conn, dial bool, err error) (*Conn, error) {
+	if !dial {
+		return c, err
+	}
+
+	c, err = p.dial()
 	if err != nil {
-		<-p.slots
+		p.release()
 		return nil, err
 	}
 
 	return c, nil
 }
 
+// release gives back a slot and wakes a waiting caller.
+func (p *Pool) release() {
+	p.mu.Lock()
+	p.open--
+	p.mu.Unlock()
+	p.wake()
+}
+
+func (p *Pool) wake() {
+	select {
+	case p.freed <- struct{}{}:
+	default:
+	}
+}
+
 // put returns a healthy connection to the pool and closes a broken one, or
-// any once the pool is closed. The lock orders it with Close, so that no
-// connection is left idle in a closed pool.
+// any once the pool is closed.
 func (p *Pool) put(c *Conn) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 
 	if c.Err() != nil || p.closed {
+		p.open--
+		p.mu.Unlock()
 		_ = c.Close()
-		<-p.slots
+		p.wake()
 
 		return
 	}
 
-	p.idle <- c // never blocks: idle holds at most as many as there are slots
+	p.idle = append(p.idle, c)
+	p.mu.Unlock()
+	p.wake()
 }
 
 func (p *Pool) dial() (*Conn, error) {
@@ -253,17 +276,14 @@ func (p *Pool) isClosed() bool {
 // Close closes the idle connections; connections in use close when returned.
 func (p *Pool) Close() {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	idle := p.idle
+	p.closed, p.idle = true, nil
+	p.open -= len(idle)
+	p.mu.Unlock()
 
-	p.closed = true
-
-	for {
-		select {
-		case c := <-p.idle:
-			_ = c.Close()
-			<-p.slots
-		default:
-			return
-		}
+	for _, c := range idle {
+		_ = c.Close()
 	}
+
+	p.wake()
 }

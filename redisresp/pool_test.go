@@ -399,7 +399,7 @@ func TestPoolDialError(t *testing.T) {
 		}
 	}
 
-	if n := len(p.slots); n != 0 {
+	if n := p.openCount(); n != 0 {
 		t.Fatalf("%d slots held after failed dials", n)
 	}
 }
@@ -700,8 +700,8 @@ func TestPoolSizeBoundsConnections(t *testing.T) {
 		t.Fatalf("%d commands in flight at once, PoolSize is %d", maxSeen, poolSize)
 	}
 
-	if len(p.slots) != poolSize || len(p.idle) != poolSize {
-		t.Fatalf("after the calls: %d slots held, %d idle; want %d and %d", len(p.slots), len(p.idle), poolSize, poolSize)
+	if p.openCount() != poolSize || p.idleCount() != poolSize {
+		t.Fatalf("after the calls: %d slots held, %d idle; want %d and %d", p.openCount(), p.idleCount(), poolSize, poolSize)
 	}
 }
 
@@ -807,8 +807,8 @@ func TestPoolDiscardsBrokenConnection(t *testing.T) {
 			// The client closed the broken connection and freed its slot.
 			s.waitGone(t, 1)
 
-			if len(p.idle) != 0 || len(p.slots) != 0 {
-				t.Fatalf("after the failure: %d idle, %d slots held; want 0 and 0", len(p.idle), len(p.slots))
+			if p.idleCount() != 0 || p.openCount() != 0 {
+				t.Fatalf("after the failure: %d idle, %d slots held; want 0 and 0", p.idleCount(), p.openCount())
 			}
 
 			if tc.timeout < failAfter {
@@ -852,8 +852,8 @@ func TestPoolSetupTimeout(t *testing.T) {
 
 	s.waitGone(t, 1)
 
-	if len(p.slots) != 0 {
-		t.Fatalf("%d slots held after a failed setup", len(p.slots))
+	if p.openCount() != 0 {
+		t.Fatalf("%d slots held after a failed setup", p.openCount())
 	}
 }
 
@@ -887,8 +887,8 @@ func TestPoolClose(t *testing.T) {
 		t.Fatalf("server accepted %d connections, want 1", n)
 	}
 
-	if len(p.slots) != 0 || len(p.idle) != 0 {
-		t.Fatalf("after Close: %d slots held, %d idle", len(p.slots), len(p.idle))
+	if p.openCount() != 0 || p.idleCount() != 0 {
+		t.Fatalf("after Close: %d slots held, %d idle", p.openCount(), p.idleCount())
 	}
 }
 
@@ -944,8 +944,8 @@ func TestPoolCloseWithConnectionInUse(t *testing.T) {
 	// Returned to a closed pool, the connection is closed, not kept.
 	s.waitGone(t, 1)
 
-	if len(p.slots) != 0 || len(p.idle) != 0 {
-		t.Fatalf("after Close: %d slots held, %d idle", len(p.slots), len(p.idle))
+	if p.openCount() != 0 || p.idleCount() != 0 {
+		t.Fatalf("after Close: %d slots held, %d idle", p.openCount(), p.idleCount())
 	}
 }
 
@@ -958,10 +958,6 @@ func TestPoolDefaults(t *testing.T) {
 
 	if p.opts.Limits != DefaultLimits {
 		t.Fatalf("limits = %+v, want DefaultLimits", p.opts.Limits)
-	}
-
-	if cap(p.idle) != 16 || cap(p.slots) != 16 {
-		t.Fatalf("idle cap %d, slots cap %d, want 16", cap(p.idle), cap(p.slots))
 	}
 
 	lim := Limits{MaxLine: 64, MaxBulk: 128, MaxElements: 4, MaxDepth: 1}
@@ -1078,5 +1074,75 @@ func TestPartialLimitsTakeDefaultsForTheRest(t *testing.T) {
 
 	if p.opts.Limits != want {
 		t.Fatalf("limits %+v, want %+v", p.opts.Limits, want)
+	}
+}
+
+func (p *Pool) openCount() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+
+	return p.open
+}
+
+func (p *Pool) idleCount() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+
+	return len(p.idle)
+}
+
+// TestPoolWakesEveryWaiter: with all connections busy, several callers wait;
+// as the connections come back, every waiter gets one (no lost wake-up).
+func TestPoolWakesEveryWaiter(t *testing.T) {
+	release := make(chan struct{})
+	s := startServer(t, func(_ int, args []string) string {
+		if args[0] == "SLOW" {
+			<-release
+		}
+
+		return "+OK\r\n"
+	})
+
+	p := NewPool(Options{Address: s.addr(), PoolSize: 3, Timeout: 10 * time.Second})
+	defer p.Close()
+
+	var wg sync.WaitGroup
+
+	errs := make(chan error, 9)
+
+	for i := 0; i < 3; i++ {
+		wg.Add(1)
+
+		go func() {
+			defer wg.Done()
+
+			_, err := p.Do("SLOW")
+			errs <- err
+		}()
+	}
+
+	for p.openCount() != 3 {
+		time.Sleep(time.Millisecond)
+	}
+
+	for i := 0; i < 6; i++ {
+		wg.Add(1)
+
+		go func() {
+			defer wg.Done()
+
+			_, err := p.Do("PING")
+			errs <- err
+		}()
+	}
+
+	close(release)
+	wg.Wait()
+	close(errs)
+
+	for err := range errs {
+		if err != nil {
+			t.Fatalf("a waiting caller failed: %v", err)
+		}
 	}
 }
