@@ -7,6 +7,7 @@ import (
 	"io"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tierlimit/tierlimit/redisresp"
@@ -116,34 +117,33 @@ func (s *redisStore) takeRedis(now int64, layers []*layer, client, principal str
 		args += l.redisArgs
 	}
 
-	v, err := takeRedis.RunEncoded(s.backend.pool, len(layers), 3*len(layers)+1, keys+args)
+	ints, serverErr, err := takeRedis.RunInts(s.backend.pool, len(layers), 3*len(layers)+1, keys+args)
 	if err != nil {
 		return tally{}, err
 	}
 
-	if v.IsError() {
-		return tally{}, fmt.Errorf("running the rate-limit script: %s", v.Str)
+	if serverErr != "" {
+		return tally{}, fmt.Errorf("running the rate-limit script: %s", serverErr)
 	}
 
-	n := len(v.Array) / 2
-	if v.Kind != redisresp.KindArray || len(v.Array)%2 != 0 || n == 0 || n > len(layers) {
-		return tally{}, fmt.Errorf("%w: %s", errBadReply, v.String())
+	n := len(ints) / 2
+	if len(ints)%2 != 0 || n == 0 || n > len(layers) {
+		return tally{}, fmt.Errorf("%w: %d integers for %d layers", errBadReply, len(ints), len(layers))
 	}
 
 	t := tally{shown: -1}
 
 	for i := 0; i < n; i++ {
-		l, count, ttl := layers[i], v.Array[2*i], v.Array[2*i+1]
+		l, count, ttl := layers[i], ints[2*i], ints[2*i+1]
 
-		if count.Kind != redisresp.KindInteger || ttl.Kind != redisresp.KindInteger ||
-			count.Int < 1 || ttl.Int < 0 || ttl.Int > l.duration/int64(time.Millisecond) {
-			return tally{}, fmt.Errorf("%w: count %s, ttl %s", errBadReply, count.String(), ttl.String())
+		if count < 1 || ttl < 0 || ttl > l.duration/int64(time.Millisecond) {
+			return tally{}, fmt.Errorf("%w: count %d, ttl %d", errBadReply, count, ttl)
 		}
 
-		reset := now + ttl.Int*int64(time.Millisecond)
-		first := count.Int > l.points && s.blocked.add(l.name, l.keyFor(client, principal), reset, now)
+		reset := now + ttl*int64(time.Millisecond)
+		first := count > l.points && s.blocked.add(l.name, l.keyFor(client, principal), reset, now)
 
-		if t.note(i, l, count.Int, reset, first, all) && i < n-1 {
+		if t.note(i, l, count, reset, first, all) && i < n-1 {
 			return tally{}, fmt.Errorf("%w: layers answered after a refusal", errBadReply)
 		}
 	}
@@ -171,6 +171,9 @@ type redisBackend struct {
 	address string
 	log     io.Writer
 
+	// down mirrors failing for the common path, which then takes no lock.
+	down atomic.Bool
+
 	mu      sync.Mutex
 	failing bool
 	probing bool  // one request is trying Redis after the back-off
@@ -181,6 +184,10 @@ type redisBackend struct {
 // usable reports whether to call Redis at now. While failing, one request per
 // back-off period is let through as a probe.
 func (b *redisBackend) usable(now int64) (use, probe bool) {
+	if !b.down.Load() {
+		return true, false
+	}
+
 	b.mu.Lock()
 	defer b.mu.Unlock()
 
@@ -198,9 +205,14 @@ func (b *redisBackend) usable(now int64) (use, probe bool) {
 }
 
 func (b *redisBackend) succeeded() {
+	if !b.down.Load() {
+		return
+	}
+
 	b.mu.Lock()
 	recovered := b.failing
 	b.failing, b.probing, b.backoff = false, false, 0
+	b.down.Store(false)
 	b.mu.Unlock()
 
 	if recovered {
@@ -219,6 +231,7 @@ func (b *redisBackend) failed(now int64, probe bool, err error) {
 	switch {
 	case first:
 		b.failing, b.backoff = true, minBackoff
+		b.down.Store(true)
 	case probe:
 		b.backoff *= 2
 		if b.backoff > maxBackoff {
@@ -291,6 +304,8 @@ func (r *backendRegistry) get(opts redisresp.Options) *redisBackend {
 // blockList remembers keys that Redis reported over their limit, until their
 // reset. It holds at most max keys.
 type blockList struct {
+	size atomic.Int64 // entries, so that the common case (none) takes no lock
+
 	mu    sync.Mutex
 	max   int
 	until map[string]int64 // by layer + "\x00" + key
@@ -302,16 +317,23 @@ func newBlockList(capacity int) *blockList {
 
 // resetOf returns the reset of a blocked key, or 0.
 func (b *blockList) resetOf(layer, key string, now int64) int64 {
+	if b.size.Load() == 0 {
+		return 0
+	}
+
 	id := layer + "\x00" + key
 
 	b.mu.Lock()
-	defer b.mu.Unlock()
 
 	reset := b.until[id]
 	if reset != 0 && reset <= now {
 		delete(b.until, id)
-		return 0
+		b.size.Store(int64(len(b.until)))
+
+		reset = 0
 	}
+
+	b.mu.Unlock()
 
 	return reset
 }
@@ -349,6 +371,7 @@ func (b *blockList) add(layer, key string, reset, now int64) bool {
 	}
 
 	b.until[id] = reset
+	b.size.Store(int64(len(b.until)))
 
 	return true
 }

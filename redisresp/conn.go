@@ -93,35 +93,37 @@ func (c *Conn) Pipeline(deadline time.Time, cmds [][]string) ([]Value, error) {
 	return replies, nil
 }
 
-// DoEncoded sends one command already encoded in RESP (see AppendBulk) and
-// reads its reply, before deadline.
-func (c *Conn) DoEncoded(deadline time.Time, cmd string) (Value, error) {
+// DoInts sends one encoded command whose reply must be an array of integers
+// (or a server error, returned as its text), and reads the reply without
+// building Values: under Yaegi that is most of the cost of a call. Any other
+// reply is ErrUnexpected and closes the connection.
+func (c *Conn) DoInts(deadline time.Time, cmd string) ([]int64, string, error) {
 	if c.err != nil {
-		return Value{}, c.err
+		return nil, "", c.err
 	}
 
 	if err := c.nc.SetDeadline(deadline); err != nil {
-		return Value{}, c.fail(fmt.Errorf("setting redis deadline: %w", err))
+		return nil, "", c.fail(fmt.Errorf("setting redis deadline: %w", err))
 	}
 
 	if _, err := c.bw.WriteString(cmd); err != nil {
-		return Value{}, c.fail(fmt.Errorf("writing redis command: %w", err))
+		return nil, "", c.fail(fmt.Errorf("writing redis command: %w", err))
 	}
 
 	if err := c.bw.Flush(); err != nil {
-		return Value{}, c.fail(fmt.Errorf("writing redis command: %w", err))
+		return nil, "", c.fail(fmt.Errorf("writing redis command: %w", err))
 	}
 
-	v, err := c.rd.readReply()
+	ints, serverErr, err := c.rd.readInts()
 	if err != nil {
-		return Value{}, c.fail(fmt.Errorf("reading redis reply: %w", err))
+		return nil, "", c.fail(fmt.Errorf("reading redis reply: %w", err))
 	}
 
-	return v, nil
+	return ints, serverErr, nil
 }
 
 // Bulk returns s encoded as a RESP bulk string, to build commands for
-// DoEncoded once and reuse them.
+// DoInts once and reuse them.
 func Bulk(s string) string {
 	return "$" + strconv.Itoa(len(s)) + "\r\n" + s + "\r\n"
 }
@@ -178,6 +180,52 @@ func (r *reader) readReply() (Value, error) {
 	r.bytes = r.lim.MaxBulk
 
 	return r.read(0)
+}
+
+// readInts reads an array of integers, or an error reply as its text.
+func (r *reader) readInts() ([]int64, string, error) {
+	line, err := r.line()
+	if err != nil {
+		return nil, "", err
+	}
+
+	if len(line) > 0 && line[0] == KindError {
+		return nil, string(line[1:]), nil
+	}
+
+	if len(line) == 0 || line[0] != KindArray {
+		return nil, "", fmt.Errorf("%w: %q where an array of integers was expected", ErrUnexpected, truncate(line))
+	}
+
+	n, err := parseInt(line[1:])
+	if err != nil {
+		return nil, "", err
+	}
+
+	if n < 0 || n > int64(r.lim.MaxElements) {
+		return nil, "", fmt.Errorf("%w: array length %d where integers were expected", ErrUnexpected, n)
+	}
+
+	out := make([]int64, 0, int(n))
+
+	for i := int64(0); i < n; i++ {
+		if line, err = r.line(); err != nil {
+			return nil, "", err
+		}
+
+		if len(line) == 0 || line[0] != KindInteger {
+			return nil, "", fmt.Errorf("%w: %q where an integer was expected", ErrUnexpected, truncate(line))
+		}
+
+		v, err := parseInt(line[1:])
+		if err != nil {
+			return nil, "", err
+		}
+
+		out = append(out, v)
+	}
+
+	return out, "", nil
 }
 
 // read reads one value. Under Yaegi every call allocates all of the callee's

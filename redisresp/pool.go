@@ -82,19 +82,18 @@ func (p *Pool) Do(args ...string) (Value, error) {
 	return replies[0], nil
 }
 
-// DoEncoded runs one command already encoded in RESP (an array of bulk
-// strings, see Bulk), like Do. Callers that send the same arguments often
-// encode them once.
-func (p *Pool) DoEncoded(cmd string) (Value, error) {
+// DoInts runs one encoded command whose reply is an array of integers; a
+// server error comes back as its text (see Conn.DoInts).
+func (p *Pool) DoInts(cmd string) ([]int64, string, error) {
 	c, err := p.get()
 	if err != nil {
-		return Value{}, err
+		return nil, "", err
 	}
 
-	v, err := c.DoEncoded(time.Now().Add(p.opts.Timeout), cmd)
+	ints, serverErr, err := c.DoInts(time.Now().Add(p.opts.Timeout), cmd)
 	p.put(c)
 
-	return v, err
+	return ints, serverErr, err
 }
 
 // Pipeline sends cmds in one write and reads their replies, on one connection.

@@ -42,18 +42,19 @@ func (s *Script) Run(p *Pool, keys, args []string) (Value, error) {
 	return p.Do(cmd...)
 }
 
-// RunEncoded runs the script with numKeys keys, the keys and arguments given
-// already encoded as bulk strings (see Bulk), nargs of them in all. It sends
-// EVALSHA, and EVAL when the server answers NOSCRIPT; the reply is Run's.
-func (s *Script) RunEncoded(p *Pool, numKeys, nargs int, encoded string) (Value, error) {
-	head := "*" + strconv.Itoa(3+nargs) + "\r\n$7\r\nEVALSHA\r\n$40\r\n" + s.sha + "\r\n" + Bulk(strconv.Itoa(numKeys))
+// RunInts runs a script that returns an array of integers, with numKeys keys,
+// the keys and arguments given already encoded as bulk strings (see Bulk),
+// nargs of them in all. It sends EVALSHA, and EVAL when the server answers
+// NOSCRIPT, and returns the integers or the server's error text (a script
+// error), without building Values: under Yaegi that is most of a call's cost.
+func (s *Script) RunInts(p *Pool, numKeys, nargs int, encoded string) ([]int64, string, error) {
+	count := "*" + strconv.Itoa(3+nargs) + "\r\n"
+	keys := Bulk(strconv.Itoa(numKeys))
 
-	v, err := p.DoEncoded(head + encoded)
-	if err != nil || !v.IsError() || !strings.HasPrefix(v.Str, "NOSCRIPT") {
-		return v, err
+	ints, serverErr, err := p.DoInts(count + "$7\r\nEVALSHA\r\n" + Bulk(s.sha) + keys + encoded)
+	if err != nil || !strings.HasPrefix(serverErr, "NOSCRIPT") {
+		return ints, serverErr, err
 	}
 
-	head = "*" + strconv.Itoa(3+nargs) + "\r\n$4\r\nEVAL\r\n" + Bulk(s.src) + Bulk(strconv.Itoa(numKeys))
-
-	return p.DoEncoded(head + encoded)
+	return p.DoInts(count + "$4\r\nEVAL\r\n" + Bulk(s.src) + keys + encoded)
 }

@@ -280,29 +280,30 @@ func TestScriptRunClosedPool(t *testing.T) {
 	}
 }
 
-// TestScriptRunEncodedSendsWhatRunSends: the pre-encoded path sends the same
-// commands as Run, NOSCRIPT fallback included, and gets the same replies.
-func TestScriptRunEncodedSendsWhatRunSends(t *testing.T) {
-	h := newScriptHandler()
-	s := startServer(t, h.handle)
+// TestScriptRunIntsSendsWhatRunSends: the pre-encoded path sends the same
+// commands as Run, NOSCRIPT fallback included, and reads integer arrays.
+func TestScriptRunIntsSendsWhatRunSends(t *testing.T) {
+	s := startServer(t, func(_ int, args []string) string {
+		if args[0] == "EVALSHA" {
+			return "-NOSCRIPT No matching script. Please use EVAL.\r\n"
+		}
+
+		return "*3\r\n:1\r\n:-2\r\n:30000\r\n"
+	})
 
 	p := NewPool(longOptions(s.addr()))
 	defer p.Close()
 
 	sc := NewScript(testScript)
-	encoded := Bulk("k1") + Bulk("k2") + Bulk("a1") + Bulk("") + Bulk("a\r\n3")
 
-	for i := 0; i < 2; i++ {
-		v, err := sc.RunEncoded(p, 2, 5, encoded)
-		if err != nil || v.Kind != KindArray || len(v.Array) != 5 || v.Array[4].Str != "a\r\n3" {
-			t.Fatalf("RunEncoded: %#v %v", v, err)
-		}
+	ints, serverErr, err := sc.RunInts(p, 2, 5, Bulk("k1")+Bulk("k2")+Bulk("a1")+Bulk("")+Bulk("a\r\n3"))
+	if err != nil || serverErr != "" || len(ints) != 3 || ints[0] != 1 || ints[1] != -2 || ints[2] != 30000 {
+		t.Fatalf("RunInts: %v %q %v", ints, serverErr, err)
 	}
 
 	want := [][]string{
 		{"EVALSHA", sc.SHA(), "2", "k1", "k2", "a1", "", "a\r\n3"},
 		{"EVAL", testScript, "2", "k1", "k2", "a1", "", "a\r\n3"},
-		{"EVALSHA", sc.SHA(), "2", "k1", "k2", "a1", "", "a\r\n3"},
 	}
 
 	got := s.log()
@@ -314,6 +315,44 @@ func TestScriptRunEncodedSendsWhatRunSends(t *testing.T) {
 		if !sameArgs(got[i].args, want[i]) {
 			t.Fatalf("command %d = %q, want %q", i, got[i].args, want[i])
 		}
+	}
+}
+
+func TestDoIntsRejectsOtherReplies(t *testing.T) {
+	replies := map[string]string{
+		"status":          "+OK\r\n",
+		"bulk":            "$1\r\n1\r\n",
+		"bulk in array":   "*2\r\n:1\r\n$1\r\n1\r\n",
+		"nested":          "*1\r\n*0\r\n",
+		"too long":        "*99999999\r\n",
+		"negative length": "*-5\r\n",
+		"bad integer":     "*1\r\n:x\r\n",
+	}
+
+	for name, reply := range replies {
+		s := startServer(t, func(int, []string) string { return reply })
+		p := NewPool(longOptions(s.addr()))
+
+		if ints, serverErr, err := p.DoInts("*1\r\n$4\r\nPING\r\n"); err == nil {
+			t.Errorf("%s: accepted as %v %q", name, ints, serverErr)
+		}
+
+		p.Close()
+	}
+
+	// A server error is a value, and the connection stays.
+	s := startServer(t, func(int, []string) string { return "-ERR boom\r\n" })
+	p := NewPool(longOptions(s.addr()))
+	defer p.Close()
+
+	for i := 0; i < 2; i++ {
+		if _, serverErr, err := p.DoInts("*1\r\n$4\r\nPING\r\n"); err != nil || serverErr != "ERR boom" {
+			t.Fatalf("server error: %q %v", serverErr, err)
+		}
+	}
+
+	if s.acceptedCount() != 1 {
+		t.Fatalf("%d connections: a server error closed the connection", s.acceptedCount())
 	}
 }
 

@@ -60,6 +60,9 @@ func (v Value) String() string {
 var (
 	// ErrProtocol: the server sent something that is not RESP2, or exceeded a bound.
 	ErrProtocol = errors.New("redis protocol error")
+	// ErrUnexpected: a well-formed reply of another shape than the call expects
+	// (DoInts); the connection is closed, as the rest of the reply is unread.
+	ErrUnexpected = errors.New("unexpected redis reply")
 	// ErrPoolTimeout: no connection became free before the call's deadline.
 	ErrPoolTimeout = errors.New("redis pool exhausted")
 	// ErrClosed: the pool was closed.

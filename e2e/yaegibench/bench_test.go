@@ -193,6 +193,19 @@ func BenchmarkYaegiTierlimitEdge(b *testing.B) {
 	run(b, build(b, "tierlimit", edgeConfig(), "edge@bench"))
 }
 
+func BenchmarkYaegiTierlimitRedis(b *testing.B) {
+	r, err := harness.StartRedis(b.TempDir())
+	if err != nil {
+		b.Skip(err)
+	}
+	defer r.Kill()
+
+	cfg := edgeConfig()
+	cfg["store"] = "redis"
+	cfg["redis"] = map[string]any{"address": r.Addr, "timeout": "1s"}
+	run(b, build(b, "tierlimit", cfg, "redis@bench"))
+}
+
 func BenchmarkYaegiTierlimitRefused(b *testing.B) {
 	cfg := edgeConfig()
 	cfg["ip"] = map[string]any{"points": "1", "duration": "1h"}
