@@ -23,32 +23,6 @@ import (
 	"github.com/tierlimit/tierlimit/e2e/harness"
 )
 
-const passthroughModule = "example.com/passthrough"
-
-// The baseline: a middleware that sets one header and calls next.
-const passthroughSource = `package passthrough
-
-import (
-	"context"
-	"net/http"
-)
-
-type Config struct{}
-
-func CreateConfig() *Config { return &Config{} }
-
-type handler struct{ next http.Handler }
-
-func New(ctx context.Context, next http.Handler, config *Config, name string) (http.Handler, error) {
-	return &handler{next: next}, nil
-}
-
-func (h *handler) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
-	rw.Header().Set("X-Passthrough", "1")
-	h.next.ServeHTTP(rw, req)
-}
-`
-
 var builder *plugins.Builder
 
 func TestMain(m *testing.M) {
@@ -79,21 +53,7 @@ func setup(dir string) error {
 		return err
 	}
 
-	pt := filepath.Join(gopath, "src", passthroughModule)
-	if err := os.MkdirAll(pt, 0o755); err != nil {
-		return err
-	}
-
-	manifest := "displayName: passthrough\ntype: middleware\nimport: " + passthroughModule + "\nsummary: baseline\ntestData: {}\n"
-	if err := os.WriteFile(filepath.Join(pt, ".traefik.yml"), []byte(manifest), 0o644); err != nil {
-		return err
-	}
-
-	if err := os.WriteFile(filepath.Join(pt, "passthrough.go"), []byte(passthroughSource), 0o644); err != nil {
-		return err
-	}
-
-	if err := os.WriteFile(filepath.Join(pt, "go.mod"), []byte("module "+passthroughModule+"\n\ngo 1.22\n"), 0o644); err != nil {
+	if err := harness.Passthrough.Write(gopath); err != nil {
 		return err
 	}
 
@@ -107,7 +67,7 @@ func setup(dir string) error {
 
 	b, err := plugins.NewBuilder(nil, nil, map[string]plugins.LocalDescriptor{
 		"tierlimit":   {ModuleName: harness.ModuleName},
-		"passthrough": {ModuleName: passthroughModule},
+		"passthrough": {ModuleName: harness.Passthrough.Module},
 		"minimal":     {ModuleName: harness.MinimalLimiter.Module},
 	})
 	if err != nil {
