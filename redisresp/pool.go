@@ -265,13 +265,6 @@ func (p *Pool) dial() (*Conn, error) {
 	return c, nil
 }
 
-func (p *Pool) isClosed() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-
-	return p.closed
-}
-
 // Close closes the idle connections; connections in use close when returned.
 func (p *Pool) Close() {
 	p.mu.Lock()
