@@ -292,8 +292,10 @@ func (p *Plugin) serveAnonymous(rw http.ResponseWriter, req *http.Request) {
 	}
 
 	layers := p.planIP
-	if hasAnyPrefix(req.URL.Path, p.assetPaths) {
-		layers = p.planAssets
+	for _, prefix := range p.assetPaths {
+		if strings.HasPrefix(req.URL.Path, prefix) {
+			layers = p.planAssets
+		}
 	}
 
 	now := p.now().UnixNano()
@@ -333,28 +335,27 @@ func (p *Plugin) serveAnonymous(rw http.ResponseWriter, req *http.Request) {
 		}
 	}
 
-	var t tally
-	if sw != nil {
-		t.count, t.reset, t.resetH, t.left = sw.count, sw.reset, sw.resetH, left
+	if sw == nil {
+		s.mu.Unlock()
+		p.next.ServeHTTP(rw, req)
+
+		return
 	}
+
+	count, reset, resetH := sw.count, sw.reset, sw.resetH
 
 	s.mu.Unlock()
 
 	if refused != nil {
-		p.refuseAnonymous(rw, req, refused, &t, first, client, now)
-		return
-	}
-
-	if shown == nil {
-		p.next.ServeHTTP(rw, req)
+		p.refuseAnonymous(rw, req, refused, count, reset, resetH, first, client, now)
 		return
 	}
 
 	h := rw.Header()
 	h["X-Ratelimit-Limit"] = shown.limitHdr
 	h["Ratelimit-Policy"] = shown.policyHdr
-	h["X-Ratelimit-Reset"] = t.resetH
-	secs := (t.reset - now + int64(time.Second) - 1) / int64(time.Second)
+	h["X-Ratelimit-Reset"] = resetH
+	secs := (reset - now + int64(time.Second) - 1) / int64(time.Second)
 
 	if left < int64(len(shown.remainingHdr)) && secs < int64(len(smallInts)) {
 		h["X-Ratelimit-Remaining"] = shown.remainingHdr[left]
@@ -367,14 +368,13 @@ func (p *Plugin) serveAnonymous(rw http.ResponseWriter, req *http.Request) {
 }
 
 // refuseAnonymous answers a request that layer l refused on serveAnonymous' path.
-func (p *Plugin) refuseAnonymous(rw http.ResponseWriter, req *http.Request, l *layer, t *tally, first bool, client string, now int64) {
+func (p *Plugin) refuseAnonymous(rw http.ResponseWriter, req *http.Request, l *layer, count, reset int64, resetH []string, first bool, client string, now int64) {
 	if first {
 		p.events.refused(l.name, l.keyFor(client, ""), client)
 	}
 
-	t.left = 0
-	setHeaders(rw.Header(), l, t, now)
-	p.reject(rw, req, l, t.count, t.reset, now)
+	setHeaders(rw.Header(), l, &tally{count: count, reset: reset, resetH: resetH}, now)
+	p.reject(rw, req, l, count, reset, now)
 }
 
 // serveGeneral is ServeHTTP for instances with principals, credentials,
