@@ -32,10 +32,11 @@ type Pool struct {
 	opts  Options
 	freed chan struct{} // signalled when a connection is returned or a slot freed
 
-	mu     sync.Mutex
-	idle   []*Conn // connections ready for use
-	open   int     // connections open or being dialled, PoolSize at most
-	closed bool
+	mu      sync.Mutex
+	idle    []*Conn // connections ready for use
+	open    int     // connections open or being dialled, PoolSize at most
+	waiting int     // callers waiting for a connection
+	closed  bool
 }
 
 // NewPool returns a pool; it does no I/O.
@@ -117,21 +118,39 @@ func (p *Pool) get() (*Conn, error) {
 		return p.finish(c, dial, err)
 	}
 
+	return p.wait()
+}
+
+// wait is get when every connection is in use: a function of its own, so that
+// the common case does not allocate its frame under Yaegi.
+func (p *Pool) wait() (*Conn, error) {
+	p.mu.Lock()
+	p.waiting++
+	p.mu.Unlock()
+
+	defer func() {
+		p.mu.Lock()
+		p.waiting--
+		p.mu.Unlock()
+	}()
+
 	timer := time.NewTimer(p.opts.Timeout)
 	defer timer.Stop()
 
+	// Counted as waiting before looking again, so that a connection returned
+	// from here on wakes this caller.
 	for {
-		select {
-		case <-p.freed:
-		case <-timer.C:
-			return nil, fmt.Errorf("waiting %s for one of %d connections: %w", p.opts.Timeout, p.opts.PoolSize, ErrPoolTimeout)
-		}
-
 		if c, dial, err := p.reserve(); c != nil || dial || err != nil {
 			// Pass the wake-up on: two returns may have left one signal, and
 			// another caller may be waiting for the second connection.
 			p.wake()
 			return p.finish(c, dial, err)
+		}
+
+		select {
+		case <-p.freed:
+		case <-timer.C:
+			return nil, fmt.Errorf("waiting %s for one of %d connections: %w", p.opts.Timeout, p.opts.PoolSize, ErrPoolTimeout)
 		}
 	}
 }
@@ -178,10 +197,16 @@ func (p *Pool) finish(c *Conn, dial bool, err error) (*Conn, error) {
 func (p *Pool) release() {
 	p.mu.Lock()
 	p.open--
+	waiting := p.waiting > 0
 	p.mu.Unlock()
-	p.wake()
+
+	if waiting {
+		p.wake()
+	}
 }
 
+// wake signals one waiting caller. Callers check p.waiting first: a select is
+// costly under Yaegi and most returns find nobody waiting.
 func (p *Pool) wake() {
 	select {
 	case p.freed <- struct{}{}:
@@ -194,18 +219,26 @@ func (p *Pool) wake() {
 func (p *Pool) put(c *Conn) {
 	p.mu.Lock()
 
+	waiting := p.waiting > 0
+
 	if c.Err() != nil || p.closed {
 		p.open--
 		p.mu.Unlock()
 		_ = c.Close()
-		p.wake()
+
+		if waiting {
+			p.wake()
+		}
 
 		return
 	}
 
 	p.idle = append(p.idle, c)
 	p.mu.Unlock()
-	p.wake()
+
+	if waiting {
+		p.wake()
+	}
 }
 
 func (p *Pool) dial() (*Conn, error) {
