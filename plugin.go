@@ -19,9 +19,10 @@ import (
 // Traefik runs this code in the Yaegi interpreter, where each function call
 // allocates every local of the callee and a defer or a per-request slice of
 // structs costs microseconds. So New precomputes the layer lists ("plans")
-// each kind of request is charged to, ServeHTTP keeps to the common path, and
-// rarer work (principals, credentials, routes, WebSocket caps) lives in
-// functions that only those requests call.
+// each kind of request is charged to and the header values; the edge instance
+// (anonymous layers, memory store) is served by one function, serveAnonymous;
+// and rarer work (principals, credentials, routes, WebSocket caps, refusals)
+// lives in functions that only those requests call. BENCHMARKS.md has the figures.
 type Plugin struct {
 	next      http.Handler
 	name      string
