@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -25,15 +26,29 @@ type Redis struct {
 
 // StartRedis runs redis-server on a free loopback port with persistence off;
 // extra arguments (e.g. "--requirepass", "secret") are appended.
+// The port is picked free just before the server starts; if something takes
+// it in between, the start is retried on another.
 func StartRedis(dir string, extra ...string) (*Redis, error) {
-	port, err := FreePort()
-	if err != nil {
-		return nil, err
+	var err error
+
+	for attempt := 0; attempt < 5; attempt++ {
+		var port int
+
+		if port, err = FreePort(); err != nil {
+			return nil, err
+		}
+
+		r := &Redis{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, dir: dir, args: extra}
+		if err = r.Start(); err == nil {
+			return r, nil
+		}
+
+		if !strings.Contains(err.Error(), "Address already in use") {
+			return nil, err
+		}
 	}
 
-	r := &Redis{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, dir: dir, args: extra}
-
-	return r, r.Start()
+	return nil, err
 }
 
 // Start starts (or restarts) the server on its port.

@@ -167,7 +167,26 @@ func (lp LocalPlugin) Write(goPath string) error {
 }
 
 // Start runs Traefik with the plugin in local mode and waits until it answers ping.
+//
+// Ports are picked free just before Traefik starts; an outgoing connection may
+// take one in between (loopback ephemeral ports come from the same range), so
+// a start that fails to bind is retried with new ports.
 func Start(opts Options) (*Traefik, error) {
+	var err error
+
+	for attempt := 0; attempt < 5; attempt++ {
+		var tr *Traefik
+
+		tr, err = start(opts)
+		if err == nil || !strings.Contains(err.Error(), "address already in use") {
+			return tr, err
+		}
+	}
+
+	return nil, err
+}
+
+func start(opts Options) (*Traefik, error) {
 	bin, err := TraefikBinary(opts.BuildLog)
 	if err != nil {
 		return nil, err
