@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -31,7 +32,7 @@ func wsServer(t *testing.T, mutate func(c *Config), next http.Handler) *httptest
 		mutate(cfg)
 	}
 
-	h, err := New(context.Background(), next, cfg, t.Name()+"@test")
+	h, err := New(context.Background(), next, cfg, t.Name()+"-"+strconv.FormatInt(instanceSeq.Add(1), 10)+"@test")
 	if err != nil {
 		t.Fatal(err)
 	}
