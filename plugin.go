@@ -375,7 +375,13 @@ func (p *Plugin) refuseAnonymous(rw http.ResponseWriter, req *http.Request, l *l
 	}
 
 	setHeaders(rw.Header(), l, &tally{count: count, reset: reset, resetH: resetH}, now)
-	p.reject(rw, req, l, count, reset, now)
+
+	if req.Header["Upgrade"] != nil {
+		p.reject(rw, req, l, count, reset, now)
+		return
+	}
+
+	refuse(rw, l, count, reset, now)
 }
 
 // serveGeneral is ServeHTTP for instances with principals, credentials,

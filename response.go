@@ -53,7 +53,11 @@ var smallInts = func() []string {
 func retryAfter(reset, now int64) string {
 	retry := ceilSeconds(reset - now)
 	if retry < 1 {
-		retry = 1
+		return "1"
+	}
+
+	if retry < int64(len(smallInts)) {
+		return smallInts[retry]
 	}
 
 	return strconv.FormatInt(retry, 10)
