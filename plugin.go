@@ -19,18 +19,19 @@ import (
 // Traefik runs this code in the Yaegi interpreter, where each function call
 // allocates every local of the callee and a defer or a per-request slice of
 // structs costs microseconds. So New precomputes the layer lists ("plans")
-// each kind of request is charged to and the header values; the edge instance
-// (anonymous layers, memory store) is served by one function, serveAnonymous;
-// and rarer work (principals, credentials, routes, WebSocket caps, refusals)
-// lives in functions that only those requests call. BENCHMARKS.md has the figures.
+// each kind of request is charged to and the header values; the common
+// instances (memory store, no routes or credentials: the edge and the principal
+// instance of the recommended chain) are served by one function, serveSimple;
+// and rarer work (credentials, routes, WebSocket caps, refusals) lives in
+// functions that only those requests call. BENCHMARKS.md has the figures.
 type Plugin struct {
-	next      http.Handler
-	name      string
-	cfg       *settings
-	now       func() time.Time
-	active    bool // enabled, and some layer or the connection cap is on
-	general   bool // not only anonymous layers: see ServeHTTP
-	anonymous bool // anonymous layers, memory store, headers, no dry run: serveAnonymous
+	next    http.Handler
+	name    string
+	cfg     *settings
+	now     func() time.Time
+	active  bool // enabled, and some layer or the connection cap is on
+	general bool // credentials, routes, a connection cap, or off: serveGeneral
+	simple  bool // not general; memory store, headers, no dry run: serveSimple
 
 	store  counterStore
 	memory *windowStore // the memory store, or the redis store's fallback
@@ -198,8 +199,8 @@ func New(ctx context.Context, next http.Handler, config *Config, name string) (h
 	}
 
 	p.active = cfg.enabled && (len(p.planIP)+len(p.planAssets)+len(p.planUser)+len(p.planService)+len(p.routes) > 0 || p.ws != nil)
-	p.general = !p.active || p.userHeader != "" || p.credentials || p.routes != nil || p.ws != nil
-	p.anonymous = !p.general && cfg.store == "memory" && cfg.headers && !cfg.dryRun
+	p.general = !p.active || p.credentials || p.routes != nil || p.ws != nil
+	p.simple = !p.general && cfg.store == "memory" && cfg.headers && !cfg.dryRun
 
 	return p, nil
 }
@@ -250,16 +251,16 @@ func newLayer(memory *windowStore, spec layerSpec, keyKind int) *layer {
 
 // ServeHTTP charges the request to its layers, in the order global, tier,
 // routes, and either refuses it or passes it on with the rate-limit headers.
-// This is the path of an instance with anonymous layers only (global, ip,
-// assets); anything more goes through serveGeneral.
+// The common instances take serveSimple; the rest serveGeneral, or, for an
+// anonymous instance on Redis or without headers, the few lines below.
 func (p *Plugin) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
-	if p.general {
-		p.serveGeneral(rw, req)
+	if p.simple {
+		p.serveSimple(rw, req)
 		return
 	}
 
-	if p.anonymous {
-		p.serveAnonymous(rw, req)
+	if p.general || p.userHeader != "" {
+		p.serveGeneral(rw, req)
 		return
 	}
 
@@ -273,13 +274,14 @@ func (p *Plugin) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	}
 }
 
-// serveAnonymous is ServeHTTP for the most common instance: anonymous layers
-// only, the memory store, headers on, no dry run. It does in one function what
+// serveSimple is ServeHTTP for the most common instances, the edge and the
+// principal instance of the recommended chain: layers charged up front only
+// (global, ip, assets, user, service), the memory store, headers on, no dry run. It does in one function what
 // decide, windowStore.take and setHeaders do for every other case, because
 // under Yaegi each call allocates the callee's whole frame: this measured 1.65x
 // cheaper than the general path (BENCHMARKS.md). Rare work stays in calls: new
-// windows (restart), refusals (refuseAnonymous), large header values.
-func (p *Plugin) serveAnonymous(rw http.ResponseWriter, req *http.Request) {
+// windows (restart), refusals (refuseSimple), large header values.
+func (p *Plugin) serveSimple(rw http.ResponseWriter, req *http.Request) {
 	client := ""
 	if p.ips.hops == 0 && req.Header["X-Forwarded-For"] == nil {
 		i := strings.LastIndexByte(req.RemoteAddr, ':')
@@ -292,10 +294,20 @@ func (p *Plugin) serveAnonymous(rw http.ResponseWriter, req *http.Request) {
 		client = p.ips.resolve(req)
 	}
 
+	principal := ""
+	if p.userHeader != "" {
+		principal = p.principalOf(req)
+	}
+
 	layers := p.planIP
-	for _, prefix := range p.assetPaths {
-		if strings.HasPrefix(req.URL.Path, prefix) {
-			layers = p.planAssets
+
+	if principal != "" {
+		layers = p.principalPlan(req)
+	} else {
+		for _, prefix := range p.assetPaths {
+			if strings.HasPrefix(req.URL.Path, prefix) {
+				layers = p.planAssets
+			}
 		}
 	}
 
@@ -315,6 +327,8 @@ func (p *Plugin) serveAnonymous(rw http.ResponseWriter, req *http.Request) {
 		key := client
 		if l.keyKind == keyOfConst {
 			key = l.constKey
+		} else if l.keyKind == keyOfPrincipal {
+			key = principal
 		}
 
 		w := l.entries[key]
@@ -348,7 +362,7 @@ func (p *Plugin) serveAnonymous(rw http.ResponseWriter, req *http.Request) {
 	s.mu.Unlock()
 
 	if refused != nil {
-		p.refuseAnonymous(rw, req, refused, count, reset, resetH, first, client, now)
+		p.refuseSimple(rw, req, refused, count, reset, resetH, first, client, principal, now)
 		return
 	}
 
@@ -368,10 +382,10 @@ func (p *Plugin) serveAnonymous(rw http.ResponseWriter, req *http.Request) {
 	p.next.ServeHTTP(rw, req)
 }
 
-// refuseAnonymous answers a request that layer l refused on serveAnonymous' path.
-func (p *Plugin) refuseAnonymous(rw http.ResponseWriter, req *http.Request, l *layer, count, reset int64, resetH []string, first bool, client string, now int64) {
+// refuseSimple answers a request that layer l refused on serveSimple's path.
+func (p *Plugin) refuseSimple(rw http.ResponseWriter, req *http.Request, l *layer, count, reset int64, resetH []string, first bool, client, principal string, now int64) {
 	if first {
-		p.events.refused(l.name, l.keyFor(client, ""), client)
+		p.events.refused(l.name, l.keyFor(client, principal), client)
 	}
 
 	setHeaders(rw.Header(), l, &tally{count: count, reset: reset, resetH: resetH}, now)
@@ -384,8 +398,8 @@ func (p *Plugin) refuseAnonymous(rw http.ResponseWriter, req *http.Request, l *l
 	refuse(rw, l, count, reset, now)
 }
 
-// serveGeneral is ServeHTTP for instances with principals, credentials,
-// routes or a connection cap, or turned off.
+// serveGeneral is ServeHTTP for instances with credentials, routes or a
+// connection cap, principals beyond serveSimple, or turned off.
 func (p *Plugin) serveGeneral(rw http.ResponseWriter, req *http.Request) {
 	if !p.active {
 		p.next.ServeHTTP(rw, req)

@@ -546,7 +546,7 @@ func TestInstancesWithOneNameShareCounters(t *testing.T) {
 	}
 }
 
-// TestAnonymousPathMatchesTheGeneralPath: serveAnonymous inlines what decide,
+// TestAnonymousPathMatchesTheGeneralPath: serveSimple inlines what decide,
 // take and setHeaders do; both paths must answer a sequence of requests alike.
 func TestAnonymousPathMatchesTheGeneralPath(t *testing.T) {
 	cfg := func(c *Config) {
@@ -556,11 +556,11 @@ func TestAnonymousPathMatchesTheGeneralPath(t *testing.T) {
 	}
 	fast, general := newHarness(t, cfg), newHarness(t, cfg)
 
-	if !fast.p.anonymous {
-		t.Fatal("the anonymous path is not taken for an anonymous memory instance")
+	if !fast.p.simple {
+		t.Fatal("serveSimple is not taken for an anonymous memory instance")
 	}
 
-	general.p.anonymous = false
+	general.p.simple = false
 
 	paths := []string{"/api", "/assets/a.js", "/api", "/x"}
 	clients := []string{"203.0.113.1:1", "203.0.113.2:1", "[2001:db8::1]:1"}
@@ -587,5 +587,58 @@ func TestAnonymousPathMatchesTheGeneralPath(t *testing.T) {
 
 	if fast.events.String() == "" || strings.ReplaceAll(fast.events.String(), fast.p.name, "") != strings.ReplaceAll(general.events.String(), general.p.name, "") {
 		t.Fatalf("events differ:\n%s\nvs\n%s", fast.events.String(), general.events.String())
+	}
+}
+
+// TestSimplePathMatchesTheGeneralPathWithPrincipals: the same for a principal
+// instance (user and service tiers, anonymous requests on ip).
+func TestSimplePathMatchesTheGeneralPathWithPrincipals(t *testing.T) {
+	cfg := func(c *Config) {
+		c.Global = LayerConfig{Points: 40, Duration: "2s"}
+		c.IP = LayerConfig{Points: 3, Duration: "1s"}
+		c.User = LayerConfig{Points: 4, Duration: "2s"}
+		c.Service = LayerConfig{Points: 6, Duration: "3s"}
+		c.Principal.UserHeader = "X-Auth-User"
+	}
+	fast, general := newHarness(t, cfg), newHarness(t, cfg)
+
+	if !fast.p.simple {
+		t.Fatal("serveSimple is not taken for a principal memory instance")
+	}
+
+	general.p.simple = false
+
+	headers := []map[string]string{
+		{"X-Auth-User": "alice"},
+		{"X-Auth-User": "batch", "X-Auth-Service-Account": "true"},
+		nil,
+		{"X-Auth-User": "bob"},
+		{"X-Auth-User": "alice", "X-Auth-Service-Account": "1"},
+	}
+
+	for i := 0; i < 150; i++ {
+		hdr := headers[i%len(headers)]
+		a := fast.do(http.MethodGet, "/api", "203.0.113.1:1", hdr)
+		b := general.do(http.MethodGet, "/api", "203.0.113.1:1", hdr)
+
+		if a.Code != b.Code || a.Body.String() != b.Body.String() {
+			t.Fatalf("request %d: %d %q vs %d %q", i, a.Code, a.Body.String(), b.Code, b.Body.String())
+		}
+
+		for _, k := range []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "RateLimit-Policy", "RateLimit", "Retry-After"} {
+			if a.Header().Get(k) != b.Header().Get(k) {
+				t.Fatalf("request %d: %s %q vs %q", i, k, a.Header().Get(k), b.Header().Get(k))
+			}
+		}
+
+		if i%13 == 0 {
+			fast.clock.Add(600 * time.Millisecond)
+			general.clock.Add(600 * time.Millisecond)
+		}
+	}
+
+	if !strings.Contains(fast.events.String(), `"limiter":"user","key":"alice"`) ||
+		strings.ReplaceAll(fast.events.String(), fast.p.name, "") != strings.ReplaceAll(general.events.String(), general.p.name, "") {
+		t.Fatalf("events differ or miss the user layer:\n%s\nvs\n%s", fast.events.String(), general.events.String())
 	}
 }

@@ -166,6 +166,36 @@ func BenchmarkYaegiTierlimitRedis(b *testing.B) {
 	run(b, build(b, "tierlimit", cfg, "redis@bench"))
 }
 
+// The principal instance of the recommended chain: user tier only, keyed by
+// the X-Auth-User that ForwardAuth set (1000 users).
+func BenchmarkYaegiTierlimitPrincipal(b *testing.B) {
+	cfg := map[string]any{
+		"global":    map[string]any{"points": "0"},
+		"ip":        map[string]any{"points": "0"},
+		"assets":    map[string]any{"points": "0"},
+		"principal": map[string]any{"userHeader": "X-Auth-User"},
+	}
+	h := build(b, "tierlimit", cfg, "principal@bench")
+	reqs := requests(1000)
+
+	for i, req := range reqs {
+		req.Header.Set("X-Auth-User", "user-"+strconv.Itoa(i))
+	}
+
+	w := &sink{h: http.Header{}}
+
+	b.ReportAllocs()
+	b.ResetTimer()
+
+	for i := 0; i < b.N; i++ {
+		for k := range w.h {
+			delete(w.h, k)
+		}
+
+		h.ServeHTTP(w, reqs[i%len(reqs)])
+	}
+}
+
 func BenchmarkYaegiTierlimitRefused(b *testing.B) {
 	cfg := edgeConfig()
 	cfg["ip"] = map[string]any{"points": "1", "duration": "1h"}
