@@ -113,15 +113,7 @@ func (t *tally) note(i int, l *layer, count, reset int64, first, all bool) bool 
 	left := l.points - count
 
 	if left < 0 {
-		if first {
-			t.firsts |= uint64(1) << uint(i)
-		}
-
-		if !t.refused {
-			t.refused, t.shown, t.count, t.reset, t.left = true, i, count, reset, 0
-			t.resetH = []string{formatInt(ceilSeconds(reset))}
-		}
-
+		t.refuse(i, count, reset, []string{formatInt(ceilSeconds(reset))}, first)
 		return !all
 	}
 
@@ -165,7 +157,11 @@ func (s *windowStore) take(t *tally, now int64, layers []*layer, client, princip
 		t.charged = i + 1
 
 		if w.count > l.points {
-			if t.refuse(i, w) && !all {
+			first := !w.logged
+			w.logged = true
+			t.refuse(i, w.count, w.reset, w.resetH, first)
+
+			if !all {
 				break
 			}
 
@@ -180,19 +176,17 @@ func (s *windowStore) take(t *tally, now int64, layers []*layer, client, princip
 	s.mu.Unlock()
 }
 
-// refuse records that layers[i] refused with window w (under the store's
-// lock) and reports true. Out of take's loop, which is the common path.
-func (t *tally) refuse(i int, w *window) bool {
-	if !w.logged {
-		w.logged = true
+// refuse records that layers[i] refused with this count and reset; first
+// says it is the window's first refusal. The first refusing layer is the one
+// shown. Out of take's loop, which is the common path.
+func (t *tally) refuse(i int, count, reset int64, resetH []string, first bool) {
+	if first {
 		t.firsts |= uint64(1) << uint(i)
 	}
 
 	if !t.refused {
-		t.refused, t.shown, t.count, t.reset, t.resetH, t.left = true, i, w.count, w.reset, w.resetH, 0
+		t.refused, t.shown, t.count, t.reset, t.resetH, t.left = true, i, count, reset, resetH, 0
 	}
-
-	return true
 }
 
 // restart starts a new window for key in l: the expired w (or one whose layer

@@ -154,14 +154,6 @@ func (c *connCounter) release(ip string) {
 	delete(c.logged, ip)
 }
 
-// open returns the number of connections held by ip.
-func (c *connCounter) open(ip string) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-
-	return c.byIP[ip]
-}
-
 // connCounters holds one connCounter per middleware name, for the life of the
 // process, like the memory store.
 var connCounters = &counterRegistry{byName: map[string]*connCounter{}}

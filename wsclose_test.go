@@ -216,3 +216,11 @@ func TestCloseFrameReasonFitsAControlFrame(t *testing.T) {
 		t.Fatalf("frame of %d bytes, length byte %d", len(f), f[1])
 	}
 }
+
+// open returns the number of connections held by ip.
+func (c *connCounter) open(ip string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+
+	return c.byIP[ip]
+}
