@@ -37,32 +37,45 @@ type Config struct {
 	Redis     RedisConfig
 	Headers   bool
 	Websocket WebsocketConfig
+
+	Status   StatusConfig
+	Exempt   ExemptConfig
+	Response ResponseConfig
 }
 
-// LayerConfig is one fixed window: Points requests per Duration. Points 0 turns
-// the layer off. Duration is a time.ParseDuration string; a bare integer means seconds.
+// LayerConfig is one window: Points requests per Duration. Points 0 turns
+// the layer off. Duration is a time.ParseDuration string; a bare integer means
+// seconds. Algorithm is "fixed" (the default) or "sliding". Key, empty by
+// default, may be "header:<Name>" on every layer but global: the header's value,
+// hashed, is the bucket key, and a request without it is keyed by its client IP.
 type LayerConfig struct {
-	Points   int
-	Duration string
+	Points    int
+	Duration  string
+	Algorithm string
+	Key       string
 }
 
 // AssetsConfig is the per-IP budget for anonymous requests under PathPrefixes.
 type AssetsConfig struct {
 	Points       int
 	Duration     string
+	Algorithm    string
+	Key          string
 	PathPrefixes []string
 }
 
 // RouteConfig is a limit on requests matching Methods (all when empty) and
 // Paths (exact, or by prefix when the path ends with "/"), counted per Key:
-// "ip", "principal" or "global". Name is the layer name in keys and headers.
+// "ip", "principal", "global" or "header:<Name>". Name is the layer name in
+// keys and headers.
 type RouteConfig struct {
-	Name     string
-	Methods  []string
-	Paths    []string
-	Key      string
-	Points   int
-	Duration string
+	Name      string
+	Methods   []string
+	Paths     []string
+	Key       string
+	Points    int
+	Duration  string
+	Algorithm string
 }
 
 // PrincipalConfig says where the principal and credentials are read from.
@@ -90,6 +103,30 @@ type RedisConfig struct {
 // WebsocketConfig caps upgraded connections; 0 means no cap.
 type WebsocketConfig struct {
 	MaxConnectionsPerIP int
+}
+
+// StatusConfig turns on the status endpoint at Path (and Prometheus metrics at
+// Path + "/metrics") for clients whose IP is in AllowedIPs. Empty Path: off.
+type StatusConfig struct {
+	Path       string
+	AllowedIPs []string
+}
+
+// ExemptConfig lists client IPs (CIDRs) and principal ids that no layer
+// charges; the global layer still does unless Global is set.
+type ExemptConfig struct {
+	IPs        []string
+	Principals []string
+	Global     bool
+}
+
+// ResponseConfig is the refusal: its status (429 or 503), content type and
+// body template. An empty Body is the design note's JSON body. Placeholders:
+// {limit}, {remaining}, {reset} (RFC 3339), {resetUnix}, {retryAfter}, {layer}.
+type ResponseConfig struct {
+	StatusCode  int
+	ContentType string
+	Body        string
 }
 
 // defaultTrustedProxies is loopback, RFC 1918 and ULA: the addresses a reverse
@@ -127,6 +164,11 @@ func CreateConfig() *Config {
 			PoolSize:    16,
 		},
 		Headers: true,
+		Status:  StatusConfig{AllowedIPs: []string{"127.0.0.1/32", "::1/128"}},
+		Response: ResponseConfig{
+			StatusCode:  http.StatusTooManyRequests,
+			ContentType: "application/json",
+		},
 	}
 }
 
@@ -144,6 +186,7 @@ const (
 	keyIP        = "ip"
 	keyPrincipal = "principal"
 	keyGlobal    = "global"
+	keyHeader    = "header:"
 )
 
 // settings is the validated, parsed form of Config that New builds once, so
@@ -171,13 +214,22 @@ type settings struct {
 
 	redis      redisresp.Options
 	wsMaxPerIP int
+
+	statusPath    string // "" when the status endpoint is off
+	statusAllowed []netip.Prefix
+	exemptIPs     []netip.Prefix
+	exemptIDs     map[string]bool
+	exemptGlobal  bool
+	response      ResponseConfig
 }
 
 // layerSpec is a parsed layer. points == 0 means off.
 type layerSpec struct {
-	name     string
-	points   int64
-	duration time.Duration
+	name      string
+	points    int64
+	duration  time.Duration
+	sliding   bool
+	keyHeader string // canonical header name when keyed by "header:<Name>"
 }
 
 func (l layerSpec) on() bool { return l.points > 0 }
@@ -188,7 +240,7 @@ type routeSpec struct {
 	methods  []string
 	exact    map[string]bool
 	prefixes []string
-	key      string
+	key      string // keyIP, keyPrincipal, keyGlobal or keyHeader
 }
 
 // errConfig is the sentinel every validation error wraps, so callers can tell
@@ -262,15 +314,20 @@ func parse(cfg *Config) (*settings, error) {
 
 	s.maxTracked = cfg.MaxTracked
 
-	if s.global, err = parseLayer("global", layerGlobal, cfg.Global.Points, cfg.Global.Duration); err != nil {
+	if cfg.Global.Key != "" {
+		return nil, invalid("global.key", cfg.Global.Key, "the global layer has one bucket; only other layers take a key")
+	}
+
+	if s.global, err = parseLayer("global", layerGlobal, cfg.Global); err != nil {
 		return nil, err
 	}
 
-	if s.ip, err = parseLayer("ip", layerIP, cfg.IP.Points, cfg.IP.Duration); err != nil {
+	if s.ip, err = parseLayer("ip", layerIP, cfg.IP); err != nil {
 		return nil, err
 	}
 
-	if s.assets, err = parseLayer("assets", layerAssets, cfg.Assets.Points, cfg.Assets.Duration); err != nil {
+	assets := LayerConfig{Points: cfg.Assets.Points, Duration: cfg.Assets.Duration, Algorithm: cfg.Assets.Algorithm, Key: cfg.Assets.Key}
+	if s.assets, err = parseLayer("assets", layerAssets, assets); err != nil {
 		return nil, err
 	}
 
@@ -282,11 +339,11 @@ func parse(cfg *Config) (*settings, error) {
 
 	s.assetPaths = cfg.Assets.PathPrefixes
 
-	if s.user, err = parseLayer("user", layerUser, cfg.User.Points, cfg.User.Duration); err != nil {
+	if s.user, err = parseLayer("user", layerUser, cfg.User); err != nil {
 		return nil, err
 	}
 
-	if s.service, err = parseLayer("service", layerService, cfg.Service.Points, cfg.Service.Duration); err != nil {
+	if s.service, err = parseLayer("service", layerService, cfg.Service); err != nil {
 		return nil, err
 	}
 
@@ -313,20 +370,54 @@ func parse(cfg *Config) (*settings, error) {
 
 	s.wsMaxPerIP = cfg.Websocket.MaxConnectionsPerIP
 
+	if err = parseOperations(cfg, s); err != nil {
+		return nil, err
+	}
+
 	return s, nil
 }
 
-func parseLayer(field, name string, points int, duration string) (layerSpec, error) {
-	if points < 0 {
-		return layerSpec{}, invalid(field+".points", points, "must be >= 0 (0 turns the layer off)")
+func parseLayer(field, name string, lc LayerConfig) (layerSpec, error) {
+	if lc.Points < 0 {
+		return layerSpec{}, invalid(field+".points", lc.Points, "must be >= 0 (0 turns the layer off)")
 	}
 
-	d, err := parseDuration(duration)
+	d, err := parseDuration(lc.Duration)
 	if err != nil {
-		return layerSpec{}, invalid(field+".duration", duration, err.Error())
+		return layerSpec{}, invalid(field+".duration", lc.Duration, err.Error())
 	}
 
-	return layerSpec{name: name, points: int64(points), duration: d}, nil
+	spec := layerSpec{name: name, points: int64(lc.Points), duration: d}
+
+	switch strings.TrimSpace(lc.Algorithm) {
+	case "", "fixed":
+	case "sliding":
+		spec.sliding = true
+	default:
+		return layerSpec{}, invalid(field+".algorithm", lc.Algorithm, `must be "fixed" or "sliding"`)
+	}
+
+	if lc.Key != "" {
+		if spec.keyHeader, err = parseKeyHeader(lc.Key); err != nil {
+			return layerSpec{}, invalid(field+".key", lc.Key, err.Error())
+		}
+	}
+
+	return spec, nil
+}
+
+// parseKeyHeader reads a "header:<Name>" key and returns the canonical name.
+func parseKeyHeader(key string) (string, error) {
+	name := strings.TrimPrefix(key, keyHeader)
+	if name == key {
+		return "", errors.New(`must be empty or "header:<Name>"`)
+	}
+
+	if !validToken(name) {
+		return "", errors.New(`"` + name + `" is not a header name`)
+	}
+
+	return http.CanonicalHeaderKey(name), nil
 }
 
 // parseDuration reads a time.ParseDuration string or a bare integer of seconds.
@@ -382,20 +473,26 @@ func parseRoutes(routes []RouteConfig) ([]routeSpec, error) {
 
 		seen[rc.Name] = true
 
-		layer, err := parseLayer(field, rc.Name, rc.Points, rc.Duration)
+		layer, err := parseLayer(field, rc.Name, LayerConfig{Points: rc.Points, Duration: rc.Duration, Algorithm: rc.Algorithm})
 		if err != nil {
 			return nil, err
 		}
 
 		spec := routeSpec{layerSpec: layer, exact: map[string]bool{}}
 
-		switch rc.Key {
-		case keyIP, keyPrincipal, keyGlobal:
+		switch {
+		case rc.Key == keyIP || rc.Key == keyPrincipal || rc.Key == keyGlobal:
 			spec.key = rc.Key
-		case "":
+		case rc.Key == "":
 			spec.key = keyIP
+		case strings.HasPrefix(rc.Key, keyHeader):
+			if spec.keyHeader, err = parseKeyHeader(rc.Key); err != nil {
+				return nil, invalid(field+".key", rc.Key, err.Error())
+			}
+
+			spec.key = keyHeader
 		default:
-			return nil, invalid(field+".key", rc.Key, `must be "ip", "principal" or "global"`)
+			return nil, invalid(field+".key", rc.Key, `must be "ip", "principal", "global" or "header:<Name>"`)
 		}
 
 		for j, m := range rc.Methods {
@@ -571,4 +668,71 @@ func validToken(s string) bool {
 	}
 
 	return true
+}
+
+// maxBodyTemplate bounds the configured refusal body.
+const maxBodyTemplate = 64 << 10
+
+// parseOperations reads the status endpoint, the exemptions and the refusal.
+func parseOperations(cfg *Config, s *settings) error {
+	if p := cfg.Status.Path; p != "" {
+		if !strings.HasPrefix(p, "/") || strings.HasSuffix(p, "/") || strings.ContainsAny(p, "?# \t\r\n") {
+			return invalid("status.path", p, `must start with "/", not end with "/", and hold no query`)
+		}
+
+		s.statusPath = p
+	}
+
+	for i, raw := range cfg.Status.AllowedIPs {
+		prefix, err := parsePrefix(raw)
+		if err != nil {
+			return invalid("status.allowedIPs["+strconv.Itoa(i)+"]", raw, "not a CIDR or IP address")
+		}
+
+		s.statusAllowed = append(s.statusAllowed, prefix)
+	}
+
+	for i, raw := range cfg.Exempt.IPs {
+		prefix, err := parsePrefix(raw)
+		if err != nil {
+			return invalid("exempt.ips["+strconv.Itoa(i)+"]", raw, "not a CIDR or IP address")
+		}
+
+		s.exemptIPs = append(s.exemptIPs, prefix)
+	}
+
+	for i, id := range cfg.Exempt.Principals {
+		if strings.TrimSpace(id) == "" || len(id) > maxPrincipalLen {
+			return invalid("exempt.principals["+strconv.Itoa(i)+"]", id, "must be 1-128 characters")
+		}
+
+		if s.exemptIDs == nil {
+			s.exemptIDs = map[string]bool{}
+		}
+
+		s.exemptIDs[strings.TrimSpace(id)] = true
+	}
+
+	s.exemptGlobal = cfg.Exempt.Global
+	s.response = cfg.Response
+
+	switch cfg.Response.StatusCode {
+	case http.StatusTooManyRequests, http.StatusServiceUnavailable:
+	default:
+		return invalid("response.statusCode", cfg.Response.StatusCode, "must be 429 or 503")
+	}
+
+	if ct := cfg.Response.ContentType; ct == "" || len(ct) > 256 || strings.ContainsAny(ct, "\r\n\x00") {
+		return invalid("response.contentType", ct, "must be a media type of 1-256 characters on one line")
+	}
+
+	if len(cfg.Response.Body) > maxBodyTemplate {
+		return invalid("response.body", cfg.Response.Body[:32]+"...", "longer than 64 KiB")
+	}
+
+	if _, err := parseBodyTemplate(cfg.Response.Body); err != nil {
+		return invalid("response.body", cfg.Response.Body, err.Error())
+	}
+
+	return nil
 }

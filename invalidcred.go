@@ -118,10 +118,10 @@ func (w *credentialWriter) chargeIP() bool {
 
 	var t tally
 
-	p.store.take(&t, now, p.planInvalid, w.clientKey, "", p.cfg.dryRun)
+	p.store.take(&t, now, p.planInvalid, w.clientKey, "", nil, p.cfg.dryRun)
 
 	if t.firsts != 0 {
-		p.report(p.planInvalid, t.firsts, w.clientKey, "")
+		p.report(p.planInvalid, t.firsts, w.clientKey, "", nil)
 	}
 
 	if t.shown < 0 {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/tierlimit/tierlimit/redisresp"
@@ -44,6 +45,7 @@ type Plugin struct {
 	user    *layer
 	service *layer
 	routes  []*route
+	layers  []*layer // every layer that is on, in evaluation order (status, metrics)
 
 	// The layers charged up front, by kind of request, in evaluation order.
 	planIP, planAssets, planUser, planService, planCred, planInvalid []*layer
@@ -58,6 +60,9 @@ type Plugin struct {
 
 	ws      *connCounter // nil when websocket.maxConnectionsPerIP is 0
 	wsLayer *layer       // stands for the connection cap in a refusal
+
+	exempt     bool     // some exempt IP or principal is configured
+	planExempt []*layer // global, unless exempt.global
 }
 
 // How a layer finds its key in a request.
@@ -66,6 +71,7 @@ const (
 	keyOfPrincipal                  // the principal id (user, service)
 	keyOfConst                      // layer.constKey (global, routes keyed by global)
 	keyOfPrincipalElseClient        // routes keyed by principal
+	keyOfHeader                     // "header:<Name>": the value hashed, else the client IP
 )
 
 // layer is a layer as the request path uses it: its limits, its counters in
@@ -74,8 +80,12 @@ type layer struct {
 	name     string
 	points   int64
 	duration int64 // nanoseconds
-	keyKind  int
-	constKey string
+	keyKind   int
+	constKey  string
+	keyHeader string // canonical, for keyOfHeader
+	sliding   bool   // sliding-window counter instead of a fixed window
+
+	stats *layerStats // decisions since the process started, shared across reloads
 
 	entries map[string]*window // this layer's counters in the memory store
 	list    *windowList        // the memory store's list for this duration
@@ -85,8 +95,12 @@ type layer struct {
 	limitHdr  []string // X-RateLimit-Limit value (shared, never modified)
 	policyHdr []string // RateLimit-Policy value (shared, never modified)
 
-	// The refusal's JSON body around its reset time; layer names need no
-	// JSON escaping (validName).
+	// The refusal: status, content type, and either a template (response.body)
+	// or the design note's JSON body around its reset time (layer names need
+	// no JSON escaping: validName).
+	status                 int
+	contentType            []string
+	body                   []bodyPart
 	bodyPrefix, bodySuffix string
 
 	// By requests left, for the first maxPrecomputed values (see setHeaders):
@@ -100,8 +114,9 @@ const maxPrecomputed = 4096
 
 // keyFor returns the layer's bucket key for a request. A principal-keyed route
 // counts requests without a principal per client IP, in a namespace of its own
-// so that an IP never shares a bucket with a principal id.
-func (l *layer) keyFor(client, principal string) string {
+// so that an IP never shares a bucket with a principal id. A header-keyed layer
+// falls back to the client IP, never to a shared empty key.
+func (l *layer) keyFor(client, principal string, hdr http.Header) string {
 	switch l.keyKind {
 	case keyOfClient:
 		return client
@@ -109,6 +124,13 @@ func (l *layer) keyFor(client, principal string) string {
 		return principal
 	case keyOfConst:
 		return l.constKey
+	case keyOfHeader:
+		// A credential such as an API key: hashed, never kept in clear.
+		if v := hdr[l.keyHeader]; len(v) > 0 && strings.TrimSpace(v[0]) != "" {
+			return hashKey(strings.TrimSpace(v[0]))
+		}
+
+		return client
 	}
 
 	if principal != "" {
@@ -176,7 +198,7 @@ func New(ctx context.Context, next http.Handler, config *Config, name string) (h
 
 	p.credentials = len(p.credHeaders)+len(p.credCookies)+len(p.credQuery) > 0
 
-	kinds := map[string]int{keyIP: keyOfClient, keyPrincipal: keyOfPrincipalElseClient, keyGlobal: keyOfConst}
+	kinds := map[string]int{keyIP: keyOfClient, keyPrincipal: keyOfPrincipalElseClient, keyGlobal: keyOfConst, keyHeader: keyOfHeader}
 
 	for _, rs := range cfg.routes {
 		if rs.on() {
@@ -184,6 +206,11 @@ func New(ctx context.Context, next http.Handler, config *Config, name string) (h
 				layer: newLayer(memory, rs.layerSpec, kinds[rs.key]), methods: rs.methods, exact: rs.exact, prefixes: rs.prefixes,
 			})
 		}
+	}
+
+	p.layers = plan(p.global, p.ip, p.assets, p.user, p.service)
+	for _, rt := range p.routes {
+		p.layers = append(p.layers, rt.layer)
 	}
 
 	p.planIP = plan(p.global, p.ip)
@@ -198,8 +225,22 @@ func New(ctx context.Context, next http.Handler, config *Config, name string) (h
 		p.wsLayer = newLayer(memory, layerSpec{name: "websocket", points: int64(cfg.wsMaxPerIP), duration: time.Second}, keyOfClient)
 	}
 
+	if err := p.setResponse(cfg.response); err != nil {
+		return nil, fmt.Errorf("configuring %s: %w", name, err)
+	}
+
+	p.exempt = len(cfg.exemptIPs)+len(cfg.exemptIDs) > 0
+	if !cfg.exemptGlobal {
+		p.planExempt = plan(p.global)
+	}
+
+	keyed := false
+	for _, l := range p.layers {
+		keyed = keyed || l.keyKind == keyOfHeader || l.sliding
+	}
+
 	p.active = cfg.enabled && (len(p.planIP)+len(p.planAssets)+len(p.planUser)+len(p.planService)+len(p.routes) > 0 || p.ws != nil)
-	p.general = !p.active || p.credentials || p.routes != nil || p.ws != nil
+	p.general = !p.active || p.credentials || p.routes != nil || p.ws != nil || p.exempt || keyed
 	p.simple = !p.general && cfg.store == "memory" && cfg.headers && !cfg.dryRun
 
 	return p, nil
@@ -225,12 +266,18 @@ func newLayer(memory *windowStore, spec layerSpec, keyKind int) *layer {
 	}
 
 	l := &layer{
-		name:     spec.name,
-		points:   spec.points,
-		duration: int64(spec.duration),
-		keyKind:  keyKind,
-		constKey: layerGlobal,
-		limit:    formatInt(spec.points),
+		name:      spec.name,
+		points:    spec.points,
+		duration:  int64(spec.duration),
+		keyKind:   keyKind,
+		constKey:  layerGlobal,
+		keyHeader: spec.keyHeader,
+		sliding:   spec.sliding,
+		limit:     formatInt(spec.points),
+	}
+
+	if spec.keyHeader != "" {
+		l.keyKind = keyOfHeader
 	}
 
 	l.redisArgs = redisresp.Bulk(l.limit) + redisresp.Bulk(formatInt(int64(spec.duration/time.Millisecond)))
@@ -339,11 +386,14 @@ func (p *Plugin) serveSimple(rw http.ResponseWriter, req *http.Request) {
 		}
 
 		if w.count > l.points {
+			atomic.AddInt64(&l.stats.refused, 1)
 			refused, sw, first = l, w, !w.logged
 			w.logged = true
 
 			break
 		}
+
+		atomic.AddInt64(&l.stats.allowed, 1)
 
 		if shown == nil || l.points-w.count < left {
 			shown, sw, left = l, w, l.points-w.count
@@ -385,7 +435,7 @@ func (p *Plugin) serveSimple(rw http.ResponseWriter, req *http.Request) {
 // refuseSimple answers a request that layer l refused on serveSimple's path.
 func (p *Plugin) refuseSimple(rw http.ResponseWriter, req *http.Request, l *layer, count, reset int64, resetH []string, first bool, client, principal string, now int64) {
 	if first {
-		p.events.refused(l.name, l.keyFor(client, principal), client)
+		p.events.refused(l.name, l.keyFor(client, principal, nil), client)
 	}
 
 	setHeaders(rw.Header(), l, &tally{count: count, reset: reset, resetH: resetH}, now)
@@ -457,10 +507,10 @@ func (p *Plugin) decide(rw http.ResponseWriter, req *http.Request, layers []*lay
 
 	var t tally
 
-	p.store.take(&t, now, layers, client, principal, p.cfg.dryRun)
+	p.store.take(&t, now, layers, client, principal, req.Header, p.cfg.dryRun)
 
 	if t.firsts != 0 {
-		p.report(layers, t.firsts, client, principal)
+		p.report(layers, t.firsts, client, principal, req.Header)
 	}
 
 	if t.shown < 0 {
@@ -505,10 +555,10 @@ func (p *Plugin) serveUpgrade(out, rw http.ResponseWriter, req *http.Request, cl
 }
 
 // report writes an event for each layer whose refusal is the first of its window.
-func (p *Plugin) report(layers []*layer, firsts uint64, client, principal string) {
+func (p *Plugin) report(layers []*layer, firsts uint64, client, principal string, hdr http.Header) {
 	for i, l := range layers {
 		if firsts&(uint64(1)<<uint(i)) != 0 {
-			p.events.refused(l.name, l.keyFor(client, principal), client)
+			p.events.refused(l.name, l.keyFor(client, principal, hdr), client)
 		}
 	}
 }

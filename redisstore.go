@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -14,11 +15,11 @@ import (
 )
 
 // counterStore charges requests to layers. take charges one hit to each layer
-// in order, under the key layer.keyFor(client, principal); unless all is set
+// in order, under the key layer.keyFor(client, principal, hdr); unless all is set
 // it stops after the first layer whose count exceeds its points. It reports
 // the outcome as a tally. windowStore (memory) and redisStore implement it.
 type counterStore interface {
-	take(t *tally, now int64, layers []*layer, client, principal string, all bool)
+	take(t *tally, now int64, layers []*layer, client, principal string, hdr http.Header, all bool)
 }
 
 // takeScript is the whole decision of one request in one round trip. Each key
@@ -73,10 +74,12 @@ type redisStore struct {
 	blocked *blockList
 }
 
-func (s *redisStore) take(t *tally, now int64, layers []*layer, client, principal string, all bool) {
+func (s *redisStore) take(t *tally, now int64, layers []*layer, client, principal string, hdr http.Header, all bool) {
 	if !all {
 		for i, l := range layers {
-			if reset := s.blocked.resetOf(l.name, l.keyFor(client, principal), now); reset != 0 {
+			if reset := s.blocked.resetOf(l.name, l.keyFor(client, principal, hdr), now); reset != 0 {
+				l.stats.count(true)
+
 				*t = tally{charged: i + 1, shown: i, count: l.points + 1, reset: reset, refused: true,
 					resetH: []string{formatInt(ceilSeconds(reset))}}
 				return
@@ -86,14 +89,14 @@ func (s *redisStore) take(t *tally, now int64, layers []*layer, client, principa
 
 	use, probe := s.backend.usable(now)
 	if !use {
-		s.local.take(t, now, layers, client, principal, all)
+		s.local.take(t, now, layers, client, principal, hdr, all)
 		return
 	}
 
-	r, err := s.takeRedis(now, layers, client, principal, all)
+	r, err := s.takeRedis(now, layers, client, principal, hdr, all)
 	if err != nil {
 		s.backend.failed(now, probe, err)
-		s.local.take(t, now, layers, client, principal, all)
+		s.local.take(t, now, layers, client, principal, hdr, all)
 
 		return
 	}
@@ -103,7 +106,7 @@ func (s *redisStore) take(t *tally, now int64, layers []*layer, client, principa
 	*t = r
 }
 
-func (s *redisStore) takeRedis(now int64, layers []*layer, client, principal string, all bool) (tally, error) {
+func (s *redisStore) takeRedis(now int64, layers []*layer, client, principal string, hdr http.Header, all bool) (tally, error) {
 	// The command is encoded here, from each layer's pre-encoded arguments:
 	// under Yaegi, a loop over arguments in the RESP writer costs more than
 	// the round trip.
@@ -113,7 +116,7 @@ func (s *redisStore) takeRedis(now int64, layers []*layer, client, principal str
 	}
 
 	for _, l := range layers {
-		keys += redisresp.Bulk(s.prefix + l.name + ":" + l.keyFor(client, principal))
+		keys += redisresp.Bulk(s.prefix + l.name + ":" + l.keyFor(client, principal, hdr))
 		args += l.redisArgs
 	}
 
@@ -141,7 +144,7 @@ func (s *redisStore) takeRedis(now int64, layers []*layer, client, principal str
 		}
 
 		reset := now + ttl*int64(time.Millisecond)
-		first := count > l.points && s.blocked.add(l.name, l.keyFor(client, principal), reset, now)
+		first := count > l.points && s.blocked.add(l.name, l.keyFor(client, principal, hdr), reset, now)
 
 		if t.note(i, l, count, reset, first, all) && i < n-1 {
 			return tally{}, fmt.Errorf("%w: layers answered after a refusal", errBadReply)
@@ -152,6 +155,10 @@ func (s *redisStore) takeRedis(now int64, layers []*layer, client, principal str
 	// one would let a request skip the layers it did not reach.
 	if n < len(layers) && (all || !t.refused) {
 		return tally{}, fmt.Errorf("%w: %d of %d layers answered", errBadReply, n, len(layers))
+	}
+
+	for i := 0; i < n; i++ {
+		layers[i].stats.count(ints[2*i] > layers[i].points)
 	}
 
 	return t, nil

@@ -69,15 +69,48 @@ var (
 	noStore         = []string{"no-store"}
 )
 
-// refuse answers 429 with Retry-After and the JSON body of the design note.
+// refuse answers a refusal: 429 (or response.statusCode) with Retry-After and
+// the JSON body of the design note, or the configured body.
 func refuse(rw http.ResponseWriter, l *layer, count, reset, now int64) {
 	h := rw.Header()
 	h["Retry-After"] = []string{retryAfter(reset, now)}
-	h["Content-Type"] = jsonContentType
+	h["Content-Type"] = l.contentType
 	h["Cache-Control"] = noStore
-	rw.WriteHeader(http.StatusTooManyRequests)
+	rw.WriteHeader(l.status)
+
+	if l.body != nil {
+		_, _ = rw.Write([]byte(render(l.body, reset, now)))
+		return
+	}
 
 	_, _ = rw.Write([]byte(l.bodyPrefix + time.Unix(ceilSeconds(reset), 0).UTC().Format(time.RFC3339) + l.bodySuffix))
+}
+
+// setResponse gives every layer the configured refusal.
+func (p *Plugin) setResponse(rc ResponseConfig) error {
+	parts, err := parseBodyTemplate(rc.Body)
+	if err != nil {
+		return invalid("response.body", rc.Body, err.Error())
+	}
+
+	contentType := jsonContentType
+	if rc.ContentType != jsonContentType[0] {
+		contentType = []string{rc.ContentType}
+	}
+
+	all := p.layers
+	if p.wsLayer != nil {
+		all = append(all[:len(all):len(all)], p.wsLayer)
+	}
+
+	for _, l := range all {
+		l.status, l.contentType = rc.StatusCode, contentType
+		if rc.Body != "" {
+			l.body = bindLayer(parts, l.name, l.limit)
+		}
+	}
+
+	return nil
 }
 
 // ceilSeconds converts nanoseconds to whole seconds, rounding up.

@@ -1,7 +1,9 @@
 package tierlimit
 
 import (
+	"net/http"
 	"sync"
+	"sync/atomic"
 )
 
 // windowStore holds fixed-window counters in memory: one counter per layer and
@@ -23,6 +25,25 @@ type windowStore struct {
 	size  int
 	maps  map[string]map[string]*window // by layer name
 	lists []*windowList
+	stats map[string]*layerStats // by layer name
+}
+
+// layerStats counts a layer's decisions since the process started: requests
+// it let through and requests it refused. Updated atomically, since the Redis
+// store counts outside the memory store's lock.
+type layerStats struct {
+	allowed int64
+	refused int64
+}
+
+// count records one decision of a layer.
+func (st *layerStats) count(refused bool) {
+	if refused {
+		atomic.AddInt64(&st.refused, 1)
+		return
+	}
+
+	atomic.AddInt64(&st.allowed, 1)
 }
 
 // window is one counter. Times are Unix nanoseconds.
@@ -51,7 +72,7 @@ type windowList struct {
 const purgePerInsert = 2
 
 func newWindowStore(capacity int) *windowStore {
-	return &windowStore{max: capacity, maps: map[string]map[string]*window{}}
+	return &windowStore{max: capacity, maps: map[string]map[string]*window{}, stats: map[string]*layerStats{}}
 }
 
 // setMax changes the cap; a lower cap takes effect as keys are added.
@@ -72,6 +93,12 @@ func (s *windowStore) attach(l *layer) {
 	}
 
 	l.entries = s.maps[l.name]
+
+	if s.stats[l.name] == nil {
+		s.stats[l.name] = &layerStats{}
+	}
+
+	l.stats = s.stats[l.name]
 
 	for _, wl := range s.lists {
 		if wl.duration == l.duration {
@@ -134,7 +161,7 @@ func (t *tally) note(i int, l *layer, count, reset int64, first, all bool) bool 
 // The loop repeats tally.note and the common cases of layer.keyFor inline:
 // under Yaegi each call allocates every local of the callee, and this loop
 // runs for every request.
-func (s *windowStore) take(t *tally, now int64, layers []*layer, client, principal string, all bool) {
+func (s *windowStore) take(t *tally, now int64, layers []*layer, client, principal string, hdr http.Header, all bool) {
 	t.shown = -1
 
 	s.mu.Lock()
@@ -144,7 +171,7 @@ func (s *windowStore) take(t *tally, now int64, layers []*layer, client, princip
 		if l.keyKind == keyOfConst {
 			key = l.constKey
 		} else if l.keyKind != keyOfClient {
-			key = l.keyFor(client, principal)
+			key = l.keyFor(client, principal, hdr)
 		}
 
 		w := l.entries[key]
@@ -157,6 +184,7 @@ func (s *windowStore) take(t *tally, now int64, layers []*layer, client, princip
 		t.charged = i + 1
 
 		if w.count > l.points {
+			atomic.AddInt64(&l.stats.refused, 1)
 			first := !w.logged
 			w.logged = true
 			t.refuse(i, w.count, w.reset, w.resetH, first)
@@ -167,6 +195,8 @@ func (s *windowStore) take(t *tally, now int64, layers []*layer, client, princip
 
 			continue
 		}
+
+		atomic.AddInt64(&l.stats.allowed, 1)
 
 		if !t.refused && (t.shown < 0 || l.points-w.count < t.left) {
 			t.shown, t.count, t.reset, t.resetH, t.left = i, w.count, w.reset, w.resetH, l.points-w.count

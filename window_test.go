@@ -21,7 +21,7 @@ type hit struct {
 func hitOnce(s *windowStore, now int64, l *layer, key string) hit {
 	var t tally
 
-	s.take(&t, now, []*layer{l}, key, "", false)
+	s.take(&t, now, []*layer{l}, key, "", nil, false)
 
 	return hit{count: t.count, reset: t.reset, firstRefusal: t.firsts != 0}
 }
@@ -30,7 +30,7 @@ func hitOnce(s *windowStore, now int64, l *layer, key string) hit {
 func take(s counterStore, now int64, layers []*layer, client, principal string, all bool) tally {
 	var t tally
 
-	s.take(&t, now, layers, client, principal, all)
+	s.take(&t, now, layers, client, principal, nil, all)
 
 	return t
 }
@@ -157,7 +157,7 @@ func TestKeysByKind(t *testing.T) {
 
 	for _, tc := range cases {
 		l := &layer{keyKind: tc.kind, constKey: "global"}
-		if got := l.keyFor(tc.client, tc.principal); got != tc.want {
+		if got := l.keyFor(tc.client, tc.principal, nil); got != tc.want {
 			t.Errorf("kind %d: %q, want %q", tc.kind, got, tc.want)
 		}
 	}
