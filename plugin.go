@@ -77,9 +77,9 @@ const (
 // layer is a layer as the request path uses it: its limits, its counters in
 // the memory store and the header values that do not depend on the request.
 type layer struct {
-	name     string
-	points   int64
-	duration int64 // nanoseconds
+	name      string
+	points    int64
+	duration  int64 // nanoseconds
 	keyKind   int
 	constKey  string
 	keyHeader string // canonical, for keyOfHeader
