@@ -301,6 +301,10 @@ func newLayer(memory *windowStore, spec layerSpec, keyKind int) *layer {
 // The common instances take serveSimple; the rest serveGeneral, or, for an
 // anonymous instance on Redis or without headers, the few lines below.
 func (p *Plugin) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
+	if p.cfg.statusPath != "" && p.serveStatus(rw, req) {
+		return // the status endpoint, for an allowed client (status.go)
+	}
+
 	if p.simple {
 		p.serveSimple(rw, req)
 		return

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -381,4 +382,33 @@ func (b *blockList) add(layer, key string, reset, now int64) bool {
 	b.size.Store(int64(len(b.until)))
 
 	return true
+}
+
+// blockedKey is a block list entry as the status endpoint lists it.
+type blockedKey struct {
+	layer string
+	key   string
+	reset int64
+}
+
+// snapshot copies the keys blocked at now whose key starts with prefix.
+func (b *blockList) snapshot(now int64, prefix string) []blockedKey {
+	if b.size.Load() == 0 {
+		return nil
+	}
+
+	var out []blockedKey
+
+	b.mu.Lock()
+
+	for id, reset := range b.until {
+		i := strings.IndexByte(id, 0)
+		if reset > now && i >= 0 && strings.HasPrefix(id[i+1:], prefix) {
+			out = append(out, blockedKey{layer: id[:i], key: id[i+1:], reset: reset})
+		}
+	}
+
+	b.mu.Unlock()
+
+	return out
 }

@@ -1,0 +1,85 @@
+package tierlimit
+
+import (
+	"strconv"
+	"strings"
+	"sync/atomic"
+)
+
+// <status.path>/metrics: the status endpoint's counters in the Prometheus text
+// exposition format (version 0.0.4), one family after the other, each with
+// its HELP and TYPE lines. Labels: middleware (the qualified middleware name,
+// e.g. edge@file) and layer.
+
+var metricsContentType = []string{"text/plain; version=0.0.4; charset=utf-8"}
+
+// labelEscaper escapes a label value as the format requires.
+var labelEscaper = strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`)
+
+// metricsText renders the metrics at now.
+func (p *Plugin) metricsText(now int64) string {
+	limited, tracked := p.liveKeys(now, true, "")
+
+	perLayer := make([]int, len(p.layers))
+	for _, e := range limited {
+		perLayer[e.layer]++
+	}
+
+	mw := `middleware="` + labelEscaper.Replace(p.name) + `"`
+
+	labels := make([]string, len(p.layers))
+	for i, l := range p.layers {
+		labels[i] = mw + `,layer="` + labelEscaper.Replace(l.name) + `"`
+	}
+
+	var b strings.Builder
+
+	family(&b, "tierlimit_requests_total", "counter", "Requests each layer allowed or refused since the process started.")
+
+	for i, l := range p.layers {
+		sample(&b, "tierlimit_requests_total", labels[i]+`,decision="allowed"`, formatInt(atomic.LoadInt64(&l.stats.allowed)))
+		sample(&b, "tierlimit_requests_total", labels[i]+`,decision="refused"`, formatInt(atomic.LoadInt64(&l.stats.refused)))
+	}
+
+	family(&b, "tierlimit_tracked_keys", "gauge", "Keys held in memory for the layer, live or expired but not yet purged.")
+
+	for i := range p.layers {
+		sample(&b, "tierlimit_tracked_keys", labels[i], strconv.Itoa(tracked[i]))
+	}
+
+	family(&b, "tierlimit_limited_keys", "gauge", "Live keys over the layer's limit.")
+
+	for i := range p.layers {
+		sample(&b, "tierlimit_limited_keys", labels[i], strconv.Itoa(perLayer[i]))
+	}
+
+	family(&b, "tierlimit_layer_limit", "gauge", "Requests the layer allows per key and window (points).")
+
+	for i, l := range p.layers {
+		sample(&b, "tierlimit_layer_limit", labels[i], formatInt(l.points))
+	}
+
+	family(&b, "tierlimit_layer_window_seconds", "gauge", "The layer's window (duration) in seconds.")
+
+	for i, l := range p.layers {
+		sample(&b, "tierlimit_layer_window_seconds", labels[i], strconv.FormatFloat(float64(l.duration)/1e9, 'g', -1, 64))
+	}
+
+	fallback := "0"
+	if p.redisFallback() {
+		fallback = "1"
+	}
+
+	family(&b, "tierlimit_redis_fallback", "gauge", "1 while Redis is failing and the in-memory store decides, else 0.")
+	sample(&b, "tierlimit_redis_fallback", mw, fallback)
+
+	return b.String()
+}
+
+func family(b *strings.Builder, name, kind, help string) {
+	b.WriteString("# HELP " + name + " " + help + "\n# TYPE " + name + " " + kind + "\n")
+}
+
+func sample(b *strings.Builder, name, labels, value string) {
+	b.WriteString(name + "{" + labels + "} " + value + "\n")
+}

@@ -1,0 +1,355 @@
+package tierlimit
+
+import (
+	"encoding/json"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+)
+
+// The status endpoint (status.path): for clients whose resolved IP is in
+// status.allowedIPs, the plugin answers GET/HEAD <path> with JSON (layers,
+// their counters since the process started, the live keys) and
+// <path>/metrics with the Prometheus text format (metrics.go). Every other
+// request, including those paths from any other client, is an ordinary
+// request. Status requests are not charged to any layer.
+
+// Paging bounds of the key listing.
+const (
+	defaultKeyLimit = 100
+	maxKeyLimit     = 1000
+)
+
+const metricsSuffix = "/metrics"
+
+// serveStatus answers the request if it is for the status endpoint from an
+// allowed client and reports whether it did. Called only when status.path is
+// set; the path is compared first, so other requests cost one string prefix test.
+func (p *Plugin) serveStatus(rw http.ResponseWriter, req *http.Request) bool {
+	path := req.URL.Path
+	if !strings.HasPrefix(path, p.cfg.statusPath) {
+		return false
+	}
+
+	rest := path[len(p.cfg.statusPath):]
+	if rest != "" && rest != metricsSuffix {
+		return false
+	}
+
+	if !p.statusAllowed(req) {
+		return false
+	}
+
+	h := rw.Header()
+	h["Cache-Control"] = noStore
+
+	if req.Method != http.MethodGet && req.Method != http.MethodHead {
+		h["Allow"] = []string{"GET, HEAD"}
+		writeStatus(rw, req, http.StatusMethodNotAllowed, jsonContentType, []byte(`{"error":"method not allowed"}`))
+
+		return true
+	}
+
+	now := p.now().UnixNano()
+
+	if rest == metricsSuffix {
+		writeStatus(rw, req, http.StatusOK, metricsContentType, []byte(p.metricsText(now)))
+		return true
+	}
+
+	body, code := p.statusJSON(req, now)
+	writeStatus(rw, req, code, jsonContentType, body)
+
+	return true
+}
+
+// statusAllowed reports whether the request's client, resolved as the limiter
+// resolves it (trusted proxies, trustedHops), is in status.allowedIPs.
+func (p *Plugin) statusAllowed(req *http.Request) bool {
+	a, ok := p.ips.clientAddr(req.RemoteAddr, req.Header["X-Forwarded-For"])
+	if !ok {
+		return false
+	}
+
+	for _, prefix := range p.cfg.statusAllowed {
+		if prefix.Contains(a) {
+			return true
+		}
+	}
+
+	return false
+}
+
+// writeStatus writes a status response; HEAD gets the headers only.
+func writeStatus(rw http.ResponseWriter, req *http.Request, code int, contentType []string, body []byte) {
+	h := rw.Header()
+	h["Content-Type"] = contentType
+	h["Content-Length"] = []string{strconv.Itoa(len(body))}
+	rw.WriteHeader(code)
+
+	if req.Method != http.MethodHead {
+		_, _ = rw.Write(body)
+	}
+}
+
+// The JSON document. Only exported, tagged fields: Yaegi's encoding/json
+// would otherwise show unexported ones.
+type statusReport struct {
+	Middleware    string        `json:"middleware"`
+	Store         string        `json:"store"`
+	RedisFallback bool          `json:"redisFallback"`
+	Layers        []statusLayer `json:"layers"`
+	Keys          statusKeys    `json:"keys"`
+}
+
+type statusLayer struct {
+	Name        string `json:"name"`
+	Points      int64  `json:"points"`
+	Duration    string `json:"duration"`
+	Algorithm   string `json:"algorithm"`
+	TrackedKeys int    `json:"trackedKeys"`
+	Allowed     int64  `json:"allowed"`
+	Refused     int64  `json:"refused"`
+}
+
+type statusKeys struct {
+	Total  int         `json:"total"`
+	Offset int         `json:"offset"`
+	Limit  int         `json:"limit"`
+	Items  []statusKey `json:"items"`
+}
+
+type statusKey struct {
+	Layer     string `json:"layer"`
+	Key       string `json:"key"`
+	Count     int64  `json:"count"`
+	Limit     int64  `json:"limit"`
+	Limited   bool   `json:"limited"`
+	Reset     string `json:"reset"`
+	ResetUnix int64  `json:"resetUnix"`
+}
+
+type statusError struct {
+	Error     string `json:"error"`
+	Parameter string `json:"parameter"`
+}
+
+// keyQuery is the listing's filter and page, from the query string.
+type keyQuery struct {
+	limited bool   // only keys over their limit
+	prefix  string // only keys starting with this
+	offset  int
+	limit   int
+}
+
+// parseKeyQuery reads limited, q, offset and limit; on a bad value it returns
+// the parameter's name.
+func parseKeyQuery(req *http.Request) (keyQuery, string) {
+	q := keyQuery{limit: defaultKeyLimit}
+	values := req.URL.Query()
+
+	if v, ok := values["limited"]; ok {
+		switch v[0] {
+		case "true":
+			q.limited = true
+		case "false":
+		default:
+			return q, "limited"
+		}
+	}
+
+	if v, ok := values["q"]; ok {
+		q.prefix = v[0]
+	}
+
+	if v, ok := values["offset"]; ok {
+		n, err := strconv.Atoi(v[0])
+		if err != nil || n < 0 {
+			return q, "offset"
+		}
+
+		q.offset = n
+	}
+
+	if v, ok := values["limit"]; ok {
+		n, err := strconv.Atoi(v[0])
+		if err != nil || n < 0 || n > maxKeyLimit {
+			return q, "limit"
+		}
+
+		q.limit = n
+	}
+
+	return q, ""
+}
+
+// statusJSON returns the status document, or a 400 for a bad query parameter.
+func (p *Plugin) statusJSON(req *http.Request, now int64) ([]byte, int) {
+	q, bad := parseKeyQuery(req)
+	if bad != "" {
+		body, _ := json.Marshal(statusError{Error: "invalid query parameter " + bad, Parameter: bad})
+		return body, http.StatusBadRequest
+	}
+
+	entries, tracked := p.liveKeys(now, q.limited, q.prefix)
+	p.sortKeys(entries)
+
+	report := statusReport{
+		Middleware:    p.name,
+		Store:         p.cfg.store,
+		RedisFallback: p.redisFallback(),
+		Layers:        make([]statusLayer, 0, len(p.layers)),
+		Keys:          statusKeys{Total: len(entries), Offset: q.offset, Limit: q.limit, Items: []statusKey{}},
+	}
+
+	for i, l := range p.layers {
+		algorithm := "fixed"
+		if l.sliding {
+			algorithm = "sliding"
+		}
+
+		report.Layers = append(report.Layers, statusLayer{
+			Name: l.name, Points: l.points, Duration: time.Duration(l.duration).String(), Algorithm: algorithm,
+			TrackedKeys: tracked[i], Allowed: atomic.LoadInt64(&l.stats.allowed), Refused: atomic.LoadInt64(&l.stats.refused),
+		})
+	}
+
+	end := q.offset + q.limit
+	if end > len(entries) {
+		end = len(entries)
+	}
+
+	for i := q.offset; i < end; i++ {
+		e := entries[i]
+		l := p.layers[e.layer]
+		resetUnix := ceilSeconds(e.reset)
+
+		report.Keys.Items = append(report.Keys.Items, statusKey{
+			Layer: l.name, Key: e.key, Count: e.count, Limit: l.points, Limited: e.count > l.points,
+			Reset: time.Unix(resetUnix, 0).UTC().Format(time.RFC3339), ResetUnix: resetUnix,
+		})
+	}
+
+	body, err := json.Marshal(report)
+	if err != nil {
+		return []byte(`{"error":"encoding the status"}`), http.StatusInternalServerError
+	}
+
+	return body, http.StatusOK
+}
+
+// liveKey is a live window as the listing copies it: the index of its layer in
+// p.layers, its key, count and reset (Unix nanoseconds).
+type liveKey struct {
+	layer int
+	key   string
+	count int64
+	reset int64
+}
+
+// liveKeys copies the live windows of the middleware's layers that pass the
+// filter, and returns them unsorted with the number of keys each layer's map
+// holds (tracked, aligned with p.layers). For the Redis store, the keys Redis
+// reported over their limit are merged in, with count points+1 unless the
+// memory store (the fallback) knows a higher one.
+func (p *Plugin) liveKeys(now int64, limitedOnly bool, prefix string) ([]liveKey, []int) {
+	tracked := make([]int, len(p.layers))
+
+	var out []liveKey
+
+	s := p.memory
+	s.mu.Lock()
+
+	for i, l := range p.layers {
+		m := s.maps[l.name]
+		tracked[i] = len(m)
+
+		for key, w := range m {
+			if w.reset > now && w.list == l.list && (!limitedOnly || w.count > l.points) &&
+				(prefix == "" || strings.HasPrefix(key, prefix)) {
+				out = append(out, liveKey{layer: i, key: key, count: w.count, reset: w.reset})
+			}
+		}
+	}
+
+	s.mu.Unlock()
+
+	if rs, ok := p.store.(*redisStore); ok {
+		out = p.mergeBlocked(out, rs.blocked.snapshot(now, prefix))
+	}
+
+	return out, tracked
+}
+
+// mergeBlocked adds the block list's keys to the listing; a key listed by both
+// keeps the higher count and the later reset.
+func (p *Plugin) mergeBlocked(out []liveKey, blocked []blockedKey) []liveKey {
+	if len(blocked) == 0 {
+		return out
+	}
+
+	index := make(map[string]int, len(out))
+	for i, e := range out {
+		index[p.layers[e.layer].name+"\x00"+e.key] = i
+	}
+
+	for _, b := range blocked {
+		li := p.layerIndex(b.layer)
+		if li < 0 {
+			continue
+		}
+
+		count := p.layers[li].points + 1
+
+		if i, ok := index[b.layer+"\x00"+b.key]; ok {
+			if out[i].count < count {
+				out[i].count = count
+			}
+
+			if out[i].reset < b.reset {
+				out[i].reset = b.reset
+			}
+
+			continue
+		}
+
+		out = append(out, liveKey{layer: li, key: b.key, count: count, reset: b.reset})
+	}
+
+	return out
+}
+
+func (p *Plugin) layerIndex(name string) int {
+	for i, l := range p.layers {
+		if l.name == name {
+			return i
+		}
+	}
+
+	return -1
+}
+
+// sortKeys orders the listing by count, highest first, then layer name, then key.
+func (p *Plugin) sortKeys(entries []liveKey) {
+	sort.Slice(entries, func(i, j int) bool {
+		a, b := entries[i], entries[j]
+		if a.count != b.count {
+			return a.count > b.count
+		}
+
+		if a.layer != b.layer {
+			return p.layers[a.layer].name < p.layers[b.layer].name
+		}
+
+		return a.key < b.key
+	})
+}
+
+// redisFallback reports whether the Redis store is failing and memory decides.
+func (p *Plugin) redisFallback() bool {
+	rs, ok := p.store.(*redisStore)
+	return ok && rs.backend.down.Load()
+}
