@@ -332,3 +332,65 @@ func TestMetricsThroughTraefik(t *testing.T) {
 		t.Errorf("tierlimit_requests_total is a %s", got)
 	}
 }
+
+// With the Redis store, the keys Redis reported over their limit are listed
+// (count unknown: points+1), and an outage shows as redisFallback, with the
+// fallback's keys listed from memory.
+func TestStatusWithRedisThroughTraefik(t *testing.T) {
+	redis := startRedis(t)
+	e := start(t, strings.ReplaceAll(`
+http:
+  routers:
+    api:
+      entryPoints: [web]
+      rule: PathPrefix(`+"`/`"+`)
+      middlewares: [shared]
+      service: backend
+  middlewares:
+    shared:
+      plugin:
+        tierlimit:
+          store: redis
+          redis: {address: "{{redis}}"}
+          global: {points: 0}
+          ip: {points: 5, duration: 60s}
+          assets: {points: 0}
+          user: {points: 0}
+          service: {points: 0}
+          status: {path: /_ratelimit}
+  services:
+    backend:
+      loadBalancer:
+        servers:
+          - url: "{{backend}}"
+`, "{{redis}}", redis.Addr))
+	e.waitRouters("api")
+
+	web := e.traefik.Web
+
+	for i := 1; i <= 7; i++ {
+		if r := e.get(web+"/api", from("203.0.113.7")); (i <= 5) != (r.code == http.StatusOK) {
+			t.Fatalf("request %d: %d", i, r.code)
+		}
+	}
+
+	doc := e.status(web + "/_ratelimit")
+	if doc.Store != "redis" || doc.RedisFallback || doc.keys() != "203.0.113.7" || doc.Keys.Items[0].Count != 6 || !doc.Keys.Items[0].Limited {
+		t.Fatalf("redis store: %+v", doc)
+	}
+
+	redis.Kill()
+
+	if r := e.get(web+"/api", from("203.0.113.8")); r.code != http.StatusOK {
+		t.Fatalf("during the outage: %d", r.code)
+	}
+
+	doc = e.status(web + "/_ratelimit")
+	if !doc.RedisFallback || doc.keys() != "203.0.113.7 203.0.113.8" || doc.Layers[0].Allowed != 6 || doc.Layers[0].Refused != 2 {
+		t.Fatalf("during the outage: %+v", doc)
+	}
+
+	if r := e.get(web+"/_ratelimit/metrics", nil); !strings.Contains(r.body, `tierlimit_redis_fallback{middleware="shared@file"} 1`+"\n") {
+		t.Fatalf("metrics during the outage:\n%s", r.body)
+	}
+}
