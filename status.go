@@ -195,14 +195,27 @@ func (p *Plugin) statusJSON(req *http.Request, now int64) ([]byte, int) {
 	}
 
 	entries, tracked := p.liveKeys(now, q.limited, q.prefix)
-	p.sortKeys(entries)
+	total := len(entries)
+
+	// The page ends at offset+limit; both are bounded below by 0 and limit by
+	// maxKeyLimit, so only a huge offset can overflow, which means past the end.
+	end := q.offset + q.limit
+	if end < q.offset || end > total {
+		end = total
+	}
+
+	if q.offset >= total {
+		end = 0
+	}
+
+	entries = p.firstSorted(entries, end)
 
 	report := statusReport{
 		Middleware:    p.name,
 		Store:         p.cfg.store,
 		RedisFallback: p.redisFallback(),
 		Layers:        make([]statusLayer, 0, len(p.layers)),
-		Keys:          statusKeys{Total: len(entries), Offset: q.offset, Limit: q.limit, Items: []statusKey{}},
+		Keys:          statusKeys{Total: total, Offset: q.offset, Limit: q.limit, Items: []statusKey{}},
 	}
 
 	for i, l := range p.layers {
@@ -217,12 +230,7 @@ func (p *Plugin) statusJSON(req *http.Request, now int64) ([]byte, int) {
 		})
 	}
 
-	end := q.offset + q.limit
-	if end > len(entries) {
-		end = len(entries)
-	}
-
-	for i := q.offset; i < end; i++ {
+	for i := q.offset; i < len(entries); i++ {
 		e := entries[i]
 		l := p.layers[e.layer]
 		resetUnix := ceilSeconds(e.reset)
@@ -332,20 +340,57 @@ func (p *Plugin) layerIndex(name string) int {
 	return -1
 }
 
-// sortKeys orders the listing by count, highest first, then layer name, then key.
-func (p *Plugin) sortKeys(entries []liveKey) {
-	sort.Slice(entries, func(i, j int) bool {
-		a, b := entries[i], entries[j]
-		if a.count != b.count {
-			return a.count > b.count
+// before orders the listing: by count, highest first, then layer name, then key.
+func (p *Plugin) before(a, b liveKey) bool {
+	if a.count != b.count {
+		return a.count > b.count
+	}
+
+	if a.layer != b.layer {
+		return p.layers[a.layer].name < p.layers[b.layer].name
+	}
+
+	return a.key < b.key
+}
+
+// firstSorted returns the first n entries of the listing in order. A page
+// near the top of a long listing is selected in one pass (each entry compared
+// once with the page's last, and placed by binary search if it belongs on the
+// page) rather than sorting every key: under Yaegi each comparison is an
+// interpreted call, and a full sort of 100000 keys took seconds.
+func (p *Plugin) firstSorted(entries []liveKey, n int) []liveKey {
+	if n > len(entries) {
+		n = len(entries)
+	}
+
+	if n == 0 {
+		return nil
+	}
+
+	if n > len(entries)/4 {
+		sort.Slice(entries, func(i, j int) bool { return p.before(entries[i], entries[j]) })
+		return entries[:n]
+	}
+
+	top := make([]liveKey, 0, n+1)
+
+	for _, e := range entries {
+		e := e
+		if len(top) == n && !p.before(e, top[n-1]) {
+			continue
 		}
 
-		if a.layer != b.layer {
-			return p.layers[a.layer].name < p.layers[b.layer].name
-		}
+		i := sort.Search(len(top), func(j int) bool { return p.before(e, top[j]) })
+		top = append(top, liveKey{})
+		copy(top[i+1:], top[i:])
+		top[i] = e
 
-		return a.key < b.key
-	})
+		if len(top) > n {
+			top = top[:n]
+		}
+	}
+
+	return top
 }
 
 // redisFallback reports whether the Redis store is failing and memory decides.

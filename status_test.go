@@ -3,7 +3,9 @@ package tierlimit
 import (
 	"context"
 	"encoding/json"
+	"math/rand"
 	"net/http"
+	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -539,5 +541,42 @@ func TestStatusMergesTheFallbackAndReportsIt(t *testing.T) {
 
 	if body := h.get("/_rl/metrics", local).Body.String(); !strings.Contains(body, "tierlimit_redis_fallback{middleware=\""+h.p.name+"\"} 1\n") {
 		t.Fatalf("metrics:\n%s", body)
+	}
+}
+
+// firstSorted's one-pass selection of a page near the top agrees with a full
+// sort, ties included.
+func TestFirstSortedAgreesWithAFullSort(t *testing.T) {
+	p := &Plugin{layers: []*layer{{name: "ip"}, {name: "global"}, {name: "a_route"}}}
+	rng := rand.New(rand.NewSource(1))
+
+	for round := 0; round < 50; round++ {
+		entries := make([]liveKey, rng.Intn(300))
+		for i := range entries {
+			entries[i] = liveKey{layer: rng.Intn(3), key: strconv.Itoa(rng.Intn(50)), count: int64(rng.Intn(8))}
+		}
+
+		want := append([]liveKey(nil), entries...)
+		sort.SliceStable(want, func(i, j int) bool { return p.before(want[i], want[j]) })
+
+		for _, n := range []int{0, 1, 3, 10, 40, 74, 75, 200, 1000} {
+			got := p.firstSorted(append([]liveKey(nil), entries...), n)
+
+			k := n
+			if k > len(want) {
+				k = len(want)
+			}
+
+			if len(got) != k {
+				t.Fatalf("round %d, n %d: %d entries, want %d", round, n, len(got), k)
+			}
+
+			for i := range got {
+				// Equal entries (same layer, key and count) are interchangeable.
+				if p.before(got[i], want[i]) || p.before(want[i], got[i]) {
+					t.Fatalf("round %d, n %d, position %d: %+v, want %+v", round, n, i, got[i], want[i])
+				}
+			}
+		}
 	}
 }
