@@ -192,6 +192,8 @@ func TestStatusEndpointThroughTraefik(t *testing.T) {
 		"?limited=true":       "203.0.113.7",
 		"?q=203.0.113.7":      "203.0.113.7 203.0.113.70",
 		"?offset=1&limit=2":   "203.0.113.8 198.51.100.9",
+		"?limit=1":            "203.0.113.7", // a page of a quarter or less: one-pass selection
+		"?offset=1&limit=1":   "203.0.113.8",
 		"?limited=true&q=198": "",
 	} {
 		if d := e.status(web + "/_ratelimit" + query); d.keys() != want {
