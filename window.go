@@ -53,6 +53,8 @@ type window struct {
 	count  int64
 	start  int64
 	reset  int64
+	expire int64 // when the counter may be dropped: reset, or reset + duration for a sliding window
+	before int64 // sliding window: the previous window's count
 	logged bool     // a refusal of this window was reported (see tally.firsts)
 	resetH []string // X-RateLimit-Reset value, formatted once per window
 	list   *windowList
@@ -60,9 +62,12 @@ type window struct {
 	next   *window
 }
 
-// windowList links the counters of one duration, oldest start first.
+// windowList links the counters of one duration and algorithm, oldest start
+// first. A sliding window's counter outlives its window by one duration (its
+// count weighs on the next window), so it keeps a list of its own.
 type windowList struct {
 	duration int64
+	span     int64 // how long a counter lives from its start: duration, or 2x when sliding
 	head     *window
 	tail     *window
 }
@@ -100,14 +105,19 @@ func (s *windowStore) attach(l *layer) {
 
 	l.stats = s.stats[l.name]
 
+	span := l.duration
+	if l.sliding {
+		span = 2 * l.duration
+	}
+
 	for _, wl := range s.lists {
-		if wl.duration == l.duration {
+		if wl.duration == l.duration && wl.span == span {
 			l.list = wl
 			return
 		}
 	}
 
-	l.list = &windowList{duration: l.duration}
+	l.list = &windowList{duration: l.duration, span: span}
 	s.lists = append(s.lists, l.list)
 }
 
@@ -174,6 +184,14 @@ func (s *windowStore) take(t *tally, now int64, layers []*layer, client, princip
 			key = l.keyFor(client, principal, hdr)
 		}
 
+		if l.sliding {
+			if s.slide(t, i, now, l, key) && !all {
+				break
+			}
+
+			continue
+		}
+
 		w := l.entries[key]
 		if w != nil && w.reset > now && w.list == l.list {
 			w.count++
@@ -234,8 +252,10 @@ func (s *windowStore) restart(now int64, l *layer, w *window, key string) *windo
 	}
 
 	w.count = 1
+	w.before = 0
 	w.start = now
 	w.reset = now + l.list.duration
+	w.expire = now + l.list.span
 	w.resetH = []string{formatInt(ceilSeconds(w.reset))}
 	w.logged = false
 	l.list.push(w)
@@ -260,7 +280,7 @@ func (s *windowStore) peek(now int64, layer, key string) (count, reset int64) {
 // makeRoom purges a few expired counters and, at the cap, all expired ones and
 // then the oldest live ones, until one more fits.
 func (s *windowStore) makeRoom(now int64, l *windowList) {
-	for n := 0; n < purgePerInsert && l.head != nil && l.head.reset <= now; n++ {
+	for n := 0; n < purgePerInsert && l.head != nil && l.head.expire <= now; n++ {
 		s.remove(l.head)
 	}
 
@@ -269,7 +289,7 @@ func (s *windowStore) makeRoom(now int64, l *windowList) {
 	}
 
 	for _, other := range s.lists {
-		for other.head != nil && other.head.reset <= now {
+		for other.head != nil && other.head.expire <= now {
 			s.remove(other.head)
 		}
 	}
