@@ -91,7 +91,7 @@ type layer struct {
 	list    *windowList        // the memory store's list for this duration
 
 	limit     string   // points, formatted
-	redisArgs string   // points and window (ms) as the script's RESP-encoded arguments
+	redisArgs string   // points, window (ms) and algorithm as the script's RESP-encoded arguments
 	limitHdr  []string // X-RateLimit-Limit value (shared, never modified)
 	policyHdr []string // RateLimit-Policy value (shared, never modified)
 
@@ -280,7 +280,10 @@ func newLayer(memory *windowStore, spec layerSpec, keyKind int) *layer {
 		l.keyKind = keyOfHeader
 	}
 
-	l.redisArgs = redisresp.Bulk(l.limit) + redisresp.Bulk(formatInt(int64(spec.duration/time.Millisecond)))
+	l.redisArgs = redisresp.Bulk(l.limit) + redisresp.Bulk(formatInt(int64(spec.duration/time.Millisecond))) + bulkFalse
+	if spec.sliding {
+		l.redisArgs = redisresp.Bulk(l.limit) + redisresp.Bulk(formatInt(int64(spec.duration/time.Millisecond))) + bulkTrue
+	}
 	l.bodyPrefix = `{"errors":[{"message":"Hit rate limit","extensions":{"code":"REQUESTS_EXCEEDED","limit":` + l.limit + `,"reset":"`
 	l.bodySuffix = `","layer":"` + l.name + `"}}]}`
 	l.limitHdr = []string{l.limit}

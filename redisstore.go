@@ -22,26 +22,80 @@ type counterStore interface {
 	take(t *tally, now int64, layers []*layer, client, principal string, hdr http.Header, all bool)
 }
 
-// takeScript is the whole decision of one request in one round trip. Each key
-// is created with its expiry (SET NX PX) before it is incremented, so no key is
-// ever left without a TTL; the reset is first hit + window, as in memory.
+// takeScript is the whole decision of one request in one round trip.
 //
-// KEYS: one counter per layer, in evaluation order.
+// A fixed layer's key is a counter created with its expiry (SET NX PX) before
+// it is incremented, so no key is ever left without a TTL; the reset is first
+// hit + window, as in memory.
+//
+// A sliding layer's key is a hash {c: count, p: previous window's count} that
+// lives two windows from its window's start, so that the current window ends
+// at PTTL - window and, once PTTL <= window, the key holds the window before.
+// Time comes from the keys' TTLs alone, as for fixed layers. The arithmetic is
+// sliding.go's, in milliseconds; only allowed requests are counted.
+//
+// A key of the other kind (left by a reload that changed a layer's algorithm)
+// is started afresh rather than failing the script.
+//
+// KEYS: one key per layer, in evaluation order.
 // ARGV[1]: "1" charges every key (dry run); "0" stops after the first refusal.
-// ARGV[2i], ARGV[2i+1]: points and window (milliseconds) of KEYS[i].
-// Returns count, milliseconds to reset, for each key charged.
+// ARGV[3i-1], ARGV[3i], ARGV[3i+1]: points, window (milliseconds) and "1" if
+// sliding, of KEYS[i].
+// Returns count, milliseconds to reset, for each key charged. A sliding
+// layer's count is its estimate; after a refusal its reset is when a request
+// will next fit.
 const takeScript = `
 local all = ARGV[1] == '1'
 local out = {}
 for i = 1, #KEYS do
-  local points = tonumber(ARGV[2 * i])
-  local window = tonumber(ARGV[2 * i + 1])
-  redis.call('SET', KEYS[i], 0, 'NX', 'PX', window)
-  local count = redis.call('INCR', KEYS[i])
-  local ttl = redis.call('PTTL', KEYS[i])
-  if ttl < 0 then
-    redis.call('PEXPIRE', KEYS[i], window)
-    ttl = window
+  local k = KEYS[i]
+  local points = tonumber(ARGV[3 * i - 1])
+  local window = tonumber(ARGV[3 * i])
+  local count, ttl
+  if ARGV[3 * i + 1] ~= '1' then
+    redis.call('SET', k, 0, 'NX', 'PX', window)
+    count = redis.pcall('INCR', k)
+    if type(count) == 'table' then
+      redis.call('SET', k, 1, 'PX', window)
+      count = 1
+    end
+    ttl = redis.call('PTTL', k)
+    if ttl < 0 then
+      redis.call('PEXPIRE', k, window)
+      ttl = window
+    end
+  else
+    local pttl = redis.call('PTTL', k)
+    local v = false
+    if pttl > 0 then
+      v = redis.pcall('HMGET', k, 'c', 'p')
+      if v.err then v = false end
+    end
+    local cur, prev, left = 0, 0, window
+    if v and pttl > window then
+      cur, prev, left = tonumber(v[1]) or 0, tonumber(v[2]) or 0, pttl - window
+    elseif v then
+      prev, left = tonumber(v[1]) or 0, pttl
+      redis.call('HSET', k, 'c', 0, 'p', prev)
+      redis.call('PEXPIRE', k, left + window)
+    else
+      redis.call('DEL', k)
+      redis.call('HSET', k, 'c', 0, 'p', 0)
+      redis.call('PEXPIRE', k, 2 * window)
+    end
+    count = cur + 1 + math.floor(prev * left / window)
+    ttl = left
+    if count <= points then
+      redis.call('HINCRBY', k, 'c', 1)
+    elseif cur < points then
+      ttl = left - math.ceil((points - cur) * window / prev) + 1
+      if ttl < 1 then ttl = 1 end
+      if ttl > left then ttl = left end
+    else
+      local y = window - math.ceil(points * window / cur) + 1
+      if y < 0 then y = 0 end
+      ttl = left + y
+    end
   end
   out[#out + 1] = count
   out[#out + 1] = ttl
@@ -120,7 +174,7 @@ func (s *redisStore) takeRedis(now int64, layers []*layer, client, principal str
 		args += l.redisArgs
 	}
 
-	ints, serverErr, err := takeRedis.RunInts(s.backend.pool, len(layers), 3*len(layers)+1, keys+args)
+	ints, serverErr, err := takeRedis.RunInts(s.backend.pool, len(layers), 4*len(layers)+1, keys+args)
 	if err != nil {
 		return tally{}, err
 	}
@@ -139,7 +193,7 @@ func (s *redisStore) takeRedis(now int64, layers []*layer, client, principal str
 	for i := 0; i < n; i++ {
 		l, count, ttl := layers[i], ints[2*i], ints[2*i+1]
 
-		if count < 1 || ttl < 0 || ttl > l.duration/int64(time.Millisecond) {
+		if count < 1 || ttl < 0 || ttl > l.duration/int64(time.Millisecond) && (!l.sliding || ttl > 2*l.duration/int64(time.Millisecond)) {
 			return tally{}, fmt.Errorf("%w: count %d, ttl %d", errBadReply, count, ttl)
 		}
 
