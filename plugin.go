@@ -468,6 +468,11 @@ func (p *Plugin) serveGeneral(rw http.ResponseWriter, req *http.Request) {
 		principal = p.principalOf(req)
 	}
 
+	if p.exempt && p.isExempt(req, principal) {
+		p.serveExempt(rw, req, client, principal)
+		return
+	}
+
 	switch {
 	case principal != "":
 		layers = p.principalPlan(req)
