@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/tierlimit/tierlimit/redisresp"
@@ -389,14 +388,14 @@ func (p *Plugin) serveSimple(rw http.ResponseWriter, req *http.Request) {
 		}
 
 		if w.count > l.points {
-			atomic.AddInt64(&l.stats.refused, 1)
+			l.stats.refused++
 			refused, sw, first = l, w, !w.logged
 			w.logged = true
 
 			break
 		}
 
-		atomic.AddInt64(&l.stats.allowed, 1)
+		l.stats.allowed++
 
 		if shown == nil || l.points-w.count < left {
 			shown, sw, left = l, w, l.points-w.count

@@ -132,7 +132,7 @@ func (s *redisStore) take(t *tally, now int64, layers []*layer, client, principa
 	if !all {
 		for i, l := range layers {
 			if reset := s.blocked.resetOf(l.name, l.keyFor(client, principal, hdr), now); reset != 0 {
-				l.stats.count(true)
+				l.stats.countRedis(true)
 
 				*t = tally{charged: i + 1, shown: i, count: l.points + 1, reset: reset, refused: true,
 					resetH: []string{formatInt(ceilSeconds(reset))}}
@@ -212,7 +212,7 @@ func (s *redisStore) takeRedis(now int64, layers []*layer, client, principal str
 	}
 
 	for i := 0; i < n; i++ {
-		layers[i].stats.count(ints[2*i] > layers[i].points)
+		layers[i].stats.countRedis(ints[2*i] > layers[i].points)
 	}
 
 	return t, nil

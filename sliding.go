@@ -2,7 +2,6 @@ package tierlimit
 
 import (
 	"math"
-	"sync/atomic"
 )
 
 // A sliding layer uses the sliding-window counter: windows follow each other
@@ -62,7 +61,7 @@ func (s *windowStore) slide(t *tally, i int, now int64, l *layer, key string) bo
 	w := l.entries[key]
 	if w == nil || w.expire <= now || w.list != l.list {
 		w = s.restart(now, l, w, key)
-		atomic.AddInt64(&l.stats.allowed, 1)
+		l.stats.allowed++
 		t.allow(i, l, w.count, w.reset, w.resetH)
 
 		return false
@@ -84,7 +83,7 @@ func (s *windowStore) slide(t *tally, i int, now int64, l *layer, key string) bo
 	est := slidingCount(w.before, w.count, left, l.duration)
 
 	if est > l.points {
-		atomic.AddInt64(&l.stats.refused, 1)
+		l.stats.refused++
 
 		first := !w.logged
 		w.logged = true
@@ -95,7 +94,7 @@ func (s *windowStore) slide(t *tally, i int, now int64, l *layer, key string) bo
 	}
 
 	w.count++
-	atomic.AddInt64(&l.stats.allowed, 1)
+	l.stats.allowed++
 	t.allow(i, l, est, w.reset, w.resetH)
 
 	return false

@@ -29,21 +29,31 @@ type windowStore struct {
 }
 
 // layerStats counts a layer's decisions since the process started: requests
-// it let through and requests it refused. Updated atomically, since the Redis
-// store counts outside the memory store's lock.
+// it let through and requests it refused. The memory store counts under its
+// lock, with plain increments (an atomic call costs several allocations under
+// Yaegi); the Redis store, which takes no lock, counts in the atomic fields.
 type layerStats struct {
-	allowed int64
-	refused int64
+	allowed, refused           int64 // under windowStore.mu
+	redisAllowed, redisRefused int64 // atomic
 }
 
-// count records one decision of a layer.
-func (st *layerStats) count(refused bool) {
+// countRedis records one decision of the Redis store.
+func (st *layerStats) countRedis(refused bool) {
 	if refused {
-		atomic.AddInt64(&st.refused, 1)
+		atomic.AddInt64(&st.redisRefused, 1)
 		return
 	}
 
-	atomic.AddInt64(&st.allowed, 1)
+	atomic.AddInt64(&st.redisAllowed, 1)
+}
+
+// totals returns a layer's allowed and refused counts, both stores together.
+func (s *windowStore) totals(st *layerStats) (allowed, refused int64) {
+	s.mu.Lock()
+	allowed, refused = st.allowed, st.refused
+	s.mu.Unlock()
+
+	return allowed + atomic.LoadInt64(&st.redisAllowed), refused + atomic.LoadInt64(&st.redisRefused)
 }
 
 // window is one counter. Times are Unix nanoseconds.
@@ -53,8 +63,8 @@ type window struct {
 	count  int64
 	start  int64
 	reset  int64
-	expire int64 // when the counter may be dropped: reset, or reset + duration for a sliding window
-	before int64 // sliding window: the previous window's count
+	expire int64    // when the counter may be dropped: reset, or reset + duration for a sliding window
+	before int64    // sliding window: the previous window's count
 	logged bool     // a refusal of this window was reported (see tally.firsts)
 	resetH []string // X-RateLimit-Reset value, formatted once per window
 	list   *windowList
@@ -202,7 +212,7 @@ func (s *windowStore) take(t *tally, now int64, layers []*layer, client, princip
 		t.charged = i + 1
 
 		if w.count > l.points {
-			atomic.AddInt64(&l.stats.refused, 1)
+			l.stats.refused++
 			first := !w.logged
 			w.logged = true
 			t.refuse(i, w.count, w.reset, w.resetH, first)
@@ -214,7 +224,7 @@ func (s *windowStore) take(t *tally, now int64, layers []*layer, client, princip
 			continue
 		}
 
-		atomic.AddInt64(&l.stats.allowed, 1)
+		l.stats.allowed++
 
 		if !t.refused && (t.shown < 0 || l.points-w.count < t.left) {
 			t.shown, t.count, t.reset, t.resetH, t.left = i, w.count, w.reset, w.resetH, l.points-w.count
