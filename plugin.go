@@ -91,6 +91,7 @@ type layer struct {
 
 	limit     string   // points, formatted
 	redisArgs string   // points, window (ms) and algorithm as the script's RESP-encoded arguments
+	maxTTL    int64    // the longest reset the script may report, in ms: the window, twice for sliding
 	limitHdr  []string // X-RateLimit-Limit value (shared, never modified)
 	policyHdr []string // RateLimit-Policy value (shared, never modified)
 
@@ -224,6 +225,13 @@ func New(ctx context.Context, next http.Handler, config *Config, name string) (h
 		p.wsLayer = newLayer(memory, layerSpec{name: "websocket", points: int64(cfg.wsMaxPerIP), duration: time.Second}, keyOfClient)
 	}
 
+	if rs, ok := store.(*redisStore); ok {
+		// A plan has at most every layer: global, one tier and the routes.
+		for n := 0; n <= len(p.layers); n++ {
+			rs.calls = append(rs.calls, takeRedis.Call(n, 4*n+1))
+		}
+	}
+
 	if err := p.setResponse(cfg.response); err != nil {
 		return nil, fmt.Errorf("configuring %s: %w", name, err)
 	}
@@ -282,6 +290,11 @@ func newLayer(memory *windowStore, spec layerSpec, keyKind int) *layer {
 	l.redisArgs = redisresp.Bulk(l.limit) + redisresp.Bulk(formatInt(int64(spec.duration/time.Millisecond))) + bulkFalse
 	if spec.sliding {
 		l.redisArgs = redisresp.Bulk(l.limit) + redisresp.Bulk(formatInt(int64(spec.duration/time.Millisecond))) + bulkTrue
+	}
+
+	l.maxTTL = int64(spec.duration / time.Millisecond)
+	if spec.sliding {
+		l.maxTTL *= 2
 	}
 	l.bodyPrefix = `{"errors":[{"message":"Hit rate limit","extensions":{"code":"REQUESTS_EXCEEDED","limit":` + l.limit + `,"reset":"`
 	l.bodySuffix = `","layer":"` + l.name + `"}}]}`

@@ -106,8 +106,6 @@ end
 return out
 `
 
-var takeRedis = redisresp.NewScript(takeScript)
-
 // The script's first argument, encoded.
 var (
 	bulkFalse = redisresp.Bulk("0")
@@ -126,41 +124,72 @@ type redisStore struct {
 	backend *redisBackend
 	local   *windowStore
 	blocked *blockList
+	calls   []redisresp.Call // the script's call head by number of layers
 }
 
-func (s *redisStore) take(t *tally, now int64, layers []*layer, client, principal string, hdr http.Header, all bool) {
-	if !all {
-		for i, l := range layers {
-			if reset := s.blocked.resetOf(l.name, l.keyFor(client, principal, hdr), now); reset != 0 {
-				l.stats.countRedis(true)
+// takeRedis is the script every redisStore runs.
+var takeRedis = redisresp.NewScript(takeScript)
 
-				*t = tally{charged: i + 1, shown: i, count: l.points + 1, reset: reset, refused: true,
-					resetH: []string{formatInt(ceilSeconds(reset))}}
-				return
-			}
+// callFor returns the script's call head for n layers.
+func (s *redisStore) callFor(n int) redisresp.Call {
+	if n < len(s.calls) {
+		return s.calls[n]
+	}
+
+	return takeRedis.Call(n, 4*n+1)
+}
+
+// The healthy path (nothing blocked, Redis up) takes no lock and makes as few
+// calls as it can: under Yaegi each call allocates the callee's whole frame.
+func (s *redisStore) take(t *tally, now int64, layers []*layer, client, principal string, hdr http.Header, all bool) {
+	if !all && s.blocked.size.Load() != 0 && s.takeBlocked(t, now, layers, client, principal, hdr) {
+		return
+	}
+
+	probe := false
+
+	if s.backend.down.Load() {
+		use := false
+		if use, probe = s.backend.usable(now); !use {
+			s.local.take(t, now, layers, client, principal, hdr, all)
+			return
 		}
 	}
 
-	use, probe := s.backend.usable(now)
-	if !use {
-		s.local.take(t, now, layers, client, principal, hdr, all)
-		return
-	}
-
-	r, err := s.takeRedis(now, layers, client, principal, hdr, all)
-	if err != nil {
+	if err := s.takeRedis(t, now, layers, client, principal, hdr, all); err != nil {
 		s.backend.failed(now, probe, err)
+
+		*t = tally{}
 		s.local.take(t, now, layers, client, principal, hdr, all)
 
 		return
 	}
 
-	s.backend.succeeded()
-
-	*t = r
+	if s.backend.down.Load() {
+		s.backend.succeeded()
+	}
 }
 
-func (s *redisStore) takeRedis(now int64, layers []*layer, client, principal string, hdr http.Header, all bool) (tally, error) {
+// takeBlocked refuses the request locally when one of its keys is known to be
+// over its limit, and reports whether it did.
+func (s *redisStore) takeBlocked(t *tally, now int64, layers []*layer, client, principal string, hdr http.Header) bool {
+	for i, l := range layers {
+		if reset := s.blocked.resetOf(l.name, l.keyFor(client, principal, hdr), now); reset != 0 {
+			l.stats.countRedis(true)
+
+			*t = tally{charged: i + 1, shown: i, count: l.points + 1, reset: reset, refused: true,
+				resetH: []string{formatInt(ceilSeconds(reset))}}
+
+			return true
+		}
+	}
+
+	return false
+}
+
+// takeRedis runs the script and writes its outcome to t; on an error, t is
+// to be discarded.
+func (s *redisStore) takeRedis(t *tally, now int64, layers []*layer, client, principal string, hdr http.Header, all bool) error {
 	// The command is encoded here, from each layer's pre-encoded arguments:
 	// under Yaegi, a loop over arguments in the RESP writer costs more than
 	// the round trip.
@@ -170,52 +199,85 @@ func (s *redisStore) takeRedis(now int64, layers []*layer, client, principal str
 	}
 
 	for _, l := range layers {
-		keys += redisresp.Bulk(s.prefix + l.name + ":" + l.keyFor(client, principal, hdr))
+		key := client
+		if l.keyKind == keyOfConst {
+			key = l.constKey
+		} else if l.keyKind != keyOfClient {
+			key = l.keyFor(client, principal, hdr)
+		}
+
+		keys += redisresp.Bulk(s.prefix + l.name + ":" + key)
 		args += l.redisArgs
 	}
 
-	ints, serverErr, err := takeRedis.RunInts(s.backend.pool, len(layers), 4*len(layers)+1, keys+args)
+	ints, serverErr, err := s.callFor(len(layers)).RunInts(s.backend.pool, keys+args)
 	if err != nil {
-		return tally{}, err
+		return err
 	}
 
 	if serverErr != "" {
-		return tally{}, fmt.Errorf("running the rate-limit script: %s", serverErr)
+		return fmt.Errorf("running the rate-limit script: %s", serverErr)
 	}
 
 	n := len(ints) / 2
 	if len(ints)%2 != 0 || n == 0 || n > len(layers) {
-		return tally{}, fmt.Errorf("%w: %d integers for %d layers", errBadReply, len(ints), len(layers))
+		return fmt.Errorf("%w: %d integers for %d layers", errBadReply, len(ints), len(layers))
 	}
 
-	t := tally{shown: -1}
+	t.shown = -1
 
 	for i := 0; i < n; i++ {
 		l, count, ttl := layers[i], ints[2*i], ints[2*i+1]
 
-		if count < 1 || ttl < 0 || ttl > l.duration/int64(time.Millisecond) && (!l.sliding || ttl > 2*l.duration/int64(time.Millisecond)) {
-			return tally{}, fmt.Errorf("%w: count %d, ttl %d", errBadReply, count, ttl)
+		if count < 1 || ttl < 0 || ttl > l.maxTTL {
+			return fmt.Errorf("%w: count %d, ttl %d", errBadReply, count, ttl)
 		}
 
+		t.charged = i + 1
 		reset := now + ttl*int64(time.Millisecond)
-		first := count > l.points && s.blocked.add(l.name, l.keyFor(client, principal, hdr), reset, now)
 
-		if t.note(i, l, count, reset, first, all) && i < n-1 {
-			return tally{}, fmt.Errorf("%w: layers answered after a refusal", errBadReply)
+		if count > l.points {
+			if s.refused(t, i, l, count, reset, now, client, principal, hdr) && !all && i < n-1 {
+				return fmt.Errorf("%w: layers answered after a refusal", errBadReply)
+			}
+
+			continue
+		}
+
+		if !t.refused && (t.shown < 0 || l.points-count < t.left) {
+			t.shown, t.count, t.reset, t.left = i, count, reset, l.points-count
 		}
 	}
 
 	// The script stops only at a refusal; a shorter reply that does not end in
 	// one would let a request skip the layers it did not reach.
 	if n < len(layers) && (all || !t.refused) {
-		return tally{}, fmt.Errorf("%w: %d of %d layers answered", errBadReply, n, len(layers))
+		return fmt.Errorf("%w: %d of %d layers answered", errBadReply, n, len(layers))
+	}
+
+	if !t.refused {
+		t.resetH = []string{formatInt(ceilSeconds(t.reset))}
 	}
 
 	for i := 0; i < n; i++ {
-		layers[i].stats.countRedis(ints[2*i] > layers[i].points)
+		if ints[2*i] > layers[i].points {
+			atomic.AddInt64(&layers[i].stats.redisRefused, 1)
+		} else {
+			atomic.AddInt64(&layers[i].stats.redisAllowed, 1)
+		}
 	}
 
-	return t, nil
+	return nil
+}
+
+// refused records that layers[i] refused with count: the key is blocked
+// locally until reset, and the first refusal per window is reported. It
+// returns true, so that takeRedis can tell a reply that goes on after it.
+func (s *redisStore) refused(t *tally, i int, l *layer, count, reset, now int64, client, principal string, hdr http.Header) bool {
+	first := s.blocked.add(l.name, l.keyFor(client, principal, hdr), reset, now)
+	t.refuse(i, count, reset, []string{formatInt(ceilSeconds(reset))}, first)
+
+	return true
 }
 
 // Back-off bounds: Redis is skipped for minBackoff after a failure, doubling

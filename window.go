@@ -153,25 +153,6 @@ type tally struct {
 	// window, so a refusal is reported once per layer, key and window.
 }
 
-// note records layers[i] after its hit and reports whether to stop: after a
-// refusal, unless all layers are to be charged (dry run).
-func (t *tally) note(i int, l *layer, count, reset int64, first, all bool) bool {
-	t.charged = i + 1
-	left := l.points - count
-
-	if left < 0 {
-		t.refuse(i, count, reset, []string{formatInt(ceilSeconds(reset))}, first)
-		return !all
-	}
-
-	if !t.refused && (t.shown < 0 || left < t.left) {
-		t.shown, t.count, t.reset, t.left = i, count, reset, left
-		t.resetH = []string{formatInt(ceilSeconds(reset))}
-	}
-
-	return false
-}
-
 // take charges one hit to each layer in order, under one lock so that the
 // counts are exact under concurrency, with the key each layer takes from
 // client and principal (layer.keyFor), and writes the outcome to t. Unless all
