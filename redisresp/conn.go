@@ -218,7 +218,7 @@ func (r *reader) readInts() ([]int64, string, error) {
 
 		v, err := strconv.ParseInt(string(b[1:len(b)-2]), 10, 64)
 		if err != nil {
-			return nil, "", badInteger(b, err, r.br.Size())
+			return nil, "", badInteger(b, nil, r.br.Size())
 		}
 
 		out[i] = v
