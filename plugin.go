@@ -21,7 +21,7 @@ import (
 // structs costs microseconds. So New precomputes the layer lists ("plans")
 // each kind of request is charged to and the header values; the common
 // instances (memory store, no routes or credentials: the edge and the principal
-// instance of the recommended chain) are served by ServeHTTP alone;
+// instance of the recommended chain) are served by one function, serveSimple;
 // and rarer work (credentials, routes, WebSocket caps, refusals) lives in
 // functions that only those requests call. BENCHMARKS.md has the figures.
 type Plugin struct {
@@ -31,7 +31,7 @@ type Plugin struct {
 	now     func() time.Time
 	active  bool // enabled, and some layer or the connection cap is on
 	general bool // credentials, routes, a connection cap, or off: serveGeneral
-	simple  bool // not general; memory store, headers, no dry run: ServeHTTP alone
+	simple  bool // not general; memory store, headers, no dry run: serveSimple
 
 	store  counterStore
 	memory *windowStore // the memory store, or the redis store's fallback
@@ -331,22 +331,28 @@ func (p *Plugin) serveOther(rw http.ResponseWriter, req *http.Request) {
 
 // ServeHTTP charges the request to its layers, in the order global, tier,
 // routes, and either refuses it or passes it on with the rate-limit headers.
-//
-// It serves the most common instances itself ("simple": the edge and the
-// principal instance of the recommended chain: layers charged up front only
-// (global, ip, assets, user, service), the memory store, headers on, no dry
-// run), and leaves every other case to serveOther. It does in one function
-// what decide, windowStore.take and setHeaders do for the other cases, because
-// under Yaegi each call allocates the callee's whole frame: this measured 1.65x
-// cheaper than the general path, and 1.08x more for not being a call of its
-// own (BENCHMARKS.md). Rare work stays in calls: new windows (restart),
-// refusals (refuseSimple), large header values.
+// The common instances take serveSimple, every other one serveOther. Both are
+// calls of their own because under Yaegi a function's whole frame is
+// allocated on each call, the locals of branches not taken included: served
+// from here, the common case would cost every other one ~170 allocations.
 func (p *Plugin) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
-	if !p.simple {
-		p.serveOther(rw, req)
+	if p.simple {
+		p.serveSimple(rw, req)
 		return
 	}
 
+	p.serveOther(rw, req)
+}
+
+// serveSimple is ServeHTTP for the most common instances, the edge and the
+// principal instance of the recommended chain: layers charged up front only
+// (global, ip, assets, user, service), the memory store, headers on, no dry
+// run. It does in one function what decide, windowStore.take and setHeaders
+// do for every other case, because under Yaegi each call allocates the
+// callee's whole frame: this measured 1.65x cheaper than the general path
+// (BENCHMARKS.md). Rare work stays in calls: new windows (restart), refusals
+// (refuseSimple), large header values.
+func (p *Plugin) serveSimple(rw http.ResponseWriter, req *http.Request) {
 	client := ""
 	if p.ips.hops == 0 && req.Header["X-Forwarded-For"] == nil {
 		i := strings.LastIndexByte(req.RemoteAddr, ':')
@@ -450,7 +456,7 @@ func (p *Plugin) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	p.next.ServeHTTP(rw, req)
 }
 
-// refuseSimple answers a request that layer l refused on ServeHTTP's own path.
+// refuseSimple answers a request that layer l refused on serveSimple's path.
 func (p *Plugin) refuseSimple(rw http.ResponseWriter, req *http.Request, l *layer, count, reset int64, resetH []string, first bool, client, principal string, now int64) {
 	if first {
 		p.events.refused(l.name, l.keyFor(client, principal, nil), client)
@@ -467,7 +473,7 @@ func (p *Plugin) refuseSimple(rw http.ResponseWriter, req *http.Request, l *laye
 }
 
 // serveGeneral is ServeHTTP for instances with credentials, routes or a
-// connection cap, principals beyond ServeHTTP's own path, or turned off.
+// connection cap, principals beyond serveSimple, or turned off.
 func (p *Plugin) serveGeneral(rw http.ResponseWriter, req *http.Request) {
 	if !p.active {
 		p.next.ServeHTTP(rw, req)

@@ -546,7 +546,7 @@ func TestInstancesWithOneNameShareCounters(t *testing.T) {
 	}
 }
 
-// TestAnonymousPathMatchesTheGeneralPath: ServeHTTP's own path inlines what decide,
+// TestAnonymousPathMatchesTheGeneralPath: serveSimple inlines what decide,
 // take and setHeaders do; both paths must answer a sequence of requests alike.
 func TestAnonymousPathMatchesTheGeneralPath(t *testing.T) {
 	cfg := func(c *Config) {
@@ -557,7 +557,7 @@ func TestAnonymousPathMatchesTheGeneralPath(t *testing.T) {
 	fast, general := newHarness(t, cfg), newHarness(t, cfg)
 
 	if !fast.p.simple {
-		t.Fatal("the simple path is not taken for an anonymous memory instance")
+		t.Fatal("serveSimple is not taken for an anonymous memory instance")
 	}
 
 	general.p.simple = false
@@ -603,7 +603,7 @@ func TestSimplePathMatchesTheGeneralPathWithPrincipals(t *testing.T) {
 	fast, general := newHarness(t, cfg), newHarness(t, cfg)
 
 	if !fast.p.simple {
-		t.Fatal("the simple path is not taken for a principal memory instance")
+		t.Fatal("serveSimple is not taken for a principal memory instance")
 	}
 
 	general.p.simple = false
