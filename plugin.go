@@ -89,11 +89,15 @@ type layer struct {
 	entries map[string]*window // this layer's counters in the memory store
 	list    *windowList        // the memory store's list for this duration
 
-	limit     string   // points, formatted
-	redisArgs string   // points, window (ms) and algorithm as the script's RESP-encoded arguments
-	maxTTL    int64    // the longest reset the script may report, in ms: the window, twice for sliding
-	limitHdr  []string // X-RateLimit-Limit value (shared, never modified)
-	policyHdr []string // RateLimit-Policy value (shared, never modified)
+	limit     string // points, formatted
+	redisArgs string // points, window (ms) and algorithm as the script's RESP-encoded arguments
+	maxTTL    int64  // the longest reset the script may report, in ms: the window, twice for sliding
+
+	// Redis store: the key up to the bucket key, and a constant key whole,
+	// RESP-encoded (both set by New).
+	redisKey, redisConstKey string
+	limitHdr                []string // X-RateLimit-Limit value (shared, never modified)
+	policyHdr               []string // RateLimit-Policy value (shared, never modified)
 
 	// The refusal: status, content type, and either a template (response.body)
 	// or the design note's JSON body around its reset time (layer names need
@@ -226,6 +230,11 @@ func New(ctx context.Context, next http.Handler, config *Config, name string) (h
 	}
 
 	if rs, ok := store.(*redisStore); ok {
+		for _, l := range p.layers {
+			l.redisKey = rs.prefix + l.name + ":"
+			l.redisConstKey = redisresp.Bulk(l.redisKey + l.constKey)
+		}
+
 		// A plan has at most every layer: global, one tier and the routes.
 		for n := 0; n <= len(p.layers); n++ {
 			rs.calls = append(rs.calls, takeRedis.Call(n, 4*n+1))

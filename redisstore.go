@@ -199,15 +199,20 @@ func (s *redisStore) takeRedis(t *tally, now int64, layers []*layer, client, pri
 	}
 
 	for _, l := range layers {
-		key := client
+		args += l.redisArgs
+
 		if l.keyKind == keyOfConst {
-			key = l.constKey
-		} else if l.keyKind != keyOfClient {
+			keys += l.redisConstKey
+			continue
+		}
+
+		key := client
+		if l.keyKind != keyOfClient {
 			key = l.keyFor(client, principal, hdr)
 		}
 
-		keys += redisresp.Bulk(s.prefix + l.name + ":" + key)
-		args += l.redisArgs
+		key = l.redisKey + key
+		keys += "$" + strconv.Itoa(len(key)) + "\r\n" + key + "\r\n"
 	}
 
 	ints, serverErr, err := s.callFor(len(layers)).RunInts(s.backend.pool, keys+args)
