@@ -125,6 +125,27 @@ func TestInvalidConfigurationNamesFieldAndValue(t *testing.T) {
 		{"redis.poolSize", "0", func(c *Config) { c.Redis.PoolSize = 0 }},
 		{"redis.address", "localhost", func(c *Config) { c.Store = "redis"; c.Redis.Address = "localhost" }},
 		{"websocket.maxConnectionsPerIP", "-1", func(c *Config) { c.Websocket.MaxConnectionsPerIP = -1 }},
+		{"ip.algorithm", "leaky", func(c *Config) { c.IP.Algorithm = "leaky" }},
+		{"routes[0].algorithm", "Sliding!", func(c *Config) {
+			c.Routes = []RouteConfig{{Name: "r", Paths: []string{"/x"}, Points: 1, Duration: "1s", Algorithm: "Sliding!"}}
+		}},
+		{"ip.key", "X-Api-Key", func(c *Config) { c.IP.Key = "X-Api-Key" }},
+		{"user.key", "header:X Api", func(c *Config) { c.User.Key = "header:X Api" }},
+		{"global.key", "header:X-Api-Key", func(c *Config) { c.Global.Key = "header:X-Api-Key" }},
+		{"routes[0].key", "header:", func(c *Config) {
+			c.Routes = []RouteConfig{{Name: "r", Paths: []string{"/x"}, Points: 1, Duration: "1s", Key: "header:"}}
+		}},
+		{"routes[0].key", "cookie:sid", func(c *Config) {
+			c.Routes = []RouteConfig{{Name: "r", Paths: []string{"/x"}, Points: 1, Duration: "1s", Key: "cookie:sid"}}
+		}},
+		{"status.path", "status", func(c *Config) { c.Status.Path = "status" }},
+		{"status.path", "/status/", func(c *Config) { c.Status.Path = "/status/" }},
+		{"status.allowedIPs[1]", "10.0.0.300", func(c *Config) { c.Status.AllowedIPs = []string{"10.0.0.1", "10.0.0.300"} }},
+		{"exempt.ips[0]", "monitor", func(c *Config) { c.Exempt.IPs = []string{"monitor"} }},
+		{"exempt.principals[0]", " ", func(c *Config) { c.Exempt.Principals = []string{" "} }},
+		{"response.statusCode", "500", func(c *Config) { c.Response.StatusCode = 500 }},
+		{"response.contentType", "", func(c *Config) { c.Response.ContentType = "" }},
+		{"response.body", `retry in {retry}s`, func(c *Config) { c.Response.Body = `retry in {retry}s` }},
 	}
 
 	for _, tc := range cases {

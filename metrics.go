@@ -3,7 +3,6 @@ package tierlimit
 import (
 	"strconv"
 	"strings"
-	"sync/atomic"
 )
 
 // <status.path>/metrics: the status endpoint's counters in the Prometheus text
@@ -37,8 +36,9 @@ func (p *Plugin) metricsText(now int64) string {
 	family(&b, "tierlimit_requests_total", "counter", "Requests each layer allowed or refused since the process started.")
 
 	for i, l := range p.layers {
-		sample(&b, "tierlimit_requests_total", labels[i]+`,decision="allowed"`, formatInt(atomic.LoadInt64(&l.stats.allowed)))
-		sample(&b, "tierlimit_requests_total", labels[i]+`,decision="refused"`, formatInt(atomic.LoadInt64(&l.stats.refused)))
+		allowed, refused := p.memory.totals(l.stats)
+		sample(&b, "tierlimit_requests_total", labels[i]+`,decision="allowed"`, formatInt(allowed))
+		sample(&b, "tierlimit_requests_total", labels[i]+`,decision="refused"`, formatInt(refused))
 	}
 
 	family(&b, "tierlimit_tracked_keys", "gauge", "Keys held in memory for the layer, live or expired but not yet purged.")

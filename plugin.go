@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/tierlimit/tierlimit/redisresp"
@@ -90,10 +89,15 @@ type layer struct {
 	entries map[string]*window // this layer's counters in the memory store
 	list    *windowList        // the memory store's list for this duration
 
-	limit     string   // points, formatted
-	redisArgs string   // points and window (ms) as the script's RESP-encoded arguments
-	limitHdr  []string // X-RateLimit-Limit value (shared, never modified)
-	policyHdr []string // RateLimit-Policy value (shared, never modified)
+	limit     string // points, formatted
+	redisArgs string // points, window (ms) and algorithm as the script's RESP-encoded arguments
+	maxTTL    int64  // the longest reset the script may report, in ms: the window, twice for sliding
+
+	// Redis store: the key up to the bucket key, and a constant key whole,
+	// RESP-encoded (both set by New).
+	redisKey, redisConstKey string
+	limitHdr                []string // X-RateLimit-Limit value (shared, never modified)
+	policyHdr               []string // RateLimit-Policy value (shared, never modified)
 
 	// The refusal: status, content type, and either a template (response.body)
 	// or the design note's JSON body around its reset time (layer names need
@@ -225,6 +229,18 @@ func New(ctx context.Context, next http.Handler, config *Config, name string) (h
 		p.wsLayer = newLayer(memory, layerSpec{name: "websocket", points: int64(cfg.wsMaxPerIP), duration: time.Second}, keyOfClient)
 	}
 
+	if rs, ok := store.(*redisStore); ok {
+		for _, l := range p.layers {
+			l.redisKey = rs.prefix + l.name + ":"
+			l.redisConstKey = redisresp.Bulk(l.redisKey + l.constKey)
+		}
+
+		// A plan has at most every layer: global, one tier and the routes.
+		for n := 0; n <= len(p.layers); n++ {
+			rs.calls = append(rs.calls, takeRedis.Call(n, 4*n+1))
+		}
+	}
+
 	if err := p.setResponse(cfg.response); err != nil {
 		return nil, fmt.Errorf("configuring %s: %w", name, err)
 	}
@@ -280,7 +296,15 @@ func newLayer(memory *windowStore, spec layerSpec, keyKind int) *layer {
 		l.keyKind = keyOfHeader
 	}
 
-	l.redisArgs = redisresp.Bulk(l.limit) + redisresp.Bulk(formatInt(int64(spec.duration/time.Millisecond)))
+	l.redisArgs = redisresp.Bulk(l.limit) + redisresp.Bulk(formatInt(int64(spec.duration/time.Millisecond))) + bulkFalse
+	if spec.sliding {
+		l.redisArgs = redisresp.Bulk(l.limit) + redisresp.Bulk(formatInt(int64(spec.duration/time.Millisecond))) + bulkTrue
+	}
+
+	l.maxTTL = int64(spec.duration / time.Millisecond)
+	if spec.sliding {
+		l.maxTTL *= 2
+	}
 	l.bodyPrefix = `{"errors":[{"message":"Hit rate limit","extensions":{"code":"REQUESTS_EXCEEDED","limit":` + l.limit + `,"reset":"`
 	l.bodySuffix = `","layer":"` + l.name + `"}}]}`
 	l.limitHdr = []string{l.limit}
@@ -296,22 +320,9 @@ func newLayer(memory *windowStore, spec layerSpec, keyKind int) *layer {
 	return l
 }
 
-// ServeHTTP charges the request to its layers, in the order global, tier,
-// routes, and either refuses it or passes it on with the rate-limit headers.
-// The common instances take serveSimple; the rest serveGeneral, or, for an
-// anonymous instance on Redis or without headers, the few lines below.
-func (p *Plugin) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
-	// The status endpoint, for an allowed client (status.go). The prefix test
-	// stays here: under Yaegi a call costs microseconds even when it does nothing.
-	if p.cfg.statusPath != "" && strings.HasPrefix(req.URL.Path, p.cfg.statusPath) && p.serveStatus(rw, req) {
-		return
-	}
-
-	if p.simple {
-		p.serveSimple(rw, req)
-		return
-	}
-
+// serveOther is ServeHTTP for every instance but the common ones: serveGeneral,
+// or for an anonymous instance on Redis or without headers, the few lines below.
+func (p *Plugin) serveOther(rw http.ResponseWriter, req *http.Request) {
 	if p.general || p.userHeader != "" {
 		p.serveGeneral(rw, req)
 		return
@@ -327,13 +338,35 @@ func (p *Plugin) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	}
 }
 
+// ServeHTTP charges the request to its layers, in the order global, tier,
+// routes, and either refuses it or passes it on with the rate-limit headers.
+// The common instances take serveSimple, every other one serveOther. Both are
+// calls of their own because under Yaegi a function's whole frame is
+// allocated on each call, the locals of branches not taken included: served
+// from here, the common case would cost every other one ~170 allocations.
+func (p *Plugin) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
+	// The status endpoint, for an allowed client (status.go). The prefix test
+	// stays here: under Yaegi a call costs microseconds even when it does nothing.
+	if p.cfg.statusPath != "" && strings.HasPrefix(req.URL.Path, p.cfg.statusPath) && p.serveStatus(rw, req) {
+		return
+	}
+
+	if p.simple {
+		p.serveSimple(rw, req)
+		return
+	}
+
+	p.serveOther(rw, req)
+}
+
 // serveSimple is ServeHTTP for the most common instances, the edge and the
 // principal instance of the recommended chain: layers charged up front only
-// (global, ip, assets, user, service), the memory store, headers on, no dry run. It does in one function what
-// decide, windowStore.take and setHeaders do for every other case, because
-// under Yaegi each call allocates the callee's whole frame: this measured 1.65x
-// cheaper than the general path (BENCHMARKS.md). Rare work stays in calls: new
-// windows (restart), refusals (refuseSimple), large header values.
+// (global, ip, assets, user, service), the memory store, headers on, no dry
+// run. It does in one function what decide, windowStore.take and setHeaders
+// do for every other case, because under Yaegi each call allocates the
+// callee's whole frame: this measured 1.65x cheaper than the general path
+// (BENCHMARKS.md). Rare work stays in calls: new windows (restart), refusals
+// (refuseSimple), large header values.
 func (p *Plugin) serveSimple(rw http.ResponseWriter, req *http.Request) {
 	client := ""
 	if p.ips.hops == 0 && req.Header["X-Forwarded-For"] == nil {
@@ -392,14 +425,14 @@ func (p *Plugin) serveSimple(rw http.ResponseWriter, req *http.Request) {
 		}
 
 		if w.count > l.points {
-			atomic.AddInt64(&l.stats.refused, 1)
+			l.stats.refused++
 			refused, sw, first = l, w, !w.logged
 			w.logged = true
 
 			break
 		}
 
-		atomic.AddInt64(&l.stats.allowed, 1)
+		l.stats.allowed++
 
 		if shown == nil || l.points-w.count < left {
 			shown, sw, left = l, w, l.points-w.count
@@ -469,6 +502,11 @@ func (p *Plugin) serveGeneral(rw http.ResponseWriter, req *http.Request) {
 
 	if p.userHeader != "" {
 		principal = p.principalOf(req)
+	}
+
+	if p.exempt && p.isExempt(req, principal) {
+		p.serveExempt(rw, req, client, principal)
+		return
 	}
 
 	switch {

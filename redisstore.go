@@ -23,26 +23,80 @@ type counterStore interface {
 	take(t *tally, now int64, layers []*layer, client, principal string, hdr http.Header, all bool)
 }
 
-// takeScript is the whole decision of one request in one round trip. Each key
-// is created with its expiry (SET NX PX) before it is incremented, so no key is
-// ever left without a TTL; the reset is first hit + window, as in memory.
+// takeScript is the whole decision of one request in one round trip.
 //
-// KEYS: one counter per layer, in evaluation order.
+// A fixed layer's key is a counter created with its expiry (SET NX PX) before
+// it is incremented, so no key is ever left without a TTL; the reset is first
+// hit + window, as in memory.
+//
+// A sliding layer's key is a hash {c: count, p: previous window's count} that
+// lives two windows from its window's start, so that the current window ends
+// at PTTL - window and, once PTTL <= window, the key holds the window before.
+// Time comes from the keys' TTLs alone, as for fixed layers. The arithmetic is
+// sliding.go's, in milliseconds; only allowed requests are counted.
+//
+// A key of the other kind (left by a reload that changed a layer's algorithm)
+// is started afresh rather than failing the script.
+//
+// KEYS: one key per layer, in evaluation order.
 // ARGV[1]: "1" charges every key (dry run); "0" stops after the first refusal.
-// ARGV[2i], ARGV[2i+1]: points and window (milliseconds) of KEYS[i].
-// Returns count, milliseconds to reset, for each key charged.
+// ARGV[3i-1], ARGV[3i], ARGV[3i+1]: points, window (milliseconds) and "1" if
+// sliding, of KEYS[i].
+// Returns count, milliseconds to reset, for each key charged. A sliding
+// layer's count is its estimate; after a refusal its reset is when a request
+// will next fit.
 const takeScript = `
 local all = ARGV[1] == '1'
 local out = {}
 for i = 1, #KEYS do
-  local points = tonumber(ARGV[2 * i])
-  local window = tonumber(ARGV[2 * i + 1])
-  redis.call('SET', KEYS[i], 0, 'NX', 'PX', window)
-  local count = redis.call('INCR', KEYS[i])
-  local ttl = redis.call('PTTL', KEYS[i])
-  if ttl < 0 then
-    redis.call('PEXPIRE', KEYS[i], window)
-    ttl = window
+  local k = KEYS[i]
+  local points = tonumber(ARGV[3 * i - 1])
+  local window = tonumber(ARGV[3 * i])
+  local count, ttl
+  if ARGV[3 * i + 1] ~= '1' then
+    redis.call('SET', k, 0, 'NX', 'PX', window)
+    count = redis.pcall('INCR', k)
+    if type(count) == 'table' then
+      redis.call('SET', k, 1, 'PX', window)
+      count = 1
+    end
+    ttl = redis.call('PTTL', k)
+    if ttl < 0 then
+      redis.call('PEXPIRE', k, window)
+      ttl = window
+    end
+  else
+    local pttl = redis.call('PTTL', k)
+    local v = false
+    if pttl > 0 then
+      v = redis.pcall('HMGET', k, 'c', 'p')
+      if v.err then v = false end
+    end
+    local cur, prev, left = 0, 0, window
+    if v and pttl > window then
+      cur, prev, left = tonumber(v[1]) or 0, tonumber(v[2]) or 0, pttl - window
+    elseif v then
+      prev, left = tonumber(v[1]) or 0, pttl
+      redis.call('HSET', k, 'c', 0, 'p', prev)
+      redis.call('PEXPIRE', k, left + window)
+    else
+      redis.call('DEL', k)
+      redis.call('HSET', k, 'c', 0, 'p', 0)
+      redis.call('PEXPIRE', k, 2 * window)
+    end
+    count = cur + 1 + math.floor(prev * left / window)
+    ttl = left
+    if count <= points then
+      redis.call('HINCRBY', k, 'c', 1)
+    elseif cur < points then
+      ttl = left - math.ceil((points - cur) * window / prev) + 1
+      if ttl < 1 then ttl = 1 end
+      if ttl > left then ttl = left end
+    else
+      local y = window - math.ceil(points * window / cur) + 1
+      if y < 0 then y = 0 end
+      ttl = left + y
+    end
   end
   out[#out + 1] = count
   out[#out + 1] = ttl
@@ -52,8 +106,6 @@ for i = 1, #KEYS do
 end
 return out
 `
-
-var takeRedis = redisresp.NewScript(takeScript)
 
 // The script's first argument, encoded.
 var (
@@ -73,41 +125,72 @@ type redisStore struct {
 	backend *redisBackend
 	local   *windowStore
 	blocked *blockList
+	calls   []redisresp.Call // the script's call head by number of layers
 }
 
-func (s *redisStore) take(t *tally, now int64, layers []*layer, client, principal string, hdr http.Header, all bool) {
-	if !all {
-		for i, l := range layers {
-			if reset := s.blocked.resetOf(l.name, l.keyFor(client, principal, hdr), now); reset != 0 {
-				l.stats.count(true)
+// takeRedis is the script every redisStore runs.
+var takeRedis = redisresp.NewScript(takeScript)
 
-				*t = tally{charged: i + 1, shown: i, count: l.points + 1, reset: reset, refused: true,
-					resetH: []string{formatInt(ceilSeconds(reset))}}
-				return
-			}
+// callFor returns the script's call head for n layers.
+func (s *redisStore) callFor(n int) redisresp.Call {
+	if n < len(s.calls) {
+		return s.calls[n]
+	}
+
+	return takeRedis.Call(n, 4*n+1)
+}
+
+// The healthy path (nothing blocked, Redis up) takes no lock and makes as few
+// calls as it can: under Yaegi each call allocates the callee's whole frame.
+func (s *redisStore) take(t *tally, now int64, layers []*layer, client, principal string, hdr http.Header, all bool) {
+	if !all && s.blocked.size.Load() != 0 && s.takeBlocked(t, now, layers, client, principal, hdr) {
+		return
+	}
+
+	probe := false
+
+	if s.backend.down.Load() {
+		use := false
+		if use, probe = s.backend.usable(now); !use {
+			s.local.take(t, now, layers, client, principal, hdr, all)
+			return
 		}
 	}
 
-	use, probe := s.backend.usable(now)
-	if !use {
-		s.local.take(t, now, layers, client, principal, hdr, all)
-		return
-	}
-
-	r, err := s.takeRedis(now, layers, client, principal, hdr, all)
-	if err != nil {
+	if err := s.takeRedis(t, now, layers, client, principal, hdr, all); err != nil {
 		s.backend.failed(now, probe, err)
+
+		*t = tally{}
 		s.local.take(t, now, layers, client, principal, hdr, all)
 
 		return
 	}
 
-	s.backend.succeeded()
-
-	*t = r
+	if s.backend.down.Load() {
+		s.backend.succeeded()
+	}
 }
 
-func (s *redisStore) takeRedis(now int64, layers []*layer, client, principal string, hdr http.Header, all bool) (tally, error) {
+// takeBlocked refuses the request locally when one of its keys is known to be
+// over its limit, and reports whether it did.
+func (s *redisStore) takeBlocked(t *tally, now int64, layers []*layer, client, principal string, hdr http.Header) bool {
+	for i, l := range layers {
+		if reset := s.blocked.resetOf(l.name, l.keyFor(client, principal, hdr), now); reset != 0 {
+			l.stats.countRedis(true)
+
+			*t = tally{charged: i + 1, shown: i, count: l.points + 1, reset: reset, refused: true,
+				resetH: []string{formatInt(ceilSeconds(reset))}}
+
+			return true
+		}
+	}
+
+	return false
+}
+
+// takeRedis runs the script and writes its outcome to t; on an error, t is
+// to be discarded.
+func (s *redisStore) takeRedis(t *tally, now int64, layers []*layer, client, principal string, hdr http.Header, all bool) error {
 	// The command is encoded here, from each layer's pre-encoded arguments:
 	// under Yaegi, a loop over arguments in the RESP writer costs more than
 	// the round trip.
@@ -117,52 +200,90 @@ func (s *redisStore) takeRedis(now int64, layers []*layer, client, principal str
 	}
 
 	for _, l := range layers {
-		keys += redisresp.Bulk(s.prefix + l.name + ":" + l.keyFor(client, principal, hdr))
 		args += l.redisArgs
+
+		if l.keyKind == keyOfConst {
+			keys += l.redisConstKey
+			continue
+		}
+
+		key := client
+		if l.keyKind != keyOfClient {
+			key = l.keyFor(client, principal, hdr)
+		}
+
+		key = l.redisKey + key
+		keys += "$" + strconv.Itoa(len(key)) + "\r\n" + key + "\r\n"
 	}
 
-	ints, serverErr, err := takeRedis.RunInts(s.backend.pool, len(layers), 3*len(layers)+1, keys+args)
+	ints, serverErr, err := s.callFor(len(layers)).RunInts(s.backend.pool, keys+args)
 	if err != nil {
-		return tally{}, err
+		return err
 	}
 
 	if serverErr != "" {
-		return tally{}, fmt.Errorf("running the rate-limit script: %s", serverErr)
+		return fmt.Errorf("running the rate-limit script: %s", serverErr)
 	}
 
 	n := len(ints) / 2
 	if len(ints)%2 != 0 || n == 0 || n > len(layers) {
-		return tally{}, fmt.Errorf("%w: %d integers for %d layers", errBadReply, len(ints), len(layers))
+		return fmt.Errorf("%w: %d integers for %d layers", errBadReply, len(ints), len(layers))
 	}
 
-	t := tally{shown: -1}
+	t.shown = -1
 
 	for i := 0; i < n; i++ {
 		l, count, ttl := layers[i], ints[2*i], ints[2*i+1]
 
-		if count < 1 || ttl < 0 || ttl > l.duration/int64(time.Millisecond) {
-			return tally{}, fmt.Errorf("%w: count %d, ttl %d", errBadReply, count, ttl)
+		if count < 1 || ttl < 0 || ttl > l.maxTTL {
+			return fmt.Errorf("%w: count %d, ttl %d", errBadReply, count, ttl)
 		}
 
+		t.charged = i + 1
 		reset := now + ttl*int64(time.Millisecond)
-		first := count > l.points && s.blocked.add(l.name, l.keyFor(client, principal, hdr), reset, now)
 
-		if t.note(i, l, count, reset, first, all) && i < n-1 {
-			return tally{}, fmt.Errorf("%w: layers answered after a refusal", errBadReply)
+		if count > l.points {
+			if s.refused(t, i, l, count, reset, now, client, principal, hdr) && !all && i < n-1 {
+				return fmt.Errorf("%w: layers answered after a refusal", errBadReply)
+			}
+
+			continue
+		}
+
+		if !t.refused && (t.shown < 0 || l.points-count < t.left) {
+			t.shown, t.count, t.reset, t.left = i, count, reset, l.points-count
 		}
 	}
 
 	// The script stops only at a refusal; a shorter reply that does not end in
 	// one would let a request skip the layers it did not reach.
 	if n < len(layers) && (all || !t.refused) {
-		return tally{}, fmt.Errorf("%w: %d of %d layers answered", errBadReply, n, len(layers))
+		return fmt.Errorf("%w: %d of %d layers answered", errBadReply, n, len(layers))
+	}
+
+	if !t.refused {
+		t.resetH = []string{formatInt(ceilSeconds(t.reset))}
 	}
 
 	for i := 0; i < n; i++ {
-		layers[i].stats.count(ints[2*i] > layers[i].points)
+		if ints[2*i] > layers[i].points {
+			atomic.AddInt64(&layers[i].stats.redisRefused, 1)
+		} else {
+			atomic.AddInt64(&layers[i].stats.redisAllowed, 1)
+		}
 	}
 
-	return t, nil
+	return nil
+}
+
+// refused records that layers[i] refused with count: the key is blocked
+// locally until reset, and the first refusal per window is reported. It
+// returns true, so that takeRedis can tell a reply that goes on after it.
+func (s *redisStore) refused(t *tally, i int, l *layer, count, reset, now int64, client, principal string, hdr http.Header) bool {
+	first := s.blocked.add(l.name, l.keyFor(client, principal, hdr), reset, now)
+	t.refuse(i, count, reset, []string{formatInt(ceilSeconds(reset))}, first)
+
+	return true
 }
 
 // Back-off bounds: Redis is skipped for minBackoff after a failure, doubling

@@ -79,11 +79,17 @@ func refuse(rw http.ResponseWriter, l *layer, count, reset, now int64) {
 	rw.WriteHeader(l.status)
 
 	if l.body != nil {
-		_, _ = rw.Write([]byte(render(l.body, reset, now)))
+		writeTemplate(rw, l, reset, now)
 		return
 	}
 
 	_, _ = rw.Write([]byte(l.bodyPrefix + time.Unix(ceilSeconds(reset), 0).UTC().Format(time.RFC3339) + l.bodySuffix))
+}
+
+// writeTemplate writes a configured body; out of refuse, whose every
+// expression costs under Yaegi even when not taken.
+func writeTemplate(rw http.ResponseWriter, l *layer, reset, now int64) {
+	_, _ = rw.Write([]byte(render(l.body, reset, now)))
 }
 
 // setResponse gives every layer the configured refusal.

@@ -6,7 +6,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 )
 
@@ -219,6 +218,8 @@ func (p *Plugin) statusJSON(req *http.Request, now int64) ([]byte, int) {
 	}
 
 	for i, l := range p.layers {
+		allowed, refused := p.memory.totals(l.stats)
+
 		algorithm := "fixed"
 		if l.sliding {
 			algorithm = "sliding"
@@ -226,7 +227,7 @@ func (p *Plugin) statusJSON(req *http.Request, now int64) ([]byte, int) {
 
 		report.Layers = append(report.Layers, statusLayer{
 			Name: l.name, Points: l.points, Duration: time.Duration(l.duration).String(), Algorithm: algorithm,
-			TrackedKeys: tracked[i], Allowed: atomic.LoadInt64(&l.stats.allowed), Refused: atomic.LoadInt64(&l.stats.refused),
+			TrackedKeys: tracked[i], Allowed: allowed, Refused: refused,
 		})
 	}
 
@@ -236,7 +237,7 @@ func (p *Plugin) statusJSON(req *http.Request, now int64) ([]byte, int) {
 		resetUnix := ceilSeconds(e.reset)
 
 		report.Keys.Items = append(report.Keys.Items, statusKey{
-			Layer: l.name, Key: e.key, Count: e.count, Limit: l.points, Limited: e.count > l.points,
+			Layer: l.name, Key: e.key, Count: e.count, Limit: l.points, Limited: e.limited,
 			Reset: time.Unix(resetUnix, 0).UTC().Format(time.RFC3339), ResetUnix: resetUnix,
 		})
 	}
@@ -250,12 +251,14 @@ func (p *Plugin) statusJSON(req *http.Request, now int64) ([]byte, int) {
 }
 
 // liveKey is a live window as the listing copies it: the index of its layer in
-// p.layers, its key, count and reset (Unix nanoseconds).
+// p.layers, its key, count and reset (Unix nanoseconds), and whether it is
+// over its limit.
 type liveKey struct {
-	layer int
-	key   string
-	count int64
-	reset int64
+	layer   int
+	key     string
+	count   int64
+	reset   int64
+	limited bool
 }
 
 // liveKeys copies the live windows of the middleware's layers that pass the
@@ -275,10 +278,15 @@ func (p *Plugin) liveKeys(now int64, limitedOnly bool, prefix string) ([]liveKey
 		m := s.maps[l.name]
 		tracked[i] = len(m)
 
+		if l.sliding {
+			out = appendSliding(out, i, l, m, now, limitedOnly, prefix)
+			continue
+		}
+
 		for key, w := range m {
 			if w.reset > now && w.list == l.list && (!limitedOnly || w.count > l.points) &&
 				(prefix == "" || strings.HasPrefix(key, prefix)) {
-				out = append(out, liveKey{layer: i, key: key, count: w.count, reset: w.reset})
+				out = append(out, liveKey{layer: i, key: key, count: w.count, reset: w.reset, limited: w.count > l.points})
 			}
 		}
 	}
@@ -290,6 +298,33 @@ func (p *Plugin) liveKeys(now int64, limitedOnly bool, prefix string) ([]liveKey
 	}
 
 	return out, tracked
+}
+
+// appendSliding is liveKeys' loop for a sliding layer, under the store's lock.
+// A sliding counter holds only allowed requests, so its count never exceeds
+// the points: the listing shows the weighted count the layer decides on
+// (this window's count plus the previous window's share, see slidingCount),
+// and a key is limited when its next request would be refused. A counter
+// whose window ended less than a duration ago stands for the window that
+// followed it (count 0, the ended one as the previous).
+func appendSliding(out []liveKey, i int, l *layer, m map[string]*window, now int64, limitedOnly bool, prefix string) []liveKey {
+	for key, w := range m {
+		if w.expire <= now || w.list != l.list || (prefix != "" && !strings.HasPrefix(key, prefix)) {
+			continue
+		}
+
+		prev, count, reset := w.before, w.count, w.reset
+		if reset <= now {
+			prev, count, reset = count, 0, reset+l.duration
+		}
+
+		est := slidingCount(prev, count, reset-now, l.duration) - 1
+		if est >= l.points || !limitedOnly {
+			out = append(out, liveKey{layer: i, key: key, count: est, reset: reset, limited: est >= l.points})
+		}
+	}
+
+	return out
 }
 
 // mergeBlocked adds the block list's keys to the listing; a key listed by both
@@ -313,6 +348,8 @@ func (p *Plugin) mergeBlocked(out []liveKey, blocked []blockedKey) []liveKey {
 		count := p.layers[li].points + 1
 
 		if i, ok := index[b.layer+"\x00"+b.key]; ok {
+			out[i].limited = true
+
 			if out[i].count < count {
 				out[i].count = count
 			}
@@ -324,7 +361,7 @@ func (p *Plugin) mergeBlocked(out []liveKey, blocked []blockedKey) []liveKey {
 			continue
 		}
 
-		out = append(out, liveKey{layer: li, key: b.key, count: count, reset: b.reset})
+		out = append(out, liveKey{layer: li, key: b.key, count: count, reset: b.reset, limited: true})
 	}
 
 	return out

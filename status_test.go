@@ -580,3 +580,45 @@ func TestFirstSortedAgreesWithAFullSort(t *testing.T) {
 		}
 	}
 }
+
+// A sliding layer lists the weighted count it decides on; a key is limited
+// when its next request would be refused.
+func TestStatusListsSlidingLayers(t *testing.T) {
+	h := statusHarness(t, func(c *Config) {
+		c.IP.Algorithm = "sliding"
+	})
+
+	h.burst("203.0.113.7", 6) // 5 allowed, the 6th refused
+	h.burst("203.0.113.8", 2)
+
+	doc := h.status("/_rl")
+	if doc.Layers[0].Algorithm != "sliding" || doc.Layers[0].Allowed != 7 || doc.Layers[0].Refused != 1 {
+		t.Fatalf("layer %+v", doc.Layers[0])
+	}
+
+	reset := h.clock.Now().Add(60 * time.Second).Unix()
+	if got := keysOf(doc.Keys.Items); got != "ip/203.0.113.7=5 ip/203.0.113.8=2" || !doc.Keys.Items[0].Limited ||
+		doc.Keys.Items[1].Limited || doc.Keys.Items[0].ResetUnix != reset+1 {
+		t.Fatalf("keys %+v", doc.Keys.Items)
+	}
+
+	if doc := h.status("/_rl?limited=true"); keysOf(doc.Keys.Items) != "ip/203.0.113.7=5" {
+		t.Fatalf("limited: %+v", doc.Keys.Items)
+	}
+
+	// Half-way through the next window, the previous one weighs half.
+	h.clock.Add(90 * time.Second)
+
+	doc = h.status("/_rl")
+	if got := keysOf(doc.Keys.Items); got != "ip/203.0.113.7=2 ip/203.0.113.8=1" || doc.Keys.Items[0].Limited ||
+		doc.Keys.Items[0].ResetUnix != reset+60+1 {
+		t.Fatalf("next window: %+v", doc.Keys.Items)
+	}
+
+	// A window later nothing weighs any more.
+	h.clock.Add(31 * time.Second)
+
+	if doc := h.status("/_rl"); doc.Keys.Total != 0 {
+		t.Fatalf("expired: %+v", doc.Keys.Items)
+	}
+}

@@ -29,21 +29,31 @@ type windowStore struct {
 }
 
 // layerStats counts a layer's decisions since the process started: requests
-// it let through and requests it refused. Updated atomically, since the Redis
-// store counts outside the memory store's lock.
+// it let through and requests it refused. The memory store counts under its
+// lock, with plain increments (an atomic call costs several allocations under
+// Yaegi); the Redis store, which takes no lock, counts in the atomic fields.
 type layerStats struct {
-	allowed int64
-	refused int64
+	allowed, refused           int64 // under windowStore.mu
+	redisAllowed, redisRefused int64 // atomic
 }
 
-// count records one decision of a layer.
-func (st *layerStats) count(refused bool) {
+// countRedis records one decision of the Redis store.
+func (st *layerStats) countRedis(refused bool) {
 	if refused {
-		atomic.AddInt64(&st.refused, 1)
+		atomic.AddInt64(&st.redisRefused, 1)
 		return
 	}
 
-	atomic.AddInt64(&st.allowed, 1)
+	atomic.AddInt64(&st.redisAllowed, 1)
+}
+
+// totals returns a layer's allowed and refused counts, both stores together.
+func (s *windowStore) totals(st *layerStats) (allowed, refused int64) {
+	s.mu.Lock()
+	allowed, refused = st.allowed, st.refused
+	s.mu.Unlock()
+
+	return allowed + atomic.LoadInt64(&st.redisAllowed), refused + atomic.LoadInt64(&st.redisRefused)
 }
 
 // window is one counter. Times are Unix nanoseconds.
@@ -53,6 +63,8 @@ type window struct {
 	count  int64
 	start  int64
 	reset  int64
+	expire int64    // when the counter may be dropped: reset, or reset + duration for a sliding window
+	before int64    // sliding window: the previous window's count
 	logged bool     // a refusal of this window was reported (see tally.firsts)
 	resetH []string // X-RateLimit-Reset value, formatted once per window
 	list   *windowList
@@ -60,9 +72,12 @@ type window struct {
 	next   *window
 }
 
-// windowList links the counters of one duration, oldest start first.
+// windowList links the counters of one duration and algorithm, oldest start
+// first. A sliding window's counter outlives its window by one duration (its
+// count weighs on the next window), so it keeps a list of its own.
 type windowList struct {
 	duration int64
+	span     int64 // how long a counter lives from its start: duration, or 2x when sliding
 	head     *window
 	tail     *window
 }
@@ -100,14 +115,19 @@ func (s *windowStore) attach(l *layer) {
 
 	l.stats = s.stats[l.name]
 
+	span := l.duration
+	if l.sliding {
+		span = 2 * l.duration
+	}
+
 	for _, wl := range s.lists {
-		if wl.duration == l.duration {
+		if wl.duration == l.duration && wl.span == span {
 			l.list = wl
 			return
 		}
 	}
 
-	l.list = &windowList{duration: l.duration}
+	l.list = &windowList{duration: l.duration, span: span}
 	s.lists = append(s.lists, l.list)
 }
 
@@ -133,25 +153,6 @@ type tally struct {
 	// window, so a refusal is reported once per layer, key and window.
 }
 
-// note records layers[i] after its hit and reports whether to stop: after a
-// refusal, unless all layers are to be charged (dry run).
-func (t *tally) note(i int, l *layer, count, reset int64, first, all bool) bool {
-	t.charged = i + 1
-	left := l.points - count
-
-	if left < 0 {
-		t.refuse(i, count, reset, []string{formatInt(ceilSeconds(reset))}, first)
-		return !all
-	}
-
-	if !t.refused && (t.shown < 0 || left < t.left) {
-		t.shown, t.count, t.reset, t.left = i, count, reset, left
-		t.resetH = []string{formatInt(ceilSeconds(reset))}
-	}
-
-	return false
-}
-
 // take charges one hit to each layer in order, under one lock so that the
 // counts are exact under concurrency, with the key each layer takes from
 // client and principal (layer.keyFor), and writes the outcome to t. Unless all
@@ -174,6 +175,14 @@ func (s *windowStore) take(t *tally, now int64, layers []*layer, client, princip
 			key = l.keyFor(client, principal, hdr)
 		}
 
+		if l.sliding {
+			if s.slide(t, i, now, l, key) && !all {
+				break
+			}
+
+			continue
+		}
+
 		w := l.entries[key]
 		if w != nil && w.reset > now && w.list == l.list {
 			w.count++
@@ -184,7 +193,7 @@ func (s *windowStore) take(t *tally, now int64, layers []*layer, client, princip
 		t.charged = i + 1
 
 		if w.count > l.points {
-			atomic.AddInt64(&l.stats.refused, 1)
+			l.stats.refused++
 			first := !w.logged
 			w.logged = true
 			t.refuse(i, w.count, w.reset, w.resetH, first)
@@ -196,7 +205,7 @@ func (s *windowStore) take(t *tally, now int64, layers []*layer, client, princip
 			continue
 		}
 
-		atomic.AddInt64(&l.stats.allowed, 1)
+		l.stats.allowed++
 
 		if !t.refused && (t.shown < 0 || l.points-w.count < t.left) {
 			t.shown, t.count, t.reset, t.resetH, t.left = i, w.count, w.reset, w.resetH, l.points-w.count
@@ -234,8 +243,10 @@ func (s *windowStore) restart(now int64, l *layer, w *window, key string) *windo
 	}
 
 	w.count = 1
+	w.before = 0
 	w.start = now
 	w.reset = now + l.list.duration
+	w.expire = now + l.list.span
 	w.resetH = []string{formatInt(ceilSeconds(w.reset))}
 	w.logged = false
 	l.list.push(w)
@@ -260,7 +271,7 @@ func (s *windowStore) peek(now int64, layer, key string) (count, reset int64) {
 // makeRoom purges a few expired counters and, at the cap, all expired ones and
 // then the oldest live ones, until one more fits.
 func (s *windowStore) makeRoom(now int64, l *windowList) {
-	for n := 0; n < purgePerInsert && l.head != nil && l.head.reset <= now; n++ {
+	for n := 0; n < purgePerInsert && l.head != nil && l.head.expire <= now; n++ {
 		s.remove(l.head)
 	}
 
@@ -269,7 +280,7 @@ func (s *windowStore) makeRoom(now int64, l *windowList) {
 	}
 
 	for _, other := range s.lists {
-		for other.head != nil && other.head.reset <= now {
+		for other.head != nil && other.head.expire <= now {
 			s.remove(other.head)
 		}
 	}

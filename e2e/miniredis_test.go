@@ -207,3 +207,80 @@ func TestRedisStoreAgainstMiniredis(t *testing.T) {
 		t.Fatalf("%d allowed, want 3", allowed)
 	}
 }
+
+// TestSlidingWindowAgainstMiniredis: with algorithm sliding, a client that
+// spends its points at the end of one window and again at the start of the
+// next is refused in the second burst, on Redis as in memory (the same counts
+// at the same moments), with the time moved by miniredis's clock.
+func TestSlidingWindowAgainstMiniredis(t *testing.T) {
+	m := miniredis.RunT(t)
+
+	newPlugin := func(store, name string) http.Handler {
+		cfg := tierlimit.CreateConfig()
+		cfg.Store = store
+		cfg.Redis.Address = m.Addr()
+		cfg.Redis.Timeout = "1s"
+		cfg.Global.Points = 0
+		cfg.IP = tierlimit.LayerConfig{Points: 10, Duration: "10s", Algorithm: "sliding"}
+
+		h, err := tierlimit.New(context.Background(), http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}), cfg, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+
+		return h
+	}
+
+	h := newPlugin("redis", "sliding@test")
+
+	burst := func(n int) (allowed int, last *httptest.ResponseRecorder) {
+		for i := 0; i < n; i++ {
+			req := httptest.NewRequest(http.MethodGet, "/api", nil)
+			req.RemoteAddr = "203.0.113.1:1"
+			last = httptest.NewRecorder()
+			h.ServeHTTP(last, req)
+
+			if last.Code == http.StatusOK {
+				allowed++
+			}
+		}
+
+		return allowed, last
+	}
+
+	burst(1)
+	m.FastForward(9900 * time.Millisecond)
+
+	if got, _ := burst(9); got != 9 {
+		t.Fatalf("end of the first window: %d of 9 allowed", got)
+	}
+
+	m.FastForward(200 * time.Millisecond)
+
+	got, last := burst(10)
+	if got != 1 {
+		t.Fatalf("start of the next window: %d of 10 allowed, want 1 (the previous window still weighs 9)", got)
+	}
+
+	if last.Code != http.StatusTooManyRequests || last.Header().Get("Retry-After") == "" {
+		t.Fatalf("refusal: %d %v", last.Code, last.Header())
+	}
+
+	key := "ratelimit:sliding@test:ip:203.0.113.1"
+	if c := m.HGet(key, "c"); c != "1" || m.HGet(key, "p") != "10" {
+		t.Fatalf("hash c=%q p=%q, want the current and previous counts 1 and 10", c, m.HGet(key, "p"))
+	}
+
+	if ttl := m.TTL(key); ttl <= 10*time.Second || ttl > 20*time.Second {
+		t.Fatalf("TTL %s, want the rest of this window plus one more", ttl)
+	}
+
+	// A reload that turns a fixed layer sliding finds a counter of the other
+	// kind: it is started afresh, in Redis, rather than failing the script.
+	m.Set("ratelimit:switch@test:ip:203.0.113.1", "7")
+	h = newPlugin("redis", "switch@test")
+
+	if got, _ := burst(1); got != 1 || m.HGet("ratelimit:switch@test:ip:203.0.113.1", "c") != "1" {
+		t.Fatalf("switched key: %d allowed, hash c=%q", got, m.HGet("ratelimit:switch@test:ip:203.0.113.1", "c"))
+	}
+}

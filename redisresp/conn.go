@@ -206,26 +206,42 @@ func (r *reader) readInts() ([]int64, string, error) {
 		return nil, "", fmt.Errorf("%w: array length %d where integers were expected", ErrUnexpected, n)
 	}
 
-	out := make([]int64, 0, int(n))
+	out := make([]int64, int(n))
 
-	for i := int64(0); i < n; i++ {
-		if line, err = r.line(); err != nil {
-			return nil, "", err
+	// The elements are read inline rather than with line and parseInt: this
+	// runs on every rate-limit call, and under Yaegi a call costs its frame.
+	for i := range out {
+		b, err := r.br.ReadSlice('\n')
+		if err != nil || len(b) < 4 || b[0] != KindInteger || b[len(b)-2] != '\r' {
+			return nil, "", badInteger(b, err, r.br.Size())
 		}
 
-		if len(line) == 0 || line[0] != KindInteger {
-			return nil, "", fmt.Errorf("%w: %q where an integer was expected", ErrUnexpected, truncate(line))
-		}
-
-		v, err := parseInt(line[1:])
+		v, err := strconv.ParseInt(string(b[1:len(b)-2]), 10, 64)
 		if err != nil {
-			return nil, "", err
+			return nil, "", badInteger(b, nil, r.br.Size())
 		}
 
-		out = append(out, v)
+		out[i] = v
 	}
 
 	return out, "", nil
+}
+
+// badInteger explains why b, read where an integer element was expected (with
+// the read error err, if any), is not one.
+func badInteger(b []byte, err error, size int) error {
+	switch {
+	case err == bufio.ErrBufferFull:
+		return fmt.Errorf("%w: line longer than %d bytes", ErrProtocol, size)
+	case err != nil:
+		return err
+	case len(b) < 2 || b[len(b)-2] != '\r':
+		return fmt.Errorf("%w: line not terminated by CRLF", ErrProtocol)
+	case len(b) == 2 || b[0] != KindInteger:
+		return fmt.Errorf("%w: %q where an integer was expected", ErrUnexpected, truncate(b[:len(b)-2]))
+	}
+
+	return fmt.Errorf("%w: bad integer %q", ErrProtocol, truncate(b[1:len(b)-2]))
 }
 
 // read reads one value. Under Yaegi every call allocates all of the callee's

@@ -85,13 +85,41 @@ func (p *Pool) Do(args ...string) (Value, error) {
 
 // DoInts runs one encoded command whose reply is an array of integers; a
 // server error comes back as its text (see Conn.DoInts).
+//
+// It takes and returns an idle connection inline, as reserve and put would:
+// it is the call the rate limiter makes on every request, and under Yaegi
+// each function call allocates the callee's whole frame.
 func (p *Pool) DoInts(cmd string) ([]int64, string, error) {
-	c, err := p.get()
-	if err != nil {
-		return nil, "", err
+	var c *Conn
+
+	p.mu.Lock()
+
+	if n := len(p.idle); n > 0 && !p.closed {
+		c = p.idle[n-1]
+		p.idle = p.idle[:n-1]
+	}
+
+	p.mu.Unlock()
+
+	if c == nil {
+		var err error
+		if c, err = p.get(); err != nil {
+			return nil, "", err
+		}
 	}
 
 	ints, serverErr, err := c.DoInts(time.Now().Add(p.opts.Timeout), cmd)
+
+	p.mu.Lock()
+
+	if c.err == nil && !p.closed && p.waiting == 0 {
+		p.idle = append(p.idle, c)
+		p.mu.Unlock()
+
+		return ints, serverErr, err
+	}
+
+	p.mu.Unlock()
 	p.put(c)
 
 	return ints, serverErr, err

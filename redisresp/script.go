@@ -48,13 +48,30 @@ func (s *Script) Run(p *Pool, keys, args []string) (Value, error) {
 // NOSCRIPT, and returns the integers or the server's error text (a script
 // error), without building Values: under Yaegi that is most of a call's cost.
 func (s *Script) RunInts(p *Pool, numKeys, nargs int, encoded string) ([]int64, string, error) {
+	return s.Call(numKeys, nargs).RunInts(p, encoded)
+}
+
+// Call is a script call's encoded head for a number of keys and arguments,
+// built once (Script.Call) for calls of that shape.
+type Call struct {
+	evalsha, eval string
+}
+
+// Call returns the head of calls with numKeys keys and nargs keys and
+// arguments in all.
+func (s *Script) Call(numKeys, nargs int) Call {
 	count := "*" + strconv.Itoa(3+nargs) + "\r\n"
 	keys := Bulk(strconv.Itoa(numKeys))
 
-	ints, serverErr, err := p.DoInts(count + "$7\r\nEVALSHA\r\n" + Bulk(s.sha) + keys + encoded)
-	if err != nil || !strings.HasPrefix(serverErr, "NOSCRIPT") {
+	return Call{evalsha: count + "$7\r\nEVALSHA\r\n" + Bulk(s.sha) + keys, eval: count + "$4\r\nEVAL\r\n" + Bulk(s.src) + keys}
+}
+
+// RunInts is Script.RunInts with the head built beforehand.
+func (c Call) RunInts(p *Pool, encoded string) ([]int64, string, error) {
+	ints, serverErr, err := p.DoInts(c.evalsha + encoded)
+	if err != nil || serverErr == "" || !strings.HasPrefix(serverErr, "NOSCRIPT") {
 		return ints, serverErr, err
 	}
 
-	return p.DoInts(count + "$4\r\nEVAL\r\n" + Bulk(s.src) + keys + encoded)
+	return p.DoInts(c.eval + encoded)
 }

@@ -5,8 +5,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 const testScript = "return {KEYS[1], ARGV[1]}"
@@ -327,14 +329,28 @@ func TestDoIntsRejectsOtherReplies(t *testing.T) {
 		"too long":        "*99999999\r\n",
 		"negative length": "*-5\r\n",
 		"bad integer":     "*1\r\n:x\r\n",
+		"empty integer":   "*2\r\n:1\r\n:\r\n",
+		"bare LF":         "*1\r\n:12\n",
+		"short":           "*3\r\n:1\r\n:2\r\n",
+		"overflow":        "*1\r\n:99999999999999999999\r\n",
+		"long line":       "*1\r\n:" + strings.Repeat("1", 8192) + "\r\n",
 	}
+
+	wantErr := map[string]error{"bulk in array": ErrUnexpected, "empty integer": ErrProtocol, "bad integer": ErrProtocol,
+		"bare LF": ErrProtocol, "overflow": ErrProtocol, "long line": ErrProtocol}
 
 	for name, reply := range replies {
 		s := startServer(t, func(int, []string) string { return reply })
 		p := NewPool(longOptions(s.addr()))
+		p.opts.Timeout = 300 * time.Millisecond
 
-		if ints, serverErr, err := p.DoInts("*1\r\n$4\r\nPING\r\n"); err == nil {
+		ints, serverErr, err := p.DoInts("*1\r\n$4\r\nPING\r\n")
+		if err == nil {
 			t.Errorf("%s: accepted as %v %q", name, ints, serverErr)
+		}
+
+		if want := wantErr[name]; want != nil && !errors.Is(err, want) {
+			t.Errorf("%s: error %v, want %v", name, err, want)
 		}
 
 		p.Close()

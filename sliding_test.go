@@ -1,0 +1,170 @@
+package tierlimit
+
+import (
+	"testing"
+	"time"
+)
+
+// TestSlidingWaitIsTheFirstAllowedMoment checks slidingWait against a brute
+// force walk of the clock: the wait it returns is the first moment at which
+// slidingCount allows a request, within the window or in the next one.
+func TestSlidingWaitIsTheFirstAllowedMoment(t *testing.T) {
+	const d = 20
+
+	for points := int64(1); points <= 6; points++ {
+		for prev := int64(0); prev <= 8; prev++ {
+			for count := int64(0); count <= points; count++ {
+				for left := int64(1); left <= d; left++ {
+					if slidingCount(prev, count, left, d) <= points {
+						continue // not a refusal
+					}
+
+					want := int64(0)
+
+					for x := int64(1); x <= left+d; x++ {
+						est := int64(0)
+						if x < left {
+							est = slidingCount(prev, count, left-x, d)
+						} else {
+							est = slidingCount(count, 0, d-(x-left), d)
+						}
+
+						if est <= points {
+							want = x
+							break
+						}
+					}
+
+					if got := slidingWait(prev, count, points, left, d); got != want {
+						t.Fatalf("points %d prev %d count %d left %d: wait %d, want %d", points, prev, count, left, got, want)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestSlidingRemovesTheBoundaryBurst spends a layer's points at the end of one
+// window and again at the start of the next: a fixed window lets both bursts
+// through, a sliding one refuses most of the second.
+func TestSlidingRemovesTheBoundaryBurst(t *testing.T) {
+	for _, sliding := range []bool{false, true} {
+		s := newWindowStore(100)
+		l := newLayer(s, layerSpec{name: "ip", points: 10, duration: 10 * time.Second, sliding: sliding}, keyOfClient)
+		start := time.Unix(1000, 0).UnixNano()
+
+		burst := func(at int64, n int) (allowed int, last tally) {
+			for i := 0; i < n; i++ {
+				var tl tally
+				s.take(&tl, at, []*layer{l}, "203.0.113.1", "", nil, false)
+
+				if !tl.refused {
+					allowed++
+				}
+
+				last = tl
+			}
+
+			return allowed, last
+		}
+
+		// The first hit opens the window at start; nine more at its very end.
+		burst(start, 1)
+
+		if got, _ := burst(start+int64(9900*time.Millisecond), 9); got != 9 {
+			t.Fatalf("sliding %v: end of the first window: %d of 9 allowed", sliding, got)
+		}
+
+		got, last := burst(start+int64(10100*time.Millisecond), 10)
+
+		if !sliding {
+			if got != 10 {
+				t.Fatalf("fixed: %d of the second burst allowed, want 10", got)
+			}
+
+			continue
+		}
+
+		// 10 x 9.9s/10s of the previous window still weigh 9: one more fits.
+		if got != 1 {
+			t.Fatalf("sliding: %d of the second burst allowed, want 1", got)
+		}
+
+		if !last.refused || last.count != 11 {
+			t.Fatalf("sliding: last request %+v, want refused with estimate 11", last)
+		}
+
+		// The refusal's reset is when the next request fits: then one is
+		// allowed, and not a millisecond earlier.
+		wait := last.reset
+
+		if n, _ := burst(wait-int64(time.Millisecond), 1); n != 0 {
+			t.Fatalf("sliding: allowed before the reported reset")
+		}
+
+		if n, _ := burst(wait, 1); n != 1 {
+			t.Fatalf("sliding: refused at the reported reset")
+		}
+	}
+}
+
+// TestSlidingCountsOnlyAllowedRequests: a client that keeps retrying above the
+// limit is let through again once the window has slid, because its refusals
+// did not count.
+func TestSlidingCountsOnlyAllowedRequests(t *testing.T) {
+	s := newWindowStore(100)
+	l := newLayer(s, layerSpec{name: "ip", points: 5, duration: time.Second, sliding: true}, keyOfClient)
+	now := time.Unix(2000, 0).UnixNano()
+
+	allowed := 0
+
+	// 100 requests per window, for 10 windows, evenly spread.
+	for i := 0; i < 1000; i++ {
+		var tl tally
+		s.take(&tl, now+int64(i)*int64(10*time.Millisecond), []*layer{l}, "c", "", nil, false)
+
+		if !tl.refused {
+			allowed++
+		}
+	}
+
+	// About 5 per second get through in steady state, never more than
+	// 2 x points in any window.
+	if allowed < 40 || allowed > 60 {
+		t.Fatalf("%d of 1000 allowed over 10 windows of 5 points", allowed)
+	}
+}
+
+// TestSlidingExpiresAfterTwoWindows: a sliding counter is kept one window past
+// its end, since it weighs on the next, and dropped after.
+func TestSlidingExpiresAfterTwoWindows(t *testing.T) {
+	s := newWindowStore(100)
+	l := newLayer(s, layerSpec{name: "ip", points: 3, duration: time.Second, sliding: true}, keyOfClient)
+	f := newLayer(s, layerSpec{name: "f", points: 3, duration: time.Second}, keyOfClient)
+	now := time.Unix(3000, 0).UnixNano()
+
+	var tl tally
+	s.take(&tl, now, []*layer{l, f}, "a", "", nil, false)
+
+	if l.list == f.list {
+		t.Fatal("a sliding and a fixed layer of one duration share a list")
+	}
+
+	// A new key after 1.5 windows purges the fixed counter, not the sliding one.
+	s.take(&tl, now+int64(1500*time.Millisecond), []*layer{f}, "b", "", nil, false)
+	s.take(&tl, now+int64(1500*time.Millisecond), []*layer{l}, "b", "", nil, false)
+
+	if _, ok := l.entries["a"]; !ok {
+		t.Fatal("sliding counter dropped within its second window")
+	}
+
+	if _, ok := f.entries["a"]; ok {
+		t.Fatal("expired fixed counter kept")
+	}
+
+	s.take(&tl, now+int64(2500*time.Millisecond), []*layer{l}, "c", "", nil, false)
+
+	if _, ok := l.entries["a"]; ok {
+		t.Fatal("sliding counter kept past two windows")
+	}
+}
