@@ -183,3 +183,25 @@ func parseForwarded(entry string) (netip.Addr, bool) {
 func normalize(a netip.Addr) netip.Addr {
 	return a.Unmap().WithZone("")
 }
+
+// clientIn reports whether the request's client address, resolved as for the
+// limit (before any IPv6 prefix is taken), is in one of set: exemptions and
+// the status endpoint's allowed clients.
+func (r *ipResolver) clientIn(req *http.Request, set []netip.Prefix) bool {
+	if len(set) == 0 {
+		return false
+	}
+
+	a, ok := r.clientAddr(req.RemoteAddr, req.Header["X-Forwarded-For"])
+	if !ok {
+		return false
+	}
+
+	for _, prefix := range set {
+		if prefix.Contains(a) {
+			return true
+		}
+	}
+
+	return false
+}

@@ -5,29 +5,9 @@ import (
 )
 
 // isExempt reports whether exempt.ips holds the request's client address or
-// exempt.principals its principal. The address is the one the limiter keys
-// on (trusted proxies and hops applied), before any IPv6 prefix is taken.
+// exempt.principals its principal.
 func (p *Plugin) isExempt(req *http.Request, principal string) bool {
-	if principal != "" && p.cfg.exemptIDs[principal] {
-		return true
-	}
-
-	if len(p.cfg.exemptIPs) == 0 {
-		return false
-	}
-
-	a, ok := p.ips.clientAddr(req.RemoteAddr, req.Header["X-Forwarded-For"])
-	if !ok {
-		return false
-	}
-
-	for _, prefix := range p.cfg.exemptIPs {
-		if prefix.Contains(a) {
-			return true
-		}
-	}
-
-	return false
+	return principal != "" && p.cfg.exemptIDs[principal] || p.ips.clientIn(req, p.cfg.exemptIPs)
 }
 
 // serveExempt passes on an exempt request. No tier, route or connection cap

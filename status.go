@@ -68,18 +68,7 @@ func (p *Plugin) serveStatus(rw http.ResponseWriter, req *http.Request) bool {
 // statusAllowed reports whether the request's client, resolved as the limiter
 // resolves it (trusted proxies, trustedHops), is in status.allowedIPs.
 func (p *Plugin) statusAllowed(req *http.Request) bool {
-	a, ok := p.ips.clientAddr(req.RemoteAddr, req.Header["X-Forwarded-For"])
-	if !ok {
-		return false
-	}
-
-	for _, prefix := range p.cfg.statusAllowed {
-		if prefix.Contains(a) {
-			return true
-		}
-	}
-
-	return false
+	return p.ips.clientIn(req, p.cfg.statusAllowed)
 }
 
 // writeStatus writes a status response; HEAD gets the headers only.
