@@ -32,6 +32,13 @@ type Plugin struct {
 	active  bool // enabled, and some layer or the connection cap is on
 	general bool // credentials, routes, a connection cap, or off: serveGeneral
 	simple  bool // not general; memory store, headers, no dry run: serveSimple
+	divert  bool // simple, with credential headers or routes: classify each request
+	watch   bool // credentialed requests' responses are watched for an invalid-credential status
+
+	// The methods some route is limited to; nil when a route takes every
+	// method (or there is none), so that serveSimple can skip the routes of
+	// other methods without a call.
+	routeMethods map[string]bool
 
 	store  counterStore
 	memory *windowStore // the memory store, or the redis store's fallback
@@ -258,8 +265,28 @@ func New(ctx context.Context, next http.Handler, config *Config, name string) (h
 	}
 
 	p.active = cfg.enabled && (len(p.planIP)+len(p.planAssets)+len(p.planUser)+len(p.planService)+len(p.routes) > 0 || p.ws != nil)
-	p.general = !p.active || p.credentials || p.routes != nil || p.ws != nil || p.exempt || keyed
+	// Credential headers and routes leave an instance on serveSimple, which
+	// serves credentialed requests itself and hands route matches to
+	// serveGeneral (divert): the recommended chain's edge stays on it.
+	p.general = !p.active || len(p.credCookies)+len(p.credQuery) > 0 || p.ws != nil || p.exempt || keyed
 	p.simple = !p.general && cfg.store == "memory" && cfg.headers && !cfg.dryRun
+	p.divert = p.simple && (p.credHeaders != nil || p.routes != nil)
+	p.watch = p.ip != nil && len(cfg.invalidCode) > 0
+
+	for _, rt := range p.routes {
+		if len(rt.methods) == 0 {
+			p.routeMethods = nil
+			break
+		}
+
+		if p.routeMethods == nil {
+			p.routeMethods = map[string]bool{}
+		}
+
+		for _, m := range rt.methods {
+			p.routeMethods[m] = true
+		}
+	}
 
 	return p, nil
 }
@@ -325,7 +352,7 @@ func newLayer(memory *windowStore, spec layerSpec, keyKind int) *layer {
 // serveOther is ServeHTTP for every instance but the common ones: serveGeneral,
 // or for an anonymous instance on Redis or without headers, the few lines below.
 func (p *Plugin) serveOther(rw http.ResponseWriter, req *http.Request) {
-	if p.general || p.userHeader != "" {
+	if p.general || p.userHeader != "" || p.credentials || p.routes != nil {
 		p.serveGeneral(rw, req)
 		return
 	}
@@ -354,8 +381,15 @@ func (p *Plugin) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	}
 
 	if p.simple {
-		p.serveSimple(rw, req)
-		return
+		kind := plainRequest
+		if p.divert {
+			kind = p.classify(req)
+		}
+
+		if kind != routedRequest {
+			p.serveSimple(rw, req, kind == credentialedRequest)
+			return
+		}
 	}
 
 	p.serveOther(rw, req)
@@ -369,7 +403,7 @@ func (p *Plugin) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 // callee's whole frame: this measured 1.65x cheaper than the general path
 // (BENCHMARKS.md). Rare work stays in calls: new windows (restart), refusals
 // (refuseSimple), large header values.
-func (p *Plugin) serveSimple(rw http.ResponseWriter, req *http.Request) {
+func (p *Plugin) serveSimple(rw http.ResponseWriter, req *http.Request, credentialed bool) {
 	client := ""
 	if p.ips.hops == 0 && req.Header["X-Forwarded-For"] == nil {
 		i := strings.LastIndexByte(req.RemoteAddr, ':')
@@ -388,9 +422,12 @@ func (p *Plugin) serveSimple(rw http.ResponseWriter, req *http.Request) {
 	}
 
 	layers := p.planIP
+	watch := false
 
 	if principal != "" {
 		layers = p.principalPlan(req)
+	} else if credentialed {
+		layers, watch = p.planCred, p.watch
 	} else {
 		for _, prefix := range p.assetPaths {
 			if strings.HasPrefix(req.URL.Path, prefix) {
@@ -443,6 +480,12 @@ func (p *Plugin) serveSimple(rw http.ResponseWriter, req *http.Request) {
 
 	if sw == nil {
 		s.mu.Unlock()
+
+		if watch {
+			p.serveWatched(rw, req, client, -1)
+			return
+		}
+
 		p.next.ServeHTTP(rw, req)
 
 		return
@@ -470,7 +513,23 @@ func (p *Plugin) serveSimple(rw http.ResponseWriter, req *http.Request) {
 		setLargeHeaders(h, shown, left, secs)
 	}
 
+	if watch {
+		p.serveWatched(rw, req, client, left)
+		return
+	}
+
 	p.next.ServeHTTP(rw, req)
+}
+
+// serveWatched passes on a credentialed request with its response watched
+// for an invalid-credential status (invalidcred.go); left is the requests
+// left in the layer the headers show, -1 if none.
+func (p *Plugin) serveWatched(rw http.ResponseWriter, req *http.Request, client string, left int64) {
+	// Yaegi wraps an interpreted type for compiled code only when it is
+	// converted to the interface first; passing *credentialWriter straight to
+	// next.ServeHTTP panics in reflect.
+	var out http.ResponseWriter = newCredentialWriter(rw, req, p, client, left)
+	p.next.ServeHTTP(out, req)
 }
 
 // refuseSimple answers a request that layer l refused on serveSimple's path.
@@ -515,7 +574,7 @@ func (p *Plugin) serveGeneral(rw http.ResponseWriter, req *http.Request) {
 	case principal != "":
 		layers = p.principalPlan(req)
 	case p.credentials && p.hasCredential(req):
-		layers, watch = p.planCred, p.ip != nil && len(p.cfg.invalidCode) > 0
+		layers, watch = p.planCred, p.watch
 	case p.assetPaths != nil && hasAnyPrefix(req.URL.Path, p.assetPaths):
 		layers = p.planAssets
 	}
@@ -661,6 +720,43 @@ func (p *Plugin) withRoutes(layers []*layer, req *http.Request) []*layer {
 	}
 
 	return out
+}
+
+// What classify finds in a request to a simple instance with credential
+// headers or routes.
+const (
+	plainRequest        = iota
+	credentialedRequest // a non-empty credential header: serveSimple watches its response
+	routedRequest       // a route matches: serveGeneral decides
+)
+
+// classify tells serveSimple's requests from those serveGeneral decides. One
+// call for both checks, and none for instances without credential headers or
+// routes: under Yaegi each call allocates the callee's whole frame.
+func (p *Plugin) classify(req *http.Request) int {
+	if p.routes != nil && (p.routeMethods == nil || p.routeMethods[req.Method]) && p.routeMatches(req) {
+		return routedRequest
+	}
+
+	// As hasCredential does for headers: an empty value is no credential.
+	for _, h := range p.credHeaders {
+		if v := req.Header[h]; len(v) > 0 && strings.TrimSpace(v[0]) != "" {
+			return credentialedRequest
+		}
+	}
+
+	return plainRequest
+}
+
+// routeMatches reports whether some route matches the request.
+func (p *Plugin) routeMatches(req *http.Request) bool {
+	for _, rt := range p.routes {
+		if rt.matches(req) {
+			return true
+		}
+	}
+
+	return false
 }
 
 func hasAnyPrefix(path string, prefixes []string) bool {

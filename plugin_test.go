@@ -642,3 +642,84 @@ func TestSimplePathMatchesTheGeneralPathWithPrincipals(t *testing.T) {
 		t.Fatalf("events differ or miss the user layer:\n%s\nvs\n%s", fast.events.String(), general.events.String())
 	}
 }
+
+// TestSimplePathMatchesTheGeneralPathWithRoutesAndCredentials: the edge of the
+// recommended chain stays on serveSimple, which serves credentialed requests
+// (watching their responses) and hands route matches to serveGeneral; it
+// answers like an instance that takes the general path for every request,
+// invalid credentials and routes of every method included.
+func TestSimplePathMatchesTheGeneralPathWithRoutesAndCredentials(t *testing.T) {
+	for _, anyMethod := range []bool{false, true} {
+		cfg := func(c *Config) {
+			c.Global = LayerConfig{Points: 60, Duration: "2s"}
+			c.IP = LayerConfig{Points: 12, Duration: "1s"}
+			c.Principal.CredentialHeaders = []string{"Authorization"}
+			// The backend's 404 stands for ForwardAuth's 401: a credentialed
+			// request to /missing is charged to its IP afterwards.
+			c.Principal.InvalidCredentialStatus = []int{401, 404}
+			c.Routes = []RouteConfig{
+				{Name: "auth_login", Methods: []string{"POST"}, Paths: []string{"/auth/login"}, Points: 2, Duration: "3s"},
+				{Name: "email", Methods: []string{"POST", "PUT"}, Paths: []string{"/users/"}, Points: 3, Duration: "2s"},
+			}
+
+			if anyMethod {
+				c.Routes = append(c.Routes, RouteConfig{Name: "export", Paths: []string{"/export"}, Points: 4, Duration: "2s"})
+			}
+		}
+		fast, general := newHarness(t, cfg), newHarness(t, cfg)
+
+		if !fast.p.simple || !fast.p.divert || (fast.p.routeMethods == nil) != anyMethod {
+			t.Fatalf("any-method route %v: simple %v, divert %v, route methods %v", anyMethod, fast.p.simple, fast.p.divert, fast.p.routeMethods)
+		}
+
+		general.p.simple = false
+
+		type step struct {
+			method, path string
+			hdr          map[string]string
+		}
+
+		steps := []step{
+			{http.MethodGet, "/api", nil},
+			{http.MethodPost, "/auth/login", nil},
+			{http.MethodGet, "/auth/login", nil},
+			{http.MethodGet, "/missing/x", map[string]string{"Authorization": "Bearer bad"}},
+			{http.MethodGet, "/api", map[string]string{"Authorization": "Bearer good"}},
+			{http.MethodPut, "/users/7", nil},
+			{http.MethodGet, "/export", nil},
+			{http.MethodGet, "/api", map[string]string{"Authorization": ""}},
+			{http.MethodPost, "/auth/login", map[string]string{"Authorization": "Bearer x"}},
+		}
+
+		for i := 0; i < 160; i++ {
+			st := steps[i%len(steps)]
+			a := fast.do(st.method, st.path, "203.0.113.1:1", st.hdr)
+			b := general.do(st.method, st.path, "203.0.113.1:1", st.hdr)
+
+			if a.Code != b.Code || a.Body.String() != b.Body.String() {
+				t.Fatalf("any-method %v, request %d (%s %s): %d %q vs %d %q", anyMethod, i, st.method, st.path, a.Code, a.Body.String(), b.Code, b.Body.String())
+			}
+
+			for _, k := range []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "RateLimit-Policy", "RateLimit", "Retry-After"} {
+				if a.Header().Get(k) != b.Header().Get(k) {
+					t.Fatalf("request %d: %s %q vs %q", i, k, a.Header().Get(k), b.Header().Get(k))
+				}
+			}
+
+			if i%11 == 0 {
+				fast.clock.Add(500 * time.Millisecond)
+				general.clock.Add(500 * time.Millisecond)
+			}
+		}
+
+		for _, layer := range []string{"auth_login", "email", "ip"} {
+			if !strings.Contains(fast.events.String(), `"limiter":"`+layer+`"`) {
+				t.Fatalf("no %s refusal in the run; the test does not cover it:\n%s", layer, fast.events.String())
+			}
+		}
+
+		if strings.ReplaceAll(fast.events.String(), fast.p.name, "") != strings.ReplaceAll(general.events.String(), general.p.name, "") {
+			t.Fatalf("events differ:\n%s\nvs\n%s", fast.events.String(), general.events.String())
+		}
+	}
+}

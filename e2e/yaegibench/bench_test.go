@@ -153,6 +153,45 @@ func BenchmarkYaegiTierlimitEdge(b *testing.B) {
 	run(b, build(b, "tierlimit", edgeConfig(), "edge@bench"))
 }
 
+// The edge instance of the recommended chain (design note): global, ip,
+// assets, the login and e-mail routes, credentialHeaders [Authorization];
+// anonymous requests to a path no route matches, as most traffic is.
+func BenchmarkYaegiTierlimitChainEdge(b *testing.B) {
+	cfg := edgeConfig()
+	cfg["routes"] = []any{
+		map[string]any{"name": "auth_login", "methods": []any{"POST"}, "paths": []any{"/auth/login"}, "key": "ip", "points": "10", "duration": "60s"},
+		map[string]any{"name": "email", "methods": []any{"POST"}, "paths": []any{"/auth/password/request", "/users/invite"}, "key": "ip", "points": "5", "duration": "60s"},
+	}
+	cfg["principal"] = map[string]any{"credentialHeaders": []any{"Authorization"}}
+	run(b, build(b, "tierlimit", cfg, "chainedge@bench"))
+}
+
+// The same edge for a request with a token: charged to global only up front,
+// its response watched for a 401 (the credential writer).
+func BenchmarkYaegiTierlimitChainEdgeCredentialed(b *testing.B) {
+	cfg := edgeConfig()
+	cfg["principal"] = map[string]any{"credentialHeaders": []any{"Authorization"}}
+	h := build(b, "tierlimit", cfg, "chainedgecred@bench")
+	reqs := requests(1000)
+
+	for _, req := range reqs {
+		req.Header.Set("Authorization", "Bearer token")
+	}
+
+	w := &sink{h: http.Header{}}
+
+	b.ReportAllocs()
+	b.ResetTimer()
+
+	for i := 0; i < b.N; i++ {
+		for k := range w.h {
+			delete(w.h, k)
+		}
+
+		h.ServeHTTP(w, reqs[i%len(reqs)])
+	}
+}
+
 func BenchmarkYaegiTierlimitRedis(b *testing.B) {
 	r, err := harness.StartRedis(b.TempDir())
 	if err != nil {
