@@ -5,6 +5,7 @@ package main
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -81,7 +82,43 @@ func run() error {
 		}
 	}
 
+	fmt.Println("\n== who is limited right now: GET /_ratelimit?limited=true (status endpoint, from loopback)")
+	if err := showStatus(tr.Web + "/_ratelimit?limited=true"); err != nil {
+		fmt.Println("  error:", err)
+	}
+
 	fmt.Println("\nStopping Traefik and the backend.")
+
+	return nil
+}
+
+// showStatus prints the status endpoint's limited keys, one per line.
+func showStatus(url string) error {
+	resp, err := http.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+
+	var status struct {
+		Keys struct {
+			Items []struct {
+				Layer string `json:"layer"`
+				Key   string `json:"key"`
+				Count int64  `json:"count"`
+				Limit int64  `json:"limit"`
+				Reset string `json:"reset"`
+			} `json:"items"`
+		} `json:"keys"`
+	}
+
+	if err := json.NewDecoder(resp.Body).Decode(&status); err != nil {
+		return fmt.Errorf("decoding the status (HTTP %d): %w", resp.StatusCode, err)
+	}
+
+	for _, k := range status.Keys.Items {
+		fmt.Printf("  layer %-10s key %-13s count %d of %d, resets %s\n", k.Layer, k.Key, k.Count, k.Limit, k.Reset)
+	}
 
 	return nil
 }
