@@ -126,7 +126,19 @@ func requests(n int) []*http.Request {
 }
 
 func run(b *testing.B, h http.Handler) {
+	runWith(b, h, nil)
+}
+
+// runWith is run with each request changed by set (nil: as they are).
+func runWith(b *testing.B, h http.Handler, set func(i int, req *http.Request)) {
 	reqs := requests(1000)
+
+	if set != nil {
+		for i, req := range reqs {
+			set(i, req)
+		}
+	}
+
 	w := &sink{h: http.Header{}}
 
 	b.ReportAllocs()
@@ -171,25 +183,9 @@ func BenchmarkYaegiTierlimitChainEdge(b *testing.B) {
 func BenchmarkYaegiTierlimitChainEdgeCredentialed(b *testing.B) {
 	cfg := edgeConfig()
 	cfg["principal"] = map[string]any{"credentialHeaders": []any{"Authorization"}}
-	h := build(b, "tierlimit", cfg, "chainedgecred@bench")
-	reqs := requests(1000)
-
-	for _, req := range reqs {
+	runWith(b, build(b, "tierlimit", cfg, "chainedgecred@bench"), func(_ int, req *http.Request) {
 		req.Header.Set("Authorization", "Bearer token")
-	}
-
-	w := &sink{h: http.Header{}}
-
-	b.ReportAllocs()
-	b.ResetTimer()
-
-	for i := 0; i < b.N; i++ {
-		for k := range w.h {
-			delete(w.h, k)
-		}
-
-		h.ServeHTTP(w, reqs[i%len(reqs)])
-	}
+	})
 }
 
 func BenchmarkYaegiTierlimitRedis(b *testing.B) {
@@ -214,25 +210,9 @@ func BenchmarkYaegiTierlimitPrincipal(b *testing.B) {
 		"assets":    map[string]any{"points": "0"},
 		"principal": map[string]any{"userHeader": "X-Auth-User"},
 	}
-	h := build(b, "tierlimit", cfg, "principal@bench")
-	reqs := requests(1000)
-
-	for i, req := range reqs {
+	runWith(b, build(b, "tierlimit", cfg, "principal@bench"), func(i int, req *http.Request) {
 		req.Header.Set("X-Auth-User", "user-"+strconv.Itoa(i))
-	}
-
-	w := &sink{h: http.Header{}}
-
-	b.ReportAllocs()
-	b.ResetTimer()
-
-	for i := 0; i < b.N; i++ {
-		for k := range w.h {
-			delete(w.h, k)
-		}
-
-		h.ServeHTTP(w, reqs[i%len(reqs)])
-	}
+	})
 }
 
 func BenchmarkYaegiTierlimitRefused(b *testing.B) {
