@@ -221,6 +221,7 @@ type settings struct {
 	exemptIDs     map[string]bool
 	exemptGlobal  bool
 	response      ResponseConfig
+	responseBody  []bodyPart // response.body parsed; nil for the design note's body
 }
 
 // layerSpec is a parsed layer. points == 0 means off.
@@ -730,7 +731,8 @@ func parseOperations(cfg *Config, s *settings) error {
 		return invalid("response.body", cfg.Response.Body[:32]+"...", "longer than 64 KiB")
 	}
 
-	if _, err := parseBodyTemplate(cfg.Response.Body); err != nil {
+	var err error
+	if s.responseBody, err = parseBodyTemplate(cfg.Response.Body); err != nil {
 		return invalid("response.body", cfg.Response.Body, err.Error())
 	}
 

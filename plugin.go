@@ -249,9 +249,7 @@ func New(ctx context.Context, next http.Handler, config *Config, name string) (h
 		}
 	}
 
-	if err := p.setResponse(cfg.response); err != nil {
-		return nil, fmt.Errorf("configuring %s: %w", name, err)
-	}
+	p.setResponse()
 
 	p.status = cfg.statusPath != ""
 	p.exempt = len(cfg.exemptIPs)+len(cfg.exemptIDs) > 0
@@ -259,16 +257,17 @@ func New(ctx context.Context, next http.Handler, config *Config, name string) (h
 		p.planExempt = plan(p.global)
 	}
 
-	keyed := false
+	// serveSimple's loop knows fixed windows keyed by client, principal or constant.
+	inlined := true
 	for _, l := range p.layers {
-		keyed = keyed || l.keyKind == keyOfHeader || l.sliding
+		inlined = inlined && l.keyKind != keyOfHeader && !l.sliding
 	}
 
 	p.active = cfg.enabled && (len(p.planIP)+len(p.planAssets)+len(p.planUser)+len(p.planService)+len(p.routes) > 0 || p.ws != nil)
 	// Credential headers and routes leave an instance on serveSimple, which
 	// serves credentialed requests itself and hands route matches to
 	// serveGeneral (divert): the recommended chain's edge stays on it.
-	p.general = !p.active || len(p.credCookies)+len(p.credQuery) > 0 || p.ws != nil || p.exempt || keyed
+	p.general = !p.active || len(p.credCookies)+len(p.credQuery) > 0 || p.ws != nil || p.exempt || !inlined
 	p.simple = !p.general && cfg.store == "memory" && cfg.headers && !cfg.dryRun
 	p.divert = p.simple && (p.credHeaders != nil || p.routes != nil)
 	p.watch = p.ip != nil && len(cfg.invalidCode) > 0

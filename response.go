@@ -93,11 +93,8 @@ func writeTemplate(rw http.ResponseWriter, l *layer, reset, now int64) {
 }
 
 // setResponse gives every layer the configured refusal.
-func (p *Plugin) setResponse(rc ResponseConfig) error {
-	parts, err := parseBodyTemplate(rc.Body)
-	if err != nil {
-		return invalid("response.body", rc.Body, err.Error())
-	}
+func (p *Plugin) setResponse() {
+	rc := p.cfg.response
 
 	contentType := jsonContentType
 	if rc.ContentType != jsonContentType[0] {
@@ -111,12 +108,10 @@ func (p *Plugin) setResponse(rc ResponseConfig) error {
 
 	for _, l := range all {
 		l.status, l.contentType = rc.StatusCode, contentType
-		if rc.Body != "" {
-			l.body = bindLayer(parts, l.name, l.limit)
+		if p.cfg.responseBody != nil {
+			l.body = bindLayer(p.cfg.responseBody, l.name, l.limit)
 		}
 	}
-
-	return nil
 }
 
 // ceilSeconds converts nanoseconds to whole seconds, rounding up.
