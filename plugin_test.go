@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -569,15 +570,7 @@ func TestAnonymousPathMatchesTheGeneralPath(t *testing.T) {
 		path, client := paths[i%len(paths)], clients[i%len(clients)]
 		a, b := fast.get(path, client), general.get(path, client)
 
-		if a.Code != b.Code || a.Body.String() != b.Body.String() {
-			t.Fatalf("request %d: %d %q vs %d %q", i, a.Code, a.Body.String(), b.Code, b.Body.String())
-		}
-
-		for _, k := range []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "RateLimit-Policy", "RateLimit", "Retry-After"} {
-			if a.Header().Get(k) != b.Header().Get(k) {
-				t.Fatalf("request %d: %s %q vs %q", i, k, a.Header().Get(k), b.Header().Get(k))
-			}
-		}
+		sameAnswer(t, "request "+strconv.Itoa(i), a, b)
 
 		if i%17 == 0 {
 			fast.clock.Add(700 * time.Millisecond)
@@ -621,15 +614,7 @@ func TestSimplePathMatchesTheGeneralPathWithPrincipals(t *testing.T) {
 		a := fast.do(http.MethodGet, "/api", "203.0.113.1:1", hdr)
 		b := general.do(http.MethodGet, "/api", "203.0.113.1:1", hdr)
 
-		if a.Code != b.Code || a.Body.String() != b.Body.String() {
-			t.Fatalf("request %d: %d %q vs %d %q", i, a.Code, a.Body.String(), b.Code, b.Body.String())
-		}
-
-		for _, k := range []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "RateLimit-Policy", "RateLimit", "Retry-After"} {
-			if a.Header().Get(k) != b.Header().Get(k) {
-				t.Fatalf("request %d: %s %q vs %q", i, k, a.Header().Get(k), b.Header().Get(k))
-			}
-		}
+		sameAnswer(t, "request "+strconv.Itoa(i), a, b)
 
 		if i%13 == 0 {
 			fast.clock.Add(600 * time.Millisecond)
@@ -696,15 +681,7 @@ func TestSimplePathMatchesTheGeneralPathWithRoutesAndCredentials(t *testing.T) {
 			a := fast.do(st.method, st.path, "203.0.113.1:1", st.hdr)
 			b := general.do(st.method, st.path, "203.0.113.1:1", st.hdr)
 
-			if a.Code != b.Code || a.Body.String() != b.Body.String() {
-				t.Fatalf("any-method %v, request %d (%s %s): %d %q vs %d %q", anyMethod, i, st.method, st.path, a.Code, a.Body.String(), b.Code, b.Body.String())
-			}
-
-			for _, k := range []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "RateLimit-Policy", "RateLimit", "Retry-After"} {
-				if a.Header().Get(k) != b.Header().Get(k) {
-					t.Fatalf("request %d: %s %q vs %q", i, k, a.Header().Get(k), b.Header().Get(k))
-				}
-			}
+			sameAnswer(t, fmt.Sprintf("any-method route %v, request %d (%s %s)", anyMethod, i, st.method, st.path), a, b)
 
 			if i%11 == 0 {
 				fast.clock.Add(500 * time.Millisecond)
@@ -720,6 +697,22 @@ func TestSimplePathMatchesTheGeneralPathWithRoutesAndCredentials(t *testing.T) {
 
 		if strings.ReplaceAll(fast.events.String(), fast.p.name, "") != strings.ReplaceAll(general.events.String(), general.p.name, "") {
 			t.Fatalf("events differ:\n%s\nvs\n%s", fast.events.String(), general.events.String())
+		}
+	}
+}
+
+// sameAnswer fails unless two responses have the same status, body and
+// rate-limit headers: the equivalence tests of serveSimple and serveGeneral.
+func sameAnswer(t *testing.T, what string, a, b *httptest.ResponseRecorder) {
+	t.Helper()
+
+	if a.Code != b.Code || a.Body.String() != b.Body.String() {
+		t.Fatalf("%s: %d %q vs %d %q", what, a.Code, a.Body.String(), b.Code, b.Body.String())
+	}
+
+	for _, k := range []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "RateLimit-Policy", "RateLimit", "Retry-After"} {
+		if a.Header().Get(k) != b.Header().Get(k) {
+			t.Fatalf("%s: %s %q vs %q", what, k, a.Header().Get(k), b.Header().Get(k))
 		}
 	}
 }
