@@ -26,18 +26,25 @@ type ipResolver struct {
 // clientKey returns the bucket key for the client of req: the IPv4 address, or
 // the IPv6 prefix in CIDR notation. It is never empty.
 //
-// The common case stays small for Yaegi (where a call allocates every local of
-// the callee): no X-Forwarded-For and an IPv4 peer, which Go's server writes
-// as "a.b.c.d:port" (IPv6 peers are bracketed).
+// The common case is answered without a call (doc.go: frames): no
+// X-Forwarded-For and an IPv4 peer, which Go's server writes as
+// "a.b.c.d:port" (IPv6 peers are bracketed).
 func (r *ipResolver) clientKey(req *http.Request) string {
+	client := ""
+	// kernel client-ip
 	if r.hops == 0 && req.Header["X-Forwarded-For"] == nil {
 		i := strings.LastIndexByte(req.RemoteAddr, ':')
 		if i > 0 && strings.IndexByte(req.RemoteAddr[:i], ':') < 0 {
-			return req.RemoteAddr[:i]
+			client = req.RemoteAddr[:i]
 		}
 	}
 
-	return r.resolve(req)
+	if client == "" {
+		client = r.resolve(req)
+	}
+	// end kernel
+
+	return client
 }
 
 // resolve is clientKey for everything but the common case.

@@ -179,6 +179,9 @@ const (
 	layerAssets  = "assets"
 	layerUser    = "user"
 	layerService = "service"
+	// layerWebsocket names the connection cap in refusals and events; no
+	// route may take the name.
+	layerWebsocket = "websocket"
 )
 
 // Route keys.
@@ -464,7 +467,7 @@ func parseRoutes(routes []RouteConfig) ([]routeSpec, error) {
 		}
 
 		switch rc.Name {
-		case layerGlobal, layerIP, layerAssets, layerUser, layerService:
+		case layerGlobal, layerIP, layerAssets, layerUser, layerService, layerWebsocket:
 			return nil, invalid(field+".name", rc.Name, "is the name of a built-in layer")
 		}
 

@@ -7,7 +7,7 @@ import (
 // isExempt reports whether exempt.ips holds the request's client address or
 // exempt.principals its principal.
 func (p *Plugin) isExempt(req *http.Request, principal string) bool {
-	return principal != "" && p.cfg.exemptIDs[principal] || p.ips.clientIn(req, p.cfg.exemptIPs)
+	return principal != "" && p.exempt.ids[principal] || p.ips.clientIn(req, p.exempt.ips)
 }
 
 // serveExempt passes on an exempt request. No tier, route or connection cap
@@ -16,8 +16,8 @@ func (p *Plugin) isExempt(req *http.Request, principal string) bool {
 // With no layer charged the response carries no rate-limit headers: no limit
 // applies to it.
 func (p *Plugin) serveExempt(rw http.ResponseWriter, req *http.Request, client, principal string) {
-	if p.planExempt != nil {
-		if ok, _ := p.decide(rw, req, p.planExempt, client, principal); !ok {
+	if p.exempt.plan != nil {
+		if ok, _ := p.decide(rw, req, p.exempt.plan, client, principal); !ok {
 			return
 		}
 	}

@@ -59,7 +59,7 @@ func (w *credentialWriter) WriteHeader(code int) {
 
 	w.wroteHeader = true
 
-	if w.p.cfg.invalidCode[code] && w.chargeIP() {
+	if w.p.invalidCode[code] && w.chargeIP() {
 		w.discard = true
 		return
 	}
@@ -118,7 +118,7 @@ func (w *credentialWriter) chargeIP() bool {
 
 	var t tally
 
-	p.store.take(&t, now, p.planInvalid, w.clientKey, "", nil, p.cfg.dryRun)
+	p.store.take(&t, now, p.planInvalid, w.clientKey, "", nil, p.dryRun)
 
 	if t.firsts != 0 {
 		p.report(p.planInvalid, t.firsts, w.clientKey, "", nil)
@@ -128,22 +128,24 @@ func (w *credentialWriter) chargeIP() bool {
 		return false
 	}
 
-	if t.refused && !p.cfg.dryRun {
+	ip := p.planInvalid[0]
+
+	if t.refused && !p.dryRun {
 		for _, name := range replacedHeaders {
 			h.Del(name)
 		}
 
-		if p.cfg.headers {
-			setHeaders(h, p.ip, &t, now)
+		if p.headers {
+			setHeaders(h, ip, t.left, t.reset, t.resetH, now)
 		}
 
-		p.reject(w.rw, w.req, p.ip, t.count, t.reset, now)
+		p.reject(w.rw, w.req, ip, t.count, t.reset, now)
 
 		return true
 	}
 
-	if p.cfg.headers && (w.prevLeft < 0 || t.left < w.prevLeft) {
-		setHeaders(h, p.ip, &t, now)
+	if p.headers && (w.prevLeft < 0 || t.left < w.prevLeft) {
+		setHeaders(h, ip, t.left, t.reset, t.resetH, now)
 	}
 
 	return false

@@ -45,10 +45,17 @@ func (p *Plugin) isServiceAccount(req *http.Request) bool {
 // no credential: an auth server treats it as anonymous, so it must not exempt
 // the request from the ip layer.
 func (p *Plugin) hasCredential(req *http.Request) bool {
+	credentialed := false
+	// kernel credential-header
 	for _, h := range p.credHeaders {
 		if v := req.Header[h]; len(v) > 0 && strings.TrimSpace(v[0]) != "" {
-			return true
+			credentialed = true
 		}
+	}
+	// end kernel
+
+	if credentialed {
+		return true
 	}
 
 	for _, name := range p.credCookies {

@@ -116,7 +116,10 @@ func closedPort(t *testing.T) string {
 func redisHarness(t *testing.T, addr string, mutate func(c *Config)) (*harness, *bytes.Buffer) {
 	t.Helper()
 
+	var cfg *Config
+
 	h := newHarness(t, func(c *Config) {
+		cfg = c
 		c.Store = "redis"
 		c.Redis.Address = addr
 		c.Redis.Timeout = "1s"
@@ -130,8 +133,13 @@ func redisHarness(t *testing.T, addr string, mutate func(c *Config)) (*harness, 
 
 	// A backend of its own: the shared registry could hand a later test with
 	// a reused port the state of an earlier one.
+	s, err := parse(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+
 	logs := &bytes.Buffer{}
-	h.p.store.(*redisStore).backend = &redisBackend{pool: redisresp.NewPool(h.p.cfg.redis), address: addr, log: logs}
+	h.p.store.(*redisStore).backend = &redisBackend{pool: redisresp.NewPool(s.redis), address: addr, log: logs}
 
 	return h, logs
 }
@@ -335,7 +343,7 @@ func TestRedisKeysAndArguments(t *testing.T) {
 	})
 
 	store := h.p.store.(*redisStore)
-	tl := take(store, t0, []*layer{h.p.global, h.p.ip, h.p.routes[0].layer}, "2001:db8::/64", "", false)
+	tl := take(store, t0, []*layer{h.p.planIP[0], h.p.planIP[1], h.p.routes[0].layer}, "2001:db8::/64", "", false)
 	if tl.charged != 3 || tl.refused || tl.shown != 1 || tl.count != 1 || tl.reset != t0+int64(time.Minute) {
 		t.Fatalf("tally %+v, want 3 charged, ip shown (fewest left), reset from its TTL", tl)
 	}

@@ -7,32 +7,27 @@ import (
 )
 
 // setHeaders writes the X-RateLimit-* headers and the IETF draft fields
-// RateLimit-Policy and RateLimit for the layer a tally shows. Reset is in Unix
+// RateLimit-Policy and RateLimit of layer shown, with left requests left and
+// the window's reset (Unix nanoseconds; resetH formatted). Reset is in Unix
 // seconds, rounded up so that a client waiting until then finds a new window.
-//
-// Under Yaegi every expression costs, so the values are precomputed where they
-// can be (per layer, per number of requests left, per window) and the map is
-// written directly, with the canonical names. The slices are shared by every
-// response: http.Header's Add and Set replace a value rather than write into it.
-func setHeaders(h http.Header, l *layer, t *tally, now int64) {
-	h["X-Ratelimit-Limit"] = l.limitHdr
-	h["Ratelimit-Policy"] = l.policyHdr
-	h["X-Ratelimit-Reset"] = t.resetH
-
-	secs := (t.reset - now + int64(time.Second) - 1) / int64(time.Second)
-
-	if t.left < int64(len(l.remainingHdr)) && secs < int64(len(smallInts)) {
-		h["X-Ratelimit-Remaining"] = l.remainingHdr[t.left]
-		h["Ratelimit"] = []string{l.ratePrefix[t.left] + smallInts[secs]}
-
-		return
+// The values come from the layer's header table where they can (layer.go).
+func setHeaders(h http.Header, shown *layer, left, reset int64, resetH []string, now int64) {
+	// kernel headers
+	h["X-Ratelimit-Limit"] = shown.limitHdr
+	h["Ratelimit-Policy"] = shown.policyHdr
+	h["X-Ratelimit-Reset"] = resetH
+	secs := (reset - now + int64(time.Second) - 1) / int64(time.Second)
+	if left < int64(len(shown.remainingHdr)) && secs < int64(len(smallInts)) {
+		h["X-Ratelimit-Remaining"] = shown.remainingHdr[left]
+		h["Ratelimit"] = []string{shown.ratePrefix[left] + smallInts[secs]}
+	} else {
+		setLargeHeaders(h, shown, left, secs)
 	}
-
-	setLargeHeaders(h, l, t.left, secs)
+	// end kernel
 }
 
-// setLargeHeaders formats the values beyond setHeaders' tables. A function of
-// its own, so that the common case does not pay for its expressions.
+// setLargeHeaders formats the values beyond the header table; a function of
+// its own so that the common case does not pay for its expressions (doc.go).
 func setLargeHeaders(h http.Header, l *layer, left, secs int64) {
 	rem := formatInt(left)
 	h["X-Ratelimit-Remaining"] = []string{rem}
@@ -70,7 +65,7 @@ var (
 )
 
 // refuse answers a refusal: 429 (or response.statusCode) with Retry-After and
-// the JSON body of the design note, or the configured body.
+// the default JSON body, or the configured body.
 func refuse(rw http.ResponseWriter, l *layer, count, reset, now int64) {
 	h := rw.Header()
 	h["Retry-After"] = []string{retryAfter(reset, now)}
@@ -86,32 +81,9 @@ func refuse(rw http.ResponseWriter, l *layer, count, reset, now int64) {
 	_, _ = rw.Write([]byte(l.bodyPrefix + time.Unix(ceilSeconds(reset), 0).UTC().Format(time.RFC3339) + l.bodySuffix))
 }
 
-// writeTemplate writes a configured body; out of refuse, whose every
-// expression costs under Yaegi even when not taken.
+// writeTemplate writes a configured body; out of refuse (doc.go: frames).
 func writeTemplate(rw http.ResponseWriter, l *layer, reset, now int64) {
 	_, _ = rw.Write([]byte(render(l.body, reset, now)))
-}
-
-// setResponse gives every layer the configured refusal.
-func (p *Plugin) setResponse() {
-	rc := p.cfg.response
-
-	contentType := jsonContentType
-	if rc.ContentType != jsonContentType[0] {
-		contentType = []string{rc.ContentType}
-	}
-
-	all := p.layers
-	if p.wsLayer != nil {
-		all = append(all[:len(all):len(all)], p.wsLayer)
-	}
-
-	for _, l := range all {
-		l.status, l.contentType = rc.StatusCode, contentType
-		if p.cfg.responseBody != nil {
-			l.body = bindLayer(p.cfg.responseBody, l.name, l.limit)
-		}
-	}
 }
 
 // ceilSeconds converts nanoseconds to whole seconds, rounding up.

@@ -29,11 +29,11 @@ const metricsSuffix = "/metrics"
 // set; the path is compared first, so other requests cost one string prefix test.
 func (p *Plugin) serveStatus(rw http.ResponseWriter, req *http.Request) bool {
 	path := req.URL.Path
-	if !strings.HasPrefix(path, p.cfg.statusPath) {
+	if !strings.HasPrefix(path, p.status.path) {
 		return false
 	}
 
-	rest := path[len(p.cfg.statusPath):]
+	rest := path[len(p.status.path):]
 	if rest != "" && rest != metricsSuffix {
 		return false
 	}
@@ -68,7 +68,7 @@ func (p *Plugin) serveStatus(rw http.ResponseWriter, req *http.Request) bool {
 // statusAllowed reports whether the request's client, resolved as the limiter
 // resolves it (trusted proxies, trustedHops), is in status.allowedIPs.
 func (p *Plugin) statusAllowed(req *http.Request) bool {
-	return p.ips.clientIn(req, p.cfg.statusAllowed)
+	return p.ips.clientIn(req, p.status.allowed)
 }
 
 // writeStatus writes a status response; HEAD gets the headers only.
@@ -200,7 +200,7 @@ func (p *Plugin) statusJSON(req *http.Request, now int64) ([]byte, int) {
 
 	report := statusReport{
 		Middleware:    p.name,
-		Store:         p.cfg.store,
+		Store:         p.status.store,
 		RedisFallback: p.redisFallback(),
 		Layers:        make([]statusLayer, 0, len(p.layers)),
 		Keys:          statusKeys{Total: total, Offset: q.offset, Limit: q.limit, Items: []statusKey{}},

@@ -547,7 +547,7 @@ func TestStatusMergesTheFallbackAndReportsIt(t *testing.T) {
 // firstSorted's one-pass selection of a page near the top agrees with a full
 // sort, ties included.
 func TestFirstSortedAgreesWithAFullSort(t *testing.T) {
-	p := &Plugin{layers: []*layer{{name: "ip"}, {name: "global"}, {name: "a_route"}}}
+	p := &Plugin{layers: []*layer{{limits: limits{name: "ip"}}, {limits: limits{name: "global"}}, {limits: limits{name: "a_route"}}}}
 	rng := rand.New(rand.NewSource(1))
 
 	for round := 0; round < 50; round++ {

@@ -159,9 +159,7 @@ type tally struct {
 // is set it stops after the first layer whose count exceeds its points: a
 // refused request is not charged to the layers after the one that refused it.
 //
-// The loop repeats tally.note and the common cases of layer.keyFor inline:
-// under Yaegi each call allocates every local of the callee, and this loop
-// runs for every request.
+// The loop writes the common cases of layer.keyFor inline (doc.go: frames).
 func (s *windowStore) take(t *tally, now int64, layers []*layer, client, principal string, hdr http.Header, all bool) {
 	t.shown = -1
 
@@ -183,12 +181,14 @@ func (s *windowStore) take(t *tally, now int64, layers []*layer, client, princip
 			continue
 		}
 
+		// kernel fixed-charge
 		w := l.entries[key]
 		if w != nil && w.reset > now && w.list == l.list {
 			w.count++
 		} else {
 			w = s.restart(now, l, w, key)
 		}
+		// end kernel
 
 		t.charged = i + 1
 

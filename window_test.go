@@ -156,7 +156,7 @@ func TestKeysByKind(t *testing.T) {
 	}
 
 	for _, tc := range cases {
-		l := &layer{keyKind: tc.kind, constKey: "global"}
+		l := &layer{limits: limits{keyKind: tc.kind, constKey: "global"}}
 		if got := l.keyFor(tc.client, tc.principal, nil); got != tc.want {
 			t.Errorf("kind %d: %q, want %q", tc.kind, got, tc.want)
 		}

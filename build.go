@@ -1,0 +1,298 @@
+package tierlimit
+
+import (
+	"net/http"
+	"net/netip"
+	"time"
+
+	"github.com/tierlimit/tierlimit/redisresp"
+)
+
+// Construction: everything the request path reads is built here, once per
+// New, so that serving computes only what depends on the request.
+
+// exemptions are the clients and principals no tier charges (exempt.go).
+type exemptions struct {
+	ips  []netip.Prefix
+	ids  map[string]bool
+	plan []*layer // global, unless exempt.global
+}
+
+// statusPage is the status endpoint (status.go).
+type statusPage struct {
+	path    string
+	allowed []netip.Prefix
+	store   string // "memory" or "redis", as configured
+}
+
+// chooseMode decides, from the parsed settings alone, how an instance serves
+// its requests; the table test in mode_test.go names every configuration shape.
+//
+// serveFast handles the common instances: the memory store, headers on, no
+// dry run, fixed windows keyed by client, principal or a constant, credentials
+// in headers only, no connection cap, no exemptions. Every other instance
+// takes serveGeneral, which handles everything.
+func chooseMode(s *settings) mode {
+	specs := []layerSpec{s.global, s.ip, s.assets, s.user, s.service}
+	for _, rs := range s.routes {
+		specs = append(specs, rs.layerSpec)
+	}
+
+	on, fixed, routes := false, true, false
+
+	for i, l := range specs {
+		if !l.on() {
+			continue
+		}
+
+		on = true
+		fixed = fixed && !l.sliding && l.keyHeader == ""
+		routes = routes || i >= 5
+	}
+
+	switch {
+	case !s.enabled || !on && s.wsMaxPerIP == 0:
+		return modeOff
+	case s.store != "memory" || !s.headers || s.dryRun || !fixed || s.wsMaxPerIP > 0,
+		len(s.principal.CredentialCookies)+len(s.principal.CredentialQueryParams) > 0,
+		len(s.exemptIPs)+len(s.exemptIDs) > 0:
+		return modeGeneral
+	case routes || len(s.principal.CredentialHeaders) > 0:
+		return modeFastClassify
+	}
+
+	return modeFast
+}
+
+// build makes the Plugin of a parsed configuration.
+func build(cfg *settings, next http.Handler, name string) *Plugin {
+	memory := registry.get(name, cfg.maxTracked)
+
+	p := &Plugin{
+		next:    next,
+		name:    name,
+		now:     time.Now,
+		mode:    chooseMode(cfg),
+		events:  newEventLog(eventWriter, name),
+		ips:     ipResolver{proxies: cfg.proxies, hops: cfg.hops, ipv6Prefix: cfg.ipv6Prefix},
+		store:   memory,
+		memory:  memory,
+		dryRun:  cfg.dryRun,
+		headers: cfg.headers,
+
+		assetPaths:    cfg.assetPaths,
+		userHeader:    http.CanonicalHeaderKey(cfg.principal.UserHeader),
+		serviceHeader: http.CanonicalHeaderKey(cfg.principal.ServiceAccountHeader),
+		credCookies:   cfg.principal.CredentialCookies,
+		credQuery:     cfg.principal.CredentialQueryParams,
+	}
+
+	for _, h := range cfg.principal.CredentialHeaders {
+		p.credHeaders = append(p.credHeaders, http.CanonicalHeaderKey(h))
+	}
+
+	global := newLayer(memory, cfg.global, keyOfConst)
+	ip := newLayer(memory, cfg.ip, keyOfClient)
+	assets := newLayer(memory, cfg.assets, keyOfClient)
+	user := newLayer(memory, cfg.user, keyOfPrincipal)
+	service := newLayer(memory, cfg.service, keyOfPrincipal)
+
+	p.layers = plan(global, ip, assets, user, service)
+	p.routes, p.routeMethods = buildRoutes(memory, cfg.routes)
+
+	for _, rt := range p.routes {
+		p.layers = append(p.layers, rt.layer)
+	}
+
+	p.plans = plans{
+		planIP:      plan(global, ip),
+		planAssets:  plan(global, assets),
+		planUser:    plan(global, user),
+		planService: plan(global, service),
+		planCred:    plan(global),
+		planInvalid: plan(ip),
+	}
+
+	if ip != nil && len(cfg.invalidCode) > 0 {
+		p.invalidCode = cfg.invalidCode
+	}
+
+	if cfg.wsMaxPerIP > 0 {
+		p.ws = connCounters.get(name, cfg.wsMaxPerIP)
+		p.wsLayer = newLayer(memory, layerSpec{name: layerWebsocket, points: int64(cfg.wsMaxPerIP), duration: time.Second}, keyOfClient)
+	}
+
+	if len(cfg.exemptIPs)+len(cfg.exemptIDs) > 0 {
+		p.exempt = &exemptions{ips: cfg.exemptIPs, ids: cfg.exemptIDs}
+		if !cfg.exemptGlobal {
+			p.exempt.plan = plan(global)
+		}
+	}
+
+	if cfg.statusPath != "" {
+		p.status = &statusPage{path: cfg.statusPath, allowed: cfg.statusAllowed, store: cfg.store}
+	}
+
+	if cfg.store == "redis" {
+		p.store = newRedisStore(cfg, name, memory, p.layers)
+	}
+
+	all := p.layers
+	if p.wsLayer != nil {
+		all = append(all[:len(all):len(all)], p.wsLayer)
+	}
+
+	for _, l := range all {
+		l.refusal = newRefusal(cfg, l)
+	}
+
+	return p
+}
+
+// buildRoutes makes the route layers that are on, and the methods they are
+// limited to (nil when some route takes every method, or there is none).
+func buildRoutes(memory *windowStore, specs []routeSpec) ([]*route, map[string]bool) {
+	kinds := map[string]int{keyIP: keyOfClient, keyPrincipal: keyOfPrincipalElseClient, keyGlobal: keyOfConst, keyHeader: keyOfHeader}
+
+	var routes []*route
+
+	methods := map[string]bool{}
+	anyMethod := false
+
+	for _, rs := range specs {
+		if !rs.on() {
+			continue
+		}
+
+		routes = append(routes, &route{
+			layer: newLayer(memory, rs.layerSpec, kinds[rs.key]), methods: rs.methods, exact: rs.exact, prefixes: rs.prefixes,
+		})
+
+		anyMethod = anyMethod || len(rs.methods) == 0
+		for _, m := range rs.methods {
+			methods[m] = true
+		}
+	}
+
+	if anyMethod || len(routes) == 0 {
+		return routes, nil
+	}
+
+	return routes, methods
+}
+
+// newRedisStore makes the Redis store of an instance and encodes each
+// layer's keys.
+func newRedisStore(cfg *settings, name string, memory *windowStore, layers []*layer) *redisStore {
+	rs := &redisStore{
+		prefix:  cfg.keyPrefix + ":" + name + ":",
+		backend: backends.get(cfg.redis),
+		local:   memory,
+		blocked: registry.blockListFor(name, cfg.maxTracked),
+	}
+
+	for _, l := range layers {
+		l.redisKey = rs.prefix + l.name + ":"
+		l.redisConstKey = redisresp.Bulk(l.redisKey + l.constKey)
+	}
+
+	// A plan has at most every layer: global, one tier and the routes.
+	for n := 0; n <= len(layers); n++ {
+		rs.calls = append(rs.calls, takeRedis.Call(n, 4*n+1))
+	}
+
+	return rs
+}
+
+// plan lists the layers that are on, in order.
+func plan(layers ...*layer) []*layer {
+	var out []*layer
+
+	for _, l := range layers {
+		if l != nil {
+			out = append(out, l)
+		}
+	}
+
+	return out
+}
+
+// newLayer returns nil for a layer that is off.
+func newLayer(memory *windowStore, spec layerSpec, keyKind int) *layer {
+	if !spec.on() {
+		return nil
+	}
+
+	if spec.keyHeader != "" {
+		keyKind = keyOfHeader
+	}
+
+	l := &layer{
+		limits: limits{
+			name:      spec.name,
+			points:    spec.points,
+			duration:  int64(spec.duration),
+			keyKind:   keyKind,
+			constKey:  layerGlobal,
+			keyHeader: spec.keyHeader,
+			sliding:   spec.sliding,
+		},
+		redisEncoding: newRedisEncoding(spec),
+		headerTable:   newHeaderTable(spec),
+	}
+
+	memory.attach(l)
+
+	return l
+}
+
+func newRedisEncoding(spec layerSpec) redisEncoding {
+	ms := int64(spec.duration / time.Millisecond)
+	e := redisEncoding{
+		redisArgs: redisresp.Bulk(formatInt(spec.points)) + redisresp.Bulk(formatInt(ms)) + bulkFalse,
+		maxTTL:    ms,
+	}
+
+	if spec.sliding {
+		e.redisArgs = redisresp.Bulk(formatInt(spec.points)) + redisresp.Bulk(formatInt(ms)) + bulkTrue
+		e.maxTTL = 2 * ms
+	}
+
+	return e
+}
+
+func newHeaderTable(spec layerSpec) headerTable {
+	limit := formatInt(spec.points)
+	t := headerTable{
+		limit:     limit,
+		limitHdr:  []string{limit},
+		policyHdr: []string{`"` + spec.name + `";q=` + limit + ";w=" + formatInt(ceilSeconds(int64(spec.duration)))},
+	}
+
+	for left := int64(0); left <= spec.points && left < maxPrecomputed; left++ {
+		t.remainingHdr = append(t.remainingHdr, []string{formatInt(left)})
+		t.ratePrefix = append(t.ratePrefix, `"`+spec.name+`";r=`+formatInt(left)+";t=")
+	}
+
+	return t
+}
+
+// newRefusal is the configured refusal of layer l.
+func newRefusal(cfg *settings, l *layer) refusal {
+	r := refusal{
+		status:      cfg.response.StatusCode,
+		contentType: jsonContentType,
+		bodyPrefix:  `{"errors":[{"message":"Hit rate limit","extensions":{"code":"REQUESTS_EXCEEDED","limit":` + l.limit + `,"reset":"`,
+		bodySuffix:  `","layer":"` + l.name + `"}}]}`,
+	}
+
+	if cfg.response.ContentType != jsonContentType[0] {
+		r.contentType = []string{cfg.response.ContentType}
+	}
+
+	if cfg.responseBody != nil {
+		r.body = bindLayer(cfg.responseBody, l.name, l.limit)
+	}
+
+	return r
+}

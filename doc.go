@@ -1,0 +1,37 @@
+package tierlimit
+
+// Writing this package for Yaegi
+//
+// Traefik runs the plugin's non-test files in the Yaegi interpreter. These
+// rules explain the shape of the request path; comments elsewhere point here
+// by name ("doc.go: frames") instead of repeating them.
+//
+// Frames. Each call allocates the callee's whole frame: one allocation per
+// local and per temporary of every branch, taken or not (Yaegi's newFrame
+// and the reflect.New of each slot). So the request path keeps the common
+// case in few small functions and moves rare work (new windows, refusals,
+// large header values, route matches) into functions of its own that only
+// those requests call. Allocations per request are deterministic under
+// Yaegi where timings are not; e2e/yaegibench's budget test counts them.
+//
+// Kernels. Where a shared helper would put a frame on the fast path, the
+// fast path writes the few lines out, and the general path keeps the same
+// lines: the client-IP fast case (client-ip), the fixed-window charge
+// (fixed-charge), the rate-limit headers (headers) and the credential-header
+// check (credential-header). Each copy sits between "// kernel <name>" and
+// "// end kernel"; TestKernelsAreIdentical fails when the copies differ.
+//
+// Modes. New chooses the mode once (chooseMode, build.go); fast.go and
+// general.go state what their mode guarantees them, so that the request path
+// tests no configuration it does not need.
+//
+// Wrappers. A ResponseWriter of our own type handed to compiled code must be
+// converted to http.ResponseWriter first (an interface variable); passed
+// directly, Yaegi panics in reflect. The wrapper then loses Flush, so it
+// flushes the original writer itself (invalidcred.go).
+//
+// Constructs Yaegi cannot run: generics with inferred type arguments,
+// atomic.Pointer, method expressions, min/max/clear, range over an integer,
+// errors.As or a type switch on our own error types, custom JSON methods. A
+// closure must copy a loop variable it captures. sync/atomic calls cost
+// several allocations each; a plain increment under a held lock costs none.

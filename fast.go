@@ -1,0 +1,213 @@
+package tierlimit
+
+import (
+	"net/http"
+	"strings"
+	"time"
+)
+
+// The fast path serves modeFast and modeFastClassify. chooseMode guarantees
+// it: the memory store, headers on, no dry run, only fixed windows, each keyed
+// by the client IP, the principal or a constant (never by a header), no
+// credential cookie or query parameter, no connection cap, no exemptions. So
+// it charges p.memory directly, always sets headers, never charges a refused
+// request further, and needs no tally. Requests that a route matches are
+// handed to serveGeneral (general.go), which handles everything.
+//
+// Parts of the decision are written here and in the general path alike, as
+// kernels (see doc.go): kernel_test.go fails when the copies drift.
+
+// serveClassified is serveFast for an instance with credential headers or
+// routes: a route match goes to serveGeneral, a request with a credential
+// header is served with its response watched.
+func (p *Plugin) serveClassified(rw http.ResponseWriter, req *http.Request) {
+	if p.routes != nil && (p.routeMethods == nil || p.routeMethods[req.Method]) && p.routeMatches(req) {
+		p.serveGeneral(rw, req)
+		return
+	}
+
+	credentialed := false
+	// kernel credential-header
+	for _, h := range p.credHeaders {
+		if v := req.Header[h]; len(v) > 0 && strings.TrimSpace(v[0]) != "" {
+			credentialed = true
+		}
+	}
+	// end kernel
+
+	p.serveFast(rw, req, credentialed)
+}
+
+// serveFast charges the request to its plan and refuses it or passes it on
+// with the headers of the layer with the fewest requests left. A credentialed
+// request is charged to global only and its response watched (invalidcred.go).
+func (p *Plugin) serveFast(rw http.ResponseWriter, req *http.Request, credentialed bool) {
+	client := ""
+	// kernel client-ip (p.ips. as r.)
+	if p.ips.hops == 0 && req.Header["X-Forwarded-For"] == nil {
+		i := strings.LastIndexByte(req.RemoteAddr, ':')
+		if i > 0 && strings.IndexByte(req.RemoteAddr[:i], ':') < 0 {
+			client = req.RemoteAddr[:i]
+		}
+	}
+
+	if client == "" {
+		client = p.ips.resolve(req)
+	}
+	// end kernel
+
+	principal := ""
+	if p.userHeader != "" {
+		principal = p.principalOf(req)
+	}
+
+	layers := p.planIP
+	if principal != "" {
+		layers = p.principalPlan(req)
+	} else if credentialed {
+		layers = p.planCred
+	} else if p.assetPaths != nil && hasAnyPrefix(req.URL.Path, p.assetPaths) {
+		layers = p.planAssets
+	}
+
+	now := p.now().UnixNano()
+	s := p.memory
+
+	var shown, refused *layer
+
+	var sw *window
+
+	left := int64(0)
+
+	s.mu.Lock()
+
+	for _, l := range layers {
+		key := client
+		if l.keyKind == keyOfConst {
+			key = l.constKey
+		} else if l.keyKind == keyOfPrincipal {
+			key = principal
+		}
+
+		// kernel fixed-charge
+		w := l.entries[key]
+		if w != nil && w.reset > now && w.list == l.list {
+			w.count++
+		} else {
+			w = s.restart(now, l, w, key)
+		}
+		// end kernel
+
+		if w.count > l.points {
+			l.stats.refused++
+			refused, sw = l, w
+
+			break
+		}
+
+		l.stats.allowed++
+
+		if shown == nil || l.points-w.count < left {
+			shown, sw, left = l, w, l.points-w.count
+		}
+	}
+
+	if refused != nil {
+		p.refuseFast(rw, req, refused, sw, client, principal, now)
+		return
+	}
+
+	s.mu.Unlock()
+
+	if sw != nil {
+		reset, resetH := sw.reset, sw.resetH
+		h := rw.Header()
+		// kernel headers
+		h["X-Ratelimit-Limit"] = shown.limitHdr
+		h["Ratelimit-Policy"] = shown.policyHdr
+		h["X-Ratelimit-Reset"] = resetH
+		secs := (reset - now + int64(time.Second) - 1) / int64(time.Second)
+		if left < int64(len(shown.remainingHdr)) && secs < int64(len(smallInts)) {
+			h["X-Ratelimit-Remaining"] = shown.remainingHdr[left]
+			h["Ratelimit"] = []string{shown.ratePrefix[left] + smallInts[secs]}
+		} else {
+			setLargeHeaders(h, shown, left, secs)
+		}
+		// end kernel
+	} else {
+		left = -1
+	}
+
+	if credentialed && p.invalidCode != nil {
+		p.serveWatched(rw, req, client, left)
+		return
+	}
+
+	p.next.ServeHTTP(rw, req)
+}
+
+// serveWatched passes on a credentialed request with its response watched
+// for an invalid-credential status (invalidcred.go); left is the requests
+// left in the layer the headers show, -1 if none.
+func (p *Plugin) serveWatched(rw http.ResponseWriter, req *http.Request, client string, left int64) {
+	// Converted to the interface first (doc.go: wrappers).
+	var out http.ResponseWriter = newCredentialWriter(rw, req, p, client, left)
+	p.next.ServeHTTP(out, req)
+}
+
+// refuseFast answers a request that layer l refused on the fast path; it is
+// called with the memory store locked and unlocks it. A refusal proxies
+// nothing and, with the default body, reuses what the previous refusal of the
+// layer computed: the body depends only on the layer and the reset second,
+// the RateLimit and Retry-After values on the seconds to the reset.
+func (p *Plugin) refuseFast(rw http.ResponseWriter, req *http.Request, l *layer, w *window, client, principal string, now int64) {
+	first := !w.logged
+	w.logged = true
+	count, reset, resetH := w.count, w.reset, w.resetH
+
+	if l.body != nil || req.Header["Upgrade"] != nil {
+		p.memory.mu.Unlock()
+		p.refuseOther(rw, req, l, count, reset, resetH, first, client, principal, now)
+
+		return
+	}
+
+	c := &l.cache
+	if rs := ceilSeconds(reset); c.resetSec != rs {
+		c.resetSec, c.body = rs, []byte(l.bodyPrefix+time.Unix(rs, 0).UTC().Format(time.RFC3339)+l.bodySuffix)
+	}
+
+	if secs := ceilSeconds(reset - now); c.secs != secs {
+		c.secs, c.rate, c.retry = secs, []string{`"` + l.name + `";r=0;t=` + formatInt(secs)}, []string{retryAfter(reset, now)}
+	}
+
+	body, rate, retry := c.body, c.rate, c.retry
+
+	p.memory.mu.Unlock()
+
+	if first {
+		p.events.refused(l.name, l.keyFor(client, principal, nil), client)
+	}
+
+	h := rw.Header()
+	h["X-Ratelimit-Limit"] = l.limitHdr
+	h["Ratelimit-Policy"] = l.policyHdr
+	h["X-Ratelimit-Reset"] = resetH
+	h["X-Ratelimit-Remaining"] = l.remainingHdr[0]
+	h["Ratelimit"] = rate
+	h["Retry-After"] = retry
+	h["Content-Type"] = l.contentType
+	h["Cache-Control"] = noStore
+	rw.WriteHeader(l.status)
+	_, _ = rw.Write(body)
+}
+
+// refuseOther is refuseFast for a configured body or a WebSocket upgrade.
+func (p *Plugin) refuseOther(rw http.ResponseWriter, req *http.Request, l *layer, count, reset int64, resetH []string, first bool, client, principal string, now int64) {
+	if first {
+		p.events.refused(l.name, l.keyFor(client, principal, nil), client)
+	}
+
+	setHeaders(rw.Header(), l, 0, reset, resetH, now)
+	p.reject(rw, req, l, count, reset, now)
+}

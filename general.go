@@ -1,0 +1,187 @@
+package tierlimit
+
+import (
+	"net/http"
+)
+
+// The general path serves modeGeneral, and the route matches of
+// modeFastClassify. chooseMode guarantees it nothing beyond an active
+// instance (some layer or the connection cap on): it handles either store,
+// dry run, headers off, sliding and header-keyed layers, credentials in
+// headers, cookies or query parameters, routes, exemptions and the WebSocket
+// connection cap, through the counterStore interface and a tally.
+
+// serveGeneral charges the request to its plan and routes, and refuses it
+// or passes it on.
+func (p *Plugin) serveGeneral(rw http.ResponseWriter, req *http.Request) {
+	client := p.ips.clientKey(req)
+	principal := p.principalOf(req)
+
+	if p.exempt != nil && p.isExempt(req, principal) {
+		p.serveExempt(rw, req, client, principal)
+		return
+	}
+
+	layers := p.planIP
+	credentialed := false
+
+	switch {
+	case principal != "":
+		layers = p.principalPlan(req)
+	case p.hasCredential(req):
+		layers, credentialed = p.planCred, true
+	case p.assetPaths != nil && hasAnyPrefix(req.URL.Path, p.assetPaths):
+		layers = p.planAssets
+	}
+
+	if p.routes != nil {
+		layers = p.withRoutes(layers, req)
+	}
+
+	ok, left := p.decide(rw, req, layers, client, principal)
+	if !ok {
+		return
+	}
+
+	// Converted to the interface first (doc.go: wrappers).
+	var out http.ResponseWriter = rw
+	if credentialed && p.invalidCode != nil {
+		out = newCredentialWriter(rw, req, p, client, left)
+	}
+
+	if p.ws != nil && isUpgrade(req) {
+		p.serveUpgrade(out, rw, req, client)
+		return
+	}
+
+	p.next.ServeHTTP(out, req)
+}
+
+// decide charges the layers, reports first refusals, sets the headers of the
+// most restrictive layer and answers a refusal. It reports whether the request
+// may go on, and the requests left in the layer the headers show (-1: none).
+func (p *Plugin) decide(rw http.ResponseWriter, req *http.Request, layers []*layer, client, principal string) (bool, int64) {
+	now := p.now().UnixNano()
+
+	var t tally
+
+	p.store.take(&t, now, layers, client, principal, req.Header, p.dryRun)
+
+	if t.firsts != 0 {
+		p.report(layers, t.firsts, client, principal, req.Header)
+	}
+
+	if t.shown < 0 {
+		return true, -1
+	}
+
+	if p.headers {
+		setHeaders(rw.Header(), layers[t.shown], t.left, t.reset, t.resetH, now)
+	}
+
+	if !t.refused || p.dryRun {
+		return true, t.left
+	}
+
+	p.reject(rw, req, layers[t.shown], t.count, t.reset, now)
+
+	return false, 0
+}
+
+// serveUpgrade passes on a WebSocket upgrade under the per-IP connection cap.
+// out is what next gets (rw, or a credentialWriter around it); refusals are
+// written to rw itself, which can be hijacked.
+func (p *Plugin) serveUpgrade(out, rw http.ResponseWriter, req *http.Request, client string) {
+	ok, first := p.ws.acquire(client)
+	if first {
+		p.events.refused(p.wsLayer.name, client, client)
+	}
+
+	if !ok && !p.dryRun {
+		now := p.now().UnixNano()
+		p.reject(rw, req, p.wsLayer, p.wsLayer.points+1, now+p.wsLayer.duration, now)
+
+		return
+	}
+
+	if ok {
+		// Held while the proxy serves the connection, which is its whole life.
+		defer p.ws.release(client)
+	}
+
+	p.next.ServeHTTP(out, req)
+}
+
+// report writes an event for each layer whose refusal is the first of its window.
+func (p *Plugin) report(layers []*layer, firsts uint64, client, principal string, hdr http.Header) {
+	for i, l := range layers {
+		if firsts&(uint64(1)<<uint(i)) != 0 {
+			p.events.refused(l.name, l.keyFor(client, principal, hdr), client)
+		}
+	}
+}
+
+// reject answers a refused request: a 429, or for a WebSocket upgrade a
+// completed handshake closed with 1013.
+func (p *Plugin) reject(rw http.ResponseWriter, req *http.Request, l *layer, count, reset, now int64) {
+	if req.Header["Upgrade"] == nil || !isUpgrade(req) {
+		refuse(rw, l, count, reset, now)
+		return
+	}
+
+	plain := func() { refuse(rw, l, count, reset, now) }
+
+	if l == p.wsLayer {
+		refuseUpgrade(rw, req, "too many connections from this address", plain)
+		return
+	}
+
+	retry := retryAfter(reset, now)
+	rw.Header().Set("Retry-After", retry)
+	refuseUpgrade(rw, req, "rate limit "+l.name+": retry in "+retry+"s", plain)
+}
+
+// principalPlan is the plan of a request with a principal: service or user.
+func (p *Plugin) principalPlan(req *http.Request) []*layer {
+	if p.isServiceAccount(req) {
+		return p.planService
+	}
+
+	return p.planUser
+}
+
+// withRoutes appends the matching routes' layers to the plan; it allocates
+// only when a route matches.
+func (p *Plugin) withRoutes(layers []*layer, req *http.Request) []*layer {
+	var out []*layer
+
+	for _, rt := range p.routes {
+		if !rt.matches(req) {
+			continue
+		}
+
+		if out == nil {
+			out = make([]*layer, len(layers), len(layers)+len(p.routes))
+			copy(out, layers)
+		}
+
+		out = append(out, rt.layer)
+	}
+
+	if out == nil {
+		return layers
+	}
+
+	return out
+}
+
+// routeMatches reports whether some route matches the request.
+func (p *Plugin) routeMatches(req *http.Request) bool {
+	for _, rt := range p.routes {
+		if rt.matches(req) {
+			return true
+		}
+	}
+
+	return false
+}

@@ -1,0 +1,156 @@
+package tierlimit
+
+import (
+	"net/http"
+	"strings"
+)
+
+// How a layer finds its key in a request.
+const (
+	keyOfClient              = iota // the client IP (ip, assets, routes keyed by ip)
+	keyOfPrincipal                  // the principal id (user, service)
+	keyOfConst                      // limits.constKey (global, routes keyed by global)
+	keyOfPrincipalElseClient        // routes keyed by principal
+	keyOfHeader                     // "header:<Name>": the value hashed, else the client IP
+)
+
+// layer is a layer as the request path uses it, in parts by concern. The
+// parts are embedded so that the request path reads l.points, l.entries,
+// l.limitHdr alike; each part is built by one function of build.go.
+type layer struct {
+	limits
+	stats *layerStats // decisions since the process started, shared across reloads
+	memCounters
+	redisEncoding
+	headerTable
+	refusal
+}
+
+// limits is what the configuration says of a layer.
+type limits struct {
+	name      string
+	points    int64
+	duration  int64 // nanoseconds
+	keyKind   int
+	constKey  string
+	keyHeader string // canonical, for keyOfHeader
+	sliding   bool   // sliding-window counter instead of a fixed window
+}
+
+// memCounters are the layer's counters in the memory store, resolved once
+// (windowStore.attach) so that the request path does no lookup.
+type memCounters struct {
+	entries map[string]*window
+	list    *windowList // the memory store's list for this duration
+}
+
+// redisEncoding is the layer's part of the Redis script call, RESP-encoded once.
+type redisEncoding struct {
+	redisArgs     string // points, window (ms) and algorithm
+	redisKey      string // the key up to the bucket key
+	redisConstKey string // a constant key whole
+	maxTTL        int64  // the longest reset the script may report, in ms: the window, twice for sliding
+}
+
+// headerTable holds the rate-limit header values that depend only on the
+// layer and the requests left. The slices are shared by every response:
+// http.Header's Add and Set replace a value rather than write into it.
+type headerTable struct {
+	limit        string   // points, formatted
+	limitHdr     []string // X-RateLimit-Limit
+	policyHdr    []string // RateLimit-Policy
+	remainingHdr [][]string
+	ratePrefix   []string // RateLimit values up to the seconds: `"name";r=12;t=`
+	// remainingHdr and ratePrefix are indexed by requests left, for the
+	// first maxPrecomputed values; larger ones are formatted per request.
+}
+
+// refusal is how the layer answers a request it refuses: status, content
+// type, and either a template (response.body) or the default JSON body
+// around its reset time (layer names need no JSON escaping: validName).
+type refusal struct {
+	status                 int
+	contentType            []string
+	body                   []bodyPart
+	bodyPrefix, bodySuffix string
+	cache                  refusalCache // the fast path's, under the memory store's lock
+}
+
+// refusalCache holds the parts of a default refusal that stay the same for
+// many refusals: the body for one reset second and the RateLimit and
+// Retry-After values for one number of seconds to the reset.
+type refusalCache struct {
+	resetSec int64
+	body     []byte
+	secs     int64
+	rate     []string
+	retry    []string
+}
+
+// maxPrecomputed bounds the per-layer header tables.
+const maxPrecomputed = 4096
+
+// keyFor returns the layer's bucket key for a request. A principal-keyed route
+// counts requests without a principal per client IP, in a namespace of its own
+// so that an IP never shares a bucket with a principal id. A header-keyed layer
+// falls back to the client IP, never to a shared empty key.
+func (l *layer) keyFor(client, principal string, hdr http.Header) string {
+	switch l.keyKind {
+	case keyOfClient:
+		return client
+	case keyOfPrincipal:
+		return principal
+	case keyOfConst:
+		return l.constKey
+	case keyOfHeader:
+		// A credential such as an API key: hashed, never kept in clear.
+		if v := hdr[l.keyHeader]; len(v) > 0 && strings.TrimSpace(v[0]) != "" {
+			return hashKey(strings.TrimSpace(v[0]))
+		}
+
+		return client
+	}
+
+	if principal != "" {
+		return principal
+	}
+
+	return "ip:" + client
+}
+
+// route is a route limit with its matcher.
+type route struct {
+	layer    *layer
+	methods  []string
+	exact    map[string]bool
+	prefixes []string
+}
+
+func (rt *route) matches(req *http.Request) bool {
+	if len(rt.methods) > 0 {
+		found := false
+
+		for _, m := range rt.methods {
+			if m == req.Method {
+				found = true
+				break
+			}
+		}
+
+		if !found {
+			return false
+		}
+	}
+
+	return rt.exact[req.URL.Path] || hasAnyPrefix(req.URL.Path, rt.prefixes)
+}
+
+func hasAnyPrefix(path string, prefixes []string) bool {
+	for _, prefix := range prefixes {
+		if strings.HasPrefix(path, prefix) {
+			return true
+		}
+	}
+
+	return false
+}

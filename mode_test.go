@@ -1,0 +1,92 @@
+package tierlimit
+
+import (
+	"testing"
+)
+
+// shape is a configuration shape: the table of chooseMode and the script of
+// the equivalence test run over the same list.
+type shape struct {
+	name string
+	cfg  func(c *Config)
+	mode mode
+}
+
+// The layers are small so that a short script meets every refusal.
+func smallLayers(c *Config) {
+	c.Global = LayerConfig{Points: 60, Duration: "2s"}
+	c.IP = LayerConfig{Points: 6, Duration: "1s"}
+	c.Assets = AssetsConfig{Points: 8, Duration: "3s", PathPrefixes: []string{"/assets/"}}
+	c.User = LayerConfig{Points: 4, Duration: "2s"}
+	c.Service = LayerConfig{Points: 7, Duration: "3s"}
+	c.Principal.InvalidCredentialStatus = []int{401, 404}
+}
+
+func chainEdge(c *Config) {
+	smallLayers(c)
+	c.Principal.CredentialHeaders = []string{"Authorization"}
+	c.Routes = []RouteConfig{
+		{Name: "auth_login", Methods: []string{"POST"}, Paths: []string{"/auth/login"}, Points: 2, Duration: "3s"},
+		{Name: "email", Methods: []string{"POST", "PUT"}, Paths: []string{"/users/"}, Points: 3, Duration: "2s"},
+	}
+}
+
+func principalInstance(c *Config) {
+	smallLayers(c)
+	c.Principal.UserHeader = "X-Auth-User"
+}
+
+func with(base func(c *Config), more func(c *Config)) func(c *Config) {
+	return func(c *Config) {
+		base(c)
+		more(c)
+	}
+}
+
+var shapes = []shape{
+	{"edge", smallLayers, modeFast},
+	{"principal", principalInstance, modeFast},
+	{"chain edge", chainEdge, modeFastClassify},
+	{"chain edge, any-method route", with(chainEdge, func(c *Config) {
+		c.Routes = append(c.Routes, RouteConfig{Name: "export", Paths: []string{"/export"}, Points: 4, Duration: "2s"})
+	}), modeFastClassify},
+	{"routes only", with(smallLayers, func(c *Config) {
+		c.Routes = []RouteConfig{{Name: "auth_login", Methods: []string{"POST"}, Paths: []string{"/auth/login"}, Points: 2, Duration: "3s"}}
+	}), modeFastClassify},
+	{"status", with(smallLayers, func(c *Config) { c.Status.Path = "/_tierlimit" }), modeFast},
+	{"redis", with(smallLayers, func(c *Config) { c.Store = "redis" }), modeGeneral},
+	{"dry run", with(chainEdge, func(c *Config) { c.DryRun = true }), modeGeneral},
+	{"headers off", with(smallLayers, func(c *Config) { c.Headers = false }), modeGeneral},
+	{"sliding", with(smallLayers, func(c *Config) { c.IP.Algorithm = "sliding" }), modeGeneral},
+	{"sliding route", with(chainEdge, func(c *Config) { c.Routes[0].Algorithm = "sliding" }), modeGeneral},
+	{"header keys", with(smallLayers, func(c *Config) { c.IP.Key = "header:X-Api-Key" }), modeGeneral},
+	{"credential cookie", with(chainEdge, func(c *Config) { c.Principal.CredentialCookies = []string{"session"} }), modeGeneral},
+	{"credential query", with(chainEdge, func(c *Config) { c.Principal.CredentialQueryParams = []string{"token"} }), modeGeneral},
+	{"exempt ip", with(principalInstance, func(c *Config) { c.Exempt.IPs = []string{"203.0.113.7"} }), modeGeneral},
+	{"exempt principal", with(principalInstance, func(c *Config) { c.Exempt.Principals = []string{"bob"} }), modeGeneral},
+	{"websocket cap", with(smallLayers, func(c *Config) { c.Websocket.MaxConnectionsPerIP = 2 }), modeGeneral},
+	{"websocket cap only", func(c *Config) {
+		c.Global.Points, c.IP.Points, c.Assets.Points, c.User.Points, c.Service.Points = 0, 0, 0, 0, 0
+		c.Websocket.MaxConnectionsPerIP = 2
+	}, modeGeneral},
+	{"disabled", with(smallLayers, func(c *Config) { c.Enabled = false }), modeOff},
+	{"every layer off", func(c *Config) {
+		c.Global.Points, c.IP.Points, c.Assets.Points, c.User.Points, c.Service.Points = 0, 0, 0, 0, 0
+	}, modeOff},
+}
+
+func TestChooseMode(t *testing.T) {
+	for _, sh := range shapes {
+		cfg := CreateConfig()
+		sh.cfg(cfg)
+
+		s, err := parse(cfg)
+		if err != nil {
+			t.Fatalf("%s: %v", sh.name, err)
+		}
+
+		if got := chooseMode(s); got != sh.mode {
+			t.Errorf("%s: mode %d, want %d", sh.name, got, sh.mode)
+		}
+	}
+}
