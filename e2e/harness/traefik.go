@@ -453,8 +453,10 @@ func (h *handler) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 
 // MinimalLimiter is the least a plugin can do and still meet the design's
 // contract for the common case: key by the peer's address, one fixed window
-// per key under a mutex, the clock, and the five rate-limit headers. It stands
-// for the floor of any Yaegi rate limiter in loadbench; it is not this plugin.
+// per key under a mutex, the clock, the five rate-limit headers, and a
+// refusal as the design answers it (429, Retry-After, no-store, the JSON
+// body). It stands for the floor of any Yaegi rate limiter in the benchmarks;
+// it is not this plugin.
 var MinimalLimiter = LocalPlugin{
 	Alias:  "minimal",
 	Module: "example.com/minimal",
@@ -472,26 +474,34 @@ import (
 	"time"
 )
 
-type Config struct{ Points int64 }
+type Config struct {
+	Points  int64
+	Seconds int64
+}
 
-func CreateConfig() *Config { return &Config{Points: 100000000} }
+func CreateConfig() *Config { return &Config{Points: 100000000, Seconds: 1} }
 
 type window struct {
 	count, reset int64
 }
 
 type handler struct {
-	next   http.Handler
-	points int64
-	mu     sync.Mutex
-	m      map[string]*window
-	limit  []string
-	policy []string
+	next     http.Handler
+	points   int64
+	duration int64
+	mu       sync.Mutex
+	m        map[string]*window
+	limit    []string
+	policy   []string
+	json     []string
+	noStore  []string
 }
 
 func New(ctx context.Context, next http.Handler, config *Config, name string) (http.Handler, error) {
-	return &handler{next: next, points: config.Points, m: map[string]*window{},
-		limit: []string{strconv.FormatInt(config.Points, 10)}, policy: []string{"\"ip\";q=" + strconv.FormatInt(config.Points, 10) + ";w=1"}}, nil
+	limit := strconv.FormatInt(config.Points, 10)
+	return &handler{next: next, points: config.Points, duration: config.Seconds * 1e9, m: map[string]*window{},
+		limit: []string{limit}, policy: []string{"\"ip\";q=" + limit + ";w=" + strconv.FormatInt(config.Seconds, 10)},
+		json: []string{"application/json"}, noStore: []string{"no-store"}}, nil
 }
 
 func (h *handler) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
@@ -503,21 +513,30 @@ func (h *handler) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	h.mu.Lock()
 	w := h.m[key]
 	if w == nil || w.reset <= now {
-		w = &window{reset: now + 1e9}
+		w = &window{reset: now + h.duration}
 		h.m[key] = w
 	}
 	w.count++
 	count, reset := w.count, w.reset
 	h.mu.Unlock()
-	left := strconv.FormatInt(h.points-count, 10)
+	left := "0"
+	if count < h.points {
+		left = strconv.FormatInt(h.points-count, 10)
+	}
+	secs := strconv.FormatInt((reset-now+999999999)/1e9, 10)
 	hd := rw.Header()
 	hd["X-Ratelimit-Limit"] = h.limit
 	hd["X-Ratelimit-Remaining"] = []string{left}
-	hd["X-Ratelimit-Reset"] = []string{strconv.FormatInt(reset/1e9+1, 10)}
+	hd["X-Ratelimit-Reset"] = []string{strconv.FormatInt((reset+999999999)/1e9, 10)}
 	hd["Ratelimit-Policy"] = h.policy
-	hd["Ratelimit"] = []string{"\"ip\";r=" + left + ";t=1"}
+	hd["Ratelimit"] = []string{"\"ip\";r=" + left + ";t=" + secs}
 	if count > h.points {
+		hd["Retry-After"] = []string{secs}
+		hd["Content-Type"] = h.json
+		hd["Cache-Control"] = h.noStore
 		rw.WriteHeader(http.StatusTooManyRequests)
+		rw.Write([]byte("{\"errors\":[{\"message\":\"Hit rate limit\",\"extensions\":{\"code\":\"REQUESTS_EXCEEDED\",\"limit\":" +
+			h.limit[0] + ",\"reset\":\"" + time.Unix((reset+999999999)/1e9, 0).UTC().Format(time.RFC3339) + "\",\"layer\":\"ip\"}}]}"))
 		return
 	}
 	h.next.ServeHTTP(rw, req)

@@ -1,7 +1,7 @@
 // Package yaegibench measures the plugin as Traefik runs it: loaded by
 // Traefik's own Yaegi loader (pkg/plugins), in process, against a passthrough
-// plugin loaded the same way. Run by `make bench` (TIERLIMIT_BENCH=1); skipped
-// otherwise.
+// plugin loaded the same way. The measurements run under `make bench`
+// (TIERLIMIT_BENCH=1); the allocation budgets (budget_test.go) always run.
 package yaegibench
 
 import (
@@ -26,11 +26,6 @@ import (
 var builder *plugins.Builder
 
 func TestMain(m *testing.M) {
-	if os.Getenv("TIERLIMIT_BENCH") == "" {
-		fmt.Println("yaegibench: skipped (set TIERLIMIT_BENCH=1, or run make bench)")
-		os.Exit(0)
-	}
-
 	dir, err := os.MkdirTemp("", "tierlimit-yaegibench-")
 	if err != nil {
 		panic(err)
@@ -224,6 +219,8 @@ func BenchmarkYaegiTierlimitRefused(b *testing.B) {
 // TestYaegiCost runs the passthrough and edge benchmarks alternately, several
 // times, and prints the medians and their ratio (the figure in BENCHMARKS.md).
 func TestYaegiCost(t *testing.T) {
+	measuring(t)
+
 	pass := build(t, "passthrough", nil, "pass@cost")
 	minimal := build(t, "minimal", nil, "minimal@cost")
 	edge := build(t, "tierlimit", edgeConfig(), "edge@cost")
@@ -253,6 +250,13 @@ func TestYaegiCost(t *testing.T) {
 	fmt.Printf("rounds: passthrough %v; minimal %v; edge %v; refused %v\n", rounded(p), rounded(m), rounded(e), rounded(r))
 }
 
+// measuring skips a measurement outside `make bench` (TIERLIMIT_BENCH=1).
+func measuring(t *testing.T) {
+	if os.Getenv("TIERLIMIT_BENCH") == "" {
+		t.Skip("a measurement: set TIERLIMIT_BENCH=1, or run make bench")
+	}
+}
+
 func nsPerOp(h http.Handler) float64 {
 	res := testing.Benchmark(func(b *testing.B) { run(b, h) })
 	return float64(res.T.Nanoseconds()) / float64(res.N)
@@ -277,6 +281,8 @@ func rounded(xs []float64) string {
 // TestYaegiMemory measures bytes per tracked key under Yaegi and the resident
 // memory after a flood of 1,000,000 distinct client IPs with maxTracked 100000.
 func TestYaegiMemory(t *testing.T) {
+	measuring(t)
+
 	cfg := edgeConfig()
 	cfg["global"] = map[string]any{"points": "0"}
 	cfg["ip"] = map[string]any{"points": "1000", "duration": "1h"}

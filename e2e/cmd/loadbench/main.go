@@ -77,7 +77,7 @@ var configurations = []configuration{
 	{name: "passthrough-plugin", middleware: func(scenario, string) string { return "plugin:\n  passthrough: {}\n" }},
 	{name: "minimal-limiter-plugin", middleware: func(s scenario, _ string) string {
 		if s.id == "b" {
-			return fmt.Sprintf("plugin:\n  minimal: {points: %d}\n", lowPoints)
+			return fmt.Sprintf("plugin:\n  minimal: {points: %d, seconds: 3600}\n", lowPoints)
 		}
 
 		return "plugin:\n  minimal: {}\n"

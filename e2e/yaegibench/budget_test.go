@@ -1,0 +1,129 @@
+package yaegibench
+
+import (
+	"net/http"
+	"strconv"
+	"testing"
+
+	"github.com/tierlimit/tierlimit/e2e/harness"
+)
+
+// Allocation budgets: allocations per request of each instance shape, loaded
+// with Traefik's Yaegi loader. Unlike timings they are deterministic, so a
+// change that makes the request path costlier fails here on any machine.
+// Lower a budget when a change wins; raise one only with the reason in the
+// commit. Windows last an hour and every key is warmed first, so the
+// measured requests start no window.
+var budgets = map[string]float64{
+	"edge allowed":            309,
+	"edge refused":            424,
+	"principal":               404,
+	"chain edge anonymous":    365,
+	"chain edge credentialed": 432,
+	"redis allowed":           1332,
+}
+
+// longEdge is the edge of edgeConfig with hour-long windows.
+func longEdge() map[string]any {
+	return map[string]any{
+		"global": map[string]any{"points": "1000000000", "duration": "1h"},
+		"ip":     map[string]any{"points": "1000000", "duration": "1h"},
+	}
+}
+
+func TestAllocationBudgets(t *testing.T) {
+	refused := longEdge()
+	refused["ip"] = map[string]any{"points": "1", "duration": "1h"}
+
+	chain := longEdge()
+	chain["routes"] = []any{
+		map[string]any{"name": "auth_login", "methods": []any{"POST"}, "paths": []any{"/auth/login"}, "key": "ip", "points": "10", "duration": "60s"},
+		map[string]any{"name": "email", "methods": []any{"POST"}, "paths": []any{"/auth/password/request", "/users/invite"}, "key": "ip", "points": "5", "duration": "60s"},
+	}
+	chain["principal"] = map[string]any{"credentialHeaders": []any{"Authorization"}}
+
+	principal := map[string]any{
+		"global":    map[string]any{"points": "0"},
+		"ip":        map[string]any{"points": "0"},
+		"assets":    map[string]any{"points": "0"},
+		"user":      map[string]any{"points": "1000000", "duration": "1h"},
+		"principal": map[string]any{"userHeader": "X-Auth-User"},
+	}
+
+	users := func(i int, req *http.Request) { req.Header.Set("X-Auth-User", "user-"+strconv.Itoa(i)) }
+	token := func(_ int, req *http.Request) { req.Header.Set("Authorization", "Bearer token") }
+
+	shapes := []struct {
+		name   string
+		config map[string]any
+		set    func(i int, req *http.Request)
+	}{
+		{"edge allowed", longEdge(), nil},
+		{"edge refused", refused, nil},
+		{"principal", principal, users},
+		{"chain edge anonymous", chain, nil},
+		{"chain edge credentialed", chain, token},
+	}
+
+	for _, sh := range shapes {
+		h := build(t, "tierlimit", sh.config, "budget-"+strconv.Itoa(len(sh.name))+sh.name+"@budget")
+		check(t, sh.name, allocsPerRequest(h, sh.set))
+	}
+
+	r, err := harness.StartRedis(t.TempDir())
+	if err != nil {
+		t.Fatalf("starting redis-server (the e2e tests need it installed): %v", err)
+	}
+	defer r.Kill()
+
+	cfg := longEdge()
+	cfg["store"] = "redis"
+	cfg["redis"] = map[string]any{"address": r.Addr, "timeout": "2s"}
+	check(t, "redis allowed", allocsPerRequest(build(t, "tierlimit", cfg, "redis@budget"), nil))
+
+	t.Logf("minimal limiter, for reference: allowed %.0f, refused %.0f",
+		allocsPerRequest(build(t, "minimal", map[string]any{"seconds": "3600"}, "minimal@budget"), nil),
+		allocsPerRequest(build(t, "minimal", map[string]any{"points": "1", "seconds": "3600"}, "minimalrefused@budget"), nil))
+}
+
+func check(t *testing.T, name string, got float64) {
+	t.Helper()
+	t.Logf("%s: %.0f allocations per request (budget %.0f)", name, got, budgets[name])
+
+	if got > budgets[name] {
+		t.Errorf("%s: %.0f allocations per request, over its budget of %.0f", name, got, budgets[name])
+	}
+}
+
+// allocsPerRequest serves 1000 distinct clients twice to start their
+// windows, then measures a third pass.
+func allocsPerRequest(h http.Handler, set func(i int, req *http.Request)) float64 {
+	reqs := requests(1000)
+	if set != nil {
+		for i, req := range reqs {
+			set(i, req)
+		}
+	}
+
+	w := &sink{h: http.Header{}}
+	serve := func(req *http.Request) {
+		for k := range w.h {
+			delete(w.h, k)
+		}
+
+		h.ServeHTTP(w, req)
+	}
+
+	for pass := 0; pass < 2; pass++ {
+		for _, req := range reqs {
+			serve(req)
+		}
+	}
+
+	i := 0
+
+	return testing.AllocsPerRun(len(reqs), func() {
+		serve(reqs[i%len(reqs)])
+		i++
+	})
+}
