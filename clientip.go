@@ -28,13 +28,13 @@ type ipResolver struct {
 //
 // The common case is answered without a call (doc.go: frames): no
 // X-Forwarded-For and an IPv4 peer, which Go's server writes as
-// "a.b.c.d:port" (IPv6 peers are bracketed).
+// "a.b.c.d:port" (IPv6 peers are bracketed, and resolved in full).
 func (r *ipResolver) clientKey(req *http.Request) string {
 	client := ""
 	// kernel client-ip
 	if r.hops == 0 && req.Header["X-Forwarded-For"] == nil {
 		i := strings.LastIndexByte(req.RemoteAddr, ':')
-		if i > 0 && strings.IndexByte(req.RemoteAddr[:i], ':') < 0 {
+		if i > 0 && req.RemoteAddr[0] != '[' {
 			client = req.RemoteAddr[:i]
 		}
 	}

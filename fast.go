@@ -46,7 +46,7 @@ func (p *Plugin) serveFast(rw http.ResponseWriter, req *http.Request, credential
 	// kernel client-ip (p.ips. as r.)
 	if p.ips.hops == 0 && req.Header["X-Forwarded-For"] == nil {
 		i := strings.LastIndexByte(req.RemoteAddr, ':')
-		if i > 0 && strings.IndexByte(req.RemoteAddr[:i], ':') < 0 {
+		if i > 0 && req.RemoteAddr[0] != '[' {
 			client = req.RemoteAddr[:i]
 		}
 	}
@@ -66,8 +66,13 @@ func (p *Plugin) serveFast(rw http.ResponseWriter, req *http.Request, credential
 		layers = p.principalPlan(req)
 	} else if credentialed {
 		layers = p.planCred
-	} else if p.assetPaths != nil && hasAnyPrefix(req.URL.Path, p.assetPaths) {
-		layers = p.planAssets
+	} else {
+		path := req.URL.Path
+		for _, prefix := range p.assetPaths {
+			if len(path) >= len(prefix) && path[:len(prefix)] == prefix {
+				layers = p.planAssets
+			}
+		}
 	}
 
 	now := p.now().UnixNano()
@@ -81,6 +86,8 @@ func (p *Plugin) serveFast(rw http.ResponseWriter, req *http.Request, credential
 
 	s.mu.Lock()
 
+	// Single assignments throughout: a tuple assignment costs a slot per
+	// value and per target (doc.go: frames).
 	for _, l := range layers {
 		key := client
 		if l.keyKind == keyOfConst {
@@ -99,8 +106,8 @@ func (p *Plugin) serveFast(rw http.ResponseWriter, req *http.Request, credential
 		// end kernel
 
 		if w.count > l.points {
-			l.stats.refused++
-			refused, sw = l, w
+			refused = l
+			sw = w
 
 			break
 		}
@@ -108,7 +115,9 @@ func (p *Plugin) serveFast(rw http.ResponseWriter, req *http.Request, credential
 		l.stats.allowed++
 
 		if shown == nil || l.points-w.count < left {
-			shown, sw, left = l, w, l.points-w.count
+			shown = l
+			sw = w
+			left = l.points - w.count
 		}
 	}
 
@@ -117,29 +126,45 @@ func (p *Plugin) serveFast(rw http.ResponseWriter, req *http.Request, credential
 		return
 	}
 
+	if sw == nil {
+		s.mu.Unlock()
+		p.serveUncharged(rw, req, client, credentialed)
+
+		return
+	}
+
+	reset := sw.reset
+	resetH := sw.resetH
+
 	s.mu.Unlock()
 
-	if sw != nil {
-		reset, resetH := sw.reset, sw.resetH
-		h := rw.Header()
-		// kernel headers
-		h["X-Ratelimit-Limit"] = shown.limitHdr
-		h["Ratelimit-Policy"] = shown.policyHdr
-		h["X-Ratelimit-Reset"] = resetH
-		secs := (reset - now + int64(time.Second) - 1) / int64(time.Second)
-		if left < int64(len(shown.remainingHdr)) && secs < int64(len(smallInts)) {
-			h["X-Ratelimit-Remaining"] = shown.remainingHdr[left]
-			h["Ratelimit"] = []string{shown.ratePrefix[left] + smallInts[secs]}
-		} else {
-			setLargeHeaders(h, shown, left, secs)
-		}
-		// end kernel
+	h := rw.Header()
+	// kernel headers
+	h["X-Ratelimit-Limit"] = shown.limitHdr
+	h["Ratelimit-Policy"] = shown.policyHdr
+	h["X-Ratelimit-Reset"] = resetH
+	secs := (reset - now + int64(time.Second) - 1) / int64(time.Second)
+	if left < int64(len(shown.remainingHdr)) && secs < int64(len(smallInts)) {
+		h["X-Ratelimit-Remaining"] = shown.remainingHdr[left]
+		h["Ratelimit"] = []string{shown.ratePrefix[left] + smallInts[secs]}
 	} else {
-		left = -1
+		setLargeHeaders(h, shown, left, secs)
 	}
+	// end kernel
 
 	if credentialed && p.invalidCode != nil {
 		p.serveWatched(rw, req, client, left)
+		return
+	}
+
+	p.next.ServeHTTP(rw, req)
+}
+
+// serveUncharged passes on a request that no layer charged: without a
+// principal at an instance with no ip layer, or credentialed without global.
+func (p *Plugin) serveUncharged(rw http.ResponseWriter, req *http.Request, client string, credentialed bool) {
+	if credentialed && p.invalidCode != nil {
+		p.serveWatched(rw, req, client, -1)
 		return
 	}
 
@@ -155,33 +180,36 @@ func (p *Plugin) serveWatched(rw http.ResponseWriter, req *http.Request, client 
 	p.next.ServeHTTP(out, req)
 }
 
-// refuseFast answers a request that layer l refused on the fast path; it is
-// called with the memory store locked and unlocks it. A refusal proxies
-// nothing and, with the default body, reuses what the previous refusal of the
-// layer computed: the body depends only on the layer and the reset second,
-// the RateLimit and Retry-After values on the seconds to the reset.
+// refuseFast answers a request that layer l refused in window w on the fast
+// path; it is called with the memory store locked and unlocks it. A refusal
+// proxies nothing and, with the default body, reuses what an earlier refusal
+// of the layer computed (refusalCache): the body depends only on the layer
+// and the reset second, the RateLimit and Retry-After values on the seconds
+// to the reset.
 func (p *Plugin) refuseFast(rw http.ResponseWriter, req *http.Request, l *layer, w *window, client, principal string, now int64) {
+	l.stats.refused++
 	first := !w.logged
 	w.logged = true
-	count, reset, resetH := w.count, w.reset, w.resetH
 
 	if l.body != nil || req.Header["Upgrade"] != nil {
-		p.memory.mu.Unlock()
-		p.refuseOther(rw, req, l, count, reset, resetH, first, client, principal, now)
-
+		p.refuseOther(rw, req, l, w, first, client, principal, now)
 		return
 	}
 
 	c := &l.cache
-	if rs := ceilSeconds(reset); c.resetSec != rs {
-		c.resetSec, c.body = rs, []byte(l.bodyPrefix+time.Unix(rs, 0).UTC().Format(time.RFC3339)+l.bodySuffix)
+	resetH := w.resetH
+	if c.resetH != resetH[0] {
+		c.setBody(l, w.reset)
 	}
 
-	if secs := ceilSeconds(reset - now); c.secs != secs {
-		c.secs, c.rate, c.retry = secs, []string{`"` + l.name + `";r=0;t=` + formatInt(secs)}, []string{retryAfter(reset, now)}
+	secs := (w.reset - now + int64(time.Second) - 1) / int64(time.Second)
+	if c.secs != secs {
+		c.setSeconds(l, secs)
 	}
 
-	body, rate, retry := c.body, c.rate, c.retry
+	body := c.body
+	rate := c.rate
+	retry := c.retry
 
 	p.memory.mu.Unlock()
 
@@ -202,8 +230,26 @@ func (p *Plugin) refuseFast(rw http.ResponseWriter, req *http.Request, l *layer,
 	_, _ = rw.Write(body)
 }
 
+// setBody caches the default body for a window that resets at reset.
+func (c *refusalCache) setBody(l *layer, reset int64) {
+	c.resetH = formatInt(ceilSeconds(reset))
+	c.body = []byte(l.bodyPrefix + time.Unix(ceilSeconds(reset), 0).UTC().Format(time.RFC3339) + l.bodySuffix)
+}
+
+// setSeconds caches the values that count the seconds to the reset (at least 1,
+// since a refusing window has not ended).
+func (c *refusalCache) setSeconds(l *layer, secs int64) {
+	c.secs = secs
+	c.rate = []string{`"` + l.name + `";r=0;t=` + formatInt(secs)}
+	c.retry = []string{formatInt(secs)}
+}
+
 // refuseOther is refuseFast for a configured body or a WebSocket upgrade.
-func (p *Plugin) refuseOther(rw http.ResponseWriter, req *http.Request, l *layer, count, reset int64, resetH []string, first bool, client, principal string, now int64) {
+func (p *Plugin) refuseOther(rw http.ResponseWriter, req *http.Request, l *layer, w *window, first bool, client, principal string, now int64) {
+	count, reset, resetH := w.count, w.reset, w.resetH
+
+	p.memory.mu.Unlock()
+
 	if first {
 		p.events.refused(l.name, l.keyFor(client, principal, nil), client)
 	}

@@ -80,11 +80,11 @@ type refusal struct {
 // many refusals: the body for one reset second and the RateLimit and
 // Retry-After values for one number of seconds to the reset.
 type refusalCache struct {
-	resetSec int64
-	body     []byte
-	secs     int64
-	rate     []string
-	retry    []string
+	resetH string // the reset second the body was made for, formatted
+	body   []byte
+	secs   int64
+	rate   []string
+	retry  []string
 }
 
 // maxPrecomputed bounds the per-layer header tables.
