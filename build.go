@@ -39,6 +39,8 @@ func chooseMode(s *settings) mode {
 	}
 
 	on, fixed, routes := false, true, false
+	// After ForwardAuth (userHeader set) credentials are not read (chain.go).
+	creds := s.principal.UserHeader == ""
 
 	for i, l := range specs {
 		if !l.on() {
@@ -54,10 +56,10 @@ func chooseMode(s *settings) mode {
 	case !s.enabled || !on && s.wsMaxPerIP == 0:
 		return modeOff
 	case s.store != "memory" || !s.headers || s.dryRun || !fixed || s.wsMaxPerIP > 0,
-		len(s.principal.CredentialCookies)+len(s.principal.CredentialQueryParams) > 0,
+		creds && len(s.principal.CredentialCookies)+len(s.principal.CredentialQueryParams) > 0,
 		len(s.exemptIPs)+len(s.exemptIDs) > 0:
 		return modeGeneral
-	case routes || len(s.principal.CredentialHeaders) > 0:
+	case routes || creds && len(s.principal.CredentialHeaders) > 0:
 		return modeFastClassify
 	}
 
@@ -87,8 +89,14 @@ func build(cfg *settings, next http.Handler, name string) *Plugin {
 		credQuery:     cfg.principal.CredentialQueryParams,
 	}
 
-	for _, h := range cfg.principal.CredentialHeaders {
-		p.credHeaders = append(p.credHeaders, http.CanonicalHeaderKey(h))
+	// An instance after ForwardAuth (userHeader set) knows whether a request
+	// has a principal; a credential tells it nothing more (chain.go).
+	if p.userHeader != "" {
+		p.credCookies, p.credQuery = nil, nil
+	} else {
+		for _, h := range cfg.principal.CredentialHeaders {
+			p.credHeaders = append(p.credHeaders, http.CanonicalHeaderKey(h))
+		}
 	}
 
 	global := newLayer(memory, cfg.global, keyOfConst)
@@ -113,7 +121,7 @@ func build(cfg *settings, next http.Handler, name string) *Plugin {
 		planInvalid: plan(ip),
 	}
 
-	if ip != nil && len(cfg.invalidCode) > 0 {
+	if len(cfg.invalidCode) > 0 {
 		p.invalidCode = cfg.invalidCode
 	}
 

@@ -57,13 +57,12 @@ func (p *Plugin) serveFast(rw http.ResponseWriter, req *http.Request, credential
 	// end kernel
 
 	principal := ""
+	layers := p.planIP
+	ok := true
+
 	if p.userHeader != "" {
 		principal = p.principalOf(req)
-	}
-
-	layers := p.planIP
-	if principal != "" {
-		layers = p.principalPlan(req)
+		layers, ok = p.afterAuthPlan(rw, req, principal)
 	} else if credentialed {
 		layers = p.planCred
 	} else {
@@ -73,6 +72,10 @@ func (p *Plugin) serveFast(rw http.ResponseWriter, req *http.Request, credential
 				layers = p.planAssets
 			}
 		}
+	}
+
+	if !ok {
+		return
 	}
 
 	now := p.now().UnixNano()
@@ -152,7 +155,7 @@ func (p *Plugin) serveFast(rw http.ResponseWriter, req *http.Request, credential
 	}
 	// end kernel
 
-	if credentialed && p.invalidCode != nil {
+	if credentialed && p.planInvalid != nil {
 		p.serveWatched(rw, req, client, left)
 		return
 	}
@@ -163,7 +166,7 @@ func (p *Plugin) serveFast(rw http.ResponseWriter, req *http.Request, credential
 // serveUncharged passes on a request that no layer charged: without a
 // principal at an instance with no ip layer, or credentialed without global.
 func (p *Plugin) serveUncharged(rw http.ResponseWriter, req *http.Request, client string, credentialed bool) {
-	if credentialed && p.invalidCode != nil {
+	if credentialed && p.planInvalid != nil {
 		p.serveWatched(rw, req, client, -1)
 		return
 	}
@@ -175,9 +178,23 @@ func (p *Plugin) serveUncharged(rw http.ResponseWriter, req *http.Request, clien
 // for an invalid-credential status (invalidcred.go); left is the requests
 // left in the layer the headers show, -1 if none.
 func (p *Plugin) serveWatched(rw http.ResponseWriter, req *http.Request, client string, left int64) {
-	// Converted to the interface first (doc.go: wrappers).
-	var out http.ResponseWriter = newCredentialWriter(rw, req, p, client, left)
+	req, out := p.passCredentialed(rw, req, client, left)
 	p.next.ServeHTTP(out, req)
+}
+
+// passCredentialed returns what next gets for a credentialed request whose ip
+// charge is left pending (chain.go): the request carrying it, and the writer
+// that watches the response for an invalid-credential status.
+func (p *Plugin) passCredentialed(rw http.ResponseWriter, req *http.Request, client string, left int64) (*http.Request, http.ResponseWriter) {
+	req, pd := p.withPending(req, client)
+
+	// Converted to the interface first (doc.go: wrappers).
+	var out http.ResponseWriter = rw
+	if p.invalidCode != nil {
+		out = newCredentialWriter(rw, req, p, client, left, pd)
+	}
+
+	return req, out
 }
 
 // refuseFast answers a request that layer l refused in window w on the fast

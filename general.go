@@ -26,8 +26,11 @@ func (p *Plugin) serveGeneral(rw http.ResponseWriter, req *http.Request) {
 	credentialed := false
 
 	switch {
-	case principal != "":
-		layers = p.principalPlan(req)
+	case p.userHeader != "":
+		var ok bool
+		if layers, ok = p.afterAuthPlan(rw, req, principal); !ok {
+			return
+		}
 	case p.hasCredential(req):
 		layers, credentialed = p.planCred, true
 	case p.assetPaths != nil && hasAnyPrefix(req.URL.Path, p.assetPaths):
@@ -43,10 +46,9 @@ func (p *Plugin) serveGeneral(rw http.ResponseWriter, req *http.Request) {
 		return
 	}
 
-	// Converted to the interface first (doc.go: wrappers).
 	var out http.ResponseWriter = rw
-	if credentialed && p.invalidCode != nil {
-		out = newCredentialWriter(rw, req, p, client, left)
+	if credentialed && p.planInvalid != nil {
+		req, out = p.passCredentialed(rw, req, client, left)
 	}
 
 	if p.ws != nil && isUpgrade(req) {

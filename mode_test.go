@@ -46,6 +46,10 @@ func with(base func(c *Config), more func(c *Config)) func(c *Config) {
 var shapes = []shape{
 	{"edge", smallLayers, modeFast},
 	{"principal", principalInstance, modeFast},
+	{"principal, credentials not read after ForwardAuth", with(principalInstance, func(c *Config) {
+		c.Principal.CredentialHeaders = []string{"Authorization"}
+		c.Principal.CredentialCookies = []string{"session"}
+	}), modeFast},
 	{"chain edge", chainEdge, modeFastClassify},
 	{"chain edge, any-method route", with(chainEdge, func(c *Config) {
 		c.Routes = append(c.Routes, RouteConfig{Name: "export", Paths: []string{"/export"}, Points: 4, Duration: "2s"})

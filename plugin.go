@@ -39,7 +39,8 @@ type Plugin struct {
 	credCookies   []string
 	credQuery     []string
 	// invalidCode holds the statuses that mark a credential invalid; nil
-	// unless credentialed requests are watched (the ip layer is on).
+	// when none is configured. A credentialed request is passed on with its ip
+	// charge pending (chain.go) when the ip layer is on (planInvalid).
 	invalidCode map[int]bool
 
 	dryRun  bool
