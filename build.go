@@ -92,7 +92,9 @@ func build(cfg *settings, next http.Handler, name string) *Plugin {
 	// An instance after ForwardAuth (userHeader set) knows whether a request
 	// has a principal; a credential tells it nothing more (chain.go).
 	if p.userHeader != "" {
-		p.credCookies, p.credQuery = nil, nil
+		// Two statements: a tuple assignment of untyped nils panics under Yaegi.
+		p.credCookies = nil
+		p.credQuery = nil
 	} else {
 		for _, h := range cfg.principal.CredentialHeaders {
 			p.credHeaders = append(p.credHeaders, http.CanonicalHeaderKey(h))
