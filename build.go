@@ -60,10 +60,12 @@ func chooseMode(s *settings) mode {
 		len(s.exemptIPs)+len(s.exemptIDs) > 0:
 		return modeGeneral
 	case routes || creds && len(s.principal.CredentialHeaders) > 0:
-		return modeFastClassify
+		return modeClassify
+	case s.principal.UserHeader != "":
+		return modePrincipal
 	}
 
-	return modeFast
+	return modeAnonymous
 }
 
 // build makes the Plugin of a parsed configuration.
@@ -283,6 +285,8 @@ func newHeaderTable(spec layerSpec) headerTable {
 		t.remainingHdr = append(t.remainingHdr, []string{formatInt(left)})
 		t.ratePrefix = append(t.ratePrefix, `"`+spec.name+`";r=`+formatInt(left)+";t=")
 	}
+
+	t.tableLen = int64(len(t.remainingHdr))
 
 	return t
 }

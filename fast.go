@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// The fast path serves modeFast and modeFastClassify. chooseMode guarantees
+// The fast path serves modeAnonymous, modePrincipal and modeClassify. chooseMode guarantees
 // it: the memory store, headers on, no dry run, only fixed windows, each keyed
 // by the client IP, the principal or a constant (never by a header), no
 // credential cookie or query parameter, no connection cap, no exemptions. So
@@ -17,7 +17,7 @@ import (
 // Parts of the decision are written here and in the general path alike, as
 // kernels (see doc.go): kernel_test.go fails when the copies drift.
 
-// serveClassified is serveFast for an instance with credential headers or
+// serveClassified serves modeClassify, an instance with credential headers or
 // routes: a route match goes to serveGeneral, a request with a credential
 // header is served with its response watched.
 func (p *Plugin) serveClassified(rw http.ResponseWriter, req *http.Request) {
@@ -35,7 +35,12 @@ func (p *Plugin) serveClassified(rw http.ResponseWriter, req *http.Request) {
 	}
 	// end kernel
 
-	p.serveFast(rw, req, credentialed)
+	if credentialed || p.userHeader != "" {
+		p.serveFast(rw, req, credentialed)
+		return
+	}
+
+	p.serveAnonymous(rw, req)
 }
 
 // serveFast charges the request to its plan and refuses it or passes it on
@@ -146,8 +151,8 @@ func (p *Plugin) serveFast(rw http.ResponseWriter, req *http.Request, credential
 	h["X-Ratelimit-Limit"] = shown.limitHdr
 	h["Ratelimit-Policy"] = shown.policyHdr
 	h["X-Ratelimit-Reset"] = resetH
-	secs := (reset - now + int64(time.Second) - 1) / int64(time.Second)
-	if left < int64(len(shown.remainingHdr)) && secs < int64(len(smallInts)) {
+	secs := (reset - now + nsPerSecond - 1) / nsPerSecond
+	if left < shown.tableLen && secs <= maxSmallInt {
 		h["X-Ratelimit-Remaining"] = shown.remainingHdr[left]
 		h["Ratelimit"] = []string{shown.ratePrefix[left] + smallInts[secs]}
 	} else {
@@ -159,6 +164,109 @@ func (p *Plugin) serveFast(rw http.ResponseWriter, req *http.Request, credential
 		p.serveWatched(rw, req, client, left)
 		return
 	}
+
+	p.next.ServeHTTP(rw, req)
+}
+
+// serveAnonymous is serveFast for a request whose principal and credentials
+// are not read: every request of modeAnonymous, and the requests without a
+// credential header of modeClassify without userHeader. Its frame holds none
+// of their expressions (doc.go: frames).
+func (p *Plugin) serveAnonymous(rw http.ResponseWriter, req *http.Request) {
+	client := ""
+	// kernel client-ip (p.ips. as r.)
+	if p.ips.hops == 0 && req.Header["X-Forwarded-For"] == nil {
+		i := strings.LastIndexByte(req.RemoteAddr, ':')
+		if i > 0 && req.RemoteAddr[0] != '[' {
+			client = req.RemoteAddr[:i]
+		}
+	}
+
+	if client == "" {
+		client = p.ips.resolve(req)
+	}
+	// end kernel
+
+	layers := p.planIP
+	path := req.URL.Path
+	for _, prefix := range p.assetPaths {
+		if len(path) >= len(prefix) && path[:len(prefix)] == prefix {
+			layers = p.planAssets
+		}
+	}
+
+	now := p.now().UnixNano()
+	s := p.memory
+
+	var shown, refused *layer
+
+	var sw *window
+
+	left := int64(0)
+
+	s.mu.Lock()
+
+	for _, l := range layers {
+		key := client
+		if l.keyKind == keyOfConst {
+			key = l.constKey
+		}
+
+		// kernel fixed-charge
+		w := l.entries[key]
+		if w != nil && w.reset > now && w.list == l.list {
+			w.count++
+		} else {
+			w = s.restart(now, l, w, key)
+		}
+		// end kernel
+
+		if w.count > l.points {
+			refused = l
+			sw = w
+
+			break
+		}
+
+		l.stats.allowed++
+
+		if shown == nil || l.points-w.count < left {
+			shown = l
+			sw = w
+			left = l.points - w.count
+		}
+	}
+
+	if refused != nil {
+		p.refuseFast(rw, req, refused, sw, client, "", now)
+		return
+	}
+
+	if sw == nil {
+		s.mu.Unlock()
+		p.next.ServeHTTP(rw, req)
+
+		return
+	}
+
+	reset := sw.reset
+	resetH := sw.resetH
+
+	s.mu.Unlock()
+
+	h := rw.Header()
+	// kernel headers
+	h["X-Ratelimit-Limit"] = shown.limitHdr
+	h["Ratelimit-Policy"] = shown.policyHdr
+	h["X-Ratelimit-Reset"] = resetH
+	secs := (reset - now + nsPerSecond - 1) / nsPerSecond
+	if left < shown.tableLen && secs <= maxSmallInt {
+		h["X-Ratelimit-Remaining"] = shown.remainingHdr[left]
+		h["Ratelimit"] = []string{shown.ratePrefix[left] + smallInts[secs]}
+	} else {
+		setLargeHeaders(h, shown, left, secs)
+	}
+	// end kernel
 
 	p.next.ServeHTTP(rw, req)
 }
@@ -219,7 +327,7 @@ func (p *Plugin) refuseFast(rw http.ResponseWriter, req *http.Request, l *layer,
 		c.setBody(l, w.reset)
 	}
 
-	secs := (w.reset - now + int64(time.Second) - 1) / int64(time.Second)
+	secs := (w.reset - now + nsPerSecond - 1) / nsPerSecond
 	if c.secs != secs {
 		c.setSeconds(l, secs)
 	}

@@ -5,7 +5,7 @@ import (
 )
 
 // The general path serves modeGeneral, and the route matches of
-// modeFastClassify. chooseMode guarantees it nothing beyond an active
+// modeClassify. chooseMode guarantees it nothing beyond an active
 // instance (some layer or the connection cap on): it handles either store,
 // dry run, headers off, sliding and header-keyed layers, credentials in
 // headers, cookies or query parameters, routes, exemptions and the WebSocket

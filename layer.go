@@ -61,6 +61,7 @@ type headerTable struct {
 	policyHdr    []string // RateLimit-Policy
 	remainingHdr [][]string
 	ratePrefix   []string // RateLimit values up to the seconds: `"name";r=12;t=`
+	tableLen     int64    // len(remainingHdr)
 	// remainingHdr and ratePrefix are indexed by requests left, for the
 	// first maxPrecomputed values; larger ones are formatted per request.
 }

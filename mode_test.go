@@ -44,20 +44,23 @@ func with(base func(c *Config), more func(c *Config)) func(c *Config) {
 }
 
 var shapes = []shape{
-	{"edge", smallLayers, modeFast},
-	{"principal", principalInstance, modeFast},
+	{"edge", smallLayers, modeAnonymous},
+	{"principal", principalInstance, modePrincipal},
 	{"principal, credentials not read after ForwardAuth", with(principalInstance, func(c *Config) {
 		c.Principal.CredentialHeaders = []string{"Authorization"}
 		c.Principal.CredentialCookies = []string{"session"}
-	}), modeFast},
-	{"chain edge", chainEdge, modeFastClassify},
+	}), modePrincipal},
+	{"chain edge", chainEdge, modeClassify},
 	{"chain edge, any-method route", with(chainEdge, func(c *Config) {
 		c.Routes = append(c.Routes, RouteConfig{Name: "export", Paths: []string{"/export"}, Points: 4, Duration: "2s"})
-	}), modeFastClassify},
+	}), modeClassify},
 	{"routes only", with(smallLayers, func(c *Config) {
 		c.Routes = []RouteConfig{{Name: "auth_login", Methods: []string{"POST"}, Paths: []string{"/auth/login"}, Points: 2, Duration: "3s"}}
-	}), modeFastClassify},
-	{"status", with(smallLayers, func(c *Config) { c.Status.Path = "/_tierlimit" }), modeFast},
+	}), modeClassify},
+	{"status", with(smallLayers, func(c *Config) { c.Status.Path = "/_tierlimit" }), modeAnonymous},
+	{"principal with routes", with(principalInstance, func(c *Config) {
+		c.Routes = []RouteConfig{{Name: "export", Key: "principal", Paths: []string{"/export"}, Points: 3, Duration: "2s"}}
+	}), modeClassify},
 	{"redis", with(smallLayers, func(c *Config) { c.Store = "redis" }), modeGeneral},
 	{"dry run", with(chainEdge, func(c *Config) { c.DryRun = true }), modeGeneral},
 	{"headers off", with(smallLayers, func(c *Config) { c.Headers = false }), modeGeneral},

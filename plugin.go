@@ -64,11 +64,15 @@ type mode int
 const (
 	// modeOff passes every request on untouched: disabled, or nothing to limit.
 	modeOff mode = iota
-	// modeFast serves every request on serveFast (fast.go).
-	modeFast
-	// modeFastClassify is modeFast for an instance with credential headers or
+	// modeAnonymous serves every request on serveAnonymous (fast.go): the
+	// instance reads no principal and no credential.
+	modeAnonymous
+	// modePrincipal serves every request on serveFast (fast.go): the
+	// instance after ForwardAuth.
+	modePrincipal
+	// modeClassify is the fast path for an instance with credential headers or
 	// routes: serveClassified sends route matches to serveGeneral.
-	modeFastClassify
+	modeClassify
 	// modeGeneral serves every request on serveGeneral (general.go).
 	modeGeneral
 )
@@ -92,9 +96,11 @@ func (p *Plugin) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	}
 
 	switch p.mode {
-	case modeFast:
+	case modeAnonymous:
+		p.serveAnonymous(rw, req)
+	case modePrincipal:
 		p.serveFast(rw, req, false)
-	case modeFastClassify:
+	case modeClassify:
 		p.serveClassified(rw, req)
 	case modeGeneral:
 		p.serveGeneral(rw, req)

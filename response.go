@@ -16,8 +16,8 @@ func setHeaders(h http.Header, shown *layer, left, reset int64, resetH []string,
 	h["X-Ratelimit-Limit"] = shown.limitHdr
 	h["Ratelimit-Policy"] = shown.policyHdr
 	h["X-Ratelimit-Reset"] = resetH
-	secs := (reset - now + int64(time.Second) - 1) / int64(time.Second)
-	if left < int64(len(shown.remainingHdr)) && secs < int64(len(smallInts)) {
+	secs := (reset - now + nsPerSecond - 1) / nsPerSecond
+	if left < shown.tableLen && secs <= maxSmallInt {
 		h["X-Ratelimit-Remaining"] = shown.remainingHdr[left]
 		h["Ratelimit"] = []string{shown.ratePrefix[left] + smallInts[secs]}
 	} else {
@@ -34,9 +34,17 @@ func setLargeHeaders(h http.Header, l *layer, left, secs int64) {
 	h["Ratelimit"] = []string{`"` + l.name + `";r=` + rem + ";t=" + formatInt(secs)}
 }
 
-// smallInts are the decimal forms of 0 to 3600, for header values.
+// Constants of the header arithmetic: typed expressions such as
+// int64(time.Second) or int64(len(smallInts)) are evaluated per request under
+// Yaegi (doc.go: frames).
+const (
+	nsPerSecond = 1000000000
+	maxSmallInt = 3600
+)
+
+// smallInts are the decimal forms of 0 to maxSmallInt, for header values.
 var smallInts = func() []string {
-	out := make([]string, 3601)
+	out := make([]string, maxSmallInt+1)
 	for i := range out {
 		out[i] = strconv.Itoa(i)
 	}
