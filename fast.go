@@ -308,70 +308,64 @@ func (p *Plugin) passCredentialed(rw http.ResponseWriter, req *http.Request, cli
 // refuseFast answers a request that layer l refused in window w on the fast
 // path; it is called with the memory store locked and unlocks it. A refusal
 // proxies nothing and, with the default body, reuses what an earlier refusal
-// of the layer computed (refusalCache): the body depends only on the layer
-// and the reset second, the RateLimit and Retry-After values on the seconds
-// to the reset.
+// of the layer computed (refusalCache): the body and the headers depend only
+// on the layer, the reset second and the seconds to the reset.
 func (p *Plugin) refuseFast(rw http.ResponseWriter, req *http.Request, l *layer, w *window, client, principal string, now int64) {
 	l.stats.refused++
-	first := !w.logged
-	w.logged = true
 
-	if l.body != nil || req.Header["Upgrade"] != nil {
-		p.refuseOther(rw, req, l, w, first, client, principal, now)
+	if l.body != nil || req.Header["Upgrade"] != nil || !w.logged {
+		p.refuseOther(rw, req, l, w, client, principal, now)
 		return
 	}
 
 	c := &l.cache
-	resetH := w.resetH
-	if c.resetH != resetH[0] {
-		c.setBody(l, w.reset)
-	}
-
 	secs := (w.reset - now + nsPerSecond - 1) / nsPerSecond
-	if c.secs != secs {
-		c.setSeconds(l, secs)
+	if c.resetH != w.resetH[0] || c.secs != secs {
+		c.set(l, w.resetH[0], w.reset, secs)
 	}
 
+	values := c.values
 	body := c.body
-	rate := c.rate
-	retry := c.retry
 
 	p.memory.mu.Unlock()
 
-	if first {
-		p.events.refused(l.name, l.keyFor(client, principal, nil), client)
+	h := rw.Header()
+	for i, v := range values {
+		h[refusalHeaders[i]] = v
 	}
 
-	h := rw.Header()
-	h["X-Ratelimit-Limit"] = l.limitHdr
-	h["Ratelimit-Policy"] = l.policyHdr
-	h["X-Ratelimit-Reset"] = resetH
-	h["X-Ratelimit-Remaining"] = l.remainingHdr[0]
-	h["Ratelimit"] = rate
-	h["Retry-After"] = retry
-	h["Content-Type"] = l.contentType
-	h["Cache-Control"] = noStore
 	rw.WriteHeader(l.status)
 	_, _ = rw.Write(body)
 }
 
-// setBody caches the default body for a window that resets at reset.
-func (c *refusalCache) setBody(l *layer, reset int64) {
-	c.resetH = formatInt(ceilSeconds(reset))
-	c.body = []byte(l.bodyPrefix + time.Unix(ceilSeconds(reset), 0).UTC().Format(time.RFC3339) + l.bodySuffix)
+// refusalHeaders are the names of refusalCache.values.
+var refusalHeaders = []string{
+	"X-Ratelimit-Limit", "Ratelimit-Policy", "X-Ratelimit-Reset", "X-Ratelimit-Remaining",
+	"Ratelimit", "Retry-After", "Content-Type", "Cache-Control",
 }
 
-// setSeconds caches the values that count the seconds to the reset (at least 1,
-// since a refusing window has not ended).
-func (c *refusalCache) setSeconds(l *layer, secs int64) {
+// set caches the refusal of a window that resets at reset (resetH
+// formatted), secs seconds from now. The slices handed out before are left
+// as they are: requests that read them may still be writing them.
+func (c *refusalCache) set(l *layer, resetH string, reset, secs int64) {
+	if c.resetH != resetH {
+		c.resetH = resetH
+		c.body = []byte(l.bodyPrefix + time.Unix(ceilSeconds(reset), 0).UTC().Format(time.RFC3339) + l.bodySuffix)
+	}
+
 	c.secs = secs
-	c.rate = []string{`"` + l.name + `";r=0;t=` + formatInt(secs)}
-	c.retry = []string{formatInt(secs)}
+	c.values = [][]string{
+		l.limitHdr, l.policyHdr, {resetH}, l.remainingHdr[0],
+		{`"` + l.name + `";r=0;t=` + formatInt(secs)}, {formatInt(secs)}, l.contentType, noStore,
+	}
 }
 
-// refuseOther is refuseFast for a configured body or a WebSocket upgrade.
-func (p *Plugin) refuseOther(rw http.ResponseWriter, req *http.Request, l *layer, w *window, first bool, client, principal string, now int64) {
+// refuseOther is refuseFast for a configured body, a WebSocket upgrade, or
+// the window's first refusal, which is reported.
+func (p *Plugin) refuseOther(rw http.ResponseWriter, req *http.Request, l *layer, w *window, client, principal string, now int64) {
 	count, reset, resetH := w.count, w.reset, w.resetH
+	first := !w.logged
+	w.logged = true
 
 	p.memory.mu.Unlock()
 

@@ -77,15 +77,15 @@ type refusal struct {
 	cache                  refusalCache // the fast path's, under the memory store's lock
 }
 
-// refusalCache holds the parts of a default refusal that stay the same for
-// many refusals: the body for one reset second and the RateLimit and
-// Retry-After values for one number of seconds to the reset.
+// refusalCache holds a default refusal of the layer, for the reset second
+// resetH and secs seconds to the reset: the body and the header values, in
+// the order of refusalHeaders (fast.go). Many refusals share them: every
+// refusal of a flood within one second, of windows that reset in one second.
 type refusalCache struct {
-	resetH string // the reset second the body was made for, formatted
-	body   []byte
+	resetH string
 	secs   int64
-	rate   []string
-	retry  []string
+	body   []byte
+	values [][]string
 }
 
 // maxPrecomputed bounds the per-layer header tables.

@@ -16,7 +16,7 @@ import (
 // measured requests start no window.
 var budgets = map[string]float64{
 	"edge allowed":            262,
-	"edge refused":            331,
+	"edge refused":            314,
 	"principal":               469,
 	"chain edge anonymous":    323,
 	"chain edge credentialed": 529,
