@@ -72,7 +72,7 @@ func (r *ipResolver) keyOf(a netip.Addr) string {
 }
 
 // clientAddr resolves the client from the TCP peer and the X-Forwarded-For
-// header values, as the design note says: X-Forwarded-For is read only when the
+// header values, as README.md states: X-Forwarded-For is read only when the
 // peer is a trusted proxy (or hops is set), from the right, and a malformed
 // entry ends the walk at the last good address.
 func (r *ipResolver) clientAddr(remoteAddr string, forwarded []string) (netip.Addr, bool) {

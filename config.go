@@ -139,7 +139,7 @@ type ExemptConfig struct {
 }
 
 // ResponseConfig is the refusal: its status (429 or 503), content type and
-// body template. An empty Body is the design note's JSON body. Placeholders:
+// body template. An empty Body is the default JSON body (README.md). Placeholders:
 // {limit}, {remaining}, {reset} (RFC 3339), {resetUnix}, {retryAfter}, {layer}.
 type ResponseConfig struct {
 	StatusCode  int
@@ -155,7 +155,7 @@ var defaultTrustedProxies = []string{
 	"127.0.0.1/8", "::1/128", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7",
 }
 
-// CreateConfig returns the defaults of the design note; Traefik decodes the
+// CreateConfig returns the defaults README.md documents; Traefik decodes the
 // user's settings over it.
 func CreateConfig() *Config {
 	proxies := make([]string, len(defaultTrustedProxies))
@@ -244,7 +244,7 @@ type settings struct {
 	exemptIDs     map[string]bool
 	exemptGlobal  bool
 	response      ResponseConfig
-	responseBody  []bodyPart // response.body parsed; nil for the design note's body
+	responseBody  []bodyPart // response.body parsed; nil for the default JSON body
 }
 
 // layerSpec is a parsed layer. points == 0 means off.

@@ -38,7 +38,7 @@ func TestDefaultsMatchDesign(t *testing.T) {
 		s.principal.UserHeader != "" || s.principal.ServiceAccountHeader != "X-Auth-Service-Account" ||
 		!s.invalidCode[401] || len(s.invalidCode) != 1 ||
 		s.redis.DialTimeout != 250*time.Millisecond || s.redis.Timeout != 100*time.Millisecond || s.redis.PoolSize != 16 || s.redis.Address != "127.0.0.1:6379" || s.wsMaxPerIP != 0 {
-		t.Fatalf("defaults differ from the design note: %+v", s)
+		t.Fatalf("defaults differ from README.md: %+v", s)
 	}
 }
 

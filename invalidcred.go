@@ -16,11 +16,11 @@ import (
 // answer, unless an instance after ForwardAuth has settled the request's tier
 // bucket already (chain.go). So a garbage token cannot dodge the per-IP limit.
 //
-// Under Yaegi, compiled code sees this wrapper through an adapter that has
-// Hijack but no Flush, so Traefik's proxy cannot flush through it. The wrapper
-// flushes the original writer itself after every write of a response without
-// a Content-Length (event streams, gRPC, chunked bodies), which keeps streaming
-// live, and passes Hijack through for WebSocket upgrades.
+// Compiled code sees this wrapper through an adapter that has Hijack but no
+// Flush (doc.go: wrappers), so Traefik's proxy cannot flush through it. The
+// wrapper flushes the original writer itself after every write of a response
+// without a Content-Length (event streams, gRPC, chunked bodies), which keeps
+// streaming live, and passes Hijack through for WebSocket upgrades.
 type credentialWriter struct {
 	rw        http.ResponseWriter
 	req       *http.Request

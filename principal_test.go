@@ -141,7 +141,6 @@ func TestPrincipalKeyedRoute(t *testing.T) {
 type authChain struct {
 	edge, principal *harness
 	handler         http.Handler
-	backendCalls    int
 }
 
 // fakeAuth answers like the ForwardAuth server of the design: no token or a

@@ -141,7 +141,7 @@ func (s *redisStore) callFor(n int) redisresp.Call {
 }
 
 // The healthy path (nothing blocked, Redis up) takes no lock and makes as few
-// calls as it can: under Yaegi each call allocates the callee's whole frame.
+// calls as it can (doc.go: frames).
 func (s *redisStore) take(t *tally, now int64, layers []*layer, client, principal string, hdr http.Header, all bool) {
 	if !all && s.blocked.size.Load() != 0 && s.takeBlocked(t, now, layers, client, principal, hdr) {
 		return
@@ -178,7 +178,7 @@ func (s *redisStore) takeBlocked(t *tally, now int64, layers []*layer, client, p
 		if reset := s.blocked.resetOf(l.name, l.keyFor(client, principal, hdr), now); reset != 0 {
 			l.stats.countRedis(true)
 
-			*t = tally{charged: i + 1, shown: i, count: l.points + 1, reset: reset, refused: true,
+			*t = tally{shown: i, count: l.points + 1, reset: reset, refused: true,
 				resetH: []string{formatInt(ceilSeconds(reset))}}
 
 			return true
@@ -239,7 +239,6 @@ func (s *redisStore) takeRedis(t *tally, now int64, layers []*layer, client, pri
 			return fmt.Errorf("%w: count %d, ttl %d", errBadReply, count, ttl)
 		}
 
-		t.charged = i + 1
 		reset := now + ttl*int64(time.Millisecond)
 
 		if count > l.points {

@@ -56,8 +56,6 @@ func slidingWait(prev, count, points, left, d int64) int64 {
 // slide charges one request to a sliding layer l under s.mu and records it in
 // t as layers[i]. It reports whether the layer refused.
 func (s *windowStore) slide(t *tally, i int, now int64, l *layer, key string) bool {
-	t.charged = i + 1
-
 	w := l.entries[key]
 	if w == nil || w.expire <= now || w.list != l.list {
 		w = s.restart(now, l, w, key)

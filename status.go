@@ -382,8 +382,8 @@ func (p *Plugin) before(a, b liveKey) bool {
 // firstSorted returns the first n entries of the listing in order. A page
 // near the top of a long listing is selected in one pass (each entry compared
 // once with the page's last, and placed by binary search if it belongs on the
-// page) rather than sorting every key: under Yaegi each comparison is an
-// interpreted call, and a full sort of 100000 keys took seconds.
+// page) rather than sorting every key: each comparison is an interpreted
+// call (doc.go: frames), which made a full sort of a long listing slow.
 func (p *Plugin) firstSorted(entries []liveKey, n int) []liveKey {
 	if n > len(entries) {
 		n = len(entries)

@@ -30,8 +30,8 @@ type windowStore struct {
 
 // layerStats counts a layer's decisions since the process started: requests
 // it let through and requests it refused. The memory store counts under its
-// lock, with plain increments (an atomic call costs several allocations under
-// Yaegi); the Redis store, which takes no lock, counts in the atomic fields.
+// lock, with plain increments (doc.go: an atomic call costs allocations);
+// the Redis store, which takes no lock, counts in the atomic fields.
 type layerStats struct {
 	allowed, refused           int64 // under windowStore.mu
 	redisAllowed, redisRefused int64 // atomic
@@ -131,17 +131,8 @@ func (s *windowStore) attach(l *layer) {
 	s.lists = append(s.lists, l.list)
 }
 
-// count returns the number of counters held, expired or not.
-func (s *windowStore) count() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-
-	return s.size
-}
-
 // tally is what a store reports of one request's layers.
 type tally struct {
-	charged int   // layers charged, from the first
 	shown   int   // the layer for the headers: the refusing one, else the one with the fewest left; -1 if none
 	count   int64 // its count after this request
 	reset   int64 // its reset, Unix nanoseconds
@@ -190,8 +181,6 @@ func (s *windowStore) take(t *tally, now int64, layers []*layer, client, princip
 		}
 		// end kernel
 
-		t.charged = i + 1
-
 		if w.count > l.points {
 			l.stats.refused++
 			first := !w.logged
@@ -230,7 +219,7 @@ func (t *tally) refuse(i int, count, reset int64, resetH []string, first bool) {
 
 // restart starts a new window for key in l: the expired w (or one whose layer
 // changed duration at a reload), or a new counter. Kept out of take so that
-// the common path stays small under Yaegi.
+// the common path stays small (doc.go: frames).
 func (s *windowStore) restart(now int64, l *layer, w *window, key string) *window {
 	if w != nil {
 		w.list.unlink(w)
@@ -252,20 +241,6 @@ func (s *windowStore) restart(now int64, l *layer, w *window, key string) *windo
 	l.list.push(w)
 
 	return w
-}
-
-// peek returns the count and reset of a live window without charging it;
-// count is 0 when the key has no live window.
-func (s *windowStore) peek(now int64, layer, key string) (count, reset int64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-
-	w := s.maps[layer][key]
-	if w == nil || w.reset <= now {
-		return 0, 0
-	}
-
-	return w.count, w.reset
 }
 
 // makeRoom purges a few expired counters and, at the cap, all expired ones and

@@ -209,7 +209,7 @@ func (r *reader) readInts() ([]int64, string, error) {
 	out := make([]int64, int(n))
 
 	// The elements are read inline rather than with line and parseInt: this
-	// runs on every rate-limit call, and under Yaegi a call costs its frame.
+	// runs on every rate-limit call (tierlimit's doc.go: frames).
 	for i := range out {
 		b, err := r.br.ReadSlice('\n')
 		if err != nil || len(b) < 4 || b[0] != KindInteger || b[len(b)-2] != '\r' {
@@ -244,9 +244,9 @@ func badInteger(b []byte, err error, size int) error {
 	return fmt.Errorf("%w: bad integer %q", ErrProtocol, truncate(b[1:len(b)-2]))
 }
 
-// read reads one value. Under Yaegi every call allocates all of the callee's
-// locals, so read keeps to the common kinds and leaves bulk strings, arrays
-// and errors to functions of their own.
+// read reads one value. It keeps to the common kinds and leaves bulk
+// strings, arrays and errors to functions of their own (tierlimit's doc.go:
+// frames).
 func (r *reader) read(depth int) (Value, error) {
 	r.elements--
 	if r.elements < 0 || depth > r.lim.MaxDepth {

@@ -87,8 +87,8 @@ func (p *Pool) Do(args ...string) (Value, error) {
 // server error comes back as its text (see Conn.DoInts).
 //
 // It takes and returns an idle connection inline, as reserve and put would:
-// it is the call the rate limiter makes on every request, and under Yaegi
-// each function call allocates the callee's whole frame.
+// it is the call the rate limiter makes on every request (tierlimit's
+// doc.go: frames).
 func (p *Pool) DoInts(cmd string) ([]int64, string, error) {
 	var c *Conn
 
@@ -150,7 +150,7 @@ func (p *Pool) get() (*Conn, error) {
 }
 
 // wait is get when every connection is in use: a function of its own, so that
-// the common case does not allocate its frame under Yaegi.
+// the common case does not allocate its frame (tierlimit's doc.go: frames).
 func (p *Pool) wait() (*Conn, error) {
 	p.mu.Lock()
 	p.waiting++

@@ -20,11 +20,6 @@ func NewScript(src string) *Script {
 	return &Script{src: src, sha: hex.EncodeToString(sum[:])}
 }
 
-// SHA returns the script's SHA1, as the server names it.
-func (s *Script) SHA() string {
-	return s.sha
-}
-
 // Run runs the script with keys and args. A script error is a Value of KindError.
 func (s *Script) Run(p *Pool, keys, args []string) (Value, error) {
 	cmd := make([]string, 0, 3+len(keys)+len(args))

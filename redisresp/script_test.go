@@ -82,12 +82,12 @@ func sha1Hex(s string) string {
 
 func TestScriptSHA(t *testing.T) {
 	// Known value: redis-cli SCRIPT LOAD "return 1".
-	if got := NewScript("return 1").SHA(); got != "e0e1f9fabfc9d4800c877a703b823ac0578ff8db" {
+	if got := NewScript("return 1").sha; got != "e0e1f9fabfc9d4800c877a703b823ac0578ff8db" {
 		t.Fatalf(`SHA of "return 1" = %s`, got)
 	}
 
 	for _, src := range []string{"", testScript, "return redis.call('GET', KEYS[1])\n"} {
-		if got, want := NewScript(src).SHA(), sha1Hex(src); got != want {
+		if got, want := NewScript(src).sha, sha1Hex(src); got != want {
 			t.Fatalf("SHA of %q = %s, want %s", src, got, want)
 		}
 	}
@@ -101,7 +101,7 @@ func TestScriptRunFallsBackToEval(t *testing.T) {
 	defer p.Close()
 
 	sc := NewScript(testScript)
-	sha := sc.SHA()
+	sha := sc.sha
 
 	keys, args := []string{"k1", "k2"}, []string{"a1", "a2", "a3"}
 
@@ -163,7 +163,7 @@ func TestScriptRunNoKeysNoArgs(t *testing.T) {
 	}
 
 	got := s.log()
-	if len(got) != 2 || !sameArgs(got[0].args, []string{"EVALSHA", sc.SHA(), "0"}) ||
+	if len(got) != 2 || !sameArgs(got[0].args, []string{"EVALSHA", sc.sha, "0"}) ||
 		!sameArgs(got[1].args, []string{"EVAL", "return 1", "0"}) {
 		t.Fatalf("server got %v", got)
 	}
@@ -304,7 +304,7 @@ func TestScriptRunIntsSendsWhatRunSends(t *testing.T) {
 	}
 
 	want := [][]string{
-		{"EVALSHA", sc.SHA(), "2", "k1", "k2", "a1", "", "a\r\n3"},
+		{"EVALSHA", sc.sha, "2", "k1", "k2", "a1", "", "a\r\n3"},
 		{"EVAL", testScript, "2", "k1", "k2", "a1", "", "a\r\n3"},
 	}
 

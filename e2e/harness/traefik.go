@@ -451,7 +451,7 @@ func (h *handler) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	},
 }
 
-// MinimalLimiter is the least a plugin can do and still meet the design's
+// MinimalLimiter is the least a plugin can do and still meet the README's
 // contract for the common case: key by the peer's address, one fixed window
 // per key under a mutex, the clock, the five rate-limit headers, and a
 // refusal as the design answers it (429, Retry-After, no-store, the JSON

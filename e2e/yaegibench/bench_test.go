@@ -90,7 +90,7 @@ func build(t testing.TB, plugin string, config map[string]any, name string) http
 	return h
 }
 
-// The typical edge of the design note: global + ip (its default 50/1s),
+// The typical edge: global + ip (its default 50/1s),
 // headers on, memory store. The benchmark spreads requests over enough client
 // addresses (requests) that nothing is refused; global is raised for the same reason.
 func edgeConfig() map[string]any {
@@ -160,7 +160,7 @@ func BenchmarkYaegiTierlimitEdge(b *testing.B) {
 	run(b, build(b, "tierlimit", edgeConfig(), "edge@bench"))
 }
 
-// The edge instance of the recommended chain (design note): global, ip,
+// The edge instance of the recommended chain (README.md): global, ip,
 // assets, the login and e-mail routes, credentialHeaders [Authorization];
 // anonymous requests to a path no route matches, as most traffic is.
 func BenchmarkYaegiTierlimitChainEdge(b *testing.B) {
