@@ -2,6 +2,8 @@
 # make test: every test (unit tests with -race, then the real-Traefik tests).
 GO ?= go
 TRAEFIK := e2e/.cache/traefik-v3.6.12
+# Pinned; fetched from the Go module proxy by go run, so a fresh machine needs nothing installed.
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
 .PHONY: test unit fuzz e2e demo traefik vendor-check bench
 
@@ -10,6 +12,7 @@ test: vendor-check unit fuzz e2e
 unit:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' | grep -v '^vendor/'))" || { gofmt -l $$(git ls-files '*.go' | grep -v '^vendor/'); echo 'gofmt: files above need formatting'; exit 1; }
 	$(GO) vet ./...
+	$(GO) run $(STATICCHECK) ./...
 	$(GO) test -race -count=1 ./...
 
 # A short run of the RESP reply fuzzer on top of its seed corpus (which `unit` runs).
@@ -19,6 +22,7 @@ fuzz:
 # The e2e tests start redis-server themselves: it must be installed (apt-get install redis-server).
 e2e: $(TRAEFIK)
 	cd e2e && $(GO) vet ./...
+	cd e2e && $(GO) run $(STATICCHECK) ./...
 	cd e2e && $(GO) test -count=1 -timeout 20m ./...
 
 # Figures for BENCHMARKS.md: 1. compiled and Yaegi per-request cost, 3. memory
