@@ -59,10 +59,14 @@ func chooseMode(s *settings) mode {
 		creds && len(s.principal.CredentialCookies)+len(s.principal.CredentialQueryParams) > 0,
 		len(s.exemptIPs)+len(s.exemptIDs) > 0:
 		return modeGeneral
+	case s.principal.UserHeader != "" && !routes:
+		return modePrincipal
+	case s.principal.UserHeader == "" && !s.global.on() && !(s.ip.on() && (s.assets.on() || len(s.assetPaths) == 0)):
+		// An anonymous request could meet an empty plan, which serveAnonymous
+		// does not handle: rare configurations, served in general.
+		return modeGeneral
 	case routes || creds && len(s.principal.CredentialHeaders) > 0:
 		return modeClassify
-	case s.principal.UserHeader != "":
-		return modePrincipal
 	}
 
 	return modeAnonymous

@@ -11,7 +11,10 @@ package tierlimit
 // and the reflect.New of each slot). So the request path keeps the common
 // case in few small functions and moves rare work (new windows, refusals,
 // large header values, route matches) into functions of its own that only
-// those requests call. Allocations per request are deterministic under
+// those requests call. A tuple assignment (a, b = x, y) costs a slot per
+// value and per target: the request path assigns one value at a time.
+// Typed constant expressions such as int64(time.Second) are evaluated per
+// request. Allocations per request are deterministic under
 // Yaegi where timings are not; e2e/yaegibench's budget test counts them.
 //
 // Kernels. Where a shared helper would put a frame on the fast path, the

@@ -44,58 +44,32 @@ func (p *Plugin) serveClassified(rw http.ResponseWriter, req *http.Request) {
 }
 
 // serveFast charges the request to its plan and refuses it or passes it on
-// with the headers of the layer with the fewest requests left. A credentialed
+// with the headers of the layer with the fewest requests left. It calls
+// clientKey and setHeaders where serveAnonymous writes their kernels out:
+// the instance after ForwardAuth pays for reading its context anyway. A credentialed
 // request is charged to global only and its response watched (invalidcred.go).
 func (p *Plugin) serveFast(rw http.ResponseWriter, req *http.Request, credentialed bool) {
-	client := ""
-	// kernel client-ip (p.ips. as r.)
-	if p.ips.hops == 0 && req.Header["X-Forwarded-For"] == nil {
-		i := strings.LastIndexByte(req.RemoteAddr, ':')
-		if i > 0 && req.RemoteAddr[0] != '[' {
-			client = req.RemoteAddr[:i]
-		}
-	}
+	client := p.ips.clientKey(req)
 
-	if client == "" {
-		client = p.ips.resolve(req)
-	}
-	// end kernel
-
+	// Credentialed, or after ForwardAuth (which reads no credential).
 	principal := ""
-	layers := p.planIP
-	ok := true
-
+	layers := p.planCred
 	if p.userHeader != "" {
+		ok := true
 		principal = p.principalOf(req)
-		layers, ok = p.afterAuthPlan(rw, req, principal)
-	} else if credentialed {
-		layers = p.planCred
-	} else {
-		path := req.URL.Path
-		for _, prefix := range p.assetPaths {
-			if len(path) >= len(prefix) && path[:len(prefix)] == prefix {
-				layers = p.planAssets
-			}
+		if layers, ok = p.afterAuthPlan(rw, req, principal); !ok {
+			return
 		}
-	}
-
-	if !ok {
-		return
 	}
 
 	now := p.now().UnixNano()
 	s := p.memory
 
-	var shown, refused *layer
-
+	var shown *layer // the layer that refused, else the one with the fewest left
 	var sw *window
-
-	left := int64(0)
-
+	left := int64(0) // requests left in shown; -1: shown refused
 	s.mu.Lock()
 
-	// Single assignments throughout: a tuple assignment costs a slot per
-	// value and per target (doc.go: frames).
 	for _, l := range layers {
 		key := client
 		if l.keyKind == keyOfConst {
@@ -114,14 +88,13 @@ func (p *Plugin) serveFast(rw http.ResponseWriter, req *http.Request, credential
 		// end kernel
 
 		if w.count > l.points {
-			refused = l
+			shown = l
 			sw = w
-
+			left = -1
 			break
 		}
 
 		l.stats.allowed++
-
 		if shown == nil || l.points-w.count < left {
 			shown = l
 			sw = w
@@ -129,36 +102,21 @@ func (p *Plugin) serveFast(rw http.ResponseWriter, req *http.Request, credential
 		}
 	}
 
-	if refused != nil {
-		p.refuseFast(rw, req, refused, sw, client, principal, now)
+	if left < 0 {
+		p.refuseFast(rw, req, shown, sw, client, principal, now)
 		return
 	}
 
 	if sw == nil {
 		s.mu.Unlock()
 		p.serveUncharged(rw, req, client, credentialed)
-
 		return
 	}
 
 	reset := sw.reset
 	resetH := sw.resetH
-
 	s.mu.Unlock()
-
-	h := rw.Header()
-	// kernel headers
-	h["X-Ratelimit-Limit"] = shown.limitHdr
-	h["Ratelimit-Policy"] = shown.policyHdr
-	h["X-Ratelimit-Reset"] = resetH
-	secs := (reset - now + nsPerSecond - 1) / nsPerSecond
-	if left < shown.tableLen && secs <= maxSmallInt {
-		h["X-Ratelimit-Remaining"] = shown.remainingHdr[left]
-		h["Ratelimit"] = []string{shown.ratePrefix[left] + smallInts[secs]}
-	} else {
-		setLargeHeaders(h, shown, left, secs)
-	}
-	// end kernel
+	setHeaders(rw.Header(), shown, left, reset, resetH, now)
 
 	if credentialed && p.planInvalid != nil {
 		p.serveWatched(rw, req, client, left)
@@ -171,7 +129,8 @@ func (p *Plugin) serveFast(rw http.ResponseWriter, req *http.Request, credential
 // serveAnonymous is serveFast for a request whose principal and credentials
 // are not read: every request of modeAnonymous, and the requests without a
 // credential header of modeClassify without userHeader. Its frame holds none
-// of their expressions (doc.go: frames).
+// of their expressions (doc.go: frames). Its plans are never empty
+// (chooseMode), so some layer always shows its headers.
 func (p *Plugin) serveAnonymous(rw http.ResponseWriter, req *http.Request) {
 	client := ""
 	// kernel client-ip (p.ips. as r.)
@@ -181,12 +140,10 @@ func (p *Plugin) serveAnonymous(rw http.ResponseWriter, req *http.Request) {
 			client = req.RemoteAddr[:i]
 		}
 	}
-
 	if client == "" {
 		client = p.ips.resolve(req)
 	}
 	// end kernel
-
 	layers := p.planIP
 	path := req.URL.Path
 	for _, prefix := range p.assetPaths {
@@ -197,13 +154,9 @@ func (p *Plugin) serveAnonymous(rw http.ResponseWriter, req *http.Request) {
 
 	now := p.now().UnixNano()
 	s := p.memory
-
-	var shown, refused *layer
-
+	var shown *layer // the layer that refused, else the one with the fewest left
 	var sw *window
-
-	left := int64(0)
-
+	left := int64(0) // requests left in shown; -1: shown refused
 	s.mu.Lock()
 
 	for _, l := range layers {
@@ -222,14 +175,13 @@ func (p *Plugin) serveAnonymous(rw http.ResponseWriter, req *http.Request) {
 		// end kernel
 
 		if w.count > l.points {
-			refused = l
+			shown = l
 			sw = w
-
+			left = -1
 			break
 		}
 
 		l.stats.allowed++
-
 		if shown == nil || l.points-w.count < left {
 			shown = l
 			sw = w
@@ -237,23 +189,14 @@ func (p *Plugin) serveAnonymous(rw http.ResponseWriter, req *http.Request) {
 		}
 	}
 
-	if refused != nil {
-		p.refuseFast(rw, req, refused, sw, client, "", now)
-		return
-	}
-
-	if sw == nil {
-		s.mu.Unlock()
-		p.next.ServeHTTP(rw, req)
-
+	if left < 0 {
+		p.refuseFast(rw, req, shown, sw, client, "", now)
 		return
 	}
 
 	reset := sw.reset
 	resetH := sw.resetH
-
 	s.mu.Unlock()
-
 	h := rw.Header()
 	// kernel headers
 	h["X-Ratelimit-Limit"] = shown.limitHdr

@@ -76,6 +76,19 @@ var shapes = []shape{
 		c.Global.Points, c.IP.Points, c.Assets.Points, c.User.Points, c.Service.Points = 0, 0, 0, 0, 0
 		c.Websocket.MaxConnectionsPerIP = 2
 	}, modeGeneral},
+	{"assets only: a plan can be empty", func(c *Config) {
+		c.Global.Points, c.IP.Points = 0, 0
+		c.Assets = AssetsConfig{Points: 1, Duration: "10s", PathPrefixes: []string{"/assets/"}}
+	}, modeGeneral},
+	{"ip only, no asset paths", func(c *Config) {
+		c.Global.Points = 0
+		c.IP = LayerConfig{Points: 3, Duration: "1s"}
+		c.Assets.PathPrefixes = nil
+	}, modeAnonymous},
+	{"principal with routes, tiers only", with(principalInstance, func(c *Config) {
+		c.Global.Points, c.IP.Points, c.Assets.Points = 0, 0, 0
+		c.Routes = []RouteConfig{{Name: "export", Key: "principal", Paths: []string{"/export"}, Points: 3, Duration: "2s"}}
+	}), modeClassify},
 	{"disabled", with(smallLayers, func(c *Config) { c.Enabled = false }), modeOff},
 	{"every layer off", func(c *Config) {
 		c.Global.Points, c.IP.Points, c.Assets.Points, c.User.Points, c.Service.Points = 0, 0, 0, 0, 0
