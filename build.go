@@ -107,27 +107,7 @@ func build(cfg *settings, next http.Handler, name string) *Plugin {
 		}
 	}
 
-	global := newLayer(memory, cfg.global, keyOfConst)
-	ip := newLayer(memory, cfg.ip, keyOfClient)
-	assets := newLayer(memory, cfg.assets, keyOfClient)
-	user := newLayer(memory, cfg.user, keyOfPrincipal)
-	service := newLayer(memory, cfg.service, keyOfPrincipal)
-
-	p.layers = plan(global, ip, assets, user, service)
-	p.routes, p.routeMethods = buildRoutes(memory, cfg.routes)
-
-	for _, rt := range p.routes {
-		p.layers = append(p.layers, rt.layer)
-	}
-
-	p.plans = plans{
-		planIP:      plan(global, ip),
-		planAssets:  plan(global, assets),
-		planUser:    plan(global, user),
-		planService: plan(global, service),
-		planCred:    plan(global),
-		planInvalid: plan(ip),
-	}
+	global := p.buildLayers(cfg, memory)
 
 	if len(cfg.invalidCode) > 0 {
 		p.invalidCode = cfg.invalidCode
@@ -163,6 +143,34 @@ func build(cfg *settings, next http.Handler, name string) *Plugin {
 	}
 
 	return p
+}
+
+// buildLayers makes the layers, the routes and the plans; it returns the
+// global layer (nil when off).
+func (p *Plugin) buildLayers(cfg *settings, memory *windowStore) *layer {
+	global := newLayer(memory, cfg.global, keyOfConst)
+	ip := newLayer(memory, cfg.ip, keyOfClient)
+	assets := newLayer(memory, cfg.assets, keyOfClient)
+	user := newLayer(memory, cfg.user, keyOfPrincipal)
+	service := newLayer(memory, cfg.service, keyOfPrincipal)
+
+	p.layers = plan(global, ip, assets, user, service)
+	p.routes, p.routeMethods = buildRoutes(memory, cfg.routes)
+
+	for _, rt := range p.routes {
+		p.layers = append(p.layers, rt.layer)
+	}
+
+	p.plans = plans{
+		planIP:      plan(global, ip),
+		planAssets:  plan(global, assets),
+		planUser:    plan(global, user),
+		planService: plan(global, service),
+		planCred:    plan(global),
+		planInvalid: plan(ip),
+	}
+
+	return global
 }
 
 // buildRoutes makes the route layers that are on, and the methods they are

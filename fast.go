@@ -164,7 +164,6 @@ func (p *Plugin) serveAnonymous(rw http.ResponseWriter, req *http.Request) {
 		if l.keyKind == keyOfConst {
 			key = l.constKey
 		}
-
 		// kernel fixed-charge
 		w := l.entries[key]
 		if w != nil && w.reset > now && w.list == l.list {
@@ -173,7 +172,6 @@ func (p *Plugin) serveAnonymous(rw http.ResponseWriter, req *http.Request) {
 			w = s.restart(now, l, w, key)
 		}
 		// end kernel
-
 		if w.count > l.points {
 			shown = l
 			sw = w
@@ -193,7 +191,6 @@ func (p *Plugin) serveAnonymous(rw http.ResponseWriter, req *http.Request) {
 		p.refuseFast(rw, req, shown, sw, client, "", now)
 		return
 	}
-
 	reset := sw.reset
 	resetH := sw.resetH
 	s.mu.Unlock()

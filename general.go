@@ -14,8 +14,12 @@ import (
 // serveGeneral charges the request to its plan and routes, and refuses it
 // or passes it on.
 func (p *Plugin) serveGeneral(rw http.ResponseWriter, req *http.Request) {
+	// Calls are gated by what the instance reads (doc.go: frames).
 	client := p.ips.clientKey(req)
-	principal := p.principalOf(req)
+	principal := ""
+	if p.userHeader != "" {
+		principal = p.principalOf(req)
+	}
 
 	if p.exempt != nil && p.isExempt(req, principal) {
 		p.serveExempt(rw, req, client, principal)
@@ -31,7 +35,7 @@ func (p *Plugin) serveGeneral(rw http.ResponseWriter, req *http.Request) {
 		if layers, ok = p.afterAuthPlan(rw, req, principal); !ok {
 			return
 		}
-	case p.hasCredential(req):
+	case len(p.credHeaders)+len(p.credCookies)+len(p.credQuery) > 0 && p.hasCredential(req):
 		layers, credentialed = p.planCred, true
 	case p.assetPaths != nil && hasAnyPrefix(req.URL.Path, p.assetPaths):
 		layers = p.planAssets

@@ -225,6 +225,12 @@ func (s *redisStore) takeRedis(t *tally, now int64, layers []*layer, client, pri
 		return fmt.Errorf("running the rate-limit script: %s", serverErr)
 	}
 
+	return s.record(t, ints, now, layers, client, principal, hdr, all)
+}
+
+// record writes the script's reply (count and milliseconds to reset per
+// layer charged) to t, and checks it: on an error, t is to be discarded.
+func (s *redisStore) record(t *tally, ints []int64, now int64, layers []*layer, client, principal string, hdr http.Header, all bool) error {
 	n := len(ints) / 2
 	if len(ints)%2 != 0 || n == 0 || n > len(layers) {
 		return fmt.Errorf("%w: %d integers for %d layers", errBadReply, len(ints), len(layers))
