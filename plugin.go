@@ -207,7 +207,8 @@ func New(ctx context.Context, next http.Handler, config *Config, name string) (h
 	// An instance after ForwardAuth (userHeader set) knows whether a request
 	// has a principal; a credential tells it nothing more (chain.go).
 	if p.userHeader != "" {
-		p.credCookies, p.credQuery = nil, nil
+		p.credCookies = nil
+		p.credQuery = nil
 	} else {
 		for _, h := range cfg.principal.CredentialHeaders {
 			p.credHeaders = append(p.credHeaders, http.CanonicalHeaderKey(h))
