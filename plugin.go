@@ -70,6 +70,11 @@ type Plugin struct {
 	status     bool     // status.path is set
 	exempt     bool     // some exempt IP or principal is configured
 	planExempt []*layer // global, unless exempt.global
+
+	// Request paths are matched in their canonical form (path.go).
+	paths      bool // some route or asset prefix: canonicalise each request's path
+	foldPaths  bool // some of them ignore case: canonicalise in lower case too
+	assetsCase bool // assetPaths match case-sensitively
 }
 
 // How a layer finds its key in a request.
@@ -154,10 +159,11 @@ func (l *layer) keyFor(client, principal string, hdr http.Header) string {
 
 // route is a route limit with its matcher.
 type route struct {
-	layer    *layer
-	methods  []string
-	exact    map[string]bool
-	prefixes []string
+	layer         *layer
+	methods       []string
+	exact         map[string]bool // canonical (path.go)
+	prefixes      []string
+	caseSensitive bool
 }
 
 // New builds the middleware from a validated configuration. It does no I/O:
@@ -198,6 +204,7 @@ func New(ctx context.Context, next http.Handler, config *Config, name string) (h
 		service: newLayer(memory, cfg.service, keyOfPrincipal),
 
 		assetPaths:    cfg.assetPaths,
+		assetsCase:    cfg.assetsCase,
 		userHeader:    http.CanonicalHeaderKey(cfg.principal.UserHeader),
 		serviceHeader: http.CanonicalHeaderKey(cfg.principal.ServiceAccountHeader),
 		credCookies:   cfg.principal.CredentialCookies,
@@ -216,9 +223,15 @@ func New(ctx context.Context, next http.Handler, config *Config, name string) (h
 		if rs.on() {
 			p.routes = append(p.routes, &route{
 				layer: newLayer(memory, rs.layerSpec, kinds[rs.key]), methods: rs.methods, exact: rs.exact, prefixes: rs.prefixes,
+				caseSensitive: rs.caseSensitive,
 			})
+
+			p.foldPaths = p.foldPaths || !rs.caseSensitive
 		}
 	}
+
+	p.paths = p.routes != nil || p.assetPaths != nil
+	p.foldPaths = p.foldPaths || p.assetPaths != nil && !p.assetsCase
 
 	p.layers = plan(p.global, p.ip, p.assets, p.user, p.service)
 	for _, rt := range p.routes {
@@ -350,14 +363,14 @@ func newLayer(memory *windowStore, spec layerSpec, keyKind int) *layer {
 
 // serveOther is ServeHTTP for every instance but the common ones: serveGeneral,
 // or for an anonymous instance on Redis or without headers, the few lines below.
-func (p *Plugin) serveOther(rw http.ResponseWriter, req *http.Request) {
+func (p *Plugin) serveOther(rw http.ResponseWriter, req *http.Request, path reqPath) {
 	if p.general || p.userHeader != "" || p.credentials || p.routes != nil {
-		p.serveGeneral(rw, req)
+		p.serveGeneral(rw, req, path)
 		return
 	}
 
 	layers := p.planIP
-	if p.assetPaths != nil && hasAnyPrefix(req.URL.Path, p.assetPaths) {
+	if p.assetPaths != nil && p.isAsset(path) {
 		layers = p.planAssets
 	}
 
@@ -379,19 +392,26 @@ func (p *Plugin) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 		return
 	}
 
+	// Matched against routes and asset prefixes, never passed on: the
+	// backend gets the request as it came.
+	var path reqPath
+	if p.paths {
+		path = canonicalPaths(req.URL.Path, p.foldPaths)
+	}
+
 	if p.simple {
 		kind := plainRequest
 		if p.divert {
-			kind = p.classify(req)
+			kind = p.classify(req, path)
 		}
 
 		if kind != routedRequest {
-			p.serveSimple(rw, req, kind == credentialedRequest)
+			p.serveSimple(rw, req, kind == credentialedRequest, path)
 			return
 		}
 	}
 
-	p.serveOther(rw, req)
+	p.serveOther(rw, req, path)
 }
 
 // serveSimple is ServeHTTP for the most common instances, the edge and the
@@ -402,7 +422,7 @@ func (p *Plugin) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 // callee's whole frame: this measured 1.65x cheaper than the general path
 // (BENCHMARKS.md). Rare work stays in calls: new windows (restart), refusals
 // (refuseSimple), large header values.
-func (p *Plugin) serveSimple(rw http.ResponseWriter, req *http.Request, credentialed bool) {
+func (p *Plugin) serveSimple(rw http.ResponseWriter, req *http.Request, credentialed bool, path reqPath) {
 	client := ""
 	if p.ips.hops == 0 && req.Header["X-Forwarded-For"] == nil {
 		i := strings.LastIndexByte(req.RemoteAddr, ':')
@@ -427,12 +447,8 @@ func (p *Plugin) serveSimple(rw http.ResponseWriter, req *http.Request, credenti
 		layers = p.principalPlan(req)
 	} else if credentialed {
 		layers, watch = p.planCred, p.watch
-	} else {
-		for _, prefix := range p.assetPaths {
-			if strings.HasPrefix(req.URL.Path, prefix) {
-				layers = p.planAssets
-			}
-		}
+	} else if p.assetPaths != nil && p.isAsset(path) {
+		layers = p.planAssets
 	}
 
 	now := p.now().UnixNano()
@@ -549,7 +565,7 @@ func (p *Plugin) refuseSimple(rw http.ResponseWriter, req *http.Request, l *laye
 
 // serveGeneral is ServeHTTP for instances with credentials, routes or a
 // connection cap, principals beyond serveSimple, or turned off.
-func (p *Plugin) serveGeneral(rw http.ResponseWriter, req *http.Request) {
+func (p *Plugin) serveGeneral(rw http.ResponseWriter, req *http.Request, path reqPath) {
 	if !p.active {
 		p.next.ServeHTTP(rw, req)
 		return
@@ -574,12 +590,12 @@ func (p *Plugin) serveGeneral(rw http.ResponseWriter, req *http.Request) {
 		layers = p.principalPlan(req)
 	case p.credentials && p.hasCredential(req):
 		layers, watch = p.planCred, p.watch
-	case p.assetPaths != nil && hasAnyPrefix(req.URL.Path, p.assetPaths):
+	case p.assetPaths != nil && p.isAsset(path):
 		layers = p.planAssets
 	}
 
 	if p.routes != nil {
-		layers = p.withRoutes(layers, req)
+		layers = p.withRoutes(layers, req, path)
 	}
 
 	ok, left := p.decide(rw, req, layers, client, principal)
@@ -698,11 +714,11 @@ func (p *Plugin) principalPlan(req *http.Request) []*layer {
 
 // withRoutes appends the matching routes' layers to the plan; it allocates
 // only when a route matches.
-func (p *Plugin) withRoutes(layers []*layer, req *http.Request) []*layer {
+func (p *Plugin) withRoutes(layers []*layer, req *http.Request, path reqPath) []*layer {
 	var out []*layer
 
 	for _, rt := range p.routes {
-		if !rt.matches(req) {
+		if !rt.matches(req, path) {
 			continue
 		}
 
@@ -732,8 +748,8 @@ const (
 // classify tells serveSimple's requests from those serveGeneral decides. One
 // call for both checks, and none for instances without credential headers or
 // routes: under Yaegi each call allocates the callee's whole frame.
-func (p *Plugin) classify(req *http.Request) int {
-	if p.routes != nil && (p.routeMethods == nil || p.routeMethods[req.Method]) && p.routeMatches(req) {
+func (p *Plugin) classify(req *http.Request, path reqPath) int {
+	if p.routes != nil && (p.routeMethods == nil || p.routeMethods[req.Method]) && p.routeMatches(req, path) {
 		return routedRequest
 	}
 
@@ -748,9 +764,9 @@ func (p *Plugin) classify(req *http.Request) int {
 }
 
 // routeMatches reports whether some route matches the request.
-func (p *Plugin) routeMatches(req *http.Request) bool {
+func (p *Plugin) routeMatches(req *http.Request, path reqPath) bool {
 	for _, rt := range p.routes {
-		if rt.matches(req) {
+		if rt.matches(req, path) {
 			return true
 		}
 	}
@@ -758,17 +774,17 @@ func (p *Plugin) routeMatches(req *http.Request) bool {
 	return false
 }
 
-func hasAnyPrefix(path string, prefixes []string) bool {
-	for _, prefix := range prefixes {
-		if strings.HasPrefix(path, prefix) {
-			return true
-		}
+// isAsset reports whether the request path is under an asset prefix.
+func (p *Plugin) isAsset(path reqPath) bool {
+	if p.assetsCase {
+		return hasPrefixPath(path.path, p.assetPaths)
 	}
 
-	return false
+	return hasPrefixPath(path.folded, p.assetPaths)
 }
 
-func (rt *route) matches(req *http.Request) bool {
+// matches reports whether the request, with its canonical path, is the route's.
+func (rt *route) matches(req *http.Request, path reqPath) bool {
 	if len(rt.methods) > 0 {
 		found := false
 
@@ -784,5 +800,10 @@ func (rt *route) matches(req *http.Request) bool {
 		}
 	}
 
-	return rt.exact[req.URL.Path] || hasAnyPrefix(req.URL.Path, rt.prefixes)
+	c := path.folded
+	if rt.caseSensitive {
+		c = path.path
+	}
+
+	return rt.exact[c] || hasPrefixPath(c, rt.prefixes)
 }

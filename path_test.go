@@ -1,0 +1,264 @@
+package tierlimit
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+func TestCanonicalPaths(t *testing.T) {
+	tests := []struct {
+		in, path, folded string
+	}{
+		{"/auth/login", "/auth/login", "/auth/login"},
+		{"/", "/", "/"},
+		{"", "/", "/"},
+		{"*", "/*", "/*"},
+		{"/auth/login/", "/auth/login", "/auth/login"},
+		{"/AUTH/LOGIN", "/AUTH/LOGIN", "/auth/login"},
+		{"/Auth/Login", "/Auth/Login", "/auth/login"},
+		{"/auth/login;jsessionid=1", "/auth/login", "/auth/login"},
+		{"/auth;x=1/login;y", "/auth/login", "/auth/login"},
+		{"/auth/login;/", "/auth/login", "/auth/login"},
+		{"/;x/auth/login", "/auth/login", "/auth/login"},
+		// Go has decoded %2F already: the request /assets/..%2Fauth/login.
+		{"/assets/../auth/login", "/auth/login", "/auth/login"},
+		{"/assets/..;/auth/login", "/auth/login", "/auth/login"},
+		{"//auth/login", "/auth/login", "/auth/login"},
+		{"/auth/./login", "/auth/login", "/auth/login"},
+		{"/auth//login", "/auth/login", "/auth/login"},
+		{"/auth/login/.", "/auth/login", "/auth/login"},
+		{"/auth/x/../login", "/auth/login", "/auth/login"},
+		{"/../../auth/login", "/auth/login", "/auth/login"},
+		{`/auth\login`, "/auth/login", "/auth/login"},
+		// Encoded twice and three times over.
+		{"/assets/..%2Fauth/login", "/auth/login", "/auth/login"},
+		{"/assets/..%252Fauth/login", "/auth/login", "/auth/login"},
+		{"/auth/%2e%2e/auth/login", "/auth/login", "/auth/login"},
+		{"/auth/%6Cogin", "/auth/login", "/auth/login"},
+		{"/auth/login%3Bx=1", "/auth/login", "/auth/login"},
+		{"/auth/%25%36%63ogin", "/auth/login", "/auth/login"},
+		// An escape Go would refuse: the valid ones around it still decode.
+		{"/auth/%zz/%2e%2e/login", "/auth/login", "/auth/login"},
+		{"/a%", "/a%", "/a%"},
+		{"/.hidden", "/.hidden", "/.hidden"},
+		{"/a/..b", "/a/..b", "/a/..b"},
+		{"/auth/loginx", "/auth/loginx", "/auth/loginx"},
+		{"/Caf\u00c9", "/Caf\u00c9", "/caf\u00e9"},
+	}
+
+	for _, tt := range tests {
+		got := canonicalPaths(tt.in, true)
+		if got.path != tt.path || got.folded != tt.folded {
+			t.Errorf("canonicalPaths(%q) = %q, %q; want %q, %q", tt.in, got.path, got.folded, tt.path, tt.folded)
+		}
+
+		if kept := canonicalPaths(tt.in, false); kept.path != tt.path || kept.folded != tt.path {
+			t.Errorf("canonicalPaths(%q, no fold) = %q, %q; want %q twice", tt.in, kept.path, kept.folded, tt.path)
+		}
+	}
+}
+
+// A path with nothing to canonicalise comes back as it is, unallocated.
+func TestCanonicalPathsFastPath(t *testing.T) {
+	p := "/api/v1/items/42"
+	if n := testing.AllocsPerRun(100, func() { _ = canonicalPaths(p, true) }); n != 0 {
+		t.Errorf("canonicalPaths(%q) allocates %v times, want 0", p, n)
+	}
+}
+
+func TestCanonicalPattern(t *testing.T) {
+	tests := []struct {
+		in            string
+		caseSensitive bool
+		want          string
+	}{
+		{"/auth/login", false, "/auth/login"},
+		{"/Auth/Login/", false, "/auth/login/"},
+		{"/Auth/Login/", true, "/Auth/Login/"},
+		{"/assets/", false, "/assets/"},
+		{"//static//", false, "/static/"},
+		{"/", false, "/"},
+		{"/static", false, "/static"},
+	}
+
+	for _, tt := range tests {
+		if got := canonicalPattern(tt.in, tt.caseSensitive); got != tt.want {
+			t.Errorf("canonicalPattern(%q, %v) = %q, want %q", tt.in, tt.caseSensitive, got, tt.want)
+		}
+	}
+}
+
+func TestHasPrefixPath(t *testing.T) {
+	prefixes := []string{"/api/", "/static"}
+	tests := []struct {
+		path string
+		want bool
+	}{
+		{"/api/x", true},
+		{"/api", true},
+		{"/apix", false},
+		{"/ap", false},
+		{"/static", true},
+		{"/staticx", true},
+		{"/stati", false},
+		{"/", false},
+	}
+
+	for _, tt := range tests {
+		if got := hasPrefixPath(tt.path, prefixes); got != tt.want {
+			t.Errorf("hasPrefixPath(%q) = %v, want %v", tt.path, got, tt.want)
+		}
+	}
+
+	if !hasPrefixPath("/anything", []string{"/"}) || !hasPrefixPath("/", []string{"/"}) {
+		t.Error(`prefix "/" must match every path`)
+	}
+}
+
+func FuzzCanonicalPaths(f *testing.F) {
+	for _, s := range []string{
+		"/auth/login", "/auth/login/", "/AUTH/LOGIN", "/auth/login;jsessionid=1", "/assets/../auth/login",
+		"//auth/login", "/auth/./login", "/auth//login", "/a/%2e%2e/%252F;x\\y", "", "%", "/\u0130\u212a",
+	} {
+		f.Add(s)
+	}
+
+	f.Fuzz(func(t *testing.T, in string) {
+		got := canonicalPaths(in, true)
+
+		if !strings.HasPrefix(got.path, "/") || !strings.HasPrefix(got.folded, "/") {
+			t.Fatalf("canonicalPaths(%q) = %q, %q: want both to start with /", in, got.path, got.folded)
+		}
+
+		// Rooted, and at most the "/" it adds longer than its input.
+		if len(got.path) > len(in)+1 {
+			t.Fatalf("canonicalPaths(%q) = %q: longer than its input", in, got.path)
+		}
+
+		if again := canonicalPaths(got.path, true); again.path != got.path || again.folded != got.folded {
+			t.Fatalf("canonicalPaths not idempotent: %q -> %q -> %q", in, got.path, again.path)
+		}
+
+		if again := canonicalPaths(got.folded, true); again.path != got.folded {
+			t.Fatalf("the folded form %q of %q is not canonical: %q", got.folded, in, again.path)
+		}
+	})
+}
+
+// routePlugin is an instance with the issue's login route, an asset prefix
+// and an IP tier, on a fixed clock.
+func routePlugin(t *testing.T, edit func(*Config)) *harness {
+	t.Helper()
+
+	return newHarness(t, func(cfg *Config) {
+		cfg.Global.Points = 0
+		cfg.IP = LayerConfig{Points: 1000, Duration: "60s"}
+		cfg.Assets.PathPrefixes = []string{"/assets/"}
+		cfg.Routes = []RouteConfig{{Name: "auth_login", Methods: []string{"POST"}, Paths: []string{"/auth/login"}, Key: "ip", Points: 2, Duration: "60s"}}
+
+		if edit != nil {
+			edit(cfg)
+		}
+	})
+}
+
+// Every spelling a backend reads as the login is refused once the login's
+// budget is spent; the request reaches the backend as it came.
+func TestRouteMatchesCanonicalPath(t *testing.T) {
+	h := routePlugin(t, nil)
+
+	for i := 0; i < 2; i++ {
+		if rec := serveOne(h, "POST", "/auth/login"); rec.Code != http.StatusOK {
+			t.Fatalf("login %d: status %d, want 200", i, rec.Code)
+		}
+	}
+
+	for _, p := range []string{
+		"/auth/login", "/auth/login/", "/AUTH/LOGIN", "/Auth/Login", "/auth/login;jsessionid=1",
+		"/assets/../auth/login", "//auth/login", "/auth/./login", "/auth//login", `/auth\login`, "/auth/%6Cogin",
+	} {
+		rec := serveOne(h, "POST", p)
+		if rec.Code != http.StatusTooManyRequests {
+			t.Errorf("POST %s: status %d, want 429", p, rec.Code)
+		}
+	}
+
+	for _, p := range []string{"/auth/loginx", "/auth/log", "/auth"} {
+		if rec := serveOne(h, "POST", p); rec.Code != http.StatusOK {
+			t.Errorf("POST %s: status %d, want 200 (not the login)", p, rec.Code)
+		}
+	}
+}
+
+// With caseSensitive, only the configured case is the route.
+func TestRouteCaseSensitive(t *testing.T) {
+	h := routePlugin(t, func(c *Config) { c.Routes[0].CaseSensitive = true })
+
+	for i := 0; i < 2; i++ {
+		serveOne(h, "POST", "/auth/login")
+	}
+
+	if rec := serveOne(h, "POST", "/AUTH/LOGIN"); rec.Code != http.StatusOK {
+		t.Errorf("POST /AUTH/LOGIN on a case-sensitive route: status %d, want 200", rec.Code)
+	}
+
+	if rec := serveOne(h, "POST", "/auth/login/"); rec.Code != http.StatusTooManyRequests {
+		t.Errorf("POST /auth/login/ on a case-sensitive route: status %d, want 429", rec.Code)
+	}
+}
+
+// An asset prefix is matched on the canonical path: a climb out of it is not
+// an asset, a spelling of it is (case-insensitively unless assets.caseSensitive).
+func TestAssetsCanonicalPath(t *testing.T) {
+	for _, caseSensitive := range []bool{false, true} {
+		h := routePlugin(t, func(c *Config) {
+			c.Routes = nil
+			c.Assets.CaseSensitive = caseSensitive
+		})
+
+		tests := []struct {
+			path  string
+			layer string
+		}{
+			{"/assets/app.js", "assets"},
+			{"/assets//app.js", "assets"},
+			{"/assets/;x/app.js", "assets"},
+			{"/assets/../auth/login", "ip"},
+			{"/assets/..;/auth/login", "ip"},
+			{"/assets/x/../../auth/login", "ip"},
+			{"/ASSETS/app.js", map[bool]string{false: "assets", true: "ip"}[caseSensitive]},
+			{"/assetsx/app.js", "ip"},
+		}
+
+		for _, tt := range tests {
+			rec := serveOne(h, "GET", tt.path)
+			if got := layerOf(rec); got != tt.layer {
+				t.Errorf("caseSensitive %v, GET %s: charged to %q, want %q", caseSensitive, tt.path, got, tt.layer)
+			}
+		}
+	}
+}
+
+// serveOne serves a request whose decoded path is path, as Go's server
+// leaves it (httptest.NewRequest would parse it as a URL).
+func serveOne(h *harness, method, path string) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(method, "http://example.test/", nil)
+	req.URL.Path = path
+	req.RemoteAddr = "192.0.2.1:1234"
+	rec := httptest.NewRecorder()
+	h.p.ServeHTTP(rec, req)
+
+	return rec
+}
+
+// layerOf is the layer the rate-limit headers show: `"name";r=...`.
+func layerOf(rec *httptest.ResponseRecorder) string {
+	v := rec.Header().Get("Ratelimit")
+	if i := strings.Index(v, `";`); strings.HasPrefix(v, `"`) && i > 0 {
+		return v[1:i]
+	}
+
+	return ""
+}
