@@ -19,39 +19,31 @@ import (
 // a path encoded three times over, and a fixed cost for anything longer.
 const maxDecodes = 3
 
-// reqPath is a request path in the forms matching compares: canonical, and
-// canonical in lower case (equal to path when no matcher ignores case).
-type reqPath struct {
-	path   string
-	folded string
-}
-
-// canonicalPaths returns the canonical form of the decoded URL path p, and
-// that form in lower case when fold is set. Paths that hold nothing to
-// canonicalise, the usual case, come back unchanged from a few compiled
-// string searches: under Yaegi the rare work lives in cleanPath, whose frame
-// only those requests pay for.
-func canonicalPaths(p string, fold bool) reqPath {
-	c := p
-	if p == "" || p[0] != '/' || (len(p) > 1 && p[len(p)-1] == '/') ||
-		strings.ContainsAny(p, `%;\`) || strings.Contains(p, "//") || strings.Contains(p, "/.") {
-		c = cleanPath(p)
+// canonicalPath returns the canonical form of the decoded URL path p, in
+// lower case when fold is set. Paths that hold nothing to canonicalise, the
+// usual case, come back unchanged from a few compiled string searches: under
+// Yaegi the rare work lives in cleanPath, whose frame only those requests pay
+// for.
+func canonicalPath(p string, fold bool) string {
+	if p == "" || p[0] != '/' || strings.ContainsAny(p, `%;\`) || strings.Contains(p, "//") || strings.Contains(p, "/.") {
+		p = cleanPath(p)
 	}
 
 	if fold {
 		// strings.ToLower returns its argument, unallocated, when nothing changes.
-		return reqPath{path: c, folded: strings.ToLower(c)}
+		return strings.ToLower(p)
 	}
 
-	return reqPath{path: c, folded: c}
+	return p
 }
 
 // cleanPath decodes p (Go has decoded it once already) up to maxDecodes more
 // times, drops the ";" parameters of every segment, reads "\" as "/", and
-// resolves dot segments, repeated slashes and a trailing slash. The result
-// starts with "/" and is no longer than p (or "/"). Every step is a compiled
-// standard-library call or a loop over ";" only, so a long path costs
-// compiled time.
+// resolves dot segments and repeated slashes; a trailing slash stays, for
+// prefixes to tell "/api/" from "/api" (exact route paths ignore it). The
+// result starts with "/" and is at most one byte longer than p. Every step is
+// a compiled standard-library call or a loop over "%" or ";" only, so a long
+// path costs compiled time.
 func cleanPath(p string) string {
 	for i := 0; i < maxDecodes && strings.IndexByte(p, '%') >= 0; i++ {
 		d, err := url.PathUnescape(p)
@@ -75,7 +67,12 @@ func cleanPath(p string) string {
 	}
 
 	// Rooted, so that ".." never climbs above "/".
-	return path.Clean("/" + p)
+	c := path.Clean("/" + p)
+	if c != "/" && strings.HasSuffix(p, "/") {
+		c += "/"
+	}
+
+	return c
 }
 
 // dropParams removes from every segment of p what follows its first ";".
@@ -152,26 +149,7 @@ func unhex(c byte) byte {
 }
 
 // canonicalPattern is a configured route path or asset prefix in the form
-// requests are compared in: canonical, lower case unless caseSensitive, and a
-// prefix (ending in "/") still ending in "/".
+// requests are compared in: canonical, and in lower case unless caseSensitive.
 func canonicalPattern(p string, caseSensitive bool) string {
-	c := canonicalPaths(p, !caseSensitive).folded
-	if strings.HasSuffix(p, "/") && c != "/" {
-		c += "/"
-	}
-
-	return c
-}
-
-// hasPrefixPath reports whether the canonical path c is under one of the
-// canonical prefixes. A prefix ending in "/" also matches c without that
-// slash, since c never ends in one: "/api/" matches "/api/" and "/api".
-func hasPrefixPath(c string, prefixes []string) bool {
-	for _, prefix := range prefixes {
-		if strings.HasPrefix(c, prefix) || len(c)+1 == len(prefix) && prefix[len(c)] == '/' && strings.HasPrefix(prefix, c) {
-			return true
-		}
-	}
-
-	return false
+	return canonicalPath(p, !caseSensitive)
 }

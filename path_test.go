@@ -7,64 +7,68 @@ import (
 	"testing"
 )
 
-func TestCanonicalPaths(t *testing.T) {
+func TestCanonicalPath(t *testing.T) {
 	tests := []struct {
-		in, path, folded string
+		in, want string
 	}{
-		{"/auth/login", "/auth/login", "/auth/login"},
-		{"/", "/", "/"},
-		{"", "/", "/"},
-		{"*", "/*", "/*"},
-		{"/auth/login/", "/auth/login", "/auth/login"},
-		{"/AUTH/LOGIN", "/AUTH/LOGIN", "/auth/login"},
-		{"/Auth/Login", "/Auth/Login", "/auth/login"},
-		{"/auth/login;jsessionid=1", "/auth/login", "/auth/login"},
-		{"/auth;x=1/login;y", "/auth/login", "/auth/login"},
-		{"/auth/login;/", "/auth/login", "/auth/login"},
-		{"/;x/auth/login", "/auth/login", "/auth/login"},
+		{"/auth/login", "/auth/login"},
+		{"/", "/"},
+		{"", "/"},
+		{"*", "/*"},
+		{"/auth/login/", "/auth/login/"},
+		{"/auth/login//", "/auth/login/"},
+		{"/AUTH/LOGIN", "/AUTH/LOGIN"},
+		{"/Auth/Login", "/Auth/Login"},
+		{"/auth/login;jsessionid=1", "/auth/login"},
+		{"/auth;x=1/login;y", "/auth/login"},
+		{"/auth/login;/", "/auth/login/"},
+		{"/;x/auth/login", "/auth/login"},
 		// Go has decoded %2F already: the request /assets/..%2Fauth/login.
-		{"/assets/../auth/login", "/auth/login", "/auth/login"},
-		{"/assets/..;/auth/login", "/auth/login", "/auth/login"},
-		{"//auth/login", "/auth/login", "/auth/login"},
-		{"/auth/./login", "/auth/login", "/auth/login"},
-		{"/auth//login", "/auth/login", "/auth/login"},
-		{"/auth/login/.", "/auth/login", "/auth/login"},
-		{"/auth/x/../login", "/auth/login", "/auth/login"},
-		{"/../../auth/login", "/auth/login", "/auth/login"},
-		{`/auth\login`, "/auth/login", "/auth/login"},
-		// Encoded twice and three times over.
-		{"/assets/..%2Fauth/login", "/auth/login", "/auth/login"},
-		{"/assets/..%252Fauth/login", "/auth/login", "/auth/login"},
-		{"/auth/%2e%2e/auth/login", "/auth/login", "/auth/login"},
-		{"/auth/%6Cogin", "/auth/login", "/auth/login"},
-		{"/auth/login%3Bx=1", "/auth/login", "/auth/login"},
-		{"/auth/%25%36%63ogin", "/auth/login", "/auth/login"},
+		{"/assets/../auth/login", "/auth/login"},
+		{"/assets/..;/auth/login", "/auth/login"},
+		{"//auth/login", "/auth/login"},
+		{"/auth/./login", "/auth/login"},
+		{"/auth//login", "/auth/login"},
+		{"/auth/login/.", "/auth/login"},
+		{"/auth/x/../login", "/auth/login"},
+		{"/../../auth/login", "/auth/login"},
+		{`/auth\login`, "/auth/login"},
+		// Encoded once more, and twice more.
+		{"/assets/..%2Fauth/login", "/auth/login"},
+		{"/assets/..%252Fauth/login", "/auth/login"},
+		{"/auth/%2e%2e/auth/login", "/auth/login"},
+		{"/auth/%6Cogin", "/auth/login"},
+		{"/auth/login%3Bx=1", "/auth/login"},
+		{"/auth/%25%36%63ogin", "/auth/login"},
 		// An escape Go would refuse: the valid ones around it still decode.
-		{"/auth/%zz/%2e%2e/login", "/auth/login", "/auth/login"},
-		{"/a%", "/a%", "/a%"},
-		{"/.hidden", "/.hidden", "/.hidden"},
-		{"/a/..b", "/a/..b", "/a/..b"},
-		{"/auth/loginx", "/auth/loginx", "/auth/loginx"},
-		{"/Caf\u00c9", "/Caf\u00c9", "/caf\u00e9"},
+		{"/auth/%zz/%2e%2e/login", "/auth/login"},
+		{"/a%", "/a%"},
+		{"/.hidden", "/.hidden"},
+		{"/a/..b", "/a/..b"},
+		{"/auth/loginx", "/auth/loginx"},
 	}
 
 	for _, tt := range tests {
-		got := canonicalPaths(tt.in, true)
-		if got.path != tt.path || got.folded != tt.folded {
-			t.Errorf("canonicalPaths(%q) = %q, %q; want %q, %q", tt.in, got.path, got.folded, tt.path, tt.folded)
+		if got := canonicalPath(tt.in, false); got != tt.want {
+			t.Errorf("canonicalPath(%q, false) = %q, want %q", tt.in, got, tt.want)
 		}
 
-		if kept := canonicalPaths(tt.in, false); kept.path != tt.path || kept.folded != tt.path {
-			t.Errorf("canonicalPaths(%q, no fold) = %q, %q; want %q twice", tt.in, kept.path, kept.folded, tt.path)
+		if got, want := canonicalPath(tt.in, true), strings.ToLower(tt.want); got != want {
+			t.Errorf("canonicalPath(%q, true) = %q, want %q", tt.in, got, want)
 		}
+	}
+
+	if got := canonicalPath("/Caf\u00c9/", true); got != "/caf\u00e9/" {
+		t.Errorf("canonicalPath folds %q, want %q", got, "/caf\u00e9/")
 	}
 }
 
 // A path with nothing to canonicalise comes back as it is, unallocated.
-func TestCanonicalPathsFastPath(t *testing.T) {
-	p := "/api/v1/items/42"
-	if n := testing.AllocsPerRun(100, func() { _ = canonicalPaths(p, true) }); n != 0 {
-		t.Errorf("canonicalPaths(%q) allocates %v times, want 0", p, n)
+func TestCanonicalPathFastPath(t *testing.T) {
+	for _, p := range []string{"/api/v1/items/42", "/api/v1/items/"} {
+		if n := testing.AllocsPerRun(100, func() { _ = canonicalPath(p, true) }); n != 0 {
+			t.Errorf("canonicalPath(%q) allocates %v times, want 0", p, n)
+		}
 	}
 }
 
@@ -90,34 +94,7 @@ func TestCanonicalPattern(t *testing.T) {
 	}
 }
 
-func TestHasPrefixPath(t *testing.T) {
-	prefixes := []string{"/api/", "/static"}
-	tests := []struct {
-		path string
-		want bool
-	}{
-		{"/api/x", true},
-		{"/api", true},
-		{"/apix", false},
-		{"/ap", false},
-		{"/static", true},
-		{"/staticx", true},
-		{"/stati", false},
-		{"/", false},
-	}
-
-	for _, tt := range tests {
-		if got := hasPrefixPath(tt.path, prefixes); got != tt.want {
-			t.Errorf("hasPrefixPath(%q) = %v, want %v", tt.path, got, tt.want)
-		}
-	}
-
-	if !hasPrefixPath("/anything", []string{"/"}) || !hasPrefixPath("/", []string{"/"}) {
-		t.Error(`prefix "/" must match every path`)
-	}
-}
-
-func FuzzCanonicalPaths(f *testing.F) {
+func FuzzCanonicalPath(f *testing.F) {
 	for _, s := range []string{
 		"/auth/login", "/auth/login/", "/AUTH/LOGIN", "/auth/login;jsessionid=1", "/assets/../auth/login",
 		"//auth/login", "/auth/./login", "/auth//login", "/a/%2e%2e/%252F;x\\y", "", "%", "/\u0130\u212a",
@@ -126,23 +103,24 @@ func FuzzCanonicalPaths(f *testing.F) {
 	}
 
 	f.Fuzz(func(t *testing.T, in string) {
-		got := canonicalPaths(in, true)
+		got := canonicalPath(in, false)
 
-		if !strings.HasPrefix(got.path, "/") || !strings.HasPrefix(got.folded, "/") {
-			t.Fatalf("canonicalPaths(%q) = %q, %q: want both to start with /", in, got.path, got.folded)
+		if !strings.HasPrefix(got, "/") {
+			t.Fatalf("canonicalPath(%q) = %q: want it to start with /", in, got)
 		}
 
-		// Rooted, and at most the "/" it adds longer than its input.
-		if len(got.path) > len(in)+1 {
-			t.Fatalf("canonicalPaths(%q) = %q: longer than its input", in, got.path)
+		// Rooted: at most the "/" it adds longer than its input.
+		if len(got) > len(in)+1 {
+			t.Fatalf("canonicalPath(%q) = %q: longer than its input", in, got)
 		}
 
-		if again := canonicalPaths(got.path, true); again.path != got.path || again.folded != got.folded {
-			t.Fatalf("canonicalPaths not idempotent: %q -> %q -> %q", in, got.path, again.path)
+		if again := canonicalPath(got, false); again != got {
+			t.Fatalf("canonicalPath not idempotent: %q -> %q -> %q", in, got, again)
 		}
 
-		if again := canonicalPaths(got.folded, true); again.path != got.folded {
-			t.Fatalf("the folded form %q of %q is not canonical: %q", got.folded, in, again.path)
+		folded := canonicalPath(in, true)
+		if again := canonicalPath(folded, true); again != folded {
+			t.Fatalf("canonicalPath(_, true) not idempotent: %q -> %q -> %q", in, folded, again)
 		}
 	})
 }
@@ -192,20 +170,34 @@ func TestRouteMatchesCanonicalPath(t *testing.T) {
 	}
 }
 
-// With caseSensitive, only the configured case is the route.
+// With caseSensitive, only the configured case is the route; without, every
+// case is, whichever case the asset prefixes (which set the form each
+// request's path is canonicalised in) take.
 func TestRouteCaseSensitive(t *testing.T) {
-	h := routePlugin(t, func(c *Config) { c.Routes[0].CaseSensitive = true })
+	for _, tt := range []struct {
+		route, assets bool // caseSensitive
+	}{{true, false}, {true, true}, {false, true}, {false, false}} {
+		h := routePlugin(t, func(c *Config) {
+			c.Routes[0].CaseSensitive = tt.route
+			c.Assets.CaseSensitive = tt.assets
+		})
 
-	for i := 0; i < 2; i++ {
-		serveOne(h, "POST", "/auth/login")
-	}
+		for i := 0; i < 2; i++ {
+			serveOne(h, "POST", "/auth/login")
+		}
 
-	if rec := serveOne(h, "POST", "/AUTH/LOGIN"); rec.Code != http.StatusOK {
-		t.Errorf("POST /AUTH/LOGIN on a case-sensitive route: status %d, want 200", rec.Code)
-	}
+		want := http.StatusTooManyRequests
+		if tt.route {
+			want = http.StatusOK
+		}
 
-	if rec := serveOne(h, "POST", "/auth/login/"); rec.Code != http.StatusTooManyRequests {
-		t.Errorf("POST /auth/login/ on a case-sensitive route: status %d, want 429", rec.Code)
+		if rec := serveOne(h, "POST", "/AUTH/LOGIN"); rec.Code != want {
+			t.Errorf("route caseSensitive %v, assets %v: POST /AUTH/LOGIN: status %d, want %d", tt.route, tt.assets, rec.Code, want)
+		}
+
+		if rec := serveOne(h, "POST", "/auth/login/"); rec.Code != http.StatusTooManyRequests {
+			t.Errorf("route caseSensitive %v, assets %v: POST /auth/login/: status %d, want 429", tt.route, tt.assets, rec.Code)
+		}
 	}
 }
 
@@ -225,6 +217,8 @@ func TestAssetsCanonicalPath(t *testing.T) {
 			{"/assets/app.js", "assets"},
 			{"/assets//app.js", "assets"},
 			{"/assets/;x/app.js", "assets"},
+			{"/assets/", "assets"},
+			{"/assets", "ip"},
 			{"/assets/../auth/login", "ip"},
 			{"/assets/..;/auth/login", "ip"},
 			{"/assets/x/../../auth/login", "ip"},

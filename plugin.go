@@ -71,10 +71,12 @@ type Plugin struct {
 	exempt     bool     // some exempt IP or principal is configured
 	planExempt []*layer // global, unless exempt.global
 
-	// Request paths are matched in their canonical form (path.go).
-	paths      bool // some route or asset prefix: canonicalise each request's path
-	foldPaths  bool // some of them ignore case: canonicalise in lower case too
-	assetsCase bool // assetPaths match case-sensitively
+	// Request paths are matched in their canonical form (path.go), computed
+	// once per request, in lower case when the asset prefixes (or, without
+	// them, some route) ignore case; a route that wants the other form
+	// converts it.
+	paths     bool // some route or asset prefix: canonicalise each request's path
+	foldPaths bool
 }
 
 // How a layer finds its key in a request.
@@ -163,7 +165,8 @@ type route struct {
 	methods       []string
 	exact         map[string]bool // canonical (path.go)
 	prefixes      []string
-	caseSensitive bool
+	lower         bool // ignores case, on an instance whose paths are not lowered
+	caseSensitive bool // on an instance whose paths are lowered
 }
 
 // New builds the middleware from a validated configuration. It does no I/O:
@@ -204,7 +207,6 @@ func New(ctx context.Context, next http.Handler, config *Config, name string) (h
 		service: newLayer(memory, cfg.service, keyOfPrincipal),
 
 		assetPaths:    cfg.assetPaths,
-		assetsCase:    cfg.assetsCase,
 		userHeader:    http.CanonicalHeaderKey(cfg.principal.UserHeader),
 		serviceHeader: http.CanonicalHeaderKey(cfg.principal.ServiceAccountHeader),
 		credCookies:   cfg.principal.CredentialCookies,
@@ -231,7 +233,14 @@ func New(ctx context.Context, next http.Handler, config *Config, name string) (h
 	}
 
 	p.paths = p.routes != nil || p.assetPaths != nil
-	p.foldPaths = p.foldPaths || p.assetPaths != nil && !p.assetsCase
+	if p.assetPaths != nil {
+		p.foldPaths = !cfg.assetsCase
+	}
+
+	for _, rt := range p.routes {
+		rt.lower = !rt.caseSensitive && !p.foldPaths
+		rt.caseSensitive = rt.caseSensitive && p.foldPaths
+	}
 
 	p.layers = plan(p.global, p.ip, p.assets, p.user, p.service)
 	for _, rt := range p.routes {
@@ -363,14 +372,14 @@ func newLayer(memory *windowStore, spec layerSpec, keyKind int) *layer {
 
 // serveOther is ServeHTTP for every instance but the common ones: serveGeneral,
 // or for an anonymous instance on Redis or without headers, the few lines below.
-func (p *Plugin) serveOther(rw http.ResponseWriter, req *http.Request, path reqPath) {
+func (p *Plugin) serveOther(rw http.ResponseWriter, req *http.Request, path string) {
 	if p.general || p.userHeader != "" || p.credentials || p.routes != nil {
 		p.serveGeneral(rw, req, path)
 		return
 	}
 
 	layers := p.planIP
-	if p.assetPaths != nil && p.isAsset(path) {
+	if p.assetPaths != nil && hasAnyPrefix(path, p.assetPaths) {
 		layers = p.planAssets
 	}
 
@@ -394,9 +403,9 @@ func (p *Plugin) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 
 	// Matched against routes and asset prefixes, never passed on: the
 	// backend gets the request as it came.
-	var path reqPath
+	path := ""
 	if p.paths {
-		path = canonicalPaths(req.URL.Path, p.foldPaths)
+		path = canonicalPath(req.URL.Path, p.foldPaths)
 	}
 
 	if p.simple {
@@ -422,7 +431,7 @@ func (p *Plugin) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 // callee's whole frame: this measured 1.65x cheaper than the general path
 // (BENCHMARKS.md). Rare work stays in calls: new windows (restart), refusals
 // (refuseSimple), large header values.
-func (p *Plugin) serveSimple(rw http.ResponseWriter, req *http.Request, credentialed bool, path reqPath) {
+func (p *Plugin) serveSimple(rw http.ResponseWriter, req *http.Request, credentialed bool, path string) {
 	client := ""
 	if p.ips.hops == 0 && req.Header["X-Forwarded-For"] == nil {
 		i := strings.LastIndexByte(req.RemoteAddr, ':')
@@ -447,8 +456,12 @@ func (p *Plugin) serveSimple(rw http.ResponseWriter, req *http.Request, credenti
 		layers = p.principalPlan(req)
 	} else if credentialed {
 		layers, watch = p.planCred, p.watch
-	} else if p.assetPaths != nil && p.isAsset(path) {
-		layers = p.planAssets
+	} else {
+		for _, prefix := range p.assetPaths {
+			if strings.HasPrefix(path, prefix) {
+				layers = p.planAssets
+			}
+		}
 	}
 
 	now := p.now().UnixNano()
@@ -565,7 +578,7 @@ func (p *Plugin) refuseSimple(rw http.ResponseWriter, req *http.Request, l *laye
 
 // serveGeneral is ServeHTTP for instances with credentials, routes or a
 // connection cap, principals beyond serveSimple, or turned off.
-func (p *Plugin) serveGeneral(rw http.ResponseWriter, req *http.Request, path reqPath) {
+func (p *Plugin) serveGeneral(rw http.ResponseWriter, req *http.Request, path string) {
 	if !p.active {
 		p.next.ServeHTTP(rw, req)
 		return
@@ -590,7 +603,7 @@ func (p *Plugin) serveGeneral(rw http.ResponseWriter, req *http.Request, path re
 		layers = p.principalPlan(req)
 	case p.credentials && p.hasCredential(req):
 		layers, watch = p.planCred, p.watch
-	case p.assetPaths != nil && p.isAsset(path):
+	case p.assetPaths != nil && hasAnyPrefix(path, p.assetPaths):
 		layers = p.planAssets
 	}
 
@@ -714,7 +727,7 @@ func (p *Plugin) principalPlan(req *http.Request) []*layer {
 
 // withRoutes appends the matching routes' layers to the plan; it allocates
 // only when a route matches.
-func (p *Plugin) withRoutes(layers []*layer, req *http.Request, path reqPath) []*layer {
+func (p *Plugin) withRoutes(layers []*layer, req *http.Request, path string) []*layer {
 	var out []*layer
 
 	for _, rt := range p.routes {
@@ -748,7 +761,7 @@ const (
 // classify tells serveSimple's requests from those serveGeneral decides. One
 // call for both checks, and none for instances without credential headers or
 // routes: under Yaegi each call allocates the callee's whole frame.
-func (p *Plugin) classify(req *http.Request, path reqPath) int {
+func (p *Plugin) classify(req *http.Request, path string) int {
 	if p.routes != nil && (p.routeMethods == nil || p.routeMethods[req.Method]) && p.routeMatches(req, path) {
 		return routedRequest
 	}
@@ -764,7 +777,7 @@ func (p *Plugin) classify(req *http.Request, path reqPath) int {
 }
 
 // routeMatches reports whether some route matches the request.
-func (p *Plugin) routeMatches(req *http.Request, path reqPath) bool {
+func (p *Plugin) routeMatches(req *http.Request, path string) bool {
 	for _, rt := range p.routes {
 		if rt.matches(req, path) {
 			return true
@@ -774,17 +787,19 @@ func (p *Plugin) routeMatches(req *http.Request, path reqPath) bool {
 	return false
 }
 
-// isAsset reports whether the request path is under an asset prefix.
-func (p *Plugin) isAsset(path reqPath) bool {
-	if p.assetsCase {
-		return hasPrefixPath(path.path, p.assetPaths)
+func hasAnyPrefix(path string, prefixes []string) bool {
+	for _, prefix := range prefixes {
+		if strings.HasPrefix(path, prefix) {
+			return true
+		}
 	}
 
-	return hasPrefixPath(path.folded, p.assetPaths)
+	return false
 }
 
-// matches reports whether the request, with its canonical path, is the route's.
-func (rt *route) matches(req *http.Request, path reqPath) bool {
+// matches reports whether the request, with its canonical path, is the
+// route's. An exact path matches with or without a trailing slash.
+func (rt *route) matches(req *http.Request, path string) bool {
 	if len(rt.methods) > 0 {
 		found := false
 
@@ -800,10 +815,13 @@ func (rt *route) matches(req *http.Request, path reqPath) bool {
 		}
 	}
 
-	c := path.folded
-	if rt.caseSensitive {
-		c = path.path
+	if rt.lower {
+		path = strings.ToLower(path)
+	} else if rt.caseSensitive {
+		path = canonicalPath(req.URL.Path, false)
 	}
 
-	return rt.exact[c] || hasPrefixPath(c, rt.prefixes)
+	n := len(path)
+
+	return rt.exact[path] || n > 1 && path[n-1] == '/' && rt.exact[path[:n-1]] || hasAnyPrefix(path, rt.prefixes)
 }
