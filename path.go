@@ -3,6 +3,7 @@ package tierlimit
 import (
 	"net/url"
 	"path"
+	"regexp"
 	"strings"
 )
 
@@ -42,8 +43,8 @@ func canonicalPath(p string, fold bool) string {
 // resolves dot segments and repeated slashes; a trailing slash stays, for
 // prefixes to tell "/api/" from "/api" (exact route paths ignore it). The
 // result starts with "/" and is at most one byte longer than p. Every step is
-// a compiled standard-library call or a loop over "%" or ";" only, so a long
-// path costs compiled time.
+// a compiled standard-library call (regexp included), so that under Yaegi a
+// long path costs compiled time, not an interpreted loop per byte or segment.
 func cleanPath(p string) string {
 	for i := 0; i < maxDecodes && strings.IndexByte(p, '%') >= 0; i++ {
 		d, err := url.PathUnescape(p)
@@ -75,77 +76,29 @@ func cleanPath(p string) string {
 	return c
 }
 
+var (
+	// params is a segment's ";" parameters: from a ";" to the next "/".
+	params = regexp.MustCompile(`;[^/]*`)
+
+	// badEscape is a "%" that starts no escape, with what follows it.
+	badEscape = regexp.MustCompile(`%([0-9A-Fa-f]?(?:[^0-9A-Fa-f]|$))`)
+)
+
 // dropParams removes from every segment of p what follows its first ";".
 func dropParams(p string) string {
-	var b strings.Builder
-
-	b.Grow(len(p))
-
-	for {
-		i := strings.IndexByte(p, ';')
-		if i < 0 {
-			b.WriteString(p)
-			break
-		}
-
-		b.WriteString(p[:i])
-		p = p[i:]
-
-		j := strings.IndexByte(p, '/')
-		if j < 0 {
-			break
-		}
-
-		p = p[j:]
-	}
-
-	return b.String()
+	return params.ReplaceAllString(p, "")
 }
 
-// lenientUnescape decodes the valid escapes of p and keeps the other "%" as
-// they are, as lenient backends do; url.PathUnescape refuses the whole path.
+// lenientUnescape decodes the valid escapes of p and keeps each other "%" as
+// it is, as lenient backends do, where url.PathUnescape refuses the whole
+// path: the bad "%" are escaped first.
 func lenientUnescape(p string) string {
-	var b strings.Builder
-
-	b.Grow(len(p))
-
-	for {
-		i := strings.IndexByte(p, '%')
-		if i < 0 {
-			b.WriteString(p)
-			break
-		}
-
-		b.WriteString(p[:i])
-		p = p[i:]
-
-		if len(p) >= 3 && isHex(p[1]) && isHex(p[2]) {
-			b.WriteByte(unhex(p[1])<<4 | unhex(p[2]))
-			p = p[3:]
-
-			continue
-		}
-
-		b.WriteByte('%')
-		p = p[1:]
+	d, err := url.PathUnescape(badEscape.ReplaceAllString(p, "%25${1}"))
+	if err != nil {
+		return p
 	}
 
-	return b.String()
-}
-
-func isHex(c byte) bool {
-	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
-}
-
-func unhex(c byte) byte {
-	switch {
-	case c <= '9':
-		return c - '0'
-	case c <= 'F':
-		return c - 'A' + 10
-	default:
-		return c - 'a' + 10
-	}
+	return d
 }
 
 // canonicalPattern is a configured route path or asset prefix in the form

@@ -165,8 +165,8 @@ type route struct {
 	methods       []string
 	exact         map[string]bool // canonical (path.go)
 	prefixes      []string
-	lower         bool // ignores case, on an instance whose paths are not lowered
-	caseSensitive bool // on an instance whose paths are lowered
+	lower         bool // ignores case where the instance's paths keep theirs: lowers the path
+	caseSensitive bool // compares case where the instance's paths are lowered: canonicalises anew
 }
 
 // New builds the middleware from a validated configuration. It does no I/O:

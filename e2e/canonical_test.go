@@ -70,6 +70,7 @@ var loginSpellings = []string{
 	"/auth/%2e/login",
 	"/%2e%2e/auth/login",
 	"/AUTH/Login;JSESSIONID=1/",
+	`/auth\login`,
 }
 
 // TestLoginRouteMatchesEverySpelling: once the login budget is spent, every
