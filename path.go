@@ -80,8 +80,8 @@ var (
 	// params is a segment's ";" parameters: from a ";" to the next "/".
 	params = regexp.MustCompile(`;[^/]*`)
 
-	// badEscape is a "%" that starts no escape, with what follows it.
-	badEscape = regexp.MustCompile(`%([0-9A-Fa-f]?(?:[^0-9A-Fa-f]|$))`)
+	// escaped is a "%" escaped as "%25" and the two hex digits that follow it.
+	escaped = regexp.MustCompile(`%25([0-9A-Fa-f]{2})`)
 )
 
 // dropParams removes from every segment of p what follows its first ";".
@@ -91,9 +91,9 @@ func dropParams(p string) string {
 
 // lenientUnescape decodes the valid escapes of p and keeps each other "%" as
 // it is, as lenient backends do, where url.PathUnescape refuses the whole
-// path: the bad "%" are escaped first.
+// path: every "%" is escaped, then those that start an escape are restored.
 func lenientUnescape(p string) string {
-	d, err := url.PathUnescape(badEscape.ReplaceAllString(p, "%25${1}"))
+	d, err := url.PathUnescape(escaped.ReplaceAllString(strings.ReplaceAll(p, "%", "%25"), "%${1}"))
 	if err != nil {
 		return p
 	}

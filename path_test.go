@@ -43,6 +43,8 @@ func TestCanonicalPath(t *testing.T) {
 		// An escape Go would refuse: the valid ones around it still decode.
 		{"/auth/%zz/%2e%2e/login", "/auth/login"},
 		{"/a%", "/a%"},
+		{"/a/%0%0X/%2e%2e/b", "/a/b"},
+		{"/a/%%41", "/a/%A"},
 		{"/.hidden", "/.hidden"},
 		{"/a/..b", "/a/..b"},
 		{"/auth/loginx", "/auth/loginx"},
@@ -97,7 +99,7 @@ func TestCanonicalPattern(t *testing.T) {
 func FuzzCanonicalPath(f *testing.F) {
 	for _, s := range []string{
 		"/auth/login", "/auth/login/", "/AUTH/LOGIN", "/auth/login;jsessionid=1", "/assets/../auth/login",
-		"//auth/login", "/auth/./login", "/auth//login", "/a/%2e%2e/%252F;x\\y", "", "%", "/\u0130\u212a",
+		"//auth/login", "/auth/./login", "/auth//login", "/a/%2e%2e/%252F;x\\y", "", "%", "/\u0130\u212a", "/%000;x%0%0X",
 	} {
 		f.Add(s)
 	}
