@@ -70,6 +70,13 @@ type Plugin struct {
 	status     bool     // status.path is set
 	exempt     bool     // some exempt IP or principal is configured
 	planExempt []*layer // global, unless exempt.global
+
+	// Request paths are matched in their canonical form (path.go), computed
+	// once per request, in lower case when the asset prefixes (or, without
+	// them, some route) ignore case; a route that wants the other form
+	// converts it.
+	paths     bool // some route or asset prefix: canonicalise each request's path
+	foldPaths bool
 }
 
 // How a layer finds its key in a request.
@@ -154,10 +161,12 @@ func (l *layer) keyFor(client, principal string, hdr http.Header) string {
 
 // route is a route limit with its matcher.
 type route struct {
-	layer    *layer
-	methods  []string
-	exact    map[string]bool
-	prefixes []string
+	layer         *layer
+	methods       []string
+	exact         map[string]bool // canonical (path.go)
+	prefixes      []string
+	lower         bool // ignores case where the instance's paths keep theirs: lowers the path
+	caseSensitive bool // compares case where the instance's paths are lowered: canonicalises anew
 }
 
 // New builds the middleware from a validated configuration. It does no I/O:
@@ -223,8 +232,21 @@ func New(ctx context.Context, next http.Handler, config *Config, name string) (h
 		if rs.on() {
 			p.routes = append(p.routes, &route{
 				layer: newLayer(memory, rs.layerSpec, kinds[rs.key]), methods: rs.methods, exact: rs.exact, prefixes: rs.prefixes,
+				caseSensitive: rs.caseSensitive,
 			})
+
+			p.foldPaths = p.foldPaths || !rs.caseSensitive
 		}
+	}
+
+	p.paths = p.routes != nil || p.assetPaths != nil
+	if p.assetPaths != nil {
+		p.foldPaths = !cfg.assetsCase
+	}
+
+	for _, rt := range p.routes {
+		rt.lower = !rt.caseSensitive && !p.foldPaths
+		rt.caseSensitive = rt.caseSensitive && p.foldPaths
 	}
 
 	p.layers = plan(p.global, p.ip, p.assets, p.user, p.service)
@@ -357,14 +379,14 @@ func newLayer(memory *windowStore, spec layerSpec, keyKind int) *layer {
 
 // serveOther is ServeHTTP for every instance but the common ones: serveGeneral,
 // or for an anonymous instance on Redis or without headers, the few lines below.
-func (p *Plugin) serveOther(rw http.ResponseWriter, req *http.Request) {
+func (p *Plugin) serveOther(rw http.ResponseWriter, req *http.Request, path string) {
 	if p.general || p.userHeader != "" || p.credentials || p.routes != nil {
-		p.serveGeneral(rw, req)
+		p.serveGeneral(rw, req, path)
 		return
 	}
 
 	layers := p.planIP
-	if p.assetPaths != nil && hasAnyPrefix(req.URL.Path, p.assetPaths) {
+	if p.assetPaths != nil && hasAnyPrefix(path, p.assetPaths) {
 		layers = p.planAssets
 	}
 
@@ -386,19 +408,26 @@ func (p *Plugin) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 		return
 	}
 
+	// Matched against routes and asset prefixes, never passed on: the
+	// backend gets the request as it came.
+	path := ""
+	if p.paths {
+		path = canonicalPath(req.URL.Path, p.foldPaths)
+	}
+
 	if p.simple {
 		kind := plainRequest
 		if p.divert {
-			kind = p.classify(req)
+			kind = p.classify(req, path)
 		}
 
 		if kind != routedRequest {
-			p.serveSimple(rw, req, kind == credentialedRequest)
+			p.serveSimple(rw, req, kind == credentialedRequest, path)
 			return
 		}
 	}
 
-	p.serveOther(rw, req)
+	p.serveOther(rw, req, path)
 }
 
 // serveSimple is ServeHTTP for the most common instances, the edge and the
@@ -409,7 +438,7 @@ func (p *Plugin) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 // callee's whole frame: this measured 1.65x cheaper than the general path
 // (BENCHMARKS.md). Rare work stays in calls: new windows (restart), refusals
 // (refuseSimple), large header values.
-func (p *Plugin) serveSimple(rw http.ResponseWriter, req *http.Request, credentialed bool) {
+func (p *Plugin) serveSimple(rw http.ResponseWriter, req *http.Request, credentialed bool, path string) {
 	client := ""
 	if p.ips.hops == 0 && req.Header["X-Forwarded-For"] == nil {
 		i := strings.LastIndexByte(req.RemoteAddr, ':')
@@ -430,14 +459,14 @@ func (p *Plugin) serveSimple(rw http.ResponseWriter, req *http.Request, credenti
 		principal = p.principalOf(req)
 
 		var ok bool
-		if layers, ok = p.afterAuthPlan(rw, req, principal); !ok {
+		if layers, ok = p.afterAuthPlan(rw, req, principal, path); !ok {
 			return
 		}
 	} else if credentialed {
 		layers, watch = p.planCred, p.watch
 	} else {
 		for _, prefix := range p.assetPaths {
-			if strings.HasPrefix(req.URL.Path, prefix) {
+			if strings.HasPrefix(path, prefix) {
 				layers = p.planAssets
 			}
 		}
@@ -571,7 +600,7 @@ func (p *Plugin) refuseSimple(rw http.ResponseWriter, req *http.Request, l *laye
 
 // serveGeneral is ServeHTTP for instances with credentials, routes or a
 // connection cap, principals beyond serveSimple, or turned off.
-func (p *Plugin) serveGeneral(rw http.ResponseWriter, req *http.Request) {
+func (p *Plugin) serveGeneral(rw http.ResponseWriter, req *http.Request, path string) {
 	if !p.active {
 		p.next.ServeHTTP(rw, req)
 		return
@@ -594,17 +623,17 @@ func (p *Plugin) serveGeneral(rw http.ResponseWriter, req *http.Request) {
 	switch {
 	case p.userHeader != "":
 		var ok bool
-		if layers, ok = p.afterAuthPlan(rw, req, principal); !ok {
+		if layers, ok = p.afterAuthPlan(rw, req, principal, path); !ok {
 			return
 		}
 	case p.credentials && p.hasCredential(req):
 		layers, watch = p.planCred, p.watch
-	case p.assetPaths != nil && hasAnyPrefix(req.URL.Path, p.assetPaths):
+	case p.assetPaths != nil && hasAnyPrefix(path, p.assetPaths):
 		layers = p.planAssets
 	}
 
 	if p.routes != nil {
-		layers = p.withRoutes(layers, req)
+		layers = p.withRoutes(layers, req, path)
 	}
 
 	ok, left := p.decide(rw, req, layers, client, principal)
@@ -720,11 +749,11 @@ func (p *Plugin) principalPlan(req *http.Request) []*layer {
 
 // withRoutes appends the matching routes' layers to the plan; it allocates
 // only when a route matches.
-func (p *Plugin) withRoutes(layers []*layer, req *http.Request) []*layer {
+func (p *Plugin) withRoutes(layers []*layer, req *http.Request, path string) []*layer {
 	var out []*layer
 
 	for _, rt := range p.routes {
-		if !rt.matches(req) {
+		if !rt.matches(req, path) {
 			continue
 		}
 
@@ -754,8 +783,8 @@ const (
 // classify tells serveSimple's requests from those serveGeneral decides. One
 // call for both checks, and none for instances without credential headers or
 // routes: under Yaegi each call allocates the callee's whole frame.
-func (p *Plugin) classify(req *http.Request) int {
-	if p.routes != nil && (p.routeMethods == nil || p.routeMethods[req.Method]) && p.routeMatches(req) {
+func (p *Plugin) classify(req *http.Request, path string) int {
+	if p.routes != nil && (p.routeMethods == nil || p.routeMethods[req.Method]) && p.routeMatches(req, path) {
 		return routedRequest
 	}
 
@@ -770,9 +799,9 @@ func (p *Plugin) classify(req *http.Request) int {
 }
 
 // routeMatches reports whether some route matches the request.
-func (p *Plugin) routeMatches(req *http.Request) bool {
+func (p *Plugin) routeMatches(req *http.Request, path string) bool {
 	for _, rt := range p.routes {
-		if rt.matches(req) {
+		if rt.matches(req, path) {
 			return true
 		}
 	}
@@ -790,7 +819,9 @@ func hasAnyPrefix(path string, prefixes []string) bool {
 	return false
 }
 
-func (rt *route) matches(req *http.Request) bool {
+// matches reports whether the request, with its canonical path, is the
+// route's. An exact path matches with or without a trailing slash.
+func (rt *route) matches(req *http.Request, path string) bool {
 	if len(rt.methods) > 0 {
 		found := false
 
@@ -806,5 +837,13 @@ func (rt *route) matches(req *http.Request) bool {
 		}
 	}
 
-	return rt.exact[req.URL.Path] || hasAnyPrefix(req.URL.Path, rt.prefixes)
+	if rt.lower {
+		path = strings.ToLower(path)
+	} else if rt.caseSensitive {
+		path = canonicalPath(req.URL.Path, false)
+	}
+
+	n := len(path)
+
+	return rt.exact[path] || n > 1 && path[n-1] == '/' && rt.exact[path[:n-1]] || hasAnyPrefix(path, rt.prefixes)
 }
