@@ -15,9 +15,10 @@ unit:
 	$(GO) run $(STATICCHECK) ./...
 	$(GO) test -race -count=1 ./...
 
-# A short run of the RESP reply fuzzer on top of its seed corpus (which `unit` runs).
+# Short runs of the RESP reply and canonical path fuzzers on top of their seed corpora (which `unit` runs).
 fuzz:
 	$(GO) test -run='^$$' -fuzz=FuzzReadReply -fuzztime=10s ./redisresp
+	$(GO) test -run='^$$' -fuzz=FuzzCanonicalPath -fuzztime=10s .
 
 # The e2e tests start redis-server themselves: it must be installed (apt-get install redis-server).
 e2e: $(TRAEFIK)

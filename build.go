@@ -156,6 +156,7 @@ func (p *Plugin) buildLayers(cfg *settings, memory *windowStore) *layer {
 
 	p.layers = plan(global, ip, assets, user, service)
 	p.routes, p.routeMethods = buildRoutes(memory, cfg.routes)
+	p.setPathForms(cfg)
 
 	for _, rt := range p.routes {
 		p.layers = append(p.layers, rt.layer)
@@ -190,6 +191,7 @@ func buildRoutes(memory *windowStore, specs []routeSpec) ([]*route, map[string]b
 
 		routes = append(routes, &route{
 			layer: newLayer(memory, rs.layerSpec, kinds[rs.key]), methods: rs.methods, exact: rs.exact, prefixes: rs.prefixes,
+			caseSensitive: rs.caseSensitive,
 		})
 
 		anyMethod = anyMethod || len(rs.methods) == 0
@@ -203,6 +205,25 @@ func buildRoutes(memory *windowStore, specs []routeSpec) ([]*route, map[string]b
 	}
 
 	return routes, methods
+}
+
+// setPathForms chooses the form request paths are matched in: lower case
+// when the asset prefixes (or, without them, some route) ignore case; each
+// route that wants the other form converts it. It builds assetHint.
+func (p *Plugin) setPathForms(cfg *settings) {
+	for _, rt := range p.routes {
+		p.foldPaths = p.foldPaths || !rt.caseSensitive
+	}
+
+	if p.assetPaths != nil {
+		p.foldPaths = !cfg.assetsCase
+		p.assetHint = assetHint(p.assetPaths, p.foldPaths)
+	}
+
+	for _, rt := range p.routes {
+		rt.lower = !rt.caseSensitive && !p.foldPaths
+		rt.caseSensitive = rt.caseSensitive && p.foldPaths
+	}
 }
 
 // newRedisStore makes the Redis store of an instance and encodes each

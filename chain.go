@@ -59,7 +59,7 @@ func (p *Plugin) afterAuthPlan(rw http.ResponseWriter, req *http.Request, princi
 	switch {
 	case principal != "":
 		return p.principalPlan(req), true
-	case p.assetPaths != nil && hasAnyPrefix(req.URL.Path, p.assetPaths):
+	case p.assetHint != nil && p.isAsset(req):
 		return p.planAssets, true
 	}
 

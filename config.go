@@ -59,13 +59,16 @@ type LayerConfig struct {
 	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
 }
 
-// AssetsConfig is the per-IP budget for anonymous requests under PathPrefixes.
+// AssetsConfig is the per-IP budget for anonymous requests under PathPrefixes,
+// which match the canonical request path (path.go), ignoring case unless
+// CaseSensitive.
 type AssetsConfig struct {
-	Points       int
-	Duration     string
-	Algorithm    string
-	Key          string
-	PathPrefixes []string
+	Points        int
+	Duration      string
+	Algorithm     string
+	Key           string
+	PathPrefixes  []string
+	CaseSensitive bool
 
 	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
 }
@@ -73,15 +76,17 @@ type AssetsConfig struct {
 // RouteConfig is a limit on requests matching Methods (all when empty) and
 // Paths (exact, or by prefix when the path ends with "/"), counted per Key:
 // "ip", "principal", "global" or "header:<Name>". Name is the layer name in
-// keys and headers.
+// keys and headers. Paths match the canonical request path (path.go),
+// ignoring case unless CaseSensitive.
 type RouteConfig struct {
-	Name      string
-	Methods   []string
-	Paths     []string
-	Key       string
-	Points    int
-	Duration  string
-	Algorithm string
+	Name          string
+	Methods       []string
+	Paths         []string
+	Key           string
+	Points        int
+	Duration      string
+	Algorithm     string
+	CaseSensitive bool
 
 	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
 }
@@ -228,7 +233,8 @@ type settings struct {
 	global      layerSpec
 	ip          layerSpec
 	assets      layerSpec
-	assetPaths  []string
+	assetPaths  []string // canonical (canonicalPattern); nil when none
+	assetsCase  bool     // assets.caseSensitive
 	user        layerSpec
 	service     layerSpec
 	routes      []routeSpec
@@ -261,10 +267,11 @@ func (l layerSpec) on() bool { return l.points > 0 }
 // routeSpec is a parsed route limit.
 type routeSpec struct {
 	layerSpec
-	methods  []string
-	exact    map[string]bool
-	prefixes []string
-	key      string // keyIP, keyPrincipal, keyGlobal or keyHeader
+	methods       []string
+	exact         map[string]bool // canonical paths (canonicalPattern)
+	prefixes      []string        // canonical, ending in "/"
+	caseSensitive bool
+	key           string // keyIP, keyPrincipal, keyGlobal or keyHeader
 }
 
 // errConfig is the sentinel every validation error wraps, so callers can tell
@@ -359,13 +366,15 @@ func parse(cfg *Config) (*settings, error) {
 		return nil, err
 	}
 
-	for i, p := range cfg.Assets.PathPrefixes {
-		if !strings.HasPrefix(p, "/") {
-			return nil, invalid("assets.pathPrefixes["+strconv.Itoa(i)+"]", p, `must start with "/"`)
-		}
-	}
+	s.assetsCase = cfg.Assets.CaseSensitive
 
-	s.assetPaths = cfg.Assets.PathPrefixes
+	for i, p := range cfg.Assets.PathPrefixes {
+		if err := checkPath(p); err != "" {
+			return nil, invalid("assets.pathPrefixes["+strconv.Itoa(i)+"]", p, err)
+		}
+
+		s.assetPaths = append(s.assetPaths, canonicalPattern(p, s.assetsCase))
+	}
 
 	if s.user, err = parseLayer("user", layerUser, cfg.User); err != nil {
 		return nil, err
@@ -506,7 +515,7 @@ func parseRoutes(routes []RouteConfig) ([]routeSpec, error) {
 			return nil, err
 		}
 
-		spec := routeSpec{layerSpec: layer, exact: map[string]bool{}}
+		spec := routeSpec{layerSpec: layer, exact: map[string]bool{}, caseSensitive: rc.CaseSensitive}
 
 		switch {
 		case rc.Key == keyIP || rc.Key == keyPrincipal || rc.Key == keyGlobal:
@@ -536,14 +545,15 @@ func parseRoutes(routes []RouteConfig) ([]routeSpec, error) {
 		}
 
 		for j, p := range rc.Paths {
-			if !strings.HasPrefix(p, "/") {
-				return nil, invalid(field+".paths["+strconv.Itoa(j)+"]", p, `must start with "/"`)
+			if err := checkPath(p); err != "" {
+				return nil, invalid(field+".paths["+strconv.Itoa(j)+"]", p, err)
 			}
 
-			if strings.HasSuffix(p, "/") {
-				spec.prefixes = append(spec.prefixes, p)
+			c := canonicalPattern(p, rc.CaseSensitive)
+			if strings.HasSuffix(c, "/") {
+				spec.prefixes = append(spec.prefixes, c)
 			} else {
-				spec.exact[p] = true
+				spec.exact[c] = true
 			}
 		}
 
@@ -551,6 +561,16 @@ func parseRoutes(routes []RouteConfig) ([]routeSpec, error) {
 	}
 
 	return specs, nil
+}
+
+// checkPath tells why a configured route path or asset prefix is not one:
+// "" when it is.
+func checkPath(p string) string {
+	if !strings.HasPrefix(p, "/") || strings.ContainsAny(p, "?# \t\r\n") {
+		return `must start with "/" and hold no query, fragment or whitespace`
+	}
+
+	return ""
 }
 
 func checkPrincipal(pc PrincipalConfig) error {

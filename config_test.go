@@ -113,6 +113,10 @@ func TestInvalidConfigurationNamesFieldAndValue(t *testing.T) {
 		{"routes[0].paths[0]", "auth/login", func(c *Config) {
 			c.Routes = []RouteConfig{{Name: "r", Paths: []string{"auth/login"}, Points: 1, Duration: "1s"}}
 		}},
+		{"routes[0].paths[1]", "/auth/login?next=/", func(c *Config) {
+			c.Routes = []RouteConfig{{Name: "r", Paths: []string{"/x", "/auth/login?next=/"}, Points: 1, Duration: "1s"}}
+		}},
+		{"assets.pathPrefixes[0]", "/static files/", func(c *Config) { c.Assets.PathPrefixes = []string{"/static files/"} }},
 		{"principal.userHeader", "X Auth User", func(c *Config) { c.Principal.UserHeader = "X Auth User" }},
 		{"principal.serviceAccountHeader", "X:SA", func(c *Config) { c.Principal.ServiceAccountHeader = "X:SA" }},
 		{"principal.credentialHeaders[0]", "", func(c *Config) { c.Principal.CredentialHeaders = []string{""} }},

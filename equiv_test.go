@@ -52,7 +52,10 @@ func TestPathsAgree(t *testing.T) {
 
 var (
 	scriptMethods = []string{http.MethodGet, http.MethodGet, http.MethodPost, http.MethodPut, http.MethodHead}
-	scriptPaths   = []string{"/api", "/api", "/assets/a.js", "/auth/login", "/users/7", "/export", "/missing/x", "/_tierlimit"}
+	scriptPaths   = []string{
+		"/api", "/api", "/assets/a.js", "/auth/login", "/users/7", "/export", "/missing/x", "/_tierlimit",
+		"/Auth/Login;x=1/", "/USERS//7", "/assets/../auth/login", "/ASSETS/a.js", "/assets//b.css", "/assetsx",
+	}
 	scriptClients = []struct{ remote, forwarded string }{
 		{"203.0.113.1:1", ""},
 		{"203.0.113.7:2", ""},

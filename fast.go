@@ -21,7 +21,7 @@ import (
 // routes: a route match goes to serveGeneral, a request with a credential
 // header is served with its response watched.
 func (p *Plugin) serveClassified(rw http.ResponseWriter, req *http.Request) {
-	if p.routes != nil && (p.routeMethods == nil || p.routeMethods[req.Method]) && p.routeMatches(req) {
+	if p.routes != nil && (p.routeMethods == nil || p.routeMethods[req.Method]) && p.routeMatches(req, canonicalPath(req.URL.Path, p.foldPaths)) {
 		p.serveGeneral(rw, req)
 		return
 	}
@@ -145,11 +145,8 @@ func (p *Plugin) serveAnonymous(rw http.ResponseWriter, req *http.Request) {
 	}
 	// end kernel
 	layers := p.planIP
-	path := req.URL.Path
-	for _, prefix := range p.assetPaths {
-		if len(path) >= len(prefix) && path[:len(prefix)] == prefix {
-			layers = p.planAssets
-		}
+	if p.assetHint != nil && p.assetHint.MatchString(req.URL.Path) && p.isAsset(req) {
+		layers = p.planAssets
 	}
 
 	now := p.now().UnixNano()

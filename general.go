@@ -37,12 +37,12 @@ func (p *Plugin) serveGeneral(rw http.ResponseWriter, req *http.Request) {
 		}
 	case len(p.credHeaders)+len(p.credCookies)+len(p.credQuery) > 0 && p.hasCredential(req):
 		layers, credentialed = p.planCred, true
-	case p.assetPaths != nil && hasAnyPrefix(req.URL.Path, p.assetPaths):
+	case p.assetHint != nil && p.isAsset(req):
 		layers = p.planAssets
 	}
 
 	if p.routes != nil {
-		layers = p.withRoutes(layers, req)
+		layers = p.withRoutes(layers, req, canonicalPath(req.URL.Path, p.foldPaths))
 	}
 
 	ok, left := p.decide(rw, req, layers, client, principal)
@@ -158,11 +158,11 @@ func (p *Plugin) principalPlan(req *http.Request) []*layer {
 
 // withRoutes appends the matching routes' layers to the plan; it allocates
 // only when a route matches.
-func (p *Plugin) withRoutes(layers []*layer, req *http.Request) []*layer {
+func (p *Plugin) withRoutes(layers []*layer, req *http.Request, path string) []*layer {
 	var out []*layer
 
 	for _, rt := range p.routes {
-		if !rt.matches(req) {
+		if !rt.matches(req, path) {
 			continue
 		}
 
@@ -181,10 +181,11 @@ func (p *Plugin) withRoutes(layers []*layer, req *http.Request) []*layer {
 	return out
 }
 
-// routeMatches reports whether some route matches the request.
-func (p *Plugin) routeMatches(req *http.Request) bool {
+// routeMatches reports whether some route matches the request, whose
+// canonical path is path.
+func (p *Plugin) routeMatches(req *http.Request, path string) bool {
 	for _, rt := range p.routes {
-		if rt.matches(req) {
+		if rt.matches(req, path) {
 			return true
 		}
 	}

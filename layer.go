@@ -121,13 +121,17 @@ func (l *layer) keyFor(client, principal string, hdr http.Header) string {
 
 // route is a route limit with its matcher.
 type route struct {
-	layer    *layer
-	methods  []string
-	exact    map[string]bool
-	prefixes []string
+	layer         *layer
+	methods       []string
+	exact         map[string]bool // canonical (path.go)
+	prefixes      []string
+	lower         bool // ignores case where the instance's paths keep theirs: lowers the path
+	caseSensitive bool // compares case where the instance's paths are lowered: canonicalises anew
 }
 
-func (rt *route) matches(req *http.Request) bool {
+// matches reports whether the request, with its canonical path, is the
+// route's. An exact path matches with or without a trailing slash.
+func (rt *route) matches(req *http.Request, path string) bool {
 	if len(rt.methods) > 0 {
 		found := false
 
@@ -143,7 +147,15 @@ func (rt *route) matches(req *http.Request) bool {
 		}
 	}
 
-	return rt.exact[req.URL.Path] || hasAnyPrefix(req.URL.Path, rt.prefixes)
+	if rt.lower {
+		path = strings.ToLower(path)
+	} else if rt.caseSensitive {
+		path = canonicalPath(req.URL.Path, false)
+	}
+
+	n := len(path)
+
+	return rt.exact[path] || n > 1 && path[n-1] == '/' && rt.exact[path[:n-1]] || hasAnyPrefix(path, rt.prefixes)
 }
 
 func hasAnyPrefix(path string, prefixes []string) bool {

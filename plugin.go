@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"regexp"
 	"time"
 )
 
@@ -32,7 +33,14 @@ type Plugin struct {
 	// the route matchers.
 	routeMethods map[string]bool
 
+	// Routes and asset prefixes match the canonical request path (path.go),
+	// in lower case when foldPaths; a route that wants the other form
+	// converts it. assetHint matches every path whose canonical form may
+	// start with an asset prefix, and few others: a request that it does not
+	// match is no asset, without canonicalising its path (assetpath.go).
 	assetPaths    []string
+	assetHint     *regexp.Regexp // nil when there is no asset prefix
+	foldPaths     bool
 	userHeader    string // canonical; "" when principal tiers are off
 	serviceHeader string // canonical
 	credHeaders   []string

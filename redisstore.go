@@ -398,7 +398,8 @@ type redisEvent struct {
 func (b *redisBackend) event(name, severity, msg string, retry time.Duration) {
 	ev := redisEvent{Event: name, Severity: severity, Address: b.address, Error: msg}
 	if retry > 0 {
-		ev.Fallback, ev.RetryIn = "memory", retry.String()
+		ev.Fallback = "memory"
+		ev.RetryIn = retry.String()
 	}
 
 	line, err := json.Marshal(ev)

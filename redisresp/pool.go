@@ -333,7 +333,8 @@ func (p *Pool) dial() (*Conn, error) {
 func (p *Pool) Close() {
 	p.mu.Lock()
 	idle := p.idle
-	p.closed, p.idle = true, nil
+	p.closed = true
+	p.idle = nil
 	p.open -= len(idle)
 	p.mu.Unlock()
 

@@ -122,6 +122,7 @@ type Traefik struct {
 	DynamicPath string
 	Web         string // base URL of the "web" entrypoint (forwardedHeaders trusted from 127.0.0.1)
 	Insecure    string // base URL of the "insecure" entrypoint (forwardedHeaders.insecure)
+	Raw         string // base URL of the "raw" entrypoint: as "web", with http.sanitizePath false
 	API         string // base URL of the API and ping entrypoint
 
 	cmd  *exec.Cmd
@@ -206,7 +207,7 @@ func start(opts Options) (*Traefik, error) {
 		extra += fmt.Sprintf("    %s:\n      moduleName: %s\n", lp.Alias, lp.Module)
 	}
 
-	ports := make([]int, 3)
+	ports := make([]int, 4)
 	for i := range ports {
 		if ports[i], err = FreePort(); err != nil {
 			return nil, err
@@ -219,6 +220,7 @@ func start(opts Options) (*Traefik, error) {
 		Web:         fmt.Sprintf("http://127.0.0.1:%d", ports[0]),
 		Insecure:    fmt.Sprintf("http://127.0.0.1:%d", ports[1]),
 		API:         fmt.Sprintf("http://127.0.0.1:%d", ports[2]),
+		Raw:         fmt.Sprintf("http://127.0.0.1:%d", ports[3]),
 		logs:        &syncBuffer{},
 		done:        make(chan struct{}),
 	}
@@ -242,6 +244,12 @@ func start(opts Options) (*Traefik, error) {
       insecure: true
   traefik:
     address: 127.0.0.1:%d
+  raw:
+    address: 127.0.0.1:%d
+    forwardedHeaders:
+      trustedIPs: ["127.0.0.1/32"]
+    http:
+      sanitizePath: false
 api:
   insecure: true
 ping: {}
@@ -255,7 +263,7 @@ experimental:
   localPlugins:
     tierlimit:
       moduleName: %s
-%s%s`, ports[0], ports[1], ports[2], tr.DynamicPath, ModuleName, extra, opts.Extra)
+%s%s`, ports[0], ports[1], ports[2], ports[3], tr.DynamicPath, ModuleName, extra, opts.Extra)
 
 	staticPath := filepath.Join(opts.Dir, "traefik.yml")
 	if err := os.WriteFile(staticPath, []byte(static), 0o644); err != nil {

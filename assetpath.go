@@ -1,0 +1,35 @@
+package tierlimit
+
+import (
+	"net/http"
+	"regexp"
+	"strings"
+)
+
+// assetHint returns a regexp that matches every path whose canonical form
+// (canonicalPath, folded when fold) may start with one of prefixes: a path
+// canonicalPath would clean (empty, relative, with "%", ";", "\", "//" or
+// "/."), a path with a byte beyond ASCII (case folding is then Unicode's),
+// and a path that starts with a prefix, case aside when fold. Any other path
+// is its own canonical form, or that form's lower case, and so starts with
+// no prefix. One compiled match answers for the common request, which is no
+// asset, where canonicalising costs several calls under Yaegi (doc.go).
+func assetHint(prefixes []string, fold bool) *regexp.Regexp {
+	quoted := make([]string, len(prefixes))
+	for i, prefix := range prefixes {
+		quoted[i] = regexp.QuoteMeta(prefix)
+	}
+
+	flags := ""
+	if fold {
+		flags = "(?i)"
+	}
+
+	return regexp.MustCompile(`^(?:$|[^/])|[%;\\]|//|/\.|[^\x00-\x7f]|^` + flags + `(?:` + strings.Join(quoted, "|") + `)`)
+}
+
+// isAsset reports whether the request's canonical path starts with an asset
+// prefix.
+func (p *Plugin) isAsset(req *http.Request) bool {
+	return p.assetHint != nil && p.assetHint.MatchString(req.URL.Path) && hasAnyPrefix(canonicalPath(req.URL.Path, p.foldPaths), p.assetPaths)
+}
