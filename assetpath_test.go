@@ -1,0 +1,48 @@
+package tierlimit
+
+import (
+	"math/rand"
+	"strings"
+	"testing"
+)
+
+// TestAssetHintCoversEveryAsset: assetHint must match every path whose
+// canonical form starts with an asset prefix (else such a request would be
+// charged to ip by the fast path and to assets by canonicalPath), and should
+// leave ordinary paths alone.
+func TestAssetHintCoversEveryAsset(t *testing.T) {
+	pieces := []string{"/", "/", "a", "A", "s", "S", "e", "t", "x", "%", "2", "5", "F", "f", "6", "1", ";", ".", "..", `\`, "\u212a", "é"}
+	prefixes := []string{"/assets/", "/static/"}
+	rng := rand.New(rand.NewSource(1))
+
+	for _, fold := range []bool{true, false} {
+		canonical := make([]string, len(prefixes))
+		for i, prefix := range prefixes {
+			canonical[i] = canonicalPattern(prefix, !fold)
+		}
+
+		hint := assetHint(canonical, fold)
+		paths := []string{"", "assets/x", "/ASSETS/x", "/assets//x", "//assets/x", "/x/../assets/y", "/%61ssets/x", "/%2561ssets/x", `\assets\x`, "/;p/assets/x", "/static/"}
+
+		for i := 0; i < 200000; i++ {
+			var b strings.Builder
+			for n := rng.Intn(12); n >= 0; n-- {
+				b.WriteString(pieces[rng.Intn(len(pieces))])
+			}
+
+			paths = append(paths, b.String(), "/assets/"+b.String(), "/"+b.String()+"assets/")
+		}
+
+		for _, p := range paths {
+			if hasAnyPrefix(canonicalPath(p, fold), canonical) && !hint.MatchString(p) {
+				t.Fatalf("fold %v: %q is an asset (canonical %q) that assetHint misses", fold, p, canonicalPath(p, fold))
+			}
+		}
+
+		for _, p := range []string{"/api/items", "/auth/login", "/users/7/profile", "/assetsx/a.js"} {
+			if hint.MatchString(p) {
+				t.Errorf("fold %v: assetHint matches %q, which is no asset", fold, p)
+			}
+		}
+	}
+}
