@@ -26,13 +26,14 @@ e2e: $(TRAEFIK)
 	cd e2e && $(GO) run $(STATICCHECK) ./...
 	cd e2e && $(GO) test -count=1 -timeout 20m ./...
 
-# Figures for BENCHMARKS.md: 1. compiled and Yaegi per-request cost, 3. memory
-# under Yaegi, 2./4. real Traefik under load with Redis call counts. Several minutes.
+# Figures for BENCHMARKS.md: compiled cost; under Yaegi (Traefik's loader, in
+# process) the ratios to the minimal limiters side by side, the allocation
+# budgets and memory; the real Traefik binary under load. Several minutes.
 bench: $(TRAEFIK)
 	@echo '== compiled: go test -run ^$$ -bench . -benchmem -count 5 .'
 	$(GO) test -run '^$$' -bench . -benchmem -count 5 .
-	@echo '== Yaegi (Traefik loader, in process): cost and memory'
-	cd e2e && TIERLIMIT_BENCH=1 $(GO) test -count=1 -v -run 'TestYaegiCost|TestYaegiMemory' ./yaegibench 2>/dev/null | grep -v RATE_LIMIT_TRIGGERED
+	@echo '== Yaegi (Traefik loader, in process): ratios, allocation budgets, cost and memory'
+	cd e2e && TIERLIMIT_BENCH=1 $(GO) test -count=1 -v -run 'TestYaegiRatios|TestAllocationBudgets|TestYaegiCost|TestYaegiMemory' ./yaegibench 2>/dev/null | grep -v RATE_LIMIT_TRIGGERED
 	@echo '== real Traefik under load'
 	cd e2e && $(GO) run ./cmd/loadbench
 

@@ -56,6 +56,10 @@ func setup(dir string) error {
 		return err
 	}
 
+	if err := harness.MinimalEdge.Write(gopath); err != nil {
+		return err
+	}
+
 	if err := os.Chdir(dir); err != nil {
 		return err
 	}
@@ -64,6 +68,7 @@ func setup(dir string) error {
 		"tierlimit":   {ModuleName: harness.ModuleName},
 		"passthrough": {ModuleName: harness.Passthrough.Module},
 		"minimal":     {ModuleName: harness.MinimalLimiter.Module},
+		"minimaledge": {ModuleName: harness.MinimalEdge.Module},
 	})
 	if err != nil {
 		return fmt.Errorf("loading the plugins with Traefik's loader: %w", err)

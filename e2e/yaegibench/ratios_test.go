@@ -1,0 +1,83 @@
+package yaegibench
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"testing"
+)
+
+// TestYaegiRatios measures, side by side in one process, each instance shape
+// against the minimal limiter meeting the same contract with the same
+// outcome (allowed or refused), alternating the handlers over several rounds,
+// and prints the medians and their ratios: the figures of BENCHMARKS.md's
+// Yaegi table. Windows last an hour, so every measured request finds its
+// window started (allocsPerRequest's warm-up).
+func TestYaegiRatios(t *testing.T) {
+	measuring(t)
+
+	refused := longEdge()
+	refused["ip"] = map[string]any{"points": "1", "duration": "1h"}
+
+	chain := longEdge()
+	chain["routes"] = []any{
+		map[string]any{"name": "auth_login", "methods": []any{"POST"}, "paths": []any{"/auth/login"}, "key": "ip", "points": "10", "duration": "60s"},
+	}
+	chain["principal"] = map[string]any{"credentialHeaders": []any{"Authorization"}}
+
+	principal := map[string]any{
+		"global":    map[string]any{"points": "0"},
+		"ip":        map[string]any{"points": "0"},
+		"assets":    map[string]any{"points": "0"},
+		"user":      map[string]any{"points": "1000000", "duration": "1h"},
+		"principal": map[string]any{"userHeader": "X-Auth-User"},
+	}
+
+	users := func(i int, req *http.Request) { req.Header.Set("X-Auth-User", "user-"+strconv.Itoa(i)) }
+	token := func(_ int, req *http.Request) { req.Header.Set("Authorization", "Bearer token") }
+
+	type shape struct {
+		name  string
+		h     http.Handler
+		set   func(i int, req *http.Request)
+		floor int // index of the minimal limiter row it is compared with
+	}
+
+	shapes := []shape{
+		{"minimal limiter, allowed", build(t, "minimal", map[string]any{"seconds": "3600"}, "minimal@ratio"), nil, 0},
+		{"minimal limiter, refused", build(t, "minimal", map[string]any{"points": "1", "seconds": "3600"}, "minimalrefused@ratio"), nil, 1},
+		{"minimal two-layer edge (harness.MinimalEdge), allowed", build(t, "minimaledge", map[string]any{"seconds": "3600"}, "minimaledge@ratio"), nil, 0},
+		{"minimal two-layer edge, refused", build(t, "minimaledge", map[string]any{"points": "1", "seconds": "3600"}, "minimaledgerefused@ratio"), nil, 1},
+		{"edge (global + ip, assets), allowed", build(t, "tierlimit", longEdge(), "edge@ratio"), nil, 0},
+		{"edge, refused", build(t, "tierlimit", refused, "refused@ratio"), nil, 1},
+		{"principal instance (user tier)", build(t, "tierlimit", principal, "principal@ratio"), users, 0},
+		{"chain edge (routes, credentialHeaders), anonymous", build(t, "tierlimit", chain, "chain@ratio"), nil, 0},
+		{"chain edge, credentialed", build(t, "tierlimit", chain, "chaincred@ratio"), token, 0},
+	}
+
+	const rounds = 5
+
+	times := make([][]float64, len(shapes))
+	allocs := make([]int64, len(shapes))
+
+	for r := 0; r < rounds; r++ {
+		for i, sh := range shapes {
+			allocsPerRequest(sh.h, sh.set) // starts every window
+			res := testing.Benchmark(func(b *testing.B) { runWith(b, sh.h, sh.set) })
+			times[i] = append(times[i], float64(res.T.Nanoseconds())/float64(res.N))
+			allocs[i] = res.AllocsPerOp()
+		}
+	}
+
+	fmt.Printf("\nYaegi (Traefik's loader, in process), median of %d alternating rounds:\n", rounds)
+	fmt.Printf("| shape | ns/request | allocations/request | ratio to the minimal limiter |\n|---|---|---|---|\n")
+
+	for i, sh := range shapes {
+		m := median(times[i])
+		fmt.Printf("| %s | %.0f | %d | %.2f |\n", sh.name, m, allocs[i], m/median(times[sh.floor]))
+	}
+
+	for i, sh := range shapes {
+		fmt.Printf("rounds, %s: %s\n", sh.name, rounded(times[i]))
+	}
+}
