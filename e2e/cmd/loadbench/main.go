@@ -1,10 +1,11 @@
 // Command loadbench measures Traefik v3.6.12 (the real binary, started by the
-// e2e harness) under a closed-loop Go load generator on loopback, in seven
+// e2e harness) under a closed-loop Go load generator on loopback, in eight
 // configurations behind one router to the same backend:
 //
 //	none                no middleware
 //	passthrough-plugin  a Yaegi plugin that sets one header and calls next: the floor of any plugin
 //	minimal-limiter-plugin  a Yaegi plugin doing the least a rate limiter with headers must (harness.MinimalLimiter)
+//	minimal-edge-plugin     the same with tierlimit-memory's two layers, global and ip (harness.MinimalEdge)
 //	builtin-memory    Traefik's RateLimit, in-memory buckets, keyed by X-Forwarded-For (depth 1)
 //	tierlimit-memory  this plugin, store: memory, global + ip layers, headers on
 //	builtin-redis     Traefik's RateLimit with redis.endpoints
@@ -81,6 +82,13 @@ var configurations = []configuration{
 		}
 
 		return "plugin:\n  minimal: {}\n"
+	}},
+	{name: "minimal-edge-plugin", middleware: func(s scenario, _ string) string {
+		if s.id == "b" {
+			return fmt.Sprintf("plugin:\n  minimaledge: {points: %d, seconds: 3600}\n", lowPoints)
+		}
+
+		return "plugin:\n  minimaledge: {}\n"
 	}},
 	{name: "builtin-memory", middleware: builtin(false)},
 	{name: "tierlimit-memory", middleware: plugin(false)},
@@ -369,7 +377,7 @@ func (b *bench) runOne(c configuration, s scenario, rep int) (res result) {
 	}
 	defer os.RemoveAll(dir)
 
-	tr, err := harness.Start(harness.Options{Dir: dir, Dynamic: dynamic(c, s, b.backend, redisAddr), Plugins: []harness.LocalPlugin{harness.Passthrough, harness.MinimalLimiter}})
+	tr, err := harness.Start(harness.Options{Dir: dir, Dynamic: dynamic(c, s, b.backend, redisAddr), Plugins: []harness.LocalPlugin{harness.Passthrough, harness.MinimalLimiter, harness.MinimalEdge}})
 	if err != nil {
 		return result{err: err}
 	}
