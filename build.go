@@ -82,7 +82,7 @@ func build(cfg *settings, next http.Handler, name string) *Plugin {
 		now:     time.Now,
 		mode:    chooseMode(cfg),
 		events:  newEventLog(eventWriter, name),
-		ips:     ipResolver{proxies: cfg.proxies, hops: cfg.hops, ipv6Prefix: cfg.ipv6Prefix},
+		ips:     ipResolver{proxies: cfg.proxies, hops: cfg.hops, ipv6Prefix: cfg.ipv6Prefix, cache: newKeyCache()},
 		store:   memory,
 		memory:  memory,
 		dryRun:  cfg.dryRun,

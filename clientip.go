@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+	"sync"
 )
 
 // unknownClient is the key of a request whose TCP peer is not an address (which
@@ -16,11 +17,30 @@ const unknownClient = "unknown"
 const maxForwardedEntries = 32
 
 // ipResolver finds the client address of a request. It is immutable after New
-// and safe for concurrent use.
+// (but for its cache) and safe for concurrent use.
 type ipResolver struct {
 	proxies    []netip.Prefix // trusted proxies; used when hops == 0
 	hops       int            // > 0: the client is the hops-th X-Forwarded-For entry from the right
 	ipv6Prefix int            // IPv6 clients are keyed by their prefix of this many bits
+	cache      *keyCache      // nil: no caching
+}
+
+// keyCache remembers the keys resolve found for a peer host and one
+// X-Forwarded-For line. The key is a function of those two and the
+// resolver's settings, so a cached key is the key; and behind a proxy every
+// request carries the header, whose walk (parsing, each address tested
+// against every trusted range) costs hundreds of allocations under Yaegi
+// where a hit costs a map lookup. Bounded: full, it starts over.
+type keyCache struct {
+	mu   sync.Mutex
+	keys map[string]string
+}
+
+// maxCachedKeys bounds keyCache: a few hundred KiB at most.
+const maxCachedKeys = 4096
+
+func newKeyCache() *keyCache {
+	return &keyCache{keys: map[string]string{}}
 }
 
 // clientKey returns the bucket key for the client of req: the IPv4 address, or
@@ -47,9 +67,48 @@ func (r *ipResolver) clientKey(req *http.Request) string {
 	return client
 }
 
-// resolve is clientKey for everything but the common case.
+// resolve is clientKey for everything but the common case. A request with
+// one X-Forwarded-For line is looked up in the cache by its peer host (the
+// port differs per connection) and that line.
 func (r *ipResolver) resolve(req *http.Request) string {
-	a, ok := r.clientAddr(req.RemoteAddr, req.Header["X-Forwarded-For"])
+	forwarded := req.Header["X-Forwarded-For"]
+	if r.cache == nil || len(forwarded) != 1 {
+		return r.resolveAddr(req.RemoteAddr, forwarded)
+	}
+
+	ck := req.RemoteAddr
+	if i := strings.LastIndexByte(ck, ':'); i > 0 {
+		ck = ck[:i]
+	}
+
+	ck += " " + forwarded[0]
+	c := r.cache
+	c.mu.Lock()
+	key := c.keys[ck]
+	c.mu.Unlock()
+
+	if key == "" {
+		key = r.resolveAddr(req.RemoteAddr, forwarded)
+		c.put(ck, key)
+	}
+
+	return key
+}
+
+func (c *keyCache) put(ck, key string) {
+	c.mu.Lock()
+	if len(c.keys) >= maxCachedKeys {
+		c.keys = map[string]string{}
+	}
+
+	c.keys[ck] = key
+	c.mu.Unlock()
+}
+
+// resolveAddr is the key of the client of a request from remoteAddr with
+// these X-Forwarded-For lines.
+func (r *ipResolver) resolveAddr(remoteAddr string, forwarded []string) string {
+	a, ok := r.clientAddr(remoteAddr, forwarded)
 	if !ok {
 		return unknownClient
 	}

@@ -3,6 +3,7 @@ package tierlimit
 import (
 	"net/http"
 	"net/netip"
+	"strconv"
 	"testing"
 )
 
@@ -92,6 +93,46 @@ func TestClientKey(t *testing.T) {
 
 		if got := r.clientKey(req); got != tc.want {
 			t.Errorf("%s: key %q, want %q", tc.name, got, tc.want)
+		}
+
+		// The same with the cache, missed then hit.
+		r.cache = newKeyCache()
+		for pass := 0; pass < 2; pass++ {
+			if got := r.clientKey(req); got != tc.want {
+				t.Errorf("%s, cached (pass %d): key %q, want %q", tc.name, pass, got, tc.want)
+			}
+		}
+	}
+}
+
+// TestKeyCacheIsPerPeerAndBounded: the cached key of a line depends on the
+// peer host (a line from an untrusted peer is not read), never on its port,
+// and the cache holds at most maxCachedKeys entries.
+func TestKeyCacheIsPerPeerAndBounded(t *testing.T) {
+	r := resolverFor(t, defaultTrustedProxies, 0, 64)
+	r.cache = newKeyCache()
+
+	key := func(remote, xff string) string {
+		req := &http.Request{RemoteAddr: remote, Header: http.Header{"X-Forwarded-For": {xff}}}
+		return r.clientKey(req)
+	}
+
+	if got := key("10.0.0.2:80", "198.51.100.1"); got != "198.51.100.1" {
+		t.Fatalf("trusted peer: %q", got)
+	}
+
+	if got := key("203.0.113.9:80", "198.51.100.1"); got != "203.0.113.9" {
+		t.Fatalf("untrusted peer after a trusted one with the same line: %q", got)
+	}
+
+	if got := key("10.0.0.2:81", "198.51.100.1"); got != "198.51.100.1" || len(r.cache.keys) != 2 {
+		t.Fatalf("another port of the trusted peer: %q, %d entries", got, len(r.cache.keys))
+	}
+
+	for i := 0; i < 3*maxCachedKeys; i++ {
+		want := "198.51." + strconv.Itoa(i/256%256) + "." + strconv.Itoa(i%256)
+		if got := key("10.0.0.2:80", want); got != want || len(r.cache.keys) > maxCachedKeys {
+			t.Fatalf("entry %d: key %q, %d entries", i, got, len(r.cache.keys))
 		}
 	}
 }

@@ -3,6 +3,7 @@ package yaegibench
 import (
 	"net/http"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/tierlimit/tierlimit/e2e/harness"
@@ -16,6 +17,7 @@ import (
 // measured requests start no window.
 var budgets = map[string]float64{
 	"edge allowed":            254,
+	"edge forwarded":          320,
 	"edge refused":            306,
 	"principal":               484,
 	"chain edge anonymous":    319,
@@ -52,6 +54,11 @@ func TestAllocationBudgets(t *testing.T) {
 
 	users := func(i int, req *http.Request) { req.Header.Set("X-Auth-User", "user-"+strconv.Itoa(i)) }
 	token := func(_ int, req *http.Request) { req.Header.Set("Authorization", "Bearer token") }
+	// Behind a proxy on loopback, as the load benchmark sends requests.
+	forwarded := func(_ int, req *http.Request) {
+		req.Header.Set("X-Forwarded-For", req.RemoteAddr[:strings.LastIndexByte(req.RemoteAddr, ':')])
+		req.RemoteAddr = "127.0.0.1:5555"
+	}
 
 	shapes := []struct {
 		name   string
@@ -59,6 +66,7 @@ func TestAllocationBudgets(t *testing.T) {
 		set    func(i int, req *http.Request)
 	}{
 		{"edge allowed", longEdge(), nil},
+		{"edge forwarded", longEdge(), forwarded},
 		{"edge refused", refused, nil},
 		{"principal", principal, users},
 		{"chain edge anonymous", chain, nil},
