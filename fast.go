@@ -49,8 +49,6 @@ func (p *Plugin) serveClassified(rw http.ResponseWriter, req *http.Request) {
 // the instance after ForwardAuth pays for reading its context anyway. A credentialed
 // request is charged to global only and its response watched (invalidcred.go).
 func (p *Plugin) serveFast(rw http.ResponseWriter, req *http.Request, credentialed bool) {
-	client := p.ips.clientKey(req)
-
 	// Credentialed, or after ForwardAuth (which reads no credential).
 	principal := ""
 	layers := p.planCred
@@ -60,6 +58,13 @@ func (p *Plugin) serveFast(rw http.ResponseWriter, req *http.Request, credential
 		if layers, ok = p.afterAuthPlan(rw, req, principal); !ok {
 			return
 		}
+	}
+
+	// A principal's plan keys no layer by the client: its address is
+	// resolved only for a refusal's event (refuseOther).
+	client := ""
+	if principal == "" {
+		client = p.ips.clientKey(req)
 	}
 
 	now := p.now().UnixNano()
@@ -307,6 +312,10 @@ func (p *Plugin) refuseOther(rw http.ResponseWriter, req *http.Request, l *layer
 	p.memory.mu.Unlock()
 
 	if first {
+		if client == "" {
+			client = p.ips.clientKey(req)
+		}
+
 		p.events.refused(l.name, l.keyFor(client, principal, nil), client)
 	}
 

@@ -21,7 +21,13 @@ func (p *Plugin) principalOf(req *http.Request) string {
 		return ""
 	}
 
-	id := strings.TrimSpace(req.Header.Get(p.userHeader))
+	// The header map is read directly: userHeader is canonical.
+	v := req.Header[p.userHeader]
+	if len(v) == 0 {
+		return ""
+	}
+
+	id := strings.TrimSpace(v[0])
 	if len(id) > maxPrincipalLen {
 		return hashKey(id)
 	}
@@ -35,7 +41,12 @@ func (p *Plugin) isServiceAccount(req *http.Request) bool {
 		return false
 	}
 
-	v := strings.TrimSpace(req.Header.Get(p.serviceHeader))
+	h := req.Header[p.serviceHeader]
+	if len(h) == 0 {
+		return false
+	}
+
+	v := strings.TrimSpace(h[0])
 
 	return v == "1" || strings.EqualFold(v, "true")
 }

@@ -19,9 +19,9 @@ var budgets = map[string]float64{
 	"edge allowed":            254,
 	"edge forwarded":          320,
 	"edge refused":            306,
-	"principal":               484,
+	"principal":               423,
 	"chain edge anonymous":    319,
-	"chain edge credentialed": 549,
+	"chain edge credentialed": 550,
 	"redis allowed":           1316,
 }
 
