@@ -35,6 +35,10 @@ package tierlimit
 //
 // Constructs Yaegi cannot run: generics with inferred type arguments,
 // atomic.Pointer, method expressions, min/max/clear, range over an integer,
-// errors.As or a type switch on our own error types, custom JSON methods. A
-// closure must copy a loop variable it captures. sync/atomic calls cost
-// several allocations each; a plain increment under a held lock costs none.
+// errors.As or a type switch on our own error types, custom JSON methods, a
+// multiple assignment with "=" whose values include a call or a conversion
+// (only the call's value is stored) or untyped nils (it panics; the e2e test
+// TestRuntimeCodeAvoidsYaegiMultiAssignBug guards both). A closure must copy
+// a loop variable it captures; write uint64(1) << n next to a uint64.
+// sync/atomic calls cost several allocations each; a plain increment under a
+// held lock costs none; select and defer cost more than a map lookup.
