@@ -85,6 +85,9 @@ func TestInvalidConfigurationNamesFieldAndValue(t *testing.T) {
 		{"service.points", "-1", func(c *Config) { c.Service.Points = -1 }},
 		{"service.duration", "100000000", func(c *Config) { c.Service.Duration = "100000000" }},
 		{"routes[0].name", "", func(c *Config) { c.Routes = []RouteConfig{{Paths: []string{"/x"}, Points: 1, Duration: "1s"}} }},
+		{"routes[0].name", "websocket", func(c *Config) {
+			c.Routes = []RouteConfig{{Name: "websocket", Paths: []string{"/x"}, Points: 1, Duration: "1s"}}
+		}},
 		{"routes[0].name", "ip", func(c *Config) {
 			c.Routes = []RouteConfig{{Name: "ip", Paths: []string{"/x"}, Points: 1, Duration: "1s"}}
 		}},
