@@ -6,13 +6,14 @@ import (
 	"time"
 )
 
-// The fast path serves modeAnonymous, modePrincipal and modeClassify. chooseMode guarantees
-// it: the memory store, headers on, no dry run, only fixed windows, each keyed
-// by the client IP, the principal or a constant (never by a header), no
-// credential cookie or query parameter, no connection cap, no exemptions. So
-// it charges p.memory directly, always sets headers, never charges a refused
-// request further, and needs no tally. Requests that a route matches are
-// handed to serveGeneral (general.go), which handles everything.
+// The fast path serves modeAnonymous, modePrincipal and modeClassify.
+// chooseMode guarantees it: the memory store, headers on, no dry run, only
+// fixed windows, each keyed by the client IP, the principal or a constant
+// (never by a header), no credential cookie or query parameter, no
+// connection cap, no exemptions; in modeAnonymous also plans that are never
+// empty. So it charges p.memory directly, always sets headers, never charges
+// a refused request further, and needs no tally. Requests that a route
+// matches are handed to serveGeneral (general.go), which handles everything.
 //
 // Parts of the decision are written here and in the general path alike, as
 // kernels (see doc.go): kernel_test.go fails when the copies drift.
@@ -44,10 +45,11 @@ func (p *Plugin) serveClassified(rw http.ResponseWriter, req *http.Request) {
 }
 
 // serveFast charges the request to its plan and refuses it or passes it on
-// with the headers of the layer with the fewest requests left. It calls
-// clientKey and setHeaders where serveAnonymous writes their kernels out:
-// the instance after ForwardAuth pays for reading its context anyway. A credentialed
-// request is charged to global only and its response watched (invalidcred.go).
+// with the headers of the layer with the fewest requests left. A
+// credentialed request is charged to global only and its response watched
+// (invalidcred.go). It calls clientKey and setHeaders where serveAnonymous
+// writes their kernels out, to stay short: the instance after ForwardAuth
+// pays for reading its context anyway.
 func (p *Plugin) serveFast(rw http.ResponseWriter, req *http.Request, credentialed bool) {
 	// Credentialed, or after ForwardAuth (which reads no credential).
 	principal := ""
