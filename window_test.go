@@ -1,6 +1,7 @@
 package tierlimit
 
 import (
+	"context"
 	"sync"
 	"testing"
 	"time"
@@ -265,9 +266,9 @@ func TestWindowCountsExactlyUnderConcurrency(t *testing.T) {
 }
 
 func TestRegistrySharesStoresByName(t *testing.T) {
-	a := registry.get("shared-test@file", 10)
-	b := registry.get("shared-test@file", 20)
-	c := registry.get("other-test@file", 10)
+	a := registry.get(context.Background(), "shared-test@file", 10)
+	b := registry.get(context.Background(), "shared-test@file", 20)
+	c := registry.get(context.Background(), "other-test@file", 10)
 
 	if a != b {
 		t.Fatal("same middleware name got two stores")
