@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync"
@@ -359,4 +360,41 @@ func TestRedisKeysAndArguments(t *testing.T) {
 		t.Fatalf("prefix %q", store.prefix)
 	}
 
+}
+
+// A request with no layer to charge (here: anonymous, or carrying a
+// credential, on an instance with only the principal tiers) costs no Redis
+// call, changes nothing and is no Redis failure.
+func TestRequestsWithoutLayersDoNotCallRedis(t *testing.T) {
+	s := newCannedRedis(t, "*2\r\n:1\r\n:60000\r\n")
+	h, logs := redisHarness(t, s.l.Addr().String(), func(c *Config) {
+		c.IP.Points, c.Assets.Points, c.Service.Points = 0, 0, 0
+		c.User = LayerConfig{Points: 300, Duration: "60s"}
+		c.Principal.UserHeader = "X-Auth-User"
+		c.Principal.CredentialHeaders = []string{"Authorization"}
+	})
+
+	for i := 0; i < 20; i++ {
+		anon := h.get("/api", "203.0.113.9:1")
+		cred := h.do(http.MethodGet, "/api", "203.0.113.9:1", map[string]string{"Authorization": "Bearer x"})
+
+		for _, rec := range []*httptest.ResponseRecorder{anon, cred} {
+			if rec.Code != http.StatusOK || rec.Header().Get("X-RateLimit-Limit") != "" {
+				t.Fatalf("request %d without layers: %d %v", i, rec.Code, rec.Header())
+			}
+		}
+
+		if rec := h.do(http.MethodGet, "/api", "203.0.113.9:1", map[string]string{"X-Auth-User": "bob"}); rec.Code != http.StatusOK ||
+			rec.Header().Get("RateLimit-Policy") != `"user";q=300;w=60` {
+			t.Fatalf("bob %d: %d %v", i, rec.Code, rec.Header())
+		}
+	}
+
+	if n := s.commands.Load(); n != 20 {
+		t.Fatalf("%d Redis commands for 20 user and 40 layerless requests, want 20", n)
+	}
+
+	if logs.Len() != 0 || h.p.store.(*redisStore).backend.down.Load() {
+		t.Fatalf("Redis marked down: %s", logs)
+	}
 }
