@@ -342,7 +342,7 @@ http:
       plugin:
         tierlimit:
           global: {points: 0}
-          ip: {points: 1000, duration: 300s}
+          ip: {points: 1000, duration: 3600s}
   services:
     backend:
       loadBalancer:
