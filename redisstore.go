@@ -145,8 +145,8 @@ func (s *redisStore) callFor(n int) redisresp.Call {
 // calls as it can: under Yaegi each call allocates the callee's whole frame.
 func (s *redisStore) take(t *tally, now int64, layers []*layer, client, principal string, hdr http.Header, all bool) {
 	// No layer to charge (an anonymous request to an instance with only
-	// principal tiers, an exempt request without global): nothing to ask
-	// Redis, and an empty reply is no failure.
+	// principal tiers, a credentialed one with global off, a request that
+	// matches none of a routes-only instance's routes): nothing to ask Redis.
 	if len(layers) == 0 {
 		t.shown = -1
 		return
