@@ -398,3 +398,27 @@ func TestRequestsWithoutLayersDoNotCallRedis(t *testing.T) {
 		t.Fatalf("Redis marked down: %s", logs)
 	}
 }
+
+// An instance of a replaced configuration may still serve a request after its
+// Redis pool was released and closed: memory decides, and Redis is not
+// reported down (it is not).
+func TestClosedPoolIsDecidedInMemoryWithoutAnEvent(t *testing.T) {
+	s := newCannedRedis(t, "*2\r\n:1\r\n:60000\r\n")
+	h, logs := redisHarness(t, s.l.Addr().String(), nil)
+	h.p.store.(*redisStore).backend.pool.Close()
+
+	for i := 1; i <= 4; i++ {
+		want := http.StatusOK
+		if i > 3 {
+			want = http.StatusTooManyRequests
+		}
+
+		if rec := h.get("/api", "203.0.113.9:1"); rec.Code != want {
+			t.Fatalf("request %d on a closed pool: %d, want %d", i, rec.Code, want)
+		}
+	}
+
+	if logs.Len() != 0 || h.p.store.(*redisStore).backend.down.Load() || s.commands.Load() != 0 {
+		t.Fatalf("closed pool: %d commands, down %v, events %s", s.commands.Load(), h.p.store.(*redisStore).backend.down.Load(), logs)
+	}
+}
