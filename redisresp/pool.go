@@ -333,7 +333,9 @@ func (p *Pool) dial() (*Conn, error) {
 func (p *Pool) Close() {
 	p.mu.Lock()
 	idle := p.idle
-	p.closed, p.idle = true, nil
+	// One field at a time: under Yaegi, "p.closed, p.idle = true, nil" panics.
+	p.idle = nil
+	p.closed = true
 	p.open -= len(idle)
 	p.mu.Unlock()
 
