@@ -422,3 +422,26 @@ func TestClosedPoolIsDecidedInMemoryWithoutAnEvent(t *testing.T) {
 		t.Fatalf("closed pool: %d commands, down %v, events %s", s.commands.Load(), h.p.store.(*redisStore).backend.down.Load(), logs)
 	}
 }
+
+// A routes-only instance: a request that matches no route has no layer.
+func TestUnmatchedRequestOfARoutesOnlyInstanceDoesNotCallRedis(t *testing.T) {
+	s := newCannedRedis(t, "*2\r\n:1\r\n:60000\r\n")
+	h, logs := redisHarness(t, s.l.Addr().String(), func(c *Config) {
+		c.IP.Points, c.Assets.Points, c.User.Points, c.Service.Points = 0, 0, 0, 0
+		c.Routes = []RouteConfig{{Name: "login", Methods: []string{"POST"}, Paths: []string{"/login"}, Points: 10, Duration: "60s"}}
+	})
+
+	for i := 0; i < 5; i++ {
+		if rec := h.get("/other", "203.0.113.9:1"); rec.Code != http.StatusOK || rec.Header().Get("X-RateLimit-Limit") != "" {
+			t.Fatalf("unmatched %d: %d %v", i, rec.Code, rec.Header())
+		}
+	}
+
+	if rec := h.do(http.MethodPost, "/login", "203.0.113.9:1", nil); rec.Code != http.StatusOK || rec.Header().Get("X-RateLimit-Limit") != "10" {
+		t.Fatalf("login: %d %v", rec.Code, rec.Header())
+	}
+
+	if n := s.commands.Load(); n != 1 || logs.Len() != 0 {
+		t.Fatalf("%d Redis commands for 5 unmatched requests and 1 login, want 1; events %s", n, logs)
+	}
+}
