@@ -76,7 +76,7 @@ func (p *Plugin) metricsText(now int64) string {
 	// Process-wide, so without a middleware label: they follow the current
 	// configuration, not the history of reloads (lifetime.go).
 	family(&b, "tierlimit_registry_entries", "gauge",
-		"Entries in the plugin's process-wide registries: what the current configuration uses, plus what it stopped using in the last seconds.")
+		"Entries in the plugin's process-wide registries: what the current configuration uses, plus what it stopped using in the last 10 seconds.")
 	sample(&b, "tierlimit_registry_entries", `registry="stores"`, strconv.Itoa(registry.stores.size()))
 	sample(&b, "tierlimit_registry_entries", `registry="blocklists"`, strconv.Itoa(registry.blocked.size()))
 	sample(&b, "tierlimit_registry_entries", `registry="connections"`, strconv.Itoa(connCounters.byName.size()))
