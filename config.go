@@ -385,6 +385,10 @@ func parse(cfg *Config) (*settings, error) {
 		return nil, err
 	}
 
+	if err = checkMaxTracked(s); err != nil {
+		return nil, err
+	}
+
 	if err = checkPrincipal(cfg.Principal); err != nil {
 		return nil, err
 	}
@@ -781,4 +785,36 @@ func parseOperations(cfg *Config, s *settings) error {
 	}
 
 	return nil
+}
+
+// checkMaxTracked rejects a cap below the number of layers that are on: one
+// request charges a counter in each of its layers (global, its tier, the
+// routes it matches), and a store that cannot hold one counter per layer for
+// one key would evict the counters of a request's own layers, letting every
+// request through.
+func checkMaxTracked(s *settings) error {
+	if !s.enabled {
+		return nil
+	}
+
+	var on []string
+
+	for _, l := range []layerSpec{s.global, s.ip, s.assets, s.user, s.service} {
+		if l.on() {
+			on = append(on, l.name)
+		}
+	}
+
+	for _, rs := range s.routes {
+		if rs.on() {
+			on = append(on, rs.name)
+		}
+	}
+
+	if s.maxTracked >= len(on) {
+		return nil
+	}
+
+	return invalid("maxTracked", s.maxTracked, "must be at least "+strconv.Itoa(len(on))+
+		", one counter for each layer that is on ("+strings.Join(on, ", ")+")")
 }

@@ -178,15 +178,15 @@ func New(ctx context.Context, next http.Handler, config *Config, name string) (h
 		return nil, fmt.Errorf("configuring %s: %w", name, err)
 	}
 
-	memory := registry.get(name, cfg.maxTracked)
+	memory := registry.get(ctx, name, cfg.maxTracked)
 	store := counterStore(memory)
 
 	if cfg.store == "redis" {
 		store = &redisStore{
 			prefix:  cfg.keyPrefix + ":" + name + ":",
-			backend: backends.get(cfg.redis),
+			backend: backends.get(ctx, cfg.redis),
 			local:   memory,
-			blocked: registry.blockListFor(name, cfg.maxTracked),
+			blocked: registry.blockListFor(ctx, name, cfg.maxTracked),
 		}
 	}
 
@@ -262,7 +262,7 @@ func New(ctx context.Context, next http.Handler, config *Config, name string) (h
 	p.planInvalid = plan(p.ip)
 
 	if cfg.wsMaxPerIP > 0 {
-		p.ws = connCounters.get(name, cfg.wsMaxPerIP)
+		p.ws = connCounters.get(ctx, name, cfg.wsMaxPerIP)
 		p.wsLayer = newLayer(memory, layerSpec{name: "websocket", points: int64(cfg.wsMaxPerIP), duration: time.Second}, keyOfClient)
 	}
 
@@ -483,6 +483,7 @@ func (p *Plugin) serveSimple(rw http.ResponseWriter, req *http.Request, credenti
 	first := false
 
 	s.mu.Lock()
+	s.takes++
 
 	for _, l := range layers {
 		key := client
@@ -495,6 +496,7 @@ func (p *Plugin) serveSimple(rw http.ResponseWriter, req *http.Request, credenti
 		w := l.entries[key]
 		if w != nil && w.reset > now && w.list == l.list {
 			w.count++
+			w.taken = s.takes
 		} else {
 			w = s.restart(now, l, w, key)
 		}

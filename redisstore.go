@@ -1,6 +1,7 @@
 package tierlimit
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -143,6 +144,14 @@ func (s *redisStore) callFor(n int) redisresp.Call {
 // The healthy path (nothing blocked, Redis up) takes no lock and makes as few
 // calls as it can: under Yaegi each call allocates the callee's whole frame.
 func (s *redisStore) take(t *tally, now int64, layers []*layer, client, principal string, hdr http.Header, all bool) {
+	// No layer to charge (an anonymous request to an instance with only
+	// principal tiers, a credentialed one with global off, a request that
+	// matches none of a routes-only instance's routes): nothing to ask Redis.
+	if len(layers) == 0 {
+		t.shown = -1
+		return
+	}
+
 	if !all && s.blocked.size.Load() != 0 && s.takeBlocked(t, now, layers, client, principal, hdr) {
 		return
 	}
@@ -158,7 +167,11 @@ func (s *redisStore) take(t *tally, now int64, layers []*layer, client, principa
 	}
 
 	if err := s.takeRedis(t, now, layers, client, principal, hdr, all); err != nil {
-		s.backend.failed(now, probe, err)
+		// A closed pool is not Redis failing: this instance belongs to a
+		// configuration that was replaced, and its backend was released.
+		if !errors.Is(err, redisresp.ErrClosed) {
+			s.backend.failed(now, probe, err)
+		}
 
 		*t = tally{}
 		s.local.take(t, now, layers, client, principal, hdr, all)
@@ -406,27 +419,32 @@ func (b *redisBackend) event(name, severity, msg string, retry time.Duration) {
 }
 
 // backends shares one redisBackend per distinct Redis configuration across
-// middlewares, routers and reloads, so reloads do not open new pools.
-var backends = &backendRegistry{byConfig: map[string]*redisBackend{}}
+// middlewares, routers and reloads, so reloads do not open new pools. A
+// backend no instance uses any more is released (lifetime.go) and its pool
+// closed: idle connections at once, busy ones when their call returns.
+var backends = &backendRegistry{byConfig: newLease(closeBackend)}
 
 type backendRegistry struct {
-	mu       sync.Mutex
-	byConfig map[string]*redisBackend
+	byConfig *lease // *redisBackend by configuration
 }
 
-func (r *backendRegistry) get(opts redisresp.Options) *redisBackend {
+func closeBackend(v interface{}) {
+	if b, ok := v.(*redisBackend); ok {
+		b.pool.Close()
+	}
+}
+
+// get returns the backend of opts, held until ctx is cancelled.
+func (r *backendRegistry) get(ctx context.Context, opts redisresp.Options) *redisBackend {
 	id := opts.Address + "\x00" + opts.Username + "\x00" + opts.Password + "\x00" + strconv.Itoa(opts.DB) +
 		"\x00" + strconv.FormatBool(opts.TLS) + "\x00" + opts.DialTimeout.String() + "\x00" + opts.Timeout.String() +
 		"\x00" + strconv.Itoa(opts.PoolSize)
 
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	v := r.byConfig.take(ctx, id, func() interface{} {
+		return &redisBackend{pool: redisresp.NewPool(opts), address: opts.Address, log: eventWriter}
+	})
 
-	b := r.byConfig[id]
-	if b == nil {
-		b = &redisBackend{pool: redisresp.NewPool(opts), address: opts.Address, log: eventWriter}
-		r.byConfig[id] = b
-	}
+	b, _ := v.(*redisBackend)
 
 	return b
 }

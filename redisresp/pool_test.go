@@ -949,6 +949,63 @@ func TestPoolCloseWithConnectionInUse(t *testing.T) {
 	}
 }
 
+// The rate limiter's call (DoInts) in progress during Close: it completes,
+// and its connection is closed on return instead of going back to the pool.
+func TestPoolCloseWithDoIntsInUse(t *testing.T) {
+	started, release := newSignal(), newSignal()
+
+	s := newServer(t)
+
+	s.start(func(conn int, args []string) string {
+		if args[0] == "SLOW" {
+			started.fire()
+			s.wait(release.ch)
+
+			return "*2\r\n:1\r\n:2\r\n"
+		}
+
+		return basicHandler(conn, args)
+	})
+
+	p := NewPool(longOptions(s.addr()))
+
+	type result struct {
+		ints []int64
+		err  error
+	}
+
+	res := make(chan result, 1)
+
+	go func() {
+		ints, _, err := p.DoInts("*1\r\n$4\r\nSLOW\r\n")
+		res <- result{ints, err}
+	}()
+
+	waitSignal(t, started, "SLOW reaching the server")
+
+	p.Close()
+	release.fire()
+
+	select {
+	case r := <-res:
+		if r.err != nil || len(r.ints) != 2 {
+			t.Fatalf("call in progress during Close = %v, %v; want [1 2]", r.ints, r.err)
+		}
+	case <-time.After(failAfter):
+		t.Fatal("call in progress did not return")
+	}
+
+	s.waitGone(t, 1)
+
+	if p.openCount() != 0 || p.idleCount() != 0 {
+		t.Fatalf("after Close: %d slots held, %d idle", p.openCount(), p.idleCount())
+	}
+
+	if _, _, err := p.DoInts("*1\r\n$4\r\nPING\r\n"); !errors.Is(err, ErrClosed) {
+		t.Fatalf("DoInts after Close = %v, want ErrClosed", err)
+	}
+}
+
 func TestPoolDefaults(t *testing.T) {
 	p := NewPool(Options{Address: "127.0.0.1:1"})
 
