@@ -1,5 +1,6 @@
 # make demo: Traefik with the plugin in local mode, a demo backend, a short burst.
 # make test: every test (unit tests with -race, then the real-Traefik tests).
+# make unit: the fast loop: root module tests, then the Lua script and RESP client against miniredis (e2e/storetest).
 GO ?= go
 TRAEFIK := e2e/.cache/traefik-v3.6.12
 
@@ -11,6 +12,7 @@ unit:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' | grep -v '^vendor/'))" || { gofmt -l $$(git ls-files '*.go' | grep -v '^vendor/'); echo 'gofmt: files above need formatting'; exit 1; }
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./...
+	cd e2e && $(GO) vet ./storetest && $(GO) test -race -count=1 ./storetest
 
 # A short run of the RESP reply fuzzer on top of its seed corpus (which `unit` runs).
 fuzz:
