@@ -1,5 +1,6 @@
 # make demo: Traefik with the plugin in local mode, a demo backend, a short burst.
 # make test: every test (unit tests with -race, then the real-Traefik tests).
+# make unit: the fast loop: root module tests, then the Lua script and RESP client against miniredis (e2e/storetest).
 GO ?= go
 TRAEFIK := e2e/.cache/traefik-v3.6.12
 
@@ -11,6 +12,7 @@ unit:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' | grep -v '^vendor/'))" || { gofmt -l $$(git ls-files '*.go' | grep -v '^vendor/'); echo 'gofmt: files above need formatting'; exit 1; }
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./...
+	cd e2e && $(GO) vet ./storetest && $(GO) test -race -count=1 ./storetest
 
 # Short runs of the RESP reply and canonical path fuzzers on top of their seed corpora (which `unit` runs).
 fuzz:
@@ -28,7 +30,7 @@ bench: $(TRAEFIK)
 	@echo '== compiled: go test -run ^$$ -bench . -benchmem -count 5 .'
 	$(GO) test -run '^$$' -bench . -benchmem -count 5 .
 	@echo '== Yaegi (Traefik loader, in process): cost and memory'
-	cd e2e && TIERLIMIT_BENCH=1 $(GO) test -count=1 -v -run 'TestYaegiCost|TestYaegiMemory' ./yaegibench 2>/dev/null | grep -v RATE_LIMIT_TRIGGERED
+	cd e2e && $(GO) test -count=1 -run '^$$' -bench 'CostTable|MemoryTable' -benchtime 1x ./yaegibench 2>/dev/null | grep -v RATE_LIMIT_TRIGGERED
 	@echo '== real Traefik under load'
 	cd e2e && $(GO) run ./cmd/loadbench
 

@@ -1045,6 +1045,20 @@ func TestPoolAppliesLimits(t *testing.T) {
 	}
 }
 
+// awaitErr returns what a call sent on ch, failing the test if that takes
+// longer than failAfter.
+func awaitErr(t *testing.T, ch <-chan error, what string) error {
+	t.Helper()
+
+	select {
+	case err := <-ch:
+		return err
+	case <-time.After(failAfter):
+		t.Fatalf("%s did not return within %s", what, failAfter)
+		return nil
+	}
+}
+
 // waitBlockedInGet waits until some goroutine is parked in the select of
 // (*Pool).get, that is, waiting for a connection to become free.
 func waitBlockedInGet(t *testing.T) {
@@ -1110,11 +1124,11 @@ func TestPoolCloseWhileWaiting(t *testing.T) {
 	p.Close()
 	release.fire()
 
-	if err := <-slow; err != nil {
+	if err := awaitErr(t, slow, "the call in progress"); err != nil {
 		t.Fatalf("call in progress during Close: %v", err)
 	}
 
-	if err := <-waiter; !errors.Is(err, ErrClosed) {
+	if err := awaitErr(t, waiter, "the caller waiting during Close"); !errors.Is(err, ErrClosed) {
 		t.Errorf("caller waiting during Close: err = %v, want ErrClosed", err)
 	}
 
@@ -1151,14 +1165,17 @@ func (p *Pool) idleCount() int {
 // TestPoolWakesEveryWaiter: with all connections busy, several callers wait;
 // as the connections come back, every waiter gets one (no lost wake-up).
 func TestPoolWakesEveryWaiter(t *testing.T) {
-	release := make(chan struct{})
+	release := newSignal()
 	s := startServer(t, func(_ int, args []string) string {
 		if args[0] == "SLOW" {
-			<-release
+			<-release.ch
 		}
 
 		return "+OK\r\n"
 	})
+	// Runs before the server's stop (cleanups run last first), which waits
+	// for the handlers: a failing test does not leave them blocked.
+	t.Cleanup(release.fire)
 
 	p := NewPool(Options{Address: s.addr(), PoolSize: 3, Timeout: 10 * time.Second})
 	defer p.Close()
@@ -1178,7 +1195,11 @@ func TestPoolWakesEveryWaiter(t *testing.T) {
 		}()
 	}
 
-	for p.openCount() != 3 {
+	for deadline := time.Now().Add(failAfter); p.openCount() != 3; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connections open after %s, want 3", p.openCount(), failAfter)
+		}
+
 		time.Sleep(time.Millisecond)
 	}
 
@@ -1193,8 +1214,21 @@ func TestPoolWakesEveryWaiter(t *testing.T) {
 		}()
 	}
 
-	close(release)
-	wg.Wait()
+	release.fire()
+
+	all := make(chan struct{})
+
+	go func() {
+		wg.Wait()
+		close(all)
+	}()
+
+	select {
+	case <-all:
+	case <-time.After(failAfter):
+		t.Fatalf("callers still waiting %s after the connections came back", failAfter)
+	}
+
 	close(errs)
 
 	for err := range errs {

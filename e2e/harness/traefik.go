@@ -378,7 +378,8 @@ func (tr *Traefik) WaitRouters(limit time.Duration, names ...string) (map[string
 }
 
 func (tr *Traefik) routers() (map[string]RouterState, error) {
-	resp, err := http.Get(tr.API + "/api/http/routers")
+	// A bounded request, so that WaitRouters keeps to its deadline.
+	resp, err := (&http.Client{Timeout: 5 * time.Second}).Get(tr.API + "/api/http/routers")
 	if err != nil {
 		return nil, err
 	}
