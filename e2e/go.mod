@@ -19,6 +19,8 @@ require (
 	github.com/tierlimit/tierlimit v0.0.0-00010101000000-000000000000
 	github.com/traefik/traefik/v3 v3.6.12
 	gopkg.in/yaml.v3 v3.0.1
+	k8s.io/api v0.34.3
+	sigs.k8s.io/yaml v1.6.0
 )
 
 require (
@@ -368,7 +370,6 @@ require (
 	gopkg.in/ns1/ns1-go.v2 v2.17.2 // indirect
 	gopkg.in/yaml.v2 v2.4.0 // indirect
 	gotest.tools/v3 v3.5.2 // indirect
-	k8s.io/api v0.34.3 // indirect
 	k8s.io/apiextensions-apiserver v0.34.3 // indirect
 	k8s.io/apimachinery v0.34.3 // indirect
 	k8s.io/client-go v0.34.3 // indirect
@@ -383,5 +384,4 @@ require (
 	sigs.k8s.io/json v0.0.0-20250730193827-2d320260d730 // indirect
 	sigs.k8s.io/randfill v1.0.0 // indirect
 	sigs.k8s.io/structured-merge-diff/v6 v6.3.1 // indirect
-	sigs.k8s.io/yaml v1.6.0 // indirect
 )
