@@ -3,9 +3,9 @@
 GO ?= go
 TRAEFIK := e2e/.cache/traefik-v3.6.12
 
-.PHONY: test unit fuzz e2e demo traefik vendor-check bench
+.PHONY: test unit fuzz e2e demo traefik vendor-check catalog-check bench
 
-test: vendor-check unit fuzz e2e
+test: vendor-check catalog-check unit fuzz e2e
 
 unit:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' | grep -v '^vendor/'))" || { gofmt -l $$(git ls-files '*.go' | grep -v '^vendor/'); echo 'gofmt: files above need formatting'; exit 1; }
@@ -40,6 +40,11 @@ traefik: $(TRAEFIK)
 $(TRAEFIK):
 	cd e2e && $(GO) build -o .cache/traefik-v3.6.12.tmp github.com/traefik/traefik/v3/cmd/traefik
 	mv $(TRAEFIK).tmp $(TRAEFIK)
+
+# What the plugin catalog checks before it lists the plugin: .traefik.yml, go.mod, vendor/, and
+# the module as the Go proxy zips it loaded by Traefik's Yaegi loader with testData (e2e/cmd/catalogcheck).
+catalog-check:
+	cd e2e && $(GO) run ./cmd/catalogcheck -root ..
 
 # The catalog loads dependencies from vendor/ only: it must match go.mod.
 vendor-check:

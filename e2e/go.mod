@@ -18,6 +18,7 @@ require (
 	github.com/prometheus/common v0.65.0
 	github.com/tierlimit/tierlimit v0.0.0-00010101000000-000000000000
 	github.com/traefik/traefik/v3 v3.6.12
+	golang.org/x/mod v0.32.0
 	gopkg.in/yaml.v3 v3.0.1
 	k8s.io/api v0.34.3
 	sigs.k8s.io/yaml v1.6.0
@@ -348,7 +349,6 @@ require (
 	go.yaml.in/yaml/v3 v3.0.4 // indirect
 	golang.org/x/crypto v0.48.0 // indirect
 	golang.org/x/exp v0.0.0-20250408133849-7e4ce0ab07d0 // indirect
-	golang.org/x/mod v0.32.0 // indirect
 	golang.org/x/net v0.51.0 // indirect
 	golang.org/x/oauth2 v0.35.0 // indirect
 	golang.org/x/sync v0.19.0 // indirect
