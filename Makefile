@@ -4,9 +4,9 @@
 GO ?= go
 TRAEFIK := e2e/.cache/traefik-v3.6.12
 
-.PHONY: test unit fuzz e2e demo traefik vendor-check bench
+.PHONY: test unit fuzz e2e dashboard demo traefik vendor-check catalog-check bench
 
-test: vendor-check unit fuzz e2e
+test: vendor-check catalog-check unit fuzz dashboard e2e
 
 unit:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' | grep -v '^vendor/'))" || { gofmt -l $$(git ls-files '*.go' | grep -v '^vendor/'); echo 'gofmt: files above need formatting'; exit 1; }
@@ -23,6 +23,10 @@ fuzz:
 e2e: $(TRAEFIK)
 	cd e2e && $(GO) vet ./...
 	cd e2e && $(GO) test -count=1 -timeout 20m ./...
+
+# examples/grafana's PromQL against the metrics the plugin exports (a module of its own: see e2e/dashboard/doc.go).
+dashboard:
+	cd e2e/dashboard && $(GO) vet ./... && $(GO) test -count=1 ./...
 
 # Figures for BENCHMARKS.md: 1. compiled and Yaegi per-request cost, 3. memory
 # under Yaegi, 2./4. real Traefik under load with Redis call counts. Several minutes.
@@ -43,6 +47,11 @@ traefik: $(TRAEFIK)
 $(TRAEFIK):
 	cd e2e && $(GO) build -o .cache/traefik-v3.6.12.tmp github.com/traefik/traefik/v3/cmd/traefik
 	mv $(TRAEFIK).tmp $(TRAEFIK)
+
+# What the plugin catalog checks before it lists the plugin: .traefik.yml, go.mod, vendor/, and
+# the module as the Go proxy zips it loaded by Traefik's Yaegi loader with testData (e2e/cmd/catalogcheck).
+catalog-check:
+	cd e2e && $(GO) run ./cmd/catalogcheck -root ..
 
 # The catalog loads dependencies from vendor/ only: it must match go.mod.
 vendor-check:
