@@ -36,8 +36,10 @@ type counterStore interface {
 // Time comes from the keys' TTLs alone, as for fixed layers. The arithmetic is
 // sliding.go's, in milliseconds; only allowed requests are counted.
 //
-// A key of the other kind (left by a reload that changed a layer's algorithm)
-// is started afresh rather than failing the script.
+// A key of the other kind (left by a reload that changed a layer's algorithm),
+// or one that outlives its layer's window (left by a reload that shortened the
+// duration), is started afresh rather than failing the script, as memory
+// starts such counters afresh.
 //
 // KEYS: one key per layer, in evaluation order.
 // ARGV[1]: "1" charges every key (dry run); "0" stops after the first refusal.
@@ -62,14 +64,14 @@ for i = 1, #KEYS do
       count = 1
     end
     ttl = redis.call('PTTL', k)
-    if ttl < 0 then
-      redis.call('PEXPIRE', k, window)
-      ttl = window
+    if ttl < 0 or ttl > window then
+      redis.call('SET', k, 1, 'PX', window)
+      count, ttl = 1, window
     end
   else
     local pttl = redis.call('PTTL', k)
     local v = false
-    if pttl > 0 then
+    if pttl > 0 and pttl <= 2 * window then
       v = redis.pcall('HMGET', k, 'c', 'p')
       if v.err then v = false end
     end

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -321,5 +322,57 @@ func TestLayersChargedUpToTheRefusalAgainstMiniredis(t *testing.T) {
 
 	if global != "3" || ip != "2" {
 		t.Fatalf("counters global %q, ip %q, want 3 and 2 (keys %v)", global, ip, m.Keys())
+	}
+}
+
+// TestShortenedDurationStartsAfreshAgainstMiniredis: a reload that shortens a
+// layer's duration leaves keys whose TTL is longer than the new window; the
+// script starts them afresh, as memory does, instead of replying with a reset
+// beyond the window (which the store takes for a bad reply from Redis).
+func TestShortenedDurationStartsAfreshAgainstMiniredis(t *testing.T) {
+	for _, algorithm := range []string{"fixed", "sliding"} {
+		m := miniredis.RunT(t)
+
+		for i, duration := range []string{"60s", "10s"} {
+			cfg := tierlimit.CreateConfig()
+			cfg.Store = "redis"
+			cfg.Redis.Address = m.Addr()
+			cfg.Redis.Timeout = "1s"
+			cfg.Global.Points = 0
+			cfg.IP = tierlimit.LayerConfig{Points: 5, Duration: duration, Algorithm: algorithm}
+
+			h, err := tierlimit.New(context.Background(), http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}), cfg, "shortened-"+algorithm+"@test")
+			if err != nil {
+				t.Fatal(err)
+			}
+
+			for j := 1; j <= 3; j++ {
+				req := httptest.NewRequest(http.MethodGet, "/api", nil)
+				req.RemoteAddr = "203.0.113.1:1"
+				rec := httptest.NewRecorder()
+				h.ServeHTTP(rec, req)
+
+				left := strings.TrimSpace(rec.Header().Get("X-RateLimit-Remaining"))
+				if rec.Code != http.StatusOK || left != strconv.Itoa(5-j) {
+					t.Fatalf("%s, duration %s, request %d: %d, %s left, want %d (a fresh window)", algorithm, duration, j, rec.Code, left, 5-j)
+				}
+			}
+
+			// Redis decided (memory, deciding instead, would answer alike).
+			key := "ratelimit:shortened-" + algorithm + "@test:ip:203.0.113.1"
+
+			count, _ := m.Get(key)
+			if algorithm == "sliding" {
+				count = m.HGet(key, "c")
+			}
+
+			if count != "3" {
+				t.Fatalf("%s, duration %s: Redis holds %q, want 3", algorithm, duration, count)
+			}
+
+			if ttl := m.TTL(key); i == 1 && ttl > 20*time.Second {
+				t.Fatalf("%s: the key lives %v after the window became 10s", algorithm, ttl)
+			}
+		}
 	}
 }
