@@ -38,8 +38,7 @@ type counterStore interface {
 // A token-bucket layer's key is a hash {r, n} holding its TAT (tokenbucket.go)
 // as r + n x window / points microseconds, with 0 <= n < points: integers that
 // Lua numbers hold exactly, where the emission interval window / points in
-// microseconds may have a fraction (written with %.0f: Lua's own conversion
-// keeps 14 digits). Time is Redis's clock (TIME), which every
+// microseconds may have a fraction. Time is Redis's clock (TIME), which every
 // Traefik instance shares; the key expires when its bucket is full again.
 //
 // A key of another kind (left by a reload that changed a layer's algorithm)
@@ -88,7 +87,7 @@ for i = 1, #KEYS do
       end
       count = math.ceil(ahead / d)
       ttl = math.ceil(ahead / rate / 1000)
-      redis.call('HSET', k, 'r', string.format('%.0f', r), 'n', string.format('%.0f', n))
+      redis.call('HSET', k, 'r', r, 'n', n)
       redis.call('PEXPIRE', k, ttl)
     else
       count = points + 1

@@ -1,0 +1,192 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"math/rand"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"golang.org/x/time/rate"
+
+	"github.com/tierlimit/tierlimit"
+	"github.com/tierlimit/tierlimit/redisresp"
+)
+
+// layerCounts reads a layer's allowed and refused counters from the status
+// endpoint of h (allowed to 127.0.0.1 by default).
+func layerCounts(t *testing.T, h http.Handler, layer string) (allowed, refused int64) {
+	t.Helper()
+
+	req := httptest.NewRequest(http.MethodGet, "/_ratelimit", nil)
+	req.RemoteAddr = "127.0.0.1:1"
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+
+	var doc struct {
+		Layers []struct {
+			Name             string
+			Allowed, Refused int64
+		}
+	}
+
+	if err := json.Unmarshal(rec.Body.Bytes(), &doc); err != nil {
+		t.Fatalf("status: %v: %s", err, rec.Body.String())
+	}
+
+	for _, l := range doc.Layers {
+		if l.Name == layer {
+			return l.Allowed, l.Refused
+		}
+	}
+
+	t.Fatalf("status has no layer %s: %s", layer, rec.Body.String())
+
+	return 0, 0
+}
+
+// TestTokenBucketMatchesXTimeRateOnMiniredis sends the same seeded random
+// request times to golang.org/x/time/rate's limiter, built as Traefik's
+// rateLimit builds it (rate = average / period, burst), and to a tierlimit
+// token bucket on Redis, whose script reads the time from Redis (miniredis,
+// whose clock the test sets). Every answer must be the same. The instance runs
+// in dry run so that its local block list, which uses the real clock, stays
+// out of the way; its decisions are read from the status counters.
+func TestTokenBucketMatchesXTimeRateOnMiniredis(t *testing.T) {
+	m := miniredis.RunT(t)
+
+	cases := []struct {
+		average, burst int
+		period         time.Duration
+		maxGap         time.Duration
+	}{
+		{average: 10, burst: 3, period: time.Second, maxGap: 200 * time.Millisecond},
+		{average: 3, burst: 5, period: time.Minute, maxGap: 30 * time.Second},
+		{average: 1000, burst: 50, period: time.Second, maxGap: 1500 * time.Microsecond},
+		{average: 7, burst: 1, period: 3 * time.Second, maxGap: time.Second},
+		{average: 100, burst: 100, period: time.Second, maxGap: 15 * time.Millisecond},
+	}
+
+	for n, tc := range cases {
+		cfg := tierlimit.CreateConfig()
+		cfg.Store = "redis"
+		cfg.Redis.Address = m.Addr()
+		cfg.Redis.Timeout = "2s"
+		cfg.DryRun = true
+		cfg.Status.Path = "/_ratelimit"
+		cfg.Global.Points = 0
+		cfg.IP = tierlimit.LayerConfig{Points: tc.average, Duration: tc.period.String(), Algorithm: "tokenbucket", Burst: tc.burst}
+
+		h, err := tierlimit.New(context.Background(), http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}), cfg, "xrate"+strconv.Itoa(n)+"@test")
+		if err != nil {
+			t.Fatal(err)
+		}
+
+		lim := rate.NewLimiter(rate.Limit(float64(tc.average)*float64(time.Second)/float64(tc.period)), tc.burst)
+		rng := rand.New(rand.NewSource(int64(n + 1)))
+		now := time.Date(2026, 6, 15, 10, 0, 0, 0, time.UTC)
+		refused := 0
+
+		for i := 0; i < 1500; i++ {
+			now = now.Add(time.Duration(rng.Int63n(int64(tc.maxGap/time.Microsecond))) * time.Microsecond)
+			m.SetTime(now)
+
+			want := lim.AllowN(now, 1)
+
+			_, before := layerCounts(t, h, "ip")
+			req := httptest.NewRequest(http.MethodGet, "/", nil)
+			req.RemoteAddr = "203.0.113.50:1"
+			h.ServeHTTP(httptest.NewRecorder(), req)
+			_, after := layerCounts(t, h, "ip")
+
+			if got := after == before; got != want {
+				t.Fatalf("%+v request %d at +%v: tierlimit allows %v, x/time/rate %v", tc, i, now.Sub(time.Date(2026, 6, 15, 10, 0, 0, 0, time.UTC)), got, want)
+			}
+
+			if !want {
+				refused++
+			}
+		}
+
+		if refused < 50 || refused > 1450 {
+			t.Fatalf("%+v: %d of 1500 refused: the sequence does not exercise the bucket", tc, refused)
+		}
+	}
+}
+
+// TestTokenBucketOnRedisServer runs the token-bucket script on a real
+// redis-server (Lua 5.1, TIME in a script): a burst, the refusal's headers,
+// the key's shape and TTL, and keys left by another algorithm.
+func TestTokenBucketOnRedisServer(t *testing.T) {
+	r := startRedis(t)
+	admin := r.Client(redisresp.Options{})
+	defer admin.Close()
+
+	cfg := tierlimit.CreateConfig()
+	cfg.Store = "redis"
+	cfg.Redis.Address = r.Addr
+	cfg.Redis.Timeout = "2s"
+	cfg.Global.Points = 0
+	// One token every 10s, a bucket of 3.
+	cfg.IP = tierlimit.LayerConfig{Points: 6, Duration: "60s", Algorithm: "tokenbucket", Burst: 3}
+
+	h, err := tierlimit.New(context.Background(), http.NotFoundHandler(), cfg, "bucket@test")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	send := func(client string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest(http.MethodGet, "/api", nil)
+		req.RemoteAddr = client + ":1"
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+
+		return rec
+	}
+
+	for i := 1; i <= 3; i++ {
+		rec := send("203.0.113.1")
+		if rec.Code != http.StatusNotFound || rec.Header().Get("X-Ratelimit-Remaining") != strconv.Itoa(3-i) || rec.Header().Get("X-Ratelimit-Limit") != "3" {
+			t.Fatalf("request %d: %d, remaining %q, limit %q", i, rec.Code, rec.Header().Get("X-Ratelimit-Remaining"), rec.Header().Get("X-Ratelimit-Limit"))
+		}
+	}
+
+	rec := send("203.0.113.1")
+	if ra, _ := strconv.Atoi(rec.Header().Get("Retry-After")); rec.Code != http.StatusTooManyRequests || ra < 9 || ra > 10 {
+		t.Fatalf("4th request: %d, Retry-After %q (the first token is back 10s after the first request)", rec.Code, rec.Header().Get("Retry-After"))
+	}
+
+	key := "ratelimit:bucket@test:ip:203.0.113.1"
+
+	// A TAT in microseconds has 16 digits, and must be stored whole (Lua's
+	// tostring would keep 14).
+	v := redisDo(t, admin, "HGET", key, "r")
+	if !regexp.MustCompile(`^[0-9]{16}$`).MatchString(v.Str) {
+		t.Fatalf("r = %q, want microseconds in full", v.Str)
+	}
+
+	// The key lives until the bucket is full again: 30s after the burst.
+	if ttl := redisDo(t, admin, "PTTL", key).Int; ttl < 25000 || ttl > 30000 {
+		t.Fatalf("PTTL %d, want about 30s", ttl)
+	}
+
+	// Keys of the other algorithms, left by a reload, start afresh.
+	redisDo(t, admin, "SET", "ratelimit:bucket@test:ip:203.0.113.2", "99", "PX", "60000")
+	redisDo(t, admin, "HSET", "ratelimit:bucket@test:ip:203.0.113.3", "c", "99", "p", "99")
+	redisDo(t, admin, "PEXPIRE", "ratelimit:bucket@test:ip:203.0.113.3", "60000")
+
+	for _, client := range []string{"203.0.113.2", "203.0.113.3"} {
+		if rec := send(client); rec.Code != http.StatusNotFound || rec.Header().Get("X-Ratelimit-Remaining") != "2" {
+			t.Fatalf("%s over another algorithm's key: %d, remaining %q", client, rec.Code, rec.Header().Get("X-Ratelimit-Remaining"))
+		}
+	}
+
+	if typ := redisDo(t, admin, "TYPE", "ratelimit:bucket@test:ip:203.0.113.2").Str; typ != "hash" {
+		t.Fatalf("a fixed window's key became a %s", typ)
+	}
+}
