@@ -190,3 +190,101 @@ func TestTokenBucketOnRedisServer(t *testing.T) {
 		t.Fatalf("a fixed window's key became a %s", typ)
 	}
 }
+
+// rateLimitDynamic puts Traefik's built-in rateLimit and tierlimit configured
+// from the README's migration table side by side, one pair of routers per
+// source criterion: a request header, the request host, and the client IP
+// taken at depth 1 of X-Forwarded-For. 6 per minute with a burst of 3: a
+// token every 10s, so within the few hundred milliseconds of the test no
+// token comes back, and the built-in, which would delay a request by up to
+// 500ms at this rate rather than refuse it, has nothing to delay.
+const rateLimitDynamic = `
+http:
+  routers:
+    builtin-header: {entryPoints: [web], rule: "PathPrefix(` + "`/builtin/header`" + `)", middlewares: [builtin-header], service: backend}
+    tier-header:    {entryPoints: [web], rule: "PathPrefix(` + "`/tier/header`" + `)", middlewares: [tier-header], service: backend}
+    builtin-host:   {entryPoints: [web], rule: "PathPrefix(` + "`/builtin/host`" + `)", middlewares: [builtin-host], service: backend}
+    tier-host:      {entryPoints: [web], rule: "PathPrefix(` + "`/tier/host`" + `)", middlewares: [tier-host], service: backend}
+    builtin-ip:     {entryPoints: [web], rule: "PathPrefix(` + "`/builtin/ip`" + `)", middlewares: [builtin-ip], service: backend}
+    tier-ip:        {entryPoints: [web], rule: "PathPrefix(` + "`/tier/ip`" + `)", middlewares: [tier-ip], service: backend}
+  middlewares:
+    builtin-header:
+      rateLimit: {average: 6, period: 1m, burst: 3, sourceCriterion: {requestHeaderName: X-Api-Key}}
+    tier-header:
+      plugin:
+        tierlimit:
+          global: {points: 0}
+          ip: {algorithm: tokenbucket, points: 6, duration: 1m, burst: 3, key: "header:X-Api-Key"}
+    builtin-host:
+      rateLimit: {average: 6, period: 1m, burst: 3, sourceCriterion: {requestHost: true}}
+    tier-host:
+      plugin:
+        tierlimit:
+          global: {points: 0}
+          ip: {algorithm: tokenbucket, points: 6, duration: 1m, burst: 3, key: host}
+    builtin-ip:
+      rateLimit: {average: 6, period: 1m, burst: 3, sourceCriterion: {ipStrategy: {depth: 1}}}
+    tier-ip:
+      plugin:
+        tierlimit:
+          trustedHops: 1
+          global: {points: 0}
+          ip: {algorithm: tokenbucket, points: 6, duration: 1m, burst: 3}
+  services:
+    backend:
+      loadBalancer:
+        servers:
+          - url: "{{backend}}"
+`
+
+// TestTokenBucketAnswersLikeTraefiksRateLimit sends one request sequence to
+// each built-in rateLimit router and to its tierlimit twin, through the real
+// Traefik binary, and compares the answers one by one.
+func TestTokenBucketAnswersLikeTraefiksRateLimit(t *testing.T) {
+	e := start(t, rateLimitDynamic)
+	e.waitRouters("builtin-header", "tier-header", "builtin-host", "tier-host", "builtin-ip", "tier-ip")
+
+	// Sources in the order sent: a and b reach their burst, c does not.
+	sequence := []string{"a", "a", "b", "a", "a", "b", "c", "b", "b", "a", "b", "c"}
+
+	send := func(path, criterion, source string) int {
+		req, err := http.NewRequest(http.MethodGet, e.traefik.Web+path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+
+		switch criterion {
+		case "header":
+			req.Header.Set("X-Api-Key", "key-"+source)
+		case "host":
+			req.Host = source + ".example"
+		case "ip":
+			req.Header.Set("X-Forwarded-For", "198.51.100."+strconv.Itoa(int(source[0]))+", 203.0.113."+strconv.Itoa(int(source[0])))
+		}
+
+		resp, err := e.client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+
+		resp.Body.Close()
+
+		return resp.StatusCode
+	}
+
+	for _, criterion := range []string{"header", "host", "ip"} {
+		var builtin, tier []int
+
+		for _, source := range sequence {
+			builtin = append(builtin, send("/builtin/"+criterion, criterion, source))
+			tier = append(tier, send("/tier/"+criterion, criterion, source))
+		}
+
+		want := []int{200, 200, 200, 200, 429, 200, 200, 200, 429, 429, 429, 200}
+		for i := range sequence {
+			if builtin[i] != want[i] || tier[i] != want[i] {
+				t.Fatalf("%s: request %d (%s): built-in rateLimit %v, tierlimit %v; both should be %v", criterion, i, sequence[i], builtin, tier, want)
+			}
+		}
+	}
+}
