@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -194,7 +195,8 @@ func TestTokenBucketOnRedisServer(t *testing.T) {
 // rateLimitDynamic puts Traefik's built-in rateLimit and tierlimit configured
 // from the README's migration table side by side, one pair of routers per
 // source criterion: a request header, the request host, and the client IP
-// taken at depth 1 of X-Forwarded-For. 6 per minute with a burst of 3: a
+// taken at depth 1 of X-Forwarded-For, and a request header with both on
+// Redis. 6 per minute with a burst of 3: a
 // token every 10s, so within the few hundred milliseconds of the test no
 // token comes back, and the built-in, which would delay a request by up to
 // 500ms at this rate rather than refuse it, has nothing to delay.
@@ -207,6 +209,8 @@ http:
     tier-host:      {entryPoints: [web], rule: "PathPrefix(` + "`/tier/host`" + `)", middlewares: [tier-host], service: backend}
     builtin-ip:     {entryPoints: [web], rule: "PathPrefix(` + "`/builtin/ip`" + `)", middlewares: [builtin-ip], service: backend}
     tier-ip:        {entryPoints: [web], rule: "PathPrefix(` + "`/tier/ip`" + `)", middlewares: [tier-ip], service: backend}
+    builtin-redis:  {entryPoints: [web], rule: "PathPrefix(` + "`/builtin/redis`" + `)", middlewares: [builtin-redis], service: backend}
+    tier-redis:     {entryPoints: [web], rule: "PathPrefix(` + "`/tier/redis`" + `)", middlewares: [tier-redis], service: backend}
   middlewares:
     builtin-header:
       rateLimit: {average: 6, period: 1m, burst: 3, sourceCriterion: {requestHeaderName: X-Api-Key}}
@@ -230,6 +234,20 @@ http:
           trustedHops: 1
           global: {points: 0}
           ip: {algorithm: tokenbucket, points: 6, duration: 1m, burst: 3}
+    builtin-redis:
+      rateLimit:
+        average: 6
+        period: 1m
+        burst: 3
+        sourceCriterion: {requestHeaderName: X-Api-Key}
+        redis: {endpoints: ["{{redis}}"]}
+    tier-redis:
+      plugin:
+        tierlimit:
+          store: redis
+          redis: {address: "{{redis}}"}
+          global: {points: 0}
+          ip: {algorithm: tokenbucket, points: 6, duration: 1m, burst: 3, key: "header:X-Api-Key"}
   services:
     backend:
       loadBalancer:
@@ -241,8 +259,9 @@ http:
 // each built-in rateLimit router and to its tierlimit twin, through the real
 // Traefik binary, and compares the answers one by one.
 func TestTokenBucketAnswersLikeTraefiksRateLimit(t *testing.T) {
-	e := start(t, rateLimitDynamic)
-	e.waitRouters("builtin-header", "tier-header", "builtin-host", "tier-host", "builtin-ip", "tier-ip")
+	r := startRedis(t)
+	e := start(t, strings.ReplaceAll(rateLimitDynamic, "{{redis}}", r.Addr))
+	e.waitRouters("builtin-header", "tier-header", "builtin-host", "tier-host", "builtin-ip", "tier-ip", "builtin-redis", "tier-redis")
 
 	// Sources in the order sent: a and b reach their burst, c does not.
 	sequence := []string{"a", "a", "b", "a", "a", "b", "c", "b", "b", "a", "b", "c"}
@@ -254,7 +273,7 @@ func TestTokenBucketAnswersLikeTraefiksRateLimit(t *testing.T) {
 		}
 
 		switch criterion {
-		case "header":
+		case "header", "redis":
 			req.Header.Set("X-Api-Key", "key-"+source)
 		case "host":
 			req.Host = source + ".example"
@@ -269,10 +288,14 @@ func TestTokenBucketAnswersLikeTraefiksRateLimit(t *testing.T) {
 
 		resp.Body.Close()
 
+		if criterion == "redis" && path == "/tier/redis" && resp.Header.Get("X-Ratelimit-Limit") != "3" {
+			t.Fatalf("tierlimit on Redis: X-RateLimit-Limit %q", resp.Header.Get("X-Ratelimit-Limit"))
+		}
+
 		return resp.StatusCode
 	}
 
-	for _, criterion := range []string{"header", "host", "ip"} {
+	for _, criterion := range []string{"header", "host", "ip", "redis"} {
 		var builtin, tier []int
 
 		for _, source := range sequence {
@@ -286,5 +309,12 @@ func TestTokenBucketAnswersLikeTraefiksRateLimit(t *testing.T) {
 				t.Fatalf("%s: request %d (%s): built-in rateLimit %v, tierlimit %v; both should be %v", criterion, i, sequence[i], builtin, tier, want)
 			}
 		}
+	}
+
+	admin := r.Client(redisresp.Options{})
+	defer admin.Close()
+
+	if got := keys(t, admin, "ratelimit:tier-redis@file:ip:"); len(got) != 3 {
+		t.Fatalf("tierlimit's buckets in Redis: %v, want one per API key", got)
 	}
 }
