@@ -195,8 +195,8 @@ func TestTokenBucketOnRedisServer(t *testing.T) {
 // rateLimitDynamic puts Traefik's built-in rateLimit and tierlimit configured
 // from the README's migration table side by side, one pair of routers per
 // source criterion: a request header, the request host, and the client IP
-// taken at depth 1 of X-Forwarded-For, and a request header with both on
-// Redis. 6 per minute with a burst of 3: a
+// taken at depth 1 of X-Forwarded-For, the TCP peer (no sourceCriterion),
+// and a request header with both on Redis. 6 per minute with a burst of 3: a
 // token every 10s, so within the few hundred milliseconds of the test no
 // token comes back, and the built-in, which would delay a request by up to
 // 500ms at this rate rather than refuse it, has nothing to delay.
@@ -209,6 +209,8 @@ http:
     tier-host:      {entryPoints: [web], rule: "PathPrefix(` + "`/tier/host`" + `)", middlewares: [tier-host], service: backend}
     builtin-ip:     {entryPoints: [web], rule: "PathPrefix(` + "`/builtin/ip`" + `)", middlewares: [builtin-ip], service: backend}
     tier-ip:        {entryPoints: [web], rule: "PathPrefix(` + "`/tier/ip`" + `)", middlewares: [tier-ip], service: backend}
+    builtin-peer:   {entryPoints: [web], rule: "PathPrefix(` + "`/builtin/peer`" + `)", middlewares: [builtin-peer], service: backend}
+    tier-peer:      {entryPoints: [web], rule: "PathPrefix(` + "`/tier/peer`" + `)", middlewares: [tier-peer], service: backend}
     builtin-redis:  {entryPoints: [web], rule: "PathPrefix(` + "`/builtin/redis`" + `)", middlewares: [builtin-redis], service: backend}
     tier-redis:     {entryPoints: [web], rule: "PathPrefix(` + "`/tier/redis`" + `)", middlewares: [tier-redis], service: backend}
   middlewares:
@@ -232,6 +234,14 @@ http:
       plugin:
         tierlimit:
           trustedHops: 1
+          global: {points: 0}
+          ip: {algorithm: tokenbucket, points: 6, duration: 1m, burst: 3}
+    builtin-peer:
+      rateLimit: {average: 6, period: 1m, burst: 3}
+    tier-peer:
+      plugin:
+        tierlimit:
+          trustedProxies: []
           global: {points: 0}
           ip: {algorithm: tokenbucket, points: 6, duration: 1m, burst: 3}
     builtin-redis:
@@ -261,7 +271,7 @@ http:
 func TestTokenBucketAnswersLikeTraefiksRateLimit(t *testing.T) {
 	r := startRedis(t)
 	e := start(t, strings.ReplaceAll(rateLimitDynamic, "{{redis}}", r.Addr))
-	e.waitRouters("builtin-header", "tier-header", "builtin-host", "tier-host", "builtin-ip", "tier-ip", "builtin-redis", "tier-redis")
+	e.waitRouters("builtin-header", "tier-header", "builtin-host", "tier-host", "builtin-ip", "tier-ip", "builtin-peer", "tier-peer", "builtin-redis", "tier-redis")
 
 	// Sources in the order sent: a and b reach their burst, c does not.
 	sequence := []string{"a", "a", "b", "a", "a", "b", "c", "b", "b", "a", "b", "c"}
@@ -277,7 +287,7 @@ func TestTokenBucketAnswersLikeTraefiksRateLimit(t *testing.T) {
 			req.Header.Set("X-Api-Key", "key-"+source)
 		case "host":
 			req.Host = source + ".example"
-		case "ip":
+		case "ip", "peer":
 			req.Header.Set("X-Forwarded-For", "198.51.100."+strconv.Itoa(int(source[0]))+", 203.0.113."+strconv.Itoa(int(source[0])))
 		}
 
@@ -295,7 +305,7 @@ func TestTokenBucketAnswersLikeTraefiksRateLimit(t *testing.T) {
 		return resp.StatusCode
 	}
 
-	for _, criterion := range []string{"header", "host", "ip", "redis"} {
+	for _, criterion := range []string{"header", "host", "ip", "peer", "redis"} {
 		var builtin, tier []int
 
 		for _, source := range sequence {
@@ -304,6 +314,10 @@ func TestTokenBucketAnswersLikeTraefiksRateLimit(t *testing.T) {
 		}
 
 		want := []int{200, 200, 200, 200, 429, 200, 200, 200, 429, 429, 429, 200}
+		if criterion == "peer" {
+			// Every request comes from the test's address, whatever X-Forwarded-For says.
+			want = []int{200, 200, 200, 429, 429, 429, 429, 429, 429, 429, 429, 429}
+		}
 		for i := range sequence {
 			if builtin[i] != want[i] || tier[i] != want[i] {
 				t.Fatalf("%s: request %d (%s): built-in rateLimit %v, tierlimit %v; both should be %v", criterion, i, sequence[i], builtin, tier, want)
