@@ -6,6 +6,7 @@ import (
 	"math/rand"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -330,5 +331,51 @@ func TestTokenBucketAnswersLikeTraefiksRateLimit(t *testing.T) {
 
 	if got := keys(t, admin, "ratelimit:tier-redis@file:ip:"); len(got) != 3 {
 		t.Fatalf("tierlimit's buckets in Redis: %v, want one per API key", got)
+	}
+}
+
+// TestReadmeACLRunsEveryAlgorithm creates the ACL user the README describes,
+// with exactly the commands it lists, and runs a fixed, a sliding and a
+// token-bucket layer through it: each must reach Redis, not the memory
+// fallback.
+func TestReadmeACLRunsEveryAlgorithm(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	line := regexp.MustCompile("`(\\+evalsha[^`]*)`").FindSubmatch(readme)
+	if line == nil {
+		t.Fatal("README lists no ACL commands")
+	}
+
+	r := startRedis(t, "--requirepass", "secret")
+	admin := r.Client(redisresp.Options{Password: "secret"})
+	defer admin.Close()
+
+	redisDo(t, admin, append([]string{"ACL", "SETUSER", "acl-limiter", "on", ">s3cret", "~ratelimit:*"}, strings.Fields(string(line[1]))...)...)
+
+	for _, algorithm := range []string{"fixed", "sliding", "tokenbucket"} {
+		cfg := tierlimit.CreateConfig()
+		cfg.Store = "redis"
+		cfg.Redis.Address = r.Addr
+		cfg.Redis.Username = "acl-limiter"
+		cfg.Redis.Password = "s3cret"
+		cfg.Redis.Timeout = "2s"
+		cfg.Global.Points = 0
+		cfg.IP = tierlimit.LayerConfig{Points: 5, Duration: "60s", Algorithm: algorithm}
+
+		h, err := tierlimit.New(context.Background(), http.NotFoundHandler(), cfg, "acl-"+algorithm+"@test")
+		if err != nil {
+			t.Fatal(err)
+		}
+
+		req := httptest.NewRequest(http.MethodGet, "/", nil)
+		req.RemoteAddr = "203.0.113.1:1"
+		h.ServeHTTP(httptest.NewRecorder(), req)
+
+		if got := keys(t, admin, "ratelimit:acl-"+algorithm+"@test:"); len(got) != 1 {
+			t.Fatalf("%s through the README's ACL: Redis keys %v, want one (else memory decided)", algorithm, got)
+		}
 	}
 }
