@@ -379,3 +379,38 @@ func TestReadmeACLRunsEveryAlgorithm(t *testing.T) {
 		}
 	}
 }
+
+// TestTokenBucketWithoutRedis: when Redis cannot be reached, the memory store
+// decides with the same bucket, never letting everything through.
+func TestTokenBucketWithoutRedis(t *testing.T) {
+	m := miniredis.RunT(t)
+	addr := m.Addr()
+	m.Close()
+
+	cfg := tierlimit.CreateConfig()
+	cfg.Store = "redis"
+	cfg.Redis.Address = addr
+	cfg.Redis.Timeout = "100ms"
+	cfg.Redis.DialTimeout = "100ms"
+	cfg.Global.Points = 0
+	cfg.IP = tierlimit.LayerConfig{Points: 2, Duration: "60s", Algorithm: "tokenbucket"}
+
+	h, err := tierlimit.New(context.Background(), http.NotFoundHandler(), cfg, "bucket-down@test")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	var codes []int
+
+	for i := 0; i < 4; i++ {
+		req := httptest.NewRequest(http.MethodGet, "/", nil)
+		req.RemoteAddr = "203.0.113.1:1"
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		codes = append(codes, rec.Code)
+	}
+
+	if codes[0] != 404 || codes[1] != 404 || codes[2] != 429 || codes[3] != 429 {
+		t.Fatalf("answers %v, want the bucket of 2 decided in memory", codes)
+	}
+}
