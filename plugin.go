@@ -86,6 +86,7 @@ const (
 	keyOfConst                      // layer.constKey (global, routes keyed by global)
 	keyOfPrincipalElseClient        // routes keyed by principal
 	keyOfHeader                     // "header:<Name>": the value hashed, else the client IP
+	keyOfHost                       // "host": the request's host (hostKey), else the client IP
 )
 
 // layer is a layer as the request path uses it: its limits, its counters in
@@ -98,6 +99,8 @@ type layer struct {
 	constKey  string
 	keyHeader string // canonical, for keyOfHeader
 	sliding   bool   // sliding-window counter instead of a fixed window
+	interval  int64  // token bucket: nanoseconds per point (tokenbucket.go); 0 for a window
+	rate      int64  // token bucket: the points per duration configured; points is then the burst
 
 	stats *layerStats // decisions since the process started, shared across reloads
 
@@ -135,7 +138,7 @@ const maxPrecomputed = 4096
 // counts requests without a principal per client IP, in a namespace of its own
 // so that an IP never shares a bucket with a principal id. A header-keyed layer
 // falls back to the client IP, never to a shared empty key.
-func (l *layer) keyFor(client, principal string, hdr http.Header) string {
+func (l *layer) keyFor(client, principal string, req *http.Request) string {
 	switch l.keyKind {
 	case keyOfClient:
 		return client
@@ -145,11 +148,21 @@ func (l *layer) keyFor(client, principal string, hdr http.Header) string {
 		return l.constKey
 	case keyOfHeader:
 		// A credential such as an API key: hashed, never kept in clear.
-		if v := hdr[l.keyHeader]; len(v) > 0 && strings.TrimSpace(v[0]) != "" {
+		if req == nil {
+			return client
+		}
+
+		if v := req.Header[l.keyHeader]; len(v) > 0 && strings.TrimSpace(v[0]) != "" {
 			return hashKey(strings.TrimSpace(v[0]))
 		}
 
 		return client
+	case keyOfHost:
+		if req == nil {
+			return client
+		}
+
+		return hostKey(req.Host, client)
 	}
 
 	if principal != "" {
@@ -226,7 +239,7 @@ func New(ctx context.Context, next http.Handler, config *Config, name string) (h
 
 	p.credentials = len(p.credHeaders)+len(p.credCookies)+len(p.credQuery) > 0
 
-	kinds := map[string]int{keyIP: keyOfClient, keyPrincipal: keyOfPrincipalElseClient, keyGlobal: keyOfConst, keyHeader: keyOfHeader}
+	kinds := map[string]int{keyIP: keyOfClient, keyPrincipal: keyOfPrincipalElseClient, keyGlobal: keyOfConst, keyHeader: keyOfHeader, keyHost: keyOfHost}
 
 	for _, rs := range cfg.routes {
 		if rs.on() {
@@ -274,7 +287,7 @@ func New(ctx context.Context, next http.Handler, config *Config, name string) (h
 
 		// A plan has at most every layer: global, one tier and the routes.
 		for n := 0; n <= len(p.layers); n++ {
-			rs.calls = append(rs.calls, takeRedis.Call(n, 4*n+1))
+			rs.calls = append(rs.calls, takeRedis.Call(n, 5*n+1))
 		}
 	}
 
@@ -289,7 +302,7 @@ func New(ctx context.Context, next http.Handler, config *Config, name string) (h
 	// serveSimple's loop knows fixed windows keyed by client, principal or constant.
 	inlined := true
 	for _, l := range p.layers {
-		inlined = inlined && l.keyKind != keyOfHeader && !l.sliding
+		inlined = inlined && l.keyKind != keyOfHeader && l.keyKind != keyOfHost && !l.sliding && l.interval == 0
 	}
 
 	p.active = cfg.enabled && (len(p.planIP)+len(p.planAssets)+len(p.planUser)+len(p.planService)+len(p.routes) > 0 || p.ws != nil)
@@ -353,19 +366,35 @@ func newLayer(memory *windowStore, spec layerSpec, keyKind int) *layer {
 		l.keyKind = keyOfHeader
 	}
 
-	l.redisArgs = redisresp.Bulk(l.limit) + redisresp.Bulk(formatInt(int64(spec.duration/time.Millisecond))) + bulkFalse
+	if spec.keyHost {
+		l.keyKind = keyOfHost
+	}
+
+	if spec.bucket {
+		spec = l.makeBucket(spec)
+	}
+
+	l.redisArgs = redisresp.Bulk(l.limit) + redisresp.Bulk(formatInt(int64(spec.duration/time.Millisecond))) + bulkFalse + bulkFalse
 	if spec.sliding {
-		l.redisArgs = redisresp.Bulk(l.limit) + redisresp.Bulk(formatInt(int64(spec.duration/time.Millisecond))) + bulkTrue
+		l.redisArgs = redisresp.Bulk(l.limit) + redisresp.Bulk(formatInt(int64(spec.duration/time.Millisecond))) + bulkTrue + bulkFalse
 	}
 
 	l.maxTTL = int64(spec.duration / time.Millisecond)
 	if spec.sliding {
 		l.maxTTL *= 2
 	}
+
+	if spec.bucket {
+		l.redisArgs = redisresp.Bulk(l.limit) + redisresp.Bulk(formatInt(int64(spec.duration/time.Millisecond))) + bulkBucket + redisresp.Bulk(formatInt(l.rate))
+		l.maxTTL = (spec.points*int64(spec.duration/time.Millisecond)+l.rate-1)/l.rate + 1
+	}
 	l.bodyPrefix = `{"errors":[{"message":"Hit rate limit","extensions":{"code":"REQUESTS_EXCEEDED","limit":` + l.limit + `,"reset":"`
 	l.bodySuffix = `","layer":"` + l.name + `"}}]}`
 	l.limitHdr = []string{l.limit}
 	l.policyHdr = []string{`"` + spec.name + `";q=` + l.limit + ";w=" + formatInt(ceilSeconds(l.duration))}
+	if spec.bucket {
+		l.policyHdr = []string{`"` + spec.name + `";q=` + l.limit + ";w=" + formatInt(ceilSeconds(spec.points*l.interval))}
+	}
 
 	for left := int64(0); left <= spec.points && left < maxPrecomputed; left++ {
 		l.remainingHdr = append(l.remainingHdr, []string{formatInt(left)})
@@ -664,10 +693,10 @@ func (p *Plugin) decide(rw http.ResponseWriter, req *http.Request, layers []*lay
 
 	var t tally
 
-	p.store.take(&t, now, layers, client, principal, req.Header, p.cfg.dryRun)
+	p.store.take(&t, now, layers, client, principal, req, p.cfg.dryRun)
 
 	if t.firsts != 0 {
-		p.report(layers, t.firsts, client, principal, req.Header)
+		p.report(layers, t.firsts, client, principal, req)
 	}
 
 	if t.shown < 0 {
@@ -712,10 +741,10 @@ func (p *Plugin) serveUpgrade(out, rw http.ResponseWriter, req *http.Request, cl
 }
 
 // report writes an event for each layer whose refusal is the first of its window.
-func (p *Plugin) report(layers []*layer, firsts uint64, client, principal string, hdr http.Header) {
+func (p *Plugin) report(layers []*layer, firsts uint64, client, principal string, req *http.Request) {
 	for i, l := range layers {
 		if firsts&(uint64(1)<<uint(i)) != 0 {
-			p.events.refused(l.name, l.keyFor(client, principal, hdr), client)
+			p.events.refused(l.name, l.keyFor(client, principal, req), client)
 		}
 	}
 }

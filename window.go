@@ -66,7 +66,7 @@ type window struct {
 	start  int64
 	reset  int64
 	expire int64    // when the counter may be dropped: reset, or reset + duration for a sliding window
-	before int64    // sliding window: the previous window's count
+	before int64    // sliding window: the previous window's count; token bucket: resetH's seconds
 	logged bool     // a refusal of this window was reported (see tally.firsts)
 	taken  int64    // windowStore.takes of the last request that charged it: never evicted by that request
 	resetH []string // X-RateLimit-Reset value, formatted once per window
@@ -80,7 +80,7 @@ type window struct {
 // count weighs on the next window), so it keeps a list of its own.
 type windowList struct {
 	duration int64
-	span     int64 // how long a counter lives from its start: duration, or 2x when sliding
+	span     int64 // how long a counter lives from its start: duration, or 2x when sliding; 0 for token buckets
 	head     *window
 	tail     *window
 }
@@ -121,6 +121,10 @@ func (s *windowStore) attach(l *layer) {
 	span := l.duration
 	if l.sliding {
 		span = 2 * l.duration
+	}
+
+	if l.interval != 0 {
+		span = 0 // token buckets: ordered by last request (tokenbucket.go)
 	}
 
 	for _, wl := range s.lists {
@@ -165,7 +169,7 @@ type tally struct {
 // The loop repeats tally.note and the common cases of layer.keyFor inline:
 // under Yaegi each call allocates every local of the callee, and this loop
 // runs for every request.
-func (s *windowStore) take(t *tally, now int64, layers []*layer, client, principal string, hdr http.Header, all bool) {
+func (s *windowStore) take(t *tally, now int64, layers []*layer, client, principal string, req *http.Request, all bool) {
 	t.shown = -1
 
 	s.mu.Lock()
@@ -176,11 +180,19 @@ func (s *windowStore) take(t *tally, now int64, layers []*layer, client, princip
 		if l.keyKind == keyOfConst {
 			key = l.constKey
 		} else if l.keyKind != keyOfClient {
-			key = l.keyFor(client, principal, hdr)
+			key = l.keyFor(client, principal, req)
 		}
 
 		if l.sliding {
 			if s.slide(t, i, now, l, key) && !all {
+				break
+			}
+
+			continue
+		}
+
+		if l.interval != 0 {
+			if s.drip(t, i, now, l, key) && !all {
 				break
 			}
 

@@ -19,6 +19,7 @@ require (
 	github.com/tierlimit/tierlimit v0.0.0-00010101000000-000000000000
 	github.com/traefik/traefik/v3 v3.6.12
 	golang.org/x/mod v0.32.0
+	golang.org/x/time v0.14.0
 	gopkg.in/yaml.v3 v3.0.1
 	k8s.io/api v0.34.3
 	sigs.k8s.io/yaml v1.6.0
@@ -355,7 +356,6 @@ require (
 	golang.org/x/sys v0.41.0 // indirect
 	golang.org/x/term v0.40.0 // indirect
 	golang.org/x/text v0.34.0 // indirect
-	golang.org/x/time v0.14.0 // indirect
 	golang.org/x/tools v0.41.0 // indirect
 	gomodules.xyz/jsonpatch/v2 v2.4.0 // indirect
 	google.golang.org/api v0.267.0 // indirect
