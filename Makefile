@@ -1,19 +1,21 @@
 # make demo: Traefik with the plugin in local mode, a demo backend, a short burst.
 # make test: every test (unit tests with -race, then the real-Traefik tests).
+# make unit: the fast loop: root module tests, then the Lua script and RESP client against miniredis (e2e/storetest).
 GO ?= go
 TRAEFIK := e2e/.cache/traefik-v3.6.12
 # Pinned; fetched from the Go module proxy by go run, so a fresh machine needs nothing installed.
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: test unit fuzz e2e demo traefik vendor-check bench
+.PHONY: test unit fuzz e2e dashboard demo traefik vendor-check catalog-check bench
 
-test: vendor-check unit fuzz e2e
+test: vendor-check catalog-check unit fuzz dashboard e2e
 
 unit:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' | grep -v '^vendor/'))" || { gofmt -l $$(git ls-files '*.go' | grep -v '^vendor/'); echo 'gofmt: files above need formatting'; exit 1; }
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
 	$(GO) test -race -count=1 ./...
+	cd e2e && $(GO) vet ./storetest && $(GO) test -race -count=1 ./storetest
 
 # Short runs of the RESP reply and canonical path fuzzers on top of their seed corpora (which `unit` runs).
 fuzz:
@@ -26,14 +28,19 @@ e2e: $(TRAEFIK)
 	cd e2e && $(GO) run $(STATICCHECK) ./...
 	cd e2e && $(GO) test -count=1 -timeout 20m ./...
 
+# examples/grafana's PromQL against the metrics the plugin exports (a module of its own: see e2e/dashboard/doc.go).
+dashboard:
+	cd e2e/dashboard && $(GO) vet ./... && $(GO) test -count=1 ./...
+
 # Figures for BENCHMARKS.md: compiled cost; under Yaegi (Traefik's loader, in
 # process) the ratios to the minimal limiters side by side, the allocation
-# budgets and memory; the real Traefik binary under load. Several minutes.
+# budgets, cost and memory; the real Traefik binary under load. Several minutes.
 bench: $(TRAEFIK)
 	@echo '== compiled: go test -run ^$$ -bench . -benchmem -count 5 .'
 	$(GO) test -run '^$$' -bench . -benchmem -count 5 .
 	@echo '== Yaegi (Traefik loader, in process): ratios, allocation budgets, cost and memory'
-	cd e2e && TIERLIMIT_BENCH=1 $(GO) test -count=1 -v -run 'TestYaegiRatios|TestAllocationBudgets|TestYaegiCost|TestYaegiMemory' ./yaegibench 2>/dev/null | grep -v RATE_LIMIT_TRIGGERED
+	cd e2e && $(GO) test -count=1 -run '^$$' -bench 'RatioTable|CostTable|MemoryTable' -benchtime 1x ./yaegibench 2>/dev/null | grep -v RATE_LIMIT_TRIGGERED
+	cd e2e && $(GO) test -count=1 -v -run TestAllocationBudgets ./yaegibench 2>/dev/null | grep -v RATE_LIMIT_TRIGGERED
 	@echo '== real Traefik under load'
 	cd e2e && $(GO) run ./cmd/loadbench
 
@@ -46,6 +53,11 @@ traefik: $(TRAEFIK)
 $(TRAEFIK):
 	cd e2e && $(GO) build -o .cache/traefik-v3.6.12.tmp github.com/traefik/traefik/v3/cmd/traefik
 	mv $(TRAEFIK).tmp $(TRAEFIK)
+
+# What the plugin catalog checks before it lists the plugin: .traefik.yml, go.mod, vendor/, and
+# the module as the Go proxy zips it loaded by Traefik's Yaegi loader with testData (e2e/cmd/catalogcheck).
+catalog-check:
+	cd e2e && $(GO) run ./cmd/catalogcheck -root ..
 
 # The catalog loads dependencies from vendor/ only: it must match go.mod.
 vendor-check:

@@ -1,6 +1,7 @@
 package tierlimit
 
 import (
+	"context"
 	"net/http"
 	"net/netip"
 	"time"
@@ -33,24 +34,23 @@ type statusPage struct {
 // in headers only, no connection cap, no exemptions. Every other instance
 // takes serveGeneral, which handles everything.
 func chooseMode(s *settings) mode {
-	specs := []layerSpec{s.global, s.ip, s.assets, s.user, s.service}
+	// Route layers are charged on the general path only (serveClassified
+	// hands route matches over), so their algorithm and key do not matter.
+	routes := false
 	for _, rs := range s.routes {
-		specs = append(specs, rs.layerSpec)
+		routes = routes || rs.on()
 	}
 
-	on, fixed, routes := false, true, false
+	on, fixed := routes, true
+	for _, l := range []layerSpec{s.global, s.ip, s.assets, s.user, s.service} {
+		if l.on() {
+			on = true
+			fixed = fixed && !l.sliding && !l.bucket && l.keyHeader == "" && !l.keyHost
+		}
+	}
+
 	// After ForwardAuth (userHeader set) credentials are not read (chain.go).
 	creds := s.principal.UserHeader == ""
-
-	for i, l := range specs {
-		if !l.on() {
-			continue
-		}
-
-		on = true
-		fixed = fixed && !l.sliding && l.keyHeader == ""
-		routes = routes || i >= 5
-	}
 
 	switch {
 	case !s.enabled || !on && s.wsMaxPerIP == 0:
@@ -73,8 +73,12 @@ func chooseMode(s *settings) mode {
 }
 
 // build makes the Plugin of a parsed configuration.
-func build(cfg *settings, next http.Handler, name string) *Plugin {
-	memory := registry.get(name, cfg.maxTracked)
+//
+// Registries hand out the middleware's shared state (counters, connection
+// caps, Redis backends) held until ctx, which Traefik cancels at the next
+// configuration reload, is done (lifetime.go).
+func build(ctx context.Context, cfg *settings, next http.Handler, name string) *Plugin {
+	memory := registry.get(ctx, name, cfg.maxTracked)
 
 	p := &Plugin{
 		next:    next,
@@ -114,7 +118,7 @@ func build(cfg *settings, next http.Handler, name string) *Plugin {
 	}
 
 	if cfg.wsMaxPerIP > 0 {
-		p.ws = connCounters.get(name, cfg.wsMaxPerIP)
+		p.ws = connCounters.get(ctx, name, cfg.wsMaxPerIP)
 		p.wsLayer = newLayer(memory, layerSpec{name: layerWebsocket, points: int64(cfg.wsMaxPerIP), duration: time.Second}, keyOfClient)
 	}
 
@@ -130,7 +134,7 @@ func build(cfg *settings, next http.Handler, name string) *Plugin {
 	}
 
 	if cfg.store == "redis" {
-		p.store = newRedisStore(cfg, name, memory, p.layers)
+		p.store = newRedisStore(ctx, cfg, name, memory, p.layers)
 	}
 
 	all := p.layers
@@ -177,7 +181,7 @@ func (p *Plugin) buildLayers(cfg *settings, memory *windowStore) *layer {
 // buildRoutes makes the route layers that are on, and the methods they are
 // limited to (nil when some route takes every method, or there is none).
 func buildRoutes(memory *windowStore, specs []routeSpec) ([]*route, map[string]bool) {
-	kinds := map[string]int{keyIP: keyOfClient, keyPrincipal: keyOfPrincipalElseClient, keyGlobal: keyOfConst, keyHeader: keyOfHeader}
+	kinds := map[string]int{keyIP: keyOfClient, keyPrincipal: keyOfPrincipalElseClient, keyGlobal: keyOfConst, keyHeader: keyOfHeader, keyHost: keyOfHost}
 
 	var routes []*route
 
@@ -228,12 +232,12 @@ func (p *Plugin) setPathForms(cfg *settings) {
 
 // newRedisStore makes the Redis store of an instance and encodes each
 // layer's keys.
-func newRedisStore(cfg *settings, name string, memory *windowStore, layers []*layer) *redisStore {
+func newRedisStore(ctx context.Context, cfg *settings, name string, memory *windowStore, layers []*layer) *redisStore {
 	rs := &redisStore{
 		prefix:  cfg.keyPrefix + ":" + name + ":",
-		backend: backends.get(cfg.redis),
+		backend: backends.get(ctx, cfg.redis),
 		local:   memory,
-		blocked: registry.blockListFor(name, cfg.maxTracked),
+		blocked: registry.blockListFor(ctx, name, cfg.maxTracked),
 	}
 
 	for _, l := range layers {
@@ -243,7 +247,7 @@ func newRedisStore(cfg *settings, name string, memory *windowStore, layers []*la
 
 	// A plan has at most every layer: global, one tier and the routes.
 	for n := 0; n <= len(layers); n++ {
-		rs.calls = append(rs.calls, takeRedis.Call(n, 4*n+1))
+		rs.calls = append(rs.calls, takeRedis.Call(n, 5*n+1))
 	}
 
 	return rs
@@ -272,6 +276,10 @@ func newLayer(memory *windowStore, spec layerSpec, keyKind int) *layer {
 		keyKind = keyOfHeader
 	}
 
+	if spec.keyHost {
+		keyKind = keyOfHost
+	}
+
 	l := &layer{
 		limits: limits{
 			name:      spec.name,
@@ -282,36 +290,53 @@ func newLayer(memory *windowStore, spec layerSpec, keyKind int) *layer {
 			keyHeader: spec.keyHeader,
 			sliding:   spec.sliding,
 		},
-		redisEncoding: newRedisEncoding(spec),
-		headerTable:   newHeaderTable(spec),
 	}
+
+	// A token bucket's points become its burst (tokenbucket.go).
+	if spec.bucket {
+		spec = l.makeBucket(spec)
+	}
+
+	l.redisEncoding = newRedisEncoding(spec, l.rate)
+	l.headerTable = newHeaderTable(spec, l.interval)
 
 	memory.attach(l)
 
 	return l
 }
 
-func newRedisEncoding(spec layerSpec) redisEncoding {
+// newRedisEncoding encodes the script's arguments of a layer (redisstore.go):
+// points, window, algorithm and a token bucket's rate.
+func newRedisEncoding(spec layerSpec, rate int64) redisEncoding {
 	ms := int64(spec.duration / time.Millisecond)
-	e := redisEncoding{
-		redisArgs: redisresp.Bulk(formatInt(spec.points)) + redisresp.Bulk(formatInt(ms)) + bulkFalse,
-		maxTTL:    ms,
-	}
+	head := redisresp.Bulk(formatInt(spec.points)) + redisresp.Bulk(formatInt(ms))
+	e := redisEncoding{redisArgs: head + bulkFalse + bulkFalse, maxTTL: ms}
 
-	if spec.sliding {
-		e.redisArgs = redisresp.Bulk(formatInt(spec.points)) + redisresp.Bulk(formatInt(ms)) + bulkTrue
+	switch {
+	case spec.sliding:
+		e.redisArgs = head + bulkTrue + bulkFalse
 		e.maxTTL = 2 * ms
+	case spec.bucket:
+		e.redisArgs = head + bulkBucket + redisresp.Bulk(formatInt(rate))
+		e.maxTTL = (spec.points*ms+rate-1)/rate + 1
 	}
 
 	return e
 }
 
-func newHeaderTable(spec layerSpec) headerTable {
+// newHeaderTable makes a layer's header values; a token bucket's policy
+// window is the time its burst takes to refill (interval per point).
+func newHeaderTable(spec layerSpec, interval int64) headerTable {
 	limit := formatInt(spec.points)
+	window := int64(spec.duration)
+	if spec.bucket {
+		window = spec.points * interval
+	}
+
 	t := headerTable{
 		limit:     limit,
 		limitHdr:  []string{limit},
-		policyHdr: []string{`"` + spec.name + `";q=` + limit + ";w=" + formatInt(ceilSeconds(int64(spec.duration)))},
+		policyHdr: []string{`"` + spec.name + `";q=` + limit + ";w=" + formatInt(ceilSeconds(window))},
 	}
 
 	for left := int64(0); left <= spec.points && left < maxPrecomputed; left++ {

@@ -47,13 +47,16 @@ type Config struct {
 
 // LayerConfig is one window: Points requests per Duration. Points 0 turns
 // the layer off. Duration is a time.ParseDuration string; a bare integer means
-// seconds. Algorithm is "fixed" (the default) or "sliding". Key, empty by
-// default, may be "header:<Name>" on every layer but global: the header's value,
-// hashed, is the bucket key, and a request without it is keyed by its client IP.
+// seconds. Algorithm is "fixed" (the default), "sliding" or "tokenbucket"
+// (Points per Duration refilled into a bucket of Burst, default Points). Key,
+// empty by default, may be "header:<Name>" on every layer but global (the
+// header's value, hashed, is the bucket key, and a request without it is keyed
+// by its client IP) or "host" (the request's host, port stripped).
 type LayerConfig struct {
 	Points    int
 	Duration  string
 	Algorithm string
+	Burst     int
 	Key       string
 
 	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
@@ -66,6 +69,7 @@ type AssetsConfig struct {
 	Points        int
 	Duration      string
 	Algorithm     string
+	Burst         int
 	Key           string
 	PathPrefixes  []string
 	CaseSensitive bool
@@ -75,7 +79,7 @@ type AssetsConfig struct {
 
 // RouteConfig is a limit on requests matching Methods (all when empty) and
 // Paths (exact, or by prefix when the path ends with "/"), counted per Key:
-// "ip", "principal", "global" or "header:<Name>". Name is the layer name in
+// "ip", "principal", "global", "host" or "header:<Name>". Name is the layer name in
 // keys and headers. Paths match the canonical request path (path.go),
 // ignoring case unless CaseSensitive.
 type RouteConfig struct {
@@ -86,6 +90,7 @@ type RouteConfig struct {
 	Points        int
 	Duration      string
 	Algorithm     string
+	Burst         int
 	CaseSensitive bool
 
 	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
@@ -215,6 +220,7 @@ const (
 	keyPrincipal = "principal"
 	keyGlobal    = "global"
 	keyHeader    = "header:"
+	keyHost      = "host"
 )
 
 // settings is the validated, parsed form of Config that New builds once, so
@@ -259,7 +265,10 @@ type layerSpec struct {
 	points    int64
 	duration  time.Duration
 	sliding   bool
+	bucket    bool   // tokenbucket: points per duration into a bucket of burst
+	burst     int64  // tokenbucket only
 	keyHeader string // canonical header name when keyed by "header:<Name>"
+	keyHost   bool   // keyed by the request's host
 }
 
 func (l layerSpec) on() bool { return l.points > 0 }
@@ -271,7 +280,7 @@ type routeSpec struct {
 	exact         map[string]bool // canonical paths (canonicalPattern)
 	prefixes      []string        // canonical, ending in "/"
 	caseSensitive bool
-	key           string // keyIP, keyPrincipal, keyGlobal or keyHeader
+	key           string // keyIP, keyPrincipal, keyGlobal, keyHost or keyHeader
 }
 
 // errConfig is the sentinel every validation error wraps, so callers can tell
@@ -361,7 +370,7 @@ func parse(cfg *Config) (*settings, error) {
 		return nil, err
 	}
 
-	assets := LayerConfig{Points: cfg.Assets.Points, Duration: cfg.Assets.Duration, Algorithm: cfg.Assets.Algorithm, Key: cfg.Assets.Key}
+	assets := LayerConfig{Points: cfg.Assets.Points, Duration: cfg.Assets.Duration, Algorithm: cfg.Assets.Algorithm, Burst: cfg.Assets.Burst, Key: cfg.Assets.Key}
 	if s.assets, err = parseLayer("assets", layerAssets, assets); err != nil {
 		return nil, err
 	}
@@ -385,6 +394,10 @@ func parse(cfg *Config) (*settings, error) {
 	}
 
 	if s.routes, err = parseRoutes(cfg.Routes); err != nil {
+		return nil, err
+	}
+
+	if err = checkMaxTracked(s); err != nil {
 		return nil, err
 	}
 
@@ -430,11 +443,19 @@ func parseLayer(field, name string, lc LayerConfig) (layerSpec, error) {
 	case "", "fixed":
 	case "sliding":
 		spec.sliding = true
+	case "tokenbucket":
+		spec.bucket = true
 	default:
-		return layerSpec{}, invalid(field+".algorithm", lc.Algorithm, `must be "fixed" or "sliding"`)
+		return layerSpec{}, invalid(field+".algorithm", lc.Algorithm, `must be "fixed", "sliding" or "tokenbucket"`)
 	}
 
-	if lc.Key != "" {
+	if err := parseBurst(field, lc, &spec); err != nil {
+		return layerSpec{}, err
+	}
+
+	if lc.Key == keyHost {
+		spec.keyHost = true
+	} else if lc.Key != "" {
 		if spec.keyHeader, err = parseKeyHeader(lc.Key); err != nil {
 			return layerSpec{}, invalid(field+".key", lc.Key, err.Error())
 		}
@@ -443,11 +464,49 @@ func parseLayer(field, name string, lc LayerConfig) (layerSpec, error) {
 	return spec, nil
 }
 
+// maxBucketProduct bounds a token bucket's duration in microseconds times its
+// points and its burst: the Redis script computes with them in Lua numbers,
+// which are exact integers up to 2^53.
+const maxBucketProduct = int64(1) << 53
+
+// parseBurst checks a layer's burst and gives a token bucket its default
+// burst, the points. A burst on another algorithm is an error rather than
+// ignored: it would say the layer allows bursts that it does not.
+func parseBurst(field string, lc LayerConfig, spec *layerSpec) error {
+	if lc.Burst < 0 {
+		return invalid(field+".burst", lc.Burst, "must be >= 0 (0: the points)")
+	}
+
+	if !spec.bucket {
+		if lc.Burst != 0 {
+			return invalid(field+".burst", lc.Burst, `only algorithm "tokenbucket" takes a burst`)
+		}
+
+		return nil
+	}
+
+	spec.burst = int64(lc.Burst)
+	if spec.burst == 0 {
+		spec.burst = spec.points
+	}
+
+	micros := int64(spec.duration / time.Microsecond)
+	if spec.points > micros {
+		return invalid(field+".points", lc.Points, "a token bucket refills at most one point per microsecond")
+	}
+
+	if spec.points > 0 && (spec.points > maxBucketProduct/micros || spec.burst > maxBucketProduct/micros) {
+		return invalid(field+".burst", spec.burst, "too large for a token bucket of this duration (duration in microseconds x points or burst must stay below 2^53)")
+	}
+
+	return nil
+}
+
 // parseKeyHeader reads a "header:<Name>" key and returns the canonical name.
 func parseKeyHeader(key string) (string, error) {
 	name := strings.TrimPrefix(key, keyHeader)
 	if name == key {
-		return "", errors.New(`must be empty or "header:<Name>"`)
+		return "", errors.New(`must be empty, "host" or "header:<Name>"`)
 	}
 
 	if !validToken(name) {
@@ -510,7 +569,7 @@ func parseRoutes(routes []RouteConfig) ([]routeSpec, error) {
 
 		seen[rc.Name] = true
 
-		layer, err := parseLayer(field, rc.Name, LayerConfig{Points: rc.Points, Duration: rc.Duration, Algorithm: rc.Algorithm})
+		layer, err := parseLayer(field, rc.Name, LayerConfig{Points: rc.Points, Duration: rc.Duration, Algorithm: rc.Algorithm, Burst: rc.Burst})
 		if err != nil {
 			return nil, err
 		}
@@ -518,7 +577,7 @@ func parseRoutes(routes []RouteConfig) ([]routeSpec, error) {
 		spec := routeSpec{layerSpec: layer, exact: map[string]bool{}, caseSensitive: rc.CaseSensitive}
 
 		switch {
-		case rc.Key == keyIP || rc.Key == keyPrincipal || rc.Key == keyGlobal:
+		case rc.Key == keyIP || rc.Key == keyPrincipal || rc.Key == keyGlobal || rc.Key == keyHost:
 			spec.key = rc.Key
 		case rc.Key == "":
 			spec.key = keyIP
@@ -529,7 +588,7 @@ func parseRoutes(routes []RouteConfig) ([]routeSpec, error) {
 
 			spec.key = keyHeader
 		default:
-			return nil, invalid(field+".key", rc.Key, `must be "ip", "principal", "global" or "header:<Name>"`)
+			return nil, invalid(field+".key", rc.Key, `must be "ip", "principal", "global", "host" or "header:<Name>"`)
 		}
 
 		for j, m := range rc.Methods {
@@ -784,4 +843,36 @@ func parseOperations(cfg *Config, s *settings) error {
 	}
 
 	return nil
+}
+
+// checkMaxTracked rejects a cap below the number of layers that are on: one
+// request charges a counter in each of its layers (global, its tier, the
+// routes it matches), and a store that cannot hold one counter per layer for
+// one key would evict the counters of a request's own layers, letting every
+// request through.
+func checkMaxTracked(s *settings) error {
+	if !s.enabled {
+		return nil
+	}
+
+	var on []string
+
+	for _, l := range []layerSpec{s.global, s.ip, s.assets, s.user, s.service} {
+		if l.on() {
+			on = append(on, l.name)
+		}
+	}
+
+	for _, rs := range s.routes {
+		if rs.on() {
+			on = append(on, rs.name)
+		}
+	}
+
+	if s.maxTracked >= len(on) {
+		return nil
+	}
+
+	return invalid("maxTracked", s.maxTracked, "must be at least "+strconv.Itoa(len(on))+
+		", one counter for each layer that is on ("+strings.Join(on, ", ")+")")
 }

@@ -76,6 +76,7 @@ func (p *Plugin) serveFast(rw http.ResponseWriter, req *http.Request, credential
 	var sw *window
 	left := int64(0) // requests left in shown; -1: shown refused
 	s.mu.Lock()
+	s.takes++
 
 	for _, l := range layers {
 		key := client
@@ -89,6 +90,7 @@ func (p *Plugin) serveFast(rw http.ResponseWriter, req *http.Request, credential
 		w := l.entries[key]
 		if w != nil && w.reset > now && w.list == l.list {
 			w.count++
+			w.taken = s.takes
 		} else {
 			w = s.restart(now, l, w, key)
 		}
@@ -162,6 +164,7 @@ func (p *Plugin) serveAnonymous(rw http.ResponseWriter, req *http.Request) {
 	var sw *window
 	left := int64(0) // requests left in shown; -1: shown refused
 	s.mu.Lock()
+	s.takes++
 
 	for _, l := range layers {
 		key := client
@@ -172,6 +175,7 @@ func (p *Plugin) serveAnonymous(rw http.ResponseWriter, req *http.Request) {
 		w := l.entries[key]
 		if w != nil && w.reset > now && w.list == l.list {
 			w.count++
+			w.taken = s.takes
 		} else {
 			w = s.restart(now, l, w, key)
 		}

@@ -71,10 +71,10 @@ func (p *Plugin) decide(rw http.ResponseWriter, req *http.Request, layers []*lay
 
 	var t tally
 
-	p.store.take(&t, now, layers, client, principal, req.Header, p.dryRun)
+	p.store.take(&t, now, layers, client, principal, req, p.dryRun)
 
 	if t.firsts != 0 {
-		p.report(layers, t.firsts, client, principal, req.Header)
+		p.report(layers, t.firsts, client, principal, req)
 	}
 
 	if t.shown < 0 {
@@ -119,10 +119,10 @@ func (p *Plugin) serveUpgrade(out, rw http.ResponseWriter, req *http.Request, cl
 }
 
 // report writes an event for each layer whose refusal is the first of its window.
-func (p *Plugin) report(layers []*layer, firsts uint64, client, principal string, hdr http.Header) {
+func (p *Plugin) report(layers []*layer, firsts uint64, client, principal string, req *http.Request) {
 	for i, l := range layers {
 		if firsts&(uint64(1)<<uint(i)) != 0 {
-			p.events.refused(l.name, l.keyFor(client, principal, hdr), client)
+			p.events.refused(l.name, l.keyFor(client, principal, req), client)
 		}
 	}
 }

@@ -12,6 +12,7 @@ const (
 	keyOfConst                      // limits.constKey (global, routes keyed by global)
 	keyOfPrincipalElseClient        // routes keyed by principal
 	keyOfHeader                     // "header:<Name>": the value hashed, else the client IP
+	keyOfHost                       // "host": the request's host (hostKey), else the client IP
 )
 
 // layer is a layer as the request path uses it, in parts by concern. The
@@ -35,6 +36,8 @@ type limits struct {
 	constKey  string
 	keyHeader string // canonical, for keyOfHeader
 	sliding   bool   // sliding-window counter instead of a fixed window
+	interval  int64  // token bucket: nanoseconds per point (tokenbucket.go); 0 for a window
+	rate      int64  // token bucket: the points per duration configured; points is then the burst
 }
 
 // memCounters are the layer's counters in the memory store, resolved once
@@ -95,7 +98,7 @@ const maxPrecomputed = 4096
 // counts requests without a principal per client IP, in a namespace of its own
 // so that an IP never shares a bucket with a principal id. A header-keyed layer
 // falls back to the client IP, never to a shared empty key.
-func (l *layer) keyFor(client, principal string, hdr http.Header) string {
+func (l *layer) keyFor(client, principal string, req *http.Request) string {
 	switch l.keyKind {
 	case keyOfClient:
 		return client
@@ -105,11 +108,21 @@ func (l *layer) keyFor(client, principal string, hdr http.Header) string {
 		return l.constKey
 	case keyOfHeader:
 		// A credential such as an API key: hashed, never kept in clear.
-		if v := hdr[l.keyHeader]; len(v) > 0 && strings.TrimSpace(v[0]) != "" {
+		if req == nil {
+			return client
+		}
+
+		if v := req.Header[l.keyHeader]; len(v) > 0 && strings.TrimSpace(v[0]) != "" {
 			return hashKey(strings.TrimSpace(v[0]))
 		}
 
 		return client
+	case keyOfHost:
+		if req == nil {
+			return client
+		}
+
+		return hostKey(req.Host, client)
 	}
 
 	if principal != "" {

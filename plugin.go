@@ -94,7 +94,7 @@ func New(ctx context.Context, next http.Handler, config *Config, name string) (h
 		return nil, fmt.Errorf("configuring %s: %w", name, err)
 	}
 
-	return build(cfg, next, name), nil
+	return build(ctx, cfg, next, name), nil
 }
 
 // ServeHTTP dispatches on the mode; see fast.go and general.go.

@@ -333,8 +333,9 @@ func (p *Pool) dial() (*Conn, error) {
 func (p *Pool) Close() {
 	p.mu.Lock()
 	idle := p.idle
-	p.closed = true
+	// One field at a time: see e2e/yaegirules_test.go.
 	p.idle = nil
+	p.closed = true
 	p.open -= len(idle)
 	p.mu.Unlock()
 

@@ -142,6 +142,11 @@ type Options struct {
 	BuildLog io.Writer
 	// Plugins are more local plugins to load beside tierlimit (e.g. a baseline).
 	Plugins []LocalPlugin
+	// Debug turns on api.debug: Go's pprof under <API>/debug/pprof/.
+	Debug bool
+	// ProvidersThrottle is providers.providersThrottleDuration; empty keeps
+	// Traefik's default (2s), which holds back reloads written in a row.
+	ProvidersThrottle string
 }
 
 // LocalPlugin is a plugin given by its source files, loaded in local mode under Alias.
@@ -233,6 +238,11 @@ func start(opts Options) (*Traefik, error) {
 		return nil, err
 	}
 
+	throttle := ""
+	if opts.ProvidersThrottle != "" {
+		throttle = "  providersThrottleDuration: " + opts.ProvidersThrottle + "\n"
+	}
+
 	static := fmt.Sprintf(`entryPoints:
   web:
     address: 127.0.0.1:%d
@@ -252,18 +262,19 @@ func start(opts Options) (*Traefik, error) {
       sanitizePath: false
 api:
   insecure: true
+  debug: %t
 ping: {}
 log:
   level: INFO
 providers:
-  file:
+%s  file:
     filename: %q
     watch: true
 experimental:
   localPlugins:
     tierlimit:
       moduleName: %s
-%s%s`, ports[0], ports[1], ports[2], ports[3], tr.DynamicPath, ModuleName, extra, opts.Extra)
+%s%s`, ports[0], ports[1], ports[2], ports[3], opts.Debug, throttle, tr.DynamicPath, ModuleName, extra, opts.Extra)
 
 	staticPath := filepath.Join(opts.Dir, "traefik.yml")
 	if err := os.WriteFile(staticPath, []byte(static), 0o644); err != nil {
@@ -367,7 +378,8 @@ func (tr *Traefik) WaitRouters(limit time.Duration, names ...string) (map[string
 }
 
 func (tr *Traefik) routers() (map[string]RouterState, error) {
-	resp, err := http.Get(tr.API + "/api/http/routers")
+	// A bounded request, so that WaitRouters keeps to its deadline.
+	resp, err := (&http.Client{Timeout: 5 * time.Second}).Get(tr.API + "/api/http/routers")
 	if err != nil {
 		return nil, err
 	}
