@@ -68,16 +68,13 @@ func (p *Plugin) serveFast(rw http.ResponseWriter, req *http.Request, credential
 	if principal == "" {
 		client = p.ips.clientKey(req)
 	}
-
 	now := p.now().UnixNano()
 	s := p.memory
-
 	var shown *layer // the layer that refused, else the one with the fewest left
 	var sw *window
 	left := int64(0) // requests left in shown; -1: shown refused
 	s.mu.Lock()
 	s.takes++
-
 	for _, l := range layers {
 		key := client
 		if l.keyKind == keyOfConst {
@@ -85,7 +82,6 @@ func (p *Plugin) serveFast(rw http.ResponseWriter, req *http.Request, credential
 		} else if l.keyKind == keyOfPrincipal {
 			key = principal
 		}
-
 		// kernel fixed-charge
 		w := l.entries[key]
 		if w != nil && w.reset > now && w.list == l.list {
@@ -95,7 +91,6 @@ func (p *Plugin) serveFast(rw http.ResponseWriter, req *http.Request, credential
 			w = s.restart(now, l, w, key)
 		}
 		// end kernel
-
 		if w.count > l.points {
 			shown = l
 			sw = w

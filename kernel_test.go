@@ -1,6 +1,7 @@
 package tierlimit
 
 import (
+	"go/ast"
 	"go/parser"
 	"go/token"
 	"os"
@@ -110,4 +111,36 @@ func kernels(t *testing.T, file, src string) map[string][]string {
 	}
 
 	return out
+}
+
+// requestPathFiles hold the functions that serve requests (the status
+// endpoint and construction aside).
+var requestPathFiles = []string{
+	"plugin.go", "fast.go", "general.go", "layer.go", "response.go", "window.go", "sliding.go",
+	"tokenbucket.go", "redisstore.go", "clientip.go", "chain.go", "assetpath.go", "invalidcred.go",
+	"principal.go", "exempt.go", "path.go",
+}
+
+// TestRequestPathFunctionsAreShort: no function on the request path is longer
+// than 80 lines, so that each can be read whole.
+func TestRequestPathFunctionsAreShort(t *testing.T) {
+	fset := token.NewFileSet()
+
+	for _, name := range requestPathFiles {
+		f, err := parser.ParseFile(fset, name, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+
+		for _, d := range f.Decls {
+			fd, ok := d.(*ast.FuncDecl)
+			if !ok {
+				continue
+			}
+
+			if n := fset.Position(fd.End()).Line - fset.Position(fd.Pos()).Line + 1; n > 80 {
+				t.Errorf("%s: %s is %d lines long, over 80", name, fd.Name.Name, n)
+			}
+		}
+	}
 }
