@@ -1,6 +1,6 @@
 // Package tierlimit is a Traefik middleware plugin that limits requests with
-// several fixed-window layers: global, per client IP, per IP for public assets,
-// per principal, and per route. See README.md for the configuration and doc.go
+// several layers (fixed or sliding windows, token buckets): global, per client
+// IP, per IP for public assets, per principal, and per route. See README.md for the configuration and doc.go
 // for the rules its code follows to run well under Yaegi.
 package tierlimit
 
