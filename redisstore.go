@@ -293,10 +293,11 @@ const (
 	maxBackoff = 5 * time.Second
 )
 
-// redisBackend is one Redis server as every middleware configured for it
-// shares it: the connection pool and whether Redis is usable now.
+// redisBackend is one Redis deployment as every middleware configured for it
+// shares it: the client (a pool, or the Sentinel-found primary's) and whether
+// Redis is usable now.
 type redisBackend struct {
-	pool    *redisresp.Pool
+	pool    redisresp.Client
 	address string
 	log     io.Writer
 
@@ -385,6 +386,7 @@ type redisEvent struct {
 	Event    string `json:"event"`
 	Severity string `json:"severity"`
 	Address  string `json:"address"`
+	Primary  string `json:"primary,omitempty"`
 	Error    string `json:"error,omitempty"`
 	Fallback string `json:"fallback,omitempty"`
 	RetryIn  string `json:"retryIn,omitempty"`
@@ -392,6 +394,9 @@ type redisEvent struct {
 
 func (b *redisBackend) event(name, severity, msg string, retry time.Duration) {
 	ev := redisEvent{Event: name, Severity: severity, Address: b.address, Error: msg}
+	if sp, ok := b.pool.(interface{ Primary() string }); ok {
+		ev.Primary = sp.Primary()
+	}
 	if retry > 0 {
 		ev.Fallback, ev.RetryIn = "memory", retry.String()
 	}
@@ -414,16 +419,14 @@ type backendRegistry struct {
 }
 
 func (r *backendRegistry) get(opts redisresp.Options) *redisBackend {
-	id := opts.Address + "\x00" + opts.Username + "\x00" + opts.Password + "\x00" + strconv.Itoa(opts.DB) +
-		"\x00" + strconv.FormatBool(opts.TLS) + "\x00" + opts.DialTimeout.String() + "\x00" + opts.Timeout.String() +
-		"\x00" + strconv.Itoa(opts.PoolSize)
+	id := opts.Key()
 
 	r.mu.Lock()
 	defer r.mu.Unlock()
 
 	b := r.byConfig[id]
 	if b == nil {
-		b = &redisBackend{pool: redisresp.NewPool(opts), address: opts.Address, log: eventWriter}
+		b = &redisBackend{pool: redisresp.NewClient(opts), address: opts.Target(), log: eventWriter}
 		r.byConfig[id] = b
 	}
 

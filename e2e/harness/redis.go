@@ -22,6 +22,10 @@ type Redis struct {
 	args []string
 	cmd  *exec.Cmd
 	done chan struct{}
+
+	// TLS, when set, serves TLS only on Port (plain port off); the harness
+	// connects with these options.
+	TLS *redisresp.TLSOptions
 }
 
 // StartRedis runs redis-server on a free loopback port with persistence off;
@@ -29,6 +33,25 @@ type Redis struct {
 // The port is picked free just before the server starts; if something takes
 // it in between, the start is retried on another.
 func StartRedis(dir string, extra ...string) (*Redis, error) {
+	return startRedis(dir, nil, extra)
+}
+
+// StartTLSRedis runs redis-server with TLS only, its certificate signed by
+// ca; with authClients it requires a client certificate from ca.
+func StartTLSRedis(dir string, ca *CA, authClients bool, extra ...string) (*Redis, error) {
+	auth := "no"
+	if authClients {
+		auth = "yes"
+	}
+
+	args := append([]string{"--tls-cert-file", ca.ServerCert, "--tls-key-file", ca.ServerKey,
+		"--tls-ca-cert-file", ca.CAFile, "--tls-auth-clients", auth}, extra...)
+	opts := &redisresp.TLSOptions{CA: ca.CAPEM, Cert: ca.ClientCertPEM, Key: ca.ClientKeyPEM}
+
+	return startRedis(dir, opts, args)
+}
+
+func startRedis(dir string, tlsOpts *redisresp.TLSOptions, extra []string) (*Redis, error) {
 	var err error
 
 	for attempt := 0; attempt < 5; attempt++ {
@@ -38,7 +61,7 @@ func StartRedis(dir string, extra ...string) (*Redis, error) {
 			return nil, err
 		}
 
-		r := &Redis{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, dir: dir, args: extra}
+		r := &Redis{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, dir: dir, args: extra, TLS: tlsOpts}
 		if err = r.Start(); err == nil {
 			return r, nil
 		}
@@ -58,8 +81,13 @@ func (r *Redis) Start() error {
 		return fmt.Errorf("redis-server is not installed (apt-get install redis-server): %w", err)
 	}
 
-	args := append([]string{"--port", strconv.Itoa(r.Port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--dir", r.dir, "--logfile", filepath.Join(r.dir, "redis.log")}, r.args...)
+	ports := []string{"--port", strconv.Itoa(r.Port)}
+	if r.TLS != nil {
+		ports = []string{"--port", "0", "--tls-port", strconv.Itoa(r.Port)}
+	}
+
+	args := append(append(ports, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--dir", r.dir, "--logfile", filepath.Join(r.dir, "redis.log")), r.args...)
 
 	r.cmd = exec.Command(bin, args...)
 	r.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -84,7 +112,7 @@ func (r *Redis) Start() error {
 		default:
 		}
 
-		p := redisresp.NewPool(redisresp.Options{Address: r.Addr, Timeout: time.Second, PoolSize: 1})
+		p := r.Client(redisresp.Options{Timeout: time.Second, PoolSize: 1})
 		v, err := p.Do("PING")
 		p.Close()
 
@@ -114,6 +142,10 @@ func (r *Redis) Kill() {
 // Client returns a pool for inspecting the server; opts.Address is set.
 func (r *Redis) Client(opts redisresp.Options) *redisresp.Pool {
 	opts.Address = r.Addr
+	if r.TLS != nil {
+		opts.TLS, opts.TLSConfig = true, *r.TLS
+	}
+
 	if opts.Timeout == 0 {
 		opts.Timeout = 5 * time.Second
 	}

@@ -1,0 +1,192 @@
+package redisresp
+
+import (
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// fakePrimary answers ROLE with role and TAKE with two integers, or with
+// reply when set.
+type fakePrimary struct {
+	*fakeServer
+
+	mu    sync.Mutex
+	role  string
+	reply string
+}
+
+func startPrimary(t *testing.T) *fakePrimary {
+	p := &fakePrimary{fakeServer: newServer(t), role: "master"}
+	p.start(func(_ int, args []string) string {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+
+		switch args[0] {
+		case "ROLE":
+			return "*3\r\n" + bulk(p.role) + ":0\r\n*0\r\n"
+		case "TAKE":
+			if p.reply != "" {
+				return p.reply
+			}
+
+			return "*2\r\n:1\r\n:2\r\n"
+		}
+
+		return basicHandler(0, args)
+	})
+
+	return p
+}
+
+func (p *fakePrimary) set(role, reply string) {
+	p.mu.Lock()
+	p.role, p.reply = role, reply
+	p.mu.Unlock()
+}
+
+func (p *fakePrimary) count(name string) int {
+	n := 0
+	for _, c := range p.log() {
+		if c.args[0] == name {
+			n++
+		}
+	}
+
+	return n
+}
+
+// fakeSentinel names *primary for the group "mymaster".
+func startSentinel(t *testing.T, primary *string, mu *sync.Mutex) *fakePrimary {
+	s := &fakePrimary{fakeServer: newServer(t)}
+	s.start(func(_ int, args []string) string {
+		if len(args) == 3 && args[0] == "SENTINEL" && args[1] == "get-master-addr-by-name" && args[2] == "mymaster" {
+			mu.Lock()
+			defer mu.Unlock()
+
+			host, port, _ := strings.Cut(*primary, ":")
+
+			return "*2\r\n" + bulk(host) + bulk(port)
+		}
+
+		if args[0] == "SENTINEL" {
+			return "*-1\r\n"
+		}
+
+		return basicHandler(0, args)
+	})
+
+	return s
+}
+
+const take = "*1\r\n$4\r\nTAKE\r\n"
+
+func TestSentinelFindsThePrimaryOnceAndAgainAfterAFailure(t *testing.T) {
+	a, b := startPrimary(t), startPrimary(t)
+
+	var mu sync.Mutex
+	current := a.addr()
+	sentinel := startSentinel(t, &current, &mu)
+
+	opts := longOptions("")
+	opts.Sentinel = &SentinelOptions{MasterName: "mymaster", Addresses: []string{closedAddr(t), sentinel.addr()}}
+	s := NewSentinel(opts)
+	defer s.Close()
+
+	if n := sentinel.acceptedCount(); n != 0 {
+		t.Fatalf("NewSentinel connected %d times", n)
+	}
+
+	for i := 0; i < 5; i++ {
+		if ints, serverErr, err := s.DoInts(take); err != nil || serverErr != "" || len(ints) != 2 {
+			t.Fatalf("call %d: %v %q %v", i, ints, serverErr, err)
+		}
+	}
+
+	if n := sentinel.count("SENTINEL"); n != 1 {
+		t.Fatalf("5 calls asked the sentinels %d times, want once", n)
+	}
+
+	if n := a.count("ROLE"); n != 1 {
+		t.Fatalf("the primary's one connection was checked with ROLE %d times", n)
+	}
+
+	if s.Primary() != a.addr() {
+		t.Fatalf("primary %q, want %q", s.Primary(), a.addr())
+	}
+
+	// Failover: a is demoted and answers READONLY; the sentinels name b.
+	a.set("slave", "-READONLY You can't write against a read only replica.\r\n")
+	mu.Lock()
+	current = b.addr()
+	mu.Unlock()
+
+	if _, serverErr, err := s.DoInts(take); err != nil || !strings.HasPrefix(serverErr, "READONLY") {
+		t.Fatalf("call on the demoted primary: %q %v", serverErr, err)
+	}
+
+	if ints, serverErr, err := s.DoInts(take); err != nil || serverErr != "" || len(ints) != 2 {
+		t.Fatalf("call after the failover: %v %q %v", ints, serverErr, err)
+	}
+
+	if n := sentinel.count("SENTINEL"); n != 2 {
+		t.Fatalf("the sentinels were asked %d times, want twice (start, failover)", n)
+	}
+
+	if s.Primary() != b.addr() || b.count("TAKE") != 1 {
+		t.Fatalf("primary %q with %d calls, want %q with 1", s.Primary(), b.count("TAKE"), b.addr())
+	}
+
+	// A sentinel still naming a replica: the ROLE check refuses it.
+	b.set("slave", "")
+
+	if err := b.dropConnections(); err != nil {
+		t.Fatal(err)
+	}
+
+	if _, _, err := s.DoInts(take); err == nil {
+		t.Fatal("a call on the dropped connection succeeded")
+	}
+
+	if _, _, err := s.DoInts(take); !errors.Is(err, ErrNotPrimary) {
+		t.Fatalf("a replica named by the sentinels: %v, want ErrNotPrimary", err)
+	}
+
+	if n := b.count("TAKE"); n != 1 {
+		t.Fatalf("the replica ran %d calls, want 1 (from when it was the primary)", n)
+	}
+}
+
+func TestSentinelNamesNoPrimary(t *testing.T) {
+	var mu sync.Mutex
+	current := ""
+	sentinel := startSentinel(t, &current, &mu)
+
+	opts := longOptions("")
+	opts.Sentinel = &SentinelOptions{MasterName: "other", Addresses: []string{sentinel.addr()}}
+	s := NewSentinel(opts)
+	defer s.Close()
+
+	if _, _, err := s.DoInts(take); !errors.Is(err, ErrNoPrimary) || !strings.Contains(err.Error(), `"other"`) {
+		t.Fatalf("unknown group: %v", err)
+	}
+
+	s.Close()
+
+	if _, _, err := s.DoInts(take); !errors.Is(err, ErrClosed) {
+		t.Fatalf("after Close: %v", err)
+	}
+}
+
+// dropConnections closes the server's side of every connection, as a crash would.
+func (s *fakeServer) dropConnections() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	for _, nc := range s.conns {
+		_ = nc.Close()
+	}
+
+	return nil
+}
