@@ -382,11 +382,26 @@ func (b *redisBackend) failed(now int64, probe bool, err error) {
 	}
 }
 
+// switched logs that the sentinels named another primary, and lets the next
+// request probe it at once when Redis was failing: the back-off waited for
+// exactly this.
+func (b *redisBackend) switched(from, to string) {
+	b.mu.Lock()
+	b.retryAt = 0
+	b.mu.Unlock()
+
+	line, err := json.Marshal(redisEvent{Event: "REDIS_PRIMARY_CHANGED", Severity: "info", Address: b.address, Primary: to, Previous: from})
+	if err == nil {
+		_, _ = b.log.Write(append(line, '\n'))
+	}
+}
+
 type redisEvent struct {
 	Event    string `json:"event"`
 	Severity string `json:"severity"`
 	Address  string `json:"address"`
 	Primary  string `json:"primary,omitempty"`
+	Previous string `json:"previous,omitempty"`
 	Error    string `json:"error,omitempty"`
 	Fallback string `json:"fallback,omitempty"`
 	RetryIn  string `json:"retryIn,omitempty"`
@@ -427,6 +442,9 @@ func (r *backendRegistry) get(opts redisresp.Options) *redisBackend {
 	b := r.byConfig[id]
 	if b == nil {
 		b = &redisBackend{pool: redisresp.NewClient(opts), address: opts.Target(), log: eventWriter}
+		if sc, ok := b.pool.(*redisresp.Sentinel); ok {
+			sc.OnSwitch = b.switched
+		}
 		r.byConfig[id] = b
 	}
 

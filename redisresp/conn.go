@@ -122,6 +122,25 @@ func (c *Conn) DoInts(deadline time.Time, cmd string) ([]int64, string, error) {
 	return ints, serverErr, nil
 }
 
+// Receive reads one reply that no command of this call asked for: a message
+// of a subscribed connection. A timeout closes the connection, as any error.
+func (c *Conn) Receive(deadline time.Time) (Value, error) {
+	if c.err != nil {
+		return Value{}, c.err
+	}
+
+	if err := c.nc.SetDeadline(deadline); err != nil {
+		return Value{}, c.fail(fmt.Errorf("setting redis deadline: %w", err))
+	}
+
+	v, err := c.rd.readReply()
+	if err != nil {
+		return Value{}, c.fail(fmt.Errorf("reading redis message: %w", err))
+	}
+
+	return v, nil
+}
+
 // Bulk returns s encoded as a RESP bulk string, to build commands for
 // DoInts once and reuse them.
 func Bulk(s string) string {

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // fakePrimary answers ROLE with role and TAKE with two integers, or with
@@ -74,6 +75,10 @@ func startSentinel(t *testing.T, primary *string, mu *sync.Mutex) *fakePrimary {
 			return "*-1\r\n"
 		}
 
+		if args[0] == "SUBSCRIBE" && len(args) == 2 {
+			return "*3\r\n" + bulk("subscribe") + bulk(args[1]) + ":1\r\n"
+		}
+
 		return basicHandler(0, args)
 	})
 
@@ -104,7 +109,9 @@ func TestSentinelFindsThePrimaryOnceAndAgainAfterAFailure(t *testing.T) {
 		}
 	}
 
-	if n := sentinel.count("SENTINEL"); n != 1 {
+	waitFor(t, "the watcher's SUBSCRIBE", func() bool { return sentinel.count("SUBSCRIBE") == 1 })
+
+	if n := sentinel.asked(); n != 1 {
 		t.Fatalf("5 calls asked the sentinels %d times, want once", n)
 	}
 
@@ -130,7 +137,7 @@ func TestSentinelFindsThePrimaryOnceAndAgainAfterAFailure(t *testing.T) {
 		t.Fatalf("call after the failover: %v %q %v", ints, serverErr, err)
 	}
 
-	if n := sentinel.count("SENTINEL"); n != 2 {
+	if n := sentinel.asked(); n != 2 {
 		t.Fatalf("the sentinels were asked %d times, want twice (start, failover)", n)
 	}
 
@@ -189,4 +196,111 @@ func (s *fakeServer) dropConnections() error {
 	}
 
 	return nil
+}
+
+// asked counts the SENTINEL commands of connections that did not subscribe:
+// the discoveries, without the watcher's.
+func (p *fakePrimary) asked() int {
+	watchers := map[int]bool{}
+	for _, c := range p.log() {
+		if c.args[0] == "SUBSCRIBE" {
+			watchers[c.conn] = true
+		}
+	}
+
+	n := 0
+	for _, c := range p.log() {
+		if c.args[0] == "SENTINEL" && !watchers[c.conn] {
+			n++
+		}
+	}
+
+	return n
+}
+
+// waitFor polls cond until it holds, failing the test after failAfter.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+
+	deadline := time.Now().Add(failAfter)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not happen within %s", what, failAfter)
+		}
+
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// A failover that leaves the old primary up fails no call: the watcher moves
+// calls to the new primary when the sentinels announce the switch.
+func TestSentinelFollowsSwitchMaster(t *testing.T) {
+	a, b := startPrimary(t), startPrimary(t)
+
+	var mu sync.Mutex
+	current := a.addr()
+	sentinel := startSentinel(t, &current, &mu)
+
+	opts := longOptions("")
+	opts.Sentinel = &SentinelOptions{MasterName: "mymaster", Addresses: []string{sentinel.addr()}}
+	s := NewSentinel(opts)
+
+	var switches []string
+	var smu sync.Mutex
+	s.OnSwitch = func(from, to string) {
+		smu.Lock()
+		switches = append(switches, from+">"+to)
+		smu.Unlock()
+	}
+
+	if _, _, err := s.DoInts(take); err != nil {
+		t.Fatal(err)
+	}
+
+	watcher := 0
+	waitFor(t, "the watcher's SUBSCRIBE", func() bool {
+		for _, c := range sentinel.log() {
+			if c.args[0] == "SUBSCRIBE" && c.args[1] == "+switch-master" {
+				watcher = c.conn
+				return true
+			}
+		}
+
+		return false
+	})
+
+	mu.Lock()
+	current = b.addr()
+	mu.Unlock()
+
+	ah, ap, _ := strings.Cut(a.addr(), ":")
+	bh, bp, _ := strings.Cut(b.addr(), ":")
+	msg := "other 1.2.3.4 1 5.6.7.8 2" // another group's switch changes nothing
+
+	for _, m := range []string{msg, "mymaster " + ah + " " + ap + " " + bh + " " + bp} {
+		sentinel.mu.Lock()
+		nc := sentinel.conns[watcher-1]
+		sentinel.mu.Unlock()
+
+		if _, err := nc.Write([]byte("*3\r\n" + bulk("message") + bulk("+switch-master") + bulk(m))); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	waitFor(t, "the switch to "+b.addr(), func() bool { return s.Primary() == b.addr() })
+
+	if _, serverErr, err := s.DoInts(take); err != nil || serverErr != "" || b.count("TAKE") != 1 || a.count("TAKE") != 1 {
+		t.Fatalf("after the switch: %q %v; calls on a %d, on b %d", serverErr, err, a.count("TAKE"), b.count("TAKE"))
+	}
+
+	smu.Lock()
+	got := strings.Join(switches, ",")
+	smu.Unlock()
+
+	if want := a.addr() + ">" + b.addr(); got != want {
+		t.Fatalf("OnSwitch calls %q, want %q", got, want)
+	}
+
+	s.Close()
+	sentinel.waitGone(t, watcher)
 }

@@ -26,6 +26,45 @@ type Redis struct {
 	// TLS, when set, serves TLS only on Port (plain port off); the harness
 	// connects with these options.
 	TLS *redisresp.TLSOptions
+	// conf, when set, runs a sentinel with this configuration file.
+	conf string
+}
+
+// StartSentinel runs redis-server as a sentinel watching the primary at
+// primaryAddr as group name, with quorum 2 and failover timings short enough
+// for tests (down after 1s).
+func StartSentinel(dir, name, primaryAddr string) (*Redis, error) {
+	host, port, _ := strings.Cut(primaryAddr, ":")
+	conf := filepath.Join(dir, "sentinel.conf")
+	text := "sentinel monitor " + name + " " + host + " " + port + " 2\n" +
+		"sentinel down-after-milliseconds " + name + " 1000\n" +
+		"sentinel failover-timeout " + name + " 5000\n" +
+		"sentinel parallel-syncs " + name + " 1\n"
+
+	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
+		return nil, err
+	}
+
+	var err error
+
+	for attempt := 0; attempt < 5; attempt++ {
+		var p int
+
+		if p, err = FreePort(); err != nil {
+			return nil, err
+		}
+
+		r := &Redis{Addr: "127.0.0.1:" + strconv.Itoa(p), Port: p, dir: dir, conf: conf}
+		if err = r.Start(); err == nil {
+			return r, nil
+		}
+
+		if !strings.Contains(err.Error(), "Address already in use") {
+			return nil, err
+		}
+	}
+
+	return nil, err
 }
 
 // StartRedis runs redis-server on a free loopback port with persistence off;
@@ -88,6 +127,11 @@ func (r *Redis) Start() error {
 
 	args := append(append(ports, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
 		"--dir", r.dir, "--logfile", filepath.Join(r.dir, "redis.log")), r.args...)
+
+	if r.conf != "" {
+		args = []string{r.conf, "--sentinel", "--port", strconv.Itoa(r.Port), "--bind", "127.0.0.1",
+			"--dir", r.dir, "--logfile", filepath.Join(r.dir, "redis.log")}
+	}
 
 	r.cmd = exec.Command(bin, args...)
 	r.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
