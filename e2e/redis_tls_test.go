@@ -45,12 +45,13 @@ func indent(pem, pad string) string {
 // requiring client certificates. The CA given as a file or inline PEM, and the
 // client certificate, count in Redis; a wrong CA, the system roots and a
 // missing client certificate are each logged once and memory decides with the
-// same limits, never a 5xx.
+// same limits, never a 5xx. The plugin connects as README's ACL user.
 func TestRedisTLSWithOwnCA(t *testing.T) {
 	ca := newCA(t, "test")
 	other := newCA(t, "other")
 	plain := startTLSRedis(t, ca, false)
 	mutual := startTLSRedis(t, ca, true)
+	grantACL(t, plain, mutual)
 
 	routes := []string{"cafile", "cainline", "client", "wrongca", "systemroots", "noclient"}
 	tlsOf := map[string]string{
@@ -78,7 +79,7 @@ func TestRedisTLSWithOwnCA(t *testing.T) {
 	for _, r := range routes {
 		dyn.WriteString("    " + r + ":\n      plugin:\n        tierlimit:\n          store: redis\n          global: {points: 0}\n" +
 			"          ip: {points: 5, duration: 60s}\n          redis:\n            address: \"" + serverOf[r].Addr +
-			"\"\n            timeout: 1s\n            dialTimeout: 1s\n            tls: " + tlsOf[r] + "\n")
+			"\"\n            username: " + aclUser + "\n            password: " + aclPassword + "\n            timeout: 1s\n            dialTimeout: 1s\n            tls: " + tlsOf[r] + "\n")
 	}
 
 	dyn.WriteString("  services:\n    backend:\n      loadBalancer:\n        servers:\n          - url: \"{{backend}}\"\n")

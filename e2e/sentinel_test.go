@@ -30,6 +30,7 @@ func startSentinelGroup(t *testing.T, extra ...string) *sentinelGroup {
 	replica := startRedis(t, append([]string{"--replicaof", host, port}, extra...)...)
 
 	g := &sentinelGroup{t: t, servers: map[string]*harness.Redis{primary.Addr: primary, replica.Addr: replica}}
+	grantACL(t, primary, replica)
 
 	for i := 0; i < 3; i++ {
 		s, err := harness.StartSentinel(t.TempDir(), "mymaster", primary.Addr)
@@ -40,6 +41,8 @@ func startSentinelGroup(t *testing.T, extra ...string) *sentinelGroup {
 		t.Cleanup(s.Kill)
 		g.sentinels = append(g.sentinels, s)
 	}
+
+	grantSentinelACL(t, g.sentinels...)
 
 	return g
 }
@@ -185,7 +188,9 @@ http:
         tierlimit:
           store: redis
           redis:
-            sentinel: {masterName: mymaster, addresses: [` + addresses + `]}
+            sentinel: {masterName: mymaster, addresses: [` + addresses + `], username: ` + aclSentinelUser + `, password: ` + aclSentinelPassword + `}
+            username: ` + aclUser + `
+            password: ` + aclPassword + `
             timeout: 1s
             dialTimeout: 1s
           global: {points: 0}
@@ -195,7 +200,9 @@ http:
         tierlimit:
           store: redis
           redis:
-            sentinel: {masterName: mymaster, addresses: [` + addresses + `]}
+            sentinel: {masterName: mymaster, addresses: [` + addresses + `], username: ` + aclSentinelUser + `, password: ` + aclSentinelPassword + `}
+            username: ` + aclUser + `
+            password: ` + aclPassword + `
             timeout: 1s
             dialTimeout: 1s
           global: {points: 0}
@@ -293,7 +300,8 @@ func counter(t *testing.T, r *harness.Redis, client string) string {
 // FAILOVER and by killing it: no 5xx, no client past the limit that memory
 // allows each process during the switch, and within a few seconds of the
 // promotion both processes count exactly in the new primary. Each outage and
-// each recovery is logged once per process.
+// each recovery is logged once per process. The plugin connects to the data
+// nodes and the sentinels as README's ACL users.
 func TestSentinelFailover(t *testing.T) {
 	const limit = 20
 

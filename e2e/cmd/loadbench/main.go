@@ -9,8 +9,10 @@
 //	tierlimit-memory  this plugin, store: memory, global + ip layers, headers on
 //	builtin-redis     Traefik's RateLimit with redis.endpoints
 //	tierlimit-redis   this plugin, store: redis
+//	tierlimit-sentinel  this plugin, store: redis, the same server found through a sentinel
 //
-// and two scenarios: (a) limits high enough that nothing is refused, (b) a
+// (the sentinel's own PING and PUBLISH to the server, about one a second, are
+// in its Redis command counts) and two scenarios: (a) limits high enough that nothing is refused, (b) a
 // small per-IP limit with a long period, so that almost every request is
 // refused. Each (configuration, scenario, repetition) gets a fresh Traefik;
 // one redis-server is shared (flushed before each run). Repetitions alternate
@@ -69,6 +71,7 @@ var scenarios = []scenario{
 type configuration struct {
 	name       string
 	redis      bool
+	sentinel   bool // needs a sentinel watching the redis-server
 	middleware func(s scenario, redisAddr string) string // YAML under middlewares.limit; "" for none
 }
 
@@ -86,6 +89,18 @@ var configurations = []configuration{
 	{name: "tierlimit-memory", middleware: plugin(false)},
 	{name: "builtin-redis", redis: true, middleware: builtin(true)},
 	{name: "tierlimit-redis", redis: true, middleware: plugin(true)},
+	{name: "tierlimit-sentinel", redis: true, sentinel: true, middleware: pluginSentinel},
+}
+
+// sentinelAddr is the sentinel that run starts when a configuration needs one.
+var sentinelAddr string
+
+// pluginSentinel is plugin(true) with the server found through the sentinel.
+func pluginSentinel(s scenario, addr string) string {
+	y := plugin(true)(s, addr)
+
+	return strings.Replace(y, fmt.Sprintf("redis: {address: %q}", addr),
+		fmt.Sprintf("redis: {sentinel: {masterName: mymaster, addresses: [%q]}}", sentinelAddr), 1)
 }
 
 // builtin is Traefik's RateLimit keyed by the rightmost X-Forwarded-For entry,
@@ -256,9 +271,10 @@ func run(o options) error {
 
 	b := &bench{o: o, backend: backend, ips: clientIPs(o.clients)}
 
-	needRedis := false
+	needRedis, needSentinel := false, false
 	for _, c := range o.only {
 		needRedis = needRedis || c.redis
+		needSentinel = needSentinel || c.sentinel
 	}
 
 	if needRedis {
@@ -274,6 +290,21 @@ func run(o options) error {
 
 			b.admin = b.redis.Client(redisresp.Options{})
 			defer b.admin.Close()
+
+			if needSentinel {
+				sdir := filepath.Join(dir, "sentinel")
+				if err := os.MkdirAll(sdir, 0o755); err != nil {
+					return err
+				}
+
+				sentinel, err := harness.StartSentinel(sdir, "mymaster", b.redis.Addr)
+				if err != nil {
+					return fmt.Errorf("starting a sentinel: %w", err)
+				}
+				defer sentinel.Kill()
+
+				sentinelAddr = sentinel.Addr
+			}
 		} else {
 			fmt.Fprintln(os.Stderr, "loadbench: redis-server:", b.redisErr)
 		}
