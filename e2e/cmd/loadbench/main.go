@@ -71,7 +71,7 @@ var scenarios = []scenario{
 type configuration struct {
 	name       string
 	redis      bool
-	sentinel   bool // needs a sentinel watching the redis-server
+	sentinel   bool                                      // needs a sentinel watching the redis-server
 	middleware func(s scenario, redisAddr string) string // YAML under middlewares.limit; "" for none
 }
 
