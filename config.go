@@ -634,7 +634,7 @@ func checkDeployment(rc RedisConfig, s *settings) error {
 	case address != "" && rc.Cluster != nil:
 		return invalid("redis.address", address, "cannot be set together with redis.cluster; list the nodes in redis.cluster.addresses")
 	case rc.Cluster != nil:
-		return invalid("redis.cluster", strings.Join(rc.Cluster.Addresses, ","), "Redis Cluster is not supported by this version; use redis.address or redis.sentinel")
+		return checkCluster(rc, s)
 	case rc.Sentinel != nil:
 		return checkSentinel(rc, s)
 	}
@@ -644,6 +644,27 @@ func checkDeployment(rc RedisConfig, s *settings) error {
 			return invalid("redis.address", rc.Address, "must be host:port")
 		}
 	}
+
+	return nil
+}
+
+func checkCluster(rc RedisConfig, s *settings) error {
+	if len(rc.Cluster.Addresses) == 0 {
+		return invalid("redis.cluster.addresses", "", "must list at least one node (host:port)")
+	}
+
+	for i, a := range rc.Cluster.Addresses {
+		if !validHostPort(a) {
+			return invalid("redis.cluster.addresses["+strconv.Itoa(i)+"]", a, "must be host:port")
+		}
+	}
+
+	if rc.DB != 0 {
+		return invalid("redis.db", rc.DB, "must be 0 with redis.cluster: a cluster has database 0 only")
+	}
+
+	s.redis.Address = ""
+	s.redis.Cluster = &redisresp.ClusterOptions{Addresses: rc.Cluster.Addresses}
 
 	return nil
 }

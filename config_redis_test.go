@@ -98,7 +98,9 @@ func TestInvalidRedisDeploymentsNameTheField(t *testing.T) {
 			r.Sentinel = sentinelConfig()
 			r.Cluster = &RedisClusterConfig{Addresses: []string{"10.0.0.1:7000"}}
 		}},
-		{"redis.cluster", "10.0.0.1:7000", func(r *RedisConfig) { r.Cluster = &RedisClusterConfig{Addresses: []string{"10.0.0.1:7000"}} }},
+		{"redis.cluster.addresses", "", func(r *RedisConfig) { r.Cluster = &RedisClusterConfig{} }},
+		{"redis.cluster.addresses[0]", "node-1", func(r *RedisConfig) { r.Cluster = &RedisClusterConfig{Addresses: []string{"node-1"}} }},
+		{"redis.db", "2", func(r *RedisConfig) { r.DB = 2; r.Cluster = &RedisClusterConfig{Addresses: []string{"10.0.0.1:7000"}} }},
 		{"redis.address", "127.0.0.1:99999", func(r *RedisConfig) { r.Address = "127.0.0.1:99999" }},
 	}
 
@@ -147,6 +149,12 @@ func TestRedisDeploymentsAccepted(t *testing.T) {
 		}, func(s *settings) bool {
 			return s.redis.TLSConfig.CA == "/nonexistent/ca.pem" && s.redis.TLSConfig.InsecureSkipVerify
 		}},
+		{"cluster", func(r *RedisConfig) {
+			r.Cluster = &RedisClusterConfig{Addresses: []string{"10.0.0.1:7000", "[::1]:7001"}}
+		},
+			func(s *settings) bool {
+				return s.redis.Cluster != nil && len(s.redis.Cluster.Addresses) == 2 && s.redis.Address == "" && s.redis.Sentinel == nil
+			}},
 		{"sentinel next to the default address", func(r *RedisConfig) {
 			r.Sentinel = sentinelConfig()
 			r.Sentinel.Username, r.Sentinel.Password = "watcher", "pw"

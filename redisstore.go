@@ -216,7 +216,16 @@ func (s *redisStore) takeRedis(t *tally, now int64, layers []*layer, client, pri
 		keys += "$" + strconv.Itoa(len(key)) + "\r\n" + key + "\r\n"
 	}
 
-	ints, serverErr, err := s.callFor(len(layers)).RunInts(s.backend.pool, keys+args)
+	var ints []int64
+	var serverErr string
+	var err error
+
+	if s.backend.cluster != nil {
+		ints, serverErr, err = s.runCluster(s.backend.cluster, layers, client, principal, hdr, all)
+	} else {
+		ints, serverErr, err = s.callFor(len(layers)).RunInts(s.backend.pool, keys+args)
+	}
+
 	if err != nil {
 		return err
 	}
@@ -298,6 +307,7 @@ const (
 // Redis is usable now.
 type redisBackend struct {
 	pool    redisresp.Client
+	cluster *redisresp.Cluster // pool as a cluster client, or nil
 	address string
 	log     io.Writer
 
@@ -445,6 +455,8 @@ func (r *backendRegistry) get(opts redisresp.Options) *redisBackend {
 		if sc, ok := b.pool.(*redisresp.Sentinel); ok {
 			sc.OnSwitch = b.switched
 		}
+
+		b.cluster, _ = b.pool.(*redisresp.Cluster)
 		r.byConfig[id] = b
 	}
 

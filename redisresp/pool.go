@@ -29,6 +29,9 @@ type Options struct {
 	// Sentinel, when set, makes NewClient find the primary through sentinels;
 	// Address is then ignored.
 	Sentinel *SentinelOptions
+	// Cluster, when set, makes NewClient a Redis Cluster client; Address is
+	// then ignored.
+	Cluster *ClusterOptions
 }
 
 // Key identifies the deployment and settings, so that clients can be shared
@@ -43,6 +46,11 @@ func (o Options) Key() string {
 		parts = append(parts, s.Addresses...)
 	}
 
+	if c := o.Cluster; c != nil {
+		parts = append(parts, "cluster")
+		parts = append(parts, c.Addresses...)
+	}
+
 	return strings.Join(parts, "\x00")
 }
 
@@ -51,6 +59,10 @@ func (o Options) Key() string {
 func (o Options) Target() string {
 	if s := o.Sentinel; s != nil {
 		return "sentinel:" + s.MasterName + "@" + strings.Join(s.Addresses, ",")
+	}
+
+	if c := o.Cluster; c != nil {
+		return "cluster:" + strings.Join(c.Addresses, ",")
 	}
 
 	return o.Address
@@ -69,6 +81,10 @@ type Client interface {
 func NewClient(opts Options) Client {
 	if opts.Sentinel != nil {
 		return NewSentinel(opts)
+	}
+
+	if opts.Cluster != nil {
+		return NewCluster(opts)
 	}
 
 	return NewPool(opts)
