@@ -56,7 +56,7 @@ func TestRedisTLSWithOwnCA(t *testing.T) {
 	routes := []string{"cafile", "cainline", "client", "wrongca", "systemroots", "noclient"}
 	tlsOf := map[string]string{
 		"cafile":      `{ca: "` + ca.CAFile + `"}`,
-		"cainline":    "\n            ca: |\n" + indent(ca.CAPEM, "              "),
+		"cainline":    "\n              ca: |\n" + indent(ca.CAPEM, "                "),
 		"client":      `{ca: "` + ca.CAFile + `", cert: "` + ca.ClientCert + `", key: "` + ca.ClientKey + `"}`,
 		"wrongca":     `{ca: "` + other.CAFile + `"}`,
 		"systemroots": "true",

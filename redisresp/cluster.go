@@ -98,7 +98,10 @@ type Cluster struct {
 
 // NewCluster returns a client of opts.Cluster; it does no I/O.
 func NewCluster(opts Options) *Cluster {
-	opts.Sentinel, opts.RequirePrimary = nil, false
+	// One assignment per field: Yaegi panics (reflect: New(nil)) on an
+	// untyped nil in a tuple assignment.
+	opts.Sentinel = nil
+	opts.RequirePrimary = false
 	opts = NewPool(opts).opts
 
 	return &Cluster{opts: opts, pools: map[string]*Pool{}}
@@ -113,7 +116,9 @@ func (c *Cluster) DoInts(string) ([]int64, string, error) {
 func (c *Cluster) Close() {
 	c.mu.Lock()
 	pools := c.pools
-	c.pools, c.owner, c.closed = map[string]*Pool{}, nil, true
+	c.pools = map[string]*Pool{}
+	c.owner = nil
+	c.closed = true
 	c.mu.Unlock()
 
 	for _, p := range pools {
@@ -400,7 +405,8 @@ func (c *Cluster) refresh(seen int, owner []uint16, addrs []string) ([]uint16, [
 		return nil, nil, err
 	}
 
-	c.owner, c.addrs, c.stale, c.lastErr = newOwner, newAddrs, false, nil
+	c.owner, c.addrs, c.stale = newOwner, newAddrs, false
+	c.lastErr = nil
 
 	var gone []*Pool
 

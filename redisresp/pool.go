@@ -418,13 +418,16 @@ func (p *Pool) dial() (*Conn, error) {
 // Close closes the idle connections; connections in use close when returned.
 func (p *Pool) Close() {
 	p.mu.Lock()
-	idle := p.idle
-	p.closed, p.idle = true, nil
-	p.open -= len(idle)
+	conns := p.idle
+	// One assignment per field: Yaegi panics (reflect: New(nil)) on an
+	// untyped nil in a tuple assignment.
+	p.closed = true
+	p.idle = nil
+	p.open -= len(conns)
 	p.mu.Unlock()
 
-	for _, c := range idle {
-		_ = c.Close()
+	for i := range conns {
+		_ = conns[i].Close()
 	}
 
 	p.wake()

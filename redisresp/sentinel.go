@@ -385,7 +385,8 @@ func joinHostPort(host, port string) string {
 func (s *Sentinel) Close() {
 	s.mu.Lock()
 	p, c, closed := s.pool, s.watchC, s.closed
-	s.pool, s.closed = nil, true
+	s.pool = nil
+	s.closed = true
 	s.mu.Unlock()
 
 	if closed {
