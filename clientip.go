@@ -184,19 +184,47 @@ func normalize(a netip.Addr) netip.Addr {
 	return a.Unmap().WithZone("")
 }
 
-// clientIn reports whether the request's client address, resolved as for the
-// limit (before any IPv6 prefix is taken), is in one of set: exemptions and
-// the status endpoint's allowed clients.
+// clientIn reports whether the request's client address (before any IPv6
+// prefix is taken) is in one of set: exemptions and the status endpoint's
+// allowed clients, which grant more than a bucket. So the address must be one
+// that no client can have written: the first untrusted address of the walk, or
+// the trustedHops-th, was written by a trusted proxy. A chain of only trusted
+// addresses (any private address by default) may have been written, left of
+// any point, by a client inside the trusted ranges: its leftmost entry keys a
+// bucket but vouches for nothing, so the TCP peer and every entry must be in
+// set.
 func (r *ipResolver) clientIn(req *http.Request, set []netip.Prefix) bool {
 	if len(set) == 0 {
 		return false
 	}
 
-	a, ok := r.clientAddr(req.RemoteAddr, req.Header["X-Forwarded-For"])
-	if !ok {
+	forwarded := req.Header["X-Forwarded-For"]
+
+	a, ok := r.clientAddr(req.RemoteAddr, forwarded)
+	if !ok || !inPrefixes(a, set) {
 		return false
 	}
 
+	if r.hops > 0 || !r.trusted(a) {
+		return true
+	}
+
+	peer, _ := parseHost(req.RemoteAddr)
+	if !inPrefixes(peer, set) {
+		return false
+	}
+
+	hops, _ := fromRight(forwarded, maxForwardedEntries)
+	for _, h := range hops {
+		if !inPrefixes(h, set) {
+			return false
+		}
+	}
+
+	return true
+}
+
+func inPrefixes(a netip.Addr, set []netip.Prefix) bool {
 	for _, prefix := range set {
 		if prefix.Contains(a) {
 			return true

@@ -41,6 +41,8 @@ type Config struct {
 	Status   StatusConfig
 	Exempt   ExemptConfig
 	Response ResponseConfig
+
+	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
 }
 
 // LayerConfig is one window: Points requests per Duration. Points 0 turns
@@ -53,6 +55,8 @@ type LayerConfig struct {
 	Duration  string
 	Algorithm string
 	Key       string
+
+	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
 }
 
 // AssetsConfig is the per-IP budget for anonymous requests under PathPrefixes.
@@ -62,6 +66,8 @@ type AssetsConfig struct {
 	Algorithm    string
 	Key          string
 	PathPrefixes []string
+
+	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
 }
 
 // RouteConfig is a limit on requests matching Methods (all when empty) and
@@ -76,6 +82,8 @@ type RouteConfig struct {
 	Points    int
 	Duration  string
 	Algorithm string
+
+	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
 }
 
 // PrincipalConfig says where the principal and credentials are read from.
@@ -86,6 +94,8 @@ type PrincipalConfig struct {
 	CredentialCookies       []string
 	CredentialQueryParams   []string
 	InvalidCredentialStatus []int
+
+	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
 }
 
 // RedisConfig configures the shared store (store: redis): one server at
@@ -104,6 +114,8 @@ type RedisConfig struct {
 	DialTimeout string
 	Timeout     string
 	PoolSize    int
+
+	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
 }
 
 // RedisSentinelConfig finds the primary of MasterName through the sentinels
@@ -124,6 +136,8 @@ type RedisClusterConfig struct {
 // WebsocketConfig caps upgraded connections; 0 means no cap.
 type WebsocketConfig struct {
 	MaxConnectionsPerIP int
+
+	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
 }
 
 // StatusConfig turns on the status endpoint at Path (and Prometheus metrics at
@@ -131,6 +145,8 @@ type WebsocketConfig struct {
 type StatusConfig struct {
 	Path       string
 	AllowedIPs []string
+
+	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
 }
 
 // ExemptConfig lists client IPs (CIDRs) and principal ids that no layer
@@ -139,6 +155,8 @@ type ExemptConfig struct {
 	IPs        []string
 	Principals []string
 	Global     bool
+
+	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
 }
 
 // ResponseConfig is the refusal: its status (429 or 503), content type and
@@ -148,6 +166,8 @@ type ResponseConfig struct {
 	StatusCode  int
 	ContentType string
 	Body        string
+
+	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
 }
 
 // defaultTrustedProxies is loopback, RFC 1918 and ULA: the addresses a reverse
@@ -278,6 +298,10 @@ func invalid(field string, value interface{}, why string) error {
 func parse(cfg *Config) (*settings, error) {
 	if cfg == nil {
 		cfg = CreateConfig()
+	}
+
+	if err := checkUnknown(cfg); err != nil {
+		return nil, err
 	}
 
 	s := &settings{

@@ -13,7 +13,8 @@ import (
 // every user shares; when the downstream answers one of
 // principal.invalidCredentialStatus, the client's ip bucket is charged, and once
 // that bucket is exhausted the client gets the 429 instead of the downstream's
-// answer. So a garbage token cannot dodge the per-IP limit.
+// answer, unless an instance after ForwardAuth has settled the request's tier
+// bucket already (chain.go). So a garbage token cannot dodge the per-IP limit.
 //
 // Under Yaegi, compiled code sees this wrapper through an adapter that has
 // Hijack but no Flush, so Traefik's proxy cannot flush through it. The wrapper
@@ -26,14 +27,15 @@ type credentialWriter struct {
 	p         *Plugin
 	clientKey string
 	prevLeft  int64 // requests left in the layer the headers show; -1 if none
+	pending   *pendingIP
 
 	wroteHeader bool
 	discard     bool // the downstream's answer was replaced by a 429
 	flushEach   bool
 }
 
-func newCredentialWriter(rw http.ResponseWriter, req *http.Request, p *Plugin, clientKey string, prevLeft int64) *credentialWriter {
-	return &credentialWriter{rw: rw, req: req, p: p, clientKey: clientKey, prevLeft: prevLeft}
+func newCredentialWriter(rw http.ResponseWriter, req *http.Request, p *Plugin, clientKey string, prevLeft int64, pending *pendingIP) *credentialWriter {
+	return &credentialWriter{rw: rw, req: req, p: p, clientKey: clientKey, prevLeft: prevLeft, pending: pending}
 }
 
 // replacedHeaders describe the downstream's body or challenge, which a 429 replaces.
@@ -59,9 +61,15 @@ func (w *credentialWriter) WriteHeader(code int) {
 
 	w.wroteHeader = true
 
-	if w.p.cfg.invalidCode[code] && w.chargeIP() {
-		w.discard = true
-		return
+	// Settled: an instance after ForwardAuth has charged the request's tier
+	// bucket already (chain.go).
+	if w.p.cfg.invalidCode[code] && !w.pending.settled {
+		w.pending.settled = true
+
+		if w.chargeIP() {
+			w.discard = true
+			return
+		}
 	}
 
 	w.flushEach = w.rw.Header().Get("Content-Length") == ""

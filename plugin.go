@@ -204,8 +204,14 @@ func New(ctx context.Context, next http.Handler, config *Config, name string) (h
 		credQuery:     cfg.principal.CredentialQueryParams,
 	}
 
-	for _, h := range cfg.principal.CredentialHeaders {
-		p.credHeaders = append(p.credHeaders, http.CanonicalHeaderKey(h))
+	// An instance after ForwardAuth (userHeader set) knows whether a request
+	// has a principal; a credential tells it nothing more (chain.go).
+	if p.userHeader != "" {
+		p.credCookies, p.credQuery = nil, nil
+	} else {
+		for _, h := range cfg.principal.CredentialHeaders {
+			p.credHeaders = append(p.credHeaders, http.CanonicalHeaderKey(h))
+		}
 	}
 
 	p.credentials = len(p.credHeaders)+len(p.credCookies)+len(p.credQuery) > 0
@@ -270,7 +276,7 @@ func New(ctx context.Context, next http.Handler, config *Config, name string) (h
 	p.general = !p.active || len(p.credCookies)+len(p.credQuery) > 0 || p.ws != nil || p.exempt || !inlined
 	p.simple = !p.general && cfg.store == "memory" && cfg.headers && !cfg.dryRun
 	p.divert = p.simple && (p.credHeaders != nil || p.routes != nil)
-	p.watch = p.ip != nil && len(cfg.invalidCode) > 0
+	p.watch = p.ip != nil
 
 	for _, rt := range p.routes {
 		if len(rt.methods) == 0 {
@@ -416,15 +422,16 @@ func (p *Plugin) serveSimple(rw http.ResponseWriter, req *http.Request, credenti
 	}
 
 	principal := ""
-	if p.userHeader != "" {
-		principal = p.principalOf(req)
-	}
-
 	layers := p.planIP
 	watch := false
 
-	if principal != "" {
-		layers = p.principalPlan(req)
+	if p.userHeader != "" {
+		principal = p.principalOf(req)
+
+		var ok bool
+		if layers, ok = p.afterAuthPlan(rw, req, principal); !ok {
+			return
+		}
 	} else if credentialed {
 		layers, watch = p.planCred, p.watch
 	} else {
@@ -524,11 +531,25 @@ func (p *Plugin) serveSimple(rw http.ResponseWriter, req *http.Request, credenti
 // for an invalid-credential status (invalidcred.go); left is the requests
 // left in the layer the headers show, -1 if none.
 func (p *Plugin) serveWatched(rw http.ResponseWriter, req *http.Request, client string, left int64) {
+	req, out := p.passCredentialed(rw, req, client, left)
+	p.next.ServeHTTP(out, req)
+}
+
+// passCredentialed returns what next gets for a credentialed request whose ip
+// charge is left pending (chain.go): the request carrying it, and the writer
+// that watches the response for an invalid-credential status.
+func (p *Plugin) passCredentialed(rw http.ResponseWriter, req *http.Request, client string, left int64) (*http.Request, http.ResponseWriter) {
+	req, pd := p.withPending(req, client)
+
 	// Yaegi wraps an interpreted type for compiled code only when it is
 	// converted to the interface first; passing *credentialWriter straight to
 	// next.ServeHTTP panics in reflect.
-	var out http.ResponseWriter = newCredentialWriter(rw, req, p, client, left)
-	p.next.ServeHTTP(out, req)
+	var out http.ResponseWriter = rw
+	if len(p.cfg.invalidCode) > 0 {
+		out = newCredentialWriter(rw, req, p, client, left, pd)
+	}
+
+	return req, out
 }
 
 // refuseSimple answers a request that layer l refused on serveSimple's path.
@@ -570,8 +591,11 @@ func (p *Plugin) serveGeneral(rw http.ResponseWriter, req *http.Request) {
 	}
 
 	switch {
-	case principal != "":
-		layers = p.principalPlan(req)
+	case p.userHeader != "":
+		var ok bool
+		if layers, ok = p.afterAuthPlan(rw, req, principal); !ok {
+			return
+		}
 	case p.credentials && p.hasCredential(req):
 		layers, watch = p.planCred, p.watch
 	case p.assetPaths != nil && hasAnyPrefix(req.URL.Path, p.assetPaths):
@@ -587,12 +611,9 @@ func (p *Plugin) serveGeneral(rw http.ResponseWriter, req *http.Request) {
 		return
 	}
 
-	// Yaegi wraps an interpreted type for compiled code only when it is
-	// converted to the interface first; passing *credentialWriter straight to
-	// next.ServeHTTP panics in reflect.
 	var out http.ResponseWriter = rw
 	if watch {
-		out = newCredentialWriter(rw, req, p, client, left)
+		req, out = p.passCredentialed(rw, req, client, left)
 	}
 
 	if p.ws != nil && isUpgrade(req) {

@@ -144,19 +144,20 @@ type authChain struct {
 	backendCalls    int
 }
 
-// fakeAuth answers like the ForwardAuth server of the design: no token 200
-// anonymous, "Bearer user-<id>" a user, "Bearer svc-<id>" a service account,
-// anything else 401. It deletes client-sent principal headers, as ForwardAuth
+// fakeAuth answers like the ForwardAuth server of the design: no token or a
+// scheme other than Bearer 200 anonymous, "Bearer user-<id>" a user, "Bearer
+// svc-<id>" a service account, any other bearer token 401. It deletes client-sent principal headers, as ForwardAuth
 // does for the headers in authResponseHeaders.
 func fakeAuth(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(rw http.ResponseWriter, req *http.Request) {
 		req.Header.Del("X-Auth-User")
 		req.Header.Del("X-Auth-Service-Account")
 
-		token := strings.TrimPrefix(req.Header.Get("Authorization"), "Bearer ")
+		authz := req.Header.Get("Authorization")
+		token := strings.TrimPrefix(authz, "Bearer ")
 
 		switch {
-		case req.Header.Get("Authorization") == "":
+		case !strings.HasPrefix(authz, "Bearer "):
 		case strings.HasPrefix(token, "user-"):
 			req.Header.Set("X-Auth-User", strings.TrimPrefix(token, "user-"))
 		case strings.HasPrefix(token, "svc-"):
@@ -201,7 +202,10 @@ func (c *authChain) do(method, target, remote, token string) *httptest.ResponseR
 	req := httptest.NewRequest(method, target, nil)
 	req.RemoteAddr = remote
 
-	if token != "" {
+	// A token with a scheme is sent as it is; a bare one as a bearer token.
+	if strings.Contains(token, " ") {
+		req.Header.Set("Authorization", token)
+	} else if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
 
@@ -251,6 +255,72 @@ func TestGarbageTokensAreChargedToTheIP(t *testing.T) {
 	}
 }
 
+// TestCredentialsPassedAsAnonymousAreChargedToTheIP: an auth server that
+// answers 200 without a principal for a credential it does not know (here any
+// scheme but Bearer) leaves the request anonymous; the principal instance
+// charges it to the edge's ip bucket before the backend, once.
+func TestCredentialsPassedAsAnonymousAreChargedToTheIP(t *testing.T) {
+	c := newAuthChain(t, func(cfg *Config) { cfg.IP = LayerConfig{Points: 50, Duration: "1s"} }, func(*Config) {})
+
+	for _, from := range []struct{ remote, token string }{{"203.0.113.7:1", "Basic x"}, {"203.0.113.8:1", ""}} {
+		before := c.edge.calls.Load() + c.principal.calls.Load()
+		codes := map[int]int{}
+
+		for i := 1; i <= 60; i++ {
+			rec := c.do(http.MethodGet, "/api", from.remote, from.token)
+			codes[rec.Code]++
+
+			if i > 50 && (rec.Code != http.StatusTooManyRequests || !strings.Contains(rec.Body.String(), `"layer":"ip"`)) {
+				t.Fatalf("%q request %d: %d %s", from.token, i, rec.Code, rec.Body.String())
+			}
+
+			if i <= 50 && rec.Header().Get("X-RateLimit-Remaining") != strconv.Itoa(50-i) {
+				t.Fatalf("%q request %d: remaining %q, want %d", from.token, i, rec.Header().Get("X-RateLimit-Remaining"), 50-i)
+			}
+		}
+
+		if codes[http.StatusOK] != 50 || codes[http.StatusTooManyRequests] != 10 {
+			t.Fatalf("%q: %v, want 50 OK then 10 refusals", from.token, codes)
+		}
+
+		// The principal harness's backend served the 50, and nothing else did.
+		if served := c.edge.calls.Load() + c.principal.calls.Load() - before; served != 50 {
+			t.Fatalf("%q: the backend served %d requests, want 50", from.token, served)
+		}
+	}
+
+	// A BFF's users through one IP are not charged to it.
+	for i := 0; i < 60; i++ {
+		if rec := c.do(http.MethodGet, "/auth/me", "10.0.0.9:1", "user-alice"); rec.Code != http.StatusOK {
+			t.Fatalf("user request %d: %d", i, rec.Code)
+		}
+	}
+
+	if n := c.edge.p.memory.maps["ip"]["10.0.0.9"]; n != nil {
+		t.Fatalf("the BFF's IP was charged %d times", n.count)
+	}
+}
+
+// TestPrincipalRequestsAreNeverChargedToTheIP: a request with a principal that
+// the application answers 401 is the application's business, not an invalid
+// credential.
+func TestPrincipalRequestsAreNeverChargedToTheIP(t *testing.T) {
+	c := newAuthChain(t, func(cfg *Config) { cfg.IP = LayerConfig{Points: 2, Duration: "1s"} }, func(*Config) {})
+	c.principal.p.next = http.HandlerFunc(func(rw http.ResponseWriter, req *http.Request) {
+		rw.WriteHeader(http.StatusUnauthorized)
+	})
+
+	for i := 0; i < 10; i++ {
+		if rec := c.do(http.MethodGet, "/api", "203.0.113.9:1", "user-alice"); rec.Code != http.StatusUnauthorized {
+			t.Fatalf("request %d: %d, want the application's 401", i, rec.Code)
+		}
+	}
+
+	if w := c.edge.p.memory.maps["ip"]["203.0.113.9"]; w != nil {
+		t.Fatalf("a principal's requests were charged to the ip bucket: %d", w.count)
+	}
+}
+
 func TestGarbageTokensInDryRunAreCountedNotRefused(t *testing.T) {
 	c := newAuthChain(t, func(cfg *Config) { cfg.DryRun = true; cfg.IP = LayerConfig{Points: 2, Duration: "1s"} }, func(*Config) {})
 
@@ -288,6 +358,8 @@ func TestEveryRequestIsChargedToExactlyOneTierBucket(t *testing.T) {
 		{3, http.MethodGet, "/assets/b.js", "user-alice", "10.0.0.9:1", "user", "alice"},
 		{9, http.MethodGet, "/api", "svc-batch", "10.0.0.9:1", "service", "batch"},
 		{8, http.MethodGet, "/api", "garbage", "203.0.113.2:1", "ip", "203.0.113.2"},
+		{6, http.MethodGet, "/api", "Basic x", "203.0.113.3:1", "ip", "203.0.113.3"},
+		{2, http.MethodGet, "/assets/c.js", "Basic x", "203.0.113.3:1", "ip", "203.0.113.3"},
 	}
 
 	want := map[string]int64{}

@@ -287,6 +287,41 @@ func TestStatusIsOnlyForAllowedClients(t *testing.T) {
 	}
 }
 
+// TestStatusIsNotOpenedByAnAddressAClientWrote: with the default trusted
+// proxies (every private address) a client on a private address can send
+// X-Forwarded-For: 127.0.0.1; a chain of only trusted addresses opens the
+// status page only when every address in it is allowed.
+func TestStatusIsNotOpenedByAnAddressAClientWrote(t *testing.T) {
+	h := statusHarness(t, nil)
+
+	cases := []struct {
+		remote, xff string
+		allowed     bool
+	}{
+		{"127.0.0.1:1", "", true},
+		{"127.0.0.1:1", "127.0.0.1", true},                 // a local proxy for a local client
+		{"192.168.1.9:1", "127.0.0.1", false},              // a private client writes loopback
+		{"192.168.1.9:1", "127.0.0.1, 127.0.0.1", false},   // ...twice
+		{"127.0.0.1:1", "127.0.0.1, 192.168.1.9", false},   // ...behind a local proxy
+		{"127.0.0.1:1", "127.0.0.1, 10.0.0.1, ::1", false}, // one address outside the list
+		{"127.0.0.1:1", "203.0.113.1", false},              // the first untrusted address decides
+	}
+
+	for _, c := range cases {
+		hdr := map[string]string{}
+		if c.xff != "" {
+			hdr["X-Forwarded-For"] = c.xff
+		}
+
+		calls := h.calls.Load()
+		h.do(http.MethodGet, "/_rl", c.remote, hdr)
+
+		if reached := h.calls.Load() != calls; reached == c.allowed {
+			t.Errorf("%s %q: status served %v, want %v", c.remote, c.xff, !reached, c.allowed)
+		}
+	}
+}
+
 // The untrusted clients' requests to the status path were charged like any
 // other: the default allowedIPs let loopback in and nothing else.
 func TestStatusRequestsFromOthersAreChargedAndLimited(t *testing.T) {

@@ -8,16 +8,17 @@ import (
 )
 
 // Handler is a ForwardAuth server for the recommended chain: no
-// Authorization header is anonymous (200, no principal headers); "Bearer
-// user-<id>" is user <id>; "Bearer svc-<id>" is service account <id>; anything
-// else is an invalid token (401).
+// Authorization header, or a scheme other than Bearer (such as "Basic x"), is
+// anonymous (200, no principal headers), as many auth servers treat guests;
+// "Bearer user-<id>" is user <id>; "Bearer svc-<id>" is service account <id>;
+// any other bearer token is invalid (401).
 func Handler() http.Handler {
 	return http.HandlerFunc(func(rw http.ResponseWriter, req *http.Request) {
 		authz := req.Header.Get("Authorization")
 		token := strings.TrimPrefix(authz, "Bearer ")
 
 		switch {
-		case authz == "":
+		case !strings.HasPrefix(authz, "Bearer "):
 			rw.WriteHeader(http.StatusOK)
 		case strings.HasPrefix(token, "user-") && len(token) > len("user-"):
 			rw.Header().Set("X-Auth-User", strings.TrimPrefix(token, "user-"))

@@ -1,0 +1,67 @@
+package tierlimit
+
+import (
+	"context"
+	"net/http"
+)
+
+// In the recommended chain [edge, ForwardAuth, principal instance] the edge
+// cannot tell a real credential from one the auth server will pass on as
+// anonymous (an unknown scheme, an expired session treated as a guest), and
+// the principal instance, which can, has no ip layer of its own. So the edge
+// charges no tier bucket to a credentialed request and hands the decision on
+// in the request's context; the instance after ForwardAuth settles it:
+//   - a principal: the user or service tier, and the edge's ip bucket never;
+//   - no principal: the edge's ip bucket, charged there and then, before the
+//     backend, so a refusal is a 429 that the backend never sees.
+//
+// When nothing after the edge settles it (ForwardAuth answered itself, or the
+// chain has no principal instance), the edge charges its ip bucket if the
+// response status is one of principal.invalidCredentialStatus
+// (invalidcred.go). Either way the request lands in exactly one tier bucket.
+type pendingIP struct {
+	edge    *Plugin
+	client  string
+	settled bool
+}
+
+// pendingKey is the context key of a *pendingIP. A pointer of a compiled type:
+// unique, comparable, and the same for every instance of the plugin, which
+// share one interpreter.
+var pendingKey = new(byte)
+
+// withPending returns req carrying an ip charge that p leaves pending.
+func (p *Plugin) withPending(req *http.Request, client string) (*http.Request, *pendingIP) {
+	pd := &pendingIP{edge: p, client: client}
+	return req.WithContext(context.WithValue(req.Context(), pendingKey, pd)), pd
+}
+
+// afterAuthPlan is the plan of a request at an instance placed after
+// ForwardAuth (userHeader set): its principal's tier; none of this instance's
+// tiers when an earlier instance left its ip charge pending (charged here to
+// that instance's ip bucket); else ip or assets. It settles the pending charge
+// either way. ok is false when the pending charge refused the request, which
+// has then been answered.
+func (p *Plugin) afterAuthPlan(rw http.ResponseWriter, req *http.Request, principal string) (layers []*layer, ok bool) {
+	pd, _ := req.Context().Value(pendingKey).(*pendingIP)
+	if pd != nil && !pd.settled {
+		pd.settled = true
+
+		if principal == "" {
+			if ok, _ = pd.edge.decide(rw, req, pd.edge.planInvalid, pd.client, ""); !ok {
+				return nil, false
+			}
+
+			return p.planCred, true
+		}
+	}
+
+	switch {
+	case principal != "":
+		return p.principalPlan(req), true
+	case p.assetPaths != nil && hasAnyPrefix(req.URL.Path, p.assetPaths):
+		return p.planAssets, true
+	}
+
+	return p.planIP, true
+}
