@@ -126,11 +126,15 @@ type RedisSentinelConfig struct {
 	Addresses  []string
 	Username   string
 	Password   string
+
+	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
 }
 
 // RedisClusterConfig lists seed nodes of a Redis Cluster.
 type RedisClusterConfig struct {
 	Addresses []string
+
+	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
 }
 
 // WebsocketConfig caps upgraded connections; 0 means no cap.

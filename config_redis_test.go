@@ -125,6 +125,25 @@ func TestInvalidRedisDeploymentsNameTheField(t *testing.T) {
 	}
 }
 
+func TestUnknownKeysUnderSentinelAndCluster(t *testing.T) {
+	cases := map[string]func(r *RedisConfig){
+		`unknown field "redis.sentinel.master" (did you mean "redis.sentinel.masterName"?)`: func(r *RedisConfig) {
+			r.Sentinel = sentinelConfig()
+			r.Sentinel.Unknown = map[string]interface{}{"master": "mymaster"}
+		},
+		`unknown field "redis.cluster.adresses" (did you mean "redis.cluster.addresses"?)`: func(r *RedisConfig) {
+			r.Cluster = &RedisClusterConfig{Addresses: []string{"10.0.0.1:7000"}, Unknown: map[string]interface{}{"adresses": "x"}}
+		},
+	}
+
+	for want, mutate := range cases {
+		_, err := New(context.Background(), http.NotFoundHandler(), redisConfig(mutate), "unknown@test")
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v, want %s", err, want)
+		}
+	}
+}
+
 func TestRedisDeploymentsAccepted(t *testing.T) {
 	certPEM, keyPEM := testPEM(t)
 
