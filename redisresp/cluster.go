@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -88,9 +89,10 @@ type Cluster struct {
 	owner    []uint16 // by slot, index in addrs; nil until known
 	addrs    []string
 	pools    map[string]*Pool
-	stale    bool  // a MOVED or failure said the map is out of date
-	attempts int   // refreshes made, shared with callers who waited for one
-	lastErr  error // the last refresh's error
+	stale    bool            // a MOVED or failure said the map is out of date
+	down     map[string]bool // nodes whose connection failed, until recheck finds them up or gone
+	attempts int             // refreshes made, shared with callers who waited for one
+	lastErr  error           // the last refresh's error
 	closed   bool
 
 	refreshing sync.Mutex
@@ -104,7 +106,7 @@ func NewCluster(opts Options) *Cluster {
 	opts.RequirePrimary = false
 	opts = NewPool(opts).opts
 
-	return &Cluster{opts: opts, pools: map[string]*Pool{}}
+	return &Cluster{opts: opts, pools: map[string]*Pool{}, down: map[string]bool{}}
 }
 
 // DoInts is not available on a cluster: a call must say its slot (RunInts).
@@ -139,7 +141,16 @@ type nodeCalls struct {
 // (the map is refreshed) or ASK is run again once where the node points.
 // A script missing on a node is loaded with EVAL. The error is for failures
 // that leave a call without a reply.
+//
+// While a node is down (its connection failed), every call fails until a
+// recheck finds the node up again or no longer a primary (its replica was
+// promoted): the caller falls back for the whole cluster, as for one server,
+// rather than succeeding and failing by turns with the keys of each request.
 func (c *Cluster) RunInts(calls []ClusterCall) ([]Reply, error) {
+	if err := c.recheck(); err != nil {
+		return nil, err
+	}
+
 	owner, addrs, err := c.slotMap()
 	if err != nil {
 		return nil, err
@@ -169,6 +180,11 @@ func (c *Cluster) RunInts(calls []ClusterCall) ([]Reply, error) {
 		n.idx = append(n.idx, i)
 	}
 
+	// Connections are taken in address order: a call holding one node's
+	// connection while waiting for another's must not wait for a call that
+	// holds them the other way round.
+	sort.Slice(nodes, func(i, j int) bool { return nodes[i].addr < nodes[j].addr })
+
 	deadline := time.Now().Add(c.opts.Timeout)
 	replies := make([]Reply, len(calls))
 
@@ -186,7 +202,7 @@ func (c *Cluster) RunInts(calls []ClusterCall) ([]Reply, error) {
 		}
 
 		if n.conn, err = n.pool.get(); err != nil {
-			c.markStale()
+			c.markDown(n.addr, err)
 			return nil, err
 		}
 
@@ -195,7 +211,7 @@ func (c *Cluster) RunInts(calls []ClusterCall) ([]Reply, error) {
 		}
 
 		if err = n.conn.flush(deadline); err != nil {
-			c.markStale()
+			c.markDown(n.addr, err)
 			return nil, err
 		}
 	}
@@ -204,7 +220,7 @@ func (c *Cluster) RunInts(calls []ClusterCall) ([]Reply, error) {
 		for _, i := range n.idx {
 			ints, serverErr, err := n.conn.readInts()
 			if err != nil {
-				c.markStale()
+				c.markDown(n.addr, err)
 				return nil, err
 			}
 
@@ -212,42 +228,151 @@ func (c *Cluster) RunInts(calls []ClusterCall) ([]Reply, error) {
 		}
 	}
 
+	// Redirections take connections of their own: give these back first, or
+	// calls holding every connection of a pool would wait for one another.
+	for _, n := range nodes {
+		n.pool.put(n.conn)
+		n.conn = nil
+	}
+
 	for i := range replies {
 		if replies[i].ServerErr != "" {
-			if replies[i], err = c.redirect(calls[i], replies[i].ServerErr, 0); err != nil {
+			if replies[i], err = c.redirect(calls[i], replies[i].ServerErr); err != nil {
 				return nil, err
 			}
 		}
 	}
 
+	// A node went down while this call ran: fail it too, so that the caller
+	// does not take its success for the cluster's recovery.
+	c.mu.Lock()
+	down := len(c.down)
+	c.mu.Unlock()
+
+	if down > 0 {
+		return nil, fmt.Errorf("%w: a node failed meanwhile", ErrNodeDown)
+	}
+
 	return replies, nil
 }
 
-// redirect follows a MOVED or ASK reply, or loads a missing script; other
-// server errors are the call's reply.
-func (c *Cluster) redirect(call ClusterCall, serverErr string, hops int) (Reply, error) {
-	kind, addr := redirection(serverErr)
+// ErrNodeDown: a cluster node's connection failed and it has not answered
+// since, nor been replaced.
+var ErrNodeDown = errors.New("redis cluster node down")
 
-	switch {
-	case strings.HasPrefix(serverErr, "NOSCRIPT") && hops == 0:
-		return c.runOn(call.Call.eval+call.Encoded, c.ownerOf(call.Slot), false)
-	case kind == "" || hops > 0:
-		return Reply{ServerErr: serverErr}, nil
-	case kind == "MOVED":
-		c.markStale()
+// markDown records that addr's connection failed (not a pool exhausted by
+// load) and that the map may be out of date.
+func (c *Cluster) markDown(addr string, err error) {
+	c.mu.Lock()
+	c.stale = true
+
+	if !errors.Is(err, ErrPoolTimeout) {
+		c.down[addr] = true
 	}
-
-	r, err := c.runOn(call.Call.evalsha+call.Encoded, addr, kind == "ASK")
-	if err == nil && strings.HasPrefix(r.ServerErr, "NOSCRIPT") {
-		r, err = c.runOn(call.Call.eval+call.Encoded, addr, kind == "ASK")
-	}
-
-	if err == nil && r.ServerErr != "" {
-		return c.redirect(call, r.ServerErr, hops+1)
-	}
-
-	return r, err
+	c.mu.Unlock()
 }
+
+// recheck, while nodes are down, refreshes the map and dials each down node
+// that the map still names as a primary; it returns an error while one of
+// them does not answer. It runs only while nodes are down, which the caller
+// (the rate limiter's back-off) turns into one call per back-off period.
+func (c *Cluster) recheck() error {
+	c.mu.Lock()
+	var down []string
+	for addr := range c.down {
+		down = append(down, addr)
+	}
+	seen := c.attempts
+	c.mu.Unlock()
+
+	if len(down) == 0 {
+		return nil
+	}
+
+	_, addrs, err := c.refresh(seen, nil, nil)
+	if err != nil {
+		return err
+	}
+
+	for _, addr := range down {
+		primary := false
+		for _, a := range addrs {
+			primary = primary || a == addr
+		}
+
+		if primary {
+			opts := c.opts
+			opts.Address, opts.PoolSize = addr, 1
+			p := NewPool(opts)
+			conn, derr := p.get()
+
+			if derr == nil {
+				p.put(conn)
+			}
+
+			p.Close()
+
+			if derr != nil {
+				return fmt.Errorf("%w: %s: %s", ErrNodeDown, addr, derr.Error())
+			}
+		}
+
+		c.mu.Lock()
+		delete(c.down, addr)
+		c.mu.Unlock()
+	}
+
+	return nil
+}
+
+// redirect follows MOVED (to the node named, refreshing the map on the next
+// call) and ASK (to the node named, after ASKING), retries TRYAGAIN (a slot
+// being migrated has this call's keys on both nodes for a moment: better a
+// few milliseconds than memory for a whole back-off) and loads a script a
+// node lacks with EVAL. Any other server error is the call's reply.
+func (c *Cluster) redirect(call ClusterCall, serverErr string) (Reply, error) {
+	addr, asking := c.ownerOf(call.Slot), false
+
+	for step := 0; step < redirectLimit; step++ {
+		cmd := call.Call.evalsha
+
+		switch kind, to := redirection(serverErr); {
+		case kind == "MOVED":
+			c.markStale()
+			addr, asking = to, false
+		case kind == "ASK":
+			addr, asking = to, true
+		case strings.HasPrefix(serverErr, "TRYAGAIN"):
+			time.Sleep(tryAgainPause)
+			addr, asking = c.ownerOf(call.Slot), false
+		case strings.HasPrefix(serverErr, "NOSCRIPT"):
+			cmd = call.Call.eval
+		default:
+			return Reply{ServerErr: serverErr}, nil
+		}
+
+		r, err := c.runOn(cmd+call.Encoded, addr, asking)
+		if err != nil {
+			c.markDown(addr, err)
+		}
+
+		if err != nil || r.ServerErr == "" {
+			return r, err
+		}
+
+		serverErr = r.ServerErr
+	}
+
+	return Reply{ServerErr: serverErr}, nil
+}
+
+// A call follows at most redirectLimit redirections and retries, TRYAGAIN
+// ones tryAgainPause apart: a slot migration's MIGRATE and SETSLOT take
+// milliseconds.
+const (
+	redirectLimit = 12
+	tryAgainPause = 5 * time.Millisecond
+)
 
 // redirection reads "MOVED <slot> <host:port>" and "ASK <slot> <host:port>".
 func redirection(serverErr string) (string, string) {
@@ -375,7 +500,18 @@ func (c *Cluster) refresh(seen int, owner []uint16, addrs []string) ([]uint16, [
 		return nil, nil, err
 	}
 
-	candidates := append(append([]string(nil), c.addrs...), c.opts.Cluster.Addresses...)
+	// Known nodes first, the seeds next, nodes that just failed last.
+	var candidates, last []string
+
+	for _, a := range append(append([]string(nil), c.addrs...), c.opts.Cluster.Addresses...) {
+		if c.down[a] {
+			last = append(last, a)
+		} else {
+			candidates = append(candidates, a)
+		}
+	}
+
+	candidates = append(candidates, last...)
 	c.mu.Unlock()
 
 	var errs []string
