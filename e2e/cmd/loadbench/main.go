@@ -10,6 +10,8 @@
 //	builtin-redis     Traefik's RateLimit with redis.endpoints
 //	tierlimit-redis   this plugin, store: redis
 //	tierlimit-sentinel  this plugin, store: redis, the same server found through a sentinel
+//	builtin-cluster   Traefik's RateLimit with three endpoints: a Redis Cluster of three primaries
+//	tierlimit-cluster this plugin, redis.cluster, the same cluster
 //
 // (the sentinel's own PING and PUBLISH to the server, about one a second, are
 // in its Redis command counts) and two scenarios: (a) limits high enough that nothing is refused, (b) a
@@ -72,6 +74,7 @@ type configuration struct {
 	name       string
 	redis      bool
 	sentinel   bool                                      // needs a sentinel watching the redis-server
+	cluster    bool                                      // runs on the Redis Cluster instead
 	middleware func(s scenario, redisAddr string) string // YAML under middlewares.limit; "" for none
 }
 
@@ -90,6 +93,27 @@ var configurations = []configuration{
 	{name: "builtin-redis", redis: true, middleware: builtin(true)},
 	{name: "tierlimit-redis", redis: true, middleware: plugin(true)},
 	{name: "tierlimit-sentinel", redis: true, sentinel: true, middleware: pluginSentinel},
+	{name: "builtin-cluster", redis: true, cluster: true, middleware: builtinCluster},
+	{name: "tierlimit-cluster", redis: true, cluster: true, middleware: pluginCluster},
+}
+
+// clusterAddrs are the cluster's primaries, when a configuration needs them.
+var clusterAddrs []string
+
+// builtinCluster is builtin(true) with every primary as an endpoint, which
+// makes Traefik's go-redis client a cluster client.
+func builtinCluster(s scenario, addr string) string {
+	y := builtin(true)(s, addr)
+
+	return strings.Replace(y, fmt.Sprintf("endpoints: [%q]", addr), "endpoints: [\""+strings.Join(clusterAddrs, "\", \"")+"\"]", 1)
+}
+
+// pluginCluster is plugin(true) on the cluster.
+func pluginCluster(s scenario, addr string) string {
+	y := plugin(true)(s, addr)
+
+	return strings.Replace(y, fmt.Sprintf("redis: {address: %q}", addr),
+		"redis: {cluster: {addresses: [\""+strings.Join(clusterAddrs, "\", \"")+"\"]}}", 1)
 }
 
 // sentinelAddr is the sentinel that run starts when a configuration needs one.
@@ -254,6 +278,9 @@ type bench struct {
 	redisErr error
 	admin    *redisresp.Pool
 	ips      []string
+
+	clusterAdmins []*redisresp.Pool // one per primary
+	current       []*redisresp.Pool // the servers the running configuration uses
 }
 
 func run(o options) error {
@@ -271,10 +298,34 @@ func run(o options) error {
 
 	b := &bench{o: o, backend: backend, ips: clientIPs(o.clients)}
 
-	needRedis, needSentinel := false, false
+	needRedis, needSentinel, needCluster := false, false, false
 	for _, c := range o.only {
 		needRedis = needRedis || c.redis
 		needSentinel = needSentinel || c.sentinel
+		needCluster = needCluster || c.cluster
+	}
+
+	if needCluster {
+		dir, err := os.MkdirTemp("", "loadbench-cluster-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+
+		cl, err := harness.StartCluster(dir, 3, 0)
+		if err != nil {
+			return fmt.Errorf("starting a Redis Cluster: %w", err)
+		}
+		defer cl.Kill()
+
+		for _, r := range cl.Primaries {
+			clusterAddrs = append(clusterAddrs, r.Addr)
+
+			p := r.Client(redisresp.Options{})
+			defer p.Close()
+
+			b.clusterAdmins = append(b.clusterAdmins, p)
+		}
 	}
 
 	if needRedis {
@@ -389,6 +440,11 @@ func (b *bench) runOne(c configuration, s scenario, rep int) (res result) {
 
 		redisAddr = b.redis.Addr
 
+		b.current = []*redisresp.Pool{b.admin}
+		if c.cluster {
+			b.current = b.clusterAdmins
+		}
+
 		if err := b.redisOK("FLUSHALL"); err != nil {
 			return result{err: err}
 		}
@@ -495,14 +551,17 @@ func (b *bench) runOne(c configuration, s scenario, rep int) (res result) {
 	return res
 }
 
+// redisOK runs a command on every server of the running configuration.
 func (b *bench) redisOK(args ...string) error {
-	v, err := b.admin.Do(args...)
-	if err == nil && v.IsError() {
-		err = errors.New(v.Str)
-	}
+	for _, p := range b.current {
+		v, err := p.Do(args...)
+		if err == nil && v.IsError() {
+			err = errors.New(v.Str)
+		}
 
-	if err != nil {
-		return fmt.Errorf("redis %s: %w", strings.Join(args, " "), err)
+		if err != nil {
+			return fmt.Errorf("redis %s: %w", strings.Join(args, " "), err)
+		}
 	}
 
 	return nil
@@ -515,38 +574,44 @@ var scriptInner = map[string]bool{"set": true, "incr": true, "pttl": true, "pexp
 
 // commandStats reads INFO commandstats (reset before the measured phase).
 func (b *bench) commandStats(res *result) error {
-	v, err := b.admin.Do("INFO", "commandstats")
-	if err == nil && v.IsError() {
-		err = errors.New(v.Str)
-	}
+	counts := map[string]int64{}
 
-	if err != nil {
-		return err
+	// Summed over the configuration's servers (every primary of a cluster).
+	for _, p := range b.current {
+		v, err := p.Do("INFO", "commandstats")
+		if err == nil && v.IsError() {
+			err = errors.New(v.Str)
+		}
+
+		if err != nil {
+			return err
+		}
+
+		for _, line := range strings.Split(v.Str, "\r\n") {
+			rest, ok := strings.CutPrefix(line, "cmdstat_")
+			if !ok {
+				continue
+			}
+
+			name, fields, ok := strings.Cut(rest, ":")
+			if !ok || name == "info" || name == "config" || strings.HasPrefix(name, "config|") {
+				continue
+			}
+
+			for _, f := range strings.Split(fields, ",") {
+				if n, ok := strings.CutPrefix(f, "calls="); ok {
+					calls, _ := strconv.ParseInt(n, 10, 64)
+					counts[name] += calls
+				}
+			}
+		}
 	}
 
 	var all, trips, scripts int64
 
 	var parts []string
 
-	for _, line := range strings.Split(v.Str, "\r\n") {
-		rest, ok := strings.CutPrefix(line, "cmdstat_")
-		if !ok {
-			continue
-		}
-
-		name, fields, ok := strings.Cut(rest, ":")
-		if !ok || name == "info" || name == "config" || strings.HasPrefix(name, "config|") {
-			continue
-		}
-
-		var calls int64
-
-		for _, f := range strings.Split(fields, ",") {
-			if n, ok := strings.CutPrefix(f, "calls="); ok {
-				calls, _ = strconv.ParseInt(n, 10, 64)
-			}
-		}
-
+	for name, calls := range counts {
 		all += calls
 		if !scriptInner[name] {
 			trips += calls
