@@ -109,9 +109,13 @@ func NewCluster(opts Options) *Cluster {
 	return &Cluster{opts: opts, pools: map[string]*Pool{}, down: map[string]bool{}}
 }
 
-// DoInts is not available on a cluster: a call must say its slot (RunInts).
+// ErrSlotsNeeded is what DoInts returns on a cluster, without I/O: a call must
+// say its slot (RunInts). Callers that hold a Client of any kind test for it.
+var ErrSlotsNeeded = errors.New("a redis cluster call needs its slots")
+
+// DoInts is not available on a cluster: it returns ErrSlotsNeeded.
 func (c *Cluster) DoInts(string) ([]int64, string, error) {
-	return nil, "", fmt.Errorf("%w: a cluster call needs its slot", ErrCluster)
+	return nil, "", ErrSlotsNeeded
 }
 
 // Close closes every node's connections.

@@ -66,8 +66,18 @@ func (s *Script) Call(numKeys, nargs int) Call {
 	return Call{evalsha: count + "$7\r\nEVALSHA\r\n" + Bulk(s.sha) + keys, eval: count + "$4\r\nEVAL\r\n" + Bulk(s.src) + keys}
 }
 
-// RunInts is Script.RunInts with the head built beforehand, on any Client.
-func (c Call) RunInts(p Client, encoded string) ([]int64, string, error) {
+// RunInts is Script.RunInts with the head built beforehand.
+func (c Call) RunInts(p *Pool, encoded string) ([]int64, string, error) {
+	ints, serverErr, err := p.DoInts(c.evalsha + encoded)
+	if err != nil || serverErr == "" || !strings.HasPrefix(serverErr, "NOSCRIPT") {
+		return ints, serverErr, err
+	}
+
+	return p.DoInts(c.eval + encoded)
+}
+
+// RunIntsOn is RunInts on any Client: a Pool, or a Sentinel's primary.
+func (c Call) RunIntsOn(p Client, encoded string) ([]int64, string, error) {
 	ints, serverErr, err := p.DoInts(c.evalsha + encoded)
 	if err != nil || serverErr == "" || !strings.HasPrefix(serverErr, "NOSCRIPT") {
 		return ints, serverErr, err
