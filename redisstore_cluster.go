@@ -76,7 +76,16 @@ func (s *redisStore) runCluster(cl *redisresp.Cluster, layers []*layer, client, 
 		return nil, "", err
 	}
 
-	// Per layer: count and reset, or nothing when its call stopped before it.
+	return mergeSlotReplies(layers, groups, replies, all)
+}
+
+// mergeSlotReplies puts the replies of the per-slot calls back in layer
+// order, as one script call on a single server would have answered: count and
+// milliseconds to reset per layer, up to and including the first refusal in
+// evaluation order (layers of other slots that their own call charged after
+// it are left out, as a single server would not have charged them). A server
+// error of any call is the outcome.
+func mergeSlotReplies(layers []*layer, groups []*slotGroup, replies []redisresp.Reply, all bool) ([]int64, string, error) {
 	answered := make([][2]int64, len(layers))
 	got := make([]bool, len(layers))
 
