@@ -92,6 +92,19 @@ func (s *Sentinel) DoInts(cmd string) ([]int64, string, error) {
 	}
 
 	ints, serverErr, err := p.DoInts(cmd)
+	if err != nil && errors.Is(err, ErrClosed) {
+		// The watcher switched to a new primary (closing this pool) after
+		// this call took it: the call goes to the new one, not to memory.
+		s.mu.Lock()
+		np := s.pool
+		s.mu.Unlock()
+
+		if np != nil && np != p {
+			p = np
+			ints, serverErr, err = p.DoInts(cmd)
+		}
+	}
+
 	if (err != nil && !errors.Is(err, ErrPoolTimeout)) || (serverErr != "" && LostPrimary(serverErr)) {
 		s.forget(p)
 	}
