@@ -25,9 +25,11 @@ type sentinelGroup struct {
 func startSentinelGroup(t *testing.T, extra ...string) *sentinelGroup {
 	t.Helper()
 
-	primary := startRedis(t, extra...)
+	// The default user stays unrestricted: the sentinels and the replica use
+	// it. The plugin connects as README's ACL user (grantACL below).
+	primary := startOpenRedis(t, extra...)
 	host, port, _ := strings.Cut(primary.Addr, ":")
-	replica := startRedis(t, append([]string{"--replicaof", host, port}, extra...)...)
+	replica := startOpenRedis(t, append([]string{"--replicaof", host, port}, extra...)...)
 
 	g := &sentinelGroup{t: t, servers: map[string]*harness.Redis{primary.Addr: primary, replica.Addr: replica}}
 	grantACL(t, primary, replica)

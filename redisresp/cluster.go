@@ -189,7 +189,6 @@ func (c *Cluster) RunInts(calls []ClusterCall) ([]Reply, error) {
 	// holds them the other way round.
 	sort.Slice(nodes, func(i, j int) bool { return nodes[i].addr < nodes[j].addr })
 
-	deadline := time.Now().Add(c.opts.Timeout)
 	replies := make([]Reply, len(calls))
 
 	defer func() {
@@ -209,7 +208,12 @@ func (c *Cluster) RunInts(calls []ClusterCall) ([]Reply, error) {
 			c.markDown(n.addr, err)
 			return nil, err
 		}
+	}
 
+	// The call's time starts once it holds its connections, as on one server.
+	deadline := time.Now().Add(c.opts.Timeout)
+
+	for _, n := range nodes {
 		for _, i := range n.idx {
 			_, _ = n.conn.bw.WriteString(calls[i].Call.evalsha + calls[i].Encoded)
 		}

@@ -28,6 +28,29 @@ type Redis struct {
 	TLS *redisresp.TLSOptions
 	// conf, when set, runs a sentinel with this configuration file.
 	conf string
+	// AdminUser and AdminPassword, when set, are the credentials Client uses
+	// when given none (the default user may be restricted).
+	AdminUser, AdminPassword string
+}
+
+// StartRestrictedRedis runs redis-server with its default user restricted
+// to acl (ACL SETUSER rules, e.g. on nopass ~ratelimit:* -@all +evalsha), so
+// that a client sending no credentials gets exactly those rights, and an
+// admin user with every right for Client.
+func StartRestrictedRedis(dir string, acl []string) (*Redis, error) {
+	const admin, password = "harness-admin", "harness-admin-pw"
+
+	// One argument per rule: redis-server reads "--user" and the words up to
+	// the next option as one config line.
+	args := append(append([]string{"--user", "default", "reset"}, acl...),
+		"--user", admin, "on", ">"+password, "~*", "&*", "+@all")
+
+	r, err := startRedis(dir, nil, args, admin, password)
+	if err != nil {
+		return nil, err
+	}
+
+	return r, nil
 }
 
 // StartSentinel runs redis-server as a sentinel watching the primary at
@@ -72,7 +95,7 @@ func StartSentinel(dir, name, primaryAddr string) (*Redis, error) {
 // The port is picked free just before the server starts; if something takes
 // it in between, the start is retried on another.
 func StartRedis(dir string, extra ...string) (*Redis, error) {
-	return startRedis(dir, nil, extra)
+	return startRedis(dir, nil, extra, "", "")
 }
 
 // StartTLSRedis runs redis-server with TLS only, its certificate signed by
@@ -87,10 +110,10 @@ func StartTLSRedis(dir string, ca *CA, authClients bool, extra ...string) (*Redi
 		"--tls-ca-cert-file", ca.CAFile, "--tls-auth-clients", auth}, extra...)
 	opts := &redisresp.TLSOptions{CA: ca.CAPEM, Cert: ca.ClientCertPEM, Key: ca.ClientKeyPEM}
 
-	return startRedis(dir, opts, args)
+	return startRedis(dir, opts, args, "", "")
 }
 
-func startRedis(dir string, tlsOpts *redisresp.TLSOptions, extra []string) (*Redis, error) {
+func startRedis(dir string, tlsOpts *redisresp.TLSOptions, extra []string, adminUser, adminPassword string) (*Redis, error) {
 	var err error
 
 	for attempt := 0; attempt < 5; attempt++ {
@@ -100,7 +123,8 @@ func startRedis(dir string, tlsOpts *redisresp.TLSOptions, extra []string) (*Red
 			return nil, err
 		}
 
-		r := &Redis{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, dir: dir, args: extra, TLS: tlsOpts}
+		r := &Redis{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, dir: dir, args: extra, TLS: tlsOpts,
+			AdminUser: adminUser, AdminPassword: adminPassword}
 		if err = r.Start(); err == nil {
 			return r, nil
 		}
@@ -186,6 +210,10 @@ func (r *Redis) Kill() {
 // Client returns a pool for inspecting the server; opts.Address is set.
 func (r *Redis) Client(opts redisresp.Options) *redisresp.Pool {
 	opts.Address = r.Addr
+	if opts.Username == "" && opts.Password == "" {
+		opts.Username, opts.Password = r.AdminUser, r.AdminPassword
+	}
+
 	if r.TLS != nil {
 		opts.TLS, opts.TLSConfig = true, *r.TLS
 	}
