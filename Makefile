@@ -1,25 +1,32 @@
 # make demo: Traefik with the plugin in local mode, a demo backend, a short burst.
 # make test: every test (unit tests with -race, then the real-Traefik tests).
+# make unit: the fast loop: root module tests, then the Lua script and RESP client against miniredis (e2e/storetest).
 GO ?= go
 TRAEFIK := e2e/.cache/traefik-v3.6.12
 
-.PHONY: test unit fuzz e2e demo traefik vendor-check bench
+.PHONY: test unit fuzz e2e dashboard demo traefik vendor-check catalog-check bench
 
-test: vendor-check unit fuzz e2e
+test: vendor-check catalog-check unit fuzz dashboard e2e
 
 unit:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' | grep -v '^vendor/'))" || { gofmt -l $$(git ls-files '*.go' | grep -v '^vendor/'); echo 'gofmt: files above need formatting'; exit 1; }
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./...
+	cd e2e && $(GO) vet ./storetest && $(GO) test -race -count=1 ./storetest
 
-# A short run of the RESP reply fuzzer on top of its seed corpus (which `unit` runs).
+# Short runs of the RESP reply and canonical path fuzzers on top of their seed corpora (which `unit` runs).
 fuzz:
 	$(GO) test -run='^$$' -fuzz=FuzzReadReply -fuzztime=10s ./redisresp
+	$(GO) test -run='^$$' -fuzz=FuzzCanonicalPath -fuzztime=10s .
 
 # The e2e tests start redis-server themselves: it must be installed (apt-get install redis-server).
 e2e: $(TRAEFIK)
 	cd e2e && $(GO) vet ./...
 	cd e2e && $(GO) test -count=1 -timeout 20m ./...
+
+# examples/grafana's PromQL against the metrics the plugin exports (a module of its own: see e2e/dashboard/doc.go).
+dashboard:
+	cd e2e/dashboard && $(GO) vet ./... && $(GO) test -count=1 ./...
 
 # Figures for BENCHMARKS.md: 1. compiled and Yaegi per-request cost, 3. memory
 # under Yaegi, 2./4. real Traefik under load with Redis call counts. Several minutes.
@@ -27,7 +34,7 @@ bench: $(TRAEFIK)
 	@echo '== compiled: go test -run ^$$ -bench . -benchmem -count 5 .'
 	$(GO) test -run '^$$' -bench . -benchmem -count 5 .
 	@echo '== Yaegi (Traefik loader, in process): cost and memory'
-	cd e2e && TIERLIMIT_BENCH=1 $(GO) test -count=1 -v -run 'TestYaegiCost|TestYaegiMemory' ./yaegibench 2>/dev/null | grep -v RATE_LIMIT_TRIGGERED
+	cd e2e && $(GO) test -count=1 -run '^$$' -bench 'CostTable|MemoryTable' -benchtime 1x ./yaegibench 2>/dev/null | grep -v RATE_LIMIT_TRIGGERED
 	@echo '== real Traefik under load'
 	cd e2e && $(GO) run ./cmd/loadbench
 
@@ -40,6 +47,11 @@ traefik: $(TRAEFIK)
 $(TRAEFIK):
 	cd e2e && $(GO) build -o .cache/traefik-v3.6.12.tmp github.com/traefik/traefik/v3/cmd/traefik
 	mv $(TRAEFIK).tmp $(TRAEFIK)
+
+# What the plugin catalog checks before it lists the plugin: .traefik.yml, go.mod, vendor/, and
+# the module as the Go proxy zips it loaded by Traefik's Yaegi loader with testData (e2e/cmd/catalogcheck).
+catalog-check:
+	cd e2e && $(GO) run ./cmd/catalogcheck -root ..
 
 # The catalog loads dependencies from vendor/ only: it must match go.mod.
 vendor-check:

@@ -40,9 +40,9 @@ func (p *Plugin) withPending(req *http.Request, client string) (*http.Request, *
 // ForwardAuth (userHeader set): its principal's tier; none of this instance's
 // tiers when an earlier instance left its ip charge pending (charged here to
 // that instance's ip bucket); else ip or assets. It settles the pending charge
-// either way. ok is false when the pending charge refused the request, which
+// either way. path is the canonical path (path.go). ok is false when the pending charge refused the request, which
 // has then been answered.
-func (p *Plugin) afterAuthPlan(rw http.ResponseWriter, req *http.Request, principal string) (layers []*layer, ok bool) {
+func (p *Plugin) afterAuthPlan(rw http.ResponseWriter, req *http.Request, principal, path string) (layers []*layer, ok bool) {
 	pd, _ := req.Context().Value(pendingKey).(*pendingIP)
 	if pd != nil && !pd.settled {
 		pd.settled = true
@@ -59,7 +59,7 @@ func (p *Plugin) afterAuthPlan(rw http.ResponseWriter, req *http.Request, princi
 	switch {
 	case principal != "":
 		return p.principalPlan(req), true
-	case p.assetPaths != nil && hasAnyPrefix(req.URL.Path, p.assetPaths):
+	case p.assetPaths != nil && hasAnyPrefix(path, p.assetPaths):
 		return p.planAssets, true
 	}
 

@@ -47,41 +47,51 @@ type Config struct {
 
 // LayerConfig is one window: Points requests per Duration. Points 0 turns
 // the layer off. Duration is a time.ParseDuration string; a bare integer means
-// seconds. Algorithm is "fixed" (the default) or "sliding". Key, empty by
-// default, may be "header:<Name>" on every layer but global: the header's value,
-// hashed, is the bucket key, and a request without it is keyed by its client IP.
+// seconds. Algorithm is "fixed" (the default), "sliding" or "tokenbucket"
+// (Points per Duration refilled into a bucket of Burst, default Points). Key,
+// empty by default, may be "header:<Name>" on every layer but global (the
+// header's value, hashed, is the bucket key, and a request without it is keyed
+// by its client IP) or "host" (the request's host, port stripped).
 type LayerConfig struct {
 	Points    int
 	Duration  string
 	Algorithm string
+	Burst     int
 	Key       string
 
 	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
 }
 
-// AssetsConfig is the per-IP budget for anonymous requests under PathPrefixes.
+// AssetsConfig is the per-IP budget for anonymous requests under PathPrefixes,
+// which match the canonical request path (path.go), ignoring case unless
+// CaseSensitive.
 type AssetsConfig struct {
-	Points       int
-	Duration     string
-	Algorithm    string
-	Key          string
-	PathPrefixes []string
+	Points        int
+	Duration      string
+	Algorithm     string
+	Burst         int
+	Key           string
+	PathPrefixes  []string
+	CaseSensitive bool
 
 	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
 }
 
 // RouteConfig is a limit on requests matching Methods (all when empty) and
 // Paths (exact, or by prefix when the path ends with "/"), counted per Key:
-// "ip", "principal", "global" or "header:<Name>". Name is the layer name in
-// keys and headers.
+// "ip", "principal", "global", "host" or "header:<Name>". Name is the layer name in
+// keys and headers. Paths match the canonical request path (path.go),
+// ignoring case unless CaseSensitive.
 type RouteConfig struct {
-	Name      string
-	Methods   []string
-	Paths     []string
-	Key       string
-	Points    int
-	Duration  string
-	Algorithm string
+	Name          string
+	Methods       []string
+	Paths         []string
+	Key           string
+	Points        int
+	Duration      string
+	Algorithm     string
+	Burst         int
+	CaseSensitive bool
 
 	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
 }
@@ -232,6 +242,7 @@ const (
 	keyPrincipal = "principal"
 	keyGlobal    = "global"
 	keyHeader    = "header:"
+	keyHost      = "host"
 )
 
 // settings is the validated, parsed form of Config that New builds once, so
@@ -250,7 +261,8 @@ type settings struct {
 	global      layerSpec
 	ip          layerSpec
 	assets      layerSpec
-	assetPaths  []string
+	assetPaths  []string // canonical (canonicalPattern); nil when none
+	assetsCase  bool     // assets.caseSensitive
 	user        layerSpec
 	service     layerSpec
 	routes      []routeSpec
@@ -275,7 +287,10 @@ type layerSpec struct {
 	points    int64
 	duration  time.Duration
 	sliding   bool
+	bucket    bool   // tokenbucket: points per duration into a bucket of burst
+	burst     int64  // tokenbucket only
 	keyHeader string // canonical header name when keyed by "header:<Name>"
+	keyHost   bool   // keyed by the request's host
 }
 
 func (l layerSpec) on() bool { return l.points > 0 }
@@ -283,10 +298,11 @@ func (l layerSpec) on() bool { return l.points > 0 }
 // routeSpec is a parsed route limit.
 type routeSpec struct {
 	layerSpec
-	methods  []string
-	exact    map[string]bool
-	prefixes []string
-	key      string // keyIP, keyPrincipal, keyGlobal or keyHeader
+	methods       []string
+	exact         map[string]bool // canonical paths (canonicalPattern)
+	prefixes      []string        // canonical, ending in "/"
+	caseSensitive bool
+	key           string // keyIP, keyPrincipal, keyGlobal, keyHost or keyHeader
 }
 
 // errConfig is the sentinel every validation error wraps, so callers can tell
@@ -376,18 +392,20 @@ func parse(cfg *Config) (*settings, error) {
 		return nil, err
 	}
 
-	assets := LayerConfig{Points: cfg.Assets.Points, Duration: cfg.Assets.Duration, Algorithm: cfg.Assets.Algorithm, Key: cfg.Assets.Key}
+	assets := LayerConfig{Points: cfg.Assets.Points, Duration: cfg.Assets.Duration, Algorithm: cfg.Assets.Algorithm, Burst: cfg.Assets.Burst, Key: cfg.Assets.Key}
 	if s.assets, err = parseLayer("assets", layerAssets, assets); err != nil {
 		return nil, err
 	}
 
-	for i, p := range cfg.Assets.PathPrefixes {
-		if !strings.HasPrefix(p, "/") {
-			return nil, invalid("assets.pathPrefixes["+strconv.Itoa(i)+"]", p, `must start with "/"`)
-		}
-	}
+	s.assetsCase = cfg.Assets.CaseSensitive
 
-	s.assetPaths = cfg.Assets.PathPrefixes
+	for i, p := range cfg.Assets.PathPrefixes {
+		if err := checkPath(p); err != "" {
+			return nil, invalid("assets.pathPrefixes["+strconv.Itoa(i)+"]", p, err)
+		}
+
+		s.assetPaths = append(s.assetPaths, canonicalPattern(p, s.assetsCase))
+	}
 
 	if s.user, err = parseLayer("user", layerUser, cfg.User); err != nil {
 		return nil, err
@@ -398,6 +416,10 @@ func parse(cfg *Config) (*settings, error) {
 	}
 
 	if s.routes, err = parseRoutes(cfg.Routes); err != nil {
+		return nil, err
+	}
+
+	if err = checkMaxTracked(s); err != nil {
 		return nil, err
 	}
 
@@ -443,11 +465,19 @@ func parseLayer(field, name string, lc LayerConfig) (layerSpec, error) {
 	case "", "fixed":
 	case "sliding":
 		spec.sliding = true
+	case "tokenbucket":
+		spec.bucket = true
 	default:
-		return layerSpec{}, invalid(field+".algorithm", lc.Algorithm, `must be "fixed" or "sliding"`)
+		return layerSpec{}, invalid(field+".algorithm", lc.Algorithm, `must be "fixed", "sliding" or "tokenbucket"`)
 	}
 
-	if lc.Key != "" {
+	if err := parseBurst(field, lc, &spec); err != nil {
+		return layerSpec{}, err
+	}
+
+	if lc.Key == keyHost {
+		spec.keyHost = true
+	} else if lc.Key != "" {
 		if spec.keyHeader, err = parseKeyHeader(lc.Key); err != nil {
 			return layerSpec{}, invalid(field+".key", lc.Key, err.Error())
 		}
@@ -456,11 +486,49 @@ func parseLayer(field, name string, lc LayerConfig) (layerSpec, error) {
 	return spec, nil
 }
 
+// maxBucketProduct bounds a token bucket's duration in microseconds times its
+// points and its burst: the Redis script computes with them in Lua numbers,
+// which are exact integers up to 2^53.
+const maxBucketProduct = int64(1) << 53
+
+// parseBurst checks a layer's burst and gives a token bucket its default
+// burst, the points. A burst on another algorithm is an error rather than
+// ignored: it would say the layer allows bursts that it does not.
+func parseBurst(field string, lc LayerConfig, spec *layerSpec) error {
+	if lc.Burst < 0 {
+		return invalid(field+".burst", lc.Burst, "must be >= 0 (0: the points)")
+	}
+
+	if !spec.bucket {
+		if lc.Burst != 0 {
+			return invalid(field+".burst", lc.Burst, `only algorithm "tokenbucket" takes a burst`)
+		}
+
+		return nil
+	}
+
+	spec.burst = int64(lc.Burst)
+	if spec.burst == 0 {
+		spec.burst = spec.points
+	}
+
+	micros := int64(spec.duration / time.Microsecond)
+	if spec.points > micros {
+		return invalid(field+".points", lc.Points, "a token bucket refills at most one point per microsecond")
+	}
+
+	if spec.points > 0 && (spec.points > maxBucketProduct/micros || spec.burst > maxBucketProduct/micros) {
+		return invalid(field+".burst", spec.burst, "too large for a token bucket of this duration (duration in microseconds x points or burst must stay below 2^53)")
+	}
+
+	return nil
+}
+
 // parseKeyHeader reads a "header:<Name>" key and returns the canonical name.
 func parseKeyHeader(key string) (string, error) {
 	name := strings.TrimPrefix(key, keyHeader)
 	if name == key {
-		return "", errors.New(`must be empty or "header:<Name>"`)
+		return "", errors.New(`must be empty, "host" or "header:<Name>"`)
 	}
 
 	if !validToken(name) {
@@ -523,15 +591,15 @@ func parseRoutes(routes []RouteConfig) ([]routeSpec, error) {
 
 		seen[rc.Name] = true
 
-		layer, err := parseLayer(field, rc.Name, LayerConfig{Points: rc.Points, Duration: rc.Duration, Algorithm: rc.Algorithm})
+		layer, err := parseLayer(field, rc.Name, LayerConfig{Points: rc.Points, Duration: rc.Duration, Algorithm: rc.Algorithm, Burst: rc.Burst})
 		if err != nil {
 			return nil, err
 		}
 
-		spec := routeSpec{layerSpec: layer, exact: map[string]bool{}}
+		spec := routeSpec{layerSpec: layer, exact: map[string]bool{}, caseSensitive: rc.CaseSensitive}
 
 		switch {
-		case rc.Key == keyIP || rc.Key == keyPrincipal || rc.Key == keyGlobal:
+		case rc.Key == keyIP || rc.Key == keyPrincipal || rc.Key == keyGlobal || rc.Key == keyHost:
 			spec.key = rc.Key
 		case rc.Key == "":
 			spec.key = keyIP
@@ -542,7 +610,7 @@ func parseRoutes(routes []RouteConfig) ([]routeSpec, error) {
 
 			spec.key = keyHeader
 		default:
-			return nil, invalid(field+".key", rc.Key, `must be "ip", "principal", "global" or "header:<Name>"`)
+			return nil, invalid(field+".key", rc.Key, `must be "ip", "principal", "global", "host" or "header:<Name>"`)
 		}
 
 		for j, m := range rc.Methods {
@@ -558,14 +626,15 @@ func parseRoutes(routes []RouteConfig) ([]routeSpec, error) {
 		}
 
 		for j, p := range rc.Paths {
-			if !strings.HasPrefix(p, "/") {
-				return nil, invalid(field+".paths["+strconv.Itoa(j)+"]", p, `must start with "/"`)
+			if err := checkPath(p); err != "" {
+				return nil, invalid(field+".paths["+strconv.Itoa(j)+"]", p, err)
 			}
 
-			if strings.HasSuffix(p, "/") {
-				spec.prefixes = append(spec.prefixes, p)
+			c := canonicalPattern(p, rc.CaseSensitive)
+			if strings.HasSuffix(c, "/") {
+				spec.prefixes = append(spec.prefixes, c)
 			} else {
-				spec.exact[p] = true
+				spec.exact[c] = true
 			}
 		}
 
@@ -573,6 +642,16 @@ func parseRoutes(routes []RouteConfig) ([]routeSpec, error) {
 	}
 
 	return specs, nil
+}
+
+// checkPath tells why a configured route path or asset prefix is not one:
+// "" when it is.
+func checkPath(p string) string {
+	if !strings.HasPrefix(p, "/") || strings.ContainsAny(p, "?# \t\r\n") {
+		return `must start with "/" and hold no query, fragment or whitespace`
+	}
+
+	return ""
 }
 
 func checkPrincipal(pc PrincipalConfig) error {
@@ -973,4 +1052,36 @@ func parseOperations(cfg *Config, s *settings) error {
 	}
 
 	return nil
+}
+
+// checkMaxTracked rejects a cap below the number of layers that are on: one
+// request charges a counter in each of its layers (global, its tier, the
+// routes it matches), and a store that cannot hold one counter per layer for
+// one key would evict the counters of a request's own layers, letting every
+// request through.
+func checkMaxTracked(s *settings) error {
+	if !s.enabled {
+		return nil
+	}
+
+	var on []string
+
+	for _, l := range []layerSpec{s.global, s.ip, s.assets, s.user, s.service} {
+		if l.on() {
+			on = append(on, l.name)
+		}
+	}
+
+	for _, rs := range s.routes {
+		if rs.on() {
+			on = append(on, rs.name)
+		}
+	}
+
+	if s.maxTracked >= len(on) {
+		return nil
+	}
+
+	return invalid("maxTracked", s.maxTracked, "must be at least "+strconv.Itoa(len(on))+
+		", one counter for each layer that is on ("+strings.Join(on, ", ")+")")
 }

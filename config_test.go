@@ -113,6 +113,10 @@ func TestInvalidConfigurationNamesFieldAndValue(t *testing.T) {
 		{"routes[0].paths[0]", "auth/login", func(c *Config) {
 			c.Routes = []RouteConfig{{Name: "r", Paths: []string{"auth/login"}, Points: 1, Duration: "1s"}}
 		}},
+		{"routes[0].paths[1]", "/auth/login?next=/", func(c *Config) {
+			c.Routes = []RouteConfig{{Name: "r", Paths: []string{"/x", "/auth/login?next=/"}, Points: 1, Duration: "1s"}}
+		}},
+		{"assets.pathPrefixes[0]", "/static files/", func(c *Config) { c.Assets.PathPrefixes = []string{"/static files/"} }},
 		{"principal.userHeader", "X Auth User", func(c *Config) { c.Principal.UserHeader = "X Auth User" }},
 		{"principal.serviceAccountHeader", "X:SA", func(c *Config) { c.Principal.ServiceAccountHeader = "X:SA" }},
 		{"principal.credentialHeaders[0]", "", func(c *Config) { c.Principal.CredentialHeaders = []string{""} }},
@@ -197,5 +201,41 @@ func TestValidConfigurationsAccepted(t *testing.T) {
 		if _, err := New(context.Background(), http.NotFoundHandler(), cfg, "valid@test"); err != nil {
 			t.Errorf("%s: rejected: %v", name, err)
 		}
+	}
+}
+
+func TestMaxTrackedHoldsOneCounterPerLayer(t *testing.T) {
+	cfg := CreateConfig()
+	cfg.MaxTracked = 1
+	cfg.Assets.Points, cfg.User.Points, cfg.Service.Points = 0, 0, 0
+	cfg.IP = LayerConfig{Points: 5, Duration: "1s"}
+
+	_, err := parse(cfg)
+	if err == nil || !errors.Is(err, errConfig) ||
+		!strings.Contains(err.Error(), `maxTracked = "1": must be at least 2, one counter for each layer that is on (global, ip)`) {
+		t.Fatalf("maxTracked 1 with global and ip: %v", err)
+	}
+
+	cfg.MaxTracked = 2
+	if _, err := parse(cfg); err != nil {
+		t.Fatalf("maxTracked 2 with global and ip: %v", err)
+	}
+
+	// Routes count; layers that are off do not.
+	cfg.Routes = []RouteConfig{{Name: "login", Paths: []string{"/login"}, Points: 3, Duration: "1m"}}
+	if _, err := parse(cfg); err == nil || !strings.Contains(err.Error(), "at least 3") || !strings.Contains(err.Error(), "(global, ip, login)") {
+		t.Fatalf("maxTracked 2 with global, ip and a route: %v", err)
+	}
+
+	// The defaults: five layers on.
+	cfg = CreateConfig()
+	cfg.MaxTracked = 4
+	if _, err := parse(cfg); err == nil || !strings.Contains(err.Error(), "at least 5") {
+		t.Fatalf("maxTracked 4 with the default layers: %v", err)
+	}
+
+	cfg.Enabled = false
+	if _, err := parse(cfg); err != nil {
+		t.Fatalf("disabled: %v", err)
 	}
 }

@@ -80,7 +80,8 @@ func keyName(field string) string {
 // suggestField returns ` (did you mean "<path><key>"?)` for the field of t
 // closest to key, or "" when none is close.
 func suggestField(path, key string, t reflect.Type) string {
-	best, bestDist := "", 0
+	best := ""
+	bestDist := 0
 	lower := strings.ToLower(key)
 
 	for i := 0; i < t.NumField(); i++ {
@@ -94,8 +95,11 @@ func suggestField(path, key string, t reflect.Type) string {
 			d = 1 // a key cut short
 		}
 
+		// Two assignments, not one: Yaegi stores only the call of `a, b = f(), v`
+		// (e2e/yaegirules_test.go).
 		if best == "" || d < bestDist {
-			best, bestDist = keyName(name), d
+			best = keyName(name)
+			bestDist = d
 		}
 	}
 

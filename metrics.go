@@ -73,6 +73,15 @@ func (p *Plugin) metricsText(now int64) string {
 	family(&b, "tierlimit_redis_fallback", "gauge", "1 while Redis is failing and the in-memory store decides, else 0.")
 	sample(&b, "tierlimit_redis_fallback", mw, fallback)
 
+	// Process-wide, so without a middleware label: they follow the current
+	// configuration, not the history of reloads (lifetime.go).
+	family(&b, "tierlimit_registry_entries", "gauge",
+		"Entries in the plugin's process-wide registries: what the current configuration uses, plus what it stopped using in the last 10 seconds.")
+	sample(&b, "tierlimit_registry_entries", `registry="stores"`, strconv.Itoa(registry.stores.size()))
+	sample(&b, "tierlimit_registry_entries", `registry="blocklists"`, strconv.Itoa(registry.blocked.size()))
+	sample(&b, "tierlimit_registry_entries", `registry="connections"`, strconv.Itoa(connCounters.byName.size()))
+	sample(&b, "tierlimit_registry_entries", `registry="redis"`, strconv.Itoa(backends.byConfig.size()))
+
 	return b.String()
 }
 

@@ -70,6 +70,13 @@ type Plugin struct {
 	status     bool     // status.path is set
 	exempt     bool     // some exempt IP or principal is configured
 	planExempt []*layer // global, unless exempt.global
+
+	// Request paths are matched in their canonical form (path.go), computed
+	// once per request, in lower case when the asset prefixes (or, without
+	// them, some route) ignore case; a route that wants the other form
+	// converts it.
+	paths     bool // some route or asset prefix: canonicalise each request's path
+	foldPaths bool
 }
 
 // How a layer finds its key in a request.
@@ -79,6 +86,7 @@ const (
 	keyOfConst                      // layer.constKey (global, routes keyed by global)
 	keyOfPrincipalElseClient        // routes keyed by principal
 	keyOfHeader                     // "header:<Name>": the value hashed, else the client IP
+	keyOfHost                       // "host": the request's host (hostKey), else the client IP
 )
 
 // layer is a layer as the request path uses it: its limits, its counters in
@@ -91,6 +99,8 @@ type layer struct {
 	constKey  string
 	keyHeader string // canonical, for keyOfHeader
 	sliding   bool   // sliding-window counter instead of a fixed window
+	interval  int64  // token bucket: nanoseconds per point (tokenbucket.go); 0 for a window
+	rate      int64  // token bucket: the points per duration configured; points is then the burst
 
 	stats *layerStats // decisions since the process started, shared across reloads
 
@@ -128,7 +138,7 @@ const maxPrecomputed = 4096
 // counts requests without a principal per client IP, in a namespace of its own
 // so that an IP never shares a bucket with a principal id. A header-keyed layer
 // falls back to the client IP, never to a shared empty key.
-func (l *layer) keyFor(client, principal string, hdr http.Header) string {
+func (l *layer) keyFor(client, principal string, req *http.Request) string {
 	switch l.keyKind {
 	case keyOfClient:
 		return client
@@ -138,11 +148,21 @@ func (l *layer) keyFor(client, principal string, hdr http.Header) string {
 		return l.constKey
 	case keyOfHeader:
 		// A credential such as an API key: hashed, never kept in clear.
-		if v := hdr[l.keyHeader]; len(v) > 0 && strings.TrimSpace(v[0]) != "" {
+		if req == nil {
+			return client
+		}
+
+		if v := req.Header[l.keyHeader]; len(v) > 0 && strings.TrimSpace(v[0]) != "" {
 			return hashKey(strings.TrimSpace(v[0]))
 		}
 
 		return client
+	case keyOfHost:
+		if req == nil {
+			return client
+		}
+
+		return hostKey(req.Host, client)
 	}
 
 	if principal != "" {
@@ -154,10 +174,12 @@ func (l *layer) keyFor(client, principal string, hdr http.Header) string {
 
 // route is a route limit with its matcher.
 type route struct {
-	layer    *layer
-	methods  []string
-	exact    map[string]bool
-	prefixes []string
+	layer         *layer
+	methods       []string
+	exact         map[string]bool // canonical (path.go)
+	prefixes      []string
+	lower         bool // ignores case where the instance's paths keep theirs: lowers the path
+	caseSensitive bool // compares case where the instance's paths are lowered: canonicalises anew
 }
 
 // New builds the middleware from a validated configuration. It does no I/O:
@@ -169,15 +191,15 @@ func New(ctx context.Context, next http.Handler, config *Config, name string) (h
 		return nil, fmt.Errorf("configuring %s: %w", name, err)
 	}
 
-	memory := registry.get(name, cfg.maxTracked)
+	memory := registry.get(ctx, name, cfg.maxTracked)
 	store := counterStore(memory)
 
 	if cfg.store == "redis" {
 		store = &redisStore{
 			prefix:  cfg.keyPrefix + ":" + name + ":",
-			backend: backends.get(cfg.redis),
+			backend: backends.get(ctx, cfg.redis),
 			local:   memory,
-			blocked: registry.blockListFor(name, cfg.maxTracked),
+			blocked: registry.blockListFor(ctx, name, cfg.maxTracked),
 		}
 	}
 
@@ -207,7 +229,8 @@ func New(ctx context.Context, next http.Handler, config *Config, name string) (h
 	// An instance after ForwardAuth (userHeader set) knows whether a request
 	// has a principal; a credential tells it nothing more (chain.go).
 	if p.userHeader != "" {
-		p.credCookies, p.credQuery = nil, nil
+		p.credCookies = nil
+		p.credQuery = nil
 	} else {
 		for _, h := range cfg.principal.CredentialHeaders {
 			p.credHeaders = append(p.credHeaders, http.CanonicalHeaderKey(h))
@@ -216,14 +239,27 @@ func New(ctx context.Context, next http.Handler, config *Config, name string) (h
 
 	p.credentials = len(p.credHeaders)+len(p.credCookies)+len(p.credQuery) > 0
 
-	kinds := map[string]int{keyIP: keyOfClient, keyPrincipal: keyOfPrincipalElseClient, keyGlobal: keyOfConst, keyHeader: keyOfHeader}
+	kinds := map[string]int{keyIP: keyOfClient, keyPrincipal: keyOfPrincipalElseClient, keyGlobal: keyOfConst, keyHeader: keyOfHeader, keyHost: keyOfHost}
 
 	for _, rs := range cfg.routes {
 		if rs.on() {
 			p.routes = append(p.routes, &route{
 				layer: newLayer(memory, rs.layerSpec, kinds[rs.key]), methods: rs.methods, exact: rs.exact, prefixes: rs.prefixes,
+				caseSensitive: rs.caseSensitive,
 			})
+
+			p.foldPaths = p.foldPaths || !rs.caseSensitive
 		}
+	}
+
+	p.paths = p.routes != nil || p.assetPaths != nil
+	if p.assetPaths != nil {
+		p.foldPaths = !cfg.assetsCase
+	}
+
+	for _, rt := range p.routes {
+		rt.lower = !rt.caseSensitive && !p.foldPaths
+		rt.caseSensitive = rt.caseSensitive && p.foldPaths
 	}
 
 	p.layers = plan(p.global, p.ip, p.assets, p.user, p.service)
@@ -239,7 +275,7 @@ func New(ctx context.Context, next http.Handler, config *Config, name string) (h
 	p.planInvalid = plan(p.ip)
 
 	if cfg.wsMaxPerIP > 0 {
-		p.ws = connCounters.get(name, cfg.wsMaxPerIP)
+		p.ws = connCounters.get(ctx, name, cfg.wsMaxPerIP)
 		p.wsLayer = newLayer(memory, layerSpec{name: "websocket", points: int64(cfg.wsMaxPerIP), duration: time.Second}, keyOfClient)
 	}
 
@@ -251,7 +287,7 @@ func New(ctx context.Context, next http.Handler, config *Config, name string) (h
 
 		// A plan has at most every layer: global, one tier and the routes.
 		for n := 0; n <= len(p.layers); n++ {
-			rs.calls = append(rs.calls, takeRedis.Call(n, 4*n+1))
+			rs.calls = append(rs.calls, takeRedis.Call(n, 5*n+1))
 		}
 	}
 
@@ -266,7 +302,7 @@ func New(ctx context.Context, next http.Handler, config *Config, name string) (h
 	// serveSimple's loop knows fixed windows keyed by client, principal or constant.
 	inlined := true
 	for _, l := range p.layers {
-		inlined = inlined && l.keyKind != keyOfHeader && !l.sliding
+		inlined = inlined && l.keyKind != keyOfHeader && l.keyKind != keyOfHost && !l.sliding && l.interval == 0
 	}
 
 	p.active = cfg.enabled && (len(p.planIP)+len(p.planAssets)+len(p.planUser)+len(p.planService)+len(p.routes) > 0 || p.ws != nil)
@@ -330,19 +366,35 @@ func newLayer(memory *windowStore, spec layerSpec, keyKind int) *layer {
 		l.keyKind = keyOfHeader
 	}
 
-	l.redisArgs = redisresp.Bulk(l.limit) + redisresp.Bulk(formatInt(int64(spec.duration/time.Millisecond))) + bulkFalse
+	if spec.keyHost {
+		l.keyKind = keyOfHost
+	}
+
+	if spec.bucket {
+		spec = l.makeBucket(spec)
+	}
+
+	l.redisArgs = redisresp.Bulk(l.limit) + redisresp.Bulk(formatInt(int64(spec.duration/time.Millisecond))) + bulkFalse + bulkFalse
 	if spec.sliding {
-		l.redisArgs = redisresp.Bulk(l.limit) + redisresp.Bulk(formatInt(int64(spec.duration/time.Millisecond))) + bulkTrue
+		l.redisArgs = redisresp.Bulk(l.limit) + redisresp.Bulk(formatInt(int64(spec.duration/time.Millisecond))) + bulkTrue + bulkFalse
 	}
 
 	l.maxTTL = int64(spec.duration / time.Millisecond)
 	if spec.sliding {
 		l.maxTTL *= 2
 	}
+
+	if spec.bucket {
+		l.redisArgs = redisresp.Bulk(l.limit) + redisresp.Bulk(formatInt(int64(spec.duration/time.Millisecond))) + bulkBucket + redisresp.Bulk(formatInt(l.rate))
+		l.maxTTL = (spec.points*int64(spec.duration/time.Millisecond)+l.rate-1)/l.rate + 1
+	}
 	l.bodyPrefix = `{"errors":[{"message":"Hit rate limit","extensions":{"code":"REQUESTS_EXCEEDED","limit":` + l.limit + `,"reset":"`
 	l.bodySuffix = `","layer":"` + l.name + `"}}]}`
 	l.limitHdr = []string{l.limit}
 	l.policyHdr = []string{`"` + spec.name + `";q=` + l.limit + ";w=" + formatInt(ceilSeconds(l.duration))}
+	if spec.bucket {
+		l.policyHdr = []string{`"` + spec.name + `";q=` + l.limit + ";w=" + formatInt(ceilSeconds(spec.points*l.interval))}
+	}
 
 	for left := int64(0); left <= spec.points && left < maxPrecomputed; left++ {
 		l.remainingHdr = append(l.remainingHdr, []string{formatInt(left)})
@@ -356,14 +408,14 @@ func newLayer(memory *windowStore, spec layerSpec, keyKind int) *layer {
 
 // serveOther is ServeHTTP for every instance but the common ones: serveGeneral,
 // or for an anonymous instance on Redis or without headers, the few lines below.
-func (p *Plugin) serveOther(rw http.ResponseWriter, req *http.Request) {
+func (p *Plugin) serveOther(rw http.ResponseWriter, req *http.Request, path string) {
 	if p.general || p.userHeader != "" || p.credentials || p.routes != nil {
-		p.serveGeneral(rw, req)
+		p.serveGeneral(rw, req, path)
 		return
 	}
 
 	layers := p.planIP
-	if p.assetPaths != nil && hasAnyPrefix(req.URL.Path, p.assetPaths) {
+	if p.assetPaths != nil && hasAnyPrefix(path, p.assetPaths) {
 		layers = p.planAssets
 	}
 
@@ -385,19 +437,26 @@ func (p *Plugin) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 		return
 	}
 
+	// Matched against routes and asset prefixes, never passed on: the
+	// backend gets the request as it came.
+	path := ""
+	if p.paths {
+		path = canonicalPath(req.URL.Path, p.foldPaths)
+	}
+
 	if p.simple {
 		kind := plainRequest
 		if p.divert {
-			kind = p.classify(req)
+			kind = p.classify(req, path)
 		}
 
 		if kind != routedRequest {
-			p.serveSimple(rw, req, kind == credentialedRequest)
+			p.serveSimple(rw, req, kind == credentialedRequest, path)
 			return
 		}
 	}
 
-	p.serveOther(rw, req)
+	p.serveOther(rw, req, path)
 }
 
 // serveSimple is ServeHTTP for the most common instances, the edge and the
@@ -408,7 +467,7 @@ func (p *Plugin) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 // callee's whole frame: this measured 1.65x cheaper than the general path
 // (BENCHMARKS.md). Rare work stays in calls: new windows (restart), refusals
 // (refuseSimple), large header values.
-func (p *Plugin) serveSimple(rw http.ResponseWriter, req *http.Request, credentialed bool) {
+func (p *Plugin) serveSimple(rw http.ResponseWriter, req *http.Request, credentialed bool, path string) {
 	client := ""
 	if p.ips.hops == 0 && req.Header["X-Forwarded-For"] == nil {
 		i := strings.LastIndexByte(req.RemoteAddr, ':')
@@ -429,14 +488,14 @@ func (p *Plugin) serveSimple(rw http.ResponseWriter, req *http.Request, credenti
 		principal = p.principalOf(req)
 
 		var ok bool
-		if layers, ok = p.afterAuthPlan(rw, req, principal); !ok {
+		if layers, ok = p.afterAuthPlan(rw, req, principal, path); !ok {
 			return
 		}
 	} else if credentialed {
 		layers, watch = p.planCred, p.watch
 	} else {
 		for _, prefix := range p.assetPaths {
-			if strings.HasPrefix(req.URL.Path, prefix) {
+			if strings.HasPrefix(path, prefix) {
 				layers = p.planAssets
 			}
 		}
@@ -453,6 +512,7 @@ func (p *Plugin) serveSimple(rw http.ResponseWriter, req *http.Request, credenti
 	first := false
 
 	s.mu.Lock()
+	s.takes++
 
 	for _, l := range layers {
 		key := client
@@ -465,6 +525,7 @@ func (p *Plugin) serveSimple(rw http.ResponseWriter, req *http.Request, credenti
 		w := l.entries[key]
 		if w != nil && w.reset > now && w.list == l.list {
 			w.count++
+			w.taken = s.takes
 		} else {
 			w = s.restart(now, l, w, key)
 		}
@@ -570,7 +631,7 @@ func (p *Plugin) refuseSimple(rw http.ResponseWriter, req *http.Request, l *laye
 
 // serveGeneral is ServeHTTP for instances with credentials, routes or a
 // connection cap, principals beyond serveSimple, or turned off.
-func (p *Plugin) serveGeneral(rw http.ResponseWriter, req *http.Request) {
+func (p *Plugin) serveGeneral(rw http.ResponseWriter, req *http.Request, path string) {
 	if !p.active {
 		p.next.ServeHTTP(rw, req)
 		return
@@ -593,17 +654,17 @@ func (p *Plugin) serveGeneral(rw http.ResponseWriter, req *http.Request) {
 	switch {
 	case p.userHeader != "":
 		var ok bool
-		if layers, ok = p.afterAuthPlan(rw, req, principal); !ok {
+		if layers, ok = p.afterAuthPlan(rw, req, principal, path); !ok {
 			return
 		}
 	case p.credentials && p.hasCredential(req):
 		layers, watch = p.planCred, p.watch
-	case p.assetPaths != nil && hasAnyPrefix(req.URL.Path, p.assetPaths):
+	case p.assetPaths != nil && hasAnyPrefix(path, p.assetPaths):
 		layers = p.planAssets
 	}
 
 	if p.routes != nil {
-		layers = p.withRoutes(layers, req)
+		layers = p.withRoutes(layers, req, path)
 	}
 
 	ok, left := p.decide(rw, req, layers, client, principal)
@@ -632,10 +693,10 @@ func (p *Plugin) decide(rw http.ResponseWriter, req *http.Request, layers []*lay
 
 	var t tally
 
-	p.store.take(&t, now, layers, client, principal, req.Header, p.cfg.dryRun)
+	p.store.take(&t, now, layers, client, principal, req, p.cfg.dryRun)
 
 	if t.firsts != 0 {
-		p.report(layers, t.firsts, client, principal, req.Header)
+		p.report(layers, t.firsts, client, principal, req)
 	}
 
 	if t.shown < 0 {
@@ -680,10 +741,10 @@ func (p *Plugin) serveUpgrade(out, rw http.ResponseWriter, req *http.Request, cl
 }
 
 // report writes an event for each layer whose refusal is the first of its window.
-func (p *Plugin) report(layers []*layer, firsts uint64, client, principal string, hdr http.Header) {
+func (p *Plugin) report(layers []*layer, firsts uint64, client, principal string, req *http.Request) {
 	for i, l := range layers {
 		if firsts&(uint64(1)<<uint(i)) != 0 {
-			p.events.refused(l.name, l.keyFor(client, principal, hdr), client)
+			p.events.refused(l.name, l.keyFor(client, principal, req), client)
 		}
 	}
 }
@@ -719,11 +780,11 @@ func (p *Plugin) principalPlan(req *http.Request) []*layer {
 
 // withRoutes appends the matching routes' layers to the plan; it allocates
 // only when a route matches.
-func (p *Plugin) withRoutes(layers []*layer, req *http.Request) []*layer {
+func (p *Plugin) withRoutes(layers []*layer, req *http.Request, path string) []*layer {
 	var out []*layer
 
 	for _, rt := range p.routes {
-		if !rt.matches(req) {
+		if !rt.matches(req, path) {
 			continue
 		}
 
@@ -753,8 +814,8 @@ const (
 // classify tells serveSimple's requests from those serveGeneral decides. One
 // call for both checks, and none for instances without credential headers or
 // routes: under Yaegi each call allocates the callee's whole frame.
-func (p *Plugin) classify(req *http.Request) int {
-	if p.routes != nil && (p.routeMethods == nil || p.routeMethods[req.Method]) && p.routeMatches(req) {
+func (p *Plugin) classify(req *http.Request, path string) int {
+	if p.routes != nil && (p.routeMethods == nil || p.routeMethods[req.Method]) && p.routeMatches(req, path) {
 		return routedRequest
 	}
 
@@ -769,9 +830,9 @@ func (p *Plugin) classify(req *http.Request) int {
 }
 
 // routeMatches reports whether some route matches the request.
-func (p *Plugin) routeMatches(req *http.Request) bool {
+func (p *Plugin) routeMatches(req *http.Request, path string) bool {
 	for _, rt := range p.routes {
-		if rt.matches(req) {
+		if rt.matches(req, path) {
 			return true
 		}
 	}
@@ -789,7 +850,9 @@ func hasAnyPrefix(path string, prefixes []string) bool {
 	return false
 }
 
-func (rt *route) matches(req *http.Request) bool {
+// matches reports whether the request, with its canonical path, is the
+// route's. An exact path matches with or without a trailing slash.
+func (rt *route) matches(req *http.Request, path string) bool {
 	if len(rt.methods) > 0 {
 		found := false
 
@@ -805,5 +868,13 @@ func (rt *route) matches(req *http.Request) bool {
 		}
 	}
 
-	return rt.exact[req.URL.Path] || hasAnyPrefix(req.URL.Path, rt.prefixes)
+	if rt.lower {
+		path = strings.ToLower(path)
+	} else if rt.caseSensitive {
+		path = canonicalPath(req.URL.Path, false)
+	}
+
+	n := len(path)
+
+	return rt.exact[path] || n > 1 && path[n-1] == '/' && rt.exact[path[:n-1]] || hasAnyPrefix(path, rt.prefixes)
 }

@@ -674,6 +674,8 @@ func TestSimplePathMatchesTheGeneralPathWithRoutesAndCredentials(t *testing.T) {
 			{http.MethodGet, "/export", nil},
 			{http.MethodGet, "/api", map[string]string{"Authorization": ""}},
 			{http.MethodPost, "/auth/login", map[string]string{"Authorization": "Bearer x"}},
+			{http.MethodPost, "/Auth/Login;x=1/", nil},
+			{http.MethodPut, "/USERS//7", nil},
 		}
 
 		for i := 0; i < 160; i++ {

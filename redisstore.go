@@ -1,6 +1,7 @@
 package tierlimit
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,11 +17,11 @@ import (
 )
 
 // counterStore charges requests to layers. take charges one hit to each layer
-// in order, under the key layer.keyFor(client, principal, hdr); unless all is set
+// in order, under the key layer.keyFor(client, principal, req); unless all is set
 // it stops after the first layer whose count exceeds its points. It reports
 // the outcome as a tally. windowStore (memory) and redisStore implement it.
 type counterStore interface {
-	take(t *tally, now int64, layers []*layer, client, principal string, hdr http.Header, all bool)
+	take(t *tally, now int64, layers []*layer, client, principal string, req *http.Request, all bool)
 }
 
 // takeScript is the whole decision of one request in one round trip.
@@ -35,25 +36,67 @@ type counterStore interface {
 // Time comes from the keys' TTLs alone, as for fixed layers. The arithmetic is
 // sliding.go's, in milliseconds; only allowed requests are counted.
 //
-// A key of the other kind (left by a reload that changed a layer's algorithm)
-// is started afresh rather than failing the script.
+// A token-bucket layer's key is a hash {r, n} holding its TAT (tokenbucket.go)
+// as r + n x window / points microseconds, with 0 <= n < points: integers that
+// Lua numbers hold exactly, where the emission interval window / points in
+// microseconds may have a fraction. Time is Redis's clock (TIME), which every
+// Traefik instance shares; the key expires when its bucket is full again.
+//
+// A key of another kind (left by a reload that changed a layer's algorithm),
+// or one that outlives its layer's window (left by a reload that shortened the
+// duration), is started afresh rather than failing the script, as memory
+// starts such counters afresh.
 //
 // KEYS: one key per layer, in evaluation order.
 // ARGV[1]: "1" charges every key (dry run); "0" stops after the first refusal.
-// ARGV[3i-1], ARGV[3i], ARGV[3i+1]: points, window (milliseconds) and "1" if
-// sliding, of KEYS[i].
+// ARGV[4i-2], ARGV[4i-1], ARGV[4i], ARGV[4i+1], of KEYS[i]: points (a token
+// bucket's burst), window (milliseconds), the algorithm ("0" fixed, "1"
+// sliding, "2" token bucket) and a token bucket's points per window ("0" else).
 // Returns count, milliseconds to reset, for each key charged. A sliding
 // layer's count is its estimate; after a refusal its reset is when a request
-// will next fit.
+// will next fit. A token bucket's count is the tokens missing after the
+// request (burst + 1 on a refusal), its reset when it is full again or, after
+// a refusal, when its next token is back.
 const takeScript = `
 local all = ARGV[1] == '1'
 local out = {}
 for i = 1, #KEYS do
   local k = KEYS[i]
-  local points = tonumber(ARGV[3 * i - 1])
-  local window = tonumber(ARGV[3 * i])
+  local points = tonumber(ARGV[4 * i - 2])
+  local window = tonumber(ARGV[4 * i - 1])
+  local algorithm = ARGV[4 * i]
   local count, ttl
-  if ARGV[3 * i + 1] ~= '1' then
+  if algorithm == '2' then
+    local rate = tonumber(ARGV[4 * i + 1])
+    local d = window * 1000
+    local clock = redis.call('TIME')
+    local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+    local v = redis.pcall('HMGET', k, 'r', 'n')
+    local r, n = now, 0
+    if type(v) == 'table' and not v.err and v[1] and v[2] then
+      r, n = tonumber(v[1]), tonumber(v[2])
+    else
+      redis.call('DEL', k)
+    end
+    local ahead = (r - now) * rate + n * d
+    if ahead < 0 then
+      r, n, ahead = now, 0, 0
+    end
+    if ahead <= (points - 1) * d then
+      n = n + 1
+      ahead = ahead + d
+      if n >= rate then
+        r, n = r + d, n - rate
+      end
+      count = math.ceil(ahead / d)
+      ttl = math.ceil(ahead / rate / 1000)
+      redis.call('HSET', k, 'r', r, 'n', n)
+      redis.call('PEXPIRE', k, ttl)
+    else
+      count = points + 1
+      ttl = math.ceil((ahead - (points - 1) * d) / rate / 1000)
+    end
+  elseif algorithm ~= '1' then
     redis.call('SET', k, 0, 'NX', 'PX', window)
     count = redis.pcall('INCR', k)
     if type(count) == 'table' then
@@ -61,14 +104,14 @@ for i = 1, #KEYS do
       count = 1
     end
     ttl = redis.call('PTTL', k)
-    if ttl < 0 then
-      redis.call('PEXPIRE', k, window)
-      ttl = window
+    if ttl < 0 or ttl > window then
+      redis.call('SET', k, 1, 'PX', window)
+      count, ttl = 1, window
     end
   else
     local pttl = redis.call('PTTL', k)
     local v = false
-    if pttl > 0 then
+    if pttl > 0 and pttl <= 2 * window then
       v = redis.pcall('HMGET', k, 'c', 'p')
       if v.err then v = false end
     end
@@ -109,8 +152,9 @@ return out
 
 // The script's first argument, encoded.
 var (
-	bulkFalse = redisresp.Bulk("0")
-	bulkTrue  = redisresp.Bulk("1")
+	bulkFalse  = redisresp.Bulk("0")
+	bulkTrue   = redisresp.Bulk("1")
+	bulkBucket = redisresp.Bulk("2")
 )
 
 var errBadReply = errors.New("unexpected reply from the rate-limit script")
@@ -137,13 +181,21 @@ func (s *redisStore) callFor(n int) redisresp.Call {
 		return s.calls[n]
 	}
 
-	return takeRedis.Call(n, 4*n+1)
+	return takeRedis.Call(n, 5*n+1)
 }
 
 // The healthy path (nothing blocked, Redis up) takes no lock and makes as few
 // calls as it can: under Yaegi each call allocates the callee's whole frame.
-func (s *redisStore) take(t *tally, now int64, layers []*layer, client, principal string, hdr http.Header, all bool) {
-	if !all && s.blocked.size.Load() != 0 && s.takeBlocked(t, now, layers, client, principal, hdr) {
+func (s *redisStore) take(t *tally, now int64, layers []*layer, client, principal string, req *http.Request, all bool) {
+	// No layer to charge (an anonymous request to an instance with only
+	// principal tiers, a credentialed one with global off, a request that
+	// matches none of a routes-only instance's routes): nothing to ask Redis.
+	if len(layers) == 0 {
+		t.shown = -1
+		return
+	}
+
+	if !all && s.blocked.size.Load() != 0 && s.takeBlocked(t, now, layers, client, principal, req) {
 		return
 	}
 
@@ -152,16 +204,20 @@ func (s *redisStore) take(t *tally, now int64, layers []*layer, client, principa
 	if s.backend.down.Load() {
 		use := false
 		if use, probe = s.backend.usable(now); !use {
-			s.local.take(t, now, layers, client, principal, hdr, all)
+			s.local.take(t, now, layers, client, principal, req, all)
 			return
 		}
 	}
 
-	if err := s.takeRedis(t, now, layers, client, principal, hdr, all); err != nil {
-		s.backend.failed(now, probe, err)
+	if err := s.takeRedis(t, now, layers, client, principal, req, all); err != nil {
+		// A closed pool is not Redis failing: this instance belongs to a
+		// configuration that was replaced, and its backend was released.
+		if !errors.Is(err, redisresp.ErrClosed) {
+			s.backend.failed(now, probe, err)
+		}
 
 		*t = tally{}
-		s.local.take(t, now, layers, client, principal, hdr, all)
+		s.local.take(t, now, layers, client, principal, req, all)
 
 		return
 	}
@@ -173,9 +229,9 @@ func (s *redisStore) take(t *tally, now int64, layers []*layer, client, principa
 
 // takeBlocked refuses the request locally when one of its keys is known to be
 // over its limit, and reports whether it did.
-func (s *redisStore) takeBlocked(t *tally, now int64, layers []*layer, client, principal string, hdr http.Header) bool {
+func (s *redisStore) takeBlocked(t *tally, now int64, layers []*layer, client, principal string, req *http.Request) bool {
 	for i, l := range layers {
-		if reset := s.blocked.resetOf(l.name, l.keyFor(client, principal, hdr), now); reset != 0 {
+		if reset := s.blocked.resetOf(l.name, l.keyFor(client, principal, req), now); reset != 0 {
 			l.stats.countRedis(true)
 
 			*t = tally{charged: i + 1, shown: i, count: l.points + 1, reset: reset, refused: true,
@@ -190,7 +246,7 @@ func (s *redisStore) takeBlocked(t *tally, now int64, layers []*layer, client, p
 
 // takeRedis runs the script and writes its outcome to t; on an error, t is
 // to be discarded.
-func (s *redisStore) takeRedis(t *tally, now int64, layers []*layer, client, principal string, hdr http.Header, all bool) error {
+func (s *redisStore) takeRedis(t *tally, now int64, layers []*layer, client, principal string, req *http.Request, all bool) error {
 	// The command is encoded here, from each layer's pre-encoded arguments:
 	// under Yaegi, a loop over arguments in the RESP writer costs more than
 	// the round trip.
@@ -209,7 +265,7 @@ func (s *redisStore) takeRedis(t *tally, now int64, layers []*layer, client, pri
 
 		key := client
 		if l.keyKind != keyOfClient {
-			key = l.keyFor(client, principal, hdr)
+			key = l.keyFor(client, principal, req)
 		}
 
 		key = l.redisKey + key
@@ -225,7 +281,7 @@ func (s *redisStore) takeRedis(t *tally, now int64, layers []*layer, client, pri
 	var err error
 
 	if s.backend.cluster != nil {
-		ints, serverErr, err = s.runCluster(s.backend.cluster, layers, client, principal, hdr, all)
+		ints, serverErr, err = s.runCluster(s.backend.cluster, layers, client, principal, req, all)
 	} else {
 		ints, serverErr, err = s.callFor(len(layers)).RunIntsOn(s.backend.pool, keys+args)
 	}
@@ -256,7 +312,7 @@ func (s *redisStore) takeRedis(t *tally, now int64, layers []*layer, client, pri
 		reset := now + ttl*int64(time.Millisecond)
 
 		if count > l.points {
-			if s.refused(t, i, l, count, reset, now, client, principal, hdr) && !all && i < n-1 {
+			if s.refused(t, i, l, count, reset, now, client, principal, req) && !all && i < n-1 {
 				return fmt.Errorf("%w: layers answered after a refusal", errBadReply)
 			}
 
@@ -292,8 +348,8 @@ func (s *redisStore) takeRedis(t *tally, now int64, layers []*layer, client, pri
 // refused records that layers[i] refused with count: the key is blocked
 // locally until reset, and the first refusal per window is reported. It
 // returns true, so that takeRedis can tell a reply that goes on after it.
-func (s *redisStore) refused(t *tally, i int, l *layer, count, reset, now int64, client, principal string, hdr http.Header) bool {
-	first := s.blocked.add(l.name, l.keyFor(client, principal, hdr), reset, now)
+func (s *redisStore) refused(t *tally, i int, l *layer, count, reset, now int64, client, principal string, req *http.Request) bool {
+	first := s.blocked.add(l.name, l.keyFor(client, principal, req), reset, now)
 	t.refuse(i, count, reset, []string{formatInt(ceilSeconds(reset))}, first)
 
 	return true
@@ -427,7 +483,8 @@ func (b *redisBackend) event(name, severity, msg string, retry time.Duration) {
 		ev.Primary = sp.Primary()
 	}
 	if retry > 0 {
-		ev.Fallback, ev.RetryIn = "memory", retry.String()
+		ev.Fallback = "memory"
+		ev.RetryIn = retry.String()
 	}
 
 	line, err := json.Marshal(ev)
@@ -439,30 +496,43 @@ func (b *redisBackend) event(name, severity, msg string, retry time.Duration) {
 }
 
 // backends shares one redisBackend per distinct Redis configuration across
-// middlewares, routers and reloads, so reloads do not open new pools.
-var backends = &backendRegistry{byConfig: map[string]*redisBackend{}}
+// middlewares, routers and reloads, so reloads do not open new pools. A
+// backend no instance uses any more is released (lifetime.go) and its pool
+// closed: idle connections at once, busy ones when their call returns.
+var backends = &backendRegistry{byConfig: newLease(closeBackend)}
 
 type backendRegistry struct {
-	mu       sync.Mutex
-	byConfig map[string]*redisBackend
+	byConfig *lease // *redisBackend by configuration
 }
 
-func (r *backendRegistry) get(opts redisresp.Options) *redisBackend {
+func closeBackend(v interface{}) {
+	if b, ok := v.(*redisBackend); ok {
+		b.pool.Close()
+	}
+}
+
+// get returns the backend of opts, held until ctx is cancelled.
+func (r *backendRegistry) get(ctx context.Context, opts redisresp.Options) *redisBackend {
 	id := opts.Key()
 
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	v := r.byConfig.take(ctx, id, func() interface{} {
+		return newBackend(opts)
+	})
 
-	b := r.byConfig[id]
-	if b == nil {
-		b = &redisBackend{pool: redisresp.NewClient(opts), address: opts.Target(), log: eventWriter}
-		if sc, ok := b.pool.(*redisresp.Sentinel); ok {
-			sc.OnSwitch = b.switched
-		}
+	b, _ := v.(*redisBackend)
 
-		b.cluster, _ = b.pool.(*redisresp.Cluster)
-		r.byConfig[id] = b
+	return b
+}
+
+// newBackend makes the client opts describe: a pool, a Sentinel's primary
+// (whose switches it logs) or a cluster.
+func newBackend(opts redisresp.Options) *redisBackend {
+	b := &redisBackend{pool: redisresp.NewClient(opts), address: opts.Target(), log: eventWriter}
+	if sc, ok := b.pool.(*redisresp.Sentinel); ok {
+		sc.OnSwitch = b.switched
 	}
+
+	b.cluster, _ = b.pool.(*redisresp.Cluster)
 
 	return b
 }

@@ -13,8 +13,8 @@ import (
 // principal, and one script call charges them. A principal-keyed route's
 // fallback to the client IP (ip:<addr>) is tagged by the address, with the
 // client's other layers.
-func clusterKey(l *layer, client, principal string, hdr http.Header) string {
-	bucket := l.keyFor(client, principal, hdr)
+func clusterKey(l *layer, client, principal string, req *http.Request) string {
+	bucket := l.keyFor(client, principal, req)
 
 	if l.keyKind == keyOfPrincipalElseClient && principal == "" && strings.HasSuffix(bucket, client) {
 		return l.redisKey + bucket[:len(bucket)-len(client)] + "{" + client + "}"
@@ -38,11 +38,11 @@ type slotGroup struct {
 // earlier layer refused: at most one hit per such layer and refused request.
 // The reply is returned as the single-server script would give it: count and
 // milliseconds to reset per layer in order, up to the first refusal.
-func (s *redisStore) runCluster(cl *redisresp.Cluster, layers []*layer, client, principal string, hdr http.Header, all bool) ([]int64, string, error) {
+func (s *redisStore) runCluster(cl *redisresp.Cluster, layers []*layer, client, principal string, req *http.Request, all bool) ([]int64, string, error) {
 	var groups []*slotGroup
 
 	for i, l := range layers {
-		key := clusterKey(l, client, principal, hdr)
+		key := clusterKey(l, client, principal, req)
 		slot := redisresp.Slot(key)
 
 		var g *slotGroup

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync"
@@ -348,7 +349,7 @@ func TestRedisKeysAndArguments(t *testing.T) {
 	want := []string{
 		"EVALSHA", takeRedis.SHA(), "3",
 		prefix + "global:global", prefix + "ip:2001:db8::/64", prefix + "auth_login:2001:db8::/64",
-		"0", "1000", "1000", "0", "3", "60000", "0", "10", "60000", "0",
+		"0", "1000", "1000", "0", "0", "3", "60000", "0", "0", "10", "60000", "0", "0",
 	}
 
 	if strings.Join(got, " ") != strings.Join(want, " ") {
@@ -359,4 +360,88 @@ func TestRedisKeysAndArguments(t *testing.T) {
 		t.Fatalf("prefix %q", store.prefix)
 	}
 
+}
+
+// A request with no layer to charge (here: anonymous, or carrying a
+// credential, on an instance with only the principal tiers) costs no Redis
+// call, changes nothing and is no Redis failure.
+func TestRequestsWithoutLayersDoNotCallRedis(t *testing.T) {
+	s := newCannedRedis(t, "*2\r\n:1\r\n:60000\r\n")
+	h, logs := redisHarness(t, s.l.Addr().String(), func(c *Config) {
+		c.IP.Points, c.Assets.Points, c.Service.Points = 0, 0, 0
+		c.User = LayerConfig{Points: 300, Duration: "60s"}
+		c.Principal.UserHeader = "X-Auth-User"
+		c.Principal.CredentialHeaders = []string{"Authorization"}
+	})
+
+	for i := 0; i < 20; i++ {
+		anon := h.get("/api", "203.0.113.9:1")
+		cred := h.do(http.MethodGet, "/api", "203.0.113.9:1", map[string]string{"Authorization": "Bearer x"})
+
+		for _, rec := range []*httptest.ResponseRecorder{anon, cred} {
+			if rec.Code != http.StatusOK || rec.Header().Get("X-RateLimit-Limit") != "" {
+				t.Fatalf("request %d without layers: %d %v", i, rec.Code, rec.Header())
+			}
+		}
+
+		if rec := h.do(http.MethodGet, "/api", "203.0.113.9:1", map[string]string{"X-Auth-User": "bob"}); rec.Code != http.StatusOK ||
+			rec.Header().Get("RateLimit-Policy") != `"user";q=300;w=60` {
+			t.Fatalf("bob %d: %d %v", i, rec.Code, rec.Header())
+		}
+	}
+
+	if n := s.commands.Load(); n != 20 {
+		t.Fatalf("%d Redis commands for 20 user and 40 layerless requests, want 20", n)
+	}
+
+	if logs.Len() != 0 || h.p.store.(*redisStore).backend.down.Load() {
+		t.Fatalf("Redis marked down: %s", logs)
+	}
+}
+
+// An instance of a replaced configuration may still serve a request after its
+// Redis pool was released and closed: memory decides, and Redis is not
+// reported down (it is not).
+func TestClosedPoolIsDecidedInMemoryWithoutAnEvent(t *testing.T) {
+	s := newCannedRedis(t, "*2\r\n:1\r\n:60000\r\n")
+	h, logs := redisHarness(t, s.l.Addr().String(), nil)
+	h.p.store.(*redisStore).backend.pool.Close()
+
+	for i := 1; i <= 4; i++ {
+		want := http.StatusOK
+		if i > 3 {
+			want = http.StatusTooManyRequests
+		}
+
+		if rec := h.get("/api", "203.0.113.9:1"); rec.Code != want {
+			t.Fatalf("request %d on a closed pool: %d, want %d", i, rec.Code, want)
+		}
+	}
+
+	if logs.Len() != 0 || h.p.store.(*redisStore).backend.down.Load() || s.commands.Load() != 0 {
+		t.Fatalf("closed pool: %d commands, down %v, events %s", s.commands.Load(), h.p.store.(*redisStore).backend.down.Load(), logs)
+	}
+}
+
+// A routes-only instance: a request that matches no route has no layer.
+func TestUnmatchedRequestOfARoutesOnlyInstanceDoesNotCallRedis(t *testing.T) {
+	s := newCannedRedis(t, "*2\r\n:1\r\n:60000\r\n")
+	h, logs := redisHarness(t, s.l.Addr().String(), func(c *Config) {
+		c.IP.Points, c.Assets.Points, c.User.Points, c.Service.Points = 0, 0, 0, 0
+		c.Routes = []RouteConfig{{Name: "login", Methods: []string{"POST"}, Paths: []string{"/login"}, Points: 10, Duration: "60s"}}
+	})
+
+	for i := 0; i < 5; i++ {
+		if rec := h.get("/other", "203.0.113.9:1"); rec.Code != http.StatusOK || rec.Header().Get("X-RateLimit-Limit") != "" {
+			t.Fatalf("unmatched %d: %d %v", i, rec.Code, rec.Header())
+		}
+	}
+
+	if rec := h.do(http.MethodPost, "/login", "203.0.113.9:1", nil); rec.Code != http.StatusOK || rec.Header().Get("X-RateLimit-Limit") != "10" {
+		t.Fatalf("login: %d %v", rec.Code, rec.Header())
+	}
+
+	if n := s.commands.Load(); n != 1 || logs.Len() != 0 {
+		t.Fatalf("%d Redis commands for 5 unmatched requests and 1 login, want 1; events %s", n, logs)
+	}
 }

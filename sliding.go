@@ -67,6 +67,8 @@ func (s *windowStore) slide(t *tally, i int, now int64, l *layer, key string) bo
 		return false
 	}
 
+	w.taken = s.takes
+
 	if w.reset <= now {
 		// The window ended less than a duration ago (else it expired above):
 		// the next one starts where it ended.

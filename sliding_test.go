@@ -110,13 +110,13 @@ func TestSlidingRemovesTheBoundaryBurst(t *testing.T) {
 
 // TestSlidingCountsOnlyAllowedRequests: a client that keeps retrying above the
 // limit is let through again once the window has slid, because its refusals
-// did not count.
+// did not count, and no faster than the previous window's weight allows.
 func TestSlidingCountsOnlyAllowedRequests(t *testing.T) {
 	s := newWindowStore(100)
 	l := newLayer(s, layerSpec{name: "ip", points: 5, duration: time.Second, sliding: true}, keyOfClient)
 	now := time.Unix(2000, 0).UnixNano()
 
-	allowed := 0
+	var allowed []int // milliseconds after the first request
 
 	// 100 requests per window, for 10 windows, evenly spread.
 	for i := 0; i < 1000; i++ {
@@ -124,14 +124,28 @@ func TestSlidingCountsOnlyAllowedRequests(t *testing.T) {
 		s.take(&tl, now+int64(i)*int64(10*time.Millisecond), []*layer{l}, "c", "", nil, false)
 
 		if !tl.refused {
-			allowed++
+			allowed = append(allowed, i*10)
 		}
 	}
 
-	// About 5 per second get through in steady state, never more than
-	// 2 x points in any window.
-	if allowed < 40 || allowed > 60 {
-		t.Fatalf("%d of 1000 allowed over 10 windows of 5 points", allowed)
+	// The first window allows its first 5 requests. In each later one the
+	// previous window's 5 weigh 5 x left / 1s, so the n-th request (from 0)
+	// fits once that weight is down to 4 - n: after 10, 210, ... 810 ms.
+	want := []int{0, 10, 20, 30, 40}
+	for w := 1; w < 10; w++ {
+		for n := 0; n < 5; n++ {
+			want = append(want, w*1000+10+n*200)
+		}
+	}
+
+	if len(allowed) != len(want) {
+		t.Fatalf("%d of 1000 allowed over 10 windows of 5 points, want %d: at %v ms", len(allowed), len(want), allowed)
+	}
+
+	for i := range want {
+		if allowed[i] != want[i] {
+			t.Fatalf("allowed at %v ms, want %v", allowed, want)
+		}
 	}
 }
 

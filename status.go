@@ -98,6 +98,7 @@ type statusLayer struct {
 	Points      int64  `json:"points"`
 	Duration    string `json:"duration"`
 	Algorithm   string `json:"algorithm"`
+	Burst       int64  `json:"burst,omitempty"` // tokenbucket
 	TrackedKeys int    `json:"trackedKeys"`
 	Allowed     int64  `json:"allowed"`
 	Refused     int64  `json:"refused"`
@@ -209,15 +210,22 @@ func (p *Plugin) statusJSON(req *http.Request, now int64) ([]byte, int) {
 	for i, l := range p.layers {
 		allowed, refused := p.memory.totals(l.stats)
 
-		algorithm := "fixed"
-		if l.sliding {
-			algorithm = "sliding"
+		sl := statusLayer{
+			Name: l.name, Points: l.points, Duration: time.Duration(l.duration).String(), Algorithm: "fixed",
+			TrackedKeys: tracked[i], Allowed: allowed, Refused: refused,
 		}
 
-		report.Layers = append(report.Layers, statusLayer{
-			Name: l.name, Points: l.points, Duration: time.Duration(l.duration).String(), Algorithm: algorithm,
-			TrackedKeys: tracked[i], Allowed: allowed, Refused: refused,
-		})
+		if l.sliding {
+			sl.Algorithm = "sliding"
+		}
+
+		if l.interval != 0 {
+			sl.Algorithm = "tokenbucket"
+			sl.Points = l.rate
+			sl.Burst = l.points
+		}
+
+		report.Layers = append(report.Layers, sl)
 	}
 
 	for i := q.offset; i < len(entries); i++ {
@@ -269,6 +277,11 @@ func (p *Plugin) liveKeys(now int64, limitedOnly bool, prefix string) ([]liveKey
 
 		if l.sliding {
 			out = appendSliding(out, i, l, m, now, limitedOnly, prefix)
+			continue
+		}
+
+		if l.interval != 0 {
+			out = appendBucket(out, i, l, m, now, limitedOnly, prefix)
 			continue
 		}
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"math/rand"
 	"net/http"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -472,8 +473,26 @@ tierlimit_layer_window_seconds{MW,layer="ip"} 60
 # TYPE tierlimit_redis_fallback gauge
 tierlimit_redis_fallback{MW} 0
 `
-	if got := rec.Body.String(); got != strings.ReplaceAll(want, "MW", mw) {
+	// The registries are the process's, shared with the other tests here:
+	// their family comes last, checked for its form only.
+	got := rec.Body.String()
+	registries := ""
+
+	if i := strings.Index(got, "# HELP tierlimit_registry_entries "); i >= 0 {
+		got, registries = got[:i], got[i:]
+	}
+
+	if got != strings.ReplaceAll(want, "MW", mw) {
 		t.Fatalf("metrics:\n%s\nwant:\n%s", got, strings.ReplaceAll(want, "MW", mw))
+	}
+
+	form := regexp.MustCompile(`^# HELP tierlimit_registry_entries .+\n# TYPE tierlimit_registry_entries gauge\n` +
+		`tierlimit_registry_entries\{registry="stores"\} [1-9][0-9]*\n` +
+		`tierlimit_registry_entries\{registry="blocklists"\} [0-9]+\n` +
+		`tierlimit_registry_entries\{registry="connections"\} [0-9]+\n` +
+		`tierlimit_registry_entries\{registry="redis"\} [0-9]+\n$`)
+	if !form.MatchString(registries) {
+		t.Fatalf("registry sizes:\n%s", registries)
 	}
 
 	// After the ip windows end, nothing is limited; the counters stay.

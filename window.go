@@ -1,6 +1,7 @@
 package tierlimit
 
 import (
+	"context"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -23,6 +24,7 @@ type windowStore struct {
 	mu    sync.Mutex
 	max   int
 	size  int
+	takes int64                         // requests charged so far: window.taken of the current one
 	maps  map[string]map[string]*window // by layer name
 	lists []*windowList
 	stats map[string]*layerStats // by layer name
@@ -64,8 +66,9 @@ type window struct {
 	start  int64
 	reset  int64
 	expire int64    // when the counter may be dropped: reset, or reset + duration for a sliding window
-	before int64    // sliding window: the previous window's count
+	before int64    // sliding window: the previous window's count; token bucket: resetH's seconds
 	logged bool     // a refusal of this window was reported (see tally.firsts)
+	taken  int64    // windowStore.takes of the last request that charged it: never evicted by that request
 	resetH []string // X-RateLimit-Reset value, formatted once per window
 	list   *windowList
 	prev   *window
@@ -77,7 +80,7 @@ type window struct {
 // count weighs on the next window), so it keeps a list of its own.
 type windowList struct {
 	duration int64
-	span     int64 // how long a counter lives from its start: duration, or 2x when sliding
+	span     int64 // how long a counter lives from its start: duration, or 2x when sliding; 0 for token buckets
 	head     *window
 	tail     *window
 }
@@ -118,6 +121,10 @@ func (s *windowStore) attach(l *layer) {
 	span := l.duration
 	if l.sliding {
 		span = 2 * l.duration
+	}
+
+	if l.interval != 0 {
+		span = 0 // token buckets: ordered by last request (tokenbucket.go)
 	}
 
 	for _, wl := range s.lists {
@@ -162,17 +169,18 @@ type tally struct {
 // The loop repeats tally.note and the common cases of layer.keyFor inline:
 // under Yaegi each call allocates every local of the callee, and this loop
 // runs for every request.
-func (s *windowStore) take(t *tally, now int64, layers []*layer, client, principal string, hdr http.Header, all bool) {
+func (s *windowStore) take(t *tally, now int64, layers []*layer, client, principal string, req *http.Request, all bool) {
 	t.shown = -1
 
 	s.mu.Lock()
+	s.takes++
 
 	for i, l := range layers {
 		key := client
 		if l.keyKind == keyOfConst {
 			key = l.constKey
 		} else if l.keyKind != keyOfClient {
-			key = l.keyFor(client, principal, hdr)
+			key = l.keyFor(client, principal, req)
 		}
 
 		if l.sliding {
@@ -183,9 +191,18 @@ func (s *windowStore) take(t *tally, now int64, layers []*layer, client, princip
 			continue
 		}
 
+		if l.interval != 0 {
+			if s.drip(t, i, now, l, key) && !all {
+				break
+			}
+
+			continue
+		}
+
 		w := l.entries[key]
 		if w != nil && w.reset > now && w.list == l.list {
 			w.count++
+			w.taken = s.takes
 		} else {
 			w = s.restart(now, l, w, key)
 		}
@@ -229,8 +246,9 @@ func (t *tally) refuse(i int, count, reset int64, resetH []string, first bool) {
 }
 
 // restart starts a new window for key in l: the expired w (or one whose layer
-// changed duration at a reload), or a new counter. Kept out of take so that
-// the common path stays small under Yaegi.
+// changed duration at a reload), or a new counter, charged by the current
+// request (windowStore.takes). Kept out of take so that the common path stays
+// small under Yaegi.
 func (s *windowStore) restart(now int64, l *layer, w *window, key string) *window {
 	if w != nil {
 		w.list.unlink(w)
@@ -249,6 +267,7 @@ func (s *windowStore) restart(now int64, l *layer, w *window, key string) *windo
 	w.expire = now + l.list.span
 	w.resetH = []string{formatInt(ceilSeconds(w.reset))}
 	w.logged = false
+	w.taken = s.takes
 	l.list.push(w)
 
 	return w
@@ -269,7 +288,10 @@ func (s *windowStore) peek(now int64, layer, key string) (count, reset int64) {
 }
 
 // makeRoom purges a few expired counters and, at the cap, all expired ones and
-// then the oldest live ones, until one more fits.
+// then the oldest live ones, until one more fits. It never evicts a counter
+// the current request charged: with the cap at least the number of layers
+// (config.go), another one is always there to evict, so the layers of one
+// request cannot evict each other's counters.
 func (s *windowStore) makeRoom(now int64, l *windowList) {
 	for n := 0; n < purgePerInsert && l.head != nil && l.head.expire <= now; n++ {
 		s.remove(l.head)
@@ -289,8 +311,13 @@ func (s *windowStore) makeRoom(now int64, l *windowList) {
 		var oldest *window
 
 		for _, other := range s.lists {
-			if other.head != nil && (oldest == nil || other.head.start < oldest.start) {
-				oldest = other.head
+			w := other.head
+			for w != nil && w.taken == s.takes {
+				w = w.next
+			}
+
+			if w != nil && (oldest == nil || w.start < oldest.start) {
+				oldest = w
 			}
 		}
 
@@ -340,47 +367,35 @@ func (l *windowList) unlink(w *window) {
 	w.list = nil
 }
 
-// registry holds one windowStore per middleware name for the life of the
-// process. Traefik keeps one interpreter per plugin, so this survives
+// registry holds one windowStore per middleware name, and for the redis
+// store one blockList, while some instance of the middleware uses them
+// (lifetime.go). Traefik keeps one interpreter per plugin, so this survives
 // configuration reloads and is shared by every router that uses the middleware.
-var registry = &storeRegistry{stores: map[string]*windowStore{}, blocked: map[string]*blockList{}}
+var registry = &storeRegistry{stores: newLease(nil), blocked: newLease(nil)}
 
 type storeRegistry struct {
-	mu      sync.Mutex
-	stores  map[string]*windowStore
-	blocked map[string]*blockList // redis store: keys known over their limit
+	stores  *lease // *windowStore by middleware name
+	blocked *lease // *blockList by middleware name: keys known over their limit
 }
 
-// get returns the store of the middleware called name, creating it with the
-// cap capacity, or applying capacity to the existing one.
-func (r *storeRegistry) get(name string, capacity int) *windowStore {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+// get returns the store of the middleware called name, held until ctx is
+// cancelled, creating it with the cap capacity or applying capacity to the
+// existing one.
+func (r *storeRegistry) get(ctx context.Context, name string, capacity int) *windowStore {
+	v := r.stores.take(ctx, name, func() interface{} { return newWindowStore(capacity) })
 
-	s := r.stores[name]
-	if s == nil {
-		s = newWindowStore(capacity)
-		r.stores[name] = s
-
-		return s
-	}
-
+	s, _ := v.(*windowStore)
 	s.setMax(capacity)
 
 	return s
 }
 
 // blockListFor returns the list of keys known over their limit for the
-// middleware called name (redis store).
-func (r *storeRegistry) blockListFor(name string, capacity int) *blockList {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+// middleware called name (redis store), held until ctx is cancelled.
+func (r *storeRegistry) blockListFor(ctx context.Context, name string, capacity int) *blockList {
+	v := r.blocked.take(ctx, name, func() interface{} { return newBlockList(capacity) })
 
-	b := r.blocked[name]
-	if b == nil {
-		b = newBlockList(capacity)
-		r.blocked[name] = b
-	}
+	b, _ := v.(*blockList)
 
 	return b
 }

@@ -1,6 +1,9 @@
 package tierlimit
 
 import (
+	"context"
+	"net/http"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -265,9 +268,9 @@ func TestWindowCountsExactlyUnderConcurrency(t *testing.T) {
 }
 
 func TestRegistrySharesStoresByName(t *testing.T) {
-	a := registry.get("shared-test@file", 10)
-	b := registry.get("shared-test@file", 20)
-	c := registry.get("other-test@file", 10)
+	a := registry.get(context.Background(), "shared-test@file", 10)
+	b := registry.get(context.Background(), "shared-test@file", 20)
+	c := registry.get(context.Background(), "other-test@file", 10)
 
 	if a != b {
 		t.Fatal("same middleware name got two stores")
@@ -279,5 +282,79 @@ func TestRegistrySharesStoresByName(t *testing.T) {
 
 	if a.max != 20 {
 		t.Fatalf("reload did not apply maxTracked: %d", a.max)
+	}
+}
+
+// At the cap, the counters a request charged are never the ones evicted: with
+// room for one counter per layer, global and ip do not evict each other, and
+// global counts every request.
+func TestEvictionSparesTheCountersOfTheRequest(t *testing.T) {
+	s := newWindowStore(2)
+	global := newLayer(s, layerSpec{name: "global", points: 5, duration: time.Minute}, keyOfConst)
+	ip := testLayer(s, "ip", 50, time.Minute)
+
+	allowed := 0
+
+	for i := 0; i < 10; i++ {
+		got := take(s, t0+int64(i), []*layer{global, ip}, "198.51.100."+formatInt(int64(i)), "", false)
+		if !got.refused {
+			allowed++
+		}
+
+		if s.count() > 2 {
+			t.Fatalf("request %d: %d counters held, cap 2", i, s.count())
+		}
+	}
+
+	if allowed != 5 {
+		t.Fatalf("%d of 10 allowed through global 5 at maxTracked 2: the layers evicted each other's counters", allowed)
+	}
+}
+
+// The general path and serveSimple keep the same rule.
+func TestEvictionSparesTheRequestsCountersOnEveryPath(t *testing.T) {
+	for _, headers := range []bool{true, false} {
+		h := newHarness(t, func(c *Config) {
+			c.MaxTracked = 2
+			c.Global = LayerConfig{Points: 5, Duration: "60s"}
+			c.IP = LayerConfig{Points: 50, Duration: "60s"}
+			c.Assets.Points, c.User.Points, c.Service.Points = 0, 0, 0
+			c.Headers = headers // off: serveGeneral
+		})
+
+		if h.p.simple != headers {
+			t.Fatalf("headers %v: serveSimple %v", headers, h.p.simple)
+		}
+
+		allowed := 0
+
+		for i := 0; i < 10; i++ {
+			if rec := h.get("/api", "198.51.100."+strconv.Itoa(i)+":1"); rec.Code == http.StatusOK {
+				allowed++
+			}
+		}
+
+		if allowed != 5 {
+			t.Fatalf("headers %v: %d of 10 allowed through global 5 at maxTracked 2", headers, allowed)
+		}
+	}
+}
+
+// A sliding layer's counter is spared too.
+func TestEvictionSparesASlidingCounterOfTheRequest(t *testing.T) {
+	s := newWindowStore(2)
+	global := newLayer(s, layerSpec{name: "global", points: 5, duration: time.Minute, sliding: true}, keyOfConst)
+	ip := testLayer(s, "ip", 50, time.Minute)
+
+	allowed := 0
+
+	for i := 0; i < 10; i++ {
+		if got := take(s, t0+int64(i), []*layer{global, ip}, "198.51.100."+formatInt(int64(i)), "", false); !got.refused {
+			allowed++
+		}
+	}
+
+	if allowed != 5 {
+		t.Fatalf("%d of 10 allowed through sliding global 5 at maxTracked 2", allowed)
 	}
 }

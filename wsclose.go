@@ -1,6 +1,7 @@
 package tierlimit
 
 import (
+	"context"
 	"crypto/sha1"
 	"encoding/base64"
 	"encoding/binary"
@@ -154,24 +155,22 @@ func (c *connCounter) release(ip string) {
 	delete(c.logged, ip)
 }
 
-// connCounters holds one connCounter per middleware name, for the life of the
-// process, like the memory store.
-var connCounters = &counterRegistry{byName: map[string]*connCounter{}}
+// connCounters holds one connCounter per middleware name while some instance
+// of the middleware uses it (lifetime.go), like the memory store.
+var connCounters = &counterRegistry{byName: newLease(nil)}
 
 type counterRegistry struct {
-	mu     sync.Mutex
-	byName map[string]*connCounter
+	byName *lease // *connCounter by middleware name
 }
 
-func (r *counterRegistry) get(name string, capacity int) *connCounter {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+// get returns the counter of the middleware called name, held until ctx is
+// cancelled, with the cap capacity.
+func (r *counterRegistry) get(ctx context.Context, name string, capacity int) *connCounter {
+	v := r.byName.take(ctx, name, func() interface{} {
+		return &connCounter{byIP: map[string]int{}, logged: map[string]bool{}}
+	})
 
-	c := r.byName[name]
-	if c == nil {
-		c = &connCounter{byIP: map[string]int{}, logged: map[string]bool{}}
-		r.byName[name] = c
-	}
+	c, _ := v.(*connCounter)
 
 	c.mu.Lock()
 	c.max = capacity

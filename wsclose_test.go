@@ -139,6 +139,20 @@ func TestConnectionCapPerIP(t *testing.T) {
 	var mu sync.Mutex
 	releases := map[string]chan struct{}{}
 
+	// release ends the "connection" opened with key; releasing twice is harmless.
+	release := func(key string) {
+		mu.Lock()
+		defer mu.Unlock()
+
+		if ch, ok := releases[key]; ok {
+			select {
+			case <-ch:
+			default:
+				close(ch)
+			}
+		}
+	}
+
 	// The "connection" lasts until the test releases it, like a proxied WebSocket.
 	next := http.HandlerFunc(func(rw http.ResponseWriter, req *http.Request) {
 		ch := make(chan struct{})
@@ -149,10 +163,28 @@ func TestConnectionCapPerIP(t *testing.T) {
 
 		rw.WriteHeader(http.StatusSwitchingProtocols)
 		rw.(http.Flusher).Flush()
-		<-ch
+
+		select {
+		case <-ch:
+		case <-time.After(time.Minute): // never block past the test run, even if its cleanup did not run
+		}
 	})
 
 	srv := wsServer(t, func(c *Config) { c.Websocket.MaxConnectionsPerIP = 3 }, next)
+	// Registered after wsServer, so it runs before srv.Close, which waits for the handlers.
+	t.Cleanup(func() {
+		mu.Lock()
+		keys := make([]string, 0, len(releases))
+		for k := range releases {
+			keys = append(keys, k)
+		}
+		mu.Unlock()
+
+		for _, k := range keys {
+			release(k)
+		}
+	})
+
 	p := srv.Config.Handler.(*Plugin)
 	keys := []string{"AAAAAAAAAAAAAAAAAAAAAA==", "AQAAAAAAAAAAAAAAAAAAAA==", "AgAAAAAAAAAAAAAAAAAAAA==", "AwAAAAAAAAAAAAAAAAAAAA=="}
 
@@ -176,37 +208,45 @@ func TestConnectionCapPerIP(t *testing.T) {
 	}
 
 	// One ends: a new one is accepted.
-	mu.Lock()
-	close(releases[keys[0]])
-	mu.Unlock()
-
-	for p.ws.open("127.0.0.1") != 2 {
-		time.Sleep(time.Millisecond) // the handler returns on its own goroutine
-	}
+	release(keys[0])
+	waitOpen(t, p.ws, "127.0.0.1", 2)
 
 	if resp, _, _ := upgrade(t, srv, keys[3], "13"); resp.Header.Get("Sec-WebSocket-Accept") != "" {
 		t.Fatal("refused after a slot was freed")
 	}
 
-	mu.Lock()
-	for _, ch := range releases {
-		select {
-		case <-ch:
-		default:
-			close(ch)
-		}
+	for _, k := range keys {
+		release(k)
 	}
-	mu.Unlock()
 
-	for p.ws.open("127.0.0.1") != 0 {
-		time.Sleep(time.Millisecond)
-	}
+	waitOpen(t, p.ws, "127.0.0.1", 0)
 
 	p.ws.mu.Lock()
 	defer p.ws.mu.Unlock()
 
 	if len(p.ws.byIP) != 0 || len(p.ws.logged) != 0 {
 		t.Fatalf("counter maps keep %d and %d entries", len(p.ws.byIP), len(p.ws.logged))
+	}
+}
+
+// waitOpen waits until ip holds want connections: a released handler returns
+// on its own goroutine.
+func waitOpen(t *testing.T, c *connCounter, ip string, want int) {
+	t.Helper()
+
+	deadline := time.Now().Add(5 * time.Second)
+
+	for {
+		n := c.open(ip)
+		if n == want {
+			return
+		}
+
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connections open for %s after 5s, want %d", n, ip, want)
+		}
+
+		time.Sleep(time.Millisecond)
 	}
 }
 

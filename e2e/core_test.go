@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -419,7 +420,9 @@ func TestTwoRoutersShareOneBudgetAcrossReloads(t *testing.T) {
 }
 
 // TestLoadsWithManifestTestData configures the middleware with nothing but the
-// testData of .traefik.yml, as the plugin catalog does.
+// testData of .traefik.yml, as the plugin catalog does, and checks that its
+// limits are the ones applied: each layer's policy and a refusal of the route
+// at its count.
 func TestLoadsWithManifestTestData(t *testing.T) {
 	raw, err := os.ReadFile(filepath.Join(harness.RepoRoot(), ".traefik.yml"))
 	if err != nil {
@@ -435,6 +438,32 @@ func TestLoadsWithManifestTestData(t *testing.T) {
 
 	if len(manifest.TestData) == 0 {
 		t.Fatal(".traefik.yml has no testData")
+	}
+
+	type limit struct {
+		Name         string   `yaml:"name"`
+		Methods      []string `yaml:"methods"`
+		Paths        []string `yaml:"paths"`
+		PathPrefixes []string `yaml:"pathPrefixes"`
+		Points       int      `yaml:"points"`
+		Duration     string   `yaml:"duration"`
+	}
+
+	var want struct {
+		TestData struct {
+			IP     limit   `yaml:"ip"`
+			Assets limit   `yaml:"assets"`
+			Routes []limit `yaml:"routes"`
+		} `yaml:"testData"`
+	}
+	if err := yaml.Unmarshal(raw, &want); err != nil {
+		t.Fatal(err)
+	}
+
+	td := want.TestData
+	if td.IP.Points == 0 || td.Assets.Points == 0 || len(td.Assets.PathPrefixes) == 0 || len(td.Routes) == 0 ||
+		len(td.Routes[0].Methods) == 0 || len(td.Routes[0].Paths) == 0 || td.Routes[0].Points == 0 {
+		t.Fatalf("testData without the ip, assets and route limits this test checks: %+v", td)
 	}
 
 	dynamic := map[string]interface{}{
@@ -464,8 +493,38 @@ func TestLoadsWithManifestTestData(t *testing.T) {
 	e := start(t, string(out))
 	e.waitRouters("api")
 
-	r := e.get(e.traefik.Web+"/", from("198.51.100.40"))
-	if r.code != http.StatusOK || r.header.Get("X-RateLimit-Limit") == "" {
-		t.Fatalf("%d %v", r.code, r.header)
+	// The first request of a window shows the layer's limit and policy.
+	check := func(r response, l limit, name string) {
+		t.Helper()
+
+		d, err := time.ParseDuration(l.Duration)
+		if err != nil {
+			t.Fatalf("testData %s.duration %q: %v", name, l.Duration, err)
+		}
+
+		policy := fmt.Sprintf(`"%s";q=%d;w=%d`, name, l.Points, int64((d+time.Second-1)/time.Second))
+		if r.code != http.StatusOK || r.header.Get("X-RateLimit-Limit") != strconv.Itoa(l.Points) ||
+			r.header.Get("X-RateLimit-Remaining") != strconv.Itoa(l.Points-1) || r.header.Get("RateLimit-Policy") != policy {
+			t.Fatalf("%s: %d %v, want limit %d and policy %s", name, r.code, r.header, l.Points, policy)
+		}
 	}
+
+	check(e.get(e.traefik.Web+"/", from("198.51.100.40")), td.IP, "ip")
+	check(e.get(e.traefik.Web+td.Assets.PathPrefixes[0]+"app.js", from("198.51.100.41")), td.Assets, "assets")
+
+	route := td.Routes[0]
+	client := from("198.51.100.42")
+
+	for i := 1; i <= route.Points; i++ {
+		r := e.do(route.Methods[0], e.traefik.Web+route.Paths[0], client)
+		if i == 1 {
+			check(r, route, route.Name)
+		}
+
+		if r.code != http.StatusOK {
+			t.Fatalf("%s request %d of %d: %d", route.Name, i, route.Points, r.code)
+		}
+	}
+
+	checkRefusal(t, e.do(route.Methods[0], e.traefik.Web+route.Paths[0], client), route.Name, route.Points)
 }

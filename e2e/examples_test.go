@@ -99,8 +99,21 @@ func fileChain(t *testing.T) map[string]string {
 	return out
 }
 
+// kubernetesChain reads the Kubernetes form with its cluster-only differences
+// undone: addresses are <service>.<namespace>.svc.cluster.local, the Redis
+// password a urn:k8s:secret: reference (examplecheck checks both).
 func kubernetesChain(t *testing.T) map[string]string {
 	out := map[string]string{}
+	defer func() {
+		for k, v := range out {
+			if strings.HasSuffix(k, ".redis.password") && strings.HasPrefix(v, "urn:k8s:secret:") {
+				delete(out, k)
+				continue
+			}
+
+			out[k] = strings.Replace(v, ".tierlimit.svc.cluster.local", "", 1)
+		}
+	}()
 
 	for _, doc := range readYAML(t, "examples/kubernetes/chain.yaml") {
 		name, _ := get(doc, "metadata", "name").(string)
@@ -157,12 +170,27 @@ func TestExamplesDescribeOneChain(t *testing.T) {
 		t.Fatal("docker-compose.yml's whoami labels differ from examples/docker/labels.yml")
 	}
 
-	for name, other := range map[string]map[string]string{
+	forms := map[string]map[string]string{
 		"kubernetes": kubernetesChain(t),
 		"labels":     labelsChain(t, labelDoc["labels"].([]interface{})),
-	} {
+	}
+
+	for name, other := range forms {
 		if diff := diffSettings(file, other); diff != "" {
 			t.Errorf("examples/file and %s differ:\n%s", name, diff)
+		}
+	}
+
+	// ForwardAuth overwrites only the headers it lists: an unlisted
+	// X-Auth-Service-Account: true from a client would reach the principal
+	// instance and promote a user to the service tier.
+	forms["file"] = file
+	for name, form := range forms {
+		listed := strings.Split(form["middlewares.auth.forwardauth.authresponseheaders"], ",")
+		for _, h := range []string{"X-Auth-User", "X-Auth-Service-Account"} {
+			if !contains(listed, h) {
+				t.Errorf("%s example: authResponseHeaders %v lacks %s", name, listed, h)
+			}
 		}
 	}
 
@@ -228,4 +256,14 @@ func TestFileExampleRunsInTraefik(t *testing.T) {
 	if v := redisDo(t, admin, "GET", "ratelimit:ratelimit-principal@file:user:alice"); v.Str != "60" {
 		t.Fatalf("alice's counter in Redis: %q, want 60", v.Str)
 	}
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+
+	return false
 }

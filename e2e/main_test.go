@@ -38,6 +38,13 @@ type env struct {
 func start(t *testing.T, dynamic string) *env {
 	t.Helper()
 
+	return startWith(t, dynamic, harness.Options{})
+}
+
+// startWith is start with more of Traefik's options (Dir and Dynamic are set here).
+func startWith(t *testing.T, dynamic string, opts harness.Options) *env {
+	t.Helper()
+
 	backend, stop, err := harness.ServeBackend("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -54,7 +61,9 @@ func start(t *testing.T, dynamic string) *env {
 
 	e := &env{t: t, backend: backend, auth: auth, client: &http.Client{Timeout: 10 * time.Second}}
 
-	tr, err := harness.Start(harness.Options{Dir: t.TempDir(), Dynamic: e.render(dynamic)})
+	opts.Dir, opts.Dynamic = t.TempDir(), e.render(dynamic)
+
+	tr, err := harness.Start(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -418,16 +418,15 @@ func (p *Pool) dial() (*Conn, error) {
 // Close closes the idle connections; connections in use close when returned.
 func (p *Pool) Close() {
 	p.mu.Lock()
-	conns := p.idle
-	// One assignment per field: Yaegi panics (reflect: New(nil)) on an
-	// untyped nil in a tuple assignment.
-	p.closed = true
+	idle := p.idle
+	// One field at a time: see e2e/yaegirules_test.go.
 	p.idle = nil
-	p.open -= len(conns)
+	p.closed = true
+	p.open -= len(idle)
 	p.mu.Unlock()
 
-	for i := range conns {
-		_ = conns[i].Close()
+	for _, c := range idle {
+		_ = c.Close()
 	}
 
 	p.wake()

@@ -949,6 +949,63 @@ func TestPoolCloseWithConnectionInUse(t *testing.T) {
 	}
 }
 
+// The rate limiter's call (DoInts) in progress during Close: it completes,
+// and its connection is closed on return instead of going back to the pool.
+func TestPoolCloseWithDoIntsInUse(t *testing.T) {
+	started, release := newSignal(), newSignal()
+
+	s := newServer(t)
+
+	s.start(func(conn int, args []string) string {
+		if args[0] == "SLOW" {
+			started.fire()
+			s.wait(release.ch)
+
+			return "*2\r\n:1\r\n:2\r\n"
+		}
+
+		return basicHandler(conn, args)
+	})
+
+	p := NewPool(longOptions(s.addr()))
+
+	type result struct {
+		ints []int64
+		err  error
+	}
+
+	res := make(chan result, 1)
+
+	go func() {
+		ints, _, err := p.DoInts("*1\r\n$4\r\nSLOW\r\n")
+		res <- result{ints, err}
+	}()
+
+	waitSignal(t, started, "SLOW reaching the server")
+
+	p.Close()
+	release.fire()
+
+	select {
+	case r := <-res:
+		if r.err != nil || len(r.ints) != 2 {
+			t.Fatalf("call in progress during Close = %v, %v; want [1 2]", r.ints, r.err)
+		}
+	case <-time.After(failAfter):
+		t.Fatal("call in progress did not return")
+	}
+
+	s.waitGone(t, 1)
+
+	if p.openCount() != 0 || p.idleCount() != 0 {
+		t.Fatalf("after Close: %d slots held, %d idle", p.openCount(), p.idleCount())
+	}
+
+	if _, _, err := p.DoInts("*1\r\n$4\r\nPING\r\n"); !errors.Is(err, ErrClosed) {
+		t.Fatalf("DoInts after Close = %v, want ErrClosed", err)
+	}
+}
+
 func TestPoolDefaults(t *testing.T) {
 	p := NewPool(Options{Address: "127.0.0.1:1"})
 
@@ -985,6 +1042,20 @@ func TestPoolAppliesLimits(t *testing.T) {
 
 	if _, err := p.Do("BIG"); !errors.Is(err, ErrProtocol) {
 		t.Fatalf("200-byte bulk with MaxBulk 128: err = %v, want ErrProtocol", err)
+	}
+}
+
+// awaitErr returns what a call sent on ch, failing the test if that takes
+// longer than failAfter.
+func awaitErr(t *testing.T, ch <-chan error, what string) error {
+	t.Helper()
+
+	select {
+	case err := <-ch:
+		return err
+	case <-time.After(failAfter):
+		t.Fatalf("%s did not return within %s", what, failAfter)
+		return nil
 	}
 }
 
@@ -1053,11 +1124,11 @@ func TestPoolCloseWhileWaiting(t *testing.T) {
 	p.Close()
 	release.fire()
 
-	if err := <-slow; err != nil {
+	if err := awaitErr(t, slow, "the call in progress"); err != nil {
 		t.Fatalf("call in progress during Close: %v", err)
 	}
 
-	if err := <-waiter; !errors.Is(err, ErrClosed) {
+	if err := awaitErr(t, waiter, "the caller waiting during Close"); !errors.Is(err, ErrClosed) {
 		t.Errorf("caller waiting during Close: err = %v, want ErrClosed", err)
 	}
 
@@ -1094,14 +1165,17 @@ func (p *Pool) idleCount() int {
 // TestPoolWakesEveryWaiter: with all connections busy, several callers wait;
 // as the connections come back, every waiter gets one (no lost wake-up).
 func TestPoolWakesEveryWaiter(t *testing.T) {
-	release := make(chan struct{})
+	release := newSignal()
 	s := startServer(t, func(_ int, args []string) string {
 		if args[0] == "SLOW" {
-			<-release
+			<-release.ch
 		}
 
 		return "+OK\r\n"
 	})
+	// Runs before the server's stop (cleanups run last first), which waits
+	// for the handlers: a failing test does not leave them blocked.
+	t.Cleanup(release.fire)
 
 	p := NewPool(Options{Address: s.addr(), PoolSize: 3, Timeout: 10 * time.Second})
 	defer p.Close()
@@ -1121,7 +1195,11 @@ func TestPoolWakesEveryWaiter(t *testing.T) {
 		}()
 	}
 
-	for p.openCount() != 3 {
+	for deadline := time.Now().Add(failAfter); p.openCount() != 3; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connections open after %s, want 3", p.openCount(), failAfter)
+		}
+
 		time.Sleep(time.Millisecond)
 	}
 
@@ -1136,8 +1214,21 @@ func TestPoolWakesEveryWaiter(t *testing.T) {
 		}()
 	}
 
-	close(release)
-	wg.Wait()
+	release.fire()
+
+	all := make(chan struct{})
+
+	go func() {
+		wg.Wait()
+		close(all)
+	}()
+
+	select {
+	case <-all:
+	case <-time.After(failAfter):
+		t.Fatalf("callers still waiting %s after the connections came back", failAfter)
+	}
+
 	close(errs)
 
 	for err := range errs {

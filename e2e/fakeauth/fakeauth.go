@@ -7,19 +7,21 @@ import (
 	"strings"
 )
 
-// Handler is a ForwardAuth server for the recommended chain: no
-// Authorization header, or a scheme other than Bearer (such as "Basic x"), is
-// anonymous (200, no principal headers), as many auth servers treat guests;
-// "Bearer user-<id>" is user <id>; "Bearer svc-<id>" is service account <id>;
-// any other bearer token is invalid (401).
+// Handler is a ForwardAuth server for the recommended chain. It judges only
+// Bearer tokens: "Bearer user-<id>" is user <id>, "Bearer svc-<id>" is
+// service account <id>, any other Bearer token is invalid (401). A request
+// without Authorization, or with a scheme it does not handle ("Basic x", a
+// bare token), is a guest: 200 without principal headers, as many real auth
+// servers answer, so the edge instance must charge it to the client IP.
 func Handler() http.Handler {
 	return http.HandlerFunc(func(rw http.ResponseWriter, req *http.Request) {
-		authz := req.Header.Get("Authorization")
-		token := strings.TrimPrefix(authz, "Bearer ")
+		scheme, token, _ := strings.Cut(req.Header.Get("Authorization"), " ")
+		if !strings.EqualFold(scheme, "Bearer") {
+			rw.WriteHeader(http.StatusOK)
+			return
+		}
 
 		switch {
-		case !strings.HasPrefix(authz, "Bearer "):
-			rw.WriteHeader(http.StatusOK)
 		case strings.HasPrefix(token, "user-") && len(token) > len("user-"):
 			rw.Header().Set("X-Auth-User", strings.TrimPrefix(token, "user-"))
 			rw.WriteHeader(http.StatusOK)

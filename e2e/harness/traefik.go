@@ -122,6 +122,7 @@ type Traefik struct {
 	DynamicPath string
 	Web         string // base URL of the "web" entrypoint (forwardedHeaders trusted from 127.0.0.1)
 	Insecure    string // base URL of the "insecure" entrypoint (forwardedHeaders.insecure)
+	Raw         string // base URL of the "raw" entrypoint: as "web", with http.sanitizePath false
 	API         string // base URL of the API and ping entrypoint
 
 	cmd  *exec.Cmd
@@ -141,6 +142,11 @@ type Options struct {
 	BuildLog io.Writer
 	// Plugins are more local plugins to load beside tierlimit (e.g. a baseline).
 	Plugins []LocalPlugin
+	// Debug turns on api.debug: Go's pprof under <API>/debug/pprof/.
+	Debug bool
+	// ProvidersThrottle is providers.providersThrottleDuration; empty keeps
+	// Traefik's default (2s), which holds back reloads written in a row.
+	ProvidersThrottle string
 }
 
 // LocalPlugin is a plugin given by its source files, loaded in local mode under Alias.
@@ -206,7 +212,7 @@ func start(opts Options) (*Traefik, error) {
 		extra += fmt.Sprintf("    %s:\n      moduleName: %s\n", lp.Alias, lp.Module)
 	}
 
-	ports := make([]int, 3)
+	ports := make([]int, 4)
 	for i := range ports {
 		if ports[i], err = FreePort(); err != nil {
 			return nil, err
@@ -219,6 +225,7 @@ func start(opts Options) (*Traefik, error) {
 		Web:         fmt.Sprintf("http://127.0.0.1:%d", ports[0]),
 		Insecure:    fmt.Sprintf("http://127.0.0.1:%d", ports[1]),
 		API:         fmt.Sprintf("http://127.0.0.1:%d", ports[2]),
+		Raw:         fmt.Sprintf("http://127.0.0.1:%d", ports[3]),
 		logs:        &syncBuffer{},
 		done:        make(chan struct{}),
 	}
@@ -229,6 +236,11 @@ func start(opts Options) (*Traefik, error) {
 
 	if err := tr.WriteDynamic(opts.Dynamic); err != nil {
 		return nil, err
+	}
+
+	throttle := ""
+	if opts.ProvidersThrottle != "" {
+		throttle = "  providersThrottleDuration: " + opts.ProvidersThrottle + "\n"
 	}
 
 	static := fmt.Sprintf(`entryPoints:
@@ -242,20 +254,27 @@ func start(opts Options) (*Traefik, error) {
       insecure: true
   traefik:
     address: 127.0.0.1:%d
+  raw:
+    address: 127.0.0.1:%d
+    forwardedHeaders:
+      trustedIPs: ["127.0.0.1/32"]
+    http:
+      sanitizePath: false
 api:
   insecure: true
+  debug: %t
 ping: {}
 log:
   level: INFO
 providers:
-  file:
+%s  file:
     filename: %q
     watch: true
 experimental:
   localPlugins:
     tierlimit:
       moduleName: %s
-%s%s`, ports[0], ports[1], ports[2], tr.DynamicPath, ModuleName, extra, opts.Extra)
+%s%s`, ports[0], ports[1], ports[2], ports[3], opts.Debug, throttle, tr.DynamicPath, ModuleName, extra, opts.Extra)
 
 	staticPath := filepath.Join(opts.Dir, "traefik.yml")
 	if err := os.WriteFile(staticPath, []byte(static), 0o644); err != nil {
@@ -359,7 +378,8 @@ func (tr *Traefik) WaitRouters(limit time.Duration, names ...string) (map[string
 }
 
 func (tr *Traefik) routers() (map[string]RouterState, error) {
-	resp, err := http.Get(tr.API + "/api/http/routers")
+	// A bounded request, so that WaitRouters keeps to its deadline.
+	resp, err := (&http.Client{Timeout: 5 * time.Second}).Get(tr.API + "/api/http/routers")
 	if err != nil {
 		return nil, err
 	}

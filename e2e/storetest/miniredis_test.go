@@ -1,10 +1,15 @@
-package e2e
+// Package storetest runs the RESP client and the redis store, Lua script
+// included, against miniredis: fast tests that need neither Traefik nor
+// redis-server, run by `make unit`. The real redis-server tests are in
+// e2e/redis_test.go.
+package storetest
 
 import (
 	"context"
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -14,9 +19,6 @@ import (
 	"github.com/tierlimit/tierlimit"
 	"github.com/tierlimit/tierlimit/redisresp"
 )
-
-// Fast tests of the RESP client and the redis store against miniredis. The
-// real redis-server tests are in redis_test.go.
 
 func TestClientAgainstMiniredis(t *testing.T) {
 	m := miniredis.RunT(t)
@@ -282,5 +284,95 @@ func TestSlidingWindowAgainstMiniredis(t *testing.T) {
 
 	if got, _ := burst(1); got != 1 || m.HGet("ratelimit:switch@test:ip:203.0.113.1", "c") != "1" {
 		t.Fatalf("switched key: %d allowed, hash c=%q", got, m.HGet("ratelimit:switch@test:ip:203.0.113.1", "c"))
+	}
+}
+
+// TestLayersChargedUpToTheRefusalAgainstMiniredis: the script charges each
+// layer in order and stops after the first one over its points, not at one
+// that has just reached them.
+func TestLayersChargedUpToTheRefusalAgainstMiniredis(t *testing.T) {
+	m := miniredis.RunT(t)
+
+	cfg := tierlimit.CreateConfig()
+	cfg.Store = "redis"
+	cfg.Redis.Address = m.Addr()
+	cfg.Redis.Timeout = "1s"
+	cfg.Global = tierlimit.LayerConfig{Points: 2, Duration: "10s"}
+	cfg.IP = tierlimit.LayerConfig{Points: 5, Duration: "10s"}
+
+	h, err := tierlimit.New(context.Background(), http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}), cfg, "layers@test")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	for i, want := range []int{http.StatusOK, http.StatusOK, http.StatusTooManyRequests} {
+		req := httptest.NewRequest(http.MethodGet, "/api", nil)
+		req.RemoteAddr = "203.0.113.1:1"
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+
+		if rec.Code != want {
+			t.Fatalf("request %d: %d, want %d", i+1, rec.Code, want)
+		}
+	}
+
+	// The refused third request counted in global and never reached ip.
+	global, _ := m.Get("ratelimit:layers@test:global:global")
+	ip, _ := m.Get("ratelimit:layers@test:ip:203.0.113.1")
+
+	if global != "3" || ip != "2" {
+		t.Fatalf("counters global %q, ip %q, want 3 and 2 (keys %v)", global, ip, m.Keys())
+	}
+}
+
+// TestShortenedDurationStartsAfreshAgainstMiniredis: a reload that shortens a
+// layer's duration leaves keys whose TTL is longer than the new window; the
+// script starts them afresh, as memory does, instead of replying with a reset
+// beyond the window (which the store takes for a bad reply from Redis).
+func TestShortenedDurationStartsAfreshAgainstMiniredis(t *testing.T) {
+	for _, algorithm := range []string{"fixed", "sliding"} {
+		m := miniredis.RunT(t)
+
+		for i, duration := range []string{"60s", "10s"} {
+			cfg := tierlimit.CreateConfig()
+			cfg.Store = "redis"
+			cfg.Redis.Address = m.Addr()
+			cfg.Redis.Timeout = "1s"
+			cfg.Global.Points = 0
+			cfg.IP = tierlimit.LayerConfig{Points: 5, Duration: duration, Algorithm: algorithm}
+
+			h, err := tierlimit.New(context.Background(), http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}), cfg, "shortened-"+algorithm+"@test")
+			if err != nil {
+				t.Fatal(err)
+			}
+
+			for j := 1; j <= 3; j++ {
+				req := httptest.NewRequest(http.MethodGet, "/api", nil)
+				req.RemoteAddr = "203.0.113.1:1"
+				rec := httptest.NewRecorder()
+				h.ServeHTTP(rec, req)
+
+				left := strings.TrimSpace(rec.Header().Get("X-RateLimit-Remaining"))
+				if rec.Code != http.StatusOK || left != strconv.Itoa(5-j) {
+					t.Fatalf("%s, duration %s, request %d: %d, %s left, want %d (a fresh window)", algorithm, duration, j, rec.Code, left, 5-j)
+				}
+			}
+
+			// Redis decided (memory, deciding instead, would answer alike).
+			key := "ratelimit:shortened-" + algorithm + "@test:ip:203.0.113.1"
+
+			count, _ := m.Get(key)
+			if algorithm == "sliding" {
+				count = m.HGet(key, "c")
+			}
+
+			if count != "3" {
+				t.Fatalf("%s, duration %s: Redis holds %q, want 3", algorithm, duration, count)
+			}
+
+			if ttl := m.TTL(key); i == 1 && ttl > 20*time.Second {
+				t.Fatalf("%s: the key lives %v after the window became 10s", algorithm, ttl)
+			}
+		}
 	}
 }

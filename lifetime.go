@@ -1,0 +1,122 @@
+package tierlimit
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// Process-wide state (counters, block lists, connection counters, Redis
+// pools) lives in registries keyed by middleware name or Redis configuration,
+// so that routers share it and reloads keep it. Traefik's only teardown signal
+// is the ctx passed to New, and it cancels the previous configuration's ctx
+// before it calls New for the next one (pkg/server/routerfactory.go,
+// CreateRouters). So an entry counts the instances that hold it: each New
+// adds one, its ctx's cancellation removes it, and an entry nobody holds is
+// released only after releaseGrace, by which time the next configuration's
+// New calls have taken it again if it is still configured. No goroutine
+// waits on a ctx: context.AfterFunc registers a callback, and time.AfterFunc
+// runs the grace timer.
+
+// releaseGrace is how long an entry that no instance holds is kept. It covers
+// building the next configuration and the requests still in flight on the
+// previous one's handlers.
+const releaseGrace = 10 * time.Second
+
+// lease is a registry: its entries by id, each with the instances holding it.
+type lease struct {
+	mu      sync.Mutex
+	entries map[string]*leased
+
+	// after schedules f after d (time.AfterFunc); tests replace it.
+	after func(d time.Duration, f func())
+	// closed runs, outside the lock, for each released entry's value.
+	closed func(v interface{})
+}
+
+// leased is one entry: its value, the instances holding it, and the number
+// of times it became unheld, so that a grace timer started before the entry
+// was taken again does not release it.
+type leased struct {
+	value interface{}
+	refs  int
+	idle  int
+}
+
+func newLease(closed func(v interface{})) *lease {
+	return &lease{entries: map[string]*leased{}, after: afterFunc, closed: closed}
+}
+
+func afterFunc(d time.Duration, f func()) {
+	time.AfterFunc(d, f)
+}
+
+// take returns the entry of id, creating it with create, held by one more
+// instance until ctx is cancelled. A ctx that is never cancelled
+// (context.Background) holds it for the life of the process.
+func (r *lease) take(ctx context.Context, id string, create func() interface{}) interface{} {
+	r.mu.Lock()
+
+	e := r.entries[id]
+	if e == nil {
+		e = &leased{value: create()}
+		r.entries[id] = e
+	}
+
+	e.refs++
+	v := e.value
+	r.mu.Unlock()
+
+	if ctx != nil && ctx.Done() != nil {
+		context.AfterFunc(ctx, func() { r.drop(id, e) })
+	}
+
+	return v
+}
+
+// drop runs when an instance's ctx is cancelled (on a goroutine of its own,
+// which must not panic).
+func (r *lease) drop(id string, e *leased) {
+	defer func() { _ = recover() }()
+
+	r.mu.Lock()
+
+	e.refs--
+	if e.refs > 0 {
+		r.mu.Unlock()
+		return
+	}
+
+	e.idle++
+	idle := e.idle
+	r.mu.Unlock()
+
+	r.after(releaseGrace, func() { r.expire(id, e, idle) })
+}
+
+// expire releases the entry if no instance took it since it became unheld.
+func (r *lease) expire(id string, e *leased, idle int) {
+	defer func() { _ = recover() }()
+
+	r.mu.Lock()
+
+	if r.entries[id] != e || e.refs > 0 || e.idle != idle {
+		r.mu.Unlock()
+		return
+	}
+
+	delete(r.entries, id)
+	r.mu.Unlock()
+
+	if r.closed != nil {
+		r.closed(e.value)
+	}
+}
+
+// size returns the number of entries held.
+func (r *lease) size() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+
+	return len(r.entries)
+}

@@ -1,0 +1,202 @@
+package tierlimit
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/tierlimit/tierlimit/redisresp"
+)
+
+// fakeTimers stands in for time.AfterFunc: the grace timers are fired by the
+// test, so no test waits for releaseGrace.
+type fakeTimers struct {
+	started chan func()
+}
+
+func newFakeTimers(r *lease) *fakeTimers {
+	ft := &fakeTimers{started: make(chan func(), 16)}
+	r.after = func(d time.Duration, f func()) {
+		if d != releaseGrace {
+			panic("grace timer of " + d.String())
+		}
+
+		ft.started <- f
+	}
+
+	return ft
+}
+
+// next returns the next grace timer started; context.AfterFunc runs the
+// release on a goroutine of its own, hence the wait (with a deadline).
+func (ft *fakeTimers) next(t *testing.T) func() {
+	t.Helper()
+
+	select {
+	case f := <-ft.started:
+		return f
+	case <-time.After(5 * time.Second):
+		t.Fatal("no grace timer started after the last holder's ctx was cancelled")
+		return nil
+	}
+}
+
+func (ft *fakeTimers) none(t *testing.T) {
+	t.Helper()
+
+	select {
+	case <-ft.started:
+		t.Fatal("a grace timer started while the entry is still held")
+	default:
+	}
+}
+
+func newValue() interface{} { return new(int) }
+
+func TestLeaseKeepsAnEntryTakenAgainWithinTheGrace(t *testing.T) {
+	var closed []interface{}
+
+	r := newLease(func(v interface{}) { closed = append(closed, v) })
+	ft := newFakeTimers(r)
+
+	// Two routers of the first configuration use the middleware.
+	ctx1, cancel1 := context.WithCancel(context.Background())
+	a := r.take(ctx1, "mw@file", newValue)
+
+	if b := r.take(ctx1, "mw@file", newValue); b != a {
+		t.Fatal("two instances of one configuration got two entries")
+	}
+
+	// Traefik cancels the first configuration's ctx, then builds the next.
+	cancel1()
+
+	fire := ft.next(t)
+
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	defer cancel2()
+
+	if b := r.take(ctx2, "mw@file", newValue); b != a {
+		t.Fatal("the next configuration's New got a new entry: counters lost at the reload")
+	}
+
+	fire()
+
+	if r.size() != 1 || len(closed) != 0 {
+		t.Fatalf("an entry the next configuration holds was released: %d entries, closed %v", r.size(), closed)
+	}
+
+	ft.none(t)
+}
+
+func TestLeaseReleasesAnEntryNobodyTookAgain(t *testing.T) {
+	var closed []interface{}
+
+	r := newLease(func(v interface{}) { closed = append(closed, v) })
+	ft := newFakeTimers(r)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	a := r.take(ctx, "old@file", newValue)
+	cancel()
+	ft.next(t)()
+
+	if r.size() != 0 || len(closed) != 1 || closed[0] != a {
+		t.Fatalf("after the grace: %d entries, closed %v", r.size(), closed)
+	}
+
+	// Taken again later, it is a new entry.
+	if b := r.take(context.Background(), "old@file", newValue); b == a {
+		t.Fatal("a released entry came back")
+	}
+}
+
+func TestLeaseIgnoresAGraceTimerOlderThanTheLastRelease(t *testing.T) {
+	r := newLease(nil)
+	ft := newFakeTimers(r)
+
+	ctx1, cancel1 := context.WithCancel(context.Background())
+	r.take(ctx1, "mw@file", newValue)
+	cancel1()
+
+	first := ft.next(t)
+
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	r.take(ctx2, "mw@file", newValue)
+	cancel2()
+
+	second := ft.next(t)
+
+	// The first timer ends less than a grace after the second release.
+	first()
+
+	if r.size() != 1 {
+		t.Fatal("released by a timer started before the entry was taken again")
+	}
+
+	second()
+
+	if r.size() != 0 {
+		t.Fatal("not released a grace after its last holder went")
+	}
+}
+
+func TestLeaseHeldForeverWithoutCancellation(t *testing.T) {
+	r := newLease(nil)
+	ft := newFakeTimers(r)
+
+	r.take(context.Background(), "mw@file", newValue)
+	ft.none(t)
+
+	if r.size() != 1 {
+		t.Fatal("entry lost")
+	}
+}
+
+func TestLeaseCallbacksRecoverFromPanics(t *testing.T) {
+	r := newLease(func(interface{}) { panic("closing") })
+	ft := newFakeTimers(r)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	r.take(ctx, "mw@file", newValue)
+	cancel()
+
+	ft.next(t)() // would take the test binary down if it panicked
+
+	if r.size() != 0 {
+		t.Fatal("entry kept")
+	}
+}
+
+func TestReleasedBackendClosesItsPool(t *testing.T) {
+	s := newCannedRedis(t, "+PONG\r\n")
+	reg := &backendRegistry{byConfig: newLease(closeBackend)}
+	ft := newFakeTimers(reg.byConfig)
+
+	opts := redisresp.Options{Address: s.l.Addr().String(), Timeout: time.Second, PoolSize: 4}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	b := reg.get(ctx, opts)
+
+	if _, err := b.pool.(*redisresp.Pool).Do("PING"); err != nil {
+		t.Fatal(err)
+	}
+
+	// Another configuration (say, a new password) has a backend of its own.
+	other := opts
+	other.Password = "rotated"
+
+	if reg.get(context.Background(), other) == b {
+		t.Fatal("two Redis configurations share a pool")
+	}
+
+	cancel()
+	ft.next(t)()
+
+	if _, err := b.pool.(*redisresp.Pool).Do("PING"); !errors.Is(err, redisresp.ErrClosed) {
+		t.Fatalf("pool of a released backend: %v, want ErrClosed", err)
+	}
+
+	if reg.byConfig.size() != 1 {
+		t.Fatalf("%d backends, want the one still held", reg.byConfig.size())
+	}
+}
