@@ -270,7 +270,7 @@ http:
 // each built-in rateLimit router and to its tierlimit twin, through the real
 // Traefik binary, and compares the answers one by one.
 func TestTokenBucketAnswersLikeTraefiksRateLimit(t *testing.T) {
-	r := startRedis(t)
+	r := startOpenRedis(t) // Traefik's own limiter connects as the default user too
 	e := start(t, strings.ReplaceAll(rateLimitDynamic, "{{redis}}", r.Addr))
 	e.waitRouters("builtin-header", "tier-header", "builtin-host", "tier-host", "builtin-ip", "tier-ip", "builtin-peer", "tier-peer", "builtin-redis", "tier-redis")
 
