@@ -352,7 +352,9 @@ func (c *Cluster) redirect(call ClusterCall, serverErr string) (Reply, error) {
 			addr, asking = to, true
 		case strings.HasPrefix(serverErr, "TRYAGAIN"):
 			time.Sleep(tryAgainPause)
-			addr, asking = c.ownerOf(call.Slot), false
+			// One assignment per variable: see e2e/yaegirules_test.go.
+			addr = c.ownerOf(call.Slot)
+			asking = false
 		case strings.HasPrefix(serverErr, "NOSCRIPT"):
 			cmd = call.Call.eval
 		default:
@@ -625,7 +627,8 @@ func (c *Cluster) askSlots(addr string) ([]uint16, []string, error) {
 		}
 
 		for s := start; s <= end; s++ {
-			owner[s], covered[s] = uint16(i), true
+			owner[s] = uint16(i)
+			covered[s] = true
 		}
 	}
 
