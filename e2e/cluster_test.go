@@ -85,10 +85,11 @@ func nodeDo(t *testing.T, r *harness.Redis, args ...string) redisresp.Value {
 	return redisDo(t, p, args...)
 }
 
-// loadOthers sends requests for many clients through both Traefiks until
-// stop, counting any answer but 200 or 429, and what each client was allowed.
+// clusterLoad sends requests for many clients through both Traefiks until
+// stopped, counting any answer but 200 or 429, and what each client was allowed.
 type clusterLoad struct {
 	stop    chan struct{}
+	once    sync.Once
 	wg      sync.WaitGroup
 	bad     atomic.Int64
 	mu      sync.Mutex
@@ -134,7 +135,7 @@ func startClusterLoad(envs []*env, prefix string, workers int) *clusterLoad {
 }
 
 func (l *clusterLoad) end() {
-	close(l.stop)
+	l.once.Do(func() { close(l.stop) })
 	l.wg.Wait()
 }
 
@@ -208,6 +209,7 @@ func TestClusterCountsExactlyThroughMigrationAndFailover(t *testing.T) {
 
 	// 2. Migrate the slot of one client's keys under load.
 	load := startClusterLoad(envs, "203.0.113.", 8)
+	t.Cleanup(load.end) // on a failure too, before Traefik stops
 
 	client := "192.0.2.77"
 	slot := strconv.Itoa(redisresp.Slot(clusterKeyOf(client)))
@@ -302,6 +304,7 @@ func TestClusterCountsExactlyThroughMigrationAndFailover(t *testing.T) {
 
 	// 3. Kill the primary that has a replica, under load.
 	load = startClusterLoad(envs, "203.0.114.", 8)
+	t.Cleanup(load.end)
 	c.Primaries[0].Kill()
 
 	promoted := c.Replicas[0]
