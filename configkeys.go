@@ -47,6 +47,12 @@ func unknownIn(path string, v reflect.Value) error {
 			if err := unknownIn(path+keyName(f.Name)+".", fv); err != nil {
 				return err
 			}
+		case f.Type.Kind() == reflect.Ptr && f.Type.Elem().Kind() == reflect.Struct:
+			if !fv.IsNil() {
+				if err := unknownIn(path+keyName(f.Name)+".", fv.Elem()); err != nil {
+					return err
+				}
+			}
 		case f.Type.Kind() == reflect.Slice && f.Type.Elem().Kind() == reflect.Struct:
 			for j := 0; j < fv.Len(); j++ {
 				if err := unknownIn(path+keyName(f.Name)+"["+strconv.Itoa(j)+"].", fv.Index(j)); err != nil {

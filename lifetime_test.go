@@ -177,7 +177,7 @@ func TestReleasedBackendClosesItsPool(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	b := reg.get(ctx, opts)
 
-	if _, err := b.pool.Do("PING"); err != nil {
+	if _, err := b.pool.(*redisresp.Pool).Do("PING"); err != nil {
 		t.Fatal(err)
 	}
 
@@ -192,7 +192,7 @@ func TestReleasedBackendClosesItsPool(t *testing.T) {
 	cancel()
 	ft.next(t)()
 
-	if _, err := b.pool.Do("PING"); !errors.Is(err, redisresp.ErrClosed) {
+	if _, err := b.pool.(*redisresp.Pool).Do("PING"); !errors.Is(err, redisresp.ErrClosed) {
 		t.Fatalf("pool of a released backend: %v, want ErrClosed", err)
 	}
 

@@ -272,7 +272,20 @@ func (s *redisStore) takeRedis(t *tally, now int64, layers []*layer, client, pri
 		keys += "$" + strconv.Itoa(len(key)) + "\r\n" + key + "\r\n"
 	}
 
-	ints, serverErr, err := s.callFor(len(layers)).RunInts(s.backend.pool, keys+args)
+	// A cluster takes one call per slot (a cluster's DoInts fails at once).
+	// Under Yaegi this branch costs the single-server path its frame slots
+	// (BENCHMARKS.md, section 6); a store type per deployment would not, at
+	// the price of a second copy of this function.
+	var ints []int64
+	var serverErr string
+	var err error
+
+	if s.backend.cluster != nil {
+		ints, serverErr, err = s.runCluster(s.backend.cluster, layers, client, principal, req, all)
+	} else {
+		ints, serverErr, err = s.callFor(len(layers)).RunIntsOn(s.backend.pool, keys+args)
+	}
+
 	if err != nil {
 		return err
 	}
@@ -354,10 +367,12 @@ const (
 	maxBackoff = 5 * time.Second
 )
 
-// redisBackend is one Redis server as every middleware configured for it
-// shares it: the connection pool and whether Redis is usable now.
+// redisBackend is one Redis deployment as every middleware configured for it
+// shares it: the client (a pool, or the Sentinel-found primary's) and whether
+// Redis is usable now.
 type redisBackend struct {
-	pool    *redisresp.Pool
+	pool    redisresp.Client
+	cluster *redisresp.Cluster // pool as a cluster client, or nil
 	address string
 	log     io.Writer
 
@@ -442,10 +457,26 @@ func (b *redisBackend) failed(now int64, probe bool, err error) {
 	}
 }
 
+// switched logs that the sentinels named another primary, and lets the next
+// request probe it at once when Redis was failing: the back-off waited for
+// exactly this.
+func (b *redisBackend) switched(from, to string) {
+	b.mu.Lock()
+	b.retryAt = 0
+	b.mu.Unlock()
+
+	line, err := json.Marshal(redisEvent{Event: "REDIS_PRIMARY_CHANGED", Severity: "info", Address: b.address, Primary: to, Previous: from})
+	if err == nil {
+		_, _ = b.log.Write(append(line, '\n'))
+	}
+}
+
 type redisEvent struct {
 	Event    string `json:"event"`
 	Severity string `json:"severity"`
 	Address  string `json:"address"`
+	Primary  string `json:"primary,omitempty"`
+	Previous string `json:"previous,omitempty"`
 	Error    string `json:"error,omitempty"`
 	Fallback string `json:"fallback,omitempty"`
 	RetryIn  string `json:"retryIn,omitempty"`
@@ -453,6 +484,9 @@ type redisEvent struct {
 
 func (b *redisBackend) event(name, severity, msg string, retry time.Duration) {
 	ev := redisEvent{Event: name, Severity: severity, Address: b.address, Error: msg}
+	if sp, ok := b.pool.(interface{ Primary() string }); ok {
+		ev.Primary = sp.Primary()
+	}
 	if retry > 0 {
 		ev.Fallback = "memory"
 		ev.RetryIn = retry.String()
@@ -484,15 +518,26 @@ func closeBackend(v interface{}) {
 
 // get returns the backend of opts, held until ctx is cancelled.
 func (r *backendRegistry) get(ctx context.Context, opts redisresp.Options) *redisBackend {
-	id := opts.Address + "\x00" + opts.Username + "\x00" + opts.Password + "\x00" + strconv.Itoa(opts.DB) +
-		"\x00" + strconv.FormatBool(opts.TLS) + "\x00" + opts.DialTimeout.String() + "\x00" + opts.Timeout.String() +
-		"\x00" + strconv.Itoa(opts.PoolSize)
+	id := opts.Key()
 
 	v := r.byConfig.take(ctx, id, func() interface{} {
-		return &redisBackend{pool: redisresp.NewPool(opts), address: opts.Address, log: eventWriter}
+		return newBackend(opts)
 	})
 
 	b, _ := v.(*redisBackend)
+
+	return b
+}
+
+// newBackend makes the client opts describe: a pool, a Sentinel's primary
+// (whose switches it logs) or a cluster.
+func newBackend(opts redisresp.Options) *redisBackend {
+	b := &redisBackend{pool: redisresp.NewClient(opts), address: opts.Target(), log: eventWriter}
+	if sc, ok := b.pool.(*redisresp.Sentinel); ok {
+		sc.OnSwitch = b.switched
+	}
+
+	b.cluster, _ = b.pool.(*redisresp.Cluster)
 
 	return b
 }

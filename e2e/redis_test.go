@@ -15,7 +15,38 @@ import (
 	"github.com/tierlimit/tierlimit/redisresp"
 )
 
+// startRedis starts a redis-server for a test. Without extra arguments its
+// default user, which the plugin uses when configured with no credentials,
+// has exactly README's ACL line: every Redis scenario of the suite runs with
+// the documented rights and no more (the tests' own inspection goes through
+// an admin user).
 func startRedis(t *testing.T, extra ...string) *harness.Redis {
+	t.Helper()
+
+	if len(extra) > 0 {
+		return startOpenRedis(t, extra...)
+	}
+
+	acl := readmeACL(t, aclUser, "unused")[3:]
+	for i, rule := range acl {
+		if strings.HasPrefix(rule, ">") {
+			acl[i] = "nopass"
+		}
+	}
+
+	r, err := harness.StartRestrictedRedis(t.TempDir(), acl)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	t.Cleanup(r.Kill)
+
+	return r
+}
+
+// startOpenRedis starts a redis-server whose default user may do anything
+// (replication and sentinels use it).
+func startOpenRedis(t *testing.T, extra ...string) *harness.Redis {
 	t.Helper()
 
 	r, err := harness.StartRedis(t.TempDir(), extra...)

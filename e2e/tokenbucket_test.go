@@ -6,7 +6,6 @@ import (
 	"math/rand"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -271,7 +270,7 @@ http:
 // each built-in rateLimit router and to its tierlimit twin, through the real
 // Traefik binary, and compares the answers one by one.
 func TestTokenBucketAnswersLikeTraefiksRateLimit(t *testing.T) {
-	r := startRedis(t)
+	r := startOpenRedis(t) // Traefik's own limiter connects as the default user too
 	e := start(t, strings.ReplaceAll(rateLimitDynamic, "{{redis}}", r.Addr))
 	e.waitRouters("builtin-header", "tier-header", "builtin-host", "tier-host", "builtin-ip", "tier-ip", "builtin-peer", "tier-peer", "builtin-redis", "tier-redis")
 
@@ -340,27 +339,18 @@ func TestTokenBucketAnswersLikeTraefiksRateLimit(t *testing.T) {
 // token-bucket layer through it: each must reach Redis, not the memory
 // fallback.
 func TestReadmeACLRunsEveryAlgorithm(t *testing.T) {
-	readme, err := os.ReadFile("../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	line := regexp.MustCompile("`(\\+evalsha[^`]*)`").FindSubmatch(readme)
-	if line == nil {
-		t.Fatal("README lists no ACL commands")
-	}
-
 	r := startRedis(t, "--requirepass", "secret")
 	admin := r.Client(redisresp.Options{Password: "secret"})
 	defer admin.Close()
 
-	redisDo(t, admin, append([]string{"ACL", "SETUSER", "acl-limiter", "on", ">s3cret", "~ratelimit:*"}, strings.Fields(string(line[1]))...)...)
+	// README's line, as it is: ACL SETUSER tierlimit on >PASSWORD ...
+	redisDo(t, admin, readmeACL(t, aclUser, "s3cret")...)
 
 	for _, algorithm := range []string{"fixed", "sliding", "tokenbucket"} {
 		cfg := tierlimit.CreateConfig()
 		cfg.Store = "redis"
 		cfg.Redis.Address = r.Addr
-		cfg.Redis.Username = "acl-limiter"
+		cfg.Redis.Username = aclUser
 		cfg.Redis.Password = "s3cret"
 		cfg.Redis.Timeout = "2s"
 		cfg.Global.Points = 0

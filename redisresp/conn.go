@@ -122,6 +122,57 @@ func (c *Conn) DoInts(deadline time.Time, cmd string) ([]int64, string, error) {
 	return ints, serverErr, nil
 }
 
+// flush sets the deadline and writes what is buffered, for callers that
+// pipeline encoded commands with bw.
+func (c *Conn) flush(deadline time.Time) error {
+	if c.err != nil {
+		return c.err
+	}
+
+	if err := c.nc.SetDeadline(deadline); err != nil {
+		return c.fail(fmt.Errorf("setting redis deadline: %w", err))
+	}
+
+	if err := c.bw.Flush(); err != nil {
+		return c.fail(fmt.Errorf("writing redis command: %w", err))
+	}
+
+	return nil
+}
+
+// readInts reads one reply of a pipelined call (see DoInts).
+func (c *Conn) readInts() ([]int64, string, error) {
+	if c.err != nil {
+		return nil, "", c.err
+	}
+
+	ints, serverErr, err := c.rd.readInts()
+	if err != nil {
+		return nil, "", c.fail(fmt.Errorf("reading redis reply: %w", err))
+	}
+
+	return ints, serverErr, nil
+}
+
+// Receive reads one reply that no command of this call asked for: a message
+// of a subscribed connection. A timeout closes the connection, as any error.
+func (c *Conn) Receive(deadline time.Time) (Value, error) {
+	if c.err != nil {
+		return Value{}, c.err
+	}
+
+	if err := c.nc.SetDeadline(deadline); err != nil {
+		return Value{}, c.fail(fmt.Errorf("setting redis deadline: %w", err))
+	}
+
+	v, err := c.rd.readReply()
+	if err != nil {
+		return Value{}, c.fail(fmt.Errorf("reading redis message: %w", err))
+	}
+
+	return v, nil
+}
+
 // Bulk returns s encoded as a RESP bulk string, to build commands for
 // DoInts once and reuse them.
 func Bulk(s string) string {

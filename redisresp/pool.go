@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -15,11 +16,78 @@ type Options struct {
 	Username    string        // ACL user; empty for the default user
 	Password    string        // AUTH is sent when set
 	DB          int           // SELECT is sent when not 0
-	TLS         bool          // TLS with the system roots, server name from Address
+	TLS         bool          // TLS: with TLSConfig when set, else the system roots and Address's host
+	TLSConfig   TLSOptions    // CA, client certificate and server name, used when TLS is set
 	DialTimeout time.Duration // connect, TLS and AUTH/SELECT; default 250ms
 	Timeout     time.Duration // each call, from taking a connection to the last reply; default 100ms
 	PoolSize    int           // connections open at most; default 16
 	Limits      Limits        // zero fields take DefaultLimits' values
+
+	// RequirePrimary checks every new connection with ROLE and refuses one to
+	// a replica (ErrNotPrimary): an address learnt from sentinels may be stale.
+	RequirePrimary bool
+	// Sentinel, when set, makes NewClient find the primary through sentinels;
+	// Address is then ignored.
+	Sentinel *SentinelOptions
+	// Cluster, when set, makes NewClient a Redis Cluster client; Address is
+	// then ignored.
+	Cluster *ClusterOptions
+}
+
+// Key identifies the deployment and settings, so that clients can be shared
+// by everything configured alike.
+func (o Options) Key() string {
+	parts := []string{o.Address, o.Username, o.Password, strconv.Itoa(o.DB), strconv.FormatBool(o.TLS),
+		o.TLSConfig.CA, o.TLSConfig.Cert, o.TLSConfig.Key, o.TLSConfig.ServerName, strconv.FormatBool(o.TLSConfig.InsecureSkipVerify),
+		o.DialTimeout.String(), o.Timeout.String(), strconv.Itoa(o.PoolSize), strconv.FormatBool(o.RequirePrimary)}
+
+	if s := o.Sentinel; s != nil {
+		parts = append(parts, "sentinel", s.MasterName, s.Username, s.Password)
+		parts = append(parts, s.Addresses...)
+	}
+
+	if c := o.Cluster; c != nil {
+		parts = append(parts, "cluster")
+		parts = append(parts, c.Addresses...)
+	}
+
+	return strings.Join(parts, "\x00")
+}
+
+// Target names the deployment in log lines: the address, or the sentinels'
+// master name and addresses.
+func (o Options) Target() string {
+	if s := o.Sentinel; s != nil {
+		return "sentinel:" + s.MasterName + "@" + strings.Join(s.Addresses, ",")
+	}
+
+	if c := o.Cluster; c != nil {
+		return "cluster:" + strings.Join(c.Addresses, ",")
+	}
+
+	return o.Address
+}
+
+// Client runs encoded commands against a deployment: a Pool for one server,
+// a Sentinel for the primary of a monitored group.
+type Client interface {
+	// DoInts runs one encoded command whose reply is an array of integers.
+	DoInts(cmd string) ([]int64, string, error)
+	// Close closes the client's connections.
+	Close()
+}
+
+// NewClient returns the client that opts describe; it does no I/O.
+func NewClient(opts Options) Client {
+	if opts.Sentinel != nil {
+		return NewSentinel(opts)
+	}
+
+	if opts.Cluster != nil {
+		return NewCluster(opts)
+	}
+
+	return NewPool(opts)
 }
 
 // Pool is a bounded pool of connections. New connections are dialled on
@@ -283,7 +351,14 @@ func (p *Pool) dial() (*Conn, error) {
 
 	if p.opts.TLS {
 		host, _, _ := net.SplitHostPort(p.opts.Address)
-		tc := tls.Client(nc, &tls.Config{ServerName: host, MinVersion: tls.VersionTLS12})
+
+		cfg, err := p.opts.TLSConfig.Config(host)
+		if err != nil {
+			_ = nc.Close()
+			return nil, fmt.Errorf("TLS with redis at %s: %w", p.opts.Address, err)
+		}
+
+		tc := tls.Client(nc, cfg)
 		_ = tc.SetDeadline(deadline)
 
 		if err := tc.Handshake(); err != nil {
@@ -309,6 +384,10 @@ func (p *Pool) dial() (*Conn, error) {
 		setup = append(setup, []string{"SELECT", strconv.Itoa(p.opts.DB)})
 	}
 
+	if p.opts.RequirePrimary {
+		setup = append(setup, []string{"ROLE"})
+	}
+
 	if len(setup) == 0 {
 		return c, nil
 	}
@@ -323,6 +402,13 @@ func (p *Pool) dial() (*Conn, error) {
 			_ = c.Close()
 			// The reply names the failure (WRONGPASS, NOAUTH, ERR DB index...); it never contains the password.
 			return nil, fmt.Errorf("%s on redis at %s: %s", setup[i][0], p.opts.Address, v.Str)
+		}
+	}
+
+	if p.opts.RequirePrimary {
+		if role := replies[len(replies)-1]; len(role.Array) == 0 || role.Array[0].Str != "master" {
+			_ = c.Close()
+			return nil, fmt.Errorf("%w: redis at %s answers ROLE %s", ErrNotPrimary, p.opts.Address, roleName(role))
 		}
 	}
 
@@ -344,4 +430,12 @@ func (p *Pool) Close() {
 	}
 
 	p.wake()
+}
+
+func roleName(v Value) string {
+	if len(v.Array) > 0 {
+		return v.Array[0].Str
+	}
+
+	return v.String()
 }

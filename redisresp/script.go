@@ -70,3 +70,13 @@ func (c Call) RunInts(p *Pool, encoded string) ([]int64, string, error) {
 
 	return p.DoInts(c.eval + encoded)
 }
+
+// RunIntsOn is RunInts on any Client: a Pool, or a Sentinel's primary.
+func (c Call) RunIntsOn(p Client, encoded string) ([]int64, string, error) {
+	ints, serverErr, err := p.DoInts(c.evalsha + encoded)
+	if err != nil || serverErr == "" || !strings.HasPrefix(serverErr, "NOSCRIPT") {
+		return ints, serverErr, err
+	}
+
+	return p.DoInts(c.eval + encoded)
+}

@@ -67,4 +67,8 @@ var (
 	ErrPoolTimeout = errors.New("redis pool exhausted")
 	// ErrClosed: the pool was closed.
 	ErrClosed = errors.New("redis pool closed")
+	// ErrNotPrimary: a server that should be the primary is a replica.
+	ErrNotPrimary = errors.New("redis server is not the primary")
+	// ErrNoPrimary: no sentinel named a primary.
+	ErrNoPrimary = errors.New("no sentinel named the primary")
 )

@@ -10,8 +10,12 @@
 //	tierlimit-memory  this plugin, store: memory, global + ip layers, headers on
 //	builtin-redis     Traefik's RateLimit with redis.endpoints
 //	tierlimit-redis   this plugin, store: redis
+//	tierlimit-sentinel  this plugin, store: redis, the same server found through a sentinel
+//	builtin-cluster   Traefik's RateLimit with three endpoints: a Redis Cluster of three primaries
+//	tierlimit-cluster this plugin, redis.cluster, the same cluster
 //
-// and two scenarios: (a) limits high enough that nothing is refused, (b) a
+// (the sentinel's own PING and PUBLISH to the server, about one a second, are
+// in its Redis command counts) and two scenarios: (a) limits high enough that nothing is refused, (b) a
 // small per-IP limit with a long period, so that almost every request is
 // refused. Each (configuration, scenario, repetition) gets a fresh Traefik;
 // one redis-server is shared (flushed before each run). Repetitions alternate
@@ -70,6 +74,8 @@ var scenarios = []scenario{
 type configuration struct {
 	name       string
 	redis      bool
+	sentinel   bool                                      // needs a sentinel watching the redis-server
+	cluster    bool                                      // runs on the Redis Cluster instead
 	middleware func(s scenario, redisAddr string) string // YAML under middlewares.limit; "" for none
 }
 
@@ -94,6 +100,39 @@ var configurations = []configuration{
 	{name: "tierlimit-memory", middleware: plugin(false)},
 	{name: "builtin-redis", redis: true, middleware: builtin(true)},
 	{name: "tierlimit-redis", redis: true, middleware: plugin(true)},
+	{name: "tierlimit-sentinel", redis: true, sentinel: true, middleware: pluginSentinel},
+	{name: "builtin-cluster", redis: true, cluster: true, middleware: builtinCluster},
+	{name: "tierlimit-cluster", redis: true, cluster: true, middleware: pluginCluster},
+}
+
+// clusterAddrs are the cluster's primaries, when a configuration needs them.
+var clusterAddrs []string
+
+// builtinCluster is builtin(true) with every primary as an endpoint, which
+// makes Traefik's go-redis client a cluster client.
+func builtinCluster(s scenario, addr string) string {
+	y := builtin(true)(s, addr)
+
+	return strings.Replace(y, fmt.Sprintf("endpoints: [%q]", addr), "endpoints: [\""+strings.Join(clusterAddrs, "\", \"")+"\"]", 1)
+}
+
+// pluginCluster is plugin(true) on the cluster.
+func pluginCluster(s scenario, addr string) string {
+	y := plugin(true)(s, addr)
+
+	return strings.Replace(y, fmt.Sprintf("redis: {address: %q}", addr),
+		"redis: {cluster: {addresses: [\""+strings.Join(clusterAddrs, "\", \"")+"\"]}}", 1)
+}
+
+// sentinelAddr is the sentinel that run starts when a configuration needs one.
+var sentinelAddr string
+
+// pluginSentinel is plugin(true) with the server found through the sentinel.
+func pluginSentinel(s scenario, addr string) string {
+	y := plugin(true)(s, addr)
+
+	return strings.Replace(y, fmt.Sprintf("redis: {address: %q}", addr),
+		fmt.Sprintf("redis: {sentinel: {masterName: mymaster, addresses: [%q]}}", sentinelAddr), 1)
 }
 
 // builtin is Traefik's RateLimit keyed by the rightmost X-Forwarded-For entry,
@@ -247,6 +286,9 @@ type bench struct {
 	redisErr error
 	admin    *redisresp.Pool
 	ips      []string
+
+	clusterAdmins []*redisresp.Pool // one per primary
+	current       []*redisresp.Pool // the servers the running configuration uses
 }
 
 func run(o options) error {
@@ -264,9 +306,34 @@ func run(o options) error {
 
 	b := &bench{o: o, backend: backend, ips: clientIPs(o.clients)}
 
-	needRedis := false
+	needRedis, needSentinel, needCluster := false, false, false
 	for _, c := range o.only {
 		needRedis = needRedis || c.redis
+		needSentinel = needSentinel || c.sentinel
+		needCluster = needCluster || c.cluster
+	}
+
+	if needCluster {
+		dir, err := os.MkdirTemp("", "loadbench-cluster-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+
+		cl, err := harness.StartCluster(dir, 3, 0)
+		if err != nil {
+			return fmt.Errorf("starting a Redis Cluster: %w", err)
+		}
+		defer cl.Kill()
+
+		for _, r := range cl.Primaries {
+			clusterAddrs = append(clusterAddrs, r.Addr)
+
+			p := r.Client(redisresp.Options{})
+			defer p.Close()
+
+			b.clusterAdmins = append(b.clusterAdmins, p)
+		}
 	}
 
 	if needRedis {
@@ -282,6 +349,21 @@ func run(o options) error {
 
 			b.admin = b.redis.Client(redisresp.Options{})
 			defer b.admin.Close()
+
+			if needSentinel {
+				sdir := filepath.Join(dir, "sentinel")
+				if err := os.MkdirAll(sdir, 0o755); err != nil {
+					return err
+				}
+
+				sentinel, err := harness.StartSentinel(sdir, "mymaster", b.redis.Addr)
+				if err != nil {
+					return fmt.Errorf("starting a sentinel: %w", err)
+				}
+				defer sentinel.Kill()
+
+				sentinelAddr = sentinel.Addr
+			}
 		} else {
 			fmt.Fprintln(os.Stderr, "loadbench: redis-server:", b.redisErr)
 		}
@@ -365,6 +447,11 @@ func (b *bench) runOne(c configuration, s scenario, rep int) (res result) {
 		}
 
 		redisAddr = b.redis.Addr
+
+		b.current = []*redisresp.Pool{b.admin}
+		if c.cluster {
+			b.current = b.clusterAdmins
+		}
 
 		if err := b.redisOK("FLUSHALL"); err != nil {
 			return result{err: err}
@@ -472,14 +559,17 @@ func (b *bench) runOne(c configuration, s scenario, rep int) (res result) {
 	return res
 }
 
+// redisOK runs a command on every server of the running configuration.
 func (b *bench) redisOK(args ...string) error {
-	v, err := b.admin.Do(args...)
-	if err == nil && v.IsError() {
-		err = errors.New(v.Str)
-	}
+	for _, p := range b.current {
+		v, err := p.Do(args...)
+		if err == nil && v.IsError() {
+			err = errors.New(v.Str)
+		}
 
-	if err != nil {
-		return fmt.Errorf("redis %s: %w", strings.Join(args, " "), err)
+		if err != nil {
+			return fmt.Errorf("redis %s: %w", strings.Join(args, " "), err)
+		}
 	}
 
 	return nil
@@ -492,38 +582,44 @@ var scriptInner = map[string]bool{"set": true, "incr": true, "pttl": true, "pexp
 
 // commandStats reads INFO commandstats (reset before the measured phase).
 func (b *bench) commandStats(res *result) error {
-	v, err := b.admin.Do("INFO", "commandstats")
-	if err == nil && v.IsError() {
-		err = errors.New(v.Str)
-	}
+	counts := map[string]int64{}
 
-	if err != nil {
-		return err
+	// Summed over the configuration's servers (every primary of a cluster).
+	for _, p := range b.current {
+		v, err := p.Do("INFO", "commandstats")
+		if err == nil && v.IsError() {
+			err = errors.New(v.Str)
+		}
+
+		if err != nil {
+			return err
+		}
+
+		for _, line := range strings.Split(v.Str, "\r\n") {
+			rest, ok := strings.CutPrefix(line, "cmdstat_")
+			if !ok {
+				continue
+			}
+
+			name, fields, ok := strings.Cut(rest, ":")
+			if !ok || name == "info" || name == "config" || strings.HasPrefix(name, "config|") {
+				continue
+			}
+
+			for _, f := range strings.Split(fields, ",") {
+				if n, ok := strings.CutPrefix(f, "calls="); ok {
+					calls, _ := strconv.ParseInt(n, 10, 64)
+					counts[name] += calls
+				}
+			}
+		}
 	}
 
 	var all, trips, scripts int64
 
 	var parts []string
 
-	for _, line := range strings.Split(v.Str, "\r\n") {
-		rest, ok := strings.CutPrefix(line, "cmdstat_")
-		if !ok {
-			continue
-		}
-
-		name, fields, ok := strings.Cut(rest, ":")
-		if !ok || name == "info" || name == "config" || strings.HasPrefix(name, "config|") {
-			continue
-		}
-
-		var calls int64
-
-		for _, f := range strings.Split(fields, ",") {
-			if n, ok := strings.CutPrefix(f, "calls="); ok {
-				calls, _ = strconv.ParseInt(n, 10, 64)
-			}
-		}
-
+	for name, calls := range counts {
 		all += calls
 		if !scriptInner[name] {
 			trips += calls

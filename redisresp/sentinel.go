@@ -1,0 +1,418 @@
+package redisresp
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"time"
+)
+
+// SentinelOptions name a group that Redis Sentinel monitors.
+type SentinelOptions struct {
+	MasterName string   // the group's name in the sentinels' configuration
+	Addresses  []string // sentinels, host:port; any one that answers is enough
+	Username   string   // the sentinels' own ACL user, if any
+	Password   string   // the sentinels' own password, if any
+}
+
+// Sentinel is a Client of a monitored group's primary. It asks the sentinels
+// for the primary (SENTINEL get-master-addr-by-name) when it has none, and
+// checks each new connection with ROLE. It forgets the primary when a call
+// fails on the connection or the server answers READONLY or MASTERDOWN (it
+// was demoted or lost its own primary), and asks again on the next call.
+//
+// A failover that leaves the old primary running (SENTINEL FAILOVER, a
+// partition) fails no call: the sentinels reconfigure the old primary only
+// seconds later, and until then it accepts writes. So once a primary is
+// known, one goroutine per Sentinel follows the sentinels' +switch-master
+// announcements and moves calls to the new primary as soon as they switch.
+// It also asks for the primary each time it (re)connects, every
+// watchRefresh at least, in case an announcement was missed. The sentinels
+// are never asked on every call, and no call waits for them except the
+// first, or the one after the primary failed.
+type Sentinel struct {
+	opts Options // the primary's settings; Address is set per discovery
+
+	// OnSwitch, when set before the first call, is called (from the watching
+	// goroutine or a caller's) each time the primary changes address.
+	OnSwitch func(from, to string)
+
+	mu       sync.Mutex
+	pool     *Pool  // the primary's connections; nil until found, or after it failed
+	primary  string // the primary's address, kept after it failed
+	attempts int    // discoveries made, so that callers who waited for one share its outcome
+	lastErr  error  // the last discovery's error
+	next     int    // the sentinel to ask first: the one that answered last
+	closed   bool
+	watching bool
+	watchC   *Conn         // the watching goroutine's connection, closed by Close
+	done     chan struct{} // closed by Close
+
+	discovering sync.Mutex // one discovery at a time
+}
+
+// watchRefresh bounds how long the watching connection waits for an
+// announcement before it reconnects and asks for the primary again, so that
+// a sentinel lost without a word (a host gone) is noticed.
+const watchRefresh = 10 * time.Second
+
+// NewSentinel returns a client of opts.Sentinel's primary; it does no I/O.
+func NewSentinel(opts Options) *Sentinel {
+	opts.RequirePrimary = true
+	opts = NewPool(opts).opts // the defaults
+
+	return &Sentinel{opts: opts, done: make(chan struct{})}
+}
+
+// Primary returns the address of the primary in use, or "".
+func (s *Sentinel) Primary() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	if s.pool == nil {
+		return ""
+	}
+
+	return s.primary
+}
+
+// DoInts runs cmd on the primary, finding it first if need be.
+func (s *Sentinel) DoInts(cmd string) ([]int64, string, error) {
+	s.mu.Lock()
+	p, attempts := s.pool, s.attempts
+	s.mu.Unlock()
+
+	if p == nil {
+		var err error
+		if p, err = s.discover(attempts); err != nil {
+			return nil, "", err
+		}
+	}
+
+	ints, serverErr, err := p.DoInts(cmd)
+	if err != nil && errors.Is(err, ErrClosed) {
+		// The watcher switched to a new primary (closing this pool) after
+		// this call took it: the call goes to the new one, not to memory.
+		s.mu.Lock()
+		np := s.pool
+		s.mu.Unlock()
+
+		if np != nil && np != p {
+			p = np
+			ints, serverErr, err = p.DoInts(cmd)
+		}
+	}
+
+	if (err != nil && !errors.Is(err, ErrPoolTimeout)) || (serverErr != "" && LostPrimary(serverErr)) {
+		s.forget(p)
+	}
+
+	return ints, serverErr, err
+}
+
+// LostPrimary reports whether a server error says that the server is no
+// longer a usable primary.
+func LostPrimary(serverErr string) bool {
+	return strings.HasPrefix(serverErr, "READONLY") || strings.HasPrefix(serverErr, "MASTERDOWN") ||
+		strings.Contains(serverErr, "-READONLY") || strings.Contains(serverErr, "-MASTERDOWN")
+}
+
+// forget drops p if it is still the primary in use.
+func (s *Sentinel) forget(p *Pool) {
+	s.mu.Lock()
+	current := s.pool == p
+	if current {
+		s.pool = nil
+	}
+	s.mu.Unlock()
+
+	if current {
+		p.Close()
+	}
+}
+
+// discover finds the primary. Callers that waited while another discovery
+// ran (seen is the count they saw before) take its outcome rather than ask
+// the sentinels again, so that a failed discovery costs one round of
+// timeouts, not one per waiting caller.
+func (s *Sentinel) discover(seen int) (*Pool, error) {
+	s.discovering.Lock()
+	defer s.discovering.Unlock()
+
+	s.mu.Lock()
+	p, attempts, lastErr, closed := s.pool, s.attempts, s.lastErr, s.closed
+	s.mu.Unlock()
+
+	switch {
+	case closed:
+		return nil, ErrClosed
+	case p != nil:
+		return p, nil
+	case attempts != seen && lastErr != nil:
+		return nil, lastErr
+	}
+
+	addr, err := s.ask()
+
+	s.mu.Lock()
+	s.attempts++
+	s.lastErr = err
+	s.mu.Unlock()
+
+	if err != nil {
+		return nil, err
+	}
+
+	if p = s.use(addr); p == nil {
+		return nil, ErrClosed
+	}
+
+	return p, nil
+}
+
+// use makes addr the primary, unless it is already, and returns its pool
+// (nil once closed). A change of address is reported to OnSwitch; the
+// watching goroutine starts with the first primary.
+func (s *Sentinel) use(addr string) *Pool {
+	s.mu.Lock()
+
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+
+	if s.pool != nil && s.primary == addr {
+		p := s.pool
+		s.mu.Unlock()
+
+		return p
+	}
+
+	old, from := s.pool, s.primary
+	opts := s.opts
+	opts.Address = addr
+	p := NewPool(opts)
+	s.pool, s.primary = p, addr
+
+	watch := !s.watching
+	s.watching = true
+	s.mu.Unlock()
+
+	if old != nil {
+		old.Close()
+	}
+
+	if from != "" && from != addr && s.OnSwitch != nil {
+		s.OnSwitch(from, addr)
+	}
+
+	if watch {
+		go s.watch()
+	}
+
+	return p
+}
+
+// watch follows the sentinels' announcements until Close, one sentinel at a
+// time, moving to the next when one fails.
+func (s *Sentinel) watch() {
+	defer func() {
+		// A panic here must not take Traefik down: the next discovery starts
+		// another watcher.
+		if recover() != nil {
+			s.mu.Lock()
+			s.watching = false
+			s.mu.Unlock()
+		}
+	}()
+
+	for n := 0; ; n++ {
+		s.mu.Lock()
+		closed, first := s.closed, s.next
+		s.mu.Unlock()
+
+		if closed {
+			return
+		}
+
+		addresses := s.opts.Sentinel.Addresses
+		if err := s.watchOne(addresses[(first+n)%len(addresses)]); err == nil {
+			n-- // the same sentinel again: it answered, it only had nothing to say
+			continue
+		}
+
+		// Every sentinel failed once in a row: pause before the next round.
+		if (n+1)%len(addresses) == 0 {
+			t := time.NewTimer(time.Second)
+			select {
+			case <-s.done:
+				t.Stop()
+				return
+			case <-t.C:
+			}
+		}
+	}
+}
+
+// watchOne asks one sentinel for the primary and follows its +switch-master
+// announcements until watchRefresh passes without one (nil) or the
+// connection fails.
+func (s *Sentinel) watchOne(sentinel string) error {
+	p := NewPool(s.sentinelOptions(sentinel))
+	defer p.Close()
+
+	c, err := p.get()
+	if err != nil {
+		return err
+	}
+
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		_ = c.Close()
+
+		return ErrClosed
+	}
+	s.watchC = c
+	s.mu.Unlock()
+
+	defer func() {
+		s.mu.Lock()
+		s.watchC = nil
+		s.mu.Unlock()
+		_ = c.Close()
+	}()
+
+	name := s.opts.Sentinel.MasterName
+
+	replies, err := c.Pipeline(time.Now().Add(s.opts.DialTimeout), [][]string{
+		{"SENTINEL", "get-master-addr-by-name", name}, {"SUBSCRIBE", "+switch-master"},
+	})
+	if err != nil {
+		return err
+	}
+
+	if addr, aerr := masterAddr(sentinel, name, replies[0]); aerr == nil {
+		s.use(addr)
+	}
+
+	if replies[1].IsError() {
+		return fmt.Errorf("sentinel %s: SUBSCRIBE: %s", sentinel, replies[1].Str)
+	}
+
+	for {
+		v, err := c.Receive(time.Now().Add(watchRefresh))
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				return nil
+			}
+
+			return err
+		}
+
+		// ["message", "+switch-master", "<name> <old ip> <old port> <new ip> <new port>"]
+		if len(v.Array) != 3 || v.Array[0].Str != "message" {
+			continue
+		}
+
+		f := strings.Fields(v.Array[2].Str)
+		if len(f) == 5 && f[0] == name {
+			s.use(joinHostPort(f[3], f[4]))
+		}
+	}
+}
+
+func (s *Sentinel) sentinelOptions(sentinel string) Options {
+	so := s.opts.Sentinel
+
+	return Options{
+		Address: sentinel, Username: so.Username, Password: so.Password,
+		TLS: s.opts.TLS, TLSConfig: s.opts.TLSConfig,
+		DialTimeout: s.opts.DialTimeout, Timeout: s.opts.DialTimeout, PoolSize: 1, Limits: s.opts.Limits,
+	}
+}
+
+// ask asks each sentinel in turn, starting with the last that answered, for
+// the primary's address.
+func (s *Sentinel) ask() (string, error) {
+	so := s.opts.Sentinel
+
+	s.mu.Lock()
+	first := s.next
+	s.mu.Unlock()
+
+	var errs []string
+
+	for i := 0; i < len(so.Addresses); i++ {
+		n := (first + i) % len(so.Addresses)
+
+		addr, err := s.askOne(so.Addresses[n])
+		if err == nil {
+			s.mu.Lock()
+			s.next = n
+			s.mu.Unlock()
+
+			return addr, nil
+		}
+
+		errs = append(errs, err.Error())
+	}
+
+	return "", fmt.Errorf("%w %q: %s", ErrNoPrimary, so.MasterName, strings.Join(errs, "; "))
+}
+
+func (s *Sentinel) askOne(sentinel string) (string, error) {
+	p := NewPool(s.sentinelOptions(sentinel))
+	defer p.Close()
+
+	v, err := p.Do("SENTINEL", "get-master-addr-by-name", s.opts.Sentinel.MasterName)
+	if err != nil {
+		return "", fmt.Errorf("asking sentinel %s: %w", sentinel, err)
+	}
+
+	return masterAddr(sentinel, s.opts.Sentinel.MasterName, v)
+}
+
+// masterAddr reads a reply to SENTINEL get-master-addr-by-name.
+func masterAddr(sentinel, name string, v Value) (string, error) {
+	if v.IsError() {
+		return "", fmt.Errorf("sentinel %s: %s", sentinel, v.Str)
+	}
+
+	if v.Null || len(v.Array) != 2 || v.Array[0].Str == "" || v.Array[1].Str == "" {
+		return "", fmt.Errorf("sentinel %s does not know %q", sentinel, name)
+	}
+
+	return joinHostPort(v.Array[0].Str, v.Array[1].Str), nil
+}
+
+func joinHostPort(host, port string) string {
+	return net.JoinHostPort(host, port)
+}
+
+// Close closes the primary's connections and stops the watching goroutine;
+// later calls fail with ErrClosed.
+func (s *Sentinel) Close() {
+	s.mu.Lock()
+	p, c, closed := s.pool, s.watchC, s.closed
+	s.pool = nil
+	s.closed = true
+	s.mu.Unlock()
+
+	if closed {
+		return
+	}
+
+	close(s.done)
+
+	if c != nil {
+		_ = c.nc.Close() // ends the watcher's read; the watcher owns the Conn
+	}
+
+	if p != nil {
+		p.Close()
+	}
+}

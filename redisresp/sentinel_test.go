@@ -1,0 +1,306 @@
+package redisresp
+
+import (
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakePrimary answers ROLE with role and TAKE with two integers, or with
+// reply when set.
+type fakePrimary struct {
+	*fakeServer
+
+	mu    sync.Mutex
+	role  string
+	reply string
+}
+
+func startPrimary(t *testing.T) *fakePrimary {
+	p := &fakePrimary{fakeServer: newServer(t), role: "master"}
+	p.start(func(_ int, args []string) string {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+
+		switch args[0] {
+		case "ROLE":
+			return "*3\r\n" + bulk(p.role) + ":0\r\n*0\r\n"
+		case "TAKE":
+			if p.reply != "" {
+				return p.reply
+			}
+
+			return "*2\r\n:1\r\n:2\r\n"
+		}
+
+		return basicHandler(0, args)
+	})
+
+	return p
+}
+
+func (p *fakePrimary) set(role, reply string) {
+	p.mu.Lock()
+	p.role, p.reply = role, reply
+	p.mu.Unlock()
+}
+
+func (p *fakePrimary) count(name string) int {
+	n := 0
+	for _, c := range p.log() {
+		if c.args[0] == name {
+			n++
+		}
+	}
+
+	return n
+}
+
+// fakeSentinel names *primary for the group "mymaster".
+func startSentinel(t *testing.T, primary *string, mu *sync.Mutex) *fakePrimary {
+	s := &fakePrimary{fakeServer: newServer(t)}
+	s.start(func(_ int, args []string) string {
+		if len(args) == 3 && args[0] == "SENTINEL" && args[1] == "get-master-addr-by-name" && args[2] == "mymaster" {
+			mu.Lock()
+			defer mu.Unlock()
+
+			host, port, _ := strings.Cut(*primary, ":")
+
+			return "*2\r\n" + bulk(host) + bulk(port)
+		}
+
+		if args[0] == "SENTINEL" {
+			return "*-1\r\n"
+		}
+
+		if args[0] == "SUBSCRIBE" && len(args) == 2 {
+			return "*3\r\n" + bulk("subscribe") + bulk(args[1]) + ":1\r\n"
+		}
+
+		return basicHandler(0, args)
+	})
+
+	return s
+}
+
+const take = "*1\r\n$4\r\nTAKE\r\n"
+
+func TestSentinelFindsThePrimaryOnceAndAgainAfterAFailure(t *testing.T) {
+	a, b := startPrimary(t), startPrimary(t)
+
+	var mu sync.Mutex
+	current := a.addr()
+	sentinel := startSentinel(t, &current, &mu)
+
+	opts := longOptions("")
+	opts.Sentinel = &SentinelOptions{MasterName: "mymaster", Addresses: []string{closedAddr(t), sentinel.addr()}}
+	s := NewSentinel(opts)
+	defer s.Close()
+
+	if n := sentinel.acceptedCount(); n != 0 {
+		t.Fatalf("NewSentinel connected %d times", n)
+	}
+
+	for i := 0; i < 5; i++ {
+		if ints, serverErr, err := s.DoInts(take); err != nil || serverErr != "" || len(ints) != 2 {
+			t.Fatalf("call %d: %v %q %v", i, ints, serverErr, err)
+		}
+	}
+
+	waitFor(t, "the watcher's SUBSCRIBE", func() bool { return sentinel.count("SUBSCRIBE") == 1 })
+
+	if n := sentinel.asked(); n != 1 {
+		t.Fatalf("5 calls asked the sentinels %d times, want once", n)
+	}
+
+	if n := a.count("ROLE"); n != 1 {
+		t.Fatalf("the primary's one connection was checked with ROLE %d times", n)
+	}
+
+	if s.Primary() != a.addr() {
+		t.Fatalf("primary %q, want %q", s.Primary(), a.addr())
+	}
+
+	// Failover: a is demoted and answers READONLY; the sentinels name b.
+	a.set("slave", "-READONLY You can't write against a read only replica.\r\n")
+	mu.Lock()
+	current = b.addr()
+	mu.Unlock()
+
+	if _, serverErr, err := s.DoInts(take); err != nil || !strings.HasPrefix(serverErr, "READONLY") {
+		t.Fatalf("call on the demoted primary: %q %v", serverErr, err)
+	}
+
+	if ints, serverErr, err := s.DoInts(take); err != nil || serverErr != "" || len(ints) != 2 {
+		t.Fatalf("call after the failover: %v %q %v", ints, serverErr, err)
+	}
+
+	if n := sentinel.asked(); n != 2 {
+		t.Fatalf("the sentinels were asked %d times, want twice (start, failover)", n)
+	}
+
+	if s.Primary() != b.addr() || b.count("TAKE") != 1 {
+		t.Fatalf("primary %q with %d calls, want %q with 1", s.Primary(), b.count("TAKE"), b.addr())
+	}
+
+	// A sentinel still naming a replica: the ROLE check refuses it.
+	b.set("slave", "")
+
+	if err := b.dropConnections(); err != nil {
+		t.Fatal(err)
+	}
+
+	if _, _, err := s.DoInts(take); err == nil {
+		t.Fatal("a call on the dropped connection succeeded")
+	}
+
+	if _, _, err := s.DoInts(take); !errors.Is(err, ErrNotPrimary) {
+		t.Fatalf("a replica named by the sentinels: %v, want ErrNotPrimary", err)
+	}
+
+	if n := b.count("TAKE"); n != 1 {
+		t.Fatalf("the replica ran %d calls, want 1 (from when it was the primary)", n)
+	}
+}
+
+func TestSentinelNamesNoPrimary(t *testing.T) {
+	var mu sync.Mutex
+	current := ""
+	sentinel := startSentinel(t, &current, &mu)
+
+	opts := longOptions("")
+	opts.Sentinel = &SentinelOptions{MasterName: "other", Addresses: []string{sentinel.addr()}}
+	s := NewSentinel(opts)
+	defer s.Close()
+
+	if _, _, err := s.DoInts(take); !errors.Is(err, ErrNoPrimary) || !strings.Contains(err.Error(), `"other"`) {
+		t.Fatalf("unknown group: %v", err)
+	}
+
+	s.Close()
+
+	if _, _, err := s.DoInts(take); !errors.Is(err, ErrClosed) {
+		t.Fatalf("after Close: %v", err)
+	}
+}
+
+// dropConnections closes the server's side of every connection, as a crash would.
+func (s *fakeServer) dropConnections() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	for _, nc := range s.conns {
+		_ = nc.Close()
+	}
+
+	return nil
+}
+
+// asked counts the SENTINEL commands of connections that did not subscribe:
+// the discoveries, without the watcher's.
+func (p *fakePrimary) asked() int {
+	watchers := map[int]bool{}
+	for _, c := range p.log() {
+		if c.args[0] == "SUBSCRIBE" {
+			watchers[c.conn] = true
+		}
+	}
+
+	n := 0
+	for _, c := range p.log() {
+		if c.args[0] == "SENTINEL" && !watchers[c.conn] {
+			n++
+		}
+	}
+
+	return n
+}
+
+// waitFor polls cond until it holds, failing the test after failAfter.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+
+	deadline := time.Now().Add(failAfter)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not happen within %s", what, failAfter)
+		}
+
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// A failover that leaves the old primary up fails no call: the watcher moves
+// calls to the new primary when the sentinels announce the switch.
+func TestSentinelFollowsSwitchMaster(t *testing.T) {
+	a, b := startPrimary(t), startPrimary(t)
+
+	var mu sync.Mutex
+	current := a.addr()
+	sentinel := startSentinel(t, &current, &mu)
+
+	opts := longOptions("")
+	opts.Sentinel = &SentinelOptions{MasterName: "mymaster", Addresses: []string{sentinel.addr()}}
+	s := NewSentinel(opts)
+
+	var switches []string
+	var smu sync.Mutex
+	s.OnSwitch = func(from, to string) {
+		smu.Lock()
+		switches = append(switches, from+">"+to)
+		smu.Unlock()
+	}
+
+	if _, _, err := s.DoInts(take); err != nil {
+		t.Fatal(err)
+	}
+
+	watcher := 0
+	waitFor(t, "the watcher's SUBSCRIBE", func() bool {
+		for _, c := range sentinel.log() {
+			if c.args[0] == "SUBSCRIBE" && c.args[1] == "+switch-master" {
+				watcher = c.conn
+				return true
+			}
+		}
+
+		return false
+	})
+
+	mu.Lock()
+	current = b.addr()
+	mu.Unlock()
+
+	ah, ap, _ := strings.Cut(a.addr(), ":")
+	bh, bp, _ := strings.Cut(b.addr(), ":")
+	msg := "other 1.2.3.4 1 5.6.7.8 2" // another group's switch changes nothing
+
+	for _, m := range []string{msg, "mymaster " + ah + " " + ap + " " + bh + " " + bp} {
+		sentinel.mu.Lock()
+		nc := sentinel.conns[watcher-1]
+		sentinel.mu.Unlock()
+
+		if _, err := nc.Write([]byte("*3\r\n" + bulk("message") + bulk("+switch-master") + bulk(m))); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	waitFor(t, "the switch to "+b.addr(), func() bool { return s.Primary() == b.addr() })
+
+	if _, serverErr, err := s.DoInts(take); err != nil || serverErr != "" || b.count("TAKE") != 1 || a.count("TAKE") != 1 {
+		t.Fatalf("after the switch: %q %v; calls on a %d, on b %d", serverErr, err, a.count("TAKE"), b.count("TAKE"))
+	}
+
+	smu.Lock()
+	got := strings.Join(switches, ",")
+	smu.Unlock()
+
+	if want := a.addr() + ">" + b.addr(); got != want {
+		t.Fatalf("OnSwitch calls %q, want %q", got, want)
+	}
+
+	s.Close()
+	sentinel.waitGone(t, watcher)
+}

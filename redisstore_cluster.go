@@ -1,0 +1,119 @@
+package tierlimit
+
+import (
+	"net/http"
+	"strings"
+
+	"github.com/tierlimit/tierlimit/redisresp"
+)
+
+// clusterKey is a layer's key in a Redis Cluster: the bucket key in a hash
+// tag, <keyPrefix>:<middleware>:<layer>:{<key>}, so that the layers of one
+// client (ip, assets, routes keyed by ip) share a slot, as do those of one
+// principal, and one script call charges them. A principal-keyed route's
+// fallback to the client IP (ip:<addr>) is tagged by the address, with the
+// client's other layers.
+func clusterKey(l *layer, client, principal string, req *http.Request) string {
+	bucket := l.keyFor(client, principal, req)
+
+	if l.keyKind == keyOfPrincipalElseClient && principal == "" && strings.HasSuffix(bucket, client) {
+		return l.redisKey + bucket[:len(bucket)-len(client)] + "{" + client + "}"
+	}
+
+	return l.redisKey + "{" + bucket + "}"
+}
+
+// slotGroup is the layers of one request whose keys share a slot.
+type slotGroup struct {
+	slot   int
+	layers []int // indexes in the request's layers, in order
+	keys   string
+	args   string
+}
+
+// runCluster charges layers on a Redis Cluster: one script call per slot
+// involved, all sent before any reply is read (one round trip per node).
+// Each call charges its layers in order and stops at its own refusal, so a
+// layer in another slot than the refusing one may be charged although an
+// earlier layer refused: at most one hit per such layer and refused request.
+// The reply is returned as the single-server script would give it: count and
+// milliseconds to reset per layer in order, up to the first refusal.
+func (s *redisStore) runCluster(cl *redisresp.Cluster, layers []*layer, client, principal string, req *http.Request, all bool) ([]int64, string, error) {
+	var groups []*slotGroup
+
+	for i, l := range layers {
+		key := clusterKey(l, client, principal, req)
+		slot := redisresp.Slot(key)
+
+		var g *slotGroup
+		for _, x := range groups {
+			if x.slot == slot {
+				g = x
+			}
+		}
+
+		if g == nil {
+			g = &slotGroup{slot: slot, args: bulkFalse}
+			if all {
+				g.args = bulkTrue
+			}
+
+			groups = append(groups, g)
+		}
+
+		g.layers = append(g.layers, i)
+		g.keys += redisresp.Bulk(key)
+		g.args += l.redisArgs
+	}
+
+	calls := make([]redisresp.ClusterCall, len(groups))
+	for i, g := range groups {
+		calls[i] = redisresp.ClusterCall{Slot: g.slot, Call: s.callFor(len(g.layers)), Encoded: g.keys + g.args}
+	}
+
+	replies, err := cl.RunInts(calls)
+	if err != nil {
+		return nil, "", err
+	}
+
+	return mergeSlotReplies(layers, groups, replies, all)
+}
+
+// mergeSlotReplies puts the replies of the per-slot calls back in layer
+// order, as one script call on a single server would have answered: count and
+// milliseconds to reset per layer, up to and including the first refusal in
+// evaluation order (layers of other slots that their own call charged after
+// it are left out, as a single server would not have charged them). A server
+// error of any call is the outcome.
+func mergeSlotReplies(layers []*layer, groups []*slotGroup, replies []redisresp.Reply, all bool) ([]int64, string, error) {
+	answered := make([][2]int64, len(layers))
+	got := make([]bool, len(layers))
+
+	for i, g := range groups {
+		r := replies[i]
+		if r.ServerErr != "" {
+			return nil, r.ServerErr, nil
+		}
+
+		for j := 0; 2*j+1 < len(r.Ints) && j < len(g.layers); j++ {
+			answered[g.layers[j]] = [2]int64{r.Ints[2*j], r.Ints[2*j+1]}
+			got[g.layers[j]] = true
+		}
+	}
+
+	var ints []int64
+
+	for i, l := range layers {
+		if !got[i] {
+			break
+		}
+
+		ints = append(ints, answered[i][0], answered[i][1])
+
+		if answered[i][0] > l.points && !all {
+			break
+		}
+	}
+
+	return ints, "", nil
+}

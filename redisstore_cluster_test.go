@@ -1,0 +1,65 @@
+package tierlimit
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/tierlimit/tierlimit/redisresp"
+)
+
+func TestClusterKeysShareASlotPerClientAndPrincipal(t *testing.T) {
+	mk := func(name string, kind int) *layer {
+		return &layer{limits: limits{name: name, keyKind: kind, constKey: "global"}, redisEncoding: redisEncoding{redisKey: "ratelimit:mw:" + name + ":"}}
+	}
+
+	ip, login, byPrincipal, global := mk("ip", keyOfClient), mk("login", keyOfClient), mk("upload", keyOfPrincipalElseClient), mk("global", keyOfConst)
+
+	if k := clusterKey(ip, "198.51.100.7", "", nil); k != "ratelimit:mw:ip:{198.51.100.7}" {
+		t.Fatalf("ip key %q", k)
+	}
+
+	anon := clusterKey(byPrincipal, "198.51.100.7", "", nil)
+	if redisresp.Slot(anon) != redisresp.Slot(clusterKey(ip, "198.51.100.7", "", nil)) ||
+		redisresp.Slot(clusterKey(login, "198.51.100.7", "", nil)) != redisresp.Slot(anon) {
+		t.Fatalf("one client's layers in different slots: %q", anon)
+	}
+
+	if k := clusterKey(byPrincipal, "198.51.100.7", "alice", nil); k != "ratelimit:mw:upload:{alice}" {
+		t.Fatalf("principal key %q", k)
+	}
+
+	if k := clusterKey(global, "198.51.100.7", "alice", nil); k != "ratelimit:mw:global:{global}" {
+		t.Fatalf("global key %q", k)
+	}
+}
+
+func TestMergeSlotRepliesStopsAtTheFirstRefusalInLayerOrder(t *testing.T) {
+	layers := []*layer{{limits: limits{name: "global", points: 10}}, {limits: limits{name: "ip", points: 5}}, {limits: limits{name: "login", points: 3}}}
+	// global alone in one slot; ip and login share the client's.
+	groups := []*slotGroup{{layers: []int{0}}, {layers: []int{1, 2}}}
+
+	cases := []struct {
+		name    string
+		replies []redisresp.Reply
+		all     bool
+		want    string
+	}{
+		{"all allowed", []redisresp.Reply{{Ints: []int64{3, 900}}, {Ints: []int64{2, 800, 1, 700}}}, false, "[3 900 2 800 1 700]"},
+		{"global refuses: the client's charges are left out", []redisresp.Reply{{Ints: []int64{11, 900}}, {Ints: []int64{2, 800, 1, 700}}}, false, "[11 900]"},
+		{"ip refuses and its call stops", []redisresp.Reply{{Ints: []int64{3, 900}}, {Ints: []int64{6, 800}}}, false, "[3 900 6 800]"},
+		{"dry run keeps every layer", []redisresp.Reply{{Ints: []int64{11, 900}}, {Ints: []int64{6, 800, 4, 700}}}, true, "[11 900 6 800 4 700]"},
+		{"a short reply without a refusal stops the merge", []redisresp.Reply{{Ints: []int64{3, 900}}, {Ints: []int64{}}}, false, "[3 900]"},
+	}
+
+	for _, tc := range cases {
+		ints, serverErr, err := mergeSlotReplies(layers, groups, tc.replies, tc.all)
+		if err != nil || serverErr != "" || fmt.Sprint(ints) != tc.want {
+			t.Errorf("%s: %v %q %v, want %s", tc.name, ints, serverErr, err, tc.want)
+		}
+	}
+
+	_, serverErr, _ := mergeSlotReplies(layers, groups, []redisresp.Reply{{Ints: []int64{3, 900}}, {ServerErr: "CLUSTERDOWN The cluster is down"}}, false)
+	if serverErr != "CLUSTERDOWN The cluster is down" {
+		t.Errorf("a call's server error: %q", serverErr)
+	}
+}
