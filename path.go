@@ -59,6 +59,14 @@ func cleanPath(p string) string {
 		p = d
 	}
 
+	// Still encoded after the bound (no backend decodes that often): each "%"
+	// that would start an escape is made one that cannot, so that the form is
+	// stable, canonicalPath(canonicalPath(p)) == canonicalPath(p), and no
+	// longer than p.
+	if strings.IndexByte(p, '%') >= 0 {
+		p = validEscape.ReplaceAllString(p, "%!${1}")
+	}
+
 	if strings.IndexByte(p, '\\') >= 0 {
 		p = strings.ReplaceAll(p, `\`, "/")
 	}
@@ -82,6 +90,8 @@ var (
 
 	// escaped is a "%" escaped as "%25" and the two hex digits that follow it.
 	escaped = regexp.MustCompile(`%25([0-9A-Fa-f]{2})`)
+	// validEscape is a "%" and the two hex digits of an escape.
+	validEscape = regexp.MustCompile(`%([0-9A-Fa-f]{2})`)
 )
 
 // dropParams removes from every segment of p what follows its first ";".
