@@ -313,7 +313,7 @@ func buildAndServe(modPath string, config map[string]interface{}) error {
 
 	h, err := ctor(context.Background(), next)
 	if err != nil {
-		return fmt.Errorf("New with testData: %w", err)
+		return fmt.Errorf("calling New with testData: %w", err)
 	}
 
 	req := httptest.NewRequest(http.MethodGet, "http://catalog.example/", nil)
