@@ -20,12 +20,15 @@ func assetHint(prefixes []string, fold bool) *regexp.Regexp {
 		quoted[i] = regexp.QuoteMeta(prefix)
 	}
 
-	flags := ""
+	group := "(?:"
 	if fold {
-		flags = "(?i)"
+		group = "(?i:"
 	}
 
-	return regexp.MustCompile(`^(?:$|[^/])|[%;\\]|//|/\.|[^\x00-\x7f]|^` + flags + `(?:` + strings.Join(quoted, "|") + `)`)
+	// Anchored, with one alternative that scans the path once for the first
+	// byte or pair canonicalPath cleans: an unanchored alternation costs a
+	// scan per alternative.
+	return regexp.MustCompile(`^(?:$|[^/]|` + group + strings.Join(quoted, "|") + `)|[^%;\\\x80-\x{10FFFF}]*(?:[%;\\\x80-\x{10FFFF}]|//|/\.))`)
 }
 
 // isAsset reports whether the request's canonical path starts with an asset

@@ -58,7 +58,7 @@ func benchPlugin(b *testing.B, mutate func(c *Config)) http.Handler {
 		b.Fatal(err)
 	}
 
-	h.(*Plugin).events = newEventLog(io.Discard, "bench")
+	pluginOf(h).events = newEventLog(io.Discard, "bench")
 
 	return h
 }

@@ -29,12 +29,12 @@ type statusPage struct {
 // chooseMode decides, from the parsed settings alone, how an instance serves
 // its requests; the table test in mode_test.go names every configuration shape.
 //
-// serveFast handles the common instances: the memory store, headers on, no
-// dry run, fixed windows keyed by client, principal or a constant, credentials
-// in headers only, no connection cap, no exemptions. Every other instance
-// takes serveGeneral, which handles everything.
+// The fast paths (fast.go) handle the common instances: the memory store,
+// headers on, no dry run, fixed windows keyed by client, principal or a
+// constant, credentials in headers only, no connection cap, no exemptions.
+// Every other instance takes serveGeneral, which handles everything.
 func chooseMode(s *settings) mode {
-	// Route layers are charged on the general path only (serveClassified
+	// Route layers are charged on the general path only (classifyPath
 	// hands route matches over), so their algorithm and key do not matter.
 	routes := false
 	for _, rs := range s.routes {
@@ -62,7 +62,7 @@ func chooseMode(s *settings) mode {
 	case s.principal.UserHeader != "" && !routes:
 		return modePrincipal
 	case s.principal.UserHeader == "" && !s.global.on() && !(s.ip.on() && (s.assets.on() || len(s.assetPaths) == 0)):
-		// An anonymous request could meet an empty plan, which serveAnonymous
+		// An anonymous request could meet an empty plan, which anonymousPath
 		// does not handle: rare configurations, served in general.
 		return modeGeneral
 	case routes || creds && len(s.principal.CredentialHeaders) > 0:

@@ -40,6 +40,7 @@ func TestPathsAgree(t *testing.T) {
 			b = newHarness(t, with(sh.cfg, func(c *Config) { c.Store = "memory" }))
 		} else {
 			b.p.mode = modeGeneral
+			b.h = b.p
 		}
 
 		if sh.mode != modeGeneral && a.p.mode != sh.mode {
@@ -112,7 +113,7 @@ func runScript(t *testing.T, name string, seed int64, a, b *harness) {
 			}
 
 			rec := httptest.NewRecorder()
-			h.p.ServeHTTP(rec, req)
+			h.h.ServeHTTP(rec, req)
 
 			return rec
 		}

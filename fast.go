@@ -18,10 +18,21 @@ import (
 // Parts of the decision are written here and in the general path alike, as
 // kernels (see doc.go): kernel_test.go fails when the copies drift.
 
-// serveClassified serves modeClassify, an instance with credential headers or
+// The handlers of the fast modes: New returns one of them (Plugin.handler),
+// so that a request starts on its mode's path without a dispatch frame
+// (doc.go: frames). Each is the Plugin under another name, whose ServeHTTP is
+// that mode's path; Plugin.ServeHTTP dispatches to the same methods.
+type (
+	anonymousPath Plugin // modeAnonymous
+	principalPath Plugin // modePrincipal
+	classifyPath  Plugin // modeClassify
+)
+
+// ServeHTTP serves modeClassify, an instance with credential headers or
 // routes: a route match goes to serveGeneral, a request with a credential
 // header is served with its response watched.
-func (p *Plugin) serveClassified(rw http.ResponseWriter, req *http.Request) {
+func (c *classifyPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
+	p := (*Plugin)(c)
 	if p.routes != nil && (p.routeMethods == nil || p.routeMethods[req.Method]) && p.routeMatches(req, canonicalPath(req.URL.Path, p.foldPaths)) {
 		p.serveGeneral(rw, req)
 		return
@@ -36,37 +47,33 @@ func (p *Plugin) serveClassified(rw http.ResponseWriter, req *http.Request) {
 	}
 	// end kernel
 
-	if credentialed || p.userHeader != "" {
-		p.serveFast(rw, req, credentialed)
-		return
+	switch {
+	case credentialed:
+		p.serveFast(rw, req, true)
+	case p.userHeader != "":
+		(*principalPath)(p).ServeHTTP(rw, req)
+	default:
+		(*anonymousPath)(p).ServeHTTP(rw, req)
 	}
-
-	p.serveAnonymous(rw, req)
 }
 
-// serveFast charges the request to its plan and refuses it or passes it on
-// with the headers of the layer with the fewest requests left. A
-// credentialed request is charged to global only and its response watched
-// (invalidcred.go). It calls clientKey and setHeaders where serveAnonymous
-// writes their kernels out, to stay short: the instance after ForwardAuth
-// pays for reading its context anyway.
-func (p *Plugin) serveFast(rw http.ResponseWriter, req *http.Request, credentialed bool) {
-	// Credentialed, or after ForwardAuth (which reads no credential).
-	principal := ""
-	layers := p.planCred
-	if p.userHeader != "" {
-		ok := true
-		principal = p.principalOf(req)
-		if layers, ok = p.afterAuthPlan(rw, req, principal); !ok {
-			return
-		}
-	}
-
-	// A principal's plan keys no layer by the client: its address is
-	// resolved only for a refusal's event (refuseOther).
-	client := ""
+// ServeHTTP serves modePrincipal, the instance after ForwardAuth: a request
+// with a principal is charged to its tier (and global), keyed by the
+// principal, and settles a charge an earlier instance left pending
+// (chain.go); one without is served by serveFast.
+func (pp *principalPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
+	p := (*Plugin)(pp)
+	principal := p.principalOf(req)
 	if principal == "" {
-		client = p.ips.clientKey(req)
+		p.serveFast(rw, req, false)
+		return
+	}
+	if pd, _ := req.Context().Value(pendingKey).(*pendingIP); pd != nil {
+		pd.settled = true
+	}
+	layers := p.planUser
+	if p.serviceHeader != "" && p.isServiceAccount(req) {
+		layers = p.planService
 	}
 	now := p.now().UnixNano()
 	s := p.memory
@@ -76,11 +83,9 @@ func (p *Plugin) serveFast(rw http.ResponseWriter, req *http.Request, credential
 	s.mu.Lock()
 	s.takes++
 	for _, l := range layers {
-		key := client
+		key := principal
 		if l.keyKind == keyOfConst {
 			key = l.constKey
-		} else if l.keyKind == keyOfPrincipal {
-			key = principal
 		}
 		// kernel fixed-charge
 		w := l.entries[key]
@@ -107,7 +112,91 @@ func (p *Plugin) serveFast(rw http.ResponseWriter, req *http.Request, credential
 	}
 
 	if left < 0 {
-		p.refuseFast(rw, req, shown, sw, client, principal, now)
+		p.refuseFast(rw, req, shown, sw, "", principal, now)
+		return
+	}
+
+	if sw == nil {
+		s.mu.Unlock()
+		p.next.ServeHTTP(rw, req)
+		return
+	}
+
+	reset := sw.reset
+	resetH := sw.resetH
+	s.mu.Unlock()
+	h := rw.Header()
+	// kernel headers
+	h["X-Ratelimit-Limit"] = shown.limitHdr
+	h["Ratelimit-Policy"] = shown.policyHdr
+	h["X-Ratelimit-Reset"] = resetH
+	secs := (reset - now + nsPerSecond - 1) / nsPerSecond
+	if left < shown.tableLen && secs <= maxSmallInt {
+		h["X-Ratelimit-Remaining"] = shown.remainingHdr[left]
+		h["Ratelimit"] = []string{shown.ratePrefix[left] + smallInts[secs]}
+	} else {
+		setLargeHeaders(h, shown, left, secs)
+	}
+	// end kernel
+
+	p.next.ServeHTTP(rw, req)
+}
+
+// serveFast serves the requests of the fast modes that neither path above
+// takes: a credentialed request at the edge, charged to global only with its
+// response watched (invalidcred.go), and a request without a principal at
+// the instance after ForwardAuth, which settles a charge an earlier instance
+// left pending (afterAuthPlan) or is charged to ip or assets. It calls
+// clientKey and setHeaders where the paths above write their kernels out, to
+// stay short.
+func (p *Plugin) serveFast(rw http.ResponseWriter, req *http.Request, credentialed bool) {
+	layers := p.planCred
+	if p.userHeader != "" {
+		ok := true
+		if layers, ok = p.afterAuthPlan(rw, req, ""); !ok {
+			return
+		}
+	}
+
+	client := p.ips.clientKey(req)
+	now := p.now().UnixNano()
+	s := p.memory
+	var shown *layer // the layer that refused, else the one with the fewest left
+	var sw *window
+	left := int64(0) // requests left in shown; -1: shown refused
+	s.mu.Lock()
+	s.takes++
+	for _, l := range layers {
+		key := client
+		if l.keyKind == keyOfConst {
+			key = l.constKey
+		}
+		// kernel fixed-charge
+		w := l.entries[key]
+		if w != nil && w.reset > now && w.list == l.list {
+			w.count++
+			w.taken = s.takes
+		} else {
+			w = s.restart(now, l, w, key)
+		}
+		// end kernel
+		if w.count > l.points {
+			shown = l
+			sw = w
+			left = -1
+			break
+		}
+
+		l.stats.allowed++
+		if shown == nil || l.points-w.count < left {
+			shown = l
+			sw = w
+			left = l.points - w.count
+		}
+	}
+
+	if left < 0 {
+		p.refuseFast(rw, req, shown, sw, client, "", now)
 		return
 	}
 
@@ -130,12 +219,13 @@ func (p *Plugin) serveFast(rw http.ResponseWriter, req *http.Request, credential
 	p.next.ServeHTTP(rw, req)
 }
 
-// serveAnonymous is serveFast for a request whose principal and credentials
-// are not read: every request of modeAnonymous, and the requests without a
-// credential header of modeClassify without userHeader. Its frame holds none
-// of their expressions (doc.go: frames). Its plans are never empty
-// (chooseMode), so some layer always shows its headers.
-func (p *Plugin) serveAnonymous(rw http.ResponseWriter, req *http.Request) {
+// ServeHTTP serves every request of modeAnonymous, and the requests without
+// a credential header of modeClassify without userHeader: the principal and
+// credentials are not read, and its frame holds none of their expressions
+// (doc.go: frames). Its plans are never empty (chooseMode), so some layer
+// always shows its headers.
+func (ap *anonymousPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
+	p := (*Plugin)(ap)
 	client := ""
 	// kernel client-ip (p.ips. as r.)
 	if p.ips.hops == 0 && req.Header["X-Forwarded-For"] == nil {

@@ -1,6 +1,7 @@
 package tierlimit
 
 import (
+	"net/http"
 	"testing"
 )
 
@@ -110,6 +111,39 @@ func TestChooseMode(t *testing.T) {
 
 		if got := chooseMode(s); got != sh.mode {
 			t.Errorf("%s: mode %d, want %d", sh.name, got, sh.mode)
+		}
+	}
+}
+
+// TestNewReturnsTheModesHandler: New hands Traefik the handler of the
+// instance's fast mode, so that its requests start on that path; the Plugin
+// itself serves the other modes, and every instance with a status page.
+func TestNewReturnsTheModesHandler(t *testing.T) {
+	for _, sh := range shapes {
+		for _, addStatus := range []bool{false, true} {
+			status := addStatus
+			h := newHarness(t, with(sh.cfg, func(c *Config) {
+				if addStatus {
+					c.Status.Path = "/_tierlimit"
+				}
+				status = c.Status.Path != ""
+			}))
+
+			var want http.Handler = h.p
+			if !status {
+				switch sh.mode {
+				case modeAnonymous:
+					want = (*anonymousPath)(h.p)
+				case modePrincipal:
+					want = (*principalPath)(h.p)
+				case modeClassify:
+					want = (*classifyPath)(h.p)
+				}
+			}
+
+			if h.h != want {
+				t.Errorf("%s (status page %v): New returned %T, want %T", sh.name, status, h.h, want)
+			}
 		}
 	}
 }

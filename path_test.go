@@ -244,7 +244,7 @@ func serveOne(h *harness, method, path string) *httptest.ResponseRecorder {
 	req.URL.Path = path
 	req.RemoteAddr = "192.0.2.1:1234"
 	rec := httptest.NewRecorder()
-	h.p.ServeHTTP(rec, req)
+	h.h.ServeHTTP(rec, req)
 
 	return rec
 }

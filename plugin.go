@@ -72,14 +72,14 @@ type mode int
 const (
 	// modeOff passes every request on untouched: disabled, or nothing to limit.
 	modeOff mode = iota
-	// modeAnonymous serves every request on serveAnonymous (fast.go): the
+	// modeAnonymous serves every request on anonymousPath (fast.go): the
 	// instance reads no principal and no credential.
 	modeAnonymous
-	// modePrincipal serves every request on serveFast (fast.go): the
+	// modePrincipal serves every request on principalPath (fast.go): the
 	// instance after ForwardAuth.
 	modePrincipal
 	// modeClassify is the fast path for an instance with credential headers or
-	// routes: serveClassified sends route matches to serveGeneral.
+	// routes: classifyPath sends route matches to serveGeneral.
 	modeClassify
 	// modeGeneral serves every request on serveGeneral (general.go).
 	modeGeneral
@@ -94,25 +94,46 @@ func New(ctx context.Context, next http.Handler, config *Config, name string) (h
 		return nil, fmt.Errorf("configuring %s: %w", name, err)
 	}
 
-	return build(ctx, cfg, next, name), nil
+	return build(ctx, cfg, next, name).handler(), nil
 }
 
-// ServeHTTP dispatches on the mode; see fast.go and general.go.
+// handler is what serves the instance's requests: the handler of its fast
+// mode (fastPath), which starts a request on that mode's path without
+// ServeHTTP's frame (doc.go: frames), or, for the other modes and for an
+// instance with a status page, the Plugin itself.
+func (p *Plugin) handler() http.Handler {
+	if p.status != nil || p.mode == modeOff || p.mode == modeGeneral {
+		return p
+	}
+
+	return p.fastPath()
+}
+
+// fastPath returns the handler of a fast mode (fast.go).
+func (p *Plugin) fastPath() http.Handler {
+	switch p.mode {
+	case modeAnonymous:
+		return (*anonymousPath)(p)
+	case modePrincipal:
+		return (*principalPath)(p)
+	}
+
+	return (*classifyPath)(p)
+}
+
+// ServeHTTP answers the status page, then dispatches on the mode to the
+// paths of fast.go and general.go.
 func (p *Plugin) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	if p.status != nil && p.serveStatus(rw, req) {
 		return
 	}
 
 	switch p.mode {
-	case modeAnonymous:
-		p.serveAnonymous(rw, req)
-	case modePrincipal:
-		p.serveFast(rw, req, false)
-	case modeClassify:
-		p.serveClassified(rw, req)
 	case modeGeneral:
 		p.serveGeneral(rw, req)
-	default:
+	case modeOff:
 		p.next.ServeHTTP(rw, req)
+	default:
+		p.fastPath().ServeHTTP(rw, req)
 	}
 }

@@ -40,6 +40,7 @@ var instanceSeq atomic.Int64
 type harness struct {
 	t      *testing.T
 	p      *Plugin
+	h      http.Handler // what New returned: p, or its mode's handler
 	clock  *clock
 	events *bytes.Buffer
 	calls  atomic.Int64
@@ -72,7 +73,8 @@ func newHarness(t *testing.T, mutate func(c *Config)) *harness {
 		t.Fatalf("New: %v", err)
 	}
 
-	h.p = handler.(*Plugin)
+	h.h = handler
+	h.p = pluginOf(handler)
 	h.p.now = h.clock.Now
 	h.p.events = newEventLog(h.events, name)
 
@@ -88,7 +90,7 @@ func (h *harness) do(method, target, remote string, hdr map[string]string) *http
 	}
 
 	rec := httptest.NewRecorder()
-	h.p.ServeHTTP(rec, req)
+	h.h.ServeHTTP(rec, req)
 
 	return rec
 }
@@ -390,7 +392,7 @@ func TestCredentialedRequestsAreNotChargedToIPUpFront(t *testing.T) {
 		for n := 0; n < 3; n++ {
 			req.RemoteAddr = "203.0.113.9:1"
 			rec := httptest.NewRecorder()
-			h.p.ServeHTTP(rec, req)
+			h.h.ServeHTTP(rec, req)
 
 			if rec.Code != http.StatusOK {
 				t.Fatalf("credentialed request %d/%d: %d", i, n, rec.Code)
@@ -406,7 +408,7 @@ func TestCredentialedRequestsAreNotChargedToIPUpFront(t *testing.T) {
 		req.Header.Set("Authorization", " ")
 		req.RemoteAddr = "198.51.100.1:1"
 		rec := httptest.NewRecorder()
-		h.p.ServeHTTP(rec, req)
+		h.h.ServeHTTP(rec, req)
 
 		if rec.Header().Get("X-RateLimit-Limit") != "1" {
 			t.Fatalf("empty credential not charged to ip: %v", rec.Header())
@@ -544,4 +546,18 @@ func TestInstancesWithOneNameShareCounters(t *testing.T) {
 	if codes[3] != http.StatusTooManyRequests || codes[2] != http.StatusOK {
 		t.Fatalf("codes %v: instances do not share one budget", codes)
 	}
+}
+
+// pluginOf returns the Plugin behind a handler New returned.
+func pluginOf(h http.Handler) *Plugin {
+	switch v := h.(type) {
+	case *anonymousPath:
+		return (*Plugin)(v)
+	case *principalPath:
+		return (*Plugin)(v)
+	case *classifyPath:
+		return (*Plugin)(v)
+	}
+
+	return h.(*Plugin)
 }

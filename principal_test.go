@@ -99,7 +99,7 @@ func TestLookAlikePrincipalHeaderIsNotThePrincipal(t *testing.T) {
 	req.Header["X-Auth_User"] = []string{"mallory"}
 
 	rec := httptest.NewRecorder()
-	h.p.ServeHTTP(rec, req)
+	h.h.ServeHTTP(rec, req)
 
 	if rec.Header().Get("RateLimit-Policy") != `"ip";q=50;w=1` {
 		t.Fatalf("look-alike header taken as the principal: %v", rec.Header())
@@ -430,7 +430,7 @@ func TestCredentialWriterKeepsStreamsLive(t *testing.T) {
 	req := httptest.NewRequest(http.MethodGet, "/events", nil)
 	req.Header.Set("Authorization", "Bearer t")
 	rec := &flushRecorder{ResponseRecorder: httptest.NewRecorder()}
-	h.p.ServeHTTP(rec, req)
+	h.h.ServeHTTP(rec, req)
 
 	if rec.flushes != 4 || rec.Body.String() != strings.Repeat("data: x\n\n", 3) {
 		t.Fatalf("%d flushes (want 4: headers and each event), body %q", rec.flushes, rec.Body.String())
@@ -442,7 +442,7 @@ func TestCredentialWriterKeepsStreamsLive(t *testing.T) {
 		_, _ = rw.Write([]byte("ok"))
 	})
 	rec = &flushRecorder{ResponseRecorder: httptest.NewRecorder()}
-	h.p.ServeHTTP(rec, req)
+	h.h.ServeHTTP(rec, req)
 
 	if rec.flushes != 0 {
 		t.Fatalf("%d flushes of a sized response", rec.flushes)
@@ -455,7 +455,7 @@ func TestCredentialWriterKeepsStreamsLive(t *testing.T) {
 		}
 	})
 	rec = &flushRecorder{ResponseRecorder: httptest.NewRecorder()}
-	h.p.ServeHTTP(rec, req)
+	h.h.ServeHTTP(rec, req)
 
 	if !rec.hijacked {
 		t.Fatal("Hijack did not reach the original writer")
@@ -469,7 +469,7 @@ func TestAnonymousRequestsAreNotWrapped(t *testing.T) {
 
 	h.p.next = http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) { got = rw })
 	rec := httptest.NewRecorder()
-	h.p.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+	h.h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
 
 	if got != http.ResponseWriter(rec) {
 		t.Fatalf("anonymous request got a wrapped writer %T", got)

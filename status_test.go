@@ -516,7 +516,7 @@ func TestMetricsEscapeLabelValues(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	text := handler.(*Plugin).metricsText(time.Now().UnixNano())
+	text := pluginOf(handler).metricsText(time.Now().UnixNano())
 	if !strings.Contains(text, `tierlimit_redis_fallback{middleware="we\"ird\\name\n`+t.Name()+`"} 0`) {
 		t.Fatalf("escaping:\n%s", text)
 	}

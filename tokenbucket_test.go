@@ -211,7 +211,7 @@ func TestTokenBucketReloadFromAnotherAlgorithm(t *testing.T) {
 			t.Fatal(err)
 		}
 
-		p := hd.(*Plugin)
+		p := pluginOf(hd)
 		p.now = func() time.Time { return now }
 
 		return p
@@ -347,7 +347,7 @@ func TestKeyHost(t *testing.T) {
 		req.Host = host
 		req.RemoteAddr = remote
 		rec := httptest.NewRecorder()
-		h.p.ServeHTTP(rec, req)
+		h.h.ServeHTTP(rec, req)
 
 		return rec.Code
 	}

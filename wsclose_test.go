@@ -37,7 +37,7 @@ func wsServer(t *testing.T, mutate func(c *Config), next http.Handler) *httptest
 		t.Fatal(err)
 	}
 
-	h.(*Plugin).events = newEventLog(io.Discard, "test")
+	pluginOf(h).events = newEventLog(io.Discard, "test")
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
 
@@ -185,7 +185,7 @@ func TestConnectionCapPerIP(t *testing.T) {
 		}
 	})
 
-	p := srv.Config.Handler.(*Plugin)
+	p := pluginOf(srv.Config.Handler)
 	keys := []string{"AAAAAAAAAAAAAAAAAAAAAA==", "AQAAAAAAAAAAAAAAAAAAAA==", "AgAAAAAAAAAAAAAAAAAAAA==", "AwAAAAAAAAAAAAAAAAAAAA=="}
 
 	for _, k := range keys[:3] {

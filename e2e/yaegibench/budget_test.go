@@ -16,13 +16,13 @@ import (
 // commit. Windows last an hour and every key is warmed first, so the
 // measured requests start no window.
 var budgets = map[string]float64{
-	"edge allowed":            257,
-	"edge forwarded":          323,
-	"edge refused":            309,
-	"principal":               426,
-	"chain edge anonymous":    322,
-	"chain edge credentialed": 553,
-	"redis allowed":           1336,
+	"edge allowed":            226,
+	"edge forwarded":          292,
+	"edge refused":            278,
+	"principal":               289,
+	"chain edge anonymous":    296,
+	"chain edge credentialed": 515,
+	"redis allowed":           1333,
 }
 
 // longEdge is the edge of edgeConfig with hour-long windows.
