@@ -86,7 +86,7 @@ func build(ctx context.Context, cfg *settings, next http.Handler, name string) *
 		now:     time.Now,
 		mode:    chooseMode(cfg),
 		events:  newEventLog(eventWriter, name),
-		ips:     ipResolver{proxies: cfg.proxies, hops: cfg.hops, ipv6Prefix: cfg.ipv6Prefix, cache: newKeyCache()},
+		ips:     &ipResolver{proxies: cfg.proxies, hops: cfg.hops, ipv6Prefix: cfg.ipv6Prefix, cache: newKeyCache()},
 		store:   memory,
 		memory:  memory,
 		dryRun:  cfg.dryRun,

@@ -21,7 +21,7 @@ type Plugin struct {
 	mode   mode
 	events *eventLog
 
-	ips    ipResolver
+	ips    *ipResolver
 	store  counterStore
 	memory *windowStore // the memory store, or the redis store's fallback
 
