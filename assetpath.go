@@ -33,6 +33,6 @@ func assetHint(prefixes []string, fold bool) *regexp.Regexp {
 
 // isAsset reports whether the request's canonical path starts with an asset
 // prefix.
-func (p *Plugin) isAsset(req *http.Request) bool {
+func isAsset(p *Plugin, req *http.Request) bool {
 	return p.assetHint != nil && p.assetHint.MatchString(req.URL.Path) && hasAnyPrefix(canonicalPath(req.URL.Path, p.foldPaths), p.assetPaths)
 }

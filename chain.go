@@ -31,7 +31,7 @@ type pendingIP struct {
 var pendingKey = new(byte)
 
 // withPending returns req carrying an ip charge that p leaves pending.
-func (p *Plugin) withPending(req *http.Request, client string) (*http.Request, *pendingIP) {
+func withPending(p *Plugin, req *http.Request, client string) (*http.Request, *pendingIP) {
 	pd := &pendingIP{edge: p, client: client}
 	return req.WithContext(context.WithValue(req.Context(), pendingKey, pd)), pd
 }
@@ -42,7 +42,7 @@ func (p *Plugin) withPending(req *http.Request, client string) (*http.Request, *
 // that instance's ip bucket); else ip or assets. It settles the pending charge
 // either way. ok is false when the pending charge refused the request, which
 // has then been answered.
-func (p *Plugin) afterAuthPlan(rw http.ResponseWriter, req *http.Request, principal string) (layers []*layer, ok bool) {
+func afterAuthPlan(p *Plugin, rw http.ResponseWriter, req *http.Request, principal string) (layers []*layer, ok bool) {
 	pd, _ := req.Context().Value(pendingKey).(*pendingIP)
 	if pd != nil && !pd.settled {
 		pd.settled = true
@@ -58,8 +58,8 @@ func (p *Plugin) afterAuthPlan(rw http.ResponseWriter, req *http.Request, princi
 
 	switch {
 	case principal != "":
-		return p.principalPlan(req), true
-	case p.assetHint != nil && p.isAsset(req):
+		return principalPlan(p, req), true
+	case p.assetHint != nil && isAsset(p, req):
 		return p.planAssets, true
 	}
 

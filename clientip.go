@@ -60,7 +60,7 @@ func (r *ipResolver) clientKey(req *http.Request) string {
 	}
 
 	if client == "" {
-		client = r.resolve(req)
+		client = resolve(r, req)
 	}
 	// end kernel
 
@@ -70,7 +70,7 @@ func (r *ipResolver) clientKey(req *http.Request) string {
 // resolve is clientKey for everything but the common case. A request with
 // one X-Forwarded-For line is looked up in the cache by its peer host (the
 // port differs per connection) and that line.
-func (r *ipResolver) resolve(req *http.Request) string {
+func resolve(r *ipResolver, req *http.Request) string {
 	forwarded := req.Header["X-Forwarded-For"]
 	if len(forwarded) != 1 || r.cache == nil {
 		return r.resolveAddr(req.RemoteAddr, forwarded)

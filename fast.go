@@ -33,7 +33,7 @@ type (
 // header is served with its response watched.
 func (c *classifyPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	p := (*Plugin)(c)
-	if p.routes != nil && (p.routeMethods == nil || p.routeMethods[req.Method]) && p.routeMatches(req, canonicalPath(req.URL.Path, p.foldPaths)) {
+	if p.routes != nil && (p.routeMethods == nil || p.routeMethods[req.Method]) && routeMatches(p, req, canonicalPath(req.URL.Path, p.foldPaths)) {
 		p.serveGeneral(rw, req)
 		return
 	}
@@ -49,7 +49,7 @@ func (c *classifyPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 
 	switch {
 	case credentialed:
-		p.serveFast(rw, req, true)
+		serveFast(p, rw, req, true)
 	case p.userHeader != "":
 		(*principalPath)(p).ServeHTTP(rw, req)
 	default:
@@ -63,16 +63,16 @@ func (c *classifyPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 // (chain.go); one without is served by serveFast.
 func (pp *principalPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	p := (*Plugin)(pp)
-	principal := p.principalOf(req)
+	principal := principalOf(p, req)
 	if principal == "" {
-		p.serveFast(rw, req, false)
+		serveFast(p, rw, req, false)
 		return
 	}
 	if pd, _ := req.Context().Value(pendingKey).(*pendingIP); pd != nil {
 		pd.settled = true
 	}
 	layers := p.planUser
-	if p.serviceHeader != "" && p.isServiceAccount(req) {
+	if p.serviceHeader != "" && isServiceAccount(p, req) {
 		layers = p.planService
 	}
 	now := p.now().UnixNano()
@@ -112,7 +112,7 @@ func (pp *principalPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	}
 
 	if left < 0 {
-		p.refuseFast(rw, req, shown, sw, "", principal, now)
+		refuseFast(p, rw, req, shown, sw, "", principal, now)
 		return
 	}
 
@@ -149,11 +149,11 @@ func (pp *principalPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 // left pending (afterAuthPlan) or is charged to ip or assets. It calls
 // clientKey and setHeaders where the paths above write their kernels out, to
 // stay short.
-func (p *Plugin) serveFast(rw http.ResponseWriter, req *http.Request, credentialed bool) {
+func serveFast(p *Plugin, rw http.ResponseWriter, req *http.Request, credentialed bool) {
 	layers := p.planCred
 	if p.userHeader != "" {
 		ok := true
-		if layers, ok = p.afterAuthPlan(rw, req, ""); !ok {
+		if layers, ok = afterAuthPlan(p, rw, req, ""); !ok {
 			return
 		}
 	}
@@ -196,13 +196,13 @@ func (p *Plugin) serveFast(rw http.ResponseWriter, req *http.Request, credential
 	}
 
 	if left < 0 {
-		p.refuseFast(rw, req, shown, sw, client, "", now)
+		refuseFast(p, rw, req, shown, sw, client, "", now)
 		return
 	}
 
 	if sw == nil {
 		s.mu.Unlock()
-		p.serveUncharged(rw, req, client, credentialed)
+		serveUncharged(p, rw, req, client, credentialed)
 		return
 	}
 
@@ -212,7 +212,7 @@ func (p *Plugin) serveFast(rw http.ResponseWriter, req *http.Request, credential
 	setHeaders(rw.Header(), shown, left, reset, resetH, now)
 
 	if credentialed && p.planInvalid != nil {
-		p.serveWatched(rw, req, client, left)
+		serveWatched(p, rw, req, client, left)
 		return
 	}
 
@@ -227,7 +227,7 @@ func (p *Plugin) serveFast(rw http.ResponseWriter, req *http.Request, credential
 func (ap *anonymousPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	p := (*Plugin)(ap)
 	client := ""
-	// kernel client-ip (p.ips. as r.)
+	// kernel client-ip (p.ips as r)
 	if p.ips.hops == 0 && req.Header["X-Forwarded-For"] == nil {
 		i := strings.LastIndexByte(req.RemoteAddr, ':')
 		if i > 0 && req.RemoteAddr[0] != '[' {
@@ -235,11 +235,11 @@ func (ap *anonymousPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 		}
 	}
 	if client == "" {
-		client = p.ips.resolve(req)
+		client = resolve(p.ips, req)
 	}
 	// end kernel
 	layers := p.planIP
-	if p.assetHint != nil && p.assetHint.MatchString(req.URL.Path) && p.isAsset(req) {
+	if p.assetHint != nil && p.assetHint.MatchString(req.URL.Path) && isAsset(p, req) {
 		layers = p.planAssets
 	}
 
@@ -281,7 +281,7 @@ func (ap *anonymousPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	}
 
 	if left < 0 {
-		p.refuseFast(rw, req, shown, sw, client, "", now)
+		refuseFast(p, rw, req, shown, sw, client, "", now)
 		return
 	}
 	reset := sw.reset
@@ -306,9 +306,9 @@ func (ap *anonymousPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 
 // serveUncharged passes on a request that no layer charged: without a
 // principal at an instance with no ip layer, or credentialed without global.
-func (p *Plugin) serveUncharged(rw http.ResponseWriter, req *http.Request, client string, credentialed bool) {
+func serveUncharged(p *Plugin, rw http.ResponseWriter, req *http.Request, client string, credentialed bool) {
 	if credentialed && p.planInvalid != nil {
-		p.serveWatched(rw, req, client, -1)
+		serveWatched(p, rw, req, client, -1)
 		return
 	}
 
@@ -318,16 +318,16 @@ func (p *Plugin) serveUncharged(rw http.ResponseWriter, req *http.Request, clien
 // serveWatched passes on a credentialed request with its response watched
 // for an invalid-credential status (invalidcred.go); left is the requests
 // left in the layer the headers show, -1 if none.
-func (p *Plugin) serveWatched(rw http.ResponseWriter, req *http.Request, client string, left int64) {
-	req, out := p.passCredentialed(rw, req, client, left)
+func serveWatched(p *Plugin, rw http.ResponseWriter, req *http.Request, client string, left int64) {
+	req, out := passCredentialed(p, rw, req, client, left)
 	p.next.ServeHTTP(out, req)
 }
 
 // passCredentialed returns what next gets for a credentialed request whose ip
 // charge is left pending (chain.go): the request carrying it, and the writer
 // that watches the response for an invalid-credential status.
-func (p *Plugin) passCredentialed(rw http.ResponseWriter, req *http.Request, client string, left int64) (*http.Request, http.ResponseWriter) {
-	req, pd := p.withPending(req, client)
+func passCredentialed(p *Plugin, rw http.ResponseWriter, req *http.Request, client string, left int64) (*http.Request, http.ResponseWriter) {
+	req, pd := withPending(p, req, client)
 
 	// Converted to the interface first (doc.go: wrappers).
 	var out http.ResponseWriter = rw
@@ -343,11 +343,11 @@ func (p *Plugin) passCredentialed(rw http.ResponseWriter, req *http.Request, cli
 // proxies nothing and, with the default body, reuses what an earlier refusal
 // of the layer computed (refusalCache): the body and the headers depend only
 // on the layer, the reset second and the seconds to the reset.
-func (p *Plugin) refuseFast(rw http.ResponseWriter, req *http.Request, l *layer, w *window, client, principal string, now int64) {
+func refuseFast(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer, w *window, client, principal string, now int64) {
 	l.stats.refused++
 
 	if l.body != nil || req.Header["Upgrade"] != nil || !w.logged {
-		p.refuseOther(rw, req, l, w, client, principal, now)
+		refuseOther(p, rw, req, l, w, client, principal, now)
 		return
 	}
 
@@ -395,7 +395,7 @@ func (c *refusalCache) set(l *layer, resetH string, reset, secs int64) {
 
 // refuseOther is refuseFast for a configured body, a WebSocket upgrade, or
 // the window's first refusal, which is reported.
-func (p *Plugin) refuseOther(rw http.ResponseWriter, req *http.Request, l *layer, w *window, client, principal string, now int64) {
+func refuseOther(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer, w *window, client, principal string, now int64) {
 	count, reset, resetH := w.count, w.reset, w.resetH
 	first := !w.logged
 	w.logged = true

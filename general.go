@@ -18,7 +18,7 @@ func (p *Plugin) serveGeneral(rw http.ResponseWriter, req *http.Request) {
 	client := p.ips.clientKey(req)
 	principal := ""
 	if p.userHeader != "" {
-		principal = p.principalOf(req)
+		principal = principalOf(p, req)
 	}
 
 	if p.exempt != nil && p.isExempt(req, principal) {
@@ -32,12 +32,12 @@ func (p *Plugin) serveGeneral(rw http.ResponseWriter, req *http.Request) {
 	switch {
 	case p.userHeader != "":
 		var ok bool
-		if layers, ok = p.afterAuthPlan(rw, req, principal); !ok {
+		if layers, ok = afterAuthPlan(p, rw, req, principal); !ok {
 			return
 		}
 	case len(p.credHeaders)+len(p.credCookies)+len(p.credQuery) > 0 && p.hasCredential(req):
 		layers, credentialed = p.planCred, true
-	case p.assetHint != nil && p.isAsset(req):
+	case p.assetHint != nil && isAsset(p, req):
 		layers = p.planAssets
 	}
 
@@ -52,7 +52,7 @@ func (p *Plugin) serveGeneral(rw http.ResponseWriter, req *http.Request) {
 
 	var out http.ResponseWriter = rw
 	if credentialed && p.planInvalid != nil {
-		req, out = p.passCredentialed(rw, req, client, left)
+		req, out = passCredentialed(p, rw, req, client, left)
 	}
 
 	if p.ws != nil && isUpgrade(req) {
@@ -148,8 +148,8 @@ func (p *Plugin) reject(rw http.ResponseWriter, req *http.Request, l *layer, cou
 }
 
 // principalPlan is the plan of a request with a principal: service or user.
-func (p *Plugin) principalPlan(req *http.Request) []*layer {
-	if p.isServiceAccount(req) {
+func principalPlan(p *Plugin, req *http.Request) []*layer {
+	if isServiceAccount(p, req) {
 		return p.planService
 	}
 
@@ -183,7 +183,7 @@ func (p *Plugin) withRoutes(layers []*layer, req *http.Request, path string) []*
 
 // routeMatches reports whether some route matches the request, whose
 // canonical path is path.
-func (p *Plugin) routeMatches(req *http.Request, path string) bool {
+func routeMatches(p *Plugin, req *http.Request, path string) bool {
 	for _, rt := range p.routes {
 		if rt.matches(req, path) {
 			return true

@@ -16,7 +16,7 @@ const maxPrincipalLen = 128
 // principal.userHeader, or "" when principal tiers are off or the header is
 // absent. Only an instance placed after ForwardAuth may set userHeader: before
 // it, the client controls the header.
-func (p *Plugin) principalOf(req *http.Request) string {
+func principalOf(p *Plugin, req *http.Request) string {
 	if p.userHeader == "" {
 		return ""
 	}
@@ -36,7 +36,7 @@ func (p *Plugin) principalOf(req *http.Request) string {
 }
 
 // isServiceAccount reads the auth server's service-account flag: "true" or "1".
-func (p *Plugin) isServiceAccount(req *http.Request) bool {
+func isServiceAccount(p *Plugin, req *http.Request) bool {
 	if p.serviceHeader == "" {
 		return false
 	}
