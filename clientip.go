@@ -30,17 +30,21 @@ type ipResolver struct {
 // resolver's settings, so a cached key is the key; and behind a proxy every
 // request carries the header, whose walk (parsing, each address tested
 // against every trusted range) costs hundreds of allocations under Yaegi
-// where a hit costs a map lookup. Bounded: full, it starts over.
+// where a hit costs a map lookup. A sync.Map, since under Yaegi each call
+// into compiled code costs, and a hit is one call where a mutex takes two.
+// Bounded: full, it starts over.
 type keyCache struct {
-	mu   sync.Mutex
-	keys map[string]string
+	keys sync.Map // string (peer host and line) to string (key)
+
+	mu sync.Mutex // guards n, the entries stored since the cache started over
+	n  int
 }
 
 // maxCachedKeys bounds keyCache: a few hundred KiB at most.
 const maxCachedKeys = 4096
 
 func newKeyCache() *keyCache {
-	return &keyCache{keys: map[string]string{}}
+	return &keyCache{}
 }
 
 // clientKey returns the bucket key for the client of req: the IPv4 address, or
@@ -77,21 +81,17 @@ func resolve(r *ipResolver, req *http.Request) string {
 	}
 
 	ck := req.RemoteAddr[:strings.LastIndexByte(req.RemoteAddr, ':')+1] + forwarded[0]
-	r.cache.mu.Lock()
-	key := r.cache.keys[ck]
-	r.cache.mu.Unlock()
-
-	if key == "" {
-		key = r.resolveMiss(ck, req.RemoteAddr, forwarded)
+	if key, ok := r.cache.keys.Load(ck); ok {
+		return key.(string)
 	}
 
-	return key
+	return resolveMiss(r, ck, req.RemoteAddr, forwarded)
 }
 
 // resolveMiss resolves and caches the key of a request resolve did not find
 // in the cache; a function of its own so that a hit does not pay for its
 // frame (doc.go: frames).
-func (r *ipResolver) resolveMiss(ck, remoteAddr string, forwarded []string) string {
+func resolveMiss(r *ipResolver, ck, remoteAddr string, forwarded []string) string {
 	key := r.resolveAddr(remoteAddr, forwarded)
 	r.cache.put(ck, key)
 
@@ -100,12 +100,18 @@ func (r *ipResolver) resolveMiss(ck, remoteAddr string, forwarded []string) stri
 
 func (c *keyCache) put(ck, key string) {
 	c.mu.Lock()
-	if len(c.keys) >= maxCachedKeys {
-		c.keys = map[string]string{}
+	defer c.mu.Unlock()
+
+	if c.n >= maxCachedKeys {
+		c.keys.Range(func(k, _ interface{}) bool {
+			c.keys.Delete(k)
+			return true
+		})
+		c.n = 0
 	}
 
-	c.keys[ck] = key
-	c.mu.Unlock()
+	c.keys.Store(ck, key)
+	c.n++
 }
 
 // resolveAddr is the key of the client of a request from remoteAddr with
