@@ -52,11 +52,12 @@ func newKeyCache() *keyCache {
 //
 // The common case is answered without a call (doc.go: frames): no
 // X-Forwarded-For and an IPv4 peer, which Go's server writes as
-// "a.b.c.d:port" (IPv6 peers are bracketed, and resolved in full).
+// "a.b.c.d:port" (IPv6 peers are bracketed, and resolved in full). Without
+// X-Forwarded-For the client is the peer whatever trustedHops says.
 func (r *ipResolver) clientKey(req *http.Request) string {
 	client := ""
 	// kernel client-ip
-	if r.hops == 0 && req.Header["X-Forwarded-For"] == nil {
+	if req.Header["X-Forwarded-For"] == nil {
 		i := strings.LastIndexByte(req.RemoteAddr, ':')
 		if i > 0 && req.RemoteAddr[0] != '[' {
 			client = req.RemoteAddr[:i]

@@ -228,7 +228,7 @@ func (ap *anonymousPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	p := (*Plugin)(ap)
 	client := ""
 	// kernel client-ip (p.ips as r)
-	if p.ips.hops == 0 && req.Header["X-Forwarded-For"] == nil {
+	if req.Header["X-Forwarded-For"] == nil {
 		i := strings.LastIndexByte(req.RemoteAddr, ':')
 		if i > 0 && req.RemoteAddr[0] != '[' {
 			client = req.RemoteAddr[:i]
