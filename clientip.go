@@ -54,7 +54,7 @@ func newKeyCache() *keyCache {
 // X-Forwarded-For and an IPv4 peer, which Go's server writes as
 // "a.b.c.d:port" (IPv6 peers are bracketed, and resolved in full). Without
 // X-Forwarded-For the client is the peer whatever trustedHops says.
-func (r *ipResolver) clientKey(req *http.Request) string {
+func clientKey(r *ipResolver, req *http.Request) string {
 	client := ""
 	// kernel client-ip
 	if req.Header["X-Forwarded-For"] == nil {

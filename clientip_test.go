@@ -91,14 +91,14 @@ func TestClientKey(t *testing.T) {
 			req.Header.Add("X-Forwarded-For", v)
 		}
 
-		if got := r.clientKey(req); got != tc.want {
+		if got := clientKey(r, req); got != tc.want {
 			t.Errorf("%s: key %q, want %q", tc.name, got, tc.want)
 		}
 
 		// The same with the cache, missed then hit.
 		r.cache = newKeyCache()
 		for pass := 0; pass < 2; pass++ {
-			if got := r.clientKey(req); got != tc.want {
+			if got := clientKey(r, req); got != tc.want {
 				t.Errorf("%s, cached (pass %d): key %q, want %q", tc.name, pass, got, tc.want)
 			}
 		}
@@ -114,7 +114,7 @@ func TestKeyCacheIsPerPeerAndBounded(t *testing.T) {
 
 	key := func(remote, xff string) string {
 		req := &http.Request{RemoteAddr: remote, Header: http.Header{"X-Forwarded-For": {xff}}}
-		return r.clientKey(req)
+		return clientKey(r, req)
 	}
 
 	if got := key("10.0.0.2:80", "198.51.100.1"); got != "198.51.100.1" {

@@ -158,7 +158,7 @@ func serveFast(p *Plugin, rw http.ResponseWriter, req *http.Request, credentiale
 		}
 	}
 
-	client := p.ips.clientKey(req)
+	client := clientKey(p.ips, req)
 	now := p.now().UnixNano()
 	s := p.memory
 	var shown *layer // the layer that refused, else the one with the fewest left
@@ -323,21 +323,6 @@ func serveWatched(p *Plugin, rw http.ResponseWriter, req *http.Request, client s
 	p.next.ServeHTTP(out, req)
 }
 
-// passCredentialed returns what next gets for a credentialed request whose ip
-// charge is left pending (chain.go): the request carrying it, and the writer
-// that watches the response for an invalid-credential status.
-func passCredentialed(p *Plugin, rw http.ResponseWriter, req *http.Request, client string, left int64) (*http.Request, http.ResponseWriter) {
-	req, pd := withPending(p, req, client)
-
-	// Converted to the interface first (doc.go: wrappers).
-	var out http.ResponseWriter = rw
-	if p.invalidCode != nil {
-		out = newCredentialWriter(rw, req, p, client, left, pd)
-	}
-
-	return req, out
-}
-
 // refuseFast answers a request that layer l refused in window w on the fast
 // path; it is called with the memory store locked and unlocks it. A refusal
 // proxies nothing and, with the default body, reuses what an earlier refusal
@@ -404,7 +389,7 @@ func refuseOther(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer,
 
 	if first {
 		if client == "" {
-			client = p.ips.clientKey(req)
+			client = clientKey(p.ips, req)
 		}
 
 		p.events.refused(l.name, l.keyFor(client, principal, nil), client)

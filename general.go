@@ -15,7 +15,7 @@ import (
 // or passes it on.
 func (p *Plugin) serveGeneral(rw http.ResponseWriter, req *http.Request) {
 	// Calls are gated by what the instance reads (doc.go: frames).
-	client := p.ips.clientKey(req)
+	client := clientKey(p.ips, req)
 	principal := ""
 	if p.userHeader != "" {
 		principal = principalOf(p, req)

@@ -34,10 +34,6 @@ type credentialWriter struct {
 	flushEach   bool
 }
 
-func newCredentialWriter(rw http.ResponseWriter, req *http.Request, p *Plugin, clientKey string, prevLeft int64, pending *pendingIP) *credentialWriter {
-	return &credentialWriter{rw: rw, req: req, p: p, clientKey: clientKey, prevLeft: prevLeft, pending: pending}
-}
-
 // replacedHeaders describe the downstream's body or challenge, which a 429 replaces.
 var replacedHeaders = []string{
 	"Content-Length", "Content-Encoding", "Content-Range", "Content-Disposition",
