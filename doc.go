@@ -8,7 +8,8 @@ package tierlimit
 //
 // Frames. Each call allocates the callee's whole frame: one allocation per
 // local and per temporary of every branch, taken or not (Yaegi's newFrame
-// and the reflect.New of each slot). So the request path keeps the common
+// and the reflect.New of each slot); every field selector, operator, index
+// and call result is a temporary. So the request path keeps the common
 // case in few small functions and moves rare work (new windows, refusals,
 // large header values, route matches) into functions of its own that only
 // those requests call. A tuple assignment (a, b = x, y) costs a slot per
@@ -16,6 +17,16 @@ package tierlimit
 // Typed constant expressions such as int64(time.Second) are evaluated per
 // request. Allocations per request are deterministic under
 // Yaegi where timings are not; e2e/yaegibench's budget test counts them.
+//
+// Functions, not methods. Yaegi calls a method of our own types through a
+// reflect.MakeFunc wrapper, as if it were compiled code, where it calls a
+// function directly: a method call costs about 18 allocations more. So the
+// request path is written as functions that take the Plugin (or the
+// resolver) as their first argument; methods remain where an interface
+// needs them (ServeHTTP, the ResponseWriter of invalidcred.go) and off the
+// request path. New returns the handler of the instance's mode (plugin.go),
+// whose ServeHTTP is that mode's path: the one method call a request makes
+// is Traefik's.
 //
 // Kernels. Where a shared helper would put a frame on the fast path, the
 // fast path writes the few lines out, and the general path keeps the same

@@ -16,13 +16,13 @@ import (
 // commit. Windows last an hour and every key is warmed first, so the
 // measured requests start no window.
 var budgets = map[string]float64{
-	"edge allowed":            226,
-	"edge forwarded":          292,
-	"edge refused":            278,
-	"principal":               289,
-	"chain edge anonymous":    296,
-	"chain edge credentialed": 515,
-	"redis allowed":           1333,
+	"edge allowed":            219,
+	"edge forwarded":          264,
+	"edge refused":            239,
+	"principal":               251,
+	"chain edge anonymous":    287,
+	"chain edge credentialed": 373,
+	"redis allowed":           1289,
 }
 
 // longEdge is the edge of edgeConfig with hour-long windows.
