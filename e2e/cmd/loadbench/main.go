@@ -215,6 +215,7 @@ type options struct {
 	clients          int
 	runs             int
 	only             []configuration
+	cpuProfiles      string // directory for Traefik's CPU profile of each measured phase; "" for none
 }
 
 func main() {
@@ -228,6 +229,7 @@ func main() {
 	flag.IntVar(&o.concurrency, "concurrency", 32, "concurrent workers (closed loop, keep-alive HTTP/1.1)")
 	flag.IntVar(&o.clients, "clients", 16, "client IPs the requests are spread over (X-Forwarded-For)")
 	flag.IntVar(&o.runs, "runs", 3, "repetitions of each configuration and scenario (medians are reported)")
+	flag.StringVar(&o.cpuProfiles, "cpuprofile", "", "directory to write Traefik's CPU profile of each measured phase to (go tool pprof); turns on api.debug")
 	flag.StringVar(&only, "only", "", "comma-separated configurations to run (default all): "+names(configurations))
 	flag.Parse()
 
@@ -464,7 +466,8 @@ func (b *bench) runOne(c configuration, s scenario, rep int) (res result) {
 	}
 	defer os.RemoveAll(dir)
 
-	tr, err := harness.Start(harness.Options{Dir: dir, Dynamic: dynamic(c, s, b.backend, redisAddr), Plugins: []harness.LocalPlugin{harness.Passthrough, harness.MinimalLimiter, harness.MinimalEdge}})
+	tr, err := harness.Start(harness.Options{Dir: dir, Dynamic: dynamic(c, s, b.backend, redisAddr), Plugins: []harness.LocalPlugin{harness.Passthrough, harness.MinimalLimiter, harness.MinimalEdge},
+		Debug: b.o.cpuProfiles != ""})
 	if err != nil {
 		return result{err: err}
 	}
@@ -538,8 +541,20 @@ func (b *bench) runOne(c configuration, s scenario, rep int) (res result) {
 		}
 	}
 
+	profiled := make(chan error, 1)
+	if b.o.cpuProfiles != "" {
+		path := filepath.Join(b.o.cpuProfiles, fmt.Sprintf("%s-%s-run%d.pprof", c.name, s.id, rep+1))
+		go func() { profiled <- cpuProfile(tr.API, path, b.o.duration) }()
+	} else {
+		profiled <- nil
+	}
+
 	res = load(client, url, b.ips, b.o.concurrency, b.o.duration)
 	res.dials = dials.Load()
+
+	if err := <-profiled; err != nil {
+		res.notes = append(res.notes, "CPU profile: "+err.Error())
+	}
 
 	if res.dials > int64(2*b.o.concurrency) {
 		res.notes = append(res.notes, fmt.Sprintf("%d TCP connections opened for %d workers (keep-alive not holding)", res.dials, b.o.concurrency))
@@ -1285,4 +1300,41 @@ func pluginVersions(results map[string]map[string][]result) string {
 	}
 
 	return fmt.Sprintf("**the plugin source changed during the benchmark** (%d versions; sha256 by run: %s)", len(order), strings.Join(parts, "; "))
+}
+
+// cpuProfile writes Traefik's CPU profile over the next d (whole seconds,
+// at least one) to path.
+func cpuProfile(api, path string, d time.Duration) error {
+	secs := int(d / time.Second)
+	if secs < 1 {
+		secs = 1
+	}
+
+	client := &http.Client{Timeout: d + 30*time.Second}
+
+	resp, err := client.Get(fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", api, secs))
+	if err != nil {
+		return fmt.Errorf("fetching the profile: %w", err)
+	}
+	defer resp.Body.Close()
+
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("fetching the profile: status %s", resp.Status)
+	}
+
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("writing the profile: %w", err)
+	}
+
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("writing the profile: %w", err)
+	}
+
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return fmt.Errorf("writing the profile: %w", err)
+	}
+
+	return f.Close()
 }
