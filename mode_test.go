@@ -61,7 +61,7 @@ var shapes = []shape{
 	{"principal with routes", with(principalInstance, func(c *Config) {
 		c.Routes = []RouteConfig{{Name: "export", Key: "principal", Paths: []string{"/export"}, Points: 3, Duration: "2s"}}
 	}), modeClassify},
-	{"redis", with(smallLayers, func(c *Config) { c.Store = "redis" }), modeGeneral},
+	{"redis", with(smallLayers, func(c *Config) { c.Store = "redis" }), modeRedis},
 	{"dry run", with(chainEdge, func(c *Config) { c.DryRun = true }), modeGeneral},
 	{"headers off", with(smallLayers, func(c *Config) { c.Headers = false }), modeGeneral},
 	{"sliding", with(smallLayers, func(c *Config) { c.IP.Algorithm = "sliding" }), modeGeneral},

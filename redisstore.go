@@ -373,6 +373,7 @@ const (
 type redisBackend struct {
 	pool    redisresp.Client
 	cluster *redisresp.Cluster // pool as a cluster client, or nil
+	single  *redisresp.Pool    // pool as one server's pool, or nil (serveRedis)
 	address string
 	log     io.Writer
 
@@ -538,6 +539,7 @@ func newBackend(opts redisresp.Options) *redisBackend {
 	}
 
 	b.cluster, _ = b.pool.(*redisresp.Cluster)
+	b.single, _ = b.pool.(*redisresp.Pool)
 
 	return b
 }

@@ -29,6 +29,8 @@ type Conn struct {
 	bw  *bufio.Writer
 	rd  reader
 	err error
+	// serverErr is the error reply of the last call of ints, if any.
+	serverErr string
 }
 
 // NewConn wraps an established connection (after TLS, before AUTH).
@@ -120,6 +122,73 @@ func (c *Conn) DoInts(deadline time.Time, cmd string) ([]int64, string, error) {
 	}
 
 	return ints, serverErr, nil
+}
+
+// ints is DoInts for Pool.Script, which runs it on every rate-limit call:
+// the common reply, an array of at most nine integers, is read inline and
+// everything else in intsOf (tierlimit's doc.go: frames). It returns nil when
+// the reply is not an array of integers: then either c.err is set (the
+// connection is closed) or c.serverErr holds the server's error reply. The
+// command is written to the connection itself: bw is empty between calls.
+func (c *Conn) ints(deadline time.Time, cmd string) []int64 {
+	if c.err != nil {
+		return nil
+	}
+
+	if err := c.nc.SetDeadline(deadline); err != nil {
+		_ = c.fail(fmt.Errorf("setting redis deadline: %w", err))
+		return nil
+	}
+
+	if _, err := io.WriteString(c.nc, cmd); err != nil {
+		_ = c.fail(fmt.Errorf("writing redis command: %w", err))
+		return nil
+	}
+
+	b, err := c.rd.br.ReadSlice('\n')
+	if err != nil || len(b) != 4 || b[0] != KindArray || b[1] < '0' || b[1] > '9' || b[2] != '\r' {
+		return c.intsOf(b, err)
+	}
+
+	out := make([]int64, int(b[1]-'0'))
+
+	for i := range out {
+		b, err = c.rd.br.ReadSlice('\n')
+		if err != nil || len(b) < 4 || b[0] != KindInteger || b[len(b)-2] != '\r' {
+			_ = c.fail(fmt.Errorf("reading redis reply: %w", badInteger(b, err, c.rd.br.Size())))
+			return nil
+		}
+
+		v, err := strconv.ParseInt(string(b[1:len(b)-2]), 10, 64)
+		if err != nil {
+			_ = c.fail(fmt.Errorf("reading redis reply: %w", badInteger(b, nil, c.rd.br.Size())))
+			return nil
+		}
+
+		out[i] = v
+	}
+
+	return out
+}
+
+// intsOf is ints for a reply whose first line, b (read with err), is not
+// that of a short array: an error reply, a longer array, or a failure.
+func (c *Conn) intsOf(b []byte, err error) []int64 {
+	line, err := c.rd.checkLine(b, err)
+	if err != nil {
+		_ = c.fail(fmt.Errorf("reading redis reply: %w", err))
+		return nil
+	}
+
+	ints, serverErr, err := c.rd.intsFrom(line)
+	if err != nil {
+		_ = c.fail(fmt.Errorf("reading redis reply: %w", err))
+		return nil
+	}
+
+	c.serverErr = serverErr
+
+	return ints
 }
 
 // flush sets the deadline and writes what is buffered, for callers that
@@ -240,6 +309,11 @@ func (r *reader) readInts() ([]int64, string, error) {
 		return nil, "", err
 	}
 
+	return r.intsFrom(line)
+}
+
+// intsFrom is readInts after its first line, read without the CRLF.
+func (r *reader) intsFrom(line []byte) ([]int64, string, error) {
 	if len(line) > 0 && line[0] == KindError {
 		return nil, string(line[1:]), nil
 	}
@@ -403,6 +477,12 @@ func (r *reader) array(head []byte, depth int) (Value, error) {
 // line reads one CRLF-terminated line, without the CRLF, of at most MaxLine bytes.
 func (r *reader) line() ([]byte, error) {
 	b, err := r.br.ReadSlice('\n')
+
+	return r.checkLine(b, err)
+}
+
+// checkLine is line after its ReadSlice.
+func (r *reader) checkLine(b []byte, err error) ([]byte, error) {
 	if err == bufio.ErrBufferFull {
 		return nil, fmt.Errorf("%w: line longer than %d bytes", ErrProtocol, r.br.Size())
 	}

@@ -193,6 +193,81 @@ func (p *Pool) DoInts(cmd string) ([]int64, string, error) {
 	return ints, serverErr, err
 }
 
+// Script runs call with its encoded keys and arguments (see Call.RunInts)
+// and returns the integers of the reply; a server error reply is an error
+// wrapping ErrServer. It is Call.RunInts for the rate limiter's fast path:
+// an idle connection is taken, used and returned inline, and the reply read
+// by Conn.ints; every other case (no idle connection, NOSCRIPT, an error) is
+// finished by scriptSlow (tierlimit's doc.go: frames).
+func (p *Pool) Script(call Call, encoded string) ([]int64, error) {
+	var c *Conn
+
+	p.mu.Lock()
+
+	if n := len(p.idle); n > 0 && !p.closed {
+		c = p.idle[n-1]
+		p.idle = p.idle[:n-1]
+	}
+
+	p.mu.Unlock()
+
+	var ints []int64
+	if c != nil {
+		ints = c.ints(time.Now().Add(p.opts.Timeout), call.evalsha+encoded)
+	}
+
+	if ints == nil {
+		return p.scriptSlow(c, call, encoded)
+	}
+
+	p.mu.Lock()
+
+	if !p.closed && p.waiting == 0 {
+		p.idle = append(p.idle, c)
+		p.mu.Unlock()
+
+		return ints, nil
+	}
+
+	p.mu.Unlock()
+	p.put(c)
+
+	return ints, nil
+}
+
+// scriptSlow finishes Script when no connection was idle (c is nil), or c
+// answered its call with something else than integers.
+func (p *Pool) scriptSlow(c *Conn, call Call, encoded string) ([]int64, error) {
+	serverErr := ""
+
+	if c == nil {
+		ints, text, err := call.RunInts(p, encoded)
+		if err != nil {
+			return nil, err
+		}
+
+		serverErr = text
+		if serverErr == "" {
+			return ints, nil
+		}
+	} else {
+		err := c.err
+		serverErr = c.serverErr
+		c.serverErr = ""
+		p.put(c)
+
+		if err != nil {
+			return nil, err
+		}
+
+		if strings.HasPrefix(serverErr, "NOSCRIPT") {
+			return p.scriptSlow(nil, Call{evalsha: call.eval, eval: call.eval}, encoded)
+		}
+	}
+
+	return nil, fmt.Errorf("%w: %s", ErrServer, serverErr)
+}
+
 // Pipeline sends cmds in one write and reads their replies, on one connection.
 func (p *Pool) Pipeline(cmds [][]string) ([]Value, error) {
 	c, err := p.get()
