@@ -30,11 +30,11 @@ type redisFast struct {
 	assets *redisPlan // nil without asset prefixes
 }
 
-// redisPlan is the script call of a plan: its keys and arguments are
-// heads[len(client)] + client + tail.
+// redisPlan is the script call of a plan: the command is heads[len(client)]
+// + client + tail.
 type redisPlan struct {
 	call  redisresp.Call
-	heads []string // the keys before the client's, and its length and prefix
+	heads []string // the call's head, the keys before the client's, and its length and prefix
 	tail  string   // the end of the client's key, the keys after it, the arguments
 }
 
@@ -53,10 +53,11 @@ func newRedisFast(rs *redisStore, ps plans) *redisFast {
 	return f
 }
 
-// newRedisPlan encodes the call of a plan with one layer keyed by the client,
-// as takeRedis encodes it (without dry run).
+// newRedisPlan encodes the call of a plan with one layer keyed by the client
+// as takeRedis encodes it, but for ARGV[1]: "2", the one-integer reply.
 func newRedisPlan(rs *redisStore, layers []*layer) *redisPlan {
-	front, key, tail, args := "", "", "", bulkFalse
+	rp := &redisPlan{call: rs.callFor(len(layers))}
+	front, key, tail, args := rp.call.Head(), "", "", bulkOne
 	seen := false
 
 	for _, l := range layers {
@@ -74,7 +75,7 @@ func newRedisPlan(rs *redisStore, layers []*layer) *redisPlan {
 		}
 	}
 
-	rp := &redisPlan{call: rs.callFor(len(layers)), tail: tail + args}
+	rp.tail = tail + args
 
 	for n := 0; n < maxFastClientKey; n++ {
 		rp.heads = append(rp.heads, front+"$"+strconv.Itoa(len(key)+n)+"\r\n"+key)
@@ -131,32 +132,25 @@ func (p *Plugin) serveRedis(rw http.ResponseWriter, req *http.Request) {
 	}
 
 	now := p.now().UnixNano()
-	ints, err := rs.backend.single.Script(rp.call, rp.heads[len(client)]+client+rp.tail)
+	v, ints, err := rs.backend.single.Script(rp.call, rp.heads[len(client)]+client+rp.tail)
 	if err != nil {
 		p.redisFailed(rw, req, layers, client, now, err)
 		return
 	}
 
-	// The reply is a count and milliseconds to reset per layer; any other,
-	// or a refusal, is redisReply's.
-	var shown *layer
-	left := int64(0)
-	ttl := int64(0)
-	ok := len(ints) == 2*len(layers)
-	for i := 0; ok && i < len(layers); i++ {
-		l := layers[i]
-		count := ints[2*i]
-		ms := ints[2*i+1]
-		ok = count >= 1 && count <= l.points && ms >= 0 && ms <= l.maxTTL
-		if ok && (shown == nil || l.points-count < left) {
-			shown = l
-			left = l.points - count
-			ttl = ms
-		}
-	}
-
-	if !ok {
+	// Every layer allowed: one integer, (left x (window + 1) + reset) x 16 +
+	// the index of the layer to show (takeScript). An array, a refusal among
+	// them, is redisReply's.
+	i := v % 16
+	if ints != nil || i >= int64(len(layers)) {
 		p.redisReply(rw, req, layers, client, now, ints)
+		return
+	}
+	shown := layers[i]
+	ttl := v / 16 % (shown.maxTTL + 1)
+	left := v / 16 / (shown.maxTTL + 1)
+	if left >= shown.points {
+		p.redisReply(rw, req, layers, client, now, []int64{v})
 		return
 	}
 

@@ -193,13 +193,16 @@ func (p *Pool) DoInts(cmd string) ([]int64, string, error) {
 	return ints, serverErr, err
 }
 
-// Script runs call with its encoded keys and arguments (see Call.RunInts)
-// and returns the integers of the reply; a server error reply is an error
-// wrapping ErrServer. It is Call.RunInts for the rate limiter's fast path:
-// an idle connection is taken, used and returned inline, and the reply read
-// by Conn.ints; every other case (no idle connection, NOSCRIPT, an error) is
-// finished by scriptSlow (tierlimit's doc.go: frames).
-func (p *Pool) Script(call Call, encoded string) ([]int64, error) {
+// Script runs a script call, cmd being call.Head() followed by the encoded
+// keys and arguments (see Call.RunInts). It returns an integer reply as n,
+// with ints nil (a negative one is ErrUnexpected), and the integers of an
+// array reply as ints, with n -1; a server error
+// reply is an error wrapping ErrServer. It is Call.RunInts for the rate
+// limiter's fast path: an idle connection is taken, used and returned
+// inline, and the reply read by Conn.ints; every other case (no idle
+// connection, NOSCRIPT, an error) is finished by scriptSlow (tierlimit's
+// doc.go: frames).
+func (p *Pool) Script(call Call, cmd string) (int64, []int64, error) {
 	var c *Conn
 
 	p.mu.Lock()
@@ -211,13 +214,14 @@ func (p *Pool) Script(call Call, encoded string) ([]int64, error) {
 
 	p.mu.Unlock()
 
+	n := int64(-1)
 	var ints []int64
 	if c != nil {
-		ints = c.ints(time.Now().Add(p.opts.Timeout), call.evalsha+encoded)
+		n, ints = c.ints(time.Now().Add(p.opts.Timeout), cmd)
 	}
 
-	if ints == nil {
-		return p.scriptSlow(c, call, encoded)
+	if n < 0 && ints == nil {
+		return p.scriptSlow(c, call, cmd)
 	}
 
 	p.mu.Lock()
@@ -226,46 +230,53 @@ func (p *Pool) Script(call Call, encoded string) ([]int64, error) {
 		p.idle = append(p.idle, c)
 		p.mu.Unlock()
 
-		return ints, nil
+		return n, ints, nil
 	}
 
 	p.mu.Unlock()
 	p.put(c)
 
-	return ints, nil
+	return n, ints, nil
 }
 
 // scriptSlow finishes Script when no connection was idle (c is nil), or c
-// answered its call with something else than integers.
-func (p *Pool) scriptSlow(c *Conn, call Call, encoded string) ([]int64, error) {
-	serverErr := ""
-
+// answered cmd with something else than integers: it takes a connection as
+// get does, and loads the script with EVAL on NOSCRIPT.
+func (p *Pool) scriptSlow(c *Conn, call Call, cmd string) (int64, []int64, error) {
 	if c == nil {
-		ints, text, err := call.RunInts(p, encoded)
-		if err != nil {
-			return nil, err
+		var err error
+		if c, err = p.get(); err != nil {
+			return -1, nil, err
 		}
 
-		serverErr = text
-		if serverErr == "" {
-			return ints, nil
-		}
-	} else {
-		err := c.err
-		serverErr = c.serverErr
-		c.serverErr = ""
-		p.put(c)
-
-		if err != nil {
-			return nil, err
-		}
-
-		if strings.HasPrefix(serverErr, "NOSCRIPT") {
-			return p.scriptSlow(nil, Call{evalsha: call.eval, eval: call.eval}, encoded)
+		if n, ints := c.ints(time.Now().Add(p.opts.Timeout), cmd); n >= 0 || ints != nil {
+			p.put(c)
+			return n, ints, nil
 		}
 	}
 
-	return nil, fmt.Errorf("%w: %s", ErrServer, serverErr)
+	err := c.err
+	serverErr := c.serverErr
+	c.serverErr = ""
+
+	if err == nil && strings.HasPrefix(serverErr, "NOSCRIPT") {
+		if n, ints := c.ints(time.Now().Add(p.opts.Timeout), call.eval+cmd[len(call.evalsha):]); n >= 0 || ints != nil {
+			p.put(c)
+			return n, ints, nil
+		}
+
+		err = c.err
+		serverErr = c.serverErr
+		c.serverErr = ""
+	}
+
+	p.put(c)
+
+	if err != nil {
+		return -1, nil, err
+	}
+
+	return -1, nil, fmt.Errorf("%w: %s", ErrServer, serverErr)
 }
 
 // Pipeline sends cmds in one write and reads their replies, on one connection.

@@ -421,24 +421,31 @@ func TestPoolScript(t *testing.T) {
 
 	sc := NewScript(testScript)
 	call := sc.Call(1, 2)
-	encoded := Bulk("k") + Bulk("a")
+	cmd := call.Head() + Bulk("k") + Bulk("a")
 
-	for i := 0; i < 3; i++ {
-		if i == 2 {
+	for i := 0; i < 4; i++ {
+		switch i {
+		case 2:
 			h.set(false, "*12\r\n:1\r\n:2\r\n:3\r\n:4\r\n:5\r\n:6\r\n:7\r\n:8\r\n:9\r\n:10\r\n:11\r\n:-12\r\n")
+		case 3:
+			h.set(true, ":9007199254740993\r\n")
 		}
 
-		ints, err := p.Script(call, encoded)
+		n, ints, err := p.Script(call, cmd)
 		if err != nil {
 			t.Fatalf("call %d: %v", i, err)
 		}
 
-		if want := []int64{1, 2000, 7, -3}; i < 2 && fmt.Sprint(ints) != fmt.Sprint(want) {
-			t.Fatalf("call %d: %v, want %v", i, ints, want)
+		if want := []int64{1, 2000, 7, -3}; i < 2 && (n != -1 || fmt.Sprint(ints) != fmt.Sprint(want)) {
+			t.Fatalf("call %d: %d %v, want %v", i, n, ints, want)
 		}
 
 		if i == 2 && (len(ints) != 12 || ints[9] != 10 || ints[11] != -12) {
 			t.Fatalf("call %d: %v", i, ints)
+		}
+
+		if i == 3 && (ints != nil || n != 9007199254740993) {
+			t.Fatalf("call %d: %d %v", i, n, ints)
 		}
 	}
 
@@ -451,8 +458,8 @@ func TestPoolScript(t *testing.T) {
 		}
 	}
 
-	if got := strings.Join(names, " "); got != "EVALSHA EVAL EVALSHA EVALSHA EVAL" {
-		t.Fatalf("commands %s, want EVALSHA EVAL EVALSHA EVALSHA EVAL", got)
+	if got := strings.Join(names, " "); got != "EVALSHA EVAL EVALSHA EVALSHA EVAL EVALSHA" {
+		t.Fatalf("commands %s, want EVALSHA EVAL EVALSHA EVALSHA EVAL EVALSHA", got)
 	}
 }
 
@@ -478,6 +485,9 @@ func TestPoolScriptFailures(t *testing.T) {
 		{"-ERR boom\r\n", ErrServer, true},
 		{"*2\r\n:1\r\n$1\r\n2\r\n", ErrUnexpected, false},
 		{"*1\r\n:x\r\n", ErrProtocol, false},
+		{":x\r\n", ErrProtocol, false},
+		{":\r\n", ErrUnexpected, false},
+		{":-3\r\n", ErrUnexpected, false},
 		{"*2\r\n:1\r\n:2\n", ErrProtocol, false},
 		{"+OK\r\n", ErrUnexpected, false},
 		{"*99999999\r\n", ErrUnexpected, false},
@@ -485,15 +495,15 @@ func TestPoolScriptFailures(t *testing.T) {
 	} {
 		h.set(true, good)
 
-		if _, err := p.Script(call, Bulk("k")); err != nil {
+		if _, _, err := p.Script(call, call.Head()+Bulk("k")); err != nil {
 			t.Fatalf("good reply: %v", err)
 		}
 
 		h.set(true, tc.reply)
 
-		ints, err := p.Script(call, Bulk("k"))
+		n, ints, err := p.Script(call, call.Head()+Bulk("k"))
 		if !errors.Is(err, tc.want) {
-			t.Fatalf("%q: %v %v, want %v", tc.reply, ints, err, tc.want)
+			t.Fatalf("%q: %d %v %v, want %v", tc.reply, n, ints, err, tc.want)
 		}
 
 		if !tc.keep {
@@ -502,7 +512,7 @@ func TestPoolScriptFailures(t *testing.T) {
 
 		h.set(true, good)
 
-		if _, err := p.Script(call, Bulk("k")); err != nil || s.acceptedCount() != conns {
+		if _, _, err := p.Script(call, call.Head()+Bulk("k")); err != nil || s.acceptedCount() != conns {
 			t.Fatalf("after %q: %v, %d connections, want %d", tc.reply, err, s.acceptedCount(), conns)
 		}
 	}
