@@ -57,7 +57,7 @@ func newRedisFast(rs *redisStore, ps plans) *redisFast {
 // as takeRedis encodes it, but for ARGV[1]: "2", the one-integer reply.
 func newRedisPlan(rs *redisStore, layers []*layer) *redisPlan {
 	rp := &redisPlan{call: rs.callFor(len(layers))}
-	front, key, tail, args := rp.call.Head(), "", "", bulkOne
+	front, key, tail, args := rp.call.Head(), "", "", bulkOneInt
 	seen := false
 
 	for _, l := range layers {

@@ -180,7 +180,7 @@ var (
 	bulkFalse  = redisresp.Bulk("0")
 	bulkTrue   = redisresp.Bulk("1")
 	bulkBucket = redisresp.Bulk("2")
-	bulkOne    = redisresp.Bulk("2") // ARGV[1]: the reply of serveRedis
+	bulkOneInt = redisresp.Bulk("2") // ARGV[1]: the one-integer reply of serveRedis
 )
 
 var errBadReply = errors.New("unexpected reply from the rate-limit script")
