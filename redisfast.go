@@ -18,10 +18,11 @@ import (
 // apply): each plan charges global (when on) and one layer keyed by the
 // client. So the script call of a plan is encoded once but for the client's
 // key (redisPlan), and the common request, every layer allowed with Redis
-// healthy and no key blocked, is served here. Every other case takes the
-// Redis store's own code (redisstore.go): a blocked key or Redis in back-off
-// is decided by serveRedisSlow, a failed call by redisFailed, a refusal or a
-// reply the fast path does not accept by redisReply.
+// healthy and none of its keys blocked, is served here. Every other case
+// takes the Redis store's own code (redisstore.go): a blocked key is refused
+// by refuseBlocked, Redis in back-off decided by serveRedisSlow, a failed
+// call by redisFailed, a refusal or a reply the fast path does not accept by
+// redisReply.
 
 // redisFast is what serveRedis reads: the store and the plans' calls.
 type redisFast struct {
@@ -126,7 +127,11 @@ func (p *Plugin) serveRedis(rw http.ResponseWriter, req *http.Request) {
 	}
 
 	rs := p.fast.store
-	if rs.blocked.size.Load() != 0 || rs.backend.down.Load() || len(client) >= maxFastClientKey {
+	if rs.blocked.size.Load() != 0 && p.refuseBlocked(rw, req, layers, client) {
+		return
+	}
+
+	if rs.backend.down.Load() || len(client) >= maxFastClientKey {
 		p.serveRedisSlow(rw, req, layers, client)
 		return
 	}
@@ -181,8 +186,23 @@ func (p *Plugin) serveRedis(rw http.ResponseWriter, req *http.Request) {
 // nsPerSecond).
 const nsPerMillisecond = 1000000
 
-// serveRedisSlow serves a request of modeRedis on the general decision: some
-// key is blocked, Redis is in back-off, or the client key is long.
+// refuseBlocked refuses a request one of whose keys is blocked (redisStore's
+// block list), without a Redis call, and reports whether it did.
+func (p *Plugin) refuseBlocked(rw http.ResponseWriter, req *http.Request, layers []*layer, client string) bool {
+	var t tally
+
+	now := p.now().UnixNano()
+	if !p.fast.store.takeBlocked(&t, now, layers, client, "", req) {
+		return false
+	}
+
+	p.answer(rw, req, layers, &t, client, now)
+
+	return true
+}
+
+// serveRedisSlow serves a request of modeRedis on the general decision:
+// Redis is in back-off, or the client key is long.
 func (p *Plugin) serveRedisSlow(rw http.ResponseWriter, req *http.Request, layers []*layer, client string) {
 	if ok, _ := p.decide(rw, req, layers, client, ""); ok {
 		p.next.ServeHTTP(rw, req)

@@ -72,3 +72,29 @@ func TestServeRedisRejectsIntegersOutOfRange(t *testing.T) {
 		}
 	}
 }
+
+// TestServeRedisWithAKeyBlocked: a blocked client is refused without a
+// Redis call while the others keep being served by the script.
+func TestServeRedisWithAKeyBlocked(t *testing.T) {
+	srv := newCannedRedis(t, "*2\r\n:4\r\n:30000\r\n") // ip: count 4 of 3
+	h, _ := redisHarness(t, srv.l.Addr().String(), nil)
+
+	if rec := h.get("/api", "203.0.113.9:1"); rec.Code != http.StatusTooManyRequests {
+		t.Fatalf("first refusal: %d", rec.Code)
+	}
+
+	srv.setReply(compact(1, 5000, 60000, 0)) // memory would leave 2
+
+	for i := 0; i < 2; i++ {
+		calls := srv.commands.Load()
+
+		if rec := h.get("/api", "203.0.113.9:1"); rec.Code != http.StatusTooManyRequests || srv.commands.Load() != calls {
+			t.Fatalf("blocked client: %d after %d Redis calls, want a 429 without one", rec.Code, srv.commands.Load()-calls)
+		}
+
+		rec := h.get("/api", "203.0.113.10:1")
+		if rec.Code != http.StatusOK || rec.Header().Get("X-RateLimit-Remaining") != "1" || srv.commands.Load() != calls+1 {
+			t.Fatalf("other client: %d %v after %d Redis calls, want the script's decision", rec.Code, rec.Header(), srv.commands.Load()-calls)
+		}
+	}
+}

@@ -23,7 +23,7 @@ var budgets = map[string]float64{
 	"principal":               426,
 	"chain edge anonymous":    322,
 	"chain edge credentialed": 553,
-	"redis allowed":           531,
+	"redis allowed":           532,
 }
 
 // longEdge is the edge of edgeConfig with hour-long windows.
