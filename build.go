@@ -32,6 +32,8 @@ type statusPage struct {
 // The fast paths (fast.go) handle the common instances: the memory store,
 // headers on, no dry run, fixed windows keyed by client, principal or a
 // constant, credentials in headers only, no connection cap, no exemptions.
+// redisPath handles the anonymous instance on one Redis server
+// (redisFastEligible, redisfast.go).
 // Every other instance takes serveGeneral, which handles everything.
 func chooseMode(s *settings) mode {
 	// Route layers are charged on the general path only (classifyPath
@@ -55,6 +57,8 @@ func chooseMode(s *settings) mode {
 	switch {
 	case !s.enabled || !on && s.wsMaxPerIP == 0:
 		return modeOff
+	case redisFastEligible(s, fixed, routes):
+		return modeRedis
 	case s.store != "memory" || !s.headers || s.dryRun || !fixed || s.wsMaxPerIP > 0,
 		creds && len(s.principal.CredentialCookies)+len(s.principal.CredentialQueryParams) > 0,
 		len(s.exemptIPs)+len(s.exemptIDs) > 0:
@@ -134,7 +138,11 @@ func build(ctx context.Context, cfg *settings, next http.Handler, name string) *
 	}
 
 	if cfg.store == "redis" {
-		p.store = newRedisStore(ctx, cfg, name, memory, p.layers)
+		rs := newRedisStore(ctx, cfg, name, memory, p.layers)
+		p.store = rs
+		if p.mode == modeRedis {
+			p.fast = newRedisFast(rs, p.plans)
+		}
 	}
 
 	all := p.layers

@@ -35,9 +35,9 @@ package tierlimit
 // check (credential-header). Each copy sits between "// kernel <name>" and
 // "// end kernel"; TestKernelsAreIdentical fails when the copies differ.
 //
-// Modes. New chooses the mode once (chooseMode, build.go); fast.go and
-// general.go state what their mode guarantees them, so that the request path
-// tests no configuration it does not need.
+// Modes. New chooses the mode once (chooseMode, build.go); fast.go,
+// redisfast.go and general.go state what their mode guarantees them, so that
+// the request path tests no configuration it does not need.
 //
 // Wrappers. A ResponseWriter of our own type handed to compiled code must be
 // converted to http.ResponseWriter first (an interface variable); passed

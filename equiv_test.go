@@ -36,7 +36,8 @@ func TestPathsAgree(t *testing.T) {
 				t.Fatal(err)
 			}
 
-			a.p.store.(*redisStore).backend = &redisBackend{pool: redisresp.NewPool(s.redis), address: cfg.Redis.Address, log: io.Discard}
+			pool := redisresp.NewPool(s.redis)
+			a.p.store.(*redisStore).backend = &redisBackend{pool: pool, single: pool, address: cfg.Redis.Address, log: io.Discard}
 			b = newHarness(t, with(sh.cfg, func(c *Config) { c.Store = "memory" }))
 		} else {
 			b.p.mode = modeGeneral

@@ -118,7 +118,7 @@ func kernels(t *testing.T, file, src string) map[string][]string {
 var requestPathFiles = []string{
 	"plugin.go", "fast.go", "general.go", "layer.go", "response.go", "window.go", "sliding.go",
 	"tokenbucket.go", "redisstore.go", "clientip.go", "chain.go", "assetpath.go", "invalidcred.go",
-	"principal.go", "exempt.go", "path.go",
+	"principal.go", "exempt.go", "path.go", "redisfast.go",
 }
 
 // TestRequestPathFunctionsAreShort: no function on the request path is longer

@@ -62,7 +62,7 @@ var shapes = []shape{
 	{"principal with routes", with(principalInstance, func(c *Config) {
 		c.Routes = []RouteConfig{{Name: "export", Key: "principal", Paths: []string{"/export"}, Points: 3, Duration: "2s"}}
 	}), modeClassify},
-	{"redis", with(smallLayers, func(c *Config) { c.Store = "redis" }), modeGeneral},
+	{"redis", with(smallLayers, func(c *Config) { c.Store = "redis" }), modeRedis},
 	{"dry run", with(chainEdge, func(c *Config) { c.DryRun = true }), modeGeneral},
 	{"headers off", with(smallLayers, func(c *Config) { c.Headers = false }), modeGeneral},
 	{"sliding", with(smallLayers, func(c *Config) { c.IP.Algorithm = "sliding" }), modeGeneral},
@@ -138,12 +138,57 @@ func TestNewReturnsTheModesHandler(t *testing.T) {
 					want = (*principalPath)(h.p)
 				case modeClassify:
 					want = (*classifyPath)(h.p)
+				case modeRedis:
+					want = (*redisPath)(h.p)
 				}
 			}
 
 			if h.h != want {
 				t.Errorf("%s (status page %v): New returned %T, want %T", sh.name, status, h.h, want)
 			}
+		}
+	}
+}
+
+// TestChooseModeRedis: redisPath takes the anonymous instance on one Redis
+// server with an ip layer on every plan; every other Redis instance is general.
+func TestChooseModeRedis(t *testing.T) {
+	redis := with(smallLayers, func(c *Config) { c.Store = "redis" })
+
+	for _, sh := range []shape{
+		{"redis", redis, modeRedis},
+		{"redis, no global", with(redis, func(c *Config) { c.Global.Points = 0 }), modeRedis},
+		{"redis, no asset prefixes", with(redis, func(c *Config) { c.Assets.PathPrefixes = nil }), modeRedis},
+		{"redis, assets off with prefixes", with(redis, func(c *Config) { c.Assets.Points = 0 }), modeGeneral},
+		{"redis, ip off", with(redis, func(c *Config) { c.IP.Points = 0 }), modeGeneral},
+		{"redis sentinel", with(redis, func(c *Config) {
+			c.Redis.Sentinel = &RedisSentinelConfig{MasterName: "m", Addresses: []string{"127.0.0.1:26379"}}
+		}), modeGeneral},
+		{"redis cluster", with(redis, func(c *Config) { c.Redis.Cluster = &RedisClusterConfig{Addresses: []string{"127.0.0.1:7000"}} }), modeGeneral},
+		{"redis, dry run", with(redis, func(c *Config) { c.DryRun = true }), modeGeneral},
+		{"redis, headers off", with(redis, func(c *Config) { c.Headers = false }), modeGeneral},
+		{"redis, sliding ip", with(redis, func(c *Config) { c.IP.Algorithm = "sliding" }), modeGeneral},
+		{"redis, token bucket global", with(redis, func(c *Config) { c.Global.Algorithm = "tokenbucket"; c.Global.Burst = 3 }), modeGeneral},
+		{"redis, header-keyed ip", with(redis, func(c *Config) { c.IP.Key = "header:X-Api-Key" }), modeGeneral},
+		{"redis, routes", with(redis, func(c *Config) {
+			c.Routes = []RouteConfig{{Name: "auth_login", Methods: []string{"POST"}, Paths: []string{"/auth/login"}, Points: 2, Duration: "3s"}}
+		}), modeGeneral},
+		{"redis, credential header", with(redis, func(c *Config) { c.Principal.CredentialHeaders = []string{"Authorization"} }), modeGeneral},
+		{"redis, principal", with(redis, func(c *Config) { c.Principal.UserHeader = "X-Auth-User" }), modeGeneral},
+		{"redis, exempt ip", with(redis, func(c *Config) { c.Exempt.IPs = []string{"203.0.113.7"} }), modeGeneral},
+		{"redis, websocket cap", with(redis, func(c *Config) { c.Websocket.MaxConnectionsPerIP = 2 }), modeGeneral},
+		{"redis, disabled", with(redis, func(c *Config) { c.Enabled = false }), modeOff},
+	} {
+		cfg := CreateConfig()
+		sh.cfg(cfg)
+
+		s, err := parse(cfg)
+		if err != nil {
+			t.Fatalf("%s: %v", sh.name, err)
+		}
+
+		if got := chooseMode(s); got != sh.mode {
+			t.Errorf("%s: mode %d, want %d", sh.name, got, sh.mode)
 		}
 	}
 }

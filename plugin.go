@@ -58,6 +58,7 @@ type Plugin struct {
 	wsLayer *layer       // stands for the connection cap in a refusal
 	exempt  *exemptions  // nil when nothing is exempt
 	status  *statusPage  // nil when status.path is not set
+	fast    *redisFast   // modeRedis only
 }
 
 // plans are the layers charged up front, by kind of request, in evaluation order.
@@ -83,6 +84,9 @@ const (
 	modeClassify
 	// modeGeneral serves every request on serveGeneral (general.go).
 	modeGeneral
+	// modeRedis serves every request on redisPath (redisfast.go): the
+	// anonymous instance on the Redis store.
+	modeRedis
 )
 
 // New builds the middleware from a validated configuration. It does no I/O:
@@ -116,6 +120,8 @@ func (p *Plugin) fastPath() http.Handler {
 		return (*anonymousPath)(p)
 	case modePrincipal:
 		return (*principalPath)(p)
+	case modeRedis:
+		return (*redisPath)(p)
 	}
 
 	return (*classifyPath)(p)

@@ -48,7 +48,9 @@ type counterStore interface {
 // starts such counters afresh.
 //
 // KEYS: one key per layer, in evaluation order.
-// ARGV[1]: "1" charges every key (dry run); "0" stops after the first refusal.
+// ARGV[1]: "1" charges every key (dry run); "0" stops after the first refusal;
+// "2" does as "0" and, when every key is a fixed window and none refused,
+// returns one integer instead of the array (see below).
 // ARGV[4i-2], ARGV[4i-1], ARGV[4i], ARGV[4i+1], of KEYS[i]: points (a token
 // bucket's burst), window (milliseconds), the algorithm ("0" fixed, "1"
 // sliding, "2" token bucket) and a token bucket's points per window ("0" else).
@@ -57,6 +59,12 @@ type counterStore interface {
 // will next fit. A token bucket's count is the tokens missing after the
 // request (burst + 1 on a refusal), its reset when it is full again or, after
 // a refusal, when its next token is back.
+//
+// The integer of ARGV[1] "2" is (left x (window + 1) + reset) x 16 + i for
+// the layer with the fewest requests left (the first of equals), i counted
+// from 0, whose window is in milliseconds: what the headers show, in one
+// reply line, which redisPath reads with one parse (redisfast.go). It is
+// sent only while it fits a Lua number exactly (below 2^53), for i < 16.
 const takeScript = `
 local all = ARGV[1] == '1'
 local out = {}
@@ -147,6 +155,23 @@ for i = 1, #KEYS do
     break
   end
 end
+if ARGV[1] == '2' and #out == 2 * #KEYS then
+  local shown, left, ttl, m = -1, 0, 0, 0
+  for i = 1, #KEYS do
+    local points = tonumber(ARGV[4 * i - 2])
+    local count = out[2 * i - 1]
+    if count > points or ARGV[4 * i] ~= '0' then
+      return out
+    end
+    if shown < 0 or points - count < left then
+      shown, left, ttl, m = i - 1, points - count, out[2 * i], tonumber(ARGV[4 * i - 1]) + 1
+    end
+  end
+  local v = (left * m + ttl) * 16 + shown
+  if shown < 16 and v < 9007199254740992 then
+    return v
+  end
+end
 return out
 `
 
@@ -155,6 +180,7 @@ var (
 	bulkFalse  = redisresp.Bulk("0")
 	bulkTrue   = redisresp.Bulk("1")
 	bulkBucket = redisresp.Bulk("2")
+	bulkOneInt = redisresp.Bulk("2") // ARGV[1]: the one-integer reply of redisPath
 )
 
 var errBadReply = errors.New("unexpected reply from the rate-limit script")
@@ -373,6 +399,7 @@ const (
 type redisBackend struct {
 	pool    redisresp.Client
 	cluster *redisresp.Cluster // pool as a cluster client, or nil
+	single  *redisresp.Pool    // pool as one server's pool, or nil (redisPath)
 	address string
 	log     io.Writer
 
@@ -538,6 +565,7 @@ func newBackend(opts redisresp.Options) *redisBackend {
 	}
 
 	b.cluster, _ = b.pool.(*redisresp.Cluster)
+	b.single, _ = b.pool.(*redisresp.Pool)
 
 	return b
 }

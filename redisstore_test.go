@@ -142,7 +142,8 @@ func redisHarness(t *testing.T, addr string, mutate func(c *Config)) (*harness, 
 	}
 
 	logs := &bytes.Buffer{}
-	h.p.store.(*redisStore).backend = &redisBackend{pool: redisresp.NewPool(s.redis), address: addr, log: logs}
+	pool := redisresp.NewPool(s.redis)
+	h.p.store.(*redisStore).backend = &redisBackend{pool: pool, single: pool, address: addr, log: logs}
 
 	return h, logs
 }

@@ -29,6 +29,8 @@ type Conn struct {
 	bw  *bufio.Writer
 	rd  reader
 	err error
+	// serverErr is the error reply of the last call of ints, if any.
+	serverErr string
 }
 
 // NewConn wraps an established connection (after TLS, before AUTH).
@@ -120,6 +122,104 @@ func (c *Conn) DoInts(deadline time.Time, cmd string) ([]int64, string, error) {
 	}
 
 	return ints, serverErr, nil
+}
+
+// ints is DoInts for Pool.Script, which runs it on every rate-limit call:
+// a non-negative integer reply, returned as n with a nil slice, is read
+// inline (a negative one is ErrUnexpected), a short
+// array by shortArray, and everything else by intsOf (tierlimit's doc.go:
+// frames). It returns no slice and n < 0 when the reply is neither: then
+// either c.err is set (the connection is closed) or c.serverErr holds the
+// server's error reply. The command is written to the connection itself: bw
+// is empty between calls.
+func (c *Conn) ints(deadline time.Time, cmd string) (int64, []int64) {
+	if c.err != nil {
+		return -1, nil
+	}
+
+	if err := c.nc.SetDeadline(deadline); err != nil {
+		return -1, c.failed("setting redis deadline", err)
+	}
+
+	if _, err := io.WriteString(c.nc, cmd); err != nil {
+		return -1, c.failed("writing redis command", err)
+	}
+
+	b, err := c.rd.br.ReadSlice('\n')
+	if err != nil || len(b) < 4 || b[0] != KindInteger || b[len(b)-2] != '\r' {
+		return -1, c.shortArray(b, err)
+	}
+
+	n, err := strconv.ParseInt(string(b[1:len(b)-2]), 10, 64)
+	if err != nil {
+		return -1, c.failed("reading redis reply", badInteger(b, nil, c.rd.br.Size()))
+	}
+
+	if n < 0 {
+		return -1, c.negative(n)
+	}
+
+	return n, nil
+}
+
+// shortArray is ints for a reply whose first line, b (read with err), is
+// not an integer: the array of at most nine integers is read here, anything
+// else by intsOf.
+func (c *Conn) shortArray(b []byte, err error) []int64 {
+	if err != nil || len(b) != 4 || b[0] != KindArray || b[1] < '0' || b[1] > '9' || b[2] != '\r' {
+		return c.intsOf(b, err)
+	}
+
+	out := make([]int64, int(b[1]-'0'))
+
+	for i := range out {
+		b, err = c.rd.br.ReadSlice('\n')
+		if err != nil || len(b) < 4 || b[0] != KindInteger || b[len(b)-2] != '\r' {
+			return c.failed("reading redis reply", badInteger(b, err, c.rd.br.Size()))
+		}
+
+		v, err := strconv.ParseInt(string(b[1:len(b)-2]), 10, 64)
+		if err != nil {
+			return c.failed("reading redis reply", badInteger(b, nil, c.rd.br.Size()))
+		}
+
+		out[i] = v
+	}
+
+	return out
+}
+
+// negative closes the connection on a negative integer reply, for ints.
+func (c *Conn) negative(n int64) []int64 {
+	return c.failed("reading redis reply", fmt.Errorf("%w: negative integer %d", ErrUnexpected, n))
+}
+
+// failed closes the connection on an error while doing what, for ints.
+func (c *Conn) failed(what string, err error) []int64 {
+	_ = c.fail(fmt.Errorf("%s: %w", what, err))
+
+	return nil
+}
+
+// intsOf is ints for a reply whose first line, b (read with err), is not
+// that of an integer or a short array: an error reply, a longer array, or a
+// failure.
+func (c *Conn) intsOf(b []byte, err error) []int64 {
+	line, err := c.rd.checkLine(b, err)
+	if err != nil {
+		_ = c.fail(fmt.Errorf("reading redis reply: %w", err))
+		return nil
+	}
+
+	ints, serverErr, err := c.rd.intsFrom(line)
+	if err != nil {
+		_ = c.fail(fmt.Errorf("reading redis reply: %w", err))
+		return nil
+	}
+
+	c.serverErr = serverErr
+
+	return ints
 }
 
 // flush sets the deadline and writes what is buffered, for callers that
@@ -240,6 +340,11 @@ func (r *reader) readInts() ([]int64, string, error) {
 		return nil, "", err
 	}
 
+	return r.intsFrom(line)
+}
+
+// intsFrom is readInts after its first line, read without the CRLF.
+func (r *reader) intsFrom(line []byte) ([]int64, string, error) {
 	if len(line) > 0 && line[0] == KindError {
 		return nil, string(line[1:]), nil
 	}
@@ -403,6 +508,12 @@ func (r *reader) array(head []byte, depth int) (Value, error) {
 // line reads one CRLF-terminated line, without the CRLF, of at most MaxLine bytes.
 func (r *reader) line() ([]byte, error) {
 	b, err := r.br.ReadSlice('\n')
+
+	return r.checkLine(b, err)
+}
+
+// checkLine is line after its ReadSlice.
+func (r *reader) checkLine(b []byte, err error) ([]byte, error) {
 	if err == bufio.ErrBufferFull {
 		return nil, fmt.Errorf("%w: line longer than %d bytes", ErrProtocol, r.br.Size())
 	}

@@ -193,6 +193,92 @@ func (p *Pool) DoInts(cmd string) ([]int64, string, error) {
 	return ints, serverErr, err
 }
 
+// Script runs a script call, cmd being call.Head() followed by the encoded
+// keys and arguments (see Call.RunInts). It returns an integer reply as n,
+// with ints nil (a negative one is ErrUnexpected), and the integers of an
+// array reply as ints, with n -1; a server error
+// reply is an error wrapping ErrServer. It is Call.RunInts for the rate
+// limiter's fast path: an idle connection is taken, used and returned
+// inline, and the reply read by Conn.ints; every other case (no idle
+// connection, NOSCRIPT, an error) is finished by scriptSlow (tierlimit's
+// doc.go: frames).
+func (p *Pool) Script(call Call, cmd string) (int64, []int64, error) {
+	var c *Conn
+
+	p.mu.Lock()
+
+	if n := len(p.idle); n > 0 && !p.closed {
+		c = p.idle[n-1]
+		p.idle = p.idle[:n-1]
+	}
+
+	p.mu.Unlock()
+
+	n := int64(-1)
+	var ints []int64
+	if c != nil {
+		n, ints = c.ints(time.Now().Add(p.opts.Timeout), cmd)
+	}
+
+	if n < 0 && ints == nil {
+		return p.scriptSlow(c, call, cmd)
+	}
+
+	p.mu.Lock()
+
+	if !p.closed && p.waiting == 0 {
+		p.idle = append(p.idle, c)
+		p.mu.Unlock()
+
+		return n, ints, nil
+	}
+
+	p.mu.Unlock()
+	p.put(c)
+
+	return n, ints, nil
+}
+
+// scriptSlow finishes Script when no connection was idle (c is nil), or c
+// answered cmd with something else than integers: it takes a connection as
+// get does, and loads the script with EVAL on NOSCRIPT.
+func (p *Pool) scriptSlow(c *Conn, call Call, cmd string) (int64, []int64, error) {
+	if c == nil {
+		var err error
+		if c, err = p.get(); err != nil {
+			return -1, nil, err
+		}
+
+		if n, ints := c.ints(time.Now().Add(p.opts.Timeout), cmd); n >= 0 || ints != nil {
+			p.put(c)
+			return n, ints, nil
+		}
+	}
+
+	err := c.err
+	serverErr := c.serverErr
+	c.serverErr = ""
+
+	if err == nil && strings.HasPrefix(serverErr, "NOSCRIPT") {
+		if n, ints := c.ints(time.Now().Add(p.opts.Timeout), call.eval+cmd[len(call.evalsha):]); n >= 0 || ints != nil {
+			p.put(c)
+			return n, ints, nil
+		}
+
+		err = c.err
+		serverErr = c.serverErr
+		c.serverErr = ""
+	}
+
+	p.put(c)
+
+	if err != nil {
+		return -1, nil, err
+	}
+
+	return -1, nil, fmt.Errorf("%w: %s", ErrServer, serverErr)
+}
+
 // Pipeline sends cmds in one write and reads their replies, on one connection.
 func (p *Pool) Pipeline(cmds [][]string) ([]Value, error) {
 	c, err := p.get()

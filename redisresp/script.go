@@ -61,6 +61,11 @@ func (s *Script) Call(numKeys, nargs int) Call {
 	return Call{evalsha: count + "$7\r\nEVALSHA\r\n" + Bulk(s.sha) + keys, eval: count + "$4\r\nEVAL\r\n" + Bulk(s.src) + keys}
 }
 
+// Head is the encoded start of the call's EVALSHA command, for Pool.Script.
+func (c Call) Head() string {
+	return c.evalsha
+}
+
 // RunInts is Script.RunInts with the head built beforehand.
 func (c Call) RunInts(p *Pool, encoded string) ([]int64, string, error) {
 	ints, serverErr, err := p.DoInts(c.evalsha + encoded)

@@ -4,6 +4,7 @@ import (
 	"crypto/sha1"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -379,5 +380,140 @@ func TestBulk(t *testing.T) {
 
 	if got := Bulk(""); got != "$0\r\n\r\n" {
 		t.Fatalf("%q", got)
+	}
+}
+
+// scriptServer answers EVALSHA with NOSCRIPT until an EVAL of the script, then
+// with reply; flush forgets the script, as SCRIPT FLUSH or a restart does.
+type scriptServer struct {
+	mu     sync.Mutex
+	loaded bool
+	reply  string
+}
+
+func (h *scriptServer) handle(_ int, args []string) string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+
+	if args[0] == "EVAL" {
+		h.loaded = true
+	} else if !h.loaded {
+		return "-NOSCRIPT No matching script. Please use EVAL.\r\n"
+	}
+
+	return h.reply
+}
+
+func (h *scriptServer) set(loaded bool, reply string) {
+	h.mu.Lock()
+	h.loaded, h.reply = loaded, reply
+	h.mu.Unlock()
+}
+
+// TestPoolScript: Script loads the script on NOSCRIPT, on a new connection
+// and on an idle one, reuses its connection, and reads replies of any length.
+func TestPoolScript(t *testing.T) {
+	h := &scriptServer{reply: "*4\r\n:1\r\n:2000\r\n:7\r\n:-3\r\n"}
+	s := startServer(t, h.handle)
+
+	p := NewPool(longOptions(s.addr()))
+	defer p.Close()
+
+	sc := NewScript(testScript)
+	call := sc.Call(1, 2)
+	cmd := call.Head() + Bulk("k") + Bulk("a")
+
+	for i := 0; i < 4; i++ {
+		switch i {
+		case 2:
+			h.set(false, "*12\r\n:1\r\n:2\r\n:3\r\n:4\r\n:5\r\n:6\r\n:7\r\n:8\r\n:9\r\n:10\r\n:11\r\n:-12\r\n")
+		case 3:
+			h.set(true, ":9007199254740993\r\n")
+		}
+
+		n, ints, err := p.Script(call, cmd)
+		if err != nil {
+			t.Fatalf("call %d: %v", i, err)
+		}
+
+		if want := []int64{1, 2000, 7, -3}; i < 2 && (n != -1 || fmt.Sprint(ints) != fmt.Sprint(want)) {
+			t.Fatalf("call %d: %d %v, want %v", i, n, ints, want)
+		}
+
+		if i == 2 && (len(ints) != 12 || ints[9] != 10 || ints[11] != -12) {
+			t.Fatalf("call %d: %v", i, ints)
+		}
+
+		if i == 3 && (ints != nil || n != 9007199254740993) {
+			t.Fatalf("call %d: %d %v", i, n, ints)
+		}
+	}
+
+	var names []string
+	for _, c := range s.log() {
+		names = append(names, c.args[0])
+
+		if c.conn != 1 || !sameArgs(c.args[1:], []string{c.args[1], "1", "k", "a"}) {
+			t.Fatalf("command %q on connection %d", c.args, c.conn)
+		}
+	}
+
+	if got := strings.Join(names, " "); got != "EVALSHA EVAL EVALSHA EVALSHA EVAL EVALSHA" {
+		t.Fatalf("commands %s, want EVALSHA EVAL EVALSHA EVALSHA EVAL EVALSHA", got)
+	}
+}
+
+// TestPoolScriptFailures: an error reply is ErrServer and keeps the
+// connection; any other reply is an error that closes it.
+func TestPoolScriptFailures(t *testing.T) {
+	const good = "*2\r\n:1\r\n:2\r\n"
+
+	h := &scriptServer{}
+	s := startServer(t, h.handle)
+
+	p := NewPool(longOptions(s.addr()))
+	defer p.Close()
+
+	call := NewScript(testScript).Call(1, 1)
+	conns := 1
+
+	for _, tc := range []struct {
+		reply string
+		want  error
+		keep  bool
+	}{
+		{"-ERR boom\r\n", ErrServer, true},
+		{"*2\r\n:1\r\n$1\r\n2\r\n", ErrUnexpected, false},
+		{"*1\r\n:x\r\n", ErrProtocol, false},
+		{":x\r\n", ErrProtocol, false},
+		{":\r\n", ErrUnexpected, false},
+		{":-3\r\n", ErrUnexpected, false},
+		{"*2\r\n:1\r\n:2\n", ErrProtocol, false},
+		{"+OK\r\n", ErrUnexpected, false},
+		{"*99999999\r\n", ErrUnexpected, false},
+		{"*1\r\n:" + strings.Repeat("1", 8192) + "\r\n", ErrProtocol, false},
+	} {
+		h.set(true, good)
+
+		if _, _, err := p.Script(call, call.Head()+Bulk("k")); err != nil {
+			t.Fatalf("good reply: %v", err)
+		}
+
+		h.set(true, tc.reply)
+
+		n, ints, err := p.Script(call, call.Head()+Bulk("k"))
+		if !errors.Is(err, tc.want) {
+			t.Fatalf("%q: %d %v %v, want %v", tc.reply, n, ints, err, tc.want)
+		}
+
+		if !tc.keep {
+			conns++
+		}
+
+		h.set(true, good)
+
+		if _, _, err := p.Script(call, call.Head()+Bulk("k")); err != nil || s.acceptedCount() != conns {
+			t.Fatalf("after %q: %v, %d connections, want %d", tc.reply, err, s.acceptedCount(), conns)
+		}
 	}
 }

@@ -60,15 +60,20 @@ func setup(dir string) error {
 		return err
 	}
 
+	if err := harness.MinimalRedis.Write(gopath); err != nil {
+		return err
+	}
+
 	if err := os.Chdir(dir); err != nil {
 		return err
 	}
 
 	b, err := plugins.NewBuilder(nil, nil, map[string]plugins.LocalDescriptor{
-		"tierlimit":   {ModuleName: harness.ModuleName},
-		"passthrough": {ModuleName: harness.Passthrough.Module},
-		"minimal":     {ModuleName: harness.MinimalLimiter.Module},
-		"minimaledge": {ModuleName: harness.MinimalEdge.Module},
+		"tierlimit":    {ModuleName: harness.ModuleName},
+		"passthrough":  {ModuleName: harness.Passthrough.Module},
+		"minimal":      {ModuleName: harness.MinimalLimiter.Module},
+		"minimaledge":  {ModuleName: harness.MinimalEdge.Module},
+		"minimalredis": {ModuleName: harness.MinimalRedis.Module},
 	})
 	if err != nil {
 		return fmt.Errorf("loading the plugins with Traefik's loader: %w", err)

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/tierlimit/tierlimit/e2e/harness"
+	"github.com/tierlimit/tierlimit/redisresp"
 )
 
 // Allocation budgets: allocations per request of each instance shape, loaded
@@ -22,7 +23,7 @@ var budgets = map[string]float64{
 	"principal":               251,
 	"chain edge anonymous":    287,
 	"chain edge credentialed": 373,
-	"redis allowed":           1289,
+	"redis allowed":           484,
 }
 
 // longEdge is the edge of edgeConfig with hour-long windows.
@@ -88,6 +89,18 @@ func TestAllocationBudgets(t *testing.T) {
 	cfg["store"] = "redis"
 	cfg["redis"] = map[string]any{"address": r.Addr, "timeout": "2s"}
 	check(t, "redis allowed", allocsPerRequest(build(t, "tierlimit", cfg, "redis@budget"), nil))
+	t.Logf("minimal redis limiter, for reference: allowed %.0f",
+		allocsPerRequest(build(t, "minimalredis", map[string]any{"address": r.Addr, "seconds": "3600"}, "minimalredis@budget"), nil))
+
+	// Both counted in Redis, not in their memory fallbacks.
+	admin := r.Client(redisresp.Options{})
+	defer admin.Close()
+
+	for _, key := range []string{"ratelimit:redis@budget:global:global", "minimalredis:minimalredis@budget:global"} {
+		if v, err := admin.Do("GET", key); err != nil || v.Str == "" {
+			t.Errorf("GET %s: %v, %v: the requests were not counted in Redis", key, v, err)
+		}
+	}
 
 	t.Logf("minimal limiter, for reference: allowed %.0f, refused %.0f",
 		allocsPerRequest(build(t, "minimal", map[string]any{"seconds": "3600"}, "minimal@budget"), nil),

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/tierlimit/tierlimit/e2e/harness"
 )
 
 // BenchmarkRatioTable measures, side by side in one process, each instance shape
@@ -121,4 +123,54 @@ func nsPerOpWith(h http.Handler, set func(i int, req *http.Request)) float64 {
 	}
 
 	return float64(time.Since(start).Nanoseconds()) / float64(n)
+}
+
+// BenchmarkRedisTable is BenchmarkRatioTable for the Redis store on a real
+// redis-server: tierlimit's edge (global + ip, store: redis) against
+// harness.MinimalRedis, the least plugin meeting the same contract with one
+// script call, and the memory floors for scale. Round trips included. It is
+// one measurement whatever b.N: run it with -benchtime 1x.
+func BenchmarkRedisTable(b *testing.B) {
+	r, err := harness.StartRedis(b.TempDir())
+	if err != nil {
+		b.Skip(err)
+	}
+	defer r.Kill()
+
+	cfg := longEdge()
+	cfg["store"] = "redis"
+	cfg["redis"] = map[string]any{"address": r.Addr, "timeout": "2s"}
+
+	shapes := []struct {
+		name string
+		h    http.Handler
+	}{
+		{"minimal redis limiter (harness.MinimalRedis), allowed", build(b, "minimalredis", map[string]any{"address": r.Addr, "seconds": "3600"}, "minimalredis@redistable")},
+		{"tierlimit edge (global + ip), store: redis, allowed", build(b, "tierlimit", cfg, "redis@redistable")},
+		{"minimal two-layer edge, memory, allowed", build(b, "minimaledge", map[string]any{"seconds": "3600"}, "minimaledge@redistable")},
+		{"tierlimit edge, memory, allowed", build(b, "tierlimit", longEdge(), "edge@redistable")},
+	}
+
+	const rounds = 7
+
+	times := make([][]float64, len(shapes))
+	allocs := make([]int64, len(shapes))
+
+	for round := 0; round < rounds; round++ {
+		for i, sh := range shapes {
+			allocs[i] = int64(allocsPerRequest(sh.h, nil))
+			times[i] = append(times[i], nsPerOpWith(sh.h, nil))
+		}
+	}
+
+	fmt.Printf("\nYaegi with a redis-server (Traefik's loader, in process), fastest of %d alternating rounds:\n", rounds)
+	fmt.Printf("| shape | ns/request | allocations/request | ratio to the minimal redis limiter |\n|---|---|---|---|\n")
+
+	for i, sh := range shapes {
+		fmt.Printf("| %s | %.0f | %d | %.2f |\n", sh.name, fastest(times[i]), allocs[i], fastest(times[i])/fastest(times[0]))
+	}
+
+	for i, sh := range shapes {
+		fmt.Printf("rounds, %s: %s\n", sh.name, rounded(times[i]))
+	}
 }

@@ -1,5 +1,5 @@
 // Command loadbench measures Traefik v3.6.12 (the real binary, started by the
-// e2e harness) under a closed-loop Go load generator on loopback, in eight
+// e2e harness) under a closed-loop Go load generator on loopback, in these
 // configurations behind one router to the same backend:
 //
 //	none                no middleware
@@ -9,6 +9,7 @@
 //	builtin-memory    Traefik's RateLimit, in-memory buckets, keyed by X-Forwarded-For (depth 1)
 //	tierlimit-memory  this plugin, store: memory, global + ip layers, headers on
 //	builtin-redis     Traefik's RateLimit with redis.endpoints
+//	minimal-redis     a Yaegi plugin doing the least tierlimit-redis's global + ip must, in one script call (harness.MinimalRedis)
 //	tierlimit-redis   this plugin, store: redis
 //	tierlimit-sentinel  this plugin, store: redis, the same server found through a sentinel
 //	builtin-cluster   Traefik's RateLimit with three endpoints: a Redis Cluster of three primaries
@@ -99,6 +100,13 @@ var configurations = []configuration{
 	{name: "builtin-memory", middleware: builtin(false)},
 	{name: "tierlimit-memory", middleware: plugin(false)},
 	{name: "builtin-redis", redis: true, middleware: builtin(true)},
+	{name: "minimal-redis", redis: true, middleware: func(s scenario, addr string) string {
+		if s.id == "b" {
+			return fmt.Sprintf("plugin:\n  minimalredis: {address: %q, points: %d, seconds: 3600}\n", addr, lowPoints)
+		}
+
+		return fmt.Sprintf("plugin:\n  minimalredis: {address: %q}\n", addr)
+	}},
 	{name: "tierlimit-redis", redis: true, middleware: plugin(true)},
 	{name: "tierlimit-sentinel", redis: true, sentinel: true, middleware: pluginSentinel},
 	{name: "builtin-cluster", redis: true, cluster: true, middleware: builtinCluster},
@@ -259,6 +267,21 @@ func main() {
 		fmt.Fprintln(os.Stderr, "loadbench:", err)
 		os.Exit(1)
 	}
+}
+
+// builtinPeer is the built-in configuration a configuration's "vs built-in"
+// column compares with: tierlimit-X with builtin-X, minimal-redis with
+// builtin-redis; "" for none.
+func builtinPeer(name string) string {
+	if name == "minimal-redis" {
+		return "builtin-redis"
+	}
+
+	if peer, ok := strings.CutPrefix(name, "tierlimit-"); ok {
+		return "builtin-" + peer
+	}
+
+	return ""
 }
 
 func names(cs []configuration) string {
@@ -466,8 +489,9 @@ func (b *bench) runOne(c configuration, s scenario, rep int) (res result) {
 	}
 	defer os.RemoveAll(dir)
 
-	tr, err := harness.Start(harness.Options{Dir: dir, Dynamic: dynamic(c, s, b.backend, redisAddr), Plugins: []harness.LocalPlugin{harness.Passthrough, harness.MinimalLimiter, harness.MinimalEdge},
-		Debug: b.o.cpuProfiles != ""})
+	tr, err := harness.Start(harness.Options{Dir: dir, Dynamic: dynamic(c, s, b.backend, redisAddr),
+		Plugins: []harness.LocalPlugin{harness.Passthrough, harness.MinimalLimiter, harness.MinimalEdge, harness.MinimalRedis},
+		Debug:   b.o.cpuProfiles != ""})
 	if err != nil {
 		return result{err: err}
 	}
@@ -1010,8 +1034,8 @@ func report(w io.Writer, b *bench, results map[string]map[string][]result, took 
 			}
 
 			vsBuiltin := "–"
-			if peer, ok := strings.CutPrefix(c.name, "tierlimit-"); ok {
-				if bi, ok := sums["builtin-"+peer]; ok && bi.ok > 0 {
+			if peer := builtinPeer(c.name); peer != "" {
+				if bi, ok := sums[peer]; ok && bi.ok > 0 {
 					vsBuiltin = fmt.Sprintf("%.1f%%", 100*sm.rps/bi.rps)
 				}
 			}
@@ -1038,8 +1062,9 @@ func report(w io.Writer, b *bench, results map[string]map[string][]result, took 
 
 		// Machine noise drifts over minutes; runs of the same repetition are
 		// close in time, so their ratios show how stable the comparison is.
-		for _, store := range []string{"memory", "redis"} {
-			ours, theirs := results[s.id]["tierlimit-"+store], results[s.id]["builtin-"+store]
+		for _, pair := range [][2]string{{"tierlimit-memory", "builtin-memory"}, {"tierlimit-redis", "builtin-redis"},
+			{"minimal-redis", "builtin-redis"}, {"tierlimit-redis", "minimal-redis"}} {
+			ours, theirs := results[s.id][pair[0]], results[s.id][pair[1]]
 
 			var ratios []string
 
@@ -1050,7 +1075,7 @@ func report(w io.Writer, b *bench, results map[string]map[string][]result, took 
 			}
 
 			if len(ratios) > 1 {
-				notes = append(notes, fmt.Sprintf("tierlimit-%s / builtin-%s throughput per repetition: %s", store, store, strings.Join(ratios, ", ")))
+				notes = append(notes, fmt.Sprintf("%s / %s throughput per repetition: %s", pair[0], pair[1], strings.Join(ratios, ", ")))
 			}
 		}
 
