@@ -59,7 +59,7 @@ func afterAuthPlan(p *Plugin, rw http.ResponseWriter, req *http.Request, princip
 		pd.settled = true
 
 		if principal == "" {
-			if ok, _ = pd.edge.decide(rw, req, pd.edge.planInvalid, pd.client, ""); !ok {
+			if ok, _ = decide(pd.edge, rw, req, pd.edge.planInvalid, pd.client, ""); !ok {
 				return nil, false
 			}
 

@@ -6,7 +6,7 @@ import (
 
 // isExempt reports whether exempt.ips holds the request's client address or
 // exempt.principals its principal.
-func (p *Plugin) isExempt(req *http.Request, principal string) bool {
+func isExempt(p *Plugin, req *http.Request, principal string) bool {
 	return principal != "" && p.exempt.ids[principal] || p.ips.clientIn(req, p.exempt.ips)
 }
 
@@ -15,9 +15,9 @@ func (p *Plugin) isExempt(req *http.Request, principal string) bool {
 // global budget protects the backend from everyone, exempt clients included.
 // With no layer charged the response carries no rate-limit headers: no limit
 // applies to it.
-func (p *Plugin) serveExempt(rw http.ResponseWriter, req *http.Request, client, principal string) {
+func serveExempt(p *Plugin, rw http.ResponseWriter, req *http.Request, client, principal string) {
 	if p.exempt.plan != nil {
-		if ok, _ := p.decide(rw, req, p.exempt.plan, client, principal); !ok {
+		if ok, _ := decide(p, rw, req, p.exempt.plan, client, principal); !ok {
 			return
 		}
 	}

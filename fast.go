@@ -34,7 +34,7 @@ type (
 func (c *classifyPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	p := (*Plugin)(c)
 	if p.routes != nil && (p.routeMethods == nil || p.routeMethods[req.Method]) && routeMatches(p, req, canonicalPath(req.URL.Path, p.foldPaths)) {
-		p.serveGeneral(rw, req)
+		serveGeneral(p, rw, req)
 		return
 	}
 
@@ -368,6 +368,7 @@ var refusalHeaders = []string{
 func (c *refusalCache) set(l *layer, resetH string, reset, secs int64) {
 	if c.resetH != resetH {
 		c.resetH = resetH
+		c.resetSec = ceilSeconds(reset)
 		c.body = []byte(l.bodyPrefix + time.Unix(ceilSeconds(reset), 0).UTC().Format(time.RFC3339) + l.bodySuffix)
 	}
 
@@ -396,5 +397,5 @@ func refuseOther(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer,
 	}
 
 	setHeaders(rw.Header(), l, 0, reset, resetH, now)
-	p.reject(rw, req, l, count, reset, now)
+	reject(p, rw, req, l, count, reset, now)
 }

@@ -13,7 +13,7 @@ import (
 
 // serveGeneral charges the request to its plan and routes, and refuses it
 // or passes it on.
-func (p *Plugin) serveGeneral(rw http.ResponseWriter, req *http.Request) {
+func serveGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 	// Calls are gated by what the instance reads (doc.go: frames).
 	client := clientKey(p.ips, req)
 	principal := ""
@@ -21,8 +21,8 @@ func (p *Plugin) serveGeneral(rw http.ResponseWriter, req *http.Request) {
 		principal = principalOf(p, req)
 	}
 
-	if p.exempt != nil && p.isExempt(req, principal) {
-		p.serveExempt(rw, req, client, principal)
+	if p.exempt != nil && isExempt(p, req, principal) {
+		serveExempt(p, rw, req, client, principal)
 		return
 	}
 
@@ -35,17 +35,17 @@ func (p *Plugin) serveGeneral(rw http.ResponseWriter, req *http.Request) {
 		if layers, ok = afterAuthPlan(p, rw, req, principal); !ok {
 			return
 		}
-	case len(p.credHeaders)+len(p.credCookies)+len(p.credQuery) > 0 && p.hasCredential(req):
+	case len(p.credHeaders)+len(p.credCookies)+len(p.credQuery) > 0 && hasCredential(p, req):
 		layers, credentialed = p.planCred, true
 	case p.assetHint != nil && isAsset(p, req):
 		layers = p.planAssets
 	}
 
 	if p.routes != nil {
-		layers = p.withRoutes(layers, req, canonicalPath(req.URL.Path, p.foldPaths))
+		layers = withRoutes(p, layers, req, canonicalPath(req.URL.Path, p.foldPaths))
 	}
 
-	ok, left := p.decide(rw, req, layers, client, principal)
+	ok, left := decide(p, rw, req, layers, client, principal)
 	if !ok {
 		return
 	}
@@ -56,7 +56,7 @@ func (p *Plugin) serveGeneral(rw http.ResponseWriter, req *http.Request) {
 	}
 
 	if p.ws != nil && isUpgrade(req) {
-		p.serveUpgrade(out, rw, req, client)
+		serveUpgrade(p, out, rw, req, client)
 		return
 	}
 
@@ -66,7 +66,7 @@ func (p *Plugin) serveGeneral(rw http.ResponseWriter, req *http.Request) {
 // decide charges the layers, reports first refusals, sets the headers of the
 // most restrictive layer and answers a refusal. It reports whether the request
 // may go on, and the requests left in the layer the headers show (-1: none).
-func (p *Plugin) decide(rw http.ResponseWriter, req *http.Request, layers []*layer, client, principal string) (bool, int64) {
+func decide(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, client, principal string) (bool, int64) {
 	now := p.now().UnixNano()
 
 	var t tally
@@ -74,7 +74,7 @@ func (p *Plugin) decide(rw http.ResponseWriter, req *http.Request, layers []*lay
 	p.store.take(&t, now, layers, client, principal, req, p.dryRun)
 
 	if t.firsts != 0 {
-		p.report(layers, t.firsts, client, principal, req)
+		report(p, layers, t.firsts, client, principal, req)
 	}
 
 	if t.shown < 0 {
@@ -89,7 +89,7 @@ func (p *Plugin) decide(rw http.ResponseWriter, req *http.Request, layers []*lay
 		return true, t.left
 	}
 
-	p.reject(rw, req, layers[t.shown], t.count, t.reset, now)
+	reject(p, rw, req, layers[t.shown], t.count, t.reset, now)
 
 	return false, 0
 }
@@ -97,7 +97,7 @@ func (p *Plugin) decide(rw http.ResponseWriter, req *http.Request, layers []*lay
 // serveUpgrade passes on a WebSocket upgrade under the per-IP connection cap.
 // out is what next gets (rw, or a credentialWriter around it); refusals are
 // written to rw itself, which can be hijacked.
-func (p *Plugin) serveUpgrade(out, rw http.ResponseWriter, req *http.Request, client string) {
+func serveUpgrade(p *Plugin, out, rw http.ResponseWriter, req *http.Request, client string) {
 	ok, first := p.ws.acquire(client)
 	if first {
 		p.events.refused(p.wsLayer.name, client, client)
@@ -105,7 +105,7 @@ func (p *Plugin) serveUpgrade(out, rw http.ResponseWriter, req *http.Request, cl
 
 	if !ok && !p.dryRun {
 		now := p.now().UnixNano()
-		p.reject(rw, req, p.wsLayer, p.wsLayer.points+1, now+p.wsLayer.duration, now)
+		reject(p, rw, req, p.wsLayer, p.wsLayer.points+1, now+p.wsLayer.duration, now)
 
 		return
 	}
@@ -119,7 +119,7 @@ func (p *Plugin) serveUpgrade(out, rw http.ResponseWriter, req *http.Request, cl
 }
 
 // report writes an event for each layer whose refusal is the first of its window.
-func (p *Plugin) report(layers []*layer, firsts uint64, client, principal string, req *http.Request) {
+func report(p *Plugin, layers []*layer, firsts uint64, client, principal string, req *http.Request) {
 	for i, l := range layers {
 		if firsts&(uint64(1)<<uint(i)) != 0 {
 			p.events.refused(l.name, l.keyFor(client, principal, req), client)
@@ -129,7 +129,7 @@ func (p *Plugin) report(layers []*layer, firsts uint64, client, principal string
 
 // reject answers a refused request: a 429, or for a WebSocket upgrade a
 // completed handshake closed with 1013.
-func (p *Plugin) reject(rw http.ResponseWriter, req *http.Request, l *layer, count, reset, now int64) {
+func reject(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer, count, reset, now int64) {
 	if req.Header["Upgrade"] == nil || !isUpgrade(req) {
 		refuse(rw, l, count, reset, now)
 		return
@@ -158,7 +158,7 @@ func principalPlan(p *Plugin, req *http.Request) []*layer {
 
 // withRoutes appends the matching routes' layers to the plan; it allocates
 // only when a route matches.
-func (p *Plugin) withRoutes(layers []*layer, req *http.Request, path string) []*layer {
+func withRoutes(p *Plugin, layers []*layer, req *http.Request, path string) []*layer {
 	var out []*layer
 
 	for _, rt := range p.routes {

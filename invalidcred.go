@@ -125,7 +125,7 @@ func (w *credentialWriter) chargeIP() bool {
 	p.store.take(&t, now, p.planInvalid, w.clientKey, "", nil, p.dryRun)
 
 	if t.firsts != 0 {
-		p.report(p.planInvalid, t.firsts, w.clientKey, "", nil)
+		report(p, p.planInvalid, t.firsts, w.clientKey, "", nil)
 	}
 
 	if t.shown < 0 {
@@ -143,7 +143,7 @@ func (w *credentialWriter) chargeIP() bool {
 			setHeaders(h, ip, t.left, t.reset, t.resetH, now)
 		}
 
-		p.reject(w.rw, w.req, ip, t.count, t.reset, now)
+		reject(p, w.rw, w.req, ip, t.count, t.reset, now)
 
 		return true
 	}

@@ -77,7 +77,7 @@ type refusal struct {
 	contentType            []string
 	body                   []bodyPart
 	bodyPrefix, bodySuffix string
-	cache                  refusalCache // the fast path's, under the memory store's lock
+	cache                  refusalCache // the fast paths', under the memory store's lock (in modeRedis, the block list's)
 }
 
 // refusalCache holds a default refusal of the layer, for the reset second
@@ -85,10 +85,11 @@ type refusal struct {
 // the order of refusalHeaders (fast.go). Many refusals share them: every
 // refusal of a flood within one second, of windows that reset in one second.
 type refusalCache struct {
-	resetH string
-	secs   int64
-	body   []byte
-	values [][]string
+	resetH   string
+	resetSec int64 // resetH, parsed
+	secs     int64
+	body     []byte
+	values   [][]string
 }
 
 // maxPrecomputed bounds the per-layer header tables.

@@ -130,13 +130,13 @@ func (p *Plugin) fastPath() http.Handler {
 // ServeHTTP answers the status page, then dispatches on the mode to the
 // paths of fast.go and general.go.
 func (p *Plugin) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
-	if p.status != nil && p.serveStatus(rw, req) {
+	if p.status != nil && serveStatus(p, rw, req) {
 		return
 	}
 
 	switch p.mode {
 	case modeGeneral:
-		p.serveGeneral(rw, req)
+		serveGeneral(p, rw, req)
 	case modeOff:
 		p.next.ServeHTTP(rw, req)
 	default:

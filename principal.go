@@ -55,7 +55,7 @@ func isServiceAccount(p *Plugin, req *http.Request) bool {
 // one of the configured headers, cookies or query parameters. An empty value is
 // no credential: an auth server treats it as anonymous, so it must not exempt
 // the request from the ip layer.
-func (p *Plugin) hasCredential(req *http.Request) bool {
+func hasCredential(p *Plugin, req *http.Request) bool {
 	credentialed := false
 	// kernel credential-header
 	for _, h := range p.credHeaders {

@@ -185,12 +185,59 @@ func (rd *redisPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 // nsPerSecond).
 const nsPerMillisecond = 1000000
 
-// refuseBlocked refuses a request one of whose keys is blocked (redisStore's
-// block list), without a Redis call, and reports whether it did.
+// refuseBlocked refuses, without a Redis call, a request one of whose keys
+// Redis reported over its limit (the store's block list), and reports
+// whether it did. As refuseFast does, it answers from the layer's refusal
+// cache, under the block list's lock (modeRedis charges no memory window);
+// the refusal was reported when the key was blocked. An expired entry, a
+// configured body or a WebSocket upgrade takes the store's own code
+// (refuseBlockedGeneral).
 func refuseBlocked(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, client string) bool {
+	b := p.fast.store.blocked
+	now := p.now().UnixNano()
+	b.mu.Lock()
+	for _, l := range layers {
+		key := client
+		if l.keyKind == keyOfConst {
+			key = l.constKey
+		}
+		reset := b.until[l.name+"\x00"+key]
+		if reset == 0 {
+			continue
+		}
+		if reset <= now || l.body != nil || req.Header["Upgrade"] != nil {
+			b.mu.Unlock()
+			return refuseBlockedGeneral(p, rw, req, layers, client, now)
+		}
+
+		c := &l.cache
+		secs := (reset - now + nsPerSecond - 1) / nsPerSecond
+		if c.resetSec != (reset+nsPerSecond-1)/nsPerSecond || c.secs != secs {
+			c.set(l, formatInt((reset+nsPerSecond-1)/nsPerSecond), reset, secs)
+		}
+		values := c.values
+		body := c.body
+		b.mu.Unlock()
+
+		atomic.AddInt64(&l.stats.redisRefused, 1)
+		h := rw.Header()
+		for i, v := range values {
+			h[refusalHeaders[i]] = v
+		}
+		rw.WriteHeader(l.status)
+		_, _ = rw.Write(body)
+
+		return true
+	}
+	b.mu.Unlock()
+
+	return false
+}
+
+// refuseBlockedGeneral is refuseBlocked through the store's takeBlocked.
+func refuseBlockedGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, client string, now int64) bool {
 	var t tally
 
-	now := p.now().UnixNano()
 	if !p.fast.store.takeBlocked(&t, now, layers, client, "", req) {
 		return false
 	}
@@ -203,7 +250,7 @@ func refuseBlocked(p *Plugin, rw http.ResponseWriter, req *http.Request, layers 
 // serveRedisSlow serves a request of modeRedis on the general decision:
 // Redis is in back-off, or the client key is long.
 func serveRedisSlow(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, client string) {
-	if ok, _ := p.decide(rw, req, layers, client, ""); ok {
+	if ok, _ := decide(p, rw, req, layers, client, ""); ok {
 		p.next.ServeHTTP(rw, req)
 	}
 }
@@ -240,13 +287,13 @@ func redisReply(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*
 // answer is decide after the charge, for a request of modeRedis.
 func answer(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, t *tally, client string, now int64) {
 	if t.firsts != 0 {
-		p.report(layers, t.firsts, client, "", req)
+		report(p, layers, t.firsts, client, "", req)
 	}
 
 	setHeaders(rw.Header(), layers[t.shown], t.left, t.reset, t.resetH, now)
 
 	if t.refused {
-		p.reject(rw, req, layers[t.shown], t.count, t.reset, now)
+		reject(p, rw, req, layers[t.shown], t.count, t.reset, now)
 		return
 	}
 

@@ -4,6 +4,8 @@ import (
 	"crypto/sha1"
 	"encoding/hex"
 	"net/http"
+	"net/http/httptest"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -95,6 +97,27 @@ func TestServeRedisWithAKeyBlocked(t *testing.T) {
 		rec := h.get("/api", "203.0.113.10:1")
 		if rec.Code != http.StatusOK || rec.Header().Get("X-RateLimit-Remaining") != "1" || srv.commands.Load() != calls+1 {
 			t.Fatalf("other client: %d %v after %d Redis calls, want the script's decision", rec.Code, rec.Header(), srv.commands.Load()-calls)
+		}
+	}
+
+	// The blocked refusal, from the layer's refusal cache, is the store's own
+	// (refuseBlockedGeneral), headers and body, as the seconds to the reset
+	// go down (the cache is refreshed) and the second turns.
+	for _, step := range []time.Duration{0, 0, 700 * time.Millisecond, 1100 * time.Millisecond, 28 * time.Second} {
+		h.clock.Add(step)
+
+		fast := h.get("/api", "203.0.113.9:1")
+		general := httptest.NewRecorder()
+		req := httptest.NewRequest(http.MethodGet, "/api", nil)
+		req.RemoteAddr = "203.0.113.9:1"
+
+		if !refuseBlockedGeneral(h.p, general, req, h.p.planIP, "203.0.113.9", h.p.now().UnixNano()) {
+			t.Fatalf("after %v: the store's code does not find the key blocked", step)
+		}
+
+		if fast.Code != general.Code || !reflect.DeepEqual(fast.Header(), general.Header()) || fast.Body.String() != general.Body.String() {
+			t.Fatalf("after %v: the blocked refusal\n%d %v %s\nwant the store's\n%d %v %s", step,
+				fast.Code, fast.Header(), fast.Body, general.Code, general.Header(), general.Body)
 		}
 	}
 }

@@ -27,7 +27,7 @@ const metricsSuffix = "/metrics"
 // serveStatus answers the request if it is for the status endpoint from an
 // allowed client and reports whether it did. Called only when status.path is
 // set; the path is compared first, so other requests cost one string prefix test.
-func (p *Plugin) serveStatus(rw http.ResponseWriter, req *http.Request) bool {
+func serveStatus(p *Plugin, rw http.ResponseWriter, req *http.Request) bool {
 	path := req.URL.Path
 	if !strings.HasPrefix(path, p.status.path) {
 		return false

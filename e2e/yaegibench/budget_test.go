@@ -21,9 +21,10 @@ var budgets = map[string]float64{
 	"edge forwarded":          264,
 	"edge refused":            239,
 	"principal":               251,
-	"chain edge anonymous":    287,
-	"chain edge credentialed": 373,
+	"chain edge anonymous":    286,
+	"chain edge credentialed": 372,
 	"redis allowed":           484,
+	"redis refused":           307,
 }
 
 // longEdge is the edge of edgeConfig with hour-long windows.
@@ -89,6 +90,13 @@ func TestAllocationBudgets(t *testing.T) {
 	cfg["store"] = "redis"
 	cfg["redis"] = map[string]any{"address": r.Addr, "timeout": "2s"}
 	check(t, "redis allowed", allocsPerRequest(build(t, "tierlimit", cfg, "redis@budget"), nil))
+
+	// Refused by a key Redis reported over its limit: no Redis call.
+	refusedCfg := longEdge()
+	refusedCfg["ip"] = map[string]any{"points": "1", "duration": "1h"}
+	refusedCfg["store"] = "redis"
+	refusedCfg["redis"] = cfg["redis"]
+	check(t, "redis refused", allocsPerRequest(build(t, "tierlimit", refusedCfg, "redisrefused@budget"), nil))
 	t.Logf("minimal redis limiter, for reference: allowed %.0f",
 		allocsPerRequest(build(t, "minimalredis", map[string]any{"address": r.Addr, "seconds": "3600"}, "minimalredis@budget"), nil))
 
