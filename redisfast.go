@@ -136,7 +136,7 @@ func (rd *redisPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	}
 
 	now := p.now().UnixNano()
-	v, ints, err := rs.backend.single.Script(rp.call, rp.heads[len(client)]+client+rp.tail)
+	v, ints, err := redisresp.ScriptInts(rs.backend.single, rp.call, rp.heads[len(client)]+client+rp.tail)
 	if err != nil {
 		redisFailed(p, rw, req, layers, client, now, err)
 		return

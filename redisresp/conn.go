@@ -124,7 +124,7 @@ func (c *Conn) DoInts(deadline time.Time, cmd string) ([]int64, string, error) {
 	return ints, serverErr, nil
 }
 
-// ints is DoInts for Pool.Script, which runs it on every rate-limit call:
+// connInts is DoInts for ScriptInts, which runs it on every rate-limit call:
 // a non-negative integer reply, returned as n with a nil slice, is read
 // inline (a negative one is ErrUnexpected), a short
 // array by shortArray, and everything else by intsOf (tierlimit's doc.go:
@@ -132,7 +132,7 @@ func (c *Conn) DoInts(deadline time.Time, cmd string) ([]int64, string, error) {
 // either c.err is set (the connection is closed) or c.serverErr holds the
 // server's error reply. The command is written to the connection itself: bw
 // is empty between calls.
-func (c *Conn) ints(deadline time.Time, cmd string) (int64, []int64) {
+func connInts(c *Conn, deadline time.Time, cmd string) (int64, []int64) {
 	if c.err != nil {
 		return -1, nil
 	}

@@ -193,16 +193,17 @@ func (p *Pool) DoInts(cmd string) ([]int64, string, error) {
 	return ints, serverErr, err
 }
 
-// Script runs a script call, cmd being call.Head() followed by the encoded
-// keys and arguments (see Call.RunInts). It returns an integer reply as n,
-// with ints nil (a negative one is ErrUnexpected), and the integers of an
-// array reply as ints, with n -1; a server error
-// reply is an error wrapping ErrServer. It is Call.RunInts for the rate
-// limiter's fast path: an idle connection is taken, used and returned
-// inline, and the reply read by Conn.ints; every other case (no idle
-// connection, NOSCRIPT, an error) is finished by scriptSlow (tierlimit's
-// doc.go: frames).
-func (p *Pool) Script(call Call, cmd string) (int64, []int64, error) {
+// ScriptInts runs a script call on p, cmd being call.Head() followed by the
+// encoded keys and arguments (see Call.RunInts). It returns an integer reply
+// as n, with ints nil (a negative one is ErrUnexpected), and the integers of
+// an array reply as ints, with n -1; a server error reply is an error
+// wrapping ErrServer. It is Call.RunInts for the rate limiter's fast path: an
+// idle connection is taken, used and returned inline, and the reply read by
+// connInts; every other case (no idle connection, NOSCRIPT, an error) is
+// finished by scriptSlow. A function, not a method of Pool, as connInts: under
+// Yaegi a method call costs a reflect.MakeFunc round trip (tierlimit's
+// doc.go: frames, functions).
+func ScriptInts(p *Pool, call Call, cmd string) (int64, []int64, error) {
 	var c *Conn
 
 	p.mu.Lock()
@@ -217,7 +218,7 @@ func (p *Pool) Script(call Call, cmd string) (int64, []int64, error) {
 	n := int64(-1)
 	var ints []int64
 	if c != nil {
-		n, ints = c.ints(time.Now().Add(p.opts.Timeout), cmd)
+		n, ints = connInts(c, time.Now().Add(p.opts.Timeout), cmd)
 	}
 
 	if n < 0 && ints == nil {
@@ -249,7 +250,7 @@ func (p *Pool) scriptSlow(c *Conn, call Call, cmd string) (int64, []int64, error
 			return -1, nil, err
 		}
 
-		if n, ints := c.ints(time.Now().Add(p.opts.Timeout), cmd); n >= 0 || ints != nil {
+		if n, ints := connInts(c, time.Now().Add(p.opts.Timeout), cmd); n >= 0 || ints != nil {
 			p.put(c)
 			return n, ints, nil
 		}
@@ -260,7 +261,7 @@ func (p *Pool) scriptSlow(c *Conn, call Call, cmd string) (int64, []int64, error
 	c.serverErr = ""
 
 	if err == nil && strings.HasPrefix(serverErr, "NOSCRIPT") {
-		if n, ints := c.ints(time.Now().Add(p.opts.Timeout), call.eval+cmd[len(call.evalsha):]); n >= 0 || ints != nil {
+		if n, ints := connInts(c, time.Now().Add(p.opts.Timeout), call.eval+cmd[len(call.evalsha):]); n >= 0 || ints != nil {
 			p.put(c)
 			return n, ints, nil
 		}

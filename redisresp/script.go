@@ -61,7 +61,7 @@ func (s *Script) Call(numKeys, nargs int) Call {
 	return Call{evalsha: count + "$7\r\nEVALSHA\r\n" + Bulk(s.sha) + keys, eval: count + "$4\r\nEVAL\r\n" + Bulk(s.src) + keys}
 }
 
-// Head is the encoded start of the call's EVALSHA command, for Pool.Script.
+// Head is the encoded start of the call's EVALSHA command, for ScriptInts.
 func (c Call) Head() string {
 	return c.evalsha
 }

@@ -71,6 +71,6 @@ var (
 	ErrNotPrimary = errors.New("redis server is not the primary")
 	// ErrNoPrimary: no sentinel named a primary.
 	ErrNoPrimary = errors.New("no sentinel named the primary")
-	// ErrServer: the server answered a call with an error reply (Pool.Script).
+	// ErrServer: the server answered a call with an error reply (ScriptInts).
 	ErrServer = errors.New("redis error reply")
 )

@@ -23,8 +23,8 @@ var budgets = map[string]float64{
 	"principal":               251,
 	"chain edge anonymous":    286,
 	"chain edge credentialed": 372,
-	"redis allowed":           484,
-	"redis refused":           307,
+	"redis allowed":           435,
+	"redis refused":           306,
 }
 
 // longEdge is the edge of edgeConfig with hour-long windows.
