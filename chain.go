@@ -1,7 +1,6 @@
 package tierlimit
 
 import (
-	"context"
 	"net/http"
 )
 
@@ -29,23 +28,6 @@ type pendingIP struct {
 // unique, comparable, and the same for every instance of the plugin, which
 // share one interpreter.
 var pendingKey = new(byte)
-
-// passCredentialed returns what next gets for a credentialed request whose ip
-// charge p leaves pending: the request carrying it, and the writer that
-// watches the response for an invalid-credential status (invalidcred.go);
-// left is the requests left in the layer the headers show, -1 if none.
-func passCredentialed(p *Plugin, rw http.ResponseWriter, req *http.Request, client string, left int64) (*http.Request, http.ResponseWriter) {
-	pd := &pendingIP{edge: p, client: client}
-	req = req.WithContext(context.WithValue(req.Context(), pendingKey, pd))
-
-	// Converted to the interface first (doc.go: wrappers).
-	var out http.ResponseWriter = rw
-	if p.invalidCode != nil {
-		out = &credentialWriter{rw: rw, req: req, p: p, clientKey: client, prevLeft: left, pending: pd}
-	}
-
-	return req, out
-}
 
 // afterAuthPlan is the plan of a request at an instance placed after
 // ForwardAuth (userHeader set): its principal's tier; none of this instance's

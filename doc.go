@@ -31,8 +31,9 @@ package tierlimit
 // Kernels. Where a shared helper would put a frame on the fast path, the
 // fast path writes the few lines out, and the general path keeps the same
 // lines: the client-IP fast case (client-ip), the fixed-window charge
-// (fixed-charge), the rate-limit headers (headers) and the credential-header
-// check (credential-header). Each copy sits between "// kernel <name>" and
+// (fixed-charge), the rate-limit headers (headers), the credential-header
+// check (credential-header) and the pending charge of a credentialed request
+// (pass-credentialed). Each copy sits between "// kernel <name>" and
 // "// end kernel"; TestKernelsAreIdentical fails when the copies differ.
 //
 // Modes. New chooses the mode once (chooseMode, build.go); fast.go,

@@ -1,6 +1,7 @@
 package tierlimit
 
 import (
+	"context"
 	"net/http"
 	"strings"
 	"time"
@@ -49,7 +50,7 @@ func (c *classifyPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 
 	switch {
 	case credentialed:
-		serveFast(p, rw, req, true)
+		serveCredentialed(p, rw, req)
 	case p.userHeader != "":
 		(*principalPath)(p).ServeHTTP(rw, req)
 	default:
@@ -65,7 +66,7 @@ func (pp *principalPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	p := (*Plugin)(pp)
 	principal := principalOf(p, req)
 	if principal == "" {
-		serveFast(p, rw, req, false)
+		serveFast(p, rw, req)
 		return
 	}
 	if pd, _ := req.Context().Value(pendingKey).(*pendingIP); pd != nil {
@@ -142,20 +143,89 @@ func (pp *principalPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	p.next.ServeHTTP(rw, req)
 }
 
-// serveFast serves the requests of the fast modes that neither path above
-// takes: a credentialed request at the edge, charged to global only with its
-// response watched (invalidcred.go), and a request without a principal at
-// the instance after ForwardAuth, which settles a charge an earlier instance
-// left pending (afterAuthPlan) or is charged to ip or assets. It calls
-// clientKey and setHeaders where the paths above write their kernels out, to
-// stay short.
-func serveFast(p *Plugin, rw http.ResponseWriter, req *http.Request, credentialed bool) {
-	layers := p.planCred
-	if p.userHeader != "" {
-		ok := true
-		if layers, ok = afterAuthPlan(p, rw, req, ""); !ok {
+// serveCredentialed serves a request with a credential header at the edge
+// (classifyPath without userHeader): it is charged to global only (planCred
+// holds global or nothing), and passed on with its ip charge pending and its
+// response watched (chain.go, invalidcred.go).
+func serveCredentialed(p *Plugin, rw http.ResponseWriter, req *http.Request) {
+	client := ""
+	// kernel client-ip (p.ips as r)
+	if req.Header["X-Forwarded-For"] == nil {
+		i := strings.LastIndexByte(req.RemoteAddr, ':')
+		if i > 0 && req.RemoteAddr[0] != '[' {
+			client = req.RemoteAddr[:i]
+		}
+	}
+	if client == "" {
+		client = resolve(p.ips, req)
+	}
+	// end kernel
+	left := int64(-1) // requests left in global; -1: global is off
+	if len(p.planCred) > 0 {
+		l := p.planCred[0]
+		key := l.constKey
+		now := p.now().UnixNano()
+		s := p.memory
+		s.mu.Lock()
+		s.takes++
+		// kernel fixed-charge
+		w := l.entries[key]
+		if w != nil && w.reset > now && w.list == l.list {
+			w.count++
+			w.taken = s.takes
+		} else {
+			w = s.restart(now, l, w, key)
+		}
+		// end kernel
+		if w.count > l.points {
+			refuseFast(p, rw, req, l, w, client, "", now)
 			return
 		}
+
+		l.stats.allowed++
+		left = l.points - w.count
+		reset := w.reset
+		resetH := w.resetH
+		s.mu.Unlock()
+		h := rw.Header()
+		shown := l
+		// kernel headers
+		h["X-Ratelimit-Limit"] = shown.limitHdr
+		h["Ratelimit-Policy"] = shown.policyHdr
+		h["X-Ratelimit-Reset"] = resetH
+		secs := (reset - now + nsPerSecond - 1) / nsPerSecond
+		if left < shown.tableLen && secs <= maxSmallInt {
+			h["X-Ratelimit-Remaining"] = shown.remainingHdr[left]
+			h["Ratelimit"] = []string{shown.ratePrefix[left] + smallInts[secs]}
+		} else {
+			setLargeHeaders(h, shown, left, secs)
+		}
+		// end kernel
+	}
+
+	// Converted to the interface first (doc.go: wrappers).
+	var out http.ResponseWriter = rw
+	if p.planInvalid != nil {
+		// kernel pass-credentialed
+		pd := &pendingIP{edge: p, client: client}
+		req = req.WithContext(context.WithValue(req.Context(), pendingKey, pd))
+		if p.invalidCode != nil {
+			out = &credentialWriter{rw: rw, req: req, p: p, clientKey: client, prevLeft: left, pending: pd}
+		}
+		// end kernel
+	}
+
+	p.next.ServeHTTP(out, req)
+}
+
+// serveFast serves a request without a principal at the instance after
+// ForwardAuth: it settles a charge an earlier instance left pending
+// (afterAuthPlan) or is charged to ip or assets. It calls clientKey and
+// setHeaders where the paths above write their kernels out, to stay short.
+func serveFast(p *Plugin, rw http.ResponseWriter, req *http.Request) {
+	layers, ok := afterAuthPlan(p, rw, req, "")
+	if !ok {
+		return
 	}
 
 	client := clientKey(p.ips, req)
@@ -202,7 +272,7 @@ func serveFast(p *Plugin, rw http.ResponseWriter, req *http.Request, credentiale
 
 	if sw == nil {
 		s.mu.Unlock()
-		serveUncharged(p, rw, req, client, credentialed)
+		p.next.ServeHTTP(rw, req)
 		return
 	}
 
@@ -210,12 +280,6 @@ func serveFast(p *Plugin, rw http.ResponseWriter, req *http.Request, credentiale
 	resetH := sw.resetH
 	s.mu.Unlock()
 	setHeaders(rw.Header(), shown, left, reset, resetH, now)
-
-	if credentialed && p.planInvalid != nil {
-		serveWatched(p, rw, req, client, left)
-		return
-	}
-
 	p.next.ServeHTTP(rw, req)
 }
 
@@ -302,25 +366,6 @@ func (ap *anonymousPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	// end kernel
 
 	p.next.ServeHTTP(rw, req)
-}
-
-// serveUncharged passes on a request that no layer charged: without a
-// principal at an instance with no ip layer, or credentialed without global.
-func serveUncharged(p *Plugin, rw http.ResponseWriter, req *http.Request, client string, credentialed bool) {
-	if credentialed && p.planInvalid != nil {
-		serveWatched(p, rw, req, client, -1)
-		return
-	}
-
-	p.next.ServeHTTP(rw, req)
-}
-
-// serveWatched passes on a credentialed request with its response watched
-// for an invalid-credential status (invalidcred.go); left is the requests
-// left in the layer the headers show, -1 if none.
-func serveWatched(p *Plugin, rw http.ResponseWriter, req *http.Request, client string, left int64) {
-	req, out := passCredentialed(p, rw, req, client, left)
-	p.next.ServeHTTP(out, req)
 }
 
 // refuseFast answers a request that layer l refused in window w on the fast

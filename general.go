@@ -1,6 +1,7 @@
 package tierlimit
 
 import (
+	"context"
 	"net/http"
 )
 
@@ -50,9 +51,18 @@ func serveGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 		return
 	}
 
+	// Converted to the interface first (doc.go: wrappers).
 	var out http.ResponseWriter = rw
 	if credentialed && p.planInvalid != nil {
-		req, out = passCredentialed(p, rw, req, client, left)
+		// The ip charge is left pending (chain.go), the response watched
+		// (invalidcred.go).
+		// kernel pass-credentialed
+		pd := &pendingIP{edge: p, client: client}
+		req = req.WithContext(context.WithValue(req.Context(), pendingKey, pd))
+		if p.invalidCode != nil {
+			out = &credentialWriter{rw: rw, req: req, p: p, clientKey: client, prevLeft: left, pending: pd}
+		}
+		// end kernel
 	}
 
 	if p.ws != nil && isUpgrade(req) {

@@ -22,7 +22,7 @@ var budgets = map[string]float64{
 	"edge refused":            239,
 	"principal":               251,
 	"chain edge anonymous":    286,
-	"chain edge credentialed": 372,
+	"chain edge credentialed": 309,
 	"redis allowed":           435,
 	"redis refused":           306,
 }
