@@ -34,6 +34,9 @@ type (
 // header is served with its response watched.
 func (c *classifyPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	p := (*Plugin)(c)
+	if p.status != nil && serveStatus(p, rw, req) {
+		return
+	}
 	if p.routes != nil && (p.routeMethods == nil || p.routeMethods[req.Method]) && routeMatches(p, req, canonicalPath(req.URL.Path, p.foldPaths)) {
 		serveGeneral(p, rw, req)
 		return
@@ -64,6 +67,9 @@ func (c *classifyPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 // (chain.go); one without is served by serveFast.
 func (pp *principalPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	p := (*Plugin)(pp)
+	if p.status != nil && serveStatus(p, rw, req) {
+		return
+	}
 	principal := principalOf(p, req)
 	if principal == "" {
 		serveFast(p, rw, req)
@@ -103,7 +109,6 @@ func (pp *principalPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 			left = -1
 			break
 		}
-
 		l.stats.allowed++
 		if shown == nil || l.points-w.count < left {
 			shown = l
@@ -111,12 +116,10 @@ func (pp *principalPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 			left = l.points - w.count
 		}
 	}
-
 	if left < 0 {
 		refuseFast(p, rw, req, shown, sw, "", principal, now)
 		return
 	}
-
 	if sw == nil {
 		s.mu.Unlock()
 		p.next.ServeHTTP(rw, req)
@@ -290,6 +293,9 @@ func serveFast(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 // always shows its headers.
 func (ap *anonymousPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	p := (*Plugin)(ap)
+	if p.status != nil && serveStatus(p, rw, req) {
+		return
+	}
 	client := ""
 	// kernel client-ip (p.ips as r)
 	if req.Header["X-Forwarded-For"] == nil {
@@ -314,7 +320,6 @@ func (ap *anonymousPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	left := int64(0) // requests left in shown; -1: shown refused
 	s.mu.Lock()
 	s.takes++
-
 	for _, l := range layers {
 		key := client
 		if l.keyKind == keyOfConst {
@@ -335,7 +340,6 @@ func (ap *anonymousPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 			left = -1
 			break
 		}
-
 		l.stats.allowed++
 		if shown == nil || l.points-w.count < left {
 			shown = l

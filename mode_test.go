@@ -116,8 +116,8 @@ func TestChooseMode(t *testing.T) {
 }
 
 // TestNewReturnsTheModesHandler: New hands Traefik the handler of the
-// instance's fast mode, so that its requests start on that path; the Plugin
-// itself serves the other modes, and every instance with a status page.
+// instance's fast mode, with or without a status page, so that its requests
+// start on that path; the Plugin itself serves the other modes.
 func TestNewReturnsTheModesHandler(t *testing.T) {
 	for _, sh := range shapes {
 		for _, addStatus := range []bool{false, true} {
@@ -130,17 +130,15 @@ func TestNewReturnsTheModesHandler(t *testing.T) {
 			}))
 
 			var want http.Handler = h.p
-			if !status {
-				switch sh.mode {
-				case modeAnonymous:
-					want = (*anonymousPath)(h.p)
-				case modePrincipal:
-					want = (*principalPath)(h.p)
-				case modeClassify:
-					want = (*classifyPath)(h.p)
-				case modeRedis:
-					want = (*redisPath)(h.p)
-				}
+			switch sh.mode {
+			case modeAnonymous:
+				want = (*anonymousPath)(h.p)
+			case modePrincipal:
+				want = (*principalPath)(h.p)
+			case modeClassify:
+				want = (*classifyPath)(h.p)
+			case modeRedis:
+				want = (*redisPath)(h.p)
 			}
 
 			if h.h != want {

@@ -103,10 +103,10 @@ func New(ctx context.Context, next http.Handler, config *Config, name string) (h
 
 // handler is what serves the instance's requests: the handler of its fast
 // mode (fastPath), which starts a request on that mode's path without
-// ServeHTTP's frame (doc.go: frames), or, for the other modes and for an
-// instance with a status page, the Plugin itself.
+// ServeHTTP's frame (doc.go: frames), or, for the other modes, the Plugin
+// itself. Each answers the status page first.
 func (p *Plugin) handler() http.Handler {
-	if p.status != nil || p.mode == modeOff || p.mode == modeGeneral {
+	if p.mode == modeOff || p.mode == modeGeneral {
 		return p
 	}
 
@@ -127,18 +127,21 @@ func (p *Plugin) fastPath() http.Handler {
 	return (*classifyPath)(p)
 }
 
-// ServeHTTP answers the status page, then dispatches on the mode to the
-// paths of fast.go and general.go.
+// ServeHTTP dispatches on the mode to the paths of fast.go, redisfast.go
+// and general.go; New returns the fast modes' handlers themselves.
 func (p *Plugin) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
-	if p.status != nil && serveStatus(p, rw, req) {
-		return
-	}
-
 	switch p.mode {
-	case modeGeneral:
+	case modeGeneral, modeOff:
+		if p.status != nil && serveStatus(p, rw, req) {
+			return
+		}
+
+		if p.mode == modeOff {
+			p.next.ServeHTTP(rw, req)
+			return
+		}
+
 		serveGeneral(p, rw, req)
-	case modeOff:
-		p.next.ServeHTTP(rw, req)
 	default:
 		p.fastPath().ServeHTTP(rw, req)
 	}

@@ -106,6 +106,9 @@ type redisPath Plugin
 // left.
 func (rd *redisPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	p := (*Plugin)(rd)
+	if p.status != nil && serveStatus(p, rw, req) {
+		return
+	}
 	client := ""
 	// kernel client-ip (p.ips as r)
 	if req.Header["X-Forwarded-For"] == nil {

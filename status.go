@@ -26,13 +26,16 @@ const metricsSuffix = "/metrics"
 
 // serveStatus answers the request if it is for the status endpoint from an
 // allowed client and reports whether it did. Called only when status.path is
-// set; the path is compared first, so other requests cost one string prefix test.
+// set; the path is compared first, in a frame of its own, so that other
+// requests cost one string prefix test (doc.go: frames).
 func serveStatus(p *Plugin, rw http.ResponseWriter, req *http.Request) bool {
-	path := req.URL.Path
-	if !strings.HasPrefix(path, p.status.path) {
-		return false
-	}
+	return strings.HasPrefix(req.URL.Path, p.status.path) && serveStatusPage(p, rw, req)
+}
 
+// serveStatusPage is serveStatus for a request whose path starts with
+// status.path.
+func serveStatusPage(p *Plugin, rw http.ResponseWriter, req *http.Request) bool {
+	path := req.URL.Path
 	rest := path[len(p.status.path):]
 	if rest != "" && rest != metricsSuffix {
 		return false

@@ -17,14 +17,15 @@ import (
 // commit. Windows last an hour and every key is warmed first, so the
 // measured requests start no window.
 var budgets = map[string]float64{
-	"edge allowed":            219,
-	"edge forwarded":          264,
-	"edge refused":            239,
-	"principal":               251,
-	"chain edge anonymous":    286,
-	"chain edge credentialed": 309,
-	"redis allowed":           435,
-	"redis refused":           306,
+	"edge allowed":            223,
+	"edge with a status page": 239,
+	"edge forwarded":          268,
+	"edge refused":            243,
+	"principal":               255,
+	"chain edge anonymous":    294,
+	"chain edge credentialed": 313,
+	"redis allowed":           439,
+	"redis refused":           310,
 }
 
 // longEdge is the edge of edgeConfig with hour-long windows.
@@ -38,6 +39,9 @@ func longEdge() map[string]any {
 func TestAllocationBudgets(t *testing.T) {
 	refused := longEdge()
 	refused["ip"] = map[string]any{"points": "1", "duration": "1h"}
+
+	withStatus := longEdge()
+	withStatus["status"] = map[string]any{"path": "/_tierlimit"}
 
 	chain := longEdge()
 	chain["routes"] = []any{
@@ -68,6 +72,7 @@ func TestAllocationBudgets(t *testing.T) {
 		set    func(i int, req *http.Request)
 	}{
 		{"edge allowed", longEdge(), nil},
+		{"edge with a status page", withStatus, nil},
 		{"edge forwarded", longEdge(), forwarded},
 		{"edge refused", refused, nil},
 		{"principal", principal, users},
