@@ -39,7 +39,7 @@ bench: $(TRAEFIK)
 	@echo '== compiled: go test -run ^$$ -bench . -benchmem -count 5 .'
 	$(GO) test -run '^$$' -bench . -benchmem -count 5 .
 	@echo '== Yaegi (Traefik loader, in process): ratios, allocation budgets, cost and memory'
-	cd e2e && $(GO) test -count=1 -run '^$$' -bench 'RatioTable|CostTable|MemoryTable' -benchtime 1x ./yaegibench 2>/dev/null | grep -v RATE_LIMIT_TRIGGERED
+	cd e2e && $(GO) test -count=1 -run '^$$' -bench 'RatioTable|RedisTable|CostTable|MemoryTable' -benchtime 1x ./yaegibench 2>/dev/null | grep -v RATE_LIMIT_TRIGGERED
 	cd e2e && $(GO) test -count=1 -v -run TestAllocationBudgets ./yaegibench 2>/dev/null | grep -v RATE_LIMIT_TRIGGERED
 	@echo '== real Traefik under load'
 	cd e2e && $(GO) run ./cmd/loadbench
