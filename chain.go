@@ -20,8 +20,20 @@ import (
 // (invalidcred.go). Either way the request lands in exactly one tier bucket.
 type pendingIP struct {
 	edge    *Plugin
-	client  string
+	req     *http.Request // as the edge saw it
+	client  string        // the edge's key for its client; "" until pendingClient resolves it
 	settled bool
+}
+
+// pendingClient returns the edge's key for the client of a request whose ip
+// charge is pending, resolving it the first time: a charge that a principal
+// settles never needs it.
+func pendingClient(pd *pendingIP) string {
+	if pd.client == "" {
+		pd.client = clientKey(pd.edge.ips, pd.req)
+	}
+
+	return pd.client
 }
 
 // pendingKey is the context key of a *pendingIP. A pointer of a compiled type:
@@ -41,7 +53,7 @@ func afterAuthPlan(p *Plugin, rw http.ResponseWriter, req *http.Request, princip
 		pd.settled = true
 
 		if principal == "" {
-			if ok, _ = decide(pd.edge, rw, req, pd.edge.planInvalid, pd.client, ""); !ok {
+			if ok, _ = decide(pd.edge, rw, req, pd.edge.planInvalid, pendingClient(pd), ""); !ok {
 				return nil, false
 			}
 

@@ -151,18 +151,7 @@ func (pp *principalPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 // holds global or nothing), and passed on with its ip charge pending and its
 // response watched (chain.go, invalidcred.go).
 func serveCredentialed(p *Plugin, rw http.ResponseWriter, req *http.Request) {
-	client := ""
-	// kernel client-ip (p.ips as r)
-	if req.Header["X-Forwarded-For"] == nil {
-		i := strings.LastIndexByte(req.RemoteAddr, ':')
-		if i > 0 && req.RemoteAddr[0] != '[' {
-			client = req.RemoteAddr[:i]
-		}
-	}
-	if client == "" {
-		client = resolve(p.ips, req)
-	}
-	// end kernel
+	client := ""      // resolved when needed (pendingClient, refuseOther)
 	left := int64(-1) // requests left in global; -1: global is off
 	if len(p.planCred) > 0 {
 		l := p.planCred[0]
@@ -210,10 +199,10 @@ func serveCredentialed(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 	var out http.ResponseWriter = rw
 	if p.planInvalid != nil {
 		// kernel pass-credentialed
-		pd := &pendingIP{edge: p, client: client}
+		pd := &pendingIP{edge: p, req: req, client: client}
 		req = req.WithContext(context.WithValue(req.Context(), pendingKey, pd))
 		if p.invalidCode != nil {
-			out = &credentialWriter{rw: rw, req: req, p: p, clientKey: client, prevLeft: left, pending: pd}
+			out = &credentialWriter{rw: rw, req: req, p: p, prevLeft: left, pending: pd}
 		}
 		// end kernel
 	}

@@ -57,10 +57,10 @@ func serveGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 		// The ip charge is left pending (chain.go), the response watched
 		// (invalidcred.go).
 		// kernel pass-credentialed
-		pd := &pendingIP{edge: p, client: client}
+		pd := &pendingIP{edge: p, req: req, client: client}
 		req = req.WithContext(context.WithValue(req.Context(), pendingKey, pd))
 		if p.invalidCode != nil {
-			out = &credentialWriter{rw: rw, req: req, p: p, clientKey: client, prevLeft: left, pending: pd}
+			out = &credentialWriter{rw: rw, req: req, p: p, prevLeft: left, pending: pd}
 		}
 		// end kernel
 	}

@@ -22,12 +22,11 @@ import (
 // without a Content-Length (event streams, gRPC, chunked bodies), which keeps
 // streaming live, and passes Hijack through for WebSocket upgrades.
 type credentialWriter struct {
-	rw        http.ResponseWriter
-	req       *http.Request
-	p         *Plugin
-	clientKey string
-	prevLeft  int64 // requests left in the layer the headers show; -1 if none
-	pending   *pendingIP
+	rw       http.ResponseWriter
+	req      *http.Request
+	p        *Plugin
+	prevLeft int64 // requests left in the layer the headers show; -1 if none
+	pending  *pendingIP
 
 	wroteHeader bool
 	discard     bool // the downstream's answer was replaced by a 429
@@ -119,13 +118,14 @@ func (w *credentialWriter) chargeIP() bool {
 	p := w.p
 	h := w.rw.Header()
 	now := p.now().UnixNano()
+	client := pendingClient(w.pending)
 
 	var t tally
 
-	p.store.take(&t, now, p.planInvalid, w.clientKey, "", nil, p.dryRun)
+	p.store.take(&t, now, p.planInvalid, client, "", nil, p.dryRun)
 
 	if t.firsts != 0 {
-		report(p, p.planInvalid, t.firsts, w.clientKey, "", nil)
+		report(p, p.planInvalid, t.firsts, client, "", nil)
 	}
 
 	if t.shown < 0 {

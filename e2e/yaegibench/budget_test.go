@@ -23,7 +23,7 @@ var budgets = map[string]float64{
 	"edge refused":            243,
 	"principal":               255,
 	"chain edge anonymous":    294,
-	"chain edge credentialed": 313,
+	"chain edge credentialed": 290,
 	"redis allowed":           439,
 	"redis refused":           310,
 }
