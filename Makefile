@@ -39,8 +39,10 @@ bench: $(TRAEFIK)
 	@echo '== compiled: go test -run ^$$ -bench . -benchmem -count 5 .'
 	$(GO) test -run '^$$' -bench . -benchmem -count 5 .
 	@echo '== Yaegi (Traefik loader, in process): ratios, allocation budgets, cost and memory'
-	cd e2e && $(GO) test -count=1 -run '^$$' -bench 'RatioTable|RedisTable|CostTable|MemoryTable' -benchtime 1x ./yaegibench 2>/dev/null | grep -v RATE_LIMIT_TRIGGERED
+	cd e2e && $(GO) test -count=1 -run '^$$' -bench 'RatioTable|RedisTable|CostTable' -benchtime 1x ./yaegibench 2>/dev/null | grep -v RATE_LIMIT_TRIGGERED
 	cd e2e && $(GO) test -count=1 -v -run TestAllocationBudgets ./yaegibench 2>/dev/null | grep -v RATE_LIMIT_TRIGGERED
+	@# A process of its own: the million keys it holds would slow the garbage collector of the timed tables.
+	cd e2e && $(GO) test -count=1 -run '^$$' -bench 'MemoryTable' -benchtime 1x ./yaegibench 2>/dev/null | grep -v RATE_LIMIT_TRIGGERED
 	@echo '== real Traefik under load'
 	cd e2e && $(GO) run ./cmd/loadbench
 
