@@ -149,7 +149,8 @@ func TestNewReturnsTheModesHandler(t *testing.T) {
 }
 
 // TestChooseModeRedis: redisPath takes the anonymous instance on one Redis
-// server with an ip layer on every plan; every other Redis instance is general.
+// server or a Sentinel's primary with an ip layer on every plan; every other
+// Redis instance is general.
 func TestChooseModeRedis(t *testing.T) {
 	redis := with(smallLayers, func(c *Config) { c.Store = "redis" })
 
@@ -161,7 +162,7 @@ func TestChooseModeRedis(t *testing.T) {
 		{"redis, ip off", with(redis, func(c *Config) { c.IP.Points = 0 }), modeGeneral},
 		{"redis sentinel", with(redis, func(c *Config) {
 			c.Redis.Sentinel = &RedisSentinelConfig{MasterName: "m", Addresses: []string{"127.0.0.1:26379"}}
-		}), modeGeneral},
+		}), modeRedis},
 		{"redis cluster", with(redis, func(c *Config) { c.Redis.Cluster = &RedisClusterConfig{Addresses: []string{"127.0.0.1:7000"}} }), modeGeneral},
 		{"redis, dry run", with(redis, func(c *Config) { c.DryRun = true }), modeGeneral},
 		{"redis, headers off", with(redis, func(c *Config) { c.Headers = false }), modeGeneral},

@@ -13,7 +13,8 @@ import (
 // The Redis fast path serves modeRedis. chooseMode guarantees it what
 // modeAnonymous has (headers on, no dry run, fixed windows, no principal, no
 // credential, no route, no connection cap, no exemption), with the Redis
-// store on one server (no Sentinel, no Cluster) instead of memory, and an ip
+// store on one server or a Sentinel's primary (no Cluster) instead of
+// memory, and an ip
 // layer keyed by the client on every plan (assets too, when asset prefixes
 // apply): each plan charges global (when on) and one layer keyed by the
 // client. So the script call of a plan is encoded once but for the client's
@@ -91,7 +92,7 @@ func newRedisPlan(rs *redisStore, layers []*layer) *redisPlan {
 func redisFastEligible(s *settings, fixed, routes bool) bool {
 	p := s.principal
 
-	return s.store == "redis" && s.redis.Sentinel == nil && s.redis.Cluster == nil &&
+	return s.store == "redis" && s.redis.Cluster == nil &&
 		s.headers && !s.dryRun && fixed && !routes && s.wsMaxPerIP == 0 &&
 		p.UserHeader == "" && len(p.CredentialHeaders)+len(p.CredentialCookies)+len(p.CredentialQueryParams) == 0 &&
 		len(s.exemptIPs)+len(s.exemptIDs) == 0 &&
@@ -139,7 +140,7 @@ func (rd *redisPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	}
 
 	now := p.now().UnixNano()
-	v, ints, err := redisresp.ScriptInts(rs.backend.single, rp.call, rp.heads[len(client)]+client+rp.tail)
+	v, ints, err := redisresp.ScriptInts(rs.backend.single, rs.backend.sentinel, rp.call, rp.heads[len(client)]+client+rp.tail)
 	if err != nil {
 		redisFailed(p, rw, req, layers, client, now, err)
 		return

@@ -397,11 +397,12 @@ const (
 // shares it: the client (a pool, or the Sentinel-found primary's) and whether
 // Redis is usable now.
 type redisBackend struct {
-	pool    redisresp.Client
-	cluster *redisresp.Cluster // pool as a cluster client, or nil
-	single  *redisresp.Pool    // pool as one server's pool, or nil (redisPath)
-	address string
-	log     io.Writer
+	pool     redisresp.Client
+	cluster  *redisresp.Cluster  // pool as a cluster client, or nil
+	single   *redisresp.Pool     // pool as one server's pool, or nil (redisPath)
+	sentinel *redisresp.Sentinel // pool as a Sentinel's primary, or nil (redisPath)
+	address  string
+	log      io.Writer
 
 	// down mirrors failing for the common path, which then takes no lock.
 	down atomic.Bool
@@ -562,6 +563,7 @@ func newBackend(opts redisresp.Options) *redisBackend {
 	b := &redisBackend{pool: redisresp.NewClient(opts), address: opts.Target(), log: eventWriter}
 	if sc, ok := b.pool.(*redisresp.Sentinel); ok {
 		sc.OnSwitch = b.switched
+		b.sentinel = sc
 	}
 
 	b.cluster, _ = b.pool.(*redisresp.Cluster)

@@ -193,17 +193,22 @@ func (p *Pool) DoInts(cmd string) ([]int64, string, error) {
 	return ints, serverErr, err
 }
 
-// ScriptInts runs a script call on p, cmd being call.Head() followed by the
-// encoded keys and arguments (see Call.RunInts). It returns an integer reply
-// as n, with ints nil (a negative one is ErrUnexpected), and the integers of
-// an array reply as ints, with n -1; a server error reply is an error
-// wrapping ErrServer. It is Call.RunInts for the rate limiter's fast path: an
-// idle connection is taken, used and returned inline, and the reply read by
+// ScriptInts runs a script call on p or, when p is nil, on the primary s
+// follows (SentinelScriptInts); cmd is call.Head() followed by the encoded
+// keys and arguments (see Call.RunInts). It returns an integer reply as n,
+// with ints nil (a negative one is ErrUnexpected), and the integers of an
+// array reply as ints, with n -1; a server error reply is an error wrapping
+// ErrServer. It is Call.RunInts for the rate limiter's fast path: an idle
+// connection is taken, used and returned inline, and the reply read by
 // connInts; every other case (no idle connection, NOSCRIPT, an error) is
-// finished by scriptSlow. A function, not a method of Pool, as connInts: under
-// Yaegi a method call costs a reflect.MakeFunc round trip (tierlimit's
+// finished by scriptSlow. A function, not a method of Pool, as connInts:
+// under Yaegi a method call costs a reflect.MakeFunc round trip (tierlimit's
 // doc.go: frames, functions).
-func ScriptInts(p *Pool, call Call, cmd string) (int64, []int64, error) {
+func ScriptInts(p *Pool, s *Sentinel, call Call, cmd string) (int64, []int64, error) {
+	if p == nil {
+		return SentinelScriptInts(s, call, cmd)
+	}
+
 	var c *Conn
 
 	p.mu.Lock()

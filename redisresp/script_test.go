@@ -431,7 +431,7 @@ func TestPoolScript(t *testing.T) {
 			h.set(true, ":9007199254740993\r\n")
 		}
 
-		n, ints, err := ScriptInts(p, call, cmd)
+		n, ints, err := ScriptInts(p, nil, call, cmd)
 		if err != nil {
 			t.Fatalf("call %d: %v", i, err)
 		}
@@ -495,13 +495,13 @@ func TestPoolScriptFailures(t *testing.T) {
 	} {
 		h.set(true, good)
 
-		if _, _, err := ScriptInts(p, call, call.Head()+Bulk("k")); err != nil {
+		if _, _, err := ScriptInts(p, nil, call, call.Head()+Bulk("k")); err != nil {
 			t.Fatalf("good reply: %v", err)
 		}
 
 		h.set(true, tc.reply)
 
-		n, ints, err := ScriptInts(p, call, call.Head()+Bulk("k"))
+		n, ints, err := ScriptInts(p, nil, call, call.Head()+Bulk("k"))
 		if !errors.Is(err, tc.want) {
 			t.Fatalf("%q: %d %v %v, want %v", tc.reply, n, ints, err, tc.want)
 		}
@@ -512,7 +512,7 @@ func TestPoolScriptFailures(t *testing.T) {
 
 		h.set(true, good)
 
-		if _, _, err := ScriptInts(p, call, call.Head()+Bulk("k")); err != nil || s.acceptedCount() != conns {
+		if _, _, err := ScriptInts(p, nil, call, call.Head()+Bulk("k")); err != nil || s.acceptedCount() != conns {
 			t.Fatalf("after %q: %v, %d connections, want %d", tc.reply, err, s.acceptedCount(), conns)
 		}
 	}

@@ -112,6 +112,55 @@ func (s *Sentinel) DoInts(cmd string) ([]int64, string, error) {
 	return ints, serverErr, err
 }
 
+// SentinelScriptInts is ScriptInts on the primary s follows, found first if
+// need be. As DoInts does, it drops the primary when the call fails or the
+// server says it is no longer the primary, so that the next call finds it
+// again.
+func SentinelScriptInts(s *Sentinel, call Call, cmd string) (int64, []int64, error) {
+	s.mu.Lock()
+	p := s.pool
+	attempts := s.attempts
+	s.mu.Unlock()
+
+	if p == nil {
+		var err error
+		if p, err = s.discover(attempts); err != nil {
+			return -1, nil, err
+		}
+	}
+
+	n, ints, err := ScriptInts(p, nil, call, cmd)
+	if err != nil && errors.Is(err, ErrClosed) {
+		// The watcher switched to a new primary (closing this pool) after
+		// this call took it: the call goes to the new one, not to memory.
+		s.mu.Lock()
+		np := s.pool
+		s.mu.Unlock()
+
+		if np != nil && np != p {
+			p = np
+			n, ints, err = ScriptInts(p, nil, call, cmd)
+		}
+	}
+
+	if err != nil && lostPrimary(err) {
+		s.forget(p)
+	}
+
+	return n, ints, err
+}
+
+// lostPrimary reports whether a ScriptInts error says that the primary is
+// gone: the connection failed (a full pool is not the server's doing), or
+// the server answered READONLY or MASTERDOWN.
+func lostPrimary(err error) bool {
+	if errors.Is(err, ErrServer) {
+		return LostPrimary(strings.TrimPrefix(err.Error(), ErrServer.Error()+": "))
+	}
+
+	return !errors.Is(err, ErrPoolTimeout)
+}
+
 // LostPrimary reports whether a server error says that the server is no
 // longer a usable primary.
 func LostPrimary(serverErr string) bool {

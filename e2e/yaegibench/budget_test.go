@@ -24,8 +24,8 @@ var budgets = map[string]float64{
 	"principal":               255,
 	"chain edge anonymous":    294,
 	"chain edge credentialed": 290,
-	"redis allowed":           439,
-	"redis refused":           310,
+	"redis allowed":           443,
+	"redis refused":           312,
 }
 
 // longEdge is the edge of edgeConfig with hour-long windows.
