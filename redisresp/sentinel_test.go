@@ -165,6 +165,51 @@ func TestSentinelFindsThePrimaryOnceAndAgainAfterAFailure(t *testing.T) {
 	}
 }
 
+// TestSentinelScriptIntsDropsALostPrimary: the rate limiter's call on a
+// Sentinel's primary finds it once, and after a READONLY reply finds the new
+// one, as DoInts does.
+func TestSentinelScriptIntsDropsALostPrimary(t *testing.T) {
+	a, b := startPrimary(t), startPrimary(t)
+
+	var mu sync.Mutex
+	current := a.addr()
+	sentinel := startSentinel(t, &current, &mu)
+
+	opts := longOptions("")
+	opts.Sentinel = &SentinelOptions{MasterName: "mymaster", Addresses: []string{sentinel.addr()}}
+	s := NewSentinel(opts)
+	defer s.Close()
+
+	for i := 0; i < 3; i++ {
+		if n, ints, err := ScriptInts(nil, s, Call{}, take); err != nil || n != -1 || len(ints) != 2 {
+			t.Fatalf("call %d: %d %v %v", i, n, ints, err)
+		}
+	}
+
+	if n := sentinel.asked(); n != 1 {
+		t.Fatalf("3 calls asked the sentinels %d times, want once", n)
+	}
+
+	// Failover: a is demoted and answers READONLY; the sentinels name b.
+	a.set("slave", "-READONLY You can't write against a read only replica.\r\n")
+	mu.Lock()
+	current = b.addr()
+	mu.Unlock()
+
+	if _, _, err := ScriptInts(nil, s, Call{}, take); !errors.Is(err, ErrServer) || !strings.Contains(err.Error(), "READONLY") {
+		t.Fatalf("call on the demoted primary: %v, want its READONLY", err)
+	}
+
+	if _, ints, err := ScriptInts(nil, s, Call{}, take); err != nil || len(ints) != 2 {
+		t.Fatalf("call after the failover: %v %v", ints, err)
+	}
+
+	if s.Primary() != b.addr() || b.count("TAKE") != 1 || sentinel.asked() != 2 {
+		t.Fatalf("primary %q with %d calls after %d questions to the sentinels, want %q with 1 after 2",
+			s.Primary(), b.count("TAKE"), sentinel.asked(), b.addr())
+	}
+}
+
 func TestSentinelNamesNoPrimary(t *testing.T) {
 	var mu sync.Mutex
 	current := ""
