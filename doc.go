@@ -29,12 +29,13 @@ package tierlimit
 // is Traefik's.
 //
 // Kernels. Where a shared helper would put a frame on the fast path, the
-// fast path writes the few lines out, and the general path keeps the same
+// fast path writes the few lines out, and the other paths keep the same
 // lines: the client-IP fast case (client-ip), the fixed-window charge
 // (fixed-charge), the rate-limit headers (headers), the credential-header
-// check (credential-header) and the pending charge of a credentialed request
-// (pass-credentialed). Each copy sits between "// kernel <name>" and
-// "// end kernel"; TestKernelsAreIdentical fails when the copies differ.
+// check (credential-header), the pending charge of a credentialed request
+// (pass-credentialed) and the answer of a cached refusal (cached-refusal).
+// Each copy sits between "// kernel <name>" and "// end kernel";
+// TestKernelsAreIdentical fails when the copies differ.
 //
 // Modes. New chooses the mode once (chooseMode, build.go); fast.go,
 // redisfast.go and general.go state what their mode guarantees them, so that

@@ -386,12 +386,13 @@ func refuseFast(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer, 
 	p.memory.mu.Unlock()
 
 	h := rw.Header()
+	// kernel cached-refusal
 	for i, v := range values {
 		h[refusalHeaders[i]] = v
 	}
-
 	rw.WriteHeader(l.status)
 	_, _ = rw.Write(body)
+	// end kernel
 }
 
 // refusalHeaders are the names of refusalCache.values.

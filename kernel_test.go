@@ -55,7 +55,7 @@ func TestKernelsAreIdentical(t *testing.T) {
 
 	sort.Strings(names)
 
-	for _, want := range []string{"client-ip", "credential-header", "fixed-charge", "headers"} {
+	for _, want := range []string{"cached-refusal", "client-ip", "credential-header", "fixed-charge", "headers", "pass-credentialed"} {
 		if len(copies[want]) < 2 {
 			t.Errorf("kernel %s: %d copies (%v), want at least 2", want, len(copies[want]), where[want])
 		}

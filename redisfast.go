@@ -215,9 +215,10 @@ func refuseBlocked(p *Plugin, rw http.ResponseWriter, req *http.Request, layers 
 		}
 
 		c := &l.cache
+		resetSec := (reset + nsPerSecond - 1) / nsPerSecond
 		secs := (reset - now + nsPerSecond - 1) / nsPerSecond
-		if c.resetSec != (reset+nsPerSecond-1)/nsPerSecond || c.secs != secs {
-			c.set(l, formatInt((reset+nsPerSecond-1)/nsPerSecond), reset, secs)
+		if c.resetSec != resetSec || c.secs != secs {
+			c.set(l, formatInt(resetSec), reset, secs)
 		}
 		values := c.values
 		body := c.body
@@ -225,11 +226,13 @@ func refuseBlocked(p *Plugin, rw http.ResponseWriter, req *http.Request, layers 
 
 		atomic.AddInt64(&l.stats.redisRefused, 1)
 		h := rw.Header()
+		// kernel cached-refusal
 		for i, v := range values {
 			h[refusalHeaders[i]] = v
 		}
 		rw.WriteHeader(l.status)
 		_, _ = rw.Write(body)
+		// end kernel
 
 		return true
 	}

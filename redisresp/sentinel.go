@@ -80,26 +80,14 @@ func (s *Sentinel) Primary() string {
 
 // DoInts runs cmd on the primary, finding it first if need be.
 func (s *Sentinel) DoInts(cmd string) ([]int64, string, error) {
-	s.mu.Lock()
-	p, attempts := s.pool, s.attempts
-	s.mu.Unlock()
-
-	if p == nil {
-		var err error
-		if p, err = s.discover(attempts); err != nil {
-			return nil, "", err
-		}
+	p, err := sentinelPrimary(s)
+	if err != nil {
+		return nil, "", err
 	}
 
 	ints, serverErr, err := p.DoInts(cmd)
 	if err != nil && errors.Is(err, ErrClosed) {
-		// The watcher switched to a new primary (closing this pool) after
-		// this call took it: the call goes to the new one, not to memory.
-		s.mu.Lock()
-		np := s.pool
-		s.mu.Unlock()
-
-		if np != nil && np != p {
+		if np := sentinelSwitched(s, p); np != nil {
 			p = np
 			ints, serverErr, err = p.DoInts(cmd)
 		}
@@ -117,27 +105,14 @@ func (s *Sentinel) DoInts(cmd string) ([]int64, string, error) {
 // server says it is no longer the primary, so that the next call finds it
 // again.
 func SentinelScriptInts(s *Sentinel, call Call, cmd string) (int64, []int64, error) {
-	s.mu.Lock()
-	p := s.pool
-	attempts := s.attempts
-	s.mu.Unlock()
-
-	if p == nil {
-		var err error
-		if p, err = s.discover(attempts); err != nil {
-			return -1, nil, err
-		}
+	p, err := sentinelPrimary(s)
+	if err != nil {
+		return -1, nil, err
 	}
 
 	n, ints, err := ScriptInts(p, nil, call, cmd)
 	if err != nil && errors.Is(err, ErrClosed) {
-		// The watcher switched to a new primary (closing this pool) after
-		// this call took it: the call goes to the new one, not to memory.
-		s.mu.Lock()
-		np := s.pool
-		s.mu.Unlock()
-
-		if np != nil && np != p {
+		if np := sentinelSwitched(s, p); np != nil {
 			p = np
 			n, ints, err = ScriptInts(p, nil, call, cmd)
 		}
@@ -148,6 +123,37 @@ func SentinelScriptInts(s *Sentinel, call Call, cmd string) (int64, []int64, err
 	}
 
 	return n, ints, err
+}
+
+// sentinelPrimary returns the pool of the primary s follows, finding it
+// first if need be. A function, as SentinelScriptInts: the rate limiter's
+// calls come through it (ScriptInts).
+func sentinelPrimary(s *Sentinel) (*Pool, error) {
+	s.mu.Lock()
+	p := s.pool
+	attempts := s.attempts
+	s.mu.Unlock()
+
+	if p != nil {
+		return p, nil
+	}
+
+	return s.discover(attempts)
+}
+
+// sentinelSwitched returns the primary's pool when the watcher switched to a
+// new primary (closing p) after a call took p, so that the call goes to the
+// new one, not to memory; else nil.
+func sentinelSwitched(s *Sentinel, p *Pool) *Pool {
+	s.mu.Lock()
+	np := s.pool
+	s.mu.Unlock()
+
+	if np != nil && np != p {
+		return np
+	}
+
+	return nil
 }
 
 // lostPrimary reports whether a ScriptInts error says that the primary is
