@@ -305,7 +305,7 @@ func newLayer(memory *windowStore, spec layerSpec, keyKind int) *layer {
 		spec = l.makeBucket(spec)
 	}
 
-	l.redisEncoding = newRedisEncoding(spec, l.rate)
+	l.redisEncoding = newRedisEncoding(spec, l.refill)
 	l.headerTable = newHeaderTable(spec, l.interval)
 
 	memory.attach(l)

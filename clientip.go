@@ -47,31 +47,6 @@ func newKeyCache() *keyCache {
 	return &keyCache{}
 }
 
-// clientKey returns the bucket key for the client of req: the IPv4 address, or
-// the IPv6 prefix in CIDR notation. It is never empty.
-//
-// The common case is answered without a call (doc.go: frames): no
-// X-Forwarded-For and an IPv4 peer, which Go's server writes as
-// "a.b.c.d:port" (IPv6 peers are bracketed, and resolved in full). Without
-// X-Forwarded-For the client is the peer whatever trustedHops says.
-func clientKey(r *ipResolver, req *http.Request) string {
-	client := ""
-	// kernel client-ip
-	if req.Header["X-Forwarded-For"] == nil {
-		i := strings.LastIndexByte(req.RemoteAddr, ':')
-		if i > 0 && req.RemoteAddr[0] != '[' {
-			client = req.RemoteAddr[:i]
-		}
-	}
-
-	if client == "" {
-		client = resolve(r, req)
-	}
-	// end kernel
-
-	return client
-}
-
 // resolve is clientKey for everything but the common case. A request with
 // one X-Forwarded-For line is looked up in the cache by its peer host (the
 // port differs per connection) and that line.

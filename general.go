@@ -1,7 +1,6 @@
 package tierlimit
 
 import (
-	"context"
 	"net/http"
 )
 
@@ -12,32 +11,21 @@ import (
 // headers, cookies or query parameters, routes, exemptions and the WebSocket
 // connection cap, through the counterStore interface and a tally.
 
-// serveGeneral charges the request to its plan and routes, and refuses it
-// or passes it on.
-func serveGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request) {
-	// Calls are gated by what the instance reads (doc.go: frames).
-	client := clientKey(p.ips, req)
-	principal := ""
-	if p.userHeader != "" {
-		principal = principalOf(p, req)
-	}
-
-	if p.exempt != nil && isExempt(p, req, principal) {
-		serveExempt(p, rw, req, client, principal)
-		return
-	}
-
-	layers := p.planIP
-	credentialed := false
+// generalPlan is the layers a request of the general path is charged to,
+// and whether it carries a credential whose ip charge is left pending. ok is
+// false when a charge left pending by an earlier instance refused the
+// request, which has then been answered (afterAuthPlan).
+func generalPlan(p *Plugin, rw http.ResponseWriter, req *http.Request, principal string) (layers []*layer, credentialed, ok bool) {
+	layers = p.planIP
 
 	switch {
 	case p.userHeader != "":
-		var ok bool
 		if layers, ok = afterAuthPlan(p, rw, req, principal); !ok {
-			return
+			return nil, false, false
 		}
 	case len(p.credHeaders)+len(p.credCookies)+len(p.credQuery) > 0 && hasCredential(p, req):
-		layers, credentialed = p.planCred, true
+		layers = p.planCred
+		credentialed = true
 	case p.assetHint != nil && isAsset(p, req):
 		layers = p.planAssets
 	}
@@ -46,31 +34,7 @@ func serveGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 		layers = withRoutes(p, layers, req, canonicalPath(req.URL.Path, p.foldPaths))
 	}
 
-	ok, left := decide(p, rw, req, layers, client, principal)
-	if !ok {
-		return
-	}
-
-	// Converted to the interface first (doc.go: wrappers).
-	var out http.ResponseWriter = rw
-	if credentialed && p.planInvalid != nil {
-		// The ip charge is left pending (chain.go), the response watched
-		// (invalidcred.go).
-		// kernel pass-credentialed
-		pd := &pendingIP{edge: p, req: req, client: client}
-		req = req.WithContext(context.WithValue(req.Context(), pendingKey, pd))
-		if p.invalidCode != nil {
-			out = &credentialWriter{rw: rw, req: req, p: p, prevLeft: left, pending: pd}
-		}
-		// end kernel
-	}
-
-	if p.ws != nil && isUpgrade(req) {
-		serveUpgrade(p, out, rw, req, client)
-		return
-	}
-
-	p.next.ServeHTTP(out, req)
+	return layers, credentialed, true
 }
 
 // decide charges the layers, reports first refusals, sets the headers of the

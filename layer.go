@@ -37,7 +37,7 @@ type limits struct {
 	keyHeader string // canonical, for keyOfHeader
 	sliding   bool   // sliding-window counter instead of a fixed window
 	interval  int64  // token bucket: nanoseconds per point (tokenbucket.go); 0 for a window
-	rate      int64  // token bucket: the points per duration configured; points is then the burst
+	refill    int64  // token bucket: the points per duration configured; points is then the burst
 }
 
 // memCounters are the layer's counters in the memory store, resolved once

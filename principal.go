@@ -51,24 +51,8 @@ func isServiceAccount(p *Plugin, req *http.Request) bool {
 	return v == "1" || strings.EqualFold(v, "true")
 }
 
-// hasCredential reports whether the request carries a non-empty credential in
-// one of the configured headers, cookies or query parameters. An empty value is
-// no credential: an auth server treats it as anonymous, so it must not exempt
-// the request from the ip layer.
-func hasCredential(p *Plugin, req *http.Request) bool {
-	credentialed := false
-	// kernel credential-header
-	for _, h := range p.credHeaders {
-		if v := req.Header[h]; len(v) > 0 && strings.TrimSpace(v[0]) != "" {
-			credentialed = true
-		}
-	}
-	// end kernel
-
-	if credentialed {
-		return true
-	}
-
+// hasCredentialElsewhere is hasCredential for cookies and query parameters.
+func hasCredentialElsewhere(p *Plugin, req *http.Request) bool {
 	for _, name := range p.credCookies {
 		if c, err := req.Cookie(name); err == nil && c.Value != "" {
 			return true

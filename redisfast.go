@@ -4,8 +4,6 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
-	"strings"
-	"sync/atomic"
 
 	"github.com/tierlimit/tierlimit/redisresp"
 )
@@ -102,144 +100,9 @@ func redisFastEligible(s *settings, fixed, routes bool) bool {
 // redisPath is the handler of modeRedis (see fast.go's handlers).
 type redisPath Plugin
 
-// ServeHTTP is the anonymous path on the Redis store: one script call
-// charges the plan, and the headers are those of the layer with the fewest
-// left.
-func (rd *redisPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
-	p := (*Plugin)(rd)
-	if p.status != nil && serveStatus(p, rw, req) {
-		return
-	}
-	client := ""
-	// kernel client-ip (p.ips as r)
-	if req.Header["X-Forwarded-For"] == nil {
-		i := strings.LastIndexByte(req.RemoteAddr, ':')
-		if i > 0 && req.RemoteAddr[0] != '[' {
-			client = req.RemoteAddr[:i]
-		}
-	}
-	if client == "" {
-		client = resolve(p.ips, req)
-	}
-	// end kernel
-	layers := p.planIP
-	rp := p.fast.ip
-	if p.assetHint != nil && p.assetHint.MatchString(req.URL.Path) && isAsset(p, req) {
-		layers = p.planAssets
-		rp = p.fast.assets
-	}
-
-	rs := p.fast.store
-	if rs.blocked.size.Load() != 0 && refuseBlocked(p, rw, req, layers, client) {
-		return
-	}
-
-	if rs.backend.down.Load() || len(client) >= maxFastClientKey {
-		serveRedisSlow(p, rw, req, layers, client)
-		return
-	}
-
-	now := p.now().UnixNano()
-	v, ints, err := redisresp.ScriptInts(rs.backend.single, rs.backend.sentinel, rp.call, rp.heads[len(client)]+client+rp.tail)
-	if err != nil {
-		redisFailed(p, rw, req, layers, client, now, err)
-		return
-	}
-
-	// Every layer allowed: one integer, (left x (window + 1) + reset) x 16 +
-	// the index of the layer to show (takeScript). An array, a refusal among
-	// them, is redisReply's.
-	i := v % 16
-	if ints != nil || i >= int64(len(layers)) {
-		redisReply(p, rw, req, layers, client, now, ints)
-		return
-	}
-	shown := layers[i]
-	ttl := v / 16 % (shown.maxTTL + 1)
-	left := v / 16 / (shown.maxTTL + 1)
-	if left >= shown.points {
-		redisReply(p, rw, req, layers, client, now, []int64{v})
-		return
-	}
-
-	for _, l := range layers {
-		atomic.AddInt64(&l.stats.redisAllowed, 1)
-	}
-
-	reset := now + ttl*nsPerMillisecond
-	resetH := []string{strconv.FormatInt((reset+nsPerSecond-1)/nsPerSecond, 10)}
-	h := rw.Header()
-	// kernel headers
-	h["X-Ratelimit-Limit"] = shown.limitHdr
-	h["Ratelimit-Policy"] = shown.policyHdr
-	h["X-Ratelimit-Reset"] = resetH
-	secs := (reset - now + nsPerSecond - 1) / nsPerSecond
-	if left < shown.tableLen && secs <= maxSmallInt {
-		h["X-Ratelimit-Remaining"] = shown.remainingHdr[left]
-		h["Ratelimit"] = []string{shown.ratePrefix[left] + smallInts[secs]}
-	} else {
-		setLargeHeaders(h, shown, left, secs)
-	}
-	// end kernel
-
-	p.next.ServeHTTP(rw, req)
-}
-
 // nsPerMillisecond is int64(time.Millisecond) as an untyped constant (see
 // nsPerSecond).
 const nsPerMillisecond = 1000000
-
-// refuseBlocked refuses, without a Redis call, a request one of whose keys
-// Redis reported over its limit (the store's block list), and reports
-// whether it did. As refuseFast does, it answers from the layer's refusal
-// cache, under the block list's lock (modeRedis charges no memory window);
-// the refusal was reported when the key was blocked. An expired entry, a
-// configured body or a WebSocket upgrade takes the store's own code
-// (refuseBlockedGeneral).
-func refuseBlocked(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, client string) bool {
-	b := p.fast.store.blocked
-	now := p.now().UnixNano()
-	b.mu.Lock()
-	for _, l := range layers {
-		key := client
-		if l.keyKind == keyOfConst {
-			key = l.constKey
-		}
-		reset := b.until[l.name+"\x00"+key]
-		if reset == 0 {
-			continue
-		}
-		if reset <= now || l.body != nil || req.Header["Upgrade"] != nil {
-			b.mu.Unlock()
-			return refuseBlockedGeneral(p, rw, req, layers, client, now)
-		}
-
-		c := &l.cache
-		resetSec := (reset + nsPerSecond - 1) / nsPerSecond
-		secs := (reset - now + nsPerSecond - 1) / nsPerSecond
-		if c.resetSec != resetSec || c.secs != secs {
-			c.set(l, formatInt(resetSec), reset, secs)
-		}
-		values := c.values
-		body := c.body
-		b.mu.Unlock()
-
-		atomic.AddInt64(&l.stats.redisRefused, 1)
-		h := rw.Header()
-		// kernel cached-refusal
-		for i, v := range values {
-			h[refusalHeaders[i]] = v
-		}
-		rw.WriteHeader(l.status)
-		_, _ = rw.Write(body)
-		// end kernel
-
-		return true
-	}
-	b.mu.Unlock()
-
-	return false
-}
 
 // refuseBlockedGeneral is refuseBlocked through the store's takeBlocked.
 func refuseBlockedGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, client string, now int64) bool {

@@ -164,8 +164,8 @@ func TestRedisDownIsDecidedInMemoryWithTheSameLimits(t *testing.T) {
 		}
 	}
 
-	if got := peekCount(h.p.memory, h.clock.Now().UnixNano(), "ip", "203.0.113.9"); got != 6 {
-		t.Fatalf("memory fallback count %d, want 6 (every request counted)", got)
+	if got := peekCount(h.p.memory, h.clock.Now().UnixNano(), "ip", "203.0.113.9"); got != 3 {
+		t.Fatalf("memory fallback count %d, want 3 (the allowed requests; a refused one spends nothing)", got)
 	}
 
 	if n := strings.Count(logs.String(), "REDIS_UNAVAILABLE"); n != 1 {

@@ -6,26 +6,6 @@ import (
 	"time"
 )
 
-// setHeaders writes the X-RateLimit-* headers and the IETF draft fields
-// RateLimit-Policy and RateLimit of layer shown, with left requests left and
-// the window's reset (Unix nanoseconds; resetH formatted). Reset is in Unix
-// seconds, rounded up so that a client waiting until then finds a new window.
-// The values come from the layer's header table where they can (layer.go).
-func setHeaders(h http.Header, shown *layer, left, reset int64, resetH []string, now int64) {
-	// kernel headers
-	h["X-Ratelimit-Limit"] = shown.limitHdr
-	h["Ratelimit-Policy"] = shown.policyHdr
-	h["X-Ratelimit-Reset"] = resetH
-	secs := (reset - now + nsPerSecond - 1) / nsPerSecond
-	if left < shown.tableLen && secs <= maxSmallInt {
-		h["X-Ratelimit-Remaining"] = shown.remainingHdr[left]
-		h["Ratelimit"] = []string{shown.ratePrefix[left] + smallInts[secs]}
-	} else {
-		setLargeHeaders(h, shown, left, secs)
-	}
-	// end kernel
-}
-
 // setLargeHeaders formats the values beyond the header table; a function of
 // its own so that the common case does not pay for its expressions (doc.go).
 func setLargeHeaders(h http.Header, l *layer, left, secs int64) {

@@ -19,10 +19,11 @@ import (
 // The Redis script (redisstore.go) computes the same thing in Lua, in
 // milliseconds.
 
-// slidingCount returns the estimate a request would bring the window to.
-// left is the time left in the current window, d its duration, in one unit.
-func slidingCount(prev, count, left, d int64) int64 {
-	return count + 1 + int64(float64(prev)*float64(left)/float64(d))
+// slidingCount returns the estimate a request of cost points would bring
+// the window to. left is the time left in the current window, d its
+// duration, in one unit.
+func slidingCount(prev, count, cost, left, d int64) int64 {
+	return count + cost + int64(float64(prev)*float64(left)/float64(d))
 }
 
 // slidingWait returns how long after a refusal the next request will be
@@ -53,16 +54,13 @@ func slidingWait(prev, count, points, left, d int64) int64 {
 	return left + y
 }
 
-// slide charges one request to a sliding layer l under s.mu and records it in
-// t as layers[i]. It reports whether the layer refused.
-func (s *windowStore) slide(t *tally, i int, now int64, l *layer, key string) bool {
+// slide charges cost points to a sliding layer l under s.mu and records it
+// in t as layers[i]. It reports whether the layer refused, which charges
+// nothing, in dry run too: a sliding window counts only what it allows.
+func (s *windowStore) slide(t *tally, i int, now int64, l *layer, key string, cost int64) bool {
 	w := l.entries[key]
 	if w == nil || w.expire <= now || w.list != l.list {
 		w = s.restart(now, l, w, key)
-		l.stats.allowed++
-		t.allow(i, l, w.count, w.reset, w.resetH)
-
-		return false
 	}
 
 	w.taken = s.takes
@@ -71,7 +69,7 @@ func (s *windowStore) slide(t *tally, i int, now int64, l *layer, key string) bo
 		// The window ended less than a duration ago (else it expired above):
 		// the next one starts where it ended.
 		w.list.unlink(w)
-		w.before, w.count, w.logged = w.count, 0, false
+		w.prevCount, w.count, w.refused, w.logged = w.count, 0, 0, false
 		w.start = w.reset
 		w.reset = w.start + l.duration
 		w.expire = w.start + l.list.span
@@ -80,20 +78,21 @@ func (s *windowStore) slide(t *tally, i int, now int64, l *layer, key string) bo
 	}
 
 	left := w.reset - now
-	est := slidingCount(w.before, w.count, left, l.duration)
+	est := slidingCount(w.prevCount, w.count, cost, left, l.duration)
 
 	if est > l.points {
 		l.stats.refused++
+		w.refused++
 
 		first := !w.logged
 		w.logged = true
-		retry := now + slidingWait(w.before, w.count, l.points, left, l.duration)
+		retry := now + slidingWait(w.prevCount, w.count, l.points, left, l.duration)
 		t.refuse(i, est, retry, []string{formatInt(ceilSeconds(retry))}, first)
 
 		return true
 	}
 
-	w.count++
+	w.count += cost
 	l.stats.allowed++
 	t.allow(i, l, est, w.reset, w.resetH)
 

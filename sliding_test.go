@@ -15,7 +15,7 @@ func TestSlidingWaitIsTheFirstAllowedMoment(t *testing.T) {
 		for prev := int64(0); prev <= 8; prev++ {
 			for count := int64(0); count <= points; count++ {
 				for left := int64(1); left <= d; left++ {
-					if slidingCount(prev, count, left, d) <= points {
+					if slidingCount(prev, count, 1, left, d) <= points {
 						continue // not a refusal
 					}
 
@@ -24,9 +24,9 @@ func TestSlidingWaitIsTheFirstAllowedMoment(t *testing.T) {
 					for x := int64(1); x <= left+d; x++ {
 						est := int64(0)
 						if x < left {
-							est = slidingCount(prev, count, left-x, d)
+							est = slidingCount(prev, count, 1, left-x, d)
 						} else {
-							est = slidingCount(count, 0, d-(x-left), d)
+							est = slidingCount(count, 0, 1, d-(x-left), d)
 						}
 
 						if est <= points {

@@ -120,6 +120,7 @@ type statusKey struct {
 	Count     int64  `json:"count"`
 	Limit     int64  `json:"limit"`
 	Limited   bool   `json:"limited"`
+	Refused   int64  `json:"refused"`
 	Reset     string `json:"reset"`
 	ResetUnix int64  `json:"resetUnix"`
 }
@@ -224,7 +225,7 @@ func (p *Plugin) statusJSON(req *http.Request, now int64) ([]byte, int) {
 
 		if l.interval != 0 {
 			sl.Algorithm = "tokenbucket"
-			sl.Points = l.rate
+			sl.Points = l.refill
 			sl.Burst = l.points
 		}
 
@@ -237,7 +238,7 @@ func (p *Plugin) statusJSON(req *http.Request, now int64) ([]byte, int) {
 		resetUnix := ceilSeconds(e.reset)
 
 		report.Keys.Items = append(report.Keys.Items, statusKey{
-			Layer: l.name, Key: e.key, Count: e.count, Limit: l.points, Limited: e.limited,
+			Layer: l.name, Key: e.key, Count: e.count, Limit: l.points, Limited: e.limited, Refused: e.refused,
 			Reset: time.Unix(resetUnix, 0).UTC().Format(time.RFC3339), ResetUnix: resetUnix,
 		})
 	}
@@ -251,20 +252,22 @@ func (p *Plugin) statusJSON(req *http.Request, now int64) ([]byte, int) {
 }
 
 // liveKey is a live window as the listing copies it: the index of its layer in
-// p.layers, its key, count and reset (Unix nanoseconds), and whether it is
-// over its limit.
+// p.layers, its key, count and reset (Unix nanoseconds), whether its next
+// request is refused, and the requests it refused in this window (a refused
+// request is not in the count).
 type liveKey struct {
 	layer   int
 	key     string
 	count   int64
 	reset   int64
 	limited bool
+	refused int64
 }
 
 // liveKeys copies the live windows of the middleware's layers that pass the
 // filter, and returns them unsorted with the number of keys each layer's map
 // holds (tracked, aligned with p.layers). For the Redis store, the keys Redis
-// reported over their limit are merged in, with count points+1 unless the
+// reported over their limit are merged in, with count points (full) unless the
 // memory store (the fallback) knows a higher one.
 func (p *Plugin) liveKeys(now int64, limitedOnly bool, prefix string) ([]liveKey, []int) {
 	tracked := make([]int, len(p.layers))
@@ -289,9 +292,9 @@ func (p *Plugin) liveKeys(now int64, limitedOnly bool, prefix string) ([]liveKey
 		}
 
 		for key, w := range m {
-			if w.reset > now && w.list == l.list && (!limitedOnly || w.count > l.points) &&
+			if w.reset > now && w.list == l.list && (!limitedOnly || w.count >= l.points) &&
 				(prefix == "" || strings.HasPrefix(key, prefix)) {
-				out = append(out, liveKey{layer: i, key: key, count: w.count, reset: w.reset, limited: w.count > l.points})
+				out = append(out, liveKey{layer: i, key: key, count: w.count, reset: w.reset, limited: w.count >= l.points, refused: w.refused})
 			}
 		}
 	}
@@ -318,14 +321,14 @@ func appendSliding(out []liveKey, i int, l *layer, m map[string]*window, now int
 			continue
 		}
 
-		prev, count, reset := w.before, w.count, w.reset
+		prev, count, reset := w.prevCount, w.count, w.reset
 		if reset <= now {
 			prev, count, reset = count, 0, reset+l.duration
 		}
 
-		est := slidingCount(prev, count, reset-now, l.duration) - 1
+		est := slidingCount(prev, count, 0, reset-now, l.duration)
 		if est >= l.points || !limitedOnly {
-			out = append(out, liveKey{layer: i, key: key, count: est, reset: reset, limited: est >= l.points})
+			out = append(out, liveKey{layer: i, key: key, count: est, reset: reset, limited: est >= l.points, refused: w.refused})
 		}
 	}
 
@@ -350,7 +353,7 @@ func (p *Plugin) mergeBlocked(out []liveKey, blocked []blockedKey) []liveKey {
 			continue
 		}
 
-		count := p.layers[li].points + 1
+		count := p.layers[li].points
 
 		if i, ok := index[b.layer+"\x00"+b.key]; ok {
 			out[i].limited = true

@@ -41,6 +41,7 @@ type keyItem struct {
 	Count     int64  `json:"count"`
 	Limit     int64  `json:"limit"`
 	Limited   bool   `json:"limited"`
+	Refused   int64  `json:"refused"`
 	Reset     string `json:"reset"`
 	ResetUnix int64  `json:"resetUnix"`
 }
@@ -130,7 +131,8 @@ func TestStatusListsLayersAndLiveKeysByCount(t *testing.T) {
 		t.Fatalf("layer %+v", l)
 	}
 
-	if got := keysOf(doc.Keys.Items); got != "ip/203.0.113.7=8 ip/203.0.113.10=2 ip/203.0.113.8=2 ip/198.51.100.1=1" {
+	// A refused request is not in the count, only in the key's refusals.
+	if got := keysOf(doc.Keys.Items); got != "ip/203.0.113.7=5 ip/203.0.113.10=2 ip/203.0.113.8=2 ip/198.51.100.1=1" {
 		t.Fatalf("keys %s", got)
 	}
 
@@ -141,12 +143,12 @@ func TestStatusListsLayersAndLiveKeysByCount(t *testing.T) {
 	first := doc.Keys.Items[0]
 	reset := h.clock.Now().Add(60 * time.Second)
 
-	if !first.Limited || first.Limit != 5 || first.ResetUnix != reset.Unix()+1 ||
+	if !first.Limited || first.Limit != 5 || first.Refused != 3 || first.ResetUnix != reset.Unix()+1 ||
 		first.Reset != time.Unix(reset.Unix()+1, 0).UTC().Format(time.RFC3339) {
 		t.Fatalf("refused key %+v (reset %s)", first, reset)
 	}
 
-	if doc.Keys.Items[1].Limited {
+	if doc.Keys.Items[1].Limited || doc.Keys.Items[1].Refused != 0 {
 		t.Fatalf("a key under its limit is limited: %+v", doc.Keys.Items[1])
 	}
 
@@ -191,18 +193,18 @@ func TestStatusFiltersAndPages(t *testing.T) {
 		want  string
 		total int
 	}{
-		{"?limited=true", "ip/203.0.113.7=8 ip/203.0.113.70=6", 2},
-		{"?limited=false", "ip/203.0.113.7=8 ip/203.0.113.70=6 ip/203.0.113.8=3 ip/198.51.100.1=2", 4},
-		{"?q=203.0.113.7", "ip/203.0.113.7=8 ip/203.0.113.70=6", 2},
+		{"?limited=true", "ip/203.0.113.7=5 ip/203.0.113.70=5", 2},
+		{"?limited=false", "ip/203.0.113.7=5 ip/203.0.113.70=5 ip/203.0.113.8=3 ip/198.51.100.1=2", 4},
+		{"?q=203.0.113.7", "ip/203.0.113.7=5 ip/203.0.113.70=5", 2},
 		{"?q=198.", "ip/198.51.100.1=2", 1},
 		{"?q=192.0.2.", "", 0},
-		{"?offset=1&limit=2", "ip/203.0.113.70=6 ip/203.0.113.8=3", 4},
+		{"?offset=1&limit=2", "ip/203.0.113.70=5 ip/203.0.113.8=3", 4},
 		{"?offset=3", "ip/198.51.100.1=2", 4},
 		{"?offset=9", "", 4},
 		{"?limit=0", "", 4},
-		{"?limit=1000", "ip/203.0.113.7=8 ip/203.0.113.70=6 ip/203.0.113.8=3 ip/198.51.100.1=2", 4},
+		{"?limit=1000", "ip/203.0.113.7=5 ip/203.0.113.70=5 ip/203.0.113.8=3 ip/198.51.100.1=2", 4},
 		{"?limited=true&q=203.0.113.8", "", 0},
-		{"?limited=true&offset=1&limit=1", "ip/203.0.113.70=6", 2},
+		{"?limited=true&offset=1&limit=1", "ip/203.0.113.70=5", 2},
 	}
 
 	for _, c := range cases {
@@ -419,7 +421,7 @@ func TestStatusShowsHeaderKeysHashed(t *testing.T) {
 	}
 
 	doc := h.status("/_rl?limited=true")
-	if len(doc.Keys.Items) != 1 || doc.Keys.Items[0].Key != hashKey("secret-key-123") || doc.Keys.Items[0].Count != 7 ||
+	if len(doc.Keys.Items) != 1 || doc.Keys.Items[0].Key != hashKey("secret-key-123") || doc.Keys.Items[0].Count != 5 || doc.Keys.Items[0].Refused != 2 ||
 		!strings.HasPrefix(doc.Keys.Items[0].Key, "sha256:") {
 		t.Fatalf("keys %+v", doc.Keys.Items)
 	}
@@ -449,7 +451,7 @@ func TestMetricsForAKnownRun(t *testing.T) {
 	mw := `middleware="` + h.p.name + `"`
 	want := `# HELP tierlimit_requests_total Requests each layer allowed or refused since the process started.
 # TYPE tierlimit_requests_total counter
-tierlimit_requests_total{MW,layer="global",decision="allowed"} 15
+tierlimit_requests_total{MW,layer="global",decision="allowed"} 11
 tierlimit_requests_total{MW,layer="global",decision="refused"} 0
 tierlimit_requests_total{MW,layer="ip",decision="allowed"} 11
 tierlimit_requests_total{MW,layer="ip",decision="refused"} 4
@@ -546,7 +548,7 @@ func TestStatusListsKeysRedisReportedOverTheirLimit(t *testing.T) {
 	it := doc.Keys.Items[0]
 	reset := h.clock.Now().Add(30 * time.Second)
 
-	if it.Layer != "ip" || it.Key != "203.0.113.9" || it.Count != 4 || it.Limit != 3 || !it.Limited || it.ResetUnix != reset.Unix()+1 {
+	if it.Layer != "ip" || it.Key != "203.0.113.9" || it.Count != 3 || it.Limit != 3 || !it.Limited || it.ResetUnix != reset.Unix()+1 {
 		t.Fatalf("blocked key %+v", it)
 	}
 
@@ -581,7 +583,7 @@ func TestStatusMergesTheFallbackAndReportsIt(t *testing.T) {
 	h.p.store.(*redisStore).blocked.add("gone", "203.0.113.50", h.clock.Now().Add(time.Hour).UnixNano(), h.clock.Now().UnixNano())
 
 	doc := h.status("/_rl")
-	if !doc.RedisFallback || keysOf(doc.Keys.Items) != "ip/203.0.113.9=5 ip/203.0.113.50=4" {
+	if !doc.RedisFallback || keysOf(doc.Keys.Items) != "ip/203.0.113.50=3 ip/203.0.113.9=3" {
 		t.Fatalf("%+v", doc)
 	}
 

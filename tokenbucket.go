@@ -28,7 +28,7 @@ import (
 // the bucket's capacity, which the headers and the refusal report as the limit.
 // It returns spec with its points set to the burst likewise.
 func (l *layer) makeBucket(spec layerSpec) layerSpec {
-	l.rate = spec.points
+	l.refill = spec.points
 	l.interval = int64(spec.duration) / spec.points
 	l.points = spec.burst
 	l.limit = formatInt(spec.burst)
@@ -37,9 +37,10 @@ func (l *layer) makeBucket(spec layerSpec) layerSpec {
 	return spec
 }
 
-// drip charges one request to the token-bucket layer l under s.mu and
-// records it in t as layers[i]. It reports whether the layer refused.
-func (s *windowStore) drip(t *tally, i int, now int64, l *layer, key string) bool {
+// drip takes cost tokens from the token-bucket layer l under s.mu and
+// records it in t as layers[i]. It reports whether the layer refused, which
+// takes nothing, in dry run too (rate.Limiter.Allow does the same).
+func (s *windowStore) drip(t *tally, i int, now int64, l *layer, key string, cost int64) bool {
 	w := l.entries[key]
 	if w == nil {
 		s.makeRoom(now, l.list)
@@ -60,6 +61,7 @@ func (s *windowStore) drip(t *tally, i int, now int64, l *layer, key string) boo
 	}
 
 	w.start = now
+	w.taken = s.takes
 	l.list.push(w)
 
 	tat := w.reset
@@ -67,18 +69,19 @@ func (s *windowStore) drip(t *tally, i int, now int64, l *layer, key string) boo
 		tat = now
 	}
 
-	if tat-now > (l.points-1)*l.interval {
+	if tat-now > (l.points-cost)*l.interval {
 		l.stats.refused++
+		w.refused++
 
 		first := !w.logged
 		w.logged = true
-		retry := tat - (l.points-1)*l.interval
+		retry := tat - (l.points-cost)*l.interval
 		t.refuse(i, l.points+1, retry, []string{formatInt(ceilSeconds(retry))}, first)
 
 		return true
 	}
 
-	tat += l.interval
+	tat += cost * l.interval
 	w.reset = tat
 	w.expire = tat
 	w.logged = false
@@ -86,8 +89,8 @@ func (s *windowStore) drip(t *tally, i int, now int64, l *layer, key string) boo
 	// X-RateLimit-Reset changes with every request; it is formatted again
 	// only when its second does.
 	secs := ceilSeconds(tat)
-	if w.resetH == nil || w.before != secs {
-		w.before = secs
+	if w.resetH == nil || w.resetSec != secs {
+		w.resetSec = secs
 		w.resetH = []string{formatInt(secs)}
 	}
 
@@ -120,7 +123,7 @@ func appendBucket(out []liveKey, i int, l *layer, m map[string]*window, now int6
 
 		limited := w.reset-now > (l.points-1)*l.interval
 		if limited || !limitedOnly {
-			out = append(out, liveKey{layer: i, key: key, count: bucketUsed(w.reset-now, l.interval), reset: w.reset, limited: limited})
+			out = append(out, liveKey{layer: i, key: key, count: bucketUsed(w.reset-now, l.interval), reset: w.reset, limited: limited, refused: w.refused})
 		}
 	}
 

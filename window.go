@@ -2,7 +2,6 @@ package tierlimit
 
 import (
 	"context"
-	"net/http"
 	"sync"
 	"sync/atomic"
 )
@@ -62,12 +61,16 @@ func (s *windowStore) totals(st *layerStats) (allowed, refused int64) {
 type window struct {
 	layer  string
 	key    string
-	count  int64
+	count  int64 // points spent in the window: never above the layer's points but in dry run
 	start  int64
 	reset  int64
-	expire int64    // when the counter may be dropped: reset, or reset + duration for a sliding window
-	before int64    // sliding window: the previous window's count; token bucket: resetH's seconds
-	logged bool     // a refusal of this window was reported (see tally.firsts)
+	expire int64 // when the counter may be dropped: reset, or reset + duration for a sliding window
+	// prevCount is a sliding window's count of the window before; resetSec
+	// is the second a token bucket's resetH shows.
+	prevCount int64
+	resetSec  int64
+	refused   int64    // requests this window refused (status page)
+	logged    bool     // a refusal of this window was reported (see tally.firsts)
 	taken  int64    // windowStore.takes of the last request that charged it: never evicted by that request
 	resetH []string // X-RateLimit-Reset value, formatted once per window
 	list   *windowList
@@ -138,92 +141,24 @@ func (s *windowStore) attach(l *layer) {
 	s.lists = append(s.lists, l.list)
 }
 
-// tally is what a store reports of one request's layers.
+// tally is what a store reports of one request's layers. cost is the
+// caller's: the points the request spends in every layer (0 counts as 1).
 type tally struct {
+	cost    int64
 	shown   int   // the layer for the headers: the refusing one, else the one with the fewest left; -1 if none
-	count   int64 // its count after this request
+	count   int64 // its count after this request (a refusing layer: the count it would have reached)
 	reset   int64 // its reset, Unix nanoseconds
 	resetH  []string
 	left    int64 // its requests left
-	refused bool  // a layer's count exceeds its points
+	refused bool  // a layer's count would exceed its points
 	firsts  uint64
 	// firsts has bit i set when layers[i] refused for the first time in its
 	// window, so a refusal is reported once per layer, key and window.
 }
 
-// take charges one hit to each layer in order, under one lock so that the
-// counts are exact under concurrency, with the key each layer takes from
-// client and principal (layer.keyFor), and writes the outcome to t. Unless all
-// is set it stops after the first layer whose count exceeds its points: a
-// refused request is not charged to the layers after the one that refused it.
-//
-// The loop writes the common cases of layer.keyFor inline (doc.go: frames).
-func (s *windowStore) take(t *tally, now int64, layers []*layer, client, principal string, req *http.Request, all bool) {
-	t.shown = -1
-
-	s.mu.Lock()
-	s.takes++
-
-	for i, l := range layers {
-		key := client
-		if l.keyKind == keyOfConst {
-			key = l.constKey
-		} else if l.keyKind != keyOfClient {
-			key = l.keyFor(client, principal, req)
-		}
-
-		if l.sliding {
-			if s.slide(t, i, now, l, key) && !all {
-				break
-			}
-
-			continue
-		}
-
-		if l.interval != 0 {
-			if s.drip(t, i, now, l, key) && !all {
-				break
-			}
-
-			continue
-		}
-
-		// kernel fixed-charge
-		w := l.entries[key]
-		if w != nil && w.reset > now && w.list == l.list {
-			w.count++
-			w.taken = s.takes
-		} else {
-			w = s.restart(now, l, w, key)
-		}
-		// end kernel
-
-		if w.count > l.points {
-			l.stats.refused++
-			first := !w.logged
-			w.logged = true
-			t.refuse(i, w.count, w.reset, w.resetH, first)
-
-			if !all {
-				break
-			}
-
-			continue
-		}
-
-		l.stats.allowed++
-
-		if !t.refused && (t.shown < 0 || l.points-w.count < t.left) {
-			t.shown, t.count, t.reset, t.resetH, t.left = i, w.count, w.reset, w.resetH, l.points-w.count
-		}
-	}
-
-	s.mu.Unlock()
-}
-
 // refuse records that layers[i] refused with this count and reset; first
 // says it is the window's first refusal. The first refusing layer is the one
-// shown. Out of take's loop, which is the common path.
+// shown.
 func (t *tally) refuse(i int, count, reset int64, resetH []string, first bool) {
 	if first {
 		t.firsts |= uint64(1) << uint(i)
@@ -234,6 +169,37 @@ func (t *tally) refuse(i int, count, reset int64, resetH []string, first bool) {
 	}
 }
 
+// chargeFixed charges cost points to the fixed window w of layers[i] under
+// the store's lock, unless they do not fit: then the layer refuses, and the
+// window is charged only when all is set (dry run). It reports whether the
+// layer refused.
+func chargeFixed(t *tally, i int, l *layer, w *window, cost int64, all bool) bool {
+	if w.count+cost > l.points {
+		l.stats.refused++
+		w.refused++
+		first := !w.logged
+		w.logged = true
+		t.refuse(i, w.count+cost, w.reset, w.resetH, first)
+
+		if all {
+			w.count += cost
+		}
+
+		return true
+	}
+
+	w.count += cost
+	l.stats.allowed++
+	t.allow(i, l, w.count, w.reset, w.resetH)
+
+	return false
+}
+
+// restart starts a new, empty window for key in l: the expired w (or one
+// whose layer changed duration at a reload), or a new counter, held by the
+// current request (windowStore.takes) so that its own later layers cannot
+// evict it. Kept out of the paths that charge so that their common case
+// stays small (doc.go: frames).
 // restart starts a new window for key in l: the expired w (or one whose layer
 // changed duration at a reload), or a new counter, charged by the current
 // request (windowStore.takes). Kept out of take so that the common path stays
@@ -249,8 +215,9 @@ func (s *windowStore) restart(now int64, l *layer, w *window, key string) *windo
 		s.size++
 	}
 
-	w.count = 1
-	w.before = 0
+	w.count = 0
+	w.prevCount = 0
+	w.refused = 0
 	w.start = now
 	w.reset = now + l.list.duration
 	w.expire = now + l.list.span

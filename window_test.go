@@ -76,8 +76,18 @@ func TestWindowExactCountAtBoundary(t *testing.T) {
 
 	for i := 1; i <= 52; i++ {
 		got := hitOnce(s, t0+int64(i), l, "k")
-		if got.count != int64(i) {
-			t.Fatalf("hit %d: count %d", i, got.count)
+		// A refused hit reports the count it would have reached, and is not counted.
+		want := int64(i)
+		if i > 51 {
+			want = 51
+		}
+
+		if got.count != want {
+			t.Fatalf("hit %d: count %d, want %d", i, got.count, want)
+		}
+
+		if stored := peekCount(s, t0+int64(i), "ip", "k"); stored != want && !(i > 50 && stored == 50) {
+			t.Fatalf("hit %d: stored count %d", i, stored)
 		}
 
 		if refused := got.count > l.points; refused != (i > 50) {
@@ -128,16 +138,25 @@ func TestTakeStopsAtRefusingLayer(t *testing.T) {
 
 	tl := take(s, t0, layers, "1.2.3.4", "", false)
 	if !tl.refused || tl.shown != 1 || tl.count != 2 || tl.firsts != 1<<1 {
-		t.Fatalf("refused request: %+v, want 2 charged (up to and including ip), ip shown", tl)
+		t.Fatalf("refused request: %+v, want ip shown with the count it would have reached", tl)
 	}
 
-	if got := peekCount(s, t0, "login", "1.2.3.4"); got != 1 {
-		t.Fatalf("route charged after refusal: count %d", got)
+	// A refused request changes no layer's count: not the route after ip,
+	// not global before it, not ip itself.
+	for _, c := range []struct{ layer, key string }{{"login", "1.2.3.4"}, {"global", "global"}, {"ip", "1.2.3.4"}} {
+		if got := peekCount(s, t0, c.layer, c.key); got != 1 {
+			t.Fatalf("%s count %d after a refusal, want 1", c.layer, got)
+		}
 	}
 
-	if got := peekCount(s, t0, "global", "global"); got != 2 {
-		t.Fatalf("global count %d, want 2", got)
+	// A refusal by the last layer gives back every earlier one.
+	route.points = 1
+	other := "5.6.7.8"
+	take(s, t0, layers, other, "", false)
+	if tl := take(s, t0, []*layer{g, route}, other, "", false); !tl.refused || tl.shown != 1 || peekCount(s, t0, "global", "global") != 2 {
+		t.Fatalf("refused by the last layer: %+v, global %d, want 2", tl, peekCount(s, t0, "global", "global"))
 	}
+	route.points = 10
 
 	// all=true (dry run) charges every layer; the refusing layer stays shown.
 	if tl := take(s, t0, layers, "1.2.3.4", "", true); tl.shown != 1 || !tl.refused || peekCount(s, t0, "login", "1.2.3.4") != 2 {

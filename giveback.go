@@ -1,0 +1,73 @@
+package tierlimit
+
+import "net/http"
+
+// giveBack returns cost points to each of layers, which the current request
+// charged before a later layer refused it, under the store's lock: a
+// refused request changes no layer's count (README: Layers). Within one
+// hold of the lock the counters are those the request charged, so the
+// counts are exact and no other request sees the charge.
+func giveBack(layers []*layer, client, principal string, req *http.Request, cost int64) {
+	for _, l := range layers {
+		key := client
+		if l.keyKind == keyOfConst {
+			key = l.constKey
+		} else if l.keyKind != keyOfClient {
+			key = l.keyFor(client, principal, req)
+		}
+
+		w := l.entries[key]
+		if w == nil {
+			continue
+		}
+
+		l.stats.allowed--
+		unspend(w, l, cost)
+	}
+}
+
+// unspend takes cost points off a counter: a window's count, or a token
+// bucket's TAT by cost emission intervals (a bucket whose TAT falls behind
+// the present is as full as one at the present).
+func unspend(w *window, l *layer, cost int64) {
+	if l.interval != 0 {
+		w.reset -= cost * l.interval
+		w.expire = w.reset
+		w.count -= cost
+
+		if w.count < 0 {
+			w.count = 0
+		}
+
+		return
+	}
+
+	w.count -= cost
+	if w.count < 0 {
+		w.count = 0
+	}
+}
+
+// refund gives back cost points to layers that an earlier decision charged,
+// for a request that a later, deferred charge refused (chain.go): the edge
+// charges global up front for a credentialed request, and the client's ip
+// bucket only once the chain has told a real credential from a garbage one.
+// A window that has ended since is left alone: the charge went with it.
+func (s *windowStore) refund(now int64, layers []*layer, client, principal string, req *http.Request, cost int64) {
+	s.mu.Lock()
+
+	for _, l := range layers {
+		key := client
+		if l.keyKind == keyOfConst {
+			key = l.constKey
+		} else if l.keyKind != keyOfClient {
+			key = l.keyFor(client, principal, req)
+		}
+
+		if w := l.entries[key]; w != nil && w.list == l.list && (l.interval != 0 || w.reset > now) {
+			unspend(w, l, cost)
+		}
+	}
+
+	s.mu.Unlock()
+}
