@@ -1,12 +1,14 @@
 # make demo: Traefik with the plugin in local mode, a demo backend, a short burst.
 # make test: every test (unit tests with -race, then the real-Traefik tests).
-# make unit: the fast loop: root module tests, then the Lua script and RESP client against miniredis (e2e/storetest).
+# make unit: the fast loop: root module tests, then the Lua script and RESP client against miniredis (e2e/storetest)
+#   and the check that paths_gen.go is what paths.tmpl makes.
+# make generate: paths_gen.go from paths.tmpl.
 GO ?= go
 TRAEFIK := e2e/.cache/traefik-v3.6.12
 # Pinned; fetched from the Go module proxy by go run, so a fresh machine needs nothing installed.
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: test unit fuzz e2e dashboard demo traefik vendor-check catalog-check bench
+.PHONY: test unit fuzz e2e dashboard demo traefik vendor-check catalog-check bench generate
 
 test: vendor-check catalog-check unit fuzz dashboard e2e
 
@@ -15,7 +17,11 @@ unit:
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
 	$(GO) test -race -count=1 ./...
-	cd e2e && $(GO) vet ./storetest && $(GO) test -race -count=1 ./storetest
+	cd e2e && $(GO) vet ./storetest ./cmd/genpaths && $(GO) test -race -count=1 ./storetest ./cmd/genpaths
+
+# paths_gen.go, the request path, from its template paths.tmpl (doc.go: generated paths).
+generate:
+	cd e2e && $(GO) run ./cmd/genpaths -root ..
 
 # Short runs of the RESP reply and canonical path fuzzers on top of their seed corpora (which `unit` runs).
 fuzz:

@@ -22,7 +22,38 @@ type pendingIP struct {
 	edge    *Plugin
 	req     *http.Request // as the edge saw it
 	client  string        // the edge's key for its client; "" until pendingClient resolves it
-	settled bool
+	charged []*layer      // the edge's layers charged up front (global, routes)
+	claimed bool          // settle's: whoever claims the charge decides it
+}
+
+// settle decides the ip charge left pending on a request, and is the only
+// code that does: the first caller claims it, and every later call (the
+// edge's writer after the principal instance, say) reports false and
+// charges nothing, so no request is charged to ip twice. With charge unset
+// (the principal instance found a principal) nothing is charged. With
+// charge set, the edge's ip bucket is charged into t; when it refuses, the
+// layers the edge charged up front get their points back, since a refused
+// request spends nothing (one noisy client with garbage credentials would
+// otherwise spend global for everyone).
+func settle(pd *pendingIP, t *tally, now int64, charge bool) bool {
+	if pd.claimed {
+		return false
+	}
+
+	pd.claimed = true
+	if !charge {
+		return true
+	}
+
+	edge := pd.edge
+	client := pendingClient(pd)
+	edge.store.take(t, now, edge.planInvalid, client, "", nil, edge.dryRun)
+
+	if t.refused && !edge.dryRun && len(pd.charged) > 0 {
+		edge.store.refund(now, pd.charged, client, "", pd.req, 1)
+	}
+
+	return true
 }
 
 // pendingClient returns the edge's key for the client of a request whose ip
@@ -48,12 +79,12 @@ var pendingKey = new(byte)
 // either way. ok is false when the pending charge refused the request, which
 // has then been answered.
 func afterAuthPlan(p *Plugin, rw http.ResponseWriter, req *http.Request, principal string) (layers []*layer, ok bool) {
-	pd, _ := req.Context().Value(pendingKey).(*pendingIP)
-	if pd != nil && !pd.settled {
-		pd.settled = true
+	if pd, _ := req.Context().Value(pendingKey).(*pendingIP); pd != nil {
+		var t tally
 
-		if principal == "" {
-			if ok, _ = decide(pd.edge, rw, req, pd.edge.planInvalid, pendingClient(pd), ""); !ok {
+		now := pd.edge.now().UnixNano()
+		if settle(pd, &t, now, principal == "") && principal == "" {
+			if ok, _ = verdict(pd.edge, rw, req, pd.edge.planInvalid, &t, pendingClient(pd), "", now); !ok {
 				return nil, false
 			}
 

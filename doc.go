@@ -28,14 +28,15 @@ package tierlimit
 // whose ServeHTTP is that mode's path: the one method call a request makes
 // is Traefik's.
 //
-// Kernels. Where a shared helper would put a frame on the fast path, the
-// fast path writes the few lines out, and the other paths keep the same
-// lines: the client-IP fast case (client-ip), the fixed-window charge
-// (fixed-charge), the rate-limit headers (headers), the credential-header
-// check (credential-header), the pending charge of a credentialed request
-// (pass-credentialed) and the answer of a cached refusal (cached-refusal).
-// Each copy sits between "// kernel <name>" and "// end kernel";
-// TestKernelsAreIdentical fails when the copies differ.
+// Generated paths. Where a shared helper would put a frame on the fast
+// path, the fast path writes the few lines out. Those lines are written once,
+// as snippets of paths.tmpl (the client-IP fast case, the fixed-window
+// charge and its all-or-nothing decision, the rate-limit headers, the
+// credential-header check, the pending charge of a credentialed request,
+// the answer of a cached refusal), and every path that needs them is
+// generated from it into paths_gen.go by e2e/cmd/genpaths (make generate,
+// or go generate in the root). Edit paths.tmpl, never paths_gen.go: the
+// generator's test fails when the two disagree.
 //
 // Modes. New chooses the mode once (chooseMode, build.go); fast.go,
 // redisfast.go and general.go state what their mode guarantees them, so that
@@ -55,3 +56,6 @@ package tierlimit
 // a loop variable it captures; write uint64(1) << n next to a uint64.
 // sync/atomic calls cost several allocations each; a plain increment under a
 // held lock costs none; select and defer cost more than a map lookup.
+
+// paths_gen.go is made from paths.tmpl (see "Generated paths" above).
+//go:generate sh -c "cd e2e && go run ./cmd/genpaths -root .."

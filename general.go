@@ -47,6 +47,12 @@ func decide(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*laye
 
 	p.store.take(&t, now, layers, client, principal, req, p.dryRun)
 
+	return verdict(p, rw, req, layers, &t, client, principal, now)
+}
+
+// verdict is decide after the charge: it reports first refusals, sets the
+// headers and answers a refusal.
+func verdict(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, t *tally, client, principal string, now int64) (bool, int64) {
 	if t.firsts != 0 {
 		report(p, layers, t.firsts, client, principal, req)
 	}

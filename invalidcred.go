@@ -56,15 +56,9 @@ func (w *credentialWriter) WriteHeader(code int) {
 
 	w.wroteHeader = true
 
-	// Settled: an instance after ForwardAuth has charged the request's tier
-	// bucket already (chain.go).
-	if w.p.invalidCode[code] && !w.pending.settled {
-		w.pending.settled = true
-
-		if w.chargeIP() {
-			w.discard = true
-			return
-		}
+	if w.p.invalidCode[code] && w.chargeIP() {
+		w.discard = true
+		return
 	}
 
 	w.flushEach = w.rw.Header().Get("Content-Length") == ""
@@ -111,18 +105,22 @@ func (w *credentialWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 
 var errHijackUnsupported = errors.New("hijacking the connection: the response writer does not support it")
 
-// chargeIP charges the client's ip bucket for an invalid credential and, when
-// the bucket refuses, answers 429 (or 1013) in place of the downstream. It
-// reports whether it did.
+// chargeIP charges the client's ip bucket for an invalid credential, unless
+// an instance after ForwardAuth settled the charge already (chain.go), and,
+// when the bucket refuses, answers 429 (or 1013) in place of the downstream.
+// It reports whether it did.
 func (w *credentialWriter) chargeIP() bool {
 	p := w.p
 	h := w.rw.Header()
 	now := p.now().UnixNano()
-	client := pendingClient(w.pending)
 
 	var t tally
 
-	p.store.take(&t, now, p.planInvalid, client, "", nil, p.dryRun)
+	if !settle(w.pending, &t, now, true) {
+		return false
+	}
+
+	client := pendingClient(w.pending)
 
 	if t.firsts != 0 {
 		report(p, p.planInvalid, t.firsts, client, "", nil)

@@ -104,7 +104,7 @@ func (pp *principalPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 		return
 	}
 	if pd, _ := req.Context().Value(pendingKey).(*pendingIP); pd != nil {
-		pd.settled = true
+		settle(pd, nil, 0, false)
 	}
 	layers := p.planUser
 	if p.serviceHeader != "" && isServiceAccount(p, req) {
@@ -310,7 +310,7 @@ func serveCredentialed(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 	// Converted to the interface first (doc.go: wrappers).
 	var out http.ResponseWriter = rw
 	if p.planInvalid != nil {
-		pd := &pendingIP{edge: p, req: req, client: client}
+		pd := &pendingIP{edge: p, req: req, client: client, charged: p.planCred}
 		req = req.WithContext(context.WithValue(req.Context(), pendingKey, pd))
 		if p.invalidCode != nil {
 			out = &credentialWriter{rw: rw, req: req, p: p, prevLeft: left, pending: pd}
@@ -388,7 +388,7 @@ func serveGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 	// Converted to the interface first (doc.go: wrappers).
 	var out http.ResponseWriter = rw
 	if credentialed && p.planInvalid != nil {
-		pd := &pendingIP{edge: p, req: req, client: client}
+		pd := &pendingIP{edge: p, req: req, client: client, charged: layers}
 		req = req.WithContext(context.WithValue(req.Context(), pendingKey, pd))
 		if p.invalidCode != nil {
 			out = &credentialWriter{rw: rw, req: req, p: p, prevLeft: left, pending: pd}

@@ -475,3 +475,56 @@ func TestAnonymousRequestsAreNotWrapped(t *testing.T) {
 		t.Fatalf("anonymous request got a wrapped writer %T", got)
 	}
 }
+
+// TestAPendingChargeIsChargedOnce: a credential the auth server passes as
+// anonymous, which the application then answers 401, is charged to the
+// edge's ip bucket by the principal instance, and not again by the edge's
+// writer when it sees the 401 (chain.go settle).
+func TestAPendingChargeIsChargedOnce(t *testing.T) {
+	c := newAuthChain(t, func(cfg *Config) { cfg.IP = LayerConfig{Points: 10, Duration: "60s"} }, func(*Config) {})
+	c.principal.p.next = http.HandlerFunc(func(rw http.ResponseWriter, req *http.Request) {
+		rw.WriteHeader(http.StatusUnauthorized)
+	})
+
+	for i := 0; i < 5; i++ {
+		if rec := c.do(http.MethodGet, "/api", "203.0.113.9:1", "Basic x"); rec.Code != http.StatusUnauthorized {
+			t.Fatalf("request %d: %d, want the application's 401", i, rec.Code)
+		}
+	}
+
+	if got := peekCount(c.edge.p.memory, c.edge.clock.Now().UnixNano(), "ip", "203.0.113.9"); got != 5 {
+		t.Fatalf("5 requests charged %d times to ip, want 5", got)
+	}
+}
+
+// TestGarbageCredentialsDoNotSpendGlobal: the edge charges global up front
+// for a credentialed request; when the client's ip bucket refuses it later,
+// global gets its point back, so one client sending garbage tokens cannot
+// spend the budget every client shares.
+func TestGarbageCredentialsDoNotSpendGlobal(t *testing.T) {
+	for _, token := range []string{"garbage", "Basic x"} {
+		c := newAuthChain(t, func(cfg *Config) {
+			cfg.Global = LayerConfig{Points: 50, Duration: "60s"}
+			cfg.IP = LayerConfig{Points: 5, Duration: "60s"}
+		}, func(*Config) {})
+
+		codes := map[int]int{}
+		for i := 0; i < 100; i++ {
+			codes[c.do(http.MethodGet, "/api", "203.0.113.66:1", token).Code]++
+		}
+
+		if codes[http.StatusTooManyRequests] != 95 {
+			t.Fatalf("%q: %v, want 5 through and 95 refusals", token, codes)
+		}
+
+		for i := 0; i < 10; i++ {
+			if rec := c.do(http.MethodGet, "/api", "198.51.100."+strconv.Itoa(i+1)+":1", ""); rec.Code != http.StatusOK {
+				t.Fatalf("%q: anonymous client %d after the flood: %d %s", token, i, rec.Code, rec.Body.String())
+			}
+		}
+
+		if got := peekCount(c.edge.p.memory, c.edge.clock.Now().UnixNano(), "global", "global"); got != 15 {
+			t.Fatalf("%q: global count %d, want 15 (5 let through, 10 anonymous)", token, got)
+		}
+	}
+}

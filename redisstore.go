@@ -20,8 +20,12 @@ import (
 // in order, under the key layer.keyFor(client, principal, req); unless all is set
 // it stops after the first layer whose count exceeds its points. It reports
 // the outcome as a tally. windowStore (memory) and redisStore implement it.
+//
+// refund gives cost points back to layers that an earlier take charged, for
+// a request a later, deferred charge refused (chain.go settle).
 type counterStore interface {
 	take(t *tally, now int64, layers []*layer, client, principal string, req *http.Request, all bool)
+	refund(now int64, layers []*layer, client, principal string, req *http.Request, cost int64)
 }
 
 // takeScript is the whole decision of one request in one round trip.
