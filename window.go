@@ -71,11 +71,11 @@ type window struct {
 	resetSec  int64
 	refused   int64    // requests this window refused (status page)
 	logged    bool     // a refusal of this window was reported (see tally.firsts)
-	taken  int64    // windowStore.takes of the last request that charged it: never evicted by that request
-	resetH []string // X-RateLimit-Reset value, formatted once per window
-	list   *windowList
-	prev   *window
-	next   *window
+	taken     int64    // windowStore.takes of the last request that charged it: never evicted by that request
+	resetH    []string // X-RateLimit-Reset value, formatted once per window
+	list      *windowList
+	prev      *window
+	next      *window
 }
 
 // windowList links the counters of one duration and algorithm, oldest start
