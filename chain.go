@@ -22,7 +22,7 @@ type pendingIP struct {
 	edge    *Plugin
 	req     *http.Request // as the edge saw it
 	client  string        // the edge's key for its client; "" until pendingClient resolves it
-	charged []*layer      // the edge's layers charged up front (global, routes)
+	charged []*layer      // the edge's layers charged up front (global, routes); nil: its planCred
 	claimed bool          // settle's: whoever claims the charge decides it
 }
 
@@ -49,8 +49,13 @@ func settle(pd *pendingIP, t *tally, now int64, charge bool) bool {
 	client := pendingClient(pd)
 	edge.store.take(t, now, edge.planInvalid, client, "", nil, edge.dryRun)
 
-	if t.refused && !edge.dryRun && len(pd.charged) > 0 {
-		edge.store.refund(now, pd.charged, client, "", pd.req, 1)
+	charged := pd.charged
+	if charged == nil {
+		charged = edge.planCred
+	}
+
+	if t.refused && !edge.dryRun && len(charged) > 0 {
+		edge.store.refund(now, charged, client, "", pd.req, 1)
 	}
 
 	return true

@@ -33,10 +33,18 @@ var refusalHeaders = []string{
 	"Ratelimit", "Retry-After", "Content-Type", "Cache-Control",
 }
 
-// set caches the refusal of a window that resets at reset (resetH
-// formatted), secs seconds from now. The slices handed out before are left
-// as they are: requests that read them may still be writing them.
-func (c *refusalCache) set(l *layer, resetH string, reset, secs int64) {
+// cacheWindowRefusal is cacheRefusal for the window w of l; out of
+// refuseFast, whose frame would hold its arguments (doc.go: frames).
+func cacheWindowRefusal(l *layer, w *window, secs int64) {
+	cacheRefusal(l, w.resetH[0], w.reset, secs)
+}
+
+// cacheRefusal caches the refusal of layer l for a window that resets at
+// reset (resetH formatted), secs seconds from now. The slices handed out
+// before are left as they are: requests that read them may still be writing
+// them. A function, not a method (doc.go: functions, not methods).
+func cacheRefusal(l *layer, resetH string, reset, secs int64) {
+	c := &l.cache
 	if c.resetH != resetH {
 		c.resetH = resetH
 		c.resetSec = ceilSeconds(reset)

@@ -6,7 +6,8 @@ import "net/http"
 // charged before a later layer refused it, under the store's lock: a
 // refused request changes no layer's count (README: Layers). Within one
 // hold of the lock the counters are those the request charged, so the
-// counts are exact and no other request sees the charge.
+// counts are exact and no other request sees the charge. Each layer's
+// allowed count keeps its own decision: it let the request by.
 func giveBack(layers []*layer, client, principal string, req *http.Request, cost int64) {
 	for _, l := range layers {
 		key := client
@@ -21,7 +22,6 @@ func giveBack(layers []*layer, client, principal string, req *http.Request, cost
 			continue
 		}
 
-		l.stats.allowed--
 		unspend(w, l, cost)
 	}
 }

@@ -38,9 +38,9 @@ func (ap *anonymousPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	}
 	now := p.now().UnixNano()
 	s := p.memory
-	var shown *layer // the layer that refused, else the one with the fewest left
+	var shown *layer // the layer with the fewest left
 	var sw *window
-	left := int64(0) // requests left in shown; -1: shown refused
+	var left int64 // requests left in shown
 	s.mu.Lock()
 	s.takes++
 	for _, l := range layers {
@@ -55,10 +55,8 @@ func (ap *anonymousPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 			w = s.restart(now, l, w, key)
 		}
 		if w.count >= l.points {
-			shown = l
-			sw = w
-			left = -1
-			break
+			refuseFast(p, rw, req, l, w, sw, client, "", now)
+			return
 		}
 		w.count++
 		l.stats.allowed++
@@ -67,10 +65,6 @@ func (ap *anonymousPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 			sw = w
 			left = l.points - w.count
 		}
-	}
-	if left < 0 {
-		refuseFast(p, rw, req, layers, shown, sw, client, "", now)
-		return
 	}
 	reset := sw.reset
 	resetH := sw.resetH
@@ -112,9 +106,9 @@ func (pp *principalPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	}
 	now := p.now().UnixNano()
 	s := p.memory
-	var shown *layer // the layer that refused, else the one with the fewest left
+	var shown *layer // the layer with the fewest left
 	var sw *window
-	left := int64(0) // requests left in shown; -1: shown refused
+	var left int64 // requests left in shown
 	s.mu.Lock()
 	s.takes++
 	for _, l := range layers {
@@ -129,10 +123,8 @@ func (pp *principalPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 			w = s.restart(now, l, w, key)
 		}
 		if w.count >= l.points {
-			shown = l
-			sw = w
-			left = -1
-			break
+			refuseFast(p, rw, req, l, w, sw, "", principal, now)
+			return
 		}
 		w.count++
 		l.stats.allowed++
@@ -141,10 +133,6 @@ func (pp *principalPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 			sw = w
 			left = l.points - w.count
 		}
-	}
-	if left < 0 {
-		refuseFast(p, rw, req, layers, shown, sw, "", principal, now)
-		return
 	}
 	if sw == nil {
 		s.mu.Unlock()
@@ -179,9 +167,9 @@ func serveFast(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 	client := clientKey(p.ips, req)
 	now := p.now().UnixNano()
 	s := p.memory
-	var shown *layer // the layer that refused, else the one with the fewest left
+	var shown *layer // the layer with the fewest left
 	var sw *window
-	left := int64(0) // requests left in shown; -1: shown refused
+	var left int64 // requests left in shown
 	s.mu.Lock()
 	s.takes++
 	for _, l := range layers {
@@ -196,10 +184,8 @@ func serveFast(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 			w = s.restart(now, l, w, key)
 		}
 		if w.count >= l.points {
-			shown = l
-			sw = w
-			left = -1
-			break
+			refuseFast(p, rw, req, l, w, sw, client, "", now)
+			return
 		}
 		w.count++
 		l.stats.allowed++
@@ -208,10 +194,6 @@ func serveFast(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 			sw = w
 			left = l.points - w.count
 		}
-	}
-	if left < 0 {
-		refuseFast(p, rw, req, layers, shown, sw, client, "", now)
-		return
 	}
 	if sw == nil {
 		s.mu.Unlock()
@@ -284,7 +266,7 @@ func serveCredentialed(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 			w = s.restart(now, l, w, key)
 		}
 		if w.count >= l.points {
-			refuseFast(p, rw, req, p.planCred, l, w, client, "", now)
+			refuseFast(p, rw, req, l, w, nil, client, "", now)
 			return
 		}
 		w.count++
@@ -310,7 +292,7 @@ func serveCredentialed(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 	// Converted to the interface first (doc.go: wrappers).
 	var out http.ResponseWriter = rw
 	if p.planInvalid != nil {
-		pd := &pendingIP{edge: p, req: req, client: client, charged: p.planCred}
+		pd := &pendingIP{edge: p, req: req, client: client}
 		req = req.WithContext(context.WithValue(req.Context(), pendingKey, pd))
 		if p.invalidCode != nil {
 			out = &credentialWriter{rw: rw, req: req, p: p, prevLeft: left, pending: pd}
@@ -321,18 +303,17 @@ func serveCredentialed(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 }
 
 // refuseFast answers a request that layer l refused in window w on the fast
-// path, after giving the layers before l their point back; it is called
-// with the memory store locked and unlocks it. A refusal proxies nothing
-// and, with the default body, reuses what an earlier refusal of the layer
-// computed (refusalCache): the body and the headers depend only on the
-// layer, the reset second and the seconds to the reset.
-func refuseFast(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, l *layer, w *window, client, principal string, now int64) {
-	if layers[0] != l {
-		n := 1
-		for layers[n] != l {
-			n++
-		}
-		giveBack(layers[:n], client, principal, req, 1)
+// path, after giving the layer charged before l its point back; it is
+// called with the memory store locked and unlocks it. A fast path's plan is
+// global and at most one tier bucket (TestFastPlansHoldTwoLayers), so the
+// layer charged before l, if any, is the one charge shows, in window fw. Its
+// allowed count keeps its decision: it let the request by. A refusal proxies nothing and, with the default body, reuses
+// what an earlier refusal of the layer computed (refusalCache): the body and
+// the headers depend only on the layer, the reset second and the seconds to
+// the reset.
+func refuseFast(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer, w *window, fw *window, client, principal string, now int64) {
+	if fw != nil {
+		fw.count--
 	}
 	l.stats.refused++
 	w.refused++
@@ -344,8 +325,8 @@ func refuseFast(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*
 
 	c := &l.cache
 	secs := (w.reset - now + nsPerSecond - 1) / nsPerSecond
-	if c.resetH != w.resetH[0] || c.secs != secs {
-		c.set(l, w.resetH[0], w.reset, secs)
+	if c.resetSec != w.resetSec || c.secs != secs {
+		cacheWindowRefusal(l, w, secs)
 	}
 
 	values := c.values
@@ -615,7 +596,7 @@ func refuseBlocked(p *Plugin, rw http.ResponseWriter, req *http.Request, layers 
 		resetSec := (reset + nsPerSecond - 1) / nsPerSecond
 		secs := (reset - now + nsPerSecond - 1) / nsPerSecond
 		if c.resetSec != resetSec || c.secs != secs {
-			c.set(l, formatInt(resetSec), reset, secs)
+			cacheRefusal(l, formatInt(resetSec), reset, secs)
 		}
 		values := c.values
 		body := c.body

@@ -73,7 +73,8 @@ func (s *windowStore) slide(t *tally, i int, now int64, l *layer, key string, co
 		w.start = w.reset
 		w.reset = w.start + l.duration
 		w.expire = w.start + l.list.span
-		w.resetH = []string{formatInt(ceilSeconds(w.reset))}
+		w.resetSec = ceilSeconds(w.reset)
+		w.resetH = []string{formatInt(w.resetSec)}
 		l.list.push(w)
 	}
 

@@ -451,7 +451,7 @@ func TestMetricsForAKnownRun(t *testing.T) {
 	mw := `middleware="` + h.p.name + `"`
 	want := `# HELP tierlimit_requests_total Requests each layer allowed or refused since the process started.
 # TYPE tierlimit_requests_total counter
-tierlimit_requests_total{MW,layer="global",decision="allowed"} 11
+tierlimit_requests_total{MW,layer="global",decision="allowed"} 15
 tierlimit_requests_total{MW,layer="global",decision="refused"} 0
 tierlimit_requests_total{MW,layer="ip",decision="allowed"} 11
 tierlimit_requests_total{MW,layer="ip",decision="refused"} 4

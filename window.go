@@ -66,7 +66,7 @@ type window struct {
 	reset  int64
 	expire int64 // when the counter may be dropped: reset, or reset + duration for a sliding window
 	// prevCount is a sliding window's count of the window before; resetSec
-	// is the second a token bucket's resetH shows.
+	// is the second resetH shows.
 	prevCount int64
 	resetSec  int64
 	refused   int64    // requests this window refused (status page)
@@ -221,7 +221,8 @@ func (s *windowStore) restart(now int64, l *layer, w *window, key string) *windo
 	w.start = now
 	w.reset = now + l.list.duration
 	w.expire = now + l.list.span
-	w.resetH = []string{formatInt(ceilSeconds(w.reset))}
+	w.resetSec = ceilSeconds(w.reset)
+	w.resetH = []string{formatInt(w.resetSec)}
 	w.logged = false
 	w.taken = s.takes
 	l.list.push(w)

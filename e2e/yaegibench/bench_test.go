@@ -130,6 +130,13 @@ func requests(n int) []*http.Request {
 	return out
 }
 
+// busyPeers are n requests each from a peer of its own, with a port of its
+// own, as a busy edge sees its clients: the set of allocsPerRequest and
+// nsPerOpWith that spreads the requests over two networks.
+func busyPeers(i int, req *http.Request) {
+	req.RemoteAddr = fmt.Sprintf("198.%d.%d.%d:%d", 18+i%2, i/256%4, i%256, 1024+i)
+}
+
 func run(b *testing.B, h http.Handler) {
 	runWith(b, h, nil)
 }
