@@ -100,6 +100,17 @@ func defaultLayer(name string) LayerConfig {
 	return LayerConfig{}
 }
 
+// takesKey reports whether the built-in layer takes the key: form.
+func takesKey(row builtinLayer, key string) bool {
+	for _, k := range row.keys {
+		if k == key {
+			return true
+		}
+	}
+
+	return false
+}
+
 // routeKeyKinds are the key: values a route takes and how each finds its key.
 var routeKeyKinds = map[string]int{
 	keyIP: keyOfClient, keyPrincipal: keyOfPrincipalElseClient, keyGlobal: keyOfConst, keyHost: keyOfHost, keyHeader: keyOfHeader,

@@ -247,17 +247,30 @@ func parseBuiltin(cfg *Config, row builtinLayer) (layerSpec, error) {
 		return layerSpec{}, err
 	}
 
-	switch {
-	case lc.Key == "":
-	case lc.Key == keyHost:
-		spec.keyHost = true
-	default:
-		if spec.keyHeader, err = parseKeyHeader(lc.Key); err != nil {
-			return layerSpec{}, invalid(row.name+".key", lc.Key, err.Error())
-		}
+	if err := parseTierKey(row, lc.Key, &spec); err != nil {
+		return layerSpec{}, invalid(row.name+".key", lc.Key, err.Error())
 	}
 
 	return spec, nil
+}
+
+// parseTierKey reads the key of a built-in layer: none, or a form its row
+// takes.
+func parseTierKey(row builtinLayer, key string, spec *layerSpec) error {
+	switch {
+	case key == "":
+		return nil
+	case key == keyHost && takesKey(row, keyHost):
+		spec.keyHost = true
+		return nil
+	case !takesKey(row, keyHeader):
+		return errors.New("must be empty or one of " + strings.Join(row.keys, ", "))
+	}
+
+	name, err := parseKeyHeader(key)
+	spec.keyHeader = name
+
+	return err
 }
 
 // parseAssetPaths reads assets.pathPrefixes and assets.caseSensitive.
