@@ -44,15 +44,12 @@ func chooseMode(s *settings) mode {
 	}
 
 	on, fixed := routes, true
-	for _, l := range []layerSpec{s.global, s.ip, s.assets, s.user, s.service} {
+	for _, l := range s.builtin {
 		if l.on() {
 			on = true
 			fixed = fixed && !l.sliding && !l.bucket && l.keyHeader == "" && !l.keyHost
 		}
 	}
-
-	// After ForwardAuth (userHeader set) credentials are not read (chain.go).
-	creds := s.principal.UserHeader == ""
 
 	switch {
 	case !s.enabled || !on && s.wsMaxPerIP == 0:
@@ -60,20 +57,27 @@ func chooseMode(s *settings) mode {
 	case redisFastEligible(s, fixed, routes):
 		return modeRedis
 	case s.store != "memory" || !s.headers || s.dryRun || !fixed || s.wsMaxPerIP > 0,
-		creds && len(s.principal.CredentialCookies)+len(s.principal.CredentialQueryParams) > 0,
+		len(s.credCookies)+len(s.credQuery) > 0,
 		len(s.exemptIPs)+len(s.exemptIDs) > 0:
 		return modeGeneral
-	case s.principal.UserHeader != "" && !routes:
+	case s.userHeader != "" && !routes:
 		return modePrincipal
-	case s.principal.UserHeader == "" && !s.global.on() && !(s.ip.on() && (s.assets.on() || len(s.assetPaths) == 0)):
-		// An anonymous request could meet an empty plan, which anonymousPath
-		// does not handle: rare configurations, served in general.
+	case s.userHeader == "" && anonymousPlanMayBeEmpty(s):
+		// anonymousPath does not handle an empty plan: rare
+		// configurations, served in general.
 		return modeGeneral
-	case routes || creds && len(s.principal.CredentialHeaders) > 0:
+	case routes || len(s.credHeaders) > 0:
 		return modeClassify
 	}
 
 	return modeAnonymous
+}
+
+// anonymousPlanMayBeEmpty reports whether an anonymous request may meet a
+// plan with no layer: the anonymous one, or, when there are asset paths,
+// the assets one.
+func anonymousPlanMayBeEmpty(s *settings) bool {
+	return !s.planOn(anonymousPlan) || len(s.assetPaths) > 0 && !s.planOn(assetPlan)
 }
 
 // build makes the Plugin of a parsed configuration.
@@ -97,45 +101,19 @@ func build(ctx context.Context, cfg *settings, next http.Handler, name string) *
 		headers: cfg.headers,
 
 		assetPaths:    cfg.assetPaths,
-		userHeader:    http.CanonicalHeaderKey(cfg.principal.UserHeader),
-		serviceHeader: http.CanonicalHeaderKey(cfg.principal.ServiceAccountHeader),
-		credCookies:   cfg.principal.CredentialCookies,
-		credQuery:     cfg.principal.CredentialQueryParams,
+		userHeader:    cfg.userHeader,
+		serviceHeader: cfg.serviceHeader,
+		credHeaders:   cfg.credHeaders,
+		credCookies:   cfg.credCookies,
+		credQuery:     cfg.credQuery,
 	}
-
-	// An instance after ForwardAuth (userHeader set) knows whether a request
-	// has a principal; a credential tells it nothing more (chain.go).
-	if p.userHeader != "" {
-		// Two statements: a tuple assignment of untyped nils panics under Yaegi.
-		p.credCookies = nil
-		p.credQuery = nil
-	} else {
-		for _, h := range cfg.principal.CredentialHeaders {
-			p.credHeaders = append(p.credHeaders, http.CanonicalHeaderKey(h))
-		}
-	}
-
-	global := p.buildLayers(cfg, memory)
 
 	if len(cfg.invalidCode) > 0 {
 		p.invalidCode = cfg.invalidCode
 	}
 
-	if cfg.wsMaxPerIP > 0 {
-		p.ws = connCounters.get(ctx, name, cfg.wsMaxPerIP)
-		p.wsLayer = newLayer(memory, layerSpec{name: layerWebsocket, points: int64(cfg.wsMaxPerIP), duration: time.Second}, keyOfClient)
-	}
-
-	if len(cfg.exemptIPs)+len(cfg.exemptIDs) > 0 {
-		p.exempt = &exemptions{ips: cfg.exemptIPs, ids: cfg.exemptIDs}
-		if !cfg.exemptGlobal {
-			p.exempt.plan = plan(global)
-		}
-	}
-
-	if cfg.statusPath != "" {
-		p.status = &statusPage{path: cfg.statusPath, allowed: cfg.statusAllowed, store: cfg.store}
-	}
+	built := p.buildLayers(cfg, memory)
+	p.buildOperations(ctx, cfg, memory, built)
 
 	if cfg.store == "redis" {
 		rs := newRedisStore(ctx, cfg, name, memory, p.layers)
@@ -157,16 +135,35 @@ func build(ctx context.Context, cfg *settings, next http.Handler, name string) *
 	return p
 }
 
-// buildLayers makes the layers, the routes and the plans; it returns the
-// global layer (nil when off).
-func (p *Plugin) buildLayers(cfg *settings, memory *windowStore) *layer {
-	global := newLayer(memory, cfg.global, keyOfConst)
-	ip := newLayer(memory, cfg.ip, keyOfClient)
-	assets := newLayer(memory, cfg.assets, keyOfClient)
-	user := newLayer(memory, cfg.user, keyOfPrincipal)
-	service := newLayer(memory, cfg.service, keyOfPrincipal)
+// buildOperations makes the connection cap, the exemptions and the status
+// page; built are the built-in layers (buildLayers).
+func (p *Plugin) buildOperations(ctx context.Context, cfg *settings, memory *windowStore, built []*layer) {
+	if cfg.wsMaxPerIP > 0 {
+		p.ws = connCounters.get(ctx, p.name, cfg.wsMaxPerIP)
+		p.wsLayer = newLayer(memory, layerSpec{name: layerWebsocket, points: int64(cfg.wsMaxPerIP), duration: time.Second}, keyOfClient)
+	}
 
-	p.layers = plan(global, ip, assets, user, service)
+	if len(cfg.exemptIPs)+len(cfg.exemptIDs) > 0 {
+		p.exempt = &exemptions{ips: cfg.exemptIPs, ids: cfg.exemptIDs}
+		if !cfg.exemptGlobal {
+			p.exempt.plan = chargedTo(built, exemptPlan)
+		}
+	}
+
+	if cfg.statusPath != "" {
+		p.status = &statusPage{path: cfg.statusPath, allowed: cfg.statusAllowed, store: cfg.store}
+	}
+}
+
+// buildLayers makes the layers, the routes and the plans; it returns the
+// built-in layers, aligned with builtinLayers (nil where off).
+func (p *Plugin) buildLayers(cfg *settings, memory *windowStore) []*layer {
+	built := make([]*layer, len(builtinLayers))
+	for i, row := range builtinLayers {
+		built[i] = newLayer(memory, cfg.builtin[i], row.keyKind)
+	}
+
+	p.layers = plan(built...)
 	p.routes, p.routeMethods = buildRoutes(memory, cfg.routes)
 	p.setPathForms(cfg)
 
@@ -174,23 +171,14 @@ func (p *Plugin) buildLayers(cfg *settings, memory *windowStore) *layer {
 		p.layers = append(p.layers, rt.layer)
 	}
 
-	p.plans = plans{
-		planIP:      plan(global, ip),
-		planAssets:  plan(global, assets),
-		planUser:    plan(global, user),
-		planService: plan(global, service),
-		planCred:    plan(global),
-		planInvalid: plan(ip),
-	}
+	p.plans = drawPlans(built)
 
-	return global
+	return built
 }
 
 // buildRoutes makes the route layers that are on, and the methods they are
 // limited to (nil when some route takes every method, or there is none).
 func buildRoutes(memory *windowStore, specs []routeSpec) ([]*route, map[string]bool) {
-	kinds := map[string]int{keyIP: keyOfClient, keyPrincipal: keyOfPrincipalElseClient, keyGlobal: keyOfConst, keyHeader: keyOfHeader, keyHost: keyOfHost}
-
 	var routes []*route
 
 	methods := map[string]bool{}
@@ -202,8 +190,8 @@ func buildRoutes(memory *windowStore, specs []routeSpec) ([]*route, map[string]b
 		}
 
 		routes = append(routes, &route{
-			layer: newLayer(memory, rs.layerSpec, kinds[rs.key]), methods: rs.methods, exact: rs.exact, prefixes: rs.prefixes,
-			caseSensitive: rs.caseSensitive,
+			layer: newLayer(memory, rs.layerSpec, routeKeyKinds[rs.key]), methods: rs.methods, exact: rs.exact, prefixes: rs.prefixes,
+			caseSensitive: rs.caseSensitive, cost: rs.cost,
 		})
 
 		anyMethod = anyMethod || len(rs.methods) == 0
@@ -360,14 +348,14 @@ func newHeaderTable(spec layerSpec, interval int64) headerTable {
 // newRefusal is the configured refusal of layer l.
 func newRefusal(cfg *settings, l *layer) refusal {
 	r := refusal{
-		status:      cfg.response.StatusCode,
+		status:      cfg.refusalStatus,
 		contentType: jsonContentType,
 		bodyPrefix:  `{"errors":[{"message":"Hit rate limit","extensions":{"code":"REQUESTS_EXCEEDED","limit":` + l.limit + `,"reset":"`,
 		bodySuffix:  `","layer":"` + l.name + `"}}]}`,
 	}
 
-	if cfg.response.ContentType != jsonContentType[0] {
-		r.contentType = []string{cfg.response.ContentType}
+	if cfg.refusalType != jsonContentType[0] {
+		r.contentType = []string{cfg.refusalType}
 	}
 
 	if cfg.responseBody != nil {

@@ -20,11 +20,11 @@ func TestDefaultsMatchDesign(t *testing.T) {
 		points int64
 		d      time.Duration
 	}{
-		{s.global, 1000, time.Second},
-		{s.ip, 50, time.Second},
-		{s.assets, 300, time.Second},
-		{s.user, 300, time.Minute},
-		{s.service, 10000, time.Minute},
+		{s.spec(layerGlobal), 1000, time.Second},
+		{s.spec(layerIP), 50, time.Second},
+		{s.spec(layerAssets), 300, time.Second},
+		{s.spec(layerUser), 300, time.Minute},
+		{s.spec(layerService), 10000, time.Minute},
 	}
 	for _, l := range layers {
 		if l.got.points != l.points || l.got.duration != l.d {
@@ -35,7 +35,7 @@ func TestDefaultsMatchDesign(t *testing.T) {
 	if !s.enabled || s.dryRun || !s.headers || s.store != "memory" || s.keyPrefix != "ratelimit" ||
 		s.maxTracked != 100000 || s.ipv6Prefix != 64 || s.hops != 0 || len(s.proxies) != 6 ||
 		len(s.assetPaths) != 1 || s.assetPaths[0] != "/assets/" || len(s.routes) != 0 ||
-		s.principal.UserHeader != "" || s.principal.ServiceAccountHeader != "X-Auth-Service-Account" ||
+		s.userHeader != "" || s.serviceHeader != "X-Auth-Service-Account" ||
 		!s.invalidCode[401] || len(s.invalidCode) != 1 ||
 		s.redis.DialTimeout != 250*time.Millisecond || s.redis.Timeout != 100*time.Millisecond || s.redis.PoolSize != 16 || s.redis.Address != "127.0.0.1:6379" || s.wsMaxPerIP != 0 {
 		t.Fatalf("defaults differ from README.md: %+v", s)

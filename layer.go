@@ -141,6 +141,9 @@ type route struct {
 	prefixes      []string
 	lower         bool // ignores case where the instance's paths keep theirs: lowers the path
 	caseSensitive bool // compares case where the instance's paths are lowered: canonicalises anew
+	// cost is what a matching request is charged in the route's layer
+	// (routeSpec.cost).
+	cost int64
 }
 
 // matches reports whether the request, with its canonical path, is the

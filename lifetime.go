@@ -23,10 +23,11 @@ import (
 // previous one's handlers.
 const releaseGrace = 10 * time.Second
 
-// lease is a registry: its entries by id, each with the instances holding it.
-type lease struct {
+// heldRegistry is a registry whose entries are kept while some instance
+// holds them: its entries by id, each with the instances holding it.
+type heldRegistry struct {
 	mu      sync.Mutex
-	entries map[string]*leased
+	entries map[string]*heldEntry
 
 	// after schedules f after d (time.AfterFunc); tests replace it.
 	after func(d time.Duration, f func())
@@ -34,17 +35,17 @@ type lease struct {
 	closed func(v interface{})
 }
 
-// leased is one entry: its value, the instances holding it, and the number
-// of times it became unheld, so that a grace timer started before the entry
-// was taken again does not release it.
-type leased struct {
-	value interface{}
-	refs  int
-	idle  int
+// heldEntry is one entry: its value, the number of instances holding it,
+// and the number of times it became unheld, so that a grace timer started
+// before the entry was taken again does not release it.
+type heldEntry struct {
+	value   interface{}
+	holders int
+	idle    int
 }
 
-func newLease(closed func(v interface{})) *lease {
-	return &lease{entries: map[string]*leased{}, after: afterFunc, closed: closed}
+func newHeldRegistry(closed func(v interface{})) *heldRegistry {
+	return &heldRegistry{entries: map[string]*heldEntry{}, after: afterFunc, closed: closed}
 }
 
 func afterFunc(d time.Duration, f func()) {
@@ -54,16 +55,16 @@ func afterFunc(d time.Duration, f func()) {
 // take returns the entry of id, creating it with create, held by one more
 // instance until ctx is cancelled. A ctx that is never cancelled
 // (context.Background) holds it for the life of the process.
-func (r *lease) take(ctx context.Context, id string, create func() interface{}) interface{} {
+func (r *heldRegistry) take(ctx context.Context, id string, create func() interface{}) interface{} {
 	r.mu.Lock()
 
 	e := r.entries[id]
 	if e == nil {
-		e = &leased{value: create()}
+		e = &heldEntry{value: create()}
 		r.entries[id] = e
 	}
 
-	e.refs++
+	e.holders++
 	v := e.value
 	r.mu.Unlock()
 
@@ -76,13 +77,13 @@ func (r *lease) take(ctx context.Context, id string, create func() interface{}) 
 
 // drop runs when an instance's ctx is cancelled (on a goroutine of its own,
 // which must not panic).
-func (r *lease) drop(id string, e *leased) {
+func (r *heldRegistry) drop(id string, e *heldEntry) {
 	defer func() { _ = recover() }()
 
 	r.mu.Lock()
 
-	e.refs--
-	if e.refs > 0 {
+	e.holders--
+	if e.holders > 0 {
 		r.mu.Unlock()
 		return
 	}
@@ -95,12 +96,12 @@ func (r *lease) drop(id string, e *leased) {
 }
 
 // expire releases the entry if no instance took it since it became unheld.
-func (r *lease) expire(id string, e *leased, idle int) {
+func (r *heldRegistry) expire(id string, e *heldEntry, idle int) {
 	defer func() { _ = recover() }()
 
 	r.mu.Lock()
 
-	if r.entries[id] != e || e.refs > 0 || e.idle != idle {
+	if r.entries[id] != e || e.holders > 0 || e.idle != idle {
 		r.mu.Unlock()
 		return
 	}
@@ -114,7 +115,7 @@ func (r *lease) expire(id string, e *leased, idle int) {
 }
 
 // size returns the number of entries held.
-func (r *lease) size() int {
+func (r *heldRegistry) size() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 

@@ -15,7 +15,7 @@ type fakeTimers struct {
 	started chan func()
 }
 
-func newFakeTimers(r *lease) *fakeTimers {
+func newFakeTimers(r *heldRegistry) *fakeTimers {
 	ft := &fakeTimers{started: make(chan func(), 16)}
 	r.after = func(d time.Duration, f func()) {
 		if d != releaseGrace {
@@ -54,10 +54,10 @@ func (ft *fakeTimers) none(t *testing.T) {
 
 func newValue() interface{} { return new(int) }
 
-func TestLeaseKeepsAnEntryTakenAgainWithinTheGrace(t *testing.T) {
+func TestHeldRegistryKeepsAnEntryTakenAgainWithinTheGrace(t *testing.T) {
 	var closed []interface{}
 
-	r := newLease(func(v interface{}) { closed = append(closed, v) })
+	r := newHeldRegistry(func(v interface{}) { closed = append(closed, v) })
 	ft := newFakeTimers(r)
 
 	// Two routers of the first configuration use the middleware.
@@ -89,10 +89,10 @@ func TestLeaseKeepsAnEntryTakenAgainWithinTheGrace(t *testing.T) {
 	ft.none(t)
 }
 
-func TestLeaseReleasesAnEntryNobodyTookAgain(t *testing.T) {
+func TestHeldRegistryReleasesAnEntryNobodyTookAgain(t *testing.T) {
 	var closed []interface{}
 
-	r := newLease(func(v interface{}) { closed = append(closed, v) })
+	r := newHeldRegistry(func(v interface{}) { closed = append(closed, v) })
 	ft := newFakeTimers(r)
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -110,8 +110,8 @@ func TestLeaseReleasesAnEntryNobodyTookAgain(t *testing.T) {
 	}
 }
 
-func TestLeaseIgnoresAGraceTimerOlderThanTheLastRelease(t *testing.T) {
-	r := newLease(nil)
+func TestHeldRegistryIgnoresAGraceTimerOlderThanTheLastRelease(t *testing.T) {
+	r := newHeldRegistry(nil)
 	ft := newFakeTimers(r)
 
 	ctx1, cancel1 := context.WithCancel(context.Background())
@@ -140,8 +140,8 @@ func TestLeaseIgnoresAGraceTimerOlderThanTheLastRelease(t *testing.T) {
 	}
 }
 
-func TestLeaseHeldForeverWithoutCancellation(t *testing.T) {
-	r := newLease(nil)
+func TestHeldRegistryHeldForeverWithoutCancellation(t *testing.T) {
+	r := newHeldRegistry(nil)
 	ft := newFakeTimers(r)
 
 	r.take(context.Background(), "mw@file", newValue)
@@ -152,8 +152,8 @@ func TestLeaseHeldForeverWithoutCancellation(t *testing.T) {
 	}
 }
 
-func TestLeaseCallbacksRecoverFromPanics(t *testing.T) {
-	r := newLease(func(interface{}) { panic("closing") })
+func TestHeldRegistryCallbacksRecoverFromPanics(t *testing.T) {
+	r := newHeldRegistry(func(interface{}) { panic("closing") })
 	ft := newFakeTimers(r)
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -169,7 +169,7 @@ func TestLeaseCallbacksRecoverFromPanics(t *testing.T) {
 
 func TestReleasedBackendClosesItsPool(t *testing.T) {
 	s := newCannedRedis(t, "+PONG\r\n")
-	reg := &backendRegistry{byConfig: newLease(closeBackend)}
+	reg := &backendRegistry{byConfig: newHeldRegistry(closeBackend)}
 	ft := newFakeTimers(reg.byConfig)
 
 	opts := redisresp.Options{Address: s.l.Addr().String(), Timeout: time.Second, PoolSize: 4}

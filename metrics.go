@@ -19,11 +19,6 @@ var labelEscaper = strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`)
 func (p *Plugin) metricsText(now int64) string {
 	limited, tracked := p.liveKeys(now, true, "")
 
-	perLayer := make([]int, len(p.layers))
-	for _, e := range limited {
-		perLayer[e.layer]++
-	}
-
 	mw := `middleware="` + labelEscaper.Replace(p.name) + `"`
 
 	labels := make([]string, len(p.layers))
@@ -33,37 +28,9 @@ func (p *Plugin) metricsText(now int64) string {
 
 	var b strings.Builder
 
-	family(&b, "tierlimit_requests_total", "counter", "Requests each layer allowed or refused since the process started.")
-
-	for i, l := range p.layers {
-		allowed, refused := p.memory.totals(l.stats)
-		sample(&b, "tierlimit_requests_total", labels[i]+`,decision="allowed"`, formatInt(allowed))
-		sample(&b, "tierlimit_requests_total", labels[i]+`,decision="refused"`, formatInt(refused))
-	}
-
-	family(&b, "tierlimit_tracked_keys", "gauge", "Keys held in memory for the layer, live or expired but not yet purged.")
-
-	for i := range p.layers {
-		sample(&b, "tierlimit_tracked_keys", labels[i], strconv.Itoa(tracked[i]))
-	}
-
-	family(&b, "tierlimit_limited_keys", "gauge", "Live keys over the layer's limit.")
-
-	for i := range p.layers {
-		sample(&b, "tierlimit_limited_keys", labels[i], strconv.Itoa(perLayer[i]))
-	}
-
-	family(&b, "tierlimit_layer_limit", "gauge", "Requests the layer allows per key and window (points).")
-
-	for i, l := range p.layers {
-		sample(&b, "tierlimit_layer_limit", labels[i], formatInt(l.points))
-	}
-
-	family(&b, "tierlimit_layer_window_seconds", "gauge", "The layer's window (duration) in seconds.")
-
-	for i, l := range p.layers {
-		sample(&b, "tierlimit_layer_window_seconds", labels[i], strconv.FormatFloat(float64(l.duration)/1e9, 'g', -1, 64))
-	}
+	p.requestMetrics(&b, labels)
+	p.keyMetrics(&b, labels, tracked, limited)
+	p.layerMetrics(&b, labels)
 
 	fallback := "0"
 	if p.redisFallback() {
@@ -73,16 +40,68 @@ func (p *Plugin) metricsText(now int64) string {
 	family(&b, "tierlimit_redis_fallback", "gauge", "1 while Redis is failing and the in-memory store decides, else 0.")
 	sample(&b, "tierlimit_redis_fallback", mw, fallback)
 
-	// Process-wide, so without a middleware label: they follow the current
-	// configuration, not the history of reloads (lifetime.go).
-	family(&b, "tierlimit_registry_entries", "gauge",
-		"Entries in the plugin's process-wide registries: what the current configuration uses, plus what it stopped using in the last 10 seconds.")
-	sample(&b, "tierlimit_registry_entries", `registry="stores"`, strconv.Itoa(registry.stores.size()))
-	sample(&b, "tierlimit_registry_entries", `registry="blocklists"`, strconv.Itoa(registry.blocked.size()))
-	sample(&b, "tierlimit_registry_entries", `registry="connections"`, strconv.Itoa(connCounters.byName.size()))
-	sample(&b, "tierlimit_registry_entries", `registry="redis"`, strconv.Itoa(backends.byConfig.size()))
+	registryMetrics(&b)
 
 	return b.String()
+}
+
+// requestMetrics writes each layer's decisions; labels are the layers'.
+func (p *Plugin) requestMetrics(b *strings.Builder, labels []string) {
+	family(b, "tierlimit_requests_total", "counter", "Requests each layer allowed or refused since the process started.")
+
+	for i, l := range p.layers {
+		allowed, refused := p.memory.totals(l.stats)
+		sample(b, "tierlimit_requests_total", labels[i]+`,decision="allowed"`, formatInt(allowed))
+		sample(b, "tierlimit_requests_total", labels[i]+`,decision="refused"`, formatInt(refused))
+	}
+}
+
+// keyMetrics writes the keys each layer holds (tracked, aligned with
+// p.layers) and how many of the live ones are over the limit.
+func (p *Plugin) keyMetrics(b *strings.Builder, labels []string, tracked []int, limited []liveKey) {
+	perLayer := make([]int, len(p.layers))
+	for _, e := range limited {
+		perLayer[e.layer]++
+	}
+
+	family(b, "tierlimit_tracked_keys", "gauge", "Keys held in memory for the layer, live or expired but not yet purged.")
+
+	for i := range p.layers {
+		sample(b, "tierlimit_tracked_keys", labels[i], strconv.Itoa(tracked[i]))
+	}
+
+	family(b, "tierlimit_limited_keys", "gauge", "Live keys over the layer's limit.")
+
+	for i := range p.layers {
+		sample(b, "tierlimit_limited_keys", labels[i], strconv.Itoa(perLayer[i]))
+	}
+}
+
+// layerMetrics writes each layer's configured limit and window.
+func (p *Plugin) layerMetrics(b *strings.Builder, labels []string) {
+	family(b, "tierlimit_layer_limit", "gauge", "Requests the layer allows per key and window (points).")
+
+	for i, l := range p.layers {
+		sample(b, "tierlimit_layer_limit", labels[i], formatInt(l.points))
+	}
+
+	family(b, "tierlimit_layer_window_seconds", "gauge", "The layer's window (duration) in seconds.")
+
+	for i, l := range p.layers {
+		sample(b, "tierlimit_layer_window_seconds", labels[i], strconv.FormatFloat(float64(l.duration)/1e9, 'g', -1, 64))
+	}
+}
+
+// registryMetrics writes the sizes of the process-wide registries, so
+// without a middleware label: they follow the current configuration, not
+// the history of reloads (lifetime.go).
+func registryMetrics(b *strings.Builder) {
+	family(b, "tierlimit_registry_entries", "gauge",
+		"Entries in the plugin's process-wide registries: what the current configuration uses, plus what it stopped using in the last 10 seconds.")
+	sample(b, "tierlimit_registry_entries", `registry="stores"`, strconv.Itoa(registry.stores.size()))
+	sample(b, "tierlimit_registry_entries", `registry="blocklists"`, strconv.Itoa(registry.blocked.size()))
+	sample(b, "tierlimit_registry_entries", `registry="connections"`, strconv.Itoa(connCounters.byName.size()))
+	sample(b, "tierlimit_registry_entries", `registry="redis"`, strconv.Itoa(backends.byConfig.size()))
 }
 
 func family(b *strings.Builder, name, kind, help string) {

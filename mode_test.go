@@ -1,6 +1,7 @@
 package tierlimit
 
 import (
+	"context"
 	"net/http"
 	"testing"
 )
@@ -188,6 +189,46 @@ func TestChooseModeRedis(t *testing.T) {
 
 		if got := chooseMode(s); got != sh.mode {
 			t.Errorf("%s: mode %d, want %d", sh.name, got, sh.mode)
+		}
+	}
+}
+
+// TestFastPlansHoldTwoLayers: refuseFast gives back only the layer charged
+// before the refusing one, which holds because every plan of a fast mode is
+// global and at most one tier bucket. A catalogue row that charged a plan a
+// third layer would break that: this fails first.
+func TestFastPlansHoldTwoLayers(t *testing.T) {
+	for _, sh := range shapes {
+		cfg := CreateConfig()
+		sh.cfg(cfg)
+
+		h, err := New(context.Background(), http.NotFoundHandler(), cfg, "twolayers-"+sh.name+"@test")
+		if err != nil {
+			t.Fatalf("%s: %v", sh.name, err)
+		}
+
+		var p *Plugin
+		switch v := h.(type) {
+		case *Plugin:
+			p = v
+		case *anonymousPath:
+			p = (*Plugin)(v)
+		case *principalPath:
+			p = (*Plugin)(v)
+		case *classifyPath:
+			p = (*Plugin)(v)
+		case *redisPath:
+			p = (*Plugin)(v)
+		}
+
+		if p.mode != modeAnonymous && p.mode != modePrincipal && p.mode != modeClassify {
+			continue
+		}
+
+		for name, plan := range map[string][]*layer{"ip": p.planIP, "assets": p.planAssets, "user": p.planUser, "service": p.planService, "cred": p.planCred} {
+			if len(plan) > 2 {
+				t.Errorf("%s: plan %s holds %d layers; a fast path's give-back handles two", sh.name, name, len(plan))
+			}
 		}
 	}
 }

@@ -61,9 +61,12 @@ type Plugin struct {
 	fast    *redisFast   // modeRedis only
 }
 
-// plans are the layers charged up front, by kind of request, in evaluation order.
+// plans are the layers charged up front, by kind of request, in evaluation
+// order, drawn up from the catalogue of built-in layers (drawPlans,
+// configlayers.go), and what a request is charged in each of their layers.
 type plans struct {
 	planIP, planAssets, planUser, planService, planCred, planInvalid []*layer
+	planCost                                                         int64
 }
 
 // mode is how an instance serves its requests, chosen once in New by

@@ -88,13 +88,11 @@ func newRedisPlan(rs *redisStore, layers []*layer) *redisPlan {
 // otherwise take the general path meets what redisPath needs (see the
 // top of this file).
 func redisFastEligible(s *settings, fixed, routes bool) bool {
-	p := s.principal
-
 	return s.store == "redis" && s.redis.Cluster == nil &&
 		s.headers && !s.dryRun && fixed && !routes && s.wsMaxPerIP == 0 &&
-		p.UserHeader == "" && len(p.CredentialHeaders)+len(p.CredentialCookies)+len(p.CredentialQueryParams) == 0 &&
+		s.userHeader == "" && len(s.credHeaders)+len(s.credCookies)+len(s.credQuery) == 0 &&
 		len(s.exemptIPs)+len(s.exemptIDs) == 0 &&
-		s.ip.on() && (s.assets.on() || len(s.assetPaths) == 0)
+		s.spec(layerIP).on() && (s.spec(layerAssets).on() || len(s.assetPaths) == 0)
 }
 
 // redisPath is the handler of modeRedis (see fast.go's handlers).

@@ -536,10 +536,10 @@ func (b *redisBackend) event(name, severity, msg string, retry time.Duration) {
 // middlewares, routers and reloads, so reloads do not open new pools. A
 // backend no instance uses any more is released (lifetime.go) and its pool
 // closed: idle connections at once, busy ones when their call returns.
-var backends = &backendRegistry{byConfig: newLease(closeBackend)}
+var backends = &backendRegistry{byConfig: newHeldRegistry(closeBackend)}
 
 type backendRegistry struct {
-	byConfig *lease // *redisBackend by configuration
+	byConfig *heldRegistry // *redisBackend by configuration
 }
 
 func closeBackend(v interface{}) {

@@ -189,27 +189,44 @@ func (p *Plugin) statusJSON(req *http.Request, now int64) ([]byte, int) {
 
 	entries, tracked := p.liveKeys(now, q.limited, q.prefix)
 	total := len(entries)
-
-	// The page ends at offset+limit; both are bounded below by 0 and limit by
-	// maxKeyLimit, so only a huge offset can overflow, which means past the end.
-	end := q.offset + q.limit
-	if end < q.offset || end > total {
-		end = total
-	}
-
-	if q.offset >= total {
-		end = 0
-	}
-
-	entries = p.firstSorted(entries, end)
+	entries = p.firstSorted(entries, pageEnd(q, total))
 
 	report := statusReport{
 		Middleware:    p.name,
 		Store:         p.status.store,
 		RedisFallback: p.redisFallback(),
-		Layers:        make([]statusLayer, 0, len(p.layers)),
-		Keys:          statusKeys{Total: total, Offset: q.offset, Limit: q.limit, Items: []statusKey{}},
+		Layers:        p.statusLayers(tracked),
+		Keys:          statusKeys{Total: total, Offset: q.offset, Limit: q.limit, Items: p.statusItems(entries, q.offset)},
 	}
+
+	body, err := json.Marshal(report)
+	if err != nil {
+		return []byte(`{"error":"encoding the status"}`), http.StatusInternalServerError
+	}
+
+	return body, http.StatusOK
+}
+
+// pageEnd is where the page of the listing ends: offset+limit, within the
+// total. Both are bounded below by 0 and limit by maxKeyLimit, so only a huge
+// offset can overflow, which means past the end.
+func pageEnd(q keyQuery, total int) int {
+	if q.offset >= total {
+		return 0
+	}
+
+	end := q.offset + q.limit
+	if end < q.offset || end > total {
+		end = total
+	}
+
+	return end
+}
+
+// statusLayers describes each layer with its counters since the process
+// started and the keys its map holds (tracked, aligned with p.layers).
+func (p *Plugin) statusLayers(tracked []int) []statusLayer {
+	out := make([]statusLayer, 0, len(p.layers))
 
 	for i, l := range p.layers {
 		allowed, refused := p.memory.totals(l.stats)
@@ -229,26 +246,28 @@ func (p *Plugin) statusJSON(req *http.Request, now int64) ([]byte, int) {
 			sl.Burst = l.points
 		}
 
-		report.Layers = append(report.Layers, sl)
+		out = append(out, sl)
 	}
 
-	for i := q.offset; i < len(entries); i++ {
+	return out
+}
+
+// statusItems describes the sorted listing's keys from offset on.
+func (p *Plugin) statusItems(entries []liveKey, offset int) []statusKey {
+	items := []statusKey{}
+
+	for i := offset; i < len(entries); i++ {
 		e := entries[i]
 		l := p.layers[e.layer]
 		resetUnix := ceilSeconds(e.reset)
 
-		report.Keys.Items = append(report.Keys.Items, statusKey{
+		items = append(items, statusKey{
 			Layer: l.name, Key: e.key, Count: e.count, Limit: l.points, Limited: e.limited, Refused: e.refused,
 			Reset: time.Unix(resetUnix, 0).UTC().Format(time.RFC3339), ResetUnix: resetUnix,
 		})
 	}
 
-	body, err := json.Marshal(report)
-	if err != nil {
-		return []byte(`{"error":"encoding the status"}`), http.StatusInternalServerError
-	}
-
-	return body, http.StatusOK
+	return items
 }
 
 // liveKey is a live window as the listing copies it: the index of its layer in

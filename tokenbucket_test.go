@@ -413,7 +413,7 @@ func TestTokenBucketConfigErrors(t *testing.T) {
 	cfg.IP = LayerConfig{Points: 5, Duration: "1s", Algorithm: " tokenbucket "}
 
 	s, err := parse(cfg)
-	if err != nil || !s.ip.bucket || s.ip.burst != 5 {
-		t.Fatalf("default burst: %+v %v", s.ip, err)
+	if err != nil || !s.spec(layerIP).bucket || s.spec(layerIP).burst != 5 {
+		t.Fatalf("default burst: %+v %v", s.spec(layerIP), err)
 	}
 }

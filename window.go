@@ -314,11 +314,11 @@ func (l *windowList) unlink(w *window) {
 // store one blockList, while some instance of the middleware uses them
 // (lifetime.go). Traefik keeps one interpreter per plugin, so this survives
 // configuration reloads and is shared by every router that uses the middleware.
-var registry = &storeRegistry{stores: newLease(nil), blocked: newLease(nil)}
+var registry = &storeRegistry{stores: newHeldRegistry(nil), blocked: newHeldRegistry(nil)}
 
 type storeRegistry struct {
-	stores  *lease // *windowStore by middleware name
-	blocked *lease // *blockList by middleware name: keys known over their limit
+	stores  *heldRegistry // *windowStore by middleware name
+	blocked *heldRegistry // *blockList by middleware name: keys known over their limit
 }
 
 // get returns the store of the middleware called name, held until ctx is

@@ -157,10 +157,10 @@ func (c *connCounter) release(ip string) {
 
 // connCounters holds one connCounter per middleware name while some instance
 // of the middleware uses it (lifetime.go), like the memory store.
-var connCounters = &counterRegistry{byName: newLease(nil)}
+var connCounters = &counterRegistry{byName: newHeldRegistry(nil)}
 
 type counterRegistry struct {
-	byName *lease // *connCounter by middleware name
+	byName *heldRegistry // *connCounter by middleware name
 }
 
 // get returns the counter of the middleware called name, held until ctx is

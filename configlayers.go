@@ -1,0 +1,191 @@
+package tierlimit
+
+// The built-in layers as data. builtinLayers is the one list of them: the
+// defaults (CreateConfig), parsing and validation (parseBuiltin), the
+// reserved route names (parseRoute), maxTracked's minimum (checkMaxTracked),
+// the mode choice (chooseMode) and the plans (drawPlans) all read it, so that
+// a layer is one row. A plan is drawn up from the classes of requests its
+// layers charge (the plan rules below), not from layer names: a plan tier
+// charged instead of user would be rows of its own class and one more rule.
+
+// Layer names. Routes may not take them: they name the built-in layers.
+const (
+	layerGlobal  = "global"
+	layerIP      = "ip"
+	layerAssets  = "assets"
+	layerUser    = "user"
+	layerService = "service"
+	// layerWebsocket names the connection cap in refusals and events; no
+	// route may take the name.
+	layerWebsocket = "websocket"
+)
+
+// Key values: the key: forms a layer may take. Routes take all of them (ip
+// by default); the tiers take host and header:<Name> (by default their
+// request's client or principal); global takes none.
+const (
+	keyIP        = "ip"
+	keyPrincipal = "principal"
+	keyGlobal    = "global"
+	keyHeader    = "header:"
+	keyHost      = "host"
+)
+
+// The classes of requests a built-in layer charges.
+const (
+	chargesAll       = iota // every request
+	chargesAnonymous        // a request without a principal, not for an asset
+	chargesAsset            // a request without a principal, for an asset (assets.pathPrefixes)
+	chargesUser             // a principal that is not a service account
+	chargesService          // a service account
+)
+
+// builtinLayer is one built-in layer: its name (and section of Config), the
+// class of requests it charges, how it finds its key, its defaults and the
+// key: values it takes besides none.
+type builtinLayer struct {
+	name     string
+	charges  int
+	keyKind  int // layer.go's keyOf*, unless key: says otherwise
+	points   int
+	duration string
+	keys     []string
+	// config reads the layer's section of Config.
+	config func(c *Config) LayerConfig
+	// more parses what else its section holds (assets: the path prefixes);
+	// nil when nothing.
+	more func(c *Config, s *settings) error
+}
+
+// tierKeys are the key: values the tiers take.
+var tierKeys = []string{keyHost, keyHeader}
+
+// builtinLayers in evaluation order: a plan charges its layers in this order.
+var builtinLayers = []builtinLayer{
+	{
+		name: layerGlobal, charges: chargesAll, keyKind: keyOfConst, points: 1000, duration: "1s",
+		config: func(c *Config) LayerConfig { return c.Global },
+	},
+	{
+		name: layerIP, charges: chargesAnonymous, keyKind: keyOfClient, points: 50, duration: "1s", keys: tierKeys,
+		config: func(c *Config) LayerConfig { return c.IP },
+	},
+	{
+		name: layerAssets, charges: chargesAsset, keyKind: keyOfClient, points: 300, duration: "1s", keys: tierKeys,
+		config: assetsLayer, more: parseAssetPaths,
+	},
+	{
+		name: layerUser, charges: chargesUser, keyKind: keyOfPrincipal, points: 300, duration: "60s", keys: tierKeys,
+		config: func(c *Config) LayerConfig { return c.User },
+	},
+	{
+		name: layerService, charges: chargesService, keyKind: keyOfPrincipal, points: 10000, duration: "60s", keys: tierKeys,
+		config: func(c *Config) LayerConfig { return c.Service },
+	},
+}
+
+func assetsLayer(c *Config) LayerConfig {
+	a := c.Assets
+	return LayerConfig{Points: a.Points, Duration: a.Duration, Algorithm: a.Algorithm, Burst: a.Burst, Key: a.Key}
+}
+
+// defaultLayer is the built-in layer's default window.
+func defaultLayer(name string) LayerConfig {
+	for _, row := range builtinLayers {
+		if row.name == name {
+			return LayerConfig{Points: row.points, Duration: row.duration}
+		}
+	}
+
+	return LayerConfig{}
+}
+
+// takesKey reports whether the built-in layer takes the key: form.
+func takesKey(row builtinLayer, key string) bool {
+	for _, k := range row.keys {
+		if k == key {
+			return true
+		}
+	}
+
+	return false
+}
+
+// routeKeyKinds are the key: values a route takes and how each finds its key.
+var routeKeyKinds = map[string]int{
+	keyIP: keyOfClient, keyPrincipal: keyOfPrincipalElseClient, keyGlobal: keyOfConst, keyHost: keyOfHost, keyHeader: keyOfHeader,
+}
+
+// The plan rules: the classes of built-in layers each plan of plugin.go
+// charges, in catalogue order. A credentialed request is charged the
+// layers every request pays (planCred), and, once its credential is known
+// invalid, the anonymous ones (planInvalid).
+var (
+	anonymousPlan = []int{chargesAll, chargesAnonymous}
+	assetPlan     = []int{chargesAll, chargesAsset}
+	userPlan      = []int{chargesAll, chargesUser}
+	servicePlan   = []int{chargesAll, chargesService}
+	credPlan      = []int{chargesAll}
+	invalidPlan   = []int{chargesAnonymous}
+	// exemptPlan: an exempt request still pays what every request does,
+	// unless exempt.global.
+	exemptPlan = []int{chargesAll}
+)
+
+// requestCost is what one request is charged in each layer of its plan.
+// Routes carry theirs (routeSpec.cost); neither is configurable yet.
+const requestCost = int64(1)
+
+// drawPlans draws up the plans from the built-in layers, built aligned with
+// builtinLayers (nil where off).
+func drawPlans(built []*layer) plans {
+	return plans{
+		planIP:      chargedTo(built, anonymousPlan),
+		planAssets:  chargedTo(built, assetPlan),
+		planUser:    chargedTo(built, userPlan),
+		planService: chargedTo(built, servicePlan),
+		planCred:    chargedTo(built, credPlan),
+		planInvalid: chargedTo(built, invalidPlan),
+		planCost:    requestCost,
+	}
+}
+
+// chargedTo lists, in catalogue order, the layers that are on among those of
+// the classes; nil when none is.
+func chargedTo(built []*layer, classes []int) []*layer {
+	var out []*layer
+
+	for i, row := range builtinLayers {
+		if built[i] != nil && hasClass(classes, row.charges) {
+			out = append(out, built[i])
+		}
+	}
+
+	return out
+}
+
+func hasClass(classes []int, c int) bool {
+	for _, k := range classes {
+		if k == c {
+			return true
+		}
+	}
+
+	return false
+}
+
+// isBuiltinName reports whether name is a built-in layer's (or the
+// connection cap's), which no route may take.
+func isBuiltinName(name string) bool {
+	if name == layerWebsocket {
+		return true
+	}
+
+	for _, row := range builtinLayers {
+		if row.name == name {
+			return true
+		}
+	}
+
+	return false
+}

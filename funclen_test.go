@@ -1,0 +1,165 @@
+package tierlimit
+
+import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+)
+
+// maxFuncLines bounds the body of a hand-written runtime function, in lines
+// between its braces: a function longer than that does more than one thing.
+const maxFuncLines = 60
+
+// longFunctionsPending lists the runtime functions, named "file.go
+// Recv.Name" (the file relative to the repository root), that are longer
+// than maxFuncLines and being rewritten in another branch (the request path,
+// the Redis store). The merge empties it; the test fails on an entry that
+// no longer exists or is no longer long, so that the list cannot rot.
+var longFunctionsPending = map[string]bool{
+	"redisresp/cluster.go Cluster.RunInts":    true,
+	"redisresp/cluster.go Cluster.refresh":    true,
+	"redisresp/pool.go Pool.dial":             true,
+	"redisresp/sentinel.go Sentinel.watchOne": true,
+}
+
+// TestNoLongRuntimeFunctions parses every non-test Go file of the plugin's
+// module (the root package and its sub-packages; nested modules such as e2e/
+// are not runtime code), skips generated files, and fails naming each
+// function whose body is longer than maxFuncLines.
+func TestNoLongRuntimeFunctions(t *testing.T) {
+	lengths, err := runtimeFuncLengths(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	if len(lengths) == 0 {
+		t.Fatal("no runtime function found")
+	}
+
+	var names []string
+	for name := range lengths {
+		names = append(names, name)
+	}
+
+	sort.Strings(names)
+
+	for _, name := range names {
+		if n := lengths[name]; n > maxFuncLines && !longFunctionsPending[name] {
+			t.Errorf("%s: %d lines, longer than %d: split it into functions with one concern each", name, n, maxFuncLines)
+		}
+	}
+
+	for name := range longFunctionsPending {
+		n, ok := lengths[name]
+
+		switch {
+		case !ok:
+			t.Errorf("longFunctionsPending lists %s, which no longer exists: remove it", name)
+		case n <= maxFuncLines:
+			t.Errorf("longFunctionsPending lists %s, which is %d lines now: remove it", name, n)
+		}
+	}
+}
+
+// runtimeFuncLengths returns the body length, in lines between the braces,
+// of every function declared in a non-test, non-generated Go file under
+// root, skipping directories that are not the module's packages.
+func runtimeFuncLengths(root string) (map[string]int, error) {
+	lengths := map[string]int{}
+	fset := token.NewFileSet()
+
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+
+		if d.IsDir() {
+			if path != root && skipDir(path, d.Name()) {
+				return filepath.SkipDir
+			}
+
+			return nil
+		}
+
+		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+
+		return addFuncLengths(fset, path, lengths)
+	})
+
+	return lengths, err
+}
+
+// skipDir reports whether a directory holds no package of the module:
+// hidden, vendored, test data, or another module.
+func skipDir(path, name string) bool {
+	if strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_") || name == "vendor" || name == "testdata" {
+		return true
+	}
+
+	_, err := os.Stat(filepath.Join(path, "go.mod"))
+
+	return err == nil
+}
+
+func addFuncLengths(fset *token.FileSet, path string, lengths map[string]int) error {
+	f, err := parser.ParseFile(fset, path, nil, parser.ParseComments)
+	if err != nil {
+		return err
+	}
+
+	if ast.IsGenerated(f) {
+		return nil
+	}
+
+	file := filepath.ToSlash(path)
+
+	for _, decl := range f.Decls {
+		fn, ok := decl.(*ast.FuncDecl)
+		if !ok || fn.Body == nil {
+			continue
+		}
+
+		n := fset.Position(fn.Body.Rbrace).Line - fset.Position(fn.Body.Lbrace).Line - 1
+		if n < 0 {
+			n = 0
+		}
+
+		lengths[file+" "+funcName(fn)] = n
+	}
+
+	return nil
+}
+
+// funcName is Name, or Recv.Name for a method (the receiver's type without
+// its pointer or type parameters).
+func funcName(fn *ast.FuncDecl) string {
+	if fn.Recv == nil || len(fn.Recv.List) == 0 {
+		return fn.Name.Name
+	}
+
+	typ := fn.Recv.List[0].Type
+	if star, ok := typ.(*ast.StarExpr); ok {
+		typ = star.X
+	}
+
+	switch x := typ.(type) {
+	case *ast.IndexExpr:
+		typ = x.X
+	case *ast.IndexListExpr:
+		typ = x.X
+	}
+
+	if id, ok := typ.(*ast.Ident); ok {
+		return id.Name + "." + fn.Name.Name
+	}
+
+	return fn.Name.Name
+}
