@@ -360,7 +360,7 @@ func TestRedisKeysAndArguments(t *testing.T) {
 	want := []string{
 		"EVALSHA", scriptSHA(takeScript), "3",
 		prefix + "global:global", prefix + "ip:2001:db8::/64", prefix + "auth_login:2001:db8::/64",
-		"0", "1000", "1000", "0", "0", "3", "60000", "0", "0", "10", "60000", "0", "0",
+		"0", "1", "1000", "1000", "0", "0", "3", "60000", "0", "0", "10", "60000", "0", "0",
 	}
 
 	if strings.Join(got, " ") != strings.Join(want, " ") {
