@@ -1,0 +1,277 @@
+package tierlimit
+
+import (
+	"bufio"
+	"net"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tierlimit/tierlimit/redisresp"
+)
+
+// redisServer runs a redis-server of the test's own on a free loopback port,
+// persisting nothing, and returns its address and a client for checks. The
+// scripts' Lua (5.1, with Redis's number conversions) is only exercised
+// for real there.
+func redisServer(t *testing.T) (string, *redisresp.Pool) {
+	t.Helper()
+
+	path, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Fatalf("these tests run the rate-limit scripts on a real redis-server, which is not on PATH (apt-get install redis-server): %v", err)
+	}
+
+	for attempt := 0; attempt < 5; attempt++ {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+
+		addr := l.Addr().String()
+		l.Close()
+
+		_, port, _ := net.SplitHostPort(addr)
+		cmd := exec.Command(path, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
+
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+
+		if err := cmd.Start(); err != nil {
+			t.Fatalf("starting redis-server: %v", err)
+		}
+
+		// Ready when it says so; gone (a port taken meanwhile) when its
+		// output ends first.
+		ready, log := false, ""
+		sc := bufio.NewScanner(out)
+
+		for !ready && sc.Scan() {
+			log += sc.Text() + "\n"
+			ready = strings.Contains(sc.Text(), "Ready to accept connections")
+		}
+
+		if !ready {
+			_ = cmd.Wait()
+
+			if strings.Contains(log, "Address already in use") {
+				continue
+			}
+
+			t.Fatalf("redis-server did not start:\n%s", log)
+		}
+
+		go func() {
+			for sc.Scan() {
+			}
+		}()
+
+		t.Cleanup(func() {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		})
+
+		admin := redisresp.NewPool(redisresp.Options{Address: addr, Timeout: 2 * time.Second})
+		t.Cleanup(admin.Close)
+
+		return addr, admin
+	}
+
+	t.Fatal("redis-server: no free port in 5 attempts")
+
+	return "", nil
+}
+
+// redisDo runs a command on the test's server.
+func redisDo(t *testing.T, p *redisresp.Pool, args ...string) redisresp.Value {
+	t.Helper()
+
+	v, err := p.Do(args...)
+	if err != nil || v.IsError() {
+		t.Fatalf("redis %v: %+v %v", args, v, err)
+	}
+
+	return v
+}
+
+// serverState is every key on the server, serialized (DUMP) with its
+// absolute expiry (PEXPIRETIME): unchanged unless a script writes the key.
+func serverState(t *testing.T, p *redisresp.Pool) string {
+	t.Helper()
+
+	var b strings.Builder
+
+	for _, k := range redisDo(t, p, "KEYS", "*").Array {
+		b.WriteString(k.Str + " " + strconv.Quote(redisDo(t, p, "DUMP", k.Str).Str) + " " +
+			strconv.FormatInt(redisDo(t, p, "PEXPIRETIME", k.Str).Int, 10) + "\n")
+	}
+
+	return b.String()
+}
+
+// charge runs takeScript for layers with a cost, as takeRedis does for a cost
+// of 1, and returns the outcome.
+func charge(t *testing.T, s *redisStore, layers []*layer, client string, cost int64) tally {
+	t.Helper()
+
+	ints, serverErr, err := s.callFor(len(layers)).RunIntsOn(s.backend.pool, encodeCall(layers, client, "", nil, argStopAtRefusal, cost))
+	if err != nil || serverErr != "" {
+		t.Fatalf("script: %v %s", err, serverErr)
+	}
+
+	var tl tally
+	if err := s.record(&tl, ints, t0, layers, client, "", nil, false); err != nil {
+		t.Fatalf("reply %v: %v", ints, err)
+	}
+
+	return tl
+}
+
+// algorithmLayer is a layer of points with algorithm, an hour long; a token
+// bucket's burst is points.
+func algorithmLayer(algorithm string, points int) LayerConfig {
+	if algorithm == "tokenbucket" {
+		return LayerConfig{Points: 1, Duration: "1h", Algorithm: algorithm, Burst: points}
+	}
+
+	return LayerConfig{Points: points, Duration: "1h", Algorithm: algorithm}
+}
+
+// TestCostIsChargedWholeOnRedisServer: a request of cost 3 counts 3 in each
+// layer; one that does not fit is refused whole, changing no key (the first
+// layer, which it fits, included); a smaller one that fits is still allowed.
+func TestCostIsChargedWholeOnRedisServer(t *testing.T) {
+	addr, admin := redisServer(t)
+
+	for _, algorithm := range []string{"fixed", "sliding", "tokenbucket"} {
+		h, _ := redisHarness(t, addr, func(c *Config) {
+			c.Global = algorithmLayer(algorithm, 100)
+			c.IP = algorithmLayer(algorithm, 5)
+		})
+		s := h.p.store.(*redisStore)
+		layers := h.p.planIP
+
+		for i, step := range []struct {
+			cost    int64
+			refused bool
+			ip      int64 // the count reported
+		}{
+			{cost: 3, ip: 3},
+			{cost: 3, refused: true, ip: 6},
+			{cost: 2, ip: 5},
+			{cost: 1, refused: true, ip: 6},
+		} {
+			before := serverState(t, admin)
+			tl := charge(t, s, layers, "203.0.113.1", step.cost)
+			after := serverState(t, admin)
+
+			if tl.refused != step.refused || tl.shown != 1 || tl.count != step.ip {
+				t.Fatalf("%s, step %d (cost %d): %+v, want refused %v with ip at %d", algorithm, i, step.cost, tl, step.refused, step.ip)
+			}
+
+			if step.refused && after != before {
+				t.Fatalf("%s, step %d: the refused request changed Redis:\n%s\nto\n%s", algorithm, i, before, after)
+			}
+
+			if !step.refused && after == before {
+				t.Fatalf("%s, step %d: the allowed request changed nothing", algorithm, i)
+			}
+		}
+
+		// global holds the 5 allowed, not the 9 asked for.
+		if tl := charge(t, s, layers[:1], "203.0.113.1", 1); tl.count != 6 {
+			t.Fatalf("%s: global at %d after 5 allowed, want 6 with this one", algorithm, tl.count)
+		}
+	}
+}
+
+// TestRefundGivesBackOnRedisServer: a refund of 1 takes each layer back to
+// where it was before the charge, for every algorithm; it creates no key,
+// takes no count below zero, and a token bucket that is full again loses
+// its key.
+func TestRefundGivesBackOnRedisServer(t *testing.T) {
+	addr, admin := redisServer(t)
+
+	for _, algorithm := range []string{"fixed", "sliding", "tokenbucket"} {
+		h, _ := redisHarness(t, addr, func(c *Config) {
+			c.Global = algorithmLayer(algorithm, 10)
+			c.IP = algorithmLayer(algorithm, 10)
+		})
+		s := h.p.store.(*redisStore)
+		layers := h.p.planIP
+
+		for i := 0; i < 3; i++ {
+			charge(t, s, layers, "203.0.113.1", 1)
+		}
+
+		s.refund(t0, layers, "203.0.113.1", "", nil)
+
+		// Both layers hold 2 again: the next request makes 3, not 4.
+		tl := charge(t, s, layers, "203.0.113.1", 1)
+		if tl.count != 3 || tl.shown != 0 {
+			t.Fatalf("%s: after the refund %+v, want both layers at 3", algorithm, tl)
+		}
+
+		if tl := charge(t, s, layers[1:], "203.0.113.1", 1); tl.count != 4 {
+			t.Fatalf("%s: ip at %d, want 4", algorithm, tl.count)
+		}
+
+		// A key never charged is not created.
+		s.refund(t0, layers, "203.0.113.2", "", nil)
+
+		if n := redisDo(t, admin, "EXISTS", layers[1].redisKey+"203.0.113.2").Int; n != 0 {
+			t.Fatalf("%s: the refund created a key", algorithm)
+		}
+
+		// Given back to a count of one, twice: nothing below zero; a token
+		// bucket full again has no key.
+		charge(t, s, layers[1:], "203.0.113.3", 1)
+		s.refund(t0, layers[1:], "203.0.113.3", "", nil)
+		s.refund(t0, layers[1:], "203.0.113.3", "", nil)
+
+		key := layers[1].redisKey + "203.0.113.3"
+		switch algorithm {
+		case "fixed":
+			if v := redisDo(t, admin, "GET", key).Str; v != "0" {
+				t.Fatalf("fixed counter %q after two refunds of one charge, want 0", v)
+			}
+		case "sliding":
+			if v := redisDo(t, admin, "HGET", key, "c").Str; v != "0" {
+				t.Fatalf("sliding count %q after two refunds of one charge, want 0", v)
+			}
+		default:
+			if n := redisDo(t, admin, "EXISTS", key).Int; n != 0 {
+				t.Fatalf("token bucket key left after its only charge was given back")
+			}
+		}
+
+		if ttl := redisDo(t, admin, "PTTL", key).Int; algorithm != "tokenbucket" && (ttl <= 0 || ttl > 2*int64(time.Hour/time.Millisecond)) {
+			t.Fatalf("%s: PTTL %d after the refunds: the key must keep its expiry", algorithm, ttl)
+		}
+	}
+}
+
+// TestRefundWhileRedisIsDownCallsNoRedis: in back-off, a refund goes to the
+// memory fallback, which took the charge, and sends Redis nothing.
+func TestRefundWhileRedisIsDownCallsNoRedis(t *testing.T) {
+	srv := newCannedRedis(t, "*1\r\n:0\r\n")
+	h, _ := redisHarness(t, srv.l.Addr().String(), nil)
+	s := h.p.store.(*redisStore)
+
+	s.refund(t0, h.p.planIP, "203.0.113.1", "", nil)
+
+	if srv.commands.Load() != 1 {
+		t.Fatalf("%d commands with Redis up, want the one refund call", srv.commands.Load())
+	}
+
+	s.backend.failed(t0, false, errBadReply)
+	s.refund(t0, h.p.planIP, "203.0.113.1", "", nil)
+
+	if srv.commands.Load() != 1 {
+		t.Fatalf("%d commands: a refund in back-off called Redis", srv.commands.Load())
+	}
+}
