@@ -1,6 +1,7 @@
 # make demo: Traefik with the plugin in local mode, a demo backend, a short burst.
 # make test: every test (unit tests with -race, then the real-Traefik tests).
-# make unit: the fast loop: root module tests, then the Lua script and RESP client against miniredis (e2e/storetest).
+# make unit: the fast loop: root module tests (the scripts on a redis-server they start: it must be installed),
+# then the Lua script and RESP client against miniredis (e2e/storetest).
 GO ?= go
 TRAEFIK := e2e/.cache/traefik-v3.6.12
 # Pinned; fetched from the Go module proxy by go run, so a fresh machine needs nothing installed.

@@ -2,8 +2,13 @@ package tierlimit
 
 import (
 	"bufio"
+	"fmt"
+	"math/rand"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os/exec"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -274,4 +279,190 @@ func TestRefundWhileRedisIsDownCallsNoRedis(t *testing.T) {
 	if srv.commands.Load() != 1 {
 		t.Fatalf("%d commands: a refund in back-off called Redis", srv.commands.Load())
 	}
+}
+
+// longWindows makes every layer of an instance an hour long, so that no
+// window ends while a test runs on Redis's clock.
+func longWindows(c *Config) {
+	for _, d := range []*string{&c.Global.Duration, &c.IP.Duration, &c.Assets.Duration, &c.User.Duration, &c.Service.Duration} {
+		*d = "1h"
+	}
+
+	for i := range c.Routes {
+		c.Routes[i].Duration = "1h"
+	}
+}
+
+// TestMemoryAndRedisAgreeOnRedisServer runs one seeded script of requests
+// (runScript's vocabulary) through a memory instance and a Redis instance on
+// a real redis-server, for each configuration shape: status, every rate-limit
+// header, the body, the backend calls and the events must agree.
+//
+// One allowance: Redis keeps time by its own clock (TTLs, TIME) while the
+// memory instance's clock stands still, so a reset Redis reports may be
+// earlier by the real time the test has run, rounded up to whole seconds;
+// reset-derived values (X-RateLimit-Reset, RateLimit's t, Retry-After, the
+// body's reset) may differ by that much, in that direction, and by nothing
+// else. Windows last an hour, so no window ends and no token comes back
+// meanwhile. The status shape is left out: a status page lists the memory
+// store's keys, which differ by design.
+func TestMemoryAndRedisAgreeOnRedisServer(t *testing.T) {
+	addr, _ := redisServer(t)
+	start := time.Now()
+
+	for i, sh := range shapes {
+		if sh.mode == modeOff || sh.name == "redis" || sh.name == "status" {
+			continue
+		}
+
+		conf := with(sh.cfg, longWindows)
+		a := newHarness(t, conf)
+		b, _ := redisHarness(t, addr, conf)
+
+		if _, ok := b.p.store.(*redisStore); !ok || a.p.store == b.p.store {
+			t.Fatalf("%s: stores %T and %T", sh.name, a.p.store, b.p.store)
+		}
+
+		agreeOnRedis(t, sh.name, int64(i+1), a, b, start)
+	}
+}
+
+// agreeOnRedis is runScript for a memory instance (a) and a Redis one (b),
+// with the clock standing still and TestMemoryAndRedisAgreeOnRedisServer's
+// allowance on resets.
+func agreeOnRedis(t *testing.T, name string, seed int64, a, b *harness, start time.Time) {
+	t.Helper()
+
+	rng := rand.New(rand.NewSource(seed))
+	refusals := 0
+
+	for i := 0; i < 300; i++ {
+		method := scriptMethods[rng.Intn(len(scriptMethods))]
+		path := scriptPaths[rng.Intn(len(scriptPaths))]
+		client := scriptClients[rng.Intn(len(scriptClients))]
+		cred := scriptCredentials[rng.Intn(len(scriptCredentials))]
+		principal := scriptPrincipals[rng.Intn(len(scriptPrincipals))]
+
+		send := func(h *harness) *httptest.ResponseRecorder {
+			req := httptest.NewRequest(method, path, nil)
+			req.RemoteAddr = client.remote
+
+			if client.forwarded != "" {
+				req.Header.Set("X-Forwarded-For", client.forwarded)
+			}
+
+			if cred != nil {
+				cred(req)
+			}
+
+			for k, v := range principal {
+				req.Header.Set(k, v)
+			}
+
+			rec := httptest.NewRecorder()
+			h.h.ServeHTTP(rec, req)
+
+			return rec
+		}
+
+		ra, rb := send(a), send(b)
+		what := name + ": request " + strconv.Itoa(i) + " (" + method + " " + path + " from " + client.remote + ")"
+		slack := int64(time.Since(start)/time.Second) + 1
+
+		if msg := differ(ra, rb, a.p.name, b.p.name, slack); msg != "" {
+			// One shape's first difference, then the next shape.
+			t.Errorf("%s: %s", what, msg)
+			return
+		}
+
+		if ra.Code == http.StatusTooManyRequests {
+			refusals++
+		}
+	}
+
+	if a.calls.Load() != b.calls.Load() {
+		t.Fatalf("%s: backend called %d vs %d times", name, a.calls.Load(), b.calls.Load())
+	}
+
+	evA := strings.ReplaceAll(a.events.String(), a.p.name, "")
+	evB := strings.ReplaceAll(b.events.String(), b.p.name, "")
+
+	if evA != evB {
+		t.Fatalf("%s: events differ:\n%s\nvs\n%s", name, evA, evB)
+	}
+
+	if len(a.p.layers) > 0 && (evA == "" || refusals == 0 && !a.p.dryRun) {
+		t.Fatalf("%s: %d refusals, events %q: the script does not reach a refusal", name, refusals, evA)
+	}
+}
+
+var bodyReset = regexp.MustCompile(`"reset":"([^"]+)"`)
+
+// differ describes how the Redis instance's answer rb differs from the
+// memory one's ra beyond a reset earlier by at most slack seconds, or is "".
+func differ(ra, rb *httptest.ResponseRecorder, nameA, nameB string, slack int64) string {
+	if ra.Code != rb.Code {
+		return fmt.Sprintf("status %d vs %d", ra.Code, rb.Code)
+	}
+
+	// The body's reset, as seconds, joins the reset-derived values.
+	bodyA, resetA := splitReset(strings.ReplaceAll(ra.Body.String(), nameA, ""))
+	bodyB, resetB := splitReset(strings.ReplaceAll(rb.Body.String(), nameB, ""))
+
+	if bodyA != bodyB {
+		return fmt.Sprintf("body %q vs %q", ra.Body.String(), rb.Body.String())
+	}
+
+	pairs := [][2]string{{resetA, resetB}}
+
+	for _, k := range rateLimitHeaders {
+		va, vb := ra.Header().Get(k), rb.Header().Get(k)
+
+		switch k {
+		case "X-RateLimit-Reset", "Retry-After":
+			pairs = append(pairs, [2]string{va, vb})
+			continue
+		case "RateLimit":
+			ia, ib := strings.LastIndex(va, ";t="), strings.LastIndex(vb, ";t=")
+			if ia >= 0 && ib >= 0 {
+				pairs = append(pairs, [2]string{va[ia+3:], vb[ib+3:]})
+				va, vb = va[:ia], vb[:ib]
+			}
+		}
+
+		if va != vb {
+			return fmt.Sprintf("%s %q vs %q", k, ra.Header().Get(k), rb.Header().Get(k))
+		}
+	}
+
+	for _, p := range pairs {
+		if p[0] == p[1] {
+			continue
+		}
+
+		x, errA := strconv.ParseInt(p[0], 10, 64)
+		y, errB := strconv.ParseInt(p[1], 10, 64)
+
+		if errA != nil || errB != nil || x-y < 0 || x-y > slack {
+			return fmt.Sprintf("reset %q vs %q (allowed: Redis earlier by up to %ds); headers %v vs %v", p[0], p[1], slack, ra.Header(), rb.Header())
+		}
+	}
+
+	return ""
+}
+
+// splitReset takes the reset time out of a refusal body, and returns it as
+// Unix seconds ("" without one).
+func splitReset(body string) (string, string) {
+	m := bodyReset.FindStringSubmatchIndex(body)
+	if m == nil {
+		return body, ""
+	}
+
+	at, err := time.Parse(time.RFC3339, body[m[2]:m[3]])
+	if err != nil {
+		return body, ""
+	}
+
+	return body[:m[2]] + body[m[3]:], strconv.FormatInt(at.Unix(), 10)
 }
