@@ -462,3 +462,22 @@ func scriptSHA(src string) string {
 	sum := sha1.Sum([]byte(src))
 	return hex.EncodeToString(sum[:])
 }
+
+// TestCostIsTheScriptsSecondArgument: the request's cost is ARGV[2], after
+// the mode, on the general path's encoding and on redisPath's plan alike.
+func TestCostIsTheScriptsSecondArgument(t *testing.T) {
+	h, _ := redisHarness(t, closedPort(t), nil)
+	layers := h.p.planIP
+
+	for _, cost := range []int64{1, 3, 12} {
+		want := redisresp.Bulk(strconv.FormatInt(cost, 10)) + layers[0].redisArgs
+
+		if got := encodeCall(layers, "203.0.113.1", "", nil, argStopAtRefusal, cost); !strings.HasSuffix(got, argStopAtRefusal+want) {
+			t.Fatalf("cost %d: encoded %q", cost, got)
+		}
+
+		if rp := newRedisPlan(h.p.store.(*redisStore), layers, cost); !strings.HasSuffix(rp.tail, argOneInteger+want) {
+			t.Fatalf("cost %d: plan tail %q", cost, rp.tail)
+		}
+	}
+}

@@ -244,3 +244,40 @@ func TestRaisedPointsLetABlockedClientInAgainstMiniredis(t *testing.T) {
 		t.Fatalf("counter %q, want 8", v)
 	}
 }
+
+// TestDryRunChargesEveryLayerAgainstMiniredis: in a dry run nothing is
+// refused and every layer is charged, the one over its points included.
+func TestDryRunChargesEveryLayerAgainstMiniredis(t *testing.T) {
+	m := miniredis.RunT(t)
+
+	cfg := tierlimit.CreateConfig()
+	cfg.Store = "redis"
+	cfg.Redis.Address = m.Addr()
+	cfg.Redis.Timeout = "1s"
+	cfg.DryRun = true
+	cfg.Global = tierlimit.LayerConfig{Points: 2, Duration: "1h"}
+	cfg.IP = tierlimit.LayerConfig{Points: 100, Duration: "1h"}
+
+	h, err := tierlimit.New(context.Background(), http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}), cfg, "dryrun@test")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	for i := 0; i < 5; i++ {
+		req := httptest.NewRequest(http.MethodGet, "/api", nil)
+		req.RemoteAddr = "203.0.113.1:1"
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+
+		if rec.Code != http.StatusOK {
+			t.Fatalf("request %d: %d in a dry run", i+1, rec.Code)
+		}
+	}
+
+	global, _ := m.Get("ratelimit:dryrun@test:global:global")
+	ip, _ := m.Get("ratelimit:dryrun@test:ip:203.0.113.1")
+
+	if global != "5" || ip != "5" {
+		t.Fatalf("global %q, ip %q, want both charged 5 times", global, ip)
+	}
+}
