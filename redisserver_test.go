@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"os/exec"
 	"regexp"
 	"strconv"
@@ -83,12 +84,45 @@ func redisServer(t *testing.T) (string, *redisresp.Pool) {
 		admin := redisresp.NewPool(redisresp.Options{Address: addr, Timeout: 2 * time.Second})
 		t.Cleanup(admin.Close)
 
+		redisDo(t, admin, readmeACL(t)...)
+
 		return addr, admin
 	}
 
 	t.Fatal("redis-server: no free port in 5 attempts")
 
 	return "", nil
+}
+
+// aclPassword is the password of README.md's ACL user on redisServer.
+const aclPassword = "acl-secret"
+
+// readmeACL is README.md's ACL SETUSER command for the plugin's user, with
+// aclPassword: the tests' instances connect as that user (asACLUser), so a
+// script command the ACL does not grant fails them.
+func readmeACL(t *testing.T) []string {
+	t.Helper()
+
+	doc, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	for _, line := range strings.Split(string(doc), "\n") {
+		if args := strings.Fields(line); len(args) > 3 && args[0] == "ACL" && args[1] == "SETUSER" && args[2] == "tierlimit" {
+			return strings.Fields(strings.ReplaceAll(line, "PASSWORD", aclPassword))
+		}
+	}
+
+	t.Fatal("README.md has no ACL SETUSER tierlimit line")
+
+	return nil
+}
+
+// asACLUser connects an instance as README.md's ACL user.
+func asACLUser(c *Config) {
+	c.Redis.Username = "tierlimit"
+	c.Redis.Password = aclPassword
 }
 
 // redisDo runs a command on the test's server.
@@ -154,6 +188,7 @@ func TestCostIsChargedWholeOnRedisServer(t *testing.T) {
 
 	for _, algorithm := range []string{"fixed", "sliding", "tokenbucket"} {
 		h, _ := redisHarness(t, addr, func(c *Config) {
+			asACLUser(c)
 			c.Global = algorithmLayer(algorithm, 100)
 			c.IP = algorithmLayer(algorithm, 5)
 		})
@@ -203,6 +238,7 @@ func TestRefundGivesBackOnRedisServer(t *testing.T) {
 
 	for _, algorithm := range []string{"fixed", "sliding", "tokenbucket"} {
 		h, _ := redisHarness(t, addr, func(c *Config) {
+			asACLUser(c)
 			c.Global = algorithmLayer(algorithm, 10)
 			c.IP = algorithmLayer(algorithm, 10)
 		})
@@ -317,7 +353,7 @@ func TestMemoryAndRedisAgreeOnRedisServer(t *testing.T) {
 
 		conf := with(sh.cfg, longWindows)
 		a := newHarness(t, conf)
-		b, _ := redisHarness(t, addr, conf)
+		b, _ := redisHarness(t, addr, with(conf, asACLUser))
 
 		if _, ok := b.p.store.(*redisStore); !ok || a.p.store == b.p.store {
 			t.Fatalf("%s: stores %T and %T", sh.name, a.p.store, b.p.store)
@@ -465,4 +501,36 @@ func splitReset(body string) (string, string) {
 	}
 
 	return body[:m[2]] + body[m[3]:], strconv.FormatInt(at.Unix(), 10)
+}
+
+// TestDeniedReadFailsTheScriptOnRedisServer: a user whose ACL lacks a command
+// the script reads with (GET here, as under the ACL of earlier versions) gets
+// a script error, so memory decides and Redis is reported unavailable,
+// instead of every key reading as empty and nothing ever being refused.
+func TestDeniedReadFailsTheScriptOnRedisServer(t *testing.T) {
+	addr, admin := redisServer(t)
+
+	acl := readmeACL(t)
+	for i, a := range acl {
+		if a == "tierlimit" {
+			acl[i] = "noget"
+		}
+	}
+
+	redisDo(t, admin, append(acl, "-get")...)
+
+	h, logs := redisHarness(t, addr, func(c *Config) {
+		c.Redis.Username, c.Redis.Password = "noget", aclPassword
+	})
+	s := h.p.store.(*redisStore)
+
+	tl := take(s, t0, h.p.planIP, "203.0.113.1", "", false)
+
+	if !s.backend.down.Load() || !strings.Contains(logs.String(), "REDIS_UNAVAILABLE") || tl.count != 1 {
+		t.Fatalf("tally %+v, logs %q: want memory to decide and Redis reported unavailable", tl, logs)
+	}
+
+	if n := redisDo(t, admin, "EXISTS", h.p.planIP[0].redisKey+"203.0.113.1").Int; n != 0 {
+		t.Fatalf("the script wrote a key it could not read")
+	}
 }

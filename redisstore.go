@@ -75,9 +75,20 @@ type counterStore interface {
 // reply line, which redisPath reads with one parse (redisfast.go). It is
 // sent only while it fits a Lua number exactly (below 2^53), for i < 16.
 const takeScript = `
+-- read runs a read command; a key of another kind reads as false, any
+-- other error (a command the ACL denies) fails the script, never a key.
+local function read(...)
+  local v = redis.pcall(...)
+  if type(v) == 'table' and v.err then
+    if string.find(v.err, 'WRONGTYPE', 1, true) then return false end
+    error(v)
+  end
+  return v
+end
+
 local function fixed(k, points, window, cost)
   local pttl = redis.call('PTTL', k)
-  local v = redis.pcall('GET', k)
+  local v = read('GET', k)
   local c, ttl, fresh = 0, window, true
   if pttl > 0 and pttl <= window and type(v) == 'string' then
     local n = tonumber(v)
@@ -97,8 +108,7 @@ local function sliding(k, points, window, cost)
   local pttl = redis.call('PTTL', k)
   local v = false
   if pttl > 0 and pttl <= 2 * window then
-    v = redis.pcall('HMGET', k, 'c', 'p')
-    if v.err then v = false end
+    v = read('HMGET', k, 'c', 'p')
   end
   local cur, prev, left = 0, 0, window
   if v and pttl > window then
@@ -136,9 +146,9 @@ end
 
 local function bucket(k, points, window, rate, cost, now)
   local d = window * 1000
-  local v = redis.pcall('HMGET', k, 'r', 'n')
+  local v = read('HMGET', k, 'r', 'n')
   local r, n, valid = now, 0, false
-  if type(v) == 'table' and not v.err and v[1] and v[2] then
+  if v and v[1] and v[2] then
     r, n = tonumber(v[1]), tonumber(v[2])
     valid = r ~= nil and n ~= nil
     if not valid then r, n = now, 0 end
@@ -219,6 +229,9 @@ end
 return out
 `
 
+// The scripts call only the commands README.md's ACL grants (its Redis
+// deployments section): a command added here must be added there.
+//
 // refundScript gives back a charge: cost to each key that holds some, so
 // that a request refused after an earlier charge (a credentialed request's
 // global, charged before its ip) ends up charged nothing. A key that is gone
@@ -229,15 +242,26 @@ return out
 // layer's arguments, as takeScript reads them from ARGV[4i-1].
 // Returns the number of keys given back to, as a one-integer array.
 const refundScript = `
+-- read runs a read command; a key of another kind reads as false, any
+-- other error (a command the ACL denies) fails the script, never a key.
+local function read(...)
+  local v = redis.pcall(...)
+  if type(v) == 'table' and v.err then
+    if string.find(v.err, 'WRONGTYPE', 1, true) then return false end
+    error(v)
+  end
+  return v
+end
+
 local cost = tonumber(ARGV[1])
 local given, now = 0, false
 for i = 1, #KEYS do
   local k = KEYS[i]
   local algorithm = ARGV[4 * i]
   if algorithm == '2' then
-    local v = redis.pcall('HMGET', k, 'r', 'n')
+    local v = read('HMGET', k, 'r', 'n')
     local r, n = false, false
-    if type(v) == 'table' and not v.err and v[1] and v[2] then
+    if v and v[1] and v[2] then
       r, n = tonumber(v[1]), tonumber(v[2])
     end
     if r and n then
@@ -263,7 +287,12 @@ for i = 1, #KEYS do
     end
   else
     local c
-    if algorithm == '1' then c = redis.pcall('HGET', k, 'c') else c = redis.pcall('GET', k) end
+    if algorithm == '1' then
+      c = read('HMGET', k, 'c')
+      c = c and c[1]
+    else
+      c = read('GET', k)
+    end
     c = type(c) == 'string' and tonumber(c)
     if c and c > 0 then
       if algorithm == '1' then
