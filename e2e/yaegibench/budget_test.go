@@ -25,7 +25,7 @@ var budgets = map[string]float64{
 	"chain edge anonymous":    294,
 	"chain edge credentialed": 290,
 	"redis allowed":           443,
-	"redis refused":           312,
+	"redis refused":           308,
 }
 
 // longEdge is the edge of edgeConfig with hour-long windows.
