@@ -16,10 +16,12 @@ import (
 	"github.com/tierlimit/tierlimit/redisresp"
 )
 
-// counterStore charges requests to layers. take charges one hit to each layer
-// in order, under the key layer.keyFor(client, principal, req); unless all is set
-// it stops after the first layer whose count exceeds its points. It reports
-// the outcome as a tally. windowStore (memory) and redisStore implement it.
+// counterStore charges requests to layers. take evaluates the layers in
+// order, under the key layer.keyFor(client, principal, req), and charges the
+// request to every one of them or, when one refuses it (its count would
+// exceed its points), to none: it stops at that layer, unless all is set (dry
+// run), which charges every layer. It reports the outcome as a tally.
+// windowStore (memory) and redisStore implement it.
 type counterStore interface {
 	take(t *tally, now int64, layers []*layer, client, principal string, req *http.Request, all bool)
 }
