@@ -249,7 +249,7 @@ func TestRefundGivesBackOnRedisServer(t *testing.T) {
 			charge(t, s, layers, "203.0.113.1", 1)
 		}
 
-		s.refund(t0, layers, "203.0.113.1", "", nil)
+		s.refund(t0, layers, "203.0.113.1", "", nil, 1)
 
 		// Both layers hold 2 again: the next request makes 3, not 4.
 		tl := charge(t, s, layers, "203.0.113.1", 1)
@@ -262,7 +262,7 @@ func TestRefundGivesBackOnRedisServer(t *testing.T) {
 		}
 
 		// A key never charged is not created.
-		s.refund(t0, layers, "203.0.113.2", "", nil)
+		s.refund(t0, layers, "203.0.113.2", "", nil, 1)
 
 		if n := redisDo(t, admin, "EXISTS", layers[1].redisKey+"203.0.113.2").Int; n != 0 {
 			t.Fatalf("%s: the refund created a key", algorithm)
@@ -271,8 +271,8 @@ func TestRefundGivesBackOnRedisServer(t *testing.T) {
 		// Given back to a count of one, twice: nothing below zero; a token
 		// bucket full again has no key.
 		charge(t, s, layers[1:], "203.0.113.3", 1)
-		s.refund(t0, layers[1:], "203.0.113.3", "", nil)
-		s.refund(t0, layers[1:], "203.0.113.3", "", nil)
+		s.refund(t0, layers[1:], "203.0.113.3", "", nil, 1)
+		s.refund(t0, layers[1:], "203.0.113.3", "", nil, 1)
 
 		key := layers[1].redisKey + "203.0.113.3"
 		switch algorithm {
@@ -290,6 +290,14 @@ func TestRefundGivesBackOnRedisServer(t *testing.T) {
 			}
 		}
 
+		// A refund gives back its cost: 3 charged, 2 given back, 1 held.
+		charge(t, s, layers[1:], "203.0.113.4", 3)
+		s.refund(t0, layers[1:], "203.0.113.4", "", nil, 2)
+
+		if tl := charge(t, s, layers[1:], "203.0.113.4", 1); tl.count != 2 {
+			t.Fatalf("%s: after 3 charged and 2 given back, the next request makes %d, want 2", algorithm, tl.count)
+		}
+
 		if ttl := redisDo(t, admin, "PTTL", key).Int; algorithm != "tokenbucket" && (ttl <= 0 || ttl > 2*int64(time.Hour/time.Millisecond)) {
 			t.Fatalf("%s: PTTL %d after the refunds: the key must keep its expiry", algorithm, ttl)
 		}
@@ -303,14 +311,14 @@ func TestRefundWhileRedisIsDownCallsNoRedis(t *testing.T) {
 	h, _ := redisHarness(t, srv.l.Addr().String(), nil)
 	s := h.p.store.(*redisStore)
 
-	s.refund(t0, h.p.planIP, "203.0.113.1", "", nil)
+	s.refund(t0, h.p.planIP, "203.0.113.1", "", nil, 1)
 
 	if srv.commands.Load() != 1 {
 		t.Fatalf("%d commands with Redis up, want the one refund call", srv.commands.Load())
 	}
 
 	s.backend.failed(t0, false, errBadReply)
-	s.refund(t0, h.p.planIP, "203.0.113.1", "", nil)
+	s.refund(t0, h.p.planIP, "203.0.113.1", "", nil, 1)
 
 	if srv.commands.Load() != 1 {
 		t.Fatalf("%d commands: a refund in back-off called Redis", srv.commands.Load())

@@ -488,30 +488,30 @@ func encodeCall(layers []*layer, client, principal string, req *http.Request, mo
 	return keys + args
 }
 
-// refund gives back a request's charge of 1 to layers, a charge that a later
-// refusal of the same request voids (the up-front global charge of a
+// refund gives back a request's charge of cost to layers, a charge that a
+// later refusal of the same request voids (the up-front global charge of a
 // credentialed request whose ip charge is refused). It goes where the charge
 // most likely went: to the memory fallback while Redis is in back-off, else
 // to Redis. A refund that fails is not retried in memory, which holds no such
 // charge: the count stays one too high until its window ends.
-func (s *redisStore) refund(now int64, layers []*layer, client, principal string, req *http.Request) {
+func (s *redisStore) refund(now int64, layers []*layer, client, principal string, req *http.Request, cost int64) {
 	if len(layers) == 0 {
 		return
 	}
 
 	if s.backend.down.Load() {
-		s.local.refund(now, layers, client, principal, req)
+		s.local.refund(now, layers, client, principal, req, cost)
 		return
 	}
 
 	var err error
 
 	if s.backend.cluster != nil {
-		err = s.refundCluster(s.backend.cluster, layers, client, principal, req, 1)
+		err = s.refundCluster(s.backend.cluster, layers, client, principal, req, cost)
 	} else {
 		var serverErr string
 
-		_, serverErr, err = refundRedis.Call(len(layers), 5*len(layers)+1).RunIntsOn(s.backend.pool, encodeCall(layers, client, principal, req, "", 1))
+		_, serverErr, err = refundRedis.Call(len(layers), 5*len(layers)+1).RunIntsOn(s.backend.pool, encodeCall(layers, client, principal, req, "", cost))
 		if err == nil && serverErr != "" {
 			err = fmt.Errorf("running the refund script: %s", serverErr)
 		}
