@@ -1,6 +1,7 @@
 // Package storetest runs the RESP client and the redis store, Lua script
 // included, against miniredis: fast tests that need neither Traefik nor
-// redis-server, run by `make unit`. The real redis-server tests are in
+// redis-server, run by `make unit`. The scripts on a real redis-server are
+// tested in the root package (redisserver_test.go) and, through Traefik, in
 // e2e/redis_test.go.
 package storetest
 
