@@ -493,7 +493,7 @@ func encodeCall(layers []*layer, client, principal string, req *http.Request, mo
 // credentialed request whose ip charge is refused). It goes where the charge
 // most likely went: to the memory fallback while Redis is in back-off, else
 // to Redis. A refund that fails is not retried in memory, which holds no such
-// charge: the count stays one too high until its window ends.
+// charge: the count stays cost too high until its window ends.
 func (s *redisStore) refund(now int64, layers []*layer, client, principal string, req *http.Request, cost int64) {
 	if len(layers) == 0 {
 		return
