@@ -1,7 +1,8 @@
 # make demo: Traefik with the plugin in local mode, a demo backend, a short burst.
 # make test: every test (unit tests with -race, then the real-Traefik tests).
-# make unit: the fast loop: root module tests, then the Lua script and RESP client against miniredis (e2e/storetest)
-#   and the check that paths_gen.go is what paths.tmpl makes.
+# make unit: the fast loop: root module tests (the scripts on a redis-server they start: it must be installed),
+#   then the Lua script and RESP client against miniredis (e2e/storetest) and the check that paths_gen.go
+#   is what paths.tmpl makes.
 # make generate: paths_gen.go from paths.tmpl.
 GO ?= go
 TRAEFIK := e2e/.cache/traefik-v3.6.12

@@ -239,11 +239,12 @@ func newRedisStore(ctx context.Context, cfg *settings, name string, memory *wind
 	for _, l := range layers {
 		l.redisKey = rs.prefix + l.name + ":"
 		l.redisConstKey = redisresp.Bulk(l.redisKey + l.constKey)
+		l.blockPrefix = blockPrefix(l)
 	}
 
 	// A plan has at most every layer: global, one tier and the routes.
 	for n := 0; n <= len(layers); n++ {
-		rs.calls = append(rs.calls, takeRedis.Call(n, 5*n+1))
+		rs.calls = append(rs.calls, takeCall(n))
 	}
 
 	return rs
@@ -306,14 +307,14 @@ func newLayer(memory *windowStore, spec layerSpec, keyKind int) *layer {
 func newRedisEncoding(spec layerSpec, rate int64) redisEncoding {
 	ms := int64(spec.duration / time.Millisecond)
 	head := redisresp.Bulk(formatInt(spec.points)) + redisresp.Bulk(formatInt(ms))
-	e := redisEncoding{redisArgs: head + bulkFalse + bulkFalse, maxTTL: ms}
+	e := redisEncoding{redisArgs: head + algoFixed + argNoRate, maxTTL: ms}
 
 	switch {
 	case spec.sliding:
-		e.redisArgs = head + bulkTrue + bulkFalse
+		e.redisArgs = head + algoSliding + argNoRate
 		e.maxTTL = 2 * ms
 	case spec.bucket:
-		e.redisArgs = head + bulkBucket + redisresp.Bulk(formatInt(rate))
+		e.redisArgs = head + algoBucket + redisresp.Bulk(formatInt(rate))
 		e.maxTTL = (spec.points*ms+rate-1)/rate + 1
 	}
 

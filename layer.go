@@ -53,6 +53,7 @@ type redisEncoding struct {
 	redisKey      string // the key up to the bucket key
 	redisConstKey string // a constant key whole
 	maxTTL        int64  // the longest reset the script may report, in ms: the window, twice for sliding
+	blockPrefix   string // the start of the layer's block list entries (blockList)
 }
 
 // headerTable holds the rate-limit header values that depend only on the

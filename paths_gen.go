@@ -583,7 +583,7 @@ func refuseBlocked(p *Plugin, rw http.ResponseWriter, req *http.Request, layers 
 		if l.keyKind == keyOfConst {
 			key = l.constKey
 		}
-		reset := b.until[l.name+"\x00"+key]
+		reset := b.until[l.blockPrefix+key]
 		if reset == 0 {
 			continue
 		}

@@ -45,19 +45,20 @@ const maxFastClientKey = 64
 
 // newRedisFast encodes the calls of the plans of a modeRedis instance.
 func newRedisFast(rs *redisStore, ps plans) *redisFast {
-	f := &redisFast{store: rs, ip: newRedisPlan(rs, ps.planIP)}
+	f := &redisFast{store: rs, ip: newRedisPlan(rs, ps.planIP, 1)}
 	if ps.planAssets != nil {
-		f.assets = newRedisPlan(rs, ps.planAssets)
+		f.assets = newRedisPlan(rs, ps.planAssets, 1)
 	}
 
 	return f
 }
 
 // newRedisPlan encodes the call of a plan with one layer keyed by the client
-// as takeRedis encodes it, but for ARGV[1]: "2", the one-integer reply.
-func newRedisPlan(rs *redisStore, layers []*layer) *redisPlan {
+// as encodeCall encodes it, but for ARGV[1]: "2", the one-integer reply; each
+// request costs cost.
+func newRedisPlan(rs *redisStore, layers []*layer, cost int64) *redisPlan {
 	rp := &redisPlan{call: rs.callFor(len(layers))}
-	front, key, tail, args := rp.call.Head(), "", "", bulkOneInt
+	front, key, tail, args := rp.call.Head(), "", "", argOneInteger+costArg(cost)
 	seen := false
 
 	for _, l := range layers {

@@ -16,10 +16,12 @@ import (
 	"github.com/tierlimit/tierlimit/redisresp"
 )
 
-// counterStore charges requests to layers. take charges one hit to each layer
-// in order, under the key layer.keyFor(client, principal, req); unless all is set
-// it stops after the first layer whose count exceeds its points. It reports
-// the outcome as a tally. windowStore (memory) and redisStore implement it.
+// counterStore charges requests to layers. take evaluates the layers in
+// order, under the key layer.keyFor(client, principal, req), and charges the
+// request to every one of them or, when one refuses it (its count would
+// exceed its points), to none: it stops at that layer, unless all is set (dry
+// run), which charges every layer. It reports the outcome as a tally.
+// windowStore (memory) and redisStore implement it.
 //
 // refund gives cost points back to layers that an earlier take charged, for
 // a request a later, deferred charge refused (chain.go settle).
@@ -28,41 +30,50 @@ type counterStore interface {
 	refund(now int64, layers []*layer, client, principal string, req *http.Request, cost int64)
 }
 
-// takeScript is the whole decision of one request in one round trip.
+// takeScript is the whole decision of one request in one round trip. It
+// decides every layer before it writes any: the first loop only reads, and
+// the writes it plans run only when no layer refused (or in a dry run), so a
+// refused request leaves every key as it found it, byte for byte.
 //
-// A fixed layer's key is a counter created with its expiry (SET NX PX) before
-// it is incremented, so no key is ever left without a TTL; the reset is first
-// hit + window, as in memory.
+// A fixed layer's key is a counter set with its expiry (SET PX) when it is
+// new or stale and incremented otherwise, so no key is ever left without a
+// TTL; the reset is first hit + window, as in memory.
 //
 // A sliding layer's key is a hash {c: count, p: previous window's count} that
 // lives two windows from its window's start, so that the current window ends
 // at PTTL - window and, once PTTL <= window, the key holds the window before.
 // Time comes from the keys' TTLs alone, as for fixed layers. The arithmetic is
-// sliding.go's, in milliseconds; only allowed requests are counted.
+// sliding.go's, in milliseconds.
 //
 // A token-bucket layer's key is a hash {r, n} holding its TAT (tokenbucket.go)
-// as r + n x window / points microseconds, with 0 <= n < points: integers that
-// Lua numbers hold exactly, where the emission interval window / points in
+// as r + n x window / rate microseconds, with 0 <= n < rate: integers that
+// Lua numbers hold exactly, where the emission interval window / rate in
 // microseconds may have a fraction. Time is Redis's clock (TIME), which every
 // Traefik instance shares; the key expires when its bucket is full again.
 //
 // A key of another kind (left by a reload that changed a layer's algorithm),
 // or one that outlives its layer's window (left by a reload that shortened the
-// duration), is started afresh rather than failing the script, as memory
-// starts such counters afresh.
+// duration), is read as empty and started afresh when written, rather than
+// failing the script, as memory starts such counters afresh.
 //
 // KEYS: one key per layer, in evaluation order.
-// ARGV[1]: "1" charges every key (dry run); "0" stops after the first refusal;
-// "2" does as "0" and, when every key is a fixed window and none refused,
-// returns one integer instead of the array (see below).
-// ARGV[4i-2], ARGV[4i-1], ARGV[4i], ARGV[4i+1], of KEYS[i]: points (a token
+// ARGV[1]: "1" charges every key (dry run; a sliding or token-bucket layer
+// that refuses is not charged, as it cannot hold more than its points); "0"
+// stops at the first refusal and then charges nothing; "2" does as "0" and,
+// when every key is a fixed window and none refused, returns one integer
+// instead of the array (see below).
+// ARGV[2]: the request's cost, the amount charged to each layer.
+// ARGV[4i-1], ARGV[4i], ARGV[4i+1], ARGV[4i+2], of KEYS[i]: points (a token
 // bucket's burst), window (milliseconds), the algorithm ("0" fixed, "1"
 // sliding, "2" token bucket) and a token bucket's points per window ("0" else).
-// Returns count, milliseconds to reset, for each key charged. A sliding
-// layer's count is its estimate; after a refusal its reset is when a request
-// will next fit. A token bucket's count is the tokens missing after the
+//
+// Returns count, milliseconds to reset, for each key evaluated, up to the
+// first refusal (every key in a dry run). A count is what the layer would
+// hold with the request; a refusing layer's exceeds its points. A sliding
+// layer's count is its estimate; after a refusal its reset is when the
+// request will next fit. A token bucket's count is the tokens in use with the
 // request (burst + 1 on a refusal), its reset when it is full again or, after
-// a refusal, when its next token is back.
+// a refusal, when the request's tokens are back.
 //
 // The integer of ARGV[1] "2" is (left x (window + 1) + reset) x 16 + i for
 // the layer with the fewest requests left (the first of equals), i counted
@@ -70,105 +81,150 @@ type counterStore interface {
 // reply line, which redisPath reads with one parse (redisfast.go). It is
 // sent only while it fits a Lua number exactly (below 2^53), for i < 16.
 const takeScript = `
-local all = ARGV[1] == '1'
-local out = {}
-for i = 1, #KEYS do
-  local k = KEYS[i]
-  local points = tonumber(ARGV[4 * i - 2])
-  local window = tonumber(ARGV[4 * i - 1])
-  local algorithm = ARGV[4 * i]
-  local count, ttl
-  if algorithm == '2' then
-    local rate = tonumber(ARGV[4 * i + 1])
-    local d = window * 1000
-    local clock = redis.call('TIME')
-    local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
-    local v = redis.pcall('HMGET', k, 'r', 'n')
-    local r, n = now, 0
-    if type(v) == 'table' and not v.err and v[1] and v[2] then
-      r, n = tonumber(v[1]), tonumber(v[2])
-    else
-      redis.call('DEL', k)
+-- read runs a read command; a key of another kind reads as false, any
+-- other error (a command the ACL denies) fails the script, never a key.
+local function read(...)
+  local v = redis.pcall(...)
+  if type(v) == 'table' and v.err then
+    if string.find(v.err, 'WRONGTYPE', 1, true) then return false end
+    error(v)
+  end
+  return v
+end
+
+local function fixed(k, points, window, cost)
+  local pttl = redis.call('PTTL', k)
+  local v = read('GET', k)
+  local c, ttl, fresh = 0, window, true
+  if pttl > 0 and pttl <= window and type(v) == 'string' then
+    local n = tonumber(v)
+    if n and n >= 0 and n == math.floor(n) then
+      c, ttl, fresh = n, pttl, false
     end
-    local ahead = (r - now) * rate + n * d
-    if ahead < 0 then
-      r, n, ahead = now, 0, 0
+  end
+  local count = c + cost
+  return count, ttl, function()
+    if fresh or redis.call('INCRBY', k, cost) ~= count then
+      redis.call('SET', k, cost, 'PX', window)
     end
-    if ahead <= (points - 1) * d then
-      n = n + 1
-      ahead = ahead + d
-      if n >= rate then
-        r, n = r + d, n - rate
+  end
+end
+
+local function sliding(k, points, window, cost)
+  local pttl = redis.call('PTTL', k)
+  local v = false
+  if pttl > 0 and pttl <= 2 * window then
+    v = read('HMGET', k, 'c', 'p')
+  end
+  local cur, prev, left = 0, 0, window
+  if v and pttl > window then
+    cur, prev, left = tonumber(v[1]) or 0, tonumber(v[2]) or 0, pttl - window
+  elseif v then
+    prev, left = tonumber(v[1]) or 0, pttl
+  end
+  local count = cur + cost + math.floor(prev * left / window)
+  if count <= points then
+    return count, left, function()
+      if v and pttl > window then
+        redis.call('HINCRBY', k, 'c', cost)
+        return
       end
-      count = math.ceil(ahead / d)
-      ttl = math.ceil(ahead / rate / 1000)
+      if not v then redis.call('DEL', k) end
+      redis.call('HSET', k, 'c', cost, 'p', prev)
+      redis.call('PEXPIRE', k, left + window)
+    end
+  end
+  local ttl
+  if cur + cost <= points then
+    ttl = left - math.ceil((points - cur - cost + 1) * window / prev) + 1
+    if ttl < 1 then ttl = 1 end
+    if ttl > left then ttl = left end
+  else
+    local y = window
+    if cur > 0 and cost <= points then
+      y = window - math.ceil((points - cost + 1) * window / cur) + 1
+    end
+    if y < 0 then y = 0 end
+    ttl = left + y
+  end
+  return count, ttl, false
+end
+
+local function bucket(k, points, window, rate, cost, now)
+  local d = window * 1000
+  local v = read('HMGET', k, 'r', 'n')
+  local r, n, valid = now, 0, false
+  if v and v[1] and v[2] then
+    r, n = tonumber(v[1]), tonumber(v[2])
+    valid = r ~= nil and n ~= nil
+    if not valid then r, n = now, 0 end
+  end
+  local ahead = (r - now) * rate + n * d
+  if ahead < 0 then
+    r, n, ahead = now, 0, 0
+  end
+  if ahead <= (points - cost) * d then
+    n = n + cost
+    ahead = ahead + cost * d
+    if n >= rate then
+      local q = math.floor(n / rate)
+      r, n = r + q * d, n - q * rate
+    end
+    local ttl = math.ceil(ahead / rate / 1000)
+    return math.ceil(ahead / d), ttl, function()
+      if not valid then redis.call('DEL', k) end
       redis.call('HSET', k, 'r', r, 'n', n)
       redis.call('PEXPIRE', k, ttl)
-    else
-      count = points + 1
-      ttl = math.ceil((ahead - (points - 1) * d) / rate / 1000)
     end
-  elseif algorithm ~= '1' then
-    redis.call('SET', k, 0, 'NX', 'PX', window)
-    count = redis.pcall('INCR', k)
-    if type(count) == 'table' then
-      redis.call('SET', k, 1, 'PX', window)
-      count = 1
+  end
+  local ttl = math.ceil((ahead - (points - cost) * d) / rate / 1000)
+  local full = math.ceil(points * window / rate)
+  if ttl > full then ttl = full end
+  return points + 1, ttl, false
+end
+
+local all = ARGV[1] == '1'
+local cost = tonumber(ARGV[2])
+local out, writes, refused, now = {}, {}, false, false
+for i = 1, #KEYS do
+  local points = tonumber(ARGV[4 * i - 1])
+  local window = tonumber(ARGV[4 * i])
+  local algorithm = ARGV[4 * i + 1]
+  local count, ttl, write
+  if algorithm == '2' then
+    if not now then
+      local clock = redis.call('TIME')
+      now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
     end
-    ttl = redis.call('PTTL', k)
-    if ttl < 0 or ttl > window then
-      redis.call('SET', k, 1, 'PX', window)
-      count, ttl = 1, window
-    end
+    count, ttl, write = bucket(KEYS[i], points, window, tonumber(ARGV[4 * i + 2]), cost, now)
+  elseif algorithm == '1' then
+    count, ttl, write = sliding(KEYS[i], points, window, cost)
   else
-    local pttl = redis.call('PTTL', k)
-    local v = false
-    if pttl > 0 and pttl <= 2 * window then
-      v = redis.pcall('HMGET', k, 'c', 'p')
-      if v.err then v = false end
-    end
-    local cur, prev, left = 0, 0, window
-    if v and pttl > window then
-      cur, prev, left = tonumber(v[1]) or 0, tonumber(v[2]) or 0, pttl - window
-    elseif v then
-      prev, left = tonumber(v[1]) or 0, pttl
-      redis.call('HSET', k, 'c', 0, 'p', prev)
-      redis.call('PEXPIRE', k, left + window)
-    else
-      redis.call('DEL', k)
-      redis.call('HSET', k, 'c', 0, 'p', 0)
-      redis.call('PEXPIRE', k, 2 * window)
-    end
-    count = cur + 1 + math.floor(prev * left / window)
-    ttl = left
-    if count <= points then
-      redis.call('HINCRBY', k, 'c', 1)
-    elseif cur < points then
-      ttl = left - math.ceil((points - cur) * window / prev) + 1
-      if ttl < 1 then ttl = 1 end
-      if ttl > left then ttl = left end
-    else
-      local y = window - math.ceil(points * window / cur) + 1
-      if y < 0 then y = 0 end
-      ttl = left + y
-    end
+    count, ttl, write = fixed(KEYS[i], points, window, cost)
   end
   out[#out + 1] = count
   out[#out + 1] = ttl
-  if count > points and not all then
-    break
+  writes[#writes + 1] = write
+  if count > points then
+    refused = true
+    if not all then break end
   end
 end
-if ARGV[1] == '2' and #out == 2 * #KEYS then
+if all or not refused then
+  for i = 1, #writes do
+    if writes[i] then writes[i]() end
+  end
+end
+if ARGV[1] == '2' and not refused then
   local shown, left, ttl, m = -1, 0, 0, 0
   for i = 1, #KEYS do
-    local points = tonumber(ARGV[4 * i - 2])
+    local points = tonumber(ARGV[4 * i - 1])
     local count = out[2 * i - 1]
-    if count > points or ARGV[4 * i] ~= '0' then
+    if ARGV[4 * i + 1] ~= '0' then
       return out
     end
     if shown < 0 or points - count < left then
-      shown, left, ttl, m = i - 1, points - count, out[2 * i], tonumber(ARGV[4 * i - 1]) + 1
+      shown, left, ttl, m = i - 1, points - count, out[2 * i], tonumber(ARGV[4 * i]) + 1
     end
   end
   local v = (left * m + ttl) * 16 + shown
@@ -179,13 +235,105 @@ end
 return out
 `
 
-// The script's first argument, encoded.
+// The scripts call only the commands README.md's ACL grants (its Redis
+// deployments section): a command added here must be added there.
+//
+// refundScript gives back a charge: cost to each key that holds some, so
+// that a request refused after an earlier charge (a credentialed request's
+// global, charged before its ip) ends up charged nothing. A key that is gone
+// or of another kind holds nothing to give back and is left alone; no count
+// goes below zero, and no key's TTL grows.
+//
+// KEYS: one key per layer. ARGV[1]: the cost. ARGV[4i-2] to ARGV[4i+1]: the
+// layer's arguments, as takeScript reads them from ARGV[4i-1].
+// Returns the number of keys given back to, as a one-integer array.
+const refundScript = `
+-- read runs a read command; a key of another kind reads as false, any
+-- other error (a command the ACL denies) fails the script, never a key.
+local function read(...)
+  local v = redis.pcall(...)
+  if type(v) == 'table' and v.err then
+    if string.find(v.err, 'WRONGTYPE', 1, true) then return false end
+    error(v)
+  end
+  return v
+end
+
+local cost = tonumber(ARGV[1])
+local given, now = 0, false
+for i = 1, #KEYS do
+  local k = KEYS[i]
+  local algorithm = ARGV[4 * i]
+  if algorithm == '2' then
+    local v = read('HMGET', k, 'r', 'n')
+    local r, n = false, false
+    if v and v[1] and v[2] then
+      r, n = tonumber(v[1]), tonumber(v[2])
+    end
+    if r and n then
+      if not now then
+        local clock = redis.call('TIME')
+        now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+      end
+      local d = tonumber(ARGV[4 * i - 1]) * 1000
+      local rate = tonumber(ARGV[4 * i + 1])
+      n = n - cost
+      if n < 0 then
+        local q = math.ceil(-n / rate)
+        r, n = r - q * d, n + q * rate
+      end
+      local ahead = (r - now) * rate + n * d
+      if ahead <= 0 then
+        redis.call('DEL', k)
+      else
+        redis.call('HSET', k, 'r', r, 'n', n)
+        redis.call('PEXPIRE', k, math.ceil(ahead / rate / 1000))
+      end
+      given = given + 1
+    end
+  else
+    local c
+    if algorithm == '1' then
+      c = read('HMGET', k, 'c')
+      c = c and c[1]
+    else
+      c = read('GET', k)
+    end
+    c = type(c) == 'string' and tonumber(c)
+    if c and c > 0 then
+      if algorithm == '1' then
+        redis.call('HINCRBY', k, 'c', -math.min(c, cost))
+      else
+        redis.call('DECRBY', k, math.min(c, cost))
+      end
+      given = given + 1
+    end
+  end
+end
+return {given}
+`
+
+// The script's arguments, encoded: ARGV[1], how takeScript runs; ARGV[2], a
+// cost of 1; and the algorithm and the no-rate value of a layer's arguments.
 var (
-	bulkFalse  = redisresp.Bulk("0")
-	bulkTrue   = redisresp.Bulk("1")
-	bulkBucket = redisresp.Bulk("2")
-	bulkOneInt = redisresp.Bulk("2") // ARGV[1]: the one-integer reply of redisPath
+	argStopAtRefusal = redisresp.Bulk("0")
+	argChargeAll     = redisresp.Bulk("1") // dry run
+	argOneInteger    = redisresp.Bulk("2") // the one-integer reply of redisPath
+	argCostOne       = redisresp.Bulk("1")
+	algoFixed        = redisresp.Bulk("0")
+	algoSliding      = redisresp.Bulk("1")
+	algoBucket       = redisresp.Bulk("2")
+	argNoRate        = redisresp.Bulk("0")
 )
+
+// costArg encodes a request's cost, ARGV[2] of takeScript.
+func costArg(cost int64) string {
+	if cost == 1 {
+		return argCostOne
+	}
+
+	return redisresp.Bulk(formatInt(cost))
+}
 
 var errBadReply = errors.New("unexpected reply from the rate-limit script")
 
@@ -202,8 +350,17 @@ type redisStore struct {
 	calls   []redisresp.Call // the script's call head by number of layers
 }
 
-// takeRedis is the script every redisStore runs.
-var takeRedis = redisresp.NewScript(takeScript)
+// takeRedis is the script every redisStore runs, refundRedis its refund.
+var (
+	takeRedis   = redisresp.NewScript(takeScript)
+	refundRedis = redisresp.NewScript(refundScript)
+)
+
+// takeCall is takeScript's call head for n layers: n keys, then ARGV[1],
+// ARGV[2] and 4 arguments per layer.
+func takeCall(n int) redisresp.Call {
+	return takeRedis.Call(n, 5*n+2)
+}
 
 // callFor returns the script's call head for n layers.
 func (s *redisStore) callFor(n int) redisresp.Call {
@@ -211,7 +368,7 @@ func (s *redisStore) callFor(n int) redisresp.Call {
 		return s.calls[n]
 	}
 
-	return takeRedis.Call(n, 5*n+1)
+	return takeCall(n)
 }
 
 // The healthy path (nothing blocked, Redis up) takes no lock and makes as few
@@ -261,7 +418,7 @@ func (s *redisStore) take(t *tally, now int64, layers []*layer, client, principa
 // over its limit, and reports whether it did.
 func (s *redisStore) takeBlocked(t *tally, now int64, layers []*layer, client, principal string, req *http.Request) bool {
 	for i, l := range layers {
-		if reset := s.blocked.resetOf(l.name, l.keyFor(client, principal, req), now); reset != 0 {
+		if reset := s.blocked.resetOf(l.blockPrefix, l.keyFor(client, principal, req), now); reset != 0 {
 			l.stats.countRedis(true)
 
 			*t = tally{shown: i, count: l.points + 1, reset: reset, refused: true,
@@ -277,12 +434,42 @@ func (s *redisStore) takeBlocked(t *tally, now int64, layers []*layer, client, p
 // takeRedis runs the script and writes its outcome to t; on an error, t is
 // to be discarded.
 func (s *redisStore) takeRedis(t *tally, now int64, layers []*layer, client, principal string, req *http.Request, all bool) error {
-	// The command is encoded here, from each layer's pre-encoded arguments:
-	// under Yaegi, a loop over arguments in the RESP writer costs more than
-	// the round trip.
-	keys, args := "", bulkFalse
+	mode := argStopAtRefusal
 	if all {
-		args = bulkTrue
+		mode = argChargeAll
+	}
+
+	// A cluster takes one call per slot (a cluster's DoInts fails at once).
+	var ints []int64
+	var serverErr string
+	var err error
+
+	if s.backend.cluster != nil {
+		ints, serverErr, err = s.runCluster(s.backend.cluster, layers, client, principal, req, all)
+	} else {
+		ints, serverErr, err = s.callFor(len(layers)).RunIntsOn(s.backend.pool, encodeCall(layers, client, principal, req, mode, 1))
+	}
+
+	if err != nil {
+		return err
+	}
+
+	if serverErr != "" {
+		return fmt.Errorf("running the rate-limit script: %s", serverErr)
+	}
+
+	return s.record(t, ints, now, layers, client, principal, req, all)
+}
+
+// encodeCall encodes a script call's keys and arguments, but for its head:
+// the layers' keys, then mode (ARGV[1] of takeScript, none for refundScript),
+// the cost and each layer's arguments. The command is encoded here, from each
+// layer's pre-encoded parts: under Yaegi, a loop over arguments in the RESP
+// writer costs more than the round trip.
+func encodeCall(layers []*layer, client, principal string, req *http.Request, mode string, cost int64) string {
+	keys, args := "", mode+argCostOne
+	if cost != 1 {
+		args = mode + costArg(cost)
 	}
 
 	for _, l := range layers {
@@ -302,33 +489,45 @@ func (s *redisStore) takeRedis(t *tally, now int64, layers []*layer, client, pri
 		keys += "$" + strconv.Itoa(len(key)) + "\r\n" + key + "\r\n"
 	}
 
-	// A cluster takes one call per slot (a cluster's DoInts fails at once).
-	// Under Yaegi this branch costs the single-server path its frame slots
-	// (BENCHMARKS.md, section 6); a store type per deployment would not, at
-	// the price of a second copy of this function.
-	var ints []int64
-	var serverErr string
+	return keys + args
+}
+
+// refund gives back a request's charge of cost to layers, a charge that a
+// later refusal of the same request voids (the up-front global charge of a
+// credentialed request whose ip charge is refused). It goes where the charge
+// most likely went: to the memory fallback while Redis is in back-off, else
+// to Redis. A refund that fails is not retried in memory, which holds no such
+// charge: the count stays cost too high until its window ends.
+func (s *redisStore) refund(now int64, layers []*layer, client, principal string, req *http.Request, cost int64) {
+	if len(layers) == 0 {
+		return
+	}
+
+	if s.backend.down.Load() {
+		s.local.refund(now, layers, client, principal, req, cost)
+		return
+	}
+
 	var err error
 
 	if s.backend.cluster != nil {
-		ints, serverErr, err = s.runCluster(s.backend.cluster, layers, client, principal, req, all)
+		err = s.refundCluster(s.backend.cluster, layers, client, principal, req, cost)
 	} else {
-		ints, serverErr, err = s.callFor(len(layers)).RunIntsOn(s.backend.pool, keys+args)
+		var serverErr string
+
+		_, serverErr, err = refundRedis.Call(len(layers), 5*len(layers)+1).RunIntsOn(s.backend.pool, encodeCall(layers, client, principal, req, "", cost))
+		if err == nil && serverErr != "" {
+			err = fmt.Errorf("running the refund script: %s", serverErr)
+		}
 	}
 
-	if err != nil {
-		return err
+	if err != nil && !errors.Is(err, redisresp.ErrClosed) {
+		s.backend.failed(now, false, fmt.Errorf("refunding a charge: %w", err))
 	}
-
-	if serverErr != "" {
-		return fmt.Errorf("running the rate-limit script: %s", serverErr)
-	}
-
-	return s.record(t, ints, now, layers, client, principal, req, all)
 }
 
 // record writes the script's reply (count and milliseconds to reset per
-// layer charged) to t, and checks it: on an error, t is to be discarded.
+// layer evaluated) to t, and checks it: on an error, t is to be discarded.
 func (s *redisStore) record(t *tally, ints []int64, now int64, layers []*layer, client, principal string, req *http.Request, all bool) error {
 	n := len(ints) / 2
 	if len(ints)%2 != 0 || n == 0 || n > len(layers) {
@@ -384,7 +583,7 @@ func (s *redisStore) record(t *tally, ints []int64, now int64, layers []*layer, 
 // locally until reset, and the first refusal per window is reported. It
 // returns true, so that takeRedis can tell a reply that goes on after it.
 func (s *redisStore) refused(t *tally, i int, l *layer, count, reset, now int64, client, principal string, req *http.Request) bool {
-	first := s.blocked.add(l.name, l.keyFor(client, principal, req), reset, now)
+	first := s.blocked.add(l.blockPrefix, l.keyFor(client, principal, req), reset, now)
 	t.refuse(i, count, reset, []string{formatInt(ceilSeconds(reset))}, first)
 
 	return true
@@ -577,26 +776,36 @@ func newBackend(opts redisresp.Options) *redisBackend {
 }
 
 // blockList remembers keys that Redis reported over their limit, until their
-// reset. It holds at most max keys.
+// reset. It holds at most max keys. An entry is the layer's blockPrefix + the
+// key: the prefix holds the layer's limits, so that an entry made under other
+// limits (before a reload that raised the points, say) refuses nothing, where
+// Redis might now allow.
 type blockList struct {
 	size atomic.Int64 // entries, so that the common case (none) takes no lock
 
 	mu    sync.Mutex
 	max   int
-	until map[string]int64 // by layer + "\x00" + key
+	until map[string]int64 // by layer.blockPrefix + key
 }
 
 func newBlockList(capacity int) *blockList {
 	return &blockList{max: capacity, until: map[string]int64{}}
 }
 
+// blockPrefix is a layer's part of its block list entries: its name and its
+// Redis arguments (points, window, algorithm, rate), each ended by a NUL,
+// which neither holds.
+func blockPrefix(l *layer) string {
+	return l.name + "\x00" + l.redisArgs + "\x00"
+}
+
 // resetOf returns the reset of a blocked key, or 0.
-func (b *blockList) resetOf(layer, key string, now int64) int64 {
+func (b *blockList) resetOf(prefix, key string, now int64) int64 {
 	if b.size.Load() == 0 {
 		return 0
 	}
 
-	id := layer + "\x00" + key
+	id := prefix + key
 
 	b.mu.Lock()
 
@@ -615,8 +824,8 @@ func (b *blockList) resetOf(layer, key string, now int64) int64 {
 
 // add blocks a key until reset and reports whether it was not blocked yet, so
 // that a refusal is reported once per key and window.
-func (b *blockList) add(layer, key string, reset, now int64) bool {
-	id := layer + "\x00" + key
+func (b *blockList) add(prefix, key string, reset, now int64) bool {
+	id := prefix + key
 
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -651,11 +860,13 @@ func (b *blockList) add(layer, key string, reset, now int64) bool {
 	return true
 }
 
-// blockedKey is a block list entry as the status endpoint lists it.
+// blockedKey is a block list entry as the status endpoint lists it; prefix
+// tells an entry of the layer's current limits (layer.blockPrefix).
 type blockedKey struct {
-	layer string
-	key   string
-	reset int64
+	layer  string
+	prefix string
+	key    string
+	reset  int64
 }
 
 // snapshot copies the keys blocked at now whose key starts with prefix.
@@ -670,8 +881,13 @@ func (b *blockList) snapshot(now int64, prefix string) []blockedKey {
 
 	for id, reset := range b.until {
 		i := strings.IndexByte(id, 0)
-		if reset > now && i >= 0 && strings.HasPrefix(id[i+1:], prefix) {
-			out = append(out, blockedKey{layer: id[:i], key: id[i+1:], reset: reset})
+		j := -1
+		if i >= 0 {
+			j = strings.IndexByte(id[i+1:], 0)
+		}
+
+		if reset > now && j >= 0 && strings.HasPrefix(id[i+j+2:], prefix) {
+			out = append(out, blockedKey{layer: id[:i], prefix: id[:i+j+2], key: id[i+j+2:], reset: reset})
 		}
 	}
 

@@ -1,6 +1,7 @@
 package tierlimit
 
 import (
+	"fmt"
 	"net/http"
 	"strings"
 
@@ -33,12 +34,61 @@ type slotGroup struct {
 
 // runCluster charges layers on a Redis Cluster: one script call per slot
 // involved, all sent before any reply is read (one round trip per node).
-// Each call charges its layers in order and stops at its own refusal, so a
-// layer in another slot than the refusing one may be charged although an
-// earlier layer refused: at most one hit per such layer and refused request.
+// Each call decides its own layers as takeScript does, charging them all or
+// none, but calls in different slots cannot see each other's refusals: a
+// layer in another slot than the refusing one is still charged, at most one
+// charge per such layer and refused request.
 // The reply is returned as the single-server script would give it: count and
 // milliseconds to reset per layer in order, up to the first refusal.
 func (s *redisStore) runCluster(cl *redisresp.Cluster, layers []*layer, client, principal string, req *http.Request, all bool) ([]int64, string, error) {
+	mode := argStopAtRefusal
+	if all {
+		mode = argChargeAll
+	}
+
+	groups := slotGroups(layers, client, principal, req, mode+argCostOne)
+
+	calls := make([]redisresp.ClusterCall, len(groups))
+	for i, g := range groups {
+		calls[i] = redisresp.ClusterCall{Slot: g.slot, Call: s.callFor(len(g.layers)), Encoded: g.keys + g.args}
+	}
+
+	replies, err := cl.RunInts(calls)
+	if err != nil {
+		return nil, "", err
+	}
+
+	return mergeSlotReplies(layers, groups, replies, all)
+}
+
+// refundCluster is refund's call on a Redis Cluster: one refundScript call
+// per slot.
+func (s *redisStore) refundCluster(cl *redisresp.Cluster, layers []*layer, client, principal string, req *http.Request, cost int64) error {
+	groups := slotGroups(layers, client, principal, req, costArg(cost))
+
+	calls := make([]redisresp.ClusterCall, len(groups))
+	for i, g := range groups {
+		n := len(g.layers)
+		calls[i] = redisresp.ClusterCall{Slot: g.slot, Call: refundRedis.Call(n, 5*n+1), Encoded: g.keys + g.args}
+	}
+
+	replies, err := cl.RunInts(calls)
+	if err != nil {
+		return err
+	}
+
+	for _, r := range replies {
+		if r.ServerErr != "" {
+			return fmt.Errorf("running the refund script: %s", r.ServerErr)
+		}
+	}
+
+	return nil
+}
+
+// slotGroups groups layers by the slot of their keys, each group's arguments
+// starting with head (the request's arguments).
+func slotGroups(layers []*layer, client, principal string, req *http.Request, head string) []*slotGroup {
 	var groups []*slotGroup
 
 	for i, l := range layers {
@@ -53,11 +103,7 @@ func (s *redisStore) runCluster(cl *redisresp.Cluster, layers []*layer, client, 
 		}
 
 		if g == nil {
-			g = &slotGroup{slot: slot, args: bulkFalse}
-			if all {
-				g.args = bulkTrue
-			}
-
+			g = &slotGroup{slot: slot, args: head}
 			groups = append(groups, g)
 		}
 
@@ -66,17 +112,7 @@ func (s *redisStore) runCluster(cl *redisresp.Cluster, layers []*layer, client, 
 		g.args += l.redisArgs
 	}
 
-	calls := make([]redisresp.ClusterCall, len(groups))
-	for i, g := range groups {
-		calls[i] = redisresp.ClusterCall{Slot: g.slot, Call: s.callFor(len(g.layers)), Encoded: g.keys + g.args}
-	}
-
-	replies, err := cl.RunInts(calls)
-	if err != nil {
-		return nil, "", err
-	}
-
-	return mergeSlotReplies(layers, groups, replies, all)
+	return groups
 }
 
 // mergeSlotReplies puts the replies of the per-slot calls back in layer

@@ -360,7 +360,7 @@ func TestRedisKeysAndArguments(t *testing.T) {
 	want := []string{
 		"EVALSHA", scriptSHA(takeScript), "3",
 		prefix + "global:global", prefix + "ip:2001:db8::/64", prefix + "auth_login:2001:db8::/64",
-		"0", "1000", "1000", "0", "0", "3", "60000", "0", "0", "10", "60000", "0", "0",
+		"0", "1", "1000", "1000", "0", "0", "3", "60000", "0", "0", "10", "60000", "0", "0",
 	}
 
 	if strings.Join(got, " ") != strings.Join(want, " ") {
@@ -461,4 +461,23 @@ func TestUnmatchedRequestOfARoutesOnlyInstanceDoesNotCallRedis(t *testing.T) {
 func scriptSHA(src string) string {
 	sum := sha1.Sum([]byte(src))
 	return hex.EncodeToString(sum[:])
+}
+
+// TestCostIsTheScriptsSecondArgument: the request's cost is ARGV[2], after
+// the mode, on the general path's encoding and on redisPath's plan alike.
+func TestCostIsTheScriptsSecondArgument(t *testing.T) {
+	h, _ := redisHarness(t, closedPort(t), nil)
+	layers := h.p.planIP
+
+	for _, cost := range []int64{1, 3, 12} {
+		want := redisresp.Bulk(strconv.FormatInt(cost, 10)) + layers[0].redisArgs
+
+		if got := encodeCall(layers, "203.0.113.1", "", nil, argStopAtRefusal, cost); !strings.HasSuffix(got, argStopAtRefusal+want) {
+			t.Fatalf("cost %d: encoded %q", cost, got)
+		}
+
+		if rp := newRedisPlan(h.p.store.(*redisStore), layers, cost); !strings.HasSuffix(rp.tail, argOneInteger+want) {
+			t.Fatalf("cost %d: plan tail %q", cost, rp.tail)
+		}
+	}
 }

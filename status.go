@@ -368,7 +368,7 @@ func (p *Plugin) mergeBlocked(out []liveKey, blocked []blockedKey) []liveKey {
 
 	for _, b := range blocked {
 		li := p.layerIndex(b.layer)
-		if li < 0 {
+		if li < 0 || p.layers[li].blockPrefix != b.prefix {
 			continue
 		}
 

@@ -146,12 +146,12 @@ http:
 		t.Errorf("sliding counter in db 1: %q, want 5", v.String())
 	}
 
-	if v := redisDo(t, db1, "GET", prefix+"login:198.51.100.2"); v.Str != "4" {
-		t.Errorf("route counter in db 1: %q, want 4", v.String())
+	if v := redisDo(t, db1, "GET", prefix+"login:198.51.100.2"); v.Str != "3" {
+		t.Errorf("route counter in db 1: %q, want 3 (a refused request is charged nothing)", v.String())
 	}
 
-	if v := redisDo(t, db1, "GET", prefix+"global:global"); v.Str != "10" {
-		t.Errorf("global counter in db 1: %q, want 10 (6 + 4 requests reached Redis; known refusals stay local)", v.String())
+	if v := redisDo(t, db1, "GET", prefix+"global:global"); v.Str != "8" {
+		t.Errorf("global counter in db 1: %q, want 8 (the 5 + 3 allowed; a refused request is charged to no layer)", v.String())
 	}
 
 	db0 := r.Client(redisresp.Options{})

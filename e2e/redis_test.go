@@ -302,8 +302,8 @@ func TestOneScriptCallPerRequestAndKeysExpire(t *testing.T) {
 		}
 	}
 
-	if v := redisDo(t, admin, "GET", prefix+"ip:198.51.100.1"); v.Str != "6" {
-		t.Fatalf("ip counter %q, want 6 (5 allowed + 1 refused; local refusals not counted)", v.Str)
+	if v := redisDo(t, admin, "GET", prefix+"ip:198.51.100.1"); v.Str != "5" {
+		t.Fatalf("ip counter %q, want 5 (the allowed; a refused request is charged nothing)", v.Str)
 	}
 }
 
@@ -508,8 +508,8 @@ func TestRedisCredentials(t *testing.T) {
 	}
 
 	for _, n := range []string{"passok", "aclok"} {
-		if v := redisDo(t, admin, "GET", "ratelimit:"+n+"@file:ip:198.51.100.1"); v.Str != "4" {
-			t.Errorf("%s: counter in Redis %q, want 4 (3 allowed, 1 refused, then local)", n, v.Str)
+		if v := redisDo(t, admin, "GET", "ratelimit:"+n+"@file:ip:198.51.100.1"); v.Str != "3" {
+			t.Errorf("%s: counter in Redis %q, want 3 (the allowed; refusals are charged nothing)", n, v.Str)
 		}
 	}
 

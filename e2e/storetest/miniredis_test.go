@@ -1,6 +1,7 @@
 // Package storetest runs the RESP client and the redis store, Lua script
 // included, against miniredis: fast tests that need neither Traefik nor
-// redis-server, run by `make unit`. The real redis-server tests are in
+// redis-server, run by `make unit`. The scripts on a real redis-server are
+// tested in the root package (redisserver_test.go) and, through Traefik, in
 // e2e/redis_test.go.
 package storetest
 
@@ -287,10 +288,10 @@ func TestSlidingWindowAgainstMiniredis(t *testing.T) {
 	}
 }
 
-// TestLayersChargedUpToTheRefusalAgainstMiniredis: the script charges each
-// layer in order and stops after the first one over its points, not at one
-// that has just reached them.
-func TestLayersChargedUpToTheRefusalAgainstMiniredis(t *testing.T) {
+// TestRefusedRequestChargesNoLayerAgainstMiniredis: a layer is refused only
+// once the request would take it over its points, not when it has just
+// reached them, and the refused request is charged to no layer.
+func TestRefusedRequestChargesNoLayerAgainstMiniredis(t *testing.T) {
 	m := miniredis.RunT(t)
 
 	cfg := tierlimit.CreateConfig()
@@ -316,12 +317,12 @@ func TestLayersChargedUpToTheRefusalAgainstMiniredis(t *testing.T) {
 		}
 	}
 
-	// The refused third request counted in global and never reached ip.
+	// The refused third request, refused by global, changed neither counter.
 	global, _ := m.Get("ratelimit:layers@test:global:global")
 	ip, _ := m.Get("ratelimit:layers@test:ip:203.0.113.1")
 
-	if global != "3" || ip != "2" {
-		t.Fatalf("counters global %q, ip %q, want 3 and 2 (keys %v)", global, ip, m.Keys())
+	if global != "2" || ip != "2" {
+		t.Fatalf("counters global %q, ip %q, want 2 and 2 (keys %v)", global, ip, m.Keys())
 	}
 }
 

@@ -27,7 +27,7 @@ var budgets = map[string]float64{
 	"chain edge anonymous":    293,
 	"chain edge credentialed": 290,
 	"redis allowed":           443,
-	"redis refused":           312,
+	"redis refused":           307,
 }
 
 // longEdge is the edge of edgeConfig with hour-long windows.
