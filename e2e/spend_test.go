@@ -437,11 +437,19 @@ func TestPassedAsAnonymousAndDeniedByTheBackendIsChargedOnce(t *testing.T) {
 			}
 		}
 
+		// The status page lists the memory store's counters (Redis's only when
+		// over their limit).
 		if strings.HasSuffix(t.Name(), "/memory") {
+			count := int64(-1)
+
 			for _, it := range e.status(e.traefik.Web + "/_edge?limit=1000").Keys.Items {
-				if it.Layer == "ip" && it.Key == client && it.Count != 5 {
-					t.Fatalf("status page: ip/%s count %d, want 5", client, it.Count)
+				if it.Layer == "ip" && it.Key == client {
+					count = it.Count
 				}
+			}
+
+			if count != 5 {
+				t.Fatalf("status page: ip/%s count %d (-1: not listed), want 5", client, count)
 			}
 		}
 
