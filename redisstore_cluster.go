@@ -33,11 +33,8 @@ type slotGroup struct {
 }
 
 // runCluster charges layers on a Redis Cluster: one script call per slot
-// involved, all sent before any reply is read (one round trip per node).
-// Each call decides its own layers as takeScript does, charging them all or
-// none, but calls in different slots cannot see each other's refusals: a
-// layer in another slot than the refusing one is still charged, at most one
-// charge per such layer and refused request.
+// involved, all sent before any reply is read (one round trip per node), and
+// a refund of the other slots' layers when one refused (refundOtherSlots).
 // The reply is returned as the single-server script would give it: count and
 // milliseconds to reset per layer in order, up to the first refusal.
 func (s *redisStore) runCluster(cl *redisresp.Cluster, layers []*layer, client, principal string, req *http.Request, all bool) ([]int64, string, error) {
@@ -58,7 +55,54 @@ func (s *redisStore) runCluster(cl *redisresp.Cluster, layers []*layer, client, 
 		return nil, "", err
 	}
 
+	if !all {
+		s.refundOtherSlots(cl, layers, groups, replies, client, principal, req)
+	}
+
 	return mergeSlotReplies(layers, groups, replies, all)
+}
+
+// refundOtherSlots keeps a refused request from spending anything across
+// slots: each slot's call decides its own layers all or nothing, so when one
+// refused the request, the calls of the other slots, which could not see it,
+// charged theirs, and get them back here (one more call per such slot, on
+// refusals only). A refund that fails leaves those layers one point
+// over-charged for this request; the refusal stands either way.
+func (s *redisStore) refundOtherSlots(cl *redisresp.Cluster, layers []*layer, groups []*slotGroup, replies []redisresp.Reply, client, principal string, req *http.Request) {
+	var charged []*layer
+
+	refused := false
+
+	for i, g := range groups {
+		if slotRefused(layers, g, replies[i]) {
+			refused = true
+			continue
+		}
+
+		for _, li := range g.layers {
+			charged = append(charged, layers[li])
+		}
+	}
+
+	if refused && len(charged) > 0 {
+		_ = s.refundCluster(cl, charged, client, principal, req, requestCost)
+	}
+}
+
+// slotRefused reports whether a slot's call refused the request (or failed,
+// which charged nothing either).
+func slotRefused(layers []*layer, g *slotGroup, r redisresp.Reply) bool {
+	if r.ServerErr != "" || len(r.Ints) < 2*len(g.layers) {
+		return true
+	}
+
+	for j, li := range g.layers {
+		if r.Ints[2*j] > layers[li].points {
+			return true
+		}
+	}
+
+	return false
 }
 
 // refundCluster is refund's call on a Redis Cluster: one refundScript call

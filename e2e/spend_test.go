@@ -170,43 +170,81 @@ http:
 // noisy client, one request after another, gets its 20 as well.
 func TestRefusedRequestsSpendNoGlobalBudget(t *testing.T) {
 	eachStore(t, func(t *testing.T, store string, r *harness.Redis) {
-		e := start(t, strings.ReplaceAll(noisyDynamic, "{{store}}", store))
-		e.waitRouters("api")
-
-		const noisy, second = "198.51.100.1", "198.51.100.2"
-
-		got := e.tally(600, 16, http.MethodGet, e.traefik.Web+"/api", from(noisy))
-		if want := map[string]int{"200": 20, "429 ip": 580}; !sameCounts(got, want) {
-			t.Errorf("600 concurrent requests of one client: %s, want %s", formatCounts(got), formatCounts(want))
+		var nodes []*harness.Redis
+		if r != nil {
+			nodes = append(nodes, r)
 		}
 
-		for i := 1; i <= 10; i++ {
-			client := "203.0.113." + strconv.Itoa(i)
-			if got := e.answer(http.MethodGet, e.traefik.Web+"/api", from(client)); got != "200" {
-				t.Errorf("other client %s after the noisy one: %s, want 200 (the noisy client's refusals spent global)", client, got)
-			}
-		}
-
-		got = e.tally(100, 1, http.MethodGet, e.traefik.Web+"/api", from(second))
-		if want := map[string]int{"200": 20, "429 ip": 80}; !sameCounts(got, want) {
-			t.Errorf("100 sequential requests of a second client: %s, want %s", formatCounts(got), formatCounts(want))
-		}
-
-		if r == nil {
-			return
-		}
-
-		// Redis holds what was allowed, nothing of what was refused.
-		prefix := "ratelimit:noisy@file:"
-		want := map[string]string{prefix + "global:global": "50", prefix + "ip:" + noisy: "20", prefix + "ip:" + second: "20"}
-
-		got2 := redisCounts(t, r, prefix)
-		for k, v := range want {
-			if got2[k] != v {
-				t.Errorf("Redis %s = %q, want %q (all counters: %v)", k, got2[k], v, got2)
-			}
-		}
+		noisyNeighbour(t, store, nodes, func(key string) string { return key })
 	})
+}
+
+// TestRefusedRequestsSpendNoGlobalBudgetOnACluster: the same on a Redis
+// Cluster, where global and the client's ip bucket live in different slots,
+// decided by separate script calls.
+func TestRefusedRequestsSpendNoGlobalBudgetOnACluster(t *testing.T) {
+	c, err := harness.StartCluster(t.TempDir(), 3, 0)
+	if err != nil {
+		t.Fatalf("starting a Redis Cluster: %v", err)
+	}
+	defer c.Kill()
+
+	var seeds []string
+	for _, r := range c.Primaries {
+		seeds = append(seeds, r.Addr)
+	}
+
+	// Cluster keys carry their bucket key in a hash tag.
+	tagged := func(key string) string { return "{" + key + "}" }
+	noisyNeighbour(t, "store: redis\n          redis: {cluster: {addresses: [\""+strings.Join(seeds, `", "`)+"\"]}}", c.Primaries, tagged)
+}
+
+// noisyNeighbour is the scenario of TestRefusedRequestsSpendNoGlobalBudget
+// on the store of store; the counters of the Redis nodes (none for memory)
+// are checked too, their bucket keys as key makes them.
+func noisyNeighbour(t *testing.T, store string, nodes []*harness.Redis, key func(string) string) {
+	e := start(t, strings.ReplaceAll(noisyDynamic, "{{store}}", store))
+	e.waitRouters("api")
+
+	const noisy, second = "198.51.100.1", "198.51.100.2"
+
+	got := e.tally(600, 16, http.MethodGet, e.traefik.Web+"/api", from(noisy))
+	if want := map[string]int{"200": 20, "429 ip": 580}; !sameCounts(got, want) {
+		t.Errorf("600 concurrent requests of one client: %s, want %s", formatCounts(got), formatCounts(want))
+	}
+
+	for i := 1; i <= 10; i++ {
+		client := "203.0.113." + strconv.Itoa(i)
+		if got := e.answer(http.MethodGet, e.traefik.Web+"/api", from(client)); got != "200" {
+			t.Errorf("other client %s after the noisy one: %s, want 200 (the noisy client's refusals spent global)", client, got)
+		}
+	}
+
+	got = e.tally(100, 1, http.MethodGet, e.traefik.Web+"/api", from(second))
+	if want := map[string]int{"200": 20, "429 ip": 80}; !sameCounts(got, want) {
+		t.Errorf("100 sequential requests of a second client: %s, want %s", formatCounts(got), formatCounts(want))
+	}
+
+	if len(nodes) == 0 {
+		return
+	}
+
+	// Redis holds what was allowed, nothing of what was refused.
+	prefix := "ratelimit:noisy@file:"
+	want := map[string]string{prefix + "global:" + key("global"): "50", prefix + "ip:" + key(noisy): "20", prefix + "ip:" + key(second): "20"}
+
+	all := map[string]string{}
+	for _, r := range nodes {
+		for k, v := range redisCounts(t, r, prefix) {
+			all[k] = v
+		}
+	}
+
+	for k, v := range want {
+		if all[k] != v {
+			t.Errorf("Redis %s = %q, want %q (all counters: %v)", k, all[k], v, all)
+		}
+	}
 }
 
 const loginDynamic = `
