@@ -25,7 +25,7 @@ type Options struct {
 	// use; default DefaultWaitTimeout. Separate from Timeout: a busy pool is
 	// not a slow server, and a burst queues for longer than one call lasts.
 	WaitTimeout time.Duration
-	Limits      Limits        // zero fields take DefaultLimits' values
+	Limits      Limits // zero fields take DefaultLimits' values
 
 	// RequirePrimary checks every new connection with ROLE and refuses one to
 	// a replica (ErrNotPrimary): an address learnt from sentinels may be stale.
