@@ -513,8 +513,21 @@ func (p *Pool) put(c *Conn) {
 	}
 }
 
+// dial opens a connection and sets it up (AUTH, SELECT, ROLE), all within
+// DialTimeout.
 func (p *Pool) dial() (*Conn, error) {
 	deadline := time.Now().Add(p.opts.DialTimeout)
+
+	nc, err := p.connect(deadline)
+	if err != nil {
+		return nil, err
+	}
+
+	return p.setup(NewConn(nc, p.opts.Limits), deadline)
+}
+
+// connect opens the TCP connection, and does the TLS handshake when asked.
+func (p *Pool) connect(deadline time.Time) (net.Conn, error) {
 	d := net.Dialer{Timeout: p.opts.DialTimeout}
 
 	nc, err := d.Dial("tcp", p.opts.Address)
@@ -522,28 +535,31 @@ func (p *Pool) dial() (*Conn, error) {
 		return nil, fmt.Errorf("dialing redis at %s: %w", p.opts.Address, err)
 	}
 
-	if p.opts.TLS {
-		host, _, _ := net.SplitHostPort(p.opts.Address)
-
-		cfg, err := p.opts.TLSConfig.Config(host)
-		if err != nil {
-			_ = nc.Close()
-			return nil, fmt.Errorf("TLS with redis at %s: %w", p.opts.Address, err)
-		}
-
-		tc := tls.Client(nc, cfg)
-		_ = tc.SetDeadline(deadline)
-
-		if err := tc.Handshake(); err != nil {
-			_ = nc.Close()
-			return nil, fmt.Errorf("TLS handshake with redis at %s: %w", p.opts.Address, err)
-		}
-
-		nc = tc
+	if !p.opts.TLS {
+		return nc, nil
 	}
 
-	c := NewConn(nc, p.opts.Limits)
+	host, _, _ := net.SplitHostPort(p.opts.Address)
 
+	cfg, err := p.opts.TLSConfig.Config(host)
+	if err != nil {
+		_ = nc.Close()
+		return nil, fmt.Errorf("TLS with redis at %s: %w", p.opts.Address, err)
+	}
+
+	tc := tls.Client(nc, cfg)
+	_ = tc.SetDeadline(deadline)
+
+	if err := tc.Handshake(); err != nil {
+		_ = nc.Close()
+		return nil, fmt.Errorf("TLS handshake with redis at %s: %w", p.opts.Address, err)
+	}
+
+	return tc, nil
+}
+
+// setupCommands are what a new connection sends before its first call.
+func (p *Pool) setupCommands() [][]string {
 	var setup [][]string
 
 	switch {
@@ -561,6 +577,13 @@ func (p *Pool) dial() (*Conn, error) {
 		setup = append(setup, []string{"ROLE"})
 	}
 
+	return setup
+}
+
+// setup sends the setup commands on c, in one round trip, and closes c when
+// one fails or the server is not the primary required.
+func (p *Pool) setup(c *Conn, deadline time.Time) (*Conn, error) {
+	setup := p.setupCommands()
 	if len(setup) == 0 {
 		return c, nil
 	}
