@@ -178,3 +178,38 @@ func TestPoolFailedDialEndsEveryWait(t *testing.T) {
 		t.Fatalf("server accepted %d connections, want 1: the waiters dialled in turn", n)
 	}
 }
+
+// TestPoolHandsABrokenConnectionsSlotToAWaiter: a broken connection returned
+// to a busy pool is closed, and its slot goes to the oldest waiter, which
+// dials a connection of its own.
+func TestPoolHandsABrokenConnectionsSlotToAWaiter(t *testing.T) {
+	s := startServer(t, basicHandler)
+
+	p := NewPool(Options{Address: s.addr(), PoolSize: 1, DialTimeout: failAfter, Timeout: failAfter, WaitTimeout: failAfter})
+	defer p.Close()
+
+	held, err := p.get()
+	if err != nil {
+		t.Fatalf("taking the only connection: %v", err)
+	}
+
+	waiter := make(chan error, 1)
+
+	go func() {
+		_, err := p.Do("PING")
+		waiter <- err
+	}()
+
+	waitForWaiters(t, p, 1)
+
+	_ = held.Close()
+	p.put(held)
+
+	if err := awaitErr(t, waiter, "the waiting caller"); err != nil {
+		t.Fatalf("waiter after a broken connection: %v", err)
+	}
+
+	if s.acceptedCount() != 2 || p.openCount() != 1 || p.idleCount() != 1 {
+		t.Fatalf("%d connections accepted, %d open, %d idle; want 2, 1 and 1", s.acceptedCount(), p.openCount(), p.idleCount())
+	}
+}
