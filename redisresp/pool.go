@@ -523,7 +523,10 @@ func (p *Pool) dial() (*Conn, error) {
 		return nil, err
 	}
 
-	return p.setup(NewConn(nc, p.opts.Limits), deadline)
+	c := NewConn(nc, p.opts.Limits)
+	c.timeout = p.opts.Timeout
+
+	return p.setup(c, deadline)
 }
 
 // connect opens the TCP connection, and does the TLS handshake when asked.
