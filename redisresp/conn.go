@@ -116,16 +116,46 @@ func (c *Conn) DoInts(deadline time.Time, cmd string) ([]int64, string, error) {
 		return nil, "", c.fail(fmt.Errorf("writing redis command: %w", err))
 	}
 
-	if err := c.bw.Flush(); err != nil {
+	if err := c.bw.Flush(); err != nil && !lateFlush(c, cmd, err) {
 		return nil, "", c.fail(fmt.Errorf("writing redis command: %w", err))
 	}
 
-	ints, serverErr, err := c.rd.readInts()
+	// readInts, with lateRead's second look at a reply after a late read.
+	b, err := c.rd.br.ReadSlice('\n')
+	if err != nil && len(b) == 0 && c.late(err, rescueGrace) {
+		b, err = c.rd.br.ReadSlice('\n')
+	}
+
+	line, err := c.rd.checkLine(b, err)
+	if err != nil {
+		return nil, "", c.fail(fmt.Errorf("reading redis reply: %w", err))
+	}
+
+	ints, serverErr, err := c.rd.intsFrom(line)
 	if err != nil {
 		return nil, "", c.fail(fmt.Errorf("reading redis reply: %w", err))
 	}
 
 	return ints, serverErr, nil
+}
+
+// lateFlush sends cmd again, unbuffered, when DoInts' flush of it timed out
+// having sent nothing (see late), and reports whether it went.
+func lateFlush(c *Conn, cmd string, err error) bool {
+	grace := c.timeout
+	if grace <= 0 {
+		grace = rescueGrace
+	}
+
+	if !c.late(err, grace) {
+		return false
+	}
+
+	// A failed Flush leaves its error in bw for good.
+	c.bw.Reset(c.nc)
+	_, err = io.WriteString(c.nc, cmd)
+
+	return err == nil
 }
 
 // connInts is DoInts for ScriptInts, which runs it on every rate-limit call:

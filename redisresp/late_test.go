@@ -84,3 +84,21 @@ func TestConnIntsStillTimesOut(t *testing.T) {
 		t.Fatalf("err = %v, want a timeout", err)
 	}
 }
+
+// TestDoIntsRescuesLateWritesAndReads: Conn.DoInts, the general path's call,
+// sends a command whose deadline passed before the write, and reads a reply
+// that was there before a late read.
+func TestDoIntsRescuesLateWritesAndReads(t *testing.T) {
+	c := NewConn(dialFake(t, "*1\r\n:42\r\n"), DefaultLimits)
+	c.timeout = failAfter
+
+	if ints, serverErr, err := c.DoInts(time.Now().Add(-time.Second), take); err != nil || serverErr != "" || len(ints) != 1 || ints[0] != 42 {
+		t.Fatalf("DoInts with its deadline passed: %v %q %v, want [42]", ints, serverErr, err)
+	}
+
+	c = NewConn(&lateReads{Conn: dialFake(t, "*1\r\n:42\r\n")}, DefaultLimits)
+
+	if ints, _, err := c.DoInts(time.Now().Add(failAfter), take); err != nil || len(ints) != 1 || ints[0] != 42 {
+		t.Fatalf("DoInts after a late read: %v %v, want [42]", ints, err)
+	}
+}
