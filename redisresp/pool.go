@@ -468,12 +468,18 @@ func (p *Pool) finish(c *Conn, dial bool, err error) (*Conn, error) {
 func (p *Pool) release(err error) {
 	p.mu.Lock()
 	p.open--
-	queue := p.queue
-	p.queue = nil
-	p.waiting = 0
+	endWaits(p, err)
 	p.mu.Unlock()
+}
 
-	for _, ch := range queue {
+// endWaits hands err to every waiter, under p.mu: each channel has room for
+// its one grant, so no send blocks. One waiter at a time off the queue, not
+// a range over a local copy of it: under Yaegi that range, in release,
+// panicked ("reflect: call of reflect.Value.Len on int Value", seen through
+// Traefik in e2e's TestRedisCredentials; the cause was not isolated).
+func endWaits(p *Pool, err error) {
+	for len(p.queue) > 0 {
+		ch := p.next()
 		ch <- grant{err: err}
 	}
 }
@@ -622,17 +628,11 @@ func (p *Pool) Close() {
 	p.idle = nil
 	p.closed = true
 	p.open -= len(idle)
-	queue := p.queue
-	p.queue = nil
-	p.waiting = 0
+	endWaits(p, ErrClosed)
 	p.mu.Unlock()
 
 	for _, c := range idle {
 		_ = c.Close()
-	}
-
-	for _, ch := range queue {
-		ch <- grant{err: ErrClosed}
 	}
 }
 
