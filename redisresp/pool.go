@@ -475,8 +475,8 @@ func (p *Pool) release(err error) {
 // endWaits hands err to every waiter, under p.mu: each channel has room for
 // its one grant, so no send blocks. One waiter at a time off the queue, not
 // a range over a local copy of it: under Yaegi that range, in release,
-// panicked ("reflect: call of reflect.Value.Len on int Value", seen through
-// Traefik in e2e's TestRedisCredentials; the cause was not isolated).
+// panicked ("reflect: call of reflect.Value.Len on int Value"; e2e's
+// TestRedisClientsCloseUnderYaegi fails so; the cause was not isolated).
 func endWaits(p *Pool, err error) {
 	for len(p.queue) > 0 {
 		ch := p.next()
