@@ -77,6 +77,7 @@ func newHarness(t *testing.T, mutate func(c *Config)) *harness {
 	h.p = pluginOf(handler)
 	h.p.now = h.clock.Now
 	h.p.events = newEventLog(h.events, name)
+	h.p.events.now = h.clock.Now
 
 	return h
 }

@@ -160,6 +160,55 @@ func (c *Cluster) RunInts(calls []ClusterCall) ([]Reply, error) {
 		return nil, err
 	}
 
+	nodes, err := clusterNodes(calls, owner, addrs)
+	if err != nil {
+		return nil, err
+	}
+
+	replies := make([]Reply, len(calls))
+
+	err = clusterExchange(c, nodes, calls, replies)
+
+	// Redirections take connections of their own: give these back first, or
+	// calls holding every connection of a pool would wait for one another.
+	for _, n := range nodes {
+		if n.conn != nil {
+			n.pool.put(n.conn)
+			n.conn = nil
+		}
+	}
+
+	if err != nil {
+		return nil, err
+	}
+
+	for i := range replies {
+		if replies[i].ServerErr != "" {
+			if replies[i], err = c.redirect(calls[i], replies[i].ServerErr); err != nil {
+				return nil, err
+			}
+		}
+	}
+
+	// A node went down while this call ran: fail it too, so that the caller
+	// does not take its success for the cluster's recovery.
+	c.mu.Lock()
+	down := len(c.down)
+	c.mu.Unlock()
+
+	if down > 0 {
+		return nil, fmt.Errorf("%w: a node failed meanwhile", ErrNodeDown)
+	}
+
+	return replies, nil
+}
+
+// clusterNodes groups calls by the node that serves their slot, in address
+// order: a call holding one node's connection while waiting for another's
+// must not wait for a call that holds them the other way round. Functions,
+// not methods, from here on: under Yaegi a method call costs a
+// reflect.MakeFunc round trip (tierlimit's doc.go: functions).
+func clusterNodes(calls []ClusterCall, owner []uint16, addrs []string) ([]*nodeCalls, error) {
 	var nodes []*nodeCalls
 
 	for i, call := range calls {
@@ -184,29 +233,25 @@ func (c *Cluster) RunInts(calls []ClusterCall) ([]Reply, error) {
 		n.idx = append(n.idx, i)
 	}
 
-	// Connections are taken in address order: a call holding one node's
-	// connection while waiting for another's must not wait for a call that
-	// holds them the other way round.
 	sort.Slice(nodes, func(i, j int) bool { return nodes[i].addr < nodes[j].addr })
 
-	replies := make([]Reply, len(calls))
+	return nodes, nil
+}
 
-	defer func() {
-		for _, n := range nodes {
-			if n.conn != nil {
-				n.pool.put(n.conn)
-			}
-		}
-	}()
+// clusterExchange takes a connection of every node, writes each node's calls
+// in one flush and reads their replies into replies. The connections it took
+// are left in nodes for the caller to give back.
+func clusterExchange(c *Cluster, nodes []*nodeCalls, calls []ClusterCall, replies []Reply) error {
+	var err error
 
 	for _, n := range nodes {
 		if n.pool, err = c.pool(n.addr); err != nil {
-			return nil, err
+			return err
 		}
 
 		if n.conn, err = n.pool.get(); err != nil {
 			c.markDown(n.addr, err)
-			return nil, err
+			return err
 		}
 	}
 
@@ -220,7 +265,7 @@ func (c *Cluster) RunInts(calls []ClusterCall) ([]Reply, error) {
 
 		if err = n.conn.flush(deadline); err != nil {
 			c.markDown(n.addr, err)
-			return nil, err
+			return err
 		}
 	}
 
@@ -229,39 +274,14 @@ func (c *Cluster) RunInts(calls []ClusterCall) ([]Reply, error) {
 			ints, serverErr, err := n.conn.readInts()
 			if err != nil {
 				c.markDown(n.addr, err)
-				return nil, err
+				return err
 			}
 
 			replies[i] = Reply{Ints: ints, ServerErr: serverErr}
 		}
 	}
 
-	// Redirections take connections of their own: give these back first, or
-	// calls holding every connection of a pool would wait for one another.
-	for _, n := range nodes {
-		n.pool.put(n.conn)
-		n.conn = nil
-	}
-
-	for i := range replies {
-		if replies[i].ServerErr != "" {
-			if replies[i], err = c.redirect(calls[i], replies[i].ServerErr); err != nil {
-				return nil, err
-			}
-		}
-	}
-
-	// A node went down while this call ran: fail it too, so that the caller
-	// does not take its success for the cluster's recovery.
-	c.mu.Lock()
-	down := len(c.down)
-	c.mu.Unlock()
-
-	if down > 0 {
-		return nil, fmt.Errorf("%w: a node failed meanwhile", ErrNodeDown)
-	}
-
-	return replies, nil
+	return nil
 }
 
 // ErrNodeDown: a cluster node's connection failed and it has not answered
@@ -510,7 +530,38 @@ func (c *Cluster) refresh(seen int, owner []uint16, addrs []string) ([]uint16, [
 		return nil, nil, err
 	}
 
-	// Known nodes first, the seeds next, nodes that just failed last.
+	candidates := c.candidates()
+	c.mu.Unlock()
+
+	newOwner, newAddrs, err := c.askAny(candidates)
+
+	c.mu.Lock()
+	c.attempts++
+
+	if err != nil {
+		c.lastErr = err
+		c.mu.Unlock()
+
+		if owner != nil {
+			return owner, addrs, nil
+		}
+
+		return nil, nil, err
+	}
+
+	gone := c.install(newOwner, newAddrs)
+	c.mu.Unlock()
+
+	for _, p := range gone {
+		p.Close()
+	}
+
+	return newOwner, newAddrs, nil
+}
+
+// candidates lists the nodes to ask for the map: known nodes first, the seeds
+// next, nodes that just failed last. Under c.mu.
+func (c *Cluster) candidates() []string {
 	var candidates, last []string
 
 	for _, a := range append(append([]string(nil), c.addrs...), c.opts.Cluster.Addresses...) {
@@ -521,44 +572,38 @@ func (c *Cluster) refresh(seen int, owner []uint16, addrs []string) ([]uint16, [
 		}
 	}
 
-	candidates = append(candidates, last...)
-	c.mu.Unlock()
+	return append(candidates, last...)
+}
 
+// askAny asks candidates for CLUSTER SLOTS in turn, until one answers.
+func (c *Cluster) askAny(candidates []string) ([]uint16, []string, error) {
 	var errs []string
 
-	newOwner, newAddrs, err := []uint16(nil), []string(nil), error(nil)
-
 	for _, addr := range candidates {
-		if newOwner, newAddrs, err = c.askSlots(addr); err == nil {
-			break
+		owner, addrs, err := c.askSlots(addr)
+		if err == nil {
+			return owner, addrs, nil
 		}
 
 		errs = append(errs, err.Error())
 	}
 
-	c.mu.Lock()
-	c.attempts++
+	return nil, nil, fmt.Errorf("%w: no node answered CLUSTER SLOTS: %s", ErrCluster, strings.Join(errs, "; "))
+}
 
-	if err != nil {
-		c.lastErr = fmt.Errorf("%w: no node answered CLUSTER SLOTS: %s", ErrCluster, strings.Join(errs, "; "))
-		err = c.lastErr
-		c.mu.Unlock()
-
-		if owner != nil {
-			return owner, addrs, nil
-		}
-
-		return nil, nil, err
-	}
-
-	c.owner, c.addrs, c.stale = newOwner, newAddrs, false
+// install makes owner and addrs the map, and returns the pools of nodes it no
+// longer names, for the caller to close once it released c.mu. Under c.mu.
+func (c *Cluster) install(owner []uint16, addrs []string) []*Pool {
+	c.owner = owner
+	c.addrs = addrs
+	c.stale = false
 	c.lastErr = nil
 
 	var gone []*Pool
 
 	for addr, p := range c.pools {
 		keep := false
-		for _, a := range newAddrs {
+		for _, a := range addrs {
 			keep = keep || a == addr
 		}
 
@@ -567,13 +612,8 @@ func (c *Cluster) refresh(seen int, owner []uint16, addrs []string) ([]uint16, [
 			delete(c.pools, addr)
 		}
 	}
-	c.mu.Unlock()
 
-	for _, p := range gone {
-		p.Close()
-	}
-
-	return newOwner, newAddrs, nil
+	return gone
 }
 
 // askSlots reads CLUSTER SLOTS from addr: [[start, end, [host, port, id...],

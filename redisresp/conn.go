@@ -2,6 +2,7 @@ package redisresp
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -31,6 +32,9 @@ type Conn struct {
 	err error
 	// serverErr is the error reply of the last call of ints, if any.
 	serverErr string
+	// timeout is a call's budget (Options.Timeout), for a command whose write
+	// came too late to be sent (lateWrite); rescueGrace when 0.
+	timeout time.Duration
 }
 
 // NewConn wraps an established connection (after TLS, before AUTH).
@@ -112,16 +116,46 @@ func (c *Conn) DoInts(deadline time.Time, cmd string) ([]int64, string, error) {
 		return nil, "", c.fail(fmt.Errorf("writing redis command: %w", err))
 	}
 
-	if err := c.bw.Flush(); err != nil {
+	if err := c.bw.Flush(); err != nil && !lateFlush(c, cmd, err) {
 		return nil, "", c.fail(fmt.Errorf("writing redis command: %w", err))
 	}
 
-	ints, serverErr, err := c.rd.readInts()
+	// readInts, with lateRead's second look at a reply after a late read.
+	b, err := c.rd.br.ReadSlice('\n')
+	if err != nil && len(b) == 0 && c.late(err, rescueGrace) {
+		b, err = c.rd.br.ReadSlice('\n')
+	}
+
+	line, err := c.rd.checkLine(b, err)
+	if err != nil {
+		return nil, "", c.fail(fmt.Errorf("reading redis reply: %w", err))
+	}
+
+	ints, serverErr, err := c.rd.intsFrom(line)
 	if err != nil {
 		return nil, "", c.fail(fmt.Errorf("reading redis reply: %w", err))
 	}
 
 	return ints, serverErr, nil
+}
+
+// lateFlush sends cmd again, unbuffered, when DoInts' flush of it timed out
+// having sent nothing (see late), and reports whether it went.
+func lateFlush(c *Conn, cmd string, err error) bool {
+	grace := c.timeout
+	if grace <= 0 {
+		grace = rescueGrace
+	}
+
+	if !c.late(err, grace) {
+		return false
+	}
+
+	// A failed Flush leaves its error in bw for good.
+	c.bw.Reset(c.nc)
+	_, err = io.WriteString(c.nc, cmd)
+
+	return err == nil
 }
 
 // connInts is DoInts for ScriptInts, which runs it on every rate-limit call:
@@ -142,10 +176,78 @@ func connInts(c *Conn, deadline time.Time, cmd string) (int64, []int64) {
 	}
 
 	if _, err := io.WriteString(c.nc, cmd); err != nil {
+		return lateWrite(c, cmd, err)
+	}
+
+	b, err := c.rd.br.ReadSlice('\n')
+	if err != nil || len(b) < 4 || b[0] != KindInteger || b[len(b)-2] != '\r' {
+		return lateRead(c, b, err)
+	}
+
+	n, err := strconv.ParseInt(string(b[1:len(b)-2]), 10, 64)
+	if err != nil {
+		return -1, c.failed("reading redis reply", badInteger(b, nil, c.rd.br.Size()))
+	}
+
+	if n < 0 {
+		return -1, c.negative(n)
+	}
+
+	return n, nil
+}
+
+// rescueGrace is how long a call that missed its deadline without waiting
+// for Redis gets to try again (late).
+const rescueGrace = 10 * time.Millisecond
+
+// late reports whether err is a timeout that says nothing of Redis, and then
+// gives the call rescueGrace more. Under a burst a Traefik process has more
+// runnable goroutines than cores, and one may get the CPU back only after its
+// deadline: Go then fails the next write or read on the connection at once,
+// before looking at it, though the reply may be there already. So a timeout
+// of an operation that transferred nothing is tried once more: a reply that
+// arrived is read at once, and a server that has not answered fails the call
+// after rescueGrace. A write that timed out sent nothing: the connection's
+// send buffer is empty between calls (each call reads its reply), so a
+// command's write cannot block and only fails on a deadline already passed.
+func (c *Conn) late(err error, grace time.Duration) bool {
+	var ne net.Error
+	if !errors.As(err, &ne) || !ne.Timeout() {
+		return false
+	}
+
+	return c.nc.SetDeadline(time.Now().Add(grace)) == nil
+}
+
+// lateWrite finishes connInts when writing cmd failed with err. A command
+// sent late gets a whole call's time: Redis has not seen it yet.
+func lateWrite(c *Conn, cmd string, err error) (int64, []int64) {
+	grace := c.timeout
+	if grace <= 0 {
+		grace = rescueGrace
+	}
+
+	if !c.late(err, grace) {
+		return -1, c.failed("writing redis command", err)
+	}
+
+	if _, err := io.WriteString(c.nc, cmd); err != nil {
 		return -1, c.failed("writing redis command", err)
 	}
 
 	b, err := c.rd.br.ReadSlice('\n')
+
+	return lateRead(c, b, err)
+}
+
+// lateRead finishes connInts when the reply's first line, b (read with err),
+// is not a non-negative integer: it reads it again once after a timeout that
+// read nothing (late), and hands anything else to shortArray.
+func lateRead(c *Conn, b []byte, err error) (int64, []int64) {
+	if err != nil && len(b) == 0 && c.late(err, rescueGrace) {
+		b, err = c.rd.br.ReadSlice('\n')
+	}
+
 	if err != nil || len(b) < 4 || b[0] != KindInteger || b[len(b)-2] != '\r' {
 		return -1, c.shortArray(b, err)
 	}

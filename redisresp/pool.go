@@ -21,7 +21,11 @@ type Options struct {
 	DialTimeout time.Duration // connect, TLS and AUTH/SELECT; default 250ms
 	Timeout     time.Duration // each call, from taking a connection to the last reply; default 100ms
 	PoolSize    int           // connections open at most; default 16
-	Limits      Limits        // zero fields take DefaultLimits' values
+	// WaitTimeout bounds the wait for a connection when all PoolSize are in
+	// use; default DefaultWaitTimeout. Separate from Timeout: a busy pool is
+	// not a slow server, and a burst queues for longer than one call lasts.
+	WaitTimeout time.Duration
+	Limits      Limits // zero fields take DefaultLimits' values
 
 	// RequirePrimary checks every new connection with ROLE and refuses one to
 	// a replica (ErrNotPrimary): an address learnt from sentinels may be stale.
@@ -39,7 +43,7 @@ type Options struct {
 func (o Options) Key() string {
 	parts := []string{o.Address, o.Username, o.Password, strconv.Itoa(o.DB), strconv.FormatBool(o.TLS),
 		o.TLSConfig.CA, o.TLSConfig.Cert, o.TLSConfig.Key, o.TLSConfig.ServerName, strconv.FormatBool(o.TLSConfig.InsecureSkipVerify),
-		o.DialTimeout.String(), o.Timeout.String(), strconv.Itoa(o.PoolSize), strconv.FormatBool(o.RequirePrimary)}
+		o.DialTimeout.String(), o.Timeout.String(), strconv.Itoa(o.PoolSize), strconv.FormatBool(o.RequirePrimary), o.WaitTimeout.String()}
 
 	if s := o.Sentinel; s != nil {
 		parts = append(parts, "sentinel", s.MasterName, s.Username, s.Password)
@@ -90,21 +94,40 @@ func NewClient(opts Options) Client {
 	return NewPool(opts)
 }
 
+// DefaultWaitTimeout is how long a call waits for a free connection when
+// every one is in use. It is generous because a busy pool is not an outage:
+// a burst of requests queues behind PoolSize calls, each bounded by Timeout,
+// and a caller that gave up would be decided without Redis. A server that
+// stops answering still fails fast: its calls time out, and a failed dial
+// ends every wait at once (release).
+const DefaultWaitTimeout = 5 * time.Second
+
 // Pool is a bounded pool of connections. New connections are dialled on
 // demand, never by NewPool. Safe for concurrent use.
 //
-// The bookkeeping is a mutex and a slice rather than channels: under Yaegi a
-// select costs more than the Redis round trip. A channel is used only to wake
-// callers waiting for a connection when all PoolSize are in use.
+// The bookkeeping is a mutex and slices rather than channels: under Yaegi a
+// select costs more than the Redis round trip. Only a caller that finds all
+// PoolSize connections in use gets a channel, in a queue served oldest first:
+// a returned connection is handed to the oldest waiter directly, so a burst
+// is served in order and a newcomer never takes a connection from a caller
+// that has waited longer.
 type Pool struct {
-	opts  Options
-	freed chan struct{} // signalled when a connection is returned or a slot freed
+	opts Options
 
 	mu      sync.Mutex
-	idle    []*Conn // connections ready for use
-	open    int     // connections open or being dialled, PoolSize at most
-	waiting int     // callers waiting for a connection
+	idle    []*Conn      // connections ready for use; empty while anyone waits
+	open    int          // connections open or being dialled, PoolSize at most
+	queue   []chan grant // callers waiting for a connection, oldest first
+	waiting int          // len(queue), for the request path's one comparison
 	closed  bool
+}
+
+// grant ends a caller's wait: a connection, a slot to dial one (dial), or
+// the error that ends every wait (a failed dial, the pool closed).
+type grant struct {
+	c    *Conn
+	dial bool
+	err  error
 }
 
 // NewPool returns a pool; it does no I/O.
@@ -137,7 +160,11 @@ func NewPool(opts Options) *Pool {
 		opts.Limits.MaxDepth = DefaultLimits.MaxDepth
 	}
 
-	return &Pool{opts: opts, freed: make(chan struct{}, 1)}
+	if opts.WaitTimeout <= 0 {
+		opts.WaitTimeout = DefaultWaitTimeout
+	}
+
+	return &Pool{opts: opts}
 }
 
 // Do runs one command within Options.Timeout (plus DialTimeout when it has to
@@ -299,8 +326,8 @@ func (p *Pool) Pipeline(cmds [][]string) ([]Value, error) {
 }
 
 // get returns an idle connection, dials a new one while fewer than PoolSize are
-// open, or waits for one until the call's timeout. A pool closed meanwhile
-// hands out nothing.
+// open, or waits for one for up to WaitTimeout. A pool closed meanwhile hands
+// out nothing.
 func (p *Pool) get() (*Conn, error) {
 	if c, dial, err := p.reserve(); c != nil || dial || err != nil {
 		return p.finish(c, dial, err)
@@ -312,35 +339,86 @@ func (p *Pool) get() (*Conn, error) {
 // wait is get when every connection is in use: a function of its own, so that
 // the common case does not allocate its frame (tierlimit's doc.go: frames).
 func (p *Pool) wait() (*Conn, error) {
+	ch := p.enqueue()
+	if ch == nil {
+		return p.get()
+	}
+
+	timer := time.NewTimer(p.opts.WaitTimeout)
+
+	select {
+	case g := <-ch:
+		timer.Stop()
+		return p.granted(g)
+	case <-timer.C:
+	}
+
+	if p.dequeue(ch) {
+		return nil, fmt.Errorf("waiting %s for one of %d connections: %w", p.opts.WaitTimeout, p.opts.PoolSize, ErrPoolTimeout)
+	}
+
+	// Served as the timer fired: what was handed over is this caller's.
+	return p.granted(<-ch)
+}
+
+// enqueue adds a waiter at the back of the queue, or returns nil when a
+// connection or a slot became free since reserve looked (or the pool
+// closed): the caller then takes it through get.
+func (p *Pool) enqueue() chan grant {
 	p.mu.Lock()
+
+	if p.closed || len(p.idle) > 0 || p.open < p.opts.PoolSize {
+		p.mu.Unlock()
+		return nil
+	}
+
+	ch := make(chan grant, 1)
+	p.queue = append(p.queue, ch)
 	p.waiting++
 	p.mu.Unlock()
 
-	defer func() {
-		p.mu.Lock()
-		p.waiting--
-		p.mu.Unlock()
-	}()
+	return ch
+}
 
-	timer := time.NewTimer(p.opts.Timeout)
-	defer timer.Stop()
+// dequeue removes a waiter that gave up, and reports whether it was still
+// queued: if not, a grant is in its channel.
+func (p *Pool) dequeue(ch chan grant) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 
-	// Counted as waiting before looking again, so that a connection returned
-	// from here on wakes this caller.
-	for {
-		if c, dial, err := p.reserve(); c != nil || dial || err != nil {
-			// Pass the wake-up on: two returns may have left one signal, and
-			// another caller may be waiting for the second connection.
-			p.wake()
-			return p.finish(c, dial, err)
-		}
+	for i, q := range p.queue {
+		if q == ch {
+			p.queue = append(p.queue[:i], p.queue[i+1:]...)
+			p.waiting--
 
-		select {
-		case <-p.freed:
-		case <-timer.C:
-			return nil, fmt.Errorf("waiting %s for one of %d connections: %w", p.opts.Timeout, p.opts.PoolSize, ErrPoolTimeout)
+			return true
 		}
 	}
+
+	return false
+}
+
+// next takes the oldest waiter off the queue, or returns nil; under p.mu.
+func (p *Pool) next() chan grant {
+	if len(p.queue) == 0 {
+		return nil
+	}
+
+	ch := p.queue[0]
+	p.queue[0] = nil
+	p.queue = p.queue[1:]
+	p.waiting--
+
+	return ch
+}
+
+// granted turns what a waiter was handed into get's result.
+func (p *Pool) granted(g grant) (*Conn, error) {
+	if g.dial {
+		return p.finish(nil, true, nil)
+	}
+
+	return g.c, g.err
 }
 
 // reserve takes an idle connection, or a slot to dial one (dial), under the
@@ -377,63 +455,88 @@ func (p *Pool) finish(c *Conn, dial bool, err error) (*Conn, error) {
 
 	c, err = p.dial()
 	if err != nil {
-		p.release()
+		p.release(err)
 		return nil, err
 	}
 
 	return c, nil
 }
 
-// release gives back a slot and wakes a waiting caller.
-func (p *Pool) release() {
+// release gives back the slot of a failed dial, and ends every wait with its
+// error: the next dial would fail alike, and each waiter trying in turn would
+// keep a burst waiting DialTimeout times the queue's length.
+func (p *Pool) release(err error) {
 	p.mu.Lock()
 	p.open--
-	waiting := p.waiting > 0
+	endWaits(p, err)
 	p.mu.Unlock()
+}
 
-	if waiting {
-		p.wake()
+// endWaits hands err to every waiter, under p.mu: each channel has room for
+// its one grant, so no send blocks. One waiter at a time off the queue, not
+// a range over a local copy of it: under Yaegi that range, in release,
+// panicked ("reflect: call of reflect.Value.Len on int Value"; e2e's
+// TestRedisClientsCloseUnderYaegi fails so; the cause was not isolated).
+func endWaits(p *Pool, err error) {
+	for len(p.queue) > 0 {
+		ch := p.next()
+		ch <- grant{err: err}
 	}
 }
 
-// wake signals one waiting caller. Callers check p.waiting first: a select is
-// costly under Yaegi and most returns find nobody waiting.
-func (p *Pool) wake() {
-	select {
-	case p.freed <- struct{}{}:
-	default:
-	}
-}
-
-// put returns a healthy connection to the pool and closes a broken one, or
-// any once the pool is closed.
+// put returns a healthy connection to the pool, or to the oldest waiter; a
+// broken one is closed and its slot handed to the oldest waiter to dial
+// anew. Once the pool is closed, any connection is closed.
 func (p *Pool) put(c *Conn) {
 	p.mu.Lock()
 
-	waiting := p.waiting > 0
-
-	if c.Err() != nil || p.closed {
+	if p.closed {
 		p.open--
 		p.mu.Unlock()
 		_ = c.Close()
 
-		if waiting {
-			p.wake()
-		}
-
 		return
 	}
 
-	p.idle = append(p.idle, c)
-	p.mu.Unlock()
+	broken := c.Err() != nil
+	ch := p.next()
 
-	if waiting {
-		p.wake()
+	switch {
+	case ch != nil && broken:
+		p.mu.Unlock()
+		_ = c.Close()
+		ch <- grant{dial: true}
+	case ch != nil:
+		p.mu.Unlock()
+		ch <- grant{c: c}
+	case broken:
+		p.open--
+		p.mu.Unlock()
+		_ = c.Close()
+	default:
+		p.idle = append(p.idle, c)
+		p.mu.Unlock()
 	}
 }
 
+// dial opens a connection and sets it up (AUTH, SELECT, ROLE), all within
+// DialTimeout.
 func (p *Pool) dial() (*Conn, error) {
 	deadline := time.Now().Add(p.opts.DialTimeout)
+
+	nc, err := p.connect(deadline)
+	if err != nil {
+		return nil, err
+	}
+
+	c := NewConn(nc, p.opts.Limits)
+	c.timeout = p.opts.Timeout
+
+	return p.setup(c, deadline)
+}
+
+// connect opens the TCP connection, and does the TLS handshake when asked.
+func (p *Pool) connect(deadline time.Time) (net.Conn, error) {
 	d := net.Dialer{Timeout: p.opts.DialTimeout}
 
 	nc, err := d.Dial("tcp", p.opts.Address)
@@ -441,28 +544,31 @@ func (p *Pool) dial() (*Conn, error) {
 		return nil, fmt.Errorf("dialing redis at %s: %w", p.opts.Address, err)
 	}
 
-	if p.opts.TLS {
-		host, _, _ := net.SplitHostPort(p.opts.Address)
-
-		cfg, err := p.opts.TLSConfig.Config(host)
-		if err != nil {
-			_ = nc.Close()
-			return nil, fmt.Errorf("TLS with redis at %s: %w", p.opts.Address, err)
-		}
-
-		tc := tls.Client(nc, cfg)
-		_ = tc.SetDeadline(deadline)
-
-		if err := tc.Handshake(); err != nil {
-			_ = nc.Close()
-			return nil, fmt.Errorf("TLS handshake with redis at %s: %w", p.opts.Address, err)
-		}
-
-		nc = tc
+	if !p.opts.TLS {
+		return nc, nil
 	}
 
-	c := NewConn(nc, p.opts.Limits)
+	host, _, _ := net.SplitHostPort(p.opts.Address)
 
+	cfg, err := p.opts.TLSConfig.Config(host)
+	if err != nil {
+		_ = nc.Close()
+		return nil, fmt.Errorf("TLS with redis at %s: %w", p.opts.Address, err)
+	}
+
+	tc := tls.Client(nc, cfg)
+	_ = tc.SetDeadline(deadline)
+
+	if err := tc.Handshake(); err != nil {
+		_ = nc.Close()
+		return nil, fmt.Errorf("TLS handshake with redis at %s: %w", p.opts.Address, err)
+	}
+
+	return tc, nil
+}
+
+// setupCommands are what a new connection sends before its first call.
+func (p *Pool) setupCommands() [][]string {
 	var setup [][]string
 
 	switch {
@@ -480,6 +586,13 @@ func (p *Pool) dial() (*Conn, error) {
 		setup = append(setup, []string{"ROLE"})
 	}
 
+	return setup
+}
+
+// setup sends the setup commands on c, in one round trip, and closes c when
+// one fails or the server is not the primary required.
+func (p *Pool) setup(c *Conn, deadline time.Time) (*Conn, error) {
+	setup := p.setupCommands()
 	if len(setup) == 0 {
 		return c, nil
 	}
@@ -515,13 +628,12 @@ func (p *Pool) Close() {
 	p.idle = nil
 	p.closed = true
 	p.open -= len(idle)
+	endWaits(p, ErrClosed)
 	p.mu.Unlock()
 
 	for _, c := range idle {
 		_ = c.Close()
 	}
-
-	p.wake()
 }
 
 func roleName(v Value) string {

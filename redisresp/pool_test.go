@@ -707,7 +707,7 @@ func TestPoolSizeBoundsConnections(t *testing.T) {
 
 func TestPoolExhausted(t *testing.T) {
 	// PoolSize 1; the only connection is stuck in AUTH, so a second caller
-	// gets ErrPoolTimeout after Timeout instead of opening a second one.
+	// gets ErrPoolTimeout after WaitTimeout instead of opening a second one.
 	authStarted, release := newSignal(), newSignal()
 
 	s := newServer(t)
@@ -721,7 +721,7 @@ func TestPoolExhausted(t *testing.T) {
 		return basicHandler(conn, args)
 	})
 
-	p := NewPool(Options{Address: s.addr(), Password: "pass", PoolSize: 1, DialTimeout: failAfter, Timeout: 50 * time.Millisecond})
+	p := NewPool(Options{Address: s.addr(), Password: "pass", PoolSize: 1, DialTimeout: failAfter, Timeout: failAfter, WaitTimeout: 50 * time.Millisecond})
 	defer p.Close()
 
 	first := make(chan error, 1)
@@ -1009,7 +1009,7 @@ func TestPoolCloseWithDoIntsInUse(t *testing.T) {
 func TestPoolDefaults(t *testing.T) {
 	p := NewPool(Options{Address: "127.0.0.1:1"})
 
-	if p.opts.DialTimeout != 250*time.Millisecond || p.opts.Timeout != 100*time.Millisecond || p.opts.PoolSize != 16 {
+	if p.opts.DialTimeout != 250*time.Millisecond || p.opts.Timeout != 100*time.Millisecond || p.opts.PoolSize != 16 || p.opts.WaitTimeout != DefaultWaitTimeout {
 		t.Fatalf("defaults = %+v", p.opts)
 	}
 

@@ -357,6 +357,13 @@ func (s *Sentinel) watchOne(sentinel string) error {
 		return fmt.Errorf("sentinel %s: SUBSCRIBE: %s", sentinel, replies[1].Str)
 	}
 
+	return s.listen(c, name)
+}
+
+// listen follows the +switch-master messages of the subscribed connection c
+// until it fails, or stays quiet for watchRefresh (then nil: watchOne's
+// caller subscribes afresh, which also asks for the primary again).
+func (s *Sentinel) listen(c *Conn, name string) error {
 	for {
 		v, err := c.Receive(time.Now().Add(watchRefresh))
 		if err != nil {

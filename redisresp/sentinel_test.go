@@ -2,6 +2,7 @@ package redisresp
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -348,4 +349,48 @@ func TestSentinelFollowsSwitchMaster(t *testing.T) {
 
 	s.Close()
 	sentinel.waitGone(t, watcher)
+}
+
+// TestSentinelScriptIntsDropsAPrimaryWhoseConnectionFailed: a call whose
+// connection to the primary fails drops that primary, so the next call asks
+// the sentinels again and reaches the one they name now; a pool merely busy
+// (ErrPoolTimeout) says nothing of the primary and keeps it.
+func TestSentinelScriptIntsDropsAPrimaryWhoseConnectionFailed(t *testing.T) {
+	a, b := startPrimary(t), startPrimary(t)
+
+	var mu sync.Mutex
+	current := a.addr()
+	sentinel := startSentinel(t, &current, &mu)
+
+	opts := longOptions("")
+	opts.Sentinel = &SentinelOptions{MasterName: "mymaster", Addresses: []string{sentinel.addr()}}
+	s := NewSentinel(opts)
+	defer s.Close()
+
+	if _, ints, err := ScriptInts(nil, s, Call{}, take); err != nil || len(ints) != 2 {
+		t.Fatalf("first call: %v %v", ints, err)
+	}
+
+	// a goes away mid-call (the connection closes); the sentinels name b.
+	a.set("master", closeConn)
+	mu.Lock()
+	current = b.addr()
+	mu.Unlock()
+
+	if _, _, err := ScriptInts(nil, s, Call{}, take); err == nil || errors.Is(err, ErrServer) {
+		t.Fatalf("call on the lost primary: %v, want its connection's failure", err)
+	}
+
+	if _, ints, err := ScriptInts(nil, s, Call{}, take); err != nil || len(ints) != 2 {
+		t.Fatalf("call after the failure: %v %v", ints, err)
+	}
+
+	if s.Primary() != b.addr() || b.count("TAKE") != 1 || sentinel.asked() != 2 {
+		t.Fatalf("primary %q with %d calls after %d questions to the sentinels, want %q with 1 after 2",
+			s.Primary(), b.count("TAKE"), sentinel.asked(), b.addr())
+	}
+
+	if lostPrimary(fmt.Errorf("waiting 5s for one of 16 connections: %w", ErrPoolTimeout)) {
+		t.Fatal("a busy pool is taken for a lost primary")
+	}
 }

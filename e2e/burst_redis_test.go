@@ -1,0 +1,158 @@
+package e2e
+
+import (
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// burstDynamic has one router per pool size, each with a 300/60s ip layer on
+// Redis and a global layer too large to matter.
+func burstDynamic(redisAddr string) string {
+	return strings.NewReplacer("{{redis}}", redisAddr).Replace(`
+http:
+  routers:
+    default:
+      entryPoints: [web]
+      rule: PathPrefix(` + "`/default`" + `)
+      middlewares: [burst-default]
+      service: backend
+    small:
+      entryPoints: [web]
+      rule: PathPrefix(` + "`/small`" + `)
+      middlewares: [burst-small]
+      service: backend
+  middlewares:
+    burst-default:
+      plugin:
+        tierlimit:
+          store: redis
+          redis: {address: "{{redis}}"}
+          global: {points: 1000000, duration: 60s}
+          ip: {points: 300, duration: 60s}
+    burst-small:
+      plugin:
+        tierlimit:
+          store: redis
+          redis: {address: "{{redis}}", poolSize: 4}
+          global: {points: 1000000, duration: 60s}
+          ip: {points: 300, duration: 60s}
+  services:
+    backend:
+      loadBalancer:
+        servers:
+          - url: "{{backend}}"
+`)
+}
+
+// burstCounts is what one client's burst got.
+type burstCounts struct {
+	ok, refused, other int
+	firstOther         string // what the first other answer was
+}
+
+// clientBurst sends n requests from client at once, over conns connections of its
+// own, and counts the answers. Every request starts after all are ready.
+func clientBurst(base, client string, n, conns int, start <-chan struct{}) burstCounts {
+	tr := &http.Transport{MaxConnsPerHost: conns, MaxIdleConnsPerHost: conns}
+	defer tr.CloseIdleConnections()
+
+	hc := &http.Client{Transport: tr, Timeout: 30 * time.Second}
+
+	var mu sync.Mutex
+	var got burstCounts
+	var wg sync.WaitGroup
+
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+
+		go func() {
+			defer wg.Done()
+
+			req, _ := http.NewRequest(http.MethodGet, base, nil)
+			req.Header.Set("X-Forwarded-For", client)
+
+			<-start
+
+			code, what := 0, ""
+			if resp, err := hc.Do(req); err == nil {
+				code = resp.StatusCode
+				what = resp.Status
+				resp.Body.Close()
+			} else {
+				what = err.Error()
+			}
+
+			mu.Lock()
+			defer mu.Unlock()
+
+			if code != http.StatusOK && code != http.StatusTooManyRequests && got.firstOther == "" {
+				got.firstOther = what
+			}
+
+			switch code {
+			case http.StatusOK:
+				got.ok++
+			case http.StatusTooManyRequests:
+				got.refused++
+			default:
+				got.other++
+			}
+		}()
+	}
+
+	wg.Wait()
+
+	return got
+}
+
+// TestRedisBurstIsExact: three clients each send 400 requests at once over
+// 128 connections to a 300/60s ip layer on one redis-server: each gets
+// exactly 300, with the default pool of 16 connections and with 4. A burst
+// queues for the pool's connections: a busy pool is not an outage, so no
+// request is handed to the in-memory fallback (which starts every key from
+// zero and let whole bursts through) and REDIS_UNAVAILABLE is never logged.
+func TestRedisBurstIsExact(t *testing.T) {
+	r := startRedis(t)
+	e := start(t, burstDynamic(r.Addr))
+	e.waitRouters("default", "small")
+
+	for _, path := range []string{"/default", "/small"} {
+		clients := []string{"198.51.100.11", "198.51.100.12", "198.51.100.13"}
+		if path == "/small" {
+			clients = []string{"198.51.100.21", "198.51.100.22", "198.51.100.23"}
+		}
+
+		start := make(chan struct{})
+		results := make([]burstCounts, len(clients))
+
+		var wg sync.WaitGroup
+
+		for i, client := range clients {
+			i, client := i, client
+
+			wg.Add(1)
+
+			go func() {
+				defer wg.Done()
+				results[i] = clientBurst(e.traefik.Web+path, client, 400, 128, start)
+			}()
+		}
+
+		close(start)
+		wg.Wait()
+
+		for i, got := range results {
+			if got.ok != 300 || got.refused != 100 || got.other != 0 {
+				t.Errorf("%s, client %s: %d allowed, %d refused, %d other (%s); want exactly 300 and 100",
+					path, clients[i], got.ok, got.refused, got.other, got.firstOther)
+			}
+		}
+	}
+
+	if logs := e.traefik.Logs(); strings.Contains(logs, "REDIS_UNAVAILABLE") {
+		t.Errorf("a burst was taken for an outage:\n%s", grepLines(logs, "REDIS_"))
+	}
+}

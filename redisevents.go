@@ -1,0 +1,96 @@
+package tierlimit
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// reminderEvery bounds the REDIS_UNAVAILABLE lines of one outage: the first
+// failure writes one, and while probes keep failing one more at most this
+// often, so that a long outage stays visible without flooding the log.
+const reminderEvery = int64(time.Minute)
+
+// What outageFailed makes of a failed call.
+const (
+	outageStale    = -1 // it reports an outage that already ended: ignore it
+	outageQuiet    = 0  // part of the outage under way: nothing to write
+	outageStarts   = 1  // a new outage: write REDIS_UNAVAILABLE
+	outageReminder = 2  // still down a minute after the last line: write it again
+)
+
+// redisOutage decides the REDIS_UNAVAILABLE and REDIS_RECOVERED lines of a
+// backend, so that an outage writes one of each however many requests race
+// it: calls in flight when Redis fails or recovers finish on either side of
+// the transition, and each would otherwise log its own. The backend holds it
+// under its mutex; times are the calls' start, Unix nanoseconds.
+type redisOutage struct {
+	down     bool
+	ended    int64 // start of the probe that ended the last outage
+	lastLine int64 // when the last REDIS_UNAVAILABLE line was written
+}
+
+// outageFailed records a call that started at now and failed; probe says it
+// was the back-off's probe.
+func outageFailed(o *redisOutage, now int64, probe bool) int {
+	if !o.down {
+		// Started before the probe that ended the last outage: that
+		// outage's news, not a new one.
+		if now < o.ended {
+			return outageStale
+		}
+
+		o.down = true
+		o.lastLine = now
+
+		return outageStarts
+	}
+
+	if probe && now-o.lastLine >= reminderEvery {
+		o.lastLine = now
+		return outageReminder
+	}
+
+	return outageQuiet
+}
+
+// outageSucceeded records a call that started at now and succeeded, and
+// reports whether it ends the outage (then REDIS_RECOVERED is written). Only
+// the back-off's probe does: a call that was in flight when Redis failed may
+// still succeed after the failure was recorded, and says nothing of Redis now.
+func outageSucceeded(o *redisOutage, now int64, probe bool) bool {
+	if !o.down || !probe {
+		return false
+	}
+
+	o.down = false
+	o.ended = now
+
+	return true
+}
+
+// timedRedisEvent is a redisEvent as written: with its time first.
+type timedRedisEvent struct {
+	Time     string `json:"time"`
+	Event    string `json:"event"`
+	Severity string `json:"severity"`
+	Address  string `json:"address"`
+	Primary  string `json:"primary,omitempty"`
+	Previous string `json:"previous,omitempty"`
+	Error    string `json:"error,omitempty"`
+	Fallback string `json:"fallback,omitempty"`
+	RetryIn  string `json:"retryIn,omitempty"`
+}
+
+// redisEventLine is the JSON line of ev at now (Unix nanoseconds), newline
+// included.
+func redisEventLine(ev redisEvent, now int64) ([]byte, error) {
+	line, err := json.Marshal(timedRedisEvent{
+		Time: eventTime(now), Event: ev.Event, Severity: ev.Severity, Address: ev.Address,
+		Primary: ev.Primary, Previous: ev.Previous, Error: ev.Error, Fallback: ev.Fallback, RetryIn: ev.RetryIn,
+	})
+	if err != nil {
+		return nil, err
+	}
+
+	return append(line, '\n'), nil
+}
