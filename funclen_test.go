@@ -16,18 +16,6 @@ import (
 // between its braces: a function longer than that does more than one thing.
 const maxFuncLines = 60
 
-// longFunctionsPending lists the runtime functions, named "file.go
-// Recv.Name" (the file relative to the repository root), that are longer
-// than maxFuncLines and being rewritten in another branch (the request path,
-// the Redis store). The merge empties it; the test fails on an entry that
-// no longer exists or is no longer long, so that the list cannot rot.
-var longFunctionsPending = map[string]bool{
-	"redisresp/cluster.go Cluster.RunInts":    true,
-	"redisresp/cluster.go Cluster.refresh":    true,
-	"redisresp/pool.go Pool.dial":             true,
-	"redisresp/sentinel.go Sentinel.watchOne": true,
-}
-
 // TestNoLongRuntimeFunctions parses every non-test Go file of the plugin's
 // module (the root package and its sub-packages; nested modules such as e2e/
 // are not runtime code), skips generated files, and fails naming each
@@ -50,19 +38,8 @@ func TestNoLongRuntimeFunctions(t *testing.T) {
 	sort.Strings(names)
 
 	for _, name := range names {
-		if n := lengths[name]; n > maxFuncLines && !longFunctionsPending[name] {
+		if n := lengths[name]; n > maxFuncLines {
 			t.Errorf("%s: %d lines, longer than %d: split it into functions with one concern each", name, n, maxFuncLines)
-		}
-	}
-
-	for name := range longFunctionsPending {
-		n, ok := lengths[name]
-
-		switch {
-		case !ok:
-			t.Errorf("longFunctionsPending lists %s, which no longer exists: remove it", name)
-		case n <= maxFuncLines:
-			t.Errorf("longFunctionsPending lists %s, which is %d lines now: remove it", name, n)
 		}
 	}
 }

@@ -130,7 +130,7 @@ func redisFailed(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []
 	rs := p.fast.store
 
 	// A closed pool is not Redis failing (redisStore.take).
-	if !errors.Is(err, redisresp.ErrClosed) {
+	if !errors.Is(err, redisresp.ErrClosed) && !errors.Is(err, redisresp.ErrPoolTimeout) {
 		rs.backend.failed(now, false, err)
 	}
 

@@ -2,7 +2,6 @@ package tierlimit
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -398,8 +397,10 @@ func (s *redisStore) take(t *tally, now int64, layers []*layer, client, principa
 
 	if err := s.takeRedis(t, now, layers, client, principal, req, all); err != nil {
 		// A closed pool is not Redis failing: this instance belongs to a
-		// configuration that was replaced, and its backend was released.
-		if !errors.Is(err, redisresp.ErrClosed) {
+		// configuration that was replaced, and its backend was released. Nor
+		// is a pool that stayed busy for redisresp.DefaultWaitTimeout: the
+		// calls ahead of this one were answered.
+		if !errors.Is(err, redisresp.ErrClosed) && !errors.Is(err, redisresp.ErrPoolTimeout) {
 			s.backend.failed(now, probe, err)
 		}
 
@@ -409,8 +410,10 @@ func (s *redisStore) take(t *tally, now int64, layers []*layer, client, principa
 		return
 	}
 
-	if s.backend.down.Load() {
-		s.backend.succeeded()
+	// Only the back-off's probe ends an outage (redisevents.go): a call in
+	// flight when Redis failed may still succeed.
+	if probe {
+		s.backend.succeeded(now)
 	}
 }
 
@@ -615,6 +618,7 @@ type redisBackend struct {
 	probing bool  // one request is trying Redis after the back-off
 	retryAt int64 // Unix nanoseconds
 	backoff time.Duration
+	outage  redisOutage // which transitions are logged (redisevents.go)
 }
 
 // usable reports whether to call Redis at now. While failing, one request per
@@ -640,27 +644,31 @@ func (b *redisBackend) usable(now int64) (use, probe bool) {
 	return true, true
 }
 
-func (b *redisBackend) succeeded() {
-	if !b.down.Load() {
-		return
-	}
-
+// succeeded records the back-off's probe, started at now, succeeding.
+func (b *redisBackend) succeeded(now int64) {
 	b.mu.Lock()
-	recovered := b.failing
+	recovered := outageSucceeded(&b.outage, now, true)
 	b.failing, b.probing, b.backoff = false, false, 0
 	b.down.Store(false)
 	b.mu.Unlock()
 
 	if recovered {
-		b.event("REDIS_RECOVERED", "info", "", 0)
+		b.event("REDIS_RECOVERED", "info", "", 0, now)
 	}
 }
 
 // failed records a failed call. The first failure starts the back-off; a failed
 // probe doubles it. Failures of calls that were in flight when Redis went away
-// change nothing, so a burst of them does not inflate the back-off.
+// change nothing, so a burst of them does not inflate the back-off, and a
+// call that started before the last outage ended changes nothing either.
 func (b *redisBackend) failed(now int64, probe bool, err error) {
 	b.mu.Lock()
+
+	kind := outageFailed(&b.outage, now, probe)
+	if kind == outageStale {
+		b.mu.Unlock()
+		return
+	}
 
 	first := !b.failing
 
@@ -683,8 +691,8 @@ func (b *redisBackend) failed(now int64, probe bool, err error) {
 	backoff := b.backoff
 	b.mu.Unlock()
 
-	if first {
-		b.event("REDIS_UNAVAILABLE", "error", err.Error(), backoff)
+	if kind != outageQuiet {
+		b.event("REDIS_UNAVAILABLE", "error", err.Error(), backoff, now)
 	}
 }
 
@@ -696,9 +704,9 @@ func (b *redisBackend) switched(from, to string) {
 	b.retryAt = 0
 	b.mu.Unlock()
 
-	line, err := json.Marshal(redisEvent{Event: "REDIS_PRIMARY_CHANGED", Severity: "info", Address: b.address, Primary: to, Previous: from})
+	line, err := redisEventLine(redisEvent{Event: "REDIS_PRIMARY_CHANGED", Severity: "info", Address: b.address, Primary: to, Previous: from}, time.Now().UnixNano())
 	if err == nil {
-		_, _ = b.log.Write(append(line, '\n'))
+		_, _ = b.log.Write(line)
 	}
 }
 
@@ -713,7 +721,7 @@ type redisEvent struct {
 	RetryIn  string `json:"retryIn,omitempty"`
 }
 
-func (b *redisBackend) event(name, severity, msg string, retry time.Duration) {
+func (b *redisBackend) event(name, severity, msg string, retry time.Duration, now int64) {
 	ev := redisEvent{Event: name, Severity: severity, Address: b.address, Error: msg}
 	if sp, ok := b.pool.(interface{ Primary() string }); ok {
 		ev.Primary = sp.Primary()
@@ -723,12 +731,12 @@ func (b *redisBackend) event(name, severity, msg string, retry time.Duration) {
 		ev.RetryIn = retry.String()
 	}
 
-	line, err := json.Marshal(ev)
+	line, err := redisEventLine(ev, now)
 	if err != nil {
 		return
 	}
 
-	_, _ = b.log.Write(append(line, '\n'))
+	_, _ = b.log.Write(line)
 }
 
 // backends shares one redisBackend per distinct Redis configuration across

@@ -214,7 +214,7 @@ func TestBackoffGrowsWhileProbesFailAndEndsOnSuccess(t *testing.T) {
 		t.Fatal("no probe at the capped back-off")
 	}
 
-	b.succeeded()
+	b.succeeded(now)
 
 	if use, probe := b.usable(now); !use || probe {
 		t.Fatal("Redis not used after a successful probe")
