@@ -26,7 +26,7 @@ var budgets = map[string]float64{
 	"principal":               254,
 	"chain edge anonymous":    293,
 	"chain edge credentialed": 290,
-	"redis allowed":           443,
+	"redis allowed":           439,
 	"redis refused":           307,
 }
 
