@@ -39,6 +39,8 @@ func (p *Plugin) metricsText(now int64) string {
 
 	family(&b, "tierlimit_redis_fallback", "gauge", "1 while Redis is failing and the in-memory store decides, else 0.")
 	sample(&b, "tierlimit_redis_fallback", mw, fallback)
+	family(&b, "tierlimit_evictions_total", "counter", "Live keys dropped from memory at maxTracked since the process started.")
+	sample(&b, "tierlimit_evictions_total", mw, formatInt(p.memory.evicted()))
 
 	registryMetrics(&b)
 

@@ -92,6 +92,7 @@ type statusReport struct {
 	Middleware    string        `json:"middleware"`
 	Store         string        `json:"store"`
 	RedisFallback bool          `json:"redisFallback"`
+	Evictions     int64         `json:"evictions"`
 	Layers        []statusLayer `json:"layers"`
 	Keys          statusKeys    `json:"keys"`
 }
@@ -195,6 +196,7 @@ func (p *Plugin) statusJSON(req *http.Request, now int64) ([]byte, int) {
 		Middleware:    p.name,
 		Store:         p.status.store,
 		RedisFallback: p.redisFallback(),
+		Evictions:     p.memory.evicted(),
 		Layers:        p.statusLayers(tracked),
 		Keys:          statusKeys{Total: total, Offset: q.offset, Limit: q.limit, Items: p.statusItems(entries, q.offset)},
 	}

@@ -474,6 +474,9 @@ tierlimit_layer_window_seconds{MW,layer="ip"} 60
 # HELP tierlimit_redis_fallback 1 while Redis is failing and the in-memory store decides, else 0.
 # TYPE tierlimit_redis_fallback gauge
 tierlimit_redis_fallback{MW} 0
+# HELP tierlimit_evictions_total Live keys dropped from memory at maxTracked since the process started.
+# TYPE tierlimit_evictions_total counter
+tierlimit_evictions_total{MW} 0
 `
 	// The registries are the process's, shared with the other tests here:
 	// their family comes last, checked for its form only.

@@ -15,18 +15,21 @@ import (
 // order they started, so each duration keeps its counters in a list ordered by
 // start: expired counters are found at the list heads in O(1), without a
 // goroutine or a scan. Each new key purges a few expired counters; at the cap
-// all expired counters go, then the oldest live one.
+// all expired counters go, then the oldest live one that is not over its
+// limit (a key over its limit goes last, so that other clients filling the
+// table do not let it back in).
 //
 // Each layer has its own map keyed by the bucket key: under Yaegi a map with a
 // string key is one compiled operation, a struct key is not.
 type windowStore struct {
-	mu    sync.Mutex
-	max   int
-	size  int
-	takes int64                         // requests charged so far: window.taken of the current one
-	maps  map[string]map[string]*window // by layer name
-	lists []*windowList
-	stats map[string]*layerStats // by layer name
+	mu        sync.Mutex
+	max       int
+	size      int
+	takes     int64                         // requests charged so far: window.taken of the current one
+	evictions int64                         // live counters dropped at the cap (status page, metrics)
+	maps      map[string]map[string]*window // by layer name
+	lists     []*windowList
+	stats     map[string]*layerStats // by layer name
 }
 
 // layerStats counts a layer's decisions since the process started: requests
@@ -94,6 +97,15 @@ const purgePerInsert = 2
 
 func newWindowStore(capacity int) *windowStore {
 	return &windowStore{max: capacity, maps: map[string]map[string]*window{}, stats: map[string]*layerStats{}}
+}
+
+// evicted returns the live counters dropped at the cap so far.
+func (s *windowStore) evicted() int64 {
+	s.mu.Lock()
+	n := s.evictions
+	s.mu.Unlock()
+
+	return n
 }
 
 // setMax changes the cap; a lower cap takes effect as keys are added.
@@ -231,7 +243,8 @@ func (s *windowStore) restart(now int64, l *layer, w *window, key string) *windo
 }
 
 // makeRoom purges a few expired counters and, at the cap, all expired ones and
-// then the oldest live ones, until one more fits. It never evicts a counter
+// then the oldest live ones that are not over their limit (oldestEvictable),
+// until one more fits. It never evicts a counter
 // the current request charged: with the cap at least the number of layers
 // (config.go), another one is always there to evict, so the layers of one
 // request cannot evict each other's counters.
@@ -251,17 +264,9 @@ func (s *windowStore) makeRoom(now int64, l *windowList) {
 	}
 
 	for s.size >= s.max {
-		var oldest *window
-
-		for _, other := range s.lists {
-			w := other.head
-			for w != nil && w.taken == s.takes {
-				w = w.next
-			}
-
-			if w != nil && (oldest == nil || w.start < oldest.start) {
-				oldest = w
-			}
+		oldest := s.oldestEvictable(false)
+		if oldest == nil {
+			oldest = s.oldestEvictable(true)
 		}
 
 		if oldest == nil {
@@ -269,7 +274,35 @@ func (s *windowStore) makeRoom(now int64, l *windowList) {
 		}
 
 		s.remove(oldest)
+		s.evictions++
 	}
+}
+
+// maxEvictionScan bounds how many counters of each list an eviction looks
+// at for one that is not over its limit, so that a table full of limited
+// keys costs each new key a bounded walk.
+const maxEvictionScan = 256
+
+// oldestEvictable returns the counter to evict at the cap: the oldest one,
+// of any list, that the current request did not charge and, unless limited
+// is set, that is not over its limit (refused in its window, w.logged): a
+// limited client must not get back in because other clients filled the
+// table. nil when there is none.
+func (s *windowStore) oldestEvictable(limited bool) *window {
+	var oldest *window
+
+	for _, other := range s.lists {
+		w := other.head
+		for n := 0; w != nil && n < maxEvictionScan && (w.taken == s.takes || w.logged && !limited); n++ {
+			w = w.next
+		}
+
+		if w != nil && w.taken != s.takes && (limited || !w.logged) && (oldest == nil || w.start < oldest.start) {
+			oldest = w
+		}
+	}
+
+	return oldest
 }
 
 func (s *windowStore) remove(w *window) {

@@ -399,3 +399,49 @@ func (s *windowStore) peek(now int64, layer, key string) (count, reset int64) {
 
 	return w.count, w.reset
 }
+
+// TestEvictionKeepsLimitedKeys: at maxTracked, a client over its limit is
+// not evicted by others filling the table, on the fast and the general
+// path; a key over its limit goes only when every key is; evictions count.
+func TestEvictionKeepsLimitedKeys(t *testing.T) {
+	for _, headers := range []bool{true, false} {
+		h := newHarness(t, func(c *Config) {
+			c.MaxTracked = 1000
+			c.Global.Points = 0
+			c.IP = LayerConfig{Points: 5, Duration: "60s"}
+			c.Assets.Points, c.User.Points, c.Service.Points = 0, 0, 0
+			c.Headers = headers // off: serveGeneral
+		})
+
+		for i := 0; i < 6; i++ {
+			h.get("/api", "203.0.113.9:1")
+		}
+
+		for i := 0; i < 3000; i++ {
+			h.get("/api", "10."+strconv.Itoa(i/65536)+"."+strconv.Itoa(i/256%256)+"."+strconv.Itoa(i%256)+":1")
+		}
+
+		for i := 0; i < 3; i++ {
+			if rec := h.get("/api", "203.0.113.9:1"); rec.Code != http.StatusTooManyRequests {
+				t.Fatalf("headers %v: the limited client after 3000 others: %d, want 429", headers, rec.Code)
+			}
+		}
+
+		if n := h.p.memory.evicted(); n != 2001 {
+			t.Fatalf("headers %v: %d evictions, want 2001", headers, n)
+		}
+	}
+
+	// Every key limited: the oldest goes.
+	s := newWindowStore(2)
+	l := testLayer(s, "ip", 1, time.Minute)
+	for _, k := range []string{"a", "a", "b", "b"} {
+		hitOnce(s, t0, l, k)
+	}
+
+	hitOnce(s, t0, l, "c")
+
+	if peekCount(s, t0, "ip", "a") != 0 || peekCount(s, t0, "ip", "b") != 1 || s.evicted() != 1 {
+		t.Fatalf("all limited: a %d, b %d, evictions %d; want a evicted", peekCount(s, t0, "ip", "a"), peekCount(s, t0, "ip", "b"), s.evicted())
+	}
+}
