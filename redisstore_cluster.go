@@ -55,11 +55,14 @@ func (s *redisStore) runCluster(cl *redisresp.Cluster, layers []*layer, client, 
 		return nil, "", err
 	}
 
-	if !all {
+	// Merged before the refund's own call, which may reuse the connection
+	// buffers the replies' integers are read into.
+	ints, serverErr, err := mergeSlotReplies(layers, groups, replies, all)
+	if !all && err == nil && serverErr == "" {
 		s.refundOtherSlots(cl, layers, groups, replies, client, principal, req)
 	}
 
-	return mergeSlotReplies(layers, groups, replies, all)
+	return ints, serverErr, err
 }
 
 // refundOtherSlots keeps a refused request from spending anything across

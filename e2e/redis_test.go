@@ -448,7 +448,7 @@ func TestRedisCredentials(t *testing.T) {
 	defer admin.Close()
 
 	redisDo(t, admin, "ACL", "SETUSER", "limiter", "on", ">s3cret", "~ratelimit:*",
-		"+evalsha", "+eval", "+set", "+incr", "+pttl", "+pexpire")
+		"+evalsha", "+eval", "+get", "+set", "+incrby", "+pttl")
 
 	mw := func(name, creds string) string {
 		return `

@@ -91,6 +91,7 @@ type statusDoc struct {
 			Count     int64  `json:"count"`
 			Limit     int64  `json:"limit"`
 			Limited   bool   `json:"limited"`
+			Refused   int64  `json:"refused"`
 			Reset     string `json:"reset"`
 			ResetUnix int64  `json:"resetUnix"`
 		} `json:"items"`
@@ -174,7 +175,7 @@ func TestStatusEndpointThroughTraefik(t *testing.T) {
 	refused := doc.Keys.Items[0]
 	reset, err := time.Parse(time.RFC3339, refused.Reset)
 
-	if err != nil || refused.Layer != "ip" || refused.Count != 8 || refused.Limit != 5 || !refused.Limited ||
+	if err != nil || refused.Layer != "ip" || refused.Count != 5 || refused.Refused != 3 || refused.Limit != 5 || !refused.Limited ||
 		reset.Unix() != refused.ResetUnix || !reset.After(before) || reset.After(before.Add(62*time.Second)) {
 		t.Fatalf("refused key %+v (%v)", refused, err)
 	}
@@ -242,7 +243,7 @@ func TestStatusEndpointThroughTraefik(t *testing.T) {
 	}
 
 	kd := e.status(web + "/keyed/_ratelimit?limited=true")
-	if len(kd.Keys.Items) != 1 || !strings.HasPrefix(kd.Keys.Items[0].Key, "sha256:") || kd.Keys.Items[0].Count != 3 {
+	if len(kd.Keys.Items) != 1 || !strings.HasPrefix(kd.Keys.Items[0].Key, "sha256:") || kd.Keys.Items[0].Count != 2 || kd.Keys.Items[0].Refused != 1 {
 		t.Fatalf("keyed %+v", kd.Keys)
 	}
 }
@@ -377,7 +378,7 @@ http:
 	}
 
 	doc := e.status(web + "/_ratelimit")
-	if doc.Store != "redis" || doc.RedisFallback || doc.keys() != "203.0.113.7" || doc.Keys.Items[0].Count != 6 || !doc.Keys.Items[0].Limited {
+	if doc.Store != "redis" || doc.RedisFallback || doc.keys() != "203.0.113.7" || doc.Keys.Items[0].Count != 5 || !doc.Keys.Items[0].Limited {
 		t.Fatalf("redis store: %+v", doc)
 	}
 

@@ -171,8 +171,15 @@ func (c *Cluster) RunInts(calls []ClusterCall) ([]Reply, error) {
 
 	// Redirections take connections of their own: give these back first, or
 	// calls holding every connection of a pool would wait for one another.
+	// After a failure, a node's connection may still hold replies it was
+	// not read for; reused, it would answer the next call with this one's:
+	// it is closed instead.
 	for _, n := range nodes {
 		if n.conn != nil {
+			if err != nil && n.conn.Err() == nil {
+				_ = n.conn.fail(fmt.Errorf("abandoning a cluster call: %w", err))
+			}
+
 			n.pool.put(n.conn)
 			n.conn = nil
 		}
