@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tierlimit/tierlimit/e2e/harness"
 	"github.com/tierlimit/tierlimit/redisresp"
 )
 
@@ -201,4 +202,47 @@ func TestResetWithRedisThroughTraefik(t *testing.T) {
 	}
 
 	waitResetEvent(t, a, `"memory":false,"blockList":true,"redis":"cleared"}`)
+}
+
+// TestResetOnARedisClusterThroughTraefik: on a Redis Cluster the reset
+// deletes the key in its hash-tagged form, on the node that holds its slot.
+func TestResetOnARedisClusterThroughTraefik(t *testing.T) {
+	c, err := harness.StartCluster(t.TempDir(), 3, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	t.Cleanup(c.Kill)
+	grantACL(t, c.Nodes()...)
+
+	e := start(t, resetDynamic(`store: redis
+          redis:
+            cluster: {addresses: ["`+c.Primaries[0].Addr+`"]}
+            username: `+aclUser+`
+            password: `+aclPassword))
+	e.waitRouters("api")
+
+	for i := 1; i <= 3; i++ {
+		if r := e.get(e.traefik.Web+"/api", from(resetClient)); (i <= 2) != (r.code == http.StatusOK) {
+			t.Fatalf("request %d: %d", i, r.code)
+		}
+	}
+
+	key := "ratelimit:edge@file:ip:{" + resetClient + "}"
+	if v := clusterGet(t, c.Nodes(), key); v != "2" {
+		t.Fatalf("%s is %q, want 2", key, v)
+	}
+
+	r := e.postReset(nil)
+	if ans := resetAnswered(t, r); r.code != http.StatusOK || !ans.BlockList || ans.Redis != "cleared" {
+		t.Fatalf("reset: %d %q", r.code, r.body)
+	}
+
+	if v := clusterGet(t, c.Nodes(), key); v != "" {
+		t.Fatalf("%s is still %q after the reset", key, v)
+	}
+
+	if r := e.get(e.traefik.Web+"/api", from(resetClient)); r.code != http.StatusOK {
+		t.Fatalf("refused after the reset: %d", r.code)
+	}
 }
