@@ -214,7 +214,9 @@ return {n}
 var resetRedis = redisresp.NewScript(resetScript)
 
 // resetKeys are the Redis keys of key in layer l: its counter, in the form of
-// the deployment (clusterKey on a cluster). One slot for all of them.
+// the deployment (clusterKey on a cluster). A blockDuration block's key (issue
+// 22, part 2) joins it here, under the same hash tag: resetScript deletes
+// every key of one call, which a cluster runs in one slot.
 func resetKeys(s *redisStore, l *layer, key string) []string {
 	if s.backend.cluster != nil {
 		return []string{resetClusterKey(l, key)}
