@@ -12,7 +12,8 @@ import (
 // The status endpoint (status.path): for clients whose resolved IP is in
 // status.allowedIPs, the plugin answers GET/HEAD <path> with JSON (layers,
 // their counters since the process started, the live keys) and
-// <path>/metrics with the Prometheus text format (metrics.go). Every other
+// <path>/metrics with the Prometheus text format (metrics.go), and POST
+// <path>/reset clears one key of one layer (reset.go). Every other
 // request, including those paths from any other client, is an ordinary
 // request. Status requests are not charged to any layer.
 
@@ -37,7 +38,7 @@ func serveStatus(p *Plugin, rw http.ResponseWriter, req *http.Request) bool {
 func serveStatusPage(p *Plugin, rw http.ResponseWriter, req *http.Request) bool {
 	path := req.URL.Path
 	rest := path[len(p.status.path):]
-	if rest != "" && rest != metricsSuffix {
+	if rest != "" && rest != metricsSuffix && rest != resetSuffix {
 		return false
 	}
 
@@ -47,6 +48,11 @@ func serveStatusPage(p *Plugin, rw http.ResponseWriter, req *http.Request) bool 
 
 	h := rw.Header()
 	h["Cache-Control"] = noStore
+
+	if rest == resetSuffix {
+		serveReset(p, rw, req)
+		return true
+	}
 
 	if req.Method != http.MethodGet && req.Method != http.MethodHead {
 		h["Allow"] = []string{"GET, HEAD"}

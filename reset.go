@@ -1,0 +1,302 @@
+package tierlimit
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/tierlimit/tierlimit/redisresp"
+)
+
+// The operator's reset: POST <status.path>/reset?layer=<layer>&key=<key>,
+// behind the status page's address rule (serveStatusPage), clears one key of
+// one layer wherever this Traefik can reach it: its counter in memory (the
+// memory store, or the Redis store's fallback), its entry in the block list of
+// keys Redis reported over their limit, and its key in Redis. Support can so
+// unlock a client without a restart or a flush. It is off the request path:
+// it may call methods and take the store's lock like the status page.
+//
+// Other Traefik instances on the same Redis see the cleared Redis key at
+// their next round trip, but a key that one of them refused keeps being
+// refused locally, from its own block list, until the reset it learnt (at
+// most the window): the reset is sent to that instance too (README).
+
+const resetSuffix = "/reset"
+
+// What resetReport.Redis says of the key in Redis.
+const (
+	redisCleared     = "cleared"
+	redisAbsent      = "absent"
+	redisUnavailable = "unavailable"
+)
+
+// resetReport is the reset's answer: what it cleared. Redis is left out with
+// the memory store.
+type resetReport struct {
+	Error     string `json:"error,omitempty"`
+	Layer     string `json:"layer"`
+	Key       string `json:"key"`
+	Memory    bool   `json:"memory"`
+	BlockList bool   `json:"blockList"`
+	Redis     string `json:"redis,omitempty"`
+}
+
+// resetEvent is the RATE_LIMIT_RESET log line: who reset which key, and what
+// that cleared. Limiter names the layer, as in RATE_LIMIT_TRIGGERED.
+type resetEvent struct {
+	Event      string `json:"event"`
+	Severity   string `json:"severity"`
+	Limiter    string `json:"limiter"`
+	Key        string `json:"key"`
+	Operator   string `json:"operator"`
+	Middleware string `json:"middleware"`
+	Memory     bool   `json:"memory"`
+	BlockList  bool   `json:"blockList"`
+	Redis      string `json:"redis,omitempty"`
+}
+
+// serveReset answers a request for <status.path>/reset from an allowed client.
+func serveReset(p *Plugin, rw http.ResponseWriter, req *http.Request) {
+	if req.Method != http.MethodPost {
+		rw.Header()["Allow"] = []string{http.MethodPost}
+		writeStatus(rw, req, http.StatusMethodNotAllowed, jsonContentType, []byte(`{"error":"method not allowed"}`))
+
+		return
+	}
+
+	body, code := resetKey(p, req)
+	writeStatus(rw, req, code, jsonContentType, body)
+}
+
+// resetKey clears the key the query names and returns the answer: 200 when it
+// cleared something, 404 when there was nothing to clear, 400 naming a
+// missing parameter or an unknown layer, and 503 when Redis could not be
+// reached: the shared counter may still hold the key, so the operator should
+// retry (memory and the block list are cleared all the same, and the body
+// says so).
+func resetKey(p *Plugin, req *http.Request) ([]byte, int) {
+	values := req.URL.Query()
+	name, key := values.Get("layer"), values.Get("key")
+
+	switch {
+	case name == "":
+		return badReset("missing query parameter layer", "layer")
+	case key == "":
+		return badReset("missing query parameter key", "key")
+	}
+
+	i := p.layerIndex(name)
+	if i < 0 {
+		return badReset("unknown layer "+name, "layer")
+	}
+
+	r := clearKey(p, p.layers[i], key)
+	p.events.reset(r, operatorOf(p, req))
+
+	code := http.StatusOK
+
+	switch {
+	case r.Redis == redisUnavailable:
+		code = http.StatusServiceUnavailable
+		r.Error = "redis unavailable: the key may still be counted there"
+	case !r.Memory && !r.BlockList && r.Redis != redisCleared:
+		code = http.StatusNotFound
+		r.Error = "nothing to reset"
+	}
+
+	body, err := json.Marshal(r)
+	if err != nil {
+		return []byte(`{"error":"encoding the reset"}`), http.StatusInternalServerError
+	}
+
+	return body, code
+}
+
+func badReset(msg, parameter string) ([]byte, int) {
+	body, _ := json.Marshal(statusError{Error: msg, Parameter: parameter})
+	return body, http.StatusBadRequest
+}
+
+// clearKey clears key in layer l: in memory, in the block list and in Redis.
+// A blockDuration block (issue 22, part 2) is to be cleared here too: its
+// memory entry beside the counter's, its Redis key in resetKeys.
+func clearKey(p *Plugin, l *layer, key string) resetReport {
+	now := p.now().UnixNano()
+	r := resetReport{Layer: l.name, Key: key}
+	r.Memory = p.memory.forget(l, key, now)
+
+	if rs, ok := p.store.(*redisStore); ok {
+		r.BlockList = rs.blocked.forget(l.blockPrefix+key, now)
+		r.Redis = rs.reset(l, key)
+	}
+
+	return r
+}
+
+// operatorOf is the address of the reset's client, resolved as the status
+// page's address rule resolves it.
+func operatorOf(p *Plugin, req *http.Request) string {
+	a, ok := p.ips.clientAddr(req.RemoteAddr, req.Header["X-Forwarded-For"])
+	if !ok {
+		return unknownClient
+	}
+
+	return a.String()
+}
+
+// reset logs an operator's reset, whatever it cleared.
+func (e *eventLog) reset(r resetReport, operator string) {
+	line, err := json.Marshal(resetEvent{
+		Event: "RATE_LIMIT_RESET", Severity: "info", Limiter: r.Layer, Key: r.Key, Operator: operator,
+		Middleware: e.middleware, Memory: r.Memory, BlockList: r.BlockList, Redis: r.Redis,
+	})
+	if err != nil {
+		return
+	}
+
+	_, _ = e.out.Write(append(line, '\n'))
+}
+
+// forget drops key's counter in l, of any algorithm, and reports whether it
+// still counted something: a window not yet over (for a sliding window, one
+// whose count still weighs on the next), a token bucket not yet full.
+func (s *windowStore) forget(l *layer, key string, now int64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	w := s.maps[l.name][key]
+	if w == nil {
+		return false
+	}
+
+	if w.list != nil {
+		w.list.unlink(w)
+	}
+
+	delete(s.maps[l.name], key)
+	s.size--
+
+	return w.expire > now
+}
+
+// forget drops a block list entry (layer.blockPrefix + key) and reports
+// whether it still refused.
+func (b *blockList) forget(id string, now int64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+
+	reset, ok := b.until[id]
+	if !ok {
+		return false
+	}
+
+	delete(b.until, id)
+	b.size.Store(int64(len(b.until)))
+
+	return reset > now
+}
+
+// resetScript deletes its keys and returns how many there were, as a
+// one-integer array (the replies redisresp reads). A script rather than a
+// DEL, so that it goes through the calls the store makes already (EVALSHA,
+// NOSCRIPT, a cluster's slots and redirections) and needs no command
+// README.md's ACL does not grant.
+const resetScript = `
+local n = 0
+for i = 1, #KEYS do
+  n = n + redis.call('DEL', KEYS[i])
+end
+return {n}
+`
+
+var resetRedis = redisresp.NewScript(resetScript)
+
+// resetKeys are the Redis keys of key in layer l: its counter, in the form of
+// the deployment (clusterKey on a cluster). A blockDuration block's key (issue
+// 22, part 2) joins it here, under the same hash tag: resetScript deletes
+// every key of one call, which a cluster runs in one slot.
+func resetKeys(s *redisStore, l *layer, key string) []string {
+	if s.backend.cluster != nil {
+		return []string{resetClusterKey(l, key)}
+	}
+
+	return []string{l.redisKey + key}
+}
+
+// resetClusterKey is clusterKey for a bucket key as keyFor made it: a
+// principal-keyed route's key of a request without a principal (ip:<addr>)
+// is tagged by the address, every other by the whole key.
+func resetClusterKey(l *layer, key string) string {
+	if l.keyKind == keyOfPrincipalElseClient && strings.HasPrefix(key, "ip:") {
+		return clusterKey(l, key[len("ip:"):], "", nil)
+	}
+
+	return l.redisKey + "{" + key + "}"
+}
+
+// reset deletes key's Redis keys in l and says what it found: redisCleared,
+// redisAbsent, or redisUnavailable when the call failed (logged; Redis's
+// back-off is left to the requests, which will find out themselves).
+func (s *redisStore) reset(l *layer, key string) string {
+	n, err := s.deleteKeys(resetKeys(s, l, key))
+	if err != nil {
+		s.backend.logResetFailure(err)
+		return redisUnavailable
+	}
+
+	if n > 0 {
+		return redisCleared
+	}
+
+	return redisAbsent
+}
+
+var errNoReply = errors.New("no reply")
+
+// deleteKeys runs resetScript on keys, which share a slot, and returns how
+// many existed.
+func (s *redisStore) deleteKeys(keys []string) (int64, error) {
+	encoded := ""
+	for _, k := range keys {
+		encoded += redisresp.Bulk(k)
+	}
+
+	call := resetRedis.Call(len(keys), len(keys))
+
+	var ints []int64
+	var serverErr string
+	var err error
+
+	if cl := s.backend.cluster; cl != nil {
+		var replies []redisresp.Reply
+
+		replies, err = cl.RunInts([]redisresp.ClusterCall{{Slot: redisresp.Slot(keys[0]), Call: call, Encoded: encoded}})
+		if err == nil && len(replies) == 1 {
+			ints = replies[0].Ints
+			serverErr = replies[0].ServerErr
+		}
+	} else {
+		ints, serverErr, err = call.RunIntsOn(s.backend.pool, encoded)
+	}
+
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("deleting %s: %w", keys[0], err)
+	case serverErr != "":
+		return 0, fmt.Errorf("deleting %s: %s", keys[0], serverErr)
+	case len(ints) != 1:
+		return 0, fmt.Errorf("deleting %s: %w", keys[0], errNoReply)
+	}
+
+	return ints[0], nil
+}
+
+// logResetFailure logs a reset that could not reach Redis.
+func (b *redisBackend) logResetFailure(err error) {
+	line, jerr := json.Marshal(redisEvent{Event: "REDIS_RESET_FAILED", Severity: "error", Address: b.address, Error: err.Error()})
+	if jerr == nil {
+		_, _ = b.log.Write(append(line, '\n'))
+	}
+}
