@@ -36,7 +36,7 @@ type settings struct {
 	// set), where a credential tells it nothing more (chain.go).
 	userHeader    string
 	serviceHeader string
-	planHeader    string // "" unless there are plans
+	planHeader    string   // "" unless there are plans
 	credHeaders   []string // canonical
 	credCookies   []string
 	credQuery     []string
