@@ -44,7 +44,7 @@ func chooseMode(s *settings) mode {
 	}
 
 	on, fixed := routes, true
-	for _, l := range s.builtin {
+	for _, l := range append(s.builtin[:len(s.builtin):len(s.builtin)], s.plans...) {
 		if l.on() {
 			on = true
 			fixed = fixed && !l.sliding && !l.bucket && l.keyHeader == "" && !l.keyHost
@@ -60,8 +60,14 @@ func chooseMode(s *settings) mode {
 		len(s.credCookies)+len(s.credQuery) > 0,
 		len(s.exemptIPs)+len(s.exemptIDs) > 0:
 		return modeGeneral
+	case s.userHeader != "" && !routes && s.planHeader != "":
+		return modePrincipalPlans
 	case s.userHeader != "" && !routes:
 		return modePrincipal
+	case s.planHeader != "":
+		// classifyPath hands principals to principalPath, which reads no
+		// plan: plans with routes are served in general.
+		return modeGeneral
 	case s.userHeader == "" && anonymousPlanMayBeEmpty(s):
 		// anonymousPath does not handle an empty plan: rare
 		// configurations, served in general.
@@ -103,6 +109,7 @@ func build(ctx context.Context, cfg *settings, next http.Handler, name string) *
 		assetPaths:    cfg.assetPaths,
 		userHeader:    cfg.userHeader,
 		serviceHeader: cfg.serviceHeader,
+		planHeader:    cfg.planHeader,
 		credHeaders:   cfg.credHeaders,
 		credCookies:   cfg.credCookies,
 		credQuery:     cfg.credQuery,
@@ -155,8 +162,9 @@ func (p *Plugin) buildOperations(ctx context.Context, cfg *settings, memory *win
 	}
 }
 
-// buildLayers makes the layers, the routes and the plans; it returns the
-// built-in layers, aligned with builtinLayers (nil where off).
+// buildLayers makes the layers (built-in, of plans:, of routes) and the
+// plans; it returns the built-in layers, aligned with builtinLayers (nil
+// where off).
 func (p *Plugin) buildLayers(cfg *settings, memory *windowStore) []*layer {
 	built := make([]*layer, len(builtinLayers))
 	for i, row := range builtinLayers {
@@ -164,6 +172,14 @@ func (p *Plugin) buildLayers(cfg *settings, memory *windowStore) []*layer {
 	}
 
 	p.layers = plan(built...)
+
+	// A plan's layer is keyed by its principal, like user's.
+	named := make([]*layer, len(cfg.plans))
+	for i, spec := range cfg.plans {
+		named[i] = newLayer(memory, spec, keyOfPrincipal)
+	}
+
+	p.layers = append(p.layers, plan(named...)...)
 	p.routes, p.routeMethods = buildRoutes(memory, cfg.routes)
 	p.setPathForms(cfg)
 
@@ -172,6 +188,7 @@ func (p *Plugin) buildLayers(cfg *settings, memory *windowStore) []*layer {
 	}
 
 	p.plans = drawPlans(built)
+	p.planNamed = drawNamedPlans(built, cfg.plans, named)
 
 	return built
 }
@@ -242,7 +259,7 @@ func newRedisStore(ctx context.Context, cfg *settings, name string, memory *wind
 		l.blockPrefix = blockPrefix(l)
 	}
 
-	// A plan has at most every layer: global, one tier and the routes.
+	// A plan has at most every layer: global, one tier or plan and the routes.
 	for n := 0; n <= len(layers); n++ {
 		rs.calls = append(rs.calls, takeCall(n))
 	}

@@ -26,6 +26,9 @@ type Config struct {
 	User    LayerConfig
 	Service LayerConfig
 	Routes  []RouteConfig
+	// Plans replace user for a principal whose principal.planHeader names
+	// one (configplans.go).
+	Plans map[string]PlanConfig
 
 	Principal PrincipalConfig
 	Redis     RedisConfig
@@ -90,9 +93,22 @@ type RouteConfig struct {
 	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
 }
 
-// PrincipalConfig says where the principal and credentials are read from.
+// PlanConfig is the window of a plan: as LayerConfig, without a key (a
+// plan's bucket is its principal's).
+type PlanConfig struct {
+	Points    int
+	Duration  string
+	Algorithm string
+	Burst     int
+
+	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
+}
+
+// PrincipalConfig says where the principal, its plan and credentials are
+// read from.
 type PrincipalConfig struct {
 	UserHeader              string
+	PlanHeader              string
 	ServiceAccountHeader    string
 	CredentialHeaders       []string
 	CredentialCookies       []string

@@ -112,8 +112,8 @@ func validToken(s string) bool {
 }
 
 // checkMaxTracked rejects a cap below the number of layers that are on: one
-// request charges a counter in each of its layers (global, its tier, the
-// routes it matches), and a store that cannot hold one counter per layer for
+// request charges a counter in each of its layers (global, its tier or plan,
+// the routes it matches), and a store that cannot hold one counter per layer for
 // one key would evict the counters of a request's own layers, letting every
 // request through.
 func checkMaxTracked(s *settings) error {
@@ -132,6 +132,12 @@ func checkMaxTracked(s *settings) error {
 	for _, rs := range s.routes {
 		if rs.on() {
 			on = append(on, rs.name)
+		}
+	}
+
+	for _, ps := range s.plans {
+		if ps.on() {
+			on = append(on, ps.name)
 		}
 	}
 

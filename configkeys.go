@@ -59,6 +59,29 @@ func unknownIn(path string, v reflect.Value) error {
 					return err
 				}
 			}
+		case f.Type.Kind() == reflect.Map && f.Type.Elem().Kind() == reflect.Struct:
+			if err := unknownInMap(path+keyName(f.Name)+".", fv); err != nil {
+				return err
+			}
+		}
+	}
+
+	return nil
+}
+
+// unknownInMap is unknownIn for each value of a map of sections named by
+// the user (plans), in key order.
+func unknownInMap(path string, m reflect.Value) error {
+	keys := make([]string, 0, m.Len())
+	for _, k := range m.MapKeys() {
+		keys = append(keys, k.String())
+	}
+
+	sort.Strings(keys)
+
+	for _, k := range keys {
+		if err := unknownIn(path+k+".", m.MapIndex(reflect.ValueOf(k))); err != nil {
+			return err
 		}
 	}
 

@@ -5,8 +5,9 @@ package tierlimit
 // reserved route names (parseRoute), maxTracked's minimum (checkMaxTracked),
 // the mode choice (chooseMode) and the plans (drawPlans) all read it, so that
 // a layer is one row. A plan is drawn up from the classes of requests its
-// layers charge (the plan rules below), not from layer names: a plan tier
-// charged instead of user would be rows of its own class and one more rule.
+// layers charge (the plan rules below), not from layer names. The plans of
+// plans: (configplans.go), charged instead of user, are one more rule
+// (namedPlan) with a layer of their own each.
 
 // Layer names. Routes may not take them: they name the built-in layers.
 const (
@@ -130,6 +131,10 @@ var (
 	// exemptPlan: an exempt request still pays what every request does,
 	// unless exempt.global.
 	exemptPlan = []int{chargesAll}
+	// namedPlan: a principal whose plan header names one of plans: pays
+	// what every request does, then its plan's own layer (drawNamedPlans),
+	// in place of userPlan. Service accounts keep servicePlan.
+	namedPlan = []int{chargesAll}
 )
 
 // requestCost is what one request is charged in each layer of its plan.
@@ -148,6 +153,28 @@ func drawPlans(built []*layer) plans {
 		planInvalid: chargedTo(built, invalidPlan),
 		planCost:    requestCost,
 	}
+}
+
+// drawNamedPlans draws up the plan of each of plans: (specs, by name), whose
+// layers are named (aligned with specs, nil where off: that plan charges
+// namedPlan's layers only). nil when there are no plans.
+func drawNamedPlans(built []*layer, specs []layerSpec, named []*layer) map[string][]*layer {
+	if len(specs) == 0 {
+		return nil
+	}
+
+	out := make(map[string][]*layer, len(specs))
+
+	for i, spec := range specs {
+		layers := chargedTo(built, namedPlan)
+		if named[i] != nil {
+			layers = append(layers, named[i])
+		}
+
+		out[spec.name] = layers
+	}
+
+	return out
 }
 
 // chargedTo lists, in catalogue order, the layers that are on among those of

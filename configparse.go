@@ -29,12 +29,14 @@ type settings struct {
 	assetPaths []string    // canonical (canonicalPattern); nil when none
 	assetsCase bool        // assets.caseSensitive
 	routes     []routeSpec
+	plans      []layerSpec // plans:, by name (configplans.go)
 
 	// The principal's headers, canonical ("" when not read), and the
 	// credentials the instance reads: none after ForwardAuth (userHeader
 	// set), where a credential tells it nothing more (chain.go).
 	userHeader    string
 	serviceHeader string
+	planHeader    string   // "" unless there are plans
 	credHeaders   []string // canonical
 	credCookies   []string
 	credQuery     []string
@@ -129,6 +131,10 @@ func parse(cfg *Config) (*settings, error) {
 	}
 
 	if err := parsePrincipal(cfg.Principal, s); err != nil {
+		return nil, err
+	}
+
+	if err := parsePlanHeader(cfg, s); err != nil {
 		return nil, err
 	}
 
@@ -230,6 +236,10 @@ func parseLayers(cfg *Config, s *settings) error {
 	}
 
 	s.routes = routes
+
+	if err := parsePlans(cfg, s); err != nil {
+		return err
+	}
 
 	return checkMaxTracked(s)
 }

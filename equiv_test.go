@@ -80,6 +80,12 @@ var (
 		{"X-Auth-User": "alice"},
 		{"X-Auth-User": "bob"},
 		{"X-Auth-User": "batch", "X-Auth-Service-Account": "true"},
+		{"X-Auth-User": "carol", "X-Auth-Plan": "pro"},
+		{"X-Auth-User": "dave", "X-Auth-Plan": "free"},
+		{"X-Auth-User": "erin", "X-Auth-Plan": "gold"}, // no such plan: user
+		{"X-Auth-User": "frank", "X-Auth-Plan": "open"},
+		{"X-Auth-User": "batch", "X-Auth-Service-Account": "true", "X-Auth-Plan": "pro"},
+		{"X-Auth-Plan": "pro"}, // no principal: ip
 	}
 	rateLimitHeaders = []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "RateLimit-Policy", "RateLimit", "Retry-After", "Content-Type"}
 )

@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// The fast path serves modeAnonymous, modePrincipal and modeClassify.
+// The fast path serves modeAnonymous, modePrincipal(Plans) and modeClassify.
 // chooseMode guarantees it: the memory store, headers on, no dry run, only
 // fixed windows, each keyed by the client IP, the principal or a constant
 // (never by a header), no credential cookie or query parameter, no
@@ -22,9 +22,10 @@ import (
 // (doc.go: frames). Each is the Plugin under another name, whose ServeHTTP is
 // that mode's path; Plugin.ServeHTTP dispatches to the same methods.
 type (
-	anonymousPath Plugin // modeAnonymous
-	principalPath Plugin // modePrincipal
-	classifyPath  Plugin // modeClassify
+	anonymousPath      Plugin // modeAnonymous
+	principalPath      Plugin // modePrincipal
+	principalPlansPath Plugin // modePrincipalPlans
+	classifyPath       Plugin // modeClassify
 )
 
 // refusalHeaders are the names of refusalCache.values.

@@ -127,10 +127,15 @@ func reject(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer, coun
 	refuseUpgrade(rw, req, "rate limit "+l.name+": retry in "+retry+"s", plain)
 }
 
-// principalPlan is the plan of a request with a principal: service or user.
+// principalPlan is the plan of a request with a principal: service, the
+// plan its plan header names, or user.
 func principalPlan(p *Plugin, req *http.Request) []*layer {
 	if isServiceAccount(p, req) {
 		return p.planService
+	}
+
+	if p.planHeader != "" {
+		return namedPlanOf(p, req)
 	}
 
 	return p.planUser

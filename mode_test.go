@@ -38,6 +38,18 @@ func principalInstance(c *Config) {
 	c.Principal.UserHeader = "X-Auth-User"
 }
 
+// withPlans is the principal instance with plans: pro fixed, free small, a
+// plan that is off.
+func withPlans(c *Config) {
+	principalInstance(c)
+	c.Principal.PlanHeader = "X-Auth-Plan"
+	c.Plans = map[string]PlanConfig{
+		"pro":  {Points: 9, Duration: "2s"},
+		"free": {Points: 2, Duration: "3s"},
+		"open": {Points: 0},
+	}
+}
+
 func with(base func(c *Config), more func(c *Config)) func(c *Config) {
 	return func(c *Config) {
 		base(c)
@@ -94,6 +106,16 @@ var shapes = []shape{
 		c.Global.Points, c.IP.Points, c.Assets.Points = 0, 0, 0
 		c.Routes = []RouteConfig{{Name: "export", Key: "principal", Paths: []string{"/export"}, Points: 3, Duration: "2s"}}
 	}), modeClassify},
+	{"principal with plans", withPlans, modePrincipalPlans},
+	{"principal with plans, global off", with(withPlans, func(c *Config) { c.Global.Points = 0 }), modePrincipalPlans},
+	{"principal with plans and routes", with(withPlans, func(c *Config) {
+		c.Routes = []RouteConfig{{Name: "export", Key: "principal", Paths: []string{"/export"}, Points: 3, Duration: "2s"}}
+	}), modeGeneral},
+	{"principal with a sliding plan", with(withPlans, func(c *Config) { c.Plans["pro"] = PlanConfig{Points: 5, Duration: "2s", Algorithm: "sliding"} }), modeGeneral},
+	{"principal with a token-bucket plan", with(withPlans, func(c *Config) {
+		c.Plans["pro"] = PlanConfig{Points: 5, Duration: "2s", Algorithm: "tokenbucket", Burst: 3}
+	}), modeGeneral},
+	{"principal, plan header without plans", with(principalInstance, func(c *Config) { c.Principal.PlanHeader = "X-Auth-Plan" }), modePrincipal},
 	{"disabled", with(smallLayers, func(c *Config) { c.Enabled = false }), modeOff},
 	{"every layer off", func(c *Config) {
 		c.Global.Points, c.IP.Points, c.Assets.Points, c.User.Points, c.Service.Points = 0, 0, 0, 0, 0
@@ -136,6 +158,8 @@ func TestNewReturnsTheModesHandler(t *testing.T) {
 				want = (*anonymousPath)(h.p)
 			case modePrincipal:
 				want = (*principalPath)(h.p)
+			case modePrincipalPlans:
+				want = (*principalPlansPath)(h.p)
 			case modeClassify:
 				want = (*classifyPath)(h.p)
 			case modeRedis:
@@ -175,6 +199,7 @@ func TestChooseModeRedis(t *testing.T) {
 		}), modeGeneral},
 		{"redis, credential header", with(redis, func(c *Config) { c.Principal.CredentialHeaders = []string{"Authorization"} }), modeGeneral},
 		{"redis, principal", with(redis, func(c *Config) { c.Principal.UserHeader = "X-Auth-User" }), modeGeneral},
+		{"redis, principal with plans", with(withPlans, func(c *Config) { c.Store = "redis" }), modeGeneral},
 		{"redis, exempt ip", with(redis, func(c *Config) { c.Exempt.IPs = []string{"203.0.113.7"} }), modeGeneral},
 		{"redis, websocket cap", with(redis, func(c *Config) { c.Websocket.MaxConnectionsPerIP = 2 }), modeGeneral},
 		{"redis, disabled", with(redis, func(c *Config) { c.Enabled = false }), modeOff},
@@ -215,17 +240,24 @@ func TestFastPlansHoldTwoLayers(t *testing.T) {
 			p = (*Plugin)(v)
 		case *principalPath:
 			p = (*Plugin)(v)
+		case *principalPlansPath:
+			p = (*Plugin)(v)
 		case *classifyPath:
 			p = (*Plugin)(v)
 		case *redisPath:
 			p = (*Plugin)(v)
 		}
 
-		if p.mode != modeAnonymous && p.mode != modePrincipal && p.mode != modeClassify {
+		if p.mode != modeAnonymous && p.mode != modePrincipal && p.mode != modeClassify && p.mode != modePrincipalPlans {
 			continue
 		}
 
-		for name, plan := range map[string][]*layer{"ip": p.planIP, "assets": p.planAssets, "user": p.planUser, "service": p.planService, "cred": p.planCred} {
+		held := map[string][]*layer{"ip": p.planIP, "assets": p.planAssets, "user": p.planUser, "service": p.planService, "cred": p.planCred}
+		for name, plan := range p.planNamed {
+			held["plans."+name] = plan
+		}
+
+		for name, plan := range held {
 			if len(plan) > 2 {
 				t.Errorf("%s: plan %s holds %d layers; a fast path's give-back handles two", sh.name, name, len(plan))
 			}

@@ -156,6 +156,83 @@ func (pp *principalPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	p.next.ServeHTTP(rw, req)
 }
 
+// ServeHTTP serves modePrincipalPlans: principalPath where a principal that
+// is no service account and whose plan header names one of plans: is
+// charged to that plan instead of user: global and at most the plan's own
+// layer, two layers as refuseFast needs (TestFastPlansHoldTwoLayers).
+func (pp *principalPlansPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
+	p := (*Plugin)(pp)
+	if p.status != nil && serveStatus(p, rw, req) {
+		return
+	}
+	principal := principalOf(p, req)
+	if principal == "" {
+		serveFast(p, rw, req)
+		return
+	}
+	if pd, _ := req.Context().Value(pendingKey).(*pendingIP); pd != nil {
+		settle(pd, nil, 0, false)
+	}
+	layers := p.planUser
+	if p.serviceHeader != "" && isServiceAccount(p, req) {
+		layers = p.planService
+	} else if v := req.Header[p.planHeader]; len(v) > 0 {
+		if named, ok := p.planNamed[v[0]]; ok {
+			layers = named
+		}
+	}
+	now := p.now().UnixNano()
+	s := p.memory
+	var shown *layer // the layer with the fewest left
+	var sw *window
+	var left int64 // requests left in shown
+	s.mu.Lock()
+	s.takes++
+	for _, l := range layers {
+		key := principal
+		if l.keyKind == keyOfConst {
+			key = l.constKey
+		}
+		w := l.entries[key]
+		if w != nil && w.reset > now && w.list == l.list {
+			w.taken = s.takes
+		} else {
+			w = s.restart(now, l, w, key)
+		}
+		if w.count >= l.points {
+			refuseFast(p, rw, req, l, w, sw, "", principal, now)
+			return
+		}
+		w.count++
+		l.stats.allowed++
+		if shown == nil || l.points-w.count < left {
+			shown = l
+			sw = w
+			left = l.points - w.count
+		}
+	}
+	if sw == nil {
+		s.mu.Unlock()
+		p.next.ServeHTTP(rw, req)
+		return
+	}
+	reset := sw.reset
+	resetH := sw.resetH
+	s.mu.Unlock()
+	h := rw.Header()
+	h["X-Ratelimit-Limit"] = shown.limitHdr
+	h["Ratelimit-Policy"] = shown.policyHdr
+	h["X-Ratelimit-Reset"] = resetH
+	secs := (reset - now + nsPerSecond - 1) / nsPerSecond
+	if left < shown.tableLen && secs <= maxSmallInt {
+		h["X-Ratelimit-Remaining"] = shown.remainingHdr[left]
+		h["Ratelimit"] = []string{shown.ratePrefix[left] + smallInts[secs]}
+	} else {
+		setLargeHeaders(h, shown, left, secs)
+	}
+	p.next.ServeHTTP(rw, req)
+}
+
 // serveFast serves a request without a principal at the instance after
 // ForwardAuth: it settles a charge an earlier instance left pending
 // (afterAuthPlan) or is charged to ip or assets.

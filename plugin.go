@@ -43,6 +43,7 @@ type Plugin struct {
 	foldPaths     bool
 	userHeader    string // canonical; "" when principal tiers are off
 	serviceHeader string // canonical
+	planHeader    string // canonical; "" when there are no plans
 	credHeaders   []string
 	credCookies   []string
 	credQuery     []string
@@ -67,6 +68,9 @@ type Plugin struct {
 type plans struct {
 	planIP, planAssets, planUser, planService, planCred, planInvalid []*layer
 	planCost                                                         int64
+	// planNamed holds the plan of each of plans: by name (drawNamedPlans);
+	// nil when there are none.
+	planNamed map[string][]*layer
 }
 
 // mode is how an instance serves its requests, chosen once in New by
@@ -90,6 +94,9 @@ const (
 	// modeRedis serves every request on redisPath (redisfast.go): the
 	// anonymous instance on the Redis store.
 	modeRedis
+	// modePrincipalPlans serves every request on principalPlansPath
+	// (fast.go): modePrincipal with plans.
+	modePrincipalPlans
 )
 
 // New builds the middleware from a validated configuration. It does no I/O:
@@ -123,6 +130,8 @@ func (p *Plugin) fastPath() http.Handler {
 		return (*anonymousPath)(p)
 	case modePrincipal:
 		return (*principalPath)(p)
+	case modePrincipalPlans:
+		return (*principalPlansPath)(p)
 	case modeRedis:
 		return (*redisPath)(p)
 	}

@@ -335,6 +335,11 @@ func longWindows(c *Config) {
 	for i := range c.Routes {
 		c.Routes[i].Duration = "1h"
 	}
+
+	for name, pc := range c.Plans {
+		pc.Duration = "1h"
+		c.Plans[name] = pc
+	}
 }
 
 // TestMemoryAndRedisAgreeOnRedisServer runs one seeded script of requests

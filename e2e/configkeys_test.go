@@ -7,7 +7,7 @@ import (
 )
 
 // typoDynamic has one middleware with a typo at the top level, one with a
-// typo inside a layer, and a router without either.
+// typo inside a layer, one inside a plan, and a router without any.
 const typoDynamic = `
 http:
   routers:
@@ -20,6 +20,11 @@ http:
       entryPoints: [web]
       rule: PathPrefix(` + "`/nested`" + `)
       middlewares: [typo-nested]
+      service: backend
+    typo-plan:
+      entryPoints: [web]
+      rule: PathPrefix(` + "`/plan`" + `)
+      middlewares: [typo-plan]
       service: backend
     fine:
       entryPoints: [web]
@@ -37,6 +42,12 @@ http:
         tierlimit:
           ip: {point: 5, duration: 1s}
           redis: {adress: "127.0.0.1:6379"}
+    typo-plan:
+      plugin:
+        tierlimit:
+          principal: {userHeader: X-Auth-User, planHeader: X-Auth-Plan}
+          plans:
+            pro: {points: 5, duraton: 60s}
     fine:
       plugin:
         tierlimit:
@@ -54,7 +65,7 @@ http:
 func TestTypoInConfigurationRefusesTheRouter(t *testing.T) {
 	e := start(t, typoDynamic)
 
-	states, err := e.traefik.WaitRouters(30*time.Second, "typo-top", "typo-nested", "fine")
+	states, err := e.traefik.WaitRouters(30*time.Second, "typo-top", "typo-nested", "typo-plan", "fine")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,6 +73,7 @@ func TestTypoInConfigurationRefusesTheRouter(t *testing.T) {
 	for router, want := range map[string]string{
 		"typo-top":    `invalid configuration: unknown field "ipp" (did you mean "ip"?)`,
 		"typo-nested": `invalid configuration: unknown field "ip.point" (did you mean "ip.points"?)`,
+		"typo-plan":   `invalid configuration: unknown field "plans.pro.duraton" (did you mean "plans.pro.duration"?)`,
 	} {
 		s := states[router]
 		if s.Status == "enabled" || !strings.Contains(strings.Join(s.Error, "\n"), want) {

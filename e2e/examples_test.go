@@ -183,15 +183,20 @@ func TestExamplesDescribeOneChain(t *testing.T) {
 
 	// ForwardAuth overwrites only the headers it lists: an unlisted
 	// X-Auth-Service-Account: true from a client would reach the principal
-	// instance and promote a user to the service tier.
+	// instance and promote a user to the service tier, an unlisted
+	// X-Auth-Plan: pro would buy him the pro plan.
 	forms["file"] = file
 	for name, form := range forms {
 		listed := strings.Split(form["middlewares.auth.forwardauth.authresponseheaders"], ",")
-		for _, h := range []string{"X-Auth-User", "X-Auth-Service-Account"} {
+		for _, h := range append([]string{"X-Auth-User", "X-Auth-Service-Account"}, principalHeadersSet(form)...) {
 			if !contains(listed, h) {
 				t.Errorf("%s example: authResponseHeaders %v lacks %s", name, listed, h)
 			}
 		}
+	}
+
+	if file["middlewares.ratelimit-principal.plugin.tierlimit.principal.planheader"] != "X-Auth-Plan" {
+		t.Errorf("the file example sets no plan header: %v", file)
 	}
 
 	if file["middlewares.ratelimit-edge.plugin.tierlimit.principal.credentialheaders"] != "Authorization" ||
@@ -199,6 +204,22 @@ func TestExamplesDescribeOneChain(t *testing.T) {
 		file["router.middlewares"] != "ratelimit-edge,auth,ratelimit-principal" {
 		t.Fatalf("the file example is not the recommended chain: %v", file)
 	}
+}
+
+// principalHeadersSet lists the principal and plan headers that some plugin
+// instance of a flattened form reads: each must come from ForwardAuth.
+func principalHeadersSet(form map[string]string) []string {
+	var out []string
+
+	for k, v := range form {
+		if v != "" && (strings.HasSuffix(k, ".principal.userheader") || strings.HasSuffix(k, ".principal.planheader")) {
+			out = append(out, v)
+		}
+	}
+
+	sort.Strings(out)
+
+	return out
 }
 
 func diffSettings(a, b map[string]string) string {
@@ -243,6 +264,14 @@ func TestFileExampleRunsInTraefik(t *testing.T) {
 
 	if r := e.get(e.traefik.Web+"/", bearer("svc-batch")); r.header.Get("RateLimit-Policy") != `"service";q=10000;w=60` {
 		t.Fatalf("service account: %v", r.header)
+	}
+
+	if r := e.get(e.traefik.Web+"/", bearer("user-pat@pro")); r.header.Get("RateLimit-Policy") != `"pro";q=1000;w=60` {
+		t.Fatalf("pro user: %v", r.header)
+	}
+
+	if r := e.get(e.traefik.Web+"/", merge(bearer("user-sly"), map[string]string{"X-Auth-Plan": "pro"})); r.header.Get("RateLimit-Policy") != `"user";q=300;w=60` {
+		t.Fatalf("a user naming his own plan: %v", r.header)
 	}
 
 	if r := e.get(e.traefik.Web+"/", bearer("garbage")); r.code != http.StatusUnauthorized || r.header.Get("RateLimit-Policy") != `"ip";q=50;w=1` {

@@ -46,7 +46,7 @@ func TestDockerLabelsDecodeToTheFileChain(t *testing.T) {
 	}
 
 	auth := conf.HTTP.Middlewares["auth"]
-	if auth == nil || auth.ForwardAuth == nil || strings.Join(auth.ForwardAuth.AuthResponseHeaders, ",") != "X-Auth-User,X-Auth-Service-Account" {
+	if auth == nil || auth.ForwardAuth == nil || strings.Join(auth.ForwardAuth.AuthResponseHeaders, ",") != "X-Auth-User,X-Auth-Service-Account,X-Auth-Plan" {
 		t.Fatalf("forwardAuth from labels: %+v", auth)
 	}
 

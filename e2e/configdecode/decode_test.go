@@ -72,6 +72,11 @@ func newError(t *testing.T, config map[string]any) string {
 	return ""
 }
 
+// withPlans is a principal instance with a plan header and plans.
+func withPlans(plans map[string]any) map[string]any {
+	return map[string]any{"principal": map[string]any{"userHeader": "X-Auth-User", "planHeader": "X-Auth-Plan"}, "plans": plans}
+}
+
 func TestUnknownKeysFromEveryProvider(t *testing.T) {
 	fromLabels := func(labels map[string]string) map[string]any {
 		conf, err := label.DecodeConfiguration(labels)
@@ -102,6 +107,12 @@ func TestUnknownKeysFromEveryProvider(t *testing.T) {
 			`unknown field "maxTraked" (did you mean "maxTracked"?)`},
 		{"crd", map[string]any{"websocket": map[string]any{"maxConnectionPerIP": float64(3)}},
 			`unknown field "websocket.maxConnectionPerIP" (did you mean "websocket.maxConnectionsPerIP"?)`},
+		{"file", withPlans(map[string]any{"pro": map[string]any{"pointz": "5", "duration": "1s"}}),
+			`unknown field "plans.pro.pointz" (did you mean "plans.pro.points"?)`},
+		{"labels", fromLabels(map[string]string{lbl + "principal.userheader": "X-Auth-User", lbl + "principal.planheader": "X-Auth-Plan",
+			lbl + "plans.pro.point": "5", lbl + "plans.pro.duration": "1s"}), `unknown field "plans.pro.point" (did you mean "plans.pro.points"?)`},
+		{"crd", withPlans(map[string]any{"pro": map[string]any{"points": float64(5), "duration": "1s", "key": "host"}}),
+			`unknown field "plans.pro.key"`},
 	}
 
 	for _, c := range cases {
@@ -116,6 +127,9 @@ func TestUnknownKeysFromEveryProvider(t *testing.T) {
 		{"global": map[string]any{"points": "0"}, "principal": map[string]any{"userHeader": "X-Auth-User"}},
 		fromLabels(map[string]string{lbl + "ip.points": "5", lbl + "principal.credentialheaders": "Authorization,Cookie"}),
 		{"ip": map[string]any{"points": float64(5), "duration": "1s"}, "dryrun": true, "routes": []any{map[string]any{"name": "a", "paths": []any{"/a"}, "points": float64(1), "duration": "1s"}}},
+		withPlans(map[string]any{"pro": map[string]any{"points": "5", "duration": "1s"}, "free": map[string]any{"points": float64(0)}}),
+		fromLabels(map[string]string{lbl + "principal.userheader": "X-Auth-User", lbl + "principal.planheader": "X-Auth-Plan",
+			lbl + "plans.pro.points": "5", lbl + "plans.pro.duration": "1s", lbl + "plans.free.points": "0"}),
 	} {
 		if got := newError(t, good); got != "" {
 			t.Errorf("%v: %s", good, got)

@@ -154,8 +154,19 @@ func TestComposeMountsAndLabels(t *testing.T) {
 		t.Errorf("whoami labels differ from examples/docker/labels.yml:\n got %v\nwant %v", whoami.Labels, want)
 	}
 
+	var planHeaders []string
+	for k, v := range want {
+		if strings.HasSuffix(strings.ToLower(k), ".principal.planheader") && v != "" {
+			planHeaders = append(planHeaders, v)
+		}
+	}
+
+	if len(planHeaders) == 0 {
+		t.Error("examples/docker/labels.yml sets no principal.planHeader")
+	}
+
 	checkAuthResponseHeaders(t, "examples/docker/labels.yml",
-		strings.Split(want["traefik.http.middlewares.auth.forwardauth.authResponseHeaders"], ","))
+		strings.Split(want["traefik.http.middlewares.auth.forwardauth.authResponseHeaders"], ","), planHeaders...)
 
 	for _, k := range []string{
 		"traefik.http.middlewares.auth.forwardauth.address",
@@ -326,11 +337,13 @@ func contains(list []string, s string) bool {
 }
 
 // checkAuthResponseHeaders: ForwardAuth must overwrite both principal headers,
-// or a client sends X-Auth-Service-Account: true itself and gets the service tier.
-func checkAuthResponseHeaders(t *testing.T, where string, headers []string) {
+// or a client sends X-Auth-Service-Account: true itself and gets the service
+// tier, and every plan header some plugin instance reads (planHeaders), or
+// he sends X-Auth-Plan: pro and gets the pro plan.
+func checkAuthResponseHeaders(t *testing.T, where string, headers []string, planHeaders ...string) {
 	t.Helper()
 
-	for _, h := range []string{"X-Auth-User", "X-Auth-Service-Account"} {
+	for _, h := range append([]string{"X-Auth-User", "X-Auth-Service-Account"}, planHeaders...) {
 		if !contains(headers, h) {
 			t.Errorf("%s: forwardAuth authResponseHeaders %v lacks %s: clients could set it themselves", where, headers, h)
 		}

@@ -144,6 +144,11 @@ func TestKubernetesExampleApplies(t *testing.T) {
 	}
 
 	dialled := 0
+	planHeaders := kubernetesPlanHeaders(t, m)
+
+	if len(planHeaders) == 0 {
+		t.Error("examples/kubernetes sets no principal.planHeader")
+	}
 
 	for name, mw := range m.middlewares {
 		if fa := mw.Spec.ForwardAuth; fa != nil {
@@ -153,7 +158,7 @@ func TestKubernetesExampleApplies(t *testing.T) {
 			}
 
 			checkClusterAddress(t, m, ns, "Middleware/"+name+" forwardAuth.address", u.Host)
-			checkAuthResponseHeaders(t, "examples/kubernetes Middleware/"+name, fa.AuthResponseHeaders)
+			checkAuthResponseHeaders(t, "examples/kubernetes Middleware/"+name, fa.AuthResponseHeaders, planHeaders...)
 
 			dialled++
 		}
@@ -311,4 +316,32 @@ func containerPort(d appsv1.Deployment, port string) bool {
 	}
 
 	return false
+}
+
+// kubernetesPlanHeaders lists the principal.planHeader of every plugin
+// Middleware that sets one.
+func kubernetesPlanHeaders(t *testing.T, m manifests) []string {
+	t.Helper()
+
+	var out []string
+
+	for name, mw := range m.middlewares {
+		for plugin, conf := range mw.Spec.Plugin {
+			var settings struct {
+				Principal struct {
+					PlanHeader string `json:"planHeader"`
+				} `json:"principal"`
+			}
+
+			if err := json.Unmarshal(conf.Raw, &settings); err != nil {
+				t.Fatalf("Middleware/%s plugin %s: %v", name, plugin, err)
+			}
+
+			if settings.Principal.PlanHeader != "" {
+				out = append(out, settings.Principal.PlanHeader)
+			}
+		}
+	}
+
+	return out
 }

@@ -8,8 +8,9 @@ import (
 )
 
 // Handler is a ForwardAuth server for the recommended chain. It judges only
-// Bearer tokens: "Bearer user-<id>" is user <id>, "Bearer svc-<id>" is
-// service account <id>, any other Bearer token is invalid (401). A request
+// Bearer tokens: "Bearer user-<id>" is user <id>, "Bearer user-<id>@<plan>"
+// is user <id> on plan <plan> (X-Auth-Plan), "Bearer svc-<id>" is service
+// account <id>, any other Bearer token is invalid (401). A request
 // without Authorization, or with a scheme it does not handle ("Basic x", a
 // bare token), is a guest: 200 without principal headers, as many real auth
 // servers answer, so the edge instance must charge it to the client IP.
@@ -22,8 +23,12 @@ func Handler() http.Handler {
 		}
 
 		switch {
-		case strings.HasPrefix(token, "user-") && len(token) > len("user-"):
-			rw.Header().Set("X-Auth-User", strings.TrimPrefix(token, "user-"))
+		case strings.HasPrefix(token, "user-") && len(token) > len("user-") && !strings.HasPrefix(token, "user-@"):
+			id, plan, _ := strings.Cut(strings.TrimPrefix(token, "user-"), "@")
+			rw.Header().Set("X-Auth-User", id)
+			if plan != "" {
+				rw.Header().Set("X-Auth-Plan", plan)
+			}
 			rw.WriteHeader(http.StatusOK)
 		case strings.HasPrefix(token, "svc-") && len(token) > len("svc-"):
 			rw.Header().Set("X-Auth-User", strings.TrimPrefix(token, "svc-"))

@@ -24,6 +24,7 @@ var budgets = map[string]float64{
 	"edge busy peers":         222,
 	"edge busy peers refused": 241,
 	"principal":               254,
+	"principal with plans":    267,
 	"chain edge anonymous":    293,
 	"chain edge credentialed": 290,
 	"redis allowed":           439,
@@ -60,7 +61,24 @@ func TestAllocationBudgets(t *testing.T) {
 		"principal": map[string]any{"userHeader": "X-Auth-User"},
 	}
 
+	withPlans := map[string]any{}
+	for k, v := range principal {
+		withPlans[k] = v
+	}
+	withPlans["principal"] = map[string]any{"userHeader": "X-Auth-User", "planHeader": "X-Auth-Plan"}
+	withPlans["plans"] = map[string]any{
+		"free": map[string]any{"points": "1000000", "duration": "1h"},
+		"pro":  map[string]any{"points": "1000000", "duration": "1h"},
+	}
+
 	users := func(i int, req *http.Request) { req.Header.Set("X-Auth-User", "user-"+strconv.Itoa(i)) }
+	// Every other user on pro: the plan's bucket instead of user's.
+	planUsers := func(i int, req *http.Request) {
+		users(i, req)
+		if i%2 == 0 {
+			req.Header.Set("X-Auth-Plan", "pro")
+		}
+	}
 	token := func(_ int, req *http.Request) { req.Header.Set("Authorization", "Bearer token") }
 	// Behind a proxy on loopback, as the load benchmark sends requests.
 	forwarded := func(_ int, req *http.Request) {
@@ -80,6 +98,7 @@ func TestAllocationBudgets(t *testing.T) {
 		{"edge busy peers", longEdge(), busyPeers},
 		{"edge busy peers refused", refused, busyPeers},
 		{"principal", principal, users},
+		{"principal with plans", withPlans, planUsers},
 		{"chain edge anonymous", chain, nil},
 		{"chain edge credentialed", chain, token},
 	}

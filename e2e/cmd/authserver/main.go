@@ -1,7 +1,8 @@
 // Command authserver is the example ForwardAuth server of docker-compose.yml and
-// examples/kubernetes: "Bearer user-<id>" is a user, "Bearer svc-<id>" a service
-// account, any other Bearer token is 401, anything else a guest (200 without a
-// principal). Not for production.
+// examples/kubernetes: "Bearer user-<id>" is a user, "Bearer user-<id>@<plan>" a
+// user on a plan (X-Auth-Plan), "Bearer svc-<id>" a service account, any other
+// Bearer token is 401, anything else a guest (200 without a principal). Not for
+// production.
 //
 // `authserver -healthcheck` asks a running server's /healthz and exits 0 when it
 // answers 200: the container image has no shell or curl for a healthcheck.

@@ -1,0 +1,109 @@
+package tierlimit
+
+import (
+	"net/http"
+	"sort"
+	"strings"
+)
+
+// Plans: the auth server names a principal's plan in principal.planHeader,
+// and plans: gives each name the window that replaces user for it. A plan
+// is a layer like the others (its name is the layer name in headers, events,
+// the status page, metrics and Redis keys), keyed by the principal, and its
+// plan rule is namedPlan (configlayers.go).
+
+// parsePlans reads plans:, in name order so that the layers, the status page
+// and the metrics list them alike on every reload. A plan's name follows the
+// rules of a route's and takes no name a layer or route has.
+func parsePlans(cfg *Config, s *settings) error {
+	names := make([]string, 0, len(cfg.Plans))
+	for name := range cfg.Plans {
+		names = append(names, name)
+	}
+
+	sort.Strings(names)
+
+	taken := map[string]string{}
+	for _, rs := range s.routes {
+		taken[rs.name] = "is the name of a route"
+	}
+
+	for _, name := range names {
+		if err := checkPlanName(name, taken); err != nil {
+			return err
+		}
+
+		spec, err := parsePlan("plans."+name, name, cfg.Plans[name])
+		if err != nil {
+			return err
+		}
+
+		s.plans = append(s.plans, spec)
+	}
+
+	return nil
+}
+
+// checkPlanName checks a plan's name and adds it to those taken. Two plans
+// whose names differ only in case are refused: they would be two buckets
+// that an operator reads as one.
+func checkPlanName(name string, taken map[string]string) error {
+	switch {
+	case !validName(name):
+		return invalid("plans", name, "a plan's name must be 1-64 characters of A-Z a-z 0-9 _ - .")
+	case isBuiltinName(name):
+		return invalid("plans", name, "is the name of a built-in layer")
+	case taken[name] != "":
+		return invalid("plans", name, taken[name])
+	case taken[strings.ToLower(name)] != "":
+		return invalid("plans", name, taken[strings.ToLower(name)])
+	}
+
+	taken[name] = "is used by another plan"
+	taken[strings.ToLower(name)] = "differs only in case from another plan"
+
+	return nil
+}
+
+// parsePlan reads one plan's window. A plan with points 0 needs no
+// duration: it is off, and its principals are charged global only.
+func parsePlan(field, name string, pc PlanConfig) (layerSpec, error) {
+	lc := LayerConfig{Points: pc.Points, Duration: pc.Duration, Algorithm: pc.Algorithm, Burst: pc.Burst}
+	if lc.Points == 0 && strings.TrimSpace(lc.Duration) == "" {
+		lc.Duration = "1s"
+	}
+
+	return parseLayer(field, name, lc)
+}
+
+// parsePlanHeader reads principal.planHeader. It is trusted only where
+// userHeader is (after ForwardAuth, which must list it in
+// authResponseHeaders), so setting it without userHeader is an error rather
+// than a header silently ignored; plans without it could never be charged.
+// With no plans the header is not read: every principal is charged to user.
+func parsePlanHeader(cfg *Config, s *settings) error {
+	h := cfg.Principal.PlanHeader
+
+	switch {
+	case h == "" && len(cfg.Plans) > 0:
+		return invalid("principal.planHeader", h, "plans are set but no header names a principal's plan")
+	case h == "":
+		return nil
+	case !validToken(h):
+		return invalid("principal.planHeader", h, "not a header name")
+	case s.userHeader == "":
+		return invalid("principal.planHeader", h,
+			"needs principal.userHeader: a plan is read only on an instance after ForwardAuth, which sets both")
+	}
+
+	canonical := http.CanonicalHeaderKey(h)
+	if canonical == s.userHeader || canonical == s.serviceHeader {
+		return invalid("principal.planHeader", h, "is the principal's or the service-account flag's header")
+	}
+
+	if len(s.plans) > 0 {
+		s.planHeader = canonical
+	}
+
+	return nil
+}
