@@ -72,6 +72,7 @@ type statusDoc struct {
 	Middleware    string `json:"middleware"`
 	Store         string `json:"store"`
 	RedisFallback bool   `json:"redisFallback"`
+	Evictions     int64  `json:"evictions"`
 	Layers        []struct {
 		Name        string `json:"name"`
 		Points      int64  `json:"points"`
