@@ -56,6 +56,12 @@ type burstCounts struct {
 // clientBurst sends n requests from client at once, over conns connections of its
 // own, and counts the answers. Every request starts after all are ready.
 func clientBurst(base, client string, n, conns int, start <-chan struct{}) burstCounts {
+	return sendBurst(base, n, conns, start, func(req *http.Request) { req.Header.Set("X-Forwarded-For", client) })
+}
+
+// sendBurst sends n requests, each set up by set, at once over conns
+// connections of its own, and counts the answers.
+func sendBurst(base string, n, conns int, start <-chan struct{}, set func(req *http.Request)) burstCounts {
 	tr := &http.Transport{MaxConnsPerHost: conns, MaxIdleConnsPerHost: conns}
 	defer tr.CloseIdleConnections()
 
@@ -72,7 +78,7 @@ func clientBurst(base, client string, n, conns int, start <-chan struct{}) burst
 			defer wg.Done()
 
 			req, _ := http.NewRequest(http.MethodGet, base, nil)
-			req.Header.Set("X-Forwarded-For", client)
+			set(req)
 
 			<-start
 
@@ -155,4 +161,78 @@ func TestRedisBurstIsExact(t *testing.T) {
 	if logs := e.traefik.Logs(); strings.Contains(logs, "REDIS_UNAVAILABLE") {
 		t.Errorf("a burst was taken for an outage:\n%s", grepLines(logs, "REDIS_"))
 	}
+}
+
+// burstChainDynamic is the recommended chain on Redis with the default pool:
+// the user tier at the README's 300/60s.
+func burstChainDynamic(redisAddr string) string {
+	return strings.NewReplacer("{{redis}}", redisAddr).Replace(`
+http:
+  routers:
+    api:
+      entryPoints: [web]
+      rule: PathPrefix(` + "`/`" + `)
+      middlewares: [ratelimit-edge, auth, ratelimit-principal]
+      service: backend
+  middlewares:
+    ratelimit-edge:
+      plugin:
+        tierlimit:
+          store: redis
+          redis: {address: "{{redis}}"}
+          global: {points: 1000000, duration: 60s}
+          ip: {points: 50, duration: 60s}
+          principal:
+            credentialHeaders: [Authorization]
+    auth:
+      forwardAuth:
+        address: "{{auth}}/auth"
+        authResponseHeaders: [X-Auth-User, X-Auth-Service-Account]
+    ratelimit-principal:
+      plugin:
+        tierlimit:
+          store: redis
+          redis: {address: "{{redis}}"}
+          global: {points: 0}
+          ip: {points: 0}
+          assets: {points: 0}
+          user: {points: 300, duration: 60s}
+          principal:
+            userHeader: X-Auth-User
+  services:
+    backend:
+      loadBalancer:
+        servers:
+          - url: "{{backend}}"
+`)
+}
+
+// TestRedisChainBurstIsExact: a fresh user's 400 simultaneous requests
+// through the recommended chain on Redis get exactly the user tier's 300.
+func TestRedisChainBurstIsExact(t *testing.T) {
+	r := startRedis(t)
+	e := start(t, burstChainDynamic(r.Addr))
+	e.waitRouters("api")
+
+	start := make(chan struct{})
+	results := make(chan burstCounts, 1)
+
+	go func() { results <- tokenBurst(e.traefik.Web+"/api", "Bearer user-burst", 400, 128, start) }()
+
+	close(start)
+
+	if got := <-results; got.ok != 300 || got.refused != 100 || got.other != 0 {
+		t.Errorf("a fresh user's 400 requests: %d allowed, %d refused, %d other (%s); want exactly 300 and 100",
+			got.ok, got.refused, got.other, got.firstOther)
+	}
+
+	if logs := e.traefik.Logs(); strings.Contains(logs, "REDIS_UNAVAILABLE") {
+		t.Errorf("a burst was taken for an outage:\n%s", grepLines(logs, "REDIS_"))
+	}
+}
+
+// tokenBurst is clientBurst for requests carrying an Authorization header
+// (from one loopback client).
+func tokenBurst(base, token string, n, conns int, start <-chan struct{}) burstCounts {
+	return sendBurst(base, n, conns, start, func(req *http.Request) { req.Header.Set("Authorization", token) })
 }
