@@ -428,9 +428,18 @@ func (s *redisStore) take(t *tally, now int64, layers []*layer, client, principa
 }
 
 // takeBlocked refuses the request locally when one of its keys is known to be
-// over its limit, and reports whether it did.
+// over its limit, and reports whether it did. A key is blocked until the
+// smallest cost fits again (redisStore.refused); a larger one refuses too,
+// but in a sliding window or a token bucket it fits later than that, so
+// such a request asks Redis, which tells when.
 func (s *redisStore) takeBlocked(t *tally, now int64, layers []*layer, client, principal string, req *http.Request) bool {
+	costly := t.cost > 1
+
 	for i, l := range layers {
+		if costly && t.cost > l.minCost && (l.sliding || l.interval != 0) {
+			continue
+		}
+
 		if reset := s.blocked.resetOf(l.blockPrefix, l.keyFor(client, principal, req), now); reset != 0 {
 			l.stats.countRedis(true)
 
