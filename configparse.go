@@ -488,7 +488,7 @@ func parseRouteCost(field string, rc RouteConfig, spec *routeSpec) error {
 	}
 
 	if spec.on() && spec.cost > capacity {
-		return invalid(field+".cost", rc.Cost, "must be at most the route's points ("+formatInt(capacity)+")")
+		return invalid(field+".cost", rc.Cost, "must be at most what the route holds (its points, a token bucket's burst): "+formatInt(capacity))
 	}
 
 	for j, code := range rc.CountStatus {
