@@ -280,3 +280,34 @@ func TestCountStatusWriterKeepsStreamsLive(t *testing.T) {
 		}
 	}
 }
+
+// TestCostOfAPendingIPCharge: a credentialed export's ip charge, settled on
+// the backend's 401, is its cost; when it is refused, the layers charged up
+// front get that cost back.
+func TestCostOfAPendingIPCharge(t *testing.T) {
+	h := newHarness(t, func(c *Config) {
+		c.Global = LayerConfig{Points: 100, Duration: "60s"}
+		c.IP = LayerConfig{Points: 15, Duration: "60s"}
+		c.Principal.CredentialHeaders = []string{"Authorization"}
+		c.Routes = []RouteConfig{{Name: "export", Paths: []string{"/export"}, Points: 100, Duration: "60s", Cost: 10}}
+	})
+	h.p.next = http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) { rw.WriteHeader(http.StatusUnauthorized) })
+
+	token := map[string]string{"Authorization": "Bearer garbage"}
+	for i, want := range []int{http.StatusUnauthorized, http.StatusTooManyRequests} {
+		if rec := h.do(http.MethodGet, "/export", "203.0.113.1:1", token); rec.Code != want {
+			t.Fatalf("export %d: %d, want %d", i+1, rec.Code, want)
+		}
+	}
+
+	counts := map[string]int64{}
+	for _, l := range h.p.layers {
+		for _, w := range l.entries {
+			counts[l.name] += w.count
+		}
+	}
+
+	if counts["global"] != 10 || counts["ip"] != 10 || counts["export"] != 10 {
+		t.Fatalf("counts %v, want 10 each: the refused export's cost given back", counts)
+	}
+}
