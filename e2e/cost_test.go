@@ -1,9 +1,14 @@
 package e2e
 
 import (
+	"bufio"
+	"context"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/coder/websocket"
 
 	"github.com/tierlimit/tierlimit/e2e/harness"
 )
@@ -145,4 +150,75 @@ func TestFailedLoginLimit(t *testing.T) {
 		}
 
 	})
+}
+
+const countedStreamsDynamic = `
+http:
+  routers:
+    api:
+      entryPoints: [web]
+      rule: PathPrefix(` + "`/`" + `)
+      middlewares: [edge]
+      service: backend
+  middlewares:
+    edge:
+      plugin:
+        tierlimit:
+          global: {points: 0}
+          ip: {points: 1000, duration: 60s}
+          routes:
+            - {name: streams, paths: [/sse, /ws], key: ip, points: 1, duration: 60s, countStatus: [401]}
+  services:
+    backend:
+      loadBalancer:
+        servers:
+          - url: "{{backend}}"
+`
+
+// TestStreamsThroughACountStatusRoute: a countStatus route watches its
+// responses' status; server-sent events still arrive as they are sent, a
+// WebSocket still echoes, and neither (200, 101: not listed) spends the
+// route's one point.
+func TestStreamsThroughACountStatusRoute(t *testing.T) {
+	e := start(t, countedStreamsDynamic)
+	e.waitRouters("api")
+
+	req, _ := http.NewRequest(http.MethodGet, e.traefik.Web+"/sse?id=counted", nil)
+	req.Header.Set("Accept", "text/event-stream")
+
+	resp, err := e.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+
+	events := bufio.NewScanner(resp.Body)
+	if first := readEvent(events); resp.StatusCode != http.StatusOK || first != "one" {
+		t.Fatalf("%d, first event %q", resp.StatusCode, first)
+	}
+
+	// Event one arrived while the backend still waits: release it.
+	if r := e.get(e.backend+"/sse-release?id=counted", nil); r.code != http.StatusOK {
+		t.Fatalf("release: %d", r.code)
+	}
+
+	if second := readEvent(events); second != "two" {
+		t.Fatalf("second event %q: the first was held back until the stream ended", second)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	for i := 0; i < 2; i++ {
+		c, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(e.traefik.Web, "http")+"/ws", nil)
+		if err != nil {
+			t.Fatalf("upgrade %d through the route: %v", i+1, err)
+		}
+
+		if err := echo(ctx, c, "hello"); err != nil {
+			t.Fatalf("echo %d: %v", i+1, err)
+		}
+
+		c.Close(websocket.StatusNormalClosure, "")
+	}
 }
