@@ -4,6 +4,8 @@ import (
 	"context"
 	"net/http"
 	"net/netip"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/tierlimit/tierlimit/redisresp"
@@ -139,7 +141,27 @@ func build(ctx context.Context, cfg *settings, next http.Handler, name string) *
 		l.refusal = newRefusal(cfg, l)
 	}
 
+	splitCountStatus(p.routes)
+
 	return p
+}
+
+// splitCountStatus gives each countStatus route its charging layer, a copy
+// of the route's layer made once the layer is complete (counters, Redis
+// keys, block list prefix, refusal), and then marks the route's own layer,
+// the one its requests' plans hold, check-only: the script reads it with the
+// check flag (checkArgs), and both share the block list entries.
+func splitCountStatus(routes []*route) {
+	for _, rt := range routes {
+		if rt.countStatus == nil {
+			continue
+		}
+
+		charge := *rt.layer
+		rt.charge = &charge
+		rt.layer.checkOnly = true
+		rt.layer.redisArgs = checkArgs(rt.layer.redisArgs)
+	}
 }
 
 // buildOperations makes the connection cap, the exemptions and the status
@@ -206,10 +228,12 @@ func buildRoutes(memory *windowStore, specs []routeSpec) ([]*route, map[string]b
 			continue
 		}
 
-		routes = append(routes, &route{
+		rt := &route{
 			layer: newLayer(memory, rs.layerSpec, routeKeyKinds[rs.key]), methods: rs.methods, exact: rs.exact, prefixes: rs.prefixes,
-			caseSensitive: rs.caseSensitive, cost: rs.cost,
-		})
+			caseSensitive: rs.caseSensitive, cost: rs.cost, countStatus: rs.countStatus,
+		}
+		rt.layer.minCost = rs.cost
+		routes = append(routes, rt)
 
 		anyMethod = anyMethod || len(rs.methods) == 0
 		for _, m := range rs.methods {
@@ -381,4 +405,19 @@ func newRefusal(cfg *settings, l *layer) refusal {
 	}
 
 	return r
+}
+
+// checkArgs is a layer's script arguments (newRedisEncoding) with the check
+// flag: its algorithm, the third argument, one digit, prefixed with "c"
+// (takeScript).
+func checkArgs(args string) string {
+	i := 0
+	for n := 0; n < 2; n++ {
+		j := strings.Index(args[i:], "\r\n")
+		size, _ := strconv.Atoi(args[i+1 : i+j])
+		i += j + 2 + size + 2
+	}
+
+	// args[i:] is "$1\r\n<digit>\r\n...".
+	return args[:i] + "$2\r\nc" + args[i+4:]
 }

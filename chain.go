@@ -23,6 +23,7 @@ type pendingIP struct {
 	req     *http.Request // as the edge saw it
 	client  string        // the edge's key for its client; "" until pendingClient resolves it
 	charged []*layer      // the edge's layers charged up front (global, routes); nil: its planCred
+	cost    int64         // what the request was charged in each of them, and is in ip (0: 1)
 	claimed bool          // settle's: whoever claims the charge decides it
 }
 
@@ -47,6 +48,12 @@ func settle(pd *pendingIP, t *tally, now int64, charge bool) bool {
 
 	edge := pd.edge
 	client := pendingClient(pd)
+	cost := pd.cost
+	if cost < 1 {
+		cost = 1
+	}
+
+	t.cost = cost
 	edge.store.take(t, now, edge.planInvalid, client, "", nil, edge.dryRun)
 
 	charged := pd.charged
@@ -55,7 +62,7 @@ func settle(pd *pendingIP, t *tally, now int64, charge bool) bool {
 	}
 
 	if t.refused && !edge.dryRun && len(charged) > 0 {
-		edge.store.refund(now, charged, client, "", pd.req, 1)
+		edge.store.refund(now, chargedOnly(charged), client, "", pd.req, cost)
 	}
 
 	return true
@@ -105,4 +112,30 @@ func afterAuthPlan(p *Plugin, rw http.ResponseWriter, req *http.Request, princip
 	}
 
 	return p.planIP, true
+}
+
+// chargedOnly is layers without the check-only ones, which a take evaluated
+// but did not charge: a refund gives them nothing back.
+func chargedOnly(layers []*layer) []*layer {
+	var out []*layer
+
+	for i, l := range layers {
+		if !l.checkOnly {
+			if out != nil {
+				out = append(out, l)
+			}
+
+			continue
+		}
+
+		if out == nil {
+			out = append(make([]*layer, 0, len(layers)), layers[:i]...)
+		}
+	}
+
+	if out == nil {
+		return layers
+	}
+
+	return out
 }

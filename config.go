@@ -78,7 +78,10 @@ type AssetsConfig struct {
 // Paths (exact, or by prefix when the path ends with "/"), counted per Key:
 // "ip", "principal", "global", "host" or "header:<Name>". Name is the layer name in
 // keys and headers. Paths match the canonical request path (path.go),
-// ignoring case unless CaseSensitive.
+// ignoring case unless CaseSensitive. Cost is what a matching request
+// spends in every layer it is charged to (0: 1). With CountStatus set, the
+// route checks its budget up front and charges a request only when the
+// response's status is listed (countstatus.go).
 type RouteConfig struct {
 	Name          string
 	Methods       []string
@@ -89,6 +92,8 @@ type RouteConfig struct {
 	Algorithm     string
 	Burst         int
 	CaseSensitive bool
+	Cost          int
+	CountStatus   []int
 
 	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
 }

@@ -137,8 +137,9 @@ var (
 	namedPlan = []int{chargesAll}
 )
 
-// requestCost is what one request is charged in each layer of its plan.
-// Routes carry theirs (routeSpec.cost); neither is configurable yet.
+// requestCost is what one request is charged in each layer of its plan
+// unless it matches routes: then the largest of their costs (routes[].cost,
+// routeSpec.cost; withRoutes).
 const requestCost = int64(1)
 
 // drawPlans draws up the plans from the built-in layers, built aligned with

@@ -77,8 +77,9 @@ type routeSpec struct {
 	exact         map[string]bool // canonical paths (canonicalPattern)
 	prefixes      []string        // canonical, ending in "/"
 	caseSensitive bool
-	key           string // keyIP, keyPrincipal, keyGlobal, keyHost or keyHeader
-	cost          int64  // what a matching request is charged: requestCost
+	key           string       // keyIP, keyPrincipal, keyGlobal, keyHost or keyHeader
+	cost          int64        // what a matching request is charged in each of its layers (>= 1)
+	countStatus   map[int]bool // the statuses charged to the route; nil: every request, up front
 }
 
 // spec is the parsed built-in layer of that name.
@@ -461,7 +462,11 @@ func parseRoute(field string, rc RouteConfig) (routeSpec, error) {
 		return routeSpec{}, err
 	}
 
-	spec := routeSpec{layerSpec: layer, exact: map[string]bool{}, caseSensitive: rc.CaseSensitive, cost: requestCost}
+	spec := routeSpec{layerSpec: layer, exact: map[string]bool{}, caseSensitive: rc.CaseSensitive}
+
+	if err := parseRouteCost(field, rc, &spec); err != nil {
+		return routeSpec{}, err
+	}
 
 	if err := parseRouteKey(field, rc.Key, &spec); err != nil {
 		return routeSpec{}, err
@@ -472,6 +477,43 @@ func parseRoute(field string, rc RouteConfig) (routeSpec, error) {
 	}
 
 	return spec, nil
+}
+
+// parseRouteCost reads a route's cost (default requestCost) and the
+// statuses it counts. A cost above what the route's layer holds (its points,
+// a token bucket's burst) could never be served, so it is an error.
+func parseRouteCost(field string, rc RouteConfig, spec *routeSpec) error {
+	spec.cost = requestCost
+	if rc.Cost < 0 {
+		return invalid(field+".cost", rc.Cost, "must be >= 1 (0: 1)")
+	}
+
+	if rc.Cost > 0 {
+		spec.cost = int64(rc.Cost)
+	}
+
+	capacity := spec.points
+	if spec.bucket {
+		capacity = spec.burst
+	}
+
+	if spec.on() && spec.cost > capacity {
+		return invalid(field+".cost", rc.Cost, "must be at most what the route holds (its points, a token bucket's burst): "+formatInt(capacity))
+	}
+
+	for j, code := range rc.CountStatus {
+		if code < 100 || code > 599 {
+			return invalid(field+".countStatus["+strconv.Itoa(j)+"]", code, "must be an HTTP status, 100-599")
+		}
+
+		if spec.countStatus == nil {
+			spec.countStatus = map[int]bool{}
+		}
+
+		spec.countStatus[code] = true
+	}
+
+	return nil
 }
 
 // parseRouteKey reads a route's key: ip by default.

@@ -45,7 +45,7 @@ package tierlimit
 // Wrappers. A ResponseWriter of our own type handed to compiled code must be
 // converted to http.ResponseWriter first (an interface variable); passed
 // directly, Yaegi panics in reflect. The wrapper then loses Flush, so it
-// flushes the original writer itself (invalidcred.go).
+// flushes the original writer itself (invalidcred.go, countstatus.go).
 //
 // Constructs Yaegi cannot run: generics with inferred type arguments,
 // atomic.Pointer, method expressions, min/max/clear, range over an integer,

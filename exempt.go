@@ -17,7 +17,7 @@ func isExempt(p *Plugin, req *http.Request, principal string) bool {
 // applies to it.
 func serveExempt(p *Plugin, rw http.ResponseWriter, req *http.Request, client, principal string) {
 	if p.exempt.plan != nil {
-		if ok, _ := decide(p, rw, req, p.exempt.plan, client, principal); !ok {
+		if ok, _ := decide(p, rw, req, p.exempt.plan, client, principal, requestCost); !ok {
 			return
 		}
 	}

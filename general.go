@@ -12,10 +12,11 @@ import (
 // connection cap, through the counterStore interface and a tally.
 
 // generalPlan is the layers a request of the general path is charged to,
-// and whether it carries a credential whose ip charge is left pending. ok is
-// false when a charge left pending by an earlier instance refused the
-// request, which has then been answered (afterAuthPlan).
-func generalPlan(p *Plugin, rw http.ResponseWriter, req *http.Request, principal string) (layers []*layer, credentialed, ok bool) {
+// and whether it carries a credential whose ip charge is left pending; the
+// matching routes' cost and countStatus routes go to hits. ok is false when
+// a charge left pending by an earlier instance refused the request, which
+// has then been answered (afterAuthPlan).
+func generalPlan(p *Plugin, rw http.ResponseWriter, req *http.Request, principal string, hits *routeHits) (layers []*layer, credentialed, ok bool) {
 	layers = p.planIP
 
 	switch {
@@ -31,19 +32,20 @@ func generalPlan(p *Plugin, rw http.ResponseWriter, req *http.Request, principal
 	}
 
 	if p.routes != nil {
-		layers = withRoutes(p, layers, req, canonicalPath(req.URL.Path, p.foldPaths))
+		layers = withRoutes(p, layers, req, canonicalPath(req.URL.Path, p.foldPaths), hits)
 	}
 
 	return layers, credentialed, true
 }
 
-// decide charges the layers, reports first refusals, sets the headers of the
-// most restrictive layer and answers a refusal. It reports whether the request
-// may go on, and the requests left in the layer the headers show (-1: none).
-func decide(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, client, principal string) (bool, int64) {
+// decide charges the layers cost points each (0: 1), reports first
+// refusals, sets the headers of the most restrictive layer and answers a
+// refusal. It reports whether the request may go on, and the requests left
+// in the layer the headers show (-1: none).
+func decide(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, client, principal string, cost int64) (bool, int64) {
 	now := p.now().UnixNano()
 
-	var t tally
+	t := tally{cost: cost}
 
 	p.store.take(&t, now, layers, client, principal, req, p.dryRun)
 
@@ -141,9 +143,11 @@ func principalPlan(p *Plugin, req *http.Request) []*layer {
 	return p.planUser
 }
 
-// withRoutes appends the matching routes' layers to the plan; it allocates
-// only when a route matches.
-func withRoutes(p *Plugin, layers []*layer, req *http.Request, path string) []*layer {
+// withRoutes appends the matching routes' layers to the plan, and writes to
+// hits the largest of their costs (the request's cost in every layer) and
+// those that count only listed statuses; it allocates only when a route
+// matches.
+func withRoutes(p *Plugin, layers []*layer, req *http.Request, path string, hits *routeHits) []*layer {
 	var out []*layer
 
 	for _, rt := range p.routes {
@@ -157,6 +161,14 @@ func withRoutes(p *Plugin, layers []*layer, req *http.Request, path string) []*l
 		}
 
 		out = append(out, rt.layer)
+
+		if rt.cost > hits.cost {
+			hits.cost = rt.cost
+		}
+
+		if rt.countStatus != nil {
+			hits.counted = append(hits.counted, rt)
+		}
 	}
 
 	if out == nil {

@@ -17,8 +17,9 @@ func giveBack(layers []*layer, client, principal string, req *http.Request, cost
 			key = l.keyFor(client, principal, req)
 		}
 
+		// A check-only layer was evaluated, not charged.
 		w := l.entries[key]
-		if w == nil {
+		if w == nil || l.checkOnly {
 			continue
 		}
 
@@ -64,7 +65,7 @@ func (s *windowStore) refund(now int64, layers []*layer, client, principal strin
 			key = l.keyFor(client, principal, req)
 		}
 
-		if w := l.entries[key]; w != nil && w.list == l.list && (l.interval != 0 || w.reset > now) {
+		if w := l.entries[key]; w != nil && !l.checkOnly && w.list == l.list && (l.interval != 0 || w.reset > now) {
 			unspend(w, l, cost)
 		}
 	}

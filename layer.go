@@ -38,6 +38,15 @@ type limits struct {
 	sliding   bool   // sliding-window counter instead of a fixed window
 	interval  int64  // token bucket: nanoseconds per point (tokenbucket.go); 0 for a window
 	refill    int64  // token bucket: the points per duration configured; points is then the burst
+	// minCost is the smallest cost a request charged to the layer can have:
+	// a route's cost (a request is charged the largest cost of its routes),
+	// 1 elsewhere (0 reads as 1). The Redis block list blocks only what
+	// even that cost would not fit (redisStore.refused).
+	minCost int64
+	// checkOnly marks a countStatus route's layer as a request's plan holds
+	// it: evaluated, never charged (countstatus.go). Its charge, once the
+	// response's status is known, goes to route.charge.
+	checkOnly bool
 }
 
 // memCounters are the layer's counters in the memory store, resolved once
@@ -142,9 +151,14 @@ type route struct {
 	prefixes      []string
 	lower         bool // ignores case where the instance's paths keep theirs: lowers the path
 	caseSensitive bool // compares case where the instance's paths are lowered: canonicalises anew
-	// cost is what a matching request is charged in the route's layer
+	// cost is what a matching request is charged in each of its layers
 	// (routeSpec.cost).
 	cost int64
+	// countStatus holds the statuses charged to the route after the
+	// response (nil: every request, up front); charge is then the route's
+	// layer as that charge takes it: the same counters, not check-only.
+	countStatus map[int]bool
+	charge      *layer
 }
 
 // matches reports whether the request, with its canonical path, is the

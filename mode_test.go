@@ -116,6 +116,24 @@ var shapes = []shape{
 		c.Plans["pro"] = PlanConfig{Points: 5, Duration: "2s", Algorithm: "tokenbucket", Burst: 3}
 	}), modeGeneral},
 	{"principal, plan header without plans", with(principalInstance, func(c *Config) { c.Principal.PlanHeader = "X-Auth-Plan" }), modePrincipal},
+	{"costed route", with(chainEdge, func(c *Config) {
+		c.Routes = append(c.Routes, RouteConfig{Name: "export", Paths: []string{"/export"}, Points: 9, Duration: "2s", Cost: 3})
+	}), modeClassify},
+	{"costed sliding and token-bucket routes", with(chainEdge, func(c *Config) {
+		c.IP.Algorithm = "sliding"
+		c.Routes = append(c.Routes,
+			RouteConfig{Name: "export", Paths: []string{"/export"}, Points: 9, Duration: "2s", Cost: 2, Algorithm: "sliding"},
+			RouteConfig{Name: "search", Paths: []string{"/export", "/api"}, Points: 1, Duration: "2s", Burst: 6, Cost: 3, Algorithm: "tokenbucket"})
+	}), modeGeneral},
+	{"countStatus route", with(chainEdge, func(c *Config) {
+		c.Routes = append(c.Routes, RouteConfig{Name: "missing", Paths: []string{"/missing/"}, Points: 2, Duration: "2s", CountStatus: []int{404}})
+	}), modeClassify},
+	{"countStatus routes, every algorithm, costed", with(chainEdge, func(c *Config) {
+		c.Routes[0].CountStatus = []int{200}
+		c.Routes = append(c.Routes,
+			RouteConfig{Name: "missing", Paths: []string{"/missing/"}, Points: 4, Duration: "2s", CountStatus: []int{404}, Cost: 2, Algorithm: "sliding"},
+			RouteConfig{Name: "missing_bucket", Paths: []string{"/missing/"}, Points: 1, Duration: "2s", Burst: 3, CountStatus: []int{404, 200}, Algorithm: "tokenbucket"})
+	}), modeClassify},
 	{"disabled", with(smallLayers, func(c *Config) { c.Enabled = false }), modeOff},
 	{"every layer off", func(c *Config) {
 		c.Global.Points, c.IP.Points, c.Assets.Points, c.User.Points, c.Service.Points = 0, 0, 0, 0, 0

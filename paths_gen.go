@@ -433,12 +433,13 @@ func serveGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 		return
 	}
 
-	layers, credentialed, ok := generalPlan(p, rw, req, principal)
+	var hits routeHits
+	layers, credentialed, ok := generalPlan(p, rw, req, principal, &hits)
 	if !ok {
 		return
 	}
 
-	ok, left := decide(p, rw, req, layers, client, principal)
+	ok, left := decide(p, rw, req, layers, client, principal, hits.cost)
 	if !ok {
 		return
 	}
@@ -446,11 +447,16 @@ func serveGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 	// Converted to the interface first (doc.go: wrappers).
 	var out http.ResponseWriter = rw
 	if credentialed && p.planInvalid != nil {
-		pd := &pendingIP{edge: p, req: req, client: client, charged: layers}
+		pd := &pendingIP{edge: p, req: req, client: client, charged: layers, cost: hits.cost}
 		req = req.WithContext(context.WithValue(req.Context(), pendingKey, pd))
 		if p.invalidCode != nil {
 			out = &credentialWriter{rw: rw, req: req, p: p, prevLeft: left, pending: pd}
 		}
+	}
+
+	if hits.counted != nil {
+		serveCounted(p, out, rw, req, client, principal, &hits, left)
+		return
 	}
 
 	if p.ws != nil && isUpgrade(req) {
@@ -490,6 +496,8 @@ func (s *windowStore) take(t *tally, now int64, layers []*layer, client, princip
 
 		refused := false
 		switch {
+		case l.checkOnly:
+			refused = s.check(t, i, now, l, key, cost)
 		case l.sliding:
 			refused = s.slide(t, i, now, l, key, cost)
 		case l.interval != 0:

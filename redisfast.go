@@ -119,7 +119,7 @@ func refuseBlockedGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request, 
 // serveRedisSlow serves a request of modeRedis on the general decision:
 // Redis is in back-off, or the client key is long.
 func serveRedisSlow(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, client string) {
-	if ok, _ := decide(p, rw, req, layers, client, ""); ok {
+	if ok, _ := decide(p, rw, req, layers, client, "", requestCost); ok {
 		p.next.ServeHTTP(rw, req)
 	}
 }

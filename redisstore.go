@@ -65,6 +65,11 @@ type counterStore interface {
 // ARGV[4i-1], ARGV[4i], ARGV[4i+1], ARGV[4i+2], of KEYS[i]: points (a token
 // bucket's burst), window (milliseconds), the algorithm ("0" fixed, "1"
 // sliding, "2" token bucket) and a token bucket's points per window ("0" else).
+// An algorithm prefixed with "c" ("c0", "c1", "c2") marks a check-only layer
+// (a countStatus route, countstatus.go): it refuses as the others do, but is
+// never written, and when it allows, its count is the layer's as it is,
+// without the request (0 for a key that does not exist), its reset that of
+// the key as it is.
 //
 // Returns count, milliseconds to reset, for each key evaluated, up to the
 // first refusal (every key in a dry run). A count is what the layer would
@@ -91,7 +96,7 @@ local function read(...)
   return v
 end
 
-local function fixed(k, points, window, cost)
+local function fixed(k, points, window, cost, check)
   local pttl = redis.call('PTTL', k)
   local v = read('GET', k)
   local c, ttl, fresh = 0, window, true
@@ -102,6 +107,10 @@ local function fixed(k, points, window, cost)
     end
   end
   local count = c + cost
+  if check then
+    if count <= points then count = c end
+    return count, ttl, false
+  end
   return count, ttl, function()
     if fresh or redis.call('INCRBY', k, cost) ~= count then
       redis.call('SET', k, cost, 'PX', window)
@@ -109,7 +118,7 @@ local function fixed(k, points, window, cost)
   end
 end
 
-local function sliding(k, points, window, cost)
+local function sliding(k, points, window, cost, check)
   local pttl = redis.call('PTTL', k)
   local v = false
   if pttl > 0 and pttl <= 2 * window then
@@ -123,6 +132,7 @@ local function sliding(k, points, window, cost)
   end
   local count = cur + cost + math.floor(prev * left / window)
   if count <= points then
+    if check then return count - cost, left, false end
     return count, left, function()
       if v and pttl > window then
         redis.call('HINCRBY', k, 'c', cost)
@@ -149,7 +159,7 @@ local function sliding(k, points, window, cost)
   return count, ttl, false
 end
 
-local function bucket(k, points, window, rate, cost, now)
+local function bucket(k, points, window, rate, cost, now, check)
   local d = window * 1000
   local v = read('HMGET', k, 'r', 'n')
   local r, n, valid = now, 0, false
@@ -163,6 +173,7 @@ local function bucket(k, points, window, rate, cost, now)
     r, n, ahead = now, 0, 0
   end
   if ahead <= (points - cost) * d then
+    if check then return math.ceil(ahead / d), math.ceil(ahead / rate / 1000), false end
     n = n + cost
     ahead = ahead + cost * d
     if n >= rate then
@@ -189,17 +200,19 @@ for i = 1, #KEYS do
   local points = tonumber(ARGV[4 * i - 1])
   local window = tonumber(ARGV[4 * i])
   local algorithm = ARGV[4 * i + 1]
+  local check = string.byte(algorithm, 1) == 99
+  if check then algorithm = string.sub(algorithm, 2) end
   local count, ttl, write
   if algorithm == '2' then
     if not now then
       local clock = redis.call('TIME')
       now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
     end
-    count, ttl, write = bucket(KEYS[i], points, window, tonumber(ARGV[4 * i + 2]), cost, now)
+    count, ttl, write = bucket(KEYS[i], points, window, tonumber(ARGV[4 * i + 2]), cost, now, check)
   elseif algorithm == '1' then
-    count, ttl, write = sliding(KEYS[i], points, window, cost)
+    count, ttl, write = sliding(KEYS[i], points, window, cost, check)
   else
-    count, ttl, write = fixed(KEYS[i], points, window, cost)
+    count, ttl, write = fixed(KEYS[i], points, window, cost, check)
   end
   out[#out + 1] = count
   out[#out + 1] = ttl
@@ -404,7 +417,7 @@ func (s *redisStore) take(t *tally, now int64, layers []*layer, client, principa
 			s.backend.failed(now, probe, err)
 		}
 
-		*t = tally{}
+		*t = tally{cost: t.cost}
 		s.local.take(t, now, layers, client, principal, req, all)
 
 		return
@@ -418,9 +431,18 @@ func (s *redisStore) take(t *tally, now int64, layers []*layer, client, principa
 }
 
 // takeBlocked refuses the request locally when one of its keys is known to be
-// over its limit, and reports whether it did.
+// over its limit, and reports whether it did. A key is blocked until the
+// smallest cost fits again (redisStore.refused); a larger one refuses too,
+// but in a sliding window or a token bucket it fits later than that, so
+// such a request asks Redis, which tells when.
 func (s *redisStore) takeBlocked(t *tally, now int64, layers []*layer, client, principal string, req *http.Request) bool {
+	costly := t.cost > 1
+
 	for i, l := range layers {
+		if costly && t.cost > l.minCost && (l.sliding || l.interval != 0) {
+			continue
+		}
+
 		if reset := s.blocked.resetOf(l.blockPrefix, l.keyFor(client, principal, req), now); reset != 0 {
 			l.stats.countRedis(true)
 
@@ -447,10 +469,15 @@ func (s *redisStore) takeRedis(t *tally, now int64, layers []*layer, client, pri
 	var serverErr string
 	var err error
 
+	cost := t.cost
+	if cost < 1 {
+		cost = 1
+	}
+
 	if s.backend.cluster != nil {
-		ints, serverErr, err = s.runCluster(s.backend.cluster, layers, client, principal, req, all)
+		ints, serverErr, err = s.runCluster(s.backend.cluster, layers, client, principal, req, all, cost)
 	} else {
-		ints, serverErr, err = s.callFor(len(layers)).RunIntsOn(s.backend.pool, encodeCall(layers, client, principal, req, mode, 1))
+		ints, serverErr, err = s.callFor(len(layers)).RunIntsOn(s.backend.pool, encodeCall(layers, client, principal, req, mode, cost))
 	}
 
 	if err != nil {
@@ -542,7 +569,9 @@ func (s *redisStore) record(t *tally, ints []int64, now int64, layers []*layer, 
 	for i := 0; i < n; i++ {
 		l, count, ttl := layers[i], ints[2*i], ints[2*i+1]
 
-		if count < 1 || ttl < 0 || ttl > l.maxTTL {
+		// A check-only layer that allows reports the count without the
+		// request, which may be 0.
+		if count < 1 && (count < 0 || !l.checkOnly) || ttl < 0 || ttl > l.maxTTL {
 			return fmt.Errorf("%w: count %d, ttl %d", errBadReply, count, ttl)
 		}
 
@@ -572,9 +601,11 @@ func (s *redisStore) record(t *tally, ints []int64, now int64, layers []*layer, 
 	}
 
 	for i := 0; i < n; i++ {
+		// A check-only layer counts as allowed what its later charge takes
+		// (countstatus.go).
 		if ints[2*i] > layers[i].points {
 			atomic.AddInt64(&layers[i].stats.redisRefused, 1)
-		} else {
+		} else if !layers[i].checkOnly {
 			atomic.AddInt64(&layers[i].stats.redisAllowed, 1)
 		}
 	}
@@ -585,8 +616,22 @@ func (s *redisStore) record(t *tally, ints []int64, now int64, layers []*layer, 
 // refused records that layers[i] refused with count: the key is blocked
 // locally until reset, and the first refusal per window is reported. It
 // returns true, so that takeRedis can tell a reply that goes on after it.
+//
+// A key is blocked only by a refusal of the smallest cost the layer is
+// charged (layer.minCost): then every request to it would be refused until
+// reset, whatever its cost. A key that refused a larger cost (an export of
+// cost 10) may still take a smaller one (a plain read), so that refusal
+// blocks nothing and the next such request asks Redis again; the block list
+// only remembers it was reported (blockList.note).
 func (s *redisStore) refused(t *tally, i int, l *layer, count, reset, now int64, client, principal string, req *http.Request) bool {
-	first := s.blocked.add(l.blockPrefix, l.keyFor(client, principal, req), reset, now)
+	key := l.keyFor(client, principal, req)
+
+	first := false
+	if t.cost <= 1 || t.cost <= l.minCost {
+		first = s.blocked.add(l.blockPrefix, key, reset, now)
+	} else {
+		first = s.blocked.note(l.blockPrefix, key, reset, now)
+	}
 	t.refuse(i, count, reset, []string{formatInt(ceilSeconds(reset))}, first)
 
 	return true
@@ -794,10 +839,14 @@ type blockList struct {
 	mu    sync.Mutex
 	max   int
 	until map[string]int64 // by layer.blockPrefix + key
+	// noted holds the reset of keys reported refused by a cost that
+	// blocks nothing (redisStore.refused), so that their refusals too are
+	// reported once per window.
+	noted map[string]int64
 }
 
 func newBlockList(capacity int) *blockList {
-	return &blockList{max: capacity, until: map[string]int64{}}
+	return &blockList{max: capacity, until: map[string]int64{}, noted: map[string]int64{}}
 }
 
 // blockPrefix is a layer's part of its block list entries: its name and its
@@ -846,26 +895,62 @@ func (b *blockList) add(prefix, key string, reset, now int64) bool {
 		return false
 	}
 
-	if len(b.until) >= b.max {
-		for k, r := range b.until {
-			if r <= now {
-				delete(b.until, k)
-			}
-		}
-
-		for k := range b.until {
-			if len(b.until) < b.max {
-				break
-			}
-
-			delete(b.until, k)
-		}
-	}
-
+	trimEntries(b.until, b.max, now)
 	b.until[id] = reset
 	b.size.Store(int64(len(b.until)))
 
+	noted := b.noted[id]
+
+	return noted <= now
+}
+
+// note records that a key refused a request without being blocked, until
+// reset, and reports whether no refusal of it was recorded yet (blocked or
+// noted) in its window.
+func (b *blockList) note(prefix, key string, reset, now int64) bool {
+	id := prefix + key
+
+	b.mu.Lock()
+	defer b.mu.Unlock()
+
+	if b.until[id] > now {
+		return false
+	}
+
+	if old := b.noted[id]; old > now {
+		if reset > old {
+			b.noted[id] = reset
+		}
+
+		return false
+	}
+
+	trimEntries(b.noted, b.max, now)
+	b.noted[id] = reset
+
 	return true
+}
+
+// trimEntries drops the expired entries of m when it holds capacity, then others
+// until one more fits.
+func trimEntries(m map[string]int64, capacity int, now int64) {
+	if len(m) < capacity {
+		return
+	}
+
+	for k, r := range m {
+		if r <= now {
+			delete(m, k)
+		}
+	}
+
+	for k := range m {
+		if len(m) < capacity {
+			break
+		}
+
+		delete(m, k)
+	}
 }
 
 // blockedKey is a block list entry as the status endpoint lists it; prefix

@@ -37,13 +37,13 @@ type slotGroup struct {
 // a refund of the other slots' layers when one refused (refundOtherSlots).
 // The reply is returned as the single-server script would give it: count and
 // milliseconds to reset per layer in order, up to the first refusal.
-func (s *redisStore) runCluster(cl *redisresp.Cluster, layers []*layer, client, principal string, req *http.Request, all bool) ([]int64, string, error) {
+func (s *redisStore) runCluster(cl *redisresp.Cluster, layers []*layer, client, principal string, req *http.Request, all bool, cost int64) ([]int64, string, error) {
 	mode := argStopAtRefusal
 	if all {
 		mode = argChargeAll
 	}
 
-	groups := slotGroups(layers, client, principal, req, mode+argCostOne)
+	groups := slotGroups(layers, client, principal, req, mode+costArg(cost))
 
 	calls := make([]redisresp.ClusterCall, len(groups))
 	for i, g := range groups {
@@ -59,7 +59,7 @@ func (s *redisStore) runCluster(cl *redisresp.Cluster, layers []*layer, client, 
 	// buffers the replies' integers are read into.
 	ints, serverErr, err := mergeSlotReplies(layers, groups, replies, all)
 	if !all && err == nil && serverErr == "" {
-		s.refundOtherSlots(cl, layers, groups, replies, client, principal, req)
+		s.refundOtherSlots(cl, layers, groups, replies, client, principal, req, cost)
 	}
 
 	return ints, serverErr, err
@@ -69,9 +69,10 @@ func (s *redisStore) runCluster(cl *redisresp.Cluster, layers []*layer, client, 
 // slots: each slot's call decides its own layers all or nothing, so when one
 // refused the request, the calls of the other slots, which could not see it,
 // charged theirs, and get them back here (one more call per such slot, on
-// refusals only). A refund that fails leaves those layers one point
-// over-charged for this request; the refusal stands either way.
-func (s *redisStore) refundOtherSlots(cl *redisresp.Cluster, layers []*layer, groups []*slotGroup, replies []redisresp.Reply, client, principal string, req *http.Request) {
+// refusals only), cost each; check-only layers were charged nothing. A
+// refund that fails leaves those layers over-charged for this request; the
+// refusal stands either way.
+func (s *redisStore) refundOtherSlots(cl *redisresp.Cluster, layers []*layer, groups []*slotGroup, replies []redisresp.Reply, client, principal string, req *http.Request, cost int64) {
 	var charged []*layer
 
 	refused := false
@@ -83,12 +84,14 @@ func (s *redisStore) refundOtherSlots(cl *redisresp.Cluster, layers []*layer, gr
 		}
 
 		for _, li := range g.layers {
-			charged = append(charged, layers[li])
+			if !layers[li].checkOnly {
+				charged = append(charged, layers[li])
+			}
 		}
 	}
 
 	if refused && len(charged) > 0 {
-		_ = s.refundCluster(cl, charged, client, principal, req, requestCost)
+		_ = s.refundCluster(cl, charged, client, principal, req, cost)
 	}
 }
 

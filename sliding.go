@@ -26,14 +26,15 @@ func slidingCount(prev, count, cost, left, d int64) int64 {
 	return count + cost + int64(float64(prev)*float64(left)/float64(d))
 }
 
-// slidingWait returns how long after a refusal the next request will be
-// allowed, in the unit of left and d (at least 1). count <= points, since only
-// allowed requests are counted.
-func slidingWait(prev, count, points, left, d int64) int64 {
-	if count < points {
-		// Within this window, once prev x (left - x) / d < points - count;
-		// at the latest when it ends.
-		x := left - int64(math.Ceil(float64(points-count)*float64(d)/float64(prev))) + 1
+// slidingWait returns how long after a refusal a request of cost points
+// will be allowed, in the unit of left and d (at least 1), as the Redis
+// script computes it. count <= points, since only allowed requests are
+// counted.
+func slidingWait(prev, count, cost, points, left, d int64) int64 {
+	if count+cost <= points {
+		// Within this window, once count + cost + prev x (left - x) / d <=
+		// points; at the latest when it ends.
+		x := left - int64(math.Ceil(float64(points-count-cost+1)*float64(d)/float64(prev))) + 1
 		if x < 1 {
 			x = 1
 		}
@@ -45,8 +46,13 @@ func slidingWait(prev, count, points, left, d int64) int64 {
 		return x
 	}
 
-	// In the next window, once count x (d - y) / d < points.
-	y := d - int64(math.Ceil(float64(points)*float64(d)/float64(count))) + 1
+	// In the next window, once cost + count x (d - y) / d <= points (a
+	// cost above the points never fits: a whole window).
+	y := d
+	if count > 0 && cost <= points {
+		y = d - int64(math.Ceil(float64(points-cost+1)*float64(d)/float64(count))) + 1
+	}
+
 	if y < 0 {
 		y = 0
 	}
@@ -66,16 +72,7 @@ func (s *windowStore) slide(t *tally, i int, now int64, l *layer, key string, co
 	w.taken = s.takes
 
 	if w.reset <= now {
-		// The window ended less than a duration ago (else it expired above):
-		// the next one starts where it ended.
-		w.list.unlink(w)
-		w.prevCount, w.count, w.refused, w.logged = w.count, 0, 0, false
-		w.start = w.reset
-		w.reset = w.start + l.duration
-		w.expire = w.start + l.list.span
-		w.resetSec = ceilSeconds(w.reset)
-		w.resetH = []string{formatInt(w.resetSec)}
-		l.list.push(w)
+		rotate(w, l)
 	}
 
 	left := w.reset - now
@@ -87,7 +84,7 @@ func (s *windowStore) slide(t *tally, i int, now int64, l *layer, key string, co
 
 		first := !w.logged
 		w.logged = true
-		retry := now + slidingWait(w.prevCount, w.count, l.points, left, l.duration)
+		retry := now + slidingWait(w.prevCount, w.count, cost, l.points, left, l.duration)
 		t.refuse(i, est, retry, []string{formatInt(ceilSeconds(retry))}, first)
 
 		return true
@@ -98,6 +95,19 @@ func (s *windowStore) slide(t *tally, i int, now int64, l *layer, key string, co
 	t.allow(i, l, est, w.reset, w.resetH)
 
 	return false
+}
+
+// rotate moves a sliding window whose window ended less than a duration ago
+// (else it expired) to the next window, which starts where it ended.
+func rotate(w *window, l *layer) {
+	w.list.unlink(w)
+	w.prevCount, w.count, w.refused, w.logged = w.count, 0, 0, false
+	w.start = w.reset
+	w.reset = w.start + l.duration
+	w.expire = w.start + l.list.span
+	w.resetSec = ceilSeconds(w.reset)
+	w.resetH = []string{formatInt(w.resetSec)}
+	l.list.push(w)
 }
 
 // allow records that layers[i] let the request through with this count; the

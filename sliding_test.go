@@ -35,7 +35,7 @@ func TestSlidingWaitIsTheFirstAllowedMoment(t *testing.T) {
 						}
 					}
 
-					if got := slidingWait(prev, count, points, left, d); got != want {
+					if got := slidingWait(prev, count, 1, points, left, d); got != want {
 						t.Fatalf("points %d prev %d count %d left %d: wait %d, want %d", points, prev, count, left, got, want)
 					}
 				}

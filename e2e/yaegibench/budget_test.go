@@ -27,6 +27,8 @@ var budgets = map[string]float64{
 	"principal with plans":    267,
 	"chain edge anonymous":    293,
 	"chain edge credentialed": 290,
+	"costed route":            1015,
+	"countStatus route":       1230,
 	"redis allowed":           439,
 	"redis refused":           307,
 }
@@ -86,6 +88,24 @@ func TestAllocationBudgets(t *testing.T) {
 		req.RemoteAddr = "127.0.0.1:5555"
 	}
 
+	// A route match takes the general path (classifyPath hands it over):
+	// an export of cost 10, and a login that a countStatus route checks
+	// and, answered 200, does not charge.
+	costed := longEdge()
+	costed["routes"] = []any{
+		map[string]any{"name": "export", "paths": []any{"/export"}, "key": "ip", "points": "1000000000", "duration": "1h", "cost": "10"},
+	}
+	plainRoute := longEdge()
+	plainRoute["routes"] = []any{
+		map[string]any{"name": "export", "paths": []any{"/export"}, "key": "ip", "points": "1000000000", "duration": "1h"},
+	}
+	counted := longEdge()
+	counted["routes"] = []any{
+		map[string]any{"name": "auth_login", "methods": []any{"POST"}, "paths": []any{"/auth/login"}, "key": "ip", "points": "1000000", "duration": "1h", "countStatus": []any{"401"}},
+	}
+	export := func(_ int, req *http.Request) { req.URL.Path = "/export" }
+	login := func(_ int, req *http.Request) { req.Method = http.MethodPost; req.URL.Path = "/auth/login" }
+
 	shapes := []struct {
 		name   string
 		config map[string]any
@@ -101,12 +121,16 @@ func TestAllocationBudgets(t *testing.T) {
 		{"principal with plans", withPlans, planUsers},
 		{"chain edge anonymous", chain, nil},
 		{"chain edge credentialed", chain, token},
+		{"costed route", costed, export},
+		{"countStatus route", counted, login},
 	}
 
 	for _, sh := range shapes {
 		h := build(t, "tierlimit", sh.config, "budget-"+strconv.Itoa(len(sh.name))+sh.name+"@budget")
 		check(t, sh.name, allocsPerRequest(h, sh.set))
 	}
+
+	t.Logf("a route of cost 1, for reference: %.0f", allocsPerRequest(build(t, "tierlimit", plainRoute, "plainroute@budget"), export))
 
 	r, err := harness.StartRedis(t.TempDir())
 	if err != nil {

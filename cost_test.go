@@ -1,0 +1,313 @@
+package tierlimit
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+func TestCostAndCountStatusConfiguration(t *testing.T) {
+	route := func(mutate func(r *RouteConfig)) func(c *Config) {
+		return func(c *Config) {
+			r := RouteConfig{Name: "export", Paths: []string{"/export"}, Points: 10, Duration: "60s"}
+			mutate(&r)
+			c.Routes = []RouteConfig{r}
+		}
+	}
+
+	for _, tc := range []struct {
+		name   string
+		mutate func(c *Config)
+		want   string // "" when valid
+	}{
+		{"cost of the points", route(func(r *RouteConfig) { r.Cost = 10 }), ""},
+		{"cost above the points", route(func(r *RouteConfig) { r.Cost = 11 }), `routes[0].cost = "11"`},
+		{"negative cost", route(func(r *RouteConfig) { r.Cost = -1 }), `routes[0].cost = "-1"`},
+		{"cost above a bucket's burst", route(func(r *RouteConfig) { r.Algorithm, r.Points, r.Burst, r.Cost = "tokenbucket", 20, 5, 6 }), `routes[0].cost = "6"`},
+		{"cost within a bucket's burst", route(func(r *RouteConfig) { r.Algorithm, r.Points, r.Burst, r.Cost = "tokenbucket", 1, 5, 5 }), ""},
+		{"cost on a route that is off", route(func(r *RouteConfig) { r.Points, r.Cost = 0, 3 }), ""},
+		{"countStatus 100 and 599", route(func(r *RouteConfig) { r.CountStatus = []int{100, 401, 599} }), ""},
+		{"countStatus 99", route(func(r *RouteConfig) { r.CountStatus = []int{401, 99} }), `routes[0].countStatus[1] = "99"`},
+		{"countStatus 600", route(func(r *RouteConfig) { r.CountStatus = []int{600} }), `routes[0].countStatus[0] = "600"`},
+	} {
+		cfg := CreateConfig()
+		tc.mutate(cfg)
+
+		_, err := parse(cfg)
+
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s: %v", tc.name, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s: error %v, want one naming %q", tc.name, err, tc.want)
+		}
+	}
+}
+
+// exportConfig is the issue's costed route: ip 25 a minute, exports of cost
+// 10 in a route of large points.
+func exportConfig(c *Config) {
+	c.Global = LayerConfig{Points: 1000, Duration: "60s"}
+	c.IP = LayerConfig{Points: 25, Duration: "60s"}
+	c.Routes = []RouteConfig{{Name: "export", Paths: []string{"/export"}, Key: "ip", Points: 1000, Duration: "60s", Cost: 10}}
+}
+
+// costedScenario: three exports get 200, 200, 429 (the third does not fit
+// and spends nothing), then 6 plain reads get 5 then 429; the headers show
+// what is left after each cost.
+func costedScenario(t *testing.T, h *harness) {
+	t.Helper()
+
+	for i, want := range []struct {
+		code int
+		left string
+	}{{200, "15"}, {200, "5"}, {429, "0"}} {
+		rec := h.get("/export", "203.0.113.1:1")
+		if rec.Code != want.code || rec.Header().Get("X-Ratelimit-Remaining") != want.left {
+			t.Fatalf("export %d: %d, remaining %q, want %d and %s", i+1, rec.Code, rec.Header().Get("X-Ratelimit-Remaining"), want.code, want.left)
+		}
+	}
+
+	for i := 1; i <= 6; i++ {
+		want := http.StatusOK
+		if i == 6 {
+			want = http.StatusTooManyRequests
+		}
+
+		rec := h.get("/api", "203.0.113.1:1")
+		if rec.Code != want || want == 200 && rec.Header().Get("Ratelimit") != `"ip";r=`+strconv.Itoa(5-i)+";t=60" {
+			t.Fatalf("read %d: %d, RateLimit %q", i, rec.Code, rec.Header().Get("Ratelimit"))
+		}
+	}
+
+	// global spent 10 + 10 + 5: the refused export and read took nothing.
+	if rec := h.get("/api", "203.0.113.2:1"); rec.Header().Get("X-Ratelimit-Remaining") != "24" {
+		t.Fatalf("another client: remaining %q", rec.Header().Get("X-Ratelimit-Remaining"))
+	}
+}
+
+func TestCostedRouteInMemory(t *testing.T) {
+	costedScenario(t, newHarness(t, exportConfig))
+}
+
+func TestCostedRouteOnRedisServer(t *testing.T) {
+	addr, _ := redisServer(t)
+	h, _ := redisHarness(t, addr, with(exportConfig, asACLUser))
+	costedScenario(t, h)
+
+	// The refused export blocked nothing: the reads asked Redis. A read
+	// refused at cost 1 blocks the key for everyone's costs.
+	if rec := h.get("/export", "203.0.113.1:1"); rec.Code != http.StatusTooManyRequests {
+		t.Fatalf("export after the reads: %d", rec.Code)
+	}
+}
+
+// TestLargestCostOfTheMatchingRoutes: a request matching two routes is
+// charged the larger cost in every layer.
+func TestLargestCostOfTheMatchingRoutes(t *testing.T) {
+	h := newHarness(t, func(c *Config) {
+		c.Global.Points = 0
+		c.IP = LayerConfig{Points: 100, Duration: "60s"}
+		c.Routes = []RouteConfig{
+			{Name: "api", Paths: []string{"/api/"}, Points: 50, Duration: "60s", Cost: 2},
+			{Name: "search", Paths: []string{"/api/search"}, Points: 60, Duration: "60s", Cost: 7},
+		}
+	})
+
+	if rec := h.get("/api/search", "203.0.113.1:1"); rec.Header().Get("X-Ratelimit-Remaining") != "43" {
+		t.Fatalf("remaining %q, want api's 50 - 7", rec.Header().Get("X-Ratelimit-Remaining"))
+	}
+
+	if rec := h.get("/api/x", "203.0.113.1:1"); rec.Header().Get("X-Ratelimit-Remaining") != "41" {
+		t.Fatalf("remaining %q, want api's 43 - 2", rec.Header().Get("X-Ratelimit-Remaining"))
+	}
+}
+
+// loginConfig is the issue's login limit: 3 a minute, counting 401s only,
+// on a backend (loginBackend) that answers 401 to a bad password.
+func loginConfig(c *Config) {
+	c.Global = LayerConfig{Points: 1000, Duration: "60s"}
+	c.IP = LayerConfig{Points: 1000, Duration: "60s"}
+	c.Routes = []RouteConfig{{Name: "login", Methods: []string{"POST"}, Paths: []string{"/login"}, Points: 3, Duration: "60s", CountStatus: []int{401}}}
+}
+
+var loginBackend = http.HandlerFunc(func(rw http.ResponseWriter, req *http.Request) {
+	if req.Header.Get("X-Password") != "good" {
+		http.Error(rw, "bad password", http.StatusUnauthorized)
+		return
+	}
+
+	_, _ = rw.Write([]byte("welcome"))
+})
+
+func login(h *harness, password string) *httptest.ResponseRecorder {
+	return h.do(http.MethodPost, "/login", "203.0.113.1:1", map[string]string{"X-Password": password})
+}
+
+// loginScenario: 10 good logins pass, 3 bad ones get the backend's 401 (the
+// headers showing each charge), the 4th 429, and a good one after it 429.
+func loginScenario(t *testing.T, h *harness) {
+	t.Helper()
+
+	h.p.next = loginBackend
+
+	for i := 1; i <= 10; i++ {
+		if rec := login(h, "good"); rec.Code != http.StatusOK || rec.Header().Get("X-Ratelimit-Remaining") != "3" {
+			t.Fatalf("good login %d: %d, remaining %q", i, rec.Code, rec.Header().Get("X-Ratelimit-Remaining"))
+		}
+	}
+
+	for i := 1; i <= 3; i++ {
+		rec := login(h, "bad")
+		if rec.Code != http.StatusUnauthorized || rec.Header().Get("X-Ratelimit-Remaining") != strconv.Itoa(3-i) || rec.Body.String() != "bad password\n" {
+			t.Fatalf("bad login %d: %d, remaining %q, body %q", i, rec.Code, rec.Header().Get("X-Ratelimit-Remaining"), rec.Body.String())
+		}
+	}
+
+	for _, password := range []string{"bad", "good"} {
+		if rec := login(h, password); rec.Code != http.StatusTooManyRequests || !strings.Contains(rec.Body.String(), `"layer":"login"`) {
+			t.Fatalf("%s login after three failures: %d %s", password, rec.Code, rec.Body.String())
+		}
+	}
+
+	// The route refused; the other layers charged the 13 that went through.
+	if rec := h.get("/api", "203.0.113.1:1"); rec.Header().Get("X-Ratelimit-Remaining") != "986" {
+		t.Fatalf("ip after the logins: remaining %q, want 1000 - 14", rec.Header().Get("X-Ratelimit-Remaining"))
+	}
+}
+
+func TestCountStatusRouteInMemory(t *testing.T) {
+	loginScenario(t, newHarness(t, loginConfig))
+}
+
+func TestCountStatusRouteOnRedisServer(t *testing.T) {
+	addr, _ := redisServer(t)
+	h, _ := redisHarness(t, addr, with(loginConfig, asACLUser))
+	loginScenario(t, h)
+}
+
+// TestCountStatusInFlight: logins that passed the check while the budget had
+// room are each counted when they fail, while they fit: the count stops at
+// the points, so the route refuses no longer than its rule says.
+func TestCountStatusInFlight(t *testing.T) {
+	h := newHarness(t, loginConfig)
+
+	// Four logins in flight at once: all pass the check (nothing counted yet).
+	var fail []func()
+	h.p.next = http.HandlerFunc(func(rw http.ResponseWriter, req *http.Request) {
+		done := make(chan struct{})
+		fail = append(fail, func() { rw.WriteHeader(http.StatusUnauthorized); close(done) })
+		if len(fail) < 4 {
+			// The next login arrives while this one waits for its answer.
+			login(h, "bad")
+		} else {
+			for i := len(fail) - 1; i >= 0; i-- {
+				fail[i]()
+			}
+		}
+		<-done
+	})
+
+	if rec := login(h, "bad"); rec.Code != http.StatusUnauthorized {
+		t.Fatalf("first login: %d", rec.Code)
+	}
+
+	w := h.p.routes[0].layer.entries["203.0.113.1"]
+	if w == nil || w.count != 3 {
+		t.Fatalf("window %+v: want the 3 points counted, never more", w)
+	}
+
+	h.p.next = loginBackend
+	if rec := login(h, "good"); rec.Code != http.StatusTooManyRequests {
+		t.Fatalf("login after: %d", rec.Code)
+	}
+}
+
+// TestCountStatusWriterKeepsStreamsLive: a countStatus route's response is
+// flushed through and hijackable; an upgrade's 101 is not counted unless
+// listed.
+func TestCountStatusWriterKeepsStreamsLive(t *testing.T) {
+	for _, listed := range []bool{false, true} {
+		h := newHarness(t, func(c *Config) {
+			loginConfig(c)
+			c.Routes[0].Methods = nil
+			if listed {
+				c.Routes[0].CountStatus = append(c.Routes[0].CountStatus, http.StatusSwitchingProtocols)
+			}
+		})
+
+		h.p.next = http.HandlerFunc(func(rw http.ResponseWriter, req *http.Request) {
+			rw.Header().Set("Content-Type", "text/event-stream")
+			rw.WriteHeader(http.StatusOK)
+
+			for i := 0; i < 3; i++ {
+				_, _ = rw.Write([]byte("data: x\n\n"))
+			}
+		})
+
+		rec := &flushRecorder{ResponseRecorder: httptest.NewRecorder()}
+		h.h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/login", nil))
+
+		if rec.flushes != 4 || rec.Body.String() != strings.Repeat("data: x\n\n", 3) {
+			t.Fatalf("%d flushes (want 4: headers and each event), body %q", rec.flushes, rec.Body.String())
+		}
+
+		h.p.next = http.HandlerFunc(func(rw http.ResponseWriter, req *http.Request) {
+			if _, _, err := rw.(http.Hijacker).Hijack(); err != nil {
+				t.Errorf("hijack: %v", err)
+			}
+		})
+
+		req := httptest.NewRequest(http.MethodGet, "/login", nil)
+		req.Header.Set("Connection", "Upgrade")
+		req.Header.Set("Upgrade", "websocket")
+		rec = &flushRecorder{ResponseRecorder: httptest.NewRecorder()}
+		h.h.ServeHTTP(rec, req)
+
+		if !rec.hijacked {
+			t.Fatal("Hijack did not reach the original writer")
+		}
+
+		counted := int64(0)
+		if w := h.p.routes[0].layer.entries["192.0.2.1"]; w != nil {
+			counted = w.count
+		}
+
+		if want := map[bool]int64{false: 0, true: 1}[listed]; counted != want {
+			t.Fatalf("101 listed %v: counted %d, want %d", listed, counted, want)
+		}
+	}
+}
+
+// TestCostOfAPendingIPCharge: a credentialed export's ip charge, settled on
+// the backend's 401, is its cost; when it is refused, the layers charged up
+// front get that cost back.
+func TestCostOfAPendingIPCharge(t *testing.T) {
+	h := newHarness(t, func(c *Config) {
+		c.Global = LayerConfig{Points: 100, Duration: "60s"}
+		c.IP = LayerConfig{Points: 15, Duration: "60s"}
+		c.Principal.CredentialHeaders = []string{"Authorization"}
+		c.Routes = []RouteConfig{{Name: "export", Paths: []string{"/export"}, Points: 100, Duration: "60s", Cost: 10}}
+	})
+	h.p.next = http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) { rw.WriteHeader(http.StatusUnauthorized) })
+
+	token := map[string]string{"Authorization": "Bearer garbage"}
+	for i, want := range []int{http.StatusUnauthorized, http.StatusTooManyRequests} {
+		if rec := h.do(http.MethodGet, "/export", "203.0.113.1:1", token); rec.Code != want {
+			t.Fatalf("export %d: %d, want %d", i+1, rec.Code, want)
+		}
+	}
+
+	counts := map[string]int64{}
+	for _, l := range h.p.layers {
+		for _, w := range l.entries {
+			counts[l.name] += w.count
+		}
+	}
+
+	if counts["global"] != 10 || counts["ip"] != 10 || counts["export"] != 10 {
+		t.Fatalf("counts %v, want 10 each: the refused export's cost given back", counts)
+	}
+}

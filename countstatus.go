@@ -1,0 +1,272 @@
+package tierlimit
+
+import (
+	"bufio"
+	"net"
+	"net/http"
+)
+
+// A route with countStatus (a login limit that counts failed logins only) is
+// charged after the response, and only when its status is listed. Up front
+// its layer is check-only (layer.checkOnly): the request is refused when the
+// route's budget for its key cannot take its cost, and otherwise charged
+// nothing there, while the other layers of its plan charge as usual, all or
+// nothing among themselves. Once the response's status is known, a listed
+// one is charged to the route's charging layer (route.charge: the same
+// counters) with the request's cost, in a take of its own that stops at a
+// refusal: requests in flight when the budget runs out are each counted
+// while they fit, and the count never exceeds the points, so the route
+// refuses no longer than its rule says. A charge that no longer fits is
+// counted as a refusal of the layer in its statistics; the response passes
+// unchanged either way.
+
+// routeHits is what the matching routes of a request add to its charge: the
+// largest cost among them (0: none matched), and those that count only
+// listed statuses.
+type routeHits struct {
+	cost    int64
+	counted []*route
+}
+
+// check evaluates the check-only layer l under s.mu for a request of cost
+// points, as take would charge it, and records it in t as layers[i]: a
+// refusal like any other, an allowance with the layer's count as it is
+// (nothing spent). It writes no count and makes no counter: only refusal
+// statistics, and a sliding window's move to its next window, which every
+// later charge would make the same.
+func (s *windowStore) check(t *tally, i int, now int64, l *layer, key string, cost int64) bool {
+	w := l.entries[key]
+	if w != nil && w.list != l.list {
+		w = nil
+	}
+
+	switch {
+	case l.sliding:
+		return checkSliding(t, i, now, l, w, cost)
+	case l.interval != 0:
+		return checkBucket(t, i, now, l, w, cost)
+	}
+
+	count := int64(0)
+	reset := now + l.duration
+	var resetH []string
+
+	if w != nil && w.reset > now {
+		count = w.count
+		reset = w.reset
+		resetH = w.resetH
+	} else {
+		w = nil
+	}
+
+	if count+cost > l.points {
+		return checkRefused(t, i, l, w, count+cost, reset, resetH)
+	}
+
+	if resetH == nil {
+		resetH = []string{formatInt(ceilSeconds(reset))}
+	}
+
+	t.allow(i, l, count, reset, resetH)
+
+	return false
+}
+
+// checkSliding is check for a sliding layer (slide's arithmetic).
+func checkSliding(t *tally, i int, now int64, l *layer, w *window, cost int64) bool {
+	if w == nil || w.expire <= now {
+		reset := now + l.duration
+		t.allow(i, l, 0, reset, []string{formatInt(ceilSeconds(reset))})
+
+		return false
+	}
+
+	if w.reset <= now {
+		rotate(w, l)
+	}
+
+	left := w.reset - now
+	est := slidingCount(w.prevCount, w.count, cost, left, l.duration)
+
+	if est > l.points {
+		retry := now + slidingWait(w.prevCount, w.count, cost, l.points, left, l.duration)
+		return checkRefused(t, i, l, w, est, retry, []string{formatInt(ceilSeconds(retry))})
+	}
+
+	t.allow(i, l, est-cost, w.reset, w.resetH)
+
+	return false
+}
+
+// checkBucket is check for a token bucket (drip's arithmetic).
+func checkBucket(t *tally, i int, now int64, l *layer, w *window, cost int64) bool {
+	tat := now
+	if w != nil && w.reset > now {
+		tat = w.reset
+	}
+
+	if tat-now > (l.points-cost)*l.interval {
+		retry := tat - (l.points-cost)*l.interval
+		return checkRefused(t, i, l, w, l.points+1, retry, []string{formatInt(ceilSeconds(retry))})
+	}
+
+	t.allow(i, l, bucketUsed(tat-now, l.interval), tat, []string{formatInt(ceilSeconds(tat))})
+
+	return false
+}
+
+// checkRefused records a refusal of a check-only layer (window w, or nil
+// when the key has none); it returns true.
+func checkRefused(t *tally, i int, l *layer, w *window, count, reset int64, resetH []string) bool {
+	l.stats.refused++
+
+	first := false
+	if w != nil {
+		w.refused++
+		first = !w.logged
+		w.logged = true
+	}
+
+	if resetH == nil {
+		resetH = []string{formatInt(ceilSeconds(reset))}
+	}
+
+	t.refuse(i, count, reset, resetH, first)
+
+	return true
+}
+
+// serveCounted passes on a request that matched countStatus routes with its
+// response watched (countWriter); out is what next would get otherwise, rw
+// the original writer (serveUpgrade writes its refusals there). left is
+// what the headers show (-1: none).
+func serveCounted(p *Plugin, out, rw http.ResponseWriter, req *http.Request, client, principal string, hits *routeHits, left int64) {
+	cw := &countWriter{rw: out, req: req, p: p, routes: hits.counted, client: client, principal: principal, cost: hits.cost, prevLeft: left}
+
+	// Converted to the interface first (doc.go: wrappers).
+	var w http.ResponseWriter = cw
+	if p.ws != nil && isUpgrade(req) {
+		serveUpgrade(p, w, rw, req, client)
+	} else {
+		p.next.ServeHTTP(w, req)
+	}
+
+	// A handler that wrote nothing answered 200, which net/http sends.
+	if !cw.wroteHeader {
+		cw.wroteHeader = true
+		cw.count(http.StatusOK)
+	}
+}
+
+// countWriter watches the status of a request that matched countStatus
+// routes and charges those routes that list it, before the status goes out,
+// so that the headers can show the charge. It follows credentialWriter's
+// rules (invalidcred.go): compiled code sees it without Flush, so it flushes
+// the writer it wraps after every write of a response without a
+// Content-Length, and passes Hijack through. A WebSocket upgrade is watched
+// too, as its answer may be a listed 401; its 101, written on the hijacked
+// connection, counts only where 101 is listed.
+type countWriter struct {
+	rw                http.ResponseWriter
+	req               *http.Request
+	p                 *Plugin
+	routes            []*route
+	client, principal string
+	cost              int64
+	prevLeft          int64 // requests left in the layer the headers show; -1 if none
+
+	wroteHeader bool
+	flushEach   bool
+}
+
+func (w *countWriter) Header() http.Header {
+	return w.rw.Header()
+}
+
+func (w *countWriter) WriteHeader(code int) {
+	if w.wroteHeader {
+		return
+	}
+
+	if code >= 100 && code < 200 && code != http.StatusSwitchingProtocols {
+		// Informational responses precede the final one.
+		w.rw.WriteHeader(code)
+		return
+	}
+
+	w.wroteHeader = true
+	w.count(code)
+
+	w.flushEach = w.rw.Header().Get("Content-Length") == ""
+	w.rw.WriteHeader(code)
+
+	if w.flushEach {
+		w.Flush()
+	}
+}
+
+func (w *countWriter) Write(b []byte) (int, error) {
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+
+	n, err := w.rw.Write(b)
+	if w.flushEach {
+		w.Flush()
+	}
+
+	return n, err
+}
+
+// Flush flushes the wrapped writer, for interpreted callers and for Write.
+func (w *countWriter) Flush() {
+	if f, ok := w.rw.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// Hijack hands over the connection, for WebSocket upgrades: the response
+// is then the 101 the proxy writes on it.
+func (w *countWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	h, ok := w.rw.(http.Hijacker)
+	if !ok {
+		return nil, nil, errHijackUnsupported
+	}
+
+	if !w.wroteHeader {
+		w.wroteHeader = true
+		w.count(http.StatusSwitchingProtocols)
+	}
+
+	return h.Hijack()
+}
+
+// count charges the routes that list code, and shows the charge in the
+// headers when it leaves fewer requests than they show.
+func (w *countWriter) count(code int) {
+	var layers []*layer
+
+	for _, rt := range w.routes {
+		if rt.countStatus[code] {
+			layers = append(layers, rt.charge)
+		}
+	}
+
+	if layers == nil {
+		return
+	}
+
+	p := w.p
+	now := p.now().UnixNano()
+	t := tally{cost: w.cost}
+
+	p.store.take(&t, now, layers, w.client, w.principal, w.req, p.dryRun)
+
+	if t.firsts != 0 {
+		report(p, layers, t.firsts, w.client, w.principal, w.req)
+	}
+
+	if p.headers && t.shown >= 0 && (w.prevLeft < 0 || t.left < w.prevLeft) {
+		setHeaders(w.rw.Header(), layers[t.shown], t.left, t.reset, t.resetH, now)
+	}
+}
