@@ -343,6 +343,8 @@ var errBadReply = errors.New("unexpected reply from the rate-limit script")
 // reported over their limit are refused locally until their reset.
 type redisStore struct {
 	prefix  string
+	name    string // the middleware's, and the channel of its resets (resetsub.go)
+	channel string
 	backend *redisBackend
 	local   *windowStore
 	blocked *blockList
@@ -587,6 +589,10 @@ func (s *redisStore) record(t *tally, ints []int64, now int64, layers []*layer, 
 // returns true, so that takeRedis can tell a reply that goes on after it.
 func (s *redisStore) refused(t *tally, i int, l *layer, count, reset, now int64, client, principal string, req *http.Request) bool {
 	first := s.blocked.add(l.blockPrefix, l.keyFor(client, principal, req), reset, now)
+	if first {
+		listenResets(s)
+	}
+
 	t.refuse(i, count, reset, []string{formatInt(ceilSeconds(reset))}, first)
 
 	return true
@@ -609,6 +615,7 @@ type redisBackend struct {
 	sentinel *redisresp.Sentinel // pool as a Sentinel's primary, or nil (redisPath)
 	address  string
 	log      io.Writer
+	resets   *resetListener // follows the resets of the backend's middlewares (resetsub.go)
 
 	// down mirrors failing for the common path, which then takes no lock.
 	down atomic.Bool
@@ -704,6 +711,10 @@ func (b *redisBackend) switched(from, to string) {
 	b.retryAt = 0
 	b.mu.Unlock()
 
+	if b.resets != nil {
+		b.resets.resubscribe()
+	}
+
 	line, err := redisEventLine(redisEvent{Event: "REDIS_PRIMARY_CHANGED", Severity: "info", Address: b.address, Primary: to, Previous: from}, time.Now().UnixNano())
 	if err == nil {
 		_, _ = b.log.Write(line)
@@ -751,6 +762,7 @@ type backendRegistry struct {
 
 func closeBackend(v interface{}) {
 	if b, ok := v.(*redisBackend); ok {
+		b.resets.stop()
 		b.pool.Close()
 	}
 }
@@ -779,6 +791,7 @@ func newBackend(opts redisresp.Options) *redisBackend {
 
 	b.cluster, _ = b.pool.(*redisresp.Cluster)
 	b.single, _ = b.pool.(*redisresp.Pool)
+	b.resets = newResetListener(b, opts)
 
 	return b
 }
@@ -794,10 +807,14 @@ type blockList struct {
 	mu    sync.Mutex
 	max   int
 	until map[string]int64 // by layer.blockPrefix + key
+	// prefixes holds every blockPrefix an entry was made under, so that a
+	// reset can find a key's entries without a scan (forgetLayerKey). A few
+	// per layer: one per limits a reload gave it.
+	prefixes map[string]bool
 }
 
 func newBlockList(capacity int) *blockList {
-	return &blockList{max: capacity, until: map[string]int64{}}
+	return &blockList{max: capacity, until: map[string]int64{}, prefixes: map[string]bool{}}
 }
 
 // blockPrefix is a layer's part of its block list entries: its name and its
@@ -863,6 +880,7 @@ func (b *blockList) add(prefix, key string, reset, now int64) bool {
 	}
 
 	b.until[id] = reset
+	b.prefixes[prefix] = true
 	b.size.Store(int64(len(b.until)))
 
 	return true
