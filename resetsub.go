@@ -56,21 +56,25 @@ func parseResetMessage(payload string) (name, layer, key string, ok bool) {
 	return payload[:i], rest[:j], rest[j+1:], true
 }
 
-// resetTarget is what a reset clears in one middleware besides Redis: its
-// block list and its memory fallback.
-type resetTarget struct {
-	blocked *blockList
-	local   *windowStore
-}
+// resetForget clears a key of a layer in one middleware besides Redis: its
+// block list entries and its memory fallback's window (forgetIn).
+type resetForget func(layer, key string)
 
 // resetListener follows the reset channels of one backend on a connection of
 // its own, from one goroutine that lives until the backend is released.
+//
+// Its fields name no type of this package but through func types: Yaegi
+// mixes up the types of a struct cycle (redisBackend -> resetListener ->
+// redisBackend, or one that reaches windowStore's recursive window), and
+// then panics in reflect.Set on the memory store's request path.
 type resetListener struct {
-	backend *redisBackend
-	opts    redisresp.Options
+	opts     redisresp.Options
+	sentinel *redisresp.Sentinel // the backend's, or nil: subscribe on its primary
+	cluster  *redisresp.Cluster  // the backend's, or nil: subscribe on one of its nodes
+	event    func(msg string)    // logs that the subscription failed
 
 	mu      sync.Mutex
-	targets map[string]map[string]resetTarget // by channel, then middleware name
+	targets map[string]map[string]resetForget // by channel, then middleware name
 	changed bool                              // a channel was added since the last subscription
 	running bool
 	closed  bool
@@ -79,19 +83,33 @@ type resetListener struct {
 	done    chan struct{}
 }
 
+// newResetListener makes b's listener; it does no I/O.
 func newResetListener(b *redisBackend, opts redisresp.Options) *resetListener {
-	return &resetListener{backend: b, opts: opts, targets: map[string]map[string]resetTarget{}, done: make(chan struct{})}
+	event := func(msg string) {
+		b.event("REDIS_RESETS_UNAVAILABLE", "error", msg, 0, time.Now().UnixNano())
+	}
+
+	return &resetListener{opts: opts, sentinel: b.sentinel, cluster: b.cluster, event: event,
+		targets: map[string]map[string]resetForget{}, done: make(chan struct{})}
 }
 
 // listenResets has s's backend follow s's resets, from s's first block list
 // entry on; later calls only refresh the target (a reload's new store).
 func listenResets(s *redisStore) {
 	if r := s.backend.resets; r != nil && s.channel != "" {
-		r.listen(s.channel, s.name, resetTarget{blocked: s.blocked, local: s.local})
+		r.listen(s.channel, s.name, forgetIn(s.blocked, s.local))
 	}
 }
 
-func (r *resetListener) listen(channel, name string, t resetTarget) {
+// forgetIn clears a key in a middleware's block list and memory fallback.
+func forgetIn(blocked *blockList, local *windowStore) resetForget {
+	return func(layer, key string) {
+		blocked.forgetLayerKey(layer, key)
+		local.forgetKey(layer, key, time.Now().UnixNano())
+	}
+}
+
+func (r *resetListener) listen(channel, name string, forget resetForget) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 
@@ -101,7 +119,7 @@ func (r *resetListener) listen(channel, name string, t resetTarget) {
 
 	m := r.targets[channel]
 	if m == nil {
-		m = map[string]resetTarget{}
+		m = map[string]resetForget{}
 		r.targets[channel] = m
 		r.changed = true
 
@@ -112,7 +130,7 @@ func (r *resetListener) listen(channel, name string, t resetTarget) {
 		}
 	}
 
-	m[name] = t
+	m[name] = forget
 
 	if !r.running {
 		r.running = true
@@ -228,20 +246,19 @@ var errNoPrimaryYet = errors.New("no primary known yet")
 // current primary, or one of a cluster's nodes, a next one at each attempt.
 func (r *resetListener) address(attempt int) (redisresp.Options, error) {
 	opts := r.opts
-	b := r.backend
 
 	switch {
-	case b.sentinel != nil:
+	case r.sentinel != nil:
 		opts.Sentinel = nil
 		opts.RequirePrimary = true
-		opts.Address = b.sentinel.Primary()
+		opts.Address = r.sentinel.Primary()
 
 		if opts.Address == "" {
 			return opts, errNoPrimaryYet
 		}
-	case b.cluster != nil:
+	case r.cluster != nil:
 		opts.Cluster = nil
-		nodes := redisresp.ClusterNodes(b.cluster)
+		nodes := redisresp.ClusterNodes(r.cluster)
 
 		if len(nodes) == 0 {
 			return opts, redisresp.ErrCluster
@@ -322,8 +339,7 @@ func (r *resetListener) follow(c *redisresp.Conn, addr string) {
 
 // moved reports whether the Sentinel's primary is another server than addr.
 func (r *resetListener) moved(addr string) bool {
-	s := r.backend.sentinel
-	return s != nil && s.Primary() != addr
+	return r.sentinel != nil && r.sentinel.Primary() != addr
 }
 
 // dispatch clears what the reset m names in the middleware it names; a
@@ -336,21 +352,11 @@ func (r *resetListener) dispatch(m redisresp.Message) {
 	}
 
 	r.mu.Lock()
-	t, found := r.targets[m.Channel][name]
+	forget := r.targets[m.Channel][name]
 	r.mu.Unlock()
 
-	if !found {
-		return
-	}
-
-	now := time.Now().UnixNano()
-
-	if t.blocked != nil {
-		t.blocked.forgetLayerKey(layer, key)
-	}
-
-	if t.local != nil {
-		t.local.forgetKey(layer, key, now)
+	if forget != nil {
+		forget(layer, key)
 	}
 }
 
@@ -362,7 +368,7 @@ func (r *resetListener) failed(err error) {
 	r.mu.Unlock()
 
 	if first {
-		r.backend.event("REDIS_RESETS_UNAVAILABLE", "error", err.Error(), 0, time.Now().UnixNano())
+		r.event(err.Error())
 	}
 }
 

@@ -52,7 +52,7 @@ func TestResetMessageClearsTheNamedKeyOnly(t *testing.T) {
 	}
 
 	r := newResetListener(&redisBackend{}, redisresp.Options{})
-	r.targets["ratelimit:resets"] = map[string]resetTarget{"edge@file": {blocked: bl, local: ws}}
+	r.targets["ratelimit:resets"] = map[string]resetForget{"edge@file": forgetIn(bl, ws)}
 
 	// Another middleware's, another channel's and a malformed message.
 	r.dispatch(redisresp.Message{Channel: "ratelimit:resets", Payload: resetMessage("other@file", "ip", "203.0.113.7")})
@@ -78,10 +78,13 @@ func TestResetMessageClearsTheNamedKeyOnly(t *testing.T) {
 	}
 }
 
-// A panic in a session (here: a listener without a backend) ends the
-// session, not the process.
+// A panic in a session (here: logging its failure) ends the session, not
+// the process.
 func TestResetSessionRecoversFromPanics(t *testing.T) {
-	if (&resetListener{}).session(0) {
+	r := newResetListener(&redisBackend{}, redisresp.Options{Address: closedPort(t)})
+	r.event = func(string) { panic("logging") }
+
+	if r.session(0) {
 		t.Fatal("a session that panicked reports a subscription")
 	}
 }
