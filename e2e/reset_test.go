@@ -178,8 +178,10 @@ func TestResetWithRedisThroughTraefik(t *testing.T) {
 	// b follows the resets once it blocks a key: wait until both do, so
 	// that the reset below finds b listening (the subscription is up in
 	// milliseconds; while it is down, a reset misses b: README).
-	waitFor(t, 10*time.Second, func() bool { return redisDo(t, admin, "PUBSUB", "NUMSUB", "ratelimit:resets").Array[1].Int == 2 },
-		func() string { return "not both Traefik processes follow ratelimit:resets:\n" + tail(b.traefik.Logs(), 10) })
+	listening := func() bool { return redisDo(t, admin, "PUBSUB", "NUMSUB", "ratelimit:resets").Array[1].Int == 2 }
+	waitFor(t, 10*time.Second, listening, func() string {
+		return "not both Traefik processes follow ratelimit:resets:\n" + tail(b.traefik.Logs(), 10)
+	})
 
 	key := "ratelimit:edge@file:ip:" + resetClient
 	if v := redisDo(t, admin, "GET", key); v.Str != "2" {
