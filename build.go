@@ -272,6 +272,8 @@ func (p *Plugin) setPathForms(cfg *settings) {
 func newRedisStore(ctx context.Context, cfg *settings, name string, memory *windowStore, layers []*layer) *redisStore {
 	rs := &redisStore{
 		prefix:  cfg.keyPrefix + ":" + name + ":",
+		name:    name,
+		channel: resetChannel(cfg.keyPrefix),
 		backend: backends.get(ctx, cfg.redis),
 		local:   memory,
 		blocked: registry.blockListFor(ctx, name, cfg.maxTracked),

@@ -356,6 +356,8 @@ var errBadReply = errors.New("unexpected reply from the rate-limit script")
 // reported over their limit are refused locally until their reset.
 type redisStore struct {
 	prefix  string
+	name    string // the middleware's, and the channel of its resets (resetsub.go)
+	channel string
 	backend *redisBackend
 	local   *windowStore
 	blocked *blockList
@@ -629,6 +631,9 @@ func (s *redisStore) refused(t *tally, i int, l *layer, count, reset, now int64,
 	first := false
 	if t.cost <= 1 || t.cost <= l.minCost {
 		first = s.blocked.add(l.blockPrefix, key, reset, now)
+		if first {
+			listenResets(s)
+		}
 	} else {
 		first = s.blocked.note(l.blockPrefix, key, reset, now)
 	}
@@ -654,6 +659,7 @@ type redisBackend struct {
 	sentinel *redisresp.Sentinel // pool as a Sentinel's primary, or nil (redisPath)
 	address  string
 	log      io.Writer
+	resets   *resetListener // follows the resets of the backend's middlewares (resetsub.go)
 
 	// down mirrors failing for the common path, which then takes no lock.
 	down atomic.Bool
@@ -749,6 +755,10 @@ func (b *redisBackend) switched(from, to string) {
 	b.retryAt = 0
 	b.mu.Unlock()
 
+	if b.resets != nil {
+		b.resets.resubscribe()
+	}
+
 	line, err := redisEventLine(redisEvent{Event: "REDIS_PRIMARY_CHANGED", Severity: "info", Address: b.address, Primary: to, Previous: from}, time.Now().UnixNano())
 	if err == nil {
 		_, _ = b.log.Write(line)
@@ -796,6 +806,7 @@ type backendRegistry struct {
 
 func closeBackend(v interface{}) {
 	if b, ok := v.(*redisBackend); ok {
+		b.resets.stop()
 		b.pool.Close()
 	}
 }
@@ -824,6 +835,7 @@ func newBackend(opts redisresp.Options) *redisBackend {
 
 	b.cluster, _ = b.pool.(*redisresp.Cluster)
 	b.single, _ = b.pool.(*redisresp.Pool)
+	b.resets = newResetListener(b, opts)
 
 	return b
 }
@@ -843,10 +855,14 @@ type blockList struct {
 	// blocks nothing (redisStore.refused), so that their refusals too are
 	// reported once per window.
 	noted map[string]int64
+	// prefixes holds every blockPrefix an entry was made under, so that a
+	// reset can find a key's entries without a scan (forgetLayerKey). A few
+	// per layer: one per limits a reload gave it.
+	prefixes map[string]bool
 }
 
 func newBlockList(capacity int) *blockList {
-	return &blockList{max: capacity, until: map[string]int64{}, noted: map[string]int64{}}
+	return &blockList{max: capacity, until: map[string]int64{}, noted: map[string]int64{}, prefixes: map[string]bool{}}
 }
 
 // blockPrefix is a layer's part of its block list entries: its name and its
@@ -897,6 +913,7 @@ func (b *blockList) add(prefix, key string, reset, now int64) bool {
 
 	trimEntries(b.until, b.max, now)
 	b.until[id] = reset
+	b.prefixes[prefix] = true
 	b.size.Store(int64(len(b.until)))
 
 	noted := b.noted[id]

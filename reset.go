@@ -19,9 +19,9 @@ import (
 // it may call methods and take the store's lock like the status page.
 //
 // Other Traefik instances on the same Redis see the cleared Redis key at
-// their next round trip, but a key that one of them refused keeps being
-// refused locally, from its own block list, until the reset it learnt (at
-// most the window): the reset is sent to that instance too (README).
+// their next round trip; one that refused the key itself holds it in its
+// own block list, and forgets it when the reset's message reaches it
+// (resetsub.go): the reset script publishes it.
 
 const resetSuffix = "/reset"
 
@@ -163,10 +163,15 @@ func (e *eventLog) reset(r resetReport, operator string) {
 // still counted something: a window not yet over (for a sliding window, one
 // whose count still weighs on the next), a token bucket not yet full.
 func (s *windowStore) forget(l *layer, key string, now int64) bool {
+	return s.forgetKey(l.name, key, now)
+}
+
+// forgetKey is forget by the layer's name, for a reset another replica sent.
+func (s *windowStore) forgetKey(layer, key string, now int64) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 
-	w := s.maps[l.name][key]
+	w := s.maps[layer][key]
 	if w == nil {
 		return false
 	}
@@ -175,7 +180,7 @@ func (s *windowStore) forget(l *layer, key string, now int64) bool {
 		w.list.unlink(w)
 	}
 
-	delete(s.maps[l.name], key)
+	delete(s.maps[layer], key)
 	s.size--
 
 	return w.expire > now
@@ -198,16 +203,21 @@ func (b *blockList) forget(id string, now int64) bool {
 	return reset > now
 }
 
-// resetScript deletes its keys and returns how many there were, as a
-// one-integer array (the replies redisresp reads). A script rather than a
-// DEL, so that it goes through the calls the store makes already (EVALSHA,
-// NOSCRIPT, a cluster's slots and redirections) and needs no command
-// README.md's ACL does not grant.
+// resetScript deletes its keys, publishes the reset to the other replicas
+// (ARGV[1] the channel, ARGV[2] the message: resetsub.go) and returns how
+// many keys there were, as a one-integer array (the replies redisresp
+// reads). A script rather than a DEL, so that it goes through the calls the
+// store makes already (EVALSHA, NOSCRIPT, a cluster's slots and
+// redirections), and the PUBLISH costs no round trip of its own; on a
+// cluster, a PUBLISH reaches the subscribers of every node. The message is
+// sent whatever was deleted: a replica's block list entry may outlive the
+// key by a few milliseconds.
 const resetScript = `
 local n = 0
 for i = 1, #KEYS do
   n = n + redis.call('DEL', KEYS[i])
 end
+redis.call('PUBLISH', ARGV[1], ARGV[2])
 return {n}
 `
 
@@ -240,7 +250,7 @@ func resetClusterKey(l *layer, key string) string {
 // redisAbsent, or redisUnavailable when the call failed (logged; Redis's
 // back-off is left to the requests, which will find out themselves).
 func (s *redisStore) reset(l *layer, key string) string {
-	n, err := s.deleteKeys(resetKeys(s, l, key))
+	n, err := s.deleteKeys(resetKeys(s, l, key), s.channel, resetMessage(s.name, l.name, key))
 	if err != nil {
 		s.backend.logResetFailure(err)
 		return redisUnavailable
@@ -255,15 +265,16 @@ func (s *redisStore) reset(l *layer, key string) string {
 
 var errNoReply = errors.New("no reply")
 
-// deleteKeys runs resetScript on keys, which share a slot, and returns how
-// many existed.
-func (s *redisStore) deleteKeys(keys []string) (int64, error) {
+// deleteKeys runs resetScript on keys, which share a slot, publishing
+// message on channel, and returns how many existed.
+func (s *redisStore) deleteKeys(keys []string, channel, message string) (int64, error) {
 	encoded := ""
 	for _, k := range keys {
 		encoded += redisresp.Bulk(k)
 	}
 
-	call := resetRedis.Call(len(keys), len(keys))
+	encoded += redisresp.Bulk(channel) + redisresp.Bulk(message)
+	call := resetRedis.Call(len(keys), len(keys)+2)
 
 	var ints []int64
 	var serverErr string

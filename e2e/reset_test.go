@@ -151,9 +151,10 @@ func TestResetThroughTraefik(t *testing.T) {
 }
 
 // TestResetWithRedisThroughTraefik: two Traefik processes share a
-// redis-server; a client refused through one is let in through the other
-// right after a reset through the first, and resets from outside change
-// nothing in Redis.
+// redis-server; a client refused through both, so that each refuses it from
+// its own block list, is let in through either right after a reset through
+// the first (the reset reaches the second's block list through Redis), and
+// resets from outside change nothing in Redis.
 func TestResetWithRedisThroughTraefik(t *testing.T) {
 	rs := startRedis(t)
 	store := `store: redis
@@ -166,12 +167,21 @@ func TestResetWithRedisThroughTraefik(t *testing.T) {
 	admin := rs.Client(redisresp.Options{})
 	defer admin.Close()
 
-	// One request through each, the third refused by Redis through a.
-	for i, e := range []*env{a, b, a} {
+	// One request through each, the third refused by Redis through a, the
+	// fourth through b: each now blocks the client locally.
+	for i, e := range []*env{a, b, a, b} {
 		if r := e.get(e.traefik.Web+"/api", from(resetClient)); (i < 2) != (r.code == http.StatusOK) {
 			t.Fatalf("request %d: %d", i+1, r.code)
 		}
 	}
+
+	// b follows the resets once it blocks a key: wait until both do, so
+	// that the reset below finds b listening (the subscription is up in
+	// milliseconds; while it is down, a reset misses b: README).
+	listening := func() bool { return redisDo(t, admin, "PUBSUB", "NUMSUB", "ratelimit:resets").Array[1].Int == 2 }
+	waitFor(t, 10*time.Second, listening, func() string {
+		return "not both Traefik processes follow ratelimit:resets:\n" + tail(b.traefik.Logs(), 10)
+	})
 
 	key := "ratelimit:edge@file:ip:" + resetClient
 	if v := redisDo(t, admin, "GET", key); v.Str != "2" {
@@ -193,11 +203,28 @@ func TestResetWithRedisThroughTraefik(t *testing.T) {
 		t.Fatalf("%s still exists after the reset", key)
 	}
 
-	// The budget starts afresh, shared: one through b, one through a, and
-	// the third refused.
-	for i, e := range []*env{b, a, b} {
-		if r := e.get(e.traefik.Web+"/api", from(resetClient)); (i < 2) != (r.code == http.StatusOK) {
-			t.Fatalf("request %d after the reset: %d", i+1, r.code)
+	// b lets the client in again as soon as the reset's message reached it,
+	// milliseconds after a answered: the requests b refuses meanwhile spend
+	// nothing. Without the message, b would refuse for the rest of the
+	// minute. Then the budget is shared afresh: one through b, one through
+	// a, and the third refused.
+	refusals := 0
+
+	waitFor(t, 5*time.Second, func() bool {
+		if r := b.get(b.traefik.Web+"/api", from(resetClient)); r.code == http.StatusOK {
+			return true
+		}
+
+		refusals++
+
+		return false
+	}, func() string { return "b still refuses the client after the reset:\n" + tail(b.traefik.Logs(), 10) })
+
+	t.Logf("b refused %d requests after the reset before its message arrived", refusals)
+
+	for i, e := range []*env{a, b} {
+		if r := e.get(e.traefik.Web+"/api", from(resetClient)); (i < 1) != (r.code == http.StatusOK) {
+			t.Fatalf("request %d after the reset: %d", i+2, r.code)
 		}
 	}
 

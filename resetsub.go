@@ -1,0 +1,399 @@
+package tierlimit
+
+import (
+	"errors"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tierlimit/tierlimit/redisresp"
+)
+
+// Resets reach every replica. The reset script publishes each reset on its
+// keyPrefix's channel, and every Traefik that holds block list entries on a
+// Redis backend follows that channel, so that a replica which refused a key
+// itself (and so refuses it locally, without Redis) lets it in again as soon
+// as the message arrives. One subscription per backend, started with the
+// backend's first block list entry: a replica with none has nothing to
+// forget, and New does no I/O. While the subscription is down a message is
+// lost, and the replica's entry refuses the key until the key's reset at the
+// latest (README).
+
+// Subscription timing: a quiet connection is pinged after resetQuiet, and
+// given up when the ping is not answered by the next resetQuiet; failures
+// are retried after a back-off from resetRetryMin to resetRetryMax.
+const (
+	resetQuiet    = 5 * time.Second
+	resetRetryMin = 50 * time.Millisecond
+	resetRetryMax = 5 * time.Second
+)
+
+// resetChannel is the channel of the resets of keyPrefix's middlewares.
+func resetChannel(keyPrefix string) string {
+	return keyPrefix + ":resets"
+}
+
+// resetMessage is a reset's message: the middleware's name, the layer's and
+// the key, the first two ended by a NUL, which neither holds (blockPrefix).
+func resetMessage(name, layer, key string) string {
+	return name + "\x00" + layer + "\x00" + key
+}
+
+// parseResetMessage reads a resetMessage; ok is false for any other payload.
+func parseResetMessage(payload string) (name, layer, key string, ok bool) {
+	i := strings.IndexByte(payload, 0)
+	if i <= 0 {
+		return "", "", "", false
+	}
+
+	rest := payload[i+1:]
+
+	j := strings.IndexByte(rest, 0)
+	if j <= 0 || j == len(rest)-1 {
+		return "", "", "", false
+	}
+
+	return payload[:i], rest[:j], rest[j+1:], true
+}
+
+// resetForget clears a key of a layer in one middleware besides Redis: its
+// block list entries and its memory fallback's window (forgetIn).
+type resetForget func(layer, key string)
+
+// resetListener follows the reset channels of one backend on a connection of
+// its own, from one goroutine that lives until the backend is released.
+//
+// Its fields name no type of this package but through func types: Yaegi
+// mixes up the types of a struct cycle (redisBackend -> resetListener ->
+// redisBackend, or one that reaches windowStore's recursive window), and
+// then panics in reflect.Set on the memory store's request path.
+type resetListener struct {
+	opts     redisresp.Options
+	sentinel *redisresp.Sentinel // the backend's, or nil: subscribe on its primary
+	cluster  *redisresp.Cluster  // the backend's, or nil: subscribe on one of its nodes
+	event    func(msg string)    // logs that the subscription failed
+
+	mu      sync.Mutex
+	targets map[string]map[string]resetForget // by channel, then middleware name
+	changed bool                              // a channel was added since the last subscription
+	running bool
+	closed  bool
+	failing bool // the last attempt failed, and was logged
+	conn    *redisresp.Conn
+	done    chan struct{}
+}
+
+// newResetListener makes b's listener; it does no I/O.
+func newResetListener(b *redisBackend, opts redisresp.Options) *resetListener {
+	event := func(msg string) {
+		b.event("REDIS_RESETS_UNAVAILABLE", "error", msg, 0, time.Now().UnixNano())
+	}
+
+	return &resetListener{opts: opts, sentinel: b.sentinel, cluster: b.cluster, event: event,
+		targets: map[string]map[string]resetForget{}, done: make(chan struct{})}
+}
+
+// listenResets has s's backend follow s's resets, from s's first block list
+// entry on; later calls only refresh the target (a reload's new store).
+func listenResets(s *redisStore) {
+	if r := s.backend.resets; r != nil && s.channel != "" {
+		r.listen(s.channel, s.name, forgetIn(s.blocked, s.local))
+	}
+}
+
+// forgetIn clears a key in a middleware's block list and memory fallback.
+func forgetIn(blocked *blockList, local *windowStore) resetForget {
+	return func(layer, key string) {
+		blocked.forgetLayerKey(layer, key)
+		local.forgetKey(layer, key, time.Now().UnixNano())
+	}
+}
+
+func (r *resetListener) listen(channel, name string, forget resetForget) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+
+	if r.closed {
+		return
+	}
+
+	m := r.targets[channel]
+	if m == nil {
+		m = map[string]resetForget{}
+		r.targets[channel] = m
+		r.changed = true
+
+		// The live connection does not follow the new channel: a new
+		// subscription follows them all.
+		if r.conn != nil {
+			redisresp.Interrupt(r.conn)
+		}
+	}
+
+	m[name] = forget
+
+	if !r.running {
+		r.running = true
+		go r.run()
+	}
+}
+
+// stop ends the goroutine: the backend is released.
+func (r *resetListener) stop() {
+	if r == nil {
+		return
+	}
+
+	r.mu.Lock()
+	defer r.mu.Unlock()
+
+	if r.closed {
+		return
+	}
+
+	r.closed = true
+	close(r.done)
+
+	if r.conn != nil {
+		redisresp.Interrupt(r.conn)
+	}
+}
+
+// resubscribe drops the live connection, so that the goroutine subscribes
+// again: a Sentinel named another primary.
+func (r *resetListener) resubscribe() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+
+	if r.conn != nil {
+		redisresp.Interrupt(r.conn)
+	}
+}
+
+// run subscribes and follows until stop, again after each failure.
+func (r *resetListener) run() {
+	wait := time.Duration(0)
+
+	for attempt := 0; ; attempt++ {
+		if wait > 0 && !r.pause(wait) {
+			return
+		}
+
+		switch {
+		case r.session(attempt):
+			wait = resetRetryMin
+		case wait < resetRetryMin:
+			wait = resetRetryMin
+		case wait < resetRetryMax:
+			wait *= 2
+		}
+
+		if wait > resetRetryMax {
+			wait = resetRetryMax
+		}
+	}
+}
+
+// pause waits d, and reports false once stopped.
+func (r *resetListener) pause(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+
+	select {
+	case <-r.done:
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// session subscribes once and follows the connection until it fails, and
+// reports whether it subscribed. A panic ends the session, not Traefik.
+func (r *resetListener) session(attempt int) (subscribed bool) {
+	defer func() {
+		if recover() != nil {
+			subscribed = false
+		}
+	}()
+
+	opts, err := r.address(attempt)
+
+	var c *redisresp.Conn
+	if err == nil {
+		c, err = redisresp.Subscribe(opts, r.channels())
+	}
+
+	if err != nil {
+		r.failed(err)
+		return false
+	}
+
+	if !r.attach(c) {
+		_ = c.Close()
+		return true
+	}
+
+	defer r.detach(c)
+
+	r.follow(c, opts.Address)
+
+	return true
+}
+
+var errNoPrimaryYet = errors.New("no primary known yet")
+
+// address is the server to subscribe on: the single server, a Sentinel's
+// current primary, or one of a cluster's nodes, a next one at each attempt.
+func (r *resetListener) address(attempt int) (redisresp.Options, error) {
+	opts := r.opts
+
+	switch {
+	case r.sentinel != nil:
+		opts.Sentinel = nil
+		opts.RequirePrimary = true
+		opts.Address = r.sentinel.Primary()
+
+		if opts.Address == "" {
+			return opts, errNoPrimaryYet
+		}
+	case r.cluster != nil:
+		opts.Cluster = nil
+		nodes := redisresp.ClusterNodes(r.cluster)
+
+		if len(nodes) == 0 {
+			return opts, redisresp.ErrCluster
+		}
+
+		opts.Address = nodes[attempt%len(nodes)]
+	}
+
+	return opts, nil
+}
+
+// channels lists the channels to subscribe to.
+func (r *resetListener) channels() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+
+	r.changed = false
+
+	out := make([]string, 0, len(r.targets))
+	for ch := range r.targets {
+		out = append(out, ch)
+	}
+
+	return out
+}
+
+// attach makes c the live connection, unless the listener stopped or a
+// channel was added since the subscription (then the caller subscribes
+// again).
+func (r *resetListener) attach(c *redisresp.Conn) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+
+	if r.closed || r.changed {
+		return false
+	}
+
+	r.conn = c
+	r.failing = false
+
+	return true
+}
+
+func (r *resetListener) detach(c *redisresp.Conn) {
+	r.mu.Lock()
+	r.conn = nil
+	r.mu.Unlock()
+
+	_ = c.Close()
+}
+
+// follow dispatches c's messages until c fails, a ping goes unanswered, or a
+// Sentinel's primary is no longer addr.
+func (r *resetListener) follow(c *redisresp.Conn, addr string) {
+	pinged := false
+
+	for {
+		m, err := redisresp.Receive(c, time.Now().Add(resetQuiet))
+
+		switch {
+		case errors.Is(err, redisresp.ErrQuiet):
+			if pinged || r.moved(addr) || redisresp.Ping(c, time.Now().Add(resetQuiet)) != nil {
+				return
+			}
+
+			pinged = true
+		case err != nil:
+			return
+		default:
+			pinged = false
+
+			if m.Channel != "" {
+				r.dispatch(m)
+			}
+		}
+	}
+}
+
+// moved reports whether the Sentinel's primary is another server than addr.
+func (r *resetListener) moved(addr string) bool {
+	return r.sentinel != nil && r.sentinel.Primary() != addr
+}
+
+// dispatch clears what the reset m names in the middleware it names; a
+// payload that is not a reset, or names a middleware that does not listen
+// on m's channel, is dropped.
+func (r *resetListener) dispatch(m redisresp.Message) {
+	name, layer, key, ok := parseResetMessage(m.Payload)
+	if !ok {
+		return
+	}
+
+	r.mu.Lock()
+	forget := r.targets[m.Channel][name]
+	r.mu.Unlock()
+
+	if forget != nil {
+		forget(layer, key)
+	}
+}
+
+// failed logs the first failure of a row: later ones are the same outage.
+func (r *resetListener) failed(err error) {
+	r.mu.Lock()
+	first := !r.failing && !r.closed
+	r.failing = true
+	r.mu.Unlock()
+
+	if first {
+		r.event(err.Error())
+	}
+}
+
+// forgetLayerKey drops key's entries of the layer named layer, under any of
+// the limits that layer had (blockPrefix), and reports whether there was one.
+func (b *blockList) forgetLayerKey(layer, key string) bool {
+	head := layer + "\x00"
+
+	b.mu.Lock()
+	defer b.mu.Unlock()
+
+	found := false
+
+	for prefix := range b.prefixes {
+		if !strings.HasPrefix(prefix, head) {
+			continue
+		}
+
+		if _, ok := b.until[prefix+key]; ok {
+			delete(b.until, prefix+key)
+			found = true
+		}
+	}
+
+	b.size.Store(int64(len(b.until)))
+
+	return found
+}

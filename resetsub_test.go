@@ -1,0 +1,175 @@
+package tierlimit
+
+import (
+	"bytes"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/tierlimit/tierlimit/redisresp"
+)
+
+func TestResetMessagesRoundTripAndOthersAreDropped(t *testing.T) {
+	for _, c := range [][3]string{
+		{"edge@file", "ip", "203.0.113.7"},
+		{"edge@file", "route-login", "ip:2001:db8::1"},
+		{"m", "l", "key\x00with a NUL"},
+	} {
+		name, layer, key, ok := parseResetMessage(resetMessage(c[0], c[1], c[2]))
+		if !ok || name != c[0] || layer != c[1] || key != c[2] {
+			t.Fatalf("%q: %q %q %q %v", c, name, layer, key, ok)
+		}
+	}
+
+	for _, payload := range []string{"", "edge@file", "edge@file\x00ip", "edge@file\x00ip\x00", "\x00ip\x00k", "m\x00\x00k"} {
+		if _, _, _, ok := parseResetMessage(payload); ok {
+			t.Fatalf("%q read as a reset", payload)
+		}
+	}
+}
+
+// A reset message clears the key's block list entries of the layer it names,
+// under whatever limits they were made, and the key's memory window, for the
+// middleware it names only.
+func TestResetMessageClearsTheNamedKeyOnly(t *testing.T) {
+	now := t0
+	reset := now + int64(time.Hour)
+	bl := newBlockList(100)
+	ws := newWindowStore(100)
+	l := testLayer(ws, "ip", 1, time.Hour)
+	other := testLayer(ws, "ipx", 1, time.Hour)
+	req := httptest.NewRequest(http.MethodGet, "/", nil)
+
+	bl.add("ip\x00points 5\x00", "203.0.113.7", reset, now)
+	bl.add("ip\x00points 9\x00", "203.0.113.7", reset, now) // before a reload changed the limits
+	bl.add("ip\x00points 5\x00", "203.0.113.8", reset, now)
+	bl.add("ipx\x00points 5\x00", "203.0.113.7", reset, now)
+
+	for _, lay := range []*layer{l, other} {
+		var tl tally
+		ws.take(&tl, now, []*layer{lay}, "203.0.113.7", "", req, false)
+	}
+
+	r := newResetListener(&redisBackend{}, redisresp.Options{})
+	r.targets["ratelimit:resets"] = map[string]resetForget{"edge@file": forgetIn(bl, ws)}
+
+	// Another middleware's, another channel's and a malformed message.
+	r.dispatch(redisresp.Message{Channel: "ratelimit:resets", Payload: resetMessage("other@file", "ip", "203.0.113.7")})
+	r.dispatch(redisresp.Message{Channel: "other:resets", Payload: resetMessage("edge@file", "ip", "203.0.113.7")})
+	r.dispatch(redisresp.Message{Channel: "ratelimit:resets", Payload: "edge@file ip 203.0.113.7"})
+
+	if bl.size.Load() != 4 || peekCount(ws, now, "ip", "203.0.113.7") != 1 {
+		t.Fatalf("a message for someone else cleared something: %d entries, %v", bl.size.Load(), bl.until)
+	}
+
+	r.dispatch(redisresp.Message{Channel: "ratelimit:resets", Payload: resetMessage("edge@file", "ip", "203.0.113.7")})
+
+	if bl.resetOf("ip\x00points 5\x00", "203.0.113.7", now) != 0 || bl.resetOf("ip\x00points 9\x00", "203.0.113.7", now) != 0 {
+		t.Fatalf("the key is still blocked: %v", bl.until)
+	}
+
+	if bl.resetOf("ip\x00points 5\x00", "203.0.113.8", now) != reset || bl.resetOf("ipx\x00points 5\x00", "203.0.113.7", now) != reset {
+		t.Fatalf("another key or layer was cleared: %v", bl.until)
+	}
+
+	if peekCount(ws, now, "ip", "203.0.113.7") != 0 || peekCount(ws, now, "ipx", "203.0.113.7") != 1 {
+		t.Fatal("the memory windows: the key's is kept, or another layer's went")
+	}
+}
+
+// A panic in a session (here: logging its failure) ends the session, not
+// the process.
+func TestResetSessionRecoversFromPanics(t *testing.T) {
+	r := newResetListener(&redisBackend{}, redisresp.Options{Address: closedPort(t)})
+	r.event = func(string) { panic("logging") }
+
+	if r.session(0) {
+		t.Fatal("a session that panicked reports a subscription")
+	}
+}
+
+// Two replicas on one redis-server: each refused the client itself, so
+// each blocks it locally. A reset through A reaches B's block list and
+// memory fallback through the channel, and B lets the client in again. B
+// subscribes only once it blocks a key, and stops when its backend is
+// released.
+func TestResetReachesAnotherReplicasBlockListOnRedisServer(t *testing.T) {
+	addr, admin := redisServer(t)
+	h, _ := redisHarness(t, addr, func(c *Config) {
+		asACLUser(c)
+		c.Status.Path = "/_rl"
+		c.IP = LayerConfig{Points: 2, Duration: "1h"}
+	})
+	a := h.p.store.(*redisStore)
+
+	// Replica B: the same middleware (name, layers, keys) with a backend, a
+	// block list and a memory fallback of its own.
+	bb := newBackend(redisresp.Options{Address: addr, Username: "tierlimit", Password: aclPassword, Timeout: time.Second})
+	bb.log = &bytes.Buffer{}
+	b := &redisStore{prefix: a.prefix, name: a.name, channel: a.channel, backend: bb, local: newWindowStore(100), blocked: newBlockList(100), calls: a.calls}
+	layers := h.p.layers[:1]
+	client, other := "203.0.113.7", "203.0.113.8"
+	now := h.clock.Now().UnixNano()
+
+	take := func(s *redisStore, client string) tally {
+		var tl tally
+		s.take(&tl, now, layers, client, "", httptest.NewRequest(http.MethodGet, "/api", nil), false)
+		return tl
+	}
+
+	numsub := func() int64 {
+		v := redisDo(t, admin, "PUBSUB", "NUMSUB", a.channel)
+		return v.Array[1].Int
+	}
+
+	h.burst(client, 2)
+	take(b, other)
+	take(b, other)
+
+	if numsub() != 0 {
+		t.Fatal("a replica without block list entries subscribed")
+	}
+
+	if h.get("/api", client+":1").Code != http.StatusTooManyRequests || !take(b, client).refused || !take(b, other).refused {
+		t.Fatal("the clients are not refused")
+	}
+
+	var memory tally
+	b.local.take(&memory, now, layers, client, "", nil, false)
+
+	waitUntil(t, "B subscribes", func() bool { return numsub() == 1 })
+
+	if code, doc := h.reset("?layer=ip&key="+client, ""); code != http.StatusOK || !doc.BlockList {
+		t.Fatalf("reset: %d %+v", code, doc)
+	}
+
+	waitUntil(t, "B forgets the key", func() bool { return b.blocked.resetOf(layers[0].blockPrefix, client, now) == 0 })
+
+	if peekCount(b.local, now, "ip", client) != 0 {
+		t.Fatal("B's memory fallback still counts the key")
+	}
+
+	if b.blocked.resetOf(layers[0].blockPrefix, other, now) == 0 {
+		t.Fatal("B forgot another key")
+	}
+
+	if tl := take(b, client); tl.refused || h.get("/api", client+":1").Code != http.StatusOK {
+		t.Fatal("the client is refused after the reset")
+	}
+
+	closeBackend(bb)
+	waitUntil(t, "B unsubscribes once released", func() bool { return numsub() == 0 })
+}
+
+// waitUntil polls cond until it holds, failing after a generous bound: for
+// what another goroutine does, never for a window.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out: %s", what)
+		}
+	}
+}
