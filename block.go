@@ -1,0 +1,83 @@
+package tierlimit
+
+// A layer's blockDuration (README: blockDuration) refuses every request of a
+// key it refused, for that long from the refusal, even after the key's window
+// resets. The memory store keeps the blocks in a map per layer beside its
+// counters, rather than on them: a block outlives its window, which the
+// counter lists expire and purge in order of start. Redis keeps a block as a
+// key of its own (takeScript), and every replica learns its end from the
+// script's reply (its block list, blockList).
+
+// refuseBlocked refuses layers[i] while key is blocked in l, under the store's
+// lock, and reports whether it did. The block's refusals are its own first
+// refusal's event, so none of them is reported.
+func (s *windowStore) refuseBlocked(t *tally, i int, now int64, l *layer, key string) bool {
+	until := l.blocks[key]
+	if until == 0 {
+		return false
+	}
+
+	if until <= now {
+		delete(l.blocks, key)
+		return false
+	}
+
+	l.stats.refused++
+	t.refuse(i, l.points+1, until, []string{formatInt(ceilSeconds(until))}, false)
+
+	return true
+}
+
+// startBlock blocks key in l from now, after layers[i] refused it: the
+// refusal shown then says when the block ends, and it is reported (one event
+// per block, whatever the window's earlier refusals).
+func (s *windowStore) startBlock(t *tally, i int, now int64, l *layer, key string) {
+	if l.blocks[key] > now {
+		return
+	}
+
+	trimEntries(l.blocks, s.max, now)
+
+	until := now + l.blockDuration
+	l.blocks[key] = until
+	t.firsts |= uint64(1) << uint(i)
+
+	if t.shown == i {
+		t.reset, t.resetH = until, []string{formatInt(ceilSeconds(until))}
+	}
+}
+
+// forgetBlock drops key's block in l and reports whether it still refused.
+func (s *windowStore) forgetBlock(l *layer, key string, now int64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	until, ok := s.blocks[l.name][key]
+	if !ok {
+		return false
+	}
+
+	delete(s.blocks[l.name], key)
+
+	return until > now
+}
+
+// blockedKeys copies the memory store's blocks running at now whose key
+// starts with prefix, for the status page.
+func (s *windowStore) blockedKeys(now int64, layers []*layer, prefix string) []blockedKey {
+	var out []blockedKey
+
+	s.mu.Lock()
+
+	for _, l := range layers {
+		for key, until := range s.blocks[l.name] {
+			if until > now && (prefix == "" || len(key) >= len(prefix) && key[:len(prefix)] == prefix) {
+				out = append(out, blockedKey{layer: l.name, prefix: l.blockPrefix, key: key, reset: until})
+			}
+		}
+	}
+
+	s.mu.Unlock()
+
+	return out
+}
