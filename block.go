@@ -1,5 +1,7 @@
 package tierlimit
 
+import "net/http"
+
 // A layer's blockDuration (README: blockDuration) refuses every request of a
 // key it refused, for that long from the refusal, even after the key's window
 // resets. The memory store keeps the blocks in a map per layer beside its
@@ -7,6 +9,68 @@ package tierlimit
 // counter lists expire and purge in order of start. Redis keeps a block as a
 // key of its own (takeScript), and every replica learns its end from the
 // script's reply (its block list, blockList).
+
+// blockingStore is the memory store of an instance with a blockDuration
+// layer: it checks the blocks before windowStore.take and starts one after a
+// refusal, so that take, shared by every instance, costs layers without a
+// block nothing more (doc.go: frames). The Redis store's memory fallback
+// (redisStore.local) takes no blocks: during an outage the block list
+// still refuses the keys Redis reported blocked.
+type blockingStore struct {
+	*windowStore
+}
+
+// anyBlock reports whether one of the layers has a blockDuration.
+func anyBlock(layers []*layer) bool {
+	for _, l := range layers {
+		if l.blockDuration != 0 {
+			return true
+		}
+	}
+
+	return false
+}
+
+// take is windowStore.take with the layers' blocks: a request of a blocked
+// key is refused, charged nowhere; a refusal of a layer with a
+// blockDuration blocks its key. A dry run, which refuses nothing, neither
+// honours nor starts blocks.
+func (b *blockingStore) take(t *tally, now int64, layers []*layer, client, principal string, req *http.Request, all bool) {
+	s := b.windowStore
+
+	if !all && b.refuseAny(t, now, layers, client, principal, req) {
+		return
+	}
+
+	s.take(t, now, layers, client, principal, req, all)
+
+	if !t.refused || all || t.shown < 0 || layers[t.shown].blockDuration == 0 {
+		return
+	}
+
+	l := layers[t.shown]
+
+	s.mu.Lock()
+	s.startBlock(t, t.shown, now, l, l.keyFor(client, principal, req))
+	s.mu.Unlock()
+}
+
+// refuseAny refuses the request when one of its keys is blocked, and
+// reports whether it did.
+func (b *blockingStore) refuseAny(t *tally, now int64, layers []*layer, client, principal string, req *http.Request) bool {
+	s := b.windowStore
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	for i, l := range layers {
+		if l.blockDuration != 0 && s.refuseBlocked(t, i, now, l, l.keyFor(client, principal, req)) {
+			return true
+		}
+	}
+
+	return false
+}
 
 // refuseBlocked refuses layers[i] while key is blocked in l, under the store's
 // lock, and reports whether it did. The block's refusals are its own first

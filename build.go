@@ -124,6 +124,10 @@ func build(ctx context.Context, cfg *settings, next http.Handler, name string) *
 	built := p.buildLayers(cfg, memory)
 	p.buildOperations(ctx, cfg, memory, built)
 
+	if anyBlock(p.layers) {
+		p.store = &blockingStore{memory}
+	}
+
 	if cfg.store == "redis" {
 		rs := newRedisStore(ctx, cfg, name, memory, p.layers)
 		p.store = rs

@@ -494,9 +494,8 @@ func (s *windowStore) take(t *tally, now int64, layers []*layer, client, princip
 			key = l.keyFor(client, principal, req)
 		}
 
-		refused := l.blockDuration != 0 && s.refuseBlocked(t, i, now, l, key)
+		refused := false
 		switch {
-		case refused:
 		case l.checkOnly:
 			refused = s.check(t, i, now, l, key, cost)
 		case l.sliding:
@@ -511,10 +510,6 @@ func (s *windowStore) take(t *tally, now int64, layers []*layer, client, princip
 				w = s.restart(now, l, w, key)
 			}
 			refused = chargeFixed(t, i, l, w, cost, all)
-		}
-
-		if refused && l.blockDuration != 0 && !all {
-			s.startBlock(t, i, now, l, key)
 		}
 
 		if refused && !all {
