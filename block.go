@@ -56,20 +56,66 @@ func (b *blockingStore) take(t *tally, now int64, layers []*layer, client, princ
 }
 
 // refuseAny refuses the request when one of its keys is blocked, and
-// reports whether it did.
+// reports whether it did. The blocked layer refuses in its turn, as in
+// Redis: a layer before it that refuses is the one shown, and the layers
+// before it that allow are charged and given back (between the two holds of
+// the lock another request may see that charge; the counts end exact).
 func (b *blockingStore) refuseAny(t *tally, now int64, layers []*layer, client, principal string, req *http.Request) bool {
+	s := b.windowStore
+	i, key := b.firstBlocked(now, layers, client, principal, req)
+
+	if i < 0 {
+		return false
+	}
+
+	cost := t.cost
+	if cost < 1 {
+		cost = 1
+	}
+
+	if i > 0 {
+		s.take(t, now, layers[:i], client, principal, req, false)
+		if t.refused {
+			return true
+		}
+	}
+
+	s.mu.Lock()
+	giveBack(layers[:i], client, principal, req, cost)
+	*t = tally{cost: t.cost}
+
+	if !s.refuseBlocked(t, i, now, layers[i], key) {
+		t.shown = -1 // the block ended meanwhile: decided afresh
+		s.mu.Unlock()
+
+		return false
+	}
+
+	s.mu.Unlock()
+
+	return true
+}
+
+// firstBlocked returns the index and key of the first of layers whose key
+// is blocked at now, or -1.
+func (b *blockingStore) firstBlocked(now int64, layers []*layer, client, principal string, req *http.Request) (int, string) {
 	s := b.windowStore
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
 
 	for i, l := range layers {
-		if l.blockDuration != 0 && s.refuseBlocked(t, i, now, l, l.keyFor(client, principal, req)) {
-			return true
+		if l.blockDuration == 0 {
+			continue
+		}
+
+		key := l.keyFor(client, principal, req)
+		if until := l.blocks[key]; until > now {
+			return i, key
 		}
 	}
 
-	return false
+	return -1, ""
 }
 
 // refuseBlocked refuses layers[i] while key is blocked in l, under the store's
