@@ -49,7 +49,7 @@ func chooseMode(s *settings) mode {
 	for _, l := range append(s.builtin[:len(s.builtin):len(s.builtin)], s.plans...) {
 		if l.on() {
 			on = true
-			fixed = fixed && !l.sliding && !l.bucket && l.keyHeader == "" && !l.keyHost
+			fixed = fixed && !l.sliding && !l.bucket && l.keyHeader == "" && !l.keyHost && l.block == 0
 		}
 	}
 
@@ -123,6 +123,10 @@ func build(ctx context.Context, cfg *settings, next http.Handler, name string) *
 
 	built := p.buildLayers(cfg, memory)
 	p.buildOperations(ctx, cfg, memory, built)
+
+	if anyBlock(p.layers) {
+		p.store = &blockingStore{memory}
+	}
 
 	if cfg.store == "redis" {
 		rs := newRedisStore(ctx, cfg, name, memory, p.layers)
@@ -322,13 +326,14 @@ func newLayer(memory *windowStore, spec layerSpec, keyKind int) *layer {
 
 	l := &layer{
 		limits: limits{
-			name:      spec.name,
-			points:    spec.points,
-			duration:  int64(spec.duration),
-			keyKind:   keyKind,
-			constKey:  layerGlobal,
-			keyHeader: spec.keyHeader,
-			sliding:   spec.sliding,
+			name:          spec.name,
+			points:        spec.points,
+			duration:      int64(spec.duration),
+			keyKind:       keyKind,
+			constKey:      layerGlobal,
+			keyHeader:     spec.keyHeader,
+			sliding:       spec.sliding,
+			blockDuration: int64(spec.block),
 		},
 	}
 
@@ -361,7 +366,33 @@ func newRedisEncoding(spec layerSpec, rate int64) redisEncoding {
 		e.maxTTL = (spec.points*ms+rate-1)/rate + 1
 	}
 
+	if spec.block > 0 {
+		e.redisArgs, e.maxTTL = withBlock(e.redisArgs, e.maxTTL, int64(spec.block/time.Millisecond))
+	}
+
 	return e
+}
+
+// withBlock adds a block of blockMs to a layer's script arguments: its
+// algorithm, the third argument, gets the suffix "b<blockMs>" (takeScript),
+// and a refusal may report the block's end.
+func withBlock(args string, maxTTL, blockMs int64) (string, int64) {
+	i := 0
+	for n := 0; n < 2; n++ {
+		j := strings.Index(args[i:], "\r\n")
+		size, _ := strconv.Atoi(args[i+1 : i+j])
+		i += j + 2 + size + 2
+	}
+
+	j := strings.Index(args[i:], "\r\n")
+	size, _ := strconv.Atoi(args[i+1 : i+j])
+	algorithm := args[i+j+2 : i+j+2+size]
+
+	if blockMs > maxTTL {
+		maxTTL = blockMs
+	}
+
+	return args[:i] + redisresp.Bulk(algorithm+"b"+formatInt(blockMs)) + args[i+j+2+size+2:], maxTTL
 }
 
 // newHeaderTable makes a layer's header values; a token bucket's policy
@@ -410,8 +441,7 @@ func newRefusal(cfg *settings, l *layer) refusal {
 }
 
 // checkArgs is a layer's script arguments (newRedisEncoding) with the check
-// flag: its algorithm, the third argument, one digit, prefixed with "c"
-// (takeScript).
+// flag: its algorithm, the third argument, prefixed with "c" (takeScript).
 func checkArgs(args string) string {
 	i := 0
 	for n := 0; n < 2; n++ {
@@ -420,6 +450,9 @@ func checkArgs(args string) string {
 		i += j + 2 + size + 2
 	}
 
-	// args[i:] is "$1\r\n<digit>\r\n...".
-	return args[:i] + "$2\r\nc" + args[i+4:]
+	// args[i:] is "$<size>\r\n<algorithm>\r\n...".
+	j := strings.Index(args[i:], "\r\n")
+	size, _ := strconv.Atoi(args[i+1 : i+j])
+
+	return args[:i] + "$" + strconv.Itoa(size+1) + "\r\nc" + args[i+j+2:]
 }

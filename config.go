@@ -55,6 +55,9 @@ type LayerConfig struct {
 	Algorithm string
 	Burst     int
 	Key       string
+	// BlockDuration, when set, refuses every request of a key that the
+	// layer refused, for that long from the refusal (0: only while over).
+	BlockDuration string
 
 	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
 }
@@ -70,6 +73,7 @@ type AssetsConfig struct {
 	Key           string
 	PathPrefixes  []string
 	CaseSensitive bool
+	BlockDuration string
 
 	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
 }
@@ -94,6 +98,7 @@ type RouteConfig struct {
 	CaseSensitive bool
 	Cost          int
 	CountStatus   []int
+	BlockDuration string
 
 	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
 }

@@ -66,6 +66,8 @@ type layerSpec struct {
 	burst     int64  // tokenbucket only
 	keyHeader string // canonical header name when keyed by "header:<Name>"
 	keyHost   bool   // keyed by the request's host
+	// block is how long a key the layer refused stays refused (0: none).
+	block time.Duration
 }
 
 func (l layerSpec) on() bool { return l.points > 0 }
@@ -327,7 +329,28 @@ func parseLayer(field, name string, lc LayerConfig) (layerSpec, error) {
 		return layerSpec{}, err
 	}
 
+	block, err := parseBlock(field, lc.BlockDuration)
+	if err != nil {
+		return layerSpec{}, err
+	}
+
+	spec.block = block
+
 	return spec, nil
+}
+
+// parseBlock reads a blockDuration: empty or 0 blocks nothing.
+func parseBlock(field, v string) (time.Duration, error) {
+	if t := strings.TrimSpace(v); t == "" || t == "0" {
+		return 0, nil
+	}
+
+	d, err := parseDuration(v)
+	if err != nil {
+		return 0, invalid(field+".blockDuration", v, err.Error())
+	}
+
+	return d, nil
 }
 
 // maxBucketProduct bounds a token bucket's duration in microseconds times its
@@ -457,7 +480,7 @@ func checkRouteName(field, name string, seen map[string]bool) error {
 
 // parseRoute reads one route; field is its place in routes.
 func parseRoute(field string, rc RouteConfig) (routeSpec, error) {
-	layer, err := parseLayer(field, rc.Name, LayerConfig{Points: rc.Points, Duration: rc.Duration, Algorithm: rc.Algorithm, Burst: rc.Burst})
+	layer, err := parseLayer(field, rc.Name, LayerConfig{Points: rc.Points, Duration: rc.Duration, Algorithm: rc.Algorithm, Burst: rc.Burst, BlockDuration: rc.BlockDuration})
 	if err != nil {
 		return routeSpec{}, err
 	}

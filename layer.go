@@ -47,13 +47,17 @@ type limits struct {
 	// it: evaluated, never charged (countstatus.go). Its charge, once the
 	// response's status is known, goes to route.charge.
 	checkOnly bool
+	// blockDuration is how long a key this layer refused stays refused,
+	// in nanoseconds (0: only while over its limit; block.go).
+	blockDuration int64
 }
 
 // memCounters are the layer's counters in the memory store, resolved once
 // (windowStore.attach) so that the request path does no lookup.
 type memCounters struct {
 	entries map[string]*window
-	list    *windowList // the memory store's list for this duration
+	list    *windowList      // the memory store's list for this duration
+	blocks  map[string]int64 // blocked keys' block ends (block.go)
 }
 
 // redisEncoding is the layer's part of the Redis script call, RESP-encoded once.

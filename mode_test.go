@@ -134,6 +134,10 @@ var shapes = []shape{
 			RouteConfig{Name: "missing", Paths: []string{"/missing/"}, Points: 4, Duration: "2s", CountStatus: []int{404}, Cost: 2, Algorithm: "sliding"},
 			RouteConfig{Name: "missing_bucket", Paths: []string{"/missing/"}, Points: 1, Duration: "2s", Burst: 3, CountStatus: []int{404, 200}, Algorithm: "tokenbucket"})
 	}), modeClassify},
+	{"blockDuration on a layer and a costed sliding route", with(chainEdge, func(c *Config) {
+		c.IP.BlockDuration = "2h"
+		c.Routes = append(c.Routes, RouteConfig{Name: "export", Paths: []string{"/export"}, Points: 6, Duration: "2s", Cost: 2, Algorithm: "sliding", BlockDuration: "3h"})
+	}), modeGeneral},
 	{"disabled", with(smallLayers, func(c *Config) { c.Enabled = false }), modeOff},
 	{"every layer off", func(c *Config) {
 		c.Global.Points, c.IP.Points, c.Assets.Points, c.User.Points, c.Service.Points = 0, 0, 0, 0, 0

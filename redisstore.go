@@ -65,6 +65,11 @@ type counterStore interface {
 // ARGV[4i-1], ARGV[4i], ARGV[4i+1], ARGV[4i+2], of KEYS[i]: points (a token
 // bucket's burst), window (milliseconds), the algorithm ("0" fixed, "1"
 // sliding, "2" token bucket) and a token bucket's points per window ("0" else).
+// An algorithm followed by "b<ms>" ("0b900000") blocks a key the layer
+// refuses for that long (blockDuration, block.go): its block key,
+// KEYS[i]:block (the same hash tag on a cluster), is set with that TTL at the
+// refusal, when the request is not a dry run, and while it lives the layer
+// refuses, its reset the block's end.
 // An algorithm prefixed with "c" ("c0", "c1", "c2") marks a check-only layer
 // (a countStatus route, countstatus.go): it refuses as the others do, but is
 // never written, and when it allows, its count is the layer's as it is,
@@ -202,8 +207,15 @@ for i = 1, #KEYS do
   local algorithm = ARGV[4 * i + 1]
   local check = string.byte(algorithm, 1) == 99
   if check then algorithm = string.sub(algorithm, 2) end
+  local block, blocked = string.find(algorithm, 'b', 1, true), 0
+  if block then
+    block, algorithm = tonumber(string.sub(algorithm, block + 1)), string.sub(algorithm, 1, block - 1)
+    blocked = redis.call('PTTL', KEYS[i] .. ':block')
+  end
   local count, ttl, write
-  if algorithm == '2' then
+  if blocked > 0 then
+    count, ttl, write = points + 1, blocked, false
+  elseif algorithm == '2' then
     if not now then
       local clock = redis.call('TIME')
       now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
@@ -219,6 +231,10 @@ for i = 1, #KEYS do
   writes[#writes + 1] = write
   if count > points then
     refused = true
+    if block and blocked <= 0 and not all then
+      redis.call('SET', KEYS[i] .. ':block', '1', 'PX', block)
+      out[#out] = block
+    end
     if not all then break end
   end
 end
@@ -441,7 +457,7 @@ func (s *redisStore) takeBlocked(t *tally, now int64, layers []*layer, client, p
 	costly := t.cost > 1
 
 	for i, l := range layers {
-		if costly && t.cost > l.minCost && (l.sliding || l.interval != 0) {
+		if costly && t.cost > l.minCost && (l.sliding || l.interval != 0) && l.blockDuration == 0 {
 			continue
 		}
 
@@ -629,7 +645,7 @@ func (s *redisStore) refused(t *tally, i int, l *layer, count, reset, now int64,
 	key := l.keyFor(client, principal, req)
 
 	first := false
-	if t.cost <= 1 || t.cost <= l.minCost {
+	if t.cost <= 1 || t.cost <= l.minCost || l.blockDuration != 0 {
 		first = s.blocked.add(l.blockPrefix, key, reset, now)
 		if first {
 			listenResets(s)

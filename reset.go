@@ -120,12 +120,15 @@ func badReset(msg, parameter string) ([]byte, int) {
 }
 
 // clearKey clears key in layer l: in memory, in the block list and in Redis.
-// A blockDuration block (issue 22, part 2) is to be cleared here too: its
-// memory entry beside the counter's, its Redis key in resetKeys.
+// A blockDuration block goes too: its memory entry beside the counter's, its
+// Redis key in resetKeys.
 func clearKey(p *Plugin, l *layer, key string) resetReport {
 	now := p.now().UnixNano()
 	r := resetReport{Layer: l.name, Key: key}
 	r.Memory = p.memory.forget(l, key, now)
+	if p.memory.forgetBlock(l, key, now) {
+		r.Memory = true
+	}
 
 	if rs, ok := p.store.(*redisStore); ok {
 		r.BlockList = rs.blocked.forget(l.blockPrefix+key, now)
@@ -224,15 +227,20 @@ return {n}
 var resetRedis = redisresp.NewScript(resetScript)
 
 // resetKeys are the Redis keys of key in layer l: its counter, in the form of
-// the deployment (clusterKey on a cluster). A blockDuration block's key (issue
-// 22, part 2) joins it here, under the same hash tag: resetScript deletes
-// every key of one call, which a cluster runs in one slot.
+// the deployment (clusterKey on a cluster), and a blockDuration block's key,
+// under the same hash tag: resetScript deletes every key of one call, which
+// a cluster runs in one slot.
 func resetKeys(s *redisStore, l *layer, key string) []string {
+	k := l.redisKey + key
 	if s.backend.cluster != nil {
-		return []string{resetClusterKey(l, key)}
+		k = resetClusterKey(l, key)
 	}
 
-	return []string{l.redisKey + key}
+	if l.blockDuration != 0 {
+		return []string{k, k + ":block"}
+	}
+
+	return []string{k}
 }
 
 // resetClusterKey is clusterKey for a bucket key as keyFor made it: a

@@ -328,6 +328,8 @@ func (p *Plugin) liveKeys(now int64, limitedOnly bool, prefix string) ([]liveKey
 
 	s.mu.Unlock()
 
+	out = p.mergeBlocked(out, s.blockedKeys(now, p.layers, prefix))
+
 	if rs, ok := p.store.(*redisStore); ok {
 		out = p.mergeBlocked(out, rs.blocked.snapshot(now, prefix))
 	}

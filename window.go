@@ -28,6 +28,7 @@ type windowStore struct {
 	takes     int64                         // requests charged so far: window.taken of the current one
 	evictions int64                         // live counters dropped at the cap (status page, metrics)
 	maps      map[string]map[string]*window // by layer name
+	blocks    map[string]map[string]int64   // by layer name: the end of each blocked key's block (block.go)
 	lists     []*windowList
 	stats     map[string]*layerStats // by layer name
 }
@@ -96,7 +97,7 @@ type windowList struct {
 const purgePerInsert = 2
 
 func newWindowStore(capacity int) *windowStore {
-	return &windowStore{max: capacity, maps: map[string]map[string]*window{}, stats: map[string]*layerStats{}}
+	return &windowStore{max: capacity, maps: map[string]map[string]*window{}, blocks: map[string]map[string]int64{}, stats: map[string]*layerStats{}}
 }
 
 // evicted returns the live counters dropped at the cap so far.
@@ -126,6 +127,12 @@ func (s *windowStore) attach(l *layer) {
 	}
 
 	l.entries = s.maps[l.name]
+
+	if s.blocks[l.name] == nil {
+		s.blocks[l.name] = map[string]int64{}
+	}
+
+	l.blocks = s.blocks[l.name]
 
 	if s.stats[l.name] == nil {
 		s.stats[l.name] = &layerStats{}

@@ -1,0 +1,193 @@
+package tierlimit
+
+import "net/http"
+
+// A layer's blockDuration (README: blockDuration) refuses every request of a
+// key it refused, for that long from the refusal, even after the key's window
+// resets. The memory store keeps the blocks in a map per layer beside its
+// counters, rather than on them: a block outlives its window, which the
+// counter lists expire and purge in order of start. Redis keeps a block as a
+// key of its own (takeScript), and every replica learns its end from the
+// script's reply (its block list, blockList).
+
+// blockingStore is the memory store of an instance with a blockDuration
+// layer: it checks the blocks before windowStore.take and starts one after a
+// refusal, so that take, shared by every instance, costs layers without a
+// block nothing more (doc.go: frames). The Redis store's memory fallback
+// (redisStore.local) takes no blocks: during an outage the block list
+// still refuses the keys Redis reported blocked.
+type blockingStore struct {
+	*windowStore
+}
+
+// anyBlock reports whether one of the layers has a blockDuration.
+func anyBlock(layers []*layer) bool {
+	for _, l := range layers {
+		if l.blockDuration != 0 {
+			return true
+		}
+	}
+
+	return false
+}
+
+// take is windowStore.take with the layers' blocks: a request of a blocked
+// key is refused, charged nowhere; a refusal of a layer with a
+// blockDuration blocks its key. A dry run, which refuses nothing, neither
+// honours nor starts blocks.
+func (b *blockingStore) take(t *tally, now int64, layers []*layer, client, principal string, req *http.Request, all bool) {
+	s := b.windowStore
+
+	if !all && b.refuseAny(t, now, layers, client, principal, req) {
+		return
+	}
+
+	s.take(t, now, layers, client, principal, req, all)
+
+	if !t.refused || all || t.shown < 0 || layers[t.shown].blockDuration == 0 {
+		return
+	}
+
+	l := layers[t.shown]
+
+	s.mu.Lock()
+	s.startBlock(t, t.shown, now, l, l.keyFor(client, principal, req))
+	s.mu.Unlock()
+}
+
+// refuseAny refuses the request when one of its keys is blocked, and
+// reports whether it did. The blocked layer refuses in its turn, as in
+// Redis: a layer before it that refuses is the one shown, and the layers
+// before it that allow are charged and given back (between the two holds of
+// the lock another request may see that charge; the counts end exact).
+func (b *blockingStore) refuseAny(t *tally, now int64, layers []*layer, client, principal string, req *http.Request) bool {
+	s := b.windowStore
+	i, key := b.firstBlocked(now, layers, client, principal, req)
+
+	if i < 0 {
+		return false
+	}
+
+	cost := t.cost
+	if cost < 1 {
+		cost = 1
+	}
+
+	if i > 0 {
+		s.take(t, now, layers[:i], client, principal, req, false)
+		if t.refused {
+			return true
+		}
+	}
+
+	s.mu.Lock()
+	giveBack(layers[:i], client, principal, req, cost)
+	*t = tally{cost: t.cost}
+
+	if !s.refuseBlocked(t, i, now, layers[i], key) {
+		t.shown = -1 // the block ended meanwhile: decided afresh
+		s.mu.Unlock()
+
+		return false
+	}
+
+	s.mu.Unlock()
+
+	return true
+}
+
+// firstBlocked returns the index and key of the first of layers whose key
+// is blocked at now, or -1.
+func (b *blockingStore) firstBlocked(now int64, layers []*layer, client, principal string, req *http.Request) (int, string) {
+	s := b.windowStore
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	for i, l := range layers {
+		if l.blockDuration == 0 {
+			continue
+		}
+
+		key := l.keyFor(client, principal, req)
+		if until := l.blocks[key]; until > now {
+			return i, key
+		}
+	}
+
+	return -1, ""
+}
+
+// refuseBlocked refuses layers[i] while key is blocked in l, under the store's
+// lock, and reports whether it did. The block's refusals are its own first
+// refusal's event, so none of them is reported.
+func (s *windowStore) refuseBlocked(t *tally, i int, now int64, l *layer, key string) bool {
+	until := l.blocks[key]
+	if until == 0 {
+		return false
+	}
+
+	if until <= now {
+		delete(l.blocks, key)
+		return false
+	}
+
+	l.stats.refused++
+	t.refuse(i, l.points+1, until, []string{formatInt(ceilSeconds(until))}, false)
+
+	return true
+}
+
+// startBlock blocks key in l from now, after layers[i] refused it: the
+// refusal shown then says when the block ends, and it is reported (one event
+// per block, whatever the window's earlier refusals).
+func (s *windowStore) startBlock(t *tally, i int, now int64, l *layer, key string) {
+	if l.blocks[key] > now {
+		return
+	}
+
+	trimEntries(l.blocks, s.max, now)
+
+	until := now + l.blockDuration
+	l.blocks[key] = until
+	t.firsts |= uint64(1) << uint(i)
+
+	if t.shown == i {
+		t.reset, t.resetH = until, []string{formatInt(ceilSeconds(until))}
+	}
+}
+
+// forgetBlock drops key's block in l and reports whether it still refused.
+func (s *windowStore) forgetBlock(l *layer, key string, now int64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	until, ok := s.blocks[l.name][key]
+	if !ok {
+		return false
+	}
+
+	delete(s.blocks[l.name], key)
+
+	return until > now
+}
+
+// blockedKeys copies the memory store's blocks running at now whose key
+// starts with prefix, for the status page.
+func (s *windowStore) blockedKeys(now int64, layers []*layer, prefix string) []blockedKey {
+	var out []blockedKey
+
+	s.mu.Lock()
+
+	for _, l := range layers {
+		for key, until := range s.blocks[l.name] {
+			if until > now && (prefix == "" || len(key) >= len(prefix) && key[:len(prefix)] == prefix) {
+				out = append(out, blockedKey{layer: l.name, prefix: l.blockPrefix, key: key, reset: until})
+			}
+		}
+	}
+
+	s.mu.Unlock()
+
+	return out
+}
