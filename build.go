@@ -49,7 +49,8 @@ func chooseMode(s *settings) mode {
 	for _, l := range append(s.builtin[:len(s.builtin):len(s.builtin)], s.plans...) {
 		if l.on() {
 			on = true
-			fixed = fixed && !l.sliding && !l.bucket && l.keyHeader == "" && !l.keyHost
+			// A dry-run layer is charged on the general path only.
+			fixed = fixed && !l.sliding && !l.bucket && l.keyHeader == "" && !l.keyHost && !l.dryRun
 		}
 	}
 
@@ -327,6 +328,7 @@ func newLayer(memory *windowStore, spec layerSpec, keyKind int) *layer {
 			constKey:  layerGlobal,
 			keyHeader: spec.keyHeader,
 			sliding:   spec.sliding,
+			dryRun:    spec.dryRun,
 		},
 	}
 
@@ -357,6 +359,10 @@ func newRedisEncoding(spec layerSpec, rate int64) redisEncoding {
 	case spec.bucket:
 		e.redisArgs = head + algoBucket + redisresp.Bulk(formatInt(rate))
 		e.maxTTL = (spec.points*ms+rate-1)/rate + 1
+	}
+
+	if spec.dryRun {
+		e.redisArgs = flagArgs(e.redisArgs, "d")
 	}
 
 	return e
@@ -408,9 +414,14 @@ func newRefusal(cfg *settings, l *layer) refusal {
 }
 
 // checkArgs is a layer's script arguments (newRedisEncoding) with the check
-// flag: its algorithm, the third argument, one digit, prefixed with "c"
-// (takeScript).
+// flag (takeScript).
 func checkArgs(args string) string {
+	return flagArgs(args, "c")
+}
+
+// flagArgs is a layer's script arguments with flag prefixed to its
+// algorithm, the third argument (takeScript: "c" check-only, "d" dry run).
+func flagArgs(args, flag string) string {
 	i := 0
 	for n := 0; n < 2; n++ {
 		j := strings.Index(args[i:], "\r\n")
@@ -418,6 +429,9 @@ func checkArgs(args string) string {
 		i += j + 2 + size + 2
 	}
 
-	// args[i:] is "$1\r\n<digit>\r\n...".
-	return args[:i] + "$2\r\nc" + args[i+4:]
+	// args[i:] is "$<n>\r\n<algorithm>\r\n...".
+	j := strings.Index(args[i:], "\r\n")
+	size, _ := strconv.Atoi(args[i+1 : i+j])
+
+	return args[:i] + "$" + strconv.Itoa(size+len(flag)) + "\r\n" + flag + args[i+j+2:]
 }

@@ -56,6 +56,7 @@ type LayerConfig struct {
 	Burst     int
 	Key       string
 
+	DryRun  bool                   // this rule counts, logs and sends its headers, but never refuses
 	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
 }
 
@@ -71,6 +72,7 @@ type AssetsConfig struct {
 	PathPrefixes  []string
 	CaseSensitive bool
 
+	DryRun  bool                   // this rule counts, logs and sends its headers, but never refuses
 	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
 }
 
@@ -95,6 +97,7 @@ type RouteConfig struct {
 	Cost          int
 	CountStatus   []int
 
+	DryRun  bool                   // this rule counts, logs and sends its headers, but never refuses
 	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
 }
 
@@ -106,6 +109,7 @@ type PlanConfig struct {
 	Algorithm string
 	Burst     int
 
+	DryRun  bool                   // this rule counts, logs and sends its headers, but never refuses
 	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
 }
 

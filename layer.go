@@ -47,6 +47,10 @@ type limits struct {
 	// it: evaluated, never charged (countstatus.go). Its charge, once the
 	// response's status is known, goes to route.charge.
 	checkOnly bool
+	// dryRun: the layer counts and reports what it would refuse, but
+	// refuses nothing (tally.refuseAs); a fixed window is charged even
+	// then, a sliding window or a token bucket takes only what it holds.
+	dryRun bool
 }
 
 // memCounters are the layer's counters in the memory store, resolved once
