@@ -210,22 +210,11 @@ func (t *tally) refuseAs(i int, l *layer, count, reset int64, resetH []string, f
 }
 
 // chargeFixed charges cost points to the fixed window w of layers[i] under
-// the store's lock, unless they do not fit: then the layer refuses, and the
-// window is charged only in dry run (all, or the layer's own). It reports
-// whether the layer refused the request.
+// the store's lock, unless they do not fit: then the layer refuses
+// (refuseFixed). It reports whether the layer refused the request.
 func chargeFixed(t *tally, i int, l *layer, w *window, cost int64, all bool) bool {
 	if w.count+cost > l.points {
-		l.stats.refused++
-		w.refused++
-		first := !w.logged
-		w.logged = true
-		refused := t.refuseAs(i, l, w.count+cost, w.reset, w.resetH, first)
-
-		if all || l.dryRun {
-			w.count += cost
-		}
-
-		return refused
+		return refuseFixed(t, i, l, w, cost, all)
 	}
 
 	w.count += cost
@@ -233,6 +222,24 @@ func chargeFixed(t *tally, i int, l *layer, w *window, cost int64, all bool) boo
 	t.allow(i, l, w.count, w.reset, w.resetH)
 
 	return false
+}
+
+// refuseFixed records that the fixed window w of layers[i] cannot take cost
+// points; the window is charged only in dry run (all, or the layer's own).
+// Kept out of chargeFixed, whose frame every charge allocates (doc.go:
+// frames). It reports whether the request is refused.
+func refuseFixed(t *tally, i int, l *layer, w *window, cost int64, all bool) bool {
+	l.stats.refused++
+	w.refused++
+	first := !w.logged
+	w.logged = true
+	refused := t.refuseAs(i, l, w.count+cost, w.reset, w.resetH, first)
+
+	if all || l.dryRun {
+		w.count += cost
+	}
+
+	return refused
 }
 
 // restart starts a new, empty window for key in l: the expired w (or one
