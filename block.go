@@ -81,7 +81,7 @@ func (b *blockingStore) refuseAny(t *tally, now int64, layers []*layer, client, 
 	}
 
 	s.mu.Lock()
-	giveBack(layers[:i], client, principal, req, cost)
+	giveBack(layers[:i], client, principal, req, cost, t.uncharged)
 	*t = tally{cost: t.cost}
 
 	if !s.refuseBlocked(t, i, now, layers[i], key) {

@@ -49,7 +49,8 @@ func chooseMode(s *settings) mode {
 	for _, l := range append(s.builtin[:len(s.builtin):len(s.builtin)], s.plans...) {
 		if l.on() {
 			on = true
-			fixed = fixed && !l.sliding && !l.bucket && l.keyHeader == "" && !l.keyHost && l.block == 0
+			// A dry-run layer, or one that blocks, is charged on the general path only.
+			fixed = fixed && !l.sliding && !l.bucket && l.keyHeader == "" && !l.keyHost && l.block == 0 && !l.dryRun
 		}
 	}
 
@@ -334,6 +335,7 @@ func newLayer(memory *windowStore, spec layerSpec, keyKind int) *layer {
 			keyHeader:     spec.keyHeader,
 			sliding:       spec.sliding,
 			blockDuration: int64(spec.block),
+			dryRun:        spec.dryRun,
 		},
 	}
 
@@ -368,6 +370,10 @@ func newRedisEncoding(spec layerSpec, rate int64) redisEncoding {
 
 	if spec.block > 0 {
 		e.redisArgs, e.maxTTL = withBlock(e.redisArgs, e.maxTTL, int64(spec.block/time.Millisecond))
+	}
+
+	if spec.dryRun {
+		e.redisArgs = flagArgs(e.redisArgs, "d")
 	}
 
 	return e
@@ -441,8 +447,14 @@ func newRefusal(cfg *settings, l *layer) refusal {
 }
 
 // checkArgs is a layer's script arguments (newRedisEncoding) with the check
-// flag: its algorithm, the third argument, prefixed with "c" (takeScript).
+// flag (takeScript).
 func checkArgs(args string) string {
+	return flagArgs(args, "c")
+}
+
+// flagArgs is a layer's script arguments with flag prefixed to its
+// algorithm, the third argument (takeScript: "c" check-only, "d" dry run).
+func flagArgs(args, flag string) string {
 	i := 0
 	for n := 0; n < 2; n++ {
 		j := strings.Index(args[i:], "\r\n")
@@ -450,9 +462,9 @@ func checkArgs(args string) string {
 		i += j + 2 + size + 2
 	}
 
-	// args[i:] is "$<size>\r\n<algorithm>\r\n...".
+	// args[i:] is "$<n>\r\n<algorithm>\r\n...".
 	j := strings.Index(args[i:], "\r\n")
 	size, _ := strconv.Atoi(args[i+1 : i+j])
 
-	return args[:i] + "$" + strconv.Itoa(size+1) + "\r\nc" + args[i+j+2:]
+	return args[:i] + "$" + strconv.Itoa(size+len(flag)) + "\r\n" + flag + args[i+j+2:]
 }

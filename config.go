@@ -59,6 +59,7 @@ type LayerConfig struct {
 	// layer refused, for that long from the refusal (0: only while over).
 	BlockDuration string
 
+	DryRun  bool                   // this rule counts, logs and sends its headers, but never refuses
 	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
 }
 
@@ -75,6 +76,7 @@ type AssetsConfig struct {
 	CaseSensitive bool
 	BlockDuration string
 
+	DryRun  bool                   // this rule counts, logs and sends its headers, but never refuses
 	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
 }
 
@@ -100,6 +102,7 @@ type RouteConfig struct {
 	CountStatus   []int
 	BlockDuration string
 
+	DryRun  bool                   // this rule counts, logs and sends its headers, but never refuses
 	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
 }
 
@@ -111,6 +114,7 @@ type PlanConfig struct {
 	Algorithm string
 	Burst     int
 
+	DryRun  bool                   // this rule counts, logs and sends its headers, but never refuses
 	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
 }
 

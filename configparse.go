@@ -67,7 +67,8 @@ type layerSpec struct {
 	keyHeader string // canonical header name when keyed by "header:<Name>"
 	keyHost   bool   // keyed by the request's host
 	// block is how long a key the layer refused stays refused (0: none).
-	block time.Duration
+	block  time.Duration
+	dryRun bool // counts, logs, sends headers, never refuses (its own or the top-level dryRun)
 }
 
 func (l layerSpec) on() bool { return l.points > 0 }
@@ -155,7 +156,27 @@ func parse(cfg *Config) (*settings, error) {
 		return nil, err
 	}
 
+	if s.dryRun {
+		allDryRun(s)
+	}
+
 	return s, nil
+}
+
+// allDryRun puts every layer in dry run: the top-level dryRun is each rule's
+// dryRun at once, so the request path knows one flag.
+func allDryRun(s *settings) {
+	for i := range s.builtin {
+		s.builtin[i].dryRun = true
+	}
+
+	for i := range s.routes {
+		s.routes[i].dryRun = true
+	}
+
+	for i := range s.plans {
+		s.plans[i].dryRun = true
+	}
 }
 
 // parseStore reads store and keyPrefix.
@@ -313,7 +334,7 @@ func parseLayer(field, name string, lc LayerConfig) (layerSpec, error) {
 		return layerSpec{}, invalid(field+".duration", lc.Duration, err.Error())
 	}
 
-	spec := layerSpec{name: name, points: int64(lc.Points), duration: d}
+	spec := layerSpec{name: name, points: int64(lc.Points), duration: d, dryRun: lc.DryRun}
 
 	switch strings.TrimSpace(lc.Algorithm) {
 	case "", "fixed":
@@ -480,7 +501,7 @@ func checkRouteName(field, name string, seen map[string]bool) error {
 
 // parseRoute reads one route; field is its place in routes.
 func parseRoute(field string, rc RouteConfig) (routeSpec, error) {
-	layer, err := parseLayer(field, rc.Name, LayerConfig{Points: rc.Points, Duration: rc.Duration, Algorithm: rc.Algorithm, Burst: rc.Burst, BlockDuration: rc.BlockDuration})
+	layer, err := parseLayer(field, rc.Name, LayerConfig{Points: rc.Points, Duration: rc.Duration, Algorithm: rc.Algorithm, Burst: rc.Burst, BlockDuration: rc.BlockDuration, DryRun: rc.DryRun})
 	if err != nil {
 		return routeSpec{}, err
 	}

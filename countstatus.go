@@ -116,7 +116,8 @@ func checkBucket(t *tally, i int, now int64, l *layer, w *window, cost int64) bo
 }
 
 // checkRefused records a refusal of a check-only layer (window w, or nil
-// when the key has none); it returns true.
+// when the key has none) and reports whether it refuses the request (not
+// in dry run).
 func checkRefused(t *tally, i int, l *layer, w *window, count, reset int64, resetH []string) bool {
 	l.stats.refused++
 
@@ -131,9 +132,7 @@ func checkRefused(t *tally, i int, l *layer, w *window, count, reset int64, rese
 		resetH = []string{formatInt(ceilSeconds(reset))}
 	}
 
-	t.refuse(i, count, reset, resetH, first)
-
-	return true
+	return t.refuseAs(i, l, count, reset, resetH, first)
 }
 
 // serveCounted passes on a request that matched countStatus routes with its

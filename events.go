@@ -39,18 +39,22 @@ type rateLimitEvent struct {
 	Key        string `json:"key"`
 	IP         string `json:"ip"`
 	Middleware string `json:"middleware"`
+	// DryRun marks a refusal that a dry-run layer (or the top-level dry
+	// run) reports without refusing: the request went through.
+	DryRun bool `json:"dryRun,omitempty"`
 }
 
 func newEventLog(out io.Writer, middleware string) *eventLog {
 	return &eventLog{out: out, middleware: middleware, now: time.Now}
 }
 
-// refused reports that layer refused key for the client at ip.
-func (e *eventLog) refused(layer, key, ip string) {
+// refused reports that layer refused key for the client at ip, or with
+// dryRun set, would have.
+func (e *eventLog) refused(layer, key, ip string, dryRun bool) {
 	line, err := json.Marshal(rateLimitEvent{
 		Time:  eventTime(e.now().UnixNano()),
 		Event: "RATE_LIMIT_TRIGGERED", Severity: "warning",
-		Limiter: layer, Key: key, IP: ip, Middleware: e.middleware,
+		Limiter: layer, Key: key, IP: ip, Middleware: e.middleware, DryRun: dryRun,
 	})
 	if err != nil {
 		return

@@ -73,7 +73,7 @@ func refuseOther(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer,
 			client = clientKey(p.ips, req)
 		}
 
-		p.events.refused(l.name, l.keyFor(client, principal, nil), client)
+		p.events.refused(l.name, l.keyFor(client, principal, nil), client, l.dryRun)
 	}
 
 	setHeaders(rw.Header(), l, 0, reset, resetH, now)

@@ -82,7 +82,7 @@ func verdict(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*lay
 func serveUpgrade(p *Plugin, out, rw http.ResponseWriter, req *http.Request, client string) {
 	ok, first := p.ws.acquire(client)
 	if first {
-		p.events.refused(p.wsLayer.name, client, client)
+		p.events.refused(p.wsLayer.name, client, client, p.dryRun)
 	}
 
 	if !ok && !p.dryRun {
@@ -104,7 +104,7 @@ func serveUpgrade(p *Plugin, out, rw http.ResponseWriter, req *http.Request, cli
 func report(p *Plugin, layers []*layer, firsts uint64, client, principal string, req *http.Request) {
 	for i, l := range layers {
 		if firsts&(uint64(1)<<uint(i)) != 0 {
-			p.events.refused(l.name, l.keyFor(client, principal, req), client)
+			p.events.refused(l.name, l.keyFor(client, principal, req), client, l.dryRun)
 		}
 	}
 }

@@ -7,9 +7,14 @@ import "net/http"
 // refused request changes no layer's count (README: Layers). Within one
 // hold of the lock the counters are those the request charged, so the
 // counts are exact and no other request sees the charge. Each layer's
-// allowed count keeps its own decision: it let the request by.
-func giveBack(layers []*layer, client, principal string, req *http.Request, cost int64) {
-	for _, l := range layers {
+// allowed count keeps its own decision: it let the request by. skip has bit
+// i set for a layer that took nothing (tally.uncharged).
+func giveBack(layers []*layer, client, principal string, req *http.Request, cost int64, skip uint64) {
+	for i, l := range layers {
+		if skip&(uint64(1)<<uint(i)) != 0 {
+			continue
+		}
+
 		key := client
 		if l.keyKind == keyOfConst {
 			key = l.constKey

@@ -50,6 +50,10 @@ type limits struct {
 	// blockDuration is how long a key this layer refused stays refused,
 	// in nanoseconds (0: only while over its limit; block.go).
 	blockDuration int64
+	// dryRun: the layer counts and reports what it would refuse, but
+	// refuses nothing (tally.refuseAs); a fixed window is charged even
+	// then, a sliding window or a token bucket takes only what it holds.
+	dryRun bool
 }
 
 // memCounters are the layer's counters in the memory store, resolved once

@@ -138,6 +138,18 @@ var shapes = []shape{
 		c.IP.BlockDuration = "2h"
 		c.Routes = append(c.Routes, RouteConfig{Name: "export", Paths: []string{"/export"}, Points: 6, Duration: "2s", Cost: 2, Algorithm: "sliding", BlockDuration: "3h"})
 	}), modeGeneral},
+	{"dry-run routes, every algorithm", with(chainEdge, func(c *Config) {
+		c.Routes[0].DryRun = true
+		c.Routes = append(c.Routes,
+			RouteConfig{Name: "export", Paths: []string{"/export", "/api"}, Points: 3, Duration: "2s", Algorithm: "sliding", DryRun: true},
+			RouteConfig{Name: "search", Paths: []string{"/export", "/users/"}, Points: 1, Duration: "2s", Burst: 2, Cost: 2, Algorithm: "tokenbucket", DryRun: true},
+			RouteConfig{Name: "missing", Paths: []string{"/missing/"}, Points: 1, Duration: "2s", CountStatus: []int{404}, DryRun: true},
+			RouteConfig{Name: "export_cap", Paths: []string{"/export"}, Points: 4, Duration: "2s"})
+	}), modeClassify},
+	{"dry-run ip layer and plan", with(withPlans, func(c *Config) {
+		c.IP.DryRun = true
+		c.Plans["free"] = PlanConfig{Points: 2, Duration: "3s", DryRun: true}
+	}), modeGeneral},
 	{"disabled", with(smallLayers, func(c *Config) { c.Enabled = false }), modeOff},
 	{"every layer off", func(c *Config) {
 		c.Global.Points, c.IP.Points, c.Assets.Points, c.User.Points, c.Service.Points = 0, 0, 0, 0, 0

@@ -472,8 +472,9 @@ func serveGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 // layer takes from client and principal (layer.keyFor), and writes the
 // outcome to t. All or nothing: a layer that cannot take the cost refuses
 // the request, which is then charged to none of the layers (the ones before
-// are given their points back, the ones after are not evaluated). With all
-// set (dry run) every layer is charged and evaluated, refusing or not.
+// are given their points back, the ones after are not evaluated). A dry-run
+// layer refuses nothing (tally.refuseAs). With all set (the top-level dry
+// run) every layer is charged and evaluated, refusing or not.
 //
 // The loop writes the common cases of layer.keyFor inline (doc.go: frames).
 func (s *windowStore) take(t *tally, now int64, layers []*layer, client, principal string, req *http.Request, all bool) {
@@ -513,7 +514,7 @@ func (s *windowStore) take(t *tally, now int64, layers []*layer, client, princip
 		}
 
 		if refused && !all {
-			giveBack(layers[:i], client, principal, req, cost)
+			giveBack(layers[:i], client, principal, req, cost, t.uncharged)
 			break
 		}
 	}

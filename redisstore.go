@@ -74,7 +74,10 @@ type counterStore interface {
 // (a countStatus route, countstatus.go): it refuses as the others do, but is
 // never written, and when it allows, its count is the layer's as it is,
 // without the request (0 for a key that does not exist), its reset that of
-// the key as it is.
+// the key as it is. A "d" after it, or alone ("d0", "cd1"), marks a dry-run
+// layer: it refuses nothing, so one whose count exceeds its points neither
+// stops the script nor keeps the others from being written; a fixed one is
+// still charged, a sliding or token-bucket one is not (as in dry run).
 //
 // Returns count, milliseconds to reset, for each key evaluated, up to the
 // first refusal (every key in a dry run). A count is what the layer would
@@ -207,6 +210,8 @@ for i = 1, #KEYS do
   local algorithm = ARGV[4 * i + 1]
   local check = string.byte(algorithm, 1) == 99
   if check then algorithm = string.sub(algorithm, 2) end
+  local dry = string.byte(algorithm, 1) == 100
+  if dry then algorithm = string.sub(algorithm, 2) end
   local block, blocked = string.find(algorithm, 'b', 1, true), 0
   if block then
     block, algorithm = tonumber(string.sub(algorithm, block + 1)), string.sub(algorithm, 1, block - 1)
@@ -229,7 +234,7 @@ for i = 1, #KEYS do
   out[#out + 1] = count
   out[#out + 1] = ttl
   writes[#writes + 1] = write
-  if count > points then
+  if count > points and not dry then
     refused = true
     if block and blocked <= 0 and not all then
       redis.call('SET', KEYS[i] .. ':block', '1', 'PX', block)
@@ -292,6 +297,7 @@ local given, now = 0, false
 for i = 1, #KEYS do
   local k = KEYS[i]
   local algorithm = ARGV[4 * i]
+  if string.byte(algorithm, 1) == 100 then algorithm = string.sub(algorithm, 2) end
   if algorithm == '2' then
     local v = read('HMGET', k, 'r', 'n')
     local r, n = false, false
@@ -633,7 +639,8 @@ func (s *redisStore) record(t *tally, ints []int64, now int64, layers []*layer, 
 
 // refused records that layers[i] refused with count: the key is blocked
 // locally until reset, and the first refusal per window is reported. It
-// returns true, so that takeRedis can tell a reply that goes on after it.
+// reports whether the request is refused, so that takeRedis can tell a
+// reply that goes on after it: not by a dry-run layer, which blocks nothing.
 //
 // A key is blocked only by a refusal of the smallest cost the layer is
 // charged (layer.minCost): then every request to it would be refused until
@@ -645,7 +652,7 @@ func (s *redisStore) refused(t *tally, i int, l *layer, count, reset, now int64,
 	key := l.keyFor(client, principal, req)
 
 	first := false
-	if t.cost <= 1 || t.cost <= l.minCost || l.blockDuration != 0 {
+	if !l.dryRun && (t.cost <= 1 || t.cost <= l.minCost || l.blockDuration != 0) {
 		first = s.blocked.add(l.blockPrefix, key, reset, now)
 		if first {
 			listenResets(s)
@@ -653,9 +660,8 @@ func (s *redisStore) refused(t *tally, i int, l *layer, count, reset, now int64,
 	} else {
 		first = s.blocked.note(l.blockPrefix, key, reset, now)
 	}
-	t.refuse(i, count, reset, []string{formatInt(ceilSeconds(reset))}, first)
 
-	return true
+	return t.refuseAs(i, l, count, reset, []string{formatInt(ceilSeconds(reset))}, first)
 }
 
 // Back-off bounds: Redis is skipped for minBackoff after a failure, doubling

@@ -169,8 +169,9 @@ func slotGroups(layers []*layer, client, principal string, req *http.Request, he
 // order, as one script call on a single server would have answered: count and
 // milliseconds to reset per layer, up to and including the first refusal in
 // evaluation order (layers of other slots that their own call charged after
-// it are left out, as a single server would not have charged them). A server
-// error of any call is the outcome.
+// it are left out, as a single server would not have charged them); a
+// dry-run layer's refusal refuses nothing. A server error of any call is the
+// outcome.
 func mergeSlotReplies(layers []*layer, groups []*slotGroup, replies []redisresp.Reply, all bool) ([]int64, string, error) {
 	answered := make([][2]int64, len(layers))
 	got := make([]bool, len(layers))
@@ -196,7 +197,7 @@ func mergeSlotReplies(layers []*layer, groups []*slotGroup, replies []redisresp.
 
 		ints = append(ints, answered[i][0], answered[i][1])
 
-		if answered[i][0] > l.points && !all {
+		if answered[i][0] > l.points && !all && !l.dryRun {
 			break
 		}
 	}

@@ -85,9 +85,7 @@ func (s *windowStore) slide(t *tally, i int, now int64, l *layer, key string, co
 		first := !w.logged
 		w.logged = true
 		retry := now + slidingWait(w.prevCount, w.count, cost, l.points, left, l.duration)
-		t.refuse(i, est, retry, []string{formatInt(ceilSeconds(retry))}, first)
-
-		return true
+		return t.refuseAs(i, l, est, retry, []string{formatInt(ceilSeconds(retry))}, first)
 	}
 
 	w.count += cost

@@ -76,9 +76,7 @@ func (s *windowStore) drip(t *tally, i int, now int64, l *layer, key string, cos
 		first := !w.logged
 		w.logged = true
 		retry := tat - (l.points-cost)*l.interval
-		t.refuse(i, l.points+1, retry, []string{formatInt(ceilSeconds(retry))}, first)
-
-		return true
+		return t.refuseAs(i, l, l.points+1, retry, []string{formatInt(ceilSeconds(retry))}, first)
 	}
 
 	tat += cost * l.interval

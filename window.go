@@ -173,6 +173,10 @@ type tally struct {
 	firsts  uint64
 	// firsts has bit i set when layers[i] refused for the first time in its
 	// window, so a refusal is reported once per layer, key and window.
+	// uncharged has bit i set when layers[i], in dry run, would have
+	// refused and took nothing (a sliding window, a token bucket): a later
+	// refusal has nothing to give back to it (giveBack).
+	uncharged uint64
 }
 
 // refuse records that layers[i] refused with this count and reset; first
@@ -188,23 +192,36 @@ func (t *tally) refuse(i int, count, reset int64, resetH []string, first bool) {
 	}
 }
 
+// refuseAs records that layers[i], l, would refuse with this count and
+// reset, and reports whether the request is refused: as refuse, unless l is
+// in dry run. A dry-run layer refuses nothing: its refusal is reported
+// (first) and the headers may show it with nothing left, while the other
+// layers decide the request.
+func (t *tally) refuseAs(i int, l *layer, count, reset int64, resetH []string, first bool) bool {
+	if !l.dryRun {
+		t.refuse(i, count, reset, resetH, first)
+		return true
+	}
+
+	if first {
+		t.firsts |= uint64(1) << uint(i)
+	}
+
+	if l.sliding || l.interval != 0 {
+		t.uncharged |= uint64(1) << uint(i)
+	}
+
+	t.allow(i, l, l.points, reset, resetH)
+
+	return false
+}
+
 // chargeFixed charges cost points to the fixed window w of layers[i] under
-// the store's lock, unless they do not fit: then the layer refuses, and the
-// window is charged only when all is set (dry run). It reports whether the
-// layer refused.
+// the store's lock, unless they do not fit: then the layer refuses
+// (refuseFixed). It reports whether the layer refused the request.
 func chargeFixed(t *tally, i int, l *layer, w *window, cost int64, all bool) bool {
 	if w.count+cost > l.points {
-		l.stats.refused++
-		w.refused++
-		first := !w.logged
-		w.logged = true
-		t.refuse(i, w.count+cost, w.reset, w.resetH, first)
-
-		if all {
-			w.count += cost
-		}
-
-		return true
+		return refuseFixed(t, i, l, w, cost, all)
 	}
 
 	w.count += cost
@@ -212,6 +229,24 @@ func chargeFixed(t *tally, i int, l *layer, w *window, cost int64, all bool) boo
 	t.allow(i, l, w.count, w.reset, w.resetH)
 
 	return false
+}
+
+// refuseFixed records that the fixed window w of layers[i] cannot take cost
+// points; the window is charged only in dry run (all, or the layer's own).
+// Kept out of chargeFixed, whose frame every charge allocates (doc.go:
+// frames). It reports whether the request is refused.
+func refuseFixed(t *tally, i int, l *layer, w *window, cost int64, all bool) bool {
+	l.stats.refused++
+	w.refused++
+	first := !w.logged
+	w.logged = true
+	refused := t.refuseAs(i, l, w.count+cost, w.reset, w.resetH, first)
+
+	if all || l.dryRun {
+		w.count += cost
+	}
+
+	return refused
 }
 
 // restart starts a new, empty window for key in l: the expired w (or one

@@ -130,6 +130,11 @@ func TestUnknownKeysFromEveryProvider(t *testing.T) {
 		withPlans(map[string]any{"pro": map[string]any{"points": "5", "duration": "1s"}, "free": map[string]any{"points": float64(0)}}),
 		fromLabels(map[string]string{lbl + "principal.userheader": "X-Auth-User", lbl + "principal.planheader": "X-Auth-Plan",
 			lbl + "plans.pro.points": "5", lbl + "plans.pro.duration": "1s", lbl + "plans.free.points": "0"}),
+		// dryRun on a layer, the assets, a route and a plan.
+		withPlans(map[string]any{"pro": map[string]any{"points": "5", "duration": "1s", "dryRun": "true"}}),
+		{"ip": map[string]any{"points": float64(5), "duration": "1s", "dryRun": true}, "assets": map[string]any{"dryRun": true},
+			"routes": []any{map[string]any{"name": "a", "paths": []any{"/a"}, "points": float64(1), "duration": "1s", "dryRun": true}}},
+		fromLabels(map[string]string{lbl + "ip.points": "5", lbl + "ip.dryrun": "true", lbl + "global.dryRun": "true"}),
 	} {
 		if got := newError(t, good); got != "" {
 			t.Errorf("%v: %s", good, got)

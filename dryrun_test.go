@@ -1,0 +1,233 @@
+package tierlimit
+
+import (
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+func TestDryRunOnEveryRuleParses(t *testing.T) {
+	cfg := CreateConfig()
+	cfg.IP.DryRun = true
+	cfg.Assets.DryRun = true
+	cfg.Principal.UserHeader = "X-Auth-User"
+	cfg.Principal.PlanHeader = "X-Auth-Plan"
+	cfg.Plans = map[string]PlanConfig{"pro": {Points: 5, Duration: "1s", DryRun: true}, "free": {Points: 5, Duration: "1s"}}
+	cfg.Routes = []RouteConfig{{Name: "login", Paths: []string{"/login"}, Points: 2, Duration: "60s", DryRun: true}}
+
+	s, err := parse(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	got := map[string]bool{}
+	for _, l := range append(append(s.builtin, s.plans...), s.routes[0].layerSpec) {
+		got[l.name] = l.dryRun
+	}
+
+	want := map[string]bool{"global": false, "ip": true, "assets": true, "user": false, "service": false, "pro": true, "free": false, "login": true}
+	for name, dry := range want {
+		if got[name] != dry {
+			t.Errorf("%s: dryRun %v, want %v", name, got[name], dry)
+		}
+	}
+
+	// A dry-run tier leaves the fast paths, whose refusals know no dry run.
+	if m := chooseMode(s); m != modeGeneral {
+		t.Errorf("mode %d with a dry-run ip layer", m)
+	}
+}
+
+// loginAndEmail is the issue's instance: a login route of 2 a minute in dry
+// run, an enforced e-mail route of 2 a minute.
+func loginAndEmail(c *Config) {
+	c.Global = LayerConfig{Points: 1000, Duration: "60s"}
+	c.IP = LayerConfig{Points: 100, Duration: "60s"}
+	c.Routes = []RouteConfig{
+		{Name: "auth_login", Methods: []string{"POST"}, Paths: []string{"/auth/login"}, Points: 2, Duration: "60s", DryRun: true},
+		{Name: "email", Methods: []string{"POST"}, Paths: []string{"/auth/password/request"}, Points: 2, Duration: "60s"},
+	}
+}
+
+// loginAndEmailScenario: 5 logins reach the backend, the third and later
+// show the login route with nothing left, and the route is reported once,
+// as a dry run; the 3rd and 4th e-mail are refused, reported once, not as a
+// dry run.
+func loginAndEmailScenario(t *testing.T, h *harness) {
+	t.Helper()
+
+	for i := 1; i <= 5; i++ {
+		rec := h.do(http.MethodPost, "/auth/login", "203.0.113.1:1", nil)
+		if rec.Code != http.StatusOK {
+			t.Fatalf("login %d: %d", i, rec.Code)
+		}
+
+		want := `"auth_login";r=` + strconv.Itoa(2-i) + ";t=60"
+		if i > 2 {
+			want = `"auth_login";r=0;t=60`
+		}
+
+		if got := rec.Header().Get("Ratelimit"); got != want {
+			t.Fatalf("login %d: RateLimit %q, want %q", i, got, want)
+		}
+	}
+
+	if h.calls.Load() != 5 {
+		t.Fatalf("backend saw %d of 5 logins", h.calls.Load())
+	}
+
+	for i, want := range []int{200, 200, 429, 429} {
+		if rec := h.do(http.MethodPost, "/auth/password/request", "203.0.113.1:1", nil); rec.Code != want {
+			t.Fatalf("e-mail %d: %d, want %d", i+1, rec.Code, want)
+		}
+	}
+
+	lines := strings.Split(strings.TrimSpace(h.events.String()), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("events:\n%s", h.events.String())
+	}
+
+	if !strings.Contains(lines[0], `"limiter":"auth_login"`) || !strings.Contains(lines[0], `"dryRun":true`) {
+		t.Errorf("login event %s", lines[0])
+	}
+
+	if !strings.Contains(lines[1], `"limiter":"email"`) || strings.Contains(lines[1], "dryRun") {
+		t.Errorf("e-mail event %s", lines[1])
+	}
+}
+
+func TestDryRunRouteInMemory(t *testing.T) {
+	loginAndEmailScenario(t, newHarness(t, loginAndEmail))
+}
+
+func TestDryRunRouteOnRedisServer(t *testing.T) {
+	addr, admin := redisServer(t)
+	h, _ := redisHarness(t, addr, with(loginAndEmail, asACLUser))
+	loginAndEmailScenario(t, h)
+
+	// The login route was charged every login, and its key was never
+	// blocked: a dry-run layer refuses nothing, here or in Redis.
+	l := h.p.routes[0].layer
+	if v := redisDo(t, admin, "GET", l.redisKey+"203.0.113.1").Str; v != "5" {
+		t.Errorf("login count %q, want 5", v)
+	}
+
+	rs := h.p.store.(*redisStore)
+	if rs.blocked.resetOf(l.blockPrefix, "203.0.113.1", t0) != 0 {
+		t.Error("the dry-run login route blocked its key")
+	}
+
+	if rs.blocked.resetOf(h.p.routes[1].layer.blockPrefix, "203.0.113.1", t0) == 0 {
+		t.Error("the enforced e-mail route did not block its key")
+	}
+}
+
+// probeConfig: a dry-run route "probe" of one point evaluated before an
+// enforced route "x" of two, on the same path.
+func probeConfig(algorithm string) func(c *Config) {
+	return func(c *Config) {
+		c.Global.Points = 0
+		c.IP = LayerConfig{Points: 100, Duration: "60s"}
+		c.Routes = []RouteConfig{
+			{Name: "probe", Paths: []string{"/x"}, Points: 1, Duration: "60s", Algorithm: algorithm, DryRun: true},
+			{Name: "x", Paths: []string{"/x"}, Points: 2, Duration: "60s"},
+		}
+	}
+}
+
+// TestRefusedRequestSpendsNothingOfADryRunRule: three requests, the third
+// refused by x. The probe lets all three through: a fixed window counts the
+// first two (the second over its point), a sliding window or a token
+// bucket takes only the first, which it holds. The third, refused, changes
+// no count, the probe's included: it is given back where it was charged,
+// and nothing is taken where it was not.
+func TestRefusedRequestSpendsNothingOfADryRunRule(t *testing.T) {
+	for _, tc := range []struct {
+		algorithm string
+		want      int64
+	}{{"fixed", 2}, {"sliding", 1}, {"tokenbucket", 1}} {
+		h := newHarness(t, probeConfig(tc.algorithm))
+
+		for i, want := range []int{200, 200, 429} {
+			if rec := h.get("/x", "203.0.113.1:1"); rec.Code != want {
+				t.Fatalf("%s: request %d: %d, want %d", tc.algorithm, i+1, rec.Code, want)
+			}
+		}
+
+		if w := h.p.routes[0].layer.entries["203.0.113.1"]; w == nil || w.count != tc.want {
+			t.Errorf("%s: probe window %+v, want count %d", tc.algorithm, w, tc.want)
+		}
+
+		if n := strings.Count(h.events.String(), `"limiter":"probe","key":"203.0.113.1","ip":"203.0.113.1","middleware":"`+h.p.name+`","dryRun":true`); n != 1 {
+			t.Errorf("%s: probe reported %d times:\n%s", tc.algorithm, n, h.events.String())
+		}
+	}
+}
+
+func TestRefusedRequestSpendsNothingOfADryRunRuleOnRedisServer(t *testing.T) {
+	addr, admin := redisServer(t)
+
+	for _, tc := range []struct {
+		algorithm string
+		read      []string
+		want      string
+	}{{"fixed", []string{"GET"}, "2"}, {"sliding", []string{"HGET", "", "c"}, "1"}} {
+		h, _ := redisHarness(t, addr, with(probeConfig(tc.algorithm), asACLUser))
+
+		for i, want := range []int{200, 200, 429} {
+			if rec := h.get("/x", "203.0.113.1:1"); rec.Code != want {
+				t.Fatalf("%s: request %d: %d, want %d", tc.algorithm, i+1, rec.Code, want)
+			}
+		}
+
+		args := append([]string{}, tc.read...)
+		key := h.p.routes[0].layer.redisKey + "203.0.113.1"
+		if len(args) == 1 {
+			args = append(args, key)
+		} else {
+			args[1] = key
+		}
+
+		if v := redisDo(t, admin, args...).Str; v != tc.want {
+			t.Errorf("%s: probe count %q, want %s", tc.algorithm, v, tc.want)
+		}
+
+		if !strings.Contains(h.events.String(), `"limiter":"probe"`) || !strings.Contains(h.events.String(), `"dryRun":true`) {
+			t.Errorf("%s: events %s", tc.algorithm, h.events.String())
+		}
+	}
+}
+
+// TestTopLevelDryRunEventsSayDryRun: the top-level dryRun reports what it
+// would refuse as a dry run, not as refusals.
+func TestTopLevelDryRunEventsSayDryRun(t *testing.T) {
+	h := newHarness(t, func(c *Config) {
+		c.DryRun = true
+		c.Global.Points = 0
+		c.IP = LayerConfig{Points: 1, Duration: "1s"}
+	})
+
+	for i := 0; i < 3; i++ {
+		if rec := h.get("/", "203.0.113.1:1"); rec.Code != http.StatusOK {
+			t.Fatalf("request %d: %d", i+1, rec.Code)
+		}
+	}
+
+	if ev := strings.TrimSpace(h.events.String()); strings.Count(ev, "\n") != 0 || !strings.Contains(ev, `"limiter":"ip"`) || !strings.Contains(ev, `"dryRun":true`) {
+		t.Errorf("events %q", ev)
+	}
+}
+
+// TestFlagArgs: the dry-run and check flags prefix the algorithm argument,
+// together as "cd" (takeScript).
+func TestFlagArgs(t *testing.T) {
+	args := newRedisEncoding(layerSpec{name: "x", points: 12, duration: 1500e6, sliding: true, dryRun: true}, 0).redisArgs
+	if want := "$2\r\n12\r\n$4\r\n1500\r\n$2\r\nd1\r\n$1\r\n0\r\n"; args != want {
+		t.Fatalf("dry-run args %q, want %q", args, want)
+	}
+
+	if got, want := checkArgs(args), "$2\r\n12\r\n$4\r\n1500\r\n$3\r\ncd1\r\n$1\r\n0\r\n"; got != want {
+		t.Fatalf("check args %q, want %q", got, want)
+	}
+}
