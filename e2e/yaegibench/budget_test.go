@@ -27,8 +27,8 @@ var budgets = map[string]float64{
 	"principal with plans":    267,
 	"chain edge anonymous":    293,
 	"chain edge credentialed": 290,
-	"costed route":            1015,
-	"countStatus route":       1230,
+	"costed route":            977,
+	"countStatus route":       1205,
 	"redis allowed":           439,
 	"redis refused":           307,
 }
