@@ -153,7 +153,9 @@ func (s *windowStore) startBlock(t *tally, i int, now int64, l *layer, key strin
 	t.firsts |= uint64(1) << uint(i)
 
 	if t.shown == i {
-		t.reset, t.resetH = until, []string{formatInt(ceilSeconds(until))}
+		// One value per statement: doc.go, constructs Yaegi cannot run.
+		t.reset = until
+		t.resetH = []string{formatInt(ceilSeconds(until))}
 	}
 }
 
