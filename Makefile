@@ -9,11 +9,16 @@ TRAEFIK := e2e/.cache/traefik-v3.6.12
 # Pinned; fetched from the Go module proxy by go run, so a fresh machine needs nothing installed.
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: test unit fuzz e2e dashboard demo traefik vendor-check catalog-check bench generate
+.PHONY: prereq test unit fuzz e2e dashboard demo traefik vendor-check catalog-check bench generate
 
-test: vendor-check catalog-check unit fuzz dashboard e2e
+test: prereq vendor-check catalog-check unit fuzz dashboard e2e
 
-unit:
+# Go, gcc (for -race) and redis-server, checked before any test: installed with apt-get as root
+# (CI, containers), else a stop within seconds with the command to run (.ci/prereq).
+prereq:
+	@GO=$(GO) sh .ci/prereq
+
+unit: prereq
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' | grep -v '^vendor/'))" || { gofmt -l $$(git ls-files '*.go' | grep -v '^vendor/'); echo 'gofmt: files above need formatting'; exit 1; }
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
@@ -29,8 +34,8 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz=FuzzReadReply -fuzztime=10s ./redisresp
 	$(GO) test -run='^$$' -fuzz=FuzzCanonicalPath -fuzztime=10s .
 
-# The e2e tests start redis-server themselves: it must be installed (apt-get install redis-server).
-e2e: $(TRAEFIK)
+# The e2e tests start redis-server themselves: prereq checks that it is installed.
+e2e: prereq $(TRAEFIK)
 	cd e2e && $(GO) vet ./...
 	cd e2e && $(GO) run $(STATICCHECK) ./...
 	cd e2e && $(GO) test -count=1 -timeout 20m ./...

@@ -1,21 +1,17 @@
 package examplecheck
 
 import (
-	"encoding/json"
 	"fmt"
 	"go/version"
 	"io/fs"
 	"os"
 	"path/filepath"
-	"reflect"
 	"regexp"
 	"strings"
 	"testing"
 
 	"golang.org/x/mod/modfile"
-	"gopkg.in/yaml.v3"
 
-	"github.com/tierlimit/tierlimit"
 	"github.com/tierlimit/tierlimit/e2e/harness"
 )
 
@@ -66,7 +62,7 @@ func TestReadmeDynamicYAMLIsTheFile(t *testing.T) {
 // TestReadmeGoVersion: the Go version README asks for is the highest that a
 // module `make test` builds declares.
 func TestReadmeGoVersion(t *testing.T) {
-	m := regexp.MustCompile(`need only Go \(([0-9.]+) or newer\)`).FindStringSubmatch(readme(t))
+	m := regexp.MustCompile(`Go \(([0-9.]+) or newer\)`).FindStringSubmatch(readme(t))
 	if m == nil {
 		t.Fatal("README does not say which Go version the commands need")
 	}
@@ -108,54 +104,6 @@ func TestReadmeGoVersion(t *testing.T) {
 
 	if want := strings.TrimPrefix(version.Lang(need), "go"); m[1] != want {
 		t.Fatalf("README asks for Go %s; the modules need %s", m[1], want)
-	}
-}
-
-// TestReadmeDefaultsAreTheDefaults: every key of the configuration reference's
-// block of defaults holds CreateConfig's value.
-func TestReadmeDefaultsAreTheDefaults(t *testing.T) {
-	block := yamlBlockAfter(t, readme(t), "the values shown are the defaults")
-
-	var shown map[string]interface{}
-	if err := yaml.Unmarshal([]byte(block), &shown); err != nil {
-		t.Fatalf("README's defaults block: %v", err)
-	}
-
-	raw, err := json.Marshal(tierlimit.CreateConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	var defaults map[string]interface{}
-	if err := json.Unmarshal(raw, &defaults); err != nil {
-		t.Fatal(err)
-	}
-
-	compareDefaults(t, "", normalise(shown), normalise(defaults))
-}
-
-func compareDefaults(t *testing.T, path string, shown, defaults interface{}) {
-	t.Helper()
-
-	sm, ok := shown.(map[string]interface{})
-	if !ok {
-		if !reflect.DeepEqual(shown, defaults) {
-			t.Errorf("README shows %s = %v; the default is %v", strings.TrimSuffix(path, "."), shown, defaults)
-		}
-
-		return
-	}
-
-	dm, _ := defaults.(map[string]interface{})
-
-	for k, v := range sm {
-		d, ok := dm[k]
-		if !ok {
-			t.Errorf("README shows %s%s, which is not a configuration key", path, k)
-			continue
-		}
-
-		compareDefaults(t, path+k+".", v, d)
 	}
 }
 
