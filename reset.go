@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/tierlimit/tierlimit/redisresp"
 )
@@ -46,6 +47,7 @@ type resetReport struct {
 // resetEvent is the RATE_LIMIT_RESET log line: who reset which key, and what
 // that cleared. Limiter names the layer, as in RATE_LIMIT_TRIGGERED.
 type resetEvent struct {
+	Time       string `json:"time"`
 	Event      string `json:"event"`
 	Severity   string `json:"severity"`
 	Limiter    string `json:"limiter"`
@@ -152,6 +154,7 @@ func operatorOf(p *Plugin, req *http.Request) string {
 // reset logs an operator's reset, whatever it cleared.
 func (e *eventLog) reset(r resetReport, operator string) {
 	line, err := json.Marshal(resetEvent{
+		Time:  eventTime(e.now().UnixNano()),
 		Event: "RATE_LIMIT_RESET", Severity: "info", Limiter: r.Layer, Key: r.Key, Operator: operator,
 		Middleware: e.middleware, Memory: r.Memory, BlockList: r.BlockList, Redis: r.Redis,
 	})
@@ -314,8 +317,8 @@ func (s *redisStore) deleteKeys(keys []string, channel, message string) (int64, 
 
 // logResetFailure logs a reset that could not reach Redis.
 func (b *redisBackend) logResetFailure(err error) {
-	line, jerr := json.Marshal(redisEvent{Event: "REDIS_RESET_FAILED", Severity: "error", Address: b.address, Error: err.Error()})
+	line, jerr := redisEventLine(redisEvent{Event: "REDIS_RESET_FAILED", Severity: "error", Address: b.address, Error: err.Error()}, time.Now().UnixNano())
 	if jerr == nil {
-		_, _ = b.log.Write(append(line, '\n'))
+		_, _ = b.log.Write(line)
 	}
 }
