@@ -13,7 +13,7 @@ import (
 	"github.com/tierlimit/tierlimit/e2e/harness"
 )
 
-// The tests of this file run issue 21's costed route and failed-login limit
+// The tests of this file run a costed route (routes[].cost) and a failed-login limit (routes[].countStatus)
 // through the real Traefik, on the memory store and on a redis-server of
 // their own. Windows last 60s: none ends during a test.
 

@@ -8,7 +8,7 @@ import (
 	"github.com/tierlimit/tierlimit/e2e/harness"
 )
 
-// The test of this file runs issue 22's per-rule dry run through the real
+// The test of this file runs a per-rule dry run (dryRun on a route) through the real
 // Traefik, on the memory store and on a redis-server of its own. Windows
 // last 60s: none ends during the test.
 
