@@ -572,9 +572,6 @@ func setHeaders(h http.Header, shown *layer, left, reset int64, resetH []string,
 	} else {
 		setLargeHeaders(h, shown, left, secs)
 	}
-	if shown.calendar == calMonth {
-		setCalendarPolicy(h, shown, now)
-	}
 }
 
 // ServeHTTP is the anonymous path on the Redis store (redisfast.go): one
