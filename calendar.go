@@ -177,10 +177,3 @@ func redisTail(args string) string {
 
 	return args[i:]
 }
-
-// setCalendarPolicy sends a month layer's RateLimit-Policy, whose window is
-// the current month's length.
-func setCalendarPolicy(h http.Header, l *layer, now int64) {
-	start, end := l.period(now)
-	h["Ratelimit-Policy"] = []string{`"` + l.name + `";q=` + l.limit + ";w=" + formatInt((end-start)/int64(time.Second))}
-}
