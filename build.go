@@ -50,7 +50,7 @@ func chooseMode(s *settings) mode {
 		if l.on() {
 			on = true
 			// A dry-run layer, or one that blocks, is charged on the general path only.
-			fixed = fixed && !l.sliding && !l.bucket && l.keyHeader == "" && !l.keyHost && l.block == 0 && !l.dryRun
+			fixed = fixed && !l.sliding && !l.bucket && l.keyHeader == "" && !l.keyHost && l.block == 0 && !l.dryRun && l.calendar == 0
 		}
 	}
 
@@ -335,6 +335,8 @@ func newLayer(memory *windowStore, spec layerSpec, keyKind int) *layer {
 			keyHeader:     spec.keyHeader,
 			sliding:       spec.sliding,
 			blockDuration: int64(spec.block),
+			calendar:      spec.calendar,
+			utcOffset:     spec.utcOffset,
 			dryRun:        spec.dryRun,
 		},
 	}
@@ -374,6 +376,10 @@ func newRedisEncoding(spec layerSpec, rate int64) redisEncoding {
 
 	if spec.dryRun {
 		e.redisArgs = flagArgs(e.redisArgs, "d")
+	}
+
+	if spec.calendar != 0 {
+		e.redisTail = redisTail(e.redisArgs)
 	}
 
 	return e

@@ -58,6 +58,10 @@ type LayerConfig struct {
 	// BlockDuration, when set, refuses every request of a key that the
 	// layer refused, for that long from the refusal (0: only while over).
 	BlockDuration string
+	// Calendar, "day", "week" or "month", replaces Duration with windows
+	// aligned to the calendar at UtcOffset ("+07:00"; empty: UTC).
+	Calendar  string
+	UtcOffset string
 
 	DryRun  bool                   // this rule counts, logs and sends its headers, but never refuses
 	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
@@ -75,6 +79,10 @@ type AssetsConfig struct {
 	PathPrefixes  []string
 	CaseSensitive bool
 	BlockDuration string
+	// Calendar, "day", "week" or "month", replaces Duration with windows
+	// aligned to the calendar at UtcOffset ("+07:00"; empty: UTC).
+	Calendar  string
+	UtcOffset string
 
 	DryRun  bool                   // this rule counts, logs and sends its headers, but never refuses
 	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
@@ -101,6 +109,10 @@ type RouteConfig struct {
 	Cost          int
 	CountStatus   []int
 	BlockDuration string
+	// Calendar, "day", "week" or "month", replaces Duration with windows
+	// aligned to the calendar at UtcOffset ("+07:00"; empty: UTC).
+	Calendar  string
+	UtcOffset string
 
 	DryRun  bool                   // this rule counts, logs and sends its headers, but never refuses
 	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
@@ -113,6 +125,8 @@ type PlanConfig struct {
 	Duration  string
 	Algorithm string
 	Burst     int
+	Calendar  string
+	UtcOffset string
 
 	DryRun  bool                   // this rule counts, logs and sends its headers, but never refuses
 	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go

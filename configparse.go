@@ -67,8 +67,13 @@ type layerSpec struct {
 	keyHeader string // canonical header name when keyed by "header:<Name>"
 	keyHost   bool   // keyed by the request's host
 	// block is how long a key the layer refused stays refused (0: none).
-	block  time.Duration
-	dryRun bool // counts, logs, sends headers, never refuses (its own or the top-level dryRun)
+	block time.Duration
+	// calendar (calDay, calWeek, calMonth; 0: none) aligns the windows to
+	// the calendar at utcOffset (nanoseconds east of UTC); duration is then
+	// the period's longest (calendar.go).
+	calendar  int
+	utcOffset int64
+	dryRun    bool // counts, logs, sends headers, never refuses (its own or the top-level dryRun)
 }
 
 func (l layerSpec) on() bool { return l.points > 0 }
@@ -276,6 +281,12 @@ func parseBuiltin(cfg *Config, row builtinLayer) (layerSpec, error) {
 		return layerSpec{}, invalid(row.name+".key", lc.Key, "the "+row.name+" layer has one bucket; only other layers take a key")
 	}
 
+	// The section's duration is the built-in default unless set: a
+	// calendar replaces it.
+	if strings.TrimSpace(lc.Calendar) != "" && lc.Duration == row.duration {
+		lc.Duration = ""
+	}
+
 	spec, err := parseLayer(row.name, row.name, lc)
 	if err != nil {
 		return layerSpec{}, err
@@ -329,12 +340,10 @@ func parseLayer(field, name string, lc LayerConfig) (layerSpec, error) {
 		return layerSpec{}, invalid(field+".points", lc.Points, "must be >= 0 (0 turns the layer off)")
 	}
 
-	d, err := parseDuration(lc.Duration)
-	if err != nil {
-		return layerSpec{}, invalid(field+".duration", lc.Duration, err.Error())
+	spec := layerSpec{name: name, points: int64(lc.Points), dryRun: lc.DryRun}
+	if err := parseWindow(field, lc, &spec); err != nil {
+		return layerSpec{}, err
 	}
-
-	spec := layerSpec{name: name, points: int64(lc.Points), duration: d, dryRun: lc.DryRun}
 
 	switch strings.TrimSpace(lc.Algorithm) {
 	case "", "fixed":
@@ -348,6 +357,10 @@ func parseLayer(field, name string, lc LayerConfig) (layerSpec, error) {
 
 	if err := parseBurst(field, lc, &spec); err != nil {
 		return layerSpec{}, err
+	}
+
+	if spec.calendar != 0 && (spec.sliding || spec.bucket) {
+		return layerSpec{}, invalid(field+".calendar", lc.Calendar, `takes algorithm "fixed" only, not `+strconv.Quote(lc.Algorithm))
 	}
 
 	block, err := parseBlock(field, lc.BlockDuration)
@@ -501,7 +514,7 @@ func checkRouteName(field, name string, seen map[string]bool) error {
 
 // parseRoute reads one route; field is its place in routes.
 func parseRoute(field string, rc RouteConfig) (routeSpec, error) {
-	layer, err := parseLayer(field, rc.Name, LayerConfig{Points: rc.Points, Duration: rc.Duration, Algorithm: rc.Algorithm, Burst: rc.Burst, BlockDuration: rc.BlockDuration, DryRun: rc.DryRun})
+	layer, err := parseLayer(field, rc.Name, LayerConfig{Points: rc.Points, Duration: rc.Duration, Algorithm: rc.Algorithm, Burst: rc.Burst, BlockDuration: rc.BlockDuration, Calendar: rc.Calendar, UtcOffset: rc.UtcOffset, DryRun: rc.DryRun})
 	if err != nil {
 		return routeSpec{}, err
 	}

@@ -54,6 +54,10 @@ type limits struct {
 	// refuses nothing (tally.refuseAs); a fixed window is charged even
 	// then, a sliding window or a token bucket takes only what it holds.
 	dryRun bool
+	// calendar aligns the layer's fixed windows to days, weeks or months
+	// at utcOffset, nanoseconds east of UTC (calendar.go; 0: none).
+	calendar  int
+	utcOffset int64
 }
 
 // memCounters are the layer's counters in the memory store, resolved once
@@ -71,6 +75,7 @@ type redisEncoding struct {
 	redisConstKey string // a constant key whole
 	maxTTL        int64  // the longest reset the script may report, in ms: the window, twice for sliding
 	blockPrefix   string // the start of the layer's block list entries (blockList)
+	redisTail     string // a calendar layer's arguments after points and window (calendarCall)
 }
 
 // headerTable holds the rate-limit header values that depend only on the

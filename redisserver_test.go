@@ -157,7 +157,7 @@ func serverState(t *testing.T, p *redisresp.Pool) string {
 func charge(t *testing.T, s *redisStore, layers []*layer, client string, cost int64) tally {
 	t.Helper()
 
-	ints, serverErr, err := s.callFor(len(layers)).RunIntsOn(s.backend.pool, encodeCall(layers, client, "", nil, argStopAtRefusal, cost))
+	ints, serverErr, err := s.callFor(len(layers)).RunIntsOn(s.backend.pool, encodeCall(layers, client, "", nil, argStopAtRefusal, cost, time.Now().UnixNano()))
 	if err != nil || serverErr != "" {
 		t.Fatalf("script: %v %s", err, serverErr)
 	}

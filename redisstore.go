@@ -501,7 +501,7 @@ func (s *redisStore) takeRedis(t *tally, now int64, layers []*layer, client, pri
 	if s.backend.cluster != nil {
 		ints, serverErr, err = s.runCluster(s.backend.cluster, layers, client, principal, req, all, cost)
 	} else {
-		ints, serverErr, err = s.callFor(len(layers)).RunIntsOn(s.backend.pool, encodeCall(layers, client, principal, req, mode, cost))
+		ints, serverErr, err = s.callFor(len(layers)).RunIntsOn(s.backend.pool, encodeCall(layers, client, principal, req, mode, cost, now))
 	}
 
 	if err != nil {
@@ -520,13 +520,18 @@ func (s *redisStore) takeRedis(t *tally, now int64, layers []*layer, client, pri
 // the cost and each layer's arguments. The command is encoded here, from each
 // layer's pre-encoded parts: under Yaegi, a loop over arguments in the RESP
 // writer costs more than the round trip.
-func encodeCall(layers []*layer, client, principal string, req *http.Request, mode string, cost int64) string {
+func encodeCall(layers []*layer, client, principal string, req *http.Request, mode string, cost, now int64) string {
 	keys, args := "", mode+argCostOne
 	if cost != 1 {
 		args = mode + costArg(cost)
 	}
 
 	for _, l := range layers {
+		if l.calendar != 0 {
+			keys, args = calendarCall(l, keys, args, client, principal, req, now)
+			continue
+		}
+
 		args += l.redisArgs
 
 		if l.keyKind == keyOfConst {
@@ -569,7 +574,7 @@ func (s *redisStore) refund(now int64, layers []*layer, client, principal string
 	} else {
 		var serverErr string
 
-		_, serverErr, err = refundRedis.Call(len(layers), 5*len(layers)+1).RunIntsOn(s.backend.pool, encodeCall(layers, client, principal, req, "", cost))
+		_, serverErr, err = refundRedis.Call(len(layers), 5*len(layers)+1).RunIntsOn(s.backend.pool, encodeCall(layers, client, principal, req, "", cost, now))
 		if err == nil && serverErr != "" {
 			err = fmt.Errorf("running the refund script: %s", serverErr)
 		}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/tierlimit/tierlimit/redisresp"
 )
@@ -143,6 +144,13 @@ func slotGroups(layers []*layer, client, principal string, req *http.Request, he
 
 	for i, l := range layers {
 		key := clusterKey(l, client, principal, req)
+		args := l.redisArgs
+		if l.calendar != 0 {
+			// The period from the hash tag on: the slot stays the client's.
+			now := time.Now().UnixNano()
+			key, args = key+calendarSuffix(l, now), calendarArgs(l, now)
+		}
+
 		slot := redisresp.Slot(key)
 
 		var g *slotGroup
@@ -159,7 +167,7 @@ func slotGroups(layers []*layer, client, principal string, req *http.Request, he
 
 		g.layers = append(g.layers, i)
 		g.keys += redisresp.Bulk(key)
-		g.args += l.redisArgs
+		g.args += args
 	}
 
 	return groups

@@ -239,6 +239,10 @@ func resetKeys(s *redisStore, l *layer, key string) []string {
 		k = resetClusterKey(l, key)
 	}
 
+	if l.calendar != 0 {
+		k += calendarSuffix(l, time.Now().UnixNano())
+	}
+
 	if l.blockDuration != 0 {
 		return []string{k, k + ":block"}
 	}

@@ -88,8 +88,12 @@ type window struct {
 type windowList struct {
 	duration int64
 	span     int64 // how long a counter lives from its start: duration, or 2x when sliding; 0 for token buckets
-	head     *window
-	tail     *window
+	// calendar and utcOffset are those of the list's layers: a calendar
+	// window lives to its period's end (alignCalendar).
+	calendar  int
+	utcOffset int64
+	head      *window
+	tail      *window
 }
 
 // purgePerInsert is how many expired counters each new key removes, so memory
@@ -150,13 +154,13 @@ func (s *windowStore) attach(l *layer) {
 	}
 
 	for _, wl := range s.lists {
-		if wl.duration == l.duration && wl.span == span {
+		if wl.duration == l.duration && wl.span == span && wl.calendar == l.calendar && wl.utcOffset == l.utcOffset {
 			l.list = wl
 			return
 		}
 	}
 
-	l.list = &windowList{duration: l.duration, span: span}
+	l.list = &windowList{duration: l.duration, span: span, calendar: l.calendar, utcOffset: l.utcOffset}
 	s.lists = append(s.lists, l.list)
 }
 
@@ -275,6 +279,9 @@ func (s *windowStore) restart(now int64, l *layer, w *window, key string) *windo
 	w.start = now
 	w.reset = now + l.list.duration
 	w.expire = now + l.list.span
+	if l.calendar != 0 {
+		alignCalendar(now, l, w)
+	}
 	w.resetSec = ceilSeconds(w.reset)
 	w.resetH = []string{formatInt(w.resetSec)}
 	w.logged = false

@@ -1,0 +1,179 @@
+package tierlimit
+
+import (
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tierlimit/tierlimit/redisresp"
+)
+
+// A layer's calendar (README: calendar, utcOffset) replaces its duration
+// with fixed windows aligned to the calendar: days from 00:00, weeks from
+// Monday 00:00, months from the 1st, in UTC or at a fixed offset. Such a
+// layer is served on the general path (chooseMode). In memory a window
+// starts at its period's start and resets at the next boundary
+// (alignCalendar); in Redis its key names the period's start in Unix
+// seconds, so every replica counts in the same key and an old period's key
+// expires, and the window sent to the script is what is left of the period
+// (calendarCall).
+const (
+	calDay = 1 + iota
+	calWeek
+	calMonth
+)
+
+// calendarMax is the longest period of each calendar: the layer's duration,
+// which sizes its Redis TTL bound and its memory list.
+var calendarMax = map[int]time.Duration{calDay: 24 * time.Hour, calWeek: 7 * 24 * time.Hour, calMonth: 31 * 24 * time.Hour}
+
+// parseWindow reads a layer's duration, or its calendar and utcOffset; a
+// calendar with a duration is an error.
+func parseWindow(field string, lc LayerConfig, spec *layerSpec) error {
+	cal := strings.TrimSpace(lc.Calendar)
+	if cal == "" {
+		if strings.TrimSpace(lc.UtcOffset) != "" {
+			return invalid(field+".utcOffset", lc.UtcOffset, "takes a calendar: day, week or month")
+		}
+
+		d, err := parseDuration(lc.Duration)
+		if err != nil {
+			return invalid(field+".duration", lc.Duration, err.Error())
+		}
+
+		spec.duration = d
+
+		return nil
+	}
+
+	switch cal {
+	case "day":
+		spec.calendar = calDay
+	case "week":
+		spec.calendar = calWeek
+	case "month":
+		spec.calendar = calMonth
+	default:
+		return invalid(field+".calendar", lc.Calendar, `must be "day", "week" or "month"`)
+	}
+
+	if strings.TrimSpace(lc.Duration) != "" {
+		return invalid(field+".duration", lc.Duration, "a layer with a calendar ("+cal+") takes no duration")
+	}
+
+	offset, err := parseUtcOffset(lc.UtcOffset)
+	if err != nil {
+		return invalid(field+".utcOffset", lc.UtcOffset, err.Error())
+	}
+
+	spec.utcOffset = offset
+	spec.duration = calendarMax[spec.calendar]
+
+	return nil
+}
+
+// parseUtcOffset reads "+07:00", "-03:30" or "Z" (empty: UTC), in nanoseconds.
+func parseUtcOffset(raw string) (int64, error) {
+	v := strings.TrimSpace(raw)
+	if v == "" || v == "Z" {
+		return 0, nil
+	}
+
+	bad := errorString(`must be a fixed offset such as "+07:00" or "-03:30", from -12:00 to +14:00`)
+	if len(v) != 6 || v[0] != '+' && v[0] != '-' || v[3] != ':' {
+		return 0, bad
+	}
+
+	h, err1 := strconv.Atoi(v[1:3])
+	m, err2 := strconv.Atoi(v[4:6])
+
+	if err1 != nil || err2 != nil || m > 59 || v[1] == '+' || v[4] == '+' {
+		return 0, bad
+	}
+
+	offset := int64(h)*int64(time.Hour) + int64(m)*int64(time.Minute)
+	if v[0] == '-' {
+		offset = -offset
+	}
+
+	if offset < -12*int64(time.Hour) || offset > 14*int64(time.Hour) {
+		return 0, bad
+	}
+
+	return offset, nil
+}
+
+type errorString string
+
+func (e errorString) Error() string { return string(e) }
+
+// period returns the start and the end (the next boundary) of the calendar
+// period that holds now, Unix nanoseconds.
+func (l *limits) period(now int64) (start, end int64) {
+	t := time.Unix(0, now+l.utcOffset).UTC()
+	y, m, d := t.Date()
+
+	var from, to time.Time
+
+	switch l.calendar {
+	case calWeek:
+		back := (int(t.Weekday()) + 6) % 7 // days since Monday
+		from = time.Date(y, m, d-back, 0, 0, 0, 0, time.UTC)
+		to = from.AddDate(0, 0, 7)
+	case calMonth:
+		from = time.Date(y, m, 1, 0, 0, 0, 0, time.UTC)
+		to = from.AddDate(0, 1, 0)
+	default:
+		from = time.Date(y, m, d, 0, 0, 0, 0, time.UTC)
+		to = from.AddDate(0, 0, 1)
+	}
+
+	return from.UnixNano() - l.utcOffset, to.UnixNano() - l.utcOffset
+}
+
+// alignCalendar gives the memory window w, restarted at now, its period.
+func alignCalendar(now int64, l *layer, w *window) {
+	w.start, w.reset = l.period(now)
+	w.expire = w.reset
+}
+
+// calendarSuffix is what a calendar layer's Redis key ends with at now: the
+// period's start in Unix seconds.
+func calendarSuffix(l *layer, now int64) string {
+	start, _ := l.period(now)
+	return ":" + formatInt(start/int64(time.Second))
+}
+
+// calendarCall adds a calendar layer's key and arguments to a script call
+// (encodeCall): the key names the period, and the window is the
+// milliseconds left to its end (at least 1).
+func calendarCall(l *layer, keys, args, client, principal string, req *http.Request, now int64) (string, string) {
+	key := l.redisKey + l.keyFor(client, principal, req) + calendarSuffix(l, now)
+
+	return keys + "$" + strconv.Itoa(len(key)) + "\r\n" + key + "\r\n", args + calendarArgs(l, now)
+}
+
+// calendarArgs are a calendar layer's script arguments at now: its window is
+// the milliseconds left to the period's end (at least 1).
+func calendarArgs(l *layer, now int64) string {
+	_, end := l.period(now)
+	ms := (end - now) / int64(time.Millisecond)
+	if ms < 1 {
+		ms = 1
+	}
+
+	return redisresp.Bulk(formatInt(l.points)) + redisresp.Bulk(formatInt(ms)) + l.redisTail
+}
+
+// redisTail is a layer's script arguments after its points and window.
+func redisTail(args string) string {
+	i := 0
+	for n := 0; n < 2; n++ {
+		j := strings.Index(args[i:], "\r\n")
+		size, _ := strconv.Atoi(args[i+1 : i+j])
+		i += j + 2 + size + 2
+	}
+
+	return args[i:]
+}
