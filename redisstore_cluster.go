@@ -148,7 +148,9 @@ func slotGroups(layers []*layer, client, principal string, req *http.Request, he
 		if l.calendar != 0 {
 			// The period from the hash tag on: the slot stays the client's.
 			now := time.Now().UnixNano()
-			key, args = key+calendarSuffix(l, now), calendarArgs(l, now)
+			// One value per statement: doc.go, constructs Yaegi cannot run.
+			key += calendarSuffix(l, now)
+			args = calendarArgs(l, now)
 		}
 
 		slot := redisresp.Slot(key)
