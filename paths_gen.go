@@ -5,7 +5,6 @@ package tierlimit
 import (
 	"context"
 	"net/http"
-	"strconv"
 	"strings"
 	"sync/atomic"
 
@@ -632,12 +631,8 @@ func (rd *redisPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 		return
 	}
 
-	for _, l := range layers {
-		atomic.AddInt64(&l.stats.redisAllowed, 1)
-	}
-
 	reset := now + ttl*nsPerMillisecond
-	resetH := []string{strconv.FormatInt((reset+nsPerSecond-1)/nsPerSecond, 10)}
+	resetH := rememberShown(rs.local, layers, shown, client, shown.points-left, reset, now)
 	h := rw.Header()
 	h["X-Ratelimit-Limit"] = shown.limitHdr
 	h["Ratelimit-Policy"] = shown.policyHdr

@@ -639,6 +639,12 @@ func (s *redisStore) record(t *tally, ints []int64, now int64, layers []*layer, 
 		}
 	}
 
+	// What Redis now holds, for the fallback (fallback.go); a refused
+	// request changed nothing there.
+	if !t.refused || all {
+		rememberAll(s.local, ints, now, layers, client, principal, req)
+	}
+
 	return nil
 }
 

@@ -29,8 +29,8 @@ var budgets = map[string]float64{
 	"chain edge credentialed": 290,
 	"costed route":            977,
 	"countStatus route":       1205,
-	"redis allowed":           439,
-	"redis refused":           307,
+	"redis allowed":           462,
+	"redis refused":           297,
 }
 
 // longEdge is the edge of edgeConfig with hour-long windows.

@@ -1,0 +1,98 @@
+package tierlimit
+
+import "net/http"
+
+// The Redis store's memory fallback decides while Redis cannot. It starts
+// each key from what Redis last reported of it to this process, not from
+// zero: a key that Redis had at 290 of 300 when it failed gets 10 more from
+// memory, not 300. What remains is the bound docs/redis.md states: requests
+// in flight when Redis failed, the other replicas' requests since a key was
+// last reported here, and, for keys Redis never reported to this process,
+// up to their points per replica.
+
+// remember sets the memory counter of key in l to what Redis reported for
+// it after charging a request: count points in use and the reset (Unix
+// nanoseconds: a fixed or sliding window's end, a token bucket's full time).
+// A sliding counter takes the estimate as its current window's count, with
+// none before it: memory then refuses no later than Redis would. It returns
+// the counter's X-RateLimit-Reset value.
+func remember(s *windowStore, l *layer, key string, count, reset, now int64) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	// A counter remembered is held like one charged (windowStore.takes), so
+	// that the next one remembered cannot evict it.
+	s.takes++
+
+	w := l.entries[key]
+	if w == nil || w.list != l.list || w.expire <= now {
+		w = s.restart(now, l, w, key)
+	}
+
+	w.count = count
+	w.taken = s.takes
+
+	switch {
+	case l.interval != 0:
+		w.expire = reset
+	case l.sliding:
+		w.prevCount = 0
+		w.start = reset - l.duration
+		w.expire = w.start + l.list.span
+	default:
+		w.expire = reset
+	}
+
+	if w.reset != reset {
+		w.reset = reset
+		if secs := ceilSeconds(reset); secs != w.resetSec {
+			w.resetSec = secs
+			w.resetH = []string{formatInt(secs)}
+		}
+	}
+
+	return w.resetH
+}
+
+// rememberAll is remember for every layer of a request that Redis
+// allowed, or charged in a dry run: ints is the script's reply, validated
+// (redisStore.record), with each layer's count and milliseconds to reset.
+func rememberAll(s *windowStore, ints []int64, now int64, layers []*layer, client, principal string, req *http.Request) {
+	for i := 0; 2*i+1 < len(ints) && i < len(layers); i++ {
+		l := layers[i]
+		if count := ints[2*i]; count <= l.points || l.dryRun {
+			remember(s, l, l.keyFor(client, principal, req), count, now+ints[2*i+1]*nsPerMillisecond, now)
+		}
+	}
+}
+
+// rememberShown counts a request of redisPath that Redis allowed in its
+// layers' stats and remembers the one layer its reply names: the one with
+// the fewest requests left, which the fallback reaches first. Both under the
+// memory store's lock, which the counts then need no atomic call for
+// (layerStats). Its common case, the counter of the same window, only takes
+// the count: a reset reported within the counter's second is its window's.
+//
+// It returns the reset's X-RateLimit-Reset value, the counter's.
+func rememberShown(s *windowStore, layers []*layer, shown *layer, client string, count, reset, now int64) []string {
+	key := client
+	if shown.keyKind == keyOfConst {
+		key = shown.constKey
+	}
+
+	s.mu.Lock()
+	for _, l := range layers {
+		l.stats.allowed++
+	}
+
+	if w := shown.entries[key]; w != nil && w.resetSec == (reset+nsPerSecond-1)/nsPerSecond {
+		w.count = count
+		resetH := w.resetH
+		s.mu.Unlock()
+
+		return resetH
+	}
+	s.mu.Unlock()
+
+	return remember(s, shown, key, count, reset, now)
+}
