@@ -290,6 +290,39 @@ func TestStatusIsOnlyForAllowedClients(t *testing.T) {
 	}
 }
 
+// TestMetricsAreOnlyForAllowedClients: <status.path>/metrics follows the
+// status page's address rule; from a peer outside allowedIPs it is an
+// ordinary request, charged and passed on, with no metric in the answer.
+func TestMetricsAreOnlyForAllowedClients(t *testing.T) {
+	h := statusHarness(t, func(c *Config) {
+		c.Status.AllowedIPs = []string{"192.0.2.0/24"}
+	})
+
+	for _, c := range []struct {
+		remote, xff string
+		allowed     bool
+	}{
+		{"192.0.2.5:1", "", true},
+		{"203.0.113.1:1", "", false},
+		{"203.0.113.1:1", "192.0.2.5", false}, // an address the client wrote
+		{"127.0.0.1:1", "", false},            // the default list was replaced
+	} {
+		hdr := map[string]string{}
+		if c.xff != "" {
+			hdr["X-Forwarded-For"] = c.xff
+		}
+
+		calls := h.calls.Load()
+		rec := h.do(http.MethodGet, "/_rl/metrics", c.remote, hdr)
+		served := strings.Contains(rec.Body.String(), "tierlimit_")
+		reached := h.calls.Load() != calls
+
+		if served == reached || served != c.allowed {
+			t.Errorf("%s %q: metrics served %v, backend reached %v; want served %v", c.remote, c.xff, served, reached, c.allowed)
+		}
+	}
+}
+
 // TestStatusIsNotOpenedByAnAddressAClientWrote: with the default trusted
 // proxies (every private address) a client on a private address can send
 // X-Forwarded-For: 127.0.0.1; a chain of only trusted addresses opens the
