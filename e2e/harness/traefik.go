@@ -71,7 +71,12 @@ func TraefikBinary(log io.Writer) (string, error) {
 // expects it: <goPath>/src/<module>/. Only what the catalog would ship goes:
 // the manifest, go.mod, vendor/ and non-test Go files of the module's packages.
 func CopyPlugin(goPath string) error {
-	src := RepoRoot()
+	return CopyPluginFrom(RepoRoot(), goPath)
+}
+
+// CopyPluginFrom is CopyPlugin for the plugin's source at src (another
+// version of it: loadbench's -baseline).
+func CopyPluginFrom(src, goPath string) error {
 	dst := filepath.Join(goPath, "src", filepath.FromSlash(ModuleName))
 
 	return filepath.WalkDir(src, func(path string, d os.DirEntry, err error) error {
@@ -147,6 +152,9 @@ type Options struct {
 	// ProvidersThrottle is providers.providersThrottleDuration; empty keeps
 	// Traefik's default (2s), which holds back reloads written in a row.
 	ProvidersThrottle string
+	// PluginSource is the tierlimit source tree to load; empty: this
+	// repository's working tree.
+	PluginSource string
 }
 
 // LocalPlugin is a plugin given by its source files, loaded in local mode under Alias.
@@ -198,7 +206,12 @@ func start(opts Options) (*Traefik, error) {
 		return nil, err
 	}
 
-	if err := CopyPlugin(filepath.Join(opts.Dir, "plugins-local")); err != nil {
+	src := opts.PluginSource
+	if src == "" {
+		src = RepoRoot()
+	}
+
+	if err := CopyPluginFrom(src, filepath.Join(opts.Dir, "plugins-local")); err != nil {
 		return nil, fmt.Errorf("copying plugin: %w", err)
 	}
 

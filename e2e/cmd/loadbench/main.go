@@ -78,6 +78,7 @@ type configuration struct {
 	sentinel   bool                                      // needs a sentinel watching the redis-server
 	cluster    bool                                      // runs on the Redis Cluster instead
 	middleware func(s scenario, redisAddr string) string // YAML under middlewares.limit; "" for none
+	source     string                                    // the plugin source to load (-baseline); "" for the working tree
 }
 
 var configurations = []configuration{
@@ -224,6 +225,7 @@ type options struct {
 	runs             int
 	only             []configuration
 	cpuProfiles      string // directory for Traefik's CPU profile of each measured phase; "" for none
+	baseline         string // a git revision whose plugin each tierlimit-* configuration also runs; "" for none
 }
 
 func main() {
@@ -239,6 +241,7 @@ func main() {
 	flag.IntVar(&o.runs, "runs", 3, "repetitions of each configuration and scenario (medians are reported)")
 	flag.StringVar(&o.cpuProfiles, "cpuprofile", "", "directory to write Traefik's CPU profile of each measured phase to (go tool pprof); turns on api.debug")
 	flag.StringVar(&only, "only", "", "comma-separated configurations to run (default all): "+names(configurations))
+	flag.StringVar(&o.baseline, "baseline", "", "a git revision: every tierlimit-* configuration also runs with the plugin at that revision, as <name>@<revision>, interleaved in the same run")
 	flag.Parse()
 
 	if flag.NArg() > 0 || o.duration <= 0 || o.warmup < 0 || o.concurrency < 1 || o.clients < 1 || o.clients > 65536 || o.runs < 1 {
@@ -263,6 +266,17 @@ func main() {
 		}
 	}
 
+	if o.baseline != "" {
+		src, cleanup, err := exportRevision(o.baseline)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "loadbench:", err)
+			os.Exit(1)
+		}
+		defer cleanup()
+
+		o.only = withBaseline(o.only, o.baseline, src)
+	}
+
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "loadbench:", err)
 		os.Exit(1)
@@ -273,6 +287,8 @@ func main() {
 // column compares with: tierlimit-X with builtin-X, minimal-redis with
 // builtin-redis; "" for none.
 func builtinPeer(name string) string {
+	name, _, _ = strings.Cut(name, "@")
+
 	if name == "minimal-redis" {
 		return "builtin-redis"
 	}
@@ -282,6 +298,44 @@ func builtinPeer(name string) string {
 	}
 
 	return ""
+}
+
+// exportRevision writes the plugin's source at rev into a temporary
+// directory (git archive), for harness.Options.PluginSource.
+func exportRevision(rev string) (string, func(), error) {
+	dir, err := os.MkdirTemp("", "loadbench-baseline-")
+	if err != nil {
+		return "", nil, err
+	}
+
+	cleanup := func() { os.RemoveAll(dir) }
+
+	cmd := exec.Command("sh", "-c", `git -C "$1" archive --format=tar "$2" | tar -x -C "$3"`, "sh", harness.RepoRoot(), rev, dir)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		cleanup()
+		return "", nil, fmt.Errorf("exporting revision %s: %v: %s", rev, err, out)
+	}
+
+	return dir, cleanup, nil
+}
+
+// withBaseline adds, after each tierlimit-* configuration, the same one on
+// the plugin at rev (exported to src).
+func withBaseline(cs []configuration, rev, src string) []configuration {
+	var out []configuration
+
+	for _, c := range cs {
+		out = append(out, c)
+
+		if strings.HasPrefix(c.name, "tierlimit-") {
+			b := c
+			b.name = c.name + "@" + rev
+			b.source = src
+			out = append(out, b)
+		}
+	}
+
+	return out
 }
 
 func names(cs []configuration) string {
@@ -491,7 +545,7 @@ func (b *bench) runOne(c configuration, s scenario, rep int) (res result) {
 
 	tr, err := harness.Start(harness.Options{Dir: dir, Dynamic: dynamic(c, s, b.backend, redisAddr),
 		Plugins: []harness.LocalPlugin{harness.Passthrough, harness.MinimalLimiter, harness.MinimalEdge, harness.MinimalRedis},
-		Debug:   b.o.cpuProfiles != ""})
+		Debug:   b.o.cpuProfiles != "", PluginSource: c.source})
 	if err != nil {
 		return result{err: err}
 	}
@@ -991,6 +1045,9 @@ func report(w io.Writer, b *bench, results map[string]map[string][]result, took 
 	fmt.Fprintf(w, "- Each run: fresh Traefik, %s warm-up (not counted), then %s measured; %d run(s) per configuration and scenario, configurations alternated; figures are medians over runs\n",
 		o.warmup, o.duration, o.runs)
 	fmt.Fprintf(w, "- Plugin source: %s at the end; %s\n", gitState(), pluginVersions(results))
+	if b.o.baseline != "" {
+		fmt.Fprintf(w, "- Baseline: every tierlimit-* configuration also ran as <name>@%s, on the plugin at that revision (`git archive`), alternated with the working tree's\n", b.o.baseline)
+	}
 	fmt.Fprintf(w, "- Total time: %s\n\n", took.Round(time.Second))
 
 	for _, s := range scenarios {
@@ -1291,7 +1348,8 @@ func pluginVersions(results map[string]map[string][]result) string {
 
 	for _, sc := range scenarios {
 		for name, rs := range results[sc.id] {
-			if !strings.HasPrefix(name, "tierlimit-") {
+			// A -baseline run loads another source on purpose.
+			if !strings.HasPrefix(name, "tierlimit-") || strings.Contains(name, "@") {
 				continue
 			}
 
