@@ -137,6 +137,10 @@ func build(ctx context.Context, cfg *settings, next http.Handler, name string) *
 		}
 	}
 
+	if anyMonth(p.layers) {
+		p.store = &monthStore{inner: p.store}
+	}
+
 	all := p.layers
 	if p.wsLayer != nil {
 		all = append(all[:len(all):len(all)], p.wsLayer)
@@ -348,6 +352,10 @@ func newLayer(memory *windowStore, spec layerSpec, keyKind int) *layer {
 
 	l.redisEncoding = newRedisEncoding(spec, l.refill)
 	l.headerTable = newHeaderTable(spec, l.interval)
+
+	if spec.calendar == calMonth {
+		l.month = &monthPolicy{}
+	}
 
 	memory.attach(l)
 

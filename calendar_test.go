@@ -55,6 +55,10 @@ func crossBoundary(t *testing.T, h *harness, before, boundary, next time.Time, w
 	if rec.Code != 200 || rec.Header().Get("X-Ratelimit-Remaining") != "1" || rec.Header().Get("X-Ratelimit-Reset") != strconv.FormatInt(next.Unix(), 10) {
 		t.Fatalf("after %v: %d, remaining %s, reset %s; want 200, 1, %d", boundary, rec.Code, rec.Header().Get("X-Ratelimit-Remaining"), rec.Header().Get("X-Ratelimit-Reset"), next.Unix())
 	}
+
+	if want := `"ip";q=2;w=` + strconv.FormatInt(int64(next.Sub(boundary)/time.Second), 10); rec.Header().Get("Ratelimit-Policy") != want {
+		t.Errorf("after %v: policy %q, want %s", boundary, rec.Header().Get("Ratelimit-Policy"), want)
+	}
 }
 
 func utc(y int, m time.Month, d, hh, mm, ss int, ns ...int) time.Time {
@@ -76,10 +80,15 @@ var calendarCases = []calendarCase{
 	{"day", "day", utc(2026, 6, 15, 23, 59, 58, 500e6), utc(2026, 6, 16, 0, 0, 0), utc(2026, 6, 17, 0, 0, 0), 86400},
 	// 2026-06-21 is a Sunday.
 	{"week", "week", utc(2026, 6, 21, 23, 59, 58, 500e6), utc(2026, 6, 22, 0, 0, 0), utc(2026, 6, 29, 0, 0, 0), 7 * 86400},
-	{"month28", "month", utc(2026, 2, 28, 23, 59, 58, 500e6), utc(2026, 3, 1, 0, 0, 0), utc(2026, 4, 1, 0, 0, 0), 31 * 86400}, // TODO: the current month's length (not sent yet: budgets)
-	{"month29", "month", utc(2028, 2, 29, 23, 59, 58, 500e6), utc(2028, 3, 1, 0, 0, 0), utc(2028, 4, 1, 0, 0, 0), 31 * 86400}, // TODO: the current month's length (not sent yet: budgets)
-	{"month30", "month", utc(2026, 4, 30, 23, 59, 58, 500e6), utc(2026, 5, 1, 0, 0, 0), utc(2026, 6, 1, 0, 0, 0), 31 * 86400}, // TODO: the current month's length (not sent yet: budgets)
+	// A month's policy window is that month's length: February of 28 and
+	// of 29 days, April of 30, December of 31 (and after each boundary
+	// the next month's, which crossBoundary checks too).
+	{"month28", "month", utc(2026, 2, 28, 23, 59, 58, 500e6), utc(2026, 3, 1, 0, 0, 0), utc(2026, 4, 1, 0, 0, 0), 28 * 86400},
+	{"month29", "month", utc(2028, 2, 29, 23, 59, 58, 500e6), utc(2028, 3, 1, 0, 0, 0), utc(2028, 4, 1, 0, 0, 0), 29 * 86400},
+	{"month30", "month", utc(2026, 4, 30, 23, 59, 58, 500e6), utc(2026, 5, 1, 0, 0, 0), utc(2026, 6, 1, 0, 0, 0), 30 * 86400},
 	{"month31", "month", utc(2026, 12, 31, 23, 59, 58, 500e6), utc(2027, 1, 1, 0, 0, 0), utc(2027, 2, 1, 0, 0, 0), 31 * 86400},
+	// Into a February: the policy changes to 28 days at the boundary.
+	{"month31to28", "month", utc(2027, 1, 31, 23, 59, 58, 500e6), utc(2027, 2, 1, 0, 0, 0), utc(2027, 3, 1, 0, 0, 0), 31 * 86400},
 }
 
 func TestCalendarWindowsInMemory(t *testing.T) {

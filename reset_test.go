@@ -256,7 +256,7 @@ func TestResetClearsRedisAndTheBlockListOnRedisServer(t *testing.T) {
 
 		h.burst(client, 3)
 
-		if redisDo(t, admin, "EXISTS", key).Int != 1 || h.p.store.(*redisStore).blocked.resetOf(h.p.layers[0].blockPrefix, client, h.clock.Now().UnixNano()) == 0 {
+		if redisDo(t, admin, "EXISTS", key).Int != 1 || redisStoreOf(h.p).blocked.resetOf(h.p.layers[0].blockPrefix, client, h.clock.Now().UnixNano()) == 0 {
 			t.Fatalf("%s: the refusal left no key in Redis or no block list entry", algorithm)
 		}
 
@@ -313,7 +313,7 @@ func TestResetWithRedisDownIs503(t *testing.T) {
 
 	// A closed pool (a replaced configuration's) is unavailable too, and
 	// nothing panics.
-	h.p.store.(*redisStore).backend.pool.Close()
+	redisStoreOf(h.p).backend.pool.Close()
 
 	if code, doc := h.reset("?layer=ip&key=203.0.113.9", ""); code != http.StatusServiceUnavailable || *doc.Redis != "unavailable" {
 		t.Fatalf("closed pool: %d %+v", code, doc)
