@@ -288,6 +288,11 @@ func newRedisStore(ctx context.Context, cfg *settings, name string, memory *wind
 		blocked: registry.blockListFor(ctx, name, cfg.maxTracked),
 	}
 
+	rs.fallback = memory
+	if anyBlock(layers) {
+		rs.fallback = &blockingStore{memory}
+	}
+
 	for _, l := range layers {
 		l.redisKey = rs.prefix + l.name + ":"
 		l.redisConstKey = redisresp.Bulk(l.redisKey + l.constKey)

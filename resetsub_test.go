@@ -108,6 +108,7 @@ func TestResetReachesAnotherReplicasBlockListOnRedisServer(t *testing.T) {
 	bb := newBackend(redisresp.Options{Address: addr, Username: "tierlimit", Password: aclPassword, Timeout: time.Second})
 	bb.log = &bytes.Buffer{}
 	b := &redisStore{prefix: a.prefix, name: a.name, channel: a.channel, backend: bb, local: newWindowStore(100), blocked: newBlockList(100), calls: a.calls}
+	b.fallback = b.local
 	layers := h.p.layers[:1]
 	client, other := "203.0.113.7", "203.0.113.8"
 	now := h.clock.Now().UnixNano()
