@@ -193,3 +193,12 @@ func (s *windowStore) blockedKeys(now int64, layers []*layer, prefix string) []b
 
 	return out
 }
+
+// forgetBlockKey drops key's block in the layer named layer: a reset that
+// another replica published (resetsub.go), which clears the memory fallback's
+// blocks too.
+func (s *windowStore) forgetBlockKey(layer, key string) {
+	s.mu.Lock()
+	delete(s.blocks[layer], key)
+	s.mu.Unlock()
+}

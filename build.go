@@ -131,6 +131,7 @@ func build(ctx context.Context, cfg *settings, next http.Handler, name string) *
 
 	if cfg.store == "redis" {
 		rs := newRedisStore(ctx, cfg, name, memory, p.layers)
+		rs.clock = func() time.Time { return p.now() }
 		p.store = rs
 		if p.mode == modeRedis {
 			p.fast = newRedisFast(rs, p.plans)

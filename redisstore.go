@@ -386,6 +386,7 @@ type redisStore struct {
 	// blocks (blockingStore) when a layer has a blockDuration (takeLocal).
 	fallback counterStore
 	blocked  *blockList
+	clock    func() time.Time // the instance's (Plugin.now), for what no request times: a reset from another replica
 	calls    []redisresp.Call // the script's call head by number of layers
 }
 
@@ -519,7 +520,7 @@ func (s *redisStore) takeRedis(t *tally, now int64, layers []*layer, client, pri
 	}
 
 	if s.backend.cluster != nil {
-		ints, serverErr, err = s.runCluster(s.backend.cluster, layers, client, principal, req, all, cost)
+		ints, serverErr, err = s.runCluster(s.backend.cluster, layers, client, principal, req, all, cost, now)
 	} else {
 		ints, serverErr, err = s.callFor(len(layers)).RunIntsOn(s.backend.pool, encodeCall(layers, client, principal, req, mode, cost, now))
 	}
@@ -590,7 +591,7 @@ func (s *redisStore) refund(now int64, layers []*layer, client, principal string
 	var err error
 
 	if s.backend.cluster != nil {
-		err = s.refundCluster(s.backend.cluster, layers, client, principal, req, cost)
+		err = s.refundCluster(s.backend.cluster, layers, client, principal, req, cost, now)
 	} else {
 		var serverErr string
 

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -335,5 +336,35 @@ func TestResetClusterKeyIsTheChargedOne(t *testing.T) {
 				t.Errorf("kind %d, principal %q: reset deletes %q, charged %q", kind, principal, got, want)
 			}
 		}
+	}
+}
+
+// A calendar layer's reset deletes the key of the period that holds the
+// instance's clock (p.now), the one its requests charged, whatever the
+// wall clock says.
+func TestResetOfACalendarKeyUsesTheInstanceClockOnRedisServer(t *testing.T) {
+	addr, admin := redisServer(t)
+	h, _ := redisHarness(t, addr, func(c *Config) {
+		c.Status.Path = "/_rl"
+		c.IP = LayerConfig{Points: 2, Calendar: "day"}
+	})
+	h.clock.mu.Lock()
+	h.clock.now = utc(2026, 2, 10, 12, 0, 0) // not today, so not time.Now's period
+	h.clock.mu.Unlock()
+
+	client := "203.0.113.7"
+	h.burst(client, 3)
+
+	key := h.p.layers[0].redisKey + client + ":" + strconv.FormatInt(utc(2026, 2, 10, 0, 0, 0).Unix(), 10)
+	if redisDo(t, admin, "EXISTS", key).Int != 1 {
+		t.Fatalf("no Redis key %s", key)
+	}
+
+	if code, doc := h.reset("?layer=ip&key="+client, ""); code != http.StatusOK || doc.Redis == nil || *doc.Redis != redisCleared {
+		t.Fatalf("reset: %d %+v", code, doc)
+	}
+
+	if redisDo(t, admin, "EXISTS", key).Int != 0 {
+		t.Fatalf("the period's key %s outlived the reset", key)
 	}
 }
