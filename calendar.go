@@ -60,7 +60,7 @@ func parseWindow(field string, lc LayerConfig, spec *layerSpec) error {
 	}
 
 	if strings.TrimSpace(lc.Duration) != "" {
-		return invalid(field+".duration", lc.Duration, "a layer with a calendar ("+cal+") takes no duration")
+		return invalid(field+".duration", lc.Duration, "cannot be set together with "+field+".calendar ("+cal+"), whose period is the window")
 	}
 
 	offset, err := parseUtcOffset(lc.UtcOffset)

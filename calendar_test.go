@@ -12,7 +12,7 @@ import (
 func calendarConfig(cal string) func(c *Config) {
 	return func(c *Config) {
 		c.Global.Points = 0
-		c.IP = LayerConfig{Points: 2, Duration: "1s", Calendar: cal}
+		c.IP = LayerConfig{Points: 2, Calendar: cal}
 		c.Routes = []RouteConfig{{Name: "tz", Paths: []string{"/tz"}, Key: "ip", Points: 2, Calendar: "day", UtcOffset: "+07:00"}}
 	}
 }
@@ -168,6 +168,10 @@ func TestCalendarConfigErrors(t *testing.T) {
 	}{
 		{func(c *Config) { c.IP.Calendar = "year" }, `ip.calendar = "year"`},
 		{func(c *Config) { c.IP.Calendar, c.IP.Duration = "day", "60s" }, `ip.duration = "60s"`},
+		// The built-in default spelled out is a duration written too.
+		{func(c *Config) { c.IP.Calendar, c.IP.Duration = "day", "1s" }, `ip.duration = "1s": cannot be set together with ip.calendar`},
+		{func(c *Config) { c.Assets.Calendar, c.Assets.Duration = "month", "1s" }, `assets.duration = "1s": cannot be set together with assets.calendar`},
+		{func(c *Config) { c.User.Calendar, c.User.Duration = "week", "60s" }, `user.duration = "60s": cannot be set together with user.calendar`},
 		{func(c *Config) { c.IP.Calendar, c.IP.Algorithm = "day", "sliding" }, `ip.calendar = "day"`},
 		{func(c *Config) { c.User.Calendar, c.User.Algorithm = "week", "tokenbucket" }, `user.calendar = "week"`},
 		{func(c *Config) { c.IP.Calendar, c.IP.UtcOffset = "day", "Asia/Bangkok" }, `ip.utcOffset = "Asia/Bangkok"`},
