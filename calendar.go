@@ -271,3 +271,11 @@ func monthPolicyAt(l *layer, now int64) []string {
 
 	return m.hdr
 }
+
+// monthPolicyOf is setMonthPolicy where the headers were set for l without
+// a tally's mark (the ip charge of an invalid credential, invalidcred.go).
+func monthPolicyOf(h http.Header, l *layer, now int64) {
+	if l.month != nil {
+		setMonthPolicy(h, l, now)
+	}
+}

@@ -1,6 +1,8 @@
 package tierlimit
 
 import (
+	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
@@ -206,5 +208,32 @@ func TestCalendarConfigErrors(t *testing.T) {
 
 	if m := chooseMode(s); m != modeGeneral {
 		t.Errorf("mode %d with calendar layers, want general", m)
+	}
+}
+
+// The ip charge of an invalid credential (invalidcred.go) shows a month ip
+// layer's policy of the current month too, allowed and refused.
+func TestMonthPolicyOnAnInvalidCredentialsCharge(t *testing.T) {
+	h := newHarness(t, func(c *Config) {
+		c.Global.Points = 0
+		c.IP = LayerConfig{Points: 2, Calendar: "month"}
+		c.Principal.CredentialHeaders = []string{"Authorization"}
+		c.Principal.InvalidCredentialStatus = []int{404}
+	})
+	h.clock.mu.Lock()
+	h.clock.now = utc(2026, 2, 10, 12, 0, 0)
+	h.clock.mu.Unlock()
+
+	for i := 1; i <= 3; i++ {
+		req := httptest.NewRequest(http.MethodGet, "/missing/x", nil)
+		req.RemoteAddr = "203.0.113.9:1"
+		req.Header.Set("Authorization", "Bearer garbage")
+		rec := httptest.NewRecorder()
+		h.h.ServeHTTP(rec, req)
+
+		want := map[bool]int{true: 429, false: 404}[i == 3]
+		if got := rec.Header().Get("Ratelimit-Policy"); rec.Code != want || got != `"ip";q=2;w=2419200` {
+			t.Fatalf("request %d: %d, policy %q; want %d and February's 28 days", i, rec.Code, got, want)
+		}
 	}
 }
