@@ -94,7 +94,8 @@ func TestBlockDurationThroughTraefik(t *testing.T) {
 }
 
 // TestBlockDurationWithRedisThroughTraefik: the block set through one
-// Traefik process is honoured by the other, on one redis-server.
+// Traefik process is honoured by the other, on one redis-server, and each
+// process reports it once.
 func TestBlockDurationWithRedisThroughTraefik(t *testing.T) {
 	rs := startRedis(t)
 	store := `store: redis
@@ -105,4 +106,13 @@ func TestBlockDurationWithRedisThroughTraefik(t *testing.T) {
 	b.waitRouters("api")
 
 	blockHolds(t, a, b)
+
+	// One event per process that refused the key during the block: b, whose
+	// refusal started it, and a, which learnt of it from Redis's reply;
+	// none for the refusals each then made from its block list.
+	for name, e := range map[string]*env{"a": a, "b": b} {
+		if n := strings.Count(e.traefik.Logs(), `"event":"RATE_LIMIT_TRIGGERED"`); n != 1 {
+			t.Errorf("%d RATE_LIMIT_TRIGGERED lines through %s for one block, want 1:\n%s", n, name, tail(e.traefik.Logs(), 10))
+		}
+	}
 }
