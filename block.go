@@ -13,9 +13,9 @@ import "net/http"
 // blockingStore is the memory store of an instance with a blockDuration
 // layer: it checks the blocks before windowStore.take and starts one after a
 // refusal, so that take, shared by every instance, costs layers without a
-// block nothing more (doc.go: frames). The Redis store's memory fallback
-// (redisStore.local) takes no blocks: during an outage the block list
-// still refuses the keys Redis reported blocked.
+// block nothing more (doc.go: frames). It is the Redis store's memory
+// fallback too (redisStore.takeLocal): during an outage the block list
+// refuses the keys Redis blocked, and a refusal in memory starts a block.
 type blockingStore struct {
 	*windowStore
 }
@@ -192,4 +192,13 @@ func (s *windowStore) blockedKeys(now int64, layers []*layer, prefix string) []b
 	s.mu.Unlock()
 
 	return out
+}
+
+// forgetBlockKey drops key's block in the layer named layer: a reset that
+// another replica published (resetsub.go), which clears the memory fallback's
+// blocks too.
+func (s *windowStore) forgetBlockKey(layer, key string) {
+	s.mu.Lock()
+	delete(s.blocks[layer], key)
+	s.mu.Unlock()
 }

@@ -1,10 +1,13 @@
 package tierlimit
 
 import (
+	"io"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tierlimit/tierlimit/redisresp"
 )
 
 // blockedIP is an ip layer of 3 per second that blocks a refused client for 4s.
@@ -172,5 +175,85 @@ func TestBlockOnRedisServer(t *testing.T) {
 		if rec := a.get("/api", client+":1"); rec.Code != http.StatusOK {
 			t.Fatalf("%s: after the reset: %d", algorithm, rec.Code)
 		}
+	}
+}
+
+// With Redis down from the start, the memory fallback blocks as memory does:
+// a refused client stays refused after its window resets, for the rest of
+// the block (Retry-After at its end), then is let in; the block is one
+// event. The block reaches the block list too, so it holds after Redis is
+// back (takeLocal).
+func TestBlockInTheMemoryFallback(t *testing.T) {
+	for _, algorithm := range []string{"fixed", "sliding", "tokenbucket"} {
+		h, _ := redisHarness(t, closedPort(t), blockedIP(algorithm))
+		client := "203.0.113.9:1"
+
+		for i := 0; i < 3; i++ {
+			if rec := h.get("/api", client); rec.Code != http.StatusOK {
+				t.Fatalf("%s: request %d: %d", algorithm, i+1, rec.Code)
+			}
+		}
+
+		if rec := h.get("/api", client); rec.Code != http.StatusTooManyRequests || rec.Header().Get("Retry-After") != "4" {
+			t.Fatalf("%s: the 4th request: %d, Retry-After %q, want 429 and 4", algorithm, rec.Code, rec.Header().Get("Retry-After"))
+		}
+
+		if !redisStoreOf(h.p).backend.down.Load() {
+			t.Fatalf("%s: Redis is not down", algorithm)
+		}
+
+		h.clock.Add(1500 * time.Millisecond)
+		if rec := h.get("/api", client); rec.Code != http.StatusTooManyRequests || rec.Header().Get("Retry-After") != "3" {
+			t.Fatalf("%s: 1.5s into the block, its window over: %d, Retry-After %q, want 429 and 3", algorithm, rec.Code, rec.Header().Get("Retry-After"))
+		}
+
+		if reset := redisStoreOf(h.p).blocked.resetOf(h.p.layers[0].blockPrefix, "203.0.113.9", h.clock.Now().UnixNano()); reset == 0 {
+			t.Fatalf("%s: the fallback's block is not on the block list", algorithm)
+		}
+
+		h.clock.Add(2800 * time.Millisecond)
+		if rec := h.get("/api", client); rec.Code != http.StatusOK {
+			t.Fatalf("%s: 4.3s after the block began: %d", algorithm, rec.Code)
+		}
+
+		if n := strings.Count(h.events.String(), "RATE_LIMIT_TRIGGERED"); n != 1 {
+			t.Fatalf("%s: %d events for one block:\n%s", algorithm, n, h.events)
+		}
+	}
+}
+
+// A block Redis set holds while Redis is down: the block list refuses the
+// key after its window is over, until the block's end, without Redis.
+func TestRedisBlockHoldsWhileRedisIsDownOnRedisServer(t *testing.T) {
+	addr, _ := redisServer(t)
+	h, _ := redisHarness(t, addr, blockedIP("fixed"))
+	client := "203.0.113.9:1"
+
+	for i := 0; i < 4; i++ {
+		h.get("/api", client)
+	}
+
+	// Redis goes away: every call fails from now on.
+	dead := closedPort(t)
+	pool := redisresp.NewPool(redisresp.Options{Address: dead, Timeout: time.Second})
+	redisStoreOf(h.p).backend = &redisBackend{pool: pool, single: pool, address: dead, log: io.Discard}
+
+	h.clock.Add(1500 * time.Millisecond)
+	if rec := h.get("/api", client); rec.Code != http.StatusTooManyRequests || rec.Header().Get("Retry-After") != "3" {
+		t.Fatalf("1.5s into Redis's block, Redis down: %d, Retry-After %q, want 429 and 3", rec.Code, rec.Header().Get("Retry-After"))
+	}
+
+	// A call fails: the memory fallback decides the other clients.
+	if rec := h.get("/api", "203.0.113.10:1"); rec.Code != http.StatusOK || !redisStoreOf(h.p).backend.down.Load() {
+		t.Fatalf("another client with Redis down: %d, down %v", rec.Code, redisStoreOf(h.p).backend.down.Load())
+	}
+
+	if rec := h.get("/api", client); rec.Code != http.StatusTooManyRequests {
+		t.Fatalf("the blocked client in the fallback: %d", rec.Code)
+	}
+
+	h.clock.Add(2800 * time.Millisecond)
+	if rec := h.get("/api", client); rec.Code != http.StatusOK {
+		t.Fatalf("after the block, Redis down: %d", rec.Code)
 	}
 }

@@ -131,10 +131,15 @@ func build(ctx context.Context, cfg *settings, next http.Handler, name string) *
 
 	if cfg.store == "redis" {
 		rs := newRedisStore(ctx, cfg, name, memory, p.layers)
+		rs.clock = func() time.Time { return p.now() }
 		p.store = rs
 		if p.mode == modeRedis {
 			p.fast = newRedisFast(rs, p.plans)
 		}
+	}
+
+	if anyMonth(p.layers) {
+		p.store = &monthStore{inner: p.store}
 	}
 
 	all := p.layers
@@ -284,6 +289,11 @@ func newRedisStore(ctx context.Context, cfg *settings, name string, memory *wind
 		blocked: registry.blockListFor(ctx, name, cfg.maxTracked),
 	}
 
+	rs.fallback = memory
+	if anyBlock(layers) {
+		rs.fallback = &blockingStore{memory}
+	}
+
 	for _, l := range layers {
 		l.redisKey = rs.prefix + l.name + ":"
 		l.redisConstKey = redisresp.Bulk(l.redisKey + l.constKey)
@@ -348,6 +358,10 @@ func newLayer(memory *windowStore, spec layerSpec, keyKind int) *layer {
 
 	l.redisEncoding = newRedisEncoding(spec, l.refill)
 	l.headerTable = newHeaderTable(spec, l.interval)
+
+	if spec.calendar == calMonth {
+		l.month = &monthPolicy{}
+	}
 
 	memory.attach(l)
 

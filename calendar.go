@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/tierlimit/tierlimit/redisresp"
@@ -59,7 +60,7 @@ func parseWindow(field string, lc LayerConfig, spec *layerSpec) error {
 	}
 
 	if strings.TrimSpace(lc.Duration) != "" {
-		return invalid(field+".duration", lc.Duration, "a layer with a calendar ("+cal+") takes no duration")
+		return invalid(field+".duration", lc.Duration, "cannot be set together with "+field+".calendar ("+cal+"), whose period is the window")
 	}
 
 	offset, err := parseUtcOffset(lc.UtcOffset)
@@ -176,4 +177,105 @@ func redisTail(args string) string {
 	}
 
 	return args[i:]
+}
+
+// A month layer's RateLimit-Policy w is the current month's length, where
+// every other layer's is a constant of its header table. All the keys of a
+// calendar layer share one period, so the value changes only at the
+// layer's month boundary: monthPolicy keeps it for the period it was made
+// for. The shared request path pays nothing for it (doc.go: frames):
+// an instance with a month layer takes its store through monthStore, which
+// marks the tally when a month layer is shown (monthPolicyBit in
+// tally.firsts), and verdict, whose report branch runs after the headers
+// are set, corrects the header there (reportTally).
+
+// monthPolicyBit marks, in tally.firsts, a tally that shows a month layer;
+// the lower bits are the layers' first refusals (report reads those only).
+const monthPolicyBit = uint64(1) << 63
+
+// monthPolicy is a month layer's RateLimit-Policy value for the period
+// [start, end), Unix nanoseconds.
+type monthPolicy struct {
+	mu    sync.Mutex
+	start int64
+	end   int64
+	hdr   []string
+}
+
+// anyMonth reports whether one of the layers has calendar: month.
+func anyMonth(layers []*layer) bool {
+	for _, l := range layers {
+		if l.calendar == calMonth {
+			return true
+		}
+	}
+
+	return false
+}
+
+// monthStore is the store of an instance with a month layer: it marks
+// the tallies that show one (monthPolicyBit).
+type monthStore struct {
+	inner counterStore
+}
+
+func (m *monthStore) take(t *tally, now int64, layers []*layer, client, principal string, req *http.Request, all bool) {
+	m.inner.take(t, now, layers, client, principal, req, all)
+
+	if t.shown >= 0 && layers[t.shown].month != nil {
+		t.firsts |= monthPolicyBit
+	}
+}
+
+func (m *monthStore) refund(now int64, layers []*layer, client, principal string, req *http.Request, cost int64) {
+	m.inner.refund(now, layers, client, principal, req, cost)
+}
+
+// redisOf returns the instance's Redis store, if it has one.
+func redisOf(p *Plugin) (*redisStore, bool) {
+	s := p.store
+	if m, ok := s.(*monthStore); ok {
+		s = m.inner
+	}
+
+	rs, ok := s.(*redisStore)
+
+	return rs, ok
+}
+
+// setMonthPolicy writes month layer l's RateLimit-Policy for the month that
+// holds now, when h shows l's header table (headers on, l shown).
+func setMonthPolicy(h http.Header, l *layer, now int64) {
+	v := h["Ratelimit-Policy"]
+	if len(v) != 1 || v[0] != l.policyHdr[0] {
+		return
+	}
+
+	h["Ratelimit-Policy"] = monthPolicyAt(l, now)
+}
+
+// monthPolicyAt is l's RateLimit-Policy value at now, made again when now
+// leaves the period it was made for.
+func monthPolicyAt(l *layer, now int64) []string {
+	m := l.month
+
+	m.mu.Lock()
+	defer m.mu.Unlock()
+
+	if m.hdr == nil || now < m.start || now >= m.end {
+		start, end := l.period(now)
+		m.start = start
+		m.end = end
+		m.hdr = []string{`"` + l.name + `";q=` + l.limit + ";w=" + formatInt(ceilSeconds(end-start))}
+	}
+
+	return m.hdr
+}
+
+// monthPolicyOf is setMonthPolicy where the headers were set for l without
+// a tally's mark (the ip charge of an invalid credential, invalidcred.go).
+func monthPolicyOf(h http.Header, l *layer, now int64) {
+	if l.month != nil {
+		setMonthPolicy(h, l, now)
+	}
 }

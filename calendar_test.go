@@ -1,6 +1,8 @@
 package tierlimit
 
 import (
+	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
@@ -12,7 +14,7 @@ import (
 func calendarConfig(cal string) func(c *Config) {
 	return func(c *Config) {
 		c.Global.Points = 0
-		c.IP = LayerConfig{Points: 2, Duration: "1s", Calendar: cal}
+		c.IP = LayerConfig{Points: 2, Calendar: cal}
 		c.Routes = []RouteConfig{{Name: "tz", Paths: []string{"/tz"}, Key: "ip", Points: 2, Calendar: "day", UtcOffset: "+07:00"}}
 	}
 }
@@ -55,6 +57,10 @@ func crossBoundary(t *testing.T, h *harness, before, boundary, next time.Time, w
 	if rec.Code != 200 || rec.Header().Get("X-Ratelimit-Remaining") != "1" || rec.Header().Get("X-Ratelimit-Reset") != strconv.FormatInt(next.Unix(), 10) {
 		t.Fatalf("after %v: %d, remaining %s, reset %s; want 200, 1, %d", boundary, rec.Code, rec.Header().Get("X-Ratelimit-Remaining"), rec.Header().Get("X-Ratelimit-Reset"), next.Unix())
 	}
+
+	if want := `"ip";q=2;w=` + strconv.FormatInt(int64(next.Sub(boundary)/time.Second), 10); rec.Header().Get("Ratelimit-Policy") != want {
+		t.Errorf("after %v: policy %q, want %s", boundary, rec.Header().Get("Ratelimit-Policy"), want)
+	}
 }
 
 func utc(y int, m time.Month, d, hh, mm, ss int, ns ...int) time.Time {
@@ -76,10 +82,15 @@ var calendarCases = []calendarCase{
 	{"day", "day", utc(2026, 6, 15, 23, 59, 58, 500e6), utc(2026, 6, 16, 0, 0, 0), utc(2026, 6, 17, 0, 0, 0), 86400},
 	// 2026-06-21 is a Sunday.
 	{"week", "week", utc(2026, 6, 21, 23, 59, 58, 500e6), utc(2026, 6, 22, 0, 0, 0), utc(2026, 6, 29, 0, 0, 0), 7 * 86400},
-	{"month28", "month", utc(2026, 2, 28, 23, 59, 58, 500e6), utc(2026, 3, 1, 0, 0, 0), utc(2026, 4, 1, 0, 0, 0), 31 * 86400}, // TODO: the current month's length (not sent yet: budgets)
-	{"month29", "month", utc(2028, 2, 29, 23, 59, 58, 500e6), utc(2028, 3, 1, 0, 0, 0), utc(2028, 4, 1, 0, 0, 0), 31 * 86400}, // TODO: the current month's length (not sent yet: budgets)
-	{"month30", "month", utc(2026, 4, 30, 23, 59, 58, 500e6), utc(2026, 5, 1, 0, 0, 0), utc(2026, 6, 1, 0, 0, 0), 31 * 86400}, // TODO: the current month's length (not sent yet: budgets)
+	// A month's policy window is that month's length: February of 28 and
+	// of 29 days, April of 30, December of 31 (and after each boundary
+	// the next month's, which crossBoundary checks too).
+	{"month28", "month", utc(2026, 2, 28, 23, 59, 58, 500e6), utc(2026, 3, 1, 0, 0, 0), utc(2026, 4, 1, 0, 0, 0), 28 * 86400},
+	{"month29", "month", utc(2028, 2, 29, 23, 59, 58, 500e6), utc(2028, 3, 1, 0, 0, 0), utc(2028, 4, 1, 0, 0, 0), 29 * 86400},
+	{"month30", "month", utc(2026, 4, 30, 23, 59, 58, 500e6), utc(2026, 5, 1, 0, 0, 0), utc(2026, 6, 1, 0, 0, 0), 30 * 86400},
 	{"month31", "month", utc(2026, 12, 31, 23, 59, 58, 500e6), utc(2027, 1, 1, 0, 0, 0), utc(2027, 2, 1, 0, 0, 0), 31 * 86400},
+	// Into a February: the policy changes to 28 days at the boundary.
+	{"month31to28", "month", utc(2027, 1, 31, 23, 59, 58, 500e6), utc(2027, 2, 1, 0, 0, 0), utc(2027, 3, 1, 0, 0, 0), 31 * 86400},
 }
 
 func TestCalendarWindowsInMemory(t *testing.T) {
@@ -159,6 +170,10 @@ func TestCalendarConfigErrors(t *testing.T) {
 	}{
 		{func(c *Config) { c.IP.Calendar = "year" }, `ip.calendar = "year"`},
 		{func(c *Config) { c.IP.Calendar, c.IP.Duration = "day", "60s" }, `ip.duration = "60s"`},
+		// The built-in default spelled out is a duration written too.
+		{func(c *Config) { c.IP.Calendar, c.IP.Duration = "day", "1s" }, `ip.duration = "1s": cannot be set together with ip.calendar`},
+		{func(c *Config) { c.Assets.Calendar, c.Assets.Duration = "month", "1s" }, `assets.duration = "1s": cannot be set together with assets.calendar`},
+		{func(c *Config) { c.User.Calendar, c.User.Duration = "week", "60s" }, `user.duration = "60s": cannot be set together with user.calendar`},
 		{func(c *Config) { c.IP.Calendar, c.IP.Algorithm = "day", "sliding" }, `ip.calendar = "day"`},
 		{func(c *Config) { c.User.Calendar, c.User.Algorithm = "week", "tokenbucket" }, `user.calendar = "week"`},
 		{func(c *Config) { c.IP.Calendar, c.IP.UtcOffset = "day", "Asia/Bangkok" }, `ip.utcOffset = "Asia/Bangkok"`},
@@ -193,5 +208,32 @@ func TestCalendarConfigErrors(t *testing.T) {
 
 	if m := chooseMode(s); m != modeGeneral {
 		t.Errorf("mode %d with calendar layers, want general", m)
+	}
+}
+
+// The ip charge of an invalid credential (invalidcred.go) shows a month ip
+// layer's policy of the current month too, allowed and refused.
+func TestMonthPolicyOnAnInvalidCredentialsCharge(t *testing.T) {
+	h := newHarness(t, func(c *Config) {
+		c.Global.Points = 0
+		c.IP = LayerConfig{Points: 2, Calendar: "month"}
+		c.Principal.CredentialHeaders = []string{"Authorization"}
+		c.Principal.InvalidCredentialStatus = []int{404}
+	})
+	h.clock.mu.Lock()
+	h.clock.now = utc(2026, 2, 10, 12, 0, 0)
+	h.clock.mu.Unlock()
+
+	for i := 1; i <= 3; i++ {
+		req := httptest.NewRequest(http.MethodGet, "/missing/x", nil)
+		req.RemoteAddr = "203.0.113.9:1"
+		req.Header.Set("Authorization", "Bearer garbage")
+		rec := httptest.NewRecorder()
+		h.h.ServeHTTP(rec, req)
+
+		want := map[bool]int{true: 429, false: 404}[i == 3]
+		if got := rec.Header().Get("Ratelimit-Policy"); rec.Code != want || got != `"ip";q=2;w=2419200` {
+			t.Fatalf("request %d: %d, policy %q; want %d and February's 28 days", i, rec.Code, got, want)
+		}
 	}
 }

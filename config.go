@@ -250,7 +250,7 @@ func CreateConfig() *Config {
 		MaxTracked:       100000,
 		Global:           defaultLayer(layerGlobal),
 		IP:               defaultLayer(layerIP),
-		Assets:           AssetsConfig{Points: assets.Points, Duration: assets.Duration, PathPrefixes: []string{"/assets/"}},
+		Assets:           AssetsConfig{Points: assets.Points, PathPrefixes: []string{"/assets/"}},
 		User:             defaultLayer(layerUser),
 		Service:          defaultLayer(layerService),
 		Principal: PrincipalConfig{

@@ -72,7 +72,7 @@ func TestInvalidConfigurationNamesFieldAndValue(t *testing.T) {
 		{"global.points", "-1", func(c *Config) { c.Global.Points = -1 }},
 		{"global.duration", "soon", func(c *Config) { c.Global.Duration = "soon" }},
 		{"ip.points", "-50", func(c *Config) { c.IP.Points = -50 }},
-		{"ip.duration", "", func(c *Config) { c.IP.Duration = "" }},
+		{"ip.duration", "1s", func(c *Config) { c.IP.Calendar, c.IP.Duration = "day", "1s" }},
 		{"ip.duration", "0s", func(c *Config) { c.IP.Duration = "0s" }},
 		{"ip.duration", "-1s", func(c *Config) { c.IP.Duration = "-1s" }},
 		{"ip.duration", "-3", func(c *Config) { c.IP.Duration = "-3" }},

@@ -90,11 +90,14 @@ func assetsLayer(c *Config) LayerConfig {
 	return LayerConfig{Points: a.Points, Duration: a.Duration, Algorithm: a.Algorithm, Burst: a.Burst, Key: a.Key, BlockDuration: a.BlockDuration, Calendar: a.Calendar, UtcOffset: a.UtcOffset, DryRun: a.DryRun}
 }
 
-// defaultLayer is the built-in layer's default window.
+// defaultLayer is the built-in layer's default points. Its default duration
+// is not written in the section but applied by parseBuiltin, so that a
+// duration the user wrote, even the default's value, is told from none
+// (calendar takes no duration).
 func defaultLayer(name string) LayerConfig {
 	for _, row := range builtinLayers {
 		if row.name == name {
-			return LayerConfig{Points: row.points, Duration: row.duration}
+			return LayerConfig{Points: row.points}
 		}
 	}
 

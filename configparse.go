@@ -281,10 +281,10 @@ func parseBuiltin(cfg *Config, row builtinLayer) (layerSpec, error) {
 		return layerSpec{}, invalid(row.name+".key", lc.Key, "the "+row.name+" layer has one bucket; only other layers take a key")
 	}
 
-	// The section's duration is the built-in default unless set: a
-	// calendar replaces it.
-	if strings.TrimSpace(lc.Calendar) != "" && lc.Duration == row.duration {
-		lc.Duration = ""
+	// A section without a duration has the built-in default, unless a
+	// calendar replaces it (CreateConfig writes none: defaultLayer).
+	if strings.TrimSpace(lc.Calendar) == "" && strings.TrimSpace(lc.Duration) == "" {
+		lc.Duration = row.duration
 	}
 
 	spec, err := parseLayer(row.name, row.name, lc)

@@ -261,11 +261,12 @@ func (w *countWriter) count(code int) {
 
 	p.store.take(&t, now, layers, w.client, w.principal, w.req, p.dryRun)
 
-	if t.firsts != 0 {
-		report(p, layers, t.firsts, w.client, w.principal, w.req)
-	}
-
 	if p.headers && t.shown >= 0 && (w.prevLeft < 0 || t.left < w.prevLeft) {
 		setHeaders(w.rw.Header(), layers[t.shown], t.left, t.reset, t.resetH, now)
+	}
+
+	// After the headers, which a month layer's mark corrects (monthStore).
+	if t.firsts != 0 {
+		reportTally(p, w.rw, layers, &t, w.client, w.principal, w.req, now)
 	}
 }

@@ -55,16 +55,19 @@ func decide(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*laye
 // verdict is decide after the charge: it reports first refusals, sets the
 // headers and answers a refusal.
 func verdict(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, t *tally, client, principal string, now int64) (bool, int64) {
-	if t.firsts != 0 {
-		report(p, layers, t.firsts, client, principal, req)
-	}
-
+	// A refusal, or a dry run's, always shows a layer (tally.refuse,
+	// tally.allow), so no event waits behind this return.
 	if t.shown < 0 {
 		return true, -1
 	}
 
 	if p.headers {
 		setHeaders(rw.Header(), layers[t.shown], t.left, t.reset, t.resetH, now)
+	}
+
+	// After the headers, which a month layer's mark corrects (monthStore).
+	if t.firsts != 0 {
+		reportTally(p, rw, layers, t, client, principal, req, now)
 	}
 
 	if !t.refused || p.dryRun {
@@ -100,10 +103,23 @@ func serveUpgrade(p *Plugin, out, rw http.ResponseWriter, req *http.Request, cli
 	p.next.ServeHTTP(out, req)
 }
 
-// report writes an event for each layer whose refusal is the first of its window.
+// reportTally is report for a tally whose headers rw shows, and writes a
+// month layer's policy when monthStore marked it.
+func reportTally(p *Plugin, rw http.ResponseWriter, layers []*layer, t *tally, client, principal string, req *http.Request, now int64) {
+	if t.firsts&monthPolicyBit != 0 {
+		setMonthPolicy(rw.Header(), layers[t.shown], now)
+	}
+
+	if t.firsts&^monthPolicyBit != 0 {
+		report(p, layers, t.firsts, client, principal, req)
+	}
+}
+
+// report writes an event for each layer whose refusal is the first of its
+// window (the bits of firsts below monthPolicyBit).
 func report(p *Plugin, layers []*layer, firsts uint64, client, principal string, req *http.Request) {
 	for i, l := range layers {
-		if firsts&(uint64(1)<<uint(i)) != 0 {
+		if i < 63 && firsts&(uint64(1)<<uint(i)) != 0 {
 			p.events.refused(l.name, l.keyFor(client, principal, req), client, l.dryRun)
 		}
 	}

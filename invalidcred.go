@@ -139,6 +139,7 @@ func (w *credentialWriter) chargeIP() bool {
 
 		if p.headers {
 			setHeaders(h, ip, t.left, t.reset, t.resetH, now)
+			monthPolicyOf(h, ip, now)
 		}
 
 		reject(p, w.rw, w.req, ip, t.count, t.reset, now)
@@ -148,6 +149,7 @@ func (w *credentialWriter) chargeIP() bool {
 
 	if p.headers && (w.prevLeft < 0 || t.left < w.prevLeft) {
 		setHeaders(h, ip, t.left, t.reset, t.resetH, now)
+		monthPolicyOf(h, ip, now)
 	}
 
 	return false

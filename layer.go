@@ -58,6 +58,7 @@ type limits struct {
 	// at utcOffset, nanoseconds east of UTC (calendar.go; 0: none).
 	calendar  int
 	utcOffset int64
+	month     *monthPolicy // a month layer's RateLimit-Policy (monthStore)
 }
 
 // memCounters are the layer's counters in the memory store, resolved once

@@ -150,6 +150,18 @@ var shapes = []shape{
 		c.IP.DryRun = true
 		c.Plans["free"] = PlanConfig{Points: 2, Duration: "3s", DryRun: true}
 	}), modeGeneral},
+	// Calendar windows, with a block, a dry run and a cost on them.
+	{"calendar: a day ip layer that blocks, month and day routes", with(chainEdge, func(c *Config) {
+		c.IP = LayerConfig{Points: 6, Calendar: "day", BlockDuration: "2h"}
+		c.Routes[0] = RouteConfig{Name: "auth_login", Methods: []string{"POST"}, Paths: []string{"/auth/login"}, Points: 2, Calendar: "day", UtcOffset: "+07:00", DryRun: true}
+		c.Routes = append(c.Routes, RouteConfig{Name: "export", Paths: []string{"/export"}, Points: 9, Calendar: "month", Cost: 3, BlockDuration: "3h"})
+	}), modeGeneral},
+	{"calendar plans and routes", with(withPlans, func(c *Config) {
+		c.User = LayerConfig{Points: 4, Calendar: "month"}
+		c.Plans["pro"] = PlanConfig{Points: 9, Calendar: "week", UtcOffset: "-03:30"}
+		c.Plans["free"] = PlanConfig{Points: 2, Calendar: "day", DryRun: true}
+		c.Routes = []RouteConfig{{Name: "export", Key: "principal", Paths: []string{"/export"}, Points: 3, Calendar: "month", Cost: 2}}
+	}), modeGeneral},
 	{"disabled", with(smallLayers, func(c *Config) { c.Enabled = false }), modeOff},
 	{"every layer off", func(c *Config) {
 		c.Global.Points, c.IP.Points, c.Assets.Points, c.User.Points, c.Service.Points = 0, 0, 0, 0, 0

@@ -327,17 +327,27 @@ func TestRefundWhileRedisIsDownCallsNoRedis(t *testing.T) {
 
 // longWindows makes every layer of an instance an hour long, so that no
 // window ends while a test runs on Redis's clock.
+// A calendar layer keeps its calendar.
 func longWindows(c *Config) {
-	for _, d := range []*string{&c.Global.Duration, &c.IP.Duration, &c.Assets.Duration, &c.User.Duration, &c.Service.Duration} {
-		*d = "1h"
+	for _, l := range []struct{ d, cal *string }{
+		{&c.Global.Duration, &c.Global.Calendar}, {&c.IP.Duration, &c.IP.Calendar}, {&c.Assets.Duration, &c.Assets.Calendar},
+		{&c.User.Duration, &c.User.Calendar}, {&c.Service.Duration, &c.Service.Calendar},
+	} {
+		if *l.cal == "" {
+			*l.d = "1h"
+		}
 	}
 
 	for i := range c.Routes {
-		c.Routes[i].Duration = "1h"
+		if c.Routes[i].Calendar == "" {
+			c.Routes[i].Duration = "1h"
+		}
 	}
 
 	for name, pc := range c.Plans {
-		pc.Duration = "1h"
+		if pc.Calendar == "" {
+			pc.Duration = "1h"
+		}
 		c.Plans[name] = pc
 	}
 }
@@ -368,7 +378,7 @@ func TestMemoryAndRedisAgreeOnRedisServer(t *testing.T) {
 		a := newHarness(t, conf)
 		b, _ := redisHarness(t, addr, with(conf, asACLUser))
 
-		if _, ok := b.p.store.(*redisStore); !ok || a.p.store == b.p.store {
+		if _, ok := redisOf(b.p); !ok || a.p.store == b.p.store {
 			t.Fatalf("%s: stores %T and %T", sh.name, a.p.store, b.p.store)
 		}
 

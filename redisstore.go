@@ -382,8 +382,12 @@ type redisStore struct {
 	channel string
 	backend *redisBackend
 	local   *windowStore
-	blocked *blockList
-	calls   []redisresp.Call // the script's call head by number of layers
+	// fallback decides in local when Redis cannot: local itself, or with
+	// blocks (blockingStore) when a layer has a blockDuration (takeLocal).
+	fallback counterStore
+	blocked  *blockList
+	clock    func() time.Time // the instance's (Plugin.now), for what no request times: a reset from another replica
+	calls    []redisresp.Call // the script's call head by number of layers
 }
 
 // takeRedis is the script every redisStore runs, refundRedis its refund.
@@ -427,7 +431,7 @@ func (s *redisStore) take(t *tally, now int64, layers []*layer, client, principa
 	if s.backend.down.Load() {
 		use := false
 		if use, probe = s.backend.usable(now); !use {
-			s.local.take(t, now, layers, client, principal, req, all)
+			s.takeLocal(t, now, layers, client, principal, req, all)
 			return
 		}
 	}
@@ -442,7 +446,7 @@ func (s *redisStore) take(t *tally, now int64, layers []*layer, client, principa
 		}
 
 		*t = tally{cost: t.cost}
-		s.local.take(t, now, layers, client, principal, req, all)
+		s.takeLocal(t, now, layers, client, principal, req, all)
 
 		return
 	}
@@ -451,6 +455,23 @@ func (s *redisStore) take(t *tally, now int64, layers []*layer, client, principa
 	// flight when Redis failed may still succeed.
 	if probe {
 		s.backend.succeeded(now)
+	}
+}
+
+// takeLocal decides the request in memory, Redis being down or failing.
+// A key Redis blocked is refused before (takeBlocked); a blockDuration
+// refusal here starts a block in memory, and on the block list, so that
+// it refuses the key for the rest of the block after Redis is back too.
+func (s *redisStore) takeLocal(t *tally, now int64, layers []*layer, client, principal string, req *http.Request, all bool) {
+	s.fallback.take(t, now, layers, client, principal, req, all)
+
+	if !t.refused || all || t.shown < 0 || layers[t.shown].blockDuration == 0 {
+		return
+	}
+
+	l := layers[t.shown]
+	if s.blocked.add(l.blockPrefix, l.keyFor(client, principal, req), t.reset, now) {
+		listenResets(s)
 	}
 }
 
@@ -499,7 +520,7 @@ func (s *redisStore) takeRedis(t *tally, now int64, layers []*layer, client, pri
 	}
 
 	if s.backend.cluster != nil {
-		ints, serverErr, err = s.runCluster(s.backend.cluster, layers, client, principal, req, all, cost)
+		ints, serverErr, err = s.runCluster(s.backend.cluster, layers, client, principal, req, all, cost, now)
 	} else {
 		ints, serverErr, err = s.callFor(len(layers)).RunIntsOn(s.backend.pool, encodeCall(layers, client, principal, req, mode, cost, now))
 	}
@@ -570,7 +591,7 @@ func (s *redisStore) refund(now int64, layers []*layer, client, principal string
 	var err error
 
 	if s.backend.cluster != nil {
-		err = s.refundCluster(s.backend.cluster, layers, client, principal, req, cost)
+		err = s.refundCluster(s.backend.cluster, layers, client, principal, req, cost, now)
 	} else {
 		var serverErr string
 

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"time"
 
 	"github.com/tierlimit/tierlimit/redisresp"
 )
@@ -38,13 +37,13 @@ type slotGroup struct {
 // a refund of the other slots' layers when one refused (refundOtherSlots).
 // The reply is returned as the single-server script would give it: count and
 // milliseconds to reset per layer in order, up to the first refusal.
-func (s *redisStore) runCluster(cl *redisresp.Cluster, layers []*layer, client, principal string, req *http.Request, all bool, cost int64) ([]int64, string, error) {
+func (s *redisStore) runCluster(cl *redisresp.Cluster, layers []*layer, client, principal string, req *http.Request, all bool, cost, now int64) ([]int64, string, error) {
 	mode := argStopAtRefusal
 	if all {
 		mode = argChargeAll
 	}
 
-	groups := slotGroups(layers, client, principal, req, mode+costArg(cost))
+	groups := slotGroups(layers, client, principal, req, mode+costArg(cost), now)
 
 	calls := make([]redisresp.ClusterCall, len(groups))
 	for i, g := range groups {
@@ -60,7 +59,7 @@ func (s *redisStore) runCluster(cl *redisresp.Cluster, layers []*layer, client, 
 	// buffers the replies' integers are read into.
 	ints, serverErr, err := mergeSlotReplies(layers, groups, replies, all)
 	if !all && err == nil && serverErr == "" {
-		s.refundOtherSlots(cl, layers, groups, replies, client, principal, req, cost)
+		s.refundOtherSlots(cl, layers, groups, replies, client, principal, req, cost, now)
 	}
 
 	return ints, serverErr, err
@@ -73,7 +72,7 @@ func (s *redisStore) runCluster(cl *redisresp.Cluster, layers []*layer, client, 
 // refusals only), cost each; check-only layers were charged nothing. A
 // refund that fails leaves those layers over-charged for this request; the
 // refusal stands either way.
-func (s *redisStore) refundOtherSlots(cl *redisresp.Cluster, layers []*layer, groups []*slotGroup, replies []redisresp.Reply, client, principal string, req *http.Request, cost int64) {
+func (s *redisStore) refundOtherSlots(cl *redisresp.Cluster, layers []*layer, groups []*slotGroup, replies []redisresp.Reply, client, principal string, req *http.Request, cost, now int64) {
 	var charged []*layer
 
 	refused := false
@@ -92,7 +91,7 @@ func (s *redisStore) refundOtherSlots(cl *redisresp.Cluster, layers []*layer, gr
 	}
 
 	if refused && len(charged) > 0 {
-		_ = s.refundCluster(cl, charged, client, principal, req, cost)
+		_ = s.refundCluster(cl, charged, client, principal, req, cost, now)
 	}
 }
 
@@ -114,8 +113,8 @@ func slotRefused(layers []*layer, g *slotGroup, r redisresp.Reply) bool {
 
 // refundCluster is refund's call on a Redis Cluster: one refundScript call
 // per slot.
-func (s *redisStore) refundCluster(cl *redisresp.Cluster, layers []*layer, client, principal string, req *http.Request, cost int64) error {
-	groups := slotGroups(layers, client, principal, req, costArg(cost))
+func (s *redisStore) refundCluster(cl *redisresp.Cluster, layers []*layer, client, principal string, req *http.Request, cost, now int64) error {
+	groups := slotGroups(layers, client, principal, req, costArg(cost), now)
 
 	calls := make([]redisresp.ClusterCall, len(groups))
 	for i, g := range groups {
@@ -138,8 +137,9 @@ func (s *redisStore) refundCluster(cl *redisresp.Cluster, layers []*layer, clien
 }
 
 // slotGroups groups layers by the slot of their keys, each group's arguments
-// starting with head (the request's arguments).
-func slotGroups(layers []*layer, client, principal string, req *http.Request, head string) []*slotGroup {
+// starting with head (the request's arguments); a calendar layer's key and
+// window are those of the period that holds now.
+func slotGroups(layers []*layer, client, principal string, req *http.Request, head string, now int64) []*slotGroup {
 	var groups []*slotGroup
 
 	for i, l := range layers {
@@ -147,7 +147,6 @@ func slotGroups(layers []*layer, client, principal string, req *http.Request, he
 		args := l.redisArgs
 		if l.calendar != 0 {
 			// The period from the hash tag on: the slot stays the client's.
-			now := time.Now().UnixNano()
 			// One value per statement: doc.go, constructs Yaegi cannot run.
 			key += calendarSuffix(l, now)
 			args = calendarArgs(l, now)

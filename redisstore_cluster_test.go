@@ -2,7 +2,10 @@ package tierlimit
 
 import (
 	"fmt"
+	"strconv"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/tierlimit/tierlimit/redisresp"
 )
@@ -61,5 +64,26 @@ func TestMergeSlotRepliesStopsAtTheFirstRefusalInLayerOrder(t *testing.T) {
 	_, serverErr, _ := mergeSlotReplies(layers, groups, []redisresp.Reply{{Ints: []int64{3, 900}}, {ServerErr: "CLUSTERDOWN The cluster is down"}}, false)
 	if serverErr != "CLUSTERDOWN The cluster is down" {
 		t.Errorf("a call's server error: %q", serverErr)
+	}
+}
+
+// On a cluster a calendar layer's key and window are those of the period that
+// holds the request's time (the instance's clock), not the wall clock's.
+func TestClusterCalendarKeyFollowsTheRequestTime(t *testing.T) {
+	l := &layer{limits: limits{name: "ip", points: 5, keyKind: keyOfClient, calendar: calDay}, redisEncoding: redisEncoding{redisKey: "ratelimit:mw:ip:"}}
+	l.redisArgs = redisresp.Bulk("5") + redisresp.Bulk("86400000") + algoFixed + argNoRate
+	l.redisTail = redisTail(l.redisArgs)
+	now := time.Date(2026, 2, 10, 18, 0, 0, 0, time.UTC).UnixNano()
+
+	groups := slotGroups([]*layer{l}, "198.51.100.7", "", nil, "", now)
+
+	start := time.Date(2026, 2, 10, 0, 0, 0, 0, time.UTC).Unix()
+	if want := redisresp.Bulk("ratelimit:mw:ip:{198.51.100.7}:" + strconv.FormatInt(start, 10)); len(groups) != 1 || groups[0].keys != want {
+		t.Fatalf("keys %q, want %q", groups[0].keys, want)
+	}
+
+	// 6 hours to the end of the day.
+	if want := redisresp.Bulk("5") + redisresp.Bulk("21600000"); !strings.HasPrefix(groups[0].args, want) {
+		t.Fatalf("args %q, want the window left: %q", groups[0].args, want)
 	}
 }

@@ -143,7 +143,7 @@ func redisHarness(t *testing.T, addr string, mutate func(c *Config)) (*harness, 
 
 	logs := &bytes.Buffer{}
 	pool := redisresp.NewPool(s.redis)
-	h.p.store.(*redisStore).backend = &redisBackend{pool: pool, single: pool, address: addr, log: logs}
+	redisStoreOf(h.p).backend = &redisBackend{pool: pool, single: pool, address: addr, log: logs}
 
 	return h, logs
 }
@@ -405,7 +405,7 @@ func TestRequestsWithoutLayersDoNotCallRedis(t *testing.T) {
 		t.Fatalf("%d Redis commands for 20 user and 40 layerless requests, want 20", n)
 	}
 
-	if logs.Len() != 0 || h.p.store.(*redisStore).backend.down.Load() {
+	if logs.Len() != 0 || redisStoreOf(h.p).backend.down.Load() {
 		t.Fatalf("Redis marked down: %s", logs)
 	}
 }
@@ -416,7 +416,7 @@ func TestRequestsWithoutLayersDoNotCallRedis(t *testing.T) {
 func TestClosedPoolIsDecidedInMemoryWithoutAnEvent(t *testing.T) {
 	s := newCannedRedis(t, "*2\r\n:1\r\n:60000\r\n")
 	h, logs := redisHarness(t, s.l.Addr().String(), nil)
-	h.p.store.(*redisStore).backend.pool.Close()
+	redisStoreOf(h.p).backend.pool.Close()
 
 	for i := 1; i <= 4; i++ {
 		want := http.StatusOK
@@ -429,8 +429,8 @@ func TestClosedPoolIsDecidedInMemoryWithoutAnEvent(t *testing.T) {
 		}
 	}
 
-	if logs.Len() != 0 || h.p.store.(*redisStore).backend.down.Load() || s.commands.Load() != 0 {
-		t.Fatalf("closed pool: %d commands, down %v, events %s", s.commands.Load(), h.p.store.(*redisStore).backend.down.Load(), logs)
+	if logs.Len() != 0 || redisStoreOf(h.p).backend.down.Load() || s.commands.Load() != 0 {
+		t.Fatalf("closed pool: %d commands, down %v, events %s", s.commands.Load(), redisStoreOf(h.p).backend.down.Load(), logs)
 	}
 }
 
@@ -476,8 +476,14 @@ func TestCostIsTheScriptsSecondArgument(t *testing.T) {
 			t.Fatalf("cost %d: encoded %q", cost, got)
 		}
 
-		if rp := newRedisPlan(h.p.store.(*redisStore), layers, cost); !strings.HasSuffix(rp.tail, argOneInteger+want) {
+		if rp := newRedisPlan(redisStoreOf(h.p), layers, cost); !strings.HasSuffix(rp.tail, argOneInteger+want) {
 			t.Fatalf("cost %d: plan tail %q", cost, rp.tail)
 		}
 	}
+}
+
+// redisStoreOf is the instance's Redis store (redisOf), nil without one.
+func redisStoreOf(p *Plugin) *redisStore {
+	rs, _ := redisOf(p)
+	return rs
 }

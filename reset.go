@@ -132,9 +132,9 @@ func clearKey(p *Plugin, l *layer, key string) resetReport {
 		r.Memory = true
 	}
 
-	if rs, ok := p.store.(*redisStore); ok {
+	if rs, ok := redisOf(p); ok {
 		r.BlockList = rs.blocked.forget(l.blockPrefix+key, now)
-		r.Redis = rs.reset(l, key)
+		r.Redis = rs.reset(l, key, now)
 	}
 
 	return r
@@ -233,14 +233,14 @@ var resetRedis = redisresp.NewScript(resetScript)
 // the deployment (clusterKey on a cluster), and a blockDuration block's key,
 // under the same hash tag: resetScript deletes every key of one call, which
 // a cluster runs in one slot.
-func resetKeys(s *redisStore, l *layer, key string) []string {
+func resetKeys(s *redisStore, l *layer, key string, now int64) []string {
 	k := l.redisKey + key
 	if s.backend.cluster != nil {
 		k = resetClusterKey(l, key)
 	}
 
 	if l.calendar != 0 {
-		k += calendarSuffix(l, time.Now().UnixNano())
+		k += calendarSuffix(l, now)
 	}
 
 	if l.blockDuration != 0 {
@@ -264,8 +264,8 @@ func resetClusterKey(l *layer, key string) string {
 // reset deletes key's Redis keys in l and says what it found: redisCleared,
 // redisAbsent, or redisUnavailable when the call failed (logged; Redis's
 // back-off is left to the requests, which will find out themselves).
-func (s *redisStore) reset(l *layer, key string) string {
-	n, err := s.deleteKeys(resetKeys(s, l, key), s.channel, resetMessage(s.name, l.name, key))
+func (s *redisStore) reset(l *layer, key string, now int64) string {
+	n, err := s.deleteKeys(resetKeys(s, l, key, now), s.channel, resetMessage(s.name, l.name, key))
 	if err != nil {
 		s.backend.logResetFailure(err)
 		return redisUnavailable

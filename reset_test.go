@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -256,7 +257,7 @@ func TestResetClearsRedisAndTheBlockListOnRedisServer(t *testing.T) {
 
 		h.burst(client, 3)
 
-		if redisDo(t, admin, "EXISTS", key).Int != 1 || h.p.store.(*redisStore).blocked.resetOf(h.p.layers[0].blockPrefix, client, h.clock.Now().UnixNano()) == 0 {
+		if redisDo(t, admin, "EXISTS", key).Int != 1 || redisStoreOf(h.p).blocked.resetOf(h.p.layers[0].blockPrefix, client, h.clock.Now().UnixNano()) == 0 {
 			t.Fatalf("%s: the refusal left no key in Redis or no block list entry", algorithm)
 		}
 
@@ -314,7 +315,7 @@ func TestResetWithRedisDownIs503(t *testing.T) {
 
 	// A closed pool (a replaced configuration's) is unavailable too, and
 	// nothing panics.
-	h.p.store.(*redisStore).backend.pool.Close()
+	redisStoreOf(h.p).backend.pool.Close()
 
 	if code, doc := h.reset("?layer=ip&key=203.0.113.9", ""); code != http.StatusServiceUnavailable || *doc.Redis != "unavailable" {
 		t.Fatalf("closed pool: %d %+v", code, doc)
@@ -336,5 +337,35 @@ func TestResetClusterKeyIsTheChargedOne(t *testing.T) {
 				t.Errorf("kind %d, principal %q: reset deletes %q, charged %q", kind, principal, got, want)
 			}
 		}
+	}
+}
+
+// A calendar layer's reset deletes the key of the period that holds the
+// instance's clock (p.now), the one its requests charged, whatever the
+// wall clock says.
+func TestResetOfACalendarKeyUsesTheInstanceClockOnRedisServer(t *testing.T) {
+	addr, admin := redisServer(t)
+	h, _ := redisHarness(t, addr, func(c *Config) {
+		c.Status.Path = "/_rl"
+		c.IP = LayerConfig{Points: 2, Calendar: "day"}
+	})
+	h.clock.mu.Lock()
+	h.clock.now = utc(2026, 2, 10, 12, 0, 0) // not today, so not time.Now's period
+	h.clock.mu.Unlock()
+
+	client := "203.0.113.7"
+	h.burst(client, 3)
+
+	key := h.p.layers[0].redisKey + client + ":" + strconv.FormatInt(utc(2026, 2, 10, 0, 0, 0).Unix(), 10)
+	if redisDo(t, admin, "EXISTS", key).Int != 1 {
+		t.Fatalf("no Redis key %s", key)
+	}
+
+	if code, doc := h.reset("?layer=ip&key="+client, ""); code != http.StatusOK || doc.Redis == nil || *doc.Redis != redisCleared {
+		t.Fatalf("reset: %d %+v", code, doc)
+	}
+
+	if redisDo(t, admin, "EXISTS", key).Int != 0 {
+		t.Fatalf("the period's key %s outlived the reset", key)
 	}
 }

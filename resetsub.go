@@ -97,15 +97,17 @@ func newResetListener(b *redisBackend, opts redisresp.Options) *resetListener {
 // entry on; later calls only refresh the target (a reload's new store).
 func listenResets(s *redisStore) {
 	if r := s.backend.resets; r != nil && s.channel != "" {
-		r.listen(s.channel, s.name, forgetIn(s.blocked, s.local))
+		r.listen(s.channel, s.name, forgetIn(s.blocked, s.local, s.clock))
 	}
 }
 
-// forgetIn clears a key in a middleware's block list and memory fallback.
-func forgetIn(blocked *blockList, local *windowStore) resetForget {
+// forgetIn clears a key in a middleware's block list and memory fallback,
+// at the middleware's clock.
+func forgetIn(blocked *blockList, local *windowStore, clock func() time.Time) resetForget {
 	return func(layer, key string) {
 		blocked.forgetLayerKey(layer, key)
-		local.forgetKey(layer, key, time.Now().UnixNano())
+		local.forgetKey(layer, key, clock().UnixNano())
+		local.forgetBlockKey(layer, key)
 	}
 }
 

@@ -51,8 +51,15 @@ func TestResetMessageClearsTheNamedKeyOnly(t *testing.T) {
 		ws.take(&tl, now, []*layer{lay}, "203.0.113.7", "", req, false)
 	}
 
+	// A block the memory fallback started (takeLocal), and the
+	// middleware's clock, which the reset reads instead of time.Now.
+	ws.blocks["ip"]["203.0.113.7"] = reset
+	ws.blocks["ip"]["203.0.113.8"] = reset
+	clockReads := 0
+	clock := func() time.Time { clockReads++; return time.Unix(0, now) }
+
 	r := newResetListener(&redisBackend{}, redisresp.Options{})
-	r.targets["ratelimit:resets"] = map[string]resetForget{"edge@file": forgetIn(bl, ws)}
+	r.targets["ratelimit:resets"] = map[string]resetForget{"edge@file": forgetIn(bl, ws, clock)}
 
 	// Another middleware's, another channel's and a malformed message.
 	r.dispatch(redisresp.Message{Channel: "ratelimit:resets", Payload: resetMessage("other@file", "ip", "203.0.113.7")})
@@ -71,6 +78,14 @@ func TestResetMessageClearsTheNamedKeyOnly(t *testing.T) {
 
 	if bl.resetOf("ip\x00points 5\x00", "203.0.113.8", now) != reset || bl.resetOf("ipx\x00points 5\x00", "203.0.113.7", now) != reset {
 		t.Fatalf("another key or layer was cleared: %v", bl.until)
+	}
+
+	if _, ok := ws.blocks["ip"]["203.0.113.7"]; ok || ws.blocks["ip"]["203.0.113.8"] != reset {
+		t.Fatalf("the memory fallback's blocks after the reset: %v", ws.blocks["ip"])
+	}
+
+	if clockReads == 0 {
+		t.Fatal("the reset did not read the middleware's clock")
 	}
 
 	if peekCount(ws, now, "ip", "203.0.113.7") != 0 || peekCount(ws, now, "ipx", "203.0.113.7") != 1 {
@@ -108,6 +123,8 @@ func TestResetReachesAnotherReplicasBlockListOnRedisServer(t *testing.T) {
 	bb := newBackend(redisresp.Options{Address: addr, Username: "tierlimit", Password: aclPassword, Timeout: time.Second})
 	bb.log = &bytes.Buffer{}
 	b := &redisStore{prefix: a.prefix, name: a.name, channel: a.channel, backend: bb, local: newWindowStore(100), blocked: newBlockList(100), calls: a.calls}
+	b.fallback = b.local
+	b.clock = time.Now
 	layers := h.p.layers[:1]
 	client, other := "203.0.113.7", "203.0.113.8"
 	now := h.clock.Now().UnixNano()

@@ -330,7 +330,7 @@ func (p *Plugin) liveKeys(now int64, limitedOnly bool, prefix string) ([]liveKey
 
 	out = p.mergeBlocked(out, s.blockedKeys(now, p.layers, prefix))
 
-	if rs, ok := p.store.(*redisStore); ok {
+	if rs, ok := redisOf(p); ok {
 		out = p.mergeBlocked(out, rs.blocked.snapshot(now, prefix))
 	}
 
@@ -469,6 +469,6 @@ func (p *Plugin) firstSorted(entries []liveKey, n int) []liveKey {
 
 // redisFallback reports whether the Redis store is failing and memory decides.
 func (p *Plugin) redisFallback() bool {
-	rs, ok := p.store.(*redisStore)
+	rs, ok := redisOf(p)
 	return ok && rs.backend.down.Load()
 }

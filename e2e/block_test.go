@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tierlimit/tierlimit/e2e/harness"
 )
 
 // blockDynamic is an ip layer of 3 per second that blocks a client it
@@ -94,7 +96,8 @@ func TestBlockDurationThroughTraefik(t *testing.T) {
 }
 
 // TestBlockDurationWithRedisThroughTraefik: the block set through one
-// Traefik process is honoured by the other, on one redis-server.
+// Traefik process is honoured by the other, on one redis-server, and each
+// process reports it once.
 func TestBlockDurationWithRedisThroughTraefik(t *testing.T) {
 	rs := startRedis(t)
 	store := `store: redis
@@ -105,4 +108,60 @@ func TestBlockDurationWithRedisThroughTraefik(t *testing.T) {
 	b.waitRouters("api")
 
 	blockHolds(t, a, b)
+
+	// One event per process that refused the key during the block: b, whose
+	// refusal started it, and a, which learnt of it from Redis's reply;
+	// none for the refusals each then made from its block list.
+	for name, e := range map[string]*env{"a": a, "b": b} {
+		if n := strings.Count(e.traefik.Logs(), `"event":"RATE_LIMIT_TRIGGERED"`); n != 1 {
+			t.Errorf("%d RATE_LIMIT_TRIGGERED lines through %s for one block, want 1:\n%s", n, name, tail(e.traefik.Logs(), 10))
+		}
+	}
+}
+
+// TestBlockDurationOnAClusterThroughTraefik: on a three-primary Redis Cluster
+// the block is a key under the client's hash tag, set through one Traefik
+// process and honoured by the other (each seeded with other primaries).
+func TestBlockDurationOnAClusterThroughTraefik(t *testing.T) {
+	c, err := harness.StartCluster(t.TempDir(), 3, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	t.Cleanup(c.Kill)
+	grantACL(t, c.Nodes()...)
+
+	store := func(seed string) string {
+		return `store: redis
+          redis: {cluster: {addresses: ["` + seed + `"]}, username: ` + aclUser + `, password: ` + aclPassword + `, timeout: 1s, dialTimeout: 1s}`
+	}
+	a := start(t, blockDynamic(store(c.Primaries[0].Addr)))
+	b := start(t, blockDynamic(store(c.Primaries[2].Addr)))
+	a.waitRouters("api")
+	b.waitRouters("api")
+
+	// Another client's block: its key, and both processes refuse it.
+	other := "203.0.113.45"
+	at := func(i int) *env { return []*env{a, b}[i%2] }
+	for i := 0; i < 4; i++ {
+		at(i).get(at(i).traefik.Web+"/api", from(other))
+	}
+
+	if v := clusterGet(t, c.Primaries, "ratelimit:edge@file:ip:{"+other+"}:block"); v != "1" {
+		t.Fatalf("the block key in the cluster: %q, want 1", v)
+	}
+
+	for name, e := range map[string]*env{"a": a, "b": b} {
+		if r := e.get(e.traefik.Web+"/api", from(other)); r.code != http.StatusTooManyRequests {
+			t.Fatalf("the blocked client through %s: %d", name, r.code)
+		}
+	}
+
+	blockHolds(t, a, b)
+
+	for name, e := range map[string]*env{"a": a, "b": b} {
+		if strings.Contains(e.traefik.Logs(), "REDIS_UNAVAILABLE") {
+			t.Errorf("through %s, the cluster was unavailable:\n%s", name, tail(e.traefik.Logs(), 10))
+		}
+	}
 }

@@ -27,7 +27,7 @@ var budgets = map[string]float64{
 	"principal with plans":    267,
 	"chain edge anonymous":    293,
 	"chain edge credentialed": 290,
-	"costed route":            977,
+	"costed route":            976,
 	"countStatus route":       1205,
 	"redis allowed":           462,
 	"redis refused":           297,
