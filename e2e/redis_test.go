@@ -317,7 +317,8 @@ func (l latencies) pct(p float64) time.Duration {
 }
 
 // TestRedisKilledUnderLoad: with Redis gone, every request is decided in
-// memory with the same limits (no 5xx, no client past the limit), the outage
+// memory with the same limits, from the counts Redis last reported (no 5xx,
+// no client past the limit), the outage
 // is logged once, and shared counting resumes after Redis comes back.
 func TestRedisKilledUnderLoad(t *testing.T) {
 	r := startRedis(t)
@@ -395,8 +396,9 @@ func TestRedisKilledUnderLoad(t *testing.T) {
 	close(stop)
 	wg.Wait()
 
-	if allowed != 20 {
-		t.Fatalf("during the outage the client got %d requests, want exactly the in-memory limit 20", allowed)
+	// Memory starts the key from the 5 Redis last reported (docs/redis.md).
+	if allowed != 15 {
+		t.Fatalf("during the outage the client got %d requests, want exactly the 15 left of its limit of 20", allowed)
 	}
 
 	if bad.Load() != 0 {

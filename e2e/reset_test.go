@@ -228,7 +228,8 @@ func TestResetWithRedisThroughTraefik(t *testing.T) {
 		}
 	}
 
-	waitResetEvent(t, a, `"memory":false,"blockList":true,"redis":"cleared"}`)
+	// Memory too: the fallback remembers what Redis reported (docs/redis.md).
+	waitResetEvent(t, a, `"memory":true,"blockList":true,"redis":"cleared"}`)
 }
 
 // TestResetOnARedisClusterThroughTraefik: on a Redis Cluster the reset
