@@ -619,25 +619,32 @@ func splitReset(body string) (string, string) {
 }
 
 // TestDeniedReadFailsTheScriptOnRedisServer: a user whose ACL lacks a command
-// the script reads with (GET here, as under the ACL of earlier versions) gets
-// a script error, so memory decides and Redis is reported unavailable,
-// instead of every key reading as empty and nothing ever being refused.
+// the script reads a live counter with (INCRBY here, GET under earlier
+// scripts) gets a script error, so memory decides and Redis is reported
+// unavailable, instead of every key reading as empty and nothing ever being
+// refused.
 func TestDeniedReadFailsTheScriptOnRedisServer(t *testing.T) {
 	addr, admin := redisServer(t)
 
 	acl := readmeACL(t)
 	for i, a := range acl {
 		if a == "tierlimit" {
-			acl[i] = "noget"
+			acl[i] = "noincr"
 		}
 	}
 
-	redisDo(t, admin, append(acl, "-get")...)
+	redisDo(t, admin, append(acl, "-incrby")...)
 
 	h, logs := redisHarness(t, addr, func(c *Config) {
-		c.Redis.Username, c.Redis.Password = "noget", aclPassword
+		c.Redis.Username, c.Redis.Password = "noincr", aclPassword
 	})
 	s := h.p.store.(*redisStore)
+	key := h.p.planIP[0].redisKey + "203.0.113.1"
+
+	// A new key is set, which the ACL grants; the next request reads it.
+	if tl := take(s, t0, h.p.planIP, "203.0.113.1", "", false); s.backend.down.Load() || tl.count != 1 {
+		t.Fatalf("first request: tally %+v, logs %q", tl, logs)
+	}
 
 	tl := take(s, t0, h.p.planIP, "203.0.113.1", "", false)
 
@@ -645,7 +652,7 @@ func TestDeniedReadFailsTheScriptOnRedisServer(t *testing.T) {
 		t.Fatalf("tally %+v, logs %q: want memory to decide and Redis reported unavailable", tl, logs)
 	}
 
-	if n := redisDo(t, admin, "EXISTS", h.p.planIP[0].redisKey+"203.0.113.1").Int; n != 0 {
-		t.Fatalf("the script wrote a key it could not read")
+	if v := redisDo(t, admin, "GET", key).Str; v != "1" {
+		t.Fatalf("ip key %q after a failed read, want the first request's 1", v)
 	}
 }
