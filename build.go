@@ -135,6 +135,10 @@ func build(ctx context.Context, cfg *settings, next http.Handler, name string) *
 		if p.mode == modeRedis {
 			p.fast = newRedisFast(rs, p.plans)
 		}
+
+		if anyMemoryLayer(cfg) {
+			p.store = newMixedStore(memory, rs, p.layers)
+		}
 	}
 
 	all := p.layers
@@ -338,6 +342,7 @@ func newLayer(memory *windowStore, spec layerSpec, keyKind int) *layer {
 			calendar:      spec.calendar,
 			utcOffset:     spec.utcOffset,
 			dryRun:        spec.dryRun,
+			memory:        spec.memory,
 		},
 	}
 

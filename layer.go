@@ -58,6 +58,9 @@ type limits struct {
 	// at utcOffset, nanoseconds east of UTC (calendar.go; 0: none).
 	calendar  int
 	utcOffset int64
+	// memory: the layer of a Redis instance is counted in memory
+	// (mixedStore).
+	memory bool
 }
 
 // memCounters are the layer's counters in the memory store, resolved once
