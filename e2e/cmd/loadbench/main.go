@@ -14,6 +14,7 @@
 //	tierlimit-sentinel  this plugin, store: redis, the same server found through a sentinel
 //	builtin-cluster   Traefik's RateLimit with three endpoints: a Redis Cluster of three primaries
 //	tierlimit-cluster this plugin, redis.cluster, the same cluster
+//	tierlimit-cluster-memglobal  the same with global: {store: memory}, one script call per request
 //
 // (the sentinel's own PING and PUBLISH to the server, about one a second, are
 // in its Redis command counts) and two scenarios: (a) limits high enough that nothing is refused, (b) a
@@ -111,6 +112,7 @@ var configurations = []configuration{
 	{name: "tierlimit-sentinel", redis: true, sentinel: true, middleware: pluginSentinel},
 	{name: "builtin-cluster", redis: true, cluster: true, middleware: builtinCluster},
 	{name: "tierlimit-cluster", redis: true, cluster: true, middleware: pluginCluster},
+	{name: "tierlimit-cluster-memglobal", redis: true, cluster: true, middleware: pluginClusterMemGlobal},
 }
 
 // clusterAddrs are the cluster's primaries, when a configuration needs them.
@@ -130,6 +132,15 @@ func pluginCluster(s scenario, addr string) string {
 
 	return strings.Replace(y, fmt.Sprintf("redis: {address: %q}", addr),
 		"redis: {cluster: {addresses: [\""+strings.Join(clusterAddrs, "\", \"")+"\"]}}", 1)
+}
+
+// pluginClusterMemGlobal is pluginCluster with global counted in memory
+// (store: memory on the layer): the client's slot alone is in the cluster.
+func pluginClusterMemGlobal(s scenario, addr string) string {
+	y := pluginCluster(s, addr)
+
+	return strings.Replace(y, fmt.Sprintf("global: {points: %d, duration: 1s}", highPoints),
+		fmt.Sprintf("global: {points: %d, duration: 1s, store: memory}", highPoints), 1)
 }
 
 // sentinelAddr is the sentinel that run starts when a configuration needs one.
@@ -278,7 +289,7 @@ func builtinPeer(name string) string {
 	}
 
 	if peer, ok := strings.CutPrefix(name, "tierlimit-"); ok {
-		return "builtin-" + peer
+		return "builtin-" + strings.TrimSuffix(peer, "-memglobal")
 	}
 
 	return ""
