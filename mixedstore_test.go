@@ -1,6 +1,7 @@
 package tierlimit
 
 import (
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -93,5 +94,39 @@ func TestMergedTallyShowsAsOneTake(t *testing.T) {
 		if tl.shown != c.shown || tl.left != c.left || tl.refused != c.refused || tl.firsts != c.firstsWant {
 			t.Errorf("%s: %+v, want shown %d, left %d, refused %v, firsts %b", c.name, tl, c.shown, c.left, c.refused, c.firstsWant)
 		}
+	}
+}
+
+// TestMemoryLayerWhileRedisIsDown: with Redis unreachable, the Redis layers
+// fall back to memory and the rule holds across them: ip's refusal (in the
+// fallback) gives global (a memory layer) its point back.
+func TestMemoryLayerWhileRedisIsDown(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	addr := l.Addr().String()
+	l.Close()
+
+	h, logs := redisHarness(t, addr, func(c *Config) {
+		c.Global = LayerConfig{Points: 3, Duration: "1h", Store: "memory"}
+		c.IP = LayerConfig{Points: 2, Duration: "1h"}
+	})
+
+	now := h.clock.Now().UnixNano()
+
+	for i, want := range []int{http.StatusOK, http.StatusOK, http.StatusTooManyRequests} {
+		if rec := h.get("/api", "203.0.113.1:1"); rec.Code != want {
+			t.Fatalf("request %d: %d, want %d", i, rec.Code, want)
+		}
+	}
+
+	if !strings.Contains(logs.String(), "REDIS_UNAVAILABLE") {
+		t.Fatalf("logs %q: want Redis reported unavailable", logs)
+	}
+
+	if g, ip := peekCount(h.p.memory, now, "global", "global"), peekCount(h.p.memory, now, "ip", "203.0.113.1"); g != 2 || ip != 2 {
+		t.Fatalf("memory holds global %d, ip %d, want 2 and 2", g, ip)
 	}
 }
