@@ -42,7 +42,7 @@ type counterStore interface {
 // new or stale and incremented otherwise (INCRBY keeps the TTL), so no key is
 // ever left without a TTL; the reset is first hit + window, as in memory. An
 // allowed request costs each fixed key two commands, PTTL then INCRBY or SET
-// (BENCHMARKS.md: commands per key); a refused one an INCRBY and a DECRBY
+// (BENCHMARKS.md, Redis calls per request); a refused one an INCRBY and a DECRBY
 // more per key already charged.
 //
 // A sliding layer's key is a hash {c: count, p: previous window's count} that
