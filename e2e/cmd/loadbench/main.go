@@ -625,10 +625,13 @@ func (b *bench) redisOK(args ...string) error {
 	return nil
 }
 
-// scriptInner are the commands the two rate-limit scripts run inside Redis
-// (tierlimit: SET NX PX, INCR, PTTL, PEXPIRE; Traefik: HGETALL, HSET, EXPIRE).
+// scriptInner are the commands the rate-limit scripts run inside Redis
+// (tierlimit's and the minimal plugin's: PTTL, INCRBY, SET, INCR, GET,
+// DECRBY, PEXPIRE, HMGET, HSET, HINCRBY, DEL, TIME; Traefik's: HGETALL,
+// HSET, EXPIRE).
 // Redis counts them in commandstats like client commands.
-var scriptInner = map[string]bool{"set": true, "incr": true, "pttl": true, "pexpire": true, "hgetall": true, "hset": true, "expire": true}
+var scriptInner = map[string]bool{"set": true, "incr": true, "pttl": true, "pexpire": true, "hgetall": true, "hset": true, "expire": true,
+	"get": true, "incrby": true, "decrby": true, "hmget": true, "hincrby": true, "del": true, "time": true}
 
 // commandStats reads INFO commandstats (reset before the measured phase).
 func (b *bench) commandStats(res *result) error {
@@ -1102,8 +1105,8 @@ func report(w io.Writer, b *bench, results map[string]map[string][]result, took 
 	fmt.Fprintln(w, "Columns: req/s = requests completed per second of the measured phase; p50/p99 = latency of one exchange as the load")
 	fmt.Fprintln(w, "generator sees it (send to end of body); % of none and vs built-in (tierlimit-X / builtin-X) compare medians of this")
 	fmt.Fprintln(w, "invocation; Redis cmds/req = all calls in INFO commandstats (minus INFO and CONFIG) per request sent, which counts the")
-	fmt.Fprintln(w, "commands run inside the Lua scripts too; round trips/req = the same without the scripts' inner commands (SET, INCR,")
-	fmt.Fprintln(w, "PTTL, PEXPIRE, HGETALL, HSET, EXPIRE); scripts/req = EVALSHA + EVAL.")
+	fmt.Fprintln(w, "commands run inside the Lua scripts too; round trips/req = the same without the scripts' inner commands (scriptInner:")
+	fmt.Fprintln(w, "PTTL, INCRBY, SET, GET, ..., HGETALL, HSET, EXPIRE); scripts/req = EVALSHA + EVAL.")
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "Middleware configurations (under http.middlewares.limit; the router uses no middleware for none):")
 	fmt.Fprintln(w)
