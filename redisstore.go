@@ -36,7 +36,8 @@ type counterStore interface {
 // first loop makes is a fixed layer's INCRBY of a live counter, which the
 // reply needs (its count) and which is given back (DECRBY) before the script
 // ends when a layer refuses: a script runs atomically, so no other client
-// sees the count in between.
+// sees the count in between (only keyspace notifications, when turned on,
+// tell the two commands).
 //
 // A fixed layer's key is a counter set with its expiry (SET PX) when it is
 // new or stale and incremented otherwise (INCRBY keeps the TTL), so no key is
