@@ -86,7 +86,7 @@ func TestMergedTallyShowsAsOneTake(t *testing.T) {
 		{"dry run: both refuse, the first shown", tally{shown: 0, refused: true, firsts: 1}, tally{shown: 0, refused: true, firsts: 1}, 0, 0, true, 3},
 		{"nothing in memory", tally{shown: -1}, tally{shown: 1, left: 7}, 2, 7, false, 0},
 	} {
-		// Layers 0 in memory; 1 and 2 in Redis.
+		// Layer 0 in memory; 1 and 2 in Redis.
 		tl := tally{shown: -1}
 		mergeTally(&tl, &c.mem, []int{0})
 		mergeTally(&tl, &c.red, []int{1, 2})
@@ -128,5 +128,48 @@ func TestMemoryLayerWhileRedisIsDown(t *testing.T) {
 
 	if g, ip := peekCount(h.p.memory, now, "global", "global"), peekCount(h.p.memory, now, "ip", "203.0.113.1"); g != 2 || ip != 2 {
 		t.Fatalf("memory holds global %d, ip %d, want 2 and 2", g, ip)
+	}
+}
+
+// TestMemoryRouteAfterRedisLayersOnRedisServer: a memory layer after the
+// Redis ones (a route) is charged all or nothing with them too: its refusal
+// charges no Redis layer, and Redis's refusal gives its point back.
+func TestMemoryRouteAfterRedisLayersOnRedisServer(t *testing.T) {
+	addr, admin := redisServer(t)
+
+	h, _ := redisHarness(t, addr, func(c *Config) {
+		asACLUser(c)
+		c.Global = LayerConfig{Points: 100, Duration: "1h"}
+		c.IP = LayerConfig{Points: 2, Duration: "1h"}
+		c.Routes = []RouteConfig{{Name: "login", Paths: []string{"/login"}, Key: "ip", Points: 1, Duration: "1h", Store: "memory"}}
+	})
+
+	now := h.clock.Now().UnixNano()
+	global := h.p.planIP[0].redisKey + "global"
+
+	for i, step := range []struct {
+		path, client string
+		code         int
+		global       string
+	}{
+		{"/login", "203.0.113.1:1", http.StatusOK, "1"},
+		{"/login", "203.0.113.1:1", http.StatusTooManyRequests, "1"}, // login (memory) refuses: Redis untouched
+		{"/api", "203.0.113.1:1", http.StatusOK, "2"},
+		{"/api", "203.0.113.3:1", http.StatusOK, "3"},
+		{"/api", "203.0.113.3:1", http.StatusOK, "4"},
+		{"/login", "203.0.113.3:1", http.StatusTooManyRequests, "4"}, // ip (Redis) refuses: login given back
+	} {
+		rec := h.get(step.path, step.client)
+		if rec.Code != step.code {
+			t.Fatalf("step %d: %d (%s), want %d", i, rec.Code, refusedLayer(rec), step.code)
+		}
+
+		if g := redisDo(t, admin, "GET", global).Str; g != step.global {
+			t.Fatalf("step %d: global %q in Redis, want %s", i, g, step.global)
+		}
+	}
+
+	if n := peekCount(h.p.memory, now, "login", "203.0.113.3"); n != 0 {
+		t.Fatalf("login of .3 at %d after ip refused its only request, want 0", n)
 	}
 }
