@@ -125,22 +125,7 @@ func build(ctx context.Context, cfg *settings, next http.Handler, name string) *
 	built := p.buildLayers(cfg, memory)
 	p.buildOperations(ctx, cfg, memory, built)
 
-	if anyBlock(p.layers) {
-		p.store = &blockingStore{memory}
-	}
-
-	if cfg.store == "redis" {
-		rs := newRedisStore(ctx, cfg, name, memory, p.layers)
-		rs.clock = func() time.Time { return p.now() }
-		p.store = rs
-		if p.mode == modeRedis {
-			p.fast = newRedisFast(rs, p.plans)
-		}
-	}
-
-	if anyMonth(p.layers) {
-		p.store = &monthStore{inner: p.store}
-	}
+	p.buildStore(ctx, cfg, name, memory)
 
 	all := p.layers
 	if p.wsLayer != nil {
@@ -348,6 +333,7 @@ func newLayer(memory *windowStore, spec layerSpec, keyKind int) *layer {
 			calendar:      spec.calendar,
 			utcOffset:     spec.utcOffset,
 			dryRun:        spec.dryRun,
+			memory:        spec.memory,
 		},
 	}
 
@@ -487,4 +473,30 @@ func flagArgs(args, flag string) string {
 	size, _ := strconv.Atoi(args[i+1 : i+j])
 
 	return args[:i] + "$" + strconv.Itoa(size+len(flag)) + "\r\n" + flag + args[i+j+2:]
+}
+
+// buildStore gives the instance its store: memory, or Redis with memory as
+// its fallback, wrapped for what its layers need (blocks, memory layers of
+// a Redis instance, month policies).
+func (p *Plugin) buildStore(ctx context.Context, cfg *settings, name string, memory *windowStore) {
+	if anyBlock(p.layers) {
+		p.store = &blockingStore{memory}
+	}
+
+	if cfg.store == "redis" {
+		rs := newRedisStore(ctx, cfg, name, memory, p.layers)
+		rs.clock = func() time.Time { return p.now() }
+		p.store = rs
+		if p.mode == modeRedis {
+			p.fast = newRedisFast(rs, p.plans)
+		}
+
+		if anyMemoryLayer(cfg) {
+			p.store = newMixedStore(memory, rs, p.layers)
+		}
+	}
+
+	if anyMonth(p.layers) {
+		p.store = &monthStore{inner: p.store}
+	}
 }

@@ -231,18 +231,6 @@ func (m *monthStore) refund(now int64, layers []*layer, client, principal string
 	m.inner.refund(now, layers, client, principal, req, cost)
 }
 
-// redisOf returns the instance's Redis store, if it has one.
-func redisOf(p *Plugin) (*redisStore, bool) {
-	s := p.store
-	if m, ok := s.(*monthStore); ok {
-		s = m.inner
-	}
-
-	rs, ok := s.(*redisStore)
-
-	return rs, ok
-}
-
 // setMonthPolicy writes month layer l's RateLimit-Policy for the month that
 // holds now, when h shows l's header table (headers on, l shown).
 func setMonthPolicy(h http.Header, l *layer, now int64) {

@@ -63,6 +63,10 @@ type LayerConfig struct {
 	Calendar  string
 	UtcOffset string
 
+	// Store, "memory" or "redis" (empty: the instance's store), counts this
+	// rule in the Traefik process even when the others are in Redis.
+	Store string
+
 	DryRun  bool                   // this rule counts, logs and sends its headers, but never refuses
 	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
 }
@@ -83,6 +87,10 @@ type AssetsConfig struct {
 	// aligned to the calendar at UtcOffset ("+07:00"; empty: UTC).
 	Calendar  string
 	UtcOffset string
+
+	// Store, "memory" or "redis" (empty: the instance's store), counts this
+	// rule in the Traefik process even when the others are in Redis.
+	Store string
 
 	DryRun  bool                   // this rule counts, logs and sends its headers, but never refuses
 	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
@@ -114,6 +122,10 @@ type RouteConfig struct {
 	Calendar  string
 	UtcOffset string
 
+	// Store, "memory" or "redis" (empty: the instance's store), counts this
+	// rule in the Traefik process even when the others are in Redis.
+	Store string
+
 	DryRun  bool                   // this rule counts, logs and sends its headers, but never refuses
 	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
 }
@@ -127,6 +139,10 @@ type PlanConfig struct {
 	Burst     int
 	Calendar  string
 	UtcOffset string
+
+	// Store, "memory" or "redis" (empty: the instance's store), counts this
+	// rule in the Traefik process even when the others are in Redis.
+	Store string
 
 	DryRun  bool                   // this rule counts, logs and sends its headers, but never refuses
 	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go

@@ -60,6 +60,16 @@ func TestInvalidConfigurationNamesFieldAndValue(t *testing.T) {
 		mutate       func(c *Config)
 	}{
 		{"store", "etcd", func(c *Config) { c.Store = "etcd" }},
+		{"global.store", "disk", func(c *Config) { c.Store = "redis"; c.Global.Store = "disk" }},
+		{"ip.store", "redis", func(c *Config) { c.IP.Store = "redis" }},
+		{"assets.store", "Memory", func(c *Config) { c.Assets.Store = "Memory" }},
+		{"routes[0].store", "redis", func(c *Config) {
+			c.Routes = []RouteConfig{{Name: "login", Paths: []string{"/x"}, Points: 1, Duration: "1s", Store: "redis"}}
+		}},
+		{"plans.gold.store", "redis", func(c *Config) {
+			c.Principal.UserHeader, c.Principal.PlanHeader = "X-User", "X-Plan"
+			c.Plans = map[string]PlanConfig{"gold": {Points: 1, Duration: "1s", Store: "redis"}}
+		}},
 		{"keyPrefix", "rate limit", func(c *Config) { c.KeyPrefix = "rate limit" }},
 		{"trustedProxies[1]", "10.0.0.0/33", func(c *Config) { c.TrustedProxies = []string{"10.0.0.0/8", "10.0.0.0/33"} }},
 		{"trustedProxies[0]", "proxy.local", func(c *Config) { c.TrustedProxies = []string{"proxy.local"} }},

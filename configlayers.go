@@ -87,7 +87,7 @@ var builtinLayers = []builtinLayer{
 
 func assetsLayer(c *Config) LayerConfig {
 	a := c.Assets
-	return LayerConfig{Points: a.Points, Duration: a.Duration, Algorithm: a.Algorithm, Burst: a.Burst, Key: a.Key, BlockDuration: a.BlockDuration, Calendar: a.Calendar, UtcOffset: a.UtcOffset, DryRun: a.DryRun}
+	return LayerConfig{Points: a.Points, Duration: a.Duration, Algorithm: a.Algorithm, Burst: a.Burst, Key: a.Key, BlockDuration: a.BlockDuration, Calendar: a.Calendar, UtcOffset: a.UtcOffset, DryRun: a.DryRun, Store: a.Store}
 }
 
 // defaultLayer is the built-in layer's default points. Its default duration

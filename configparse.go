@@ -74,6 +74,10 @@ type layerSpec struct {
 	calendar  int
 	utcOffset int64
 	dryRun    bool // counts, logs, sends headers, never refuses (its own or the top-level dryRun)
+	// memory (store: memory) counts the layer in memory on a Redis instance;
+	// redisField names a store: redis, which only a Redis instance takes.
+	memory     bool
+	redisField string
 }
 
 func (l layerSpec) on() bool { return l.points > 0 }
@@ -270,7 +274,32 @@ func parseLayers(cfg *Config, s *settings) error {
 		return err
 	}
 
+	if err := checkLayerStores(s); err != nil {
+		return err
+	}
+
 	return checkMaxTracked(s)
+}
+
+// checkLayerStores refuses a layer's store: redis on a memory instance,
+// which has no Redis to count it in.
+func checkLayerStores(s *settings) error {
+	if s.store == "redis" {
+		return nil
+	}
+
+	specs := append(s.builtin[:len(s.builtin):len(s.builtin)], s.plans...)
+	for _, rs := range s.routes {
+		specs = append(specs, rs.layerSpec)
+	}
+
+	for _, l := range specs {
+		if l.redisField != "" {
+			return invalid(l.redisField, "redis", `takes an instance with store: redis (this one counts in memory)`)
+		}
+	}
+
+	return nil
 }
 
 // parseBuiltin reads the section of a built-in layer.
@@ -341,6 +370,17 @@ func parseLayer(field, name string, lc LayerConfig) (layerSpec, error) {
 	}
 
 	spec := layerSpec{name: name, points: int64(lc.Points), dryRun: lc.DryRun}
+
+	switch lc.Store {
+	case "":
+	case "memory":
+		spec.memory = true
+	case "redis":
+		spec.redisField = field + ".store"
+	default:
+		return layerSpec{}, invalid(field+".store", lc.Store, `must be "memory" or "redis" (empty: the instance's store)`)
+	}
+
 	if err := parseWindow(field, lc, &spec); err != nil {
 		return layerSpec{}, err
 	}
@@ -514,7 +554,7 @@ func checkRouteName(field, name string, seen map[string]bool) error {
 
 // parseRoute reads one route; field is its place in routes.
 func parseRoute(field string, rc RouteConfig) (routeSpec, error) {
-	layer, err := parseLayer(field, rc.Name, LayerConfig{Points: rc.Points, Duration: rc.Duration, Algorithm: rc.Algorithm, Burst: rc.Burst, BlockDuration: rc.BlockDuration, Calendar: rc.Calendar, UtcOffset: rc.UtcOffset, DryRun: rc.DryRun})
+	layer, err := parseLayer(field, rc.Name, LayerConfig{Points: rc.Points, Duration: rc.Duration, Algorithm: rc.Algorithm, Burst: rc.Burst, BlockDuration: rc.BlockDuration, Calendar: rc.Calendar, UtcOffset: rc.UtcOffset, DryRun: rc.DryRun, Store: rc.Store})
 	if err != nil {
 		return routeSpec{}, err
 	}

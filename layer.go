@@ -59,6 +59,9 @@ type limits struct {
 	calendar  int
 	utcOffset int64
 	month     *monthPolicy // a month layer's RateLimit-Policy (monthStore)
+	// memory: the layer of a Redis instance is counted in memory
+	// (mixedStore).
+	memory bool
 }
 
 // memCounters are the layer's counters in the memory store, resolved once

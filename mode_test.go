@@ -249,6 +249,10 @@ func TestChooseModeRedis(t *testing.T) {
 		{"redis, exempt ip", with(redis, func(c *Config) { c.Exempt.IPs = []string{"203.0.113.7"} }), modeGeneral},
 		{"redis, websocket cap", with(redis, func(c *Config) { c.Websocket.MaxConnectionsPerIP = 2 }), modeGeneral},
 		{"redis, disabled", with(redis, func(c *Config) { c.Enabled = false }), modeOff},
+		{"redis, global in memory", with(redis, func(c *Config) { c.Global.Store = "memory" }), modeGeneral},
+		{"redis, global in memory but off", with(redis, func(c *Config) { c.Global.Store = "memory"; c.Global.Points = 0 }), modeRedis},
+		{"redis, ip in redis", with(redis, func(c *Config) { c.IP.Store = "redis" }), modeRedis},
+		{"memory, global in memory", with(smallLayers, func(c *Config) { c.Global.Store = "memory" }), modeAnonymous},
 	} {
 		cfg := CreateConfig()
 		sh.cfg(cfg)

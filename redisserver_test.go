@@ -378,7 +378,7 @@ func TestMemoryAndRedisAgreeOnRedisServer(t *testing.T) {
 		a := newHarness(t, conf)
 		b, _ := redisHarness(t, addr, with(conf, asACLUser))
 
-		if _, ok := redisOf(b.p); !ok || a.p.store == b.p.store {
+		if redisOf(b.p.store) == nil || a.p.store == b.p.store {
 			t.Fatalf("%s: stores %T and %T", sh.name, a.p.store, b.p.store)
 		}
 
@@ -629,33 +629,41 @@ func splitReset(body string) (string, string) {
 }
 
 // TestDeniedReadFailsTheScriptOnRedisServer: a user whose ACL lacks a command
-// the script reads with (GET here, as under the ACL of earlier versions) gets
-// a script error, so memory decides and Redis is reported unavailable,
-// instead of every key reading as empty and nothing ever being refused.
+// the script reads a live counter with (INCRBY here, GET under earlier
+// scripts) gets a script error, so memory decides and Redis is reported
+// unavailable, instead of every key reading as empty and nothing ever being
+// refused.
 func TestDeniedReadFailsTheScriptOnRedisServer(t *testing.T) {
 	addr, admin := redisServer(t)
 
 	acl := readmeACL(t)
 	for i, a := range acl {
 		if a == "tierlimit" {
-			acl[i] = "noget"
+			acl[i] = "noincr"
 		}
 	}
 
-	redisDo(t, admin, append(acl, "-get")...)
+	redisDo(t, admin, append(acl, "-incrby")...)
 
 	h, logs := redisHarness(t, addr, func(c *Config) {
-		c.Redis.Username, c.Redis.Password = "noget", aclPassword
+		c.Redis.Username, c.Redis.Password = "noincr", aclPassword
 	})
 	s := h.p.store.(*redisStore)
+	key := h.p.planIP[0].redisKey + "203.0.113.1"
+
+	// A new key is set, which the ACL grants; the next request reads it.
+	if tl := take(s, t0, h.p.planIP, "203.0.113.1", "", false); s.backend.down.Load() || tl.count != 1 {
+		t.Fatalf("first request: tally %+v, logs %q", tl, logs)
+	}
 
 	tl := take(s, t0, h.p.planIP, "203.0.113.1", "", false)
 
-	if !s.backend.down.Load() || !strings.Contains(logs.String(), "REDIS_UNAVAILABLE") || tl.count != 1 {
-		t.Fatalf("tally %+v, logs %q: want memory to decide and Redis reported unavailable", tl, logs)
+	// Memory starts from the 1 Redis reported (fallback.go).
+	if !s.backend.down.Load() || !strings.Contains(logs.String(), "REDIS_UNAVAILABLE") || tl.count != 2 {
+		t.Fatalf("tally %+v, logs %q: want memory to decide, from the count Redis reported, and Redis reported unavailable", tl, logs)
 	}
 
-	if n := redisDo(t, admin, "EXISTS", h.p.planIP[0].redisKey+"203.0.113.1").Int; n != 0 {
-		t.Fatalf("the script wrote a key it could not read")
+	if v := redisDo(t, admin, "GET", key).Str; v != "1" {
+		t.Fatalf("ip key %q after a failed read, want the first request's 1", v)
 	}
 }

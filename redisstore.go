@@ -30,13 +30,21 @@ type counterStore interface {
 }
 
 // takeScript is the whole decision of one request in one round trip. It
-// decides every layer before it writes any: the first loop only reads, and
-// the writes it plans run only when no layer refused (or in a dry run), so a
-// refused request leaves every key as it found it, byte for byte.
+// decides every layer before it writes any: the first loop plans the writes,
+// which run only when no layer refused (or in a dry run), so a refused
+// request leaves every key as it found it, byte for byte. The one write the
+// first loop makes is a fixed layer's INCRBY of a live counter, which the
+// reply needs (its count) and which is given back (DECRBY) before the script
+// ends when a layer refuses: a script runs atomically, so no other client
+// sees the count in between (only keyspace notifications, when turned on,
+// tell the two commands).
 //
 // A fixed layer's key is a counter set with its expiry (SET PX) when it is
-// new or stale and incremented otherwise, so no key is ever left without a
-// TTL; the reset is first hit + window, as in memory.
+// new or stale and incremented otherwise (INCRBY keeps the TTL), so no key is
+// ever left without a TTL; the reset is first hit + window, as in memory. An
+// allowed request costs each fixed key two commands, PTTL then INCRBY or SET
+// (BENCHMARKS.md, Redis calls per request); a refused one an INCRBY and a DECRBY
+// more per key already charged.
 //
 // A sliding layer's key is a hash {c: count, p: previous window's count} that
 // lives two windows from its window's start, so that the current window ends
@@ -104,26 +112,43 @@ local function read(...)
   return v
 end
 
+-- incr adds cost to a counter and returns its new value, or false for a
+-- key that holds no counter (of another kind, not an integer, at the bound
+-- of one); any other error (a command the ACL denies) fails the script.
+local function incr(k, cost)
+  local v = redis.pcall('INCRBY', k, cost)
+  if type(v) == 'table' and v.err then
+    for _, e in ipairs({'WRONGTYPE', 'not an integer', 'overflow'}) do
+      if string.find(v.err, e, 1, true) then return false end
+    end
+    error(v)
+  end
+  return v
+end
+
+-- fixed returns a fixed layer's count with the request, its milliseconds to
+-- reset, the write to run when the request is allowed, and whether it
+-- charged the key already (which the caller gives back, DECRBY, when
+-- another layer refuses).
 local function fixed(k, points, window, cost, check)
   local pttl = redis.call('PTTL', k)
-  local v = read('GET', k)
-  local c, ttl, fresh = 0, window, true
-  if pttl > 0 and pttl <= window and type(v) == 'string' then
-    local n = tonumber(v)
-    if n and n >= 0 and n == math.floor(n) then
-      c, ttl, fresh = n, pttl, false
-    end
-  end
-  local count = c + cost
+  local live = pttl > 0 and pttl <= window
   if check then
-    if count <= points then count = c end
-    return count, ttl, false
+    local v = live and read('GET', k)
+    local n = type(v) == 'string' and tonumber(v)
+    if not (n and n >= 0 and n == math.floor(n)) then n, pttl = 0, window end
+    if n + cost <= points then return n, pttl, false, false end
+    return n + cost, pttl, false, false
   end
-  return count, ttl, function()
-    if fresh or redis.call('INCRBY', k, cost) ~= count then
-      redis.call('SET', k, cost, 'PX', window)
-    end
+  if live then
+    local v = incr(k, cost)
+    if v and v >= cost then return v, pttl, false, true end
+    -- a negative count is no count: taken back, and restarted below
+    if v then redis.call('DECRBY', k, cost) end
   end
+  return cost, window, function()
+    redis.call('SET', k, cost, 'PX', window)
+  end, false
 end
 
 local function sliding(k, points, window, cost, check)
@@ -203,7 +228,7 @@ end
 
 local all = ARGV[1] == '1'
 local cost = tonumber(ARGV[2])
-local out, writes, refused, now = {}, {}, false, false
+local out, writes, charged, refused, now = {}, {}, {}, false, false
 for i = 1, #KEYS do
   local points = tonumber(ARGV[4 * i - 1])
   local window = tonumber(ARGV[4 * i])
@@ -217,7 +242,7 @@ for i = 1, #KEYS do
     block, algorithm = tonumber(string.sub(algorithm, block + 1)), string.sub(algorithm, 1, block - 1)
     blocked = redis.call('PTTL', KEYS[i] .. ':block')
   end
-  local count, ttl, write
+  local count, ttl, write, incremented
   if blocked > 0 then
     count, ttl, write = points + 1, blocked, false
   elseif algorithm == '2' then
@@ -229,8 +254,9 @@ for i = 1, #KEYS do
   elseif algorithm == '1' then
     count, ttl, write = sliding(KEYS[i], points, window, cost, check)
   else
-    count, ttl, write = fixed(KEYS[i], points, window, cost, check)
+    count, ttl, write, incremented = fixed(KEYS[i], points, window, cost, check)
   end
+  if incremented then charged[#charged + 1] = KEYS[i] end
   out[#out + 1] = count
   out[#out + 1] = ttl
   writes[#writes + 1] = write
@@ -246,6 +272,10 @@ end
 if all or not refused then
   for i = 1, #writes do
     if writes[i] then writes[i]() end
+  end
+else
+  for i = 1, #charged do
+    redis.call('DECRBY', charged[i], cost)
   end
 end
 if ARGV[1] == '2' and not refused then

@@ -143,7 +143,7 @@ func redisHarness(t *testing.T, addr string, mutate func(c *Config)) (*harness, 
 
 	logs := &bytes.Buffer{}
 	pool := redisresp.NewPool(s.redis)
-	redisStoreOf(h.p).backend = &redisBackend{pool: pool, single: pool, address: addr, log: logs}
+	redisOf(h.p.store).backend = &redisBackend{pool: pool, single: pool, address: addr, log: logs}
 
 	return h, logs
 }
@@ -484,6 +484,5 @@ func TestCostIsTheScriptsSecondArgument(t *testing.T) {
 
 // redisStoreOf is the instance's Redis store (redisOf), nil without one.
 func redisStoreOf(p *Plugin) *redisStore {
-	rs, _ := redisOf(p)
-	return rs
+	return redisOf(p.store)
 }

@@ -132,7 +132,7 @@ func clearKey(p *Plugin, l *layer, key string) resetReport {
 		r.Memory = true
 	}
 
-	if rs, ok := redisOf(p); ok {
+	if rs := redisOf(p.store); rs != nil {
 		r.BlockList = rs.blocked.forget(l.blockPrefix+key, now)
 		r.Redis = rs.reset(l, key, now)
 	}

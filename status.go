@@ -330,7 +330,7 @@ func (p *Plugin) liveKeys(now int64, limitedOnly bool, prefix string) ([]liveKey
 
 	out = p.mergeBlocked(out, s.blockedKeys(now, p.layers, prefix))
 
-	if rs, ok := redisOf(p); ok {
+	if rs := redisOf(p.store); rs != nil {
 		out = p.mergeBlocked(out, rs.blocked.snapshot(now, prefix))
 	}
 
@@ -469,6 +469,6 @@ func (p *Plugin) firstSorted(entries []liveKey, n int) []liveKey {
 
 // redisFallback reports whether the Redis store is failing and memory decides.
 func (p *Plugin) redisFallback() bool {
-	rs, ok := redisOf(p)
-	return ok && rs.backend.down.Load()
+	rs := redisOf(p.store)
+	return rs != nil && rs.backend.down.Load()
 }

@@ -149,6 +149,14 @@ func TestAllocationBudgets(t *testing.T) {
 	refusedCfg["store"] = "redis"
 	refusedCfg["redis"] = cfg["redis"]
 	check(t, "redis refused", allocsPerRequest(build(t, "tierlimit", refusedCfg, "redisrefused@budget"), nil))
+	// global: {store: memory} takes the general path (no redisPath):
+	// for reference, not a budget.
+	memGlobal := longEdge()
+	memGlobal["store"] = "redis"
+	memGlobal["redis"] = cfg["redis"]
+	memGlobal["global"] = map[string]any{"points": "1000000000", "duration": "1h", "store": "memory"}
+	t.Logf("redis with global in memory, for reference: allowed %.0f", allocsPerRequest(build(t, "tierlimit", memGlobal, "redismemglobal@budget"), nil))
+
 	t.Logf("minimal redis limiter, for reference: allowed %.0f",
 		allocsPerRequest(build(t, "minimalredis", map[string]any{"address": r.Addr, "seconds": "3600"}, "minimalredis@budget"), nil))
 

@@ -14,6 +14,7 @@
 //	tierlimit-sentinel  this plugin, store: redis, the same server found through a sentinel
 //	builtin-cluster   Traefik's RateLimit with three endpoints: a Redis Cluster of three primaries
 //	tierlimit-cluster this plugin, redis.cluster, the same cluster
+//	tierlimit-cluster-memglobal  the same with global: {store: memory}, one script call per request
 //
 // (the sentinel's own PING and PUBLISH to the server, about one a second, are
 // in its Redis command counts) and two scenarios: (a) limits high enough that nothing is refused, (b) a
@@ -112,6 +113,7 @@ var configurations = []configuration{
 	{name: "tierlimit-sentinel", redis: true, sentinel: true, middleware: pluginSentinel},
 	{name: "builtin-cluster", redis: true, cluster: true, middleware: builtinCluster},
 	{name: "tierlimit-cluster", redis: true, cluster: true, middleware: pluginCluster},
+	{name: "tierlimit-cluster-memglobal", redis: true, cluster: true, middleware: pluginClusterMemGlobal},
 }
 
 // clusterAddrs are the cluster's primaries, when a configuration needs them.
@@ -131,6 +133,15 @@ func pluginCluster(s scenario, addr string) string {
 
 	return strings.Replace(y, fmt.Sprintf("redis: {address: %q}", addr),
 		"redis: {cluster: {addresses: [\""+strings.Join(clusterAddrs, "\", \"")+"\"]}}", 1)
+}
+
+// pluginClusterMemGlobal is pluginCluster with global counted in memory
+// (store: memory on the layer): the client's slot alone is in the cluster.
+func pluginClusterMemGlobal(s scenario, addr string) string {
+	y := pluginCluster(s, addr)
+
+	return strings.Replace(y, fmt.Sprintf("global: {points: %d, duration: 1s}", highPoints),
+		fmt.Sprintf("global: {points: %d, duration: 1s, store: memory}", highPoints), 1)
 }
 
 // sentinelAddr is the sentinel that run starts when a configuration needs one.
@@ -294,7 +305,7 @@ func builtinPeer(name string) string {
 	}
 
 	if peer, ok := strings.CutPrefix(name, "tierlimit-"); ok {
-		return "builtin-" + peer
+		return "builtin-" + strings.TrimSuffix(peer, "-memglobal")
 	}
 
 	return ""
@@ -668,10 +679,13 @@ func (b *bench) redisOK(args ...string) error {
 	return nil
 }
 
-// scriptInner are the commands the two rate-limit scripts run inside Redis
-// (tierlimit: SET NX PX, INCR, PTTL, PEXPIRE; Traefik: HGETALL, HSET, EXPIRE).
+// scriptInner are the commands the rate-limit scripts run inside Redis
+// (tierlimit's and the minimal plugin's: PTTL, INCRBY, SET, INCR, GET,
+// DECRBY, PEXPIRE, HMGET, HSET, HINCRBY, DEL, TIME; Traefik's: HGETALL,
+// HSET, EXPIRE).
 // Redis counts them in commandstats like client commands.
-var scriptInner = map[string]bool{"set": true, "incr": true, "pttl": true, "pexpire": true, "hgetall": true, "hset": true, "expire": true}
+var scriptInner = map[string]bool{"set": true, "incr": true, "pttl": true, "pexpire": true, "hgetall": true, "hset": true, "expire": true,
+	"get": true, "incrby": true, "decrby": true, "hmget": true, "hincrby": true, "del": true, "time": true}
 
 // commandStats reads INFO commandstats (reset before the measured phase).
 func (b *bench) commandStats(res *result) error {
@@ -1148,8 +1162,8 @@ func report(w io.Writer, b *bench, results map[string]map[string][]result, took 
 	fmt.Fprintln(w, "Columns: req/s = requests completed per second of the measured phase; p50/p99 = latency of one exchange as the load")
 	fmt.Fprintln(w, "generator sees it (send to end of body); % of none and vs built-in (tierlimit-X / builtin-X) compare medians of this")
 	fmt.Fprintln(w, "invocation; Redis cmds/req = all calls in INFO commandstats (minus INFO and CONFIG) per request sent, which counts the")
-	fmt.Fprintln(w, "commands run inside the Lua scripts too; round trips/req = the same without the scripts' inner commands (SET, INCR,")
-	fmt.Fprintln(w, "PTTL, PEXPIRE, HGETALL, HSET, EXPIRE); scripts/req = EVALSHA + EVAL.")
+	fmt.Fprintln(w, "commands run inside the Lua scripts too; round trips/req = the same without the scripts' inner commands (scriptInner:")
+	fmt.Fprintln(w, "PTTL, INCRBY, SET, GET, ..., HGETALL, HSET, EXPIRE); scripts/req = EVALSHA + EVAL.")
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "Middleware configurations (under http.middlewares.limit; the router uses no middleware for none):")
 	fmt.Fprintln(w)

@@ -1,0 +1,209 @@
+package tierlimit
+
+import "net/http"
+
+// A layer's store: memory (README: store on a layer) counts it in the
+// Traefik process although its instance keeps the other layers in Redis:
+// typically global, a per-replica backstop that would otherwise be one hot
+// key every request of every replica writes, and on a Cluster a slot of its
+// own (one more script call per request).
+
+// mixedStore is the store of a Redis instance with a memory layer. A
+// request is charged all or nothing across the two stores: its memory
+// layers first (memory.take, which holds no round trip), then, when they
+// allow it, its Redis layers; a refusal by Redis gives the memory layers
+// their charge back (refund), and a refusal by memory calls no Redis.
+// Between the charge and its refund, another request may see the memory
+// layers' counts with this one in; the counts end exact.
+type mixedStore struct {
+	memory counterStore // the windowStore, or its blockingStore when a memory layer blocks
+	redis  *redisStore
+}
+
+// newMixedStore makes the store of a Redis instance whose layers include
+// memory ones.
+func newMixedStore(memory *windowStore, rs *redisStore, layers []*layer) *mixedStore {
+	m := &mixedStore{memory: memory, redis: rs}
+
+	for _, l := range layers {
+		if l.memory && l.blockDuration != 0 {
+			m.memory = &blockingStore{memory}
+		}
+	}
+
+	return m
+}
+
+// anyMemoryLayer reports whether a layer of a Redis instance is counted in
+// memory.
+func anyMemoryLayer(s *settings) bool {
+	if s.store != "redis" {
+		return false
+	}
+
+	for _, l := range s.builtin {
+		if l.memory && l.on() {
+			return true
+		}
+	}
+
+	for _, l := range s.plans {
+		if l.memory && l.on() {
+			return true
+		}
+	}
+
+	for _, rs := range s.routes {
+		if rs.memory && rs.on() {
+			return true
+		}
+	}
+
+	return false
+}
+
+// redisOf is the Redis store of an instance's store, or nil.
+func redisOf(s counterStore) *redisStore {
+	if rs, ok := s.(*redisStore); ok {
+		return rs
+	}
+
+	if m, ok := s.(*mixedStore); ok {
+		return m.redis
+	}
+
+	if m, ok := s.(*monthStore); ok {
+		return redisOf(m.inner)
+	}
+
+	return nil
+}
+
+// splitLayers returns the memory layers and the Redis layers of layers, in
+// order, with each one's index in layers.
+func splitLayers(layers []*layer) (local, shared []*layer, li, si []int) {
+	for i, l := range layers {
+		if l.memory {
+			local = append(local, l)
+			li = append(li, i)
+		} else {
+			shared = append(shared, l)
+			si = append(si, i)
+		}
+	}
+
+	return local, shared, li, si
+}
+
+func (m *mixedStore) take(t *tally, now int64, layers []*layer, client, principal string, req *http.Request, all bool) {
+	local, shared, li, si := splitLayers(layers)
+
+	if len(local) == 0 {
+		m.redis.take(t, now, layers, client, principal, req, all)
+		return
+	}
+
+	if len(shared) == 0 {
+		m.memory.take(t, now, layers, client, principal, req, all)
+		return
+	}
+
+	tm := tally{cost: t.cost}
+	m.memory.take(&tm, now, local, client, principal, req, all)
+
+	if tm.refused && !all {
+		*t = tally{cost: t.cost, shown: -1}
+		mergeTally(t, &tm, li)
+
+		return
+	}
+
+	tr := tally{cost: t.cost}
+	m.redis.take(&tr, now, shared, client, principal, req, all)
+
+	if tr.refused && !all {
+		m.memory.refund(now, chargedLocal(local, tm.uncharged), client, principal, req, costOf(t))
+		*t = tally{cost: t.cost, shown: -1}
+		mergeTally(t, &tr, si)
+
+		return
+	}
+
+	*t = tally{cost: t.cost, shown: -1}
+	mergeTally(t, &tm, li)
+	mergeTally(t, &tr, si)
+}
+
+func (m *mixedStore) refund(now int64, layers []*layer, client, principal string, req *http.Request, cost int64) {
+	local, shared, _, _ := splitLayers(layers)
+
+	if len(local) > 0 {
+		m.memory.refund(now, local, client, principal, req, cost)
+	}
+
+	m.redis.refund(now, shared, client, principal, req, cost)
+}
+
+// costOf is the points a tally's request spends in each layer.
+func costOf(t *tally) int64 {
+	if t.cost < 1 {
+		return 1
+	}
+
+	return t.cost
+}
+
+// chargedLocal is local without the layers a take left uncharged (a dry-run
+// sliding window or token bucket that would refuse: tally.uncharged).
+func chargedLocal(local []*layer, uncharged uint64) []*layer {
+	if uncharged == 0 {
+		return local
+	}
+
+	var out []*layer
+
+	for i, l := range local {
+		if uncharged&(uint64(1)<<uint(i)) == 0 {
+			out = append(out, l)
+		}
+	}
+
+	return out
+}
+
+// mergeTally adds part, the tally of some of a request's layers (index[j]
+// is the place of its layer j among them), to t: as one take of every layer
+// would have reported it, the first refusing layer shown, else the one with
+// the fewest requests left (the first of equals).
+func mergeTally(t, part *tally, index []int) {
+	for j, i := range index {
+		if part.firsts&(uint64(1)<<uint(j)) != 0 {
+			t.firsts |= uint64(1) << uint(i)
+		}
+
+		if part.uncharged&(uint64(1)<<uint(j)) != 0 {
+			t.uncharged |= uint64(1) << uint(i)
+		}
+	}
+
+	if part.shown < 0 {
+		return
+	}
+
+	i := index[part.shown]
+
+	take := t.shown < 0
+	switch {
+	case take:
+	case part.refused != t.refused:
+		take = part.refused
+	case !part.refused && part.left != t.left:
+		take = part.left < t.left
+	default:
+		take = i < t.shown
+	}
+
+	if take {
+		t.shown, t.count, t.reset, t.resetH, t.left, t.refused = i, part.count, part.reset, part.resetH, part.left, part.refused
+	}
+}
