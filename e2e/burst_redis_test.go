@@ -9,7 +9,10 @@ import (
 )
 
 // burstDynamic has one router per pool size, each with a 300/60s ip layer on
-// Redis and a global layer too large to matter.
+// Redis and a global layer too large to matter. The timeouts are raised from
+// their defaults (100ms, 250ms to dial) so that a loaded test machine
+// starving a dial does not stand for Redis failing: the bursts test waiting
+// for the pool, which needs no timeout.
 func burstDynamic(redisAddr string) string {
 	return strings.NewReplacer("{{redis}}", redisAddr).Replace(`
 http:
@@ -29,14 +32,14 @@ http:
       plugin:
         tierlimit:
           store: redis
-          redis: {address: "{{redis}}"}
+          redis: {address: "{{redis}}", timeout: 2s, dialTimeout: 2s}
           global: {points: 1000000, duration: 60s}
           ip: {points: 300, duration: 60s}
     burst-small:
       plugin:
         tierlimit:
           store: redis
-          redis: {address: "{{redis}}", poolSize: 4}
+          redis: {address: "{{redis}}", poolSize: 4, timeout: 2s, dialTimeout: 2s}
           global: {points: 1000000, duration: 60s}
           ip: {points: 300, duration: 60s}
   services:
