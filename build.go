@@ -272,6 +272,7 @@ func newRedisStore(ctx context.Context, cfg *settings, name string, memory *wind
 		backend: backends.get(ctx, cfg.redis),
 		local:   memory,
 		blocked: registry.blockListFor(ctx, name, cfg.maxTracked),
+		owed:    newOwedCounts(cfg.maxTracked),
 	}
 
 	rs.fallback = memory

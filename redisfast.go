@@ -136,7 +136,7 @@ func redisFailed(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []
 
 	var t tally
 
-	rs.local.take(&t, now, layers, client, "", req, false)
+	rs.takeLocal(&t, now, layers, client, "", req, false)
 	answer(p, rw, req, layers, &t, client, now)
 }
 

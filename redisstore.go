@@ -416,6 +416,7 @@ type redisStore struct {
 	// blocks (blockingStore) when a layer has a blockDuration (takeLocal).
 	fallback counterStore
 	blocked  *blockList
+	owed     *owedCounts      // what the fallback charged during an outage (owed.go)
 	clock    func() time.Time // the instance's (Plugin.now), for what no request times: a reset from another replica
 	calls    []redisresp.Call // the script's call head by number of layers
 }
@@ -494,6 +495,10 @@ func (s *redisStore) take(t *tally, now int64, layers []*layer, client, principa
 // it refuses the key for the rest of the block after Redis is back too.
 func (s *redisStore) takeLocal(t *tally, now int64, layers []*layer, client, principal string, req *http.Request, all bool) {
 	s.fallback.take(t, now, layers, client, principal, req, all)
+
+	if !t.refused || all {
+		oweCharged(s, t, now, layers, client, principal, req)
+	}
 
 	if !t.refused || all || t.shown < 0 || layers[t.shown].blockDuration == 0 {
 		return
@@ -615,6 +620,8 @@ func (s *redisStore) refund(now int64, layers []*layer, client, principal string
 
 	if s.backend.down.Load() {
 		s.local.refund(now, layers, client, principal, req, cost)
+		forgiveRefunded(s, layers, client, principal, req, cost)
+
 		return
 	}
 
@@ -754,6 +761,7 @@ type redisBackend struct {
 	retryAt int64 // Unix nanoseconds
 	backoff time.Duration
 	outage  redisOutage // which transitions are logged (redisevents.go)
+	debts   []func()    // what the stores' fallbacks charged, paid when Redis answers again (owed.go)
 }
 
 // usable reports whether to call Redis at now. While failing, one request per
@@ -785,10 +793,16 @@ func (b *redisBackend) succeeded(now int64) {
 	recovered := outageSucceeded(&b.outage, now, true)
 	b.failing, b.probing, b.backoff = false, false, 0
 	b.down.Store(false)
+	debts := b.debts
+	b.debts = nil
 	b.mu.Unlock()
 
 	if recovered {
 		b.event("REDIS_RECOVERED", "info", "", 0, now)
+	}
+
+	if debts != nil {
+		go payDebts(debts)
 	}
 }
 

@@ -618,3 +618,55 @@ func TestRedisThatNeverAnswers(t *testing.T) {
 	t.Logf("silent Redis: %d requests, %d connection attempts; latency p50 %s, p99 %s, max %s (redis.timeout 100ms)",
 		total, accepted.Load(), lat.pct(0.5), lat.pct(0.99), lat.pct(1))
 }
+
+// TestRedisFlapDoesNotSplitACount: the plugin's Redis user is switched off
+// and its connections killed (Redis keeps its data), then switched on
+// again. A 20-point client that Redis had at 8 takes 4 more in memory, and
+// once Redis answers again those 4 are added to its count there: across
+// the flap the client gets its 20, not 8 + 4 + 12.
+func TestRedisFlapDoesNotSplitACount(t *testing.T) {
+	r := startRedis(t)
+	e := start(t, redisDynamic(r.Addr, "outage"))
+	e.waitRouters("api")
+
+	admin := r.Client(redisresp.Options{})
+	defer admin.Close()
+
+	key := "ratelimit:outage@file:ip:198.51.100.1"
+	allowed := 0
+	send := func(n int) {
+		for i := 0; i < n; i++ {
+			if e.get(e.traefik.Web+"/api", from("198.51.100.1")).code == http.StatusOK {
+				allowed++
+			}
+		}
+	}
+
+	send(8)
+
+	redisDo(t, admin, "ACL", "SETUSER", "default", "off")
+	redisDo(t, admin, "CLIENT", "KILL", "USER", "default")
+	send(4)
+
+	if v := redisDo(t, admin, "GET", key).Str; allowed != 12 || v != "8" {
+		t.Fatalf("%d allowed, Redis at %q; want 12 allowed, 4 of them in memory", allowed, v)
+	}
+
+	redisDo(t, admin, "ACL", "SETUSER", "default", "on")
+
+	// A probe ends the outage (back-off at most 5s); the 4 are then added,
+	// off the request.
+	waitFor(t, 15*time.Second, func() bool {
+		e.get(e.traefik.Web+"/api", from("198.51.100.9"))
+		v := redisDo(t, admin, "GET", key)
+		return v.Str == "12"
+	}, func() string {
+		return "Redis holds " + redisDo(t, admin, "GET", key).Str + ", want 12:\n" + grepLines(e.traefik.Logs(), "REDIS_")
+	})
+
+	send(10)
+
+	if allowed != 20 {
+		t.Errorf("%d allowed across the flap, want the limit of 20", allowed)
+	}
+}

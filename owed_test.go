@@ -1,0 +1,149 @@
+package tierlimit
+
+import (
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+)
+
+// switchProxy forwards TCP connections to a Redis server while up; cut
+// closes every connection and refuses new ones, the server keeping its data:
+// a network flap.
+type switchProxy struct {
+	l      net.Listener
+	target string
+
+	mu    sync.Mutex
+	down  bool
+	conns []net.Conn
+}
+
+func newSwitchProxy(t *testing.T, target string) *switchProxy {
+	t.Helper()
+
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	p := &switchProxy{l: l, target: target}
+	t.Cleanup(func() { l.Close(); p.cut() })
+
+	go p.serve()
+
+	return p
+}
+
+func (p *switchProxy) serve() {
+	for {
+		c, err := p.l.Accept()
+		if err != nil {
+			return
+		}
+
+		p.mu.Lock()
+		down := p.down
+		if !down {
+			p.conns = append(p.conns, c)
+		}
+		p.mu.Unlock()
+
+		if down {
+			c.Close()
+			continue
+		}
+
+		up, err := net.Dial("tcp", p.target)
+		if err != nil {
+			c.Close()
+			continue
+		}
+
+		p.mu.Lock()
+		p.conns = append(p.conns, up)
+		p.mu.Unlock()
+
+		go func() { _, _ = io.Copy(up, c); up.Close() }()
+		go func() { _, _ = io.Copy(c, up); c.Close() }()
+	}
+}
+
+func (p *switchProxy) cut() {
+	p.mu.Lock()
+	p.down = true
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+	p.mu.Unlock()
+}
+
+func (p *switchProxy) restore() {
+	p.mu.Lock()
+	p.down = false
+	p.mu.Unlock()
+}
+
+// TestAFlapDoesNotSplitACount: a 10-point key that Redis had at 4 when the
+// network to it failed takes 3 more in memory (from the 4 Redis reported);
+// once Redis answers again, those 3 are added to its count, so the client
+// gets 10 in all across the flap, not 4 + 3 + 6. Fixed and sliding windows.
+func TestAFlapDoesNotSplitACount(t *testing.T) {
+	for _, algorithm := range []string{"fixed", "sliding"} {
+		addr, admin := redisServer(t)
+		proxy := newSwitchProxy(t, addr)
+		h, _ := redisHarness(t, proxy.l.Addr().String(), func(c *Config) {
+			asACLUser(c)
+			c.IP = algorithmLayer(algorithm, 10)
+			c.Redis.DialTimeout = "1s"
+		})
+
+		client := "203.0.113.7"
+		key := h.p.layers[0].redisKey + client
+		allowed := 0
+		send := func(n int) {
+			for i := 0; i < n; i++ {
+				if h.get("/api", client+":1").Code == http.StatusOK {
+					allowed++
+				}
+			}
+		}
+
+		send(4)
+		proxy.cut()
+		send(3)
+
+		if allowed != 7 || !redisOf(h.p.store).backend.down.Load() {
+			t.Fatalf("%s: %d allowed, down %v; want 7, decided in memory", algorithm, allowed, redisOf(h.p.store).backend.down.Load())
+		}
+
+		// The back-off ends; the next request probes Redis, which then takes
+		// the outage's 3 (off the request: wait for them).
+		proxy.restore()
+		h.clock.Add(time.Second)
+		send(1)
+
+		field := []string{"GET", key}
+		if algorithm == "sliding" {
+			field = []string{"HGET", key, "c"}
+		}
+
+		deadline := time.Now().Add(5 * time.Second)
+		for redisDo(t, admin, field...).Str != "8" && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond) // polling a background call, not a window
+		}
+
+		if v := redisDo(t, admin, field...).Str; v != "8" {
+			t.Fatalf("%s: Redis holds %q after the flap, want 8 (4 + the outage's 3 + the probe)", algorithm, v)
+		}
+
+		send(5)
+
+		if allowed != 10 {
+			t.Errorf("%s: %d allowed across the flap, want the limit of 10", algorithm, allowed)
+		}
+	}
+}
