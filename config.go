@@ -162,6 +162,10 @@ type RedisConfig struct {
 	DialTimeout string
 	Timeout     string
 	PoolSize    int
+	// SyncInterval, when set, counts fixed windows in each Traefik process and
+	// syncs them with Redis every interval (syncstore.go); "" or 0: one
+	// script call per request.
+	SyncInterval string
 
 	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
 }

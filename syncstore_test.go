@@ -1,0 +1,330 @@
+package tierlimit
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tierlimit/tierlimit/redisresp"
+)
+
+// syncHarness is redisHarness with redis.syncInterval: its synced counters
+// use the harness's backend and clock, and an interval long enough that the
+// goroutine never syncs during the test (the tests call syncNow).
+func syncHarness(t *testing.T, addr string, mutate func(c *Config)) (*harness, *syncState, *bytes.Buffer) {
+	t.Helper()
+
+	h, logs := redisHarness(t, addr, func(c *Config) {
+		c.Redis.SyncInterval = "1h"
+		c.IP = LayerConfig{Points: 10, Duration: "60s"}
+		if mutate != nil {
+			mutate(c)
+		}
+	})
+
+	rs := h.p.store.(*redisStore)
+	st := rs.synced
+	if st == nil {
+		t.Fatal("redis.syncInterval made no synced store")
+	}
+
+	st.mu.Lock()
+	st.backend, st.now = rs.backend, h.clock.Now
+	st.mu.Unlock()
+
+	return h, st, logs
+}
+
+// replica is another Traefik process's synced counters on the same backend.
+func replica(st *syncState) *syncState {
+	return &syncState{counters: map[string]*syncCounter{}, max: 1000, backend: st.backend, interval: time.Hour, now: st.now, started: true}
+}
+
+// takeOn decides one request of client on st, as the request path does for
+// an anonymous request (global if on, then ip), and reports whether it was
+// allowed.
+func takeOn(st *syncState, h *harness, client string) bool {
+	var layers []*layer
+	for _, name := range []string{"global", "ip"} {
+		if i := layerIndex(h, name); i >= 0 && h.p.layers[i].points > 0 {
+			layers = append(layers, h.p.layers[i])
+		}
+	}
+
+	var tl tally
+	syncTake(st, &tl, h.clock.Now().UnixNano(), layers, client, "", nil, false)
+
+	return !tl.refused
+}
+
+func mustSync(t *testing.T, st *syncState, now int64) {
+	t.Helper()
+
+	if err := syncNow(st, now); err != nil {
+		t.Fatalf("sync: %v", err)
+	}
+}
+
+func TestSyncedReplicasShareTheirCountsWithinAWindow(t *testing.T) {
+	addr, admin := redisServer(t)
+	h, a, _ := syncHarness(t, addr, nil)
+	b := replica(a)
+	client := "203.0.113.9"
+
+	for i := 0; i < 4; i++ {
+		if !takeOn(a, h, client) {
+			t.Fatalf("replica a refused request %d of 10 points", i+1)
+		}
+	}
+
+	for i := 0; i < 3; i++ {
+		if !takeOn(b, h, client) {
+			t.Fatalf("replica b refused request %d", i+1)
+		}
+	}
+
+	now := h.clock.Now().UnixNano()
+	mustSync(t, a, now)
+	mustSync(t, b, now)
+	mustSync(t, a, now) // a learns b's 3
+
+	// The window is aligned to the epoch: 10:00:00 to 10:01:00.
+	key := h.p.layers[layerIndex(h, "ip")].redisKey + client + ":" + formatInt(time.Date(2026, 6, 15, 10, 0, 0, 0, time.UTC).UnixMilli())
+	if got := redisDo(t, admin, "GET", key).Str; got != "7" {
+		t.Fatalf("Redis total %q of %s, want 7", got, key)
+	}
+
+	if ttl := redisDo(t, admin, "PTTL", key).Int; ttl <= 0 || ttl > 62000 {
+		t.Fatalf("synced key's TTL %d ms, want the window's rest (+ grace)", ttl)
+	}
+
+	for i := 0; i < 3; i++ {
+		if !takeOn(a, h, client) {
+			t.Fatalf("a refused request %d of the 3 left", i+1)
+		}
+	}
+
+	if takeOn(a, h, client) {
+		t.Fatal("a allowed an 11th request: it did not count b's")
+	}
+
+	// b has not synced since: it still sees 3 + 0, and may admit up to the
+	// rest: the bound of one interval. After a sync it refuses too.
+	mustSync(t, a, now)
+	mustSync(t, b, now)
+
+	if takeOn(b, h, client) {
+		t.Fatal("b allowed a request after syncing a total of 10")
+	}
+
+	// The next window starts from nothing, here and in Redis.
+	h.clock.Add(time.Minute)
+	now = h.clock.Now().UnixNano()
+
+	if !takeOn(a, h, client) || !takeOn(b, h, client) {
+		t.Fatal("a new window refused")
+	}
+
+	mustSync(t, a, now)
+	mustSync(t, b, now)
+	mustSync(t, a, now)
+
+	next := h.p.layers[layerIndex(h, "ip")].redisKey + client + ":" + formatInt(time.Date(2026, 6, 15, 10, 1, 0, 0, time.UTC).UnixMilli())
+	if got := redisDo(t, admin, "GET", next).Str; got != "2" {
+		t.Fatalf("new window's total %q, want 2", got)
+	}
+
+	if n := len(a.counters); n != 1 {
+		t.Fatalf("a holds %d counters after the window ended, want 1 (the new window's)", n)
+	}
+
+	if c := a.counters[next]; c == nil || c.remote != 2 || c.pending != 0 {
+		t.Fatalf("a's counter of the new window: %+v", c)
+	}
+}
+
+func TestSyncRefusedRequestChargesNoLayer(t *testing.T) {
+	addr, admin := redisServer(t)
+	h, st, _ := syncHarness(t, addr, func(c *Config) {
+		c.Global = LayerConfig{Points: 100, Duration: "60s"}
+		c.IP = LayerConfig{Points: 2, Duration: "60s"}
+	})
+
+	for i := 0; i < 5; i++ {
+		takeOn(st, h, "203.0.113.9")
+	}
+
+	mustSync(t, st, h.clock.Now().UnixNano())
+
+	g := h.p.layers[layerIndex(h, "global")]
+	start := formatInt(time.Date(2026, 6, 15, 10, 0, 0, 0, time.UTC).UnixMilli())
+	if got := redisDo(t, admin, "GET", g.redisKey+g.constKey+":"+start).Str; got != "2" {
+		t.Fatalf("global total %q after 2 allowed and 3 refused requests, want 2", got)
+	}
+}
+
+func TestFailedSyncKeepsItsCountsAndNeverFailsOpen(t *testing.T) {
+	addr, admin := redisServer(t)
+	h, st, logs := syncHarness(t, addr, nil)
+	client := "203.0.113.9"
+
+	for i := 0; i < 6; i++ {
+		takeOn(st, h, client)
+	}
+
+	mustSync(t, st, h.clock.Now().UnixNano())
+
+	// Redis goes away: the syncs fail, the 4 points charged meanwhile stay
+	// pending, and the 6 Redis counted still count.
+	good := st.backend.pool
+	down := redisresp.NewPool(redisresp.Options{Address: closedPort(t), Timeout: time.Second})
+	st.backend.pool = down
+
+	for i := 0; i < 4; i++ {
+		if !takeOn(st, h, client) {
+			t.Fatalf("request %d of the 4 left refused", i+1)
+		}
+	}
+
+	if takeOn(st, h, client) {
+		t.Fatal("an 11th request allowed while Redis is down")
+	}
+
+	now := h.clock.Now().UnixNano()
+	if err := syncNow(st, now); err == nil {
+		t.Fatal("a sync to a closed port succeeded")
+	}
+
+	h.clock.Add(50 * time.Millisecond)
+	if err := syncNow(st, h.clock.Now().UnixNano()); !errors.Is(err, errSyncSkipped) {
+		t.Fatalf("a sync during the back-off: %v, want it skipped", err)
+	}
+
+	for _, c := range st.counters {
+		if c.remote != 6 || c.pending != 4 || c.inflight != 0 {
+			t.Fatalf("after failed syncs: remote %d, pending %d, inflight %d; want 6, 4, 0", c.remote, c.pending, c.inflight)
+		}
+	}
+
+	if takeOn(st, h, client) {
+		t.Fatal("a request allowed after failed syncs")
+	}
+
+	// Redis is back: the probe after the back-off sends the 4.
+	st.backend.pool = good
+	h.clock.Add(time.Second)
+	mustSync(t, st, h.clock.Now().UnixNano())
+
+	key := h.p.layers[layerIndex(h, "ip")].redisKey + client + ":" + formatInt(time.Date(2026, 6, 15, 10, 0, 0, 0, time.UTC).UnixMilli())
+	if got := redisDo(t, admin, "GET", key).Str; got != "10" {
+		t.Fatalf("Redis total %q after recovery, want 10: the points charged during the outage were lost", got)
+	}
+
+	out := logs.String()
+	if strings.Count(out, "REDIS_UNAVAILABLE") != 1 || strings.Count(out, "REDIS_RECOVERED") != 1 {
+		t.Fatalf("want one REDIS_UNAVAILABLE and one REDIS_RECOVERED:\n%s", out)
+	}
+}
+
+func TestSyncedCountsSurviveAReload(t *testing.T) {
+	addr, _ := redisServer(t)
+	name := t.Name() + "@test"
+	cfg := CreateConfig()
+	cfg.Store = "redis"
+	cfg.Redis.Address = addr
+	cfg.Redis.SyncInterval = "1h"
+	cfg.Global.Points = 0
+	cfg.IP = LayerConfig{Points: 3, Duration: "60s"}
+
+	next := http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {})
+
+	serve := func(handler http.Handler) int {
+		rec := (&harness{h: handler}).get("/", "203.0.113.9:1")
+		return rec.Code
+	}
+
+	ctx1, cancel1 := context.WithCancel(context.Background())
+	first, err := New(ctx1, next, cfg, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	for i := 0; i < 3; i++ {
+		if code := serve(first); code != http.StatusOK {
+			t.Fatalf("request %d: %d", i+1, code)
+		}
+	}
+
+	// Traefik cancels the old configuration's ctx, then builds the new one.
+	cancel1()
+
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	defer cancel2()
+
+	second, err := New(ctx2, next, cfg, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	if pluginOf(first).store.(*redisStore).synced != pluginOf(second).store.(*redisStore).synced {
+		t.Fatal("the reloaded middleware got new synced counters")
+	}
+
+	if code := serve(second); code != http.StatusTooManyRequests {
+		t.Fatalf("4th request after the reload: %d, want 429 (the local counts were lost)", code)
+	}
+}
+
+func TestSyncIntervalTakesFixedWindowsOnly(t *testing.T) {
+	for name, mutate := range map[string]func(c *Config){
+		"sliding":     func(c *Config) { c.IP.Algorithm = "sliding" },
+		"tokenbucket": func(c *Config) { c.IP.Algorithm = "tokenbucket" },
+		"negative":    func(c *Config) { c.Redis.SyncInterval = "-1s" },
+		"garbage":     func(c *Config) { c.Redis.SyncInterval = "often" },
+	} {
+		cfg := CreateConfig()
+		cfg.Store = "redis"
+		cfg.Redis.SyncInterval = "100ms"
+		mutate(cfg)
+
+		_, err := parse(cfg)
+		if err == nil || !strings.Contains(err.Error(), "redis.syncInterval") || !strings.Contains(err.Error(), cfg.Redis.SyncInterval) {
+			t.Fatalf("%s: %v, want an error naming redis.syncInterval and its value", name, err)
+		}
+	}
+
+	cfg := CreateConfig()
+	cfg.Store = "redis"
+	cfg.Redis.SyncInterval = "100ms"
+	cfg.IP.Calendar = "day"
+
+	if s, err := parse(cfg); err != nil || s.syncInterval != 100*time.Millisecond {
+		t.Fatalf("fixed and calendar windows: %v", err)
+	}
+}
+
+func TestSyncGoroutineStopsWhenReleased(t *testing.T) {
+	st := &syncState{counters: map[string]*syncCounter{}, max: 10, interval: time.Millisecond, now: time.Now}
+
+	st.mu.Lock()
+	startSync(st)
+	stop := st.stop
+	st.mu.Unlock()
+
+	done := make(chan struct{})
+	go func() {
+		runSync(st, stop) // a second loop on the same channel: it returns when stop closes
+		close(done)
+	}()
+
+	stopSync(st)
+	<-done
+
+	if st.started {
+		t.Fatal("a released state still counts as started")
+	}
+}
