@@ -94,6 +94,7 @@ type syncCounter struct {
 	remote   int64
 	pending  int64
 	inflight int64
+	points   int64    // the layer's points at the last request: a key at them needs no refresh
 	end      int64    // the window's end, Unix nanoseconds
 	resetH   []string // X-RateLimit-Reset of the window
 	logged   bool     // a refusal of this window was reported
@@ -290,6 +291,7 @@ func syncTake(st *syncState, t *tally, now int64, layers []*layer, client, princ
 
 	for i, l := range layers {
 		c := syncCounterFor(st, l, client, principal, req, now)
+		c.points = l.points
 		counters = append(counters, c)
 
 		count := c.remote + c.inflight + c.pending + cost
@@ -449,6 +451,12 @@ func collectSync(st *syncState, now int64) ([]*syncCounter, *redisBackend) {
 	for k, c := range st.counters {
 		if c.end <= now {
 			delete(st.counters, k)
+			continue
+		}
+
+		// A key Redis counts at its points refuses every request until its
+		// window ends (totals only grow but by a refund): no call for it.
+		if c.pending == 0 && c.remote >= c.points && c.points > 0 {
 			continue
 		}
 
