@@ -291,7 +291,7 @@ func newRedisStore(ctx context.Context, cfg *settings, name string, memory *wind
 	}
 
 	if cfg.syncInterval > 0 {
-		rs.synced = syncStateFor(ctx, name, rs.backend, cfg.syncInterval, cfg.maxTracked)
+		rs.synced = syncStateFor(ctx, name, rs.backend, cfg.syncInterval, cfg.maxTracked, func() { listenResets(rs) })
 	}
 
 	// A plan has at most every layer: global, one tier or plan and the routes.

@@ -90,6 +90,8 @@ var errSyncSkipped = errors.New("redis is in back-off")
 // sync, the points charged locally since, and those of the sync in flight.
 type syncCounter struct {
 	key      string // the Redis key, naming the window's start
+	layer    string // the layer's name and the bucket key, for resets
+	bucket   string
 	slot     int    // the key's Cluster slot
 	remote   int64
 	pending  int64
@@ -111,6 +113,9 @@ type syncState struct {
 	started  bool
 	syncing  bool
 	stop     chan struct{}
+	// listen subscribes the middleware to the resets of other replicas
+	// (listenResets), at the first refusal: a reset matters only then.
+	listen func()
 	// now is the goroutine's clock; tests drive syncNow directly.
 	now func() time.Time
 }
@@ -136,7 +141,7 @@ func stopSync(v interface{}) {
 // syncStateFor returns the synced counters of the middleware called name,
 // held until ctx is cancelled, set to use backend every interval. It does no
 // I/O: the goroutine starts at the first request (syncTake).
-func syncStateFor(ctx context.Context, name string, backend *redisBackend, interval time.Duration, capacity int) *syncState {
+func syncStateFor(ctx context.Context, name string, backend *redisBackend, interval time.Duration, capacity int, listen func()) *syncState {
 	v := syncRegistry.take(ctx, name, func() interface{} {
 		return &syncState{counters: map[string]*syncCounter{}, now: time.Now}
 	})
@@ -144,7 +149,7 @@ func syncStateFor(ctx context.Context, name string, backend *redisBackend, inter
 	st, _ := v.(*syncState)
 
 	st.mu.Lock()
-	st.backend, st.interval, st.max = backend, interval, capacity
+	st.backend, st.interval, st.max, st.listen = backend, interval, capacity, listen
 	st.mu.Unlock()
 
 	return st
@@ -214,16 +219,22 @@ func syncWindow(l *layer, now int64) (int64, int64) {
 	return start, start + l.duration
 }
 
+// syncKey is the Redis key of bucket in l's window that starts at start:
+// on a Cluster with the bucket in a hash tag.
+func syncKey(l *layer, bucket string, cluster bool, start int64) string {
+	if cluster {
+		return l.redisKey + "{" + bucket + "}:" + formatInt(start/int64(time.Millisecond))
+	}
+
+	return l.redisKey + bucket + ":" + formatInt(start/int64(time.Millisecond))
+}
+
 // syncCounterFor returns the counter of l's key at now, made when missing.
 // Called with st.mu held.
 func syncCounterFor(st *syncState, l *layer, client, principal string, req *http.Request, now int64) *syncCounter {
 	start, end := syncWindow(l, now)
 	bucket := l.keyFor(client, principal, req)
-	key := l.redisKey + bucket + ":" + formatInt(start/int64(time.Millisecond))
-
-	if st.backend != nil && st.backend.cluster != nil {
-		key = l.redisKey + "{" + bucket + "}:" + formatInt(start/int64(time.Millisecond))
-	}
+	key := syncKey(l, bucket, st.backend != nil && st.backend.cluster != nil, start)
 
 	c := st.counters[key]
 	if c != nil {
@@ -234,7 +245,7 @@ func syncCounterFor(st *syncState, l *layer, client, principal string, req *http
 		purgeCounters(st, now)
 	}
 
-	c = &syncCounter{key: key, end: end, resetH: []string{formatInt(ceilSeconds(end))}}
+	c = &syncCounter{key: key, layer: l.name, bucket: bucket, end: end, resetH: []string{formatInt(ceilSeconds(end))}}
 	if st.backend != nil && st.backend.cluster != nil {
 		c.slot = redisresp.Slot(key)
 	}
@@ -324,9 +335,33 @@ func syncTake(st *syncState, t *tally, now int64, layers []*layer, client, princ
 		}
 	}
 
+	listen := refused && t.firsts != 0 && st.listen != nil
 	st.mu.Unlock()
 
+	if listen {
+		st.listen()
+	}
+
 	countSynced(t, layers, len(counters))
+}
+
+// syncForget drops the counters of bucket in the layer called layer, every
+// window's, and reports whether one counted something: a reset (reset.go,
+// or another replica's through resetsub.go).
+func syncForget(st *syncState, layer, bucket string) bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+
+	found := false
+
+	for k, c := range st.counters {
+		if c.layer == layer && c.bucket == bucket {
+			found = found || c.remote+c.pending+c.inflight > 0
+			delete(st.counters, k)
+		}
+	}
+
+	return found
 }
 
 // countSynced records the layers' decisions in their stats, as the Redis

@@ -328,3 +328,40 @@ func TestSyncGoroutineStopsWhenReleased(t *testing.T) {
 		t.Fatal("a released state still counts as started")
 	}
 }
+
+func TestResetClearsASyncedKeyHereAndInRedis(t *testing.T) {
+	addr, admin := redisServer(t)
+	h, st, _ := syncHarness(t, addr, nil)
+	// resetKeys names the window of the wall clock, as for calendar keys.
+	h.clock.mu.Lock()
+	h.clock.now = time.Now()
+	h.clock.mu.Unlock()
+
+	client := "203.0.113.9"
+	for i := 0; i < 11; i++ {
+		takeOn(st, h, client)
+	}
+
+	mustSync(t, st, h.clock.Now().UnixNano())
+
+	ip := h.p.layers[layerIndex(h, "ip")]
+	start, _ := syncWindow(ip, h.clock.Now().UnixNano())
+	key := syncKey(ip, client, false, start)
+
+	if got := redisDo(t, admin, "GET", key).Str; got != "10" {
+		t.Fatalf("Redis total %q before the reset, want 10", got)
+	}
+
+	r := clearKey(h.p, ip, client)
+	if !r.Memory || r.Redis != redisCleared {
+		t.Fatalf("reset of a synced key: %+v, want memory and Redis cleared", r)
+	}
+
+	if n := redisDo(t, admin, "EXISTS", key).Int; n != 0 {
+		t.Fatal("the reset left the synced key in Redis")
+	}
+
+	if !takeOn(st, h, client) {
+		t.Fatal("the reset client is still refused")
+	}
+}
