@@ -92,7 +92,7 @@ type syncCounter struct {
 	key      string // the Redis key, naming the window's start
 	layer    string // the layer's name and the bucket key, for resets
 	bucket   string
-	slot     int    // the key's Cluster slot
+	slot     int // the key's Cluster slot
 	remote   int64
 	pending  int64
 	inflight int64
