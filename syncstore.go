@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -159,17 +160,22 @@ func syncStateFor(ctx context.Context, name string, backend *redisBackend, inter
 // fixed windows only (sliding windows and token buckets are decided by
 // Redis's clock and state, block durations by a block key).
 func checkSync(raw string, s *settings) error {
-	if raw == "" {
+	trimmed := strings.TrimSpace(raw)
+	if trimmed == "" || trimmed == "0" {
 		return nil
 	}
 
-	d, err := parseDuration(raw)
-	if err != nil {
-		return invalid("redis.syncInterval", raw, err.Error())
+	if strings.HasPrefix(trimmed, "-") {
+		return invalid("redis.syncInterval", raw, "must be >= 0 (0: one script call per request)")
 	}
 
-	if d < 0 {
-		return invalid("redis.syncInterval", raw, "must be >= 0 (0: one script call per request)")
+	d, err := parseDuration(raw)
+	if zero, zerr := time.ParseDuration(trimmed); zerr == nil && zero == 0 {
+		d, err = 0, nil
+	}
+
+	if err != nil {
+		return invalid("redis.syncInterval", raw, err.Error())
 	}
 
 	s.syncInterval = d

@@ -297,6 +297,17 @@ func TestSyncIntervalTakesFixedWindowsOnly(t *testing.T) {
 		}
 	}
 
+	for _, zero := range []string{"", "0", "0s", " 0ms "} {
+		cfg := CreateConfig()
+		cfg.Store = "redis"
+		cfg.IP.Algorithm = "sliding"
+		cfg.Redis.SyncInterval = zero
+
+		if s, err := parse(cfg); err != nil || s.syncInterval != 0 {
+			t.Fatalf("syncInterval %q: %v, want exact mode", zero, err)
+		}
+	}
+
 	cfg := CreateConfig()
 	cfg.Store = "redis"
 	cfg.Redis.SyncInterval = "100ms"
