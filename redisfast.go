@@ -89,7 +89,7 @@ func newRedisPlan(rs *redisStore, layers []*layer, cost int64) *redisPlan {
 // otherwise take the general path meets what redisPath needs (see the
 // top of this file).
 func redisFastEligible(s *settings, fixed, routes bool) bool {
-	return s.store == "redis" && s.redis.Cluster == nil && s.syncInterval == 0 &&
+	return s.store == "redis" && s.redis.Cluster == nil &&
 		s.headers && !s.dryRun && fixed && !routes && s.wsMaxPerIP == 0 &&
 		s.userHeader == "" && len(s.credHeaders)+len(s.credCookies)+len(s.credQuery) == 0 &&
 		len(s.exemptIPs)+len(s.exemptIDs) == 0 &&

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tierlimit/tierlimit/redisresp"
@@ -97,18 +98,24 @@ type syncCounter struct {
 	remote   int64
 	pending  int64
 	inflight int64
-	points   int64    // the layer's points at the last request: a key at them needs no refresh
-	end      int64    // the window's end, Unix nanoseconds
-	resetH   []string // X-RateLimit-Reset of the window
-	logged   bool     // a refusal of this window was reported
+	points   int64 // the layer's points at the last request: a key at them needs no refresh
+	end      int64 // the window's end, Unix nanoseconds
+	// allowed and refused count decisions under the state's lock, added to
+	// stats at each sync: an atomic add on the request path costs more.
+	allowed int64
+	refused int64
+	stats   *layerStats
+	resetH  []string // X-RateLimit-Reset of the window
+	logged  bool     // a refusal of this window was reported
 }
 
 // syncState is a middleware's synced counters, kept across reloads by
 // syncRegistry, with the goroutine that syncs them.
 type syncState struct {
 	mu       sync.Mutex
-	counters map[string]*syncCounter // by Redis key
-	max      int                     // maxTracked: counters kept at most
+	byLayer  map[string]map[string]*syncCounter // by layer name, then bucket key: the current window's
+	size     int                                // counters in byLayer
+	max      int                                // maxTracked: counters kept at most
 	backend  *redisBackend
 	interval time.Duration
 	started  bool
@@ -119,6 +126,10 @@ type syncState struct {
 	listen func()
 	// now is the goroutine's clock; tests drive syncNow directly.
 	now func() time.Time
+}
+
+func newSyncState() *syncState {
+	return &syncState{byLayer: map[string]map[string]*syncCounter{}, now: time.Now}
 }
 
 // syncRegistry holds one syncState per middleware name while a configuration
@@ -144,7 +155,7 @@ func stopSync(v interface{}) {
 // I/O: the goroutine starts at the first request (syncTake).
 func syncStateFor(ctx context.Context, name string, backend *redisBackend, interval time.Duration, capacity int, listen func()) *syncState {
 	v := syncRegistry.take(ctx, name, func() interface{} {
-		return &syncState{counters: map[string]*syncCounter{}, now: time.Now}
+		return newSyncState()
 	})
 
 	st, _ := v.(*syncState)
@@ -235,49 +246,101 @@ func syncKey(l *layer, bucket string, cluster bool, start int64) string {
 	return l.redisKey + bucket + ":" + formatInt(start/int64(time.Millisecond))
 }
 
-// syncCounterFor returns the counter of l's key at now, made when missing.
-// Called with st.mu held.
+// syncCounterFor returns the counter of l's key at now, made when missing
+// or of an ended window. Called with st.mu held.
 func syncCounterFor(st *syncState, l *layer, client, principal string, req *http.Request, now int64) *syncCounter {
-	start, end := syncWindow(l, now)
 	bucket := l.keyFor(client, principal, req)
-	key := syncKey(l, bucket, st.backend != nil && st.backend.cluster != nil, start)
 
-	c := st.counters[key]
-	if c != nil {
-		return c
+	c := st.byLayer[l.name][bucket]
+	if c == nil || c.end <= now {
+		c = syncRestart(st, l, bucket, now)
 	}
-
-	if len(st.counters) >= st.max {
-		purgeCounters(st, now)
-	}
-
-	c = &syncCounter{key: key, layer: l.name, bucket: bucket, end: end, resetH: []string{formatInt(ceilSeconds(end))}}
-	if st.backend != nil && st.backend.cluster != nil {
-		c.slot = redisresp.Slot(key)
-	}
-
-	st.counters[key] = c
 
 	return c
 }
 
+// syncRestart makes the counter of bucket in l's window at now, replacing
+// one of an ended window, and starts the sync goroutine at the first
+// request. Kept out of the request path's common case (doc.go: frames).
+// Called with st.mu held.
+func syncRestart(st *syncState, l *layer, bucket string, now int64) *syncCounter {
+	if !st.started {
+		startSync(st)
+	}
+
+	m := st.byLayer[l.name]
+	if m == nil {
+		m = map[string]*syncCounter{}
+		st.byLayer[l.name] = m
+	}
+
+	old := m[bucket]
+	if old != nil {
+		flushStats(old)
+	} else {
+		if st.size >= st.max {
+			purgeCounters(st, now)
+		}
+
+		st.size++
+	}
+
+	start, end := syncWindow(l, now)
+	key := syncKey(l, bucket, st.backend != nil && st.backend.cluster != nil, start)
+
+	c := &syncCounter{key: key, layer: l.name, bucket: bucket, points: l.points, end: end, stats: l.stats,
+		resetH: []string{formatInt(ceilSeconds(end))}}
+	if st.backend != nil && st.backend.cluster != nil {
+		c.slot = redisresp.Slot(key)
+	}
+
+	m[bucket] = c
+
+	return c
+}
+
+// flushStats adds a counter's decisions to its layer's stats. Called with
+// st.mu held.
+func flushStats(c *syncCounter) {
+	if c.allowed != 0 {
+		atomic.AddInt64(&c.stats.redisAllowed, c.allowed)
+		c.allowed = 0
+	}
+
+	if c.refused != 0 {
+		atomic.AddInt64(&c.stats.redisRefused, c.refused)
+		c.refused = 0
+	}
+}
+
+// dropCounter removes c from m. Called with st.mu held.
+func dropCounter(st *syncState, m map[string]*syncCounter, c *syncCounter) {
+	flushStats(c)
+	delete(m, c.bucket)
+	st.size--
+}
+
 // purgeCounters drops the counters whose window ended, and at the cap the
-// ones with nothing pending and nothing over: their totals come back at the
-// next request's sync. Called with st.mu held.
+// ones with nothing to send and below their points, whose totals come back
+// at their next sync. Called with st.mu held.
 func purgeCounters(st *syncState, now int64) {
-	for k, c := range st.counters {
-		if c.end <= now {
-			delete(st.counters, k)
+	for _, m := range st.byLayer {
+		for _, c := range m {
+			if c.end <= now {
+				dropCounter(st, m, c)
+			}
 		}
 	}
 
-	for k, c := range st.counters {
-		if len(st.counters) < st.max {
-			return
-		}
+	for _, m := range st.byLayer {
+		for _, c := range m {
+			if st.size < st.max {
+				return
+			}
 
-		if c.pending == 0 && c.inflight == 0 && !c.logged {
-			delete(st.counters, k)
+			if c.pending == 0 && c.inflight == 0 && !c.logged && c.remote < c.points {
+				dropCounter(st, m, c)
+			}
 		}
 	}
 }
@@ -297,10 +360,6 @@ func syncTake(st *syncState, t *tally, now int64, layers []*layer, client, princ
 	}
 
 	st.mu.Lock()
-
-	if !st.started {
-		startSync(st)
-	}
 
 	var one [4]*syncCounter
 	counters := one[:0]
@@ -326,6 +385,7 @@ func syncTake(st *syncState, t *tally, now int64, layers []*layer, client, princ
 		c.logged = true
 
 		if t.refuseAs(i, l, count, c.end, c.resetH, first) {
+			c.refused++
 			refused = true
 			if !all {
 				break
@@ -333,11 +393,17 @@ func syncTake(st *syncState, t *tally, now int64, layers []*layer, client, princ
 		}
 	}
 
-	if all || !refused {
-		for i, c := range counters {
-			if !layers[i].checkOnly {
-				c.pending += cost
-			}
+	for i, c := range counters {
+		if layers[i].checkOnly {
+			continue
+		}
+
+		if all || !refused {
+			c.pending += cost
+		}
+
+		if !t.refused || i < t.shown {
+			c.allowed++
 		}
 	}
 
@@ -347,8 +413,6 @@ func syncTake(st *syncState, t *tally, now int64, layers []*layer, client, princ
 	if listen {
 		st.listen()
 	}
-
-	countSynced(t, layers, len(counters))
 }
 
 // syncForget drops the counters of bucket in the layer called layer, every
@@ -358,16 +422,16 @@ func syncForget(st *syncState, layer, bucket string) bool {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 
-	found := false
+	m := st.byLayer[layer]
 
-	for k, c := range st.counters {
-		if c.layer == layer && c.bucket == bucket {
-			found = found || c.remote+c.pending+c.inflight > 0
-			delete(st.counters, k)
-		}
+	c := m[bucket]
+	if c == nil {
+		return false
 	}
 
-	return found
+	dropCounter(st, m, c)
+
+	return c.remote+c.pending+c.inflight > 0
 }
 
 // countSynced records the layers' decisions in their stats, as the Redis
@@ -489,20 +553,8 @@ func collectSync(st *syncState, now int64) ([]*syncCounter, *redisBackend) {
 
 	var batch []*syncCounter
 
-	for k, c := range st.counters {
-		if c.end <= now {
-			delete(st.counters, k)
-			continue
-		}
-
-		// A key Redis counts at its points refuses every request until its
-		// window ends (totals only grow but by a refund): no call for it.
-		if c.pending == 0 && c.remote >= c.points && c.points > 0 {
-			continue
-		}
-
-		c.inflight, c.pending = c.pending, 0
-		batch = append(batch, c)
+	for _, m := range st.byLayer {
+		batch = collectLayer(st, m, batch, now)
 	}
 
 	if len(batch) == 0 {
@@ -515,6 +567,30 @@ func collectSync(st *syncState, now int64) ([]*syncCounter, *redisBackend) {
 	return batch, st.backend
 }
 
+// collectLayer is collectSync for one layer's counters, appended to batch.
+func collectLayer(st *syncState, m map[string]*syncCounter, batch []*syncCounter, now int64) []*syncCounter {
+	for _, c := range m {
+		if c.end <= now {
+			dropCounter(st, m, c)
+			continue
+		}
+
+		flushStats(c)
+
+		// A key Redis counts at its points refuses every request until its
+		// window ends (totals only grow but by a refund): no call for it.
+		if c.pending == 0 && c.remote >= c.points && c.points > 0 {
+			continue
+		}
+
+		c.inflight = c.pending
+		c.pending = 0
+		batch = append(batch, c)
+	}
+
+	return batch
+}
+
 // unsend puts the points of a sync that did not happen back to pending; nil
 // does so for every counter (a sync cut short by a panic).
 func unsend(st *syncState, batch []*syncCounter) {
@@ -522,8 +598,10 @@ func unsend(st *syncState, batch []*syncCounter) {
 	defer st.mu.Unlock()
 
 	if batch == nil {
-		for _, c := range st.counters {
-			batch = append(batch, c)
+		for _, m := range st.byLayer {
+			for _, c := range m {
+				batch = append(batch, c)
+			}
 		}
 	}
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -41,7 +42,18 @@ func syncHarness(t *testing.T, addr string, mutate func(c *Config)) (*harness, *
 
 // replica is another Traefik process's synced counters on the same backend.
 func replica(st *syncState) *syncState {
-	return &syncState{counters: map[string]*syncCounter{}, max: 1000, backend: st.backend, interval: time.Hour, now: st.now, started: true}
+	r := newSyncState()
+	r.max, r.backend, r.interval, r.now, r.started = 1000, st.backend, time.Hour, st.now, true
+
+	return r
+}
+
+// counterOf is st's counter of bucket in the layer called layer, or nil.
+func counterOf(st *syncState, layer, bucket string) *syncCounter {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+
+	return st.byLayer[layer][bucket]
 }
 
 // takeOn decides one request of client on st, as the request path does for
@@ -138,11 +150,11 @@ func TestSyncedReplicasShareTheirCountsWithinAWindow(t *testing.T) {
 		t.Fatalf("new window's total %q, want 2", got)
 	}
 
-	if n := len(a.counters); n != 1 {
-		t.Fatalf("a holds %d counters after the window ended, want 1 (the new window's)", n)
+	if a.size != 1 {
+		t.Fatalf("a holds %d counters, want 1", a.size)
 	}
 
-	if c := a.counters[next]; c == nil || c.remote != 2 || c.pending != 0 {
+	if c := counterOf(a, "ip", client); c == nil || c.key != next || c.remote != 2 || c.pending != 0 {
 		t.Fatalf("a's counter of the new window: %+v", c)
 	}
 }
@@ -204,7 +216,7 @@ func TestFailedSyncKeepsItsCountsAndNeverFailsOpen(t *testing.T) {
 		t.Fatalf("a sync during the back-off: %v, want it skipped", err)
 	}
 
-	for _, c := range st.counters {
+	for _, c := range []*syncCounter{counterOf(st, "ip", client)} {
 		if c.remote != 6 || c.pending != 4 || c.inflight != 0 {
 			t.Fatalf("after failed syncs: remote %d, pending %d, inflight %d; want 6, 4, 0", c.remote, c.pending, c.inflight)
 		}
@@ -319,7 +331,8 @@ func TestSyncIntervalTakesFixedWindowsOnly(t *testing.T) {
 }
 
 func TestSyncGoroutineStopsWhenReleased(t *testing.T) {
-	st := &syncState{counters: map[string]*syncCounter{}, max: 10, interval: time.Millisecond, now: time.Now}
+	st := newSyncState()
+	st.max, st.interval = 10, time.Millisecond
 
 	st.mu.Lock()
 	startSync(st)
@@ -374,5 +387,40 @@ func TestResetClearsASyncedKeyHereAndInRedis(t *testing.T) {
 
 	if !takeOn(st, h, client) {
 		t.Fatal("the reset client is still refused")
+	}
+}
+
+func TestSyncedAnonymousPathChargesAllOrNothing(t *testing.T) {
+	addr, _ := redisServer(t)
+	h, st, _ := syncHarness(t, addr, func(c *Config) {
+		c.Global = LayerConfig{Points: 100, Duration: "60s"}
+		c.IP = LayerConfig{Points: 3, Duration: "60s"}
+	})
+
+	if _, ok := h.h.(*syncedPath); !ok {
+		t.Fatalf("a synced anonymous instance is served by %T, want *syncedPath", h.h)
+	}
+
+	for i := 1; i <= 5; i++ {
+		rec := h.get("/api", "203.0.113.9:1")
+
+		want, remaining := http.StatusOK, strconv.Itoa(3-i)
+		if i > 3 {
+			want, remaining = http.StatusTooManyRequests, "0"
+		}
+
+		if rec.Code != want || rec.Header().Get("X-RateLimit-Remaining") != remaining {
+			t.Fatalf("request %d: %d, remaining %q; want %d, %s", i, rec.Code, rec.Header().Get("X-RateLimit-Remaining"), want, remaining)
+		}
+	}
+
+	// The two refusals (the first reported, the second from the cache)
+	// gave global its points back.
+	if g, ip := counterOf(st, "global", "global"), counterOf(st, "ip", "203.0.113.9"); g == nil || ip == nil || g.pending != 3 || ip.pending != 3 {
+		t.Fatalf("pending after 3 allowed and 2 refused: global %+v, ip %+v; want 3 each", g, ip)
+	}
+
+	if n := strings.Count(h.events.String(), "RATE_LIMIT_TRIGGERED"); n != 1 {
+		t.Fatalf("%d refusal events, want 1 per window:\n%s", n, h.events.String())
 	}
 }
