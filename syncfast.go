@@ -57,6 +57,7 @@ func (sp *syncedPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 		if c == nil || c.end <= now {
 			c = syncRestart(st, l, key, now)
 		}
+		c.touched = true
 
 		count := c.remote + c.inflight + c.pending
 		if count >= l.points {

@@ -107,6 +107,7 @@ type syncCounter struct {
 	stats   *layerStats
 	resetH  []string // X-RateLimit-Reset of the window
 	logged  bool     // a refusal of this window was reported
+	touched bool     // a request asked since the last sync: its total is to be refreshed
 }
 
 // syncState is a middleware's synced counters, kept across reloads by
@@ -180,11 +181,11 @@ func checkSync(raw string, s *settings) error {
 		return invalid("redis.syncInterval", raw, "must be >= 0 (0: one script call per request)")
 	}
 
-	d, err := parseDuration(raw)
-	if zero, zerr := time.ParseDuration(trimmed); zerr == nil && zero == 0 {
-		d, err = 0, nil
+	if zero, err := time.ParseDuration(trimmed); err == nil && zero == 0 {
+		return nil
 	}
 
+	d, err := parseDuration(raw)
 	if err != nil {
 		return invalid("redis.syncInterval", raw, err.Error())
 	}
@@ -368,6 +369,7 @@ func syncTake(st *syncState, t *tally, now int64, layers []*layer, client, princ
 	for i, l := range layers {
 		c := syncCounterFor(st, l, client, principal, req, now)
 		c.points = l.points
+		c.touched = true
 		counters = append(counters, c)
 
 		count := c.remote + c.inflight + c.pending + cost
@@ -468,8 +470,20 @@ func startSync(st *syncState) {
 }
 
 // runSync syncs st every interval until stop is closed. A panic ends one
-// sync, not the loop: a goroutine's panic would end the whole process.
+// sync, not the loop (safeSync): a goroutine's panic would end the whole
+// process. One outside a sync ends the loop, and the next request starts
+// another.
 func runSync(st *syncState, stop chan struct{}) {
+	defer func() {
+		if r := recover(); r != nil {
+			st.mu.Lock()
+			if st.stop == stop {
+				st.started = false
+			}
+			st.mu.Unlock()
+		}
+	}()
+
 	for {
 		st.mu.Lock()
 		interval := st.interval
@@ -577,11 +591,15 @@ func collectLayer(st *syncState, m map[string]*syncCounter, batch []*syncCounter
 
 		flushStats(c)
 
-		// A key Redis counts at its points refuses every request until its
-		// window ends (totals only grow but by a refund): no call for it.
-		if c.pending == 0 && c.remote >= c.points && c.points > 0 {
+		// A key no request asked for since the last sync keeps its total,
+		// a lower bound of Redis's (they only grow but by a refund), until
+		// one does; a key Redis counts at its points refuses every request
+		// until its window ends. Neither needs a call.
+		if c.pending == 0 && (!c.touched || c.remote >= c.points && c.points > 0) {
 			continue
 		}
+
+		c.touched = false
 
 		c.inflight = c.pending
 		c.pending = 0

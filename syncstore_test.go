@@ -86,66 +86,63 @@ func TestSyncedReplicasShareTheirCountsWithinAWindow(t *testing.T) {
 	h, a, _ := syncHarness(t, addr, nil)
 	b := replica(a)
 	client := "203.0.113.9"
-
-	for i := 0; i < 4; i++ {
-		if !takeOn(a, h, client) {
-			t.Fatalf("replica a refused request %d of 10 points", i+1)
-		}
-	}
-
-	for i := 0; i < 3; i++ {
-		if !takeOn(b, h, client) {
-			t.Fatalf("replica b refused request %d", i+1)
-		}
-	}
-
 	now := h.clock.Now().UnixNano()
-	mustSync(t, a, now)
-	mustSync(t, b, now)
-	mustSync(t, a, now) // a learns b's 3
 
 	// The window is aligned to the epoch: 10:00:00 to 10:01:00.
-	key := h.p.layers[layerIndex(h, "ip")].redisKey + client + ":" + formatInt(time.Date(2026, 6, 15, 10, 0, 0, 0, time.UTC).UnixMilli())
-	if got := redisDo(t, admin, "GET", key).Str; got != "7" {
-		t.Fatalf("Redis total %q of %s, want 7", got, key)
+	ip := h.p.layers[layerIndex(h, "ip")]
+	key := ip.redisKey + client + ":" + formatInt(time.Date(2026, 6, 15, 10, 0, 0, 0, time.UTC).UnixMilli())
+
+	take := func(st *syncState, name string, n int, want bool) {
+		t.Helper()
+
+		for i := 0; i < n; i++ {
+			if got := takeOn(st, h, client); got != want {
+				t.Fatalf("replica %s, request %d of %d: allowed %v, want %v", name, i+1, n, got, want)
+			}
+		}
 	}
+
+	take(a, "a", 4, true)
+	take(b, "b", 3, true)
+	mustSync(t, a, now) // Redis 4
+	mustSync(t, b, now) // Redis 7: b knows 7
 
 	if ttl := redisDo(t, admin, "PTTL", key).Int; ttl <= 0 || ttl > 62000 {
 		t.Fatalf("synced key's TTL %d ms, want the window's rest (+ grace)", ttl)
 	}
 
-	for i := 0; i < 3; i++ {
-		if !takeOn(a, h, client) {
-			t.Fatalf("a refused request %d of the 3 left", i+1)
-		}
+	// a knows 4 until a request makes its next sync refresh the key.
+	take(a, "a", 1, true)
+	mustSync(t, a, now) // Redis 8: a knows 8
+
+	if c := counterOf(a, "ip", client); c.remote != 8 || c.pending != 0 {
+		t.Fatalf("a's counter after its sync: %+v, want remote 8 (its 5 and b's 3)", c)
 	}
 
-	if takeOn(a, h, client) {
-		t.Fatal("a allowed an 11th request: it did not count b's")
-	}
+	take(a, "a", 2, true)
+	take(a, "a", 1, false) // 11 > 10: b's 3 counted
+	mustSync(t, a, now)    // Redis 10
 
-	// b has not synced since: it still sees 3 + 0, and may admit up to the
-	// rest: the bound of one interval. After a sync it refuses too.
-	mustSync(t, a, now)
+	// b decides on 7 until its next sync: one more is the over-admission
+	// of one interval; after the sync it refuses too.
+	take(b, "b", 1, true)
 	mustSync(t, b, now)
+	take(b, "b", 1, false)
 
-	if takeOn(b, h, client) {
-		t.Fatal("b allowed a request after syncing a total of 10")
+	if got := redisDo(t, admin, "GET", key).Str; got != "11" {
+		t.Fatalf("Redis total %q, want 11: 10 points and b's charge of the interval it did not know", got)
 	}
 
 	// The next window starts from nothing, here and in Redis.
 	h.clock.Add(time.Minute)
 	now = h.clock.Now().UnixNano()
 
-	if !takeOn(a, h, client) || !takeOn(b, h, client) {
-		t.Fatal("a new window refused")
-	}
-
+	take(a, "a", 1, true)
+	take(b, "b", 1, true)
 	mustSync(t, a, now)
 	mustSync(t, b, now)
-	mustSync(t, a, now)
 
-	next := h.p.layers[layerIndex(h, "ip")].redisKey + client + ":" + formatInt(time.Date(2026, 6, 15, 10, 1, 0, 0, time.UTC).UnixMilli())
+	next := ip.redisKey + client + ":" + formatInt(time.Date(2026, 6, 15, 10, 1, 0, 0, time.UTC).UnixMilli())
 	if got := redisDo(t, admin, "GET", next).Str; got != "2" {
 		t.Fatalf("new window's total %q, want 2", got)
 	}
@@ -154,11 +151,10 @@ func TestSyncedReplicasShareTheirCountsWithinAWindow(t *testing.T) {
 		t.Fatalf("a holds %d counters, want 1", a.size)
 	}
 
-	if c := counterOf(a, "ip", client); c == nil || c.key != next || c.remote != 2 || c.pending != 0 {
-		t.Fatalf("a's counter of the new window: %+v", c)
+	if c := counterOf(a, "ip", client); c == nil || c.key != next || c.remote != 1 || c.pending != 0 {
+		t.Fatalf("a's counter of the new window: %+v, want its own 1", c)
 	}
 }
-
 func TestSyncRefusedRequestChargesNoLayer(t *testing.T) {
 	addr, admin := redisServer(t)
 	h, st, _ := syncHarness(t, addr, func(c *Config) {
@@ -422,5 +418,27 @@ func TestSyncedAnonymousPathChargesAllOrNothing(t *testing.T) {
 
 	if n := strings.Count(h.events.String(), "RATE_LIMIT_TRIGGERED"); n != 1 {
 		t.Fatalf("%d refusal events, want 1 per window:\n%s", n, h.events.String())
+	}
+}
+
+func TestPanickingSyncKeepsItsCounts(t *testing.T) {
+	addr, _ := redisServer(t)
+	h, st, _ := syncHarness(t, addr, nil)
+
+	for i := 0; i < 3; i++ {
+		takeOn(st, h, "203.0.113.9")
+	}
+
+	// Cut short after the points went in flight: they come back to pending.
+	st.now = func() time.Time { panic("clock") }
+	batch, _ := collectSync(st, h.clock.Now().UnixNano())
+	if len(batch) != 1 || batch[0].inflight != 3 {
+		t.Fatalf("collected %+v", batch)
+	}
+
+	safeSync(st)
+
+	if c := counterOf(st, "ip", "203.0.113.9"); c.pending != 3 || c.inflight != 0 || st.syncing {
+		t.Fatalf("after a panicking sync: %+v, syncing %v; want 3 pending, none in flight", c, st.syncing)
 	}
 }
