@@ -395,25 +395,32 @@ func syncTake(st *syncState, t *tally, now int64, layers []*layer, client, princ
 		}
 	}
 
-	for i, c := range counters {
-		if layers[i].checkOnly {
-			continue
-		}
-
-		if all || !refused {
-			c.pending += cost
-		}
-
-		if !t.refused || i < t.shown {
-			c.allowed++
-		}
-	}
+	chargeSynced(t, counters, layers, cost, all || !refused)
 
 	listen := refused && t.firsts != 0 && st.listen != nil
 	st.mu.Unlock()
 
 	if listen {
 		st.listen()
+	}
+}
+
+// chargeSynced charges cost to the counters of a request's layers when
+// charge is set (no layer refused, or a dry run), and counts the decisions.
+// Called with st.mu held.
+func chargeSynced(t *tally, counters []*syncCounter, layers []*layer, cost int64, charge bool) {
+	for i, c := range counters {
+		if layers[i].checkOnly {
+			continue
+		}
+
+		if charge {
+			c.pending += cost
+		}
+
+		if !t.refused || i < t.shown {
+			c.allowed++
+		}
 	}
 }
 
@@ -434,17 +441,6 @@ func syncForget(st *syncState, layer, bucket string) bool {
 	dropCounter(st, m, c)
 
 	return c.remote+c.pending+c.inflight > 0
-}
-
-// countSynced records the layers' decisions in their stats, as the Redis
-// store does.
-func countSynced(t *tally, layers []*layer, n int) {
-	for i := 0; i < n; i++ {
-		refused := t.refused && t.shown == i
-		if refused || !layers[i].checkOnly {
-			layers[i].stats.countRedis(refused)
-		}
-	}
 }
 
 // syncRefund gives cost back to layers' counters at now: a later refusal of

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tierlimit/tierlimit/e2e/harness"
 	"github.com/tierlimit/tierlimit/redisresp"
 )
 
@@ -126,5 +127,67 @@ func TestSyncedTraefiksShareABudgetWithinOneInterval(t *testing.T) {
 
 	if total != ok.Load() {
 		t.Fatalf("Redis counts %d for the client, the processes allowed %d", total, ok.Load())
+	}
+}
+
+// TestSyncedOnACluster: on a Redis Cluster, each sync sends one call per
+// slot (every client's key has its own, global another), and the totals
+// land on the nodes that own the keys.
+func TestSyncedOnACluster(t *testing.T) {
+	c, err := harness.StartCluster(t.TempDir(), 3, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	t.Cleanup(c.Kill)
+	grantACL(t, c.Nodes()...)
+
+	dynamic := strings.Replace(clusterDynamic(c.Primaries[0].Addr), "timeout: 1s\n", "timeout: 1s\n            syncInterval: 100ms\n", 1)
+	e := start(t, dynamic)
+	e.waitRouters("api")
+
+	const clients = 8
+
+	for i := 0; i < clients; i++ {
+		client := "198.51.100." + strconv.Itoa(i)
+
+		for j := 0; j < clusterLimit+5; j++ {
+			code, err := getCode(e, "/api", client)
+			want := http.StatusOK
+			if j >= clusterLimit {
+				want = http.StatusTooManyRequests
+			}
+
+			if err != nil || code != want {
+				t.Fatalf("client %s, request %d: %d %v, want %d", client, j+1, code, err, want)
+			}
+		}
+	}
+
+	// Three intervals: every charge has been sent.
+	time.Sleep(300 * time.Millisecond)
+
+	sum := func(pattern string) int64 {
+		total := int64(0)
+
+		for _, r := range c.Primaries {
+			for _, k := range nodeDo(t, r, "KEYS", pattern).Array {
+				n, _ := strconv.ParseInt(nodeDo(t, r, "GET", k.Str).Str, 10, 64)
+				total += n
+			}
+		}
+
+		return total
+	}
+
+	for i := 0; i < clients; i++ {
+		client := "198.51.100." + strconv.Itoa(i)
+		if n := sum("ratelimit:clustered@file:ip:{" + client + "}:*"); n != clusterLimit {
+			t.Errorf("client %s: %d in the cluster, want %d", client, n, clusterLimit)
+		}
+	}
+
+	if n := sum("ratelimit:clustered@file:global:{global}:*"); n != clients*clusterLimit {
+		t.Errorf("global: %d in the cluster, want %d", n, clients*clusterLimit)
 	}
 }

@@ -31,8 +31,8 @@ var budgets = map[string]float64{
 	"countStatus route":       1205,
 	"redis allowed":           439,
 	"redis refused":           307,
-	"redis synced allowed":    226,
-	"redis synced refused":    269,
+	"redis synced allowed":    227,
+	"redis synced refused":    270,
 }
 
 // longEdge is the edge of edgeConfig with hour-long windows.
