@@ -810,7 +810,7 @@ func refuseSynced(p *Plugin, rw http.ResponseWriter, req *http.Request, layers [
 
 	cache := &l.cache
 	secs := (c.end - now + nsPerSecond - 1) / nsPerSecond
-	if cache.resetSec != ceilSeconds(c.end) || cache.secs != secs {
+	if cache.resetSec != c.resetSec || cache.secs != secs {
 		cacheRefusal(l, c.resetH[0], c.end, secs)
 	}
 

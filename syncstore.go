@@ -102,12 +102,13 @@ type syncCounter struct {
 	end      int64 // the window's end, Unix nanoseconds
 	// allowed and refused count decisions under the state's lock, added to
 	// stats at each sync: an atomic add on the request path costs more.
-	allowed int64
-	refused int64
-	stats   *layerStats
-	resetH  []string // X-RateLimit-Reset of the window
-	logged  bool     // a refusal of this window was reported
-	touched bool     // a request asked since the last sync: its total is to be refreshed
+	allowed  int64
+	refused  int64
+	stats    *layerStats
+	resetH   []string // X-RateLimit-Reset of the window
+	resetSec int64    // its second
+	logged   bool     // a refusal of this window was reported
+	touched  bool     // a request asked since the last sync: its total is to be refreshed
 }
 
 // syncState is a middleware's synced counters, kept across reloads by
@@ -290,7 +291,8 @@ func syncRestart(st *syncState, l *layer, bucket string, now int64) *syncCounter
 	key := syncKey(l, bucket, st.backend != nil && st.backend.cluster != nil, start)
 
 	c := &syncCounter{key: key, layer: l.name, bucket: bucket, points: l.points, end: end, stats: l.stats,
-		resetH: []string{formatInt(ceilSeconds(end))}}
+		resetSec: ceilSeconds(end)}
+	c.resetH = []string{formatInt(c.resetSec)}
 	if st.backend != nil && st.backend.cluster != nil {
 		c.slot = redisresp.Slot(key)
 	}

@@ -32,7 +32,7 @@ var budgets = map[string]float64{
 	"redis allowed":           439,
 	"redis refused":           307,
 	"redis synced allowed":    227,
-	"redis synced refused":    270,
+	"redis synced refused":    259,
 }
 
 // longEdge is the edge of edgeConfig with hour-long windows.
