@@ -286,6 +286,10 @@ func newRedisStore(ctx context.Context, cfg *settings, name string, memory *wind
 		l.blockPrefix = blockPrefix(l)
 	}
 
+	if cfg.syncInterval > 0 {
+		rs.synced = syncStateFor(ctx, name, rs.backend, cfg.syncInterval, cfg.maxTracked, func() { listenResets(rs) })
+	}
+
 	// A plan has at most every layer: global, one tier or plan and the routes.
 	for n := 0; n <= len(layers); n++ {
 		rs.calls = append(rs.calls, takeCall(n))

@@ -178,6 +178,10 @@ type RedisConfig struct {
 	DialTimeout string
 	Timeout     string
 	PoolSize    int
+	// SyncInterval, when set, counts fixed windows in each Traefik process and
+	// syncs them with Redis every interval (syncstore.go); "" or 0: one
+	// script call per request.
+	SyncInterval string
 
 	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
 }
@@ -274,10 +278,11 @@ func CreateConfig() *Config {
 			InvalidCredentialStatus: []int{http.StatusUnauthorized},
 		},
 		Redis: RedisConfig{
-			Address:     defaultRedisAddress,
-			DialTimeout: "250ms",
-			Timeout:     "100ms",
-			PoolSize:    16,
+			Address:      defaultRedisAddress,
+			DialTimeout:  "250ms",
+			Timeout:      "100ms",
+			PoolSize:     16,
+			SyncInterval: "0",
 		},
 		Headers: true,
 		Status:  StatusConfig{AllowedIPs: []string{"127.0.0.1/32", "::1/128"}},

@@ -42,8 +42,9 @@ type settings struct {
 	credQuery     []string
 	invalidCode   map[int]bool
 
-	redis      redisresp.Options
-	wsMaxPerIP int
+	redis        redisresp.Options
+	syncInterval time.Duration // redis.syncInterval; 0: exact mode (syncstore.go)
+	wsMaxPerIP   int
 
 	statusPath    string // "" when the status endpoint is off
 	statusAllowed []netip.Prefix
@@ -152,6 +153,10 @@ func parse(cfg *Config) (*settings, error) {
 	}
 
 	if err := checkRedis(cfg.Redis, s); err != nil {
+		return nil, err
+	}
+
+	if err := checkSync(cfg.Redis.SyncInterval, s); err != nil {
 		return nil, err
 	}
 

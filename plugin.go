@@ -120,6 +120,10 @@ func (p *Plugin) handler() http.Handler {
 		return p
 	}
 
+	if p.mode == modeRedis && p.fast.store.synced != nil {
+		return (*syncedPath)(p)
+	}
+
 	return p.fastPath()
 }
 

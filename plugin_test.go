@@ -557,6 +557,8 @@ func pluginOf(h http.Handler) *Plugin {
 		return (*Plugin)(v)
 	case *principalPath:
 		return (*Plugin)(v)
+	case *syncedPath:
+		return (*Plugin)(v)
 	case *principalPlansPath:
 		return (*Plugin)(v)
 	case *classifyPath:

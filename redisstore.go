@@ -419,6 +419,7 @@ type redisStore struct {
 	owed     *owedCounts      // what the fallback charged during an outage (owed.go)
 	clock    func() time.Time // the instance's (Plugin.now), for what no request times: a reset from another replica
 	calls    []redisresp.Call // the script's call head by number of layers
+	synced   *syncState       // redis.syncInterval's counters (syncstore.go); nil: exact mode
 }
 
 // takeRedis is the script every redisStore runs, refundRedis its refund.
@@ -445,6 +446,11 @@ func (s *redisStore) callFor(n int) redisresp.Call {
 // The healthy path (nothing blocked, Redis up) takes no lock and makes as few
 // calls as it can (doc.go: frames).
 func (s *redisStore) take(t *tally, now int64, layers []*layer, client, principal string, req *http.Request, all bool) {
+	if s.synced != nil {
+		syncTake(s.synced, t, now, layers, client, principal, req, all)
+		return
+	}
+
 	// No layer to charge (an anonymous request to an instance with only
 	// principal tiers, a credentialed one with global off, a request that
 	// matches none of a routes-only instance's routes): nothing to ask Redis.
@@ -615,6 +621,11 @@ func encodeCall(layers []*layer, client, principal string, req *http.Request, mo
 // charge: the count stays cost too high until its window ends.
 func (s *redisStore) refund(now int64, layers []*layer, client, principal string, req *http.Request, cost int64) {
 	if len(layers) == 0 {
+		return
+	}
+
+	if s.synced != nil {
+		syncRefund(s.synced, now, layers, client, principal, req, cost)
 		return
 	}
 

@@ -133,6 +133,10 @@ func clearKey(p *Plugin, l *layer, key string) resetReport {
 	}
 
 	if rs := redisOf(p.store); rs != nil {
+		if rs.synced != nil && syncForget(rs.synced, l.name, key) {
+			r.Memory = true
+		}
+
 		r.BlockList = rs.blocked.forget(l.blockPrefix+key, now)
 		r.Redis = rs.reset(l, key, now)
 	}
@@ -234,6 +238,11 @@ var resetRedis = redisresp.NewScript(resetScript)
 // under the same hash tag: resetScript deletes every key of one call, which
 // a cluster runs in one slot.
 func resetKeys(s *redisStore, l *layer, key string, now int64) []string {
+	if s.synced != nil {
+		start, _ := syncWindow(l, now)
+		return []string{syncKey(l, key, s.backend.cluster != nil, start)}
+	}
+
 	k := l.redisKey + key
 	if s.backend.cluster != nil {
 		k = resetClusterKey(l, key)

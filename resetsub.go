@@ -97,7 +97,16 @@ func newResetListener(b *redisBackend, opts redisresp.Options) *resetListener {
 // entry on; later calls only refresh the target (a reload's new store).
 func listenResets(s *redisStore) {
 	if r := s.backend.resets; r != nil && s.channel != "" {
-		r.listen(s.channel, s.name, forgetIn(s.blocked, s.local, s.clock))
+		forget := forgetIn(s.blocked, s.local, s.clock)
+		if st := s.synced; st != nil {
+			memory := forget
+			forget = func(layer, key string) {
+				memory(layer, key)
+				syncForget(st, layer, key)
+			}
+		}
+
+		r.listen(s.channel, s.name, forget)
 	}
 }
 

@@ -31,6 +31,8 @@ var budgets = map[string]float64{
 	"countStatus route":       1205,
 	"redis allowed":           462,
 	"redis refused":           297,
+	"redis synced allowed":    227,
+	"redis synced refused":    259,
 }
 
 // longEdge is the edge of edgeConfig with hour-long windows.
@@ -156,6 +158,20 @@ func TestAllocationBudgets(t *testing.T) {
 	memGlobal["redis"] = cfg["redis"]
 	memGlobal["global"] = map[string]any{"points": "1000000000", "duration": "1h", "store": "memory"}
 	t.Logf("redis with global in memory, for reference: allowed %.0f", allocsPerRequest(build(t, "tierlimit", memGlobal, "redismemglobal@budget"), nil))
+
+	// redis.syncInterval: decided in the process, synced in batches. The
+	// request path only: an interval of an hour keeps the sync, whose cost
+	// is per interval and key, not per request, out of the count.
+	synced := longEdge()
+	synced["store"] = "redis"
+	synced["redis"] = map[string]any{"address": r.Addr, "timeout": "2s", "syncInterval": "1h"}
+	check(t, "redis synced allowed", allocsPerRequest(build(t, "tierlimit", synced, "redissynced@budget"), nil))
+
+	syncedRefused := longEdge()
+	syncedRefused["ip"] = map[string]any{"points": "1", "duration": "1h"}
+	syncedRefused["store"] = "redis"
+	syncedRefused["redis"] = synced["redis"]
+	check(t, "redis synced refused", allocsPerRequest(build(t, "tierlimit", syncedRefused, "redissyncedrefused@budget"), nil))
 
 	t.Logf("minimal redis limiter, for reference: allowed %.0f",
 		allocsPerRequest(build(t, "minimalredis", map[string]any{"address": r.Addr, "seconds": "3600"}, "minimalredis@budget"), nil))

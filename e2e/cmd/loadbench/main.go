@@ -11,6 +11,7 @@
 //	builtin-redis     Traefik's RateLimit with redis.endpoints
 //	minimal-redis     a Yaegi plugin doing the least tierlimit-redis's global + ip must, in one script call (harness.MinimalRedis)
 //	tierlimit-redis   this plugin, store: redis
+//	tierlimit-redis-sync  the same with redis.syncInterval: 100ms (counted locally, synced in batches)
 //	tierlimit-sentinel  this plugin, store: redis, the same server found through a sentinel
 //	builtin-cluster   Traefik's RateLimit with three endpoints: a Redis Cluster of three primaries
 //	tierlimit-cluster this plugin, redis.cluster, the same cluster
@@ -110,6 +111,7 @@ var configurations = []configuration{
 		return fmt.Sprintf("plugin:\n  minimalredis: {address: %q}\n", addr)
 	}},
 	{name: "tierlimit-redis", redis: true, middleware: plugin(true)},
+	{name: "tierlimit-redis-sync", redis: true, middleware: pluginSync},
 	{name: "tierlimit-sentinel", redis: true, sentinel: true, middleware: pluginSentinel},
 	{name: "builtin-cluster", redis: true, cluster: true, middleware: builtinCluster},
 	{name: "tierlimit-cluster", redis: true, cluster: true, middleware: pluginCluster},
@@ -142,6 +144,13 @@ func pluginClusterMemGlobal(s scenario, addr string) string {
 
 	return strings.Replace(y, fmt.Sprintf("global: {points: %d, duration: 1s}", highPoints),
 		fmt.Sprintf("global: {points: %d, duration: 1s, store: memory}", highPoints), 1)
+}
+
+// pluginSync is plugin(true) with redis.syncInterval: 100ms.
+func pluginSync(s scenario, addr string) string {
+	y := plugin(true)(s, addr)
+
+	return strings.Replace(y, fmt.Sprintf("redis: {address: %q}", addr), fmt.Sprintf("redis: {address: %q, syncInterval: 100ms}", addr), 1)
 }
 
 // sentinelAddr is the sentinel that run starts when a configuration needs one.
@@ -1134,7 +1143,7 @@ func report(w io.Writer, b *bench, results map[string]map[string][]result, took 
 		// Machine noise drifts over minutes; runs of the same repetition are
 		// close in time, so their ratios show how stable the comparison is.
 		for _, pair := range [][2]string{{"tierlimit-memory", "builtin-memory"}, {"tierlimit-redis", "builtin-redis"},
-			{"minimal-redis", "builtin-redis"}, {"tierlimit-redis", "minimal-redis"}} {
+			{"minimal-redis", "builtin-redis"}, {"tierlimit-redis", "minimal-redis"}, {"tierlimit-redis-sync", "tierlimit-memory"}} {
 			ours, theirs := results[s.id][pair[0]], results[s.id][pair[1]]
 
 			var ratios []string

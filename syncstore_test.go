@@ -1,0 +1,444 @@
+package tierlimit
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tierlimit/tierlimit/redisresp"
+)
+
+// syncHarness is redisHarness with redis.syncInterval: its synced counters
+// use the harness's backend and clock, and an interval long enough that the
+// goroutine never syncs during the test (the tests call syncNow).
+func syncHarness(t *testing.T, addr string, mutate func(c *Config)) (*harness, *syncState, *bytes.Buffer) {
+	t.Helper()
+
+	h, logs := redisHarness(t, addr, func(c *Config) {
+		c.Redis.SyncInterval = "1h"
+		c.IP = LayerConfig{Points: 10, Duration: "60s"}
+		if mutate != nil {
+			mutate(c)
+		}
+	})
+
+	rs := h.p.store.(*redisStore)
+	st := rs.synced
+	if st == nil {
+		t.Fatal("redis.syncInterval made no synced store")
+	}
+
+	st.mu.Lock()
+	st.backend, st.now = rs.backend, h.clock.Now
+	st.mu.Unlock()
+
+	return h, st, logs
+}
+
+// replica is another Traefik process's synced counters on the same backend.
+func replica(st *syncState) *syncState {
+	r := newSyncState()
+	r.max, r.backend, r.interval, r.now, r.started = 1000, st.backend, time.Hour, st.now, true
+
+	return r
+}
+
+// counterOf is st's counter of bucket in the layer called layer, or nil.
+func counterOf(st *syncState, layer, bucket string) *syncCounter {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+
+	return st.byLayer[layer][bucket]
+}
+
+// takeOn decides one request of client on st, as the request path does for
+// an anonymous request (global if on, then ip), and reports whether it was
+// allowed.
+func takeOn(st *syncState, h *harness, client string) bool {
+	var layers []*layer
+	for _, name := range []string{"global", "ip"} {
+		if i := layerIndex(h, name); i >= 0 && h.p.layers[i].points > 0 {
+			layers = append(layers, h.p.layers[i])
+		}
+	}
+
+	var tl tally
+	syncTake(st, &tl, h.clock.Now().UnixNano(), layers, client, "", nil, false)
+
+	return !tl.refused
+}
+
+func mustSync(t *testing.T, st *syncState, now int64) {
+	t.Helper()
+
+	if err := syncNow(st, now); err != nil {
+		t.Fatalf("sync: %v", err)
+	}
+}
+
+func TestSyncedReplicasShareTheirCountsWithinAWindow(t *testing.T) {
+	addr, admin := redisServer(t)
+	h, a, _ := syncHarness(t, addr, nil)
+	b := replica(a)
+	client := "203.0.113.9"
+	now := h.clock.Now().UnixNano()
+
+	// The window is aligned to the epoch: 10:00:00 to 10:01:00.
+	ip := h.p.layers[layerIndex(h, "ip")]
+	key := ip.redisKey + client + ":" + formatInt(time.Date(2026, 6, 15, 10, 0, 0, 0, time.UTC).UnixMilli())
+
+	take := func(st *syncState, name string, n int, want bool) {
+		t.Helper()
+
+		for i := 0; i < n; i++ {
+			if got := takeOn(st, h, client); got != want {
+				t.Fatalf("replica %s, request %d of %d: allowed %v, want %v", name, i+1, n, got, want)
+			}
+		}
+	}
+
+	take(a, "a", 4, true)
+	take(b, "b", 3, true)
+	mustSync(t, a, now) // Redis 4
+	mustSync(t, b, now) // Redis 7: b knows 7
+
+	if ttl := redisDo(t, admin, "PTTL", key).Int; ttl <= 0 || ttl > 62000 {
+		t.Fatalf("synced key's TTL %d ms, want the window's rest (+ grace)", ttl)
+	}
+
+	// a knows 4 until a request makes its next sync refresh the key.
+	take(a, "a", 1, true)
+	mustSync(t, a, now) // Redis 8: a knows 8
+
+	if c := counterOf(a, "ip", client); c.remote != 8 || c.pending != 0 {
+		t.Fatalf("a's counter after its sync: %+v, want remote 8 (its 5 and b's 3)", c)
+	}
+
+	take(a, "a", 2, true)
+	take(a, "a", 1, false) // 11 > 10: b's 3 counted
+	mustSync(t, a, now)    // Redis 10
+
+	// b decides on 7 until its next sync: one more is the over-admission
+	// of one interval; after the sync it refuses too.
+	take(b, "b", 1, true)
+	mustSync(t, b, now)
+	take(b, "b", 1, false)
+
+	if got := redisDo(t, admin, "GET", key).Str; got != "11" {
+		t.Fatalf("Redis total %q, want 11: 10 points and b's charge of the interval it did not know", got)
+	}
+
+	// The next window starts from nothing, here and in Redis.
+	h.clock.Add(time.Minute)
+	now = h.clock.Now().UnixNano()
+
+	take(a, "a", 1, true)
+	take(b, "b", 1, true)
+	mustSync(t, a, now)
+	mustSync(t, b, now)
+
+	next := ip.redisKey + client + ":" + formatInt(time.Date(2026, 6, 15, 10, 1, 0, 0, time.UTC).UnixMilli())
+	if got := redisDo(t, admin, "GET", next).Str; got != "2" {
+		t.Fatalf("new window's total %q, want 2", got)
+	}
+
+	if a.size != 1 {
+		t.Fatalf("a holds %d counters, want 1", a.size)
+	}
+
+	if c := counterOf(a, "ip", client); c == nil || c.key != next || c.remote != 1 || c.pending != 0 {
+		t.Fatalf("a's counter of the new window: %+v, want its own 1", c)
+	}
+}
+func TestSyncRefusedRequestChargesNoLayer(t *testing.T) {
+	addr, admin := redisServer(t)
+	h, st, _ := syncHarness(t, addr, func(c *Config) {
+		c.Global = LayerConfig{Points: 100, Duration: "60s"}
+		c.IP = LayerConfig{Points: 2, Duration: "60s"}
+	})
+
+	for i := 0; i < 5; i++ {
+		takeOn(st, h, "203.0.113.9")
+	}
+
+	mustSync(t, st, h.clock.Now().UnixNano())
+
+	g := h.p.layers[layerIndex(h, "global")]
+	start := formatInt(time.Date(2026, 6, 15, 10, 0, 0, 0, time.UTC).UnixMilli())
+	if got := redisDo(t, admin, "GET", g.redisKey+g.constKey+":"+start).Str; got != "2" {
+		t.Fatalf("global total %q after 2 allowed and 3 refused requests, want 2", got)
+	}
+}
+
+func TestFailedSyncKeepsItsCountsAndNeverFailsOpen(t *testing.T) {
+	addr, admin := redisServer(t)
+	h, st, logs := syncHarness(t, addr, nil)
+	client := "203.0.113.9"
+
+	for i := 0; i < 6; i++ {
+		takeOn(st, h, client)
+	}
+
+	mustSync(t, st, h.clock.Now().UnixNano())
+
+	// Redis goes away: the syncs fail, the 4 points charged meanwhile stay
+	// pending, and the 6 Redis counted still count.
+	good := st.backend.pool
+	down := redisresp.NewPool(redisresp.Options{Address: closedPort(t), Timeout: time.Second})
+	st.backend.pool = down
+
+	for i := 0; i < 4; i++ {
+		if !takeOn(st, h, client) {
+			t.Fatalf("request %d of the 4 left refused", i+1)
+		}
+	}
+
+	if takeOn(st, h, client) {
+		t.Fatal("an 11th request allowed while Redis is down")
+	}
+
+	now := h.clock.Now().UnixNano()
+	if err := syncNow(st, now); err == nil {
+		t.Fatal("a sync to a closed port succeeded")
+	}
+
+	h.clock.Add(50 * time.Millisecond)
+	if err := syncNow(st, h.clock.Now().UnixNano()); !errors.Is(err, errSyncSkipped) {
+		t.Fatalf("a sync during the back-off: %v, want it skipped", err)
+	}
+
+	for _, c := range []*syncCounter{counterOf(st, "ip", client)} {
+		if c.remote != 6 || c.pending != 4 || c.inflight != 0 {
+			t.Fatalf("after failed syncs: remote %d, pending %d, inflight %d; want 6, 4, 0", c.remote, c.pending, c.inflight)
+		}
+	}
+
+	if takeOn(st, h, client) {
+		t.Fatal("a request allowed after failed syncs")
+	}
+
+	// Redis is back: the probe after the back-off sends the 4.
+	st.backend.pool = good
+	h.clock.Add(time.Second)
+	mustSync(t, st, h.clock.Now().UnixNano())
+
+	key := h.p.layers[layerIndex(h, "ip")].redisKey + client + ":" + formatInt(time.Date(2026, 6, 15, 10, 0, 0, 0, time.UTC).UnixMilli())
+	if got := redisDo(t, admin, "GET", key).Str; got != "10" {
+		t.Fatalf("Redis total %q after recovery, want 10: the points charged during the outage were lost", got)
+	}
+
+	out := logs.String()
+	if strings.Count(out, "REDIS_UNAVAILABLE") != 1 || strings.Count(out, "REDIS_RECOVERED") != 1 {
+		t.Fatalf("want one REDIS_UNAVAILABLE and one REDIS_RECOVERED:\n%s", out)
+	}
+}
+
+func TestSyncedCountsSurviveAReload(t *testing.T) {
+	addr, _ := redisServer(t)
+	name := t.Name() + "@test"
+	cfg := CreateConfig()
+	cfg.Store = "redis"
+	cfg.Redis.Address = addr
+	cfg.Redis.SyncInterval = "1h"
+	cfg.Global.Points = 0
+	cfg.IP = LayerConfig{Points: 3, Duration: "60s"}
+
+	next := http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {})
+
+	serve := func(handler http.Handler) int {
+		rec := (&harness{h: handler}).get("/", "203.0.113.9:1")
+		return rec.Code
+	}
+
+	ctx1, cancel1 := context.WithCancel(context.Background())
+	first, err := New(ctx1, next, cfg, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	for i := 0; i < 3; i++ {
+		if code := serve(first); code != http.StatusOK {
+			t.Fatalf("request %d: %d", i+1, code)
+		}
+	}
+
+	// Traefik cancels the old configuration's ctx, then builds the new one.
+	cancel1()
+
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	defer cancel2()
+
+	second, err := New(ctx2, next, cfg, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	if pluginOf(first).store.(*redisStore).synced != pluginOf(second).store.(*redisStore).synced {
+		t.Fatal("the reloaded middleware got new synced counters")
+	}
+
+	if code := serve(second); code != http.StatusTooManyRequests {
+		t.Fatalf("4th request after the reload: %d, want 429 (the local counts were lost)", code)
+	}
+}
+
+func TestSyncIntervalTakesFixedWindowsOnly(t *testing.T) {
+	for name, mutate := range map[string]func(c *Config){
+		"sliding":     func(c *Config) { c.IP.Algorithm = "sliding" },
+		"tokenbucket": func(c *Config) { c.IP.Algorithm = "tokenbucket" },
+		"negative":    func(c *Config) { c.Redis.SyncInterval = "-1s" },
+		"garbage":     func(c *Config) { c.Redis.SyncInterval = "often" },
+	} {
+		cfg := CreateConfig()
+		cfg.Store = "redis"
+		cfg.Redis.SyncInterval = "100ms"
+		mutate(cfg)
+
+		_, err := parse(cfg)
+		if err == nil || !strings.Contains(err.Error(), "redis.syncInterval") || !strings.Contains(err.Error(), cfg.Redis.SyncInterval) {
+			t.Fatalf("%s: %v, want an error naming redis.syncInterval and its value", name, err)
+		}
+	}
+
+	for _, zero := range []string{"", "0", "0s", " 0ms "} {
+		cfg := CreateConfig()
+		cfg.Store = "redis"
+		cfg.IP.Algorithm = "sliding"
+		cfg.Redis.SyncInterval = zero
+
+		if s, err := parse(cfg); err != nil || s.syncInterval != 0 {
+			t.Fatalf("syncInterval %q: %v, want exact mode", zero, err)
+		}
+	}
+
+	cfg := CreateConfig()
+	cfg.Store = "redis"
+	cfg.Redis.SyncInterval = "100ms"
+	cfg.IP.Calendar = "day"
+
+	if s, err := parse(cfg); err != nil || s.syncInterval != 100*time.Millisecond {
+		t.Fatalf("fixed and calendar windows: %v", err)
+	}
+}
+
+func TestSyncGoroutineStopsWhenReleased(t *testing.T) {
+	st := newSyncState()
+	st.max, st.interval = 10, time.Millisecond
+
+	st.mu.Lock()
+	startSync(st)
+	stop := st.stop
+	st.mu.Unlock()
+
+	done := make(chan struct{})
+	go func() {
+		runSync(st, stop) // a second loop on the same channel: it returns when stop closes
+		close(done)
+	}()
+
+	stopSync(st)
+	<-done
+
+	if st.started {
+		t.Fatal("a released state still counts as started")
+	}
+}
+
+func TestResetClearsASyncedKeyHereAndInRedis(t *testing.T) {
+	addr, admin := redisServer(t)
+	h, st, _ := syncHarness(t, addr, nil)
+	// resetKeys names the window of the wall clock, as for calendar keys.
+	h.clock.mu.Lock()
+	h.clock.now = time.Now()
+	h.clock.mu.Unlock()
+
+	client := "203.0.113.9"
+	for i := 0; i < 11; i++ {
+		takeOn(st, h, client)
+	}
+
+	mustSync(t, st, h.clock.Now().UnixNano())
+
+	ip := h.p.layers[layerIndex(h, "ip")]
+	start, _ := syncWindow(ip, h.clock.Now().UnixNano())
+	key := syncKey(ip, client, false, start)
+
+	if got := redisDo(t, admin, "GET", key).Str; got != "10" {
+		t.Fatalf("Redis total %q before the reset, want 10", got)
+	}
+
+	r := clearKey(h.p, ip, client)
+	if !r.Memory || r.Redis != redisCleared {
+		t.Fatalf("reset of a synced key: %+v, want memory and Redis cleared", r)
+	}
+
+	if n := redisDo(t, admin, "EXISTS", key).Int; n != 0 {
+		t.Fatal("the reset left the synced key in Redis")
+	}
+
+	if !takeOn(st, h, client) {
+		t.Fatal("the reset client is still refused")
+	}
+}
+
+func TestSyncedAnonymousPathChargesAllOrNothing(t *testing.T) {
+	addr, _ := redisServer(t)
+	h, st, _ := syncHarness(t, addr, func(c *Config) {
+		c.Global = LayerConfig{Points: 100, Duration: "60s"}
+		c.IP = LayerConfig{Points: 3, Duration: "60s"}
+	})
+
+	if _, ok := h.h.(*syncedPath); !ok {
+		t.Fatalf("a synced anonymous instance is served by %T, want *syncedPath", h.h)
+	}
+
+	for i := 1; i <= 5; i++ {
+		rec := h.get("/api", "203.0.113.9:1")
+
+		want, remaining := http.StatusOK, strconv.Itoa(3-i)
+		if i > 3 {
+			want, remaining = http.StatusTooManyRequests, "0"
+		}
+
+		if rec.Code != want || rec.Header().Get("X-RateLimit-Remaining") != remaining {
+			t.Fatalf("request %d: %d, remaining %q; want %d, %s", i, rec.Code, rec.Header().Get("X-RateLimit-Remaining"), want, remaining)
+		}
+	}
+
+	// The two refusals (the first reported, the second from the cache)
+	// gave global its points back.
+	if g, ip := counterOf(st, "global", "global"), counterOf(st, "ip", "203.0.113.9"); g == nil || ip == nil || g.pending != 3 || ip.pending != 3 {
+		t.Fatalf("pending after 3 allowed and 2 refused: global %+v, ip %+v; want 3 each", g, ip)
+	}
+
+	if n := strings.Count(h.events.String(), "RATE_LIMIT_TRIGGERED"); n != 1 {
+		t.Fatalf("%d refusal events, want 1 per window:\n%s", n, h.events.String())
+	}
+}
+
+func TestPanickingSyncKeepsItsCounts(t *testing.T) {
+	addr, _ := redisServer(t)
+	h, st, _ := syncHarness(t, addr, nil)
+
+	for i := 0; i < 3; i++ {
+		takeOn(st, h, "203.0.113.9")
+	}
+
+	// Cut short after the points went in flight: they come back to pending.
+	st.now = func() time.Time { panic("clock") }
+	batch, _ := collectSync(st, h.clock.Now().UnixNano())
+	if len(batch) != 1 || batch[0].inflight != 3 {
+		t.Fatalf("collected %+v", batch)
+	}
+
+	safeSync(st)
+
+	if c := counterOf(st, "ip", "203.0.113.9"); c.pending != 3 || c.inflight != 0 || st.syncing {
+		t.Fatalf("after a panicking sync: %+v, syncing %v; want 3 pending, none in flight", c, st.syncing)
+	}
+}
