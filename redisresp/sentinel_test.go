@@ -247,21 +247,40 @@ func (s *fakeServer) dropConnections() error {
 // asked counts the SENTINEL commands of connections that did not subscribe:
 // the discoveries, without the watcher's.
 func (p *fakePrimary) asked() int {
-	watchers := map[int]bool{}
-	for _, c := range p.log() {
-		if c.args[0] == "SUBSCRIBE" {
-			watchers[c.conn] = true
-		}
-	}
+	// A watcher pipelines its question and SUBSCRIBE, which the server logs
+	// one after the other: give a connection that asked a moment to show
+	// it is a watcher.
+	deadline := time.Now().Add(200 * time.Millisecond)
 
-	n := 0
-	for _, c := range p.log() {
-		if c.args[0] == "SENTINEL" && !watchers[c.conn] {
-			n++
-		}
-	}
+	for {
+		watchers := map[int]bool{}
+		log := p.log()
 
-	return n
+		for _, c := range log {
+			if c.args[0] == "SUBSCRIBE" {
+				watchers[c.conn] = true
+			}
+		}
+
+		n, last := 0, map[int]string{}
+		for _, c := range log {
+			last[c.conn] = c.args[0]
+			if c.args[0] == "SENTINEL" && !watchers[c.conn] {
+				n++
+			}
+		}
+
+		pending := false
+		for conn, cmd := range last {
+			pending = pending || cmd == "SENTINEL" && !watchers[conn]
+		}
+
+		if !pending || time.Now().After(deadline) {
+			return n
+		}
+
+		time.Sleep(5 * time.Millisecond) // polling the server's log, not a window
+	}
 }
 
 // waitFor polls cond until it holds, failing the test after failAfter.
