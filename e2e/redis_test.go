@@ -449,8 +449,10 @@ func TestRedisCredentials(t *testing.T) {
 	admin := r.Client(redisresp.Options{Password: "secret"})
 	defer admin.Close()
 
+	// What fixed windows need (README's ACL line grants every algorithm's):
+	// a refusal gives the script's INCRBY back with DECRBY.
 	redisDo(t, admin, "ACL", "SETUSER", "limiter", "on", ">s3cret", "~ratelimit:*",
-		"+evalsha", "+eval", "+get", "+set", "+incrby", "+pttl")
+		"+evalsha", "+eval", "+get", "+set", "+incrby", "+decrby", "+pttl")
 
 	mw := func(name, creds string) string {
 		return `
