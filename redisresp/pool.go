@@ -344,21 +344,25 @@ func (p *Pool) wait() (*Conn, error) {
 		return p.get()
 	}
 
-	timer := time.NewTimer(p.opts.WaitTimeout)
+	// The timeout comes through ch too, sent by expire: one receive, no
+	// select. Under Yaegi a select on ch and a timer's channel now and then
+	// saw neither for seconds past the timeout (a request held for more than
+	// 10s under load).
+	timer := time.AfterFunc(p.opts.WaitTimeout, func() { p.expire(ch) })
+	g := <-ch
+	timer.Stop()
 
-	select {
-	case g := <-ch:
-		timer.Stop()
-		return p.granted(g)
-	case <-timer.C:
-	}
+	return p.granted(g)
+}
+
+// expire ends the wait of ch with ErrPoolTimeout if it is still queued;
+// if not, a grant is in ch or on its way, and the waiter takes it.
+func (p *Pool) expire(ch chan grant) {
+	defer func() { _ = recover() }() // a timer's goroutine: a panic would end Traefik
 
 	if p.dequeue(ch) {
-		return nil, fmt.Errorf("waiting %s for one of %d connections: %w", p.opts.WaitTimeout, p.opts.PoolSize, ErrPoolTimeout)
+		ch <- grant{err: fmt.Errorf("waiting %s for one of %d connections: %w", p.opts.WaitTimeout, p.opts.PoolSize, ErrPoolTimeout)}
 	}
-
-	// Served as the timer fired: what was handed over is this caller's.
-	return p.granted(<-ch)
 }
 
 // enqueue adds a waiter at the back of the queue, or returns nil when a

@@ -1059,8 +1059,8 @@ func awaitErr(t *testing.T, ch <-chan error, what string) error {
 	}
 }
 
-// waitBlockedInGet waits until some goroutine is parked in the select of
-// (*Pool).get, that is, waiting for a connection to become free.
+// waitBlockedInGet waits until some goroutine is parked in the receive of
+// (*Pool).wait, that is, waiting for a connection to become free.
 func waitBlockedInGet(t *testing.T) {
 	t.Helper()
 
@@ -1070,7 +1070,7 @@ func waitBlockedInGet(t *testing.T) {
 	for time.Now().Before(deadline) {
 		n := runtime.Stack(buf, true)
 		for _, g := range strings.Split(string(buf[:n]), "\n\n") {
-			if strings.Contains(g, "[select") && strings.Contains(g, "redisresp.(*Pool).get(") {
+			if strings.Contains(g, "[chan receive") && (strings.Contains(g, "redisresp.(*Pool).wait(") || strings.Contains(g, "redisresp.(*Pool).get(")) {
 				return
 			}
 		}
