@@ -68,10 +68,7 @@ func (b *blockingStore) refuseAny(t *tally, now int64, layers []*layer, client, 
 		return false
 	}
 
-	cost := t.cost
-	if cost < 1 {
-		cost = 1
-	}
+	cost := costOf(t)
 
 	if i > 0 {
 		s.take(t, now, layers[:i], client, principal, req, false)

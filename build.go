@@ -394,22 +394,30 @@ func newRedisEncoding(spec layerSpec, rate int64) redisEncoding {
 // algorithm, the third argument, gets the suffix "b<blockMs>" (takeScript),
 // and a refusal may report the block's end.
 func withBlock(args string, maxTTL, blockMs int64) (string, int64) {
-	i := 0
-	for n := 0; n < 2; n++ {
-		j := strings.Index(args[i:], "\r\n")
-		size, _ := strconv.Atoi(args[i+1 : i+j])
-		i += j + 2 + size + 2
-	}
-
-	j := strings.Index(args[i:], "\r\n")
-	size, _ := strconv.Atoi(args[i+1 : i+j])
-	algorithm := args[i+j+2 : i+j+2+size]
+	start, value, size := algorithmArg(args)
 
 	if blockMs > maxTTL {
 		maxTTL = blockMs
 	}
 
-	return args[:i] + redisresp.Bulk(algorithm+"b"+formatInt(blockMs)) + args[i+j+2+size+2:], maxTTL
+	return args[:start] + redisresp.Bulk(args[value:value+size]+"b"+formatInt(blockMs)) + args[value+size+2:], maxTTL
+}
+
+// algorithmArg finds a layer's algorithm in its script arguments, the third
+// one: it returns start, value and size, where args[start:] is
+// "$<size>\r\n<algorithm>\r\n..." and the algorithm is args[value:value+size].
+func algorithmArg(args string) (int, int, int) {
+	start := 0
+	for n := 0; n < 2; n++ {
+		j := strings.Index(args[start:], "\r\n")
+		skip, _ := strconv.Atoi(args[start+1 : start+j])
+		start += j + 2 + skip + 2
+	}
+
+	j := strings.Index(args[start:], "\r\n")
+	size, _ := strconv.Atoi(args[start+1 : start+j])
+
+	return start, start + j + 2, size
 }
 
 // newHeaderTable makes a layer's header values; a token bucket's policy
@@ -466,18 +474,9 @@ func checkArgs(args string) string {
 // flagArgs is a layer's script arguments with flag prefixed to its
 // algorithm, the third argument (takeScript: "c" check-only, "d" dry run).
 func flagArgs(args, flag string) string {
-	i := 0
-	for n := 0; n < 2; n++ {
-		j := strings.Index(args[i:], "\r\n")
-		size, _ := strconv.Atoi(args[i+1 : i+j])
-		i += j + 2 + size + 2
-	}
+	start, value, size := algorithmArg(args)
 
-	// args[i:] is "$<n>\r\n<algorithm>\r\n...".
-	j := strings.Index(args[i:], "\r\n")
-	size, _ := strconv.Atoi(args[i+1 : i+j])
-
-	return args[:i] + "$" + strconv.Itoa(size+len(flag)) + "\r\n" + flag + args[i+j+2:]
+	return args[:start] + "$" + strconv.Itoa(size+len(flag)) + "\r\n" + flag + args[value:]
 }
 
 // buildStore gives the instance its store: memory, or Redis with memory as

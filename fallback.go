@@ -32,15 +32,11 @@ func remember(s *windowStore, l *layer, key string, count, reset, now int64) []s
 	w.count = count
 	w.taken = s.takes
 
-	switch {
-	case l.interval != 0:
-		w.expire = reset
-	case l.sliding:
+	w.expire = reset
+	if l.sliding {
 		w.prevCount = 0
 		w.start = reset - l.duration
 		w.expire = w.start + l.list.span
-	default:
-		w.expire = reset
 	}
 
 	if w.reset != reset {

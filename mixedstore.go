@@ -144,15 +144,6 @@ func (m *mixedStore) refund(now int64, layers []*layer, client, principal string
 	m.redis.refund(now, shared, client, principal, req, cost)
 }
 
-// costOf is the points a tally's request spends in each layer.
-func costOf(t *tally) int64 {
-	if t.cost < 1 {
-		return 1
-	}
-
-	return t.cost
-}
-
 // chargedLocal is local without the layers a take left uncharged (a dry-run
 // sliding window or token bucket that would refuse: tally.uncharged).
 func chargedLocal(local []*layer, uncharged uint64) []*layer {

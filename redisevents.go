@@ -68,26 +68,12 @@ func outageSucceeded(o *redisOutage, now int64, probe bool) bool {
 	return true
 }
 
-// timedRedisEvent is a redisEvent as written: with its time first.
-type timedRedisEvent struct {
-	Time     string `json:"time"`
-	Event    string `json:"event"`
-	Severity string `json:"severity"`
-	Address  string `json:"address"`
-	Primary  string `json:"primary,omitempty"`
-	Previous string `json:"previous,omitempty"`
-	Error    string `json:"error,omitempty"`
-	Fallback string `json:"fallback,omitempty"`
-	RetryIn  string `json:"retryIn,omitempty"`
-}
-
 // redisEventLine is the JSON line of ev at now (Unix nanoseconds), newline
 // included.
 func redisEventLine(ev redisEvent, now int64) ([]byte, error) {
-	line, err := json.Marshal(timedRedisEvent{
-		Time: eventTime(now), Event: ev.Event, Severity: ev.Severity, Address: ev.Address,
-		Primary: ev.Primary, Previous: ev.Previous, Error: ev.Error, Fallback: ev.Fallback, RetryIn: ev.RetryIn,
-	})
+	ev.Time = eventTime(now)
+
+	line, err := json.Marshal(ev)
 	if err != nil {
 		return nil, err
 	}

@@ -555,10 +555,7 @@ func (s *redisStore) takeRedis(t *tally, now int64, layers []*layer, client, pri
 	var serverErr string
 	var err error
 
-	cost := t.cost
-	if cost < 1 {
-		cost = 1
-	}
+	cost := costOf(t)
 
 	if s.backend.cluster != nil {
 		ints, serverErr, err = s.runCluster(s.backend.cluster, layers, client, principal, req, all, cost, now)
@@ -874,7 +871,10 @@ func (b *redisBackend) switched(from, to string) {
 	}
 }
 
+// redisEvent is a Redis event line: its time first, set when it is written
+// (redisEventLine).
 type redisEvent struct {
+	Time     string `json:"time"`
 	Event    string `json:"event"`
 	Severity string `json:"severity"`
 	Address  string `json:"address"`

@@ -357,10 +357,7 @@ func syncTake(st *syncState, t *tally, now int64, layers []*layer, client, princ
 		return
 	}
 
-	cost := t.cost
-	if cost < 1 {
-		cost = 1
-	}
+	cost := costOf(t)
 
 	st.mu.Lock()
 
