@@ -61,34 +61,3 @@ func rememberAll(s *windowStore, ints []int64, now int64, layers []*layer, clien
 		}
 	}
 }
-
-// rememberShown counts a request of redisPath that Redis allowed in its
-// layers' stats and remembers the one layer its reply names: the one with
-// the fewest requests left, which the fallback reaches first. Both under the
-// memory store's lock, which the counts then need no atomic call for
-// (layerStats). Its common case, the counter of the same window, only takes
-// the count: a reset reported within the counter's second is its window's.
-//
-// It returns the reset's X-RateLimit-Reset value, the counter's.
-func rememberShown(s *windowStore, layers []*layer, shown *layer, client string, count, reset, now int64) []string {
-	key := client
-	if shown.keyKind == keyOfConst {
-		key = shown.constKey
-	}
-
-	s.mu.Lock()
-	for _, l := range layers {
-		l.stats.allowed++
-	}
-
-	if w := shown.entries[key]; w != nil && w.resetSec == (reset+nsPerSecond-1)/nsPerSecond {
-		w.count = count
-		resetH := w.resetH
-		s.mu.Unlock()
-
-		return resetH
-	}
-	s.mu.Unlock()
-
-	return remember(s, shown, key, count, reset, now)
-}

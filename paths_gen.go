@@ -615,12 +615,24 @@ func (rd *redisPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 		return
 	}
 
-	// Every layer allowed: one integer, (left x (window + 1) + reset) x 16 +
-	// the index of the layer to show (takeScript). An array, a refusal among
-	// them, is redisReply's.
-	i := v % 16
-	if ints != nil || i >= int64(len(layers)) {
+	// An array: a refusal among the layers.
+	if ints != nil {
 		redisReply(p, rw, req, layers, client, now, ints)
+		return
+	}
+
+	redisAllowed(p, rw, req, layers, client, now, v)
+}
+
+// redisAllowed answers a request of redisPath on its script's reply. It is
+// a function of its own so that a refusal from the block list does not pay
+// for its frame (a slot per variable and temporary under Yaegi).
+func redisAllowed(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, client string, now, v int64) {
+	// Every layer allowed: one integer, (left x (window + 1) + reset) x 16 +
+	// the index of the layer to show (takeScript).
+	i := v % 16
+	if i >= int64(len(layers)) {
+		redisReply(p, rw, req, layers, client, now, nil)
 		return
 	}
 	shown := layers[i]
@@ -631,8 +643,29 @@ func (rd *redisPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 		return
 	}
 
+	// The layers' stats and the fallback's counter of the shown layer, the
+	// one the fallback reaches first, under the memory store's lock
+	// (fallback.go). Its common case, the counter of the same window, only
+	// takes the count: a reset within the counter's second is its window's.
 	reset := now + ttl*nsPerMillisecond
-	resetH := rememberShown(rs.local, layers, shown, client, shown.points-left, reset, now)
+	key := client
+	if shown.keyKind == keyOfConst {
+		key = shown.constKey
+	}
+	local := p.fast.store.local
+	local.mu.Lock()
+	for _, l := range layers {
+		l.stats.allowed++
+	}
+	var resetH []string
+	if w := shown.entries[key]; w != nil && w.resetSec == (reset+nsPerSecond-1)/nsPerSecond {
+		w.count = shown.points - left
+		resetH = w.resetH
+	}
+	local.mu.Unlock()
+	if resetH == nil {
+		resetH = remember(local, shown, key, shown.points-left, reset, now)
+	}
 	h := rw.Header()
 	h["X-Ratelimit-Limit"] = shown.limitHdr
 	h["Ratelimit-Policy"] = shown.policyHdr

@@ -30,7 +30,7 @@ var budgets = map[string]float64{
 	"costed route":            976,
 	"countStatus route":       1205,
 	"redis allowed":           462,
-	"redis refused":           297,
+	"redis refused":           240,
 	"redis synced allowed":    227,
 	"redis synced refused":    259,
 }
