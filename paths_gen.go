@@ -175,9 +175,11 @@ func (pp *principalPlansPath) ServeHTTP(rw http.ResponseWriter, req *http.Reques
 	layers := p.planUser
 	if p.serviceHeader != "" && isServiceAccount(p, req) {
 		layers = p.planService
-	} else if v := req.Header[p.planHeader]; len(v) > 0 {
-		if named, ok := p.planNamed[v[0]]; ok {
-			layers = named
+	} else {
+		if v := req.Header[p.planHeader]; len(v) > 0 {
+			if named, ok := p.planNamed[v[0]]; ok {
+				layers = named
+			}
 		}
 	}
 	now := p.now().UnixNano()
@@ -851,4 +853,27 @@ func refuseSynced(p *Plugin, rw http.ResponseWriter, req *http.Request, layers [
 	}
 	rw.WriteHeader(l.status)
 	_, _ = rw.Write(body)
+}
+
+// namedPlanOf is the plan of plans: that the auth server named in
+// principal.planHeader, else user (no header, or a name not in plans:).
+func namedPlanOf(p *Plugin, req *http.Request) []*layer {
+	layers := p.planUser
+	if v := req.Header[p.planHeader]; len(v) > 0 {
+		if named, ok := p.planNamed[v[0]]; ok {
+			layers = named
+		}
+	}
+
+	return layers
+}
+
+// costOf is the points a tally's request spends in each layer.
+func costOf(t *tally) int64 {
+	cost := t.cost
+	if cost < 1 {
+		cost = 1
+	}
+
+	return cost
 }

@@ -35,20 +35,6 @@ func principalOf(p *Plugin, req *http.Request) string {
 	return id
 }
 
-// namedPlanOf is the plan of plans: that the auth server named in
-// principal.planHeader, else user (no header, or a name not in plans:). The
-// name is matched exactly: Go's HTTP server and ForwardAuth's client trim
-// the value's spaces already.
-func namedPlanOf(p *Plugin, req *http.Request) []*layer {
-	if v := req.Header[p.planHeader]; len(v) > 0 {
-		if layers, ok := p.planNamed[v[0]]; ok {
-			return layers
-		}
-	}
-
-	return p.planUser
-}
-
 // isServiceAccount reads the auth server's service-account flag: "true" or "1".
 func isServiceAccount(p *Plugin, req *http.Request) bool {
 	if p.serviceHeader == "" {

@@ -183,15 +183,6 @@ type tally struct {
 	uncharged uint64
 }
 
-// costOf is the points a tally's request spends in each layer.
-func costOf(t *tally) int64 {
-	if t.cost < 1 {
-		return 1
-	}
-
-	return t.cost
-}
-
 // refuse records that layers[i] refused with this count and reset; first
 // says it is the window's first refusal. The first refusing layer is the one
 // shown.
