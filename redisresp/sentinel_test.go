@@ -358,9 +358,15 @@ func TestSentinelFollowsSwitchMaster(t *testing.T) {
 		t.Fatalf("after the switch: %q %v; calls on a %d, on b %d", serverErr, err, a.count("TAKE"), b.count("TAKE"))
 	}
 
-	smu.Lock()
-	got := strings.Join(switches, ",")
-	smu.Unlock()
+	// use reports a switch after it made the new primary current.
+	var got string
+	waitFor(t, "OnSwitch", func() bool {
+		smu.Lock()
+		got = strings.Join(switches, ",")
+		smu.Unlock()
+
+		return got != ""
+	})
 
 	if want := a.addr() + ">" + b.addr(); got != want {
 		t.Fatalf("OnSwitch calls %q, want %q", got, want)
