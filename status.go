@@ -92,6 +92,9 @@ func writeStatus(rw http.ResponseWriter, req *http.Request, code int, contentTyp
 	}
 }
 
+// countingRule is what the status page's counts mean, on the page itself.
+const countingRule = "a request refused by any layer spends nothing in any layer: count is what a key was charged, refused what its window refused"
+
 // The JSON document. Only exported, tagged fields: Yaegi's encoding/json
 // would otherwise show unexported ones.
 type statusReport struct {
@@ -99,6 +102,7 @@ type statusReport struct {
 	Store         string        `json:"store"`
 	RedisFallback bool          `json:"redisFallback"`
 	Evictions     int64         `json:"evictions"`
+	Counting      string        `json:"counting"`
 	Layers        []statusLayer `json:"layers"`
 	Keys          statusKeys    `json:"keys"`
 }
@@ -203,6 +207,7 @@ func (p *Plugin) statusJSON(req *http.Request, now int64) ([]byte, int) {
 		Store:         p.status.store,
 		RedisFallback: p.redisFallback(),
 		Evictions:     p.memory.evicted(),
+		Counting:      countingRule,
 		Layers:        p.statusLayers(tracked),
 		Keys:          statusKeys{Total: total, Offset: q.offset, Limit: q.limit, Items: p.statusItems(entries, q.offset)},
 	}
