@@ -24,6 +24,7 @@ type pendingIP struct {
 	client  string        // the edge's key for its client; "" until pendingClient resolves it
 	charged []*layer      // the edge's layers charged up front (global, routes); nil: its planCred
 	cost    int64         // what the request was charged in each of them, and is in ip (0: 1)
+	skip    uint64        // bit i: charged[i] took nothing (tally.uncharged), so a refund skips it
 	claimed bool          // settle's: whoever claims the charge decides it
 }
 
@@ -62,7 +63,7 @@ func settle(pd *pendingIP, t *tally, now int64, charge bool) bool {
 	}
 
 	if t.refused && !edge.dryRun && len(charged) > 0 {
-		edge.store.refund(now, chargedOnly(charged), client, "", pd.req, cost)
+		edge.store.refund(now, chargedOnly(exceptUncharged(charged, pd.skip)), client, "", pd.req, cost)
 	}
 
 	return true

@@ -311,3 +311,35 @@ func TestCostOfAPendingIPCharge(t *testing.T) {
 		t.Fatalf("counts %v, want 10 each: the refused export's cost given back", counts)
 	}
 }
+
+// TestRefusedPendingChargeSkipsWhatADryRunRuleDidNotTake: a dry-run sliding
+// route that would refuse takes nothing; when the deferred ip charge then
+// refuses the request, the layers charged up front get their point back,
+// and that route none.
+func TestRefusedPendingChargeSkipsWhatADryRunRuleDidNotTake(t *testing.T) {
+	h := newHarness(t, func(c *Config) {
+		c.Global = LayerConfig{Points: 100, Duration: "60s"}
+		c.IP = LayerConfig{Points: 1, Duration: "60s"}
+		c.Principal.CredentialHeaders = []string{"Authorization"}
+		c.Routes = []RouteConfig{{Name: "probe", Paths: []string{"/probe"}, Points: 1, Duration: "60s", Algorithm: "sliding", DryRun: true}}
+	})
+	h.p.next = http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) { rw.WriteHeader(http.StatusUnauthorized) })
+
+	token := map[string]string{"Authorization": "Bearer garbage"}
+	for i, want := range []int{http.StatusUnauthorized, http.StatusTooManyRequests} {
+		if rec := h.do(http.MethodGet, "/probe", "203.0.113.1:1", token); rec.Code != want {
+			t.Fatalf("request %d: %d, want %d", i+1, rec.Code, want)
+		}
+	}
+
+	counts := map[string]int64{}
+	for _, l := range h.p.layers {
+		for _, w := range l.entries {
+			counts[l.name] += w.count
+		}
+	}
+
+	if counts["global"] != 1 || counts["ip"] != 1 || counts["probe"] != 1 {
+		t.Fatalf("counts %v, want 1 each: the refused request's global point given back, and none to the route that took nothing", counts)
+	}
+}

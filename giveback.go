@@ -77,3 +77,22 @@ func (s *windowStore) refund(now int64, layers []*layer, client, principal strin
 
 	s.mu.Unlock()
 }
+
+// exceptUncharged is layers without those a take left uncharged (a dry-run
+// sliding window or token bucket that would refuse: tally.uncharged), which
+// a refund must not give points back to.
+func exceptUncharged(layers []*layer, uncharged uint64) []*layer {
+	if uncharged == 0 {
+		return layers
+	}
+
+	var out []*layer
+
+	for i, l := range layers {
+		if uncharged&(uint64(1)<<uint(i)) == 0 {
+			out = append(out, l)
+		}
+	}
+
+	return out
+}

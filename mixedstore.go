@@ -122,7 +122,7 @@ func (m *mixedStore) take(t *tally, now int64, layers []*layer, client, principa
 	m.redis.take(&tr, now, shared, client, principal, req, all)
 
 	if tr.refused && !all {
-		m.memory.refund(now, chargedLocal(local, tm.uncharged), client, principal, req, costOf(t))
+		m.memory.refund(now, exceptUncharged(local, tm.uncharged), client, principal, req, costOf(t))
 		*t = tally{cost: t.cost, shown: -1}
 		mergeTally(t, &tr, si)
 
@@ -142,24 +142,6 @@ func (m *mixedStore) refund(now int64, layers []*layer, client, principal string
 	}
 
 	m.redis.refund(now, shared, client, principal, req, cost)
-}
-
-// chargedLocal is local without the layers a take left uncharged (a dry-run
-// sliding window or token bucket that would refuse: tally.uncharged).
-func chargedLocal(local []*layer, uncharged uint64) []*layer {
-	if uncharged == 0 {
-		return local
-	}
-
-	var out []*layer
-
-	for i, l := range local {
-		if uncharged&(uint64(1)<<uint(i)) == 0 {
-			out = append(out, l)
-		}
-	}
-
-	return out
 }
 
 // mergeTally adds part, the tally of some of a request's layers (index[j]

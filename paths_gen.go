@@ -440,7 +440,12 @@ func serveGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 		return
 	}
 
-	ok, left := decide(p, rw, req, layers, client, principal, hits.cost)
+	// decide, written out: a pending ip charge keeps what the take did not
+	// charge (t.uncharged), which a refund must not give back.
+	now := p.now().UnixNano()
+	t := tally{cost: hits.cost}
+	p.store.take(&t, now, layers, client, principal, req, p.dryRun)
+	ok, left := verdict(p, rw, req, layers, &t, client, principal, now)
 	if !ok {
 		return
 	}
@@ -448,7 +453,7 @@ func serveGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 	// Converted to the interface first (doc.go: wrappers).
 	var out http.ResponseWriter = rw
 	if credentialed && p.planInvalid != nil {
-		pd := &pendingIP{edge: p, req: req, client: client, charged: layers, cost: hits.cost}
+		pd := &pendingIP{edge: p, req: req, client: client, charged: layers, cost: hits.cost, skip: t.uncharged}
 		req = req.WithContext(context.WithValue(req.Context(), pendingKey, pd))
 		if p.invalidCode != nil {
 			out = &credentialWriter{rw: rw, req: req, p: p, prevLeft: left, pending: pd}
