@@ -1,10 +1,6 @@
 package tierlimit
 
-import (
-	"bufio"
-	"net"
-	"net/http"
-)
+import "net/http"
 
 // A route with countStatus (a login limit that counts failed logins only) is
 // charged after the response, and only when its status is listed. Up front
@@ -136,14 +132,22 @@ func checkRefused(t *tally, i int, l *layer, w *window, count, reset int64, rese
 }
 
 // serveCounted passes on a request that matched countStatus routes with its
-// response watched (countWriter); out is what next would get otherwise, rw
+// response watched: out is what next would get otherwise (rw, or the
+// watchWriter of a credentialed request, which then watches for both), rw
 // the original writer (serveUpgrade writes its refusals there). left is
 // what the headers show (-1: none).
 func serveCounted(p *Plugin, out, rw http.ResponseWriter, req *http.Request, client, principal string, hits *routeHits, left int64) {
-	cw := &countWriter{rw: out, req: req, p: p, routes: hits.counted, client: client, principal: principal, cost: hits.cost, prevLeft: left}
+	ww, ok := out.(*watchWriter)
+	if !ok {
+		ww = &watchWriter{rw: rw, req: req, p: p, prevLeft: left}
+	}
+	ww.routes = hits.counted
+	ww.client = client
+	ww.principal = principal
+	ww.cost = hits.cost
 
 	// Converted to the interface first (doc.go: wrappers).
-	var w http.ResponseWriter = cw
+	var w http.ResponseWriter = ww
 	if p.ws != nil && isUpgrade(req) {
 		serveUpgrade(p, w, rw, req, client)
 	} else {
@@ -151,98 +155,15 @@ func serveCounted(p *Plugin, out, rw http.ResponseWriter, req *http.Request, cli
 	}
 
 	// A handler that wrote nothing answered 200, which net/http sends.
-	if !cw.wroteHeader {
-		cw.wroteHeader = true
-		cw.count(http.StatusOK)
+	if !ww.wroteHeader {
+		ww.wroteHeader = true
+		ww.count(http.StatusOK)
 	}
-}
-
-// countWriter watches the status of a request that matched countStatus
-// routes and charges those routes that list it, before the status goes out,
-// so that the headers can show the charge. It follows credentialWriter's
-// rules (invalidcred.go): compiled code sees it without Flush, so it flushes
-// the writer it wraps after every write of a response without a
-// Content-Length, and passes Hijack through. A WebSocket upgrade is watched
-// too, as its answer may be a listed 401; its 101, written on the hijacked
-// connection, counts only where 101 is listed.
-type countWriter struct {
-	rw                http.ResponseWriter
-	req               *http.Request
-	p                 *Plugin
-	routes            []*route
-	client, principal string
-	cost              int64
-	prevLeft          int64 // requests left in the layer the headers show; -1 if none
-
-	wroteHeader bool
-	flushEach   bool
-}
-
-func (w *countWriter) Header() http.Header {
-	return w.rw.Header()
-}
-
-func (w *countWriter) WriteHeader(code int) {
-	if w.wroteHeader {
-		return
-	}
-
-	if code >= 100 && code < 200 && code != http.StatusSwitchingProtocols {
-		// Informational responses precede the final one.
-		w.rw.WriteHeader(code)
-		return
-	}
-
-	w.wroteHeader = true
-	w.count(code)
-
-	w.flushEach = w.rw.Header().Get("Content-Length") == ""
-	w.rw.WriteHeader(code)
-
-	if w.flushEach {
-		w.Flush()
-	}
-}
-
-func (w *countWriter) Write(b []byte) (int, error) {
-	if !w.wroteHeader {
-		w.WriteHeader(http.StatusOK)
-	}
-
-	n, err := w.rw.Write(b)
-	if w.flushEach {
-		w.Flush()
-	}
-
-	return n, err
-}
-
-// Flush flushes the wrapped writer, for interpreted callers and for Write.
-func (w *countWriter) Flush() {
-	if f, ok := w.rw.(http.Flusher); ok {
-		f.Flush()
-	}
-}
-
-// Hijack hands over the connection, for WebSocket upgrades: the response
-// is then the 101 the proxy writes on it.
-func (w *countWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	h, ok := w.rw.(http.Hijacker)
-	if !ok {
-		return nil, nil, errHijackUnsupported
-	}
-
-	if !w.wroteHeader {
-		w.wroteHeader = true
-		w.count(http.StatusSwitchingProtocols)
-	}
-
-	return h.Hijack()
 }
 
 // count charges the routes that list code, and shows the charge in the
 // headers when it leaves fewer requests than they show.
-func (w *countWriter) count(code int) {
+func (w *watchWriter) count(code int) {
 	var layers []*layer
 
 	for _, rt := range w.routes {

@@ -80,7 +80,7 @@ func verdict(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*lay
 }
 
 // serveUpgrade passes on a WebSocket upgrade under the per-IP connection cap.
-// out is what next gets (rw, or a credentialWriter around it); refusals are
+// out is what next gets (rw, or a watchWriter around it); refusals are
 // written to rw itself, which can be hijacked.
 func serveUpgrade(p *Plugin, out, rw http.ResponseWriter, req *http.Request, client string) {
 	ok, first := p.ws.acquire(client)

@@ -373,7 +373,7 @@ func serveCredentialed(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 		pd := &pendingIP{edge: p, req: req, client: client}
 		req = req.WithContext(context.WithValue(req.Context(), pendingKey, pd))
 		if p.invalidCode != nil {
-			out = &credentialWriter{rw: rw, req: req, p: p, prevLeft: left, pending: pd}
+			out = &watchWriter{rw: rw, req: req, p: p, prevLeft: left, pending: pd}
 		}
 	}
 
@@ -456,7 +456,7 @@ func serveGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 		pd := &pendingIP{edge: p, req: req, client: client, charged: layers, cost: hits.cost, skip: t.uncharged}
 		req = req.WithContext(context.WithValue(req.Context(), pendingKey, pd))
 		if p.invalidCode != nil {
-			out = &credentialWriter{rw: rw, req: req, p: p, prevLeft: left, pending: pd}
+			out = &watchWriter{rw: rw, req: req, p: p, prevLeft: left, pending: pd}
 		}
 	}
 

@@ -28,7 +28,7 @@ var budgets = map[string]float64{
 	"chain edge anonymous":    293,
 	"chain edge credentialed": 290,
 	"costed route":            965,
-	"countStatus route":       1194,
+	"countStatus route":       1199,
 	"redis allowed":           462,
 	"redis refused":           240,
 	"redis synced allowed":    227,
