@@ -9,7 +9,8 @@ import (
 )
 
 // plansChain is the recommended chain with plans chosen by the auth server
-// (fakeauth: "Bearer user-<id>@<plan>"): free 5/60s, pro 20/60s, user 3/60s.
+// (fakeauth: "Bearer user-<id>@<plan>"): free 5/60s, pro 20/60s, team a
+// token bucket of 4 filled at 60/h, user 3/60s.
 // The router /unlisted goes through a ForwardAuth that does not list
 // X-Auth-Plan in authResponseHeaders, to a principal instance of its own:
 // there a client's own X-Auth-Plan reaches the plugin, which is why README
@@ -58,6 +59,7 @@ http:
           plans:
             free: {points: 5, duration: 60s}
             pro: {points: 20, duration: 60s}
+            team: {points: 60, duration: 1h, algorithm: tokenbucket, burst: 4}
     ratelimit-unlisted:
       plugin:
         tierlimit:
@@ -81,7 +83,7 @@ http:
 
 // TestPlansThroughTheChain: through edge, ForwardAuth and the principal
 // instance, in memory and in Redis, a free user gets 5 then 429, a pro user
-// 20 then 429, a user with an unknown plan or none 3, and a user without a
+// 20 then 429, a team user his bucket's 4 then 429, a user with an unknown plan or none 3, and a user without a
 // plan who sends X-Auth-Plan: pro himself 3 (ForwardAuth drops the header
 // it lists). Behind a ForwardAuth that does not list it, the same client
 // gets pro's 20.
@@ -110,6 +112,7 @@ func TestPlansThroughTheChain(t *testing.T) {
 			}{
 				{"free", "/api", "user-fay@free", nil, 5, "free"},
 				{"pro", "/api", "user-pat@pro", nil, 20, "pro"},
+				{"team (a token bucket)", "/api", "user-tom@team", nil, 4, "team"},
 				{"unknown plan", "/api", "user-una@gold", nil, 3, "user"},
 				{"no plan", "/api", "user-nob", nil, 3, "user"},
 				{"his own X-Auth-Plan", "/api", "user-sly", map[string]string{"X-Auth-Plan": "pro"}, 3, "user"},
