@@ -273,6 +273,7 @@ func newRedisStore(ctx context.Context, cfg *settings, name string, memory *wind
 		local:   memory,
 		blocked: registry.blockListFor(ctx, name, cfg.maxTracked),
 		owed:    newOwedCounts(cfg.maxTracked),
+		clock:   time.Now, // buildStore sets the instance's
 	}
 
 	rs.fallback = memory

@@ -1,8 +1,12 @@
 package tierlimit
 
 import (
+	"errors"
+	"fmt"
 	"net/http"
 	"sync"
+
+	"github.com/tierlimit/tierlimit/redisresp"
 )
 
 // What the memory fallback admits during an outage is added to Redis when
@@ -11,8 +15,10 @@ import (
 // last reported (fallback.go), and Redis then takes what memory charged.
 // Only keys Redis still holds are paid (a window that ended in Redis during
 // the outage is not started again), fixed and sliding windows only (a token
-// bucket's charge is not carried over), at most maxTracked keys per
-// middleware, and once: a payment that fails is not retried.
+// bucket's charge is not carried over), and at most maxTracked keys per
+// middleware. A payment that fails keeps what it did not pay for the next
+// recovery: a call that timed out after Redis ran it is then paid twice,
+// which refuses early, never late.
 
 // owedKey is one layer's key whose outage charges Redis is owed, as the
 // client and principal that keyFor makes it from, without a request: a key
@@ -76,7 +82,17 @@ func oweCharged(s *redisStore, t *tally, now int64, layers []*layer, client, pri
 
 		o.debts[k] = owedDebt{points: d.points + cost, at: now}
 	}
+	o.mu.Unlock()
 
+	listOwed(s)
+}
+
+// listOwed has the backend pay the store's debts at its next recovery,
+// once however many debts there are.
+func listOwed(s *redisStore) {
+	o := s.owed
+
+	o.mu.Lock()
 	register := !o.listed && len(o.debts) > 0
 	if register {
 		o.listed = true
@@ -119,9 +135,54 @@ func payOwed(s *redisStore) {
 	o.listed = false
 	o.mu.Unlock()
 
+	var unpaid map[owedKey]owedDebt
+
 	for k, d := range debts {
-		s.refund(d.at, []*layer{k.l}, k.client, k.principal, nil, -d.points)
+		if unpaid == nil {
+			err := refundOnRedis(s, d.at, []*layer{k.l}, k.client, k.principal, nil, -d.points)
+			if err == nil {
+				continue
+			}
+
+			// A replaced configuration's store has nobody left to pay.
+			if errors.Is(err, redisresp.ErrClosed) {
+				return
+			}
+
+			s.backend.failed(s.clock().UnixNano(), false, fmt.Errorf("adding what the memory fallback charged: %w", err))
+			unpaid = map[owedKey]owedDebt{}
+		}
+
+		unpaid[k] = d
 	}
+
+	if unpaid != nil {
+		oweAgain(s, unpaid)
+	}
+}
+
+// oweAgain puts back the debts a payment could not pay, with what the
+// fallback charged since, for the next recovery.
+func oweAgain(s *redisStore, unpaid map[owedKey]owedDebt) {
+	o := s.owed
+
+	o.mu.Lock()
+	for k, d := range unpaid {
+		cur, ok := o.debts[k]
+		if !ok && len(o.debts) >= o.max {
+			continue
+		}
+
+		if cur.at > d.at {
+			d.at = cur.at
+		}
+
+		d.points += cur.points
+		o.debts[k] = d
+	}
+	o.mu.Unlock()
+
+	listOwed(s)
 }
 
 // oweOnRecovery runs pay once Redis answers again (succeeded).

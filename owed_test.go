@@ -147,3 +147,63 @@ func TestAFlapDoesNotSplitACount(t *testing.T) {
 		}
 	}
 }
+
+// TestAFailedPaymentIsPaidAtTheNextRecovery: a payment of the outage's
+// charges that Redis does not take (cut again) keeps them for the next
+// recovery, instead of losing them or adding them to memory.
+func TestAFailedPaymentIsPaidAtTheNextRecovery(t *testing.T) {
+	addr, admin := redisServer(t)
+	proxy := newSwitchProxy(t, addr)
+	h, _ := redisHarness(t, proxy.l.Addr().String(), func(c *Config) {
+		asACLUser(c)
+		c.IP = algorithmLayer("fixed", 10)
+		c.Redis.DialTimeout = "1s"
+	})
+
+	rs := redisOf(h.p.store)
+	client := "203.0.113.8"
+	key := h.p.layers[0].redisKey + client
+	allowed := 0
+	send := func(n int) {
+		for i := 0; i < n; i++ {
+			if h.get("/api", client+":1").Code == http.StatusOK {
+				allowed++
+			}
+		}
+	}
+
+	send(4)
+	proxy.cut()
+	send(3)
+
+	// A payment while Redis is still cut (as when it fails again right
+	// after a probe): nothing is paid, nothing is lost.
+	payOwed(rs)
+
+	rs.owed.mu.Lock()
+	debt := rs.owed.debts[owedKeyOf(h.p.layers[0], client, "", nil)].points
+	rs.owed.mu.Unlock()
+
+	if debt != 3 {
+		t.Fatalf("owed %d after a failed payment, want the outage's 3", debt)
+	}
+
+	proxy.restore()
+	h.clock.Add(10 * time.Second)
+	send(1)
+
+	deadline := time.Now().Add(5 * time.Second)
+	for redisDo(t, admin, "GET", key).Str != "8" && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond) // polling a background call, not a window
+	}
+
+	if v := redisDo(t, admin, "GET", key).Str; v != "8" {
+		t.Fatalf("Redis holds %q after the recovery, want 8 (4 + the outage's 3 + the probe)", v)
+	}
+
+	send(5)
+
+	if allowed != 10 {
+		t.Errorf("%d allowed across the outage, want the limit of 10", allowed)
+	}
+}

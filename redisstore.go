@@ -633,22 +633,24 @@ func (s *redisStore) refund(now int64, layers []*layer, client, principal string
 		return
 	}
 
-	var err error
-
-	if s.backend.cluster != nil {
-		err = s.refundCluster(s.backend.cluster, layers, client, principal, req, cost, now)
-	} else {
-		var serverErr string
-
-		_, serverErr, err = refundRedis.Call(len(layers), 5*len(layers)+1).RunIntsOn(s.backend.pool, encodeCall(layers, client, principal, req, "", cost, now))
-		if err == nil && serverErr != "" {
-			err = fmt.Errorf("running the refund script: %s", serverErr)
-		}
-	}
-
-	if err != nil && !errors.Is(err, redisresp.ErrClosed) {
+	if err := refundOnRedis(s, now, layers, client, principal, req, cost); err != nil && !errors.Is(err, redisresp.ErrClosed) {
 		s.backend.failed(now, false, fmt.Errorf("refunding a charge: %w", err))
 	}
+}
+
+// refundOnRedis runs the refund script of cost for layers in Redis (a
+// negative cost adds to the keys that exist).
+func refundOnRedis(s *redisStore, now int64, layers []*layer, client, principal string, req *http.Request, cost int64) error {
+	if s.backend.cluster != nil {
+		return s.refundCluster(s.backend.cluster, layers, client, principal, req, cost, now)
+	}
+
+	_, serverErr, err := refundRedis.Call(len(layers), 5*len(layers)+1).RunIntsOn(s.backend.pool, encodeCall(layers, client, principal, req, "", cost, now))
+	if err == nil && serverErr != "" {
+		err = fmt.Errorf("running the refund script: %s", serverErr)
+	}
+
+	return err
 }
 
 // record writes the script's reply (count and milliseconds to reset per
