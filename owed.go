@@ -14,9 +14,9 @@ import (
 // the two stores and let their sum through: memory starts from what Redis
 // last reported (fallback.go), and Redis then takes what memory charged.
 // Only keys Redis still holds are paid (a window that ended in Redis during
-// the outage is not started again), fixed and sliding windows only (a token
-// bucket's charge is not carried over), and at most maxTracked keys per
-// middleware. A payment that fails keeps what it did not pay for the next
+// the outage is not started again), and at most maxTracked keys per
+// middleware. A token bucket is charged its outage tokens from where Redis
+// holds it, which is exact unless it filled up before the outage's charges. A payment that fails keeps what it did not pay for the next
 // recovery: a call that timed out after Redis ran it is then paid twice,
 // which refuses early, never late.
 
@@ -70,7 +70,7 @@ func oweCharged(s *redisStore, t *tally, now int64, layers []*layer, client, pri
 
 	o.mu.Lock()
 	for i, l := range layers {
-		if l.checkOnly || l.interval != 0 || t.uncharged&(uint64(1)<<uint(i)) != 0 {
+		if l.checkOnly || t.uncharged&(uint64(1)<<uint(i)) != 0 {
 			continue
 		}
 

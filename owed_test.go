@@ -207,3 +207,44 @@ func TestAFailedPaymentIsPaidAtTheNextRecovery(t *testing.T) {
 		t.Errorf("%d allowed across the outage, want the limit of 10", allowed)
 	}
 }
+
+// TestATokenBucketFlapDoesNotSplitItsCount: the tokens a bucket's memory
+// fallback handed out during an outage are taken from its bucket in Redis
+// when Redis answers again: 4 before, 3 during and 3 after the outage, of a
+// bucket of 10 that refills at 1 an hour.
+func TestATokenBucketFlapDoesNotSplitItsCount(t *testing.T) {
+	addr, _ := redisServer(t)
+	proxy := newSwitchProxy(t, addr)
+	h, _ := redisHarness(t, proxy.l.Addr().String(), func(c *Config) {
+		asACLUser(c)
+		c.IP = algorithmLayer("tokenbucket", 10)
+		c.Redis.DialTimeout = "1s"
+	})
+
+	rs := redisOf(h.p.store)
+	client := "203.0.113.9"
+	allowed := 0
+	send := func(n int) {
+		for i := 0; i < n; i++ {
+			if h.get("/api", client+":1").Code == http.StatusOK {
+				allowed++
+			}
+		}
+	}
+
+	send(4)
+	proxy.cut()
+	send(3)
+	proxy.restore()
+
+	// The payment a recovery starts, made here so that it is over before
+	// the next request.
+	payOwed(rs)
+
+	h.clock.Add(10 * time.Second)
+	send(10)
+
+	if allowed != 10 {
+		t.Errorf("%d allowed across the outage, want the bucket's 10", allowed)
+	}
+}
