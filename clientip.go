@@ -22,7 +22,7 @@ type ipResolver struct {
 	proxies    []netip.Prefix // trusted proxies; used when hops == 0
 	hops       int            // > 0: the client is the hops-th X-Forwarded-For entry from the right
 	ipv6Prefix int            // IPv6 clients are keyed by their prefix of this many bits
-	cache      *keyCache      // nil: no caching
+	cache      *keyCache      // never nil
 }
 
 // keyCache remembers the keys resolve found for a peer host and one
@@ -51,25 +51,25 @@ func newKeyCache() *keyCache {
 // one X-Forwarded-For line is looked up in the cache by its peer host (the
 // port differs per connection) and that line.
 func resolve(r *ipResolver, req *http.Request) string {
-	forwarded := req.Header["X-Forwarded-For"]
-	if len(forwarded) != 1 || r.cache == nil {
-		return r.resolveAddr(req.RemoteAddr, forwarded)
+	if fwd := req.Header["X-Forwarded-For"]; len(fwd) == 1 {
+		if key, ok := r.cache.keys.Load(req.RemoteAddr[:strings.LastIndexByte(req.RemoteAddr, ':')+1] + fwd[0]); ok {
+			return key.(string)
+		}
 	}
 
-	ck := req.RemoteAddr[:strings.LastIndexByte(req.RemoteAddr, ':')+1] + forwarded[0]
-	if key, ok := r.cache.keys.Load(ck); ok {
-		return key.(string)
-	}
-
-	return resolveMiss(r, ck, req.RemoteAddr, forwarded)
+	return resolveMiss(r, req)
 }
 
-// resolveMiss resolves and caches the key of a request resolve did not find
-// in the cache; a function of its own so that a hit does not pay for its
-// frame (doc.go: frames).
-func resolveMiss(r *ipResolver, ck, remoteAddr string, forwarded []string) string {
-	key := r.resolveAddr(remoteAddr, forwarded)
-	r.cache.put(ck, key)
+// resolveMiss resolves the key of a request resolve did not find in the
+// cache, and caches it when the request has one X-Forwarded-For line; a
+// function of its own so that a hit does not pay for its frame (doc.go:
+// frames).
+func resolveMiss(r *ipResolver, req *http.Request) string {
+	forwarded := req.Header["X-Forwarded-For"]
+	key := r.resolveAddr(req.RemoteAddr, forwarded)
+	if len(forwarded) == 1 {
+		r.cache.put(req.RemoteAddr[:strings.LastIndexByte(req.RemoteAddr, ':')+1]+forwarded[0], key)
+	}
 
 	return key
 }

@@ -10,7 +10,7 @@ import (
 func resolverFor(t *testing.T, proxies []string, hops, v6 int) *ipResolver {
 	t.Helper()
 
-	r := &ipResolver{hops: hops, ipv6Prefix: v6}
+	r := &ipResolver{hops: hops, ipv6Prefix: v6, cache: newKeyCache()}
 
 	for _, raw := range proxies {
 		p, err := parsePrefix(raw)
@@ -127,6 +127,13 @@ func TestKeyCacheIsPerPeerAndBounded(t *testing.T) {
 
 	if got := key("10.0.0.2:81", "198.51.100.1"); got != "198.51.100.1" || cachedKeys(r.cache) != 2 {
 		t.Fatalf("another port of the trusted peer: %q, %d entries", got, cachedKeys(r.cache))
+	}
+
+	// A second line, the proxy's, is read: the entry of the first line
+	// alone is not its key.
+	two := &http.Request{RemoteAddr: "10.0.0.2:80", Header: http.Header{"X-Forwarded-For": {"198.51.100.1", "203.0.113.44"}}}
+	if got := clientKey(r, two); got != "203.0.113.44" || cachedKeys(r.cache) != 2 {
+		t.Fatalf("two lines, the first one cached alone: %q, %d entries", got, cachedKeys(r.cache))
 	}
 
 	for i := 0; i < 3*maxCachedKeys; i++ {

@@ -19,7 +19,7 @@ import (
 var budgets = map[string]float64{
 	"edge allowed":            222,
 	"edge with a status page": 238,
-	"edge forwarded":          267,
+	"edge forwarded":          259,
 	"edge refused":            241,
 	"edge busy peers":         222,
 	"edge busy peers refused": 241,
