@@ -61,19 +61,17 @@ func cacheRefusal(l *layer, resetH string, reset, secs int64) {
 
 // refuseOther is refuseFast for a configured body, a WebSocket upgrade, or
 // the window's first refusal, which is reported.
-func refuseOther(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer, w *window, client, principal string, now int64) {
+func refuseOther(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer, w *window, now int64) {
 	count, reset, resetH := w.count, w.reset, w.resetH
 	first := !w.logged
 	w.logged = true
 
 	p.memory.mu.Unlock()
 
+	// The event's keys are found again here, off the common refusal.
 	if first {
-		if client == "" {
-			client = clientKey(p.ips, req)
-		}
-
-		p.events.refused(l.name, l.keyFor(client, principal, nil), client, l.dryRun)
+		client := clientKey(p.ips, req)
+		p.events.refused(l.name, l.keyFor(client, principalOf(p, req), nil), client, l.dryRun)
 	}
 
 	setHeaders(rw.Header(), l, 0, reset, resetH, now)

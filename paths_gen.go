@@ -54,7 +54,7 @@ func (ap *anonymousPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 			w = s.restart(now, l, w, key)
 		}
 		if w.count >= l.points {
-			refuseFast(p, rw, req, l, w, sw, client, "", now)
+			refuseFast(p, rw, req, l, w, sw, now)
 			return
 		}
 		w.count++
@@ -122,7 +122,7 @@ func (pp *principalPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 			w = s.restart(now, l, w, key)
 		}
 		if w.count >= l.points {
-			refuseFast(p, rw, req, l, w, sw, "", principal, now)
+			refuseFast(p, rw, req, l, w, sw, now)
 			return
 		}
 		w.count++
@@ -201,7 +201,7 @@ func (pp *principalPlansPath) ServeHTTP(rw http.ResponseWriter, req *http.Reques
 			w = s.restart(now, l, w, key)
 		}
 		if w.count >= l.points {
-			refuseFast(p, rw, req, l, w, sw, "", principal, now)
+			refuseFast(p, rw, req, l, w, sw, now)
 			return
 		}
 		w.count++
@@ -262,7 +262,7 @@ func serveFast(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 			w = s.restart(now, l, w, key)
 		}
 		if w.count >= l.points {
-			refuseFast(p, rw, req, l, w, sw, client, "", now)
+			refuseFast(p, rw, req, l, w, sw, now)
 			return
 		}
 		w.count++
@@ -344,7 +344,7 @@ func serveCredentialed(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 			w = s.restart(now, l, w, key)
 		}
 		if w.count >= l.points {
-			refuseFast(p, rw, req, l, w, nil, client, "", now)
+			refuseFast(p, rw, req, l, w, nil, now)
 			return
 		}
 		w.count++
@@ -389,7 +389,7 @@ func serveCredentialed(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 // what an earlier refusal of the layer computed (refusalCache): the body and
 // the headers depend only on the layer, the reset second and the seconds to
 // the reset.
-func refuseFast(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer, w *window, fw *window, client, principal string, now int64) {
+func refuseFast(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer, w *window, fw *window, now int64) {
 	if fw != nil {
 		fw.count--
 	}
@@ -397,7 +397,7 @@ func refuseFast(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer, 
 	w.refused++
 
 	if l.body != nil || req.Header["Upgrade"] != nil || !w.logged {
-		refuseOther(p, rw, req, l, w, client, principal, now)
+		refuseOther(p, rw, req, l, w, now)
 		return
 	}
 
