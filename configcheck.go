@@ -123,21 +123,9 @@ func checkMaxTracked(s *settings) error {
 
 	var on []string
 
-	for _, l := range s.builtin {
+	for _, l := range ruleSpecs(s) {
 		if l.on() {
 			on = append(on, l.name)
-		}
-	}
-
-	for _, rs := range s.routes {
-		if rs.on() {
-			on = append(on, rs.name)
-		}
-	}
-
-	for _, ps := range s.plans {
-		if ps.on() {
-			on = append(on, ps.name)
 		}
 	}
 

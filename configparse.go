@@ -293,18 +293,24 @@ func checkLayerStores(s *settings) error {
 		return nil
 	}
 
-	specs := append(s.builtin[:len(s.builtin):len(s.builtin)], s.plans...)
-	for _, rs := range s.routes {
-		specs = append(specs, rs.layerSpec)
-	}
-
-	for _, l := range specs {
+	for _, l := range ruleSpecs(s) {
 		if l.redisField != "" {
 			return invalid(l.redisField, "redis", `takes an instance with store: redis (this one counts in memory)`)
 		}
 	}
 
 	return nil
+}
+
+// ruleSpecs is every rule's window: the built-in layers, the routes and the
+// plans.
+func ruleSpecs(s *settings) []layerSpec {
+	specs := append([]layerSpec(nil), s.builtin...)
+	for _, rs := range s.routes {
+		specs = append(specs, rs.layerSpec)
+	}
+
+	return append(specs, s.plans...)
 }
 
 // parseBuiltin reads the section of a built-in layer.

@@ -300,12 +300,7 @@ func TestCostOfAPendingIPCharge(t *testing.T) {
 		}
 	}
 
-	counts := map[string]int64{}
-	for _, l := range h.p.layers {
-		for _, w := range l.entries {
-			counts[l.name] += w.count
-		}
-	}
+	counts := countsByLayer(h)
 
 	if counts["global"] != 10 || counts["ip"] != 10 || counts["export"] != 10 {
 		t.Fatalf("counts %v, want 10 each: the refused export's cost given back", counts)
@@ -332,6 +327,15 @@ func TestRefusedPendingChargeSkipsWhatADryRunRuleDidNotTake(t *testing.T) {
 		}
 	}
 
+	counts := countsByLayer(h)
+
+	if counts["global"] != 1 || counts["ip"] != 1 || counts["probe"] != 1 {
+		t.Fatalf("counts %v, want 1 each: the refused request's global point given back, and none to the route that took nothing", counts)
+	}
+}
+
+// countsByLayer sums each layer's memory counters.
+func countsByLayer(h *harness) map[string]int64 {
 	counts := map[string]int64{}
 	for _, l := range h.p.layers {
 		for _, w := range l.entries {
@@ -339,7 +343,5 @@ func TestRefusedPendingChargeSkipsWhatADryRunRuleDidNotTake(t *testing.T) {
 		}
 	}
 
-	if counts["global"] != 1 || counts["ip"] != 1 || counts["probe"] != 1 {
-		t.Fatalf("counts %v, want 1 each: the refused request's global point given back, and none to the route that took nothing", counts)
-	}
+	return counts
 }

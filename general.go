@@ -38,20 +38,6 @@ func generalPlan(p *Plugin, rw http.ResponseWriter, req *http.Request, principal
 	return layers, credentialed, true
 }
 
-// decide charges the layers cost points each (0: 1), reports first
-// refusals, sets the headers of the most restrictive layer and answers a
-// refusal. It reports whether the request may go on, and the requests left
-// in the layer the headers show (-1: none).
-func decide(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, client, principal string, cost int64) (bool, int64) {
-	now := p.now().UnixNano()
-
-	t := tally{cost: cost}
-
-	p.store.take(&t, now, layers, client, principal, req, p.dryRun)
-
-	return verdict(p, rw, req, layers, &t, client, principal, now)
-}
-
 // verdict is decide after the charge: it reports first refusals, sets the
 // headers and answers a refusal.
 func verdict(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, t *tally, client, principal string, now int64) (bool, int64) {

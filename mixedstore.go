@@ -41,20 +41,8 @@ func anyMemoryLayer(s *settings) bool {
 		return false
 	}
 
-	for _, l := range s.builtin {
+	for _, l := range ruleSpecs(s) {
 		if l.memory && l.on() {
-			return true
-		}
-	}
-
-	for _, l := range s.plans {
-		if l.memory && l.on() {
-			return true
-		}
-	}
-
-	for _, rs := range s.routes {
-		if rs.memory && rs.on() {
 			return true
 		}
 	}

@@ -16,9 +16,10 @@ import (
 // Only keys Redis still holds are paid (a window that ended in Redis during
 // the outage is not started again), and at most maxTracked keys per
 // middleware. A token bucket is charged its outage tokens from where Redis
-// holds it, which is exact unless it filled up before the outage's charges. A payment that fails keeps what it did not pay for the next
-// recovery: a call that timed out after Redis ran it is then paid twice,
-// which refuses early, never late.
+// holds it, which is exact unless it filled up before the outage's charges.
+// A payment that fails keeps what it did not pay for the next recovery: a
+// call that timed out after Redis ran it is then paid twice, which refuses
+// early, never late.
 
 // owedKey is one layer's key whose outage charges Redis is owed, as the
 // client and principal that keyFor makes it from, without a request: a key
@@ -74,17 +75,27 @@ func oweCharged(s *redisStore, t *tally, now int64, layers []*layer, client, pri
 			continue
 		}
 
-		k := owedKeyOf(l, client, principal, req)
-		d, ok := o.debts[k]
-		if !ok && len(o.debts) >= o.max {
-			continue
-		}
-
-		o.debts[k] = owedDebt{points: d.points + cost, at: now}
+		addDebt(o, owedKeyOf(l, client, principal, req), owedDebt{points: cost, at: now})
 	}
 	o.mu.Unlock()
 
 	listOwed(s)
+}
+
+// addDebt adds d to k's debt, at the later of their times; past max keys a
+// new one is not taken. Called with o.mu held.
+func addDebt(o *owedCounts, k owedKey, d owedDebt) {
+	cur, ok := o.debts[k]
+	if !ok && len(o.debts) >= o.max {
+		return
+	}
+
+	if cur.at > d.at {
+		d.at = cur.at
+	}
+
+	d.points += cur.points
+	o.debts[k] = d
 }
 
 // listOwed has the backend pay the store's debts at its next recovery,
@@ -168,17 +179,7 @@ func oweAgain(s *redisStore, unpaid map[owedKey]owedDebt) {
 
 	o.mu.Lock()
 	for k, d := range unpaid {
-		cur, ok := o.debts[k]
-		if !ok && len(o.debts) >= o.max {
-			continue
-		}
-
-		if cur.at > d.at {
-			d.at = cur.at
-		}
-
-		d.points += cur.points
-		o.debts[k] = d
+		addDebt(o, k, d)
 	}
 	o.mu.Unlock()
 

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/tierlimit/tierlimit/redisresp"
 )
 
 // switchProxy forwards TCP connections to a Redis server while up; cut
@@ -93,31 +95,16 @@ func (p *switchProxy) restore() {
 // gets 10 in all across the flap, not 4 + 3 + 6. Fixed and sliding windows.
 func TestAFlapDoesNotSplitACount(t *testing.T) {
 	for _, algorithm := range []string{"fixed", "sliding"} {
-		addr, admin := redisServer(t)
-		proxy := newSwitchProxy(t, addr)
-		h, _ := redisHarness(t, proxy.l.Addr().String(), func(c *Config) {
-			asACLUser(c)
-			c.IP = algorithmLayer(algorithm, 10)
-			c.Redis.DialTimeout = "1s"
-		})
-
-		client := "203.0.113.7"
-		key := h.p.layers[0].redisKey + client
-		allowed := 0
-		send := func(n int) {
-			for i := 0; i < n; i++ {
-				if h.get("/api", client+":1").Code == http.StatusOK {
-					allowed++
-				}
-			}
-		}
+		f := newFlap(t, algorithm, "203.0.113.7")
+		h, proxy, admin, send := f.h, f.proxy, f.admin, f.send
+		key := h.p.layers[0].redisKey + f.client
 
 		send(4)
 		proxy.cut()
 		send(3)
 
-		if allowed != 7 || !redisOf(h.p.store).backend.down.Load() {
-			t.Fatalf("%s: %d allowed, down %v; want 7, decided in memory", algorithm, allowed, redisOf(h.p.store).backend.down.Load())
+		if f.allowed != 7 || !redisOf(h.p.store).backend.down.Load() {
+			t.Fatalf("%s: %d allowed, down %v; want 7, decided in memory", algorithm, f.allowed, redisOf(h.p.store).backend.down.Load())
 		}
 
 		// The back-off ends; the next request probes Redis, which then takes
@@ -142,8 +129,8 @@ func TestAFlapDoesNotSplitACount(t *testing.T) {
 
 		send(5)
 
-		if allowed != 10 {
-			t.Errorf("%s: %d allowed across the flap, want the limit of 10", algorithm, allowed)
+		if f.allowed != 10 {
+			t.Errorf("%s: %d allowed across the flap, want the limit of 10", algorithm, f.allowed)
 		}
 	}
 }
@@ -152,25 +139,10 @@ func TestAFlapDoesNotSplitACount(t *testing.T) {
 // charges that Redis does not take (cut again) keeps them for the next
 // recovery, instead of losing them or adding them to memory.
 func TestAFailedPaymentIsPaidAtTheNextRecovery(t *testing.T) {
-	addr, admin := redisServer(t)
-	proxy := newSwitchProxy(t, addr)
-	h, _ := redisHarness(t, proxy.l.Addr().String(), func(c *Config) {
-		asACLUser(c)
-		c.IP = algorithmLayer("fixed", 10)
-		c.Redis.DialTimeout = "1s"
-	})
-
+	f := newFlap(t, "fixed", "203.0.113.8")
+	h, proxy, admin, send, client := f.h, f.proxy, f.admin, f.send, f.client
 	rs := redisOf(h.p.store)
-	client := "203.0.113.8"
 	key := h.p.layers[0].redisKey + client
-	allowed := 0
-	send := func(n int) {
-		for i := 0; i < n; i++ {
-			if h.get("/api", client+":1").Code == http.StatusOK {
-				allowed++
-			}
-		}
-	}
 
 	send(4)
 	proxy.cut()
@@ -203,8 +175,8 @@ func TestAFailedPaymentIsPaidAtTheNextRecovery(t *testing.T) {
 
 	send(5)
 
-	if allowed != 10 {
-		t.Errorf("%d allowed across the outage, want the limit of 10", allowed)
+	if f.allowed != 10 {
+		t.Errorf("%d allowed across the outage, want the limit of 10", f.allowed)
 	}
 }
 
@@ -213,24 +185,9 @@ func TestAFailedPaymentIsPaidAtTheNextRecovery(t *testing.T) {
 // when Redis answers again: 4 before, 3 during and 3 after the outage, of a
 // bucket of 10 that refills at 1 an hour.
 func TestATokenBucketFlapDoesNotSplitItsCount(t *testing.T) {
-	addr, _ := redisServer(t)
-	proxy := newSwitchProxy(t, addr)
-	h, _ := redisHarness(t, proxy.l.Addr().String(), func(c *Config) {
-		asACLUser(c)
-		c.IP = algorithmLayer("tokenbucket", 10)
-		c.Redis.DialTimeout = "1s"
-	})
-
+	f := newFlap(t, "tokenbucket", "203.0.113.9")
+	h, proxy, send := f.h, f.proxy, f.send
 	rs := redisOf(h.p.store)
-	client := "203.0.113.9"
-	allowed := 0
-	send := func(n int) {
-		for i := 0; i < n; i++ {
-			if h.get("/api", client+":1").Code == http.StatusOK {
-				allowed++
-			}
-		}
-	}
 
 	send(4)
 	proxy.cut()
@@ -244,7 +201,40 @@ func TestATokenBucketFlapDoesNotSplitItsCount(t *testing.T) {
 	h.clock.Add(10 * time.Second)
 	send(10)
 
-	if allowed != 10 {
-		t.Errorf("%d allowed across the outage, want the bucket's 10", allowed)
+	if f.allowed != 10 {
+		t.Errorf("%d allowed across the outage, want the bucket's 10", f.allowed)
+	}
+}
+
+// flap is an instance whose ip layer, of 10 points, counts in a real
+// redis-server behind a switchable proxy, and one client's requests to it.
+type flap struct {
+	h       *harness
+	proxy   *switchProxy
+	admin   *redisresp.Pool
+	client  string
+	allowed int // the client's requests that got 200
+}
+
+func newFlap(t *testing.T, algorithm, client string) *flap {
+	t.Helper()
+
+	addr, admin := redisServer(t)
+	proxy := newSwitchProxy(t, addr)
+	h, _ := redisHarness(t, proxy.l.Addr().String(), func(c *Config) {
+		asACLUser(c)
+		c.IP = algorithmLayer(algorithm, 10)
+		c.Redis.DialTimeout = "1s"
+	})
+
+	return &flap{h: h, proxy: proxy, admin: admin, client: client}
+}
+
+// send sends n requests of the client.
+func (f *flap) send(n int) {
+	for i := 0; i < n; i++ {
+		if f.h.get("/api", f.client+":1").Code == http.StatusOK {
+			f.allowed++
+		}
 	}
 }

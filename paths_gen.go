@@ -882,3 +882,15 @@ func costOf(t *tally) int64 {
 
 	return cost
 }
+
+// decide charges the layers cost points each (0: 1), reports first
+// refusals, sets the headers of the most restrictive layer and answers a
+// refusal. It reports whether the request may go on, and the requests left
+// in the layer the headers show (-1: none).
+func decide(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, client, principal string, cost int64) (bool, int64) {
+	now := p.now().UnixNano()
+	t := tally{cost: cost}
+	p.store.take(&t, now, layers, client, principal, req, p.dryRun)
+
+	return verdict(p, rw, req, layers, &t, client, principal, now)
+}

@@ -52,12 +52,7 @@ func TestMemoryGlobalWithRedisThroughTraefik(t *testing.T) {
 		}
 		defer c.Kill()
 
-		var seeds []string
-		for _, r := range c.Primaries {
-			seeds = append(seeds, r.Addr)
-		}
-
-		memoryGlobal(t, "store: redis\n          redis: {cluster: {addresses: [\""+strings.Join(seeds, `", "`)+"\"]}}", c.Primaries, func(key string) string { return "{" + key + "}" })
+		memoryGlobal(t, "store: redis\n          redis: {cluster: {addresses: [\""+strings.Join(c.Seeds(), `", "`)+"\"]}}", c.Primaries, func(key string) string { return "{" + key + "}" })
 	})
 }
 

@@ -189,14 +189,9 @@ func TestRefusedRequestsSpendNoGlobalBudgetOnACluster(t *testing.T) {
 	}
 	defer c.Kill()
 
-	var seeds []string
-	for _, r := range c.Primaries {
-		seeds = append(seeds, r.Addr)
-	}
-
 	// Cluster keys carry their bucket key in a hash tag.
 	tagged := func(key string) string { return "{" + key + "}" }
-	noisyNeighbour(t, "store: redis\n          redis: {cluster: {addresses: [\""+strings.Join(seeds, `", "`)+"\"]}}", c.Primaries, tagged)
+	noisyNeighbour(t, "store: redis\n          redis: {cluster: {addresses: [\""+strings.Join(c.Seeds(), `", "`)+"\"]}}", c.Primaries, tagged)
 }
 
 // noisyNeighbour is the scenario of TestRefusedRequestsSpendNoGlobalBudget

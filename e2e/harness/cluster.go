@@ -152,6 +152,16 @@ func StartCluster(dir string, primaries, replicas int, extra ...string) (c *Clus
 	return c, nil
 }
 
+// Seeds returns the primaries' addresses, the seed list of a client.
+func (c *Cluster) Seeds() []string {
+	var seeds []string
+	for _, r := range c.Primaries {
+		seeds = append(seeds, r.Addr)
+	}
+
+	return seeds
+}
+
 // Nodes returns every node, primaries first.
 func (c *Cluster) Nodes() []*Redis {
 	return append(append([]*Redis(nil), c.Primaries...), c.Replicas...)
