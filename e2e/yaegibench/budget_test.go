@@ -203,7 +203,9 @@ func check(t *testing.T, name string, got float64) {
 }
 
 // allocsPerRequest serves 1000 distinct clients twice to start their
-// windows, then measures a third pass.
+// windows, then measures three more passes and keeps the fewest: the count
+// is the process's, so a background goroutine (a Redis subscriber's read
+// deadline, a pool's dial) can only add to a pass.
 func allocsPerRequest(h http.Handler, set func(i int, req *http.Request)) float64 {
 	reqs := requests(1000)
 	if set != nil {
@@ -228,9 +230,17 @@ func allocsPerRequest(h http.Handler, set func(i int, req *http.Request)) float6
 	}
 
 	i := 0
+	fewest := 0.0
 
-	return testing.AllocsPerRun(len(reqs), func() {
-		serve(reqs[i%len(reqs)])
-		i++
-	})
+	for pass := 0; pass < 3; pass++ {
+		n := testing.AllocsPerRun(len(reqs), func() {
+			serve(reqs[i%len(reqs)])
+			i++
+		})
+		if pass == 0 || n < fewest {
+			fewest = n
+		}
+	}
+
+	return fewest
 }
