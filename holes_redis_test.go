@@ -74,6 +74,57 @@ func TestResetIsPublishedWhenRedisHasNoKey(t *testing.T) {
 	}
 }
 
+// TestResetIsPublishedToASyncedReplicaWhenRedisHasNoKey: a synced
+// replica B refused a client on charges it has not synced yet, so Redis
+// holds no key of the client's window; a reset through A reaches B all the
+// same, and B lets the client in again.
+func TestResetIsPublishedToASyncedReplicaWhenRedisHasNoKey(t *testing.T) {
+	addr, admin := redisServer(t)
+	h, st, _ := syncHarness(t, addr, func(c *Config) {
+		asACLUser(c)
+		c.Status.Path = "/_rl"
+	})
+	a := h.p.store.(*redisStore)
+
+	bb := newBackend(redisresp.Options{Address: addr, Username: "tierlimit", Password: aclPassword, Timeout: time.Second})
+	bb.log = &bytes.Buffer{}
+	bst := replica(st)
+	b := &redisStore{prefix: a.prefix, name: a.name, channel: a.channel, backend: bb, local: newWindowStore(100), blocked: newBlockList(100), calls: a.calls, synced: bst}
+	b.fallback = b.local
+	b.clock = h.clock.Now
+	t.Cleanup(func() { closeBackend(bb) })
+
+	client := "203.0.113.47"
+	for i := 0; i < 10; i++ {
+		takeOn(bst, h, client)
+	}
+
+	if takeOn(bst, h, client) {
+		t.Fatal("B allowed an 11th request")
+	}
+
+	listenResets(b)
+	waitUntil(t, "B subscribes", func() bool {
+		return redisDo(t, admin, "PUBSUB", "NUMSUB", a.channel).Array[1].Int == 1
+	})
+
+	ip := h.p.layers[layerIndex(h, "ip")]
+	start, _ := syncWindow(ip, h.clock.Now().UnixNano())
+	if n := redisDo(t, admin, "EXISTS", syncKey(ip, client, false, start)).Int; n != 0 {
+		t.Fatal("Redis holds the client's key")
+	}
+
+	if code, doc := h.reset("?layer=ip&key="+client, ""); doc.Redis == nil || *doc.Redis != redisAbsent {
+		t.Fatalf("reset: %d %+v, want Redis absent", code, doc)
+	}
+
+	waitUntil(t, "B forgets the key", func() bool { return counterOf(bst, "ip", client) == nil })
+
+	if !takeOn(bst, h, client) {
+		t.Fatal("B still refuses the client after the reset")
+	}
+}
+
 // TestSyncedBatchIsGroupedPerSlotOnACluster: on a Cluster, a sync sends one
 // script call per slot: a real Cluster node (owning every slot) refuses a
 // call whose keys are in several slots with CROSSSLOT.
