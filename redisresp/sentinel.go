@@ -39,6 +39,10 @@ type Sentinel struct {
 	// goroutine or a caller's) each time the primary changes address.
 	OnSwitch func(from, to string)
 
+	// refresh is how long the watching connection waits for an announcement
+	// before it asks for the primary again: watchRefresh, or a test's.
+	refresh time.Duration
+
 	mu       sync.Mutex
 	pool     *Pool  // the primary's connections; nil until found, or after it failed
 	primary  string // the primary's address, kept after it failed
@@ -63,7 +67,7 @@ func NewSentinel(opts Options) *Sentinel {
 	opts.RequirePrimary = true
 	opts = NewPool(opts).opts // the defaults
 
-	return &Sentinel{opts: opts, done: make(chan struct{})}
+	return &Sentinel{opts: opts, refresh: watchRefresh, done: make(chan struct{})}
 }
 
 // Primary returns the address of the primary in use, or "".
@@ -312,7 +316,7 @@ func (s *Sentinel) watch() {
 }
 
 // watchOne asks one sentinel for the primary and follows its +switch-master
-// announcements until watchRefresh passes without one (nil) or the
+// announcements until s.refresh passes without one (nil) or the
 // connection fails.
 func (s *Sentinel) watchOne(sentinel string) error {
 	p := NewPool(s.sentinelOptions(sentinel))
@@ -361,11 +365,11 @@ func (s *Sentinel) watchOne(sentinel string) error {
 }
 
 // listen follows the +switch-master messages of the subscribed connection c
-// until it fails, or stays quiet for watchRefresh (then nil: watchOne's
+// until it fails, or stays quiet for s.refresh (then nil: watchOne's
 // caller subscribes afresh, which also asks for the primary again).
 func (s *Sentinel) listen(c *Conn, name string) error {
 	for {
-		v, err := c.Receive(time.Now().Add(watchRefresh))
+		v, err := c.Receive(time.Now().Add(s.refresh))
 		if err != nil {
 			var ne net.Error
 			if errors.As(err, &ne) && ne.Timeout() {

@@ -1,0 +1,248 @@
+package tierlimit
+
+import (
+	"bufio"
+	"bytes"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tierlimit/tierlimit/redisresp"
+)
+
+// Resets and Clusters at their edges (issue 32): a reset that finds no
+// Redis key, a synced batch on a Cluster.
+
+// TestResetIsPublishedWhenRedisHasNoKey: a reset reaches the other
+// replicas even when Redis holds no key for it (its window ended there, or
+// the counts were the memory fallback's): replica B, which counted and
+// blocked the client in its memory fallback, forgets it.
+func TestResetIsPublishedWhenRedisHasNoKey(t *testing.T) {
+	addr, admin := redisServer(t)
+	h, _ := redisHarness(t, addr, func(c *Config) {
+		asACLUser(c)
+		c.Status.Path = "/_rl"
+		c.IP = LayerConfig{Points: 2, Duration: "1h"}
+	})
+	a := h.p.store.(*redisStore)
+
+	// Replica B: the same middleware with a backend, a block list and a
+	// memory fallback of its own (as in
+	// TestResetReachesAnotherReplicasBlockListOnRedisServer).
+	bb := newBackend(redisresp.Options{Address: addr, Username: "tierlimit", Password: aclPassword, Timeout: time.Second})
+	bb.log = &bytes.Buffer{}
+	b := &redisStore{prefix: a.prefix, name: a.name, channel: a.channel, backend: bb, local: newWindowStore(100), blocked: newBlockList(100), calls: a.calls}
+	b.fallback = b.local
+	b.clock = time.Now
+	t.Cleanup(func() { closeBackend(bb) })
+
+	l := h.p.layers[0]
+	client := "203.0.113.40"
+	now := time.Now().UnixNano()
+	req := httptest.NewRequest(http.MethodGet, "/api", nil)
+
+	// B decided the client in memory during an outage: 2 counted, then
+	// refused and blocked; Redis never saw the client.
+	for i := 0; i < 2; i++ {
+		var tl tally
+		b.local.take(&tl, now, []*layer{l}, client, "", req, false)
+	}
+
+	b.blocked.add(l.blockPrefix, client, now+int64(time.Hour), now)
+	listenResets(b)
+
+	waitUntil(t, "B subscribes", func() bool {
+		return redisDo(t, admin, "PUBSUB", "NUMSUB", a.channel).Array[1].Int == 1
+	})
+
+	if n := redisDo(t, admin, "EXISTS", l.redisKey+client).Int; n != 0 {
+		t.Fatal("Redis holds the client's key")
+	}
+
+	if code, doc := h.reset("?layer=ip&key="+client, ""); doc.Redis == nil || *doc.Redis != redisAbsent {
+		t.Fatalf("reset: %d %+v, want Redis absent", code, doc)
+	}
+
+	waitUntil(t, "B forgets the key it blocked", func() bool { return b.blocked.resetOf(l.blockPrefix, client, now) == 0 })
+
+	if got := peekCount(b.local, now, "ip", client); got != 0 {
+		t.Fatalf("B's memory fallback still counts %d for the client", got)
+	}
+}
+
+// TestResetIsPublishedToASyncedReplicaWhenRedisHasNoKey: a synced
+// replica B refused a client on charges it has not synced yet, so Redis
+// holds no key of the client's window; a reset through A reaches B all the
+// same, and B lets the client in again.
+func TestResetIsPublishedToASyncedReplicaWhenRedisHasNoKey(t *testing.T) {
+	addr, admin := redisServer(t)
+	h, st, _ := syncHarness(t, addr, func(c *Config) {
+		asACLUser(c)
+		c.Status.Path = "/_rl"
+	})
+	a := h.p.store.(*redisStore)
+
+	bb := newBackend(redisresp.Options{Address: addr, Username: "tierlimit", Password: aclPassword, Timeout: time.Second})
+	bb.log = &bytes.Buffer{}
+	bst := replica(st)
+	b := &redisStore{prefix: a.prefix, name: a.name, channel: a.channel, backend: bb, local: newWindowStore(100), blocked: newBlockList(100), calls: a.calls, synced: bst}
+	b.fallback = b.local
+	b.clock = h.clock.Now
+	t.Cleanup(func() { closeBackend(bb) })
+
+	client := "203.0.113.47"
+	for i := 0; i < 10; i++ {
+		takeOn(bst, h, client)
+	}
+
+	if takeOn(bst, h, client) {
+		t.Fatal("B allowed an 11th request")
+	}
+
+	listenResets(b)
+	waitUntil(t, "B subscribes", func() bool {
+		return redisDo(t, admin, "PUBSUB", "NUMSUB", a.channel).Array[1].Int == 1
+	})
+
+	ip := h.p.layers[layerIndex(h, "ip")]
+	start, _ := syncWindow(ip, h.clock.Now().UnixNano())
+	if n := redisDo(t, admin, "EXISTS", syncKey(ip, client, false, start)).Int; n != 0 {
+		t.Fatal("Redis holds the client's key")
+	}
+
+	if code, doc := h.reset("?layer=ip&key="+client, ""); doc.Redis == nil || *doc.Redis != redisAbsent {
+		t.Fatalf("reset: %d %+v, want Redis absent", code, doc)
+	}
+
+	waitUntil(t, "B forgets the key", func() bool { return counterOf(bst, "ip", client) == nil })
+
+	if !takeOn(bst, h, client) {
+		t.Fatal("B still refuses the client after the reset")
+	}
+}
+
+// TestSyncedBatchIsGroupedPerSlotOnACluster: on a Cluster, a sync sends one
+// script call per slot: a real Cluster node (owning every slot) refuses a
+// call whose keys are in several slots with CROSSSLOT.
+func TestSyncedBatchIsGroupedPerSlotOnACluster(t *testing.T) {
+	addr, admin := clusterNode(t)
+	h, st, _ := syncHarness(t, addr, nil)
+
+	bk := newBackend(redisresp.Options{Cluster: &redisresp.ClusterOptions{Addresses: []string{addr}}, Timeout: 2 * time.Second})
+	bk.log = &bytes.Buffer{}
+	t.Cleanup(func() { closeBackend(bk) })
+
+	st.mu.Lock()
+	st.backend = bk
+	st.mu.Unlock()
+
+	clients := []string{"203.0.113.41", "203.0.113.42", "203.0.113.43", "203.0.113.44", "203.0.113.45", "203.0.113.46"}
+	slots := map[int]bool{}
+
+	for i, client := range clients {
+		for n := 0; n <= i; n++ {
+			takeOn(st, h, client)
+		}
+
+		slots[redisresp.Slot(counterOf(st, "ip", client).key)] = true
+	}
+
+	if len(slots) < 2 {
+		t.Fatalf("the clients' keys share %d slot: the test needs several", len(slots))
+	}
+
+	mustSync(t, st, h.clock.Now().UnixNano())
+
+	ip := h.p.layers[layerIndex(h, "ip")]
+	start, _ := syncWindow(ip, h.clock.Now().UnixNano())
+
+	for i, client := range clients {
+		want := formatInt(int64(i + 1))
+		if got := redisDo(t, admin, "GET", syncKey(ip, client, true, start)).Str; got != want {
+			t.Fatalf("%s: Redis total %q, want %s", client, got, want)
+		}
+
+		if c := counterOf(st, "ip", client); c.remote != int64(i+1) || c.pending != 0 {
+			t.Fatalf("%s after the sync: %+v", client, c)
+		}
+	}
+}
+
+// clusterNode runs a redis-server of the test's own as a one-node Redis
+// Cluster that owns every slot, and returns its address and a client for
+// checks. Like any Cluster node it refuses a command whose keys are in
+// several slots.
+func clusterNode(t *testing.T) (string, *redisresp.Pool) {
+	t.Helper()
+
+	path, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Fatalf("redis-server is not on PATH (apt-get install redis-server): %v", err)
+	}
+
+	dir := t.TempDir()
+
+	for attempt := 0; attempt < 5; attempt++ {
+		addr := closedPort(t)
+		_, port, _ := net.SplitHostPort(addr)
+
+		cmd := exec.Command(path, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+			"--dir", dir, "--cluster-enabled", "yes", "--cluster-config-file", "nodes-"+port+".conf",
+			"--cluster-announce-ip", "127.0.0.1")
+
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+
+		if err := cmd.Start(); err != nil {
+			t.Fatalf("starting redis-server: %v", err)
+		}
+
+		ready, log := false, ""
+		sc := bufio.NewScanner(out)
+
+		for !ready && sc.Scan() {
+			log += sc.Text() + "\n"
+			ready = strings.Contains(sc.Text(), "Ready to accept connections")
+		}
+
+		if !ready {
+			_ = cmd.Wait()
+
+			if strings.Contains(log, "Address already in use") {
+				continue
+			}
+
+			t.Fatalf("redis-server did not start:\n%s", log)
+		}
+
+		go func() {
+			for sc.Scan() {
+			}
+		}()
+
+		t.Cleanup(func() {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		})
+
+		admin := redisresp.NewPool(redisresp.Options{Address: addr, Timeout: 2 * time.Second})
+		t.Cleanup(admin.Close)
+
+		redisDo(t, admin, "CLUSTER", "ADDSLOTSRANGE", "0", "16383")
+		waitUntil(t, "the cluster's state ok", func() bool {
+			return strings.Contains(redisDo(t, admin, "CLUSTER", "INFO").Str, "cluster_state:ok")
+		})
+
+		return addr, admin
+	}
+
+	t.Fatal("redis-server: no free port in 5 attempts")
+
+	return "", nil
+}
