@@ -94,7 +94,8 @@ func (b *blockingStore) refuseAny(t *tally, now int64, layers []*layer, client, 
 }
 
 // firstBlocked returns the index and key of the first of layers whose key
-// is blocked at now, or -1.
+// is blocked at now, or -1. A dry-run layer refuses nothing: a block it
+// started before a reload to dry run is not honoured.
 func (b *blockingStore) firstBlocked(now int64, layers []*layer, client, principal string, req *http.Request) (int, string) {
 	s := b.windowStore
 
@@ -102,7 +103,7 @@ func (b *blockingStore) firstBlocked(now int64, layers []*layer, client, princip
 	defer s.mu.Unlock()
 
 	for i, l := range layers {
-		if l.blockDuration == 0 {
+		if l.blockDuration == 0 || l.dryRun {
 			continue
 		}
 
