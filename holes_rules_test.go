@@ -209,3 +209,65 @@ func TestTopLevelDryRunOnAMixedStoreCountsEveryLayer(t *testing.T) {
 		t.Errorf("ip (Redis) at %q, want 5: the dry run skipped Redis once global was over", n)
 	}
 }
+
+// TestRefusalsOfABlockedKeyAreCounted: every request a block refuses is in
+// the key's refused count on the status page, while its window lives and
+// after it, and in the layer's refused requests there and in the metrics;
+// in memory and on Redis.
+func TestRefusalsOfABlockedKeyAreCounted(t *testing.T) {
+	blocking := func(c *Config) {
+		c.Global.Points, c.Assets.Points, c.User.Points, c.Service.Points = 0, 0, 0, 0
+		c.Status.Path = "/_rl"
+		c.IP = LayerConfig{Points: 3, Duration: "1s", BlockDuration: "10s"}
+	}
+
+	addr, _ := redisServer(t)
+	redis, _ := redisHarness(t, addr, with(blocking, asACLUser))
+
+	for _, tc := range []struct {
+		name string
+		h    *harness
+	}{{"memory", newHarness(t, blocking)}, {"redis", redis}} {
+		refusedOnStatus(t, tc.name, tc.h)
+	}
+}
+
+// refusedOnStatus is TestRefusalsOfABlockedKeyAreCounted on one instance.
+func refusedOnStatus(t *testing.T, name string, h *harness) {
+	t.Helper()
+
+	client := "203.0.113.9"
+
+	keyRefused := func() int64 {
+		t.Helper()
+
+		doc := h.status("/_rl")
+		if len(doc.Keys.Items) != 1 || doc.Keys.Items[0].Key != client || !doc.Keys.Items[0].Limited {
+			t.Fatalf("%s: status: %+v", name, doc.Keys.Items)
+		}
+
+		if len(doc.Layers) != 1 || doc.Layers[0].Refused != doc.Keys.Items[0].Refused {
+			t.Fatalf("%s: layers %+v, keys %+v: want the layer's refused to be its one key's", name, doc.Layers, doc.Keys.Items)
+		}
+
+		return doc.Keys.Items[0].Refused
+	}
+
+	h.burst(client, 6) // 3 allowed, the 4th starts the block, 2 refused by it
+
+	if n := keyRefused(); n != 3 {
+		t.Fatalf("%s: key refused %d within its window, want 3", name, n)
+	}
+
+	h.clock.Add(2 * time.Second) // the window ended, the block goes on
+	h.burst(client, 2)
+
+	if n := keyRefused(); n != 5 {
+		t.Fatalf("%s: key refused %d after its window, want 5", name, n)
+	}
+
+	metrics := h.get("/_rl/metrics", local).Body.String()
+	if want := `tierlimit_requests_total{middleware="` + h.p.name + `",layer="ip",decision="refused"} 5`; !strings.Contains(metrics, want) {
+		t.Fatalf("%s: metrics without %s:\n%s", name, want, metrics)
+	}
+}
