@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -174,6 +175,65 @@ func TestReloadToDryRunRefusesNoBlockedKey(t *testing.T) {
 
 			if n := l.entries[strings.TrimSuffix(c.client, ":1")].count - before; n != counted {
 				t.Errorf("dry run of %s: %s from %s after the reload counted %d in %s, want %d", tc.dry, c.path, c.client, n, c.rule, counted)
+			}
+		}
+	}
+}
+
+// TestReloadToDryRunRefusesNoBlockedKeyOnRedisServer is
+// TestReloadToDryRunRefusesNoBlockedKey on Redis, where the blocks are Redis
+// keys and entries of each replica's block list: the dry-run rule lets its
+// blocked key through and counts it in Redis.
+func TestReloadToDryRunRefusesNoBlockedKeyOnRedisServer(t *testing.T) {
+	addr, admin := redisServer(t)
+	base := func(c *Config) {
+		asACLUser(c)
+		blockedWithin(c)
+		c.IP.BlockDuration = "1h"
+		c.Routes = []RouteConfig{{Name: "login", Paths: []string{"/login"}, Key: "ip", Points: 2, Duration: "60s", BlockDuration: "1h"}}
+	}
+
+	for _, tc := range []struct {
+		dry  string // the rule made dry run, or "all"
+		mark func(c *Config)
+	}{
+		{"all", func(c *Config) { c.DryRun = true }},
+		{"ip", func(c *Config) { c.IP.DryRun = true }},
+		{"login", func(c *Config) { c.Routes[0].DryRun = true }},
+	} {
+		redisDo(t, admin, "FLUSHALL")
+
+		h, _ := redisHarness(t, addr, base)
+		h.burst("203.0.113.1", 11)
+		for i := 0; i < 3; i++ {
+			h.get("/login", "203.0.113.2:1")
+		}
+
+		r := reload(t, h, with(base, func(c *Config) {
+			c.Store = "redis"
+			c.Redis.Address = addr
+			c.Redis.Timeout = "1s"
+			tc.mark(c)
+		}))
+		redisOf(r.p.store).backend = redisOf(h.p.store).backend
+
+		for _, c := range []struct{ rule, path, client, key string }{
+			{"ip", "/api", "203.0.113.1:1", h.p.layers[layerIndex(h, "ip")].redisKey + "203.0.113.1"},
+			{"login", "/login", "203.0.113.2:1", h.p.routes[0].layer.redisKey + "203.0.113.2"},
+		} {
+			want, counted := http.StatusTooManyRequests, 0
+			if tc.dry == "all" || tc.dry == c.rule {
+				want, counted = http.StatusOK, 1
+			}
+
+			before, _ := strconv.Atoi(redisDo(t, admin, "GET", c.key).Str)
+
+			if rec := r.get(c.path, c.client); rec.Code != want {
+				t.Errorf("dry run of %s: %s from %s after the reload: %d, want %d", tc.dry, c.path, c.client, rec.Code, want)
+			}
+
+			if after, _ := strconv.Atoi(redisDo(t, admin, "GET", c.key).Str); after-before != counted {
+				t.Errorf("dry run of %s: %s from %s after the reload counted %d in Redis, want %d", tc.dry, c.path, c.client, after-before, counted)
 			}
 		}
 	}

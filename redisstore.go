@@ -77,7 +77,8 @@ type counterStore interface {
 // refuses for that long (blockDuration, block.go): its block key,
 // KEYS[i]:block (the same hash tag on a cluster), is set with that TTL at the
 // refusal, when the request is not a dry run, and while it lives the layer
-// refuses, its reset the block's end.
+// refuses, its reset the block's end; a dry-run layer (a reload may put it in
+// dry run during a block) ignores the block and counts as usual.
 // An algorithm prefixed with "c" ("c0", "c1", "c2") marks a check-only layer
 // (a countStatus route, countstatus.go): it refuses as the others do, but is
 // never written, and when it allows, its count is the layer's as it is,
@@ -243,7 +244,7 @@ for i = 1, #KEYS do
     blocked = redis.call('PTTL', KEYS[i] .. ':block')
   end
   local count, ttl, write, incremented
-  if blocked > 0 then
+  if blocked > 0 and not dry then
     count, ttl, write = points + 1, blocked, false
   elseif algorithm == '2' then
     if not now then
