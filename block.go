@@ -94,7 +94,8 @@ func (b *blockingStore) refuseAny(t *tally, now int64, layers []*layer, client, 
 }
 
 // firstBlocked returns the index and key of the first of layers whose key
-// is blocked at now, or -1.
+// is blocked at now, or -1. A dry-run layer refuses nothing: a block it
+// started before a reload to dry run is not honoured.
 func (b *blockingStore) firstBlocked(now int64, layers []*layer, client, principal string, req *http.Request) (int, string) {
 	s := b.windowStore
 
@@ -102,7 +103,7 @@ func (b *blockingStore) firstBlocked(now int64, layers []*layer, client, princip
 	defer s.mu.Unlock()
 
 	for i, l := range layers {
-		if l.blockDuration == 0 {
+		if l.blockDuration == 0 || l.dryRun {
 			continue
 		}
 
@@ -117,7 +118,8 @@ func (b *blockingStore) firstBlocked(now int64, layers []*layer, client, princip
 
 // refuseBlocked refuses layers[i] while key is blocked in l, under the store's
 // lock, and reports whether it did. The block's refusals are its own first
-// refusal's event, so none of them is reported.
+// refusal's event, so none of them is reported; each is counted (the layer's
+// and the key's refused).
 func (s *windowStore) refuseBlocked(t *tally, i int, now int64, l *layer, key string) bool {
 	until := l.blocks[key]
 	if until == 0 {
@@ -126,10 +128,13 @@ func (s *windowStore) refuseBlocked(t *tally, i int, now int64, l *layer, key st
 
 	if until <= now {
 		delete(l.blocks, key)
+		delete(s.blockHits[l.name], key)
+
 		return false
 	}
 
 	l.stats.refused++
+	countBlocked(s, l, key)
 	t.refuse(i, l.points+1, until, []string{formatInt(ceilSeconds(until))}, false)
 
 	return true
@@ -149,6 +154,10 @@ func (s *windowStore) startBlock(t *tally, i int, now int64, l *layer, key strin
 	l.blocks[key] = until
 	t.firsts |= uint64(1) << uint(i)
 
+	// The refusal that starts the block is its first.
+	hits := blockHitsOf(s, l)
+	hits[key] = 1
+
 	if t.shown == i {
 		// One value per statement: doc.go, constructs Yaegi cannot run.
 		t.reset = until
@@ -167,6 +176,7 @@ func (s *windowStore) forgetBlock(l *layer, key string, now int64) bool {
 	}
 
 	delete(s.blocks[l.name], key)
+	delete(s.blockHits[l.name], key)
 
 	return until > now
 }
@@ -181,7 +191,7 @@ func (s *windowStore) blockedKeys(now int64, layers []*layer, prefix string) []b
 	for _, l := range layers {
 		for key, until := range s.blocks[l.name] {
 			if until > now && (prefix == "" || len(key) >= len(prefix) && key[:len(prefix)] == prefix) {
-				out = append(out, blockedKey{layer: l.name, prefix: l.blockPrefix, key: key, reset: until})
+				out = append(out, blockedKey{layer: l.name, prefix: l.blockPrefix, key: key, reset: until, refused: s.blockHits[l.name][key]})
 			}
 		}
 	}
@@ -197,5 +207,44 @@ func (s *windowStore) blockedKeys(now int64, layers []*layer, prefix string) []b
 func (s *windowStore) forgetBlockKey(layer, key string) {
 	s.mu.Lock()
 	delete(s.blocks[layer], key)
+	delete(s.blockHits[layer], key)
 	s.mu.Unlock()
+}
+
+// countBlocked counts a request that the block of key in l refused: in the
+// block's refusals, and in its window's while the layer has it (a blocked
+// key's window is not charged, so it ends and is replaced only after the
+// block). Called with s.mu held.
+func countBlocked(s *windowStore, l *layer, key string) {
+	if w := l.entries[key]; w != nil && w.list == l.list {
+		w.refused++
+	}
+
+	hits := blockHitsOf(s, l)
+	hits[key]++
+}
+
+// blockHitsOf returns the refusal counts of l's running blocks, made when
+// missing; at the cap it first drops those of blocks that are gone. Called
+// with s.mu held.
+func blockHitsOf(s *windowStore, l *layer) map[string]int64 {
+	if s.blockHits == nil {
+		s.blockHits = map[string]map[string]int64{}
+	}
+
+	hits := s.blockHits[l.name]
+	if hits == nil {
+		hits = map[string]int64{}
+		s.blockHits[l.name] = hits
+	}
+
+	if len(hits) >= s.max {
+		for key := range hits {
+			if _, ok := l.blocks[key]; !ok {
+				delete(hits, key)
+			}
+		}
+	}
+
+	return hits
 }

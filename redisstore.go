@@ -77,7 +77,8 @@ type counterStore interface {
 // refuses for that long (blockDuration, block.go): its block key,
 // KEYS[i]:block (the same hash tag on a cluster), is set with that TTL at the
 // refusal, when the request is not a dry run, and while it lives the layer
-// refuses, its reset the block's end.
+// refuses, its reset the block's end; a dry-run layer (a reload may put it in
+// dry run during a block) ignores the block and counts as usual.
 // An algorithm prefixed with "c" ("c0", "c1", "c2") marks a check-only layer
 // (a countStatus route, countstatus.go): it refuses as the others do, but is
 // never written, and when it allows, its count is the layer's as it is,
@@ -243,7 +244,7 @@ for i = 1, #KEYS do
     blocked = redis.call('PTTL', KEYS[i] .. ':block')
   end
   local count, ttl, write, incremented
-  if blocked > 0 then
+  if blocked > 0 and not dry then
     count, ttl, write = points + 1, blocked, false
   elseif algorithm == '2' then
     if not now then
@@ -511,9 +512,13 @@ func (s *redisStore) takeLocal(t *tally, now int64, layers []*layer, client, pri
 	}
 
 	l := layers[t.shown]
-	if s.blocked.add(l.blockPrefix, l.keyFor(client, principal, req), t.reset, now) {
+	key := l.keyFor(client, principal, req)
+	first := s.blocked.add(l.blockPrefix, key, t.reset, now)
+	if first {
 		listenResets(s)
 	}
+
+	s.blocked.hit(l.blockPrefix, key, first)
 }
 
 // takeBlocked refuses the request locally when one of its keys is known to be
@@ -531,6 +536,9 @@ func (s *redisStore) takeBlocked(t *tally, now int64, layers []*layer, client, p
 
 		if reset := s.blocked.resetOf(l.blockPrefix, l.keyFor(client, principal, req), now); reset != 0 {
 			l.stats.countRedis(true)
+			if l.blockDuration != 0 {
+				s.blocked.hit(l.blockPrefix, l.keyFor(client, principal, req), false)
+			}
 
 			*t = tally{shown: i, count: l.points + 1, reset: reset, refused: true,
 				resetH: []string{formatInt(ceilSeconds(reset))}}
@@ -735,6 +743,10 @@ func (s *redisStore) refused(t *tally, i int, l *layer, count, reset, now int64,
 		first = s.blocked.add(l.blockPrefix, key, reset, now)
 		if first {
 			listenResets(s)
+		}
+
+		if l.blockDuration != 0 {
+			s.blocked.hit(l.blockPrefix, key, first)
 		}
 	} else {
 		first = s.blocked.note(l.blockPrefix, key, reset, now)
@@ -970,10 +982,13 @@ type blockList struct {
 	// reset can find a key's entries without a scan (forgetLayerKey). A few
 	// per layer: one per limits a reload gave it.
 	prefixes map[string]bool
+	// hits counts the requests each block of a blockDuration layer refused
+	// (the status page's refused), by entry; a new block starts it again.
+	hits map[string]int64
 }
 
 func newBlockList(capacity int) *blockList {
-	return &blockList{max: capacity, until: map[string]int64{}, noted: map[string]int64{}, prefixes: map[string]bool{}}
+	return &blockList{max: capacity, until: map[string]int64{}, noted: map[string]int64{}, prefixes: map[string]bool{}, hits: map[string]int64{}}
 }
 
 // blockPrefix is a layer's part of its block list entries: its name and its
@@ -1032,6 +1047,31 @@ func (b *blockList) add(prefix, key string, reset, now int64) bool {
 	return noted <= now
 }
 
+// hit counts a request that the block of a blockDuration layer's key
+// refused: the first of a new block (start), or one more. At the cap, the
+// counts of entries that are gone are dropped first.
+func (b *blockList) hit(prefix, key string, start bool) {
+	id := prefix + key
+
+	b.mu.Lock()
+	defer b.mu.Unlock()
+
+	if len(b.hits) >= b.max {
+		for k := range b.hits {
+			if _, ok := b.until[k]; !ok {
+				delete(b.hits, k)
+			}
+		}
+	}
+
+	if start {
+		b.hits[id] = 1
+		return
+	}
+
+	b.hits[id]++
+}
+
 // note records that a key refused a request without being blocked, until
 // reset, and reports whether no refusal of it was recorded yet (blocked or
 // noted) in its window.
@@ -1084,10 +1124,11 @@ func trimEntries(m map[string]int64, capacity int, now int64) {
 // blockedKey is a block list entry as the status endpoint lists it; prefix
 // tells an entry of the layer's current limits (layer.blockPrefix).
 type blockedKey struct {
-	layer  string
-	prefix string
-	key    string
-	reset  int64
+	layer   string
+	prefix  string
+	key     string
+	reset   int64
+	refused int64 // the requests a blockDuration block refused (0: not counted)
 }
 
 // snapshot copies the keys blocked at now whose key starts with prefix.
@@ -1108,7 +1149,7 @@ func (b *blockList) snapshot(now int64, prefix string) []blockedKey {
 		}
 
 		if reset > now && j >= 0 && strings.HasPrefix(id[i+j+2:], prefix) {
-			out = append(out, blockedKey{layer: id[:i], prefix: id[:i+j+2], key: id[i+j+2:], reset: reset})
+			out = append(out, blockedKey{layer: id[:i], prefix: id[:i+j+2], key: id[i+j+2:], reset: reset, refused: b.hits[id]})
 		}
 	}
 

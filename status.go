@@ -93,7 +93,7 @@ func writeStatus(rw http.ResponseWriter, req *http.Request, code int, contentTyp
 }
 
 // countingRule is what the status page's counts mean, on the page itself.
-const countingRule = "a request refused by any layer spends nothing in any layer: count is what a key was charged, refused what its window refused"
+const countingRule = "a request refused by any layer spends nothing in any layer: count is what a key was charged, refused what its window (or its block) refused"
 
 // The JSON document. Only exported, tagged fields: Yaegi's encoding/json
 // would otherwise show unexported ones.
@@ -400,10 +400,14 @@ func (p *Plugin) mergeBlocked(out []liveKey, blocked []blockedKey) []liveKey {
 				out[i].reset = b.reset
 			}
 
+			if out[i].refused < b.refused {
+				out[i].refused = b.refused
+			}
+
 			continue
 		}
 
-		out = append(out, liveKey{layer: li, key: b.key, count: count, reset: b.reset, limited: true})
+		out = append(out, liveKey{layer: li, key: b.key, count: count, reset: b.reset, limited: true, refused: b.refused})
 	}
 
 	return out

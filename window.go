@@ -29,6 +29,7 @@ type windowStore struct {
 	evictions int64                         // live counters dropped at the cap (status page, metrics)
 	maps      map[string]map[string]*window // by layer name
 	blocks    map[string]map[string]int64   // by layer name: the end of each blocked key's block (block.go)
+	blockHits map[string]map[string]int64   // by layer name: the requests each running block refused (block.go)
 	lists     []*windowList
 	stats     map[string]*layerStats // by layer name
 }
