@@ -17,6 +17,15 @@ import (
 // New calls have taken it again if it is still configured. No goroutine
 // waits on a ctx: context.AfterFunc registers a callback, and time.AfterFunc
 // runs the grace timer.
+//
+// An entry whose value holds counts that still matter (a window, a block or
+// a calendar period not yet ended, an open connection) outlives the grace:
+// a registry with a live function keeps it, unheld, until the latest end
+// that function reports, checks again then, and releases it once it holds
+// nothing that matters. So a reload that disables the middleware (a typo in
+// its configuration) or removes it does not wipe its counts: the same name
+// configured again within their windows takes them back. One timer per
+// entry, not per key; each store is bounded by maxTracked.
 
 // releaseGrace is how long an entry that no instance holds is kept. It covers
 // building the next configuration and the requests still in flight on the
@@ -33,6 +42,13 @@ type heldRegistry struct {
 	after func(d time.Duration, f func())
 	// closed runs, outside the lock, for each released entry's value.
 	closed func(v interface{})
+	// live, when set, returns until when (Unix nanoseconds) an unheld
+	// entry's value still holds counts that matter at now: 0, or a time
+	// not after now, when it holds none. Without it, an unheld entry is
+	// released at the grace.
+	live func(v interface{}, now int64) int64
+	// now is the clock live is asked with; tests replace it.
+	now func() time.Time
 }
 
 // heldEntry is one entry: its value, the number of instances holding it,
@@ -45,7 +61,16 @@ type heldEntry struct {
 }
 
 func newHeldRegistry(closed func(v interface{})) *heldRegistry {
-	return &heldRegistry{entries: map[string]*heldEntry{}, after: afterFunc, closed: closed}
+	return &heldRegistry{entries: map[string]*heldEntry{}, after: afterFunc, closed: closed, now: time.Now}
+}
+
+// newKeepingRegistry is a heldRegistry whose unheld entries are kept while
+// live reports counts that matter (see above).
+func newKeepingRegistry(live func(v interface{}, now int64) int64) *heldRegistry {
+	r := newHeldRegistry(nil)
+	r.live = live
+
+	return r
 }
 
 func afterFunc(d time.Duration, f func()) {
@@ -95,9 +120,24 @@ func (r *heldRegistry) drop(id string, e *heldEntry) {
 	r.after(releaseGrace, func() { r.expire(id, e, idle) })
 }
 
-// expire releases the entry if no instance took it since it became unheld.
+// expire releases the entry if no instance took it since it became unheld
+// and it holds no counts that still matter; while it does, it checks again
+// at the latest end live reports.
 func (r *heldRegistry) expire(id string, e *heldEntry, idle int) {
 	defer func() { _ = recover() }()
+
+	if !r.unheld(id, e, idle) {
+		return
+	}
+
+	if r.live != nil {
+		// Outside r.mu: live takes the value's own lock and may scan it.
+		now := r.now().UnixNano()
+		if until := r.live(e.value, now); until > now {
+			r.after(time.Duration(until-now), func() { r.expire(id, e, idle) })
+			return
+		}
+	}
 
 	r.mu.Lock()
 
@@ -112,6 +152,15 @@ func (r *heldRegistry) expire(id string, e *heldEntry, idle int) {
 	if r.closed != nil {
 		r.closed(e.value)
 	}
+}
+
+// unheld reports whether id's entry is still e, and unheld since the grace
+// timer of idle started.
+func (r *heldRegistry) unheld(id string, e *heldEntry, idle int) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+
+	return r.entries[id] == e && e.holders == 0 && e.idle == idle
 }
 
 // size returns the number of entries held.

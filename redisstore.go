@@ -929,6 +929,7 @@ type backendRegistry struct {
 
 func closeBackend(v interface{}) {
 	if b, ok := v.(*redisBackend); ok {
+		flushSyncsOn(b) // released at the same grace, in either order
 		b.resets.stop()
 		b.pool.Close()
 	}

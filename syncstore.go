@@ -135,9 +135,13 @@ func newSyncState() *syncState {
 }
 
 // syncRegistry holds one syncState per middleware name while a configuration
-// uses it (lifetime.go); a released one stops its goroutine.
+// uses it (lifetime.go); a released one stops its goroutine and sends what
+// it charged since its last sync.
 var syncRegistry = newHeldRegistry(stopSync)
 
+// stopSync stops a released state's goroutine, then sends its pending
+// points (a sync interval longer than the release grace, or charges made
+// after the last sync): its counts that matter are Redis's.
 func stopSync(v interface{}) {
 	st, ok := v.(*syncState)
 	if !ok {
@@ -150,6 +154,33 @@ func stopSync(v interface{}) {
 		st.started = false
 	}
 	st.mu.Unlock()
+
+	safeSync(st)
+}
+
+// flushSyncsOn sends the pending points of the synced states that use b,
+// before b's pool closes: a state released at the same grace as its
+// backend, but after it, could not send them any more (stopSync).
+func flushSyncsOn(b *redisBackend) {
+	var states []*syncState
+
+	syncRegistry.mu.Lock()
+	for _, e := range syncRegistry.entries {
+		if st, ok := e.value.(*syncState); ok {
+			states = append(states, st)
+		}
+	}
+	syncRegistry.mu.Unlock()
+
+	for _, st := range states {
+		st.mu.Lock()
+		mine := st.backend == b
+		st.mu.Unlock()
+
+		if mine {
+			safeSync(st)
+		}
+	}
 }
 
 // syncStateFor returns the synced counters of the middleware called name,

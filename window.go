@@ -394,10 +394,11 @@ func (l *windowList) unlink(w *window) {
 }
 
 // registry holds one windowStore per middleware name, and for the redis
-// store one blockList, while some instance of the middleware uses them
-// (lifetime.go). Traefik keeps one interpreter per plugin, so this survives
-// configuration reloads and is shared by every router that uses the middleware.
-var registry = &storeRegistry{stores: newHeldRegistry(nil), blocked: newHeldRegistry(nil)}
+// store one blockList, while some instance of the middleware uses them or
+// they hold counts that still matter (lifetime.go, keep.go). Traefik keeps
+// one interpreter per plugin, so this survives configuration reloads and is
+// shared by every router that uses the middleware.
+var registry = &storeRegistry{stores: newKeepingRegistry(storeLive), blocked: newKeepingRegistry(blockListLive)}
 
 type storeRegistry struct {
 	stores  *heldRegistry // *windowStore by middleware name

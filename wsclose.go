@@ -156,8 +156,9 @@ func (c *connCounter) release(ip string) {
 }
 
 // connCounters holds one connCounter per middleware name while some instance
-// of the middleware uses it (lifetime.go), like the memory store.
-var connCounters = &counterRegistry{byName: newHeldRegistry(nil)}
+// of the middleware uses it or it counts open connections (lifetime.go,
+// keep.go), like the memory store.
+var connCounters = &counterRegistry{byName: newKeepingRegistry(connLive)}
 
 type counterRegistry struct {
 	byName *heldRegistry // *connCounter by middleware name

@@ -352,7 +352,7 @@ http:
           store: redis
           redis: {address: "{{redis}}"}
           global: {points: 0}
-          ip: {points: 1000000, duration: 60s}
+          ip: {points: 1000000, duration: 20s}
           websocket: {maxConnectionsPerIP: 5}
           status: {path: /_rl}
     stay:
@@ -401,9 +401,10 @@ func goroutines(t *testing.T, e *env) int {
 
 // TestRenamedMiddlewaresLeaveNothingBehind: 100 reloads that each rename a
 // middleware (memory counters, Redis block list, connection counter, Redis
-// pool). The registries end up holding what the last configuration uses,
-// Traefik's goroutines do not grow, and a middleware that stays keeps its
-// counters through every reload.
+// pool). The registries end up holding what the last configuration uses
+// (a renamed middleware's counters, the Redis store's memory fallback, are
+// kept until its 20 s windows end, then go), Traefik's goroutines do not
+// grow, and a middleware that stays keeps its counters through every reload.
 func TestRenamedMiddlewaresLeaveNothingBehind(t *testing.T) {
 	r := startRedis(t)
 	render := func(n int) string {
@@ -448,7 +449,9 @@ func TestRenamedMiddlewaresLeaveNothingBehind(t *testing.T) {
 	}
 
 	// What the last configuration uses: stores of rl-100 and stay, one block
-	// list, one connection counter, one Redis pool.
+	// list, one connection counter, one Redis pool. A renamed middleware's
+	// empty block list and connection counter go at the grace, its store
+	// once its windows ended.
 	want := map[string]int{"stores": 2, "blocklists": 1, "connections": 1, "redis": 1}
 
 	var last map[string]int

@@ -1,0 +1,249 @@
+package tierlimit
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// keepTimers drives a keeping registry: its clock and its timers, which the
+// test fires, so that no test waits for a grace or a window.
+type keepTimers struct {
+	now     int64
+	started chan keepTimer
+}
+
+type keepTimer struct {
+	d time.Duration
+	f func()
+}
+
+func newKeepTimers(r *heldRegistry, now int64) *keepTimers {
+	kt := &keepTimers{now: now, started: make(chan keepTimer, 16)}
+	r.now = func() time.Time { return time.Unix(0, kt.now) }
+	r.after = func(d time.Duration, f func()) { kt.started <- keepTimer{d, f} }
+
+	return kt
+}
+
+// next returns the next timer started; the first one after a ctx is
+// cancelled is started on a goroutine of context.AfterFunc's, hence the
+// wait (with a deadline).
+func (kt *keepTimers) next(t *testing.T) keepTimer {
+	t.Helper()
+
+	select {
+	case tm := <-kt.started:
+		return tm
+	case <-time.After(5 * time.Second):
+		t.Fatal("no timer started")
+		return keepTimer{}
+	}
+}
+
+// fire moves the clock to the timer's end and runs it.
+func (kt *keepTimers) fire(tm keepTimer) {
+	kt.now += int64(tm.d)
+	tm.f()
+}
+
+func (kt *keepTimers) none(t *testing.T) {
+	t.Helper()
+
+	select {
+	case tm := <-kt.started:
+		t.Fatalf("a timer of %s started", tm.d)
+	default:
+	}
+}
+
+func newTestStore() interface{} { return newWindowStore(100) }
+
+// keepStore is a middleware's memory store taken from r by one instance
+// whose configuration is then replaced (its ctx cancelled); it returns the
+// store and the grace timer that started.
+func keepStore(t *testing.T, r *heldRegistry, kt *keepTimers, charge func(s *windowStore)) (*windowStore, keepTimer) {
+	t.Helper()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	s, _ := r.take(ctx, "rl@file", newTestStore).(*windowStore)
+	charge(s)
+	cancel()
+
+	tm := kt.next(t)
+	if tm.d != releaseGrace {
+		t.Fatalf("first timer %s, want the grace", tm.d)
+	}
+
+	return s, tm
+}
+
+// TestUnheldCountersOutliveTheGraceUntilTheirEnd: a middleware disabled by
+// a bad reload, or removed, keeps its counters past the grace while they
+// hold something (a window, a sliding window's weight, a token bucket's
+// debt, a calendar period, a block), and is released once they all ended.
+func TestUnheldCountersOutliveTheGraceUntilTheirEnd(t *testing.T) {
+	day := time.Date(2026, 6, 16, 0, 0, 0, 0, time.UTC).UnixNano() // t0's day ends
+
+	cases := []struct {
+		name string
+		spec layerSpec
+		hits int
+		end  int64 // when the counts stop mattering
+	}{
+		{"fixed", layerSpec{name: "ip", points: 5, duration: 10 * time.Minute}, 3, t0 + int64(10*time.Minute)},
+		{"sliding", layerSpec{name: "ip", points: 5, duration: time.Minute, sliding: true}, 3, t0 + int64(2*time.Minute)},
+		{"tokenbucket", layerSpec{name: "ip", points: 1, duration: time.Minute, bucket: true, burst: 5}, 3, t0 + int64(3*time.Minute)},
+		{"calendar day", layerSpec{name: "ip", points: 5, duration: 24 * time.Hour, calendar: calDay}, 3, day},
+		{"block", layerSpec{name: "ip", points: 2, duration: time.Minute, block: time.Hour}, 3, t0 + int64(time.Hour)},
+	}
+
+	for _, c := range cases {
+		r := newKeepingRegistry(storeLive)
+		kt := newKeepTimers(r, t0)
+
+		var l *layer
+
+		s, grace := keepStore(t, r, kt, func(s *windowStore) {
+			l = newLayer(s, c.spec, keyOfClient)
+			store := counterStore(s)
+			if l.blockDuration != 0 {
+				store = &blockingStore{s}
+			}
+
+			for i := 0; i < c.hits; i++ {
+				take(store, t0, []*layer{l}, "198.51.100.7", "", false)
+			}
+		})
+
+		// The grace ends: the counts still matter, so the entry stays and
+		// is checked again at their end.
+		kt.fire(grace)
+
+		if r.size() != 1 {
+			t.Fatalf("%s: counters released at the grace while they still count", c.name)
+		}
+
+		tm := kt.next(t)
+		if at := kt.now + int64(tm.d); at != c.end {
+			t.Fatalf("%s: checked again at %s, want %s (when its counts end)", c.name, time.Unix(0, at).UTC(), time.Unix(0, c.end).UTC())
+		}
+
+		// The same name configured again meanwhile takes its counts back.
+		if again, _ := r.take(context.Background(), "rl@file", newTestStore).(*windowStore); again != s {
+			t.Fatalf("%s: the middleware configured again got new counters", c.name)
+		}
+
+		kt.fire(tm) // held: a stale timer releases nothing
+
+		if r.size() != 1 {
+			t.Fatalf("%s: released while held again", c.name)
+		}
+	}
+}
+
+// TestUnheldCountersReleasedWhenTheyEnd: kept past the grace, the store is
+// released at the end of its last window; an empty store, or one whose
+// windows all ended, goes at the grace as before.
+func TestUnheldCountersReleasedWhenTheyEnd(t *testing.T) {
+	r := newKeepingRegistry(storeLive)
+	kt := newKeepTimers(r, t0)
+
+	_, grace := keepStore(t, r, kt, func(s *windowStore) {
+		l := testLayer(s, "ip", 5, 10*time.Minute)
+		take(s, t0, []*layer{l}, "198.51.100.7", "", false)
+		take(s, t0+int64(time.Minute), []*layer{l}, "198.51.100.8", "", false)
+	})
+
+	kt.fire(grace)
+
+	// Checked again when the later window ends (t0 + 11 min), then released.
+	tm := kt.next(t)
+	if at := kt.now + int64(tm.d); at != t0+int64(11*time.Minute) {
+		t.Fatalf("checked again at +%s, want +11m0s", time.Duration(at-t0))
+	}
+
+	kt.fire(tm)
+
+	if r.size() != 0 {
+		t.Fatal("kept after its last window ended")
+	}
+
+	kt.none(t)
+
+	for _, name := range []string{"empty", "ended"} {
+		r := newKeepingRegistry(storeLive)
+		kt := newKeepTimers(r, t0)
+		name := name
+
+		_, grace := keepStore(t, r, kt, func(s *windowStore) {
+			if name == "ended" {
+				l := testLayer(s, "ip", 5, time.Second)
+				take(s, t0, []*layer{l}, "198.51.100.7", "", false)
+			}
+		})
+
+		kt.fire(grace)
+
+		if r.size() != 0 {
+			t.Fatalf("%s store kept past the grace", name)
+		}
+
+		kt.none(t)
+	}
+}
+
+// TestUnheldBlockListKeptUntilItsBlocksEnd: the Redis store's list of keys
+// known blocked is kept while a block runs.
+func TestUnheldBlockListKeptUntilItsBlocksEnd(t *testing.T) {
+	r := newKeepingRegistry(blockListLive)
+	kt := newKeepTimers(r, t0)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	b, _ := r.take(ctx, "rl@file", func() interface{} { return newBlockList(100) }).(*blockList)
+	b.add("ip\x00args\x00", "198.51.100.7", t0+int64(time.Hour), t0)
+	cancel()
+
+	kt.fire(kt.next(t))
+
+	tm := kt.next(t)
+	if at := kt.now + int64(tm.d); at != t0+int64(time.Hour) || r.size() != 1 {
+		t.Fatalf("block list: %d entries, checked again at +%s, want kept to +1h0m0s", r.size(), time.Duration(at-t0))
+	}
+
+	kt.fire(tm)
+
+	if r.size() != 0 {
+		t.Fatal("block list kept after its blocks ended")
+	}
+}
+
+// TestUnheldConnectionCounterKeptWhileConnectionsAreOpen: a removed
+// middleware's WebSocket connections stay open; their counter is kept
+// (checked every grace) until they close, so the middleware configured
+// again does not admit maxConnectionsPerIP more.
+func TestUnheldConnectionCounterKeptWhileConnectionsAreOpen(t *testing.T) {
+	r := newKeepingRegistry(connLive)
+	kt := newKeepTimers(r, t0)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	c, _ := r.take(ctx, "rl@file", func() interface{} {
+		return &connCounter{byIP: map[string]int{}, logged: map[string]bool{}, max: 5}
+	}).(*connCounter)
+	c.acquire("198.51.100.7")
+	cancel()
+
+	kt.fire(kt.next(t))
+
+	tm := kt.next(t)
+	if tm.d != releaseGrace || r.size() != 1 {
+		t.Fatalf("with a connection open: %d entries, checked again in %s", r.size(), tm.d)
+	}
+
+	c.release("198.51.100.7")
+	kt.fire(tm)
+
+	if r.size() != 0 {
+		t.Fatal("connection counter kept after its connections closed")
+	}
+}
