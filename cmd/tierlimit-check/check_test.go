@@ -154,6 +154,13 @@ func TestUnreadableAndUnparsableFiles(t *testing.T) {
 		t.Errorf("exit %d, want 2", code)
 	}
 
+	out, code = runCheck(t, "testdata/broken.yml", "../../dynamic.yml")
+	wantLines(t, out, "testdata/broken.yml: yaml: line 2: did not find expected ',' or ']'", "../../dynamic.yml: ratelimit@file: ok")
+
+	if code != exitFiles {
+		t.Errorf("a file that does not parse: exit %d, want 2", code)
+	}
+
 	if _, code := runCheck(t); code != exitFiles {
 		t.Errorf("no argument: exit %d, want 2", code)
 	}
