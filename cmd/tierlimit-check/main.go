@@ -1,8 +1,8 @@
 // Command tierlimit-check checks the tierlimit middlewares of Traefik dynamic
-// configuration files (YAML or TOML, as the file provider reads them) and of
+// configuration files (YAML or TOML, as the file provider reads them), of
 // Kubernetes manifests (Middleware objects of traefik.io/v1alpha1, as the CRD
-// provider reads them) before a reload, so that a typo does not disable a
-// router (and, 10 seconds later, drop its counters).
+// provider reads them) and of Docker labels (as the Docker provider reads
+// them) before a reload, so that a typo does not take a router down.
 //
 // Each middleware is built the way Traefik builds it: the plugin's source is
 // loaded by Traefik's own loader (pkg/plugins: Yaegi, mapstructure with weak
@@ -36,11 +36,12 @@ func main() {
 
 const usage = `usage: tierlimit-check [-plugin tierlimit] [-src DIR] FILE|DIR...
 
-Checks every tierlimit middleware of Traefik dynamic configuration files (.yml, .yaml,
-.toml) and Kubernetes manifests (YAML with traefik.io/v1alpha1 Middleware objects);
-a directory is walked for .yml, .yaml and .toml files. Prints "<file>: <middleware>: ok"
-or the error Traefik would get, and exits 1 when a middleware has one, 2 when a file
-cannot be read or parsed.
+Builds every tierlimit middleware of Traefik dynamic configuration files (YAML, TOML),
+Kubernetes manifests (traefik.io/v1alpha1 Middleware objects) and Docker labels (a Compose
+file's services.<name>.labels, or a file of labels alone) as Traefik would; a directory is
+walked for .yml, .yaml and .toml files. Prints "<file>: <middleware>: ok" or the error
+Traefik would get. urn:k8s:secret values are checked as written, not resolved.
+Exit status: 0 all ok, 1 a middleware has an error, 2 a file cannot be read or parsed.
 
 `
 
