@@ -4,14 +4,15 @@
 #   then the Lua script and RESP client against miniredis (e2e/storetest) and the check that paths_gen.go
 #   is what paths.tmpl makes.
 # make generate: paths_gen.go from paths.tmpl.
+# make config-check: the configuration check (cmd/tierlimit-check) on dynamic.yml and every example, and its tests.
 GO ?= go
 TRAEFIK := e2e/.cache/traefik-v3.6.12
 # Pinned; fetched from the Go module proxy by go run, so a fresh machine needs nothing installed.
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: prereq test unit fuzz e2e dashboard demo traefik vendor-check catalog-check bench generate
+.PHONY: prereq test unit fuzz e2e dashboard demo traefik vendor-check catalog-check config-check bench generate
 
-test: prereq vendor-check catalog-check unit fuzz dashboard e2e
+test: prereq vendor-check catalog-check config-check unit fuzz dashboard e2e
 
 # Go, gcc (for -race) and redis-server, checked before any test: installed with apt-get as root
 # (CI, containers), else a stop within seconds with the command to run (.ci/prereq).
@@ -41,6 +42,12 @@ e2e: prereq $(TRAEFIK)
 	cd e2e && $(GO) vet ./...
 	cd e2e && $(GO) run $(STATICCHECK) ./...
 	cd e2e && $(GO) test -count=1 -timeout 20m ./...
+
+# The check users run before a reload (cmd/tierlimit-check, a module of its own: it needs Traefik),
+# its tests, and the check itself on dynamic.yml, docker-compose.yml and every example.
+config-check:
+	cd cmd/tierlimit-check && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./... && $(GO) test -count=1 ./...
+	cd cmd/tierlimit-check && $(GO) run . ../../dynamic.yml ../../docker-compose.yml ../../examples
 
 # examples/grafana's PromQL against the metrics the plugin exports (a module of its own: see e2e/dashboard/doc.go).
 dashboard:
