@@ -772,6 +772,7 @@ type redisBackend struct {
 	backoff time.Duration
 	outage  redisOutage // which transitions are logged (redisevents.go)
 	debts   []func()    // what the stores' fallbacks charged, paid when Redis answers again (owed.go)
+	probe   redisProbe  // the goroutine that probes Redis while failing (probe.go)
 }
 
 // usable reports whether to call Redis at now. While failing, one request per
@@ -797,19 +798,23 @@ func (b *redisBackend) usable(now int64) (use, probe bool) {
 	return true, true
 }
 
-// succeeded records the back-off's probe, started at now, succeeding.
+// succeeded records the back-off's probe, started at now, succeeding. Leaving
+// the fallback (down, the metric) and REDIS_RECOVERED are one transition.
 func (b *redisBackend) succeeded(now int64) {
 	b.mu.Lock()
-	recovered := outageSucceeded(&b.outage, now, true)
+
+	// The line is written before the fallback ends, under the lock that
+	// orders the transitions, so that whoever sees the metric at 0 finds it.
+	if b.failing {
+		b.event("REDIS_RECOVERED", "info", "", 0, now)
+	}
+
+	outageSucceeded(&b.outage, now, true)
 	b.failing, b.probing, b.backoff = false, false, 0
 	b.down.Store(false)
 	debts := b.debts
 	b.debts = nil
 	b.mu.Unlock()
-
-	if recovered {
-		b.event("REDIS_RECOVERED", "info", "", 0, now)
-	}
 
 	if debts != nil {
 		go payDebts(debts)
@@ -830,28 +835,33 @@ func (b *redisBackend) failed(now int64, probe bool, err error) {
 	}
 
 	first := !b.failing
-
-	switch {
-	case first:
-		b.failing, b.backoff = true, minBackoff
-		b.down.Store(true)
-	case probe:
-		b.backoff *= 2
-		if b.backoff > maxBackoff {
-			b.backoff = maxBackoff
-		}
-	default:
+	if !first && !probe {
 		b.mu.Unlock()
 		return
 	}
 
-	b.probing = false
-	b.retryAt = now + int64(b.backoff)
-	backoff := b.backoff
-	b.mu.Unlock()
+	backoff := minBackoff
+	if !first {
+		backoff = b.backoff * 2
+		if backoff > maxBackoff {
+			backoff = maxBackoff
+		}
+	}
 
+	// As in succeeded: the line before the metric moves, under the lock
+	// that orders the transitions.
 	if kind != outageQuiet {
 		b.event("REDIS_UNAVAILABLE", "error", err.Error(), backoff, now)
+	}
+
+	b.failing, b.probing, b.backoff = true, false, backoff
+	b.down.Store(true)
+	b.retryAt = now + int64(backoff)
+	start := scheduleProbe(b, now)
+	b.mu.Unlock()
+
+	if start {
+		go probeRedis(b)
 	}
 }
 
@@ -917,6 +927,7 @@ type backendRegistry struct {
 
 func closeBackend(v interface{}) {
 	if b, ok := v.(*redisBackend); ok {
+		stopProbe(b)
 		b.resets.stop()
 		b.pool.Close()
 	}
@@ -939,6 +950,7 @@ func (r *backendRegistry) get(ctx context.Context, opts redisresp.Options) *redi
 // (whose switches it logs) or a cluster.
 func newBackend(opts redisresp.Options) *redisBackend {
 	b := &redisBackend{pool: redisresp.NewClient(opts), address: opts.Target(), log: eventWriter}
+	b.probe.done = make(chan struct{})
 	if sc, ok := b.pool.(*redisresp.Sentinel); ok {
 		sc.OnSwitch = b.switched
 		b.sentinel = sc
