@@ -2,6 +2,7 @@ package tierlimit
 
 import (
 	"bytes"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -148,5 +149,100 @@ func TestTheProbeStopsWithTheBackend(t *testing.T) {
 
 	if b.failed(h.clock.Now().UnixNano()+int64(time.Minute), true, errBadReply); running() {
 		t.Fatal("a released backend started a probe")
+	}
+}
+
+// replicaOf is another process of a's middleware: h's instance with a's
+// Redis keys, and a memory fallback and backend of its own.
+func replicaOf(a, h *harness) *harness {
+	for i, l := range h.p.layers {
+		l.redisKey = a.p.layers[i].redisKey
+	}
+
+	// The fast path's calls are encoded with the keys.
+	if h.p.fast != nil {
+		h.p.fast = newRedisFast(h.p.fast.store, h.p.plans)
+	}
+
+	return h
+}
+
+// TestAnOutageAndAnEmptyRestartAdmitTheBound: two replicas of a 100-point
+// window on one redis-server, fixed and sliding. 50 requests before the
+// outage, 30 on each replica during it, then Redis comes back empty (its
+// data lost, as a restart without persistence loses it). With no request,
+// each replica's probe pays its outage's 30 into Redis, creating the key
+// that Redis lost with the window's end that memory holds, so that 40 more
+// get through after: 50 + 60 + 40, the bound docs/redis.md states (the 50
+// before the outage lived only in Redis).
+func TestAnOutageAndAnEmptyRestartAdmitTheBound(t *testing.T) {
+	for _, algorithm := range []string{"fixed", "sliding"} {
+		emptyRestart(t, algorithm)
+	}
+}
+
+func emptyRestart(t *testing.T, algorithm string) {
+	addr, admin := redisServer(t)
+	proxy := newSwitchProxy(t, addr)
+	replica := func() *harness {
+		h, _ := redisHarness(t, proxy.l.Addr().String(), func(c *Config) {
+			asACLUser(c)
+			c.IP = algorithmLayer(algorithm, 100)
+			c.IP.Duration = "60s"
+			c.Redis.DialTimeout = "1s"
+		})
+		probing(t, h)
+
+		return h
+	}
+	a := replica()
+	b := replicaOf(a, replica())
+
+	client := "203.0.113.23"
+	key := a.p.layers[0].redisKey + client
+	allowed := 0
+	send := func(h *harness, n int) {
+		for i := 0; i < n; i++ {
+			if h.get("/api", client+":1").Code == http.StatusOK {
+				allowed++
+			}
+		}
+	}
+
+	send(a, 50)
+	proxy.cut()
+	send(a, 30)
+	send(b, 30)
+
+	if allowed != 110 {
+		t.Fatalf("%s: %d allowed before and during the outage, want 110", algorithm, allowed)
+	}
+
+	redisDo(t, admin, "FLUSHALL")
+	redisDo(t, admin, "SCRIPT", "FLUSH")
+	proxy.restore()
+
+	count, window := []string{"GET", key}, int64(60000)
+	if algorithm == "sliding" {
+		count, window = []string{"HGET", key, "c"}, 120000 // a sliding key lives one window more
+	}
+
+	waitFor(t, algorithm+": both outages' 30 in Redis", func() bool { return redisDo(t, admin, count...).Str == "60" })
+
+	if ttl := redisDo(t, admin, "PTTL", key).Int; ttl <= window-10000 || ttl > window {
+		t.Fatalf("%s: the paid key's PTTL %d ms, want %d (to the window's end)", algorithm, ttl, window)
+	}
+
+	for _, h := range []*harness{a, b} {
+		waitFor(t, "the replicas' recovery", func() bool { return fallbackMetric(t, h) == "0" })
+	}
+
+	for i := 0; i < 25; i++ {
+		send(a, 1)
+		send(b, 1)
+	}
+
+	if allowed != 150 {
+		t.Errorf("%s: %d allowed across the outage and the empty restart, want 150 (50 + 60 + 40)", algorithm, allowed)
 	}
 }

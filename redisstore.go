@@ -307,6 +307,12 @@ return out
 // or of another kind holds nothing to give back and is left alone; no count
 // goes below zero, and no key's TTL grows.
 //
+// A negative cost is an outage's payment (owed.go): it adds to the keys, and
+// a fixed or sliding key that is gone (Redis restarted empty) is created
+// with the charge when ARGV[4n+1+i], after the n layers' arguments, gives
+// the milliseconds left in its window (a sliding key then lives one window
+// more, as takeScript's do); the refunds of requests send no such argument.
+//
 // KEYS: one key per layer. ARGV[1]: the cost. ARGV[4i-2] to ARGV[4i+1]: the
 // layer's arguments, as takeScript reads them from ARGV[4i-1].
 // Returns the number of keys given back to, as a one-integer array.
@@ -364,11 +370,20 @@ for i = 1, #KEYS do
       c = read('GET', k)
     end
     c = type(c) == 'string' and tonumber(c)
+    local ttl = cost < 0 and tonumber(ARGV[4 * #KEYS + 1 + i])
     if c and c > 0 then
       if algorithm == '1' then
         redis.call('HINCRBY', k, 'c', -math.min(c, cost))
       else
         redis.call('DECRBY', k, math.min(c, cost))
+      end
+      given = given + 1
+    elseif ttl and ttl > 0 and redis.call('PTTL', k) == -2 then
+      if algorithm == '1' then
+        redis.call('HSET', k, 'c', -cost, 'p', 0)
+        redis.call('PEXPIRE', k, ttl + tonumber(ARGV[4 * i - 1]))
+      else
+        redis.call('SET', k, -cost, 'PX', ttl)
       end
       given = given + 1
     end
