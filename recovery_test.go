@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/tierlimit/tierlimit/redisresp"
 )
 
 // eventSink is an event writer that the probing goroutine and the test
@@ -244,5 +246,53 @@ func emptyRestart(t *testing.T, algorithm string) {
 
 	if allowed != 150 {
 		t.Errorf("%s: %d allowed across the outage and the empty restart, want 150 (50 + 60 + 40)", algorithm, allowed)
+	}
+}
+
+// TestResetSubscriptionRecoveryIsLogged: the reset subscription's loss is
+// logged once (REDIS_RESETS_UNAVAILABLE) however many attempts fail, and
+// its return once (REDIS_RESETS_RECOVERED), for each loss.
+func TestResetSubscriptionRecoveryIsLogged(t *testing.T) {
+	addr, admin := redisServer(t)
+	proxy := newSwitchProxy(t, addr)
+	b := newBackend(redisresp.Options{Address: proxy.l.Addr().String(), Timeout: time.Second, DialTimeout: time.Second})
+	events := &eventSink{}
+	b.log = events
+	t.Cleanup(func() { closeBackend(b) })
+
+	channel := resetChannel("tierlimit-recovery")
+	b.resets.listen(channel, "m@test", func(string, string) {})
+
+	subscribed := func() bool { return redisDo(t, admin, "PUBSUB", "NUMSUB", channel).Array[1].Int == 1 }
+	waitFor(t, "the subscription", subscribed)
+
+	for loss := 1; loss <= 2; loss++ {
+		proxy.cut()
+		waitFor(t, "the loss's line", func() bool {
+			return strings.Count(events.String(), "REDIS_RESETS_UNAVAILABLE") == loss
+		})
+
+		// Attempts keep failing (50 ms, then doubling): no line more.
+		waitFor(t, "failed attempts", func() bool {
+			b.resets.mu.Lock()
+			defer b.resets.mu.Unlock()
+
+			return b.resets.failing
+		})
+
+		if out := events.String(); strings.Count(out, "REDIS_RESETS_RECOVERED") != loss-1 {
+			t.Fatalf("loss %d, still cut:\n%s", loss, out)
+		}
+
+		proxy.restore()
+		waitFor(t, "the subscription again", subscribed)
+		waitFor(t, "the recovery's line", func() bool {
+			return strings.Count(events.String(), "REDIS_RESETS_RECOVERED") == loss
+		})
+
+		if out := events.String(); strings.Count(out, "REDIS_RESETS_UNAVAILABLE") != loss ||
+			strings.LastIndex(out, "REDIS_RESETS_RECOVERED") < strings.LastIndex(out, "REDIS_RESETS_UNAVAILABLE") {
+			t.Fatalf("loss %d: want one line of each, in order:\n%s", loss, out)
+		}
 	}
 }
