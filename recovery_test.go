@@ -296,3 +296,51 @@ func TestResetSubscriptionRecoveryIsLogged(t *testing.T) {
 		}
 	}
 }
+
+// TestAnOutageIsPaidToABlockingLayer: a sliding window or token bucket with
+// a blockDuration is paid its outage's charges too (its script arguments
+// carry the block: "1b60000"), not taken for a fixed counter and skipped.
+func TestAnOutageIsPaidToABlockingLayer(t *testing.T) {
+	for _, algorithm := range []string{"sliding", "tokenbucket"} {
+		addr, admin := redisServer(t)
+		proxy := newSwitchProxy(t, addr)
+		h, _ := redisHarness(t, proxy.l.Addr().String(), func(c *Config) {
+			asACLUser(c)
+			c.IP = algorithmLayer(algorithm, 10)
+			c.IP.BlockDuration = "1m"
+			c.Redis.DialTimeout = "1s"
+		})
+		probing(t, h)
+
+		client := "203.0.113.24"
+		key := h.p.layers[0].redisKey + client
+		send := func(n int) {
+			for i := 0; i < n; i++ {
+				if code := h.get("/api", client+":1").Code; code != http.StatusOK {
+					t.Fatalf("%s: %d", algorithm, code)
+				}
+			}
+		}
+
+		send(4)
+		before := redisDo(t, admin, "HMGET", key, "c", "r", "n")
+		proxy.cut()
+		send(3)
+		proxy.restore()
+
+		waitFor(t, algorithm+": the recovery", func() bool { return fallbackMetric(t, h) == "0" })
+
+		paid := func() bool {
+			v := redisDo(t, admin, "HMGET", key, "c", "r", "n")
+			if algorithm == "sliding" {
+				return v.Array[0].Str == "7"
+			}
+
+			// A bucket of 1 token an hour holds its TAT in r (n stays 0);
+			// the payment adds the outage's 3 tokens to n.
+			return v.Array[1].Str == before.Array[1].Str && v.Array[2].Str == "3"
+		}
+
+		waitFor(t, algorithm+": the outage's 3 in Redis", paid)
+	}
+}

@@ -314,7 +314,8 @@ return out
 // more, as takeScript's do); the refunds of requests send no such argument.
 //
 // KEYS: one key per layer. ARGV[1]: the cost. ARGV[4i-2] to ARGV[4i+1]: the
-// layer's arguments, as takeScript reads them from ARGV[4i-1].
+// layer's arguments, as takeScript reads them from ARGV[4i-1] (a "d" before
+// the algorithm and a "b<ms>" after it change nothing here).
 // Returns the number of keys given back to, as a one-integer array.
 const refundScript = `
 -- read runs a read command; a key of another kind reads as false, any
@@ -334,6 +335,8 @@ for i = 1, #KEYS do
   local k = KEYS[i]
   local algorithm = ARGV[4 * i]
   if string.byte(algorithm, 1) == 100 then algorithm = string.sub(algorithm, 2) end
+  local block = string.find(algorithm, 'b', 1, true)
+  if block then algorithm = string.sub(algorithm, 1, block - 1) end
   if algorithm == '2' then
     local v = read('HMGET', k, 'r', 'n')
     local r, n = false, false
