@@ -130,3 +130,48 @@ func TestRecoveryWithoutTrafficAfterAnEmptyRestart(t *testing.T) {
 		t.Errorf("%d allowed across the outage and the empty restart, want 150 (50 + 60 + 40)", allowed)
 	}
 }
+
+// TestResetSubscriptionRecoveryThroughTraefik: the reset subscription, which
+// a refusal starts, logs its loss when Redis dies (REDIS_RESETS_UNAVAILABLE)
+// and its return once Redis is back (REDIS_RESETS_RECOVERED), once each,
+// with no request.
+func TestResetSubscriptionRecoveryThroughTraefik(t *testing.T) {
+	r := startRedis(t)
+	e := start(t, recoveryDynamic(r.Addr))
+	e.waitRouters("api")
+
+	admin := r.Client(redisresp.Options{})
+	subscribed := func() bool {
+		v := redisDo(t, admin, "PUBSUB", "NUMSUB", "ratelimit:resets")
+		return len(v.Array) == 2 && v.Array[1].Int == 1
+	}
+
+	for i := 0; i < 101; i++ {
+		e.get(e.traefik.Web+"/api", from("198.51.100.2"))
+	}
+
+	waitFor(t, 10*time.Second, subscribed, func() string { return "no subscription after a refusal" })
+	admin.Close()
+	r.Kill()
+
+	lines := func(event string) int { return strings.Count(e.traefik.Logs(), `"event":"`+event+`"`) }
+
+	waitFor(t, 15*time.Second, func() bool { return lines("REDIS_RESETS_UNAVAILABLE") == 1 }, func() string {
+		return "no REDIS_RESETS_UNAVAILABLE:\n" + grepLines(e.traefik.Logs(), "REDIS_")
+	})
+
+	if err := r.Start(); err != nil {
+		t.Fatal(err)
+	}
+
+	admin = r.Client(redisresp.Options{})
+	defer admin.Close()
+
+	waitFor(t, 15*time.Second, func() bool { return lines("REDIS_RESETS_RECOVERED") == 1 && subscribed() }, func() string {
+		return "no REDIS_RESETS_RECOVERED:\n" + grepLines(e.traefik.Logs(), "REDIS_")
+	})
+
+	if n := lines("REDIS_RESETS_UNAVAILABLE"); n != 1 {
+		t.Fatalf("REDIS_RESETS_UNAVAILABLE %d times, want once:\n%s", n, grepLines(e.traefik.Logs(), "REDIS_"))
+	}
+}
