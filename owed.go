@@ -13,9 +13,11 @@ import (
 // Redis answers again, so that a flap does not split a key's count between
 // the two stores and let their sum through: memory starts from what Redis
 // last reported (fallback.go), and Redis then takes what memory charged.
-// Only keys Redis still holds are paid (a window that ended in Redis during
-// the outage is not started again), and at most maxTracked keys per
-// middleware. A token bucket is charged its outage tokens from where Redis
+// A key Redis still holds is added to; a fixed or sliding key that Redis
+// lost (a restart without persistence) is created with the charges, to the
+// end of the window memory holds for it, so that the outage's charges are
+// counted after an empty restart too. A key whose memory window ended is not
+// started again. At most maxTracked keys per middleware. A token bucket is charged its outage tokens from where Redis
 // holds it, which is exact unless it filled up before the outage's charges.
 // A payment that fails keeps what it did not pay for the next recovery: a
 // call that timed out after Redis ran it is then paid twice, which refuses
@@ -136,7 +138,8 @@ func forgiveRefunded(s *redisStore, layers []*layer, client, principal string, r
 }
 
 // payOwed adds the debts to Redis, a refund of a negative cost per key: the
-// refund script adds to a key that exists and leaves others alone.
+// refund script adds to a key that exists, and creates a missing one that
+// memory still holds a window of (payDebt).
 func payOwed(s *redisStore) {
 	o := s.owed
 
@@ -150,7 +153,7 @@ func payOwed(s *redisStore) {
 
 	for k, d := range debts {
 		if unpaid == nil {
-			err := refundOnRedis(s, d.at, []*layer{k.l}, k.client, k.principal, nil, -d.points)
+			err := payDebt(s, k, d)
 			if err == nil {
 				continue
 			}
@@ -170,6 +173,52 @@ func payOwed(s *redisStore) {
 	if unpaid != nil {
 		oweAgain(s, unpaid)
 	}
+}
+
+// payDebt adds one key's debt to Redis. A fixed or sliding key is given the
+// milliseconds left in memory's window of it, which the refund script
+// creates the key with when Redis lost it; a token bucket is added to only.
+func payDebt(s *redisStore, k owedKey, d owedDebt) error {
+	ttl := int64(0)
+	if k.l.interval == 0 {
+		ttl = windowLeft(s.local, k.l, k.l.keyFor(k.client, k.principal, nil), s.clock().UnixNano())
+	}
+
+	tail := redisresp.Bulk(formatInt(ttl))
+	call := refundRedis.Call(1, 7)
+
+	if cl := s.backend.cluster; cl != nil {
+		g := slotGroups([]*layer{k.l}, k.client, k.principal, nil, costArg(-d.points), d.at)[0]
+		replies, err := cl.RunInts([]redisresp.ClusterCall{{Slot: g.slot, Call: call, Encoded: g.keys + g.args + tail}})
+		if err == nil && len(replies) == 1 && replies[0].ServerErr != "" {
+			err = errors.New("running the refund script: " + replies[0].ServerErr)
+		}
+
+		return err
+	}
+
+	encoded := encodeCall([]*layer{k.l}, k.client, k.principal, nil, "", -d.points, d.at)
+
+	_, serverErr, err := call.RunIntsOn(s.backend.pool, encoded+tail)
+	if err == nil && serverErr != "" {
+		err = errors.New("running the refund script: " + serverErr)
+	}
+
+	return err
+}
+
+// windowLeft is the milliseconds left at now in memory's window of key in
+// l, or 0 when memory holds none that is live.
+func windowLeft(s *windowStore, l *layer, key string, now int64) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	w := s.maps[l.name][key]
+	if w == nil || w.reset <= now {
+		return 0
+	}
+
+	return (w.reset - now + nsPerMillisecond - 1) / nsPerMillisecond
 }
 
 // oweAgain puts back the debts a payment could not pay, with what the

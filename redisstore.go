@@ -308,8 +308,15 @@ return out
 // or of another kind holds nothing to give back and is left alone; no count
 // goes below zero, and no key's TTL grows.
 //
+// A negative cost is an outage's payment (owed.go): it adds to the keys, and
+// a fixed or sliding key that is gone (Redis restarted empty) is created
+// with the charge when ARGV[4n+1+i], after the n layers' arguments, gives
+// the milliseconds left in its window (a sliding key then lives one window
+// more, as takeScript's do); the refunds of requests send no such argument.
+//
 // KEYS: one key per layer. ARGV[1]: the cost. ARGV[4i-2] to ARGV[4i+1]: the
-// layer's arguments, as takeScript reads them from ARGV[4i-1].
+// layer's arguments, as takeScript reads them from ARGV[4i-1] (a "d" before
+// the algorithm and a "b<ms>" after it change nothing here).
 // Returns the number of keys given back to, as a one-integer array.
 const refundScript = `
 -- read runs a read command; a key of another kind reads as false, any
@@ -329,6 +336,8 @@ for i = 1, #KEYS do
   local k = KEYS[i]
   local algorithm = ARGV[4 * i]
   if string.byte(algorithm, 1) == 100 then algorithm = string.sub(algorithm, 2) end
+  local block = string.find(algorithm, 'b', 1, true)
+  if block then algorithm = string.sub(algorithm, 1, block - 1) end
   if algorithm == '2' then
     local v = read('HMGET', k, 'r', 'n')
     local r, n = false, false
@@ -365,11 +374,20 @@ for i = 1, #KEYS do
       c = read('GET', k)
     end
     c = type(c) == 'string' and tonumber(c)
+    local ttl = cost < 0 and tonumber(ARGV[4 * #KEYS + 1 + i])
     if c and c > 0 then
       if algorithm == '1' then
         redis.call('HINCRBY', k, 'c', -math.min(c, cost))
       else
         redis.call('DECRBY', k, math.min(c, cost))
+      end
+      given = given + 1
+    elseif ttl and ttl > 0 and redis.call('PTTL', k) == -2 then
+      if algorithm == '1' then
+        redis.call('HSET', k, 'c', -cost, 'p', 0)
+        redis.call('PEXPIRE', k, ttl + tonumber(ARGV[4 * i - 1]))
+      else
+        redis.call('SET', k, -cost, 'PX', ttl)
       end
       given = given + 1
     end
@@ -784,6 +802,7 @@ type redisBackend struct {
 	backoff time.Duration
 	outage  redisOutage // which transitions are logged (redisevents.go)
 	debts   []func()    // what the stores' fallbacks charged, paid when Redis answers again (owed.go)
+	probe   redisProbe  // the goroutine that probes Redis while failing (probe.go)
 }
 
 // usable reports whether to call Redis at now. While failing, one request per
@@ -809,19 +828,23 @@ func (b *redisBackend) usable(now int64) (use, probe bool) {
 	return true, true
 }
 
-// succeeded records the back-off's probe, started at now, succeeding.
+// succeeded records the back-off's probe, started at now, succeeding. Leaving
+// the fallback (down, the metric) and REDIS_RECOVERED are one transition.
 func (b *redisBackend) succeeded(now int64) {
 	b.mu.Lock()
-	recovered := outageSucceeded(&b.outage, now, true)
+
+	// The line is written before the fallback ends, under the lock that
+	// orders the transitions, so that whoever sees the metric at 0 finds it.
+	if b.failing {
+		b.event("REDIS_RECOVERED", "info", "", 0, now)
+	}
+
+	outageSucceeded(&b.outage, now, true)
 	b.failing, b.probing, b.backoff = false, false, 0
 	b.down.Store(false)
 	debts := b.debts
 	b.debts = nil
 	b.mu.Unlock()
-
-	if recovered {
-		b.event("REDIS_RECOVERED", "info", "", 0, now)
-	}
 
 	if debts != nil {
 		go payDebts(debts)
@@ -842,28 +865,33 @@ func (b *redisBackend) failed(now int64, probe bool, err error) {
 	}
 
 	first := !b.failing
-
-	switch {
-	case first:
-		b.failing, b.backoff = true, minBackoff
-		b.down.Store(true)
-	case probe:
-		b.backoff *= 2
-		if b.backoff > maxBackoff {
-			b.backoff = maxBackoff
-		}
-	default:
+	if !first && !probe {
 		b.mu.Unlock()
 		return
 	}
 
-	b.probing = false
-	b.retryAt = now + int64(b.backoff)
-	backoff := b.backoff
-	b.mu.Unlock()
+	backoff := minBackoff
+	if !first {
+		backoff = b.backoff * 2
+		if backoff > maxBackoff {
+			backoff = maxBackoff
+		}
+	}
 
+	// As in succeeded: the line before the metric moves, under the lock
+	// that orders the transitions.
 	if kind != outageQuiet {
 		b.event("REDIS_UNAVAILABLE", "error", err.Error(), backoff, now)
+	}
+
+	b.failing, b.probing, b.backoff = true, false, backoff
+	b.down.Store(true)
+	b.retryAt = now + int64(backoff)
+	start := scheduleProbe(b, now)
+	b.mu.Unlock()
+
+	if start {
+		go probeRedis(b)
 	}
 }
 
@@ -929,6 +957,7 @@ type backendRegistry struct {
 
 func closeBackend(v interface{}) {
 	if b, ok := v.(*redisBackend); ok {
+		stopProbe(b)
 		flushSyncsOn(b) // released at the same grace, in either order
 		b.resets.stop()
 		b.pool.Close()
@@ -952,6 +981,7 @@ func (r *backendRegistry) get(ctx context.Context, opts redisresp.Options) *redi
 // (whose switches it logs) or a cluster.
 func newBackend(opts redisresp.Options) *redisBackend {
 	b := &redisBackend{pool: redisresp.NewClient(opts), address: opts.Target(), log: eventWriter}
+	b.probe.done = make(chan struct{})
 	if sc, ok := b.pool.(*redisresp.Sentinel); ok {
 		sc.OnSwitch = b.switched
 		b.sentinel = sc

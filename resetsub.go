@@ -71,7 +71,8 @@ type resetListener struct {
 	opts     redisresp.Options
 	sentinel *redisresp.Sentinel // the backend's, or nil: subscribe on its primary
 	cluster  *redisresp.Cluster  // the backend's, or nil: subscribe on one of its nodes
-	event    func(msg string)    // logs that the subscription failed
+	event    func(msg string)    // logs that the subscription failed (REDIS_RESETS_UNAVAILABLE)
+	back     func()              // logs that it works again (REDIS_RESETS_RECOVERED)
 
 	mu      sync.Mutex
 	targets map[string]map[string]resetForget // by channel, then middleware name
@@ -88,8 +89,11 @@ func newResetListener(b *redisBackend, opts redisresp.Options) *resetListener {
 	event := func(msg string) {
 		b.event("REDIS_RESETS_UNAVAILABLE", "error", msg, 0, time.Now().UnixNano())
 	}
+	back := func() {
+		b.event("REDIS_RESETS_RECOVERED", "info", "", 0, time.Now().UnixNano())
+	}
 
-	return &resetListener{opts: opts, sentinel: b.sentinel, cluster: b.cluster, event: event,
+	return &resetListener{opts: opts, sentinel: b.sentinel, cluster: b.cluster, event: event, back: back,
 		targets: map[string]map[string]resetForget{}, done: make(chan struct{})}
 }
 
@@ -298,7 +302,9 @@ func (r *resetListener) channels() []string {
 
 // attach makes c the live connection, unless the listener stopped or a
 // channel was added since the subscription (then the caller subscribes
-// again).
+// again). The first subscription after a failure that was logged logs that
+// resets arrive again: one REDIS_RESETS_RECOVERED per
+// REDIS_RESETS_UNAVAILABLE, both written under the lock that orders them.
 func (r *resetListener) attach(c *redisresp.Conn) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -308,6 +314,11 @@ func (r *resetListener) attach(c *redisresp.Conn) bool {
 	}
 
 	r.conn = c
+
+	if r.failing && r.back != nil {
+		r.back()
+	}
+
 	r.failing = false
 
 	return true
@@ -374,13 +385,13 @@ func (r *resetListener) dispatch(m redisresp.Message) {
 // failed logs the first failure of a row: later ones are the same outage.
 func (r *resetListener) failed(err error) {
 	r.mu.Lock()
-	first := !r.failing && !r.closed
-	r.failing = true
-	r.mu.Unlock()
+	defer r.mu.Unlock()
 
-	if first {
+	if !r.failing && !r.closed {
 		r.event(err.Error())
 	}
+
+	r.failing = true
 }
 
 // forgetLayerKey drops key's entries of the layer named layer, under any of

@@ -1,0 +1,185 @@
+package tierlimit
+
+import (
+	"errors"
+	"time"
+
+	"github.com/tierlimit/tierlimit/redisresp"
+)
+
+// While a backend is failing, a goroutine of its own probes Redis on the
+// back-off's schedule, so that a replica that receives no request needing
+// Redis still sees it answer again: the backend leaves the fallback
+// (tierlimit_redis_fallback 0), REDIS_RECOVERED is written and what the
+// outage owes is paid (owed.go), all through redisBackend.succeeded, as when
+// a request's probe succeeds. The goroutine starts with the backend's first
+// failure (never in New), ends when Redis answers or the backend is released
+// (closeBackend), and recovers from panics. Requests still probe too: the
+// first of the two to find Redis up ends the outage, and only one probe runs
+// at a time (redisBackend.probing).
+
+// minProbeWait is the shortest pause between two looks at the back-off: a
+// request's probe under way, or a clock that says the back-off ended, is
+// looked at again after it rather than in a busy loop.
+const minProbeWait = 20 * time.Millisecond
+
+// redisProbe is the probing goroutine's state, under the backend's mutex.
+// Times of the back-off are the calls' (Unix nanoseconds, from the clock of
+// the instance that failed); the goroutine waits in real time from the last
+// failure, and times its probe as that failure plus the time since.
+type redisProbe struct {
+	done       chan struct{} // closed when the backend is released; nil: no goroutine (a test's backend)
+	closed     bool
+	running    bool
+	failedAt   int64     // the last failure that set the back-off, on the calls' clock
+	failedWall time.Time // when it was recorded
+}
+
+// scheduleProbe records a failure at now that set the back-off, and reports
+// whether the probing goroutine is to be started. Called with b.mu held.
+func scheduleProbe(b *redisBackend, now int64) bool {
+	p := &b.probe
+	p.failedAt = now
+	p.failedWall = time.Now()
+
+	if p.done == nil || p.closed || p.running {
+		return false
+	}
+
+	p.running = true
+
+	return true
+}
+
+// stopProbe ends the probing goroutine: the backend is released.
+func stopProbe(b *redisBackend) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+
+	if b.probe.done != nil && !b.probe.closed {
+		b.probe.closed = true
+		close(b.probe.done)
+	}
+}
+
+// probeRedis probes b until Redis answers or b is released.
+func probeRedis(b *redisBackend) {
+	claimed := false
+
+	// A panic ends the goroutine, not Traefik; a probe it left claimed is
+	// given back, so that requests probe again (and the next failure starts
+	// another goroutine).
+	defer func() {
+		_ = recover()
+
+		b.mu.Lock()
+		b.probe.running = false
+		if claimed {
+			b.probing = false
+		}
+		b.mu.Unlock()
+	}()
+
+	for {
+		wait, ok := probeWait(b)
+		if !ok || !pauseProbe(b, wait) {
+			return
+		}
+
+		now, ok := claimProbe(b)
+		if !ok {
+			continue
+		}
+
+		claimed = true
+		err := pingRedis(b)
+
+		if errors.Is(err, redisresp.ErrClosed) {
+			return
+		}
+
+		claimed = false
+
+		if err == nil {
+			b.succeeded(now)
+		} else {
+			b.failed(now, true, err)
+		}
+	}
+}
+
+// probeWait is how long to wait before the next probe, and false once there
+// is nothing to probe: Redis answered, or the backend was released. Then the
+// goroutine is marked stopped under the same lock, so that the next failure
+// starts another.
+func probeWait(b *redisBackend) (time.Duration, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+
+	p := &b.probe
+	if p.closed || !b.failing {
+		p.running = false
+		return 0, false
+	}
+
+	wait := b.backoff - time.Since(p.failedWall)
+	if wait < minProbeWait {
+		wait = minProbeWait
+	}
+
+	return wait, true
+}
+
+// pauseProbe waits d, and reports false once the backend is released.
+func pauseProbe(b *redisBackend, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+
+	select {
+	case <-b.probe.done:
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// claimProbe makes the goroutine the back-off's probe, unless Redis answered
+// or a request is probing, and returns the probe's time on the calls' clock.
+func claimProbe(b *redisBackend) (int64, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+
+	p := &b.probe
+	if !b.failing || b.probing || time.Since(p.failedWall) < b.backoff {
+		return 0, false
+	}
+
+	b.probing = true
+
+	return p.failedAt + int64(time.Since(p.failedWall)), true
+}
+
+// pingRedis runs the refund script on no key: the call requests make, which
+// the ACL grants, and it loads the script into a server that restarted empty.
+// On a cluster it asks slot 0's primary, after the cluster's own check of the
+// nodes it saw fail.
+func pingRedis(b *redisBackend) error {
+	call := refundRedis.Call(0, 1)
+	arg := redisresp.Bulk("0")
+
+	if b.cluster != nil {
+		replies, err := b.cluster.RunInts([]redisresp.ClusterCall{{Slot: 0, Call: call, Encoded: arg}})
+		if err == nil && len(replies) == 1 && replies[0].ServerErr != "" {
+			err = errors.New("probing Redis: " + replies[0].ServerErr)
+		}
+
+		return err
+	}
+
+	_, serverErr, err := call.RunIntsOn(b.pool, arg)
+	if err == nil && serverErr != "" {
+		err = errors.New("probing Redis: " + serverErr)
+	}
+
+	return err
+}

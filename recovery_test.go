@@ -1,0 +1,346 @@
+package tierlimit
+
+import (
+	"bytes"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tierlimit/tierlimit/redisresp"
+)
+
+// eventSink is an event writer that the probing goroutine and the test
+// share.
+type eventSink struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (s *eventSink) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	return s.buf.Write(p)
+}
+
+func (s *eventSink) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	return s.buf.String()
+}
+
+// probing gives h's backend (a test's, made without one) the probing
+// goroutine that newBackend gives every backend, and an event sink.
+func probing(t *testing.T, h *harness) (*redisBackend, *eventSink) {
+	t.Helper()
+
+	b := redisOf(h.p.store).backend
+	sink := &eventSink{}
+	b.log = sink
+	b.probe.done = make(chan struct{})
+	t.Cleanup(func() { stopProbe(b) })
+
+	return b, sink
+}
+
+// fallbackMetric is h's tierlimit_redis_fallback sample, as /metrics shows
+// it.
+func fallbackMetric(t *testing.T, h *harness) string {
+	t.Helper()
+
+	text := h.p.metricsText(h.clock.Now().UnixNano())
+	head := `tierlimit_redis_fallback{middleware="` + h.p.name + `"} `
+
+	i := strings.Index(text, head)
+	if i < 0 {
+		t.Fatalf("no %s sample in\n%s", head, text)
+	}
+
+	rest := text[i+len(head):]
+
+	return rest[:strings.IndexByte(rest, '\n')]
+}
+
+// waitFor polls cond, the outcome of a background call (the probe, the
+// payment), for up to 10 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited 10s for %s", what)
+		}
+
+		time.Sleep(10 * time.Millisecond) // polling a background call, not a window
+	}
+}
+
+// TestRecoveryIsSeenWithoutTraffic: after an outage, an instance that
+// receives no request reports Redis's recovery: the probe on the back-off's
+// schedule finds Redis up, the metric goes back to 0 with one
+// REDIS_RECOVERED (written before the metric moves, so that whoever sees the
+// 0 finds the event), and the outage's charges are paid into Redis. While
+// Redis is still away, the probes fail and the metric stays 1.
+func TestRecoveryIsSeenWithoutTraffic(t *testing.T) {
+	f := newFlap(t, "fixed", "203.0.113.21")
+	h, proxy, admin, send := f.h, f.proxy, f.admin, f.send
+	b, events := probing(t, h)
+	key := h.p.layers[0].redisKey + f.client
+
+	send(4)
+	proxy.cut()
+	send(3)
+
+	if got := fallbackMetric(t, h); got != "1" || strings.Count(events.String(), "REDIS_UNAVAILABLE") != 1 {
+		t.Fatalf("during the outage: metric %s, events\n%s", got, events.String())
+	}
+
+	// Two probes fail (200 ms, then 400 ms): still down, nothing recovered.
+	waitFor(t, "two failed probes", func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+
+		return b.backoff >= 4*minBackoff
+	})
+
+	if got := fallbackMetric(t, h); got != "1" || strings.Contains(events.String(), "REDIS_RECOVERED") {
+		t.Fatalf("Redis still cut: metric %s, events\n%s", got, events.String())
+	}
+
+	proxy.restore()
+
+	waitFor(t, "the metric to go back to 0", func() bool { return fallbackMetric(t, h) == "0" })
+
+	out := events.String()
+	if strings.Count(out, "REDIS_RECOVERED") != 1 || strings.Index(out, "REDIS_RECOVERED") < strings.Index(out, "REDIS_UNAVAILABLE") {
+		t.Fatalf("the metric is 0; want one REDIS_RECOVERED after the REDIS_UNAVAILABLE, already written:\n%s", out)
+	}
+
+	waitFor(t, "the outage's 3 in Redis", func() bool { return redisDo(t, admin, "GET", key).Str == "7" })
+
+	if f.allowed != 7 || h.calls.Load() != 7 {
+		t.Fatalf("%d allowed, %d served: the test sent traffic after the outage", f.allowed, h.calls.Load())
+	}
+}
+
+// TestTheProbeStopsWithTheBackend: a released backend's probe ends, and a
+// backend's next failure starts another once it ended.
+func TestTheProbeStopsWithTheBackend(t *testing.T) {
+	h, _ := redisHarness(t, closedPort(t), nil)
+	b, _ := probing(t, h)
+
+	h.get("/api", "203.0.113.22:1")
+
+	running := func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+
+		return b.probe.running
+	}
+
+	if !running() {
+		t.Fatal("no probe after a failure")
+	}
+
+	closeBackend(b)
+	waitFor(t, "the probe to end", func() bool { return !running() })
+
+	if b.failed(h.clock.Now().UnixNano()+int64(time.Minute), true, errBadReply); running() {
+		t.Fatal("a released backend started a probe")
+	}
+}
+
+// replicaOf is another process of a's middleware: h's instance with a's
+// Redis keys, and a memory fallback and backend of its own.
+func replicaOf(a, h *harness) *harness {
+	for i, l := range h.p.layers {
+		l.redisKey = a.p.layers[i].redisKey
+	}
+
+	// The fast path's calls are encoded with the keys.
+	if h.p.fast != nil {
+		h.p.fast = newRedisFast(h.p.fast.store, h.p.plans)
+	}
+
+	return h
+}
+
+// TestAnOutageAndAnEmptyRestartAdmitTheBound: two replicas of a 100-point
+// window on one redis-server, fixed and sliding. 50 requests before the
+// outage, 30 on each replica during it, then Redis comes back empty (its
+// data lost, as a restart without persistence loses it). With no request,
+// each replica's probe pays its outage's 30 into Redis, creating the key
+// that Redis lost with the window's end that memory holds, so that 40 more
+// get through after: 50 + 60 + 40, the bound docs/redis.md states (the 50
+// before the outage lived only in Redis).
+func TestAnOutageAndAnEmptyRestartAdmitTheBound(t *testing.T) {
+	for _, algorithm := range []string{"fixed", "sliding"} {
+		emptyRestart(t, algorithm)
+	}
+}
+
+func emptyRestart(t *testing.T, algorithm string) {
+	addr, admin := redisServer(t)
+	proxy := newSwitchProxy(t, addr)
+	replica := func() *harness {
+		h, _ := redisHarness(t, proxy.l.Addr().String(), func(c *Config) {
+			asACLUser(c)
+			c.IP = algorithmLayer(algorithm, 100)
+			c.IP.Duration = "60s"
+			c.Redis.DialTimeout = "1s"
+		})
+		probing(t, h)
+
+		return h
+	}
+	a := replica()
+	b := replicaOf(a, replica())
+
+	client := "203.0.113.23"
+	key := a.p.layers[0].redisKey + client
+	allowed := 0
+	send := func(h *harness, n int) {
+		for i := 0; i < n; i++ {
+			if h.get("/api", client+":1").Code == http.StatusOK {
+				allowed++
+			}
+		}
+	}
+
+	send(a, 50)
+	proxy.cut()
+	send(a, 30)
+	send(b, 30)
+
+	if allowed != 110 {
+		t.Fatalf("%s: %d allowed before and during the outage, want 110", algorithm, allowed)
+	}
+
+	redisDo(t, admin, "FLUSHALL")
+	redisDo(t, admin, "SCRIPT", "FLUSH")
+	proxy.restore()
+
+	count, window := []string{"GET", key}, int64(60000)
+	if algorithm == "sliding" {
+		count, window = []string{"HGET", key, "c"}, 120000 // a sliding key lives one window more
+	}
+
+	waitFor(t, algorithm+": both outages' 30 in Redis", func() bool { return redisDo(t, admin, count...).Str == "60" })
+
+	if ttl := redisDo(t, admin, "PTTL", key).Int; ttl <= window-10000 || ttl > window {
+		t.Fatalf("%s: the paid key's PTTL %d ms, want %d (to the window's end)", algorithm, ttl, window)
+	}
+
+	for _, h := range []*harness{a, b} {
+		waitFor(t, "the replicas' recovery", func() bool { return fallbackMetric(t, h) == "0" })
+	}
+
+	for i := 0; i < 25; i++ {
+		send(a, 1)
+		send(b, 1)
+	}
+
+	if allowed != 150 {
+		t.Errorf("%s: %d allowed across the outage and the empty restart, want 150 (50 + 60 + 40)", algorithm, allowed)
+	}
+}
+
+// TestResetSubscriptionRecoveryIsLogged: the reset subscription's loss is
+// logged once (REDIS_RESETS_UNAVAILABLE) however many attempts fail, and
+// its return once (REDIS_RESETS_RECOVERED), for each loss.
+func TestResetSubscriptionRecoveryIsLogged(t *testing.T) {
+	addr, admin := redisServer(t)
+	proxy := newSwitchProxy(t, addr)
+	b := newBackend(redisresp.Options{Address: proxy.l.Addr().String(), Timeout: time.Second, DialTimeout: time.Second})
+	events := &eventSink{}
+	b.log = events
+	t.Cleanup(func() { closeBackend(b) })
+
+	channel := resetChannel("tierlimit-recovery")
+	b.resets.listen(channel, "m@test", func(string, string) {})
+
+	subscribed := func() bool { return redisDo(t, admin, "PUBSUB", "NUMSUB", channel).Array[1].Int == 1 }
+	waitFor(t, "the subscription", subscribed)
+
+	for loss := 1; loss <= 2; loss++ {
+		proxy.cut()
+		waitFor(t, "the loss's line", func() bool {
+			return strings.Count(events.String(), "REDIS_RESETS_UNAVAILABLE") == loss
+		})
+
+		// Attempts keep failing (50 ms, then doubling): no line more.
+		waitFor(t, "failed attempts", func() bool {
+			b.resets.mu.Lock()
+			defer b.resets.mu.Unlock()
+
+			return b.resets.failing
+		})
+
+		if out := events.String(); strings.Count(out, "REDIS_RESETS_RECOVERED") != loss-1 {
+			t.Fatalf("loss %d, still cut:\n%s", loss, out)
+		}
+
+		proxy.restore()
+		waitFor(t, "the subscription again", subscribed)
+		waitFor(t, "the recovery's line", func() bool {
+			return strings.Count(events.String(), "REDIS_RESETS_RECOVERED") == loss
+		})
+
+		if out := events.String(); strings.Count(out, "REDIS_RESETS_UNAVAILABLE") != loss ||
+			strings.LastIndex(out, "REDIS_RESETS_RECOVERED") < strings.LastIndex(out, "REDIS_RESETS_UNAVAILABLE") {
+			t.Fatalf("loss %d: want one line of each, in order:\n%s", loss, out)
+		}
+	}
+}
+
+// TestAnOutageIsPaidToABlockingLayer: a sliding window or token bucket with
+// a blockDuration is paid its outage's charges too (its script arguments
+// carry the block: "1b60000"), not taken for a fixed counter and skipped.
+func TestAnOutageIsPaidToABlockingLayer(t *testing.T) {
+	for _, algorithm := range []string{"sliding", "tokenbucket"} {
+		addr, admin := redisServer(t)
+		proxy := newSwitchProxy(t, addr)
+		h, _ := redisHarness(t, proxy.l.Addr().String(), func(c *Config) {
+			asACLUser(c)
+			c.IP = algorithmLayer(algorithm, 10)
+			c.IP.BlockDuration = "1m"
+			c.Redis.DialTimeout = "1s"
+		})
+		probing(t, h)
+
+		client := "203.0.113.24"
+		key := h.p.layers[0].redisKey + client
+		send := func(n int) {
+			for i := 0; i < n; i++ {
+				if code := h.get("/api", client+":1").Code; code != http.StatusOK {
+					t.Fatalf("%s: %d", algorithm, code)
+				}
+			}
+		}
+
+		send(4)
+		before := redisDo(t, admin, "HMGET", key, "c", "r", "n")
+		proxy.cut()
+		send(3)
+		proxy.restore()
+
+		waitFor(t, algorithm+": the recovery", func() bool { return fallbackMetric(t, h) == "0" })
+
+		paid := func() bool {
+			v := redisDo(t, admin, "HMGET", key, "c", "r", "n")
+			if algorithm == "sliding" {
+				return v.Array[0].Str == "7"
+			}
+
+			// A bucket of 1 token an hour holds its TAT in r (n stays 0);
+			// the payment adds the outage's 3 tokens to n.
+			return v.Array[1].Str == before.Array[1].Str && v.Array[2].Str == "3"
+		}
+
+		waitFor(t, algorithm+": the outage's 3 in Redis", paid)
+	}
+}
