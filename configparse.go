@@ -629,11 +629,18 @@ func parseRoute(field string, rc RouteConfig) (routeSpec, error) {
 
 // parseRouteCost reads a route's cost (default requestCost) and the
 // statuses it counts. A cost above what the route's layer holds (its points,
-// a token bucket's burst) could never be served, so it is an error.
+// a token bucket's burst) could never be served, so it is an error. So is a
+// cost on a route that is off (points 0): such a route matches nothing, so
+// its cost would be silently ignored, where a user may expect it to charge
+// the other layers.
 func parseRouteCost(field string, rc RouteConfig, spec *routeSpec) error {
 	spec.cost = requestCost
 	if rc.Cost < 0 {
 		return invalid(field+".cost", rc.Cost, "must be >= 1 (0: 1)")
+	}
+
+	if !spec.on() && rc.Cost > 1 {
+		return invalid(field+".cost", rc.Cost, "is ignored on a route with points 0 (off), which charges nothing: give the route points, or remove its cost")
 	}
 
 	if rc.Cost > 0 {
