@@ -181,11 +181,15 @@ func (p *Plugin) buildOperations(ctx context.Context, cfg *settings, memory *win
 
 // buildLayers makes the layers (built-in, of plans:, of routes) and the
 // plans; it returns the built-in layers, aligned with builtinLayers (nil
-// where off).
+// where off, or where the instance never charges the layer: neverCharged).
+// So the status page, the metrics and the reset endpoint know the layers the
+// instance can charge only.
 func (p *Plugin) buildLayers(cfg *settings, memory *windowStore) []*layer {
 	built := make([]*layer, len(builtinLayers))
 	for i, row := range builtinLayers {
-		built[i] = newLayer(memory, cfg.builtin[i], row.keyKind)
+		if !neverCharged(cfg, row.name) {
+			built[i] = newLayer(memory, cfg.builtin[i], row.keyKind)
+		}
 	}
 
 	p.layers = plan(built...)
@@ -206,8 +210,39 @@ func (p *Plugin) buildLayers(cfg *settings, memory *windowStore) []*layer {
 
 	p.plans = drawPlans(built)
 	p.planNamed = drawNamedPlans(built, cfg.plans, named)
+	quietDryRuns(p.layers)
 
 	return built
+}
+
+// neverCharged reports whether an instance never charges the built-in layer
+// called name, whatever its points: user and service without a principal
+// (principal.userHeader empty, the edge), service without its flag's header,
+// assets without asset paths.
+func neverCharged(cfg *settings, name string) bool {
+	switch name {
+	case layerUser:
+		return cfg.userHeader == ""
+	case layerService:
+		return cfg.userHeader == "" || cfg.serviceHeader == ""
+	case layerAssets:
+		return len(cfg.assetPaths) == 0
+	}
+
+	return false
+}
+
+// quietDryRuns marks the dry-run layers quiet unless every layer is in dry
+// run (layer.quiet).
+func quietDryRuns(layers []*layer) {
+	enforced := false
+	for _, l := range layers {
+		enforced = enforced || !l.dryRun
+	}
+
+	for _, l := range layers {
+		l.quiet = l.dryRun && enforced
+	}
 }
 
 // buildRoutes makes the route layers that are on, and the methods they are

@@ -40,7 +40,7 @@ func parseWindow(field string, lc LayerConfig, spec *layerSpec) error {
 
 		d, err := parseDuration(lc.Duration)
 		if err != nil {
-			return invalid(field+".duration", lc.Duration, err.Error())
+			return invalid(field+".duration", durationText(lc.Duration), err.Error())
 		}
 
 		spec.duration = d
@@ -60,7 +60,7 @@ func parseWindow(field string, lc LayerConfig, spec *layerSpec) error {
 	}
 
 	if strings.TrimSpace(lc.Duration) != "" {
-		return invalid(field+".duration", lc.Duration, "cannot be set together with "+field+".calendar ("+cal+"), whose period is the window")
+		return invalid(field+".duration", durationText(lc.Duration), "cannot be set together with "+field+".calendar ("+cal+"), whose period is the window")
 	}
 
 	offset, err := parseUtcOffset(lc.UtcOffset)

@@ -44,6 +44,7 @@ func TestPlansFollowTheCatalogue(t *testing.T) {
 	for _, tc := range cases {
 		cfg := CreateConfig()
 		cfg.Exempt.IPs = []string{"203.0.113.7"}
+		cfg.Principal.UserHeader = "X-Auth-User" // else user and service are never charged (neverCharged)
 		cfg.Routes = []RouteConfig{{Name: "login", Paths: []string{"/login"}, Points: 3, Duration: "1m"}}
 		tc.mutate(cfg)
 

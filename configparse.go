@@ -432,7 +432,7 @@ func parseBlock(field, v string) (time.Duration, error) {
 
 	d, err := parseDuration(v)
 	if err != nil {
-		return 0, invalid(field+".blockDuration", v, err.Error())
+		return 0, invalid(field+".blockDuration", durationText(v), err.Error())
 	}
 
 	return d, nil
@@ -490,8 +490,10 @@ func parseKeyHeader(key string) (string, error) {
 	return http.CanonicalHeaderKey(name), nil
 }
 
-// parseDuration reads a time.ParseDuration string or a bare integer of seconds.
-// Windows are kept in whole milliseconds because Redis expiries are.
+// parseDuration reads a time.ParseDuration string or a bare number of
+// seconds: an integer, or a decimal such as 1.5 (which Traefik's file
+// provider hands over as "1.500000"). Windows are kept in whole milliseconds
+// because Redis expiries are.
 func parseDuration(raw string) (time.Duration, error) {
 	raw = strings.TrimSpace(raw)
 
@@ -504,6 +506,10 @@ func parseDuration(raw string) (time.Duration, error) {
 
 		d = time.Duration(n) * time.Second
 	} else {
+		if bareSeconds(raw) {
+			raw += "s"
+		}
+
 		d, err = time.ParseDuration(raw)
 		if err != nil {
 			return 0, errors.New(`not a duration (examples: "1s", "60s", "500ms", 60)`)
@@ -519,6 +525,40 @@ func parseDuration(raw string) (time.Duration, error) {
 	}
 
 	return d.Truncate(time.Millisecond), nil
+}
+
+// bareSeconds reports whether raw is a bare decimal number (digits and at
+// most one dot), which a duration reads as seconds.
+func bareSeconds(raw string) bool {
+	digits := false
+	for i, r := range raw {
+		switch {
+		case r >= '0' && r <= '9':
+			digits = true
+		case r != '.' || strings.IndexByte(raw[i+1:], '.') >= 0:
+			return false
+		}
+	}
+
+	return digits
+}
+
+// durationText is a configured duration as errors show it: a bare decimal
+// number of seconds with its unit and without the zeros Traefik's file
+// provider adds (1.5 arrives as "1.500000" and reads "1.5s"), anything else
+// (a bare integer included) as written.
+func durationText(raw string) string {
+	t := strings.TrimSpace(raw)
+	if !bareSeconds(t) || strings.IndexByte(t, '.') < 0 {
+		return raw
+	}
+
+	t = strings.TrimRight(strings.TrimRight(t, "0"), ".")
+	if t == "" || t[0] == '.' {
+		t = "0" + t
+	}
+
+	return t + "s"
 }
 
 func parseRoutes(routes []RouteConfig) ([]routeSpec, error) {
@@ -589,11 +629,18 @@ func parseRoute(field string, rc RouteConfig) (routeSpec, error) {
 
 // parseRouteCost reads a route's cost (default requestCost) and the
 // statuses it counts. A cost above what the route's layer holds (its points,
-// a token bucket's burst) could never be served, so it is an error.
+// a token bucket's burst) could never be served, so it is an error. So is a
+// cost on a route that is off (points 0): such a route matches nothing, so
+// its cost would be silently ignored, where a user may expect it to charge
+// the other layers.
 func parseRouteCost(field string, rc RouteConfig, spec *routeSpec) error {
 	spec.cost = requestCost
 	if rc.Cost < 0 {
 		return invalid(field+".cost", rc.Cost, "must be >= 1 (0: 1)")
+	}
+
+	if !spec.on() && rc.Cost > 1 {
+		return invalid(field+".cost", rc.Cost, "is ignored on a route with points 0 (off), which charges nothing: give the route points, or remove its cost")
 	}
 
 	if rc.Cost > 0 {

@@ -26,11 +26,11 @@ func checkRedis(rc RedisConfig, s *settings) error {
 	}
 
 	if s.redis.DialTimeout, err = parseDuration(rc.DialTimeout); err != nil {
-		return invalid("redis.dialTimeout", rc.DialTimeout, err.Error())
+		return invalid("redis.dialTimeout", durationText(rc.DialTimeout), err.Error())
 	}
 
 	if s.redis.Timeout, err = parseDuration(rc.Timeout); err != nil {
-		return invalid("redis.timeout", rc.Timeout, err.Error())
+		return invalid("redis.timeout", durationText(rc.Timeout), err.Error())
 	}
 
 	if rc.DB < 0 {

@@ -27,7 +27,7 @@ func TestCostAndCountStatusConfiguration(t *testing.T) {
 		{"negative cost", route(func(r *RouteConfig) { r.Cost = -1 }), `routes[0].cost = "-1"`},
 		{"cost above a bucket's burst", route(func(r *RouteConfig) { r.Algorithm, r.Points, r.Burst, r.Cost = "tokenbucket", 20, 5, 6 }), `routes[0].cost = "6"`},
 		{"cost within a bucket's burst", route(func(r *RouteConfig) { r.Algorithm, r.Points, r.Burst, r.Cost = "tokenbucket", 1, 5, 5 }), ""},
-		{"cost on a route that is off", route(func(r *RouteConfig) { r.Points, r.Cost = 0, 3 }), ""},
+		{"cost on a route that is off", route(func(r *RouteConfig) { r.Points, r.Cost = 0, 3 }), `routes[0].cost = "3": is ignored on a route with points 0`},
 		{"countStatus 100 and 599", route(func(r *RouteConfig) { r.CountStatus = []int{100, 401, 599} }), ""},
 		{"countStatus 99", route(func(r *RouteConfig) { r.CountStatus = []int{401, 99} }), `routes[0].countStatus[1] = "99"`},
 		{"countStatus 600", route(func(r *RouteConfig) { r.CountStatus = []int{600} }), `routes[0].countStatus[0] = "600"`},

@@ -41,9 +41,13 @@ func generalPlan(p *Plugin, rw http.ResponseWriter, req *http.Request, principal
 // verdict is decide after the charge: it reports first refusals, sets the
 // headers and answers a refusal.
 func verdict(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, t *tally, client, principal string, now int64) (bool, int64) {
-	// A refusal, or a dry run's, always shows a layer (tally.refuse,
-	// tally.allow), so no event waits behind this return.
+	// A refusal always shows a layer (tally.refuse); a quiet dry-run
+	// layer's does not (tally.allow), and is reported here.
 	if t.shown < 0 {
+		if t.firsts != 0 {
+			report(p, layers, t.firsts, client, principal, req)
+		}
+
 		return true, -1
 	}
 

@@ -54,6 +54,11 @@ type limits struct {
 	// refuses nothing (tally.refuseAs); a fixed window is charged even
 	// then, a sliding window or a token bucket takes only what it holds.
 	dryRun bool
+	// quiet: a dry-run layer of an instance where some rule enforces. The
+	// client's headers never show it (tally.allow): they show the most
+	// restrictive rule that enforces. When every rule is in dry run (the
+	// top-level dryRun), the most restrictive dry-run rule shows.
+	quiet bool
 	// calendar aligns the layer's fixed windows to days, weeks or months
 	// at utcOffset, nanoseconds east of UTC (calendar.go; 0: none).
 	calendar  int

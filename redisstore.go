@@ -708,7 +708,7 @@ func (s *redisStore) record(t *tally, ints []int64, now int64, layers []*layer, 
 			continue
 		}
 
-		if !t.refused && (t.shown < 0 || l.points-count < t.left) {
+		if !t.refused && !l.quiet && (t.shown < 0 || l.points-count < t.left) { // as tally.allow
 			t.shown, t.count, t.reset, t.left = i, count, reset, l.points-count
 		}
 	}

@@ -109,9 +109,17 @@ func rotate(w *window, l *layer) {
 }
 
 // allow records that layers[i] let the request through with this count; the
-// headers show the layer with the fewest requests left.
+// headers show the layer with the fewest requests left, never a quiet one
+// (layer.quiet). One value is assigned at a time (doc.go: frames).
 func (t *tally) allow(i int, l *layer, count, reset int64, resetH []string) {
-	if !t.refused && (t.shown < 0 || l.points-count < t.left) {
-		t.shown, t.count, t.reset, t.resetH, t.left = i, count, reset, resetH, l.points-count
+	left := l.points - count
+	if t.refused || l.quiet || t.shown >= 0 && left >= t.left {
+		return
 	}
+
+	t.shown = i
+	t.count = count
+	t.reset = reset
+	t.resetH = resetH
+	t.left = left
 }

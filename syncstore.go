@@ -219,7 +219,7 @@ func checkSync(raw string, s *settings) error {
 
 	d, err := parseDuration(raw)
 	if err != nil {
-		return invalid("redis.syncInterval", raw, err.Error())
+		return invalid("redis.syncInterval", durationText(raw), err.Error())
 	}
 
 	s.syncInterval = d

@@ -200,8 +200,8 @@ func (t *tally) refuse(i int, count, reset int64, resetH []string, first bool) {
 // refuseAs records that layers[i], l, would refuse with this count and
 // reset, and reports whether the request is refused: as refuse, unless l is
 // in dry run. A dry-run layer refuses nothing: its refusal is reported
-// (first) and the headers may show it with nothing left, while the other
-// layers decide the request.
+// (first) and, unless it is quiet (layer.quiet), the headers may show it
+// with nothing left, while the other layers decide the request.
 func (t *tally) refuseAs(i int, l *layer, count, reset int64, resetH []string, first bool) bool {
 	if !l.dryRun {
 		t.refuse(i, count, reset, resetH, first)
