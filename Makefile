@@ -35,7 +35,7 @@ generate:
 # with a bare "context deadline exceeded" on a loaded machine (go.dev/issue/75804, fixed in Go 1.27).
 fuzz:
 	$(GO) test -run='^$$' -fuzz=FuzzReadReply -fuzztime=150000x ./redisresp
-	$(GO) test -run='^$$' -fuzz=FuzzCanonicalPath -fuzztime=100000x .
+	$(GO) test -run='^$$' -fuzz=FuzzCanonicalPath -fuzztime=100000x ./request
 
 # The e2e tests start redis-server themselves: prereq checks that it is installed.
 e2e: prereq $(TRAEFIK)

@@ -4,12 +4,14 @@ import (
 	"math/rand"
 	"strings"
 	"testing"
+
+	"github.com/tierlimit/tierlimit/request"
 )
 
-// TestAssetHintCoversEveryAsset: assetHint must match every path whose
-// canonical form starts with an asset prefix (else such a request would be
-// charged to ip by the fast path and to assets by canonicalPath), and should
-// leave ordinary paths alone.
+// TestAssetHintCoversEveryAsset: request.AssetHint must match every path
+// whose canonical form starts with an asset prefix (else such a request would
+// be charged to ip by the fast path and to assets by request.CanonicalPath),
+// and should leave ordinary paths alone.
 func TestAssetHintCoversEveryAsset(t *testing.T) {
 	pieces := []string{"/", "/", "a", "A", "s", "S", "e", "t", "x", "%", "2", "5", "F", "f", "6", "1", ";", ".", "..", `\`, "\u212a", "é"}
 	prefixes := []string{"/assets/", "/static/"}
@@ -18,10 +20,10 @@ func TestAssetHintCoversEveryAsset(t *testing.T) {
 	for _, fold := range []bool{true, false} {
 		canonical := make([]string, len(prefixes))
 		for i, prefix := range prefixes {
-			canonical[i] = canonicalPattern(prefix, !fold)
+			canonical[i] = request.CanonicalPattern(prefix, !fold)
 		}
 
-		hint := assetHint(canonical, fold)
+		hint := request.AssetHint(canonical, fold)
 		paths := []string{"", "assets/x", "/ASSETS/x", "/assets//x", "//assets/x", "/x/../assets/y", "/%61ssets/x", "/%2561ssets/x", `\assets\x`, "/;p/assets/x", "/static/"}
 
 		for i := 0; i < 200000; i++ {
@@ -34,8 +36,8 @@ func TestAssetHintCoversEveryAsset(t *testing.T) {
 		}
 
 		for _, p := range paths {
-			if hasAnyPrefix(canonicalPath(p, fold), canonical) && !hint.MatchString(p) {
-				t.Fatalf("fold %v: %q is an asset (canonical %q) that assetHint misses", fold, p, canonicalPath(p, fold))
+			if hasAnyPrefix(request.CanonicalPath(p, fold), canonical) && !hint.MatchString(p) {
+				t.Fatalf("fold %v: %q is an asset (canonical %q) that assetHint misses", fold, p, request.CanonicalPath(p, fold))
 			}
 		}
 

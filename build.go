@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tierlimit/tierlimit/redisresp"
+	"github.com/tierlimit/tierlimit/request"
 )
 
 // Construction: everything the request path reads is built here, once per
@@ -103,19 +104,18 @@ func build(ctx context.Context, cfg *settings, next http.Handler, name string) *
 		now:     time.Now,
 		mode:    chooseMode(cfg),
 		events:  newEventLog(eventWriter, name),
-		ips:     &ipResolver{proxies: cfg.proxies, hops: cfg.hops, ipv6Prefix: cfg.ipv6Prefix, cache: newKeyCache()},
+		ips:     &request.Resolver{Proxies: cfg.proxies, Hops: cfg.hops, IPv6Prefix: cfg.ipv6Prefix, Cache: request.NewKeyCache()},
 		store:   memory,
 		memory:  memory,
 		dryRun:  cfg.dryRun,
 		headers: cfg.headers,
 
-		assetPaths:    cfg.assetPaths,
-		userHeader:    cfg.userHeader,
-		serviceHeader: cfg.serviceHeader,
-		planHeader:    cfg.planHeader,
-		credHeaders:   cfg.credHeaders,
-		credCookies:   cfg.credCookies,
-		credQuery:     cfg.credQuery,
+		assetPaths: cfg.assetPaths,
+		Principal: request.Principal{
+			UserHeader: cfg.userHeader, ServiceHeader: cfg.serviceHeader, CredentialHeaders: cfg.credHeaders,
+			CredentialCookies: cfg.credCookies, CredentialParams: cfg.credQuery,
+		},
+		planHeader: cfg.planHeader,
 	}
 
 	if len(cfg.invalidCode) > 0 {
@@ -288,7 +288,7 @@ func (p *Plugin) setPathForms(cfg *settings) {
 
 	if p.assetPaths != nil {
 		p.foldPaths = !cfg.assetsCase
-		p.assetHint = assetHint(p.assetPaths, p.foldPaths)
+		p.assetHint = request.AssetHint(p.assetPaths, p.foldPaths)
 	}
 
 	for _, rt := range p.routes {

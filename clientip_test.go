@@ -3,14 +3,15 @@ package tierlimit
 import (
 	"net/http"
 	"net/netip"
-	"strconv"
 	"testing"
+
+	"github.com/tierlimit/tierlimit/request"
 )
 
-func resolverFor(t *testing.T, proxies []string, hops, v6 int) *ipResolver {
+func resolverFor(t *testing.T, proxies []string, hops, v6 int) *request.Resolver {
 	t.Helper()
 
-	r := &ipResolver{hops: hops, ipv6Prefix: v6, cache: newKeyCache()}
+	r := &request.Resolver{Hops: hops, IPv6Prefix: v6, Cache: request.NewKeyCache()}
 
 	for _, raw := range proxies {
 		p, err := parsePrefix(raw)
@@ -18,7 +19,7 @@ func resolverFor(t *testing.T, proxies []string, hops, v6 int) *ipResolver {
 			t.Fatalf("prefix %q: %v", raw, err)
 		}
 
-		r.proxies = append(r.proxies, p)
+		r.Proxies = append(r.Proxies, p)
 	}
 
 	return r
@@ -61,8 +62,8 @@ func TestClientKey(t *testing.T) {
 		{name: "trusted ipv6 proxy", remote: "[fd00::1]:80", xff: []string{"2001:db8::1"}, want: "2001:db8::/64"},
 		{name: "custom proxies: loopback untrusted", proxies: []string{"10.0.0.0/8"}, remote: "127.0.0.1:80", xff: []string{"198.51.100.1"}, want: "127.0.0.1"},
 		{name: "no proxies: nothing trusted", proxies: []string{}, remote: "10.0.0.2:80", xff: []string{"198.51.100.1"}, want: "10.0.0.2"},
-		{name: "unparsable peer never empty", remote: "@", want: unknownClient},
-		{name: "empty peer never empty", remote: "", xff: []string{"198.51.100.1"}, want: unknownClient},
+		{name: "unparsable peer never empty", remote: "@", want: request.UnknownClient},
+		{name: "empty peer never empty", remote: "", xff: []string{"198.51.100.1"}, want: request.UnknownClient},
 		{name: "bare address peer", remote: "203.0.113.9", want: "203.0.113.9"},
 		{name: "hops 1: rightmost", hops: 1, remote: "203.0.113.9:1", xff: []string{"6.6.6.6, 198.51.100.1"}, want: "198.51.100.1"},
 		{name: "hops 2: second from right", hops: 2, remote: "203.0.113.9:1", xff: []string{"6.6.6.6, 198.51.100.1, 10.0.0.7"}, want: "198.51.100.1"},
@@ -96,50 +97,11 @@ func TestClientKey(t *testing.T) {
 		}
 
 		// The same with the cache, missed then hit.
-		r.cache = newKeyCache()
+		r.Cache = request.NewKeyCache()
 		for pass := 0; pass < 2; pass++ {
 			if got := clientKey(r, req); got != tc.want {
 				t.Errorf("%s, cached (pass %d): key %q, want %q", tc.name, pass, got, tc.want)
 			}
-		}
-	}
-}
-
-// TestKeyCacheIsPerPeerAndBounded: the cached key of a line depends on the
-// peer host (a line from an untrusted peer is not read), never on its port,
-// and the cache holds at most maxCachedKeys entries.
-func TestKeyCacheIsPerPeerAndBounded(t *testing.T) {
-	r := resolverFor(t, defaultTrustedProxies, 0, 64)
-	r.cache = newKeyCache()
-
-	key := func(remote, xff string) string {
-		req := &http.Request{RemoteAddr: remote, Header: http.Header{"X-Forwarded-For": {xff}}}
-		return clientKey(r, req)
-	}
-
-	if got := key("10.0.0.2:80", "198.51.100.1"); got != "198.51.100.1" {
-		t.Fatalf("trusted peer: %q", got)
-	}
-
-	if got := key("203.0.113.9:80", "198.51.100.1"); got != "203.0.113.9" {
-		t.Fatalf("untrusted peer after a trusted one with the same line: %q", got)
-	}
-
-	if got := key("10.0.0.2:81", "198.51.100.1"); got != "198.51.100.1" || cachedKeys(r.cache) != 2 {
-		t.Fatalf("another port of the trusted peer: %q, %d entries", got, cachedKeys(r.cache))
-	}
-
-	// A second line, the proxy's, is read: the entry of the first line
-	// alone is not its key.
-	two := &http.Request{RemoteAddr: "10.0.0.2:80", Header: http.Header{"X-Forwarded-For": {"198.51.100.1", "203.0.113.44"}}}
-	if got := clientKey(r, two); got != "203.0.113.44" || cachedKeys(r.cache) != 2 {
-		t.Fatalf("two lines, the first one cached alone: %q, %d entries", got, cachedKeys(r.cache))
-	}
-
-	for i := 0; i < 3*maxCachedKeys; i++ {
-		want := "198.51." + strconv.Itoa(i/256%256) + "." + strconv.Itoa(i%256)
-		if got := key("10.0.0.2:80", want); got != want || cachedKeys(r.cache) > maxCachedKeys {
-			t.Fatalf("entry %d: key %q, %d entries", i, got, cachedKeys(r.cache))
 		}
 	}
 }
@@ -162,15 +124,4 @@ func repeat(s string, n int) string {
 	}
 
 	return out
-}
-
-// cachedKeys is the number of entries c holds.
-func cachedKeys(c *keyCache) int {
-	n := 0
-	c.keys.Range(func(_, _ interface{}) bool {
-		n++
-		return true
-	})
-
-	return n
 }

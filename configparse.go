@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tierlimit/tierlimit/redisresp"
+	"github.com/tierlimit/tierlimit/request"
 )
 
 // settings is the validated, parsed form of Config that New builds once, so
@@ -367,7 +368,7 @@ func parseAssetPaths(cfg *Config, s *settings) error {
 			return invalid("assets.pathPrefixes["+strconv.Itoa(i)+"]", p, why)
 		}
 
-		s.assetPaths = append(s.assetPaths, canonicalPattern(p, s.assetsCase))
+		s.assetPaths = append(s.assetPaths, request.CanonicalPattern(p, s.assetsCase))
 	}
 
 	return nil
@@ -714,7 +715,7 @@ func parseRouteMatch(field string, rc RouteConfig, spec *routeSpec) error {
 			return invalid(field+".paths["+strconv.Itoa(j)+"]", p, why)
 		}
 
-		c := canonicalPattern(p, rc.CaseSensitive)
+		c := request.CanonicalPattern(p, rc.CaseSensitive)
 		if strings.HasSuffix(c, "/") {
 			spec.prefixes = append(spec.prefixes, c)
 		} else {
@@ -793,7 +794,7 @@ func parseExempt(ec ExemptConfig, s *settings) error {
 	s.exemptIPs = ips
 
 	for i, id := range ec.Principals {
-		if strings.TrimSpace(id) == "" || len(id) > maxPrincipalLen {
+		if strings.TrimSpace(id) == "" || len(id) > request.MaxPrincipalLen {
 			return invalid("exempt.principals["+strconv.Itoa(i)+"]", id, "must be 1-128 characters")
 		}
 

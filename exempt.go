@@ -2,12 +2,14 @@ package tierlimit
 
 import (
 	"net/http"
+
+	"github.com/tierlimit/tierlimit/request"
 )
 
 // isExempt reports whether exempt.ips holds the request's client address or
 // exempt.principals its principal.
 func isExempt(p *Plugin, req *http.Request, principal string) bool {
-	return principal != "" && p.exempt.ids[principal] || p.ips.clientIn(req, p.exempt.ips)
+	return principal != "" && p.exempt.ids[principal] || request.ClientIn(p.ips, req, p.exempt.ips)
 }
 
 // serveExempt passes on an exempt request. No tier, route or connection cap

@@ -3,6 +3,8 @@ package tierlimit
 import (
 	"net/http"
 	"time"
+
+	"github.com/tierlimit/tierlimit/request"
 )
 
 // The fast path serves modeAnonymous, modePrincipal(Plans) and modeClassify.
@@ -71,7 +73,7 @@ func refuseOther(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer,
 	// The event's keys are found again here, off the common refusal.
 	if first {
 		client := clientKey(p.ips, req)
-		p.events.refused(l.name, l.keyFor(client, principalOf(p, req), nil), client, l.dryRun)
+		p.events.refused(l.name, l.keyFor(client, request.PrincipalOf(p.UserHeader, req), nil), client, l.dryRun)
 	}
 
 	setHeaders(rw.Header(), l, 0, reset, resetH, now)

@@ -2,6 +2,8 @@ package tierlimit
 
 import (
 	"net/http"
+
+	"github.com/tierlimit/tierlimit/request"
 )
 
 // The general path serves modeGeneral, and the route matches of
@@ -20,11 +22,11 @@ func generalPlan(p *Plugin, rw http.ResponseWriter, req *http.Request, principal
 	layers = p.planIP
 
 	switch {
-	case p.userHeader != "":
+	case p.UserHeader != "":
 		if layers, ok = afterAuthPlan(p, rw, req, principal); !ok {
 			return nil, false, false
 		}
-	case len(p.credHeaders)+len(p.credCookies)+len(p.credQuery) > 0 && hasCredential(p, req):
+	case len(p.CredentialHeaders)+len(p.CredentialCookies)+len(p.CredentialParams) > 0 && hasCredential(p, req):
 		layers = p.planCred
 		credentialed = true
 	case p.assetHint != nil && isAsset(p, req):
@@ -32,7 +34,7 @@ func generalPlan(p *Plugin, rw http.ResponseWriter, req *http.Request, principal
 	}
 
 	if p.routes != nil {
-		layers = withRoutes(p, layers, req, canonicalPath(req.URL.Path, p.foldPaths), hits)
+		layers = withRoutes(p, layers, req, request.CanonicalPath(req.URL.Path, p.foldPaths), hits)
 	}
 
 	return layers, credentialed, true
@@ -138,7 +140,7 @@ func reject(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer, coun
 // principalPlan is the plan of a request with a principal: service, the
 // plan its plan header names, or user.
 func principalPlan(p *Plugin, req *http.Request) []*layer {
-	if isServiceAccount(p, req) {
+	if request.IsServiceAccount(p.ServiceHeader, req) {
 		return p.planService
 	}
 

@@ -3,6 +3,8 @@ package tierlimit
 import (
 	"net/http"
 	"strings"
+
+	"github.com/tierlimit/tierlimit/request"
 )
 
 // How a layer finds its key in a request.
@@ -146,7 +148,7 @@ func (l *layer) keyFor(client, principal string, req *http.Request) string {
 		}
 
 		if v := req.Header[l.keyHeader]; len(v) > 0 && strings.TrimSpace(v[0]) != "" {
-			return hashKey(strings.TrimSpace(v[0]))
+			return request.HashKey(strings.TrimSpace(v[0]))
 		}
 
 		return client
@@ -169,7 +171,7 @@ func (l *layer) keyFor(client, principal string, req *http.Request) string {
 type route struct {
 	layer         *layer
 	methods       []string
-	exact         map[string]bool // canonical (path.go)
+	exact         map[string]bool // canonical (request/path.go)
 	prefixes      []string
 	lower         bool // ignores case where the instance's paths keep theirs: lowers the path
 	caseSensitive bool // compares case where the instance's paths are lowered: canonicalises anew
@@ -204,7 +206,7 @@ func (rt *route) matches(req *http.Request, path string) bool {
 	if rt.lower {
 		path = strings.ToLower(path)
 	} else if rt.caseSensitive {
-		path = canonicalPath(req.URL.Path, false)
+		path = request.CanonicalPath(req.URL.Path, false)
 	}
 
 	n := len(path)

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tierlimit/tierlimit/request"
 )
 
 // TestExemptClientsAreNotCharged: an exempt IP (through a trusted proxy) and an
@@ -136,7 +138,7 @@ func TestHeaderKeys(t *testing.T) {
 	}
 
 	now := h.clock.Now().UnixNano()
-	if n, _ := h.p.memory.peek(now, "ip", hashKey("key-a")); n != 3 {
+	if n, _ := h.p.memory.peek(now, "ip", request.HashKey("key-a")); n != 3 {
 		t.Fatalf("hashed key-a counter %d, want 3 (its allowed requests)", n)
 	}
 

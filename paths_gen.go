@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 
 	"github.com/tierlimit/tierlimit/redisresp"
+	"github.com/tierlimit/tierlimit/request"
 )
 
 // ServeHTTP serves modeAnonymous, and the requests without a credential
@@ -29,7 +30,7 @@ func (ap *anonymousPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 		}
 	}
 	if client == "" {
-		client = resolve(p.ips, req)
+		client = request.Resolve(p.ips, req)
 	}
 	layers := p.planIP
 	if p.assetHint != nil && p.assetHint.MatchString(req.URL.Path) && isAsset(p, req) {
@@ -91,7 +92,7 @@ func (pp *principalPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	if p.status != nil && serveStatus(p, rw, req) {
 		return
 	}
-	principal := principalOf(p, req)
+	principal := request.PrincipalOf(p.UserHeader, req)
 	if principal == "" {
 		serveFast(p, rw, req)
 		return
@@ -100,7 +101,7 @@ func (pp *principalPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 		settle(pd, nil, 0, false)
 	}
 	layers := p.planUser
-	if p.serviceHeader != "" && isServiceAccount(p, req) {
+	if p.ServiceHeader != "" && request.IsServiceAccount(p.ServiceHeader, req) {
 		layers = p.planService
 	}
 	now := p.now().UnixNano()
@@ -164,7 +165,7 @@ func (pp *principalPlansPath) ServeHTTP(rw http.ResponseWriter, req *http.Reques
 	if p.status != nil && serveStatus(p, rw, req) {
 		return
 	}
-	principal := principalOf(p, req)
+	principal := request.PrincipalOf(p.UserHeader, req)
 	if principal == "" {
 		serveFast(p, rw, req)
 		return
@@ -173,7 +174,7 @@ func (pp *principalPlansPath) ServeHTTP(rw http.ResponseWriter, req *http.Reques
 		settle(pd, nil, 0, false)
 	}
 	layers := p.planUser
-	if p.serviceHeader != "" && isServiceAccount(p, req) {
+	if p.ServiceHeader != "" && request.IsServiceAccount(p.ServiceHeader, req) {
 		layers = p.planService
 	} else {
 		if v := req.Header[p.planHeader]; len(v) > 0 {
@@ -303,12 +304,12 @@ func (c *classifyPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	if p.status != nil && serveStatus(p, rw, req) {
 		return
 	}
-	if p.routes != nil && (p.routeMethods == nil || p.routeMethods[req.Method]) && routeMatches(p, req, canonicalPath(req.URL.Path, p.foldPaths)) {
+	if p.routes != nil && (p.routeMethods == nil || p.routeMethods[req.Method]) && routeMatches(p, req, request.CanonicalPath(req.URL.Path, p.foldPaths)) {
 		serveGeneral(p, rw, req)
 		return
 	}
 	credentialed := false
-	for _, h := range p.credHeaders {
+	for _, h := range p.CredentialHeaders {
 		if v := req.Header[h]; len(v) > 0 && strings.TrimSpace(v[0]) != "" {
 			credentialed = true
 		}
@@ -316,7 +317,7 @@ func (c *classifyPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	switch {
 	case credentialed:
 		serveCredentialed(p, rw, req)
-	case p.userHeader != "":
+	case p.UserHeader != "":
 		(*principalPath)(p).ServeHTTP(rw, req)
 	default:
 		(*anonymousPath)(p).ServeHTTP(rw, req)
@@ -422,11 +423,21 @@ func refuseFast(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer, 
 // serveGeneral charges the request to its plan and routes, and refuses it
 // or passes it on (general.go).
 func serveGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request) {
-	// Calls are gated by what the instance reads (doc.go: frames).
-	client := clientKey(p.ips, req)
+	// Calls are gated by what the instance reads (doc.go: frames); the
+	// client's key is read without a call in the common case.
+	client := ""
+	if req.Header["X-Forwarded-For"] == nil {
+		i := strings.LastIndexByte(req.RemoteAddr, ':')
+		if i > 0 && req.RemoteAddr[0] != '[' {
+			client = req.RemoteAddr[:i]
+		}
+	}
+	if client == "" {
+		client = request.Resolve(p.ips, req)
+	}
 	principal := ""
-	if p.userHeader != "" {
-		principal = principalOf(p, req)
+	if p.UserHeader != "" {
+		principal = request.PrincipalOf(p.UserHeader, req)
 	}
 
 	if p.exempt != nil && isExempt(p, req, principal) {
@@ -530,7 +541,7 @@ func (s *windowStore) take(t *tally, now int64, layers []*layer, client, princip
 
 // clientKey returns the bucket key for the client of req: the IPv4 address,
 // or the IPv6 prefix in CIDR notation. It is never empty.
-func clientKey(r *ipResolver, req *http.Request) string {
+func clientKey(r *request.Resolver, req *http.Request) string {
 	client := ""
 	if req.Header["X-Forwarded-For"] == nil {
 		i := strings.LastIndexByte(req.RemoteAddr, ':')
@@ -539,7 +550,7 @@ func clientKey(r *ipResolver, req *http.Request) string {
 		}
 	}
 	if client == "" {
-		client = resolve(r, req)
+		client = request.Resolve(r, req)
 	}
 
 	return client
@@ -551,7 +562,7 @@ func clientKey(r *ipResolver, req *http.Request) string {
 // not exempt the request from the ip layer.
 func hasCredential(p *Plugin, req *http.Request) bool {
 	credentialed := false
-	for _, h := range p.credHeaders {
+	for _, h := range p.CredentialHeaders {
 		if v := req.Header[h]; len(v) > 0 && strings.TrimSpace(v[0]) != "" {
 			credentialed = true
 		}
@@ -560,7 +571,7 @@ func hasCredential(p *Plugin, req *http.Request) bool {
 		return true
 	}
 
-	return hasCredentialElsewhere(p, req)
+	return request.HasCredentialElsewhere(&p.Principal, req)
 }
 
 // setHeaders writes the X-RateLimit-* headers and the IETF draft fields
@@ -596,7 +607,7 @@ func (rd *redisPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 		}
 	}
 	if client == "" {
-		client = resolve(p.ips, req)
+		client = request.Resolve(p.ips, req)
 	}
 	layers := p.planIP
 	rp := p.fast.ip
@@ -754,7 +765,7 @@ func (sp *syncedPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 		}
 	}
 	if client == "" {
-		client = resolve(p.ips, req)
+		client = request.Resolve(p.ips, req)
 	}
 
 	layers := p.planIP

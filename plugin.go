@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"regexp"
 	"time"
+
+	"github.com/tierlimit/tierlimit/request"
 )
 
 // Plugin is the middleware. It is safe for concurrent use; everything but the
@@ -21,7 +23,7 @@ type Plugin struct {
 	mode   mode
 	events *eventLog
 
-	ips    *ipResolver
+	ips    *request.Resolver
 	store  counterStore
 	memory *windowStore // the memory store, or the redis store's fallback
 
@@ -33,20 +35,21 @@ type Plugin struct {
 	// the route matchers.
 	routeMethods map[string]bool
 
-	// Routes and asset prefixes match the canonical request path (path.go),
-	// in lower case when foldPaths; a route that wants the other form
-	// converts it. assetHint matches every path whose canonical form may
-	// start with an asset prefix, and few others: a request that it does not
-	// match is no asset, without canonicalising its path (assetpath.go).
-	assetPaths    []string
-	assetHint     *regexp.Regexp // nil when there is no asset prefix
-	foldPaths     bool
-	userHeader    string // canonical; "" when principal tiers are off
-	serviceHeader string // canonical
-	planHeader    string // canonical; "" when there are no plans
-	credHeaders   []string
-	credCookies   []string
-	credQuery     []string
+	// Routes and asset prefixes match the canonical request path
+	// (request/path.go), in lower case when foldPaths; a route that wants the
+	// other form converts it. assetHint matches every path whose canonical
+	// form may start with an asset prefix, and few others: a request that it
+	// does not match is no asset, without canonicalising its path
+	// (request/assetpath.go).
+	assetPaths []string
+	assetHint  *regexp.Regexp // nil when there is no asset prefix
+	foldPaths  bool
+	// What tells who sent a request: the auth server's headers
+	// (UserHeader "" when principal tiers are off) or where credentials may
+	// be (request/principal.go). Embedded, so that the request path reads
+	// p.UserHeader with one selector (doc.go: frames).
+	request.Principal
+	planHeader string // canonical; "" when there are no plans
 	// invalidCode holds the statuses that mark a credential invalid; nil
 	// when none is configured. A credentialed request is passed on with its ip
 	// charge pending (chain.go) when the ip layer is on (planInvalid).

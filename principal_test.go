@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/tierlimit/tierlimit/request"
 )
 
 func principalConfig(c *Config) {
@@ -111,7 +113,7 @@ func TestOverlongPrincipalIsHashed(t *testing.T) {
 	long := strings.Repeat("a", 4096)
 	h.do(http.MethodGet, "/api", "10.0.0.1:1", map[string]string{"X-Auth-User": long})
 
-	if got := peekCount(h.p.memory, h.clock.Now().UnixNano(), "user", hashKey(long)); got != 1 {
+	if got := peekCount(h.p.memory, h.clock.Now().UnixNano(), "user", request.HashKey(long)); got != 1 {
 		t.Fatal("overlong principal not keyed by its digest")
 	}
 }

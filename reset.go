@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tierlimit/tierlimit/redisresp"
+	"github.com/tierlimit/tierlimit/request"
 )
 
 // The operator's reset: POST <status.path>/reset?layer=<layer>&key=<key>,
@@ -147,9 +148,9 @@ func clearKey(p *Plugin, l *layer, key string) resetReport {
 // operatorOf is the address of the reset's client, resolved as the status
 // page's address rule resolves it.
 func operatorOf(p *Plugin, req *http.Request) string {
-	a, ok := p.ips.clientAddr(req.RemoteAddr, req.Header["X-Forwarded-For"])
+	a, ok := request.ClientAddr(p.ips, req.RemoteAddr, req.Header["X-Forwarded-For"])
 	if !ok {
-		return unknownClient
+		return request.UnknownClient
 	}
 
 	return a.String()

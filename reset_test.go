@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tierlimit/tierlimit/redisresp"
+	"github.com/tierlimit/tierlimit/request"
 )
 
 // resetDoc is the reset's answer as an operator reads it (the names are the
@@ -141,7 +142,7 @@ func TestResetTakesTheKeysTheStatusPageShows(t *testing.T) {
 		shown[it.Layer+"/"+it.Key] = true
 	}
 
-	for _, lk := range [][2]string{{"login", "ip:203.0.113.7"}, {"ip", hashKey("secret")}, {"ip", "203.0.113.7"}, {"global", "global"}} {
+	for _, lk := range [][2]string{{"login", "ip:203.0.113.7"}, {"ip", request.HashKey("secret")}, {"ip", "203.0.113.7"}, {"global", "global"}} {
 		if !shown[lk[0]+"/"+lk[1]] {
 			t.Fatalf("%s/%s not on the status page: %v", lk[0], lk[1], shown)
 		}

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/tierlimit/tierlimit/request"
 )
 
 // The status endpoint (status.path): for clients whose resolved IP is in
@@ -77,7 +79,7 @@ func serveStatusPage(p *Plugin, rw http.ResponseWriter, req *http.Request) bool 
 // statusAllowed reports whether the request's client, resolved as the limiter
 // resolves it (trusted proxies, trustedHops), is in status.allowedIPs.
 func (p *Plugin) statusAllowed(req *http.Request) bool {
-	return p.ips.clientIn(req, p.status.allowed)
+	return request.ClientIn(p.ips, req, p.status.allowed)
 }
 
 // writeStatus writes a status response; HEAD gets the headers only.

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tierlimit/tierlimit/request"
 )
 
 // statusDoc is the status JSON as a client reads it (the names are the contract).
@@ -455,7 +457,7 @@ func TestStatusShowsHeaderKeysHashed(t *testing.T) {
 	}
 
 	doc := h.status("/_rl?limited=true")
-	if len(doc.Keys.Items) != 1 || doc.Keys.Items[0].Key != hashKey("secret-key-123") || doc.Keys.Items[0].Count != 5 || doc.Keys.Items[0].Refused != 2 ||
+	if len(doc.Keys.Items) != 1 || doc.Keys.Items[0].Key != request.HashKey("secret-key-123") || doc.Keys.Items[0].Count != 5 || doc.Keys.Items[0].Refused != 2 ||
 		!strings.HasPrefix(doc.Keys.Items[0].Key, "sha256:") {
 		t.Fatalf("keys %+v", doc.Keys.Items)
 	}

@@ -3,6 +3,8 @@ package tierlimit
 import (
 	"net"
 	"strings"
+
+	"github.com/tierlimit/tierlimit/request"
 )
 
 // A tokenbucket layer is the token bucket of golang.org/x/time/rate, which
@@ -145,7 +147,7 @@ func hostKey(host, client string) string {
 	}
 
 	if len(host) > maxHostKeyLen {
-		return hashKey(host)
+		return request.HashKey(host)
 	}
 
 	return "host:" + host

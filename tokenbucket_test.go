@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tierlimit/tierlimit/request"
 )
 
 func onlyBucket(points, burst int, duration string) func(c *Config) {
@@ -326,7 +328,7 @@ func TestHostKey(t *testing.T) {
 		{"[2001:db8::1]:80", "host:2001:db8::1"},
 		{"", "203.0.113.5"},
 		{":80", "203.0.113.5"},
-		{long, hashKey(long)},
+		{long, request.HashKey(long)},
 	} {
 		if got := hostKey(tc.host, "203.0.113.5"); got != tc.want {
 			t.Errorf("hostKey(%q) = %q, want %q", tc.host, got, tc.want)

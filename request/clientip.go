@@ -1,4 +1,4 @@
-package tierlimit
+package request
 
 import (
 	"net/http"
@@ -7,25 +7,25 @@ import (
 	"sync"
 )
 
-// unknownClient is the key of a request whose TCP peer is not an address (which
+// UnknownClient is the key of a request whose TCP peer is not an address (which
 // Traefik does not produce for TCP entrypoints). Such requests share one bucket
 // rather than escaping the per-IP layers.
-const unknownClient = "unknown"
+const UnknownClient = "unknown"
 
 // maxForwardedEntries bounds the X-Forwarded-For walk: a longer chain is
 // treated as malformed past this many entries from the right.
 const maxForwardedEntries = 32
 
-// ipResolver finds the client address of a request. It is immutable after New
+// Resolver finds the client address of a request. It is immutable once built
 // (but for its cache) and safe for concurrent use.
-type ipResolver struct {
-	proxies    []netip.Prefix // trusted proxies; used when hops == 0
-	hops       int            // > 0: the client is the hops-th X-Forwarded-For entry from the right
-	ipv6Prefix int            // IPv6 clients are keyed by their prefix of this many bits
-	cache      *keyCache      // never nil
+type Resolver struct {
+	Proxies    []netip.Prefix // trusted proxies; used when Hops == 0
+	Hops       int            // > 0: the client is the Hops-th X-Forwarded-For entry from the right
+	IPv6Prefix int            // IPv6 clients are keyed by their prefix of this many bits
+	Cache      *KeyCache      // never nil (NewKeyCache)
 }
 
-// keyCache remembers the keys resolve found for a peer host and one
+// KeyCache remembers the keys Resolve found for a peer host and one
 // X-Forwarded-For line. The key is a function of those two and the
 // resolver's settings, so a cached key is the key; and behind a proxy every
 // request carries the header, whose walk (parsing, each address tested
@@ -33,26 +33,29 @@ type ipResolver struct {
 // where a hit costs a map lookup. A sync.Map, since under Yaegi each call
 // into compiled code costs, and a hit is one call where a mutex takes two.
 // Bounded: full, it starts over.
-type keyCache struct {
+type KeyCache struct {
 	keys sync.Map // string (peer host and line) to string (key)
 
 	mu sync.Mutex // guards n, the entries stored since the cache started over
 	n  int
 }
 
-// maxCachedKeys bounds keyCache: a few hundred KiB at most.
+// maxCachedKeys bounds KeyCache: a few hundred KiB at most.
 const maxCachedKeys = 4096
 
-func newKeyCache() *keyCache {
-	return &keyCache{}
+// NewKeyCache returns an empty cache.
+func NewKeyCache() *KeyCache {
+	return &KeyCache{}
 }
 
-// resolve is clientKey for everything but the common case. A request with
+// Resolve is the client's key for everything but the common case, which
+// the root's generated paths read from RemoteAddr themselves (paths.tmpl:
+// client-ip). A request with
 // one X-Forwarded-For line is looked up in the cache by its peer host (the
 // port differs per connection) and that line.
-func resolve(r *ipResolver, req *http.Request) string {
+func Resolve(r *Resolver, req *http.Request) string {
 	if fwd := req.Header["X-Forwarded-For"]; len(fwd) == 1 {
-		if key, ok := r.cache.keys.Load(req.RemoteAddr[:strings.LastIndexByte(req.RemoteAddr, ':')+1] + fwd[0]); ok {
+		if key, ok := r.Cache.keys.Load(req.RemoteAddr[:strings.LastIndexByte(req.RemoteAddr, ':')+1] + fwd[0]); ok {
 			return key.(string)
 		}
 	}
@@ -60,21 +63,21 @@ func resolve(r *ipResolver, req *http.Request) string {
 	return resolveMiss(r, req)
 }
 
-// resolveMiss resolves the key of a request resolve did not find in the
+// resolveMiss resolves the key of a request Resolve did not find in the
 // cache, and caches it when the request has one X-Forwarded-For line; a
 // function of its own so that a hit does not pay for its frame (doc.go:
 // frames).
-func resolveMiss(r *ipResolver, req *http.Request) string {
+func resolveMiss(r *Resolver, req *http.Request) string {
 	forwarded := req.Header["X-Forwarded-For"]
-	key := r.resolveAddr(req.RemoteAddr, forwarded)
+	key := resolveAddr(r, req.RemoteAddr, forwarded)
 	if len(forwarded) == 1 {
-		r.cache.put(req.RemoteAddr[:strings.LastIndexByte(req.RemoteAddr, ':')+1]+forwarded[0], key)
+		put(r.Cache, req.RemoteAddr[:strings.LastIndexByte(req.RemoteAddr, ':')+1]+forwarded[0], key)
 	}
 
 	return key
 }
 
-func (c *keyCache) put(ck, key string) {
+func put(c *KeyCache, ck, key string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 
@@ -92,22 +95,22 @@ func (c *keyCache) put(ck, key string) {
 
 // resolveAddr is the key of the client of a request from remoteAddr with
 // these X-Forwarded-For lines.
-func (r *ipResolver) resolveAddr(remoteAddr string, forwarded []string) string {
-	a, ok := r.clientAddr(remoteAddr, forwarded)
+func resolveAddr(r *Resolver, remoteAddr string, forwarded []string) string {
+	a, ok := ClientAddr(r, remoteAddr, forwarded)
 	if !ok {
-		return unknownClient
+		return UnknownClient
 	}
 
-	return r.keyOf(a)
+	return keyOf(r, a)
 }
 
 // keyOf returns the bucket key of a client address.
-func (r *ipResolver) keyOf(a netip.Addr) string {
-	if a.Is4() || r.ipv6Prefix >= 128 {
+func keyOf(r *Resolver, a netip.Addr) string {
+	if a.Is4() || r.IPv6Prefix >= 128 {
 		return a.String()
 	}
 
-	p, err := a.Prefix(r.ipv6Prefix)
+	p, err := a.Prefix(r.IPv6Prefix)
 	if err != nil {
 		return a.String()
 	}
@@ -115,22 +118,22 @@ func (r *ipResolver) keyOf(a netip.Addr) string {
 	return p.String()
 }
 
-// clientAddr resolves the client from the TCP peer and the X-Forwarded-For
+// ClientAddr resolves the client from the TCP peer and the X-Forwarded-For
 // header values, as README.md states: X-Forwarded-For is read only when the
 // peer is a trusted proxy (or hops is set), from the right, and a malformed
 // entry ends the walk at the last good address.
-func (r *ipResolver) clientAddr(remoteAddr string, forwarded []string) (netip.Addr, bool) {
+func ClientAddr(r *Resolver, remoteAddr string, forwarded []string) (netip.Addr, bool) {
 	peer, ok := parseHost(remoteAddr)
 
-	if r.hops > 0 {
-		return r.nthFromRight(peer, ok, forwarded)
+	if r.Hops > 0 {
+		return nthFromRight(r, peer, ok, forwarded)
 	}
 
 	if !ok {
 		return netip.Addr{}, false
 	}
 
-	if len(forwarded) == 0 || !r.trusted(peer) {
+	if len(forwarded) == 0 || !trusted(r, peer) {
 		return peer, true
 	}
 
@@ -138,7 +141,7 @@ func (r *ipResolver) clientAddr(remoteAddr string, forwarded []string) (netip.Ad
 	hops, _ := fromRight(forwarded, maxForwardedEntries)
 
 	for _, a := range hops {
-		if !r.trusted(a) {
+		if !trusted(r, a) {
 			return a, true
 		}
 
@@ -150,15 +153,15 @@ func (r *ipResolver) clientAddr(remoteAddr string, forwarded []string) (netip.Ad
 	return last, true
 }
 
-// nthFromRight implements trustedHops: the hops-th X-Forwarded-For entry from
+// nthFromRight implements trustedHops: the Hops-th X-Forwarded-For entry from
 // the right, or the peer when the header has fewer entries. A malformed entry
 // before the nth ends the walk at the last good address.
-func (r *ipResolver) nthFromRight(peer netip.Addr, peerOK bool, forwarded []string) (netip.Addr, bool) {
-	hops, malformed := fromRight(forwarded, r.hops)
+func nthFromRight(r *Resolver, peer netip.Addr, peerOK bool, forwarded []string) (netip.Addr, bool) {
+	hops, malformed := fromRight(forwarded, r.Hops)
 
 	switch {
-	case len(hops) == r.hops:
-		return hops[r.hops-1], true
+	case len(hops) == r.Hops:
+		return hops[r.Hops-1], true
 	case malformed && len(hops) > 0:
 		return hops[len(hops)-1], true
 	default:
@@ -195,8 +198,8 @@ func fromRight(forwarded []string, limit int) ([]netip.Addr, bool) {
 	return out, false
 }
 
-func (r *ipResolver) trusted(a netip.Addr) bool {
-	for _, p := range r.proxies {
+func trusted(r *Resolver, a netip.Addr) bool {
+	for _, p := range r.Proxies {
 		if p.Contains(a) {
 			return true
 		}
@@ -235,7 +238,7 @@ func normalize(a netip.Addr) netip.Addr {
 	return a.Unmap().WithZone("")
 }
 
-// clientIn reports whether the request's client address (before any IPv6
+// ClientIn reports whether the request's client address (before any IPv6
 // prefix is taken) is in one of set: exemptions and the status endpoint's
 // allowed clients, which grant more than a bucket. So the address must be one
 // that no client can have written: the first untrusted address of the walk, or
@@ -244,19 +247,19 @@ func normalize(a netip.Addr) netip.Addr {
 // any point, by a client inside the trusted ranges: its leftmost entry keys a
 // bucket but vouches for nothing, so the TCP peer and every entry must be in
 // set.
-func (r *ipResolver) clientIn(req *http.Request, set []netip.Prefix) bool {
+func ClientIn(r *Resolver, req *http.Request, set []netip.Prefix) bool {
 	if len(set) == 0 {
 		return false
 	}
 
 	forwarded := req.Header["X-Forwarded-For"]
 
-	a, ok := r.clientAddr(req.RemoteAddr, forwarded)
+	a, ok := ClientAddr(r, req.RemoteAddr, forwarded)
 	if !ok || !inPrefixes(a, set) {
 		return false
 	}
 
-	if r.hops > 0 || !r.trusted(a) {
+	if r.Hops > 0 || !trusted(r, a) {
 		return true
 	}
 

@@ -1,4 +1,4 @@
-package tierlimit
+package request
 
 import (
 	"net/url"
@@ -20,12 +20,12 @@ import (
 // a path encoded three times over, and a fixed cost for anything longer.
 const maxDecodes = 3
 
-// canonicalPath returns the canonical form of the decoded URL path p, in
+// CanonicalPath returns the canonical form of the decoded URL path p, in
 // lower case when fold is set. Paths that hold nothing to canonicalise, the
 // usual case, come back unchanged from a few compiled string searches: under
 // Yaegi the rare work lives in cleanPath, whose frame only those requests pay
 // for.
-func canonicalPath(p string, fold bool) string {
+func CanonicalPath(p string, fold bool) string {
 	if p == "" || p[0] != '/' || strings.ContainsAny(p, `%;\`) || strings.Contains(p, "//") || strings.Contains(p, "/.") {
 		p = cleanPath(p)
 	}
@@ -61,7 +61,7 @@ func cleanPath(p string) string {
 
 	// Still encoded after the bound (no backend decodes that often): each "%"
 	// that would start an escape is made one that cannot, so that the form is
-	// stable, canonicalPath(canonicalPath(p)) == canonicalPath(p), and no
+	// stable, CanonicalPath(CanonicalPath(p)) == CanonicalPath(p), and no
 	// longer than p.
 	if strings.IndexByte(p, '%') >= 0 {
 		p = validEscape.ReplaceAllString(p, "%!${1}")
@@ -111,8 +111,8 @@ func lenientUnescape(p string) string {
 	return d
 }
 
-// canonicalPattern is a configured route path or asset prefix in the form
+// CanonicalPattern is a configured route path or asset prefix in the form
 // requests are compared in: canonical, and in lower case unless caseSensitive.
-func canonicalPattern(p string, caseSensitive bool) string {
-	return canonicalPath(p, !caseSensitive)
+func CanonicalPattern(p string, caseSensitive bool) string {
+	return CanonicalPath(p, !caseSensitive)
 }
