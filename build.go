@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tierlimit/tierlimit/answer"
 	"github.com/tierlimit/tierlimit/redisresp"
 	"github.com/tierlimit/tierlimit/request"
 )
@@ -483,19 +484,19 @@ func newHeaderTable(spec layerSpec, interval int64) headerTable {
 
 // newRefusal is the configured refusal of layer l.
 func newRefusal(cfg *settings, l *layer) refusal {
-	r := refusal{
-		status:      cfg.refusalStatus,
-		contentType: jsonContentType,
-		bodyPrefix:  `{"errors":[{"message":"Hit rate limit","extensions":{"code":"REQUESTS_EXCEEDED","limit":` + l.limit + `,"reset":"`,
-		bodySuffix:  `","layer":"` + l.name + `"}}]}`,
-	}
+	r := refusal{Policy: answer.Policy{
+		Status:      cfg.refusalStatus,
+		ContentType: answer.JSONContentType,
+		BodyPrefix:  `{"errors":[{"message":"Hit rate limit","extensions":{"code":"REQUESTS_EXCEEDED","limit":` + l.limit + `,"reset":"`,
+		BodySuffix:  `","layer":"` + l.name + `"}}]}`,
+	}}
 
-	if cfg.refusalType != jsonContentType[0] {
-		r.contentType = []string{cfg.refusalType}
+	if cfg.refusalType != answer.JSONContentType[0] {
+		r.ContentType = []string{cfg.refusalType}
 	}
 
 	if cfg.responseBody != nil {
-		r.body = bindLayer(cfg.responseBody, l.name, l.limit)
+		r.Body = answer.BindLayer(cfg.responseBody, l.name, l.limit)
 	}
 
 	return r

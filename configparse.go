@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tierlimit/tierlimit/answer"
 	"github.com/tierlimit/tierlimit/redisresp"
 	"github.com/tierlimit/tierlimit/request"
 )
@@ -53,9 +54,9 @@ type settings struct {
 	exemptIDs     map[string]bool
 	exemptGlobal  bool
 
-	refusalStatus int        // response.statusCode
-	refusalType   string     // response.contentType
-	responseBody  []bodyPart // response.body parsed; nil for the default JSON body
+	refusalStatus int               // response.statusCode
+	refusalType   string            // response.contentType
+	responseBody  []answer.BodyPart // response.body parsed; nil for the default JSON body
 }
 
 // layerSpec is a parsed layer. points == 0 means off.
@@ -828,7 +829,7 @@ func parseResponse(rc ResponseConfig, s *settings) error {
 		return invalid("response.body", rc.Body[:32]+"...", "longer than 64 KiB")
 	}
 
-	body, err := parseBodyTemplate(rc.Body)
+	body, err := answer.ParseBodyTemplate(rc.Body)
 	if err != nil {
 		return invalid("response.body", rc.Body, err.Error())
 	}

@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/tierlimit/tierlimit/answer"
 	"github.com/tierlimit/tierlimit/request"
 )
 
@@ -51,13 +52,13 @@ func cacheRefusal(l *layer, resetH string, reset, secs int64) {
 	if c.resetH != resetH {
 		c.resetH = resetH
 		c.resetSec = ceilSeconds(reset)
-		c.body = []byte(l.bodyPrefix + time.Unix(ceilSeconds(reset), 0).UTC().Format(time.RFC3339) + l.bodySuffix)
+		c.body = []byte(l.BodyPrefix + time.Unix(ceilSeconds(reset), 0).UTC().Format(time.RFC3339) + l.BodySuffix)
 	}
 
 	c.secs = secs
 	c.values = [][]string{
 		l.limitHdr, l.policyHdr, {resetH}, l.remainingHdr[0],
-		{`"` + l.name + `";r=0;t=` + formatInt(secs)}, {formatInt(secs)}, l.contentType, noStore,
+		{`"` + l.name + `";r=0;t=` + formatInt(secs)}, {formatInt(secs)}, l.ContentType, answer.NoStore,
 	}
 }
 

@@ -3,6 +3,7 @@ package tierlimit
 import (
 	"net/http"
 
+	"github.com/tierlimit/tierlimit/answer"
 	"github.com/tierlimit/tierlimit/request"
 )
 
@@ -121,20 +122,20 @@ func report(p *Plugin, layers []*layer, firsts uint64, client, principal string,
 // completed handshake closed with 1013.
 func reject(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer, count, reset, now int64) {
 	if req.Header["Upgrade"] == nil || !isUpgrade(req) {
-		refuse(rw, l, count, reset, now)
+		answer.Refuse(rw, &l.Policy, reset, now)
 		return
 	}
 
-	plain := func() { refuse(rw, l, count, reset, now) }
+	plain := func() { answer.Refuse(rw, &l.Policy, reset, now) }
 
 	if l == p.wsLayer {
-		refuseUpgrade(rw, req, "too many connections from this address", plain)
+		answer.RefuseUpgrade(rw, req, "too many connections from this address", plain)
 		return
 	}
 
-	retry := retryAfter(reset, now)
+	retry := answer.RetryAfter(reset, now)
 	rw.Header().Set("Retry-After", retry)
-	refuseUpgrade(rw, req, "rate limit "+l.name+": retry in "+retry+"s", plain)
+	answer.RefuseUpgrade(rw, req, "rate limit "+l.name+": retry in "+retry+"s", plain)
 }
 
 // principalPlan is the plan of a request with a principal: service, the

@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/tierlimit/tierlimit/answer"
 	"github.com/tierlimit/tierlimit/request"
 )
 
@@ -103,15 +104,14 @@ type headerTable struct {
 	// first maxPrecomputed values; larger ones are formatted per request.
 }
 
-// refusal is how the layer answers a request it refuses: status, content
-// type, and either a template (response.body) or the default JSON body
-// around its reset time (layer names need no JSON escaping: validName).
+// refusal is how the layer answers a request it refuses: the answer's
+// Policy (status, content type, and either a template (response.body) or the
+// default JSON body around its reset time; layer names need no JSON
+// escaping: validName), embedded so that the request path reads l.Status,
+// l.Body alike, and the fast paths' cache of a default refusal.
 type refusal struct {
-	status                 int
-	contentType            []string
-	body                   []bodyPart
-	bodyPrefix, bodySuffix string
-	cache                  refusalCache // the fast paths', under the memory store's lock (in modeRedis, the block list's)
+	answer.Policy
+	cache refusalCache // the fast paths', under the memory store's lock (in modeRedis, the block list's)
 }
 
 // refusalCache holds a default refusal of the layer, for the reset second

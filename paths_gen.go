@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"github.com/tierlimit/tierlimit/answer"
 	"github.com/tierlimit/tierlimit/redisresp"
 	"github.com/tierlimit/tierlimit/request"
 )
@@ -73,12 +74,12 @@ func (ap *anonymousPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	h["X-Ratelimit-Limit"] = shown.limitHdr
 	h["Ratelimit-Policy"] = shown.policyHdr
 	h["X-Ratelimit-Reset"] = resetH
-	secs := (reset - now + nsPerSecond - 1) / nsPerSecond
+	secs := (reset - now + (nsPerSecond - 1)) / nsPerSecond
 	if left < shown.tableLen && secs <= maxSmallInt {
 		h["X-Ratelimit-Remaining"] = shown.remainingHdr[left]
 		h["Ratelimit"] = []string{shown.ratePrefix[left] + smallInts[secs]}
 	} else {
-		setLargeHeaders(h, shown, left, secs)
+		answer.SetLargeHeaders(h, shown.name, left, secs)
 	}
 	p.next.ServeHTTP(rw, req)
 }
@@ -146,12 +147,12 @@ func (pp *principalPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	h["X-Ratelimit-Limit"] = shown.limitHdr
 	h["Ratelimit-Policy"] = shown.policyHdr
 	h["X-Ratelimit-Reset"] = resetH
-	secs := (reset - now + nsPerSecond - 1) / nsPerSecond
+	secs := (reset - now + (nsPerSecond - 1)) / nsPerSecond
 	if left < shown.tableLen && secs <= maxSmallInt {
 		h["X-Ratelimit-Remaining"] = shown.remainingHdr[left]
 		h["Ratelimit"] = []string{shown.ratePrefix[left] + smallInts[secs]}
 	} else {
-		setLargeHeaders(h, shown, left, secs)
+		answer.SetLargeHeaders(h, shown.name, left, secs)
 	}
 	p.next.ServeHTTP(rw, req)
 }
@@ -225,12 +226,12 @@ func (pp *principalPlansPath) ServeHTTP(rw http.ResponseWriter, req *http.Reques
 	h["X-Ratelimit-Limit"] = shown.limitHdr
 	h["Ratelimit-Policy"] = shown.policyHdr
 	h["X-Ratelimit-Reset"] = resetH
-	secs := (reset - now + nsPerSecond - 1) / nsPerSecond
+	secs := (reset - now + (nsPerSecond - 1)) / nsPerSecond
 	if left < shown.tableLen && secs <= maxSmallInt {
 		h["X-Ratelimit-Remaining"] = shown.remainingHdr[left]
 		h["Ratelimit"] = []string{shown.ratePrefix[left] + smallInts[secs]}
 	} else {
-		setLargeHeaders(h, shown, left, secs)
+		answer.SetLargeHeaders(h, shown.name, left, secs)
 	}
 	p.next.ServeHTTP(rw, req)
 }
@@ -286,12 +287,12 @@ func serveFast(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 	h["X-Ratelimit-Limit"] = shown.limitHdr
 	h["Ratelimit-Policy"] = shown.policyHdr
 	h["X-Ratelimit-Reset"] = resetH
-	secs := (reset - now + nsPerSecond - 1) / nsPerSecond
+	secs := (reset - now + (nsPerSecond - 1)) / nsPerSecond
 	if left < shown.tableLen && secs <= maxSmallInt {
 		h["X-Ratelimit-Remaining"] = shown.remainingHdr[left]
 		h["Ratelimit"] = []string{shown.ratePrefix[left] + smallInts[secs]}
 	} else {
-		setLargeHeaders(h, shown, left, secs)
+		answer.SetLargeHeaders(h, shown.name, left, secs)
 	}
 	p.next.ServeHTTP(rw, req)
 }
@@ -359,12 +360,12 @@ func serveCredentialed(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 		h["X-Ratelimit-Limit"] = shown.limitHdr
 		h["Ratelimit-Policy"] = shown.policyHdr
 		h["X-Ratelimit-Reset"] = resetH
-		secs := (reset - now + nsPerSecond - 1) / nsPerSecond
+		secs := (reset - now + (nsPerSecond - 1)) / nsPerSecond
 		if left < shown.tableLen && secs <= maxSmallInt {
 			h["X-Ratelimit-Remaining"] = shown.remainingHdr[left]
 			h["Ratelimit"] = []string{shown.ratePrefix[left] + smallInts[secs]}
 		} else {
-			setLargeHeaders(h, shown, left, secs)
+			answer.SetLargeHeaders(h, shown.name, left, secs)
 		}
 	}
 
@@ -397,7 +398,7 @@ func refuseFast(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer, 
 	l.stats.refused++
 	w.refused++
 
-	if l.body != nil || req.Header["Upgrade"] != nil || !w.logged {
+	if l.Body != nil || req.Header["Upgrade"] != nil || !w.logged {
 		refuseOther(p, rw, req, l, w, now)
 		return
 	}
@@ -416,7 +417,7 @@ func refuseFast(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer, 
 	for i, v := range values {
 		h[refusalHeaders[i]] = v
 	}
-	rw.WriteHeader(l.status)
+	rw.WriteHeader(l.Status)
 	_, _ = rw.Write(body)
 }
 
@@ -582,12 +583,12 @@ func setHeaders(h http.Header, shown *layer, left, reset int64, resetH []string,
 	h["X-Ratelimit-Limit"] = shown.limitHdr
 	h["Ratelimit-Policy"] = shown.policyHdr
 	h["X-Ratelimit-Reset"] = resetH
-	secs := (reset - now + nsPerSecond - 1) / nsPerSecond
+	secs := (reset - now + (nsPerSecond - 1)) / nsPerSecond
 	if left < shown.tableLen && secs <= maxSmallInt {
 		h["X-Ratelimit-Remaining"] = shown.remainingHdr[left]
 		h["Ratelimit"] = []string{shown.ratePrefix[left] + smallInts[secs]}
 	} else {
-		setLargeHeaders(h, shown, left, secs)
+		answer.SetLargeHeaders(h, shown.name, left, secs)
 	}
 }
 
@@ -688,12 +689,12 @@ func redisAllowed(p *Plugin, rw http.ResponseWriter, req *http.Request, layers [
 	h["X-Ratelimit-Limit"] = shown.limitHdr
 	h["Ratelimit-Policy"] = shown.policyHdr
 	h["X-Ratelimit-Reset"] = resetH
-	secs := (reset - now + nsPerSecond - 1) / nsPerSecond
+	secs := (reset - now + (nsPerSecond - 1)) / nsPerSecond
 	if left < shown.tableLen && secs <= maxSmallInt {
 		h["X-Ratelimit-Remaining"] = shown.remainingHdr[left]
 		h["Ratelimit"] = []string{shown.ratePrefix[left] + smallInts[secs]}
 	} else {
-		setLargeHeaders(h, shown, left, secs)
+		answer.SetLargeHeaders(h, shown.name, left, secs)
 	}
 
 	p.next.ServeHTTP(rw, req)
@@ -719,7 +720,7 @@ func refuseBlocked(p *Plugin, rw http.ResponseWriter, req *http.Request, layers 
 		if reset == 0 {
 			continue
 		}
-		if reset <= now || l.body != nil || req.Header["Upgrade"] != nil {
+		if reset <= now || l.Body != nil || req.Header["Upgrade"] != nil {
 			b.mu.Unlock()
 			return refuseBlockedGeneral(p, rw, req, layers, client, now)
 		}
@@ -739,7 +740,7 @@ func refuseBlocked(p *Plugin, rw http.ResponseWriter, req *http.Request, layers 
 		for i, v := range values {
 			h[refusalHeaders[i]] = v
 		}
-		rw.WriteHeader(l.status)
+		rw.WriteHeader(l.Status)
 		_, _ = rw.Write(body)
 
 		return true
@@ -816,12 +817,12 @@ func (sp *syncedPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	h["X-Ratelimit-Limit"] = shown.limitHdr
 	h["Ratelimit-Policy"] = shown.policyHdr
 	h["X-Ratelimit-Reset"] = resetH
-	secs := (reset - now + nsPerSecond - 1) / nsPerSecond
+	secs := (reset - now + (nsPerSecond - 1)) / nsPerSecond
 	if left < shown.tableLen && secs <= maxSmallInt {
 		h["X-Ratelimit-Remaining"] = shown.remainingHdr[left]
 		h["Ratelimit"] = []string{shown.ratePrefix[left] + smallInts[secs]}
 	} else {
-		setLargeHeaders(h, shown, left, secs)
+		answer.SetLargeHeaders(h, shown.name, left, secs)
 	}
 
 	p.next.ServeHTTP(rw, req)
@@ -837,7 +838,7 @@ func refuseSynced(p *Plugin, rw http.ResponseWriter, req *http.Request, layers [
 		fc.pending--
 	}
 
-	if l.body != nil || req.Header["Upgrade"] != nil || !c.logged {
+	if l.Body != nil || req.Header["Upgrade"] != nil || !c.logged {
 		// syncTake counts the decision again, fc's allowed too.
 		if fc != nil {
 			fc.allowed--
@@ -847,7 +848,7 @@ func refuseSynced(p *Plugin, rw http.ResponseWriter, req *http.Request, layers [
 
 		var t tally
 		syncTake(st, &t, now, layers, client, "", req, false)
-		answer(p, rw, req, layers, &t, client, now)
+		answerRedis(p, rw, req, layers, &t, client, now)
 
 		return
 	}
@@ -867,7 +868,7 @@ func refuseSynced(p *Plugin, rw http.ResponseWriter, req *http.Request, layers [
 	for i, v := range values {
 		h[refusalHeaders[i]] = v
 	}
-	rw.WriteHeader(l.status)
+	rw.WriteHeader(l.Status)
 	_, _ = rw.Write(body)
 }
 

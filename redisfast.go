@@ -111,7 +111,7 @@ func refuseBlockedGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request, 
 		return false
 	}
 
-	answer(p, rw, req, layers, &t, client, now)
+	answerRedis(p, rw, req, layers, &t, client, now)
 
 	return true
 }
@@ -137,7 +137,7 @@ func redisFailed(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []
 	var t tally
 
 	rs.takeLocal(&t, now, layers, client, "", req, false)
-	answer(p, rw, req, layers, &t, client, now)
+	answerRedis(p, rw, req, layers, &t, client, now)
 }
 
 // redisReply decides a request on a reply that redisPath did not accept: a
@@ -150,11 +150,11 @@ func redisReply(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*
 		return
 	}
 
-	answer(p, rw, req, layers, &t, client, now)
+	answerRedis(p, rw, req, layers, &t, client, now)
 }
 
-// answer is decide after the charge, for a request of modeRedis.
-func answer(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, t *tally, client string, now int64) {
+// answerRedis is decide after the charge, for a request of modeRedis.
+func answerRedis(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, t *tally, client string, now int64) {
 	if t.firsts != 0 {
 		report(p, layers, t.firsts, client, "", req)
 	}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tierlimit/tierlimit/answer"
 	"github.com/tierlimit/tierlimit/redisresp"
 	"github.com/tierlimit/tierlimit/request"
 )
@@ -64,13 +65,13 @@ type resetEvent struct {
 func serveReset(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 	if req.Method != http.MethodPost {
 		rw.Header()["Allow"] = []string{http.MethodPost}
-		writeStatus(rw, req, http.StatusMethodNotAllowed, jsonContentType, []byte(`{"error":"method not allowed"}`))
+		writeStatus(rw, req, http.StatusMethodNotAllowed, answer.JSONContentType, []byte(`{"error":"method not allowed"}`))
 
 		return
 	}
 
 	body, code := resetKey(p, req)
-	writeStatus(rw, req, code, jsonContentType, body)
+	writeStatus(rw, req, code, answer.JSONContentType, body)
 }
 
 // resetKey clears the key the query names and returns the answer: 200 when it

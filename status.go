@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tierlimit/tierlimit/answer"
 	"github.com/tierlimit/tierlimit/request"
 )
 
@@ -49,7 +50,7 @@ func serveStatusPage(p *Plugin, rw http.ResponseWriter, req *http.Request) bool 
 	}
 
 	h := rw.Header()
-	h["Cache-Control"] = noStore
+	h["Cache-Control"] = answer.NoStore
 
 	if rest == resetSuffix {
 		serveReset(p, rw, req)
@@ -58,7 +59,7 @@ func serveStatusPage(p *Plugin, rw http.ResponseWriter, req *http.Request) bool 
 
 	if req.Method != http.MethodGet && req.Method != http.MethodHead {
 		h["Allow"] = []string{"GET, HEAD"}
-		writeStatus(rw, req, http.StatusMethodNotAllowed, jsonContentType, []byte(`{"error":"method not allowed"}`))
+		writeStatus(rw, req, http.StatusMethodNotAllowed, answer.JSONContentType, []byte(`{"error":"method not allowed"}`))
 
 		return true
 	}
@@ -71,7 +72,7 @@ func serveStatusPage(p *Plugin, rw http.ResponseWriter, req *http.Request) bool 
 	}
 
 	body, code := p.statusJSON(req, now)
-	writeStatus(rw, req, code, jsonContentType, body)
+	writeStatus(rw, req, code, answer.JSONContentType, body)
 
 	return true
 }

@@ -250,13 +250,6 @@ func waitOpen(t *testing.T, c *connCounter, ip string, want int) {
 	}
 }
 
-func TestCloseFrameReasonFitsAControlFrame(t *testing.T) {
-	f := closeFrame(1013, strings.Repeat("x", 300))
-	if len(f) != 4+123 || f[1] != 125 {
-		t.Fatalf("frame of %d bytes, length byte %d", len(f), f[1])
-	}
-}
-
 // open returns the number of connections held by ip.
 func (c *connCounter) open(ip string) int {
 	c.mu.Lock()

@@ -1,7 +1,8 @@
-package tierlimit
+package answer
 
 import (
 	"errors"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -26,17 +27,17 @@ var placeholders = map[string]int{
 	"resetUnix": phResetUnix, "retryAfter": phRetryAfter, "layer": phLayer,
 }
 
-// bodyPart is literal text (kind phText) or a placeholder.
-type bodyPart struct {
+// BodyPart is literal text (kind phText) or a placeholder.
+type BodyPart struct {
 	kind int
 	text string
 }
 
-// parseBodyTemplate splits a template into parts. A brace-letters-brace group
+// ParseBodyTemplate splits a template into parts. A brace-letters-brace group
 // that is not a known placeholder is an error, so that a typo does not reach
 // clients as literal text.
-func parseBodyTemplate(tmpl string) ([]bodyPart, error) {
-	var parts []bodyPart
+func ParseBodyTemplate(tmpl string) ([]BodyPart, error) {
+	var parts []BodyPart
 
 	text := 0
 
@@ -61,34 +62,34 @@ func parseBodyTemplate(tmpl string) ([]bodyPart, error) {
 		}
 
 		if i > text {
-			parts = append(parts, bodyPart{kind: phText, text: tmpl[text:i]})
+			parts = append(parts, BodyPart{kind: phText, text: tmpl[text:i]})
 		}
 
-		parts = append(parts, bodyPart{kind: kind})
+		parts = append(parts, BodyPart{kind: kind})
 		text = j + 1
 		i = j
 	}
 
 	if text < len(tmpl) {
-		parts = append(parts, bodyPart{kind: phText, text: tmpl[text:]})
+		parts = append(parts, BodyPart{kind: phText, text: tmpl[text:]})
 	}
 
 	return parts, nil
 }
 
-// bindLayer fills the placeholders that a layer fixes (its name, its limit, and
+// BindLayer fills the placeholders that a layer fixes (its name, its limit, and
 // the remaining count, which is 0 in every refusal) and joins adjacent text.
-func bindLayer(parts []bodyPart, name, limit string) []bodyPart {
-	var out []bodyPart
+func BindLayer(parts []BodyPart, name, limit string) []BodyPart {
+	var out []BodyPart
 
 	for _, part := range parts {
 		switch part.kind {
 		case phLimit:
-			part = bodyPart{kind: phText, text: limit}
+			part = BodyPart{kind: phText, text: limit}
 		case phLayer:
-			part = bodyPart{kind: phText, text: name}
+			part = BodyPart{kind: phText, text: name}
 		case phRemaining:
-			part = bodyPart{kind: phText, text: "0"}
+			part = BodyPart{kind: phText, text: "0"}
 		}
 
 		if part.kind == phText && len(out) > 0 && out[len(out)-1].kind == phText {
@@ -100,14 +101,14 @@ func bindLayer(parts []bodyPart, name, limit string) []bodyPart {
 	}
 
 	if out == nil {
-		out = []bodyPart{{kind: phText}}
+		out = []BodyPart{{kind: phText}}
 	}
 
 	return out
 }
 
 // render fills the per-refusal placeholders. reset and now are Unix nanoseconds.
-func render(parts []bodyPart, reset, now int64) string {
+func render(parts []BodyPart, reset, now int64) string {
 	var b strings.Builder
 
 	for _, part := range parts {
@@ -117,9 +118,9 @@ func render(parts []bodyPart, reset, now int64) string {
 		case phReset:
 			b.WriteString(time.Unix(ceilSeconds(reset), 0).UTC().Format(time.RFC3339))
 		case phResetUnix:
-			b.WriteString(formatInt(ceilSeconds(reset)))
+			b.WriteString(strconv.FormatInt(ceilSeconds(reset), 10))
 		case phRetryAfter:
-			b.WriteString(retryAfter(reset, now))
+			b.WriteString(RetryAfter(reset, now))
 		}
 	}
 
