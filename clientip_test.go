@@ -5,6 +5,8 @@ import (
 	"net/netip"
 	"strconv"
 	"testing"
+
+	"github.com/tierlimit/tierlimit/config"
 )
 
 func resolverFor(t *testing.T, proxies []string, hops, v6 int) *ipResolver {
@@ -13,7 +15,7 @@ func resolverFor(t *testing.T, proxies []string, hops, v6 int) *ipResolver {
 	r := &ipResolver{hops: hops, ipv6Prefix: v6, cache: newKeyCache()}
 
 	for _, raw := range proxies {
-		p, err := parsePrefix(raw)
+		p, err := config.ParsePrefix(raw)
 		if err != nil {
 			t.Fatalf("prefix %q: %v", raw, err)
 		}
@@ -76,7 +78,7 @@ func TestClientKey(t *testing.T) {
 	for _, tc := range cases {
 		proxies := tc.proxies
 		if proxies == nil && tc.hops == 0 {
-			proxies = defaultTrustedProxies
+			proxies = CreateConfig().TrustedProxies
 		}
 
 		v6 := tc.v6
@@ -109,7 +111,7 @@ func TestClientKey(t *testing.T) {
 // peer host (a line from an untrusted peer is not read), never on its port,
 // and the cache holds at most maxCachedKeys entries.
 func TestKeyCacheIsPerPeerAndBounded(t *testing.T) {
-	r := resolverFor(t, defaultTrustedProxies, 0, 64)
+	r := resolverFor(t, CreateConfig().TrustedProxies, 0, 64)
 	r.cache = newKeyCache()
 
 	key := func(remote, xff string) string {
@@ -145,7 +147,7 @@ func TestKeyCacheIsPerPeerAndBounded(t *testing.T) {
 }
 
 func TestMappedProxyPrefixMatchesIPv4(t *testing.T) {
-	p, err := parsePrefix("::ffff:10.0.0.0/104")
+	p, err := config.ParsePrefix("::ffff:10.0.0.0/104")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,15 +1,12 @@
 package tierlimit
 
-import (
-	"net/http"
+import "github.com/tierlimit/tierlimit/config"
 
-	"github.com/tierlimit/tierlimit/config"
-)
-
-// The configuration in parts: this file is the schema and its defaults,
-// configlayers.go the catalogue of built-in layers, configparse.go the
-// parsing into settings, configredis.go redis.* and redis.tls, configcheck.go
-// the validation helpers, configkeys.go the keys no field took.
+// The configuration is package config (config/): the schema and its
+// defaults, their parsing and validation into config.Settings. This file
+// gives Traefik the root's Config and CreateConfig, and parse the forms
+// config.Parse borrows from this package; configlayers.go adds to config's
+// catalogue of built-in layers what each charges.
 
 // The schema lives in config/; these names keep the root's code as it was.
 type (
@@ -28,53 +25,23 @@ type (
 	ResponseConfig      = config.ResponseConfig
 )
 
-// defaultTrustedProxies is loopback, RFC 1918 and ULA: the addresses a reverse
-// proxy in front of Traefik usually has.
-var defaultTrustedProxies = []string{
-	"127.0.0.1/8", "::1/128", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7",
+// CreateConfig returns the defaults README.md documents (config.Defaults);
+// Traefik decodes the user's settings over it.
+func CreateConfig() *Config {
+	return config.Defaults()
 }
 
-// defaultRedisAddress is CreateConfig's redis.address: it stands for "not
-// set" next to redis.sentinel or redis.cluster.
-const defaultRedisAddress = "127.0.0.1:6379"
+// configForms are the forms config.Parse borrows from this package: the
+// canonical path pattern (path.go) and the refusal body template (template.go).
+var configForms = config.Forms{CanonicalPattern: canonicalPattern, CheckBody: checkBodyTemplate}
 
-// CreateConfig returns the defaults README.md documents; Traefik decodes the
-// user's settings over it. The built-in layers' defaults are their
-// catalogue's (configlayers.go).
-func CreateConfig() *Config {
-	proxies := make([]string, len(defaultTrustedProxies))
-	copy(proxies, defaultTrustedProxies)
+// parse validates cfg and returns its parsed form (config.Parse).
+func parse(cfg *Config) (*config.Settings, error) {
+	return config.Parse(cfg, configForms)
+}
 
-	assets := defaultLayer(layerAssets)
-
-	return &Config{
-		Enabled:          true,
-		Store:            "memory",
-		KeyPrefix:        "ratelimit",
-		TrustedProxies:   proxies,
-		IPv6PrefixLength: 64,
-		MaxTracked:       100000,
-		Global:           defaultLayer(layerGlobal),
-		IP:               defaultLayer(layerIP),
-		Assets:           AssetsConfig{Points: assets.Points, PathPrefixes: []string{"/assets/"}},
-		User:             defaultLayer(layerUser),
-		Service:          defaultLayer(layerService),
-		Principal: PrincipalConfig{
-			ServiceAccountHeader:    "X-Auth-Service-Account",
-			InvalidCredentialStatus: []int{http.StatusUnauthorized},
-		},
-		Redis: RedisConfig{
-			Address:      defaultRedisAddress,
-			DialTimeout:  "250ms",
-			Timeout:      "100ms",
-			PoolSize:     16,
-			SyncInterval: "0",
-		},
-		Headers: true,
-		Status:  StatusConfig{AllowedIPs: []string{"127.0.0.1/32", "::1/128"}},
-		Response: ResponseConfig{
-			StatusCode:  http.StatusTooManyRequests,
-			ContentType: "application/json",
-		},
-	}
+// checkBodyTemplate reports a refusal body template's error.
+func checkBodyTemplate(tmpl string) error {
+	_, err := parseBodyTemplate(tmpl)
+	return err
 }

@@ -2,6 +2,8 @@
 // into, its defaults, and their parsing and validation into settings.
 package config
 
+import "net/http"
+
 // Config is the plugin's dynamic configuration. Traefik decodes it with
 // mapstructure: keys match field names case-insensitively and every scalar may
 // arrive as a string, so durations are strings parsed in New (see parseDuration).
@@ -235,4 +237,55 @@ type ResponseConfig struct {
 	Body        string
 
 	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
+}
+
+// defaultTrustedProxies is loopback, RFC 1918 and ULA: the addresses a reverse
+// proxy in front of Traefik usually has.
+var defaultTrustedProxies = []string{
+	"127.0.0.1/8", "::1/128", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7",
+}
+
+// defaultRedisAddress is CreateConfig's redis.address: it stands for "not
+// set" next to redis.sentinel or redis.cluster.
+const defaultRedisAddress = "127.0.0.1:6379"
+
+// Defaults is the configuration README.md documents, which the root's
+// CreateConfig hands Traefik to decode the user's settings over. The
+// built-in layers' defaults are their catalogue's (layers.go).
+func Defaults() *Config {
+	proxies := make([]string, len(defaultTrustedProxies))
+	copy(proxies, defaultTrustedProxies)
+
+	assets := defaultLayer(LayerAssets)
+
+	return &Config{
+		Enabled:          true,
+		Store:            "memory",
+		KeyPrefix:        "ratelimit",
+		TrustedProxies:   proxies,
+		IPv6PrefixLength: 64,
+		MaxTracked:       100000,
+		Global:           defaultLayer(LayerGlobal),
+		IP:               defaultLayer(LayerIP),
+		Assets:           AssetsConfig{Points: assets.Points, PathPrefixes: []string{"/assets/"}},
+		User:             defaultLayer(LayerUser),
+		Service:          defaultLayer(LayerService),
+		Principal: PrincipalConfig{
+			ServiceAccountHeader:    "X-Auth-Service-Account",
+			InvalidCredentialStatus: []int{http.StatusUnauthorized},
+		},
+		Redis: RedisConfig{
+			Address:      defaultRedisAddress,
+			DialTimeout:  "250ms",
+			Timeout:      "100ms",
+			PoolSize:     16,
+			SyncInterval: "0",
+		},
+		Headers: true,
+		Status:  StatusConfig{AllowedIPs: []string{"127.0.0.1/32", "::1/128"}},
+		Response: ResponseConfig{
+			StatusCode:  http.StatusTooManyRequests,
+			ContentType: "application/json",
+		},
+	}
 }
