@@ -31,7 +31,7 @@ import (
 // so that every replica agrees on the window without comparing TTLs and a
 // new window starts from nothing in Redis and in memory. Only fixed windows
 // are synced: a sliding window or a token bucket with syncInterval is a
-// configuration error (checkSync).
+// configuration error (config/sync.go, checkSync).
 //
 // Failure: a sync that fails keeps its points pending, to be sent by the next
 // sync that works (so a charge is never lost; a call that failed after Redis

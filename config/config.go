@@ -1,12 +1,20 @@
-// Package config is the plugin's configuration: the schema Traefik decodes
-// into, its defaults, and their parsing and validation into settings.
+// Package config is the plugin's configuration, and the only package that
+// knows its names: the schema Traefik decodes into (this file), its defaults
+// (Defaults), and their parsing and validation (Parse, parse.go) into
+// Settings, a Rule for each layer and plan and a Route for each route, which
+// the root builds its layers and stores from. layers.go is the catalogue of
+// built-in layers, plans.go plans:, redis.go redis.* and redis.tls,
+// calendar.go calendar and utcOffset, sync.go redis.syncInterval, check.go
+// the validation helpers, keys.go the keys no field took. It imports no
+// package of the plugin but redisresp; the root passes in what it borrows
+// (Forms).
 package config
 
 import "net/http"
 
 // Config is the plugin's dynamic configuration. Traefik decodes it with
 // mapstructure: keys match field names case-insensitively and every scalar may
-// arrive as a string, so durations are strings parsed in New (see parseDuration).
+// arrive as a string, so durations are strings parsed in New (see ParseDuration).
 type Config struct {
 	Enabled          bool
 	DryRun           bool
@@ -24,7 +32,7 @@ type Config struct {
 	Service LayerConfig
 	Routes  []RouteConfig
 	// Plans replace user for a principal whose principal.planHeader names
-	// one (configplans.go).
+	// one (plans.go).
 	Plans map[string]PlanConfig
 
 	Principal PrincipalConfig
@@ -36,7 +44,7 @@ type Config struct {
 	Exempt   ExemptConfig
 	Response ResponseConfig
 
-	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
+	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: keys.go
 }
 
 // LayerConfig is one window: Points requests per Duration. Points 0 turns
@@ -65,7 +73,7 @@ type LayerConfig struct {
 	Store string
 
 	DryRun  bool                   // this rule counts, logs and sends its headers, but never refuses
-	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
+	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: keys.go
 }
 
 // AssetsConfig is the per-IP budget for anonymous requests under PathPrefixes,
@@ -90,7 +98,7 @@ type AssetsConfig struct {
 	Store string
 
 	DryRun  bool                   // this rule counts, logs and sends its headers, but never refuses
-	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
+	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: keys.go
 }
 
 // RouteConfig is a limit on requests matching Methods (all when empty) and
@@ -124,7 +132,7 @@ type RouteConfig struct {
 	Store string
 
 	DryRun  bool                   // this rule counts, logs and sends its headers, but never refuses
-	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
+	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: keys.go
 }
 
 // PlanConfig is the window of a plan: as LayerConfig, without a key (a
@@ -142,7 +150,7 @@ type PlanConfig struct {
 	Store string
 
 	DryRun  bool                   // this rule counts, logs and sends its headers, but never refuses
-	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
+	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: keys.go
 }
 
 // PrincipalConfig says where the principal, its plan and credentials are
@@ -156,7 +164,7 @@ type PrincipalConfig struct {
 	CredentialQueryParams   []string
 	InvalidCredentialStatus []int
 
-	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
+	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: keys.go
 }
 
 // RedisConfig configures the shared store (store: redis): one server at
@@ -180,7 +188,7 @@ type RedisConfig struct {
 	// script call per request.
 	SyncInterval string
 
-	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
+	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: keys.go
 }
 
 // RedisSentinelConfig finds the primary of MasterName through the sentinels
@@ -192,21 +200,21 @@ type RedisSentinelConfig struct {
 	Username   string
 	Password   string
 
-	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
+	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: keys.go
 }
 
 // RedisClusterConfig lists seed nodes of a Redis Cluster.
 type RedisClusterConfig struct {
 	Addresses []string
 
-	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
+	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: keys.go
 }
 
 // WebsocketConfig caps upgraded connections; 0 means no cap.
 type WebsocketConfig struct {
 	MaxConnectionsPerIP int
 
-	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
+	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: keys.go
 }
 
 // StatusConfig turns on the status endpoint at Path (and Prometheus metrics at
@@ -215,7 +223,7 @@ type StatusConfig struct {
 	Path       string
 	AllowedIPs []string
 
-	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
+	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: keys.go
 }
 
 // ExemptConfig lists client IPs (CIDRs) and principal ids that no layer
@@ -225,7 +233,7 @@ type ExemptConfig struct {
 	Principals []string
 	Global     bool
 
-	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
+	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: keys.go
 }
 
 // ResponseConfig is the refusal: its status (429 or 503), content type and
@@ -236,7 +244,7 @@ type ResponseConfig struct {
 	ContentType string
 	Body        string
 
-	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
+	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: keys.go
 }
 
 // defaultTrustedProxies is loopback, RFC 1918 and ULA: the addresses a reverse

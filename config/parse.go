@@ -29,7 +29,7 @@ type Settings struct {
 	AssetPaths []string // canonical (canonicalPattern); nil when none
 	AssetsCase bool     // assets.caseSensitive
 	Routes     []Route
-	Plans      []Rule // plans:, by name (configplans.go)
+	Plans      []Rule // plans:, by name (plans.go)
 
 	// The principal's headers, canonical ("" when not read), and the
 	// credentials the instance reads: none after ForwardAuth (userHeader
