@@ -60,7 +60,7 @@ func chooseMode(s *config.Settings) mode {
 		return modeOff
 	case redisFastEligible(s, fixed, routes):
 		return modeRedis
-	case s.Store != "memory" || !s.Headers || s.DryRun || !fixed || s.WSMaxPerIP > 0,
+	case s.Store != config.StoreMemory || !s.Headers || s.DryRun || !fixed || s.WSMaxPerIP > 0,
 		len(s.CredCookies)+len(s.CredQuery) > 0,
 		len(s.ExemptIPs)+len(s.ExemptIDs) > 0:
 		return modeGeneral
@@ -525,7 +525,7 @@ func (p *Plugin) buildStore(ctx context.Context, cfg *config.Settings, name stri
 		p.store = &blockingStore{memory}
 	}
 
-	if cfg.Store == "redis" {
+	if cfg.Store == config.StoreRedis {
 		rs := newRedisStore(ctx, cfg, name, memory, p.layers)
 		rs.clock = func() time.Time { return p.now() }
 		p.store = rs

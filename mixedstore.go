@@ -41,7 +41,7 @@ func newMixedStore(memory *windowStore, rs *redisStore, layers []*layer) *mixedS
 // anyMemoryLayer reports whether a layer of a Redis instance is counted in
 // memory.
 func anyMemoryLayer(s *config.Settings) bool {
-	if s.Store != "redis" {
+	if s.Store != config.StoreRedis {
 		return false
 	}
 

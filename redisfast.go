@@ -90,7 +90,7 @@ func newRedisPlan(rs *redisStore, layers []*layer, cost int64) *redisPlan {
 // otherwise take the general path meets what redisPath needs (see the
 // top of this file).
 func redisFastEligible(s *config.Settings, fixed, routes bool) bool {
-	return s.Store == "redis" && s.Redis.Cluster == nil && !anyMemoryLayer(s) &&
+	return s.Store == config.StoreRedis && s.Redis.Cluster == nil && !anyMemoryLayer(s) &&
 		s.Headers && !s.DryRun && fixed && !routes && s.WSMaxPerIP == 0 &&
 		s.UserHeader == "" && len(s.CredHeaders)+len(s.CredCookies)+len(s.CredQuery) == 0 &&
 		len(s.ExemptIPs)+len(s.ExemptIDs) == 0 &&

@@ -29,6 +29,12 @@ const (
 	KeyHost      = "host"
 )
 
+// The stores: Settings.Store, and a rule's store.
+const (
+	StoreMemory = "memory"
+	StoreRedis  = "redis"
+)
+
 // RequestCost is what one request is charged in each layer of its plan
 // unless it matches routes: then the largest of their costs (routes[].cost,
 // Route.Cost).

@@ -197,7 +197,7 @@ func allDryRun(s *Settings) {
 // parseStore reads store and keyPrefix.
 func parseStore(cfg *Config, s *Settings) error {
 	switch cfg.Store {
-	case "memory", "redis":
+	case StoreMemory, StoreRedis:
 		s.Store = cfg.Store
 	default:
 		return invalid("store", cfg.Store, `must be "memory" or "redis"`)
