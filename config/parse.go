@@ -33,7 +33,7 @@ type Settings struct {
 
 	// The principal's headers, canonical ("" when not read), and the
 	// credentials the instance reads: none after ForwardAuth (userHeader
-	// set), where a credential tells it nothing more (chain.go).
+	// set), where a credential tells it nothing more (the root's chain.go).
 	UserHeader    string
 	ServiceHeader string
 	PlanHeader    string   // "" unless there are plans
@@ -43,7 +43,7 @@ type Settings struct {
 	InvalidCode   map[int]bool
 
 	Redis        redisresp.Options
-	SyncInterval time.Duration // redis.syncInterval; 0: exact mode (syncstore.go)
+	SyncInterval time.Duration // redis.syncInterval; 0: exact mode (the root's syncstore.go)
 	WSMaxPerIP   int
 
 	StatusPath    string // "" when the status endpoint is off
@@ -84,7 +84,7 @@ type Rule struct {
 	Block time.Duration
 	// calendar (calDay, calWeek, calMonth; 0: none) aligns the windows to
 	// the calendar at utcOffset (nanoseconds east of UTC); duration is then
-	// the period's longest (calendar.go).
+	// the period's longest (calendarMax).
 	Calendar  int
 	UtcOffset int64
 	DryRun    bool // counts, logs, sends headers, never refuses (its own or the top-level dryRun)
