@@ -1,6 +1,10 @@
 package tierlimit
 
-import "net/http"
+import (
+	"net/http"
+
+	"github.com/tierlimit/tierlimit/config"
+)
 
 // A layer's store: memory (README: store on a layer) counts it in the
 // Traefik process although its instance keeps the other layers in Redis:
@@ -36,13 +40,13 @@ func newMixedStore(memory *windowStore, rs *redisStore, layers []*layer) *mixedS
 
 // anyMemoryLayer reports whether a layer of a Redis instance is counted in
 // memory.
-func anyMemoryLayer(s *settings) bool {
-	if s.store != "redis" {
+func anyMemoryLayer(s *config.Settings) bool {
+	if s.Store != config.StoreRedis {
 		return false
 	}
 
-	for _, l := range ruleSpecs(s) {
-		if l.memory && l.on() {
+	for _, l := range config.Rules(s) {
+		if l.Memory && l.On() {
 			return true
 		}
 	}

@@ -1,4 +1,4 @@
-package tierlimit
+package config
 
 import (
 	"errors"
@@ -39,16 +39,16 @@ func TestUnknownKeysAreErrorsAtEveryLevel(t *testing.T) {
 	}
 
 	for _, c := range cases {
-		cfg := CreateConfig()
+		cfg := Defaults()
 		c.set(cfg)
 
-		_, err := parse(cfg)
-		if err == nil || err.Error() != c.want || !errors.Is(err, errConfig) {
+		_, err := Parse(cfg, testForms)
+		if err == nil || err.Error() != c.want || !errors.Is(err, ErrConfig) {
 			t.Errorf("got %v\nwant %s", err, c.want)
 		}
 	}
 
-	if _, err := parse(CreateConfig()); err != nil {
+	if _, err := Parse(Defaults(), testForms); err != nil {
 		t.Fatalf("defaults: %v", err)
 	}
 }
@@ -62,4 +62,11 @@ func TestKeyNamesAreReadmeSpelling(t *testing.T) {
 			t.Errorf("keyName(%s) = %s, want %s", field, got, want)
 		}
 	}
+}
+
+// testForms stand in for the root's forms: paths as written, every body
+// template good.
+var testForms = Forms{
+	CanonicalPattern: func(p string, _ bool) string { return p },
+	CheckBody:        func(string) error { return nil },
 }
