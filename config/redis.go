@@ -173,41 +173,8 @@ func parseTLSMap(m map[string]interface{}, o *redisresp.Options) error {
 	tc := &o.TLSConfig
 
 	for k, val := range m {
-		field := "redis.tls." + k
-
-		if strings.EqualFold(k, "insecureSkipVerify") {
-			on, ok := val.(bool)
-			if s, isString := val.(string); isString {
-				var err error
-				on, err = strconv.ParseBool(strings.TrimSpace(s))
-				ok = err == nil
-			}
-
-			if !ok {
-				return invalid(field, val, "must be true or false")
-			}
-
-			tc.InsecureSkipVerify = on
-
-			continue
-		}
-
-		s, ok := val.(string)
-		if !ok && val != nil {
-			return invalid(field, val, "must be a string")
-		}
-
-		switch strings.ToLower(k) {
-		case "ca":
-			tc.CA = s
-		case "cert":
-			tc.Cert = s
-		case "key":
-			tc.Key = s
-		case "servername":
-			tc.ServerName = strings.TrimSpace(s)
-		default:
-			return invalid(field, "", "unknown key; redis.tls takes ca, cert, key, serverName, insecureSkipVerify")
+		if err := parseTLSField(k, val, tc); err != nil {
+			return err
 		}
 	}
 
@@ -225,6 +192,48 @@ func parseTLSMap(m map[string]interface{}, o *redisresp.Options) error {
 		}
 
 		return invalid("redis.tls."+field, value, err.Error())
+	}
+
+	return nil
+}
+
+// parseTLSField sets the field k of redis.tls's map form in tc.
+func parseTLSField(k string, val interface{}, tc *redisresp.TLSOptions) error {
+	field := "redis.tls." + k
+
+	if strings.EqualFold(k, "insecureSkipVerify") {
+		on, ok := val.(bool)
+		if s, isString := val.(string); isString {
+			var err error
+			on, err = strconv.ParseBool(strings.TrimSpace(s))
+			ok = err == nil
+		}
+
+		if !ok {
+			return invalid(field, val, "must be true or false")
+		}
+
+		tc.InsecureSkipVerify = on
+
+		return nil
+	}
+
+	s, ok := val.(string)
+	if !ok && val != nil {
+		return invalid(field, val, "must be a string")
+	}
+
+	switch strings.ToLower(k) {
+	case "ca":
+		tc.CA = s
+	case "cert":
+		tc.Cert = s
+	case "key":
+		tc.Key = s
+	case "servername":
+		tc.ServerName = strings.TrimSpace(s)
+	default:
+		return invalid(field, "", "unknown key; redis.tls takes ca, cert, key, serverName, insecureSkipVerify")
 	}
 
 	return nil
