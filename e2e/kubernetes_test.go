@@ -19,6 +19,7 @@ import (
 	"github.com/tierlimit/tierlimit/e2e/fakeauth"
 	"github.com/tierlimit/tierlimit/e2e/harness"
 	"github.com/tierlimit/tierlimit/redisresp"
+	"sigs.k8s.io/yaml"
 )
 
 // The CRDs Traefik's providers read, from the modules the Go module proxy serves.
@@ -78,6 +79,7 @@ func startKubeEnv(t *testing.T) *kubeEnv {
 	traefik, err := harness.Start(harness.Options{
 		Dir: filepath.Join(dir, "traefik"), Dynamic: "# everything comes from Kubernetes\n",
 		ProvidersThrottle: "0s", Providers: kubeProviders(kube),
+		PluginSource: k.pluginFromConfigMaps(t, filepath.Join(dir, "volume")),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -702,4 +704,160 @@ func (k *kubeEnv) checkGatewayRoute(t *testing.T) {
 	k.burstLimit(t, host, "ip", 50, 120, func(attempt int) map[string]string {
 		return from("198.51.100." + strconv.Itoa(attempt))
 	})
+}
+
+// pluginFromConfigMaps runs the local-mode recipe of examples/kubernetes/helm-values.yaml as far
+// as no kubelet is needed: the two ConfigMaps its header's `kubectl create configmap` commands
+// make (keys are file names) go into the API server, and the files of its projected volume are
+// laid out in dir from what the API server returns, as the kubelet would mount them. Traefik
+// loads the plugin from that layout.
+func (k *kubeEnv) pluginFromConfigMaps(t *testing.T, dir string) string {
+	t.Helper()
+
+	root := harness.RepoRoot()
+	configMaps := map[string][]string{
+		"tierlimit-plugin":           append([]string{filepath.Join(root, ".traefik.yml"), filepath.Join(root, "go.mod")}, nonTestGo(t, root)...),
+		"tierlimit-plugin-redisresp": nonTestGo(t, filepath.Join(root, "redisresp")),
+	}
+
+	if err := k.kube.Apply(map[string]interface{}{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]interface{}{"name": "traefik"}}); err != nil {
+		t.Fatal(err)
+	}
+
+	for name, files := range configMaps {
+		data := map[string]interface{}{}
+
+		for _, f := range files {
+			content, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+
+			data[filepath.Base(f)] = string(content)
+		}
+
+		cm := map[string]interface{}{"apiVersion": "v1", "kind": "ConfigMap",
+			"metadata": map[string]interface{}{"name": name, "namespace": "traefik"}, "data": data}
+		if err := k.kube.Apply(cm); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	for _, src := range helmPluginVolume(t) {
+		code, out, err := k.kube.Do(http.MethodGet, "/api/v1/namespaces/traefik/configmaps/"+src.ConfigMap.Name, "", nil)
+		if err != nil || code != http.StatusOK {
+			t.Fatalf("ConfigMap %s: %d %v %s", src.ConfigMap.Name, code, err, out)
+		}
+
+		var cm struct{ Data map[string]string }
+		if err := json.Unmarshal(out, &cm); err != nil {
+			t.Fatal(err)
+		}
+
+		mountConfigMap(t, dir, src.ConfigMap.Name, cm.Data, src.ConfigMap.Items)
+	}
+
+	return dir
+}
+
+// projectedItem is a key of a ConfigMap placed at a path of a projected volume.
+type projectedItem struct {
+	Key  string `json:"key"`
+	Path string `json:"path"`
+}
+
+type projectedSource struct {
+	ConfigMap struct {
+		Name  string          `json:"name"`
+		Items []projectedItem `json:"items"`
+	} `json:"configMap"`
+}
+
+// helmPluginVolume returns the sources of the volume that helm-values.yaml's local plugin mounts.
+func helmPluginVolume(t *testing.T) []projectedSource {
+	t.Helper()
+
+	raw, err := os.ReadFile(filepath.Join(harness.RepoRoot(), "examples", "kubernetes", "helm-values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	var v struct {
+		Experimental struct {
+			LocalPlugins map[string]struct {
+				VolumeName string `json:"volumeName"`
+			} `json:"localPlugins"`
+		} `json:"experimental"`
+		Deployment struct {
+			AdditionalVolumes []struct {
+				Name      string `json:"name"`
+				Projected struct {
+					Sources []projectedSource `json:"sources"`
+				} `json:"projected"`
+			} `json:"additionalVolumes"`
+		} `json:"deployment"`
+	}
+
+	if err := yaml.Unmarshal(raw, &v); err != nil {
+		t.Fatal(err)
+	}
+
+	name := v.Experimental.LocalPlugins["tierlimit"].VolumeName
+	for _, vol := range v.Deployment.AdditionalVolumes {
+		if vol.Name == name && name != "" {
+			return vol.Projected.Sources
+		}
+	}
+
+	t.Fatalf("helm-values.yaml: no volume %q for localPlugins.tierlimit", name)
+
+	return nil
+}
+
+// mountConfigMap writes a ConfigMap's keys as a projected volume does: every
+// key at the top without items, else each listed key at its path.
+func mountConfigMap(t *testing.T, dir, name string, data map[string]string, items []projectedItem) {
+	t.Helper()
+
+	if len(items) == 0 {
+		for key := range data {
+			items = append(items, projectedItem{Key: key, Path: key})
+		}
+	}
+
+	for _, it := range items {
+		content, ok := data[it.Key]
+		if !ok {
+			t.Fatalf("ConfigMap %s has no key %s", name, it.Key)
+		}
+
+		path := filepath.Join(dir, filepath.FromSlash(it.Path))
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+
+		if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// nonTestGo lists dir's Go files but tests, as the header's find commands do.
+func nonTestGo(t *testing.T, dir string) []string {
+	t.Helper()
+
+	all, err := filepath.Glob(filepath.Join(dir, "*.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	var out []string
+
+	for _, f := range all {
+		if !strings.HasSuffix(f, "_test.go") {
+			out = append(out, f)
+		}
+	}
+
+	return out
 }
