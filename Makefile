@@ -89,10 +89,13 @@ kube: $(KUBE_APISERVER) $(KINE)
 # k8s.io/kubernetes and its staging modules); kine (etcd's API on SQLite, cgo) by go install.
 # Built once into e2e/.cache (git-ignored); the harness builds them too when they are missing.
 $(KUBE_APISERVER):
+	mkdir -p e2e/.cache
 	cd e2e/kube/apiserver && $(GO) build -o ../../.cache/kube-apiserver-v1.34.4.tmp k8s.io/kubernetes/cmd/kube-apiserver
 	mv $(KUBE_APISERVER).tmp $(KUBE_APISERVER)
 
+# kine's go.mod asks for Go 1.26.5: an older go fetches that toolchain itself (GOTOOLCHAIN=auto).
 $(KINE):
+	mkdir -p e2e/.cache
 	rm -rf $(KINE).tmpdir
 	GOBIN=$(CURDIR)/$(KINE).tmpdir CGO_ENABLED=1 $(GO) install github.com/k3s-io/kine@$(KINE_VERSION)
 	mv $(KINE).tmpdir/kine $(KINE)

@@ -66,6 +66,10 @@ func cachedBuild(log io.Writer, bin, dir string, env []string, args ...string) (
 		fmt.Fprintf(log, "building %s from the Go module proxy (first run only, minutes)\n", filepath.Base(bin))
 	}
 
+	if err := os.MkdirAll(filepath.Dir(bin), 0o755); err != nil {
+		return "", err
+	}
+
 	cmd := exec.Command("go", args...)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), env...)
