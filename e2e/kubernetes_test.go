@@ -48,6 +48,7 @@ func TestKubernetesExamples(t *testing.T) {
 	t.Run("router", k.checkRouter)
 	t.Run("ip", k.checkIPLimit)
 	t.Run("principal", k.checkPrincipalLimit)
+	t.Run("route", k.checkRouteLimit)
 	t.Run("secret", k.checkRedisHoldsTheCounts)
 	t.Run("update", k.checkUpdateTakesEffect)
 	t.Run("gateway", k.checkGatewayRoute)
@@ -452,14 +453,14 @@ func (w *windows) add(r response, layer string, limit int) {
 // burstLimit sends bursts of n requests with hdr (and host, when set) until
 // one window sees more than limit of them, then checks that exactly limit were
 // allowed in it and the rest refused by layer; no window allows more than limit.
-func (k *kubeEnv) burstLimit(t *testing.T, host, layer string, limit, n int, hdr func(attempt int) map[string]string) {
+func (k *kubeEnv) burstLimit(t *testing.T, host, target, layer string, limit, n int, hdr func(attempt int) map[string]string) {
 	t.Helper()
 
 	for attempt := 1; attempt <= 3; attempt++ {
 		w := &windows{ok: map[string]int{}, refused: map[string]int{}}
 		h := hdr(attempt)
 
-		k.hostBurst(n, host, h, func(r response) { w.add(r, layer, limit) })
+		k.hostBurst(n, host, target, h, func(r response) { w.add(r, layer, limit) })
 
 		if len(w.bad) > 0 {
 			t.Fatalf("%v: unexpected answers: %q", h, w.bad[:1])
@@ -485,8 +486,10 @@ func (k *kubeEnv) burstLimit(t *testing.T, host, layer string, limit, n int, hdr
 	t.Fatalf("%s: three bursts and no refusal by %s at %d", host, layer, limit)
 }
 
-// hostBurst is env.burst with a Host header (host empty: none) on 8 workers.
-func (k *kubeEnv) hostBurst(n int, host string, hdr map[string]string, check func(response)) {
+// hostBurst is env.burst of target ("<method> <path>") with a Host header (host empty: none) on 8 workers.
+func (k *kubeEnv) hostBurst(n int, host, target string, hdr map[string]string, check func(response)) {
+	method, path, _ := strings.Cut(target, " ")
+
 	var wg sync.WaitGroup
 
 	jobs := make(chan struct{}, n)
@@ -503,7 +506,7 @@ func (k *kubeEnv) hostBurst(n int, host string, hdr map[string]string, check fun
 			defer wg.Done()
 
 			for range jobs {
-				check(k.hostGet(host, "/api", hdr))
+				check(k.hostDo(host, method, path, hdr))
 			}
 		}()
 	}
@@ -512,7 +515,11 @@ func (k *kubeEnv) hostBurst(n int, host string, hdr map[string]string, check fun
 }
 
 func (k *kubeEnv) hostGet(host, path string, hdr map[string]string) response {
-	req, _ := http.NewRequest(http.MethodGet, k.traefik.Web+path, nil)
+	return k.hostDo(host, http.MethodGet, path, hdr)
+}
+
+func (k *kubeEnv) hostDo(host, method, path string, hdr map[string]string) response {
+	req, _ := http.NewRequest(method, k.traefik.Web+path, nil)
 	if host != "" {
 		req.Host = host
 	}
@@ -536,7 +543,7 @@ func (k *kubeEnv) hostGet(host, path string, hdr map[string]string) response {
 // checkIPLimit: an anonymous client gets ip's 50/s of ratelimit-edge, and
 // another client's budget is its own.
 func (k *kubeEnv) checkIPLimit(t *testing.T) {
-	k.burstLimit(t, "", "ip", 50, 120, func(attempt int) map[string]string {
+	k.burstLimit(t, "", "GET /api", "ip", 50, 120, func(attempt int) map[string]string {
 		return from("203.0.113." + strconv.Itoa(attempt))
 	})
 
@@ -549,12 +556,25 @@ func (k *kubeEnv) checkIPLimit(t *testing.T) {
 // ratelimit-principal (ForwardAuth's X-Auth-User and X-Auth-Plan reached it),
 // and another user of the same plan is not charged for it.
 func (k *kubeEnv) checkPrincipalLimit(t *testing.T) {
-	k.burstLimit(t, "", "free", 100, 130, func(attempt int) map[string]string {
+	k.burstLimit(t, "", "GET /api", "free", 100, 130, func(attempt int) map[string]string {
 		return bearer("user-carol" + strconv.Itoa(attempt) + "@free")
 	})
 
 	if r := k.hostGet("", "/api", bearer("user-dave@free")); !reachedBackend(r, "/api") || !strings.Contains(r.body, "X-Auth-User: dave\n") {
 		t.Fatalf("another user: %d %q", r.code, r.body)
+	}
+}
+
+// checkRouteLimit: the route auth_login of ratelimit-edge (a list of maps
+// holding lists, as the API server stores them) limits POST /auth/login to 10
+// a minute per ip, and leaves GET of the same path to the ip layer.
+func (k *kubeEnv) checkRouteLimit(t *testing.T) {
+	k.burstLimit(t, "", "POST /auth/login", "auth_login", 10, 25, func(attempt int) map[string]string {
+		return from("192.0.2." + strconv.Itoa(100+attempt))
+	})
+
+	if r := k.hostGet("", "/auth/login", from("192.0.2.101")); !reachedBackend(r, "/auth/login") || r.header.Get("X-RateLimit-Limit") != "50" {
+		t.Fatalf("GET /auth/login: %d, X-RateLimit-Limit %q, %q", r.code, r.header.Get("X-RateLimit-Limit"), r.body)
 	}
 }
 
@@ -701,7 +721,7 @@ func (k *kubeEnv) checkGatewayRoute(t *testing.T) {
 		t.Fatalf("through the HTTPRoute: %d %v %q", r.code, r.header, r.body)
 	}
 
-	k.burstLimit(t, host, "ip", 50, 120, func(attempt int) map[string]string {
+	k.burstLimit(t, host, "GET /api", "ip", 50, 120, func(attempt int) map[string]string {
 		return from("198.51.100." + strconv.Itoa(attempt))
 	})
 }
