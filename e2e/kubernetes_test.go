@@ -727,8 +727,8 @@ func (k *kubeEnv) checkGatewayRoute(t *testing.T) {
 }
 
 // pluginFromConfigMaps runs the local-mode recipe of examples/kubernetes/helm-values.yaml as far
-// as no kubelet is needed: the two ConfigMaps its header's `kubectl create configmap` commands
-// make (keys are file names) go into the API server, and the files of its projected volume are
+// as no kubelet is needed: the ConfigMaps its header's `kubectl create configmap` commands make
+// (the root's, then one per sub-package; keys are file names) go into the API server, and the files of its projected volume are
 // laid out in dir from what the API server returns, as the kubelet would mount them. Traefik
 // loads the plugin from that layout.
 func (k *kubeEnv) pluginFromConfigMaps(t *testing.T, dir string) string {
@@ -736,8 +736,16 @@ func (k *kubeEnv) pluginFromConfigMaps(t *testing.T, dir string) string {
 
 	root := harness.RepoRoot()
 	configMaps := map[string][]string{
-		"tierlimit-plugin":           append([]string{filepath.Join(root, ".traefik.yml"), filepath.Join(root, "go.mod")}, nonTestGo(t, root)...),
-		"tierlimit-plugin-redisresp": nonTestGo(t, filepath.Join(root, "redisresp")),
+		"tierlimit-plugin": append([]string{filepath.Join(root, ".traefik.yml"), filepath.Join(root, "go.mod")}, nonTestGo(t, root)...),
+	}
+
+	pkgs, err := harness.PluginSubPackages()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	for pkg := range pkgs {
+		configMaps["tierlimit-plugin-"+strings.ReplaceAll(pkg, "/", "-")] = nonTestGo(t, filepath.Join(root, filepath.FromSlash(pkg)))
 	}
 
 	if err := k.kube.Apply(map[string]interface{}{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]interface{}{"name": "traefik"}}); err != nil {

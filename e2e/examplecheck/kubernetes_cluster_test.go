@@ -3,6 +3,7 @@ package examplecheck
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -85,7 +86,7 @@ func TestKubernetesGatewayExample(t *testing.T) {
 // what the schema leaves free-form is checked against the chart's templates
 // and this repository: the local plugin of type localPath names the module
 // and a volume of deployment.additionalVolumes, mounted where Traefik looks
-// for it; the projected redisresp ConfigMap lists exactly redisresp's files.
+// for it; the projected ConfigMaps list exactly the sub-packages' files.
 func TestHelmValues(t *testing.T) {
 	chart := filepath.Join(chartDir(t), "traefik")
 	values := helmValues(t)
@@ -196,45 +197,43 @@ func helmValues(t *testing.T) helmValuesFile {
 }
 
 // checkPluginVolume: the volume is projected from the root ConfigMap (every
-// key at the top) and the redisresp one, each of redisresp's non-test Go
-// files placed under redisresp/.
+// key at the top) and one ConfigMap per sub-package of the plugin, named
+// tierlimit-plugin-<package>, placing exactly that package's non-test Go
+// files under its directory.
 func checkPluginVolume(t *testing.T, v helmValuesFile, name string) {
 	t.Helper()
+
+	pkgs, err := harness.PluginSubPackages()
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	for _, vol := range v.Deployment.AdditionalVolumes {
 		if vol.Name != name {
 			continue
 		}
 
-		var placed []string
+		placed := map[string][]string{}
 
 		for _, s := range vol.Projected.Sources {
+			if s.ConfigMap.Name == "tierlimit-plugin" && len(s.ConfigMap.Items) == 0 {
+				continue
+			}
+
+			pkg := strings.TrimPrefix(s.ConfigMap.Name, "tierlimit-plugin-")
 			for _, it := range s.ConfigMap.Items {
-				if it.Path != "redisresp/"+it.Key {
-					t.Errorf("ConfigMap %s item %+v: want path redisresp/<key>", s.ConfigMap.Name, it)
+				if it.Path != pkg+"/"+it.Key {
+					t.Errorf("ConfigMap %s item %+v: want path %s/<key>", s.ConfigMap.Name, it, pkg)
 				}
 
-				placed = append(placed, it.Key)
+				placed[pkg] = append(placed[pkg], it.Key)
 			}
+
+			sort.Strings(placed[pkg])
 		}
 
-		sources, err := filepath.Glob(filepath.Join(harness.RepoRoot(), "redisresp", "*.go"))
-		if err != nil {
-			t.Fatal(err)
-		}
-
-		var want []string
-
-		for _, f := range sources {
-			if !strings.HasSuffix(f, "_test.go") {
-				want = append(want, filepath.Base(f))
-			}
-		}
-
-		sort.Strings(placed)
-
-		if len(vol.Projected.Sources) != 2 || strings.Join(placed, " ") != strings.Join(want, " ") {
-			t.Errorf("volume %s: %d sources placing %v under redisresp/, want 2 placing %v", name, len(vol.Projected.Sources), placed, want)
+		if fmt.Sprint(placed) != fmt.Sprint(pkgs) || len(vol.Projected.Sources) != len(pkgs)+1 {
+			t.Errorf("volume %s: %d sources placing %v, want the root ConfigMap and one per package placing %v", name, len(vol.Projected.Sources), placed, pkgs)
 		}
 
 		return
