@@ -171,7 +171,7 @@ func TestUnreadableAndUnparsableFiles(t *testing.T) {
 }
 
 // TestExamples: every example and dynamic.yml hold tierlimit middlewares
-// and every one of them builds (make config-check runs the same).
+// (but the Gateway route and the Helm values) and every one of them builds (make config-check runs the same).
 func TestExamples(t *testing.T) {
 	out, code := runCheck(t, "../../dynamic.yml", "../../docker-compose.yml", "../../examples")
 	if code != exitOK {
@@ -180,7 +180,17 @@ func TestExamples(t *testing.T) {
 
 	files := map[string]bool{}
 
+	// The Gateway API route names a Middleware of chain.yaml and the Helm values hold none.
+	without := map[string]bool{
+		filepath.FromSlash("../../examples/kubernetes/gateway.yaml"):     true,
+		filepath.FromSlash("../../examples/kubernetes/helm-values.yaml"): true,
+	}
+
 	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		if f, ok := strings.CutSuffix(line, ": no tierlimit middleware"); ok && without[f] {
+			continue
+		}
+
 		if !strings.HasSuffix(line, ": ok") && !strings.HasSuffix(line, ": ok"+secretNote) {
 			t.Errorf("not ok: %s", line)
 		}
