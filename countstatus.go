@@ -180,7 +180,8 @@ func (w *watchWriter) count(code int) {
 	now := p.now().UnixNano()
 	t := tally{cost: w.cost}
 
-	p.store.take(&t, now, layers, w.client, w.principal, w.req, p.dryRun)
+	c := chargeOf(layers, w.client, w.principal, w.req, now, p.dryRun)
+	p.store.take(&t, c)
 
 	if p.headers && t.shown >= 0 && (w.prevLeft < 0 || t.left < w.prevLeft) {
 		setHeaders(w.rw.Header(), layers[t.shown], t.left, t.reset, t.resetH, now)
@@ -188,6 +189,6 @@ func (w *watchWriter) count(code int) {
 
 	// After the headers, which a month layer's mark corrects (monthStore).
 	if t.firsts != 0 {
-		reportTally(p, w.rw, layers, &t, w.client, w.principal, w.req, now)
+		reportTally(p, w.rw, &t, c)
 	}
 }

@@ -17,14 +17,13 @@ func (w *watchWriter) chargeIP() bool {
 
 	var t tally
 
-	if !settle(w.pending, &t, now, true) {
+	c := settle(w.pending, &t, now, true)
+	if c == nil {
 		return false
 	}
 
-	client := pendingClient(w.pending)
-
 	if t.firsts != 0 {
-		report(p, p.planInvalid, t.firsts, client, "", nil)
+		report(p, c, t.firsts)
 	}
 
 	if t.shown < 0 {
