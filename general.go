@@ -67,7 +67,7 @@ func verdict(p *Plugin, rw http.ResponseWriter, req *http.Request, t *tally, c *
 		return true, t.left
 	}
 
-	reject(p, rw, req, c.layers[t.shown], t.count, t.reset, c.now)
+	reject(p, rw, req, c.layers[t.shown], t.reset, c.now)
 
 	return false, 0
 }
@@ -83,7 +83,7 @@ func serveUpgrade(p *Plugin, out, rw http.ResponseWriter, req *http.Request, cli
 
 	if !ok && !p.dryRun {
 		now := p.now().UnixNano()
-		reject(p, rw, req, p.wsLayer, p.wsLayer.points+1, now+p.wsLayer.duration, now)
+		reject(p, rw, req, p.wsLayer, now+p.wsLayer.duration, now)
 
 		return
 	}
@@ -120,7 +120,7 @@ func report(p *Plugin, c *charge, firsts uint64) {
 
 // reject answers a refused request: a 429, or for a WebSocket upgrade a
 // completed handshake closed with 1013.
-func reject(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer, count, reset, now int64) {
+func reject(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer, reset, now int64) {
 	if req.Header["Upgrade"] == nil || !isUpgrade(req) {
 		answer.Refuse(rw, &l.Policy, reset, now)
 		return

@@ -42,7 +42,7 @@ func (w *watchWriter) chargeIP() bool {
 			monthPolicyOf(h, ip, now)
 		}
 
-		reject(p, w.rw, w.req, ip, t.count, t.reset, now)
+		reject(p, w.rw, w.req, ip, t.reset, now)
 
 		return true
 	}

@@ -465,7 +465,7 @@ func serveGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 			keys[i] = l.keyFor(client, principal, req)
 		}
 	}
-	c := &charge{layers: layers, keys: keys, client: client, now: now, all: p.dryRun}
+	c := &charge{layers: layers, keys: keys, client: client, principal: principal, now: now, all: p.dryRun}
 	p.store.take(&t, c)
 	ok, left := verdict(p, rw, req, &t, c)
 	if !ok {
@@ -483,7 +483,7 @@ func serveGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 	}
 
 	if hits.counted != nil {
-		serveCounted(p, out, rw, req, client, principal, &hits, left)
+		serveCounted(p, out, req, c, &hits, left)
 		return
 	}
 
@@ -899,7 +899,7 @@ func chargeOf(layers []*layer, client, principal string, req *http.Request, now 
 		}
 	}
 
-	return &charge{layers: layers, keys: keys, client: client, now: now, all: all}
+	return &charge{layers: layers, keys: keys, client: client, principal: principal, now: now, all: all}
 }
 
 // costOf is the points a tally's request spends in each layer.
@@ -928,7 +928,7 @@ func decide(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*laye
 			keys[i] = l.keyFor(client, principal, req)
 		}
 	}
-	c := &charge{layers: layers, keys: keys, client: client, now: now, all: p.dryRun}
+	c := &charge{layers: layers, keys: keys, client: client, principal: principal, now: now, all: p.dryRun}
 	p.store.take(&t, c)
 
 	return verdict(p, rw, req, &t, c)

@@ -165,7 +165,7 @@ func answerRedis(p *Plugin, rw http.ResponseWriter, req *http.Request, t *tally,
 	setHeaders(rw.Header(), c.layers[t.shown], t.left, t.reset, t.resetH, c.now)
 
 	if t.refused {
-		reject(p, rw, req, c.layers[t.shown], t.count, t.reset, c.now)
+		reject(p, rw, req, c.layers[t.shown], t.reset, c.now)
 		return
 	}
 

@@ -676,8 +676,7 @@ func refundOnRedis(s *redisStore, c *charge, cost int64) error {
 // record writes the script's reply (count and milliseconds to reset per
 // layer evaluated) to t, and checks it: on an error, t is to be discarded.
 func (s *redisStore) record(t *tally, c *charge, ints []int64) error {
-	layers, now, all := c.layers, c.now, c.all
-	n := len(ints) / 2
+	layers, now, all, n := c.layers, c.now, c.all, len(ints)/2
 	if len(ints)%2 != 0 || n == 0 || n > len(layers) {
 		return fmt.Errorf("%w: %d integers for %d layers", errBadReply, len(ints), len(layers))
 	}
