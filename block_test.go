@@ -125,7 +125,7 @@ func TestBlockDurationConfig(t *testing.T) {
 	cfg.Routes = []RouteConfig{{Name: "login", Paths: []string{"/login"}, Points: 1, Duration: "1s", BlockDuration: "15m"}}
 
 	s, err := parse(cfg)
-	if err != nil || s.routes[0].block != 15*time.Minute {
+	if err != nil || s.Routes[0].Block != 15*time.Minute {
 		t.Fatalf("a route's blockDuration: %v", err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tierlimit/tierlimit/answer"
+	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/redisresp"
 	"github.com/tierlimit/tierlimit/request"
 )
@@ -39,45 +40,45 @@ type statusPage struct {
 // redisPath handles the anonymous instance on one Redis server
 // (redisFastEligible, redisfast.go).
 // Every other instance takes serveGeneral, which handles everything.
-func chooseMode(s *settings) mode {
+func chooseMode(s *config.Settings) mode {
 	// Route layers are charged on the general path only (classifyPath
 	// hands route matches over), so their algorithm and key do not matter.
 	routes := false
-	for _, rs := range s.routes {
-		routes = routes || rs.on()
+	for _, rs := range s.Routes {
+		routes = routes || rs.On()
 	}
 
 	on, fixed := routes, true
-	for _, l := range append(s.builtin[:len(s.builtin):len(s.builtin)], s.plans...) {
-		if l.on() {
+	for _, l := range append(s.Builtin[:len(s.Builtin):len(s.Builtin)], s.Plans...) {
+		if l.On() {
 			on = true
 			// A dry-run layer, or one that blocks, is charged on the general path only.
-			fixed = fixed && !l.sliding && !l.bucket && l.keyHeader == "" && !l.keyHost && l.block == 0 && !l.dryRun && l.calendar == 0
+			fixed = fixed && !l.Sliding && !l.Bucket && l.KeyHeader == "" && !l.KeyHost && l.Block == 0 && !l.DryRun && l.Calendar == 0
 		}
 	}
 
 	switch {
-	case !s.enabled || !on && s.wsMaxPerIP == 0:
+	case !s.Enabled || !on && s.WSMaxPerIP == 0:
 		return modeOff
 	case redisFastEligible(s, fixed, routes):
 		return modeRedis
-	case s.store != "memory" || !s.headers || s.dryRun || !fixed || s.wsMaxPerIP > 0,
-		len(s.credCookies)+len(s.credQuery) > 0,
-		len(s.exemptIPs)+len(s.exemptIDs) > 0:
+	case s.Store != config.StoreMemory || !s.Headers || s.DryRun || !fixed || s.WSMaxPerIP > 0,
+		len(s.CredCookies)+len(s.CredQuery) > 0,
+		len(s.ExemptIPs)+len(s.ExemptIDs) > 0:
 		return modeGeneral
-	case s.userHeader != "" && !routes && s.planHeader != "":
+	case s.UserHeader != "" && !routes && s.PlanHeader != "":
 		return modePrincipalPlans
-	case s.userHeader != "" && !routes:
+	case s.UserHeader != "" && !routes:
 		return modePrincipal
-	case s.planHeader != "":
+	case s.PlanHeader != "":
 		// classifyPath hands principals to principalPath, which reads no
 		// plan: plans with routes are served in general.
 		return modeGeneral
-	case s.userHeader == "" && anonymousPlanMayBeEmpty(s):
+	case s.UserHeader == "" && anonymousPlanMayBeEmpty(s):
 		// anonymousPath does not handle an empty plan: rare
 		// configurations, served in general.
 		return modeGeneral
-	case routes || len(s.credHeaders) > 0:
+	case routes || len(s.CredHeaders) > 0:
 		return modeClassify
 	}
 
@@ -87,8 +88,8 @@ func chooseMode(s *settings) mode {
 // anonymousPlanMayBeEmpty reports whether an anonymous request may meet a
 // plan with no layer: the anonymous one, or, when there are asset paths,
 // the assets one.
-func anonymousPlanMayBeEmpty(s *settings) bool {
-	return !s.planOn(anonymousPlan) || len(s.assetPaths) > 0 && !s.planOn(assetPlan)
+func anonymousPlanMayBeEmpty(s *config.Settings) bool {
+	return !planOn(s, anonymousPlan) || len(s.AssetPaths) > 0 && !planOn(s, assetPlan)
 }
 
 // build makes the Plugin of a parsed configuration.
@@ -96,8 +97,8 @@ func anonymousPlanMayBeEmpty(s *settings) bool {
 // Registries hand out the middleware's shared state (counters, connection
 // caps, Redis backends) held until ctx, which Traefik cancels at the next
 // configuration reload, is done (lifetime.go).
-func build(ctx context.Context, cfg *settings, next http.Handler, name string) *Plugin {
-	memory := registry.get(ctx, name, cfg.maxTracked)
+func build(ctx context.Context, cfg *config.Settings, next http.Handler, name string) *Plugin {
+	memory := registry.get(ctx, name, cfg.MaxTracked)
 
 	p := &Plugin{
 		next:    next,
@@ -105,22 +106,22 @@ func build(ctx context.Context, cfg *settings, next http.Handler, name string) *
 		now:     time.Now,
 		mode:    chooseMode(cfg),
 		events:  newEventLog(eventWriter, name),
-		ips:     &request.Resolver{Proxies: cfg.proxies, Hops: cfg.hops, IPv6Prefix: cfg.ipv6Prefix, Cache: request.NewKeyCache()},
+		ips:     &request.Resolver{Proxies: cfg.Proxies, Hops: cfg.Hops, IPv6Prefix: cfg.IPv6Prefix, Cache: request.NewKeyCache()},
 		store:   memory,
 		memory:  memory,
-		dryRun:  cfg.dryRun,
-		headers: cfg.headers,
+		dryRun:  cfg.DryRun,
+		headers: cfg.Headers,
 
-		assetPaths: cfg.assetPaths,
+		assetPaths: cfg.AssetPaths,
 		Principal: request.Principal{
-			UserHeader: cfg.userHeader, ServiceHeader: cfg.serviceHeader, CredentialHeaders: cfg.credHeaders,
-			CredentialCookies: cfg.credCookies, CredentialParams: cfg.credQuery,
+			UserHeader: cfg.UserHeader, ServiceHeader: cfg.ServiceHeader, CredentialHeaders: cfg.CredHeaders,
+			CredentialCookies: cfg.CredCookies, CredentialParams: cfg.CredQuery,
 		},
-		planHeader: cfg.planHeader,
+		planHeader: cfg.PlanHeader,
 	}
 
-	if len(cfg.invalidCode) > 0 {
-		p.invalidCode = cfg.invalidCode
+	if len(cfg.InvalidCode) > 0 {
+		p.invalidCode = cfg.InvalidCode
 	}
 
 	built := p.buildLayers(cfg, memory)
@@ -162,21 +163,21 @@ func splitCountStatus(routes []*route) {
 
 // buildOperations makes the connection cap, the exemptions and the status
 // page; built are the built-in layers (buildLayers).
-func (p *Plugin) buildOperations(ctx context.Context, cfg *settings, memory *windowStore, built []*layer) {
-	if cfg.wsMaxPerIP > 0 {
-		p.ws = connCounters.get(ctx, p.name, cfg.wsMaxPerIP)
-		p.wsLayer = newLayer(memory, layerSpec{name: layerWebsocket, points: int64(cfg.wsMaxPerIP), duration: time.Second}, keyOfClient)
+func (p *Plugin) buildOperations(ctx context.Context, cfg *config.Settings, memory *windowStore, built []*layer) {
+	if cfg.WSMaxPerIP > 0 {
+		p.ws = connCounters.get(ctx, p.name, cfg.WSMaxPerIP)
+		p.wsLayer = newLayer(memory, config.Rule{Name: layerWebsocket, Points: int64(cfg.WSMaxPerIP), Duration: time.Second}, keyOfClient)
 	}
 
-	if len(cfg.exemptIPs)+len(cfg.exemptIDs) > 0 {
-		p.exempt = &exemptions{ips: cfg.exemptIPs, ids: cfg.exemptIDs}
-		if !cfg.exemptGlobal {
+	if len(cfg.ExemptIPs)+len(cfg.ExemptIDs) > 0 {
+		p.exempt = &exemptions{ips: cfg.ExemptIPs, ids: cfg.ExemptIDs}
+		if !cfg.ExemptGlobal {
 			p.exempt.plan = chargedTo(built, exemptPlan)
 		}
 	}
 
-	if cfg.statusPath != "" {
-		p.status = &statusPage{path: cfg.statusPath, allowed: cfg.statusAllowed, store: cfg.store}
+	if cfg.StatusPath != "" {
+		p.status = &statusPage{path: cfg.StatusPath, allowed: cfg.StatusAllowed, store: cfg.Store}
 	}
 }
 
@@ -185,24 +186,24 @@ func (p *Plugin) buildOperations(ctx context.Context, cfg *settings, memory *win
 // where off, or where the instance never charges the layer: neverCharged).
 // So the status page, the metrics and the reset endpoint know the layers the
 // instance can charge only.
-func (p *Plugin) buildLayers(cfg *settings, memory *windowStore) []*layer {
+func (p *Plugin) buildLayers(cfg *config.Settings, memory *windowStore) []*layer {
 	built := make([]*layer, len(builtinLayers))
 	for i, row := range builtinLayers {
-		if !neverCharged(cfg, row.name) {
-			built[i] = newLayer(memory, cfg.builtin[i], row.keyKind)
+		if !neverCharged(cfg, row.Name) {
+			built[i] = newLayer(memory, cfg.Builtin[i], row.keyKind)
 		}
 	}
 
 	p.layers = plan(built...)
 
 	// A plan's layer is keyed by its principal, like user's.
-	named := make([]*layer, len(cfg.plans))
-	for i, spec := range cfg.plans {
+	named := make([]*layer, len(cfg.Plans))
+	for i, spec := range cfg.Plans {
 		named[i] = newLayer(memory, spec, keyOfPrincipal)
 	}
 
 	p.layers = append(p.layers, plan(named...)...)
-	p.routes, p.routeMethods = buildRoutes(memory, cfg.routes)
+	p.routes, p.routeMethods = buildRoutes(memory, cfg.Routes)
 	p.setPathForms(cfg)
 
 	for _, rt := range p.routes {
@@ -210,7 +211,7 @@ func (p *Plugin) buildLayers(cfg *settings, memory *windowStore) []*layer {
 	}
 
 	p.plans = drawPlans(built)
-	p.planNamed = drawNamedPlans(built, cfg.plans, named)
+	p.planNamed = drawNamedPlans(built, cfg.Plans, named)
 	quietDryRuns(p.layers)
 
 	return built
@@ -220,14 +221,14 @@ func (p *Plugin) buildLayers(cfg *settings, memory *windowStore) []*layer {
 // called name, whatever its points: user and service without a principal
 // (principal.userHeader empty, the edge), service without its flag's header,
 // assets without asset paths.
-func neverCharged(cfg *settings, name string) bool {
+func neverCharged(cfg *config.Settings, name string) bool {
 	switch name {
 	case layerUser:
-		return cfg.userHeader == ""
+		return cfg.UserHeader == ""
 	case layerService:
-		return cfg.userHeader == "" || cfg.serviceHeader == ""
+		return cfg.UserHeader == "" || cfg.ServiceHeader == ""
 	case layerAssets:
-		return len(cfg.assetPaths) == 0
+		return len(cfg.AssetPaths) == 0
 	}
 
 	return false
@@ -248,26 +249,26 @@ func quietDryRuns(layers []*layer) {
 
 // buildRoutes makes the route layers that are on, and the methods they are
 // limited to (nil when some route takes every method, or there is none).
-func buildRoutes(memory *windowStore, specs []routeSpec) ([]*route, map[string]bool) {
+func buildRoutes(memory *windowStore, specs []config.Route) ([]*route, map[string]bool) {
 	var routes []*route
 
 	methods := map[string]bool{}
 	anyMethod := false
 
 	for _, rs := range specs {
-		if !rs.on() {
+		if !rs.On() {
 			continue
 		}
 
 		rt := &route{
-			layer: newLayer(memory, rs.layerSpec, routeKeyKinds[rs.key]), methods: rs.methods, exact: rs.exact, prefixes: rs.prefixes,
-			caseSensitive: rs.caseSensitive, cost: rs.cost, countStatus: rs.countStatus,
+			layer: newLayer(memory, rs.Rule, routeKeyKinds[rs.Key]), methods: rs.Methods, exact: rs.Exact, prefixes: rs.Prefixes,
+			caseSensitive: rs.CaseSensitive, cost: rs.Cost, countStatus: rs.CountStatus,
 		}
-		rt.layer.minCost = rs.cost
+		rt.layer.minCost = rs.Cost
 		routes = append(routes, rt)
 
-		anyMethod = anyMethod || len(rs.methods) == 0
-		for _, m := range rs.methods {
+		anyMethod = anyMethod || len(rs.Methods) == 0
+		for _, m := range rs.Methods {
 			methods[m] = true
 		}
 	}
@@ -282,13 +283,13 @@ func buildRoutes(memory *windowStore, specs []routeSpec) ([]*route, map[string]b
 // setPathForms chooses the form request paths are matched in: lower case
 // when the asset prefixes (or, without them, some route) ignore case; each
 // route that wants the other form converts it. It builds assetHint.
-func (p *Plugin) setPathForms(cfg *settings) {
+func (p *Plugin) setPathForms(cfg *config.Settings) {
 	for _, rt := range p.routes {
 		p.foldPaths = p.foldPaths || !rt.caseSensitive
 	}
 
 	if p.assetPaths != nil {
-		p.foldPaths = !cfg.assetsCase
+		p.foldPaths = !cfg.AssetsCase
 		p.assetHint = request.AssetHint(p.assetPaths, p.foldPaths)
 	}
 
@@ -300,15 +301,15 @@ func (p *Plugin) setPathForms(cfg *settings) {
 
 // newRedisStore makes the Redis store of an instance and encodes each
 // layer's keys.
-func newRedisStore(ctx context.Context, cfg *settings, name string, memory *windowStore, layers []*layer) *redisStore {
+func newRedisStore(ctx context.Context, cfg *config.Settings, name string, memory *windowStore, layers []*layer) *redisStore {
 	rs := &redisStore{
-		prefix:  cfg.keyPrefix + ":" + name + ":",
+		prefix:  cfg.KeyPrefix + ":" + name + ":",
 		name:    name,
-		channel: resetChannel(cfg.keyPrefix),
-		backend: backends.get(ctx, cfg.redis),
+		channel: resetChannel(cfg.KeyPrefix),
+		backend: backends.get(ctx, cfg.Redis),
 		local:   memory,
-		blocked: registry.blockListFor(ctx, name, cfg.maxTracked),
-		owed:    newOwedCounts(cfg.maxTracked),
+		blocked: registry.blockListFor(ctx, name, cfg.MaxTracked),
+		owed:    newOwedCounts(cfg.MaxTracked),
 		clock:   time.Now, // buildStore sets the instance's
 	}
 
@@ -323,8 +324,8 @@ func newRedisStore(ctx context.Context, cfg *settings, name string, memory *wind
 		l.blockPrefix = blockPrefix(l)
 	}
 
-	if cfg.syncInterval > 0 {
-		rs.synced = syncStateFor(ctx, name, rs.backend, cfg.syncInterval, cfg.maxTracked, func() { listenResets(rs) })
+	if cfg.SyncInterval > 0 {
+		rs.synced = syncStateFor(ctx, name, rs.backend, cfg.SyncInterval, cfg.MaxTracked, func() { listenResets(rs) })
 	}
 
 	// A plan has at most every layer: global, one tier or plan and the routes.
@@ -349,45 +350,45 @@ func plan(layers ...*layer) []*layer {
 }
 
 // newLayer returns nil for a layer that is off.
-func newLayer(memory *windowStore, spec layerSpec, keyKind int) *layer {
-	if !spec.on() {
+func newLayer(memory *windowStore, spec config.Rule, keyKind int) *layer {
+	if !spec.On() {
 		return nil
 	}
 
-	if spec.keyHeader != "" {
+	if spec.KeyHeader != "" {
 		keyKind = keyOfHeader
 	}
 
-	if spec.keyHost {
+	if spec.KeyHost {
 		keyKind = keyOfHost
 	}
 
 	l := &layer{
 		limits: limits{
-			name:          spec.name,
-			points:        spec.points,
-			duration:      int64(spec.duration),
+			name:          spec.Name,
+			points:        spec.Points,
+			duration:      int64(spec.Duration),
 			keyKind:       keyKind,
 			constKey:      layerGlobal,
-			keyHeader:     spec.keyHeader,
-			sliding:       spec.sliding,
-			blockDuration: int64(spec.block),
-			calendar:      spec.calendar,
-			utcOffset:     spec.utcOffset,
-			dryRun:        spec.dryRun,
-			memory:        spec.memory,
+			keyHeader:     spec.KeyHeader,
+			sliding:       spec.Sliding,
+			blockDuration: int64(spec.Block),
+			calendar:      spec.Calendar,
+			utcOffset:     spec.UtcOffset,
+			dryRun:        spec.DryRun,
+			memory:        spec.Memory,
 		},
 	}
 
 	// A token bucket's points become its burst (tokenbucket.go).
-	if spec.bucket {
+	if spec.Bucket {
 		spec = l.makeBucket(spec)
 	}
 
 	l.redisEncoding = newRedisEncoding(spec, l.refill)
 	l.headerTable = newHeaderTable(spec, l.interval)
 
-	if spec.calendar == calMonth {
+	if spec.Calendar == calMonth {
 		l.month = &monthPolicy{}
 	}
 
@@ -398,29 +399,29 @@ func newLayer(memory *windowStore, spec layerSpec, keyKind int) *layer {
 
 // newRedisEncoding encodes the script's arguments of a layer (redisstore.go):
 // points, window, algorithm and a token bucket's rate.
-func newRedisEncoding(spec layerSpec, rate int64) redisEncoding {
-	ms := int64(spec.duration / time.Millisecond)
-	head := redisresp.Bulk(formatInt(spec.points)) + redisresp.Bulk(formatInt(ms))
+func newRedisEncoding(spec config.Rule, rate int64) redisEncoding {
+	ms := int64(spec.Duration / time.Millisecond)
+	head := redisresp.Bulk(formatInt(spec.Points)) + redisresp.Bulk(formatInt(ms))
 	e := redisEncoding{redisArgs: head + algoFixed + argNoRate, maxTTL: ms}
 
 	switch {
-	case spec.sliding:
+	case spec.Sliding:
 		e.redisArgs = head + algoSliding + argNoRate
 		e.maxTTL = 2 * ms
-	case spec.bucket:
+	case spec.Bucket:
 		e.redisArgs = head + algoBucket + redisresp.Bulk(formatInt(rate))
-		e.maxTTL = (spec.points*ms+rate-1)/rate + 1
+		e.maxTTL = (spec.Points*ms+rate-1)/rate + 1
 	}
 
-	if spec.block > 0 {
-		e.redisArgs, e.maxTTL = withBlock(e.redisArgs, e.maxTTL, int64(spec.block/time.Millisecond))
+	if spec.Block > 0 {
+		e.redisArgs, e.maxTTL = withBlock(e.redisArgs, e.maxTTL, int64(spec.Block/time.Millisecond))
 	}
 
-	if spec.dryRun {
+	if spec.DryRun {
 		e.redisArgs = flagArgs(e.redisArgs, "d")
 	}
 
-	if spec.calendar != 0 {
+	if spec.Calendar != 0 {
 		e.redisTail = redisTail(e.redisArgs)
 	}
 
@@ -459,22 +460,22 @@ func algorithmArg(args string) (int, int, int) {
 
 // newHeaderTable makes a layer's header values; a token bucket's policy
 // window is the time its burst takes to refill (interval per point).
-func newHeaderTable(spec layerSpec, interval int64) headerTable {
-	limit := formatInt(spec.points)
-	window := int64(spec.duration)
-	if spec.bucket {
-		window = spec.points * interval
+func newHeaderTable(spec config.Rule, interval int64) headerTable {
+	limit := formatInt(spec.Points)
+	window := int64(spec.Duration)
+	if spec.Bucket {
+		window = spec.Points * interval
 	}
 
 	t := headerTable{
 		limit:     limit,
 		limitHdr:  []string{limit},
-		policyHdr: []string{`"` + spec.name + `";q=` + limit + ";w=" + formatInt(ceilSeconds(window))},
+		policyHdr: []string{`"` + spec.Name + `";q=` + limit + ";w=" + formatInt(ceilSeconds(window))},
 	}
 
-	for left := int64(0); left <= spec.points && left < maxPrecomputed; left++ {
+	for left := int64(0); left <= spec.Points && left < maxPrecomputed; left++ {
 		t.remainingHdr = append(t.remainingHdr, []string{formatInt(left)})
-		t.ratePrefix = append(t.ratePrefix, `"`+spec.name+`";r=`+formatInt(left)+";t=")
+		t.ratePrefix = append(t.ratePrefix, `"`+spec.Name+`";r=`+formatInt(left)+";t=")
 	}
 
 	t.tableLen = int64(len(t.remainingHdr))
@@ -483,20 +484,21 @@ func newHeaderTable(spec layerSpec, interval int64) headerTable {
 }
 
 // newRefusal is the configured refusal of layer l.
-func newRefusal(cfg *settings, l *layer) refusal {
+func newRefusal(cfg *config.Settings, l *layer) refusal {
 	r := refusal{Policy: answer.Policy{
-		Status:      cfg.refusalStatus,
+		Status:      cfg.RefusalStatus,
 		ContentType: answer.JSONContentType,
 		BodyPrefix:  `{"errors":[{"message":"Hit rate limit","extensions":{"code":"REQUESTS_EXCEEDED","limit":` + l.limit + `,"reset":"`,
 		BodySuffix:  `","layer":"` + l.name + `"}}]}`,
 	}}
 
-	if cfg.refusalType != answer.JSONContentType[0] {
-		r.ContentType = []string{cfg.refusalType}
+	if cfg.RefusalType != answer.JSONContentType[0] {
+		r.ContentType = []string{cfg.RefusalType}
 	}
 
-	if cfg.responseBody != nil {
-		r.Body = answer.BindLayer(cfg.responseBody, l.name, l.limit)
+	if cfg.ResponseBody != "" {
+		body, _ := answer.ParseBodyTemplate(cfg.ResponseBody) // checked by config.Parse
+		r.Body = answer.BindLayer(body, l.name, l.limit)
 	}
 
 	return r
@@ -519,12 +521,12 @@ func flagArgs(args, flag string) string {
 // buildStore gives the instance its store: memory, or Redis with memory as
 // its fallback, wrapped for what its layers need (blocks, memory layers of
 // a Redis instance, month policies).
-func (p *Plugin) buildStore(ctx context.Context, cfg *settings, name string, memory *windowStore) {
+func (p *Plugin) buildStore(ctx context.Context, cfg *config.Settings, name string, memory *windowStore) {
 	if anyBlock(p.layers) {
 		p.store = &blockingStore{memory}
 	}
 
-	if cfg.store == "redis" {
+	if cfg.Store == config.StoreRedis {
 		rs := newRedisStore(ctx, cfg, name, memory, p.layers)
 		rs.clock = func() time.Time { return p.now() }
 		p.store = rs

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/redisresp"
 )
 
@@ -20,94 +21,10 @@ import (
 // expires, and the window sent to the script is what is left of the period
 // (calendarCall).
 const (
-	calDay = 1 + iota
-	calWeek
-	calMonth
+	calDay   = config.CalDay
+	calWeek  = config.CalWeek
+	calMonth = config.CalMonth
 )
-
-// calendarMax is the longest period of each calendar: the layer's duration,
-// which sizes its Redis TTL bound and its memory list.
-var calendarMax = map[int]time.Duration{calDay: 24 * time.Hour, calWeek: 7 * 24 * time.Hour, calMonth: 31 * 24 * time.Hour}
-
-// parseWindow reads a layer's duration, or its calendar and utcOffset; a
-// calendar with a duration is an error.
-func parseWindow(field string, lc LayerConfig, spec *layerSpec) error {
-	cal := strings.TrimSpace(lc.Calendar)
-	if cal == "" {
-		if strings.TrimSpace(lc.UtcOffset) != "" {
-			return invalid(field+".utcOffset", lc.UtcOffset, "takes a calendar: day, week or month")
-		}
-
-		d, err := parseDuration(lc.Duration)
-		if err != nil {
-			return invalid(field+".duration", durationText(lc.Duration), err.Error())
-		}
-
-		spec.duration = d
-
-		return nil
-	}
-
-	switch cal {
-	case "day":
-		spec.calendar = calDay
-	case "week":
-		spec.calendar = calWeek
-	case "month":
-		spec.calendar = calMonth
-	default:
-		return invalid(field+".calendar", lc.Calendar, `must be "day", "week" or "month"`)
-	}
-
-	if strings.TrimSpace(lc.Duration) != "" {
-		return invalid(field+".duration", durationText(lc.Duration), "cannot be set together with "+field+".calendar ("+cal+"), whose period is the window")
-	}
-
-	offset, err := parseUtcOffset(lc.UtcOffset)
-	if err != nil {
-		return invalid(field+".utcOffset", lc.UtcOffset, err.Error())
-	}
-
-	spec.utcOffset = offset
-	spec.duration = calendarMax[spec.calendar]
-
-	return nil
-}
-
-// parseUtcOffset reads "+07:00", "-03:30" or "Z" (empty: UTC), in nanoseconds.
-func parseUtcOffset(raw string) (int64, error) {
-	v := strings.TrimSpace(raw)
-	if v == "" || v == "Z" {
-		return 0, nil
-	}
-
-	bad := errorString(`must be a fixed offset such as "+07:00" or "-03:30", from -12:00 to +14:00`)
-	if len(v) != 6 || v[0] != '+' && v[0] != '-' || v[3] != ':' {
-		return 0, bad
-	}
-
-	h, err1 := strconv.Atoi(v[1:3])
-	m, err2 := strconv.Atoi(v[4:6])
-
-	if err1 != nil || err2 != nil || m > 59 || v[1] == '+' || v[4] == '+' {
-		return 0, bad
-	}
-
-	offset := int64(h)*int64(time.Hour) + int64(m)*int64(time.Minute)
-	if v[0] == '-' {
-		offset = -offset
-	}
-
-	if offset < -12*int64(time.Hour) || offset > 14*int64(time.Hour) {
-		return 0, bad
-	}
-
-	return offset, nil
-}
-
-type errorString string
-
-func (e errorString) Error() string { return string(e) }
 
 // period returns the start and the end (the next boundary) of the calendar
 // period that holds now, Unix nanoseconds.

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/request"
 )
 
@@ -14,7 +15,7 @@ func resolverFor(t *testing.T, proxies []string, hops, v6 int) *request.Resolver
 	r := &request.Resolver{Hops: hops, IPv6Prefix: v6, Cache: request.NewKeyCache()}
 
 	for _, raw := range proxies {
-		p, err := parsePrefix(raw)
+		p, err := config.ParsePrefix(raw)
 		if err != nil {
 			t.Fatalf("prefix %q: %v", raw, err)
 		}
@@ -77,7 +78,7 @@ func TestClientKey(t *testing.T) {
 	for _, tc := range cases {
 		proxies := tc.proxies
 		if proxies == nil && tc.hops == 0 {
-			proxies = defaultTrustedProxies
+			proxies = CreateConfig().TrustedProxies
 		}
 
 		v6 := tc.v6
@@ -107,7 +108,7 @@ func TestClientKey(t *testing.T) {
 }
 
 func TestMappedProxyPrefixMatchesIPv4(t *testing.T) {
-	p, err := parsePrefix("::ffff:10.0.0.0/104")
+	p, err := config.ParsePrefix("::ffff:10.0.0.0/104")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,294 +1,36 @@
 package tierlimit
 
-import "net/http"
+import "github.com/tierlimit/tierlimit/config"
 
-// The configuration in parts: this file is the schema and its defaults,
-// configlayers.go the catalogue of built-in layers, configparse.go the
-// parsing into settings, configredis.go redis.* and redis.tls, configcheck.go
-// the validation helpers, configkeys.go the keys no field took.
+// The configuration is package config (config/): the schema and its
+// defaults, their parsing and validation into config.Settings. This file
+// gives Traefik the root's Config and CreateConfig; configlayers.go adds to
+// config's catalogue of built-in layers what each charges.
 
-// Config is the plugin's dynamic configuration. Traefik decodes it with
-// mapstructure: keys match field names case-insensitively and every scalar may
-// arrive as a string, so durations are strings parsed in New (see parseDuration).
-type Config struct {
-	Enabled          bool
-	DryRun           bool
-	Store            string
-	KeyPrefix        string
-	TrustedProxies   []string
-	TrustedHops      int
-	IPv6PrefixLength int
-	MaxTracked       int
+// The schema lives in config/; these names keep the root's code as it was.
+type (
+	Config              = config.Config
+	LayerConfig         = config.LayerConfig
+	AssetsConfig        = config.AssetsConfig
+	RouteConfig         = config.RouteConfig
+	PlanConfig          = config.PlanConfig
+	PrincipalConfig     = config.PrincipalConfig
+	RedisConfig         = config.RedisConfig
+	RedisSentinelConfig = config.RedisSentinelConfig
+	RedisClusterConfig  = config.RedisClusterConfig
+	WebsocketConfig     = config.WebsocketConfig
+	StatusConfig        = config.StatusConfig
+	ExemptConfig        = config.ExemptConfig
+	ResponseConfig      = config.ResponseConfig
+)
 
-	Global  LayerConfig
-	IP      LayerConfig
-	Assets  AssetsConfig
-	User    LayerConfig
-	Service LayerConfig
-	Routes  []RouteConfig
-	// Plans replace user for a principal whose principal.planHeader names
-	// one (configplans.go).
-	Plans map[string]PlanConfig
-
-	Principal PrincipalConfig
-	Redis     RedisConfig
-	Headers   bool
-	Websocket WebsocketConfig
-
-	Status   StatusConfig
-	Exempt   ExemptConfig
-	Response ResponseConfig
-
-	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
-}
-
-// LayerConfig is one window: Points requests per Duration. Points 0 turns
-// the layer off. Duration is a time.ParseDuration string; a bare number means
-// seconds (1.5: 1.5s). Algorithm is "fixed" (the default), "sliding" or "tokenbucket"
-// (Points per Duration refilled into a bucket of Burst, default Points). Key,
-// empty by default, may be "header:<Name>" on every layer but global (the
-// header's value, hashed, is the bucket key, and a request without it is keyed
-// by its client IP) or "host" (the request's host, port stripped).
-type LayerConfig struct {
-	Points    int
-	Duration  string
-	Algorithm string
-	Burst     int
-	Key       string
-	// BlockDuration, when set, refuses every request of a key that the
-	// layer refused, for that long from the refusal (0: only while over).
-	BlockDuration string
-	// Calendar, "day", "week" or "month", replaces Duration with windows
-	// aligned to the calendar at UtcOffset ("+07:00"; empty: UTC).
-	Calendar  string
-	UtcOffset string
-
-	// Store, "memory" or "redis" (empty: the instance's store), counts this
-	// rule in the Traefik process even when the others are in Redis.
-	Store string
-
-	DryRun  bool                   // this rule counts, logs and sends its headers, but never refuses
-	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
-}
-
-// AssetsConfig is the per-IP budget for anonymous requests under PathPrefixes,
-// which match the canonical request path (path.go), ignoring case unless
-// CaseSensitive.
-type AssetsConfig struct {
-	Points        int
-	Duration      string
-	Algorithm     string
-	Burst         int
-	Key           string
-	PathPrefixes  []string
-	CaseSensitive bool
-	BlockDuration string
-	// Calendar, "day", "week" or "month", replaces Duration with windows
-	// aligned to the calendar at UtcOffset ("+07:00"; empty: UTC).
-	Calendar  string
-	UtcOffset string
-
-	// Store, "memory" or "redis" (empty: the instance's store), counts this
-	// rule in the Traefik process even when the others are in Redis.
-	Store string
-
-	DryRun  bool                   // this rule counts, logs and sends its headers, but never refuses
-	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
-}
-
-// RouteConfig is a limit on requests matching Methods (all when empty) and
-// Paths (exact, or by prefix when the path ends with "/"), counted per Key:
-// "ip", "principal", "global", "host" or "header:<Name>". Name is the layer name in
-// keys and headers. Paths match the canonical request path (path.go),
-// ignoring case unless CaseSensitive. Cost is what a matching request
-// spends in every layer it is charged to (0: 1). With CountStatus set, the
-// route checks its budget up front and charges a request only when the
-// response's status is listed (countstatus.go).
-type RouteConfig struct {
-	Name          string
-	Methods       []string
-	Paths         []string
-	Key           string
-	Points        int
-	Duration      string
-	Algorithm     string
-	Burst         int
-	CaseSensitive bool
-	Cost          int
-	CountStatus   []int
-	BlockDuration string
-	// Calendar, "day", "week" or "month", replaces Duration with windows
-	// aligned to the calendar at UtcOffset ("+07:00"; empty: UTC).
-	Calendar  string
-	UtcOffset string
-
-	// Store, "memory" or "redis" (empty: the instance's store), counts this
-	// rule in the Traefik process even when the others are in Redis.
-	Store string
-
-	DryRun  bool                   // this rule counts, logs and sends its headers, but never refuses
-	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
-}
-
-// PlanConfig is the window of a plan: as LayerConfig, without a key (a
-// plan's bucket is its principal's).
-type PlanConfig struct {
-	Points    int
-	Duration  string
-	Algorithm string
-	Burst     int
-	Calendar  string
-	UtcOffset string
-
-	// Store, "memory" or "redis" (empty: the instance's store), counts this
-	// rule in the Traefik process even when the others are in Redis.
-	Store string
-
-	DryRun  bool                   // this rule counts, logs and sends its headers, but never refuses
-	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
-}
-
-// PrincipalConfig says where the principal, its plan and credentials are
-// read from.
-type PrincipalConfig struct {
-	UserHeader              string
-	PlanHeader              string
-	ServiceAccountHeader    string
-	CredentialHeaders       []string
-	CredentialCookies       []string
-	CredentialQueryParams   []string
-	InvalidCredentialStatus []int
-
-	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
-}
-
-// RedisConfig configures the shared store (store: redis): one server at
-// Address, or the primary that Sentinel names, or a Redis Cluster. TLS is
-// false, true (system roots) or a map with the RedisTLSConfig keys; it is an
-// interface{} because mapstructure has no other way to take both forms
-// (parseTLS reads it, from strings as the file provider sends them too).
-type RedisConfig struct {
-	Address     string
-	Username    string
-	Password    string
-	DB          int
-	TLS         interface{}
-	Sentinel    *RedisSentinelConfig
-	Cluster     *RedisClusterConfig
-	DialTimeout string
-	Timeout     string
-	PoolSize    int
-	// SyncInterval, when set, counts fixed windows in each Traefik process and
-	// syncs them with Redis every interval (syncstore.go); "" or 0: one
-	// script call per request.
-	SyncInterval string
-
-	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
-}
-
-// RedisSentinelConfig finds the primary of MasterName through the sentinels
-// at Addresses. Username and Password are the sentinels' own credentials;
-// redis.username and redis.password are the primary's.
-type RedisSentinelConfig struct {
-	MasterName string
-	Addresses  []string
-	Username   string
-	Password   string
-
-	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
-}
-
-// RedisClusterConfig lists seed nodes of a Redis Cluster.
-type RedisClusterConfig struct {
-	Addresses []string
-
-	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
-}
-
-// WebsocketConfig caps upgraded connections; 0 means no cap.
-type WebsocketConfig struct {
-	MaxConnectionsPerIP int
-
-	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
-}
-
-// StatusConfig turns on the status endpoint at Path (and Prometheus metrics at
-// Path + "/metrics") for clients whose IP is in AllowedIPs. Empty Path: off.
-type StatusConfig struct {
-	Path       string
-	AllowedIPs []string
-
-	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
-}
-
-// ExemptConfig lists client IPs (CIDRs) and principal ids that no layer
-// charges; the global layer still does unless Global is set.
-type ExemptConfig struct {
-	IPs        []string
-	Principals []string
-	Global     bool
-
-	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
-}
-
-// ResponseConfig is the refusal: its status (429 or 503), content type and
-// body template. An empty Body is the default JSON body (README.md). Placeholders:
-// {limit}, {remaining}, {reset} (RFC 3339), {resetUnix}, {retryAfter}, {layer}.
-type ResponseConfig struct {
-	StatusCode  int
-	ContentType string
-	Body        string
-
-	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: configkeys.go
-}
-
-// defaultTrustedProxies is loopback, RFC 1918 and ULA: the addresses a reverse
-// proxy in front of Traefik usually has.
-var defaultTrustedProxies = []string{
-	"127.0.0.1/8", "::1/128", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7",
-}
-
-// defaultRedisAddress is CreateConfig's redis.address: it stands for "not
-// set" next to redis.sentinel or redis.cluster.
-const defaultRedisAddress = "127.0.0.1:6379"
-
-// CreateConfig returns the defaults README.md documents; Traefik decodes the
-// user's settings over it. The built-in layers' defaults are their
-// catalogue's (configlayers.go).
+// CreateConfig returns the defaults README.md documents (config.Defaults);
+// Traefik decodes the user's settings over it.
 func CreateConfig() *Config {
-	proxies := make([]string, len(defaultTrustedProxies))
-	copy(proxies, defaultTrustedProxies)
+	return config.Defaults()
+}
 
-	assets := defaultLayer(layerAssets)
-
-	return &Config{
-		Enabled:          true,
-		Store:            "memory",
-		KeyPrefix:        "ratelimit",
-		TrustedProxies:   proxies,
-		IPv6PrefixLength: 64,
-		MaxTracked:       100000,
-		Global:           defaultLayer(layerGlobal),
-		IP:               defaultLayer(layerIP),
-		Assets:           AssetsConfig{Points: assets.Points, PathPrefixes: []string{"/assets/"}},
-		User:             defaultLayer(layerUser),
-		Service:          defaultLayer(layerService),
-		Principal: PrincipalConfig{
-			ServiceAccountHeader:    "X-Auth-Service-Account",
-			InvalidCredentialStatus: []int{http.StatusUnauthorized},
-		},
-		Redis: RedisConfig{
-			Address:      defaultRedisAddress,
-			DialTimeout:  "250ms",
-			Timeout:      "100ms",
-			PoolSize:     16,
-			SyncInterval: "0",
-		},
-		Headers: true,
-		Status:  StatusConfig{AllowedIPs: []string{"127.0.0.1/32", "::1/128"}},
-		Response: ResponseConfig{
-			StatusCode:  http.StatusTooManyRequests,
-			ContentType: "application/json",
-		},
-	}
+// parse validates cfg and returns its parsed form (config.Parse).
+func parse(cfg *Config) (*config.Settings, error) {
+	return config.Parse(cfg)
 }

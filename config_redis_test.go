@@ -14,6 +14,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tierlimit/tierlimit/config"
 )
 
 // testPEM returns a self-signed certificate and its key as PEM.
@@ -111,8 +113,8 @@ func TestInvalidRedisDeploymentsNameTheField(t *testing.T) {
 			continue
 		}
 
-		if !errors.Is(err, errConfig) {
-			t.Errorf("%s: error does not wrap errConfig: %v", tc.field, err)
+		if !errors.Is(err, config.ErrConfig) {
+			t.Errorf("%s: error does not wrap config.ErrConfig: %v", tc.field, err)
 		}
 
 		if want := tc.field + ` = "` + tc.value + `"`; !strings.Contains(err.Error(), want) {
@@ -150,36 +152,36 @@ func TestRedisDeploymentsAccepted(t *testing.T) {
 	cases := []struct {
 		name   string
 		mutate func(r *RedisConfig)
-		check  func(s *settings) bool
+		check  func(s *config.Settings) bool
 	}{
-		{"tls true from the file provider", func(r *RedisConfig) { r.TLS = "true" }, func(s *settings) bool {
-			return s.redis.TLS && s.redis.TLSConfig.CA == ""
+		{"tls true from the file provider", func(r *RedisConfig) { r.TLS = "true" }, func(s *config.Settings) bool {
+			return s.Redis.TLS && s.Redis.TLSConfig.CA == ""
 		}},
-		{"tls false", func(r *RedisConfig) { r.TLS = false }, func(s *settings) bool { return !s.redis.TLS }},
-		{"tls unset", func(r *RedisConfig) {}, func(s *settings) bool { return !s.redis.TLS }},
+		{"tls false", func(r *RedisConfig) { r.TLS = false }, func(s *config.Settings) bool { return !s.Redis.TLS }},
+		{"tls unset", func(r *RedisConfig) {}, func(s *config.Settings) bool { return !s.Redis.TLS }},
 		{"inline CA and client pair, insecureSkipVerify as string", func(r *RedisConfig) {
 			r.TLS = map[string]interface{}{"CA": certPEM, "cert": certPEM, "key": keyPEM, "serverName": "redis.internal", "insecureSkipVerify": "false"}
-		}, func(s *settings) bool {
-			o := s.redis.TLSConfig
-			return s.redis.TLS && o.CA == certPEM && o.Key == keyPEM && o.ServerName == "redis.internal" && !o.InsecureSkipVerify
+		}, func(s *config.Settings) bool {
+			o := s.Redis.TLSConfig
+			return s.Redis.TLS && o.CA == certPEM && o.Key == keyPEM && o.ServerName == "redis.internal" && !o.InsecureSkipVerify
 		}},
 		{"files are not read by New", func(r *RedisConfig) {
 			r.TLS = map[interface{}]interface{}{"ca": "/nonexistent/ca.pem", "insecureSkipVerify": true}
-		}, func(s *settings) bool {
-			return s.redis.TLSConfig.CA == "/nonexistent/ca.pem" && s.redis.TLSConfig.InsecureSkipVerify
+		}, func(s *config.Settings) bool {
+			return s.Redis.TLSConfig.CA == "/nonexistent/ca.pem" && s.Redis.TLSConfig.InsecureSkipVerify
 		}},
 		{"cluster", func(r *RedisConfig) {
 			r.Cluster = &RedisClusterConfig{Addresses: []string{"10.0.0.1:7000", "[::1]:7001"}}
 		},
-			func(s *settings) bool {
-				return s.redis.Cluster != nil && len(s.redis.Cluster.Addresses) == 2 && s.redis.Address == "" && s.redis.Sentinel == nil
+			func(s *config.Settings) bool {
+				return s.Redis.Cluster != nil && len(s.Redis.Cluster.Addresses) == 2 && s.Redis.Address == "" && s.Redis.Sentinel == nil
 			}},
 		{"sentinel next to the default address", func(r *RedisConfig) {
 			r.Sentinel = sentinelConfig()
 			r.Sentinel.Username, r.Sentinel.Password = "watcher", "pw"
-		}, func(s *settings) bool {
-			so := s.redis.Sentinel
-			return so != nil && so.MasterName == "mymaster" && len(so.Addresses) == 2 && so.Password == "pw" && s.redis.Address == ""
+		}, func(s *config.Settings) bool {
+			so := s.Redis.Sentinel
+			return so != nil && so.MasterName == "mymaster" && len(so.Addresses) == 2 && so.Password == "pw" && s.Redis.Address == ""
 		}},
 	}
 
@@ -191,7 +193,7 @@ func TestRedisDeploymentsAccepted(t *testing.T) {
 		}
 
 		if !tc.check(s) {
-			t.Errorf("%s: parsed as %+v", tc.name, s.redis)
+			t.Errorf("%s: parsed as %+v", tc.name, s.Redis)
 		}
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tierlimit/tierlimit/config"
 )
 
 func TestDefaultsMatchDesign(t *testing.T) {
@@ -16,28 +18,28 @@ func TestDefaultsMatchDesign(t *testing.T) {
 	}
 
 	layers := []struct {
-		got    layerSpec
+		got    config.Rule
 		points int64
 		d      time.Duration
 	}{
-		{s.spec(layerGlobal), 1000, time.Second},
-		{s.spec(layerIP), 50, time.Second},
-		{s.spec(layerAssets), 300, time.Second},
-		{s.spec(layerUser), 300, time.Minute},
-		{s.spec(layerService), 10000, time.Minute},
+		{s.Spec(layerGlobal), 1000, time.Second},
+		{s.Spec(layerIP), 50, time.Second},
+		{s.Spec(layerAssets), 300, time.Second},
+		{s.Spec(layerUser), 300, time.Minute},
+		{s.Spec(layerService), 10000, time.Minute},
 	}
 	for _, l := range layers {
-		if l.got.points != l.points || l.got.duration != l.d {
-			t.Errorf("%s: %d/%s, want %d/%s", l.got.name, l.got.points, l.got.duration, l.points, l.d)
+		if l.got.Points != l.points || l.got.Duration != l.d {
+			t.Errorf("%s: %d/%s, want %d/%s", l.got.Name, l.got.Points, l.got.Duration, l.points, l.d)
 		}
 	}
 
-	if !s.enabled || s.dryRun || !s.headers || s.store != "memory" || s.keyPrefix != "ratelimit" ||
-		s.maxTracked != 100000 || s.ipv6Prefix != 64 || s.hops != 0 || len(s.proxies) != 6 ||
-		len(s.assetPaths) != 1 || s.assetPaths[0] != "/assets/" || len(s.routes) != 0 ||
-		s.userHeader != "" || s.serviceHeader != "X-Auth-Service-Account" ||
-		!s.invalidCode[401] || len(s.invalidCode) != 1 ||
-		s.redis.DialTimeout != 250*time.Millisecond || s.redis.Timeout != 100*time.Millisecond || s.redis.PoolSize != 16 || s.redis.Address != "127.0.0.1:6379" || s.wsMaxPerIP != 0 {
+	if !s.Enabled || s.DryRun || !s.Headers || s.Store != "memory" || s.KeyPrefix != "ratelimit" ||
+		s.MaxTracked != 100000 || s.IPv6Prefix != 64 || s.Hops != 0 || len(s.Proxies) != 6 ||
+		len(s.AssetPaths) != 1 || s.AssetPaths[0] != "/assets/" || len(s.Routes) != 0 ||
+		s.UserHeader != "" || s.ServiceHeader != "X-Auth-Service-Account" ||
+		!s.InvalidCode[401] || len(s.InvalidCode) != 1 ||
+		s.Redis.DialTimeout != 250*time.Millisecond || s.Redis.Timeout != 100*time.Millisecond || s.Redis.PoolSize != 16 || s.Redis.Address != "127.0.0.1:6379" || s.WSMaxPerIP != 0 {
 		t.Fatalf("defaults differ from README.md: %+v", s)
 	}
 }
@@ -47,9 +49,9 @@ func TestDurations(t *testing.T) {
 		"1s": time.Second, "60s": time.Minute, "60": time.Minute, " 5 ": 5 * time.Second,
 		"500ms": 500 * time.Millisecond, "1h": time.Hour, "1.5s": 1500 * time.Millisecond,
 	} {
-		got, err := parseDuration(raw)
+		got, err := config.ParseDuration(raw)
 		if err != nil || got != want {
-			t.Errorf("parseDuration(%q) = %s, %v; want %s", raw, got, err, want)
+			t.Errorf("config.ParseDuration(%q) = %s, %v; want %s", raw, got, err, want)
 		}
 	}
 }
@@ -175,8 +177,8 @@ func TestInvalidConfigurationNamesFieldAndValue(t *testing.T) {
 			continue
 		}
 
-		if !errors.Is(err, errConfig) {
-			t.Errorf("%s: error does not wrap errConfig: %v", tc.field, err)
+		if !errors.Is(err, config.ErrConfig) {
+			t.Errorf("%s: error does not wrap config.ErrConfig: %v", tc.field, err)
 		}
 
 		if want := tc.field + ` = "` + tc.value + `"`; !strings.Contains(err.Error(), want) {
@@ -224,7 +226,7 @@ func TestMaxTrackedHoldsOneCounterPerLayer(t *testing.T) {
 	cfg.IP = LayerConfig{Points: 5, Duration: "1s"}
 
 	_, err := parse(cfg)
-	if err == nil || !errors.Is(err, errConfig) ||
+	if err == nil || !errors.Is(err, config.ErrConfig) ||
 		!strings.Contains(err.Error(), `maxTracked = "1": must be at least 2, one counter for each layer that is on (global, ip)`) {
 		t.Fatalf("maxTracked 1 with global and ip: %v", err)
 	}

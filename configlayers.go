@@ -1,35 +1,29 @@
 package tierlimit
 
-// The built-in layers as data. builtinLayers is the one list of them: the
-// defaults (CreateConfig), parsing and validation (parseBuiltin), the
-// reserved route names (parseRoute), maxTracked's minimum (checkMaxTracked),
-// the mode choice (chooseMode) and the plans (drawPlans) all read it, so that
-// a layer is one row. A plan is drawn up from the classes of requests its
+import "github.com/tierlimit/tierlimit/config"
+
+// The built-in layers as data. builtinLayers is config.Builtins (the
+// defaults, parsing and validation: config/layers.go) with what each layer
+// charges: the mode choice (chooseMode) and the plans (drawPlans) read it, so
+// that a layer is one row. A plan is drawn up from the classes of requests its
 // layers charge (the plan rules below), not from layer names. The plans of
-// plans: (configplans.go), charged instead of user, are one more rule
+// plans: (config/plans.go), charged instead of user, are one more rule
 // (namedPlan) with a layer of their own each.
 
-// Layer names. Routes may not take them: they name the built-in layers.
+// Layer names and key values: configuration's (config/layers.go).
 const (
-	layerGlobal  = "global"
-	layerIP      = "ip"
-	layerAssets  = "assets"
-	layerUser    = "user"
-	layerService = "service"
-	// layerWebsocket names the connection cap in refusals and events; no
-	// route may take the name.
-	layerWebsocket = "websocket"
-)
+	layerGlobal    = config.LayerGlobal
+	layerIP        = config.LayerIP
+	layerAssets    = config.LayerAssets
+	layerUser      = config.LayerUser
+	layerService   = config.LayerService
+	layerWebsocket = config.LayerWebsocket
 
-// Key values: the key: forms a layer may take. Routes take all of them (ip
-// by default); the tiers take host and header:<Name> (by default their
-// request's client or principal); global takes none.
-const (
-	keyIP        = "ip"
-	keyPrincipal = "principal"
-	keyGlobal    = "global"
-	keyHeader    = "header:"
-	keyHost      = "host"
+	keyIP        = config.KeyIP
+	keyPrincipal = config.KeyPrincipal
+	keyGlobal    = config.KeyGlobal
+	keyHeader    = config.KeyHeader
+	keyHost      = config.KeyHost
 )
 
 // The classes of requests a built-in layer charges.
@@ -41,78 +35,23 @@ const (
 	chargesService          // a service account
 )
 
-// builtinLayer is one built-in layer: its name (and section of Config), the
-// class of requests it charges, how it finds its key, its defaults and the
-// key: values it takes besides none.
+// builtinLayer is one built-in layer: configuration's row (its name,
+// defaults and keys), the class of requests it charges and how it finds its
+// key.
 type builtinLayer struct {
-	name     string
-	charges  int
-	keyKind  int // layer.go's keyOf*, unless key: says otherwise
-	points   int
-	duration string
-	keys     []string
-	// config reads the layer's section of Config.
-	config func(c *Config) LayerConfig
-	// more parses what else its section holds (assets: the path prefixes);
-	// nil when nothing.
-	more func(c *Config, s *settings) error
+	config.Builtin
+	charges int
+	keyKind int // layer.go's keyOf*, unless key: says otherwise
 }
 
-// tierKeys are the key: values the tiers take.
-var tierKeys = []string{keyHost, keyHeader}
-
-// builtinLayers in evaluation order: a plan charges its layers in this order.
+// builtinLayers in evaluation order, row for row config.Builtins: a plan
+// charges its layers in this order.
 var builtinLayers = []builtinLayer{
-	{
-		name: layerGlobal, charges: chargesAll, keyKind: keyOfConst, points: 1000, duration: "1s",
-		config: func(c *Config) LayerConfig { return c.Global },
-	},
-	{
-		name: layerIP, charges: chargesAnonymous, keyKind: keyOfClient, points: 50, duration: "1s", keys: tierKeys,
-		config: func(c *Config) LayerConfig { return c.IP },
-	},
-	{
-		name: layerAssets, charges: chargesAsset, keyKind: keyOfClient, points: 300, duration: "1s", keys: tierKeys,
-		config: assetsLayer, more: parseAssetPaths,
-	},
-	{
-		name: layerUser, charges: chargesUser, keyKind: keyOfPrincipal, points: 300, duration: "60s", keys: tierKeys,
-		config: func(c *Config) LayerConfig { return c.User },
-	},
-	{
-		name: layerService, charges: chargesService, keyKind: keyOfPrincipal, points: 10000, duration: "60s", keys: tierKeys,
-		config: func(c *Config) LayerConfig { return c.Service },
-	},
-}
-
-func assetsLayer(c *Config) LayerConfig {
-	a := c.Assets
-	return LayerConfig{Points: a.Points, Duration: a.Duration, Algorithm: a.Algorithm, Burst: a.Burst, Key: a.Key, BlockDuration: a.BlockDuration, Calendar: a.Calendar, UtcOffset: a.UtcOffset, DryRun: a.DryRun, Store: a.Store}
-}
-
-// defaultLayer is the built-in layer's default points. Its default duration
-// is not written in the section but applied by parseBuiltin, so that a
-// duration the user wrote, even the default's value, is told from none
-// (calendar takes no duration).
-func defaultLayer(name string) LayerConfig {
-	for _, row := range builtinLayers {
-		if row.name == name {
-			return LayerConfig{Points: row.points}
-		}
-	}
-
-	return LayerConfig{}
-}
-
-// takesKey reports whether the built-in layer takes the key: form.
-func takesKey(row builtinLayer, key string) bool {
-	for _, k := range row.keys {
-		if k == key {
-			return true
-		}
-	}
-
-	return false
+	{Builtin: config.Builtins[0], charges: chargesAll, keyKind: keyOfConst},
+	{Builtin: config.Builtins[1], charges: chargesAnonymous, keyKind: keyOfClient},
+	{Builtin: config.Builtins[2], charges: chargesAsset, keyKind: keyOfClient},
+	{Builtin: config.Builtins[3], charges: chargesUser, keyKind: keyOfPrincipal},
+	{Builtin: config.Builtins[4], charges: chargesService, keyKind: keyOfPrincipal},
 }
 
 // routeKeyKinds are the key: values a route takes and how each finds its key.
@@ -140,10 +79,8 @@ var (
 	namedPlan = []int{chargesAll}
 )
 
-// requestCost is what one request is charged in each layer of its plan
-// unless it matches routes: then the largest of their costs (routes[].cost,
-// routeSpec.cost; withRoutes).
-const requestCost = int64(1)
+// requestCost is what one request is charged (config.RequestCost).
+const requestCost = config.RequestCost
 
 // drawPlans draws up the plans from the built-in layers, built aligned with
 // builtinLayers (nil where off).
@@ -162,7 +99,7 @@ func drawPlans(built []*layer) plans {
 // drawNamedPlans draws up the plan of each of plans: (specs, by name), whose
 // layers are named (aligned with specs, nil where off: that plan charges
 // namedPlan's layers only). nil when there are no plans.
-func drawNamedPlans(built []*layer, specs []layerSpec, named []*layer) map[string][]*layer {
+func drawNamedPlans(built []*layer, specs []config.Rule, named []*layer) map[string][]*layer {
 	if len(specs) == 0 {
 		return nil
 	}
@@ -175,7 +112,7 @@ func drawNamedPlans(built []*layer, specs []layerSpec, named []*layer) map[strin
 			layers = append(layers, named[i])
 		}
 
-		out[spec.name] = layers
+		out[spec.Name] = layers
 	}
 
 	return out
@@ -195,9 +132,11 @@ func chargedTo(built []*layer, classes []int) []*layer {
 	return out
 }
 
-func hasClass(classes []int, c int) bool {
-	for _, k := range classes {
-		if k == c {
+// planOn reports whether some built-in layer of the classes is on: whether
+// the plan of those classes charges anything but routes.
+func planOn(s *config.Settings, classes []int) bool {
+	for i, row := range builtinLayers {
+		if s.Builtin[i].On() && hasClass(classes, row.charges) {
 			return true
 		}
 	}
@@ -205,15 +144,9 @@ func hasClass(classes []int, c int) bool {
 	return false
 }
 
-// isBuiltinName reports whether name is a built-in layer's (or the
-// connection cap's), which no route may take.
-func isBuiltinName(name string) bool {
-	if name == layerWebsocket {
-		return true
-	}
-
-	for _, row := range builtinLayers {
-		if row.name == name {
+func hasClass(classes []int, c int) bool {
+	for _, k := range classes {
+		if k == c {
 			return true
 		}
 	}

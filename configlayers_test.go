@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tierlimit/tierlimit/config"
 )
 
 func layerNames(layers []*layer) string {
@@ -87,29 +89,29 @@ func TestCatalogueDrivesDefaultsAndKeys(t *testing.T) {
 	}
 
 	for i, row := range builtinLayers {
-		spec := s.builtin[i]
-		if spec.name != row.name || spec.points != int64(row.points) || spec.duration != mustDuration(t, row.duration) {
-			t.Errorf("%s: parsed %+v from the defaults, want %d/%s", row.name, spec, row.points, row.duration)
+		spec := s.Builtin[i]
+		if spec.Name != row.Name || spec.Points != int64(row.Points) || spec.Duration != mustDuration(t, row.Duration) {
+			t.Errorf("%s: parsed %+v from the defaults, want %d/%s", row.Name, spec, row.Points, row.Duration)
 		}
 
-		if !isBuiltinName(row.name) {
-			t.Errorf("%s: not reserved for routes", row.name)
+		if !config.IsBuiltinName(row.Name) {
+			t.Errorf("%s: not reserved for routes", row.Name)
 		}
 
 		cfg := CreateConfig()
-		cfg.Routes = []RouteConfig{{Name: row.name, Paths: []string{"/x"}, Points: 1, Duration: "1s"}}
+		cfg.Routes = []RouteConfig{{Name: row.Name, Paths: []string{"/x"}, Points: 1, Duration: "1s"}}
 		if _, err := parse(cfg); err == nil || !strings.Contains(err.Error(), "is the name of a built-in layer") {
-			t.Errorf("route named %s: %v", row.name, err)
+			t.Errorf("route named %s: %v", row.Name, err)
 		}
 	}
 
 	for _, row := range builtinLayers {
 		cfg := CreateConfig()
-		lcKey(cfg, row.name, "header:X-Api-Key")
+		lcKey(cfg, row.Name, "header:X-Api-Key")
 
 		_, err := parse(cfg)
-		if takesKey(row, keyHeader) != (err == nil) {
-			t.Errorf("%s.key header:X-Api-Key: %v, row takes %v", row.name, err, row.keys)
+		if config.TakesKey(row.Builtin, keyHeader) != (err == nil) {
+			t.Errorf("%s.key header:X-Api-Key: %v, row takes %v", row.Name, err, row.Keys)
 		}
 	}
 }
@@ -117,7 +119,7 @@ func TestCatalogueDrivesDefaultsAndKeys(t *testing.T) {
 func mustDuration(t *testing.T, raw string) time.Duration {
 	t.Helper()
 
-	d, err := parseDuration(raw)
+	d, err := config.ParseDuration(raw)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/tierlimit/tierlimit/config"
 )
 
 func TestDryRunOnEveryRuleParses(t *testing.T) {
@@ -22,8 +24,8 @@ func TestDryRunOnEveryRuleParses(t *testing.T) {
 	}
 
 	got := map[string]bool{}
-	for _, l := range append(append(s.builtin, s.plans...), s.routes[0].layerSpec) {
-		got[l.name] = l.dryRun
+	for _, l := range append(append(s.Builtin, s.Plans...), s.Routes[0].Rule) {
+		got[l.Name] = l.DryRun
 	}
 
 	want := map[string]bool{"global": false, "ip": true, "assets": true, "user": false, "service": false, "pro": true, "free": false, "login": true}
@@ -219,7 +221,7 @@ func TestTopLevelDryRunEventsSayDryRun(t *testing.T) {
 // TestFlagArgs: the dry-run and check flags prefix the algorithm argument,
 // together as "cd" (takeScript).
 func TestFlagArgs(t *testing.T) {
-	args := newRedisEncoding(layerSpec{name: "x", points: 12, duration: 1500e6, sliding: true, dryRun: true}, 0).redisArgs
+	args := newRedisEncoding(config.Rule{Name: "x", Points: 12, Duration: 1500e6, Sliding: true, DryRun: true}, 0).redisArgs
 	if want := "$2\r\n12\r\n$4\r\n1500\r\n$2\r\nd1\r\n$1\r\n0\r\n"; args != want {
 		t.Fatalf("dry-run args %q, want %q", args, want)
 	}

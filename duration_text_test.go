@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tierlimit/tierlimit/config"
 )
 
 // A bare number of seconds is a duration, decimals included: Traefik's file
@@ -15,15 +17,15 @@ func TestBareDecimalSecondsAreDurations(t *testing.T) {
 		"1.5": 1500 * time.Millisecond, "1.500000": 1500 * time.Millisecond, " 0.25 ": 250 * time.Millisecond,
 		"2.000000": 2 * time.Second, "1.": time.Second, "0.0015": time.Millisecond,
 	} {
-		got, err := parseDuration(raw)
+		got, err := config.ParseDuration(raw)
 		if err != nil || got != want {
-			t.Errorf("parseDuration(%q) = %s, %v; want %s", raw, got, err, want)
+			t.Errorf("config.ParseDuration(%q) = %s, %v; want %s", raw, got, err, want)
 		}
 	}
 
 	for _, raw := range []string{"1.5.0", ".", "1,5", "-1.5", "1e3", "0x10", "Inf"} {
-		if d, err := parseDuration(raw); err == nil {
-			t.Errorf("parseDuration(%q) = %s, want an error", raw, d)
+		if d, err := config.ParseDuration(raw); err == nil {
+			t.Errorf("config.ParseDuration(%q) = %s, want an error", raw, d)
 		}
 	}
 }

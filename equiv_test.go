@@ -36,7 +36,7 @@ func TestPathsAgree(t *testing.T) {
 				t.Fatal(err)
 			}
 
-			pool := redisresp.NewPool(s.redis)
+			pool := redisresp.NewPool(s.Redis)
 			redisStoreOf(a.p).backend = &redisBackend{pool: pool, single: pool, address: cfg.Redis.Address, log: io.Discard}
 			b = newHarness(t, with(sh.cfg, func(c *Config) { c.Store = "memory" }))
 		} else {

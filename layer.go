@@ -176,7 +176,7 @@ type route struct {
 	lower         bool // ignores case where the instance's paths keep theirs: lowers the path
 	caseSensitive bool // compares case where the instance's paths are lowered: canonicalises anew
 	// cost is what a matching request is charged in each of its layers
-	// (routeSpec.cost).
+	// (config.Route.Cost).
 	cost int64
 	// countStatus holds the statuses charged to the route after the
 	// response (nil: every request, up front); charge is then the route's

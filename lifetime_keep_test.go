@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/tierlimit/tierlimit/config"
 )
 
 // keepTimers drives a keeping registry: its clock and its timers, which the
@@ -87,15 +89,15 @@ func TestUnheldCountersOutliveTheGraceUntilTheirEnd(t *testing.T) {
 
 	cases := []struct {
 		name string
-		spec layerSpec
+		spec config.Rule
 		hits int
 		end  int64 // when the counts stop mattering
 	}{
-		{"fixed", layerSpec{name: "ip", points: 5, duration: 10 * time.Minute}, 3, t0 + int64(10*time.Minute)},
-		{"sliding", layerSpec{name: "ip", points: 5, duration: time.Minute, sliding: true}, 3, t0 + int64(2*time.Minute)},
-		{"tokenbucket", layerSpec{name: "ip", points: 1, duration: time.Minute, bucket: true, burst: 5}, 3, t0 + int64(3*time.Minute)},
-		{"calendar day", layerSpec{name: "ip", points: 5, duration: 24 * time.Hour, calendar: calDay}, 3, day},
-		{"block", layerSpec{name: "ip", points: 2, duration: time.Minute, block: time.Hour}, 3, t0 + int64(time.Hour)},
+		{"fixed", config.Rule{Name: "ip", Points: 5, Duration: 10 * time.Minute}, 3, t0 + int64(10*time.Minute)},
+		{"sliding", config.Rule{Name: "ip", Points: 5, Duration: time.Minute, Sliding: true}, 3, t0 + int64(2*time.Minute)},
+		{"tokenbucket", config.Rule{Name: "ip", Points: 1, Duration: time.Minute, Bucket: true, Burst: 5}, 3, t0 + int64(3*time.Minute)},
+		{"calendar day", config.Rule{Name: "ip", Points: 5, Duration: 24 * time.Hour, Calendar: calDay}, 3, day},
+		{"block", config.Rule{Name: "ip", Points: 2, Duration: time.Minute, Block: time.Hour}, 3, t0 + int64(time.Hour)},
 	}
 
 	for _, c := range cases {

@@ -1,5 +1,7 @@
 package tierlimit
 
+import "github.com/tierlimit/tierlimit/config"
+
 // A layer's store: memory (README: store on a layer) counts it in the
 // Traefik process although its instance keeps the other layers in Redis:
 // typically global, a per-replica backstop that would otherwise be one hot
@@ -34,13 +36,13 @@ func newMixedStore(memory *windowStore, rs *redisStore, layers []*layer) *mixedS
 
 // anyMemoryLayer reports whether a layer of a Redis instance is counted in
 // memory.
-func anyMemoryLayer(s *settings) bool {
-	if s.store != "redis" {
+func anyMemoryLayer(s *config.Settings) bool {
+	if s.Store != config.StoreRedis {
 		return false
 	}
 
-	for _, l := range ruleSpecs(s) {
-		if l.memory && l.on() {
+	for _, l := range config.Rules(s) {
+		if l.Memory && l.On() {
 			return true
 		}
 	}

@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/tierlimit/tierlimit/config"
 )
 
 // planConfig is the principal instance of the example: user 3/60s,
@@ -75,7 +77,7 @@ func TestPlanConfigErrors(t *testing.T) {
 		tc.set(cfg)
 
 		_, err := parse(cfg)
-		if err == nil || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, errConfig) {
+		if err == nil || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, config.ErrConfig) {
 			t.Errorf("%s: got %v, want an error with %s", tc.name, err, tc.want)
 		}
 	}
@@ -92,8 +94,8 @@ func TestPlanConfigErrors(t *testing.T) {
 	cfg.Principal.UserHeader = "X-Auth-User"
 	cfg.Principal.PlanHeader = "X-Auth-Plan"
 
-	if s, err := parse(cfg); err != nil || s.planHeader != "" {
-		t.Fatalf("plan header without plans: %v, planHeader %q", err, s.planHeader)
+	if s, err := parse(cfg); err != nil || s.PlanHeader != "" {
+		t.Fatalf("plan header without plans: %v, planHeader %q", err, s.PlanHeader)
 	}
 }
 

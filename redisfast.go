@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/redisresp"
 )
 
@@ -88,12 +89,12 @@ func newRedisPlan(rs *redisStore, layers []*layer, cost int64) *redisPlan {
 // redisFastEligible tells chooseMode whether an instance that would
 // otherwise take the general path meets what redisPath needs (see the
 // top of this file).
-func redisFastEligible(s *settings, fixed, routes bool) bool {
-	return s.store == "redis" && s.redis.Cluster == nil && !anyMemoryLayer(s) &&
-		s.headers && !s.dryRun && fixed && !routes && s.wsMaxPerIP == 0 &&
-		s.userHeader == "" && len(s.credHeaders)+len(s.credCookies)+len(s.credQuery) == 0 &&
-		len(s.exemptIPs)+len(s.exemptIDs) == 0 &&
-		s.spec(layerIP).on() && (s.spec(layerAssets).on() || len(s.assetPaths) == 0)
+func redisFastEligible(s *config.Settings, fixed, routes bool) bool {
+	return s.Store == config.StoreRedis && s.Redis.Cluster == nil && !anyMemoryLayer(s) &&
+		s.Headers && !s.DryRun && fixed && !routes && s.WSMaxPerIP == 0 &&
+		s.UserHeader == "" && len(s.CredHeaders)+len(s.CredCookies)+len(s.CredQuery) == 0 &&
+		len(s.ExemptIPs)+len(s.ExemptIDs) == 0 &&
+		s.Spec(layerIP).On() && (s.Spec(layerAssets).On() || len(s.AssetPaths) == 0)
 }
 
 // redisPath is the handler of modeRedis (see fast.go's handlers).

@@ -142,7 +142,7 @@ func redisHarness(t *testing.T, addr string, mutate func(c *Config)) (*harness, 
 	}
 
 	logs := &bytes.Buffer{}
-	pool := redisresp.NewPool(s.redis)
+	pool := redisresp.NewPool(s.Redis)
 	redisOf(h.p.store).backend = &redisBackend{pool: pool, single: pool, address: addr, log: logs}
 
 	return h, logs

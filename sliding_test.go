@@ -3,6 +3,8 @@ package tierlimit
 import (
 	"testing"
 	"time"
+
+	"github.com/tierlimit/tierlimit/config"
 )
 
 // TestSlidingWaitIsTheFirstAllowedMoment checks slidingWait against a brute
@@ -50,7 +52,7 @@ func TestSlidingWaitIsTheFirstAllowedMoment(t *testing.T) {
 func TestSlidingRemovesTheBoundaryBurst(t *testing.T) {
 	for _, sliding := range []bool{false, true} {
 		s := newWindowStore(100)
-		l := newLayer(s, layerSpec{name: "ip", points: 10, duration: 10 * time.Second, sliding: sliding}, keyOfClient)
+		l := newLayer(s, config.Rule{Name: "ip", Points: 10, Duration: 10 * time.Second, Sliding: sliding}, keyOfClient)
 		start := time.Unix(1000, 0).UnixNano()
 
 		burst := func(at int64, n int) (allowed int, last tally) {
@@ -113,7 +115,7 @@ func TestSlidingRemovesTheBoundaryBurst(t *testing.T) {
 // did not count, and no faster than the previous window's weight allows.
 func TestSlidingCountsOnlyAllowedRequests(t *testing.T) {
 	s := newWindowStore(100)
-	l := newLayer(s, layerSpec{name: "ip", points: 5, duration: time.Second, sliding: true}, keyOfClient)
+	l := newLayer(s, config.Rule{Name: "ip", Points: 5, Duration: time.Second, Sliding: true}, keyOfClient)
 	now := time.Unix(2000, 0).UnixNano()
 
 	var allowed []int // milliseconds after the first request
@@ -153,8 +155,8 @@ func TestSlidingCountsOnlyAllowedRequests(t *testing.T) {
 // its end, since it weighs on the next, and dropped after.
 func TestSlidingExpiresAfterTwoWindows(t *testing.T) {
 	s := newWindowStore(100)
-	l := newLayer(s, layerSpec{name: "ip", points: 3, duration: time.Second, sliding: true}, keyOfClient)
-	f := newLayer(s, layerSpec{name: "f", points: 3, duration: time.Second}, keyOfClient)
+	l := newLayer(s, config.Rule{Name: "ip", Points: 3, Duration: time.Second, Sliding: true}, keyOfClient)
+	f := newLayer(s, config.Rule{Name: "f", Points: 3, Duration: time.Second}, keyOfClient)
 	now := time.Unix(3000, 0).UnixNano()
 
 	var tl tally

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,7 +30,7 @@ import (
 // so that every replica agrees on the window without comparing TTLs and a
 // new window starts from nothing in Redis and in memory. Only fixed windows
 // are synced: a sliding window or a token bucket with syncInterval is a
-// configuration error (checkSync).
+// configuration error (config/sync.go, checkSync).
 //
 // Failure: a sync that fails keeps its points pending, to be sent by the next
 // sync that works (so a charge is never lost; a call that failed after Redis
@@ -197,63 +195,6 @@ func syncStateFor(ctx context.Context, name string, backend *redisBackend, inter
 	st.mu.Unlock()
 
 	return st
-}
-
-// checkSync reads redis.syncInterval into s.syncInterval: a duration, with
-// fixed windows only (sliding windows and token buckets are decided by
-// Redis's clock and state, block durations by a block key).
-func checkSync(raw string, s *settings) error {
-	trimmed := strings.TrimSpace(raw)
-	if trimmed == "" || trimmed == "0" {
-		return nil
-	}
-
-	if strings.HasPrefix(trimmed, "-") {
-		return invalid("redis.syncInterval", raw, "must be >= 0 (0: one script call per request)")
-	}
-
-	if zero, err := time.ParseDuration(trimmed); err == nil && zero == 0 {
-		return nil
-	}
-
-	d, err := parseDuration(raw)
-	if err != nil {
-		return invalid("redis.syncInterval", durationText(raw), err.Error())
-	}
-
-	s.syncInterval = d
-	if d == 0 || s.store != "redis" {
-		return nil
-	}
-
-	specs := append([]layerSpec{}, s.builtin...)
-	for _, rt := range s.routes {
-		specs = append(specs, rt.layerSpec)
-	}
-
-	specs = append(specs, s.plans...)
-
-	for _, l := range specs {
-		if !l.on() {
-			continue
-		}
-
-		why := ""
-		switch {
-		case l.sliding:
-			why = `algorithm "sliding"`
-		case l.bucket:
-			why = `algorithm "tokenbucket"`
-		case l.block != 0:
-			why = "a blockDuration"
-		}
-
-		if why != "" {
-			return invalid("redis.syncInterval", raw, "syncs fixed windows only, and layer "+strconv.Quote(l.name)+" has "+why+"; use syncInterval 0 (one script call per request) or a fixed window")
-		}
-	}
-
-	return nil
 }
 
 // syncWindow returns l's window at now: its start and end, aligned to the

@@ -311,7 +311,7 @@ func TestSyncIntervalTakesFixedWindowsOnly(t *testing.T) {
 		cfg.IP.Algorithm = "sliding"
 		cfg.Redis.SyncInterval = zero
 
-		if s, err := parse(cfg); err != nil || s.syncInterval != 0 {
+		if s, err := parse(cfg); err != nil || s.SyncInterval != 0 {
 			t.Fatalf("syncInterval %q: %v, want exact mode", zero, err)
 		}
 	}
@@ -321,7 +321,7 @@ func TestSyncIntervalTakesFixedWindowsOnly(t *testing.T) {
 	cfg.Redis.SyncInterval = "100ms"
 	cfg.IP.Calendar = "day"
 
-	if s, err := parse(cfg); err != nil || s.syncInterval != 100*time.Millisecond {
+	if s, err := parse(cfg); err != nil || s.SyncInterval != 100*time.Millisecond {
 		t.Fatalf("fixed and calendar windows: %v", err)
 	}
 }

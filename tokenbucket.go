@@ -4,6 +4,7 @@ import (
 	"net"
 	"strings"
 
+	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/request"
 )
 
@@ -29,12 +30,12 @@ import (
 // makeBucket turns l into a token bucket for spec: points becomes the burst,
 // the bucket's capacity, which the headers and the refusal report as the limit.
 // It returns spec with its points set to the burst likewise.
-func (l *layer) makeBucket(spec layerSpec) layerSpec {
-	l.refill = spec.points
-	l.interval = int64(spec.duration) / spec.points
-	l.points = spec.burst
-	l.limit = formatInt(spec.burst)
-	spec.points = spec.burst
+func (l *layer) makeBucket(spec config.Rule) config.Rule {
+	l.refill = spec.Points
+	l.interval = int64(spec.Duration) / spec.Points
+	l.points = spec.Burst
+	l.limit = formatInt(spec.Burst)
+	spec.Points = spec.Burst
 
 	return spec
 }

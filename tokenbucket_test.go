@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/request"
 )
 
@@ -70,7 +71,7 @@ func TestTokenBucketMatchesTheModel(t *testing.T) {
 
 	for _, tc := range cases {
 		h := newHarness(t, onlyBucket(tc.points, tc.burst, tc.duration))
-		d, _ := parseDuration(tc.duration)
+		d, _ := config.ParseDuration(tc.duration)
 		burst := int64(tc.burst)
 		if burst == 0 {
 			burst = int64(tc.points)
@@ -415,7 +416,7 @@ func TestTokenBucketConfigErrors(t *testing.T) {
 	cfg.IP = LayerConfig{Points: 5, Duration: "1s", Algorithm: " tokenbucket "}
 
 	s, err := parse(cfg)
-	if err != nil || !s.spec(layerIP).bucket || s.spec(layerIP).burst != 5 {
-		t.Fatalf("default burst: %+v %v", s.spec(layerIP), err)
+	if err != nil || !s.Spec(layerIP).Bucket || s.Spec(layerIP).Burst != 5 {
+		t.Fatalf("default burst: %+v %v", s.Spec(layerIP), err)
 	}
 }

@@ -296,7 +296,7 @@ func (s *windowStore) restart(now int64, l *layer, w *window, key string) *windo
 // then the oldest live ones that are not over their limit (oldestEvictable),
 // until one more fits. It never evicts a counter
 // the current request charged: with the cap at least the number of layers
-// (config.go), another one is always there to evict, so the layers of one
+// (config/check.go), another one is always there to evict, so the layers of one
 // request cannot evict each other's counters.
 func (s *windowStore) makeRoom(now int64, l *windowList) {
 	for n := 0; n < purgePerInsert && l.head != nil && l.head.expire <= now; n++ {

@@ -7,12 +7,14 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/tierlimit/tierlimit/config"
 )
 
 var t0 = time.Date(2026, 6, 15, 10, 0, 0, 0, time.UTC).UnixNano()
 
 func testLayer(s *windowStore, name string, points int64, d time.Duration) *layer {
-	return newLayer(s, layerSpec{name: name, points: points, duration: d}, keyOfClient)
+	return newLayer(s, config.Rule{Name: name, Points: points, Duration: d}, keyOfClient)
 }
 
 // hit is one layer's outcome of a request.
@@ -127,7 +129,7 @@ func TestWindowKeysAndLayersAreSeparate(t *testing.T) {
 
 func TestTakeStopsAtRefusingLayer(t *testing.T) {
 	s := newWindowStore(100)
-	g := newLayer(s, layerSpec{name: "global", points: 10, duration: time.Second}, keyOfConst)
+	g := newLayer(s, config.Rule{Name: "global", Points: 10, Duration: time.Second}, keyOfConst)
 	ip := testLayer(s, "ip", 1, time.Second)
 	route := testLayer(s, "login", 10, time.Second)
 	layers := []*layer{g, ip, route}
@@ -309,7 +311,7 @@ func TestRegistrySharesStoresByName(t *testing.T) {
 // global counts every request.
 func TestEvictionSparesTheCountersOfTheRequest(t *testing.T) {
 	s := newWindowStore(2)
-	global := newLayer(s, layerSpec{name: "global", points: 5, duration: time.Minute}, keyOfConst)
+	global := newLayer(s, config.Rule{Name: "global", Points: 5, Duration: time.Minute}, keyOfConst)
 	ip := testLayer(s, "ip", 50, time.Minute)
 
 	allowed := 0
@@ -362,7 +364,7 @@ func TestEvictionSparesTheRequestsCountersOnEveryPath(t *testing.T) {
 // A sliding layer's counter is spared too.
 func TestEvictionSparesASlidingCounterOfTheRequest(t *testing.T) {
 	s := newWindowStore(2)
-	global := newLayer(s, layerSpec{name: "global", points: 5, duration: time.Minute, sliding: true}, keyOfConst)
+	global := newLayer(s, config.Rule{Name: "global", Points: 5, Duration: time.Minute, Sliding: true}, keyOfConst)
 	ip := testLayer(s, "ip", 50, time.Minute)
 
 	allowed := 0

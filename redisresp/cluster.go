@@ -640,6 +640,13 @@ func (c *Cluster) askSlots(addr string) ([]uint16, []string, error) {
 		return nil, nil, fmt.Errorf("CLUSTER SLOTS on %s: %s", addr, v.Str)
 	}
 
+	return slotOwners(v, addr)
+}
+
+// slotOwners reads a CLUSTER SLOTS reply from addr into the owner index of
+// every slot and the owners' addresses; a slot without a primary is an
+// error.
+func slotOwners(v Value, addr string) ([]uint16, []string, error) {
 	seedHost, _, _ := net.SplitHostPort(addr)
 	owner := make([]uint16, Slots)
 	covered := make([]bool, Slots)

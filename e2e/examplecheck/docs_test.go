@@ -23,7 +23,7 @@ import (
 // of CreateConfig's Config and shows its default, and every relative link of
 // the Markdown pages resolves (the file, and the heading an #anchor names).
 
-// keyName is how a field is spelt in a configuration: configkeys.go's rule
+// keyName is how a field is spelt in a configuration: config/keys.go's rule
 // (the leading capitals lower-cased: IPv6PrefixLength is ipv6PrefixLength).
 func keyName(field string) string {
 	n := 0
@@ -35,7 +35,7 @@ func keyName(field string) string {
 }
 
 // tlsType is what redis.tls takes as a map: it is an interface{} in Config,
-// parsed into redisresp.TLSOptions (configredis.go parseTLSMap).
+// parsed into redisresp.TLSOptions (config/redis.go parseTLSMap).
 var tlsType = reflect.TypeOf(redisresp.TLSOptions{})
 
 // configKeys returns the path of every leaf key of t: nested structs and

@@ -1,4 +1,4 @@
-package tierlimit
+package config
 
 import (
 	"fmt"
@@ -42,7 +42,7 @@ func unknownIn(path string, v reflect.Value) error {
 
 			sort.Strings(keys)
 
-			return fmt.Errorf("%w: unknown field %q%s", errConfig, path+keys[0], suggestField(path, keys[0], t))
+			return fmt.Errorf("%w: unknown field %q%s", ErrConfig, path+keys[0], suggestField(path, keys[0], t))
 		case f.Type.Kind() == reflect.Struct:
 			if err := unknownIn(path+keyName(f.Name)+".", fv); err != nil {
 				return err

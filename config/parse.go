@@ -1,4 +1,4 @@
-package tierlimit
+package config
 
 import (
 	"errors"
@@ -13,126 +13,114 @@ import (
 	"github.com/tierlimit/tierlimit/request"
 )
 
-// settings is the validated, parsed form of Config that New builds once, so
+// Settings is the validated, parsed form of Config that New builds once, so
 // that nothing on the request path parses configuration. Its fields are
-// typed: build and chooseMode read nothing of Config.
-type settings struct {
-	enabled   bool
-	dryRun    bool
-	store     string
-	keyPrefix string
-	headers   bool
+// typed: the root's build and chooseMode read nothing of Config.
+type Settings struct {
+	Enabled   bool
+	DryRun    bool
+	Store     string
+	KeyPrefix string
+	Headers   bool
 
-	proxies    []netip.Prefix
-	hops       int
-	ipv6Prefix int
-	maxTracked int
-	builtin    []layerSpec // aligned with builtinLayers
-	assetPaths []string    // canonical (canonicalPattern); nil when none
-	assetsCase bool        // assets.caseSensitive
-	routes     []routeSpec
-	plans      []layerSpec // plans:, by name (configplans.go)
+	Proxies    []netip.Prefix
+	Hops       int
+	IPv6Prefix int
+	MaxTracked int
+	Builtin    []Rule   // aligned with builtinLayers
+	AssetPaths []string // canonical (canonicalPattern); nil when none
+	AssetsCase bool     // assets.caseSensitive
+	Routes     []Route
+	Plans      []Rule // plans:, by name (plans.go)
 
 	// The principal's headers, canonical ("" when not read), and the
 	// credentials the instance reads: none after ForwardAuth (userHeader
-	// set), where a credential tells it nothing more (chain.go).
-	userHeader    string
-	serviceHeader string
-	planHeader    string   // "" unless there are plans
-	credHeaders   []string // canonical
-	credCookies   []string
-	credQuery     []string
-	invalidCode   map[int]bool
+	// set), where a credential tells it nothing more (the root's chain.go).
+	UserHeader    string
+	ServiceHeader string
+	PlanHeader    string   // "" unless there are plans
+	CredHeaders   []string // canonical
+	CredCookies   []string
+	CredQuery     []string
+	InvalidCode   map[int]bool
 
-	redis        redisresp.Options
-	syncInterval time.Duration // redis.syncInterval; 0: exact mode (syncstore.go)
-	wsMaxPerIP   int
+	Redis        redisresp.Options
+	SyncInterval time.Duration // redis.syncInterval; 0: exact mode (the root's syncstore.go)
+	WSMaxPerIP   int
 
-	statusPath    string // "" when the status endpoint is off
-	statusAllowed []netip.Prefix
-	exemptIPs     []netip.Prefix
-	exemptIDs     map[string]bool
-	exemptGlobal  bool
+	StatusPath    string // "" when the status endpoint is off
+	StatusAllowed []netip.Prefix
+	ExemptIPs     []netip.Prefix
+	ExemptIDs     map[string]bool
+	ExemptGlobal  bool
 
-	refusalStatus int               // response.statusCode
-	refusalType   string            // response.contentType
-	responseBody  []answer.BodyPart // response.body parsed; nil for the default JSON body
+	RefusalStatus int    // response.statusCode
+	RefusalType   string // response.contentType
+	ResponseBody  string // response.body, checked by answer.ParseBodyTemplate; "" for the default JSON body
 }
 
-// layerSpec is a parsed layer. points == 0 means off.
-type layerSpec struct {
-	name      string
-	points    int64
-	duration  time.Duration
-	sliding   bool
-	bucket    bool   // tokenbucket: points per duration into a bucket of burst
-	burst     int64  // tokenbucket only
-	keyHeader string // canonical header name when keyed by "header:<Name>"
-	keyHost   bool   // keyed by the request's host
+// Rule is a parsed layer. points == 0 means off.
+type Rule struct {
+	Name      string
+	Points    int64
+	Duration  time.Duration
+	Sliding   bool
+	Bucket    bool   // tokenbucket: points per duration into a bucket of burst
+	Burst     int64  // tokenbucket only
+	KeyHeader string // canonical header name when keyed by "header:<Name>"
+	KeyHost   bool   // keyed by the request's host
 	// block is how long a key the layer refused stays refused (0: none).
-	block time.Duration
+	Block time.Duration
 	// calendar (calDay, calWeek, calMonth; 0: none) aligns the windows to
 	// the calendar at utcOffset (nanoseconds east of UTC); duration is then
-	// the period's longest (calendar.go).
-	calendar  int
-	utcOffset int64
-	dryRun    bool // counts, logs, sends headers, never refuses (its own or the top-level dryRun)
+	// the period's longest (calendarMax).
+	Calendar  int
+	UtcOffset int64
+	DryRun    bool // counts, logs, sends headers, never refuses (its own or the top-level dryRun)
 	// memory (store: memory) counts the layer in memory on a Redis instance;
 	// redisField names a store: redis, which only a Redis instance takes.
-	memory     bool
-	redisField string
+	Memory     bool
+	RedisField string
 }
 
-func (l layerSpec) on() bool { return l.points > 0 }
+func (l Rule) On() bool { return l.Points > 0 }
 
-// routeSpec is a parsed route limit.
-type routeSpec struct {
-	layerSpec
-	methods       []string
-	exact         map[string]bool // canonical paths (canonicalPattern)
-	prefixes      []string        // canonical, ending in "/"
-	caseSensitive bool
-	key           string       // keyIP, keyPrincipal, keyGlobal, keyHost or keyHeader
-	cost          int64        // what a matching request is charged in each of its layers (>= 1)
-	countStatus   map[int]bool // the statuses charged to the route; nil: every request, up front
+// Route is a parsed route limit.
+type Route struct {
+	Rule
+	Methods       []string
+	Exact         map[string]bool // canonical paths (canonicalPattern)
+	Prefixes      []string        // canonical, ending in "/"
+	CaseSensitive bool
+	Key           string       // KeyIP, keyPrincipal, keyGlobal, KeyHost or KeyHeader
+	Cost          int64        // what a matching request is charged in each of its layers (>= 1)
+	CountStatus   map[int]bool // the statuses charged to the route; nil: every request, up front
 }
 
-// spec is the parsed built-in layer of that name.
-func (s *settings) spec(name string) layerSpec {
-	for _, l := range s.builtin {
-		if l.name == name {
+// Spec is the parsed built-in layer of that name.
+func (s *Settings) Spec(name string) Rule {
+	for _, l := range s.Builtin {
+		if l.Name == name {
 			return l
 		}
 	}
 
-	return layerSpec{}
+	return Rule{}
 }
 
-// planOn reports whether some built-in layer of the classes is on: whether
-// the plan of those classes charges anything but routes.
-func (s *settings) planOn(classes []int) bool {
-	for i, row := range builtinLayers {
-		if s.builtin[i].on() && hasClass(classes, row.charges) {
-			return true
-		}
-	}
-
-	return false
-}
-
-// parse validates cfg and returns its parsed form. Every error names the field
-// and the bad value; a configuration with several errors reports the first
-// in the order of these steps.
-func parse(cfg *Config) (*settings, error) {
+// Parse validates cfg (nil: the defaults) and returns its parsed form. Every
+// error names the field and the bad value; a configuration with several
+// errors reports the first in the order of these steps.
+func Parse(cfg *Config) (*Settings, error) {
 	if cfg == nil {
-		cfg = CreateConfig()
+		cfg = Defaults()
 	}
 
 	if err := checkUnknown(cfg); err != nil {
 		return nil, err
 	}
 
-	s := &settings{enabled: cfg.Enabled, dryRun: cfg.DryRun, headers: cfg.Headers, keyPrefix: cfg.KeyPrefix}
+	s := &Settings{Enabled: cfg.Enabled, DryRun: cfg.DryRun, Headers: cfg.Headers, KeyPrefix: cfg.KeyPrefix}
 
 	if err := parseStore(cfg, s); err != nil {
 		return nil, err
@@ -166,13 +154,13 @@ func parse(cfg *Config) (*settings, error) {
 		return nil, invalid("websocket.maxConnectionsPerIP", cfg.Websocket.MaxConnectionsPerIP, "must be >= 0")
 	}
 
-	s.wsMaxPerIP = cfg.Websocket.MaxConnectionsPerIP
+	s.WSMaxPerIP = cfg.Websocket.MaxConnectionsPerIP
 
 	if err := parseOperations(cfg, s); err != nil {
 		return nil, err
 	}
 
-	if s.dryRun {
+	if s.DryRun {
 		allDryRun(s)
 	}
 
@@ -181,25 +169,25 @@ func parse(cfg *Config) (*settings, error) {
 
 // allDryRun puts every layer in dry run: the top-level dryRun is each rule's
 // dryRun at once, so the request path knows one flag.
-func allDryRun(s *settings) {
-	for i := range s.builtin {
-		s.builtin[i].dryRun = true
+func allDryRun(s *Settings) {
+	for i := range s.Builtin {
+		s.Builtin[i].DryRun = true
 	}
 
-	for i := range s.routes {
-		s.routes[i].dryRun = true
+	for i := range s.Routes {
+		s.Routes[i].DryRun = true
 	}
 
-	for i := range s.plans {
-		s.plans[i].dryRun = true
+	for i := range s.Plans {
+		s.Plans[i].DryRun = true
 	}
 }
 
 // parseStore reads store and keyPrefix.
-func parseStore(cfg *Config, s *settings) error {
+func parseStore(cfg *Config, s *Settings) error {
 	switch cfg.Store {
-	case "memory", "redis":
-		s.store = cfg.Store
+	case StoreMemory, StoreRedis:
+		s.Store = cfg.Store
 	default:
 		return invalid("store", cfg.Store, `must be "memory" or "redis"`)
 	}
@@ -213,14 +201,14 @@ func parseStore(cfg *Config, s *settings) error {
 
 // parseClients reads how client addresses are found and keyed, and how many
 // keys are tracked.
-func parseClients(cfg *Config, s *settings) error {
+func parseClients(cfg *Config, s *Settings) error {
 	if cfg.TrustedHops < 0 {
 		return invalid("trustedHops", cfg.TrustedHops, "must be >= 0")
 	}
 
-	s.hops = cfg.TrustedHops
+	s.Hops = cfg.TrustedHops
 
-	if s.hops > 0 {
+	if s.Hops > 0 {
 		// The defaults stand for "not set": only a list the user wrote conflicts.
 		if len(cfg.TrustedProxies) > 0 && !sameStrings(cfg.TrustedProxies, defaultTrustedProxies) {
 			return invalid("trustedProxies", strings.Join(cfg.TrustedProxies, ","),
@@ -228,12 +216,12 @@ func parseClients(cfg *Config, s *settings) error {
 		}
 	} else {
 		for i, raw := range cfg.TrustedProxies {
-			p, err := parsePrefix(raw)
+			p, err := ParsePrefix(raw)
 			if err != nil {
 				return invalid("trustedProxies["+strconv.Itoa(i)+"]", raw, "not a CIDR or IP address")
 			}
 
-			s.proxies = append(s.proxies, p)
+			s.Proxies = append(s.Proxies, p)
 		}
 	}
 
@@ -241,27 +229,27 @@ func parseClients(cfg *Config, s *settings) error {
 		return invalid("ipv6PrefixLength", cfg.IPv6PrefixLength, "must be between 1 and 128")
 	}
 
-	s.ipv6Prefix = cfg.IPv6PrefixLength
+	s.IPv6Prefix = cfg.IPv6PrefixLength
 
 	if cfg.MaxTracked < 1 {
 		return invalid("maxTracked", cfg.MaxTracked, "must be >= 1")
 	}
 
-	s.maxTracked = cfg.MaxTracked
+	s.MaxTracked = cfg.MaxTracked
 
 	return nil
 }
 
 // parseLayers reads the built-in layers, the routes, and checks that
 // maxTracked holds a counter of each.
-func parseLayers(cfg *Config, s *settings) error {
-	for _, row := range builtinLayers {
+func parseLayers(cfg *Config, s *Settings) error {
+	for _, row := range Builtins {
 		spec, err := parseBuiltin(cfg, row)
 		if err != nil {
 			return err
 		}
 
-		s.builtin = append(s.builtin, spec)
+		s.Builtin = append(s.Builtin, spec)
 
 		if row.more != nil {
 			if err := row.more(cfg, s); err != nil {
@@ -275,7 +263,7 @@ func parseLayers(cfg *Config, s *settings) error {
 		return err
 	}
 
-	s.routes = routes
+	s.Routes = routes
 
 	if err := parsePlans(cfg, s); err != nil {
 		return err
@@ -290,52 +278,52 @@ func parseLayers(cfg *Config, s *settings) error {
 
 // checkLayerStores refuses a layer's store: redis on a memory instance,
 // which has no Redis to count it in.
-func checkLayerStores(s *settings) error {
-	if s.store == "redis" {
+func checkLayerStores(s *Settings) error {
+	if s.Store == "redis" {
 		return nil
 	}
 
-	for _, l := range ruleSpecs(s) {
-		if l.redisField != "" {
-			return invalid(l.redisField, "redis", `takes an instance with store: redis (this one counts in memory)`)
+	for _, l := range Rules(s) {
+		if l.RedisField != "" {
+			return invalid(l.RedisField, "redis", `takes an instance with store: redis (this one counts in memory)`)
 		}
 	}
 
 	return nil
 }
 
-// ruleSpecs is every rule's window: the built-in layers, the routes and the
+// Rules is every rule's window: the built-in layers, the routes and the
 // plans.
-func ruleSpecs(s *settings) []layerSpec {
-	specs := append([]layerSpec(nil), s.builtin...)
-	for _, rs := range s.routes {
-		specs = append(specs, rs.layerSpec)
+func Rules(s *Settings) []Rule {
+	specs := append([]Rule(nil), s.Builtin...)
+	for _, rs := range s.Routes {
+		specs = append(specs, rs.Rule)
 	}
 
-	return append(specs, s.plans...)
+	return append(specs, s.Plans...)
 }
 
 // parseBuiltin reads the section of a built-in layer.
-func parseBuiltin(cfg *Config, row builtinLayer) (layerSpec, error) {
+func parseBuiltin(cfg *Config, row Builtin) (Rule, error) {
 	lc := row.config(cfg)
 
-	if lc.Key != "" && len(row.keys) == 0 {
-		return layerSpec{}, invalid(row.name+".key", lc.Key, "the "+row.name+" layer has one bucket; only other layers take a key")
+	if lc.Key != "" && len(row.Keys) == 0 {
+		return Rule{}, invalid(row.Name+".key", lc.Key, "the "+row.Name+" layer has one bucket; only other layers take a key")
 	}
 
 	// A section without a duration has the built-in default, unless a
 	// calendar replaces it (CreateConfig writes none: defaultLayer).
 	if strings.TrimSpace(lc.Calendar) == "" && strings.TrimSpace(lc.Duration) == "" {
-		lc.Duration = row.duration
+		lc.Duration = row.Duration
 	}
 
-	spec, err := parseLayer(row.name, row.name, lc)
+	spec, err := parseLayer(row.Name, row.Name, lc)
 	if err != nil {
-		return layerSpec{}, err
+		return Rule{}, err
 	}
 
 	if err := parseTierKey(row, lc.Key, &spec); err != nil {
-		return layerSpec{}, invalid(row.name+".key", lc.Key, err.Error())
+		return Rule{}, invalid(row.Name+".key", lc.Key, err.Error())
 	}
 
 	return spec, nil
@@ -343,33 +331,33 @@ func parseBuiltin(cfg *Config, row builtinLayer) (layerSpec, error) {
 
 // parseTierKey reads the key of a built-in layer: none, or a form its row
 // takes.
-func parseTierKey(row builtinLayer, key string, spec *layerSpec) error {
+func parseTierKey(row Builtin, key string, spec *Rule) error {
 	switch {
 	case key == "":
 		return nil
-	case key == keyHost && takesKey(row, keyHost):
-		spec.keyHost = true
+	case key == KeyHost && TakesKey(row, KeyHost):
+		spec.KeyHost = true
 		return nil
-	case !takesKey(row, keyHeader):
-		return errors.New("must be empty or one of " + strings.Join(row.keys, ", "))
+	case !TakesKey(row, KeyHeader):
+		return errors.New("must be empty or one of " + strings.Join(row.Keys, ", "))
 	}
 
 	name, err := parseKeyHeader(key)
-	spec.keyHeader = name
+	spec.KeyHeader = name
 
 	return err
 }
 
 // parseAssetPaths reads assets.pathPrefixes and assets.caseSensitive.
-func parseAssetPaths(cfg *Config, s *settings) error {
-	s.assetsCase = cfg.Assets.CaseSensitive
+func parseAssetPaths(cfg *Config, s *Settings) error {
+	s.AssetsCase = cfg.Assets.CaseSensitive
 
 	for i, p := range cfg.Assets.PathPrefixes {
 		if why := checkPath(p); why != "" {
 			return invalid("assets.pathPrefixes["+strconv.Itoa(i)+"]", p, why)
 		}
 
-		s.assetPaths = append(s.assetPaths, request.CanonicalPattern(p, s.assetsCase))
+		s.AssetPaths = append(s.AssetPaths, request.CanonicalPattern(p, s.AssetsCase))
 	}
 
 	return nil
@@ -377,51 +365,51 @@ func parseAssetPaths(cfg *Config, s *settings) error {
 
 // parseLayer reads a window: points, duration, algorithm and burst (a
 // layer's key is its caller's).
-func parseLayer(field, name string, lc LayerConfig) (layerSpec, error) {
+func parseLayer(field, name string, lc LayerConfig) (Rule, error) {
 	if lc.Points < 0 {
-		return layerSpec{}, invalid(field+".points", lc.Points, "must be >= 0 (0 turns the layer off)")
+		return Rule{}, invalid(field+".points", lc.Points, "must be >= 0 (0 turns the layer off)")
 	}
 
-	spec := layerSpec{name: name, points: int64(lc.Points), dryRun: lc.DryRun}
+	spec := Rule{Name: name, Points: int64(lc.Points), DryRun: lc.DryRun}
 
 	switch lc.Store {
 	case "":
 	case "memory":
-		spec.memory = true
+		spec.Memory = true
 	case "redis":
-		spec.redisField = field + ".store"
+		spec.RedisField = field + ".store"
 	default:
-		return layerSpec{}, invalid(field+".store", lc.Store, `must be "memory" or "redis" (empty: the instance's store)`)
+		return Rule{}, invalid(field+".store", lc.Store, `must be "memory" or "redis" (empty: the instance's store)`)
 	}
 
 	if err := parseWindow(field, lc, &spec); err != nil {
-		return layerSpec{}, err
+		return Rule{}, err
 	}
 
 	switch strings.TrimSpace(lc.Algorithm) {
 	case "", "fixed":
 	case "sliding":
-		spec.sliding = true
+		spec.Sliding = true
 	case "tokenbucket":
-		spec.bucket = true
+		spec.Bucket = true
 	default:
-		return layerSpec{}, invalid(field+".algorithm", lc.Algorithm, `must be "fixed", "sliding" or "tokenbucket"`)
+		return Rule{}, invalid(field+".algorithm", lc.Algorithm, `must be "fixed", "sliding" or "tokenbucket"`)
 	}
 
 	if err := parseBurst(field, lc, &spec); err != nil {
-		return layerSpec{}, err
+		return Rule{}, err
 	}
 
-	if spec.calendar != 0 && (spec.sliding || spec.bucket) {
-		return layerSpec{}, invalid(field+".calendar", lc.Calendar, `takes algorithm "fixed" only, not `+strconv.Quote(lc.Algorithm))
+	if spec.Calendar != 0 && (spec.Sliding || spec.Bucket) {
+		return Rule{}, invalid(field+".calendar", lc.Calendar, `takes algorithm "fixed" only, not `+strconv.Quote(lc.Algorithm))
 	}
 
 	block, err := parseBlock(field, lc.BlockDuration)
 	if err != nil {
-		return layerSpec{}, err
+		return Rule{}, err
 	}
 
-	spec.block = block
+	spec.Block = block
 
 	return spec, nil
 }
@@ -432,7 +420,7 @@ func parseBlock(field, v string) (time.Duration, error) {
 		return 0, nil
 	}
 
-	d, err := parseDuration(v)
+	d, err := ParseDuration(v)
 	if err != nil {
 		return 0, invalid(field+".blockDuration", durationText(v), err.Error())
 	}
@@ -448,12 +436,12 @@ const maxBucketProduct = int64(1) << 53
 // parseBurst checks a layer's burst and gives a token bucket its default
 // burst, the points. A burst on another algorithm is an error rather than
 // ignored: it would say the layer allows bursts that it does not.
-func parseBurst(field string, lc LayerConfig, spec *layerSpec) error {
+func parseBurst(field string, lc LayerConfig, spec *Rule) error {
 	if lc.Burst < 0 {
 		return invalid(field+".burst", lc.Burst, "must be >= 0 (0: the points)")
 	}
 
-	if !spec.bucket {
+	if !spec.Bucket {
 		if lc.Burst != 0 {
 			return invalid(field+".burst", lc.Burst, `only algorithm "tokenbucket" takes a burst`)
 		}
@@ -461,18 +449,18 @@ func parseBurst(field string, lc LayerConfig, spec *layerSpec) error {
 		return nil
 	}
 
-	spec.burst = int64(lc.Burst)
-	if spec.burst == 0 {
-		spec.burst = spec.points
+	spec.Burst = int64(lc.Burst)
+	if spec.Burst == 0 {
+		spec.Burst = spec.Points
 	}
 
-	micros := int64(spec.duration / time.Microsecond)
-	if spec.points > micros {
+	micros := int64(spec.Duration / time.Microsecond)
+	if spec.Points > micros {
 		return invalid(field+".points", lc.Points, "a token bucket refills at most one point per microsecond")
 	}
 
-	if spec.points > 0 && (spec.points > maxBucketProduct/micros || spec.burst > maxBucketProduct/micros) {
-		return invalid(field+".burst", spec.burst, "too large for a token bucket of this duration (duration in microseconds x points or burst must stay below 2^53)")
+	if spec.Points > 0 && (spec.Points > maxBucketProduct/micros || spec.Burst > maxBucketProduct/micros) {
+		return invalid(field+".burst", spec.Burst, "too large for a token bucket of this duration (duration in microseconds x points or burst must stay below 2^53)")
 	}
 
 	return nil
@@ -480,7 +468,7 @@ func parseBurst(field string, lc LayerConfig, spec *layerSpec) error {
 
 // parseKeyHeader reads a "header:<Name>" key and returns the canonical name.
 func parseKeyHeader(key string) (string, error) {
-	name := strings.TrimPrefix(key, keyHeader)
+	name := strings.TrimPrefix(key, KeyHeader)
 	if name == key {
 		return "", errors.New(`must be empty, "host" or "header:<Name>"`)
 	}
@@ -492,11 +480,11 @@ func parseKeyHeader(key string) (string, error) {
 	return http.CanonicalHeaderKey(name), nil
 }
 
-// parseDuration reads a time.ParseDuration string or a bare number of
+// ParseDuration reads a time.ParseDuration string or a bare number of
 // seconds: an integer, or a decimal such as 1.5 (which Traefik's file
 // provider hands over as "1.500000"). Windows are kept in whole milliseconds
 // because Redis expiries are.
-func parseDuration(raw string) (time.Duration, error) {
+func ParseDuration(raw string) (time.Duration, error) {
 	raw = strings.TrimSpace(raw)
 
 	var d time.Duration
@@ -563,9 +551,9 @@ func durationText(raw string) string {
 	return t + "s"
 }
 
-func parseRoutes(routes []RouteConfig) ([]routeSpec, error) {
+func parseRoutes(routes []RouteConfig) ([]Route, error) {
 	seen := map[string]bool{}
-	specs := make([]routeSpec, 0, len(routes))
+	specs := make([]Route, 0, len(routes))
 
 	for i, rc := range routes {
 		field := "routes[" + strconv.Itoa(i) + "]"
@@ -592,7 +580,7 @@ func checkRouteName(field, name string, seen map[string]bool) error {
 		return invalid(field+".name", name, "must be 1-64 characters of A-Z a-z 0-9 _ - .")
 	}
 
-	if isBuiltinName(name) {
+	if IsBuiltinName(name) {
 		return invalid(field+".name", name, "is the name of a built-in layer")
 	}
 
@@ -606,56 +594,56 @@ func checkRouteName(field, name string, seen map[string]bool) error {
 }
 
 // parseRoute reads one route; field is its place in routes.
-func parseRoute(field string, rc RouteConfig) (routeSpec, error) {
+func parseRoute(field string, rc RouteConfig) (Route, error) {
 	layer, err := parseLayer(field, rc.Name, LayerConfig{Points: rc.Points, Duration: rc.Duration, Algorithm: rc.Algorithm, Burst: rc.Burst, BlockDuration: rc.BlockDuration, Calendar: rc.Calendar, UtcOffset: rc.UtcOffset, DryRun: rc.DryRun, Store: rc.Store})
 	if err != nil {
-		return routeSpec{}, err
+		return Route{}, err
 	}
 
-	spec := routeSpec{layerSpec: layer, exact: map[string]bool{}, caseSensitive: rc.CaseSensitive}
+	spec := Route{Rule: layer, Exact: map[string]bool{}, CaseSensitive: rc.CaseSensitive}
 
 	if err := parseRouteCost(field, rc, &spec); err != nil {
-		return routeSpec{}, err
+		return Route{}, err
 	}
 
 	if err := parseRouteKey(field, rc.Key, &spec); err != nil {
-		return routeSpec{}, err
+		return Route{}, err
 	}
 
 	if err := parseRouteMatch(field, rc, &spec); err != nil {
-		return routeSpec{}, err
+		return Route{}, err
 	}
 
 	return spec, nil
 }
 
-// parseRouteCost reads a route's cost (default requestCost) and the
+// parseRouteCost reads a route's cost (default RequestCost) and the
 // statuses it counts. A cost above what the route's layer holds (its points,
 // a token bucket's burst) could never be served, so it is an error. So is a
 // cost on a route that is off (points 0): such a route matches nothing, so
 // its cost would be silently ignored, where a user may expect it to charge
 // the other layers.
-func parseRouteCost(field string, rc RouteConfig, spec *routeSpec) error {
-	spec.cost = requestCost
+func parseRouteCost(field string, rc RouteConfig, spec *Route) error {
+	spec.Cost = RequestCost
 	if rc.Cost < 0 {
 		return invalid(field+".cost", rc.Cost, "must be >= 1 (0: 1)")
 	}
 
-	if !spec.on() && rc.Cost > 1 {
+	if !spec.On() && rc.Cost > 1 {
 		return invalid(field+".cost", rc.Cost, "is ignored on a route with points 0 (off), which charges nothing: give the route points, or remove its cost")
 	}
 
 	if rc.Cost > 0 {
-		spec.cost = int64(rc.Cost)
+		spec.Cost = int64(rc.Cost)
 	}
 
-	capacity := spec.points
-	if spec.bucket {
-		capacity = spec.burst
+	capacity := spec.Points
+	if spec.Bucket {
+		capacity = spec.Burst
 	}
 
-	if spec.on() && spec.cost > capacity {
-		return invalid(field+".cost", rc.Cost, "must be at most what the route holds (its points, a token bucket's burst): "+formatInt(capacity))
+	if spec.On() && spec.Cost > capacity {
+		return invalid(field+".cost", rc.Cost, "must be at most what the route holds (its points, a token bucket's burst): "+strconv.FormatInt(capacity, 10))
 	}
 
 	for j, code := range rc.CountStatus {
@@ -663,33 +651,36 @@ func parseRouteCost(field string, rc RouteConfig, spec *routeSpec) error {
 			return invalid(field+".countStatus["+strconv.Itoa(j)+"]", code, "must be an HTTP status, 100-599")
 		}
 
-		if spec.countStatus == nil {
-			spec.countStatus = map[int]bool{}
+		if spec.CountStatus == nil {
+			spec.CountStatus = map[int]bool{}
 		}
 
-		spec.countStatus[code] = true
+		spec.CountStatus[code] = true
 	}
 
 	return nil
 }
 
 // parseRouteKey reads a route's key: ip by default.
-func parseRouteKey(field, key string, spec *routeSpec) error {
-	_, known := routeKeyKinds[key]
+func parseRouteKey(field, key string, spec *Route) error {
+	known := false
+	for _, k := range routeKeys {
+		known = known || k == key
+	}
 
 	switch {
 	case key == "":
-		spec.key = keyIP
-	case known && key != keyHeader:
-		spec.key = key
-	case strings.HasPrefix(key, keyHeader):
+		spec.Key = KeyIP
+	case known && key != KeyHeader:
+		spec.Key = key
+	case strings.HasPrefix(key, KeyHeader):
 		name, err := parseKeyHeader(key)
 		if err != nil {
 			return invalid(field+".key", key, err.Error())
 		}
 
-		spec.keyHeader = name
-		spec.key = keyHeader
+		spec.KeyHeader = name
+		spec.Key = KeyHeader
 	default:
 		return invalid(field+".key", key, `must be "ip", "principal", "global", "host" or "header:<Name>"`)
 	}
@@ -698,13 +689,13 @@ func parseRouteKey(field, key string, spec *routeSpec) error {
 }
 
 // parseRouteMatch reads the methods and paths a route matches.
-func parseRouteMatch(field string, rc RouteConfig, spec *routeSpec) error {
+func parseRouteMatch(field string, rc RouteConfig, spec *Route) error {
 	for j, m := range rc.Methods {
 		if !validToken(m) {
 			return invalid(field+".methods["+strconv.Itoa(j)+"]", m, "not an HTTP method")
 		}
 
-		spec.methods = append(spec.methods, strings.ToUpper(m))
+		spec.Methods = append(spec.Methods, strings.ToUpper(m))
 	}
 
 	if len(rc.Paths) == 0 {
@@ -718,9 +709,9 @@ func parseRouteMatch(field string, rc RouteConfig, spec *routeSpec) error {
 
 		c := request.CanonicalPattern(p, rc.CaseSensitive)
 		if strings.HasSuffix(c, "/") {
-			spec.prefixes = append(spec.prefixes, c)
+			spec.Prefixes = append(spec.Prefixes, c)
 		} else {
-			spec.exact[c] = true
+			spec.Exact[c] = true
 		}
 	}
 
@@ -728,34 +719,34 @@ func parseRouteMatch(field string, rc RouteConfig, spec *routeSpec) error {
 }
 
 // parsePrincipal reads where the principal and credentials come from.
-func parsePrincipal(pc PrincipalConfig, s *settings) error {
+func parsePrincipal(pc PrincipalConfig, s *Settings) error {
 	if err := checkPrincipal(pc); err != nil {
 		return err
 	}
 
-	s.userHeader = http.CanonicalHeaderKey(pc.UserHeader)
-	s.serviceHeader = http.CanonicalHeaderKey(pc.ServiceAccountHeader)
+	s.UserHeader = http.CanonicalHeaderKey(pc.UserHeader)
+	s.ServiceHeader = http.CanonicalHeaderKey(pc.ServiceAccountHeader)
 
 	// After ForwardAuth the principal is known; credentials are not read.
-	if s.userHeader == "" {
+	if s.UserHeader == "" {
 		for _, h := range pc.CredentialHeaders {
-			s.credHeaders = append(s.credHeaders, http.CanonicalHeaderKey(h))
+			s.CredHeaders = append(s.CredHeaders, http.CanonicalHeaderKey(h))
 		}
 
-		s.credCookies = pc.CredentialCookies
-		s.credQuery = pc.CredentialQueryParams
+		s.CredCookies = pc.CredentialCookies
+		s.CredQuery = pc.CredentialQueryParams
 	}
 
-	s.invalidCode = make(map[int]bool, len(pc.InvalidCredentialStatus))
+	s.InvalidCode = make(map[int]bool, len(pc.InvalidCredentialStatus))
 	for _, code := range pc.InvalidCredentialStatus {
-		s.invalidCode[code] = true
+		s.InvalidCode[code] = true
 	}
 
 	return nil
 }
 
 // parseOperations reads the status endpoint, the exemptions and the refusal.
-func parseOperations(cfg *Config, s *settings) error {
+func parseOperations(cfg *Config, s *Settings) error {
 	if err := parseStatus(cfg.Status, s); err != nil {
 		return err
 	}
@@ -767,13 +758,13 @@ func parseOperations(cfg *Config, s *settings) error {
 	return parseResponse(cfg.Response, s)
 }
 
-func parseStatus(sc StatusConfig, s *settings) error {
+func parseStatus(sc StatusConfig, s *Settings) error {
 	if p := sc.Path; p != "" {
 		if !strings.HasPrefix(p, "/") || strings.HasSuffix(p, "/") || strings.ContainsAny(p, "?# \t\r\n") {
 			return invalid("status.path", p, `must start with "/", not end with "/", and hold no query`)
 		}
 
-		s.statusPath = p
+		s.StatusPath = p
 	}
 
 	allowed, err := parsePrefixes("status.allowedIPs", sc.AllowedIPs)
@@ -781,32 +772,32 @@ func parseStatus(sc StatusConfig, s *settings) error {
 		return err
 	}
 
-	s.statusAllowed = allowed
+	s.StatusAllowed = allowed
 
 	return nil
 }
 
-func parseExempt(ec ExemptConfig, s *settings) error {
+func parseExempt(ec ExemptConfig, s *Settings) error {
 	ips, err := parsePrefixes("exempt.ips", ec.IPs)
 	if err != nil {
 		return err
 	}
 
-	s.exemptIPs = ips
+	s.ExemptIPs = ips
 
 	for i, id := range ec.Principals {
 		if strings.TrimSpace(id) == "" || len(id) > request.MaxPrincipalLen {
 			return invalid("exempt.principals["+strconv.Itoa(i)+"]", id, "must be 1-128 characters")
 		}
 
-		if s.exemptIDs == nil {
-			s.exemptIDs = map[string]bool{}
+		if s.ExemptIDs == nil {
+			s.ExemptIDs = map[string]bool{}
 		}
 
-		s.exemptIDs[strings.TrimSpace(id)] = true
+		s.ExemptIDs[strings.TrimSpace(id)] = true
 	}
 
-	s.exemptGlobal = ec.Global
+	s.ExemptGlobal = ec.Global
 
 	return nil
 }
@@ -814,7 +805,7 @@ func parseExempt(ec ExemptConfig, s *settings) error {
 // maxBodyTemplate bounds the configured refusal body.
 const maxBodyTemplate = 64 << 10
 
-func parseResponse(rc ResponseConfig, s *settings) error {
+func parseResponse(rc ResponseConfig, s *Settings) error {
 	switch rc.StatusCode {
 	case http.StatusTooManyRequests, http.StatusServiceUnavailable:
 	default:
@@ -829,14 +820,13 @@ func parseResponse(rc ResponseConfig, s *settings) error {
 		return invalid("response.body", rc.Body[:32]+"...", "longer than 64 KiB")
 	}
 
-	body, err := answer.ParseBodyTemplate(rc.Body)
-	if err != nil {
+	if _, err := answer.ParseBodyTemplate(rc.Body); err != nil {
 		return invalid("response.body", rc.Body, err.Error())
 	}
 
-	s.refusalStatus = rc.StatusCode
-	s.refusalType = rc.ContentType
-	s.responseBody = body
+	s.RefusalStatus = rc.StatusCode
+	s.RefusalType = rc.ContentType
+	s.ResponseBody = rc.Body
 
 	return nil
 }
@@ -847,7 +837,7 @@ func parsePrefixes(field string, raws []string) ([]netip.Prefix, error) {
 	var out []netip.Prefix
 
 	for i, raw := range raws {
-		p, err := parsePrefix(raw)
+		p, err := ParsePrefix(raw)
 		if err != nil {
 			return nil, invalid(field+"["+strconv.Itoa(i)+"]", raw, "not a CIDR or IP address")
 		}
@@ -858,9 +848,9 @@ func parsePrefixes(field string, raws []string) ([]netip.Prefix, error) {
 	return out, nil
 }
 
-// parsePrefix accepts a CIDR or a bare address (a one-address prefix). IPv4-mapped
+// ParsePrefix accepts a CIDR or a bare address (a one-address prefix). IPv4-mapped
 // IPv6 prefixes are stored as IPv4 so that they match unmapped client addresses.
-func parsePrefix(raw string) (netip.Prefix, error) {
+func ParsePrefix(raw string) (netip.Prefix, error) {
 	raw = strings.TrimSpace(raw)
 
 	if !strings.Contains(raw, "/") {

@@ -1,4 +1,4 @@
-package tierlimit
+package config
 
 import (
 	"errors"
@@ -10,12 +10,12 @@ import (
 // Validation: the error every check returns, and the checks of values that
 // parsing does not turn into something else.
 
-// errConfig is the sentinel every validation error wraps, so callers can tell
+// ErrConfig is the sentinel every validation error wraps, so callers can tell
 // a configuration error from anything else with errors.Is.
-var errConfig = errors.New("invalid configuration")
+var ErrConfig = errors.New("invalid configuration")
 
 func invalid(field string, value interface{}, why string) error {
-	return fmt.Errorf("%w: %s = %q: %s", errConfig, field, fmt.Sprint(value), why)
+	return fmt.Errorf("%w: %s = %q: %s", ErrConfig, field, fmt.Sprint(value), why)
 }
 
 // checkPath tells why a configured route path or asset prefix is not one:
@@ -116,23 +116,23 @@ func validToken(s string) bool {
 // the routes it matches), and a store that cannot hold one counter per layer for
 // one key would evict the counters of a request's own layers, letting every
 // request through.
-func checkMaxTracked(s *settings) error {
-	if !s.enabled {
+func checkMaxTracked(s *Settings) error {
+	if !s.Enabled {
 		return nil
 	}
 
 	var on []string
 
-	for _, l := range ruleSpecs(s) {
-		if l.on() {
-			on = append(on, l.name)
+	for _, l := range Rules(s) {
+		if l.On() {
+			on = append(on, l.Name)
 		}
 	}
 
-	if s.maxTracked >= len(on) {
+	if s.MaxTracked >= len(on) {
 		return nil
 	}
 
-	return invalid("maxTracked", s.maxTracked, "must be at least "+strconv.Itoa(len(on))+
+	return invalid("maxTracked", s.MaxTracked, "must be at least "+strconv.Itoa(len(on))+
 		", one counter for each layer that is on ("+strings.Join(on, ", ")+")")
 }

@@ -1,4 +1,4 @@
-package tierlimit
+package config
 
 import (
 	"net/http"
@@ -10,12 +10,12 @@ import (
 // and plans: gives each name the window that replaces user for it. A plan
 // is a layer like the others (its name is the layer name in headers, events,
 // the status page, metrics and Redis keys), keyed by the principal, and its
-// plan rule is namedPlan (configlayers.go).
+// plan rule is the root's namedPlan (configlayers.go).
 
 // parsePlans reads plans:, in name order so that the layers, the status page
 // and the metrics list them alike on every reload. A plan's name follows the
 // rules of a route's and takes no name a layer or route has.
-func parsePlans(cfg *Config, s *settings) error {
+func parsePlans(cfg *Config, s *Settings) error {
 	names := make([]string, 0, len(cfg.Plans))
 	for name := range cfg.Plans {
 		names = append(names, name)
@@ -24,8 +24,8 @@ func parsePlans(cfg *Config, s *settings) error {
 	sort.Strings(names)
 
 	taken := map[string]string{}
-	for _, rs := range s.routes {
-		taken[rs.name] = "is the name of a route"
+	for _, rs := range s.Routes {
+		taken[rs.Name] = "is the name of a route"
 	}
 
 	for _, name := range names {
@@ -38,7 +38,7 @@ func parsePlans(cfg *Config, s *settings) error {
 			return err
 		}
 
-		s.plans = append(s.plans, spec)
+		s.Plans = append(s.Plans, spec)
 	}
 
 	return nil
@@ -51,7 +51,7 @@ func checkPlanName(name string, taken map[string]string) error {
 	switch {
 	case !validName(name):
 		return invalid("plans", name, "a plan's name must be 1-64 characters of A-Z a-z 0-9 _ - .")
-	case isBuiltinName(name):
+	case IsBuiltinName(name):
 		return invalid("plans", name, "is the name of a built-in layer")
 	case taken[name] != "":
 		return invalid("plans", name, taken[name])
@@ -67,7 +67,7 @@ func checkPlanName(name string, taken map[string]string) error {
 
 // parsePlan reads one plan's window. A plan with points 0 needs no
 // duration: it is off, and its principals are charged global only.
-func parsePlan(field, name string, pc PlanConfig) (layerSpec, error) {
+func parsePlan(field, name string, pc PlanConfig) (Rule, error) {
 	lc := LayerConfig{Points: pc.Points, Duration: pc.Duration, Algorithm: pc.Algorithm, Burst: pc.Burst, Calendar: pc.Calendar, UtcOffset: pc.UtcOffset, DryRun: pc.DryRun, Store: pc.Store}
 	if lc.Points == 0 && strings.TrimSpace(lc.Duration) == "" && lc.Calendar == "" {
 		lc.Duration = "1s"
@@ -81,7 +81,7 @@ func parsePlan(field, name string, pc PlanConfig) (layerSpec, error) {
 // authResponseHeaders), so setting it without userHeader is an error rather
 // than a header silently ignored; plans without it could never be charged.
 // With no plans the header is not read: every principal is charged to user.
-func parsePlanHeader(cfg *Config, s *settings) error {
+func parsePlanHeader(cfg *Config, s *Settings) error {
 	h := cfg.Principal.PlanHeader
 
 	switch {
@@ -91,18 +91,18 @@ func parsePlanHeader(cfg *Config, s *settings) error {
 		return nil
 	case !validToken(h):
 		return invalid("principal.planHeader", h, "not a header name")
-	case s.userHeader == "":
+	case s.UserHeader == "":
 		return invalid("principal.planHeader", h,
 			"needs principal.userHeader: a plan is read only on an instance after ForwardAuth, which sets both")
 	}
 
 	canonical := http.CanonicalHeaderKey(h)
-	if canonical == s.userHeader || canonical == s.serviceHeader {
+	if canonical == s.UserHeader || canonical == s.ServiceHeader {
 		return invalid("principal.planHeader", h, "is the principal's or the service-account flag's header")
 	}
 
-	if len(s.plans) > 0 {
-		s.planHeader = canonical
+	if len(s.Plans) > 0 {
+		s.PlanHeader = canonical
 	}
 
 	return nil

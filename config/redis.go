@@ -1,4 +1,4 @@
-package tierlimit
+package config
 
 import (
 	"fmt"
@@ -13,23 +13,23 @@ import (
 // timeouts and pool, and redis.tls, parsed into redisresp.Options.
 
 // checkRedis reads redis.* into s.redis.
-func checkRedis(rc RedisConfig, s *settings) error {
+func checkRedis(rc RedisConfig, s *Settings) error {
 	var err error
 
-	s.redis = redisresp.Options{
+	s.Redis = redisresp.Options{
 		Address: rc.Address, Username: rc.Username, Password: rc.Password,
 		DB: rc.DB, PoolSize: rc.PoolSize,
 	}
 
-	if err = parseTLS(rc.TLS, &s.redis); err != nil {
+	if err = parseTLS(rc.TLS, &s.Redis); err != nil {
 		return err
 	}
 
-	if s.redis.DialTimeout, err = parseDuration(rc.DialTimeout); err != nil {
+	if s.Redis.DialTimeout, err = ParseDuration(rc.DialTimeout); err != nil {
 		return invalid("redis.dialTimeout", durationText(rc.DialTimeout), err.Error())
 	}
 
-	if s.redis.Timeout, err = parseDuration(rc.Timeout); err != nil {
+	if s.Redis.Timeout, err = ParseDuration(rc.Timeout); err != nil {
 		return invalid("redis.timeout", durationText(rc.Timeout), err.Error())
 	}
 
@@ -46,7 +46,7 @@ func checkRedis(rc RedisConfig, s *settings) error {
 
 // checkDeployment reads which of redis.address, redis.sentinel and
 // redis.cluster is used: exactly one.
-func checkDeployment(rc RedisConfig, s *settings) error {
+func checkDeployment(rc RedisConfig, s *Settings) error {
 	address := rc.Address
 	if address == defaultRedisAddress && (rc.Sentinel != nil || rc.Cluster != nil) {
 		address = ""
@@ -65,7 +65,7 @@ func checkDeployment(rc RedisConfig, s *settings) error {
 		return checkSentinel(rc, s)
 	}
 
-	if s.store == "redis" {
+	if s.Store == "redis" {
 		if !validHostPort(rc.Address) {
 			return invalid("redis.address", rc.Address, "must be host:port")
 		}
@@ -74,7 +74,7 @@ func checkDeployment(rc RedisConfig, s *settings) error {
 	return nil
 }
 
-func checkCluster(rc RedisConfig, s *settings) error {
+func checkCluster(rc RedisConfig, s *Settings) error {
 	if len(rc.Cluster.Addresses) == 0 {
 		return invalid("redis.cluster.addresses", "", "must list at least one node (host:port)")
 	}
@@ -89,13 +89,13 @@ func checkCluster(rc RedisConfig, s *settings) error {
 		return invalid("redis.db", rc.DB, "must be 0 with redis.cluster: a cluster has database 0 only")
 	}
 
-	s.redis.Address = ""
-	s.redis.Cluster = &redisresp.ClusterOptions{Addresses: rc.Cluster.Addresses}
+	s.Redis.Address = ""
+	s.Redis.Cluster = &redisresp.ClusterOptions{Addresses: rc.Cluster.Addresses}
 
 	return nil
 }
 
-func checkSentinel(rc RedisConfig, s *settings) error {
+func checkSentinel(rc RedisConfig, s *Settings) error {
 	sc := rc.Sentinel
 
 	if strings.TrimSpace(sc.MasterName) == "" || strings.ContainsAny(sc.MasterName, " \t\r\n") {
@@ -116,8 +116,8 @@ func checkSentinel(rc RedisConfig, s *settings) error {
 		return invalid("redis.sentinel.username", sc.Username, "needs redis.sentinel.password")
 	}
 
-	s.redis.Address = ""
-	s.redis.Sentinel = &redisresp.SentinelOptions{
+	s.Redis.Address = ""
+	s.Redis.Sentinel = &redisresp.SentinelOptions{
 		MasterName: sc.MasterName, Addresses: sc.Addresses, Username: sc.Username, Password: sc.Password,
 	}
 
@@ -173,41 +173,8 @@ func parseTLSMap(m map[string]interface{}, o *redisresp.Options) error {
 	tc := &o.TLSConfig
 
 	for k, val := range m {
-		field := "redis.tls." + k
-
-		if strings.EqualFold(k, "insecureSkipVerify") {
-			on, ok := val.(bool)
-			if s, isString := val.(string); isString {
-				var err error
-				on, err = strconv.ParseBool(strings.TrimSpace(s))
-				ok = err == nil
-			}
-
-			if !ok {
-				return invalid(field, val, "must be true or false")
-			}
-
-			tc.InsecureSkipVerify = on
-
-			continue
-		}
-
-		s, ok := val.(string)
-		if !ok && val != nil {
-			return invalid(field, val, "must be a string")
-		}
-
-		switch strings.ToLower(k) {
-		case "ca":
-			tc.CA = s
-		case "cert":
-			tc.Cert = s
-		case "key":
-			tc.Key = s
-		case "servername":
-			tc.ServerName = strings.TrimSpace(s)
-		default:
-			return invalid(field, "", "unknown key; redis.tls takes ca, cert, key, serverName, insecureSkipVerify")
+		if err := parseTLSField(k, val, tc); err != nil {
+			return err
 		}
 	}
 
@@ -225,6 +192,48 @@ func parseTLSMap(m map[string]interface{}, o *redisresp.Options) error {
 		}
 
 		return invalid("redis.tls."+field, value, err.Error())
+	}
+
+	return nil
+}
+
+// parseTLSField sets the field k of redis.tls's map form in tc.
+func parseTLSField(k string, val interface{}, tc *redisresp.TLSOptions) error {
+	field := "redis.tls." + k
+
+	if strings.EqualFold(k, "insecureSkipVerify") {
+		on, ok := val.(bool)
+		if s, isString := val.(string); isString {
+			var err error
+			on, err = strconv.ParseBool(strings.TrimSpace(s))
+			ok = err == nil
+		}
+
+		if !ok {
+			return invalid(field, val, "must be true or false")
+		}
+
+		tc.InsecureSkipVerify = on
+
+		return nil
+	}
+
+	s, ok := val.(string)
+	if !ok && val != nil {
+		return invalid(field, val, "must be a string")
+	}
+
+	switch strings.ToLower(k) {
+	case "ca":
+		tc.CA = s
+	case "cert":
+		tc.Cert = s
+	case "key":
+		tc.Key = s
+	case "servername":
+		tc.ServerName = strings.TrimSpace(s)
+	default:
+		return invalid(field, "", "unknown key; redis.tls takes ca, cert, key, serverName, insecureSkipVerify")
 	}
 
 	return nil

@@ -1,4 +1,4 @@
-package tierlimit
+package config
 
 import (
 	"errors"
@@ -39,16 +39,16 @@ func TestUnknownKeysAreErrorsAtEveryLevel(t *testing.T) {
 	}
 
 	for _, c := range cases {
-		cfg := CreateConfig()
+		cfg := Defaults()
 		c.set(cfg)
 
-		_, err := parse(cfg)
-		if err == nil || err.Error() != c.want || !errors.Is(err, errConfig) {
+		_, err := Parse(cfg)
+		if err == nil || err.Error() != c.want || !errors.Is(err, ErrConfig) {
 			t.Errorf("got %v\nwant %s", err, c.want)
 		}
 	}
 
-	if _, err := parse(CreateConfig()); err != nil {
+	if _, err := Parse(Defaults()); err != nil {
 		t.Fatalf("defaults: %v", err)
 	}
 }

@@ -1,0 +1,131 @@
+package config
+
+// The built-in layers as data. Builtins is the one list of them that
+// configuration reads: the defaults (Defaults), parsing and validation
+// (parseBuiltin), the reserved route names (checkRouteName) and maxTracked's
+// minimum (checkMaxTracked). The root's catalogue (configlayers.go) adds what
+// each layer charges, row for row.
+
+// Layer names. Routes may not take them: they name the built-in layers.
+const (
+	LayerGlobal  = "global"
+	LayerIP      = "ip"
+	LayerAssets  = "assets"
+	LayerUser    = "user"
+	LayerService = "service"
+	// LayerWebsocket names the connection cap in refusals and events; no
+	// route may take the name.
+	LayerWebsocket = "websocket"
+)
+
+// Key values: the key: forms a layer may take. Routes take all of them (ip
+// by default); the tiers take host and header:<Name> (by default their
+// request's client or principal); global takes none.
+const (
+	KeyIP        = "ip"
+	KeyPrincipal = "principal"
+	KeyGlobal    = "global"
+	KeyHeader    = "header:"
+	KeyHost      = "host"
+)
+
+// The stores: Settings.Store, and a rule's store.
+const (
+	StoreMemory = "memory"
+	StoreRedis  = "redis"
+)
+
+// RequestCost is what one request is charged in each layer of its plan
+// unless it matches routes: then the largest of their costs (routes[].cost,
+// Route.Cost).
+const RequestCost = int64(1)
+
+// Builtin is one built-in layer: its name (and section of Config), its
+// defaults and the key: values it takes besides none.
+type Builtin struct {
+	Name     string
+	Points   int
+	Duration string
+	Keys     []string
+	// config reads the layer's section of Config.
+	config func(c *Config) LayerConfig
+	// more parses what else its section holds (assets: the path prefixes);
+	// nil when nothing.
+	more func(c *Config, s *Settings) error
+}
+
+// tierKeys are the key: values the tiers take.
+var tierKeys = []string{KeyHost, KeyHeader}
+
+// Builtins in evaluation order: a plan charges its layers in this order.
+var Builtins = []Builtin{
+	{
+		Name: LayerGlobal, Points: 1000, Duration: "1s",
+		config: func(c *Config) LayerConfig { return c.Global },
+	},
+	{
+		Name: LayerIP, Points: 50, Duration: "1s", Keys: tierKeys,
+		config: func(c *Config) LayerConfig { return c.IP },
+	},
+	{
+		Name: LayerAssets, Points: 300, Duration: "1s", Keys: tierKeys,
+		config: assetsLayer, more: parseAssetPaths,
+	},
+	{
+		Name: LayerUser, Points: 300, Duration: "60s", Keys: tierKeys,
+		config: func(c *Config) LayerConfig { return c.User },
+	},
+	{
+		Name: LayerService, Points: 10000, Duration: "60s", Keys: tierKeys,
+		config: func(c *Config) LayerConfig { return c.Service },
+	},
+}
+
+func assetsLayer(c *Config) LayerConfig {
+	a := c.Assets
+	return LayerConfig{Points: a.Points, Duration: a.Duration, Algorithm: a.Algorithm, Burst: a.Burst, Key: a.Key, BlockDuration: a.BlockDuration, Calendar: a.Calendar, UtcOffset: a.UtcOffset, DryRun: a.DryRun, Store: a.Store}
+}
+
+// defaultLayer is the built-in layer's default points. Its default duration
+// is not written in the section but applied by parseBuiltin, so that a
+// duration the user wrote, even the default's value, is told from none
+// (calendar takes no duration).
+func defaultLayer(name string) LayerConfig {
+	for _, row := range Builtins {
+		if row.Name == name {
+			return LayerConfig{Points: row.Points}
+		}
+	}
+
+	return LayerConfig{}
+}
+
+// TakesKey reports whether the built-in layer takes the key: form.
+func TakesKey(row Builtin, key string) bool {
+	for _, k := range row.Keys {
+		if k == key {
+			return true
+		}
+	}
+
+	return false
+}
+
+// routeKeys are the key: values a route takes.
+var routeKeys = []string{KeyIP, KeyPrincipal, KeyGlobal, KeyHost, KeyHeader}
+
+// IsBuiltinName reports whether name is a built-in layer's (or the
+// connection cap's), which no route may take.
+func IsBuiltinName(name string) bool {
+	if name == LayerWebsocket {
+		return true
+	}
+
+	for _, row := range Builtins {
+		if row.Name == name {
+			return true
+		}
+	}
+
+	return false
+}
