@@ -1,9 +1,10 @@
 package tierlimit
 
 // charge is a request's charge as the stores take it: the layers and each
-// layer's key, computed from the request's facts once (chargeOf, and the
-// take snippet of paths.tmpl), never the request itself. Stores, the fallback, synced counters, the block list and
-// an outage's debts count by these keys.
+// layer's key, computed from the request's facts once (the keys snippet of
+// paths.tmpl: chargeOf, serveGeneral, decide), never the request itself.
+// The stores, the fallback, synced counters, the block list and an outage's
+// debts count by these keys.
 type charge struct {
 	layers    []*layer
 	keys      []string // keys[i] is layers[i]'s key (layer.keyFor)
@@ -18,7 +19,8 @@ func chargePrefix(c *charge, n int) *charge {
 	return &charge{layers: c.layers[:n], keys: c.keys[:n], client: c.client, principal: c.principal, now: c.now, all: c.all}
 }
 
-// chargeAt is c for the layers at index, in that order (nil: none).
+// chargeAt is c for the layers at index, in that order (an empty index: no
+// layer).
 func chargeAt(c *charge, index []int) *charge {
 	part := &charge{client: c.client, principal: c.principal, now: c.now, all: c.all}
 	for _, i := range index {

@@ -1,10 +1,10 @@
 package tierlimit
 
-// giveBack returns cost points to each of the charge's first n layers, which the current request
-// charged before a later layer refused it, under the store's lock: a
-// refused request changes no layer's count (README: Layers). Within one
-// hold of the lock the counters are those the request charged, so the
-// counts are exact and no other request sees the charge. Each layer's
+// giveBack returns cost points to each of c's first n layers, which the
+// current request charged before a later layer refused it, under the
+// store's lock: a refused request changes no layer's count (README: Layers).
+// Within one hold of the lock the counters are those the request charged, so
+// the counts are exact and no other request sees the charge. Each layer's
 // allowed count keeps its own decision: it let the request by. skip has bit
 // i set for a layer that took nothing (tally.uncharged).
 func giveBack(c *charge, n int, cost int64, skip uint64) {

@@ -497,11 +497,10 @@ func serveGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 
 // take charges t.cost points (at least 1) to each of c's layers in order,
 // under one lock so that the counts are exact under concurrency, each under
-// its key (charge.keys), and writes the
-// outcome to t. All or nothing: a layer that cannot take the cost refuses
+// its key (charge.keys), and writes the outcome to t. All or nothing: a layer that cannot take the cost refuses
 // the request, which is then charged to none of the layers (the ones before
 // are given their points back, the ones after are not evaluated). A dry-run
-// layer refuses nothing (tally.refuseAs). With all set (the top-level dry
+// layer refuses nothing (tally.refuseAs). With c.all set (the top-level dry
 // run) every layer is charged and evaluated, refusing or not.
 func (s *windowStore) take(t *tally, c *charge) {
 	t.shown = -1
