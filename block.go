@@ -1,7 +1,5 @@
 package tierlimit
 
-import "net/http"
-
 // A layer's blockDuration (README: blockDuration) refuses every request of a
 // key it refused, for that long from the refusal, even after the key's window
 // resets. The memory store keeps the blocks in a map per layer beside its
@@ -35,23 +33,21 @@ func anyBlock(layers []*layer) bool {
 // key is refused, charged nowhere; a refusal of a layer with a
 // blockDuration blocks its key. A dry run, which refuses nothing, neither
 // honours nor starts blocks.
-func (b *blockingStore) take(t *tally, now int64, layers []*layer, client, principal string, req *http.Request, all bool) {
+func (b *blockingStore) take(t *tally, c *charge) {
 	s := b.windowStore
 
-	if !all && b.refuseAny(t, now, layers, client, principal, req) {
+	if !c.all && refuseAny(b, t, c) {
 		return
 	}
 
-	s.take(t, now, layers, client, principal, req, all)
+	s.take(t, c)
 
-	if !t.refused || all || t.shown < 0 || layers[t.shown].blockDuration == 0 {
+	if !t.refused || c.all || t.shown < 0 || c.layers[t.shown].blockDuration == 0 {
 		return
 	}
-
-	l := layers[t.shown]
 
 	s.mu.Lock()
-	s.startBlock(t, t.shown, now, l, l.keyFor(client, principal, req))
+	s.startBlock(t, t.shown, c.now, c.layers[t.shown], c.keys[t.shown])
 	s.mu.Unlock()
 }
 
@@ -60,9 +56,9 @@ func (b *blockingStore) take(t *tally, now int64, layers []*layer, client, princ
 // Redis: a layer before it that refuses is the one shown, and the layers
 // before it that allow are charged and given back (between the two holds of
 // the lock another request may see that charge; the counts end exact).
-func (b *blockingStore) refuseAny(t *tally, now int64, layers []*layer, client, principal string, req *http.Request) bool {
+func refuseAny(b *blockingStore, t *tally, c *charge) bool {
 	s := b.windowStore
-	i, key := b.firstBlocked(now, layers, client, principal, req)
+	i := firstBlocked(b, c)
 
 	if i < 0 {
 		return false
@@ -71,17 +67,17 @@ func (b *blockingStore) refuseAny(t *tally, now int64, layers []*layer, client, 
 	cost := costOf(t)
 
 	if i > 0 {
-		s.take(t, now, layers[:i], client, principal, req, false)
+		s.take(t, chargePrefix(c, i))
 		if t.refused {
 			return true
 		}
 	}
 
 	s.mu.Lock()
-	giveBack(layers[:i], client, principal, req, cost, t.uncharged)
+	giveBack(c, i, cost, t.uncharged)
 	*t = tally{cost: t.cost}
 
-	if !s.refuseBlocked(t, i, now, layers[i], key) {
+	if !refuseBlockedAt(s, t, c, i) {
 		t.shown = -1 // the block ended meanwhile: decided afresh
 		s.mu.Unlock()
 
@@ -93,34 +89,34 @@ func (b *blockingStore) refuseAny(t *tally, now int64, layers []*layer, client, 
 	return true
 }
 
-// firstBlocked returns the index and key of the first of layers whose key
-// is blocked at now, or -1. A dry-run layer refuses nothing: a block it
+// firstBlocked returns the index of the first of c's layers whose key is
+// blocked at c.now, or -1. A dry-run layer refuses nothing: a block it
 // started before a reload to dry run is not honoured.
-func (b *blockingStore) firstBlocked(now int64, layers []*layer, client, principal string, req *http.Request) (int, string) {
+func firstBlocked(b *blockingStore, c *charge) int {
 	s := b.windowStore
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
 
-	for i, l := range layers {
+	for i, l := range c.layers {
 		if l.blockDuration == 0 || l.dryRun {
 			continue
 		}
 
-		key := l.keyFor(client, principal, req)
-		if until := l.blocks[key]; until > now {
-			return i, key
+		if until := l.blocks[c.keys[i]]; until > c.now {
+			return i
 		}
 	}
 
-	return -1, ""
+	return -1
 }
 
-// refuseBlocked refuses layers[i] while key is blocked in l, under the store's
-// lock, and reports whether it did. The block's refusals are its own first
+// refuseBlockedAt refuses c's layer i while its key is blocked, under the
+// store's lock, and reports whether it did. The block's refusals are its own first
 // refusal's event, so none of them is reported; each is counted (the layer's
 // and the key's refused).
-func (s *windowStore) refuseBlocked(t *tally, i int, now int64, l *layer, key string) bool {
+func refuseBlockedAt(s *windowStore, t *tally, c *charge, i int) bool {
+	l, key, now := c.layers[i], c.keys[i], c.now
 	until := l.blocks[key]
 	if until == 0 {
 		return false

@@ -66,8 +66,8 @@ func calendarSuffix(l *layer, now int64) string {
 // calendarCall adds a calendar layer's key and arguments to a script call
 // (encodeCall): the key names the period, and the window is the
 // milliseconds left to its end (at least 1).
-func calendarCall(l *layer, keys, args, client, principal string, req *http.Request, now int64) (string, string) {
-	key := l.redisKey + l.keyFor(client, principal, req) + calendarSuffix(l, now)
+func calendarCall(l *layer, keys, args, key string, now int64) (string, string) {
+	key = l.redisKey + key + calendarSuffix(l, now)
 
 	return keys + "$" + strconv.Itoa(len(key)) + "\r\n" + key + "\r\n", args + calendarArgs(l, now)
 }
@@ -136,16 +136,16 @@ type monthStore struct {
 	inner counterStore
 }
 
-func (m *monthStore) take(t *tally, now int64, layers []*layer, client, principal string, req *http.Request, all bool) {
-	m.inner.take(t, now, layers, client, principal, req, all)
+func (m *monthStore) take(t *tally, c *charge) {
+	m.inner.take(t, c)
 
-	if t.shown >= 0 && layers[t.shown].month != nil {
+	if t.shown >= 0 && c.layers[t.shown].month != nil {
 		t.firsts |= monthPolicyBit
 	}
 }
 
-func (m *monthStore) refund(now int64, layers []*layer, client, principal string, req *http.Request, cost int64) {
-	m.inner.refund(now, layers, client, principal, req, cost)
+func (m *monthStore) refund(c *charge, cost int64) {
+	m.inner.refund(c, cost)
 }
 
 // setMonthPolicy writes month layer l's RateLimit-Policy for the month that

@@ -30,21 +30,22 @@ type pendingIP struct {
 
 // settle decides the ip charge left pending on a request, and is the only
 // code that does: the first caller claims it, and every later call (the
-// edge's writer after the principal instance, say) reports false and
-// charges nothing, so no request is charged to ip twice. With charge unset
-// (the principal instance found a principal) nothing is charged. With
-// charge set, the edge's ip bucket is charged into t; when it refuses, the
+// edge's writer after the principal instance, say) charges nothing, so no
+// request is charged to ip twice. With charging unset (the principal
+// instance found a principal) nothing is charged. With charging set, the
+// edge's ip bucket is charged into t, and settle returns that charge (nil
+// when it charged nothing); when it refuses, the
 // layers the edge charged up front get their points back, since a refused
 // request spends nothing (one noisy client with garbage credentials would
 // otherwise spend global for everyone).
-func settle(pd *pendingIP, t *tally, now int64, charge bool) bool {
+func settle(pd *pendingIP, t *tally, now int64, charging bool) *charge {
 	if pd.claimed {
-		return false
+		return nil
 	}
 
 	pd.claimed = true
-	if !charge {
-		return true
+	if !charging {
+		return nil
 	}
 
 	edge := pd.edge
@@ -55,7 +56,8 @@ func settle(pd *pendingIP, t *tally, now int64, charge bool) bool {
 	}
 
 	t.cost = cost
-	edge.store.take(t, now, edge.planInvalid, client, "", nil, edge.dryRun)
+	c := chargeOf(edge.planInvalid, client, "", nil, now, edge.dryRun)
+	edge.store.take(t, c)
 
 	charged := pd.charged
 	if charged == nil {
@@ -63,10 +65,10 @@ func settle(pd *pendingIP, t *tally, now int64, charge bool) bool {
 	}
 
 	if t.refused && !edge.dryRun && len(charged) > 0 {
-		edge.store.refund(now, chargedOnly(exceptUncharged(charged, pd.skip)), client, "", pd.req, cost)
+		edge.store.refund(chargeOf(chargedOnly(exceptUncharged(charged, pd.skip)), client, "", pd.req, now, false), cost)
 	}
 
-	return true
+	return c
 }
 
 // pendingClient returns the edge's key for the client of a request whose ip
@@ -96,8 +98,8 @@ func afterAuthPlan(p *Plugin, rw http.ResponseWriter, req *http.Request, princip
 		var t tally
 
 		now := pd.edge.now().UnixNano()
-		if settle(pd, &t, now, principal == "") && principal == "" {
-			if ok, _ = verdict(pd.edge, rw, req, pd.edge.planInvalid, &t, pendingClient(pd), "", now); !ok {
+		if c := settle(pd, &t, now, principal == ""); c != nil {
+			if ok, _ = verdict(pd.edge, rw, req, &t, c); !ok {
 				return nil, false
 			}
 

@@ -133,23 +133,24 @@ func checkRefused(t *tally, i int, l *layer, w *window, count, reset int64, rese
 
 // serveCounted passes on a request that matched countStatus routes with its
 // response watched: out is what next would get otherwise (rw, or the
-// watchWriter of a credentialed request, which then watches for both), rw
-// the original writer (serveUpgrade writes its refusals there). left is
-// what the headers show (-1: none).
-func serveCounted(p *Plugin, out, rw http.ResponseWriter, req *http.Request, client, principal string, hits *routeHits, left int64) {
+// watchWriter of a credentialed request, which then watches for both,
+// around the original writer, to which serveUpgrade writes its refusals);
+// c is the request's charge, whose client and principal key the routes.
+// left is what the headers show (-1: none).
+func serveCounted(p *Plugin, out http.ResponseWriter, req *http.Request, c *charge, hits *routeHits, left int64) {
 	ww, ok := out.(*watchWriter)
 	if !ok {
-		ww = &watchWriter{rw: rw, req: req, p: p, prevLeft: left}
+		ww = &watchWriter{rw: out, req: req, p: p, prevLeft: left}
 	}
 	ww.routes = hits.counted
-	ww.client = client
-	ww.principal = principal
+	ww.client = c.client
+	ww.principal = c.principal
 	ww.cost = hits.cost
 
 	// Converted to the interface first (doc.go: wrappers).
 	var w http.ResponseWriter = ww
 	if p.ws != nil && isUpgrade(req) {
-		serveUpgrade(p, w, rw, req, client)
+		serveUpgrade(p, w, ww.rw, req, c.client)
 	} else {
 		p.next.ServeHTTP(w, req)
 	}
@@ -180,7 +181,8 @@ func (w *watchWriter) count(code int) {
 	now := p.now().UnixNano()
 	t := tally{cost: w.cost}
 
-	p.store.take(&t, now, layers, w.client, w.principal, w.req, p.dryRun)
+	c := chargeOf(layers, w.client, w.principal, w.req, now, p.dryRun)
+	p.store.take(&t, c)
 
 	if p.headers && t.shown >= 0 && (w.prevLeft < 0 || t.left < w.prevLeft) {
 		setHeaders(w.rw.Header(), layers[t.shown], t.left, t.reset, t.resetH, now)
@@ -188,6 +190,6 @@ func (w *watchWriter) count(code int) {
 
 	// After the headers, which a month layer's mark corrects (monthStore).
 	if t.firsts != 0 {
-		reportTally(p, w.rw, layers, &t, w.client, w.principal, w.req, now)
+		reportTally(p, w.rw, &t, c)
 	}
 }

@@ -1,7 +1,5 @@
 package tierlimit
 
-import "net/http"
-
 // The Redis store's memory fallback decides while Redis cannot. It starts
 // each key from what Redis last reported of it to this process, not from
 // zero: a key that Redis had at 290 of 300 when it failed gets 10 more from
@@ -53,11 +51,12 @@ func remember(s *windowStore, l *layer, key string, count, reset, now int64) []s
 // rememberAll is remember for every layer of a request that Redis
 // allowed, or charged in a dry run: ints is the script's reply, validated
 // (redisStore.record), with each layer's count and milliseconds to reset.
-func rememberAll(s *windowStore, ints []int64, now int64, layers []*layer, client, principal string, req *http.Request) {
-	for i := 0; 2*i+1 < len(ints) && i < len(layers); i++ {
-		l := layers[i]
+func rememberAll(s *windowStore, c *charge, ints []int64) {
+	now := c.now
+	for i := 0; 2*i+1 < len(ints) && i < len(c.layers); i++ {
+		l := c.layers[i]
 		if count := ints[2*i]; count <= l.points || l.dryRun {
-			remember(s, l, l.keyFor(client, principal, req), count, now+ints[2*i+1]*nsPerMillisecond, now)
+			remember(s, l, c.keys[i], count, now+ints[2*i+1]*nsPerMillisecond, now)
 		}
 	}
 }

@@ -65,7 +65,7 @@ func cacheRefusal(l *layer, resetH string, reset, secs int64) {
 // refuseOther is refuseFast for a configured body, a WebSocket upgrade, or
 // the window's first refusal, which is reported.
 func refuseOther(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer, w *window, now int64) {
-	count, reset, resetH := w.count, w.reset, w.resetH
+	reset, resetH := w.reset, w.resetH
 	first := !w.logged
 	w.logged = true
 
@@ -78,5 +78,5 @@ func refuseOther(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer,
 	}
 
 	setHeaders(rw.Header(), l, 0, reset, resetH, now)
-	reject(p, rw, req, l, count, reset, now)
+	reject(p, rw, req, l, reset, now)
 }

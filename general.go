@@ -41,33 +41,33 @@ func generalPlan(p *Plugin, rw http.ResponseWriter, req *http.Request, principal
 	return layers, credentialed, true
 }
 
-// verdict is decide after the charge: it reports first refusals, sets the
+// verdict is decide after the charge c: it reports first refusals, sets the
 // headers and answers a refusal.
-func verdict(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, t *tally, client, principal string, now int64) (bool, int64) {
+func verdict(p *Plugin, rw http.ResponseWriter, req *http.Request, t *tally, c *charge) (bool, int64) {
 	// A refusal always shows a layer (tally.refuse); a quiet dry-run
 	// layer's does not (tally.allow), and is reported here.
 	if t.shown < 0 {
 		if t.firsts != 0 {
-			report(p, layers, t.firsts, client, principal, req)
+			report(p, c, t.firsts)
 		}
 
 		return true, -1
 	}
 
 	if p.headers {
-		setHeaders(rw.Header(), layers[t.shown], t.left, t.reset, t.resetH, now)
+		setHeaders(rw.Header(), c.layers[t.shown], t.left, t.reset, t.resetH, c.now)
 	}
 
 	// After the headers, which a month layer's mark corrects (monthStore).
 	if t.firsts != 0 {
-		reportTally(p, rw, layers, t, client, principal, req, now)
+		reportTally(p, rw, t, c)
 	}
 
 	if !t.refused || p.dryRun {
 		return true, t.left
 	}
 
-	reject(p, rw, req, layers[t.shown], t.count, t.reset, now)
+	reject(p, rw, req, c.layers[t.shown], t.reset, c.now)
 
 	return false, 0
 }
@@ -83,7 +83,7 @@ func serveUpgrade(p *Plugin, out, rw http.ResponseWriter, req *http.Request, cli
 
 	if !ok && !p.dryRun {
 		now := p.now().UnixNano()
-		reject(p, rw, req, p.wsLayer, p.wsLayer.points+1, now+p.wsLayer.duration, now)
+		reject(p, rw, req, p.wsLayer, now+p.wsLayer.duration, now)
 
 		return
 	}
@@ -96,31 +96,31 @@ func serveUpgrade(p *Plugin, out, rw http.ResponseWriter, req *http.Request, cli
 	p.next.ServeHTTP(out, req)
 }
 
-// reportTally is report for a tally whose headers rw shows, and writes a
-// month layer's policy when monthStore marked it.
-func reportTally(p *Plugin, rw http.ResponseWriter, layers []*layer, t *tally, client, principal string, req *http.Request, now int64) {
+// reportTally is report for a tally of charge c whose headers rw shows, and
+// writes a month layer's policy when monthStore marked it.
+func reportTally(p *Plugin, rw http.ResponseWriter, t *tally, c *charge) {
 	if t.firsts&monthPolicyBit != 0 {
-		setMonthPolicy(rw.Header(), layers[t.shown], now)
+		setMonthPolicy(rw.Header(), c.layers[t.shown], c.now)
 	}
 
 	if t.firsts&^monthPolicyBit != 0 {
-		report(p, layers, t.firsts, client, principal, req)
+		report(p, c, t.firsts)
 	}
 }
 
-// report writes an event for each layer whose refusal is the first of its
-// window (the bits of firsts below monthPolicyBit).
-func report(p *Plugin, layers []*layer, firsts uint64, client, principal string, req *http.Request) {
-	for i, l := range layers {
+// report writes an event for each of c's layers whose refusal is the first
+// of its window (the bits of firsts below monthPolicyBit).
+func report(p *Plugin, c *charge, firsts uint64) {
+	for i, l := range c.layers {
 		if i < 63 && firsts&(uint64(1)<<uint(i)) != 0 {
-			p.events.refused(l.name, l.keyFor(client, principal, req), client, l.dryRun)
+			p.events.refused(l.name, c.keys[i], c.client, l.dryRun)
 		}
 	}
 }
 
 // reject answers a refused request: a 429, or for a WebSocket upgrade a
 // completed handshake closed with 1013.
-func reject(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer, count, reset, now int64) {
+func reject(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer, reset, now int64) {
 	if req.Header["Upgrade"] == nil || !isUpgrade(req) {
 		answer.Refuse(rw, &l.Policy, reset, now)
 		return

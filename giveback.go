@@ -1,29 +1,21 @@
 package tierlimit
 
-import "net/http"
-
-// giveBack returns cost points to each of layers, which the current request
-// charged before a later layer refused it, under the store's lock: a
-// refused request changes no layer's count (README: Layers). Within one
-// hold of the lock the counters are those the request charged, so the
-// counts are exact and no other request sees the charge. Each layer's
+// giveBack returns cost points to each of c's first n layers, which the
+// current request charged before a later layer refused it, under the
+// store's lock: a refused request changes no layer's count (README: Layers).
+// Within one hold of the lock the counters are those the request charged, so
+// the counts are exact and no other request sees the charge. Each layer's
 // allowed count keeps its own decision: it let the request by. skip has bit
 // i set for a layer that took nothing (tally.uncharged).
-func giveBack(layers []*layer, client, principal string, req *http.Request, cost int64, skip uint64) {
-	for i, l := range layers {
+func giveBack(c *charge, n int, cost int64, skip uint64) {
+	for i := 0; i < n; i++ {
 		if skip&(uint64(1)<<uint(i)) != 0 {
 			continue
 		}
 
-		key := client
-		if l.keyKind == keyOfConst {
-			key = l.constKey
-		} else if l.keyKind != keyOfClient {
-			key = l.keyFor(client, principal, req)
-		}
-
 		// A check-only layer was evaluated, not charged.
-		w := l.entries[key]
+		l := c.layers[i]
+		w := l.entries[c.keys[i]]
 		if w == nil || l.checkOnly {
 			continue
 		}
@@ -59,18 +51,11 @@ func unspend(w *window, l *layer, cost int64) {
 // charges global up front for a credentialed request, and the client's ip
 // bucket only once the chain has told a real credential from a garbage one.
 // A window that has ended since is left alone: the charge went with it.
-func (s *windowStore) refund(now int64, layers []*layer, client, principal string, req *http.Request, cost int64) {
+func (s *windowStore) refund(c *charge, cost int64) {
 	s.mu.Lock()
 
-	for _, l := range layers {
-		key := client
-		if l.keyKind == keyOfConst {
-			key = l.constKey
-		} else if l.keyKind != keyOfClient {
-			key = l.keyFor(client, principal, req)
-		}
-
-		if w := l.entries[key]; w != nil && !l.checkOnly && w.list == l.list && (l.interval != 0 || w.reset > now) {
+	for i, l := range c.layers {
+		if w := l.entries[c.keys[i]]; w != nil && !l.checkOnly && w.list == l.list && (l.interval != 0 || w.reset > c.now) {
 			unspend(w, l, cost)
 		}
 	}

@@ -49,7 +49,7 @@ func TestResetIsPublishedWhenRedisHasNoKey(t *testing.T) {
 	// refused and blocked; Redis never saw the client.
 	for i := 0; i < 2; i++ {
 		var tl tally
-		b.local.take(&tl, now, []*layer{l}, client, "", req, false)
+		b.local.take(&tl, chargeOf([]*layer{l}, client, "", req, now, false))
 	}
 
 	b.blocked.add(l.blockPrefix, client, now+int64(time.Hour), now)

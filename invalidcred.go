@@ -17,14 +17,13 @@ func (w *watchWriter) chargeIP() bool {
 
 	var t tally
 
-	if !settle(w.pending, &t, now, true) {
+	c := settle(w.pending, &t, now, true)
+	if c == nil {
 		return false
 	}
 
-	client := pendingClient(w.pending)
-
 	if t.firsts != 0 {
-		report(p, p.planInvalid, t.firsts, client, "", nil)
+		report(p, c, t.firsts)
 	}
 
 	if t.shown < 0 {
@@ -43,7 +42,7 @@ func (w *watchWriter) chargeIP() bool {
 			monthPolicyOf(h, ip, now)
 		}
 
-		reject(p, w.rw, w.req, ip, t.count, t.reset, now)
+		reject(p, w.rw, w.req, ip, t.reset, now)
 
 		return true
 	}

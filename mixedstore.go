@@ -1,10 +1,6 @@
 package tierlimit
 
-import (
-	"net/http"
-
-	"github.com/tierlimit/tierlimit/config"
-)
+import "github.com/tierlimit/tierlimit/config"
 
 // A layer's store: memory (README: store on a layer) counts it in the
 // Traefik process although its instance keeps the other layers in Redis:
@@ -87,23 +83,24 @@ func splitLayers(layers []*layer) (local, shared []*layer, li, si []int) {
 	return local, shared, li, si
 }
 
-func (m *mixedStore) take(t *tally, now int64, layers []*layer, client, principal string, req *http.Request, all bool) {
-	local, shared, li, si := splitLayers(layers)
+func (m *mixedStore) take(t *tally, c *charge) {
+	local, shared, li, si := splitLayers(c.layers)
 
 	if len(local) == 0 {
-		m.redis.take(t, now, layers, client, principal, req, all)
+		m.redis.take(t, c)
 		return
 	}
 
 	if len(shared) == 0 {
-		m.memory.take(t, now, layers, client, principal, req, all)
+		m.memory.take(t, c)
 		return
 	}
 
 	tm := tally{cost: t.cost}
-	m.memory.take(&tm, now, local, client, principal, req, all)
+	cm := chargeAt(c, li)
+	m.memory.take(&tm, cm)
 
-	if tm.refused && !all {
+	if tm.refused && !c.all {
 		*t = tally{cost: t.cost, shown: -1}
 		mergeTally(t, &tm, li)
 
@@ -111,10 +108,10 @@ func (m *mixedStore) take(t *tally, now int64, layers []*layer, client, principa
 	}
 
 	tr := tally{cost: t.cost}
-	m.redis.take(&tr, now, shared, client, principal, req, all)
+	m.redis.take(&tr, chargeAt(c, si))
 
-	if tr.refused && !all {
-		m.memory.refund(now, exceptUncharged(local, tm.uncharged), client, principal, req, costOf(t))
+	if tr.refused && !c.all {
+		m.memory.refund(chargeWithout(cm, tm.uncharged), costOf(t))
 		*t = tally{cost: t.cost, shown: -1}
 		mergeTally(t, &tr, si)
 
@@ -126,14 +123,14 @@ func (m *mixedStore) take(t *tally, now int64, layers []*layer, client, principa
 	mergeTally(t, &tr, si)
 }
 
-func (m *mixedStore) refund(now int64, layers []*layer, client, principal string, req *http.Request, cost int64) {
-	local, shared, _, _ := splitLayers(layers)
+func (m *mixedStore) refund(c *charge, cost int64) {
+	local, _, li, si := splitLayers(c.layers)
 
 	if len(local) > 0 {
-		m.memory.refund(now, local, client, principal, req, cost)
+		m.memory.refund(chargeAt(c, li), cost)
 	}
 
-	m.redis.refund(now, shared, client, principal, req, cost)
+	m.redis.refund(chargeAt(c, si), cost)
 }
 
 // mergeTally adds part, the tally of some of a request's layers (index[j]

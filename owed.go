@@ -3,7 +3,6 @@ package tierlimit
 import (
 	"errors"
 	"fmt"
-	"net/http"
 	"sync"
 
 	"github.com/tierlimit/tierlimit/redisresp"
@@ -23,22 +22,11 @@ import (
 // call that timed out after Redis ran it is then paid twice, which refuses
 // early, never late.
 
-// owedKey is one layer's key whose outage charges Redis is owed, as the
-// client and principal that keyFor makes it from, without a request: a key
-// read from the request (a header's, the host's) is kept as the client,
-// which keyFor returns for those kinds when it has no request.
+// owedKey is one layer's key whose outage charges Redis is owed: the layer
+// and its key, as keyFor made it (what Redis and memory count by).
 type owedKey struct {
-	l                 *layer
-	client, principal string
-}
-
-// owedKeyOf is the owedKey of l's key for a request.
-func owedKeyOf(l *layer, client, principal string, req *http.Request) owedKey {
-	if l.keyKind == keyOfHeader || l.keyKind == keyOfHost {
-		return owedKey{l: l, client: l.keyFor(client, principal, req)}
-	}
-
-	return owedKey{l: l, client: client, principal: principal}
+	l   *layer
+	key string
 }
 
 // owedDebt is what Redis is owed for one key: points, and the time of the
@@ -63,7 +51,7 @@ func newOwedCounts(max int) *owedCounts {
 // oweCharged records what a take in the fallback charged, while Redis is
 // down: a call that failed for another reason (a busy pool, a replaced
 // configuration) leaves no outage to recover from.
-func oweCharged(s *redisStore, t *tally, now int64, layers []*layer, client, principal string, req *http.Request) {
+func oweCharged(s *redisStore, t *tally, c *charge) {
 	if !s.backend.down.Load() {
 		return
 	}
@@ -72,12 +60,12 @@ func oweCharged(s *redisStore, t *tally, now int64, layers []*layer, client, pri
 	o := s.owed
 
 	o.mu.Lock()
-	for i, l := range layers {
+	for i, l := range c.layers {
 		if l.checkOnly || t.uncharged&(uint64(1)<<uint(i)) != 0 {
 			continue
 		}
 
-		addDebt(o, owedKeyOf(l, client, principal, req), owedDebt{points: cost, at: now})
+		addDebt(o, owedKey{l: l, key: c.keys[i]}, owedDebt{points: cost, at: c.now})
 	}
 	o.mu.Unlock()
 
@@ -119,12 +107,12 @@ func listOwed(s *redisStore) {
 
 // forgiveRefunded takes back from the debts what a refund during the
 // outage gave memory back.
-func forgiveRefunded(s *redisStore, layers []*layer, client, principal string, req *http.Request, cost int64) {
+func forgiveRefunded(s *redisStore, c *charge, cost int64) {
 	o := s.owed
 
 	o.mu.Lock()
-	for _, l := range layers {
-		k := owedKeyOf(l, client, principal, req)
+	for i, l := range c.layers {
+		k := owedKey{l: l, key: c.keys[i]}
 		if d, ok := o.debts[k]; ok {
 			d.points -= cost
 			if d.points > 0 {
@@ -181,14 +169,15 @@ func payOwed(s *redisStore) {
 func payDebt(s *redisStore, k owedKey, d owedDebt) error {
 	ttl := int64(0)
 	if k.l.interval == 0 {
-		ttl = windowLeft(s.local, k.l, k.l.keyFor(k.client, k.principal, nil), s.clock().UnixNano())
+		ttl = windowLeft(s.local, k.l, k.key, s.clock().UnixNano())
 	}
 
 	tail := redisresp.Bulk(formatInt(ttl))
 	call := refundRedis.Call(1, 7)
 
+	c := &charge{layers: []*layer{k.l}, keys: []string{k.key}, now: d.at}
 	if cl := s.backend.cluster; cl != nil {
-		g := slotGroups([]*layer{k.l}, k.client, k.principal, nil, costArg(-d.points), d.at)[0]
+		g := slotGroups(c, costArg(-d.points))[0]
 		replies, err := cl.RunInts([]redisresp.ClusterCall{{Slot: g.slot, Call: call, Encoded: g.keys + g.args + tail}})
 		if err == nil && len(replies) == 1 && replies[0].ServerErr != "" {
 			err = errors.New("running the refund script: " + replies[0].ServerErr)
@@ -197,7 +186,7 @@ func payDebt(s *redisStore, k owedKey, d owedDebt) error {
 		return err
 	}
 
-	encoded := encodeCall([]*layer{k.l}, k.client, k.principal, nil, "", -d.points, d.at)
+	encoded := encodeCall(c, "", -d.points)
 
 	_, serverErr, err := call.RunIntsOn(s.backend.pool, encoded+tail)
 	if err == nil && serverErr != "" {

@@ -153,7 +153,7 @@ func TestAFailedPaymentIsPaidAtTheNextRecovery(t *testing.T) {
 	payOwed(rs)
 
 	rs.owed.mu.Lock()
-	debt := rs.owed.debts[owedKeyOf(h.p.layers[0], client, "", nil)].points
+	debt := rs.owed.debts[owedKey{l: h.p.layers[0], key: h.p.layers[0].keyFor(client, "", nil)}].points
 	rs.owed.mu.Unlock()
 
 	if debt != 3 {

@@ -456,8 +456,18 @@ func serveGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 	// charge (t.uncharged), which a refund must not give back.
 	now := p.now().UnixNano()
 	t := tally{cost: hits.cost}
-	p.store.take(&t, now, layers, client, principal, req, p.dryRun)
-	ok, left := verdict(p, rw, req, layers, &t, client, principal, now)
+	keys := make([]string, len(layers))
+	for i, l := range layers {
+		keys[i] = client
+		if l.keyKind == keyOfConst {
+			keys[i] = l.constKey
+		} else if l.keyKind != keyOfClient {
+			keys[i] = l.keyFor(client, principal, req)
+		}
+	}
+	c := &charge{layers: layers, keys: keys, client: client, principal: principal, now: now, all: p.dryRun}
+	p.store.take(&t, c)
+	ok, left := verdict(p, rw, req, &t, c)
 	if !ok {
 		return
 	}
@@ -473,7 +483,7 @@ func serveGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 	}
 
 	if hits.counted != nil {
-		serveCounted(p, out, rw, req, client, principal, &hits, left)
+		serveCounted(p, out, req, c, &hits, left)
 		return
 	}
 
@@ -485,34 +495,27 @@ func serveGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 	p.next.ServeHTTP(out, req)
 }
 
-// take charges t.cost points (at least 1) to each layer in order, under one
-// lock so that the counts are exact under concurrency, with the key each
-// layer takes from client and principal (layer.keyFor), and writes the
-// outcome to t. All or nothing: a layer that cannot take the cost refuses
+// take charges t.cost points (at least 1) to each of c's layers in order,
+// under one lock so that the counts are exact under concurrency, each under
+// its key (charge.keys), and writes the outcome to t. All or nothing: a layer that cannot take the cost refuses
 // the request, which is then charged to none of the layers (the ones before
 // are given their points back, the ones after are not evaluated). A dry-run
-// layer refuses nothing (tally.refuseAs). With all set (the top-level dry
+// layer refuses nothing (tally.refuseAs). With c.all set (the top-level dry
 // run) every layer is charged and evaluated, refusing or not.
-//
-// The loop writes the common cases of layer.keyFor inline (doc.go: frames).
-func (s *windowStore) take(t *tally, now int64, layers []*layer, client, principal string, req *http.Request, all bool) {
+func (s *windowStore) take(t *tally, c *charge) {
 	t.shown = -1
 	cost := t.cost
 	if cost < 1 {
 		cost = 1
 	}
+	now := c.now
+	all := c.all
 
 	s.mu.Lock()
 	s.takes++
 
-	for i, l := range layers {
-		key := client
-		if l.keyKind == keyOfConst {
-			key = l.constKey
-		} else if l.keyKind != keyOfClient {
-			key = l.keyFor(client, principal, req)
-		}
-
+	for i, l := range c.layers {
+		key := c.keys[i]
 		refused := false
 		switch {
 		case l.checkOnly:
@@ -532,7 +535,7 @@ func (s *windowStore) take(t *tally, now int64, layers []*layer, client, princip
 		}
 
 		if refused && !all {
-			giveBack(layers[:i], client, principal, req, cost, t.uncharged)
+			giveBack(c, i, cost, t.uncharged)
 			break
 		}
 	}
@@ -845,10 +848,7 @@ func refuseSynced(p *Plugin, rw http.ResponseWriter, req *http.Request, layers [
 		}
 
 		st.mu.Unlock()
-
-		var t tally
-		syncTake(st, &t, now, layers, client, "", req, false)
-		answerRedis(p, rw, req, layers, &t, client, now)
+		serveSyncedSlow(p, rw, req, layers, client, now)
 
 		return
 	}
@@ -885,6 +885,22 @@ func namedPlanOf(p *Plugin, req *http.Request) []*layer {
 	return layers
 }
 
+// chargeOf is the charge of layers for a request of client and principal at
+// now: the request becomes keys here, as in serveGeneral and decide.
+func chargeOf(layers []*layer, client, principal string, req *http.Request, now int64, all bool) *charge {
+	keys := make([]string, len(layers))
+	for i, l := range layers {
+		keys[i] = client
+		if l.keyKind == keyOfConst {
+			keys[i] = l.constKey
+		} else if l.keyKind != keyOfClient {
+			keys[i] = l.keyFor(client, principal, req)
+		}
+	}
+
+	return &charge{layers: layers, keys: keys, client: client, principal: principal, now: now, all: all}
+}
+
 // costOf is the points a tally's request spends in each layer.
 func costOf(t *tally) int64 {
 	cost := t.cost
@@ -902,7 +918,17 @@ func costOf(t *tally) int64 {
 func decide(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, client, principal string, cost int64) (bool, int64) {
 	now := p.now().UnixNano()
 	t := tally{cost: cost}
-	p.store.take(&t, now, layers, client, principal, req, p.dryRun)
+	keys := make([]string, len(layers))
+	for i, l := range layers {
+		keys[i] = client
+		if l.keyKind == keyOfConst {
+			keys[i] = l.constKey
+		} else if l.keyKind != keyOfClient {
+			keys[i] = l.keyFor(client, principal, req)
+		}
+	}
+	c := &charge{layers: layers, keys: keys, client: client, principal: principal, now: now, all: p.dryRun}
+	p.store.take(&t, c)
 
-	return verdict(p, rw, req, layers, &t, client, principal, now)
+	return verdict(p, rw, req, &t, c)
 }

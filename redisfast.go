@@ -108,11 +108,12 @@ const nsPerMillisecond = 1000000
 func refuseBlockedGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, client string, now int64) bool {
 	var t tally
 
-	if !p.fast.store.takeBlocked(&t, now, layers, client, "", req) {
+	c := chargeOf(layers, client, "", req, now, false)
+	if !p.fast.store.takeBlocked(&t, c) {
 		return false
 	}
 
-	answerRedis(p, rw, req, layers, &t, client, now)
+	answerRedis(p, rw, req, &t, c)
 
 	return true
 }
@@ -137,8 +138,9 @@ func redisFailed(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []
 
 	var t tally
 
-	rs.takeLocal(&t, now, layers, client, "", req, false)
-	answerRedis(p, rw, req, layers, &t, client, now)
+	c := chargeOf(layers, client, "", req, now, false)
+	rs.takeLocal(&t, c)
+	answerRedis(p, rw, req, &t, c)
 }
 
 // redisReply decides a request on a reply that redisPath did not accept: a
@@ -146,24 +148,25 @@ func redisFailed(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []
 func redisReply(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, client string, now int64, ints []int64) {
 	var t tally
 
-	if err := p.fast.store.record(&t, ints, now, layers, client, "", req, false); err != nil {
+	c := chargeOf(layers, client, "", req, now, false)
+	if err := p.fast.store.record(&t, c, ints); err != nil {
 		redisFailed(p, rw, req, layers, client, now, err)
 		return
 	}
 
-	answerRedis(p, rw, req, layers, &t, client, now)
+	answerRedis(p, rw, req, &t, c)
 }
 
-// answerRedis is decide after the charge, for a request of modeRedis.
-func answerRedis(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, t *tally, client string, now int64) {
+// answerRedis is decide after the charge c, for a request of modeRedis.
+func answerRedis(p *Plugin, rw http.ResponseWriter, req *http.Request, t *tally, c *charge) {
 	if t.firsts != 0 {
-		report(p, layers, t.firsts, client, "", req)
+		report(p, c, t.firsts)
 	}
 
-	setHeaders(rw.Header(), layers[t.shown], t.left, t.reset, t.resetH, now)
+	setHeaders(rw.Header(), c.layers[t.shown], t.left, t.reset, t.resetH, c.now)
 
 	if t.refused {
-		reject(p, rw, req, layers[t.shown], t.count, t.reset, now)
+		reject(p, rw, req, c.layers[t.shown], t.reset, c.now)
 		return
 	}
 

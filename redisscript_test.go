@@ -130,7 +130,7 @@ func TestOddFixedKeysStartAfreshOnRedisServer(t *testing.T) {
 		redisDo(t, admin, "SET", layers[1].redisKey+client, "2", "PX", "60000")
 
 		before := serverState(t, admin)
-		if tl := charge(t, s, layers, client, 1); !tl.refused || tl.shown != 1 {
+		if tl := scriptCharge(t, s, layers, client, 1); !tl.refused || tl.shown != 1 {
 			t.Fatalf("%s: %+v, want refused by ip", name, tl)
 		}
 
@@ -138,7 +138,7 @@ func TestOddFixedKeysStartAfreshOnRedisServer(t *testing.T) {
 			t.Fatalf("%s: the refused request changed Redis:\n%s\nto\n%s", name, before, after)
 		}
 
-		if tl := charge(t, s, layers, "203.0.113."+strconv.Itoa(fresh), 1); tl.refused || tl.count != 1 {
+		if tl := scriptCharge(t, s, layers, "203.0.113."+strconv.Itoa(fresh), 1); tl.refused || tl.count != 1 {
 			t.Fatalf("%s: %+v, want allowed with a fresh global and ip", name, tl)
 		}
 
@@ -155,7 +155,7 @@ func TestOddFixedKeysStartAfreshOnRedisServer(t *testing.T) {
 	redisDo(t, admin, "SET", global, "41", "PX", "60000")
 
 	before := serverState(t, admin)
-	if tl := charge(t, s, layers, "203.0.113.50", 1); !tl.refused {
+	if tl := scriptCharge(t, s, layers, "203.0.113.50", 1); !tl.refused {
 		t.Fatalf("%+v, want refused by ip", tl)
 	}
 

@@ -152,18 +152,18 @@ func serverState(t *testing.T, p *redisresp.Pool) string {
 	return b.String()
 }
 
-// charge runs takeScript for layers with a cost, as takeRedis does for a cost
+// scriptCharge runs takeScript for layers with a cost, as takeRedis does for a cost
 // of 1, and returns the outcome.
-func charge(t *testing.T, s *redisStore, layers []*layer, client string, cost int64) tally {
+func scriptCharge(t *testing.T, s *redisStore, layers []*layer, client string, cost int64) tally {
 	t.Helper()
 
-	ints, serverErr, err := s.callFor(len(layers)).RunIntsOn(s.backend.pool, encodeCall(layers, client, "", nil, argStopAtRefusal, cost, time.Now().UnixNano()))
+	ints, serverErr, err := s.callFor(len(layers)).RunIntsOn(s.backend.pool, encodeCall(chargeOf(layers, client, "", nil, time.Now().UnixNano(), false), argStopAtRefusal, cost))
 	if err != nil || serverErr != "" {
 		t.Fatalf("script: %v %s", err, serverErr)
 	}
 
 	var tl tally
-	if err := s.record(&tl, ints, t0, layers, client, "", nil, false); err != nil {
+	if err := s.record(&tl, chargeOf(layers, client, "", nil, t0, false), ints); err != nil {
 		t.Fatalf("reply %v: %v", ints, err)
 	}
 
@@ -206,7 +206,7 @@ func TestCostIsChargedWholeOnRedisServer(t *testing.T) {
 			{cost: 1, refused: true, ip: 6},
 		} {
 			before := serverState(t, admin)
-			tl := charge(t, s, layers, "203.0.113.1", step.cost)
+			tl := scriptCharge(t, s, layers, "203.0.113.1", step.cost)
 			after := serverState(t, admin)
 
 			if tl.refused != step.refused || tl.shown != 1 || tl.count != step.ip {
@@ -223,7 +223,7 @@ func TestCostIsChargedWholeOnRedisServer(t *testing.T) {
 		}
 
 		// global holds the 5 allowed, not the 9 asked for.
-		if tl := charge(t, s, layers[:1], "203.0.113.1", 1); tl.count != 6 {
+		if tl := scriptCharge(t, s, layers[:1], "203.0.113.1", 1); tl.count != 6 {
 			t.Fatalf("%s: global at %d after 5 allowed, want 6 with this one", algorithm, tl.count)
 		}
 	}
@@ -246,23 +246,23 @@ func TestRefundGivesBackOnRedisServer(t *testing.T) {
 		layers := h.p.planIP
 
 		for i := 0; i < 3; i++ {
-			charge(t, s, layers, "203.0.113.1", 1)
+			scriptCharge(t, s, layers, "203.0.113.1", 1)
 		}
 
-		s.refund(t0, layers, "203.0.113.1", "", nil, 1)
+		s.refund(chargeOf(layers, "203.0.113.1", "", nil, t0, false), 1)
 
 		// Both layers hold 2 again: the next request makes 3, not 4.
-		tl := charge(t, s, layers, "203.0.113.1", 1)
+		tl := scriptCharge(t, s, layers, "203.0.113.1", 1)
 		if tl.count != 3 || tl.shown != 0 {
 			t.Fatalf("%s: after the refund %+v, want both layers at 3", algorithm, tl)
 		}
 
-		if tl := charge(t, s, layers[1:], "203.0.113.1", 1); tl.count != 4 {
+		if tl := scriptCharge(t, s, layers[1:], "203.0.113.1", 1); tl.count != 4 {
 			t.Fatalf("%s: ip at %d, want 4", algorithm, tl.count)
 		}
 
 		// A key never charged is not created.
-		s.refund(t0, layers, "203.0.113.2", "", nil, 1)
+		s.refund(chargeOf(layers, "203.0.113.2", "", nil, t0, false), 1)
 
 		if n := redisDo(t, admin, "EXISTS", layers[1].redisKey+"203.0.113.2").Int; n != 0 {
 			t.Fatalf("%s: the refund created a key", algorithm)
@@ -270,9 +270,9 @@ func TestRefundGivesBackOnRedisServer(t *testing.T) {
 
 		// Given back to a count of one, twice: nothing below zero; a token
 		// bucket full again has no key.
-		charge(t, s, layers[1:], "203.0.113.3", 1)
-		s.refund(t0, layers[1:], "203.0.113.3", "", nil, 1)
-		s.refund(t0, layers[1:], "203.0.113.3", "", nil, 1)
+		scriptCharge(t, s, layers[1:], "203.0.113.3", 1)
+		s.refund(chargeOf(layers[1:], "203.0.113.3", "", nil, t0, false), 1)
+		s.refund(chargeOf(layers[1:], "203.0.113.3", "", nil, t0, false), 1)
 
 		key := layers[1].redisKey + "203.0.113.3"
 		switch algorithm {
@@ -291,10 +291,10 @@ func TestRefundGivesBackOnRedisServer(t *testing.T) {
 		}
 
 		// A refund gives back its cost: 3 charged, 2 given back, 1 held.
-		charge(t, s, layers[1:], "203.0.113.4", 3)
-		s.refund(t0, layers[1:], "203.0.113.4", "", nil, 2)
+		scriptCharge(t, s, layers[1:], "203.0.113.4", 3)
+		s.refund(chargeOf(layers[1:], "203.0.113.4", "", nil, t0, false), 2)
 
-		if tl := charge(t, s, layers[1:], "203.0.113.4", 1); tl.count != 2 {
+		if tl := scriptCharge(t, s, layers[1:], "203.0.113.4", 1); tl.count != 2 {
 			t.Fatalf("%s: after 3 charged and 2 given back, the next request makes %d, want 2", algorithm, tl.count)
 		}
 
@@ -311,14 +311,14 @@ func TestRefundWhileRedisIsDownCallsNoRedis(t *testing.T) {
 	h, _ := redisHarness(t, srv.l.Addr().String(), nil)
 	s := h.p.store.(*redisStore)
 
-	s.refund(t0, h.p.planIP, "203.0.113.1", "", nil, 1)
+	s.refund(chargeOf(h.p.planIP, "203.0.113.1", "", nil, t0, false), 1)
 
 	if srv.commands.Load() != 1 {
 		t.Fatalf("%d commands with Redis up, want the one refund call", srv.commands.Load())
 	}
 
 	s.backend.failed(t0, false, errBadReply)
-	s.refund(t0, h.p.planIP, "203.0.113.1", "", nil, 1)
+	s.refund(chargeOf(h.p.planIP, "203.0.113.1", "", nil, t0, false), 1)
 
 	if srv.commands.Load() != 1 {
 		t.Fatalf("%d commands: a refund in back-off called Redis", srv.commands.Load())

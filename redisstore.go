@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,8 +14,8 @@ import (
 	"github.com/tierlimit/tierlimit/redisresp"
 )
 
-// counterStore charges requests to layers. take evaluates the layers in
-// order, under the key layer.keyFor(client, principal, req), and charges the
+// counterStore charges requests to layers. take evaluates the charge's layers
+// in order, each under its key (charge.keys), and charges the
 // request to every one of them or, when one refuses it (its count would
 // exceed its points), to none: it stops at that layer, unless all is set (dry
 // run), which charges every layer. It reports the outcome as a tally.
@@ -25,8 +24,8 @@ import (
 // refund gives cost points back to layers that an earlier take charged, for
 // a request a later, deferred charge refused (chain.go settle).
 type counterStore interface {
-	take(t *tally, now int64, layers []*layer, client, principal string, req *http.Request, all bool)
-	refund(now int64, layers []*layer, client, principal string, req *http.Request, cost int64)
+	take(t *tally, c *charge)
+	refund(c *charge, cost int64)
 }
 
 // takeScript is the whole decision of one request in one round trip. It
@@ -464,21 +463,21 @@ func (s *redisStore) callFor(n int) redisresp.Call {
 
 // The healthy path (nothing blocked, Redis up) takes no lock and makes as few
 // calls as it can (doc.go: frames).
-func (s *redisStore) take(t *tally, now int64, layers []*layer, client, principal string, req *http.Request, all bool) {
+func (s *redisStore) take(t *tally, c *charge) {
 	if s.synced != nil {
-		syncTake(s.synced, t, now, layers, client, principal, req, all)
+		syncTake(s.synced, t, c)
 		return
 	}
 
 	// No layer to charge (an anonymous request to an instance with only
 	// principal tiers, a credentialed one with global off, a request that
 	// matches none of a routes-only instance's routes): nothing to ask Redis.
-	if len(layers) == 0 {
+	if len(c.layers) == 0 {
 		t.shown = -1
 		return
 	}
 
-	if !all && s.blocked.size.Load() != 0 && s.takeBlocked(t, now, layers, client, principal, req) {
+	if !c.all && s.blocked.size.Load() != 0 && s.takeBlocked(t, c) {
 		return
 	}
 
@@ -486,23 +485,23 @@ func (s *redisStore) take(t *tally, now int64, layers []*layer, client, principa
 
 	if s.backend.down.Load() {
 		use := false
-		if use, probe = s.backend.usable(now); !use {
-			s.takeLocal(t, now, layers, client, principal, req, all)
+		if use, probe = s.backend.usable(c.now); !use {
+			s.takeLocal(t, c)
 			return
 		}
 	}
 
-	if err := s.takeRedis(t, now, layers, client, principal, req, all); err != nil {
+	if err := s.takeRedis(t, c); err != nil {
 		// A closed pool is not Redis failing: this instance belongs to a
 		// configuration that was replaced, and its backend was released. Nor
 		// is a pool that stayed busy for redisresp.DefaultWaitTimeout: the
 		// calls ahead of this one were answered.
 		if !errors.Is(err, redisresp.ErrClosed) && !errors.Is(err, redisresp.ErrPoolTimeout) {
-			s.backend.failed(now, probe, err)
+			s.backend.failed(c.now, probe, err)
 		}
 
 		*t = tally{cost: t.cost}
-		s.takeLocal(t, now, layers, client, principal, req, all)
+		s.takeLocal(t, c)
 
 		return
 	}
@@ -510,7 +509,7 @@ func (s *redisStore) take(t *tally, now int64, layers []*layer, client, principa
 	// Only the back-off's probe ends an outage (redisevents.go): a call in
 	// flight when Redis failed may still succeed.
 	if probe {
-		s.backend.succeeded(now)
+		s.backend.succeeded(c.now)
 	}
 }
 
@@ -518,20 +517,20 @@ func (s *redisStore) take(t *tally, now int64, layers []*layer, client, principa
 // A key Redis blocked is refused before (takeBlocked); a blockDuration
 // refusal here starts a block in memory, and on the block list, so that
 // it refuses the key for the rest of the block after Redis is back too.
-func (s *redisStore) takeLocal(t *tally, now int64, layers []*layer, client, principal string, req *http.Request, all bool) {
-	s.fallback.take(t, now, layers, client, principal, req, all)
+func (s *redisStore) takeLocal(t *tally, c *charge) {
+	s.fallback.take(t, c)
 
-	if !t.refused || all {
-		oweCharged(s, t, now, layers, client, principal, req)
+	if !t.refused || c.all {
+		oweCharged(s, t, c)
 	}
 
-	if !t.refused || all || t.shown < 0 || layers[t.shown].blockDuration == 0 {
+	if !t.refused || c.all || t.shown < 0 || c.layers[t.shown].blockDuration == 0 {
 		return
 	}
 
-	l := layers[t.shown]
-	key := l.keyFor(client, principal, req)
-	first := s.blocked.add(l.blockPrefix, key, t.reset, now)
+	l := c.layers[t.shown]
+	key := c.keys[t.shown]
+	first := s.blocked.add(l.blockPrefix, key, t.reset, c.now)
 	if first {
 		listenResets(s)
 	}
@@ -544,18 +543,18 @@ func (s *redisStore) takeLocal(t *tally, now int64, layers []*layer, client, pri
 // smallest cost fits again (redisStore.refused); a larger one refuses too,
 // but in a sliding window or a token bucket it fits later than that, so
 // such a request asks Redis, which tells when.
-func (s *redisStore) takeBlocked(t *tally, now int64, layers []*layer, client, principal string, req *http.Request) bool {
+func (s *redisStore) takeBlocked(t *tally, c *charge) bool {
 	costly := t.cost > 1
 
-	for i, l := range layers {
+	for i, l := range c.layers {
 		if costly && t.cost > l.minCost && (l.sliding || l.interval != 0) && l.blockDuration == 0 {
 			continue
 		}
 
-		if reset := s.blocked.resetOf(l.blockPrefix, l.keyFor(client, principal, req), now); reset != 0 {
+		if reset := s.blocked.resetOf(l.blockPrefix, c.keys[i], c.now); reset != 0 {
 			l.stats.countRedis(true)
 			if l.blockDuration != 0 {
-				s.blocked.hit(l.blockPrefix, l.keyFor(client, principal, req), false)
+				s.blocked.hit(l.blockPrefix, c.keys[i], false)
 			}
 
 			*t = tally{shown: i, count: l.points + 1, reset: reset, refused: true,
@@ -570,9 +569,9 @@ func (s *redisStore) takeBlocked(t *tally, now int64, layers []*layer, client, p
 
 // takeRedis runs the script and writes its outcome to t; on an error, t is
 // to be discarded.
-func (s *redisStore) takeRedis(t *tally, now int64, layers []*layer, client, principal string, req *http.Request, all bool) error {
+func (s *redisStore) takeRedis(t *tally, c *charge) error {
 	mode := argStopAtRefusal
-	if all {
+	if c.all {
 		mode = argChargeAll
 	}
 
@@ -584,9 +583,9 @@ func (s *redisStore) takeRedis(t *tally, now int64, layers []*layer, client, pri
 	cost := costOf(t)
 
 	if s.backend.cluster != nil {
-		ints, serverErr, err = s.runCluster(s.backend.cluster, layers, client, principal, req, all, cost, now)
+		ints, serverErr, err = s.runCluster(s.backend.cluster, c, cost)
 	} else {
-		ints, serverErr, err = s.callFor(len(layers)).RunIntsOn(s.backend.pool, encodeCall(layers, client, principal, req, mode, cost, now))
+		ints, serverErr, err = s.callFor(len(c.layers)).RunIntsOn(s.backend.pool, encodeCall(c, mode, cost))
 	}
 
 	if err != nil {
@@ -597,7 +596,7 @@ func (s *redisStore) takeRedis(t *tally, now int64, layers []*layer, client, pri
 		return fmt.Errorf("running the rate-limit script: %s", serverErr)
 	}
 
-	return s.record(t, ints, now, layers, client, principal, req, all)
+	return s.record(t, c, ints)
 }
 
 // encodeCall encodes a script call's keys and arguments, but for its head:
@@ -605,15 +604,15 @@ func (s *redisStore) takeRedis(t *tally, now int64, layers []*layer, client, pri
 // the cost and each layer's arguments. The command is encoded here, from each
 // layer's pre-encoded parts: under Yaegi, a loop over arguments in the RESP
 // writer costs more than the round trip.
-func encodeCall(layers []*layer, client, principal string, req *http.Request, mode string, cost, now int64) string {
+func encodeCall(c *charge, mode string, cost int64) string {
 	keys, args := "", mode+argCostOne
 	if cost != 1 {
 		args = mode + costArg(cost)
 	}
 
-	for _, l := range layers {
+	for i, l := range c.layers {
 		if l.calendar != 0 {
-			keys, args = calendarCall(l, keys, args, client, principal, req, now)
+			keys, args = calendarCall(l, keys, args, c.keys[i], c.now)
 			continue
 		}
 
@@ -624,12 +623,7 @@ func encodeCall(layers []*layer, client, principal string, req *http.Request, mo
 			continue
 		}
 
-		key := client
-		if l.keyKind != keyOfClient {
-			key = l.keyFor(client, principal, req)
-		}
-
-		key = l.redisKey + key
+		key := l.redisKey + c.keys[i]
 		keys += "$" + strconv.Itoa(len(key)) + "\r\n" + key + "\r\n"
 	}
 
@@ -642,36 +636,36 @@ func encodeCall(layers []*layer, client, principal string, req *http.Request, mo
 // most likely went: to the memory fallback while Redis is in back-off, else
 // to Redis. A refund that fails is not retried in memory, which holds no such
 // charge: the count stays cost too high until its window ends.
-func (s *redisStore) refund(now int64, layers []*layer, client, principal string, req *http.Request, cost int64) {
-	if len(layers) == 0 {
+func (s *redisStore) refund(c *charge, cost int64) {
+	if len(c.layers) == 0 {
 		return
 	}
 
 	if s.synced != nil {
-		syncRefund(s.synced, now, layers, client, principal, req, cost)
+		syncRefund(s.synced, c, cost)
 		return
 	}
 
 	if s.backend.down.Load() {
-		s.local.refund(now, layers, client, principal, req, cost)
-		forgiveRefunded(s, layers, client, principal, req, cost)
+		s.local.refund(c, cost)
+		forgiveRefunded(s, c, cost)
 
 		return
 	}
 
-	if err := refundOnRedis(s, now, layers, client, principal, req, cost); err != nil && !errors.Is(err, redisresp.ErrClosed) {
-		s.backend.failed(now, false, fmt.Errorf("refunding a charge: %w", err))
+	if err := refundOnRedis(s, c, cost); err != nil && !errors.Is(err, redisresp.ErrClosed) {
+		s.backend.failed(c.now, false, fmt.Errorf("refunding a charge: %w", err))
 	}
 }
 
 // refundOnRedis runs the refund script of cost for layers in Redis (a
 // negative cost adds to the keys that exist).
-func refundOnRedis(s *redisStore, now int64, layers []*layer, client, principal string, req *http.Request, cost int64) error {
+func refundOnRedis(s *redisStore, c *charge, cost int64) error {
 	if s.backend.cluster != nil {
-		return s.refundCluster(s.backend.cluster, layers, client, principal, req, cost, now)
+		return s.refundCluster(s.backend.cluster, c, cost)
 	}
 
-	_, serverErr, err := refundRedis.Call(len(layers), 5*len(layers)+1).RunIntsOn(s.backend.pool, encodeCall(layers, client, principal, req, "", cost, now))
+	_, serverErr, err := refundRedis.Call(len(c.layers), 5*len(c.layers)+1).RunIntsOn(s.backend.pool, encodeCall(c, "", cost))
 	if err == nil && serverErr != "" {
 		err = fmt.Errorf("running the refund script: %s", serverErr)
 	}
@@ -681,8 +675,8 @@ func refundOnRedis(s *redisStore, now int64, layers []*layer, client, principal 
 
 // record writes the script's reply (count and milliseconds to reset per
 // layer evaluated) to t, and checks it: on an error, t is to be discarded.
-func (s *redisStore) record(t *tally, ints []int64, now int64, layers []*layer, client, principal string, req *http.Request, all bool) error {
-	n := len(ints) / 2
+func (s *redisStore) record(t *tally, c *charge, ints []int64) error {
+	layers, now, all, n := c.layers, c.now, c.all, len(ints)/2
 	if len(ints)%2 != 0 || n == 0 || n > len(layers) {
 		return fmt.Errorf("%w: %d integers for %d layers", errBadReply, len(ints), len(layers))
 	}
@@ -701,7 +695,7 @@ func (s *redisStore) record(t *tally, ints []int64, now int64, layers []*layer, 
 		reset := now + ttl*int64(time.Millisecond)
 
 		if count > l.points {
-			if s.refused(t, i, l, count, reset, now, client, principal, req) && !all && i < n-1 {
+			if s.refused(t, c, i, count, reset) && !all && i < n-1 {
 				return fmt.Errorf("%w: layers answered after a refusal", errBadReply)
 			}
 
@@ -736,7 +730,7 @@ func (s *redisStore) record(t *tally, ints []int64, now int64, layers []*layer, 
 	// What Redis now holds, for the fallback (fallback.go); a refused
 	// request changed nothing there.
 	if !t.refused || all {
-		rememberAll(s.local, ints, now, layers, client, principal, req)
+		rememberAll(s.local, c, ints)
 	}
 
 	return nil
@@ -753,8 +747,8 @@ func (s *redisStore) record(t *tally, ints []int64, now int64, layers []*layer, 
 // cost 10) may still take a smaller one (a plain read), so that refusal
 // blocks nothing and the next such request asks Redis again; the block list
 // only remembers it was reported (blockList.note).
-func (s *redisStore) refused(t *tally, i int, l *layer, count, reset, now int64, client, principal string, req *http.Request) bool {
-	key := l.keyFor(client, principal, req)
+func (s *redisStore) refused(t *tally, c *charge, i int, count, reset int64) bool {
+	l, key, now := c.layers[i], c.keys[i], c.now
 
 	first := false
 	if !l.dryRun && (t.cost <= 1 || t.cost <= l.minCost || l.blockDuration != 0) {

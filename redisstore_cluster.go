@@ -2,7 +2,6 @@ package tierlimit
 
 import (
 	"fmt"
-	"net/http"
 	"strings"
 
 	"github.com/tierlimit/tierlimit/redisresp"
@@ -13,12 +12,10 @@ import (
 // client (ip, assets, routes keyed by ip) share a slot, as do those of one
 // principal, and one script call charges them. A principal-keyed route's
 // fallback to the client IP (ip:<addr>) is tagged by the address, with the
-// client's other layers.
-func clusterKey(l *layer, client, principal string, req *http.Request) string {
-	bucket := l.keyFor(client, principal, req)
-
-	if l.keyKind == keyOfPrincipalElseClient && principal == "" && strings.HasSuffix(bucket, client) {
-		return l.redisKey + bucket[:len(bucket)-len(client)] + "{" + client + "}"
+// client's other layers. bucket is the key as keyFor made it.
+func clusterKey(l *layer, bucket string) string {
+	if l.keyKind == keyOfPrincipalElseClient && strings.HasPrefix(bucket, "ip:") {
+		return l.redisKey + "ip:{" + bucket[len("ip:"):] + "}"
 	}
 
 	return l.redisKey + "{" + bucket + "}"
@@ -37,13 +34,14 @@ type slotGroup struct {
 // a refund of the other slots' layers when one refused (refundOtherSlots).
 // The reply is returned as the single-server script would give it: count and
 // milliseconds to reset per layer in order, up to the first refusal.
-func (s *redisStore) runCluster(cl *redisresp.Cluster, layers []*layer, client, principal string, req *http.Request, all bool, cost, now int64) ([]int64, string, error) {
+func (s *redisStore) runCluster(cl *redisresp.Cluster, c *charge, cost int64) ([]int64, string, error) {
+	layers, all := c.layers, c.all
 	mode := argStopAtRefusal
 	if all {
 		mode = argChargeAll
 	}
 
-	groups := slotGroups(layers, client, principal, req, mode+costArg(cost), now)
+	groups := slotGroups(c, mode+costArg(cost))
 
 	calls := make([]redisresp.ClusterCall, len(groups))
 	for i, g := range groups {
@@ -59,7 +57,7 @@ func (s *redisStore) runCluster(cl *redisresp.Cluster, layers []*layer, client, 
 	// buffers the replies' integers are read into.
 	ints, serverErr, err := mergeSlotReplies(layers, groups, replies, all)
 	if !all && err == nil && serverErr == "" {
-		s.refundOtherSlots(cl, layers, groups, replies, client, principal, req, cost, now)
+		s.refundOtherSlots(cl, c, groups, replies, cost)
 	}
 
 	return ints, serverErr, err
@@ -72,8 +70,10 @@ func (s *redisStore) runCluster(cl *redisresp.Cluster, layers []*layer, client, 
 // refusals only), cost each; check-only layers were charged nothing. A
 // refund that fails leaves those layers over-charged for this request; the
 // refusal stands either way.
-func (s *redisStore) refundOtherSlots(cl *redisresp.Cluster, layers []*layer, groups []*slotGroup, replies []redisresp.Reply, client, principal string, req *http.Request, cost, now int64) {
-	var charged []*layer
+func (s *redisStore) refundOtherSlots(cl *redisresp.Cluster, c *charge, groups []*slotGroup, replies []redisresp.Reply, cost int64) {
+	var charged []int
+
+	layers := c.layers
 
 	refused := false
 
@@ -85,13 +85,13 @@ func (s *redisStore) refundOtherSlots(cl *redisresp.Cluster, layers []*layer, gr
 
 		for _, li := range g.layers {
 			if !layers[li].checkOnly {
-				charged = append(charged, layers[li])
+				charged = append(charged, li)
 			}
 		}
 	}
 
 	if refused && len(charged) > 0 {
-		_ = s.refundCluster(cl, charged, client, principal, req, cost, now)
+		_ = s.refundCluster(cl, chargeAt(c, charged), cost)
 	}
 }
 
@@ -113,8 +113,8 @@ func slotRefused(layers []*layer, g *slotGroup, r redisresp.Reply) bool {
 
 // refundCluster is refund's call on a Redis Cluster: one refundScript call
 // per slot.
-func (s *redisStore) refundCluster(cl *redisresp.Cluster, layers []*layer, client, principal string, req *http.Request, cost, now int64) error {
-	groups := slotGroups(layers, client, principal, req, costArg(cost), now)
+func (s *redisStore) refundCluster(cl *redisresp.Cluster, c *charge, cost int64) error {
+	groups := slotGroups(c, costArg(cost))
 
 	calls := make([]redisresp.ClusterCall, len(groups))
 	for i, g := range groups {
@@ -136,14 +136,15 @@ func (s *redisStore) refundCluster(cl *redisresp.Cluster, layers []*layer, clien
 	return nil
 }
 
-// slotGroups groups layers by the slot of their keys, each group's arguments
-// starting with head (the request's arguments); a calendar layer's key and
-// window are those of the period that holds now.
-func slotGroups(layers []*layer, client, principal string, req *http.Request, head string, now int64) []*slotGroup {
+// slotGroups groups c's layers by the slot of their keys, each group's
+// arguments starting with head (the request's arguments); a calendar layer's
+// key and window are those of the period that holds c.now.
+func slotGroups(c *charge, head string) []*slotGroup {
 	var groups []*slotGroup
 
-	for i, l := range layers {
-		key := clusterKey(l, client, principal, req)
+	now := c.now
+	for i, l := range c.layers {
+		key := clusterKey(l, c.keys[i])
 		args := l.redisArgs
 		if l.calendar != 0 {
 			// The period from the hash tag on: the slot stays the client's.

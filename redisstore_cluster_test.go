@@ -17,21 +17,21 @@ func TestClusterKeysShareASlotPerClientAndPrincipal(t *testing.T) {
 
 	ip, login, byPrincipal, global := mk("ip", keyOfClient), mk("login", keyOfClient), mk("upload", keyOfPrincipalElseClient), mk("global", keyOfConst)
 
-	if k := clusterKey(ip, "198.51.100.7", "", nil); k != "ratelimit:mw:ip:{198.51.100.7}" {
+	if k := clusterKey(ip, ip.keyFor("198.51.100.7", "", nil)); k != "ratelimit:mw:ip:{198.51.100.7}" {
 		t.Fatalf("ip key %q", k)
 	}
 
-	anon := clusterKey(byPrincipal, "198.51.100.7", "", nil)
-	if redisresp.Slot(anon) != redisresp.Slot(clusterKey(ip, "198.51.100.7", "", nil)) ||
-		redisresp.Slot(clusterKey(login, "198.51.100.7", "", nil)) != redisresp.Slot(anon) {
+	anon := clusterKey(byPrincipal, byPrincipal.keyFor("198.51.100.7", "", nil))
+	if redisresp.Slot(anon) != redisresp.Slot(clusterKey(ip, ip.keyFor("198.51.100.7", "", nil))) ||
+		redisresp.Slot(clusterKey(login, login.keyFor("198.51.100.7", "", nil))) != redisresp.Slot(anon) {
 		t.Fatalf("one client's layers in different slots: %q", anon)
 	}
 
-	if k := clusterKey(byPrincipal, "198.51.100.7", "alice", nil); k != "ratelimit:mw:upload:{alice}" {
+	if k := clusterKey(byPrincipal, byPrincipal.keyFor("198.51.100.7", "alice", nil)); k != "ratelimit:mw:upload:{alice}" {
 		t.Fatalf("principal key %q", k)
 	}
 
-	if k := clusterKey(global, "198.51.100.7", "alice", nil); k != "ratelimit:mw:global:{global}" {
+	if k := clusterKey(global, global.keyFor("198.51.100.7", "alice", nil)); k != "ratelimit:mw:global:{global}" {
 		t.Fatalf("global key %q", k)
 	}
 }
@@ -75,7 +75,7 @@ func TestClusterCalendarKeyFollowsTheRequestTime(t *testing.T) {
 	l.redisTail = redisTail(l.redisArgs)
 	now := time.Date(2026, 2, 10, 18, 0, 0, 0, time.UTC).UnixNano()
 
-	groups := slotGroups([]*layer{l}, "198.51.100.7", "", nil, "", now)
+	groups := slotGroups(chargeOf([]*layer{l}, "198.51.100.7", "", nil, now, false), "")
 
 	start := time.Date(2026, 2, 10, 0, 0, 0, 0, time.UTC).Unix()
 	if want := redisresp.Bulk("ratelimit:mw:ip:{198.51.100.7}:" + strconv.FormatInt(start, 10)); len(groups) != 1 || groups[0].keys != want {

@@ -472,7 +472,7 @@ func TestCostIsTheScriptsSecondArgument(t *testing.T) {
 	for _, cost := range []int64{1, 3, 12} {
 		want := redisresp.Bulk(strconv.FormatInt(cost, 10)) + layers[0].redisArgs
 
-		if got := encodeCall(layers, "203.0.113.1", "", nil, argStopAtRefusal, cost, 0); !strings.HasSuffix(got, argStopAtRefusal+want) {
+		if got := encodeCall(chargeOf(layers, "203.0.113.1", "", nil, 0, false), argStopAtRefusal, cost); !strings.HasSuffix(got, argStopAtRefusal+want) {
 			t.Fatalf("cost %d: encoded %q", cost, got)
 		}
 

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/tierlimit/tierlimit/answer"
@@ -265,11 +264,7 @@ func resetKeys(s *redisStore, l *layer, key string, now int64) []string {
 // principal-keyed route's key of a request without a principal (ip:<addr>)
 // is tagged by the address, every other by the whole key.
 func resetClusterKey(l *layer, key string) string {
-	if l.keyKind == keyOfPrincipalElseClient && strings.HasPrefix(key, "ip:") {
-		return clusterKey(l, key[len("ip:"):], "", nil)
-	}
-
-	return l.redisKey + "{" + key + "}"
+	return clusterKey(l, key)
 }
 
 // reset deletes key's Redis keys in l and says what it found: redisCleared,

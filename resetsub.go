@@ -338,7 +338,7 @@ func (r *resetListener) follow(c *redisresp.Conn, addr string) {
 	pinged := false
 
 	for {
-		m, err := redisresp.Receive(c, time.Now().Add(resetQuiet))
+		m, err := redisresp.ReceiveMessage(c, time.Now().Add(resetQuiet))
 
 		switch {
 		case errors.Is(err, redisresp.ErrQuiet):

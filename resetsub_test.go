@@ -48,7 +48,7 @@ func TestResetMessageClearsTheNamedKeyOnly(t *testing.T) {
 
 	for _, lay := range []*layer{l, other} {
 		var tl tally
-		ws.take(&tl, now, []*layer{lay}, "203.0.113.7", "", req, false)
+		ws.take(&tl, chargeOf([]*layer{lay}, "203.0.113.7", "", req, now, false))
 	}
 
 	// A block the memory fallback started (takeLocal), and the
@@ -131,7 +131,7 @@ func TestResetReachesAnotherReplicasBlockListOnRedisServer(t *testing.T) {
 
 	take := func(s *redisStore, client string) tally {
 		var tl tally
-		s.take(&tl, now, layers, client, "", httptest.NewRequest(http.MethodGet, "/api", nil), false)
+		s.take(&tl, chargeOf(layers, client, "", httptest.NewRequest(http.MethodGet, "/api", nil), now, false))
 		return tl
 	}
 
@@ -153,7 +153,7 @@ func TestResetReachesAnotherReplicasBlockListOnRedisServer(t *testing.T) {
 	}
 
 	var memory tally
-	b.local.take(&memory, now, layers, client, "", nil, false)
+	b.local.take(&memory, chargeOf(layers, client, "", nil, now, false))
 
 	waitUntil(t, "B subscribes", func() bool { return numsub() == 1 })
 

@@ -299,6 +299,14 @@ type liveKey struct {
 	refused int64
 }
 
+// liveFilter is what liveKeys copies: the windows live at now, only those
+// at their limit when limitedOnly is set, of keys that start with prefix.
+type liveFilter struct {
+	now         int64
+	limitedOnly bool
+	prefix      string
+}
+
 // liveKeys copies the live windows of the middleware's layers that pass the
 // filter, and returns them unsorted with the number of keys each layer's map
 // holds (tracked, aligned with p.layers). For the Redis store, the keys Redis
@@ -310,6 +318,7 @@ func (p *Plugin) liveKeys(now int64, limitedOnly bool, prefix string) ([]liveKey
 	var out []liveKey
 
 	s := p.memory
+	f := &liveFilter{now: now, limitedOnly: limitedOnly, prefix: prefix}
 	s.mu.Lock()
 
 	for i, l := range p.layers {
@@ -317,12 +326,12 @@ func (p *Plugin) liveKeys(now int64, limitedOnly bool, prefix string) ([]liveKey
 		tracked[i] = len(m)
 
 		if l.sliding {
-			out = appendSliding(out, i, l, m, now, limitedOnly, prefix)
+			out = appendSliding(out, i, l, m, f)
 			continue
 		}
 
 		if l.interval != 0 {
-			out = appendBucket(out, i, l, m, now, limitedOnly, prefix)
+			out = appendBucket(out, i, l, m, f)
 			continue
 		}
 
@@ -352,7 +361,8 @@ func (p *Plugin) liveKeys(now int64, limitedOnly bool, prefix string) ([]liveKey
 // and a key is limited when its next request would be refused. A counter
 // whose window ended less than a duration ago stands for the window that
 // followed it (count 0, the ended one as the previous).
-func appendSliding(out []liveKey, i int, l *layer, m map[string]*window, now int64, limitedOnly bool, prefix string) []liveKey {
+func appendSliding(out []liveKey, i int, l *layer, m map[string]*window, f *liveFilter) []liveKey {
+	now, limitedOnly, prefix := f.now, f.limitedOnly, f.prefix
 	for key, w := range m {
 		if w.expire <= now || w.list != l.list || (prefix != "" && !strings.HasPrefix(key, prefix)) {
 			continue

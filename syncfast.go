@@ -1,5 +1,7 @@
 package tierlimit
 
+import "net/http"
+
 // syncedPath is the handler of a modeRedis instance with redis.syncInterval
 // (syncstore.go): the anonymous path, decided on the synced counters under
 // their lock, as anonymousPath decides on the memory store's windows. A
@@ -12,3 +14,14 @@ package tierlimit
 type syncedPath Plugin
 
 // Its ServeHTTP and refuseSynced are in paths.tmpl.
+
+// serveSyncedSlow decides a request of syncedPath on syncTake, and answers
+// it: a window's first refusal, a configured body, a WebSocket upgrade
+// (refuseSynced).
+func serveSyncedSlow(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, client string, now int64) {
+	var t tally
+
+	c := chargeOf(layers, client, "", req, now, false)
+	syncTake(p.fast.store.synced, &t, c)
+	answerRedis(p, rw, req, &t, c)
+}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -220,11 +219,9 @@ func syncKey(l *layer, bucket string, cluster bool, start int64) string {
 	return l.redisKey + bucket + ":" + formatInt(start/int64(time.Millisecond))
 }
 
-// syncCounterFor returns the counter of l's key at now, made when missing
-// or of an ended window. Called with st.mu held.
-func syncCounterFor(st *syncState, l *layer, client, principal string, req *http.Request, now int64) *syncCounter {
-	bucket := l.keyFor(client, principal, req)
-
+// syncCounterFor returns the counter of l's key bucket at now, made when
+// missing or of an ended window. Called with st.mu held.
+func syncCounterFor(st *syncState, l *layer, bucket string, now int64) *syncCounter {
 	c := st.byLayer[l.name][bucket]
 	if c == nil || c.end <= now {
 		c = syncRestart(st, l, bucket, now)
@@ -323,8 +320,9 @@ func purgeCounters(st *syncState, now int64) {
 // syncTake decides a request's synced layers locally: all or nothing, as
 // the other stores (counterStore). It starts the sync goroutine at the
 // first request.
-func syncTake(st *syncState, t *tally, now int64, layers []*layer, client, principal string, req *http.Request, all bool) {
+func syncTake(st *syncState, t *tally, ch *charge) {
 	t.shown = -1
+	layers, now, all := ch.layers, ch.now, ch.all
 	if len(layers) == 0 {
 		return
 	}
@@ -338,7 +336,7 @@ func syncTake(st *syncState, t *tally, now int64, layers []*layer, client, princ
 	refused := false
 
 	for i, l := range layers {
-		c := syncCounterFor(st, l, client, principal, req, now)
+		c := syncCounterFor(st, l, ch.keys[i], now)
 		c.points = l.points
 		c.touched = true
 		counters = append(counters, c)
@@ -414,13 +412,13 @@ func syncForget(st *syncState, layer, bucket string) bool {
 	return c.remote+c.pending+c.inflight > 0
 }
 
-// syncRefund gives cost back to layers' counters at now: a later refusal of
+// syncRefund gives cost back to the charge's counters: a later refusal of
 // the request voided their charge (counterStore.refund).
-func syncRefund(st *syncState, now int64, layers []*layer, client, principal string, req *http.Request, cost int64) {
+func syncRefund(st *syncState, ch *charge, cost int64) {
 	st.mu.Lock()
 
-	for _, l := range layers {
-		c := syncCounterFor(st, l, client, principal, req, now)
+	for i, l := range ch.layers {
+		c := syncCounterFor(st, l, ch.keys[i], ch.now)
 		c.pending -= cost
 	}
 

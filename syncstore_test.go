@@ -68,7 +68,7 @@ func takeOn(st *syncState, h *harness, client string) bool {
 	}
 
 	var tl tally
-	syncTake(st, &tl, h.clock.Now().UnixNano(), layers, client, "", nil, false)
+	syncTake(st, &tl, chargeOf(layers, client, "", nil, h.clock.Now().UnixNano(), false))
 
 	return !tl.refused
 }

@@ -116,7 +116,8 @@ func bucketUsed(ahead, interval int64) int64 {
 // appendBucket is liveKeys' loop for a token-bucket layer, under the store's
 // lock: the live buckets (not full) with the tokens missing from each as
 // their count, limited when the next request would be refused.
-func appendBucket(out []liveKey, i int, l *layer, m map[string]*window, now int64, limitedOnly bool, prefix string) []liveKey {
+func appendBucket(out []liveKey, i int, l *layer, m map[string]*window, f *liveFilter) []liveKey {
+	now, limitedOnly, prefix := f.now, f.limitedOnly, f.prefix
 	for key, w := range m {
 		if w.reset <= now || w.list != l.list || (prefix != "" && !strings.HasPrefix(key, prefix)) {
 			continue

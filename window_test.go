@@ -26,7 +26,7 @@ type hit struct {
 func hitOnce(s *windowStore, now int64, l *layer, key string) hit {
 	var t tally
 
-	s.take(&t, now, []*layer{l}, key, "", nil, false)
+	s.take(&t, chargeOf([]*layer{l}, key, "", nil, now, false))
 
 	return hit{count: t.count, reset: t.reset, firstRefusal: t.firsts != 0}
 }
@@ -35,7 +35,7 @@ func hitOnce(s *windowStore, now int64, l *layer, key string) hit {
 func take(s counterStore, now int64, layers []*layer, client, principal string, all bool) tally {
 	var t tally
 
-	s.take(&t, now, layers, client, principal, nil, all)
+	s.take(&t, chargeOf(layers, client, principal, nil, now, all))
 
 	return t
 }

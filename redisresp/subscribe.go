@@ -8,7 +8,7 @@ import (
 )
 
 // Subscriptions. A subscribed connection receives messages it did not ask
-// for, so it belongs to one goroutine that waits on it (Receive) and writes
+// for, so it belongs to one goroutine that waits on it (ReceiveMessage) and writes
 // only PINGs to it (Ping), which Redis answers in the message stream. These
 // are plain functions on a Conn, so that the caller owns the loop, its
 // reconnection and its back-off.
@@ -21,7 +21,7 @@ type Message struct {
 	Payload string
 }
 
-// ErrQuiet is Receive's error when nothing arrived before the deadline; the
+// ErrQuiet is ReceiveMessage's error when nothing arrived before the deadline; the
 // connection stays usable, unlike after any other error.
 var ErrQuiet = errors.New("no message before the deadline")
 
@@ -57,11 +57,11 @@ func Subscribe(opts Options, channels []string) (*Conn, error) {
 	return c, nil
 }
 
-// Receive waits until deadline for the next reply of the subscribed c, and
+// ReceiveMessage waits until deadline for the next reply of the subscribed c, and
 // then reads it within the connection's call budget (Options.Timeout). Only
 // the wait may time out harmlessly (ErrQuiet): no byte of a reply is read
 // until one has arrived.
-func Receive(c *Conn, deadline time.Time) (Message, error) {
+func ReceiveMessage(c *Conn, deadline time.Time) (Message, error) {
 	if c.err != nil {
 		return Message{}, c.err
 	}
@@ -112,7 +112,7 @@ func messageOf(v Value) Message {
 }
 
 // Ping asks the subscribed c for a sign of life: its answer comes back
-// through Receive, as a reply that is not a message.
+// through ReceiveMessage, as a reply that is not a message.
 func Ping(c *Conn, deadline time.Time) error {
 	if c.err != nil {
 		return c.err
@@ -133,7 +133,7 @@ func Ping(c *Conn, deadline time.Time) error {
 	return nil
 }
 
-// Interrupt ends a Receive that another goroutine is waiting in, by closing
+// Interrupt ends a ReceiveMessage that another goroutine is waiting in, by closing
 // c's network connection; that goroutine owns c and sees the error.
 func Interrupt(c *Conn) {
 	_ = c.nc.Close()

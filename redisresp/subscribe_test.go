@@ -68,13 +68,13 @@ func TestSubscribeFollowsMessages(t *testing.T) {
 	}
 
 	for i, want := range []Message{{}, {}, {}, {}, {Channel: "a", Payload: "p1"}} {
-		if m, err := Receive(c, time.Now().Add(failAfter)); err != nil || m != want {
+		if m, err := ReceiveMessage(c, time.Now().Add(failAfter)); err != nil || m != want {
 			t.Fatalf("reply %d: %+v %v, want %+v", i, m, err, want)
 		}
 	}
 
 	// Nothing more until a PING: the wait ends quietly, the connection stays.
-	if _, err := Receive(c, time.Now().Add(20*time.Millisecond)); !errors.Is(err, ErrQuiet) || c.Err() != nil {
+	if _, err := ReceiveMessage(c, time.Now().Add(20*time.Millisecond)); !errors.Is(err, ErrQuiet) || c.Err() != nil {
 		t.Fatalf("quiet wait: %v, connection %v", err, c.Err())
 	}
 
@@ -83,7 +83,7 @@ func TestSubscribeFollowsMessages(t *testing.T) {
 	}
 
 	for i, want := range []Message{{}, {Channel: "b", Payload: "p\x002"}} {
-		if m, err := Receive(c, time.Now().Add(failAfter)); err != nil || m != want {
+		if m, err := ReceiveMessage(c, time.Now().Add(failAfter)); err != nil || m != want {
 			t.Fatalf("after the ping, reply %d: %+v %v, want %+v", i, m, err, want)
 		}
 	}
@@ -127,11 +127,11 @@ func TestReceiveBoundsMessages(t *testing.T) {
 			t.Fatal(err)
 		}
 
-		if _, err := Receive(c, time.Now().Add(failAfter)); err == nil || errors.Is(err, ErrQuiet) || c.Err() == nil {
+		if _, err := ReceiveMessage(c, time.Now().Add(failAfter)); err == nil || errors.Is(err, ErrQuiet) || c.Err() == nil {
 			t.Fatalf("%s: %v, connection %v", name, err, c.Err())
 		}
 
-		if _, err := Receive(c, time.Now().Add(failAfter)); err == nil {
+		if _, err := ReceiveMessage(c, time.Now().Add(failAfter)); err == nil {
 			t.Fatalf("%s: a closed connection received", name)
 		}
 
@@ -151,7 +151,7 @@ func TestInterruptEndsAWait(t *testing.T) {
 	done := make(chan error, 1)
 
 	go func() {
-		_, err := Receive(c, time.Now().Add(failAfter))
+		_, err := ReceiveMessage(c, time.Now().Add(failAfter))
 		done <- err
 	}()
 

@@ -28,12 +28,12 @@ var budgets = map[string]float64{
 	"principal with plans":    259,
 	"chain edge anonymous":    285,
 	"chain edge credentialed": 282,
-	"costed route":            945,
-	"countStatus route":       1179,
+	"costed route":            944,
+	"countStatus route":       1178,
 	"redis allowed":           454,
 	"redis refused":           240,
 	"redis synced allowed":    219,
-	"redis synced refused":    259,
+	"redis synced refused":    256,
 }
 
 // longEdge is the edge of edgeConfig with hour-long windows.
