@@ -124,8 +124,8 @@ func TestStoresAgreeWithCostsOnRedisServer(t *testing.T) {
 				continue
 			}
 
-			k := 1 + int(seed*7)%11
-			agreeSynced(t, name+", synced every "+strconv.Itoa(k), seed, k, conf, addr, admin)
+			plan := syncPlan{every: 1 + int(seed*7)%11, straddle: seed%2 == 0}
+			agreeSynced(t, name+", "+plan.String(), seed, plan, conf, addr, admin)
 		}
 	}
 
@@ -159,8 +159,9 @@ func refusedUnfit(h *harness) int {
 // TestMemoryAndSyncedRedisAgreeOnRedisServer: every configuration shape
 // that synced counting supports (fixed and calendar windows, no block)
 // answers runScript's requests on a synced Redis instance, the one replica,
-// as on memory, whether it syncs after every request, every few, or only at
-// the end: a single replica's answers do not depend on when it syncs.
+// as on memory, whether it syncs after every request (each sync still in
+// flight while the next request is decided), every few, or only at the
+// end: a single replica's answers do not depend on when it syncs.
 func TestMemoryAndSyncedRedisAgreeOnRedisServer(t *testing.T) {
 	addr, admin := redisServer(t)
 	ran := 0
@@ -177,8 +178,8 @@ func TestMemoryAndSyncedRedisAgreeOnRedisServer(t *testing.T) {
 
 		ran++
 
-		for _, k := range []int{1, 5, 1000} {
-			agreeSynced(t, sh.name+", synced every "+strconv.Itoa(k), int64(i+1), k, conf, addr, admin)
+		for _, plan := range []syncPlan{{every: 1, straddle: true}, {every: 5}, {every: 1000}} {
+			agreeSynced(t, sh.name+", "+plan.String(), int64(i+1), plan, conf, addr, admin)
 		}
 	}
 
@@ -187,13 +188,31 @@ func TestMemoryAndSyncedRedisAgreeOnRedisServer(t *testing.T) {
 	}
 }
 
+// syncPlan is when a synced instance syncs: after every so many requests,
+// and with straddle, each sync collects its points then and gets Redis's
+// totals only after the next request was decided (a sync in flight, as
+// the goroutine's may be).
+type syncPlan struct {
+	every    int
+	straddle bool
+}
+
+func (p syncPlan) String() string {
+	s := "synced every " + strconv.Itoa(p.every)
+	if p.straddle {
+		s += ", in flight over the next request"
+	}
+
+	return s
+}
+
 // agreeSynced runs one seeded script through a memory instance and a synced
-// Redis one, which syncs after every k requests and at the end: every answer
-// and the events must agree, and then every count (agreeCounts). The
-// synced windows are aligned to the epoch, the memory ones start at the
-// first request: their resets may differ by the part of a second the clock
-// is past the window's start.
-func agreeSynced(t *testing.T, name string, seed int64, k int, conf func(c *Config), addr string, admin *redisresp.Pool) {
+// Redis one, which syncs as plan says and at the end: every answer and the
+// events must agree, and then every count (agreeCounts). The synced windows
+// are aligned to the epoch, the memory ones start at the first request:
+// their resets may differ by the part of a second the clock is past the
+// window's start.
+func agreeSynced(t *testing.T, name string, seed int64, plan syncPlan, conf func(c *Config), addr string, admin *redisresp.Pool) {
 	t.Helper()
 
 	a := newHarness(t, conf)
@@ -203,6 +222,7 @@ func agreeSynced(t *testing.T, name string, seed int64, k int, conf func(c *Conf
 
 	rng := rand.New(rand.NewSource(seed))
 	refusals, pending := 0, map[string]int{}
+	var batch []*syncCounter
 
 	for i := 0; i < 300; i++ {
 		send, desc := scriptRequest(rng)
@@ -224,11 +244,19 @@ func agreeSynced(t *testing.T, name string, seed int64, k int, conf func(c *Conf
 			refusals++
 		}
 
-		if (i+1)%k == 0 {
+		finishSync(t, st, batch, now)
+		batch = nil
+
+		switch {
+		case (i+1)%plan.every != 0:
+		case plan.straddle:
+			batch, _ = collectSync(st, now)
+		default:
 			mustSync(t, st, now)
 		}
 	}
 
+	finishSync(t, st, batch, now)
 	mustSync(t, st, now)
 
 	if a.calls.Load() != b.calls.Load() {
@@ -258,6 +286,23 @@ func syncedOf(t *testing.T, b *harness) *syncState {
 	st.mu.Unlock()
 
 	return st
+}
+
+// finishSync sends a sync's batch collected earlier (collectSync) and
+// applies Redis's totals, as syncNow does after collecting.
+func finishSync(t *testing.T, st *syncState, batch []*syncCounter, now int64) {
+	t.Helper()
+
+	if batch == nil {
+		return
+	}
+
+	totals, err := sendSync(st.backend, batch, now)
+	if err != nil {
+		t.Fatalf("sync: %v", err)
+	}
+
+	applySync(st, batch, totals)
 }
 
 // agreeCounts compares what the memory instance a counts in each window
