@@ -4,13 +4,18 @@
 #   then the Lua script and RESP client against miniredis (e2e/storetest) and the check that paths_gen.go
 #   is what paths.tmpl makes.
 # make generate: paths_gen.go from paths.tmpl.
+# make kube: kube-apiserver and kine for the Kubernetes e2e test, built once into e2e/.cache.
 # make config-check: the configuration check (cmd/tierlimit-check) on dynamic.yml and every example, and its tests.
 GO ?= go
 TRAEFIK := e2e/.cache/traefik-v3.6.12
+# The Kubernetes e2e test's API server and its storage (e2e/harness/kube.go).
+KUBE_APISERVER := e2e/.cache/kube-apiserver-v1.34.4
+KINE_VERSION := v0.17.5
+KINE := e2e/.cache/kine-$(KINE_VERSION)
 # Pinned; fetched from the Go module proxy by go run, so a fresh machine needs nothing installed.
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: prereq test unit fuzz e2e dashboard demo traefik vendor-check catalog-check config-check bench generate
+.PHONY: prereq test unit fuzz e2e dashboard demo traefik kube vendor-check catalog-check config-check bench generate
 
 test: prereq vendor-check catalog-check config-check unit fuzz dashboard e2e
 
@@ -38,7 +43,8 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz=FuzzCanonicalPath -fuzztime=100000x ./request
 
 # The e2e tests start redis-server themselves: prereq checks that it is installed.
-e2e: prereq $(TRAEFIK)
+# kube-apiserver and kine are built first, so that no test's timeout counts their build.
+e2e: prereq $(TRAEFIK) $(KUBE_APISERVER) $(KINE)
 	cd e2e && $(GO) vet ./...
 	cd e2e && $(GO) run $(STATICCHECK) ./...
 	cd e2e && $(GO) test -count=1 -timeout 20m ./...
@@ -76,6 +82,24 @@ traefik: $(TRAEFIK)
 $(TRAEFIK):
 	cd e2e && $(GO) build -o .cache/traefik-v3.6.12.tmp github.com/traefik/traefik/v3/cmd/traefik
 	mv $(TRAEFIK).tmp $(TRAEFIK)
+
+kube: $(KUBE_APISERVER) $(KINE)
+
+# kube-apiserver from the Go module proxy (e2e/kube/apiserver, a module of its own, pins
+# k8s.io/kubernetes and its staging modules); kine (etcd's API on SQLite, cgo) by go install.
+# Built once into e2e/.cache (git-ignored); the harness builds them too when they are missing.
+$(KUBE_APISERVER):
+	mkdir -p e2e/.cache
+	cd e2e/kube/apiserver && $(GO) build -o ../../.cache/kube-apiserver-v1.34.4.tmp k8s.io/kubernetes/cmd/kube-apiserver
+	mv $(KUBE_APISERVER).tmp $(KUBE_APISERVER)
+
+# kine's go.mod asks for Go 1.26.5: an older go fetches that toolchain itself (GOTOOLCHAIN=auto).
+$(KINE):
+	mkdir -p e2e/.cache
+	rm -rf $(KINE).tmpdir
+	GOBIN=$(CURDIR)/$(KINE).tmpdir CGO_ENABLED=1 $(GO) install github.com/k3s-io/kine@$(KINE_VERSION)
+	mv $(KINE).tmpdir/kine $(KINE)
+	rmdir $(KINE).tmpdir
 
 # What the plugin catalog checks before it lists the plugin: .traefik.yml, go.mod, vendor/, and
 # the module as the Go proxy zips it loaded by Traefik's Yaegi loader with testData (e2e/cmd/catalogcheck).

@@ -1,16 +1,11 @@
 package tierlimit
 
-import (
-	"github.com/tierlimit/tierlimit/answer"
-	"github.com/tierlimit/tierlimit/config"
-	"github.com/tierlimit/tierlimit/request"
-)
+import "github.com/tierlimit/tierlimit/config"
 
 // The configuration is package config (config/): the schema and its
 // defaults, their parsing and validation into config.Settings. This file
-// gives Traefik the root's Config and CreateConfig, and parse the forms
-// config.Parse borrows from this package; configlayers.go adds to config's
-// catalogue of built-in layers what each charges.
+// gives Traefik the root's Config and CreateConfig; configlayers.go adds to
+// config's catalogue of built-in layers what each charges.
 
 // The schema lives in config/; these names keep the root's code as it was.
 type (
@@ -35,17 +30,7 @@ func CreateConfig() *Config {
 	return config.Defaults()
 }
 
-// configForms are the forms config.Parse borrows: the canonical path pattern
-// (request/) and the refusal body template (answer/).
-var configForms = config.Forms{CanonicalPattern: request.CanonicalPattern, CheckBody: checkBodyTemplate}
-
 // parse validates cfg and returns its parsed form (config.Parse).
 func parse(cfg *Config) (*config.Settings, error) {
-	return config.Parse(cfg, configForms)
-}
-
-// checkBodyTemplate reports a refusal body template's error.
-func checkBodyTemplate(tmpl string) error {
-	_, err := answer.ParseBodyTemplate(tmpl)
-	return err
+	return config.Parse(cfg)
 }

@@ -5,9 +5,9 @@
 // the root builds its layers and stores from. layers.go is the catalogue of
 // built-in layers, plans.go plans:, redis.go redis.* and redis.tls,
 // calendar.go calendar and utcOffset, sync.go redis.syncInterval, check.go
-// the validation helpers, keys.go the keys no field took. It imports no
-// package of the plugin but redisresp; the root passes in what it borrows
-// (Forms).
+// the validation helpers, keys.go the keys no field took. It imports the
+// plugin's request/ (canonical path patterns), answer/ (the refusal body
+// template) and redisresp/ (Redis options), never the root.
 package config
 
 import "net/http"

@@ -42,13 +42,13 @@ func TestUnknownKeysAreErrorsAtEveryLevel(t *testing.T) {
 		cfg := Defaults()
 		c.set(cfg)
 
-		_, err := Parse(cfg, testForms)
+		_, err := Parse(cfg)
 		if err == nil || err.Error() != c.want || !errors.Is(err, ErrConfig) {
 			t.Errorf("got %v\nwant %s", err, c.want)
 		}
 	}
 
-	if _, err := Parse(Defaults(), testForms); err != nil {
+	if _, err := Parse(Defaults()); err != nil {
 		t.Fatalf("defaults: %v", err)
 	}
 }
@@ -62,11 +62,4 @@ func TestKeyNamesAreReadmeSpelling(t *testing.T) {
 			t.Errorf("keyName(%s) = %s, want %s", field, got, want)
 		}
 	}
-}
-
-// testForms stand in for the root's forms: paths as written, every body
-// template good.
-var testForms = Forms{
-	CanonicalPattern: func(p string, _ bool) string { return p },
-	CheckBody:        func(string) error { return nil },
 }

@@ -8,7 +8,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tierlimit/tierlimit/answer"
 	"github.com/tierlimit/tierlimit/redisresp"
+	"github.com/tierlimit/tierlimit/request"
 )
 
 // Settings is the validated, parsed form of Config that New builds once, so
@@ -54,20 +56,7 @@ type Settings struct {
 
 	RefusalStatus int    // response.statusCode
 	RefusalType   string // response.contentType
-	ResponseBody  string // response.body, checked by Forms.CheckBody; "" for the default JSON body
-
-	forms Forms // what parsing borrows (Parse)
-}
-
-// Forms are the forms parsing borrows from the packages that own them,
-// passed in so that this package imports none of them.
-type Forms struct {
-	// CanonicalPattern is a path pattern's canonical form, folded to lower
-	// case unless caseSensitive (the root's canonicalPattern, path.go).
-	CanonicalPattern func(p string, caseSensitive bool) string
-	// CheckBody checks a refusal body template (the root's
-	// parseBodyTemplate, template.go): its error follows "response.body".
-	CheckBody func(tmpl string) error
+	ResponseBody  string // response.body, checked by answer.ParseBodyTemplate; "" for the default JSON body
 }
 
 // Rule is a parsed layer. points == 0 means off.
@@ -122,7 +111,7 @@ func (s *Settings) Spec(name string) Rule {
 // Parse validates cfg (nil: the defaults) and returns its parsed form. Every
 // error names the field and the bad value; a configuration with several
 // errors reports the first in the order of these steps.
-func Parse(cfg *Config, forms Forms) (*Settings, error) {
+func Parse(cfg *Config) (*Settings, error) {
 	if cfg == nil {
 		cfg = Defaults()
 	}
@@ -131,7 +120,7 @@ func Parse(cfg *Config, forms Forms) (*Settings, error) {
 		return nil, err
 	}
 
-	s := &Settings{Enabled: cfg.Enabled, DryRun: cfg.DryRun, Headers: cfg.Headers, KeyPrefix: cfg.KeyPrefix, forms: forms}
+	s := &Settings{Enabled: cfg.Enabled, DryRun: cfg.DryRun, Headers: cfg.Headers, KeyPrefix: cfg.KeyPrefix}
 
 	if err := parseStore(cfg, s); err != nil {
 		return nil, err
@@ -269,7 +258,7 @@ func parseLayers(cfg *Config, s *Settings) error {
 		}
 	}
 
-	routes, err := parseRoutes(cfg.Routes, s.forms)
+	routes, err := parseRoutes(cfg.Routes)
 	if err != nil {
 		return err
 	}
@@ -368,7 +357,7 @@ func parseAssetPaths(cfg *Config, s *Settings) error {
 			return invalid("assets.pathPrefixes["+strconv.Itoa(i)+"]", p, why)
 		}
 
-		s.AssetPaths = append(s.AssetPaths, s.forms.CanonicalPattern(p, s.AssetsCase))
+		s.AssetPaths = append(s.AssetPaths, request.CanonicalPattern(p, s.AssetsCase))
 	}
 
 	return nil
@@ -562,7 +551,7 @@ func durationText(raw string) string {
 	return t + "s"
 }
 
-func parseRoutes(routes []RouteConfig, forms Forms) ([]Route, error) {
+func parseRoutes(routes []RouteConfig) ([]Route, error) {
 	seen := map[string]bool{}
 	specs := make([]Route, 0, len(routes))
 
@@ -573,7 +562,7 @@ func parseRoutes(routes []RouteConfig, forms Forms) ([]Route, error) {
 			return nil, err
 		}
 
-		spec, err := parseRoute(field, rc, forms)
+		spec, err := parseRoute(field, rc)
 		if err != nil {
 			return nil, err
 		}
@@ -605,7 +594,7 @@ func checkRouteName(field, name string, seen map[string]bool) error {
 }
 
 // parseRoute reads one route; field is its place in routes.
-func parseRoute(field string, rc RouteConfig, forms Forms) (Route, error) {
+func parseRoute(field string, rc RouteConfig) (Route, error) {
 	layer, err := parseLayer(field, rc.Name, LayerConfig{Points: rc.Points, Duration: rc.Duration, Algorithm: rc.Algorithm, Burst: rc.Burst, BlockDuration: rc.BlockDuration, Calendar: rc.Calendar, UtcOffset: rc.UtcOffset, DryRun: rc.DryRun, Store: rc.Store})
 	if err != nil {
 		return Route{}, err
@@ -621,7 +610,7 @@ func parseRoute(field string, rc RouteConfig, forms Forms) (Route, error) {
 		return Route{}, err
 	}
 
-	if err := parseRouteMatch(field, rc, forms, &spec); err != nil {
+	if err := parseRouteMatch(field, rc, &spec); err != nil {
 		return Route{}, err
 	}
 
@@ -700,7 +689,7 @@ func parseRouteKey(field, key string, spec *Route) error {
 }
 
 // parseRouteMatch reads the methods and paths a route matches.
-func parseRouteMatch(field string, rc RouteConfig, forms Forms, spec *Route) error {
+func parseRouteMatch(field string, rc RouteConfig, spec *Route) error {
 	for j, m := range rc.Methods {
 		if !validToken(m) {
 			return invalid(field+".methods["+strconv.Itoa(j)+"]", m, "not an HTTP method")
@@ -718,7 +707,7 @@ func parseRouteMatch(field string, rc RouteConfig, forms Forms, spec *Route) err
 			return invalid(field+".paths["+strconv.Itoa(j)+"]", p, why)
 		}
 
-		c := forms.CanonicalPattern(p, rc.CaseSensitive)
+		c := request.CanonicalPattern(p, rc.CaseSensitive)
 		if strings.HasSuffix(c, "/") {
 			spec.Prefixes = append(spec.Prefixes, c)
 		} else {
@@ -797,7 +786,7 @@ func parseExempt(ec ExemptConfig, s *Settings) error {
 	s.ExemptIPs = ips
 
 	for i, id := range ec.Principals {
-		if strings.TrimSpace(id) == "" || len(id) > maxPrincipal {
+		if strings.TrimSpace(id) == "" || len(id) > request.MaxPrincipalLen {
 			return invalid("exempt.principals["+strconv.Itoa(i)+"]", id, "must be 1-128 characters")
 		}
 
@@ -812,10 +801,6 @@ func parseExempt(ec ExemptConfig, s *Settings) error {
 
 	return nil
 }
-
-// maxPrincipal is exempt.principals' longest id: the root's
-// maxPrincipalLen (principal.go), which bounds the principal ids kept as keys.
-const maxPrincipal = 128
 
 // maxBodyTemplate bounds the configured refusal body.
 const maxBodyTemplate = 64 << 10
@@ -835,7 +820,7 @@ func parseResponse(rc ResponseConfig, s *Settings) error {
 		return invalid("response.body", rc.Body[:32]+"...", "longer than 64 KiB")
 	}
 
-	if err := s.forms.CheckBody(rc.Body); err != nil {
+	if _, err := answer.ParseBodyTemplate(rc.Body); err != nil {
 		return invalid("response.body", rc.Body, err.Error())
 	}
 

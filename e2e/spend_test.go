@@ -189,9 +189,12 @@ func TestRefusedRequestsSpendNoGlobalBudgetOnACluster(t *testing.T) {
 	}
 	defer c.Kill()
 
-	// Cluster keys carry their bucket key in a hash tag.
+	// Cluster keys carry their bucket key in a hash tag. A refusal on one
+	// slot gives back what the other slot's call charged, in a call of its
+	// own: generous timeouts keep a loaded machine's slow give-back (which
+	// leaves the layer over-charged, the safe side) out of what this counts.
 	tagged := func(key string) string { return "{" + key + "}" }
-	noisyNeighbour(t, "store: redis\n          redis: {cluster: {addresses: [\""+strings.Join(c.Seeds(), `", "`)+"\"]}}", c.Primaries, tagged)
+	noisyNeighbour(t, "store: redis\n          redis: {timeout: 1s, dialTimeout: 1s, cluster: {addresses: [\""+strings.Join(c.Seeds(), `", "`)+"\"]}}", c.Primaries, tagged)
 }
 
 // noisyNeighbour is the scenario of TestRefusedRequestsSpendNoGlobalBudget

@@ -155,6 +155,9 @@ type Options struct {
 	// PluginSource is the tierlimit source tree to load; empty: this
 	// repository's working tree.
 	PluginSource string
+	// Providers is more of the static configuration's providers section
+	// (YAML, each line indented by two spaces), beside the file provider.
+	Providers string
 }
 
 // LocalPlugin is a plugin given by its source files, loaded in local mode under Alias.
@@ -280,14 +283,14 @@ ping: {}
 log:
   level: INFO
 providers:
-%s  file:
+%s%s  file:
     filename: %q
     watch: true
 experimental:
   localPlugins:
     tierlimit:
       moduleName: %s
-%s%s`, ports[0], ports[1], ports[2], ports[3], opts.Debug, throttle, tr.DynamicPath, ModuleName, extra, opts.Extra)
+%s%s`, ports[0], ports[1], ports[2], ports[3], opts.Debug, throttle, opts.Providers, tr.DynamicPath, ModuleName, extra, opts.Extra)
 
 	staticPath := filepath.Join(opts.Dir, "traefik.yml")
 	if err := os.WriteFile(staticPath, []byte(static), 0o644); err != nil {
