@@ -145,7 +145,7 @@ func refusedUnfit(h *harness) int {
 
 	n := 0
 
-	for _, l := range allLayers(h.p) {
+	for _, l := range h.p.layers {
 		for _, w := range h.p.memory.maps[l.name] {
 			if l.interval == 0 && w.refused > 0 && w.count < l.points {
 				n++
@@ -319,7 +319,7 @@ func agreeCounts(t *testing.T, name string, a, b *harness, admin *redisresp.Pool
 	want := map[string]int64{} // the key's base: its prefix, layer and bucket
 	bucketLayers := map[string]bool{}
 
-	for _, l := range allLayers(b.p) {
+	for _, l := range b.p.layers {
 		if l.interval != 0 {
 			bucketLayers[prefix+l.name+":"] = true
 		}
@@ -367,24 +367,13 @@ func agreeCounts(t *testing.T, name string, a, b *harness, admin *redisresp.Pool
 		st.mu.Unlock()
 	}
 
-	if len(want) == 0 && len(allLayers(a.p)) > 0 {
+	if len(want) == 0 && len(a.p.layers) > 0 {
 		t.Errorf("%s: memory counted nothing", name)
 	}
 
 	if msg := sameCounts(want, got); msg != "" {
 		t.Errorf("%s: counts differ (memory, then Redis):\n%s", name, msg)
 	}
-}
-
-// allLayers is every layer of p: the built-in ones, the routes' and the
-// plans'.
-func allLayers(p *Plugin) []*layer {
-	out := append([]*layer{}, p.layers...)
-	for _, rt := range p.routes {
-		out = append(out, rt.layer)
-	}
-
-	return out
 }
 
 // layerPrefix is the part of key up to its layer's name and colon.
