@@ -1,0 +1,427 @@
+package tierlimit
+
+import (
+	"math/rand"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tierlimit/tierlimit/redisresp"
+)
+
+// The equivalence of the stores: memory, exact Redis (one script call per
+// request) and synced Redis (redis.syncInterval, one replica) give the same
+// answer to every request of a seeded script, with routes that cost more
+// than one point, and hold the same counts at its end.
+// TestMemoryAndRedisAgreeOnRedisServer (redisserver_test.go) does the same
+// for memory and exact Redis over every configuration shape.
+
+// costedShape draws a configuration from seed: the edge layers and four
+// routes the script's paths reach, each with a cost from 1 to 5 and points
+// at least that cost, one of them on a calendar day, the others of
+// algorithm ("fixed", "sliding" or "tokenbucket"; the ip layer too).
+func costedShape(seed int64, algorithm string) func(c *Config) {
+	return func(c *Config) {
+		rng := rand.New(rand.NewSource(seed))
+		costed := func(name, key string, methods, paths []string) RouteConfig {
+			cost := 1 + rng.Intn(5)
+			rc := RouteConfig{Name: name, Key: key, Methods: methods, Paths: paths, Cost: cost, Points: unfitPoints(cost, rng), Duration: "1h"}
+
+			if algorithm != "fixed" {
+				rc.Algorithm = algorithm
+			}
+
+			if algorithm == "tokenbucket" {
+				rc.Burst, rc.Points = rc.Points, 1
+			}
+
+			return rc
+		}
+
+		c.Global = LayerConfig{Points: 60 + rng.Intn(40), Duration: "1h"}
+		c.IP = LayerConfig{Points: 12 + rng.Intn(12), Duration: "1h"}
+		c.Assets = AssetsConfig{Points: 8, Duration: "1h", PathPrefixes: []string{"/assets/"}}
+		c.User = LayerConfig{Points: 6, Duration: "1h"}
+		c.Principal.UserHeader = "X-Auth-User"
+		c.Principal.CredentialHeaders = []string{"Authorization"}
+
+		if algorithm != "fixed" {
+			c.IP.Algorithm = algorithm
+		}
+
+		if algorithm == "tokenbucket" {
+			c.IP.Burst, c.IP.Points = c.IP.Points, 1
+		}
+
+		login := costed("auth_login", "", []string{"POST"}, []string{"/auth/login"})
+		login.Algorithm, login.Burst, login.Duration, login.Calendar = "", 0, "", "day"
+		login.Points = unfitPoints(login.Cost, rng)
+
+		c.Routes = []RouteConfig{
+			login,
+			costed("export", "", nil, []string{"/export"}),
+			costed("api_write", "principal", []string{"POST", "PUT"}, []string{"/api", "/users/"}),
+			costed("users", "", nil, []string{"/users/"}),
+		}
+	}
+}
+
+// unfitPoints is a route's points for cost: at least cost, and not a
+// multiple of it when it is above 1, so that the route's last request does
+// not fit while points are left.
+func unfitPoints(cost int, rng *rand.Rand) int {
+	points := cost + 1 + rng.Intn(6)
+	if cost > 1 && points%cost == 0 {
+		points++
+	}
+
+	return points
+}
+
+// synced is a Redis instance's configuration with redis.syncInterval.
+func synced(c *Config) {
+	c.Redis.SyncInterval = "1h"
+}
+
+// syncable reports whether conf may be synced: fixed and calendar windows
+// only, no block (config/sync.go).
+func syncable(conf func(c *Config)) bool {
+	cfg := CreateConfig()
+	conf(cfg)
+	cfg.Store = "redis"
+	synced(cfg)
+
+	_, err := parse(cfg)
+
+	return err == nil
+}
+
+// TestStoresAgreeWithCostsOnRedisServer: seeded configurations with costed
+// routes (fixed and calendar windows; sliding windows and token buckets,
+// which synced counting does not support, on memory and exact Redis only)
+// answer every request of a seeded script alike on memory, exact Redis and
+// synced Redis synced every k requests, and end with the same counts.
+func TestStoresAgreeWithCostsOnRedisServer(t *testing.T) {
+	addr, admin := redisServer(t)
+	start := time.Now()
+	unfit := map[string]int{}
+
+	for seed := int64(1); seed <= 6; seed++ {
+		for _, algorithm := range []string{"fixed", "sliding", "tokenbucket"} {
+			name := algorithm + " seed " + strconv.FormatInt(seed, 10)
+			conf := costedShape(seed, algorithm)
+
+			a := newHarness(t, conf)
+			b, _ := redisHarness(t, addr, with(conf, asACLUser))
+			agreeOnRedis(t, name+", exact", seed, a, b, admin, start)
+			agreeCounts(t, name+", exact", a, b, admin, nil)
+			unfit[algorithm] += refusedUnfit(a)
+
+			if algorithm != "fixed" {
+				continue
+			}
+
+			plan := syncPlan{every: 1 + int(seed*7)%11, straddle: seed%2 == 0}
+			agreeSynced(t, name+", "+plan.String(), seed, plan, conf, addr, admin)
+		}
+	}
+
+	for _, algorithm := range []string{"fixed", "sliding", "tokenbucket"} {
+		if unfit[algorithm] == 0 {
+			t.Errorf("%s: no window refused a request that did not fit while it had points left: the scripts do not reach that case", algorithm)
+		}
+	}
+}
+
+// refusedUnfit is the number of windows of the memory instance h (fixed,
+// calendar and sliding) that refused a request while they held less than
+// their points: requests of a cost above 1 that did not fit, refused whole.
+func refusedUnfit(h *harness) int {
+	h.p.memory.mu.Lock()
+	defer h.p.memory.mu.Unlock()
+
+	n := 0
+
+	for _, l := range h.p.layers {
+		for _, w := range h.p.memory.maps[l.name] {
+			if l.interval == 0 && w.refused > 0 && w.count < l.points {
+				n++
+			}
+		}
+	}
+
+	return n
+}
+
+// TestMemoryAndSyncedRedisAgreeOnRedisServer: every configuration shape
+// that synced counting supports (fixed and calendar windows, no block)
+// answers runScript's requests on a synced Redis instance, the one replica,
+// as on memory, whether it syncs after every request (each sync still in
+// flight while the next request is decided), every few, or only at the
+// end: a single replica's answers do not depend on when it syncs.
+func TestMemoryAndSyncedRedisAgreeOnRedisServer(t *testing.T) {
+	addr, admin := redisServer(t)
+	ran := 0
+
+	for i, sh := range shapes {
+		if sh.mode == modeOff || sh.name == "redis" || sh.name == "status" {
+			continue
+		}
+
+		conf := with(sh.cfg, longWindows)
+		if !syncable(conf) {
+			continue
+		}
+
+		ran++
+
+		for _, plan := range []syncPlan{{every: 1, straddle: true}, {every: 5}, {every: 1000}} {
+			agreeSynced(t, sh.name+", "+plan.String(), int64(i+1), plan, conf, addr, admin)
+		}
+	}
+
+	if ran < 20 {
+		t.Fatalf("%d shapes synced: the filter leaves out too many", ran)
+	}
+}
+
+// syncPlan is when a synced instance syncs: after every so many requests,
+// and with straddle, each sync collects its points then and gets Redis's
+// totals only after the next request was decided (a sync in flight, as
+// the goroutine's may be).
+type syncPlan struct {
+	every    int
+	straddle bool
+}
+
+func (p syncPlan) String() string {
+	s := "synced every " + strconv.Itoa(p.every)
+	if p.straddle {
+		s += ", in flight over the next request"
+	}
+
+	return s
+}
+
+// agreeSynced runs one seeded script through a memory instance and a synced
+// Redis one, which syncs as plan says and at the end: every answer and the
+// events must agree, and then every count (agreeCounts). The synced windows
+// are aligned to the epoch, the memory ones start at the first request:
+// their resets may differ by the part of a second the clock is past the
+// window's start.
+func agreeSynced(t *testing.T, name string, seed int64, plan syncPlan, conf func(c *Config), addr string, admin *redisresp.Pool) {
+	t.Helper()
+
+	a := newHarness(t, conf)
+	b, _ := redisHarness(t, addr, with(with(conf, asACLUser), synced))
+	st := syncedOf(t, b)
+	now := b.clock.Now().UnixNano()
+
+	rng := rand.New(rand.NewSource(seed))
+	refusals, pending := 0, map[string]int{}
+	var batch []*syncCounter
+
+	for i := 0; i < 300; i++ {
+		send, desc := scriptRequest(rng)
+		evA, evB := a.events.Len(), b.events.Len()
+		ra, rb := send(a), send(b)
+		what := name + ": request " + strconv.Itoa(i) + " (" + desc + ")"
+
+		if msg := differ(ra, rb, a.p.name, b.p.name, 1); msg != "" {
+			t.Errorf("%s: %s", what, msg)
+			return
+		}
+
+		if msg := matchEvents(eventLines(a.events.String()[evA:], a.p.name), eventLines(b.events.String()[evB:], b.p.name), pending, false); msg != "" {
+			t.Errorf("%s: %s", what, msg)
+			return
+		}
+
+		if ra.Code == http.StatusTooManyRequests {
+			refusals++
+		}
+
+		finishSync(t, st, batch, now)
+		batch = nil
+
+		switch {
+		case (i+1)%plan.every != 0:
+		case plan.straddle:
+			batch, _ = collectSync(st, now)
+		default:
+			mustSync(t, st, now)
+		}
+	}
+
+	finishSync(t, st, batch, now)
+	mustSync(t, st, now)
+
+	if a.calls.Load() != b.calls.Load() {
+		t.Errorf("%s: backend called %d vs %d times", name, a.calls.Load(), b.calls.Load())
+	}
+
+	if len(a.p.layers) > 0 && (a.events.Len() == 0 || refusals == 0 && !a.p.dryRun) {
+		t.Errorf("%s: %d refusals, events %q: the script does not reach a refusal", name, refusals, a.events.String())
+	}
+
+	agreeCounts(t, name, a, b, admin, st)
+}
+
+// syncedOf is b's synced counters, on b's backend and clock (syncHarness's
+// set-up, for a store a month policy may wrap).
+func syncedOf(t *testing.T, b *harness) *syncState {
+	t.Helper()
+
+	rs := redisOf(b.p.store)
+	if rs == nil || rs.synced == nil {
+		t.Fatalf("redis.syncInterval made no synced store: %T", b.p.store)
+	}
+
+	st := rs.synced
+	st.mu.Lock()
+	st.backend, st.now = rs.backend, b.clock.Now
+	st.mu.Unlock()
+
+	return st
+}
+
+// finishSync sends a sync's batch collected earlier (collectSync) and
+// applies Redis's totals, as syncNow does after collecting.
+func finishSync(t *testing.T, st *syncState, batch []*syncCounter, now int64) {
+	t.Helper()
+
+	if batch == nil {
+		return
+	}
+
+	totals, err := sendSync(st.backend, batch, now)
+	if err != nil {
+		t.Fatalf("sync: %v", err)
+	}
+
+	applySync(st, batch, totals)
+}
+
+// agreeCounts compares what the memory instance a counts in each window
+// with the Redis keys of b: a fixed or calendar window's counter, a sliding
+// window's current count; with st (synced), also each synced counter's
+// total from its last sync. A token bucket's state is the time its tokens
+// come back, which runs on Redis's clock there: its answers are compared,
+// not its key. Keys of another instance on the server are told apart by
+// b's prefix.
+func agreeCounts(t *testing.T, name string, a, b *harness, admin *redisresp.Pool, st *syncState) {
+	t.Helper()
+
+	prefix := redisOf(b.p.store).prefix
+	want := map[string]int64{} // the key's base: its prefix, layer and bucket
+	bucketLayers := map[string]bool{}
+
+	for _, l := range b.p.layers {
+		if l.interval != 0 {
+			bucketLayers[prefix+l.name+":"] = true
+		}
+	}
+
+	a.p.memory.mu.Lock()
+	for layer, m := range a.p.memory.maps {
+		for bucket, w := range m {
+			if w.count != 0 && !bucketLayers[prefix+layer+":"] {
+				want[prefix+layer+":"+bucket] += w.count
+			}
+		}
+	}
+	a.p.memory.mu.Unlock()
+
+	got := map[string]int64{}
+
+	for _, v := range redisDo(t, admin, "KEYS", prefix+"*").Array {
+		key := v.Str
+		if strings.HasSuffix(key, ":block") || bucketLayers[layerPrefix(key, prefix)] {
+			continue
+		}
+
+		var n int64
+		if redisDo(t, admin, "TYPE", key).Str == "hash" {
+			n, _ = strconv.ParseInt(redisDo(t, admin, "HGET", key, "c").Str, 10, 64)
+		} else {
+			n, _ = strconv.ParseInt(redisDo(t, admin, "GET", key).Str, 10, 64)
+		}
+
+		if n != 0 {
+			got[windowBase(key, want)] += n
+		}
+	}
+
+	if st != nil {
+		st.mu.Lock()
+		for _, m := range st.byLayer {
+			for _, c := range m {
+				if c.pending != 0 || c.inflight != 0 || c.remote != got[windowBase(c.key, want)] {
+					t.Errorf("%s: synced counter %s: remote %d, pending %d, in flight %d after the last sync; Redis %d", name, c.key, c.remote, c.pending, c.inflight, got[windowBase(c.key, want)])
+				}
+			}
+		}
+		st.mu.Unlock()
+	}
+
+	if len(want) == 0 && len(a.p.layers) > 0 {
+		t.Errorf("%s: memory counted nothing", name)
+	}
+
+	if msg := sameCounts(want, got); msg != "" {
+		t.Errorf("%s: counts differ (memory, then Redis):\n%s", name, msg)
+	}
+}
+
+// layerPrefix is the part of key up to its layer's name and colon.
+func layerPrefix(key, prefix string) string {
+	rest := strings.TrimPrefix(key, prefix)
+	if i := strings.IndexByte(rest, ':'); i >= 0 {
+		return prefix + rest[:i+1]
+	}
+
+	return key
+}
+
+// windowBase is key without the window's start a calendar or synced key
+// ends with (":" and digits), when that names a counter of want.
+func windowBase(key string, want map[string]int64) string {
+	if _, ok := want[key]; ok {
+		return key
+	}
+
+	i := strings.LastIndexByte(key, ':')
+	if i < 0 {
+		return key
+	}
+
+	if _, err := strconv.ParseInt(key[i+1:], 10, 64); err != nil {
+		return key
+	}
+
+	return key[:i]
+}
+
+// sameCounts lists the keys whose counts differ, or is "".
+func sameCounts(want, got map[string]int64) string {
+	var diffs []string
+
+	for k, n := range want {
+		if got[k] != n {
+			diffs = append(diffs, k+": "+strconv.FormatInt(n, 10)+" vs "+strconv.FormatInt(got[k], 10))
+		}
+	}
+
+	for k, n := range got {
+		if _, ok := want[k]; !ok {
+			diffs = append(diffs, k+": none vs "+strconv.FormatInt(n, 10))
+		}
+	}
+
+	sort.Strings(diffs)
+
+	return strings.Join(diffs, "\n")
+}
