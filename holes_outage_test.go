@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// Outage payments and the memory fallback at their edges (issue 32): a
+// Outage payments and the memory fallback at their edges: a
 // second outage, a refund during one, a key Redis counts at exactly its
 // points when it goes away.
 

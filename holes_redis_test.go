@@ -1,12 +1,9 @@
 package tierlimit
 
 import (
-	"bufio"
 	"bytes"
-	"net"
 	"net/http"
 	"net/http/httptest"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -14,7 +11,7 @@ import (
 	"github.com/tierlimit/tierlimit/redisresp"
 )
 
-// Resets and Clusters at their edges (issue 32): a reset that finds no
+// Resets and Clusters at their edges: a reset that finds no
 // Redis key, a synced batch on a Cluster.
 
 // TestResetIsPublishedWhenRedisHasNoKey: a reset reaches the other
@@ -179,70 +176,16 @@ func TestSyncedBatchIsGroupedPerSlotOnACluster(t *testing.T) {
 func clusterNode(t *testing.T) (string, *redisresp.Pool) {
 	t.Helper()
 
-	path, err := exec.LookPath("redis-server")
-	if err != nil {
-		t.Fatalf("redis-server is not on PATH (apt-get install redis-server): %v", err)
-	}
-
 	dir := t.TempDir()
+	addr, admin := startRedisServer(t, func(port string) []string {
+		return []string{"--dir", dir, "--cluster-enabled", "yes", "--cluster-config-file", "nodes-" + port + ".conf",
+			"--cluster-announce-ip", "127.0.0.1"}
+	})
 
-	for attempt := 0; attempt < 5; attempt++ {
-		addr := closedPort(t)
-		_, port, _ := net.SplitHostPort(addr)
+	redisDo(t, admin, "CLUSTER", "ADDSLOTSRANGE", "0", "16383")
+	waitUntil(t, "the cluster's state ok", func() bool {
+		return strings.Contains(redisDo(t, admin, "CLUSTER", "INFO").Str, "cluster_state:ok")
+	})
 
-		cmd := exec.Command(path, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-			"--dir", dir, "--cluster-enabled", "yes", "--cluster-config-file", "nodes-"+port+".conf",
-			"--cluster-announce-ip", "127.0.0.1")
-
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-
-		if err := cmd.Start(); err != nil {
-			t.Fatalf("starting redis-server: %v", err)
-		}
-
-		ready, log := false, ""
-		sc := bufio.NewScanner(out)
-
-		for !ready && sc.Scan() {
-			log += sc.Text() + "\n"
-			ready = strings.Contains(sc.Text(), "Ready to accept connections")
-		}
-
-		if !ready {
-			_ = cmd.Wait()
-
-			if strings.Contains(log, "Address already in use") {
-				continue
-			}
-
-			t.Fatalf("redis-server did not start:\n%s", log)
-		}
-
-		go func() {
-			for sc.Scan() {
-			}
-		}()
-
-		t.Cleanup(func() {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		})
-
-		admin := redisresp.NewPool(redisresp.Options{Address: addr, Timeout: 2 * time.Second})
-		t.Cleanup(admin.Close)
-
-		redisDo(t, admin, "CLUSTER", "ADDSLOTSRANGE", "0", "16383")
-		waitUntil(t, "the cluster's state ok", func() bool {
-			return strings.Contains(redisDo(t, admin, "CLUSTER", "INFO").Str, "cluster_state:ok")
-		})
-
-		return addr, admin
-	}
-
-	t.Fatal("redis-server: no free port in 5 attempts")
-
-	return "", nil
+	return addr, admin
 }

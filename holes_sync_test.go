@@ -9,7 +9,7 @@ import (
 	"github.com/tierlimit/tierlimit/redisresp"
 )
 
-// Synced counting (redis.syncInterval) at its edges (issue 32): charges made
+// Synced counting (redis.syncInterval) at its edges: charges made
 // while a failing sync is in flight, a key at its points under maxTracked
 // pressure, a request at the instant its window ends.
 

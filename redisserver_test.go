@@ -25,22 +25,28 @@ import (
 func redisServer(t *testing.T) (string, *redisresp.Pool) {
 	t.Helper()
 
+	addr, admin := startRedisServer(t, func(string) []string { return nil })
+	redisDo(t, admin, readmeACL(t)...)
+
+	return addr, admin
+}
+
+// startRedisServer runs a redis-server of the test's own on a free loopback
+// port, persisting nothing, with the arguments args gives for its port, and
+// returns its address and a client (stopped at the test's end).
+func startRedisServer(t *testing.T, args func(port string) []string) (string, *redisresp.Pool) {
+	t.Helper()
+
 	path, err := exec.LookPath("redis-server")
 	if err != nil {
 		t.Fatalf("these tests run the rate-limit scripts on a real redis-server, which is not on PATH (apt-get install redis-server): %v", err)
 	}
 
 	for attempt := 0; attempt < 5; attempt++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-
-		addr := l.Addr().String()
-		l.Close()
+		addr := closedPort(t)
 
 		_, port, _ := net.SplitHostPort(addr)
-		cmd := exec.Command(path, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
+		cmd := exec.Command(path, append([]string{"--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"}, args(port)...)...)
 
 		out, err := cmd.StdoutPipe()
 		if err != nil {
@@ -83,8 +89,6 @@ func redisServer(t *testing.T) (string, *redisresp.Pool) {
 
 		admin := redisresp.NewPool(redisresp.Options{Address: addr, Timeout: 2 * time.Second})
 		t.Cleanup(admin.Close)
-
-		redisDo(t, admin, readmeACL(t)...)
 
 		return addr, admin
 	}

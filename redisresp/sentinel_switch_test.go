@@ -29,17 +29,7 @@ func TestSwitchMasterAloneMovesCalls(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	watcher := 0
-	waitFor(t, "the watcher's SUBSCRIBE", func() bool {
-		for _, c := range sentinel.log() {
-			if c.args[0] == "SUBSCRIBE" && c.args[1] == "+switch-master" {
-				watcher = c.conn
-				return true
-			}
-		}
-
-		return false
-	})
+	watcher := switchWatcher(t, sentinel)
 
 	// The failover: the sentinels name b from now on, and announce it.
 	mu.Lock()

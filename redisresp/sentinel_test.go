@@ -322,17 +322,7 @@ func TestSentinelFollowsSwitchMaster(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	watcher := 0
-	waitFor(t, "the watcher's SUBSCRIBE", func() bool {
-		for _, c := range sentinel.log() {
-			if c.args[0] == "SUBSCRIBE" && c.args[1] == "+switch-master" {
-				watcher = c.conn
-				return true
-			}
-		}
-
-		return false
-	})
+	watcher := switchWatcher(t, sentinel)
 
 	mu.Lock()
 	current = b.addr()
@@ -418,4 +408,24 @@ func TestSentinelScriptIntsDropsAPrimaryWhoseConnectionFailed(t *testing.T) {
 	if lostPrimary(fmt.Errorf("waiting 5s for one of 16 connections: %w", ErrPoolTimeout)) {
 		t.Fatal("a busy pool is taken for a lost primary")
 	}
+}
+
+// switchWatcher waits for a client's SUBSCRIBE to +switch-master on the
+// sentinel and returns the number of that connection.
+func switchWatcher(t *testing.T, sentinel *fakePrimary) int {
+	t.Helper()
+
+	watcher := 0
+	waitFor(t, "the watcher's SUBSCRIBE", func() bool {
+		for _, c := range sentinel.log() {
+			if c.args[0] == "SUBSCRIBE" && c.args[1] == "+switch-master" {
+				watcher = c.conn
+				return true
+			}
+		}
+
+		return false
+	})
+
+	return watcher
 }
