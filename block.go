@@ -1,5 +1,7 @@
 package tierlimit
 
+import "github.com/tierlimit/tierlimit/limit"
+
 // A layer's blockDuration (README: blockDuration) refuses every request of a
 // key it refused, for that long from the refusal, even after the key's window
 // resets. The memory store keeps the blocks in a map per layer beside its
@@ -131,7 +133,7 @@ func refuseBlockedAt(s *windowStore, t *tally, c *charge, i int) bool {
 
 	l.stats.refused++
 	countBlocked(s, l, key)
-	t.refuse(i, l.points+1, until, []string{formatInt(ceilSeconds(until))}, false)
+	t.refuse(i, l.points+1, until, []string{formatInt(limit.CeilSeconds(until))}, false)
 
 	return true
 }
@@ -157,7 +159,7 @@ func (s *windowStore) startBlock(t *tally, i int, now int64, l *layer, key strin
 	if t.shown == i {
 		// One value per statement: doc.go, constructs Yaegi cannot run.
 		t.reset = until
-		t.resetH = []string{formatInt(ceilSeconds(until))}
+		t.resetH = []string{formatInt(limit.CeilSeconds(until))}
 	}
 }
 

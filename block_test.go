@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/redisresp"
 )
 
@@ -47,7 +48,7 @@ func TestBlockOutlivesTheWindow(t *testing.T) {
 			t.Fatalf("%s: 1.5s into the block: %d, Retry-After %q", algorithm, rec.Code, ra)
 		}
 
-		if want := formatInt(ceilSeconds(began.Add(4 * time.Second).UnixNano())); rec.Header().Get("X-RateLimit-Reset") != want {
+		if want := formatInt(limit.CeilSeconds(began.Add(4 * time.Second).UnixNano())); rec.Header().Get("X-RateLimit-Reset") != want {
 			t.Fatalf("%s: X-RateLimit-Reset %q, want the block's end %s", algorithm, rec.Header().Get("X-RateLimit-Reset"), want)
 		}
 
@@ -98,7 +99,7 @@ func TestStatusListsAndResetEndsABlock(t *testing.T) {
 
 	doc := h.status("/_rl")
 	if len(doc.Keys.Items) != 1 || doc.Keys.Items[0].Key != client || !doc.Keys.Items[0].Limited ||
-		doc.Keys.Items[0].ResetUnix != ceilSeconds(began.Add(4*time.Second).UnixNano()) {
+		doc.Keys.Items[0].ResetUnix != limit.CeilSeconds(began.Add(4*time.Second).UnixNano()) {
 		t.Fatalf("status of a blocked key: %+v", doc.Keys.Items)
 	}
 

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tierlimit/tierlimit/limit"
+
 	"github.com/tierlimit/tierlimit/answer"
 	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/redisresp"
@@ -461,16 +463,16 @@ func algorithmArg(args string) (int, int, int) {
 // newHeaderTable makes a layer's header values; a token bucket's policy
 // window is the time its burst takes to refill (interval per point).
 func newHeaderTable(spec config.Rule, interval int64) headerTable {
-	limit := formatInt(spec.Points)
+	points := formatInt(spec.Points)
 	window := int64(spec.Duration)
 	if spec.Bucket {
 		window = spec.Points * interval
 	}
 
 	t := headerTable{
-		limit:     limit,
-		limitHdr:  []string{limit},
-		policyHdr: []string{`"` + spec.Name + `";q=` + limit + ";w=" + formatInt(ceilSeconds(window))},
+		limit:     points,
+		limitHdr:  []string{points},
+		policyHdr: []string{`"` + spec.Name + `";q=` + points + ";w=" + formatInt(limit.CeilSeconds(window))},
 	}
 
 	for left := int64(0); left <= spec.Points && left < maxPrecomputed; left++ {

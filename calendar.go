@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tierlimit/tierlimit/limit"
+
 	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/redisresp"
 )
@@ -26,40 +28,16 @@ const (
 	calMonth = config.CalMonth
 )
 
-// period returns the start and the end (the next boundary) of the calendar
-// period that holds now, Unix nanoseconds.
-func (l *limits) period(now int64) (start, end int64) {
-	t := time.Unix(0, now+l.utcOffset).UTC()
-	y, m, d := t.Date()
-
-	var from, to time.Time
-
-	switch l.calendar {
-	case calWeek:
-		back := (int(t.Weekday()) + 6) % 7 // days since Monday
-		from = time.Date(y, m, d-back, 0, 0, 0, 0, time.UTC)
-		to = from.AddDate(0, 0, 7)
-	case calMonth:
-		from = time.Date(y, m, 1, 0, 0, 0, 0, time.UTC)
-		to = from.AddDate(0, 1, 0)
-	default:
-		from = time.Date(y, m, d, 0, 0, 0, 0, time.UTC)
-		to = from.AddDate(0, 0, 1)
-	}
-
-	return from.UnixNano() - l.utcOffset, to.UnixNano() - l.utcOffset
-}
-
 // alignCalendar gives the memory window w, restarted at now, its period.
 func alignCalendar(now int64, l *layer, w *window) {
-	w.start, w.reset = l.period(now)
+	w.start, w.reset = limit.Period(now, l.calendar, l.utcOffset)
 	w.expire = w.reset
 }
 
 // calendarSuffix is what a calendar layer's Redis key ends with at now: the
 // period's start in Unix seconds.
 func calendarSuffix(l *layer, now int64) string {
-	start, _ := l.period(now)
+	start, _ := limit.Period(now, l.calendar, l.utcOffset)
 	return ":" + formatInt(start/int64(time.Second))
 }
 
@@ -75,7 +53,7 @@ func calendarCall(l *layer, keys, args, key string, now int64) (string, string) 
 // calendarArgs are a calendar layer's script arguments at now: its window is
 // the milliseconds left to the period's end (at least 1).
 func calendarArgs(l *layer, now int64) string {
-	_, end := l.period(now)
+	_, end := limit.Period(now, l.calendar, l.utcOffset)
 	ms := (end - now) / int64(time.Millisecond)
 	if ms < 1 {
 		ms = 1
@@ -168,10 +146,10 @@ func monthPolicyAt(l *layer, now int64) []string {
 	defer m.mu.Unlock()
 
 	if m.hdr == nil || now < m.start || now >= m.end {
-		start, end := l.period(now)
+		start, end := limit.Period(now, l.calendar, l.utcOffset)
 		m.start = start
 		m.end = end
-		m.hdr = []string{`"` + l.name + `";q=` + l.limit + ";w=" + formatInt(ceilSeconds(end-start))}
+		m.hdr = []string{`"` + l.name + `";q=` + l.limit + ";w=" + formatInt(limit.CeilSeconds(end-start))}
 	}
 
 	return m.hdr

@@ -1,6 +1,10 @@
 package tierlimit
 
-import "net/http"
+import (
+	"net/http"
+
+	"github.com/tierlimit/tierlimit/limit"
+)
 
 // A route with countStatus (a login limit that counts failed logins only) is
 // charged after the response, and only when its status is listed. Up front
@@ -60,7 +64,7 @@ func (s *windowStore) check(t *tally, i int, now int64, l *layer, key string, co
 	}
 
 	if resetH == nil {
-		resetH = []string{formatInt(ceilSeconds(reset))}
+		resetH = []string{formatInt(limit.CeilSeconds(reset))}
 	}
 
 	t.allow(i, l, count, reset, resetH)
@@ -72,7 +76,7 @@ func (s *windowStore) check(t *tally, i int, now int64, l *layer, key string, co
 func checkSliding(t *tally, i int, now int64, l *layer, w *window, cost int64) bool {
 	if w == nil || w.expire <= now {
 		reset := now + l.duration
-		t.allow(i, l, 0, reset, []string{formatInt(ceilSeconds(reset))})
+		t.allow(i, l, 0, reset, []string{formatInt(limit.CeilSeconds(reset))})
 
 		return false
 	}
@@ -86,7 +90,7 @@ func checkSliding(t *tally, i int, now int64, l *layer, w *window, cost int64) b
 
 	if est > l.points {
 		retry := now + slidingWait(w.prevCount, w.count, cost, l.points, left, l.duration)
-		return checkRefused(t, i, l, w, est, retry, []string{formatInt(ceilSeconds(retry))})
+		return checkRefused(t, i, l, w, est, retry, []string{formatInt(limit.CeilSeconds(retry))})
 	}
 
 	t.allow(i, l, est-cost, w.reset, w.resetH)
@@ -103,10 +107,10 @@ func checkBucket(t *tally, i int, now int64, l *layer, w *window, cost int64) bo
 
 	if tat-now > (l.points-cost)*l.interval {
 		retry := tat - (l.points-cost)*l.interval
-		return checkRefused(t, i, l, w, l.points+1, retry, []string{formatInt(ceilSeconds(retry))})
+		return checkRefused(t, i, l, w, l.points+1, retry, []string{formatInt(limit.CeilSeconds(retry))})
 	}
 
-	t.allow(i, l, bucketUsed(tat-now, l.interval), tat, []string{formatInt(ceilSeconds(tat))})
+	t.allow(i, l, bucketUsed(tat-now, l.interval), tat, []string{formatInt(limit.CeilSeconds(tat))})
 
 	return false
 }
@@ -125,7 +129,7 @@ func checkRefused(t *tally, i int, l *layer, w *window, count, reset int64, rese
 	}
 
 	if resetH == nil {
-		resetH = []string{formatInt(ceilSeconds(reset))}
+		resetH = []string{formatInt(limit.CeilSeconds(reset))}
 	}
 
 	return t.refuseAs(i, l, count, reset, resetH, first)

@@ -1,5 +1,7 @@
 package tierlimit
 
+import "github.com/tierlimit/tierlimit/limit"
+
 // The Redis store's memory fallback decides while Redis cannot. It starts
 // each key from what Redis last reported of it to this process, not from
 // zero: a key that Redis had at 290 of 300 when it failed gets 10 more from
@@ -39,7 +41,7 @@ func remember(s *windowStore, l *layer, key string, count, reset, now int64) []s
 
 	if w.reset != reset {
 		w.reset = reset
-		if secs := ceilSeconds(reset); secs != w.resetSec {
+		if secs := limit.CeilSeconds(reset); secs != w.resetSec {
 			w.resetSec = secs
 			w.resetH = []string{formatInt(secs)}
 		}

@@ -4,6 +4,8 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/tierlimit/tierlimit/limit"
+
 	"github.com/tierlimit/tierlimit/answer"
 	"github.com/tierlimit/tierlimit/request"
 )
@@ -51,8 +53,8 @@ func cacheRefusal(l *layer, resetH string, reset, secs int64) {
 	c := &l.cache
 	if c.resetH != resetH {
 		c.resetH = resetH
-		c.resetSec = ceilSeconds(reset)
-		c.body = []byte(l.BodyPrefix + time.Unix(ceilSeconds(reset), 0).UTC().Format(time.RFC3339) + l.BodySuffix)
+		c.resetSec = limit.CeilSeconds(reset)
+		c.body = []byte(l.BodyPrefix + time.Unix(limit.CeilSeconds(reset), 0).UTC().Format(time.RFC3339) + l.BodySuffix)
 	}
 
 	c.secs = secs

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/tierlimit/tierlimit/limit"
 )
 
 // A dry-run rule never shows in the client's headers: they show the most
@@ -32,7 +34,7 @@ func wantHeaders(t *testing.T, h *harness, rec *httptest.ResponseRecorder, what,
 		end -= end % 60e9
 	}
 
-	reset := strconv.FormatInt(ceilSeconds(end), 10)
+	reset := strconv.FormatInt(limit.CeilSeconds(end), 10)
 	want := map[string]string{
 		"X-Ratelimit-Limit":     strconv.Itoa(points),
 		"X-Ratelimit-Remaining": strconv.Itoa(left),

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tierlimit/tierlimit/limit"
+
 	"github.com/tierlimit/tierlimit/redisresp"
 )
 
@@ -558,7 +560,7 @@ func (s *redisStore) takeBlocked(t *tally, c *charge) bool {
 			}
 
 			*t = tally{shown: i, count: l.points + 1, reset: reset, refused: true,
-				resetH: []string{formatInt(ceilSeconds(reset))}}
+				resetH: []string{formatInt(limit.CeilSeconds(reset))}}
 
 			return true
 		}
@@ -714,7 +716,7 @@ func (s *redisStore) record(t *tally, c *charge, ints []int64) error {
 	}
 
 	if !t.refused {
-		t.resetH = []string{formatInt(ceilSeconds(t.reset))}
+		t.resetH = []string{formatInt(limit.CeilSeconds(t.reset))}
 	}
 
 	for i := 0; i < n; i++ {
@@ -764,7 +766,7 @@ func (s *redisStore) refused(t *tally, c *charge, i int, count, reset int64) boo
 		first = s.blocked.note(l.blockPrefix, key, reset, now)
 	}
 
-	return t.refuseAs(i, l, count, reset, []string{formatInt(ceilSeconds(reset))}, first)
+	return t.refuseAs(i, l, count, reset, []string{formatInt(limit.CeilSeconds(reset))}, first)
 }
 
 // Back-off bounds: Redis is skipped for minBackoff after a failure, doubling

@@ -2,7 +2,6 @@ package tierlimit
 
 import (
 	"strconv"
-	"time"
 
 	"github.com/tierlimit/tierlimit/answer"
 )
@@ -23,15 +22,6 @@ const (
 // smallInts are the decimal forms of 0 to maxSmallInt, for header values
 // (answer.SmallInts, the same slice).
 var smallInts = answer.SmallInts
-
-// ceilSeconds converts nanoseconds to whole seconds, rounding up.
-func ceilSeconds(ns int64) int64 {
-	if ns <= 0 {
-		return ns / int64(time.Second)
-	}
-
-	return (ns + int64(time.Second) - 1) / int64(time.Second)
-}
 
 func formatInt(n int64) string {
 	return strconv.FormatInt(n, 10)

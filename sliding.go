@@ -2,6 +2,8 @@ package tierlimit
 
 import (
 	"math"
+
+	"github.com/tierlimit/tierlimit/limit"
 )
 
 // A sliding layer uses the sliding-window counter: windows follow each other
@@ -85,7 +87,7 @@ func (s *windowStore) slide(t *tally, i int, now int64, l *layer, key string, co
 		first := !w.logged
 		w.logged = true
 		retry := now + slidingWait(w.prevCount, w.count, cost, l.points, left, l.duration)
-		return t.refuseAs(i, l, est, retry, []string{formatInt(ceilSeconds(retry))}, first)
+		return t.refuseAs(i, l, est, retry, []string{formatInt(limit.CeilSeconds(retry))}, first)
 	}
 
 	w.count += cost
@@ -103,7 +105,7 @@ func rotate(w *window, l *layer) {
 	w.start = w.reset
 	w.reset = w.start + l.duration
 	w.expire = w.start + l.list.span
-	w.resetSec = ceilSeconds(w.reset)
+	w.resetSec = limit.CeilSeconds(w.reset)
 	w.resetH = []string{formatInt(w.resetSec)}
 	l.list.push(w)
 }

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tierlimit/tierlimit/limit"
+
 	"github.com/tierlimit/tierlimit/answer"
 	"github.com/tierlimit/tierlimit/request"
 )
@@ -275,7 +277,7 @@ func (p *Plugin) statusItems(entries []liveKey, offset int) []statusKey {
 	for i := offset; i < len(entries); i++ {
 		e := entries[i]
 		l := p.layers[e.layer]
-		resetUnix := ceilSeconds(e.reset)
+		resetUnix := limit.CeilSeconds(e.reset)
 
 		items = append(items, statusKey{
 			Layer: l.name, Key: e.key, Count: e.count, Limit: l.points, Limited: e.limited, Refused: e.refused,

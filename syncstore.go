@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tierlimit/tierlimit/limit"
+
 	"github.com/tierlimit/tierlimit/redisresp"
 )
 
@@ -201,7 +203,7 @@ func syncStateFor(ctx context.Context, name string, backend *redisBackend, inter
 // epoch or the calendar, so that every replica computes the same.
 func syncWindow(l *layer, now int64) (int64, int64) {
 	if l.calendar != 0 {
-		return l.period(now)
+		return limit.Period(now, l.calendar, l.utcOffset)
 	}
 
 	start := now - now%l.duration
@@ -260,7 +262,7 @@ func syncRestart(st *syncState, l *layer, bucket string, now int64) *syncCounter
 	key := syncKey(l, bucket, st.backend != nil && st.backend.cluster != nil, start)
 
 	c := &syncCounter{key: key, layer: l.name, bucket: bucket, points: l.points, end: end, stats: l.stats,
-		resetSec: ceilSeconds(end)}
+		resetSec: limit.CeilSeconds(end)}
 	c.resetH = []string{formatInt(c.resetSec)}
 	if st.backend != nil && st.backend.cluster != nil {
 		c.slot = redisresp.Slot(key)

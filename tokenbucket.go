@@ -4,6 +4,8 @@ import (
 	"net"
 	"strings"
 
+	"github.com/tierlimit/tierlimit/limit"
+
 	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/request"
 )
@@ -79,7 +81,7 @@ func (s *windowStore) drip(t *tally, i int, now int64, l *layer, key string, cos
 		first := !w.logged
 		w.logged = true
 		retry := tat - (l.points-cost)*l.interval
-		return t.refuseAs(i, l, l.points+1, retry, []string{formatInt(ceilSeconds(retry))}, first)
+		return t.refuseAs(i, l, l.points+1, retry, []string{formatInt(limit.CeilSeconds(retry))}, first)
 	}
 
 	tat += cost * l.interval
@@ -89,7 +91,7 @@ func (s *windowStore) drip(t *tally, i int, now int64, l *layer, key string, cos
 
 	// X-RateLimit-Reset changes with every request; it is formatted again
 	// only when its second does.
-	secs := ceilSeconds(tat)
+	secs := limit.CeilSeconds(tat)
 	if w.resetH == nil || w.resetSec != secs {
 		w.resetSec = secs
 		w.resetH = []string{formatInt(secs)}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/tierlimit/tierlimit/config"
+	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/request"
 )
 
@@ -125,8 +126,8 @@ func TestTokenBucketHeaders(t *testing.T) {
 		}
 
 		full := start.Add(time.Duration(i) * 10 * time.Second)
-		if got := rec.Header().Get("X-Ratelimit-Reset"); got != strconv.FormatInt(ceilSeconds(full.UnixNano()), 10) {
-			t.Fatalf("request %d: reset %s, want %d (bucket full again)", i, got, ceilSeconds(full.UnixNano()))
+		if got := rec.Header().Get("X-Ratelimit-Reset"); got != strconv.FormatInt(limit.CeilSeconds(full.UnixNano()), 10) {
+			t.Fatalf("request %d: reset %s, want %d (bucket full again)", i, got, limit.CeilSeconds(full.UnixNano()))
 		}
 
 		if got := rec.Header().Get("Ratelimit-Policy"); got != `"ip";q=3;w=30` {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"sync"
 	"sync/atomic"
+
+	"github.com/tierlimit/tierlimit/limit"
 )
 
 // windowStore holds fixed-window counters in memory: one counter per layer and
@@ -283,7 +285,7 @@ func (s *windowStore) restart(now int64, l *layer, w *window, key string) *windo
 	if l.calendar != 0 {
 		alignCalendar(now, l, w)
 	}
-	w.resetSec = ceilSeconds(w.reset)
+	w.resetSec = limit.CeilSeconds(w.reset)
 	w.resetH = []string{formatInt(w.resetSec)}
 	w.logged = false
 	w.taken = s.takes

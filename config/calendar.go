@@ -1,6 +1,7 @@
 package config
 
 import (
+	"github.com/tierlimit/tierlimit/limit"
 	"strconv"
 	"strings"
 	"time"
@@ -11,9 +12,9 @@ import (
 // Monday 00:00, months from the 1st, in UTC or at a fixed offset (the root's
 // calendar.go counts them).
 const (
-	CalDay = 1 + iota
-	CalWeek
-	CalMonth
+	CalDay   = limit.Day
+	CalWeek  = limit.Week
+	CalMonth = limit.Month
 )
 
 // calendarMax is the longest period of each calendar: the layer's duration,

@@ -1,0 +1,7 @@
+// Package limit is the arithmetic of a rate limit, as pure functions over
+// numbers: no I/O, no locks, no net/http. Times are Unix nanoseconds, passed
+// in by the caller, so every function is as easy to test as to call. The
+// stores (memstore, redisstore) and the root's status page use it; the Lua
+// scripts of redisstore are its only other form, held equal by the root's
+// equivalence tests (equiv_test.go, equiv_stores_test.go).
+package limit
