@@ -1,5 +1,6 @@
 package tierlimit
 
+import "github.com/tierlimit/tierlimit/rule"
 import "github.com/tierlimit/tierlimit/limit"
 
 // A layer's blockDuration (README: blockDuration) refuses every request of a
@@ -23,7 +24,7 @@ type blockingStore struct {
 // anyBlock reports whether one of the layers has a blockDuration.
 func anyBlock(layers []*layer) bool {
 	for _, l := range layers {
-		if l.blockDuration != 0 {
+		if l.BlockDuration != 0 {
 			return true
 		}
 	}
@@ -38,18 +39,18 @@ func anyBlock(layers []*layer) bool {
 func (b *blockingStore) take(t *tally, c *charge) {
 	s := b.windowStore
 
-	if !c.all && refuseAny(b, t, c) {
+	if !c.All && refuseAny(b, t, c) {
 		return
 	}
 
 	s.take(t, c)
 
-	if !t.refused || c.all || t.shown < 0 || c.layers[t.shown].blockDuration == 0 {
+	if !t.Refused || c.All || t.Shown < 0 || c.Layers[t.Shown].BlockDuration == 0 {
 		return
 	}
 
 	s.mu.Lock()
-	s.startBlock(t, t.shown, c.now, c.layers[t.shown], c.keys[t.shown])
+	s.startBlock(t, t.Shown, c.Now, c.Layers[t.Shown], c.Keys[t.Shown])
 	s.mu.Unlock()
 }
 
@@ -69,18 +70,18 @@ func refuseAny(b *blockingStore, t *tally, c *charge) bool {
 	cost := costOf(t)
 
 	if i > 0 {
-		s.take(t, chargePrefix(c, i))
-		if t.refused {
+		s.take(t, rule.ChargePrefix(c, i))
+		if t.Refused {
 			return true
 		}
 	}
 
 	s.mu.Lock()
-	giveBack(c, i, cost, t.uncharged)
-	*t = tally{cost: t.cost}
+	giveBack(c, i, cost, t.Uncharged)
+	*t = tally{Cost: t.Cost}
 
 	if !refuseBlockedAt(s, t, c, i) {
-		t.shown = -1 // the block ended meanwhile: decided afresh
+		t.Shown = -1 // the block ended meanwhile: decided afresh
 		s.mu.Unlock()
 
 		return false
@@ -100,12 +101,12 @@ func firstBlocked(b *blockingStore, c *charge) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 
-	for i, l := range c.layers {
-		if l.blockDuration == 0 || l.dryRun {
+	for i, l := range c.Layers {
+		if l.BlockDuration == 0 || l.DryRun {
 			continue
 		}
 
-		if until := l.blocks[c.keys[i]]; until > c.now {
+		if until := l.Blocks[c.Keys[i]]; until > c.Now {
 			return i
 		}
 	}
@@ -118,22 +119,22 @@ func firstBlocked(b *blockingStore, c *charge) int {
 // refusal's event, so none of them is reported; each is counted (the layer's
 // and the key's refused).
 func refuseBlockedAt(s *windowStore, t *tally, c *charge, i int) bool {
-	l, key, now := c.layers[i], c.keys[i], c.now
-	until := l.blocks[key]
+	l, key, now := c.Layers[i], c.Keys[i], c.Now
+	until := l.Blocks[key]
 	if until == 0 {
 		return false
 	}
 
 	if until <= now {
-		delete(l.blocks, key)
-		delete(s.blockHits[l.name], key)
+		delete(l.Blocks, key)
+		delete(s.blockHits[l.Name], key)
 
 		return false
 	}
 
-	l.stats.refused++
+	l.Stats.Refused++
 	countBlocked(s, l, key)
-	t.refuse(i, l.points+1, until, []string{formatInt(limit.CeilSeconds(until))}, false)
+	t.Refuse(i, l.Points+1, until, []string{formatInt(limit.CeilSeconds(until))}, false)
 
 	return true
 }
@@ -142,24 +143,24 @@ func refuseBlockedAt(s *windowStore, t *tally, c *charge, i int) bool {
 // refusal shown then says when the block ends, and it is reported (one event
 // per block, whatever the window's earlier refusals).
 func (s *windowStore) startBlock(t *tally, i int, now int64, l *layer, key string) {
-	if l.blocks[key] > now {
+	if l.Blocks[key] > now {
 		return
 	}
 
-	trimEntries(l.blocks, s.max, now)
+	trimEntries(l.Blocks, s.max, now)
 
-	until := now + l.blockDuration
-	l.blocks[key] = until
-	t.firsts |= uint64(1) << uint(i)
+	until := now + l.BlockDuration
+	l.Blocks[key] = until
+	t.Firsts |= uint64(1) << uint(i)
 
 	// The refusal that starts the block is its first.
 	hits := blockHitsOf(s, l)
 	hits[key] = 1
 
-	if t.shown == i {
+	if t.Shown == i {
 		// One value per statement: doc.go, constructs Yaegi cannot run.
-		t.reset = until
-		t.resetH = []string{formatInt(limit.CeilSeconds(until))}
+		t.Reset = until
+		t.ResetH = []string{formatInt(limit.CeilSeconds(until))}
 	}
 }
 
@@ -168,13 +169,13 @@ func (s *windowStore) forgetBlock(l *layer, key string, now int64) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 
-	until, ok := s.blocks[l.name][key]
+	until, ok := s.blocks[l.Name][key]
 	if !ok {
 		return false
 	}
 
-	delete(s.blocks[l.name], key)
-	delete(s.blockHits[l.name], key)
+	delete(s.blocks[l.Name], key)
+	delete(s.blockHits[l.Name], key)
 
 	return until > now
 }
@@ -187,9 +188,9 @@ func (s *windowStore) blockedKeys(now int64, layers []*layer, prefix string) []b
 	s.mu.Lock()
 
 	for _, l := range layers {
-		for key, until := range s.blocks[l.name] {
+		for key, until := range s.blocks[l.Name] {
 			if until > now && (prefix == "" || len(key) >= len(prefix) && key[:len(prefix)] == prefix) {
-				out = append(out, blockedKey{layer: l.name, prefix: l.blockPrefix, key: key, reset: until, refused: s.blockHits[l.name][key]})
+				out = append(out, blockedKey{layer: l.Name, prefix: l.BlockPrefix, key: key, reset: until, refused: s.blockHits[l.Name][key]})
 			}
 		}
 	}
@@ -214,8 +215,8 @@ func (s *windowStore) forgetBlockKey(layer, key string) {
 // key's window is not charged, so it ends and is replaced only after the
 // block). Called with s.mu held.
 func countBlocked(s *windowStore, l *layer, key string) {
-	if w := l.entries[key]; w != nil && w.list == l.list {
-		w.refused++
+	if w := l.Entries[key]; w != nil && w.List == l.List {
+		w.Refused++
 	}
 
 	hits := blockHitsOf(s, l)
@@ -230,15 +231,15 @@ func blockHitsOf(s *windowStore, l *layer) map[string]int64 {
 		s.blockHits = map[string]map[string]int64{}
 	}
 
-	hits := s.blockHits[l.name]
+	hits := s.blockHits[l.Name]
 	if hits == nil {
 		hits = map[string]int64{}
-		s.blockHits[l.name] = hits
+		s.blockHits[l.Name] = hits
 	}
 
 	if len(hits) >= s.max {
 		for key := range hits {
-			if _, ok := l.blocks[key]; !ok {
+			if _, ok := l.Blocks[key]; !ok {
 				delete(hits, key)
 			}
 		}

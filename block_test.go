@@ -146,12 +146,12 @@ func TestBlockOnRedisServer(t *testing.T) {
 
 		// b is a replica of a: another process of the same middleware.
 		for i, l := range b.p.layers {
-			l.redisKey = a.p.layers[i].redisKey
+			l.RedisKey = a.p.layers[i].RedisKey
 		}
 
 		a.burst(client, 4)
 
-		key := a.p.layers[layerIndex(a, "ip")].redisKey + client
+		key := a.p.layers[layerIndex(a, "ip")].RedisKey + client
 		if v := redisDo(t, admin, "PTTL", key+":block"); v.Int < 3000 || v.Int > 4000 {
 			t.Fatalf("%s: the block key's PTTL: %+v", algorithm, v)
 		}
@@ -208,7 +208,7 @@ func TestBlockInTheMemoryFallback(t *testing.T) {
 			t.Fatalf("%s: 1.5s into the block, its window over: %d, Retry-After %q, want 429 and 3", algorithm, rec.Code, rec.Header().Get("Retry-After"))
 		}
 
-		if reset := redisStoreOf(h.p).blocked.resetOf(h.p.layers[0].blockPrefix, "203.0.113.9", h.clock.Now().UnixNano()); reset == 0 {
+		if reset := redisStoreOf(h.p).blocked.resetOf(h.p.layers[0].BlockPrefix, "203.0.113.9", h.clock.Now().UnixNano()); reset == 0 {
 			t.Fatalf("%s: the fallback's block is not on the block list", algorithm)
 		}
 

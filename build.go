@@ -137,7 +137,7 @@ func build(ctx context.Context, cfg *config.Settings, next http.Handler, name st
 	}
 
 	for _, l := range all {
-		l.refusal = newRefusal(cfg, l)
+		l.Refusal = newRefusal(cfg, l)
 	}
 
 	splitCountStatus(p.routes)
@@ -158,8 +158,8 @@ func splitCountStatus(routes []*route) {
 
 		charge := *rt.layer
 		rt.charge = &charge
-		rt.layer.checkOnly = true
-		rt.layer.redisArgs = checkArgs(rt.layer.redisArgs)
+		rt.layer.CheckOnly = true
+		rt.layer.RedisArgs = checkArgs(rt.layer.RedisArgs)
 	}
 }
 
@@ -241,11 +241,11 @@ func neverCharged(cfg *config.Settings, name string) bool {
 func quietDryRuns(layers []*layer) {
 	enforced := false
 	for _, l := range layers {
-		enforced = enforced || !l.dryRun
+		enforced = enforced || !l.DryRun
 	}
 
 	for _, l := range layers {
-		l.quiet = l.dryRun && enforced
+		l.Quiet = l.DryRun && enforced
 	}
 }
 
@@ -266,7 +266,7 @@ func buildRoutes(memory *windowStore, specs []config.Route) ([]*route, map[strin
 			layer: newLayer(memory, rs.Rule, routeKeyKinds[rs.Key]), methods: rs.Methods, exact: rs.Exact, prefixes: rs.Prefixes,
 			caseSensitive: rs.CaseSensitive, cost: rs.Cost, countStatus: rs.CountStatus,
 		}
-		rt.layer.minCost = rs.Cost
+		rt.layer.MinCost = rs.Cost
 		routes = append(routes, rt)
 
 		anyMethod = anyMethod || len(rs.Methods) == 0
@@ -321,9 +321,9 @@ func newRedisStore(ctx context.Context, cfg *config.Settings, name string, memor
 	}
 
 	for _, l := range layers {
-		l.redisKey = rs.prefix + l.name + ":"
-		l.redisConstKey = redisresp.Bulk(l.redisKey + l.constKey)
-		l.blockPrefix = blockPrefix(l)
+		l.RedisKey = rs.prefix + l.Name + ":"
+		l.RedisConstKey = redisresp.Bulk(l.RedisKey + l.ConstKey)
+		l.BlockPrefix = blockPrefix(l)
 	}
 
 	if cfg.SyncInterval > 0 {
@@ -366,32 +366,32 @@ func newLayer(memory *windowStore, spec config.Rule, keyKind int) *layer {
 	}
 
 	l := &layer{
-		limits: limits{
-			name:          spec.Name,
-			points:        spec.Points,
-			duration:      int64(spec.Duration),
-			keyKind:       keyKind,
-			constKey:      layerGlobal,
-			keyHeader:     spec.KeyHeader,
-			sliding:       spec.Sliding,
-			blockDuration: int64(spec.Block),
-			calendar:      spec.Calendar,
-			utcOffset:     spec.UtcOffset,
-			dryRun:        spec.DryRun,
-			memory:        spec.Memory,
+		Limits: limits{
+			Name:          spec.Name,
+			Points:        spec.Points,
+			Duration:      int64(spec.Duration),
+			KeyKind:       keyKind,
+			ConstKey:      layerGlobal,
+			KeyHeader:     spec.KeyHeader,
+			Sliding:       spec.Sliding,
+			BlockDuration: int64(spec.Block),
+			Calendar:      spec.Calendar,
+			UtcOffset:     spec.UtcOffset,
+			DryRun:        spec.DryRun,
+			Memory:        spec.Memory,
 		},
 	}
 
 	// A token bucket's points become its burst (tokenbucket.go).
 	if spec.Bucket {
-		spec = l.makeBucket(spec)
+		spec = makeBucket(l, spec)
 	}
 
-	l.redisEncoding = newRedisEncoding(spec, l.refill)
-	l.headerTable = newHeaderTable(spec, l.interval)
+	l.RedisEncoding = newRedisEncoding(spec, l.Refill)
+	l.HeaderTable = newHeaderTable(spec, l.Interval)
 
 	if spec.Calendar == calMonth {
-		l.month = &monthPolicy{}
+		l.Month = &monthPolicy{}
 	}
 
 	memory.attach(l)
@@ -404,27 +404,27 @@ func newLayer(memory *windowStore, spec config.Rule, keyKind int) *layer {
 func newRedisEncoding(spec config.Rule, rate int64) redisEncoding {
 	ms := int64(spec.Duration / time.Millisecond)
 	head := redisresp.Bulk(formatInt(spec.Points)) + redisresp.Bulk(formatInt(ms))
-	e := redisEncoding{redisArgs: head + algoFixed + argNoRate, maxTTL: ms}
+	e := redisEncoding{RedisArgs: head + algoFixed + argNoRate, MaxTTL: ms}
 
 	switch {
 	case spec.Sliding:
-		e.redisArgs = head + algoSliding + argNoRate
-		e.maxTTL = 2 * ms
+		e.RedisArgs = head + algoSliding + argNoRate
+		e.MaxTTL = 2 * ms
 	case spec.Bucket:
-		e.redisArgs = head + algoBucket + redisresp.Bulk(formatInt(rate))
-		e.maxTTL = (spec.Points*ms+rate-1)/rate + 1
+		e.RedisArgs = head + algoBucket + redisresp.Bulk(formatInt(rate))
+		e.MaxTTL = (spec.Points*ms+rate-1)/rate + 1
 	}
 
 	if spec.Block > 0 {
-		e.redisArgs, e.maxTTL = withBlock(e.redisArgs, e.maxTTL, int64(spec.Block/time.Millisecond))
+		e.RedisArgs, e.MaxTTL = withBlock(e.RedisArgs, e.MaxTTL, int64(spec.Block/time.Millisecond))
 	}
 
 	if spec.DryRun {
-		e.redisArgs = flagArgs(e.redisArgs, "d")
+		e.RedisArgs = flagArgs(e.RedisArgs, "d")
 	}
 
 	if spec.Calendar != 0 {
-		e.redisTail = redisTail(e.redisArgs)
+		e.RedisTail = redisTail(e.RedisArgs)
 	}
 
 	return e
@@ -470,17 +470,17 @@ func newHeaderTable(spec config.Rule, interval int64) headerTable {
 	}
 
 	t := headerTable{
-		limit:     points,
-		limitHdr:  []string{points},
-		policyHdr: []string{`"` + spec.Name + `";q=` + points + ";w=" + formatInt(limit.CeilSeconds(window))},
+		Limit:     points,
+		LimitHdr:  []string{points},
+		PolicyHdr: []string{`"` + spec.Name + `";q=` + points + ";w=" + formatInt(limit.CeilSeconds(window))},
 	}
 
 	for left := int64(0); left <= spec.Points && left < maxPrecomputed; left++ {
-		t.remainingHdr = append(t.remainingHdr, []string{formatInt(left)})
-		t.ratePrefix = append(t.ratePrefix, `"`+spec.Name+`";r=`+formatInt(left)+";t=")
+		t.RemainingHdr = append(t.RemainingHdr, []string{formatInt(left)})
+		t.RatePrefix = append(t.RatePrefix, `"`+spec.Name+`";r=`+formatInt(left)+";t=")
 	}
 
-	t.tableLen = int64(len(t.remainingHdr))
+	t.TableLen = int64(len(t.RemainingHdr))
 
 	return t
 }
@@ -490,8 +490,8 @@ func newRefusal(cfg *config.Settings, l *layer) refusal {
 	r := refusal{Policy: answer.Policy{
 		Status:      cfg.RefusalStatus,
 		ContentType: answer.JSONContentType,
-		BodyPrefix:  `{"errors":[{"message":"Hit rate limit","extensions":{"code":"REQUESTS_EXCEEDED","limit":` + l.limit + `,"reset":"`,
-		BodySuffix:  `","layer":"` + l.name + `"}}]}`,
+		BodyPrefix:  `{"errors":[{"message":"Hit rate limit","extensions":{"code":"REQUESTS_EXCEEDED","limit":` + l.Limit + `,"reset":"`,
+		BodySuffix:  `","layer":"` + l.Name + `"}}]}`,
 	}}
 
 	if cfg.RefusalType != answer.JSONContentType[0] {
@@ -500,7 +500,7 @@ func newRefusal(cfg *config.Settings, l *layer) refusal {
 
 	if cfg.ResponseBody != "" {
 		body, _ := answer.ParseBodyTemplate(cfg.ResponseBody) // checked by config.Parse
-		r.Body = answer.BindLayer(body, l.name, l.limit)
+		r.Body = answer.BindLayer(body, l.Name, l.Limit)
 	}
 
 	return r
@@ -544,4 +544,17 @@ func (p *Plugin) buildStore(ctx context.Context, cfg *config.Settings, name stri
 	if anyMonth(p.layers) {
 		p.store = &monthStore{inner: p.store}
 	}
+}
+
+// makeBucket turns l into a token bucket for spec: points becomes the burst,
+// the bucket's capacity, which the headers and the refusal report as the limit.
+// It returns spec with its points set to the burst likewise.
+func makeBucket(l *layer, spec config.Rule) config.Rule {
+	l.Refill = spec.Points
+	l.Interval = int64(spec.Duration) / spec.Points
+	l.Points = spec.Burst
+	l.Limit = formatInt(spec.Burst)
+	spec.Points = spec.Burst
+
+	return spec
 }

@@ -4,7 +4,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/tierlimit/tierlimit/limit"
@@ -30,14 +29,14 @@ const (
 
 // alignCalendar gives the memory window w, restarted at now, its period.
 func alignCalendar(now int64, l *layer, w *window) {
-	w.start, w.reset = limit.Period(now, l.calendar, l.utcOffset)
-	w.expire = w.reset
+	w.Start, w.Reset = limit.Period(now, l.Calendar, l.UtcOffset)
+	w.Expire = w.Reset
 }
 
 // calendarSuffix is what a calendar layer's Redis key ends with at now: the
 // period's start in Unix seconds.
 func calendarSuffix(l *layer, now int64) string {
-	start, _ := limit.Period(now, l.calendar, l.utcOffset)
+	start, _ := limit.Period(now, l.Calendar, l.UtcOffset)
 	return ":" + formatInt(start/int64(time.Second))
 }
 
@@ -45,7 +44,7 @@ func calendarSuffix(l *layer, now int64) string {
 // (encodeCall): the key names the period, and the window is the
 // milliseconds left to its end (at least 1).
 func calendarCall(l *layer, keys, args, key string, now int64) (string, string) {
-	key = l.redisKey + key + calendarSuffix(l, now)
+	key = l.RedisKey + key + calendarSuffix(l, now)
 
 	return keys + "$" + strconv.Itoa(len(key)) + "\r\n" + key + "\r\n", args + calendarArgs(l, now)
 }
@@ -53,13 +52,13 @@ func calendarCall(l *layer, keys, args, key string, now int64) (string, string) 
 // calendarArgs are a calendar layer's script arguments at now: its window is
 // the milliseconds left to the period's end (at least 1).
 func calendarArgs(l *layer, now int64) string {
-	_, end := limit.Period(now, l.calendar, l.utcOffset)
+	_, end := limit.Period(now, l.Calendar, l.UtcOffset)
 	ms := (end - now) / int64(time.Millisecond)
 	if ms < 1 {
 		ms = 1
 	}
 
-	return redisresp.Bulk(formatInt(l.points)) + redisresp.Bulk(formatInt(ms)) + l.redisTail
+	return redisresp.Bulk(formatInt(l.Points)) + redisresp.Bulk(formatInt(ms)) + l.RedisTail
 }
 
 // redisTail is a layer's script arguments after its points and window.
@@ -88,19 +87,10 @@ func redisTail(args string) string {
 // the lower bits are the layers' first refusals (report reads those only).
 const monthPolicyBit = uint64(1) << 63
 
-// monthPolicy is a month layer's RateLimit-Policy value for the period
-// [start, end), Unix nanoseconds.
-type monthPolicy struct {
-	mu    sync.Mutex
-	start int64
-	end   int64
-	hdr   []string
-}
-
 // anyMonth reports whether one of the layers has calendar: month.
 func anyMonth(layers []*layer) bool {
 	for _, l := range layers {
-		if l.calendar == calMonth {
+		if l.Calendar == calMonth {
 			return true
 		}
 	}
@@ -117,8 +107,8 @@ type monthStore struct {
 func (m *monthStore) take(t *tally, c *charge) {
 	m.inner.take(t, c)
 
-	if t.shown >= 0 && c.layers[t.shown].month != nil {
-		t.firsts |= monthPolicyBit
+	if t.Shown >= 0 && c.Layers[t.Shown].Month != nil {
+		t.Firsts |= monthPolicyBit
 	}
 }
 
@@ -130,7 +120,7 @@ func (m *monthStore) refund(c *charge, cost int64) {
 // holds now, when h shows l's header table (headers on, l shown).
 func setMonthPolicy(h http.Header, l *layer, now int64) {
 	v := h["Ratelimit-Policy"]
-	if len(v) != 1 || v[0] != l.policyHdr[0] {
+	if len(v) != 1 || v[0] != l.PolicyHdr[0] {
 		return
 	}
 
@@ -140,25 +130,25 @@ func setMonthPolicy(h http.Header, l *layer, now int64) {
 // monthPolicyAt is l's RateLimit-Policy value at now, made again when now
 // leaves the period it was made for.
 func monthPolicyAt(l *layer, now int64) []string {
-	m := l.month
+	m := l.Month
 
-	m.mu.Lock()
-	defer m.mu.Unlock()
+	m.Mu.Lock()
+	defer m.Mu.Unlock()
 
-	if m.hdr == nil || now < m.start || now >= m.end {
-		start, end := limit.Period(now, l.calendar, l.utcOffset)
-		m.start = start
-		m.end = end
-		m.hdr = []string{`"` + l.name + `";q=` + l.limit + ";w=" + formatInt(limit.CeilSeconds(end-start))}
+	if m.Hdr == nil || now < m.Start || now >= m.End {
+		start, end := limit.Period(now, l.Calendar, l.UtcOffset)
+		m.Start = start
+		m.End = end
+		m.Hdr = []string{`"` + l.Name + `";q=` + l.Limit + ";w=" + formatInt(limit.CeilSeconds(end-start))}
 	}
 
-	return m.hdr
+	return m.Hdr
 }
 
 // monthPolicyOf is setMonthPolicy where the headers were set for l without
 // a tally's mark (the ip charge of an invalid credential, invalidcred.go).
 func monthPolicyOf(h http.Header, l *layer, now int64) {
-	if l.month != nil {
+	if l.Month != nil {
 		setMonthPolicy(h, l, now)
 	}
 }

@@ -116,7 +116,7 @@ func TestCalendarWindowsOnRedisServer(t *testing.T) {
 
 			// The key names its window: the period's start in Unix seconds.
 			l := h.p.layers[layerIndex(h, "ip")]
-			key := l.redisKey + "203.0.113.9:" + strconv.FormatInt(c.boundary.Unix(), 10)
+			key := l.RedisKey + "203.0.113.9:" + strconv.FormatInt(c.boundary.Unix(), 10)
 			if v := redisDo(t, admin, "GET", key).Str; v != "1" {
 				t.Errorf("GET %s = %q, want 1", key, v)
 			}

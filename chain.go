@@ -55,7 +55,7 @@ func settle(pd *pendingIP, t *tally, now int64, charging bool) *charge {
 		cost = 1
 	}
 
-	t.cost = cost
+	t.Cost = cost
 	c := chargeOf(edge.planInvalid, client, "", nil, now, edge.dryRun)
 	edge.store.take(t, c)
 
@@ -64,7 +64,7 @@ func settle(pd *pendingIP, t *tally, now int64, charging bool) *charge {
 		charged = edge.planCred
 	}
 
-	if t.refused && !edge.dryRun && len(charged) > 0 {
+	if t.Refused && !edge.dryRun && len(charged) > 0 {
 		edge.store.refund(chargeOf(chargedOnly(exceptUncharged(charged, pd.skip)), client, "", pd.req, now, false), cost)
 	}
 
@@ -123,7 +123,7 @@ func chargedOnly(layers []*layer) []*layer {
 	var out []*layer
 
 	for i, l := range layers {
-		if !l.checkOnly {
+		if !l.CheckOnly {
 			if out != nil {
 				out = append(out, l)
 			}

@@ -13,7 +13,7 @@ import (
 func layerNames(layers []*layer) string {
 	names := make([]string, 0, len(layers))
 	for _, l := range layers {
-		names = append(names, l.name)
+		names = append(names, l.Name)
 	}
 
 	return strings.Join(names, ",")

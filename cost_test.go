@@ -214,8 +214,8 @@ func TestCountStatusInFlight(t *testing.T) {
 		t.Fatalf("first login: %d", rec.Code)
 	}
 
-	w := h.p.routes[0].layer.entries["203.0.113.1"]
-	if w == nil || w.count != 3 {
+	w := h.p.routes[0].layer.Entries["203.0.113.1"]
+	if w == nil || w.Count != 3 {
 		t.Fatalf("window %+v: want the 3 points counted, never more", w)
 	}
 
@@ -271,8 +271,8 @@ func TestCountStatusWriterKeepsStreamsLive(t *testing.T) {
 		}
 
 		counted := int64(0)
-		if w := h.p.routes[0].layer.entries["192.0.2.1"]; w != nil {
-			counted = w.count
+		if w := h.p.routes[0].layer.Entries["192.0.2.1"]; w != nil {
+			counted = w.Count
 		}
 
 		if want := map[bool]int64{false: 0, true: 1}[listed]; counted != want {
@@ -338,8 +338,8 @@ func TestRefusedPendingChargeSkipsWhatADryRunRuleDidNotTake(t *testing.T) {
 func countsByLayer(h *harness) map[string]int64 {
 	counts := map[string]int64{}
 	for _, l := range h.p.layers {
-		for _, w := range l.entries {
-			counts[l.name] += w.count
+		for _, w := range l.Entries {
+			counts[l.Name] += w.Count
 		}
 	}
 

@@ -35,31 +35,31 @@ type routeHits struct {
 // statistics, and a sliding window's move to its next window, which every
 // later charge would make the same.
 func (s *windowStore) check(t *tally, i int, now int64, l *layer, key string, cost int64) bool {
-	w := l.entries[key]
-	if w != nil && w.list != l.list {
+	w := l.Entries[key]
+	if w != nil && w.List != l.List {
 		w = nil
 	}
 
 	switch {
-	case l.sliding:
+	case l.Sliding:
 		return checkSliding(t, i, now, l, w, cost)
-	case l.interval != 0:
+	case l.Interval != 0:
 		return checkBucket(t, i, now, l, w, cost)
 	}
 
 	count := int64(0)
-	reset := now + l.duration
+	reset := now + l.Duration
 	var resetH []string
 
-	if w != nil && w.reset > now {
-		count = w.count
-		reset = w.reset
-		resetH = w.resetH
+	if w != nil && w.Reset > now {
+		count = w.Count
+		reset = w.Reset
+		resetH = w.ResetH
 	} else {
 		w = nil
 	}
 
-	if count+cost > l.points {
+	if count+cost > l.Points {
 		return checkRefused(t, i, l, w, count+cost, reset, resetH)
 	}
 
@@ -67,33 +67,33 @@ func (s *windowStore) check(t *tally, i int, now int64, l *layer, key string, co
 		resetH = []string{formatInt(limit.CeilSeconds(reset))}
 	}
 
-	t.allow(i, l, count, reset, resetH)
+	t.Allow(i, l, count, reset, resetH)
 
 	return false
 }
 
 // checkSliding is check for a sliding layer (slide's arithmetic).
 func checkSliding(t *tally, i int, now int64, l *layer, w *window, cost int64) bool {
-	if w == nil || w.expire <= now {
-		reset := now + l.duration
-		t.allow(i, l, 0, reset, []string{formatInt(limit.CeilSeconds(reset))})
+	if w == nil || w.Expire <= now {
+		reset := now + l.Duration
+		t.Allow(i, l, 0, reset, []string{formatInt(limit.CeilSeconds(reset))})
 
 		return false
 	}
 
-	if w.reset <= now {
+	if w.Reset <= now {
 		rotate(w, l)
 	}
 
-	left := w.reset - now
-	est := slidingCount(w.prevCount, w.count, cost, left, l.duration)
+	left := w.Reset - now
+	est := slidingCount(w.PrevCount, w.Count, cost, left, l.Duration)
 
-	if est > l.points {
-		retry := now + slidingWait(w.prevCount, w.count, cost, l.points, left, l.duration)
+	if est > l.Points {
+		retry := now + slidingWait(w.PrevCount, w.Count, cost, l.Points, left, l.Duration)
 		return checkRefused(t, i, l, w, est, retry, []string{formatInt(limit.CeilSeconds(retry))})
 	}
 
-	t.allow(i, l, est-cost, w.reset, w.resetH)
+	t.Allow(i, l, est-cost, w.Reset, w.ResetH)
 
 	return false
 }
@@ -101,16 +101,16 @@ func checkSliding(t *tally, i int, now int64, l *layer, w *window, cost int64) b
 // checkBucket is check for a token bucket (drip's arithmetic).
 func checkBucket(t *tally, i int, now int64, l *layer, w *window, cost int64) bool {
 	tat := now
-	if w != nil && w.reset > now {
-		tat = w.reset
+	if w != nil && w.Reset > now {
+		tat = w.Reset
 	}
 
-	if tat-now > (l.points-cost)*l.interval {
-		retry := tat - (l.points-cost)*l.interval
-		return checkRefused(t, i, l, w, l.points+1, retry, []string{formatInt(limit.CeilSeconds(retry))})
+	if tat-now > (l.Points-cost)*l.Interval {
+		retry := tat - (l.Points-cost)*l.Interval
+		return checkRefused(t, i, l, w, l.Points+1, retry, []string{formatInt(limit.CeilSeconds(retry))})
 	}
 
-	t.allow(i, l, bucketUsed(tat-now, l.interval), tat, []string{formatInt(limit.CeilSeconds(tat))})
+	t.Allow(i, l, bucketUsed(tat-now, l.Interval), tat, []string{formatInt(limit.CeilSeconds(tat))})
 
 	return false
 }
@@ -119,20 +119,20 @@ func checkBucket(t *tally, i int, now int64, l *layer, w *window, cost int64) bo
 // when the key has none) and reports whether it refuses the request (not
 // in dry run).
 func checkRefused(t *tally, i int, l *layer, w *window, count, reset int64, resetH []string) bool {
-	l.stats.refused++
+	l.Stats.Refused++
 
 	first := false
 	if w != nil {
-		w.refused++
-		first = !w.logged
-		w.logged = true
+		w.Refused++
+		first = !w.Logged
+		w.Logged = true
 	}
 
 	if resetH == nil {
 		resetH = []string{formatInt(limit.CeilSeconds(reset))}
 	}
 
-	return t.refuseAs(i, l, count, reset, resetH, first)
+	return t.RefuseAs(i, l, count, reset, resetH, first)
 }
 
 // serveCounted passes on a request that matched countStatus routes with its
@@ -147,14 +147,14 @@ func serveCounted(p *Plugin, out http.ResponseWriter, req *http.Request, c *char
 		ww = &watchWriter{rw: out, req: req, p: p, prevLeft: left}
 	}
 	ww.routes = hits.counted
-	ww.client = c.client
-	ww.principal = c.principal
+	ww.client = c.Client
+	ww.principal = c.Principal
 	ww.cost = hits.cost
 
 	// Converted to the interface first (doc.go: wrappers).
 	var w http.ResponseWriter = ww
 	if p.ws != nil && isUpgrade(req) {
-		serveUpgrade(p, w, ww.rw, req, c.client)
+		serveUpgrade(p, w, ww.rw, req, c.Client)
 	} else {
 		p.next.ServeHTTP(w, req)
 	}
@@ -183,17 +183,17 @@ func (w *watchWriter) count(code int) {
 
 	p := w.p
 	now := p.now().UnixNano()
-	t := tally{cost: w.cost}
+	t := tally{Cost: w.cost}
 
 	c := chargeOf(layers, w.client, w.principal, w.req, now, p.dryRun)
 	p.store.take(&t, c)
 
-	if p.headers && t.shown >= 0 && (w.prevLeft < 0 || t.left < w.prevLeft) {
-		setHeaders(w.rw.Header(), layers[t.shown], t.left, t.reset, t.resetH, now)
+	if p.headers && t.Shown >= 0 && (w.prevLeft < 0 || t.Left < w.prevLeft) {
+		setHeaders(w.rw.Header(), layers[t.Shown], t.Left, t.Reset, t.ResetH, now)
 	}
 
 	// After the headers, which a month layer's mark corrects (monthStore).
-	if t.firsts != 0 {
+	if t.Firsts != 0 {
 		reportTally(p, w.rw, &t, c)
 	}
 }

@@ -108,16 +108,16 @@ func TestDryRunRouteOnRedisServer(t *testing.T) {
 	// The login route was charged every login, and its key was never
 	// blocked: a dry-run layer refuses nothing, here or in Redis.
 	l := h.p.routes[0].layer
-	if v := redisDo(t, admin, "GET", l.redisKey+"203.0.113.1").Str; v != "5" {
+	if v := redisDo(t, admin, "GET", l.RedisKey+"203.0.113.1").Str; v != "5" {
 		t.Errorf("login count %q, want 5", v)
 	}
 
 	rs := h.p.store.(*redisStore)
-	if rs.blocked.resetOf(l.blockPrefix, "203.0.113.1", t0) != 0 {
+	if rs.blocked.resetOf(l.BlockPrefix, "203.0.113.1", t0) != 0 {
 		t.Error("the dry-run login route blocked its key")
 	}
 
-	if rs.blocked.resetOf(h.p.routes[1].layer.blockPrefix, "203.0.113.1", t0) == 0 {
+	if rs.blocked.resetOf(h.p.routes[1].layer.BlockPrefix, "203.0.113.1", t0) == 0 {
 		t.Error("the enforced e-mail route did not block its key")
 	}
 }
@@ -154,7 +154,7 @@ func TestRefusedRequestSpendsNothingOfADryRunRule(t *testing.T) {
 			}
 		}
 
-		if w := h.p.routes[0].layer.entries["203.0.113.1"]; w == nil || w.count != tc.want {
+		if w := h.p.routes[0].layer.Entries["203.0.113.1"]; w == nil || w.Count != tc.want {
 			t.Errorf("%s: probe window %+v, want count %d", tc.algorithm, w, tc.want)
 		}
 
@@ -181,7 +181,7 @@ func TestRefusedRequestSpendsNothingOfADryRunRuleOnRedisServer(t *testing.T) {
 		}
 
 		args := append([]string{}, tc.read...)
-		key := h.p.routes[0].layer.redisKey + "203.0.113.1"
+		key := h.p.routes[0].layer.RedisKey + "203.0.113.1"
 		if len(args) == 1 {
 			args = append(args, key)
 		} else {
@@ -221,7 +221,7 @@ func TestTopLevelDryRunEventsSayDryRun(t *testing.T) {
 // TestFlagArgs: the dry-run and check flags prefix the algorithm argument,
 // together as "cd" (takeScript).
 func TestFlagArgs(t *testing.T) {
-	args := newRedisEncoding(config.Rule{Name: "x", Points: 12, Duration: 1500e6, Sliding: true, DryRun: true}, 0).redisArgs
+	args := newRedisEncoding(config.Rule{Name: "x", Points: 12, Duration: 1500e6, Sliding: true, DryRun: true}, 0).RedisArgs
 	if want := "$2\r\n12\r\n$4\r\n1500\r\n$2\r\nd1\r\n$1\r\n0\r\n"; args != want {
 		t.Fatalf("dry-run args %q, want %q", args, want)
 	}

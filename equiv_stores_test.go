@@ -146,8 +146,8 @@ func refusedUnfit(h *harness) int {
 	n := 0
 
 	for _, l := range h.p.layers {
-		for _, w := range h.p.memory.maps[l.name] {
-			if l.interval == 0 && w.refused > 0 && w.count < l.points {
+		for _, w := range h.p.memory.maps[l.Name] {
+			if l.Interval == 0 && w.Refused > 0 && w.Count < l.Points {
 				n++
 			}
 		}
@@ -320,16 +320,16 @@ func agreeCounts(t *testing.T, name string, a, b *harness, admin *redisresp.Pool
 	bucketLayers := map[string]bool{}
 
 	for _, l := range b.p.layers {
-		if l.interval != 0 {
-			bucketLayers[prefix+l.name+":"] = true
+		if l.Interval != 0 {
+			bucketLayers[prefix+l.Name+":"] = true
 		}
 	}
 
 	a.p.memory.mu.Lock()
 	for layer, m := range a.p.memory.maps {
 		for bucket, w := range m {
-			if w.count != 0 && !bucketLayers[prefix+layer+":"] {
-				want[prefix+layer+":"+bucket] += w.count
+			if w.Count != 0 && !bucketLayers[prefix+layer+":"] {
+				want[prefix+layer+":"+bucket] += w.Count
 			}
 		}
 	}

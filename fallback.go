@@ -24,41 +24,41 @@ func remember(s *windowStore, l *layer, key string, count, reset, now int64) []s
 	// that the next one remembered cannot evict it.
 	s.takes++
 
-	w := l.entries[key]
-	if w == nil || w.list != l.list || w.expire <= now {
+	w := l.Entries[key]
+	if w == nil || w.List != l.List || w.Expire <= now {
 		w = s.restart(now, l, w, key)
 	}
 
-	w.count = count
-	w.taken = s.takes
+	w.Count = count
+	w.Taken = s.takes
 
-	w.expire = reset
-	if l.sliding {
-		w.prevCount = 0
-		w.start = reset - l.duration
-		w.expire = w.start + l.list.span
+	w.Expire = reset
+	if l.Sliding {
+		w.PrevCount = 0
+		w.Start = reset - l.Duration
+		w.Expire = w.Start + l.List.Span
 	}
 
-	if w.reset != reset {
-		w.reset = reset
-		if secs := limit.CeilSeconds(reset); secs != w.resetSec {
-			w.resetSec = secs
-			w.resetH = []string{formatInt(secs)}
+	if w.Reset != reset {
+		w.Reset = reset
+		if secs := limit.CeilSeconds(reset); secs != w.ResetSec {
+			w.ResetSec = secs
+			w.ResetH = []string{formatInt(secs)}
 		}
 	}
 
-	return w.resetH
+	return w.ResetH
 }
 
 // rememberAll is remember for every layer of a request that Redis
 // allowed, or charged in a dry run: ints is the script's reply, validated
 // (redisStore.record), with each layer's count and milliseconds to reset.
 func rememberAll(s *windowStore, c *charge, ints []int64) {
-	now := c.now
-	for i := 0; 2*i+1 < len(ints) && i < len(c.layers); i++ {
-		l := c.layers[i]
-		if count := ints[2*i]; count <= l.points || l.dryRun {
-			remember(s, l, c.keys[i], count, now+ints[2*i+1]*nsPerMillisecond, now)
+	now := c.Now
+	for i := 0; 2*i+1 < len(ints) && i < len(c.Layers); i++ {
+		l := c.Layers[i]
+		if count := ints[2*i]; count <= l.Points || l.DryRun {
+			remember(s, l, c.Keys[i], count, now+ints[2*i+1]*nsPerMillisecond, now)
 		}
 	}
 }

@@ -29,7 +29,7 @@ func TestFallbackStartsFromWhatRedisLastReported(t *testing.T) {
 			}
 		}
 
-		if v := redisDo(t, admin, "EXISTS", h.p.layers[0].redisKey+client); v.Int != 1 {
+		if v := redisDo(t, admin, "EXISTS", h.p.layers[0].RedisKey+client); v.Int != 1 {
 			t.Fatalf("%s: not counted in Redis", algorithm)
 		}
 

@@ -42,7 +42,7 @@ var refusalHeaders = []string{
 // cacheWindowRefusal is cacheRefusal for the window w of l; out of
 // refuseFast, whose frame would hold its arguments (doc.go: frames).
 func cacheWindowRefusal(l *layer, w *window, secs int64) {
-	cacheRefusal(l, w.resetH[0], w.reset, secs)
+	cacheRefusal(l, w.ResetH[0], w.Reset, secs)
 }
 
 // cacheRefusal caches the refusal of layer l for a window that resets at
@@ -50,33 +50,33 @@ func cacheWindowRefusal(l *layer, w *window, secs int64) {
 // before are left as they are: requests that read them may still be writing
 // them. A function, not a method (doc.go: functions, not methods).
 func cacheRefusal(l *layer, resetH string, reset, secs int64) {
-	c := &l.cache
-	if c.resetH != resetH {
-		c.resetH = resetH
-		c.resetSec = limit.CeilSeconds(reset)
-		c.body = []byte(l.BodyPrefix + time.Unix(limit.CeilSeconds(reset), 0).UTC().Format(time.RFC3339) + l.BodySuffix)
+	c := &l.Cache
+	if c.ResetH != resetH {
+		c.ResetH = resetH
+		c.ResetSec = limit.CeilSeconds(reset)
+		c.Body = []byte(l.BodyPrefix + time.Unix(limit.CeilSeconds(reset), 0).UTC().Format(time.RFC3339) + l.BodySuffix)
 	}
 
-	c.secs = secs
-	c.values = [][]string{
-		l.limitHdr, l.policyHdr, {resetH}, l.remainingHdr[0],
-		{`"` + l.name + `";r=0;t=` + formatInt(secs)}, {formatInt(secs)}, l.ContentType, answer.NoStore,
+	c.Secs = secs
+	c.Values = [][]string{
+		l.LimitHdr, l.PolicyHdr, {resetH}, l.RemainingHdr[0],
+		{`"` + l.Name + `";r=0;t=` + formatInt(secs)}, {formatInt(secs)}, l.ContentType, answer.NoStore,
 	}
 }
 
 // refuseOther is refuseFast for a configured body, a WebSocket upgrade, or
 // the window's first refusal, which is reported.
 func refuseOther(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer, w *window, now int64) {
-	reset, resetH := w.reset, w.resetH
-	first := !w.logged
-	w.logged = true
+	reset, resetH := w.Reset, w.ResetH
+	first := !w.Logged
+	w.Logged = true
 
 	p.memory.mu.Unlock()
 
 	// The event's keys are found again here, off the common refusal.
 	if first {
 		client := clientKey(p.ips, req)
-		p.events.refused(l.name, l.keyFor(client, request.PrincipalOf(p.UserHeader, req), nil), client, l.dryRun)
+		p.events.refused(l.Name, keyFor(l, client, request.PrincipalOf(p.UserHeader, req), nil), client, l.DryRun)
 	}
 
 	setHeaders(rw.Header(), l, 0, reset, resetH, now)

@@ -46,28 +46,28 @@ func generalPlan(p *Plugin, rw http.ResponseWriter, req *http.Request, principal
 func verdict(p *Plugin, rw http.ResponseWriter, req *http.Request, t *tally, c *charge) (bool, int64) {
 	// A refusal always shows a layer (tally.refuse); a quiet dry-run
 	// layer's does not (tally.allow), and is reported here.
-	if t.shown < 0 {
-		if t.firsts != 0 {
-			report(p, c, t.firsts)
+	if t.Shown < 0 {
+		if t.Firsts != 0 {
+			report(p, c, t.Firsts)
 		}
 
 		return true, -1
 	}
 
 	if p.headers {
-		setHeaders(rw.Header(), c.layers[t.shown], t.left, t.reset, t.resetH, c.now)
+		setHeaders(rw.Header(), c.Layers[t.Shown], t.Left, t.Reset, t.ResetH, c.Now)
 	}
 
 	// After the headers, which a month layer's mark corrects (monthStore).
-	if t.firsts != 0 {
+	if t.Firsts != 0 {
 		reportTally(p, rw, t, c)
 	}
 
-	if !t.refused || p.dryRun {
-		return true, t.left
+	if !t.Refused || p.dryRun {
+		return true, t.Left
 	}
 
-	reject(p, rw, req, c.layers[t.shown], t.reset, c.now)
+	reject(p, rw, req, c.Layers[t.Shown], t.Reset, c.Now)
 
 	return false, 0
 }
@@ -78,12 +78,12 @@ func verdict(p *Plugin, rw http.ResponseWriter, req *http.Request, t *tally, c *
 func serveUpgrade(p *Plugin, out, rw http.ResponseWriter, req *http.Request, client string) {
 	ok, first := p.ws.acquire(client)
 	if first {
-		p.events.refused(p.wsLayer.name, client, client, p.dryRun)
+		p.events.refused(p.wsLayer.Name, client, client, p.dryRun)
 	}
 
 	if !ok && !p.dryRun {
 		now := p.now().UnixNano()
-		reject(p, rw, req, p.wsLayer, now+p.wsLayer.duration, now)
+		reject(p, rw, req, p.wsLayer, now+p.wsLayer.Duration, now)
 
 		return
 	}
@@ -99,21 +99,21 @@ func serveUpgrade(p *Plugin, out, rw http.ResponseWriter, req *http.Request, cli
 // reportTally is report for a tally of charge c whose headers rw shows, and
 // writes a month layer's policy when monthStore marked it.
 func reportTally(p *Plugin, rw http.ResponseWriter, t *tally, c *charge) {
-	if t.firsts&monthPolicyBit != 0 {
-		setMonthPolicy(rw.Header(), c.layers[t.shown], c.now)
+	if t.Firsts&monthPolicyBit != 0 {
+		setMonthPolicy(rw.Header(), c.Layers[t.Shown], c.Now)
 	}
 
-	if t.firsts&^monthPolicyBit != 0 {
-		report(p, c, t.firsts)
+	if t.Firsts&^monthPolicyBit != 0 {
+		report(p, c, t.Firsts)
 	}
 }
 
 // report writes an event for each of c's layers whose refusal is the first
 // of its window (the bits of firsts below monthPolicyBit).
 func report(p *Plugin, c *charge, firsts uint64) {
-	for i, l := range c.layers {
+	for i, l := range c.Layers {
 		if i < 63 && firsts&(uint64(1)<<uint(i)) != 0 {
-			p.events.refused(l.name, c.keys[i], c.client, l.dryRun)
+			p.events.refused(l.Name, c.Keys[i], c.Client, l.DryRun)
 		}
 	}
 }
@@ -135,7 +135,7 @@ func reject(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer, rese
 
 	retry := answer.RetryAfter(reset, now)
 	rw.Header().Set("Retry-After", retry)
-	answer.RefuseUpgrade(rw, req, "rate limit "+l.name+": retry in "+retry+"s", plain)
+	answer.RefuseUpgrade(rw, req, "rate limit "+l.Name+": retry in "+retry+"s", plain)
 }
 
 // principalPlan is the plan of a request with a principal: service, the

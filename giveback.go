@@ -14,9 +14,9 @@ func giveBack(c *charge, n int, cost int64, skip uint64) {
 		}
 
 		// A check-only layer was evaluated, not charged.
-		l := c.layers[i]
-		w := l.entries[c.keys[i]]
-		if w == nil || l.checkOnly {
+		l := c.Layers[i]
+		w := l.Entries[c.Keys[i]]
+		if w == nil || l.CheckOnly {
 			continue
 		}
 
@@ -28,21 +28,21 @@ func giveBack(c *charge, n int, cost int64, skip uint64) {
 // bucket's TAT by cost emission intervals (a bucket whose TAT falls behind
 // the present is as full as one at the present).
 func unspend(w *window, l *layer, cost int64) {
-	if l.interval != 0 {
-		w.reset -= cost * l.interval
-		w.expire = w.reset
-		w.count -= cost
+	if l.Interval != 0 {
+		w.Reset -= cost * l.Interval
+		w.Expire = w.Reset
+		w.Count -= cost
 
-		if w.count < 0 {
-			w.count = 0
+		if w.Count < 0 {
+			w.Count = 0
 		}
 
 		return
 	}
 
-	w.count -= cost
-	if w.count < 0 {
-		w.count = 0
+	w.Count -= cost
+	if w.Count < 0 {
+		w.Count = 0
 	}
 }
 
@@ -54,8 +54,8 @@ func unspend(w *window, l *layer, cost int64) {
 func (s *windowStore) refund(c *charge, cost int64) {
 	s.mu.Lock()
 
-	for i, l := range c.layers {
-		if w := l.entries[c.keys[i]]; w != nil && !l.checkOnly && w.list == l.list && (l.interval != 0 || w.reset > c.now) {
+	for i, l := range c.Layers {
+		if w := l.Entries[c.Keys[i]]; w != nil && !l.CheckOnly && w.List == l.List && (l.Interval != 0 || w.Reset > c.Now) {
 			unspend(w, l, cost)
 		}
 	}

@@ -82,7 +82,7 @@ func TestCostedCountStatusRouteChargesTheCost(t *testing.T) {
 		}
 
 		if name == "memory" {
-			if w := h.p.routes[0].layer.entries["203.0.113.1"]; w == nil || w.count != 9 {
+			if w := h.p.routes[0].layer.Entries["203.0.113.1"]; w == nil || w.Count != 9 {
 				t.Fatalf("memory: login window %+v, want count 9", w)
 			}
 		}
@@ -126,8 +126,8 @@ func TestOutageChargesArePaidAtTheirCost(t *testing.T) {
 	payOwed(rs)
 
 	for _, l := range []*layer{h.p.layers[layerIndex(h, "ip")], h.p.routes[0].layer} {
-		if got := redisDo(t, admin, "GET", l.redisKey+client).Str; got != "30" {
-			t.Errorf("%s in Redis after the payment: %q, want 30 (10 before the outage, 2 x 10 during it)", l.name, got)
+		if got := redisDo(t, admin, "GET", l.RedisKey+client).Str; got != "30" {
+			t.Errorf("%s in Redis after the payment: %q, want 30 (10 before the outage, 2 x 10 during it)", l.Name, got)
 		}
 	}
 }

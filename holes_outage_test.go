@@ -30,7 +30,7 @@ func TestASecondOutageIsPaidToo(t *testing.T) {
 	f := newFlap(t, "fixed", "203.0.113.20")
 	h, proxy, send := f.h, f.proxy, f.send
 	rs := redisOf(h.p.store)
-	key := h.p.layers[0].redisKey + f.client
+	key := h.p.layers[0].RedisKey + f.client
 
 	send(2)
 
@@ -70,7 +70,7 @@ func TestARefundDuringAnOutageIsNotPaidToRedis(t *testing.T) {
 	h, proxy, send := f.h, f.proxy, f.send
 	rs := redisOf(h.p.store)
 	ip := h.p.layers[0]
-	key := ip.redisKey + f.client
+	key := ip.RedisKey + f.client
 
 	send(4)
 	proxy.cut()

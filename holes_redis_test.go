@@ -49,14 +49,14 @@ func TestResetIsPublishedWhenRedisHasNoKey(t *testing.T) {
 		b.local.take(&tl, chargeOf([]*layer{l}, client, "", req, now, false))
 	}
 
-	b.blocked.add(l.blockPrefix, client, now+int64(time.Hour), now)
+	b.blocked.add(l.BlockPrefix, client, now+int64(time.Hour), now)
 	listenResets(b)
 
 	waitUntil(t, "B subscribes", func() bool {
 		return redisDo(t, admin, "PUBSUB", "NUMSUB", a.channel).Array[1].Int == 1
 	})
 
-	if n := redisDo(t, admin, "EXISTS", l.redisKey+client).Int; n != 0 {
+	if n := redisDo(t, admin, "EXISTS", l.RedisKey+client).Int; n != 0 {
 		t.Fatal("Redis holds the client's key")
 	}
 
@@ -64,7 +64,7 @@ func TestResetIsPublishedWhenRedisHasNoKey(t *testing.T) {
 		t.Fatalf("reset: %d %+v, want Redis absent", code, doc)
 	}
 
-	waitUntil(t, "B forgets the key it blocked", func() bool { return b.blocked.resetOf(l.blockPrefix, client, now) == 0 })
+	waitUntil(t, "B forgets the key it blocked", func() bool { return b.blocked.resetOf(l.BlockPrefix, client, now) == 0 })
 
 	if got := peekCount(b.local, now, "ip", client); got != 0 {
 		t.Fatalf("B's memory fallback still counts %d for the client", got)

@@ -57,7 +57,7 @@ func TestListedStatusCountedWhenTheIPChargeRefuses(t *testing.T) {
 		}
 	}
 
-	if w := h.p.routes[0].layer.entries["203.0.113.1"]; w == nil || w.count != 3 {
+	if w := h.p.routes[0].layer.Entries["203.0.113.1"]; w == nil || w.Count != 3 {
 		t.Fatalf("login window %+v, want the three 401s counted, the one turned into a 429 included", w)
 	}
 }
@@ -167,13 +167,13 @@ func TestReloadToDryRunRefusesNoBlockedKey(t *testing.T) {
 			}
 
 			l := r.p.layers[layerIndex(r, c.rule)]
-			before := l.entries[strings.TrimSuffix(c.client, ":1")].count
+			before := l.Entries[strings.TrimSuffix(c.client, ":1")].Count
 
 			if rec := r.get(c.path, c.client); rec.Code != want {
 				t.Errorf("dry run of %s: %s from %s after the reload: %d, want %d", tc.dry, c.path, c.client, rec.Code, want)
 			}
 
-			if n := l.entries[strings.TrimSuffix(c.client, ":1")].count - before; n != counted {
+			if n := l.Entries[strings.TrimSuffix(c.client, ":1")].Count - before; n != counted {
 				t.Errorf("dry run of %s: %s from %s after the reload counted %d in %s, want %d", tc.dry, c.path, c.client, n, c.rule, counted)
 			}
 		}
@@ -218,8 +218,8 @@ func TestReloadToDryRunRefusesNoBlockedKeyOnRedisServer(t *testing.T) {
 		redisOf(r.p.store).backend = redisOf(h.p.store).backend
 
 		for _, c := range []struct{ rule, path, client, key string }{
-			{"ip", "/api", "203.0.113.1:1", h.p.layers[layerIndex(h, "ip")].redisKey + "203.0.113.1"},
-			{"login", "/login", "203.0.113.2:1", h.p.routes[0].layer.redisKey + "203.0.113.2"},
+			{"ip", "/api", "203.0.113.1:1", h.p.layers[layerIndex(h, "ip")].RedisKey + "203.0.113.1"},
+			{"login", "/login", "203.0.113.2:1", h.p.routes[0].layer.RedisKey + "203.0.113.2"},
 		} {
 			want, counted := http.StatusTooManyRequests, 0
 			if tc.dry == "all" || tc.dry == c.rule {
@@ -265,7 +265,7 @@ func TestTopLevelDryRunOnAMixedStoreCountsEveryLayer(t *testing.T) {
 		t.Errorf("global (memory) at %d, want 5", n)
 	}
 
-	if n := redisDo(t, admin, "GET", h.p.layers[layerIndex(h, "ip")].redisKey+"203.0.113.1").Str; n != "5" {
+	if n := redisDo(t, admin, "GET", h.p.layers[layerIndex(h, "ip")].RedisKey+"203.0.113.1").Str; n != "5" {
 		t.Errorf("ip (Redis) at %q, want 5: the dry run skipped Redis once global was over", n)
 	}
 }

@@ -22,33 +22,33 @@ func (w *watchWriter) chargeIP() bool {
 		return false
 	}
 
-	if t.firsts != 0 {
-		report(p, c, t.firsts)
+	if t.Firsts != 0 {
+		report(p, c, t.Firsts)
 	}
 
-	if t.shown < 0 {
+	if t.Shown < 0 {
 		return false
 	}
 
 	ip := p.planInvalid[0]
 
-	if t.refused && !p.dryRun {
+	if t.Refused && !p.dryRun {
 		for _, name := range replacedHeaders {
 			h.Del(name)
 		}
 
 		if p.headers {
-			setHeaders(h, ip, t.left, t.reset, t.resetH, now)
+			setHeaders(h, ip, t.Left, t.Reset, t.ResetH, now)
 			monthPolicyOf(h, ip, now)
 		}
 
-		reject(p, w.rw, w.req, ip, t.reset, now)
+		reject(p, w.rw, w.req, ip, t.Reset, now)
 
 		return true
 	}
 
-	if p.headers && (w.prevLeft < 0 || t.left < w.prevLeft) {
-		setHeaders(h, ip, t.left, t.reset, t.resetH, now)
+	if p.headers && (w.prevLeft < 0 || t.Left < w.prevLeft) {
+		setHeaders(h, ip, t.Left, t.Reset, t.ResetH, now)
 		monthPolicyOf(h, ip, now)
 	}
 

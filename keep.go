@@ -22,8 +22,8 @@ func storeLive(v interface{}, now int64) int64 {
 
 	for _, m := range s.maps {
 		for _, w := range m {
-			if w.expire > until {
-				until = w.expire
+			if w.Expire > until {
+				until = w.Expire
 			}
 		}
 	}

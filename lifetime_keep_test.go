@@ -109,7 +109,7 @@ func TestUnheldCountersOutliveTheGraceUntilTheirEnd(t *testing.T) {
 		s, grace := keepStore(t, r, kt, func(s *windowStore) {
 			l = newLayer(s, c.spec, keyOfClient)
 			store := counterStore(s)
-			if l.blockDuration != 0 {
+			if l.BlockDuration != 0 {
 				store = &blockingStore{s}
 			}
 

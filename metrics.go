@@ -23,7 +23,7 @@ func (p *Plugin) metricsText(now int64) string {
 
 	labels := make([]string, len(p.layers))
 	for i, l := range p.layers {
-		labels[i] = mw + `,layer="` + labelEscaper.Replace(l.name) + `"`
+		labels[i] = mw + `,layer="` + labelEscaper.Replace(l.Name) + `"`
 	}
 
 	var b strings.Builder
@@ -52,7 +52,7 @@ func (p *Plugin) requestMetrics(b *strings.Builder, labels []string) {
 	family(b, "tierlimit_requests_total", "counter", "Requests each layer allowed or refused since the process started.")
 
 	for i, l := range p.layers {
-		allowed, refused := p.memory.totals(l.stats)
+		allowed, refused := p.memory.totals(l.Stats)
 		sample(b, "tierlimit_requests_total", labels[i]+`,decision="allowed"`, formatInt(allowed))
 		sample(b, "tierlimit_requests_total", labels[i]+`,decision="refused"`, formatInt(refused))
 	}
@@ -84,13 +84,13 @@ func (p *Plugin) layerMetrics(b *strings.Builder, labels []string) {
 	family(b, "tierlimit_layer_limit", "gauge", "Requests the layer allows per key and window (points).")
 
 	for i, l := range p.layers {
-		sample(b, "tierlimit_layer_limit", labels[i], formatInt(l.points))
+		sample(b, "tierlimit_layer_limit", labels[i], formatInt(l.Points))
 	}
 
 	family(b, "tierlimit_layer_window_seconds", "gauge", "The layer's window (duration) in seconds.")
 
 	for i, l := range p.layers {
-		sample(b, "tierlimit_layer_window_seconds", labels[i], strconv.FormatFloat(float64(l.duration)/1e9, 'g', -1, 64))
+		sample(b, "tierlimit_layer_window_seconds", labels[i], strconv.FormatFloat(float64(l.Duration)/1e9, 'g', -1, 64))
 	}
 }
 

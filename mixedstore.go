@@ -1,5 +1,6 @@
 package tierlimit
 
+import "github.com/tierlimit/tierlimit/rule"
 import "github.com/tierlimit/tierlimit/config"
 
 // A layer's store: memory (README: store on a layer) counts it in the
@@ -26,7 +27,7 @@ func newMixedStore(memory *windowStore, rs *redisStore, layers []*layer) *mixedS
 	m := &mixedStore{memory: memory, redis: rs}
 
 	for _, l := range layers {
-		if l.memory && l.blockDuration != 0 {
+		if l.Memory && l.BlockDuration != 0 {
 			m.memory = &blockingStore{memory}
 		}
 	}
@@ -71,7 +72,7 @@ func redisOf(s counterStore) *redisStore {
 // order, with each one's index in layers.
 func splitLayers(layers []*layer) (local, shared []*layer, li, si []int) {
 	for i, l := range layers {
-		if l.memory {
+		if l.Memory {
 			local = append(local, l)
 			li = append(li, i)
 		} else {
@@ -84,7 +85,7 @@ func splitLayers(layers []*layer) (local, shared []*layer, li, si []int) {
 }
 
 func (m *mixedStore) take(t *tally, c *charge) {
-	local, shared, li, si := splitLayers(c.layers)
+	local, shared, li, si := splitLayers(c.Layers)
 
 	if len(local) == 0 {
 		m.redis.take(t, c)
@@ -96,41 +97,41 @@ func (m *mixedStore) take(t *tally, c *charge) {
 		return
 	}
 
-	tm := tally{cost: t.cost}
-	cm := chargeAt(c, li)
+	tm := tally{Cost: t.Cost}
+	cm := rule.ChargeAt(c, li)
 	m.memory.take(&tm, cm)
 
-	if tm.refused && !c.all {
-		*t = tally{cost: t.cost, shown: -1}
+	if tm.Refused && !c.All {
+		*t = tally{Cost: t.Cost, Shown: -1}
 		mergeTally(t, &tm, li)
 
 		return
 	}
 
-	tr := tally{cost: t.cost}
-	m.redis.take(&tr, chargeAt(c, si))
+	tr := tally{Cost: t.Cost}
+	m.redis.take(&tr, rule.ChargeAt(c, si))
 
-	if tr.refused && !c.all {
-		m.memory.refund(chargeWithout(cm, tm.uncharged), costOf(t))
-		*t = tally{cost: t.cost, shown: -1}
+	if tr.Refused && !c.All {
+		m.memory.refund(rule.ChargeWithout(cm, tm.Uncharged), costOf(t))
+		*t = tally{Cost: t.Cost, Shown: -1}
 		mergeTally(t, &tr, si)
 
 		return
 	}
 
-	*t = tally{cost: t.cost, shown: -1}
+	*t = tally{Cost: t.Cost, Shown: -1}
 	mergeTally(t, &tm, li)
 	mergeTally(t, &tr, si)
 }
 
 func (m *mixedStore) refund(c *charge, cost int64) {
-	local, _, li, si := splitLayers(c.layers)
+	local, _, li, si := splitLayers(c.Layers)
 
 	if len(local) > 0 {
-		m.memory.refund(chargeAt(c, li), cost)
+		m.memory.refund(rule.ChargeAt(c, li), cost)
 	}
 
-	m.redis.refund(chargeAt(c, si), cost)
+	m.redis.refund(rule.ChargeAt(c, si), cost)
 }
 
 // mergeTally adds part, the tally of some of a request's layers (index[j]
@@ -139,33 +140,33 @@ func (m *mixedStore) refund(c *charge, cost int64) {
 // the fewest requests left (the first of equals).
 func mergeTally(t, part *tally, index []int) {
 	for j, i := range index {
-		if part.firsts&(uint64(1)<<uint(j)) != 0 {
-			t.firsts |= uint64(1) << uint(i)
+		if part.Firsts&(uint64(1)<<uint(j)) != 0 {
+			t.Firsts |= uint64(1) << uint(i)
 		}
 
-		if part.uncharged&(uint64(1)<<uint(j)) != 0 {
-			t.uncharged |= uint64(1) << uint(i)
+		if part.Uncharged&(uint64(1)<<uint(j)) != 0 {
+			t.Uncharged |= uint64(1) << uint(i)
 		}
 	}
 
-	if part.shown < 0 {
+	if part.Shown < 0 {
 		return
 	}
 
-	i := index[part.shown]
+	i := index[part.Shown]
 
-	take := t.shown < 0
+	take := t.Shown < 0
 	switch {
 	case take:
-	case part.refused != t.refused:
-		take = part.refused
-	case !part.refused && part.left != t.left:
-		take = part.left < t.left
+	case part.Refused != t.Refused:
+		take = part.Refused
+	case !part.Refused && part.Left != t.Left:
+		take = part.Left < t.Left
 	default:
-		take = i < t.shown
+		take = i < t.Shown
 	}
 
 	if take {
-		t.shown, t.count, t.reset, t.resetH, t.left, t.refused = i, part.count, part.reset, part.resetH, part.left, part.refused
+		t.Shown, t.Count, t.Reset, t.ResetH, t.Left, t.Refused = i, part.Count, part.Reset, part.ResetH, part.Left, part.Refused
 	}
 }

@@ -57,11 +57,11 @@ func TestMemoryLayerOnRedisServer(t *testing.T) {
 		}
 	}
 
-	if n := redisDo(t, admin, "GET", h.p.planIP[1].redisKey+"203.0.113.1").Str; n != "2" {
+	if n := redisDo(t, admin, "GET", h.p.planIP[1].RedisKey+"203.0.113.1").Str; n != "2" {
 		t.Fatalf("ip of .1 in Redis %q, want 2", n)
 	}
 
-	if n := redisDo(t, admin, "EXISTS", h.p.planIP[1].redisKey+"203.0.113.3").Int; n != 0 {
+	if n := redisDo(t, admin, "EXISTS", h.p.planIP[1].RedisKey+"203.0.113.3").Int; n != 0 {
 		t.Fatalf("ip of .3, which global refused, is in Redis")
 	}
 }
@@ -79,19 +79,19 @@ func TestMergedTallyShowsAsOneTake(t *testing.T) {
 		refused    bool
 		firstsWant uint64
 	}{
-		{"fewest left in redis", tally{shown: 0, left: 5}, tally{shown: 0, left: 2}, 1, 2, false, 0},
-		{"fewest left in memory", tally{shown: 0, left: 1}, tally{shown: 1, left: 2}, 0, 1, false, 0},
-		{"equal: the first", tally{shown: 0, left: 2}, tally{shown: 0, left: 2}, 0, 2, false, 0},
-		{"refused in redis", tally{shown: 0, left: 0}, tally{shown: 1, refused: true, firsts: 2}, 2, 0, true, 4},
-		{"dry run: both refuse, the first shown", tally{shown: 0, refused: true, firsts: 1}, tally{shown: 0, refused: true, firsts: 1}, 0, 0, true, 3},
-		{"nothing in memory", tally{shown: -1}, tally{shown: 1, left: 7}, 2, 7, false, 0},
+		{"fewest left in redis", tally{Shown: 0, Left: 5}, tally{Shown: 0, Left: 2}, 1, 2, false, 0},
+		{"fewest left in memory", tally{Shown: 0, Left: 1}, tally{Shown: 1, Left: 2}, 0, 1, false, 0},
+		{"equal: the first", tally{Shown: 0, Left: 2}, tally{Shown: 0, Left: 2}, 0, 2, false, 0},
+		{"refused in redis", tally{Shown: 0, Left: 0}, tally{Shown: 1, Refused: true, Firsts: 2}, 2, 0, true, 4},
+		{"dry run: both refuse, the first shown", tally{Shown: 0, Refused: true, Firsts: 1}, tally{Shown: 0, Refused: true, Firsts: 1}, 0, 0, true, 3},
+		{"nothing in memory", tally{Shown: -1}, tally{Shown: 1, Left: 7}, 2, 7, false, 0},
 	} {
 		// Layer 0 in memory; 1 and 2 in Redis.
-		tl := tally{shown: -1}
+		tl := tally{Shown: -1}
 		mergeTally(&tl, &c.mem, []int{0})
 		mergeTally(&tl, &c.red, []int{1, 2})
 
-		if tl.shown != c.shown || tl.left != c.left || tl.refused != c.refused || tl.firsts != c.firstsWant {
+		if tl.Shown != c.shown || tl.Left != c.left || tl.Refused != c.refused || tl.Firsts != c.firstsWant {
 			t.Errorf("%s: %+v, want shown %d, left %d, refused %v, firsts %b", c.name, tl, c.shown, c.left, c.refused, c.firstsWant)
 		}
 	}
@@ -145,7 +145,7 @@ func TestMemoryRouteAfterRedisLayersOnRedisServer(t *testing.T) {
 	})
 
 	now := h.clock.Now().UnixNano()
-	global := h.p.planIP[0].redisKey + "global"
+	global := h.p.planIP[0].RedisKey + "global"
 
 	for i, step := range []struct {
 		path, client string

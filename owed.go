@@ -60,12 +60,12 @@ func oweCharged(s *redisStore, t *tally, c *charge) {
 	o := s.owed
 
 	o.mu.Lock()
-	for i, l := range c.layers {
-		if l.checkOnly || t.uncharged&(uint64(1)<<uint(i)) != 0 {
+	for i, l := range c.Layers {
+		if l.CheckOnly || t.Uncharged&(uint64(1)<<uint(i)) != 0 {
 			continue
 		}
 
-		addDebt(o, owedKey{l: l, key: c.keys[i]}, owedDebt{points: cost, at: c.now})
+		addDebt(o, owedKey{l: l, key: c.Keys[i]}, owedDebt{points: cost, at: c.Now})
 	}
 	o.mu.Unlock()
 
@@ -111,8 +111,8 @@ func forgiveRefunded(s *redisStore, c *charge, cost int64) {
 	o := s.owed
 
 	o.mu.Lock()
-	for i, l := range c.layers {
-		k := owedKey{l: l, key: c.keys[i]}
+	for i, l := range c.Layers {
+		k := owedKey{l: l, key: c.Keys[i]}
 		if d, ok := o.debts[k]; ok {
 			d.points -= cost
 			if d.points > 0 {
@@ -168,14 +168,14 @@ func payOwed(s *redisStore) {
 // creates the key with when Redis lost it; a token bucket is added to only.
 func payDebt(s *redisStore, k owedKey, d owedDebt) error {
 	ttl := int64(0)
-	if k.l.interval == 0 {
+	if k.l.Interval == 0 {
 		ttl = windowLeft(s.local, k.l, k.key, s.clock().UnixNano())
 	}
 
 	tail := redisresp.Bulk(formatInt(ttl))
 	call := refundRedis.Call(1, 7)
 
-	c := &charge{layers: []*layer{k.l}, keys: []string{k.key}, now: d.at}
+	c := &charge{Layers: []*layer{k.l}, Keys: []string{k.key}, Now: d.at}
 	if cl := s.backend.cluster; cl != nil {
 		g := slotGroups(c, costArg(-d.points))[0]
 		replies, err := cl.RunInts([]redisresp.ClusterCall{{Slot: g.slot, Call: call, Encoded: g.keys + g.args + tail}})
@@ -202,12 +202,12 @@ func windowLeft(s *windowStore, l *layer, key string, now int64) int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 
-	w := s.maps[l.name][key]
-	if w == nil || w.reset <= now {
+	w := s.maps[l.Name][key]
+	if w == nil || w.Reset <= now {
 		return 0
 	}
 
-	return (w.reset - now + nsPerMillisecond - 1) / nsPerMillisecond
+	return (w.Reset - now + nsPerMillisecond - 1) / nsPerMillisecond
 }
 
 // oweAgain puts back the debts a payment could not pay, with what the

@@ -97,7 +97,7 @@ func TestAFlapDoesNotSplitACount(t *testing.T) {
 	for _, algorithm := range []string{"fixed", "sliding"} {
 		f := newFlap(t, algorithm, "203.0.113.7")
 		h, proxy, admin, send := f.h, f.proxy, f.admin, f.send
-		key := h.p.layers[0].redisKey + f.client
+		key := h.p.layers[0].RedisKey + f.client
 
 		send(4)
 		proxy.cut()
@@ -142,7 +142,7 @@ func TestAFailedPaymentIsPaidAtTheNextRecovery(t *testing.T) {
 	f := newFlap(t, "fixed", "203.0.113.8")
 	h, proxy, admin, send, client := f.h, f.proxy, f.admin, f.send, f.client
 	rs := redisOf(h.p.store)
-	key := h.p.layers[0].redisKey + client
+	key := h.p.layers[0].RedisKey + client
 
 	send(4)
 	proxy.cut()
@@ -153,7 +153,7 @@ func TestAFailedPaymentIsPaidAtTheNextRecovery(t *testing.T) {
 	payOwed(rs)
 
 	rs.owed.mu.Lock()
-	debt := rs.owed.debts[owedKey{l: h.p.layers[0], key: h.p.layers[0].keyFor(client, "", nil)}].points
+	debt := rs.owed.debts[owedKey{l: h.p.layers[0], key: keyFor(h.p.layers[0], client, "", nil)}].points
 	rs.owed.mu.Unlock()
 
 	if debt != 3 {

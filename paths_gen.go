@@ -46,40 +46,40 @@ func (ap *anonymousPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	s.takes++
 	for _, l := range layers {
 		key := client
-		if l.keyKind == keyOfConst {
-			key = l.constKey
+		if l.KeyKind == keyOfConst {
+			key = l.ConstKey
 		}
-		w := l.entries[key]
-		if w != nil && w.reset > now && w.list == l.list {
-			w.taken = s.takes
+		w := l.Entries[key]
+		if w != nil && w.Reset > now && w.List == l.List {
+			w.Taken = s.takes
 		} else {
 			w = s.restart(now, l, w, key)
 		}
-		if w.count >= l.points {
+		if w.Count >= l.Points {
 			refuseFast(p, rw, req, l, w, sw, now)
 			return
 		}
-		w.count++
-		l.stats.allowed++
-		if shown == nil || l.points-w.count < left {
+		w.Count++
+		l.Stats.Allowed++
+		if shown == nil || l.Points-w.Count < left {
 			shown = l
 			sw = w
-			left = l.points - w.count
+			left = l.Points - w.Count
 		}
 	}
-	reset := sw.reset
-	resetH := sw.resetH
+	reset := sw.Reset
+	resetH := sw.ResetH
 	s.mu.Unlock()
 	h := rw.Header()
-	h["X-Ratelimit-Limit"] = shown.limitHdr
-	h["Ratelimit-Policy"] = shown.policyHdr
+	h["X-Ratelimit-Limit"] = shown.LimitHdr
+	h["Ratelimit-Policy"] = shown.PolicyHdr
 	h["X-Ratelimit-Reset"] = resetH
 	secs := (reset - now + (nsPerSecond - 1)) / nsPerSecond
-	if left < shown.tableLen && secs <= maxSmallInt {
-		h["X-Ratelimit-Remaining"] = shown.remainingHdr[left]
-		h["Ratelimit"] = []string{shown.ratePrefix[left] + smallInts[secs]}
+	if left < shown.TableLen && secs <= maxSmallInt {
+		h["X-Ratelimit-Remaining"] = shown.RemainingHdr[left]
+		h["Ratelimit"] = []string{shown.RatePrefix[left] + smallInts[secs]}
 	} else {
-		answer.SetLargeHeaders(h, shown.name, left, secs)
+		answer.SetLargeHeaders(h, shown.Name, left, secs)
 	}
 	p.next.ServeHTTP(rw, req)
 }
@@ -114,25 +114,25 @@ func (pp *principalPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	s.takes++
 	for _, l := range layers {
 		key := principal
-		if l.keyKind == keyOfConst {
-			key = l.constKey
+		if l.KeyKind == keyOfConst {
+			key = l.ConstKey
 		}
-		w := l.entries[key]
-		if w != nil && w.reset > now && w.list == l.list {
-			w.taken = s.takes
+		w := l.Entries[key]
+		if w != nil && w.Reset > now && w.List == l.List {
+			w.Taken = s.takes
 		} else {
 			w = s.restart(now, l, w, key)
 		}
-		if w.count >= l.points {
+		if w.Count >= l.Points {
 			refuseFast(p, rw, req, l, w, sw, now)
 			return
 		}
-		w.count++
-		l.stats.allowed++
-		if shown == nil || l.points-w.count < left {
+		w.Count++
+		l.Stats.Allowed++
+		if shown == nil || l.Points-w.Count < left {
 			shown = l
 			sw = w
-			left = l.points - w.count
+			left = l.Points - w.Count
 		}
 	}
 	if sw == nil {
@@ -140,19 +140,19 @@ func (pp *principalPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 		p.next.ServeHTTP(rw, req)
 		return
 	}
-	reset := sw.reset
-	resetH := sw.resetH
+	reset := sw.Reset
+	resetH := sw.ResetH
 	s.mu.Unlock()
 	h := rw.Header()
-	h["X-Ratelimit-Limit"] = shown.limitHdr
-	h["Ratelimit-Policy"] = shown.policyHdr
+	h["X-Ratelimit-Limit"] = shown.LimitHdr
+	h["Ratelimit-Policy"] = shown.PolicyHdr
 	h["X-Ratelimit-Reset"] = resetH
 	secs := (reset - now + (nsPerSecond - 1)) / nsPerSecond
-	if left < shown.tableLen && secs <= maxSmallInt {
-		h["X-Ratelimit-Remaining"] = shown.remainingHdr[left]
-		h["Ratelimit"] = []string{shown.ratePrefix[left] + smallInts[secs]}
+	if left < shown.TableLen && secs <= maxSmallInt {
+		h["X-Ratelimit-Remaining"] = shown.RemainingHdr[left]
+		h["Ratelimit"] = []string{shown.RatePrefix[left] + smallInts[secs]}
 	} else {
-		answer.SetLargeHeaders(h, shown.name, left, secs)
+		answer.SetLargeHeaders(h, shown.Name, left, secs)
 	}
 	p.next.ServeHTTP(rw, req)
 }
@@ -193,25 +193,25 @@ func (pp *principalPlansPath) ServeHTTP(rw http.ResponseWriter, req *http.Reques
 	s.takes++
 	for _, l := range layers {
 		key := principal
-		if l.keyKind == keyOfConst {
-			key = l.constKey
+		if l.KeyKind == keyOfConst {
+			key = l.ConstKey
 		}
-		w := l.entries[key]
-		if w != nil && w.reset > now && w.list == l.list {
-			w.taken = s.takes
+		w := l.Entries[key]
+		if w != nil && w.Reset > now && w.List == l.List {
+			w.Taken = s.takes
 		} else {
 			w = s.restart(now, l, w, key)
 		}
-		if w.count >= l.points {
+		if w.Count >= l.Points {
 			refuseFast(p, rw, req, l, w, sw, now)
 			return
 		}
-		w.count++
-		l.stats.allowed++
-		if shown == nil || l.points-w.count < left {
+		w.Count++
+		l.Stats.Allowed++
+		if shown == nil || l.Points-w.Count < left {
 			shown = l
 			sw = w
-			left = l.points - w.count
+			left = l.Points - w.Count
 		}
 	}
 	if sw == nil {
@@ -219,19 +219,19 @@ func (pp *principalPlansPath) ServeHTTP(rw http.ResponseWriter, req *http.Reques
 		p.next.ServeHTTP(rw, req)
 		return
 	}
-	reset := sw.reset
-	resetH := sw.resetH
+	reset := sw.Reset
+	resetH := sw.ResetH
 	s.mu.Unlock()
 	h := rw.Header()
-	h["X-Ratelimit-Limit"] = shown.limitHdr
-	h["Ratelimit-Policy"] = shown.policyHdr
+	h["X-Ratelimit-Limit"] = shown.LimitHdr
+	h["Ratelimit-Policy"] = shown.PolicyHdr
 	h["X-Ratelimit-Reset"] = resetH
 	secs := (reset - now + (nsPerSecond - 1)) / nsPerSecond
-	if left < shown.tableLen && secs <= maxSmallInt {
-		h["X-Ratelimit-Remaining"] = shown.remainingHdr[left]
-		h["Ratelimit"] = []string{shown.ratePrefix[left] + smallInts[secs]}
+	if left < shown.TableLen && secs <= maxSmallInt {
+		h["X-Ratelimit-Remaining"] = shown.RemainingHdr[left]
+		h["Ratelimit"] = []string{shown.RatePrefix[left] + smallInts[secs]}
 	} else {
-		answer.SetLargeHeaders(h, shown.name, left, secs)
+		answer.SetLargeHeaders(h, shown.Name, left, secs)
 	}
 	p.next.ServeHTTP(rw, req)
 }
@@ -254,25 +254,25 @@ func serveFast(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 	s.takes++
 	for _, l := range layers {
 		key := client
-		if l.keyKind == keyOfConst {
-			key = l.constKey
+		if l.KeyKind == keyOfConst {
+			key = l.ConstKey
 		}
-		w := l.entries[key]
-		if w != nil && w.reset > now && w.list == l.list {
-			w.taken = s.takes
+		w := l.Entries[key]
+		if w != nil && w.Reset > now && w.List == l.List {
+			w.Taken = s.takes
 		} else {
 			w = s.restart(now, l, w, key)
 		}
-		if w.count >= l.points {
+		if w.Count >= l.Points {
 			refuseFast(p, rw, req, l, w, sw, now)
 			return
 		}
-		w.count++
-		l.stats.allowed++
-		if shown == nil || l.points-w.count < left {
+		w.Count++
+		l.Stats.Allowed++
+		if shown == nil || l.Points-w.Count < left {
 			shown = l
 			sw = w
-			left = l.points - w.count
+			left = l.Points - w.Count
 		}
 	}
 	if sw == nil {
@@ -280,19 +280,19 @@ func serveFast(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 		p.next.ServeHTTP(rw, req)
 		return
 	}
-	reset := sw.reset
-	resetH := sw.resetH
+	reset := sw.Reset
+	resetH := sw.ResetH
 	s.mu.Unlock()
 	h := rw.Header()
-	h["X-Ratelimit-Limit"] = shown.limitHdr
-	h["Ratelimit-Policy"] = shown.policyHdr
+	h["X-Ratelimit-Limit"] = shown.LimitHdr
+	h["Ratelimit-Policy"] = shown.PolicyHdr
 	h["X-Ratelimit-Reset"] = resetH
 	secs := (reset - now + (nsPerSecond - 1)) / nsPerSecond
-	if left < shown.tableLen && secs <= maxSmallInt {
-		h["X-Ratelimit-Remaining"] = shown.remainingHdr[left]
-		h["Ratelimit"] = []string{shown.ratePrefix[left] + smallInts[secs]}
+	if left < shown.TableLen && secs <= maxSmallInt {
+		h["X-Ratelimit-Remaining"] = shown.RemainingHdr[left]
+		h["Ratelimit"] = []string{shown.RatePrefix[left] + smallInts[secs]}
 	} else {
-		answer.SetLargeHeaders(h, shown.name, left, secs)
+		answer.SetLargeHeaders(h, shown.Name, left, secs)
 	}
 	p.next.ServeHTTP(rw, req)
 }
@@ -334,38 +334,38 @@ func serveCredentialed(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 	left := int64(-1) // requests left in global; -1: global is off
 	if len(p.planCred) > 0 {
 		l := p.planCred[0]
-		key := l.constKey
+		key := l.ConstKey
 		now := p.now().UnixNano()
 		s := p.memory
 		s.mu.Lock()
 		s.takes++
-		w := l.entries[key]
-		if w != nil && w.reset > now && w.list == l.list {
-			w.taken = s.takes
+		w := l.Entries[key]
+		if w != nil && w.Reset > now && w.List == l.List {
+			w.Taken = s.takes
 		} else {
 			w = s.restart(now, l, w, key)
 		}
-		if w.count >= l.points {
+		if w.Count >= l.Points {
 			refuseFast(p, rw, req, l, w, nil, now)
 			return
 		}
-		w.count++
-		l.stats.allowed++
-		left = l.points - w.count
-		reset := w.reset
-		resetH := w.resetH
+		w.Count++
+		l.Stats.Allowed++
+		left = l.Points - w.Count
+		reset := w.Reset
+		resetH := w.ResetH
 		s.mu.Unlock()
 		h := rw.Header()
 		shown := l
-		h["X-Ratelimit-Limit"] = shown.limitHdr
-		h["Ratelimit-Policy"] = shown.policyHdr
+		h["X-Ratelimit-Limit"] = shown.LimitHdr
+		h["Ratelimit-Policy"] = shown.PolicyHdr
 		h["X-Ratelimit-Reset"] = resetH
 		secs := (reset - now + (nsPerSecond - 1)) / nsPerSecond
-		if left < shown.tableLen && secs <= maxSmallInt {
-			h["X-Ratelimit-Remaining"] = shown.remainingHdr[left]
-			h["Ratelimit"] = []string{shown.ratePrefix[left] + smallInts[secs]}
+		if left < shown.TableLen && secs <= maxSmallInt {
+			h["X-Ratelimit-Remaining"] = shown.RemainingHdr[left]
+			h["Ratelimit"] = []string{shown.RatePrefix[left] + smallInts[secs]}
 		} else {
-			answer.SetLargeHeaders(h, shown.name, left, secs)
+			answer.SetLargeHeaders(h, shown.Name, left, secs)
 		}
 	}
 
@@ -393,24 +393,24 @@ func serveCredentialed(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 // the reset.
 func refuseFast(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer, w *window, fw *window, now int64) {
 	if fw != nil {
-		fw.count--
+		fw.Count--
 	}
-	l.stats.refused++
-	w.refused++
+	l.Stats.Refused++
+	w.Refused++
 
-	if l.Body != nil || req.Header["Upgrade"] != nil || !w.logged {
+	if l.Body != nil || req.Header["Upgrade"] != nil || !w.Logged {
 		refuseOther(p, rw, req, l, w, now)
 		return
 	}
 
-	c := &l.cache
-	secs := (w.reset - now + nsPerSecond - 1) / nsPerSecond
-	if c.resetSec != w.resetSec || c.secs != secs {
+	c := &l.Cache
+	secs := (w.Reset - now + nsPerSecond - 1) / nsPerSecond
+	if c.ResetSec != w.ResetSec || c.Secs != secs {
 		cacheWindowRefusal(l, w, secs)
 	}
 
-	values := c.values
-	body := c.body
+	values := c.Values
+	body := c.Body
 
 	p.memory.mu.Unlock()
 	h := rw.Header()
@@ -453,19 +453,19 @@ func serveGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 	}
 
 	// decide, written out: a pending ip charge keeps what the take did not
-	// charge (t.uncharged), which a refund must not give back.
+	// charge (t.Uncharged), which a refund must not give back.
 	now := p.now().UnixNano()
-	t := tally{cost: hits.cost}
+	t := tally{Cost: hits.cost}
 	keys := make([]string, len(layers))
 	for i, l := range layers {
 		keys[i] = client
-		if l.keyKind == keyOfConst {
-			keys[i] = l.constKey
-		} else if l.keyKind != keyOfClient {
-			keys[i] = l.keyFor(client, principal, req)
+		if l.KeyKind == keyOfConst {
+			keys[i] = l.ConstKey
+		} else if l.KeyKind != keyOfClient {
+			keys[i] = keyFor(l, client, principal, req)
 		}
 	}
-	c := &charge{layers: layers, keys: keys, client: client, principal: principal, now: now, all: p.dryRun}
+	c := &charge{Layers: layers, Keys: keys, Client: client, Principal: principal, Now: now, All: p.dryRun}
 	p.store.take(&t, c)
 	ok, left := verdict(p, rw, req, &t, c)
 	if !ok {
@@ -475,7 +475,7 @@ func serveGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 	// Converted to the interface first (doc.go: wrappers).
 	var out http.ResponseWriter = rw
 	if credentialed && p.planInvalid != nil {
-		pd := &pendingIP{edge: p, req: req, client: client, charged: layers, cost: hits.cost, skip: t.uncharged}
+		pd := &pendingIP{edge: p, req: req, client: client, charged: layers, cost: hits.cost, skip: t.Uncharged}
 		req = req.WithContext(context.WithValue(req.Context(), pendingKey, pd))
 		if p.invalidCode != nil {
 			out = &watchWriter{rw: rw, req: req, p: p, prevLeft: left, pending: pd}
@@ -503,31 +503,31 @@ func serveGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 // layer refuses nothing (tally.refuseAs). With c.all set (the top-level dry
 // run) every layer is charged and evaluated, refusing or not.
 func (s *windowStore) take(t *tally, c *charge) {
-	t.shown = -1
-	cost := t.cost
+	t.Shown = -1
+	cost := t.Cost
 	if cost < 1 {
 		cost = 1
 	}
-	now := c.now
-	all := c.all
+	now := c.Now
+	all := c.All
 
 	s.mu.Lock()
 	s.takes++
 
-	for i, l := range c.layers {
-		key := c.keys[i]
+	for i, l := range c.Layers {
+		key := c.Keys[i]
 		refused := false
 		switch {
-		case l.checkOnly:
+		case l.CheckOnly:
 			refused = s.check(t, i, now, l, key, cost)
-		case l.sliding:
+		case l.Sliding:
 			refused = s.slide(t, i, now, l, key, cost)
-		case l.interval != 0:
+		case l.Interval != 0:
 			refused = s.drip(t, i, now, l, key, cost)
 		default:
-			w := l.entries[key]
-			if w != nil && w.reset > now && w.list == l.list {
-				w.taken = s.takes
+			w := l.Entries[key]
+			if w != nil && w.Reset > now && w.List == l.List {
+				w.Taken = s.takes
 			} else {
 				w = s.restart(now, l, w, key)
 			}
@@ -535,7 +535,7 @@ func (s *windowStore) take(t *tally, c *charge) {
 		}
 
 		if refused && !all {
-			giveBack(c, i, cost, t.uncharged)
+			giveBack(c, i, cost, t.Uncharged)
 			break
 		}
 	}
@@ -583,15 +583,15 @@ func hasCredential(p *Plugin, req *http.Request) bool {
 // the window's reset (Unix nanoseconds; resetH formatted). Reset is in Unix
 // seconds, rounded up so that a client waiting until then finds a new window.
 func setHeaders(h http.Header, shown *layer, left, reset int64, resetH []string, now int64) {
-	h["X-Ratelimit-Limit"] = shown.limitHdr
-	h["Ratelimit-Policy"] = shown.policyHdr
+	h["X-Ratelimit-Limit"] = shown.LimitHdr
+	h["Ratelimit-Policy"] = shown.PolicyHdr
 	h["X-Ratelimit-Reset"] = resetH
 	secs := (reset - now + (nsPerSecond - 1)) / nsPerSecond
-	if left < shown.tableLen && secs <= maxSmallInt {
-		h["X-Ratelimit-Remaining"] = shown.remainingHdr[left]
-		h["Ratelimit"] = []string{shown.ratePrefix[left] + smallInts[secs]}
+	if left < shown.TableLen && secs <= maxSmallInt {
+		h["X-Ratelimit-Remaining"] = shown.RemainingHdr[left]
+		h["Ratelimit"] = []string{shown.RatePrefix[left] + smallInts[secs]}
 	} else {
-		answer.SetLargeHeaders(h, shown.name, left, secs)
+		answer.SetLargeHeaders(h, shown.Name, left, secs)
 	}
 }
 
@@ -658,9 +658,9 @@ func redisAllowed(p *Plugin, rw http.ResponseWriter, req *http.Request, layers [
 		return
 	}
 	shown := layers[i]
-	ttl := v / 16 % (shown.maxTTL + 1)
-	left := v / 16 / (shown.maxTTL + 1)
-	if left >= shown.points {
+	ttl := v / 16 % (shown.MaxTTL + 1)
+	left := v / 16 / (shown.MaxTTL + 1)
+	if left >= shown.Points {
 		redisReply(p, rw, req, layers, client, now, []int64{v})
 		return
 	}
@@ -671,33 +671,33 @@ func redisAllowed(p *Plugin, rw http.ResponseWriter, req *http.Request, layers [
 	// takes the count: a reset within the counter's second is its window's.
 	reset := now + ttl*nsPerMillisecond
 	key := client
-	if shown.keyKind == keyOfConst {
-		key = shown.constKey
+	if shown.KeyKind == keyOfConst {
+		key = shown.ConstKey
 	}
 	local := p.fast.store.local
 	local.mu.Lock()
 	for _, l := range layers {
-		l.stats.allowed++
+		l.Stats.Allowed++
 	}
 	var resetH []string
-	if w := shown.entries[key]; w != nil && w.resetSec == (reset+nsPerSecond-1)/nsPerSecond {
-		w.count = shown.points - left
-		resetH = w.resetH
+	if w := shown.Entries[key]; w != nil && w.ResetSec == (reset+nsPerSecond-1)/nsPerSecond {
+		w.Count = shown.Points - left
+		resetH = w.ResetH
 	}
 	local.mu.Unlock()
 	if resetH == nil {
-		resetH = remember(local, shown, key, shown.points-left, reset, now)
+		resetH = remember(local, shown, key, shown.Points-left, reset, now)
 	}
 	h := rw.Header()
-	h["X-Ratelimit-Limit"] = shown.limitHdr
-	h["Ratelimit-Policy"] = shown.policyHdr
+	h["X-Ratelimit-Limit"] = shown.LimitHdr
+	h["Ratelimit-Policy"] = shown.PolicyHdr
 	h["X-Ratelimit-Reset"] = resetH
 	secs := (reset - now + (nsPerSecond - 1)) / nsPerSecond
-	if left < shown.tableLen && secs <= maxSmallInt {
-		h["X-Ratelimit-Remaining"] = shown.remainingHdr[left]
-		h["Ratelimit"] = []string{shown.ratePrefix[left] + smallInts[secs]}
+	if left < shown.TableLen && secs <= maxSmallInt {
+		h["X-Ratelimit-Remaining"] = shown.RemainingHdr[left]
+		h["Ratelimit"] = []string{shown.RatePrefix[left] + smallInts[secs]}
 	} else {
-		answer.SetLargeHeaders(h, shown.name, left, secs)
+		answer.SetLargeHeaders(h, shown.Name, left, secs)
 	}
 
 	p.next.ServeHTTP(rw, req)
@@ -716,10 +716,10 @@ func refuseBlocked(p *Plugin, rw http.ResponseWriter, req *http.Request, layers 
 	b.mu.Lock()
 	for _, l := range layers {
 		key := client
-		if l.keyKind == keyOfConst {
-			key = l.constKey
+		if l.KeyKind == keyOfConst {
+			key = l.ConstKey
 		}
-		reset := b.until[l.blockPrefix+key]
+		reset := b.until[l.BlockPrefix+key]
 		if reset == 0 {
 			continue
 		}
@@ -728,17 +728,17 @@ func refuseBlocked(p *Plugin, rw http.ResponseWriter, req *http.Request, layers 
 			return refuseBlockedGeneral(p, rw, req, layers, client, now)
 		}
 
-		c := &l.cache
+		c := &l.Cache
 		resetSec := (reset + nsPerSecond - 1) / nsPerSecond
 		secs := (reset - now + nsPerSecond - 1) / nsPerSecond
-		if c.resetSec != resetSec || c.secs != secs {
+		if c.ResetSec != resetSec || c.Secs != secs {
 			cacheRefusal(l, formatInt(resetSec), reset, secs)
 		}
-		values := c.values
-		body := c.body
+		values := c.Values
+		body := c.Body
 		b.mu.Unlock()
 
-		atomic.AddInt64(&l.stats.redisRefused, 1)
+		atomic.AddInt64(&l.Stats.RedisRefused, 1)
 		h := rw.Header()
 		for i, v := range values {
 			h[refusalHeaders[i]] = v
@@ -787,28 +787,28 @@ func (sp *syncedPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	st.mu.Lock()
 	for _, l := range layers {
 		key := client
-		if l.keyKind == keyOfConst {
-			key = l.constKey
+		if l.KeyKind == keyOfConst {
+			key = l.ConstKey
 		}
 
-		c := st.byLayer[l.name][key]
+		c := st.byLayer[l.Name][key]
 		if c == nil || c.end <= now {
 			c = syncRestart(st, l, key, now)
 		}
 		c.touched = true
 
 		count := c.remote + c.inflight + c.pending
-		if count >= l.points {
+		if count >= l.Points {
 			refuseSynced(p, rw, req, layers, l, c, fc, client, now)
 			return
 		}
 
 		c.pending++
 		c.allowed++
-		if shown == nil || l.points-count-1 < left {
+		if shown == nil || l.Points-count-1 < left {
 			shown = l
 			sc = c
-			left = l.points - count - 1
+			left = l.Points - count - 1
 		}
 		fc = c
 	}
@@ -817,15 +817,15 @@ func (sp *syncedPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	st.mu.Unlock()
 
 	h := rw.Header()
-	h["X-Ratelimit-Limit"] = shown.limitHdr
-	h["Ratelimit-Policy"] = shown.policyHdr
+	h["X-Ratelimit-Limit"] = shown.LimitHdr
+	h["Ratelimit-Policy"] = shown.PolicyHdr
 	h["X-Ratelimit-Reset"] = resetH
 	secs := (reset - now + (nsPerSecond - 1)) / nsPerSecond
-	if left < shown.tableLen && secs <= maxSmallInt {
-		h["X-Ratelimit-Remaining"] = shown.remainingHdr[left]
-		h["Ratelimit"] = []string{shown.ratePrefix[left] + smallInts[secs]}
+	if left < shown.TableLen && secs <= maxSmallInt {
+		h["X-Ratelimit-Remaining"] = shown.RemainingHdr[left]
+		h["Ratelimit"] = []string{shown.RatePrefix[left] + smallInts[secs]}
 	} else {
-		answer.SetLargeHeaders(h, shown.name, left, secs)
+		answer.SetLargeHeaders(h, shown.Name, left, secs)
 	}
 
 	p.next.ServeHTTP(rw, req)
@@ -855,14 +855,14 @@ func refuseSynced(p *Plugin, rw http.ResponseWriter, req *http.Request, layers [
 
 	c.refused++
 
-	cache := &l.cache
+	cache := &l.Cache
 	secs := (c.end - now + nsPerSecond - 1) / nsPerSecond
-	if cache.resetSec != c.resetSec || cache.secs != secs {
+	if cache.ResetSec != c.resetSec || cache.Secs != secs {
 		cacheRefusal(l, c.resetH[0], c.end, secs)
 	}
 
-	values := cache.values
-	body := cache.body
+	values := cache.Values
+	body := cache.Body
 	st.mu.Unlock()
 	h := rw.Header()
 	for i, v := range values {
@@ -891,19 +891,19 @@ func chargeOf(layers []*layer, client, principal string, req *http.Request, now 
 	keys := make([]string, len(layers))
 	for i, l := range layers {
 		keys[i] = client
-		if l.keyKind == keyOfConst {
-			keys[i] = l.constKey
-		} else if l.keyKind != keyOfClient {
-			keys[i] = l.keyFor(client, principal, req)
+		if l.KeyKind == keyOfConst {
+			keys[i] = l.ConstKey
+		} else if l.KeyKind != keyOfClient {
+			keys[i] = keyFor(l, client, principal, req)
 		}
 	}
 
-	return &charge{layers: layers, keys: keys, client: client, principal: principal, now: now, all: all}
+	return &charge{Layers: layers, Keys: keys, Client: client, Principal: principal, Now: now, All: all}
 }
 
 // costOf is the points a tally's request spends in each layer.
 func costOf(t *tally) int64 {
-	cost := t.cost
+	cost := t.Cost
 	if cost < 1 {
 		cost = 1
 	}
@@ -917,17 +917,17 @@ func costOf(t *tally) int64 {
 // in the layer the headers show (-1: none).
 func decide(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, client, principal string, cost int64) (bool, int64) {
 	now := p.now().UnixNano()
-	t := tally{cost: cost}
+	t := tally{Cost: cost}
 	keys := make([]string, len(layers))
 	for i, l := range layers {
 		keys[i] = client
-		if l.keyKind == keyOfConst {
-			keys[i] = l.constKey
-		} else if l.keyKind != keyOfClient {
-			keys[i] = l.keyFor(client, principal, req)
+		if l.KeyKind == keyOfConst {
+			keys[i] = l.ConstKey
+		} else if l.KeyKind != keyOfClient {
+			keys[i] = keyFor(l, client, principal, req)
 		}
 	}
-	c := &charge{layers: layers, keys: keys, client: client, principal: principal, now: now, all: p.dryRun}
+	c := &charge{Layers: layers, Keys: keys, Client: client, Principal: principal, Now: now, All: p.dryRun}
 	p.store.take(&t, c)
 
 	return verdict(p, rw, req, &t, c)

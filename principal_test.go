@@ -298,7 +298,7 @@ func TestCredentialsPassedAsAnonymousAreChargedToTheIP(t *testing.T) {
 	}
 
 	if n := c.edge.p.memory.maps["ip"]["10.0.0.9"]; n != nil {
-		t.Fatalf("the BFF's IP was charged %d times", n.count)
+		t.Fatalf("the BFF's IP was charged %d times", n.Count)
 	}
 }
 
@@ -318,7 +318,7 @@ func TestPrincipalRequestsAreNeverChargedToTheIP(t *testing.T) {
 	}
 
 	if w := c.edge.p.memory.maps["ip"]["203.0.113.9"]; w != nil {
-		t.Fatalf("a principal's requests were charged to the ip bucket: %d", w.count)
+		t.Fatalf("a principal's requests were charged to the ip bucket: %d", w.Count)
 	}
 }
 
@@ -385,8 +385,8 @@ func TestEveryRequestIsChargedToExactlyOneTierBucket(t *testing.T) {
 			}
 
 			for key, w := range entries {
-				got[layer+"/"+key] += w.count
-				sum += w.count
+				got[layer+"/"+key] += w.Count
+				sum += w.Count
 			}
 		}
 	}

@@ -89,7 +89,7 @@ func TestRecoveryIsSeenWithoutTraffic(t *testing.T) {
 	f := newFlap(t, "fixed", "203.0.113.21")
 	h, proxy, admin, send := f.h, f.proxy, f.admin, f.send
 	b, events := probing(t, h)
-	key := h.p.layers[0].redisKey + f.client
+	key := h.p.layers[0].RedisKey + f.client
 
 	send(4)
 	proxy.cut()
@@ -158,7 +158,7 @@ func TestTheProbeStopsWithTheBackend(t *testing.T) {
 // Redis keys, and a memory fallback and backend of its own.
 func replicaOf(a, h *harness) *harness {
 	for i, l := range h.p.layers {
-		l.redisKey = a.p.layers[i].redisKey
+		l.RedisKey = a.p.layers[i].RedisKey
 	}
 
 	// The fast path's calls are encoded with the keys.
@@ -201,7 +201,7 @@ func emptyRestart(t *testing.T, algorithm string) {
 	b := replicaOf(a, replica())
 
 	client := "203.0.113.23"
-	key := a.p.layers[0].redisKey + client
+	key := a.p.layers[0].RedisKey + client
 	allowed := 0
 	send := func(h *harness, n int) {
 		for i := 0; i < n; i++ {
@@ -313,7 +313,7 @@ func TestAnOutageIsPaidToABlockingLayer(t *testing.T) {
 		probing(t, h)
 
 		client := "203.0.113.24"
-		key := h.p.layers[0].redisKey + client
+		key := h.p.layers[0].RedisKey + client
 		send := func(n int) {
 			for i := 0; i < n; i++ {
 				if code := h.get("/api", client+":1").Code; code != http.StatusOK {

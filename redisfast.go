@@ -63,17 +63,17 @@ func newRedisPlan(rs *redisStore, layers []*layer, cost int64) *redisPlan {
 	seen := false
 
 	for _, l := range layers {
-		args += l.redisArgs
+		args += l.RedisArgs
 
 		switch {
-		case l.keyKind != keyOfConst:
-			key = l.redisKey
+		case l.KeyKind != keyOfConst:
+			key = l.RedisKey
 			tail = "\r\n"
 			seen = true
 		case seen:
-			tail += l.redisConstKey
+			tail += l.RedisConstKey
 		default:
-			front += l.redisConstKey
+			front += l.RedisConstKey
 		}
 	}
 
@@ -159,14 +159,14 @@ func redisReply(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*
 
 // answerRedis is decide after the charge c, for a request of modeRedis.
 func answerRedis(p *Plugin, rw http.ResponseWriter, req *http.Request, t *tally, c *charge) {
-	if t.firsts != 0 {
-		report(p, c, t.firsts)
+	if t.Firsts != 0 {
+		report(p, c, t.Firsts)
 	}
 
-	setHeaders(rw.Header(), c.layers[t.shown], t.left, t.reset, t.resetH, c.now)
+	setHeaders(rw.Header(), c.Layers[t.Shown], t.Left, t.Reset, t.ResetH, c.Now)
 
-	if t.refused {
-		reject(p, rw, req, c.layers[t.shown], t.reset, c.now)
+	if t.Refused {
+		reject(p, rw, req, c.Layers[t.Shown], t.Reset, c.Now)
 		return
 	}
 

@@ -104,7 +104,7 @@ func TestOddFixedKeysStartAfreshOnRedisServer(t *testing.T) {
 	})
 	s := h.p.store.(*redisStore)
 	layers := h.p.planIP
-	global := layers[0].redisConstKey
+	global := layers[0].RedisConstKey
 	global = global[strings.Index(global, "\r\n")+2 : len(global)-2]
 
 	odd := map[string][]string{
@@ -127,10 +127,10 @@ func TestOddFixedKeysStartAfreshOnRedisServer(t *testing.T) {
 		// third is refused by ip, after global was read (and charged, then
 		// given back, when it held a live counter).
 		client := "203.0.113.50"
-		redisDo(t, admin, "SET", layers[1].redisKey+client, "2", "PX", "60000")
+		redisDo(t, admin, "SET", layers[1].RedisKey+client, "2", "PX", "60000")
 
 		before := serverState(t, admin)
-		if tl := scriptCharge(t, s, layers, client, 1); !tl.refused || tl.shown != 1 {
+		if tl := scriptCharge(t, s, layers, client, 1); !tl.Refused || tl.Shown != 1 {
 			t.Fatalf("%s: %+v, want refused by ip", name, tl)
 		}
 
@@ -138,7 +138,7 @@ func TestOddFixedKeysStartAfreshOnRedisServer(t *testing.T) {
 			t.Fatalf("%s: the refused request changed Redis:\n%s\nto\n%s", name, before, after)
 		}
 
-		if tl := scriptCharge(t, s, layers, "203.0.113."+strconv.Itoa(fresh), 1); tl.refused || tl.count != 1 {
+		if tl := scriptCharge(t, s, layers, "203.0.113."+strconv.Itoa(fresh), 1); tl.Refused || tl.Count != 1 {
 			t.Fatalf("%s: %+v, want allowed with a fresh global and ip", name, tl)
 		}
 
@@ -155,7 +155,7 @@ func TestOddFixedKeysStartAfreshOnRedisServer(t *testing.T) {
 	redisDo(t, admin, "SET", global, "41", "PX", "60000")
 
 	before := serverState(t, admin)
-	if tl := scriptCharge(t, s, layers, "203.0.113.50", 1); !tl.refused {
+	if tl := scriptCharge(t, s, layers, "203.0.113.50", 1); !tl.Refused {
 		t.Fatalf("%+v, want refused by ip", tl)
 	}
 

@@ -213,7 +213,7 @@ func TestCostIsChargedWholeOnRedisServer(t *testing.T) {
 			tl := scriptCharge(t, s, layers, "203.0.113.1", step.cost)
 			after := serverState(t, admin)
 
-			if tl.refused != step.refused || tl.shown != 1 || tl.count != step.ip {
+			if tl.Refused != step.refused || tl.Shown != 1 || tl.Count != step.ip {
 				t.Fatalf("%s, step %d (cost %d): %+v, want refused %v with ip at %d", algorithm, i, step.cost, tl, step.refused, step.ip)
 			}
 
@@ -227,8 +227,8 @@ func TestCostIsChargedWholeOnRedisServer(t *testing.T) {
 		}
 
 		// global holds the 5 allowed, not the 9 asked for.
-		if tl := scriptCharge(t, s, layers[:1], "203.0.113.1", 1); tl.count != 6 {
-			t.Fatalf("%s: global at %d after 5 allowed, want 6 with this one", algorithm, tl.count)
+		if tl := scriptCharge(t, s, layers[:1], "203.0.113.1", 1); tl.Count != 6 {
+			t.Fatalf("%s: global at %d after 5 allowed, want 6 with this one", algorithm, tl.Count)
 		}
 	}
 }
@@ -257,18 +257,18 @@ func TestRefundGivesBackOnRedisServer(t *testing.T) {
 
 		// Both layers hold 2 again: the next request makes 3, not 4.
 		tl := scriptCharge(t, s, layers, "203.0.113.1", 1)
-		if tl.count != 3 || tl.shown != 0 {
+		if tl.Count != 3 || tl.Shown != 0 {
 			t.Fatalf("%s: after the refund %+v, want both layers at 3", algorithm, tl)
 		}
 
-		if tl := scriptCharge(t, s, layers[1:], "203.0.113.1", 1); tl.count != 4 {
-			t.Fatalf("%s: ip at %d, want 4", algorithm, tl.count)
+		if tl := scriptCharge(t, s, layers[1:], "203.0.113.1", 1); tl.Count != 4 {
+			t.Fatalf("%s: ip at %d, want 4", algorithm, tl.Count)
 		}
 
 		// A key never charged is not created.
 		s.refund(chargeOf(layers, "203.0.113.2", "", nil, t0, false), 1)
 
-		if n := redisDo(t, admin, "EXISTS", layers[1].redisKey+"203.0.113.2").Int; n != 0 {
+		if n := redisDo(t, admin, "EXISTS", layers[1].RedisKey+"203.0.113.2").Int; n != 0 {
 			t.Fatalf("%s: the refund created a key", algorithm)
 		}
 
@@ -278,7 +278,7 @@ func TestRefundGivesBackOnRedisServer(t *testing.T) {
 		s.refund(chargeOf(layers[1:], "203.0.113.3", "", nil, t0, false), 1)
 		s.refund(chargeOf(layers[1:], "203.0.113.3", "", nil, t0, false), 1)
 
-		key := layers[1].redisKey + "203.0.113.3"
+		key := layers[1].RedisKey + "203.0.113.3"
 		switch algorithm {
 		case "fixed":
 			if v := redisDo(t, admin, "GET", key).Str; v != "0" {
@@ -298,8 +298,8 @@ func TestRefundGivesBackOnRedisServer(t *testing.T) {
 		scriptCharge(t, s, layers[1:], "203.0.113.4", 3)
 		s.refund(chargeOf(layers[1:], "203.0.113.4", "", nil, t0, false), 2)
 
-		if tl := scriptCharge(t, s, layers[1:], "203.0.113.4", 1); tl.count != 2 {
-			t.Fatalf("%s: after 3 charged and 2 given back, the next request makes %d, want 2", algorithm, tl.count)
+		if tl := scriptCharge(t, s, layers[1:], "203.0.113.4", 1); tl.Count != 2 {
+			t.Fatalf("%s: after 3 charged and 2 given back, the next request makes %d, want 2", algorithm, tl.Count)
 		}
 
 		if ttl := redisDo(t, admin, "PTTL", key).Int; algorithm != "tokenbucket" && (ttl <= 0 || ttl > 2*int64(time.Hour/time.Millisecond)) {
@@ -508,7 +508,7 @@ func refusedLayer(rec *httptest.ResponseRecorder) string {
 // layerIndex is a layer's place in the evaluation order, -1 if unknown.
 func layerIndex(h *harness, name string) int {
 	for i, l := range h.p.layers {
-		if l.name == name {
+		if l.Name == name {
 			return i
 		}
 	}
@@ -653,17 +653,17 @@ func TestDeniedReadFailsTheScriptOnRedisServer(t *testing.T) {
 		c.Redis.Username, c.Redis.Password = "noincr", aclPassword
 	})
 	s := h.p.store.(*redisStore)
-	key := h.p.planIP[0].redisKey + "203.0.113.1"
+	key := h.p.planIP[0].RedisKey + "203.0.113.1"
 
 	// A new key is set, which the ACL grants; the next request reads it.
-	if tl := take(s, t0, h.p.planIP, "203.0.113.1", "", false); s.backend.down.Load() || tl.count != 1 {
+	if tl := take(s, t0, h.p.planIP, "203.0.113.1", "", false); s.backend.down.Load() || tl.Count != 1 {
 		t.Fatalf("first request: tally %+v, logs %q", tl, logs)
 	}
 
 	tl := take(s, t0, h.p.planIP, "203.0.113.1", "", false)
 
 	// Memory starts from the 1 Redis reported (fallback.go).
-	if !s.backend.down.Load() || !strings.Contains(logs.String(), "REDIS_UNAVAILABLE") || tl.count != 2 {
+	if !s.backend.down.Load() || !strings.Contains(logs.String(), "REDIS_UNAVAILABLE") || tl.Count != 2 {
 		t.Fatalf("tally %+v, logs %q: want memory to decide, from the count Redis reported, and Redis reported unavailable", tl, logs)
 	}
 

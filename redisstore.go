@@ -474,12 +474,12 @@ func (s *redisStore) take(t *tally, c *charge) {
 	// No layer to charge (an anonymous request to an instance with only
 	// principal tiers, a credentialed one with global off, a request that
 	// matches none of a routes-only instance's routes): nothing to ask Redis.
-	if len(c.layers) == 0 {
-		t.shown = -1
+	if len(c.Layers) == 0 {
+		t.Shown = -1
 		return
 	}
 
-	if !c.all && s.blocked.size.Load() != 0 && s.takeBlocked(t, c) {
+	if !c.All && s.blocked.size.Load() != 0 && s.takeBlocked(t, c) {
 		return
 	}
 
@@ -487,7 +487,7 @@ func (s *redisStore) take(t *tally, c *charge) {
 
 	if s.backend.down.Load() {
 		use := false
-		if use, probe = s.backend.usable(c.now); !use {
+		if use, probe = s.backend.usable(c.Now); !use {
 			s.takeLocal(t, c)
 			return
 		}
@@ -499,10 +499,10 @@ func (s *redisStore) take(t *tally, c *charge) {
 		// is a pool that stayed busy for redisresp.DefaultWaitTimeout: the
 		// calls ahead of this one were answered.
 		if !errors.Is(err, redisresp.ErrClosed) && !errors.Is(err, redisresp.ErrPoolTimeout) {
-			s.backend.failed(c.now, probe, err)
+			s.backend.failed(c.Now, probe, err)
 		}
 
-		*t = tally{cost: t.cost}
+		*t = tally{Cost: t.Cost}
 		s.takeLocal(t, c)
 
 		return
@@ -511,7 +511,7 @@ func (s *redisStore) take(t *tally, c *charge) {
 	// Only the back-off's probe ends an outage (redisevents.go): a call in
 	// flight when Redis failed may still succeed.
 	if probe {
-		s.backend.succeeded(c.now)
+		s.backend.succeeded(c.Now)
 	}
 }
 
@@ -522,22 +522,22 @@ func (s *redisStore) take(t *tally, c *charge) {
 func (s *redisStore) takeLocal(t *tally, c *charge) {
 	s.fallback.take(t, c)
 
-	if !t.refused || c.all {
+	if !t.Refused || c.All {
 		oweCharged(s, t, c)
 	}
 
-	if !t.refused || c.all || t.shown < 0 || c.layers[t.shown].blockDuration == 0 {
+	if !t.Refused || c.All || t.Shown < 0 || c.Layers[t.Shown].BlockDuration == 0 {
 		return
 	}
 
-	l := c.layers[t.shown]
-	key := c.keys[t.shown]
-	first := s.blocked.add(l.blockPrefix, key, t.reset, c.now)
+	l := c.Layers[t.Shown]
+	key := c.Keys[t.Shown]
+	first := s.blocked.add(l.BlockPrefix, key, t.Reset, c.Now)
 	if first {
 		listenResets(s)
 	}
 
-	s.blocked.hit(l.blockPrefix, key, first)
+	s.blocked.hit(l.BlockPrefix, key, first)
 }
 
 // takeBlocked refuses the request locally when one of its keys is known to be
@@ -546,21 +546,21 @@ func (s *redisStore) takeLocal(t *tally, c *charge) {
 // but in a sliding window or a token bucket it fits later than that, so
 // such a request asks Redis, which tells when.
 func (s *redisStore) takeBlocked(t *tally, c *charge) bool {
-	costly := t.cost > 1
+	costly := t.Cost > 1
 
-	for i, l := range c.layers {
-		if costly && t.cost > l.minCost && (l.sliding || l.interval != 0) && l.blockDuration == 0 {
+	for i, l := range c.Layers {
+		if costly && t.Cost > l.MinCost && (l.Sliding || l.Interval != 0) && l.BlockDuration == 0 {
 			continue
 		}
 
-		if reset := s.blocked.resetOf(l.blockPrefix, c.keys[i], c.now); reset != 0 {
-			l.stats.countRedis(true)
-			if l.blockDuration != 0 {
-				s.blocked.hit(l.blockPrefix, c.keys[i], false)
+		if reset := s.blocked.resetOf(l.BlockPrefix, c.Keys[i], c.Now); reset != 0 {
+			l.Stats.CountRedis(true)
+			if l.BlockDuration != 0 {
+				s.blocked.hit(l.BlockPrefix, c.Keys[i], false)
 			}
 
-			*t = tally{shown: i, count: l.points + 1, reset: reset, refused: true,
-				resetH: []string{formatInt(limit.CeilSeconds(reset))}}
+			*t = tally{Shown: i, Count: l.Points + 1, Reset: reset, Refused: true,
+				ResetH: []string{formatInt(limit.CeilSeconds(reset))}}
 
 			return true
 		}
@@ -573,7 +573,7 @@ func (s *redisStore) takeBlocked(t *tally, c *charge) bool {
 // to be discarded.
 func (s *redisStore) takeRedis(t *tally, c *charge) error {
 	mode := argStopAtRefusal
-	if c.all {
+	if c.All {
 		mode = argChargeAll
 	}
 
@@ -587,7 +587,7 @@ func (s *redisStore) takeRedis(t *tally, c *charge) error {
 	if s.backend.cluster != nil {
 		ints, serverErr, err = s.runCluster(s.backend.cluster, c, cost)
 	} else {
-		ints, serverErr, err = s.callFor(len(c.layers)).RunIntsOn(s.backend.pool, encodeCall(c, mode, cost))
+		ints, serverErr, err = s.callFor(len(c.Layers)).RunIntsOn(s.backend.pool, encodeCall(c, mode, cost))
 	}
 
 	if err != nil {
@@ -612,20 +612,20 @@ func encodeCall(c *charge, mode string, cost int64) string {
 		args = mode + costArg(cost)
 	}
 
-	for i, l := range c.layers {
-		if l.calendar != 0 {
-			keys, args = calendarCall(l, keys, args, c.keys[i], c.now)
+	for i, l := range c.Layers {
+		if l.Calendar != 0 {
+			keys, args = calendarCall(l, keys, args, c.Keys[i], c.Now)
 			continue
 		}
 
-		args += l.redisArgs
+		args += l.RedisArgs
 
-		if l.keyKind == keyOfConst {
-			keys += l.redisConstKey
+		if l.KeyKind == keyOfConst {
+			keys += l.RedisConstKey
 			continue
 		}
 
-		key := l.redisKey + c.keys[i]
+		key := l.RedisKey + c.Keys[i]
 		keys += "$" + strconv.Itoa(len(key)) + "\r\n" + key + "\r\n"
 	}
 
@@ -639,7 +639,7 @@ func encodeCall(c *charge, mode string, cost int64) string {
 // to Redis. A refund that fails is not retried in memory, which holds no such
 // charge: the count stays cost too high until its window ends.
 func (s *redisStore) refund(c *charge, cost int64) {
-	if len(c.layers) == 0 {
+	if len(c.Layers) == 0 {
 		return
 	}
 
@@ -656,7 +656,7 @@ func (s *redisStore) refund(c *charge, cost int64) {
 	}
 
 	if err := refundOnRedis(s, c, cost); err != nil && !errors.Is(err, redisresp.ErrClosed) {
-		s.backend.failed(c.now, false, fmt.Errorf("refunding a charge: %w", err))
+		s.backend.failed(c.Now, false, fmt.Errorf("refunding a charge: %w", err))
 	}
 }
 
@@ -667,7 +667,7 @@ func refundOnRedis(s *redisStore, c *charge, cost int64) error {
 		return s.refundCluster(s.backend.cluster, c, cost)
 	}
 
-	_, serverErr, err := refundRedis.Call(len(c.layers), 5*len(c.layers)+1).RunIntsOn(s.backend.pool, encodeCall(c, "", cost))
+	_, serverErr, err := refundRedis.Call(len(c.Layers), 5*len(c.Layers)+1).RunIntsOn(s.backend.pool, encodeCall(c, "", cost))
 	if err == nil && serverErr != "" {
 		err = fmt.Errorf("running the refund script: %s", serverErr)
 	}
@@ -678,25 +678,25 @@ func refundOnRedis(s *redisStore, c *charge, cost int64) error {
 // record writes the script's reply (count and milliseconds to reset per
 // layer evaluated) to t, and checks it: on an error, t is to be discarded.
 func (s *redisStore) record(t *tally, c *charge, ints []int64) error {
-	layers, now, all, n := c.layers, c.now, c.all, len(ints)/2
+	layers, now, all, n := c.Layers, c.Now, c.All, len(ints)/2
 	if len(ints)%2 != 0 || n == 0 || n > len(layers) {
 		return fmt.Errorf("%w: %d integers for %d layers", errBadReply, len(ints), len(layers))
 	}
 
-	t.shown = -1
+	t.Shown = -1
 
 	for i := 0; i < n; i++ {
 		l, count, ttl := layers[i], ints[2*i], ints[2*i+1]
 
 		// A check-only layer that allows reports the count without the
 		// request, which may be 0.
-		if count < 1 && (count < 0 || !l.checkOnly) || ttl < 0 || ttl > l.maxTTL {
+		if count < 1 && (count < 0 || !l.CheckOnly) || ttl < 0 || ttl > l.MaxTTL {
 			return fmt.Errorf("%w: count %d, ttl %d", errBadReply, count, ttl)
 		}
 
 		reset := now + ttl*int64(time.Millisecond)
 
-		if count > l.points {
+		if count > l.Points {
 			if s.refused(t, c, i, count, reset) && !all && i < n-1 {
 				return fmt.Errorf("%w: layers answered after a refusal", errBadReply)
 			}
@@ -704,34 +704,34 @@ func (s *redisStore) record(t *tally, c *charge, ints []int64) error {
 			continue
 		}
 
-		if !t.refused && !l.quiet && (t.shown < 0 || l.points-count < t.left) { // as tally.allow
-			t.shown, t.count, t.reset, t.left = i, count, reset, l.points-count
+		if !t.Refused && !l.Quiet && (t.Shown < 0 || l.Points-count < t.Left) { // as tally.allow
+			t.Shown, t.Count, t.Reset, t.Left = i, count, reset, l.Points-count
 		}
 	}
 
 	// The script stops only at a refusal; a shorter reply that does not end in
 	// one would let a request skip the layers it did not reach.
-	if n < len(layers) && (all || !t.refused) {
+	if n < len(layers) && (all || !t.Refused) {
 		return fmt.Errorf("%w: %d of %d layers answered", errBadReply, n, len(layers))
 	}
 
-	if !t.refused {
-		t.resetH = []string{formatInt(limit.CeilSeconds(t.reset))}
+	if !t.Refused {
+		t.ResetH = []string{formatInt(limit.CeilSeconds(t.Reset))}
 	}
 
 	for i := 0; i < n; i++ {
 		// A check-only layer counts as allowed what its later charge takes
 		// (countstatus.go).
-		if ints[2*i] > layers[i].points {
-			atomic.AddInt64(&layers[i].stats.redisRefused, 1)
-		} else if !layers[i].checkOnly {
-			atomic.AddInt64(&layers[i].stats.redisAllowed, 1)
+		if ints[2*i] > layers[i].Points {
+			atomic.AddInt64(&layers[i].Stats.RedisRefused, 1)
+		} else if !layers[i].CheckOnly {
+			atomic.AddInt64(&layers[i].Stats.RedisAllowed, 1)
 		}
 	}
 
 	// What Redis now holds, for the fallback (fallback.go); a refused
 	// request changed nothing there.
-	if !t.refused || all {
+	if !t.Refused || all {
 		rememberAll(s.local, c, ints)
 	}
 
@@ -750,23 +750,23 @@ func (s *redisStore) record(t *tally, c *charge, ints []int64) error {
 // blocks nothing and the next such request asks Redis again; the block list
 // only remembers it was reported (blockList.note).
 func (s *redisStore) refused(t *tally, c *charge, i int, count, reset int64) bool {
-	l, key, now := c.layers[i], c.keys[i], c.now
+	l, key, now := c.Layers[i], c.Keys[i], c.Now
 
 	first := false
-	if !l.dryRun && (t.cost <= 1 || t.cost <= l.minCost || l.blockDuration != 0) {
-		first = s.blocked.add(l.blockPrefix, key, reset, now)
+	if !l.DryRun && (t.Cost <= 1 || t.Cost <= l.MinCost || l.BlockDuration != 0) {
+		first = s.blocked.add(l.BlockPrefix, key, reset, now)
 		if first {
 			listenResets(s)
 		}
 
-		if l.blockDuration != 0 {
-			s.blocked.hit(l.blockPrefix, key, first)
+		if l.BlockDuration != 0 {
+			s.blocked.hit(l.BlockPrefix, key, first)
 		}
 	} else {
-		first = s.blocked.note(l.blockPrefix, key, reset, now)
+		first = s.blocked.note(l.BlockPrefix, key, reset, now)
 	}
 
-	return t.refuseAs(i, l, count, reset, []string{formatInt(limit.CeilSeconds(reset))}, first)
+	return t.RefuseAs(i, l, count, reset, []string{formatInt(limit.CeilSeconds(reset))}, first)
 }
 
 // Back-off bounds: Redis is skipped for minBackoff after a failure, doubling
@@ -1022,7 +1022,7 @@ func newBlockList(capacity int) *blockList {
 // Redis arguments (points, window, algorithm, rate), each ended by a NUL,
 // which neither holds.
 func blockPrefix(l *layer) string {
-	return l.name + "\x00" + l.redisArgs + "\x00"
+	return l.Name + "\x00" + l.RedisArgs + "\x00"
 }
 
 // resetOf returns the reset of a blocked key, or 0.

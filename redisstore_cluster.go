@@ -2,6 +2,7 @@ package tierlimit
 
 import (
 	"fmt"
+	"github.com/tierlimit/tierlimit/rule"
 	"strings"
 
 	"github.com/tierlimit/tierlimit/redisresp"
@@ -14,11 +15,11 @@ import (
 // fallback to the client IP (ip:<addr>) is tagged by the address, with the
 // client's other layers. bucket is the key as keyFor made it.
 func clusterKey(l *layer, bucket string) string {
-	if l.keyKind == keyOfPrincipalElseClient && strings.HasPrefix(bucket, "ip:") {
-		return l.redisKey + "ip:{" + bucket[len("ip:"):] + "}"
+	if l.KeyKind == keyOfPrincipalElseClient && strings.HasPrefix(bucket, "ip:") {
+		return l.RedisKey + "ip:{" + bucket[len("ip:"):] + "}"
 	}
 
-	return l.redisKey + "{" + bucket + "}"
+	return l.RedisKey + "{" + bucket + "}"
 }
 
 // slotGroup is the layers of one request whose keys share a slot.
@@ -35,7 +36,7 @@ type slotGroup struct {
 // The reply is returned as the single-server script would give it: count and
 // milliseconds to reset per layer in order, up to the first refusal.
 func (s *redisStore) runCluster(cl *redisresp.Cluster, c *charge, cost int64) ([]int64, string, error) {
-	layers, all := c.layers, c.all
+	layers, all := c.Layers, c.All
 	mode := argStopAtRefusal
 	if all {
 		mode = argChargeAll
@@ -73,7 +74,7 @@ func (s *redisStore) runCluster(cl *redisresp.Cluster, c *charge, cost int64) ([
 func (s *redisStore) refundOtherSlots(cl *redisresp.Cluster, c *charge, groups []*slotGroup, replies []redisresp.Reply, cost int64) {
 	var charged []int
 
-	layers := c.layers
+	layers := c.Layers
 
 	refused := false
 
@@ -84,14 +85,14 @@ func (s *redisStore) refundOtherSlots(cl *redisresp.Cluster, c *charge, groups [
 		}
 
 		for _, li := range g.layers {
-			if !layers[li].checkOnly {
+			if !layers[li].CheckOnly {
 				charged = append(charged, li)
 			}
 		}
 	}
 
 	if refused && len(charged) > 0 {
-		_ = s.refundCluster(cl, chargeAt(c, charged), cost)
+		_ = s.refundCluster(cl, rule.ChargeAt(c, charged), cost)
 	}
 }
 
@@ -103,7 +104,7 @@ func slotRefused(layers []*layer, g *slotGroup, r redisresp.Reply) bool {
 	}
 
 	for j, li := range g.layers {
-		if r.Ints[2*j] > layers[li].points {
+		if r.Ints[2*j] > layers[li].Points {
 			return true
 		}
 	}
@@ -142,11 +143,11 @@ func (s *redisStore) refundCluster(cl *redisresp.Cluster, c *charge, cost int64)
 func slotGroups(c *charge, head string) []*slotGroup {
 	var groups []*slotGroup
 
-	now := c.now
-	for i, l := range c.layers {
-		key := clusterKey(l, c.keys[i])
-		args := l.redisArgs
-		if l.calendar != 0 {
+	now := c.Now
+	for i, l := range c.Layers {
+		key := clusterKey(l, c.Keys[i])
+		args := l.RedisArgs
+		if l.Calendar != 0 {
 			// The period from the hash tag on: the slot stays the client's.
 			// One value per statement: doc.go, constructs Yaegi cannot run.
 			key += calendarSuffix(l, now)
@@ -207,7 +208,7 @@ func mergeSlotReplies(layers []*layer, groups []*slotGroup, replies []redisresp.
 
 		ints = append(ints, answered[i][0], answered[i][1])
 
-		if answered[i][0] > l.points && !all && !l.dryRun {
+		if answered[i][0] > l.Points && !all && !l.DryRun {
 			break
 		}
 	}

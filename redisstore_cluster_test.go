@@ -12,32 +12,32 @@ import (
 
 func TestClusterKeysShareASlotPerClientAndPrincipal(t *testing.T) {
 	mk := func(name string, kind int) *layer {
-		return &layer{limits: limits{name: name, keyKind: kind, constKey: "global"}, redisEncoding: redisEncoding{redisKey: "ratelimit:mw:" + name + ":"}}
+		return &layer{Limits: limits{Name: name, KeyKind: kind, ConstKey: "global"}, RedisEncoding: redisEncoding{RedisKey: "ratelimit:mw:" + name + ":"}}
 	}
 
 	ip, login, byPrincipal, global := mk("ip", keyOfClient), mk("login", keyOfClient), mk("upload", keyOfPrincipalElseClient), mk("global", keyOfConst)
 
-	if k := clusterKey(ip, ip.keyFor("198.51.100.7", "", nil)); k != "ratelimit:mw:ip:{198.51.100.7}" {
+	if k := clusterKey(ip, keyFor(ip, "198.51.100.7", "", nil)); k != "ratelimit:mw:ip:{198.51.100.7}" {
 		t.Fatalf("ip key %q", k)
 	}
 
-	anon := clusterKey(byPrincipal, byPrincipal.keyFor("198.51.100.7", "", nil))
-	if redisresp.Slot(anon) != redisresp.Slot(clusterKey(ip, ip.keyFor("198.51.100.7", "", nil))) ||
-		redisresp.Slot(clusterKey(login, login.keyFor("198.51.100.7", "", nil))) != redisresp.Slot(anon) {
+	anon := clusterKey(byPrincipal, keyFor(byPrincipal, "198.51.100.7", "", nil))
+	if redisresp.Slot(anon) != redisresp.Slot(clusterKey(ip, keyFor(ip, "198.51.100.7", "", nil))) ||
+		redisresp.Slot(clusterKey(login, keyFor(login, "198.51.100.7", "", nil))) != redisresp.Slot(anon) {
 		t.Fatalf("one client's layers in different slots: %q", anon)
 	}
 
-	if k := clusterKey(byPrincipal, byPrincipal.keyFor("198.51.100.7", "alice", nil)); k != "ratelimit:mw:upload:{alice}" {
+	if k := clusterKey(byPrincipal, keyFor(byPrincipal, "198.51.100.7", "alice", nil)); k != "ratelimit:mw:upload:{alice}" {
 		t.Fatalf("principal key %q", k)
 	}
 
-	if k := clusterKey(global, global.keyFor("198.51.100.7", "alice", nil)); k != "ratelimit:mw:global:{global}" {
+	if k := clusterKey(global, keyFor(global, "198.51.100.7", "alice", nil)); k != "ratelimit:mw:global:{global}" {
 		t.Fatalf("global key %q", k)
 	}
 }
 
 func TestMergeSlotRepliesStopsAtTheFirstRefusalInLayerOrder(t *testing.T) {
-	layers := []*layer{{limits: limits{name: "global", points: 10}}, {limits: limits{name: "ip", points: 5}}, {limits: limits{name: "login", points: 3}}}
+	layers := []*layer{{Limits: limits{Name: "global", Points: 10}}, {Limits: limits{Name: "ip", Points: 5}}, {Limits: limits{Name: "login", Points: 3}}}
 	// global alone in one slot; ip and login share the client's.
 	groups := []*slotGroup{{layers: []int{0}}, {layers: []int{1, 2}}}
 
@@ -70,9 +70,9 @@ func TestMergeSlotRepliesStopsAtTheFirstRefusalInLayerOrder(t *testing.T) {
 // On a cluster a calendar layer's key and window are those of the period that
 // holds the request's time (the instance's clock), not the wall clock's.
 func TestClusterCalendarKeyFollowsTheRequestTime(t *testing.T) {
-	l := &layer{limits: limits{name: "ip", points: 5, keyKind: keyOfClient, calendar: calDay}, redisEncoding: redisEncoding{redisKey: "ratelimit:mw:ip:"}}
-	l.redisArgs = redisresp.Bulk("5") + redisresp.Bulk("86400000") + algoFixed + argNoRate
-	l.redisTail = redisTail(l.redisArgs)
+	l := &layer{Limits: limits{Name: "ip", Points: 5, KeyKind: keyOfClient, Calendar: calDay}, RedisEncoding: redisEncoding{RedisKey: "ratelimit:mw:ip:"}}
+	l.RedisArgs = redisresp.Bulk("5") + redisresp.Bulk("86400000") + algoFixed + argNoRate
+	l.RedisTail = redisTail(l.RedisArgs)
 	now := time.Date(2026, 2, 10, 18, 0, 0, 0, time.UTC).UnixNano()
 
 	groups := slotGroups(chargeOf([]*layer{l}, "198.51.100.7", "", nil, now, false), "")

@@ -348,7 +348,7 @@ func TestRedisKeysAndArguments(t *testing.T) {
 
 	store := h.p.store.(*redisStore)
 	tl := take(store, t0, []*layer{h.p.planIP[0], h.p.planIP[1], h.p.routes[0].layer}, "2001:db8::/64", "", false)
-	if tl.refused || tl.shown != 1 || tl.count != 1 || tl.reset != t0+int64(time.Minute) {
+	if tl.Refused || tl.Shown != 1 || tl.Count != 1 || tl.Reset != t0+int64(time.Minute) {
 		t.Fatalf("tally %+v, want ip shown (fewest left), reset from its TTL", tl)
 	}
 
@@ -470,7 +470,7 @@ func TestCostIsTheScriptsSecondArgument(t *testing.T) {
 	layers := h.p.planIP
 
 	for _, cost := range []int64{1, 3, 12} {
-		want := redisresp.Bulk(strconv.FormatInt(cost, 10)) + layers[0].redisArgs
+		want := redisresp.Bulk(strconv.FormatInt(cost, 10)) + layers[0].RedisArgs
 
 		if got := encodeCall(chargeOf(layers, "203.0.113.1", "", nil, 0, false), argStopAtRefusal, cost); !strings.HasSuffix(got, argStopAtRefusal+want) {
 			t.Fatalf("cost %d: encoded %q", cost, got)

@@ -127,18 +127,18 @@ func badReset(msg, parameter string) ([]byte, int) {
 // Redis key in resetKeys.
 func clearKey(p *Plugin, l *layer, key string) resetReport {
 	now := p.now().UnixNano()
-	r := resetReport{Layer: l.name, Key: key}
+	r := resetReport{Layer: l.Name, Key: key}
 	r.Memory = p.memory.forget(l, key, now)
 	if p.memory.forgetBlock(l, key, now) {
 		r.Memory = true
 	}
 
 	if rs := redisOf(p.store); rs != nil {
-		if rs.synced != nil && syncForget(rs.synced, l.name, key) {
+		if rs.synced != nil && syncForget(rs.synced, l.Name, key) {
 			r.Memory = true
 		}
 
-		r.BlockList = rs.blocked.forget(l.blockPrefix+key, now)
+		r.BlockList = rs.blocked.forget(l.BlockPrefix+key, now)
 		r.Redis = rs.reset(l, key, now)
 	}
 
@@ -174,7 +174,7 @@ func (e *eventLog) reset(r resetReport, operator string) {
 // still counted something: a window not yet over (for a sliding window, one
 // whose count still weighs on the next), a token bucket not yet full.
 func (s *windowStore) forget(l *layer, key string, now int64) bool {
-	return s.forgetKey(l.name, key, now)
+	return s.forgetKey(l.Name, key, now)
 }
 
 // forgetKey is forget by the layer's name, for a reset another replica sent.
@@ -187,14 +187,14 @@ func (s *windowStore) forgetKey(layer, key string, now int64) bool {
 		return false
 	}
 
-	if w.list != nil {
-		w.list.unlink(w)
+	if w.List != nil {
+		w.List.Unlink(w)
 	}
 
 	delete(s.maps[layer], key)
 	s.size--
 
-	return w.expire > now
+	return w.Expire > now
 }
 
 // forget drops a block list entry (layer.blockPrefix + key) and reports
@@ -244,16 +244,16 @@ func resetKeys(s *redisStore, l *layer, key string, now int64) []string {
 		return []string{syncKey(l, key, s.backend.cluster != nil, start)}
 	}
 
-	k := l.redisKey + key
+	k := l.RedisKey + key
 	if s.backend.cluster != nil {
 		k = resetClusterKey(l, key)
 	}
 
-	if l.calendar != 0 {
+	if l.Calendar != 0 {
 		k += calendarSuffix(l, now)
 	}
 
-	if l.blockDuration != 0 {
+	if l.BlockDuration != 0 {
 		return []string{k, k + ":block"}
 	}
 
@@ -271,7 +271,7 @@ func resetClusterKey(l *layer, key string) string {
 // redisAbsent, or redisUnavailable when the call failed (logged; Redis's
 // back-off is left to the requests, which will find out themselves).
 func (s *redisStore) reset(l *layer, key string, now int64) string {
-	n, err := s.deleteKeys(resetKeys(s, l, key, now), s.channel, resetMessage(s.name, l.name, key))
+	n, err := s.deleteKeys(resetKeys(s, l, key, now), s.channel, resetMessage(s.name, l.Name, key))
 	if err != nil {
 		s.backend.logResetFailure(err)
 		return redisUnavailable

@@ -254,11 +254,11 @@ func TestResetClearsRedisAndTheBlockListOnRedisServer(t *testing.T) {
 			c.IP = algorithmLayer(algorithm, 2)
 		})
 		client := "203.0.113.7"
-		key := h.p.layers[0].redisKey + client
+		key := h.p.layers[0].RedisKey + client
 
 		h.burst(client, 3)
 
-		if redisDo(t, admin, "EXISTS", key).Int != 1 || redisStoreOf(h.p).blocked.resetOf(h.p.layers[0].blockPrefix, client, h.clock.Now().UnixNano()) == 0 {
+		if redisDo(t, admin, "EXISTS", key).Int != 1 || redisStoreOf(h.p).blocked.resetOf(h.p.layers[0].BlockPrefix, client, h.clock.Now().UnixNano()) == 0 {
 			t.Fatalf("%s: the refusal left no key in Redis or no block list entry", algorithm)
 		}
 
@@ -281,7 +281,7 @@ func TestResetClearsRedisAndTheBlockListOnRedisServer(t *testing.T) {
 		}
 
 		// A key only Redis holds (another instance's charge) is cleared too.
-		redisDo(t, admin, "SET", h.p.layers[0].redisKey+"198.51.100.4", "2", "PX", "60000")
+		redisDo(t, admin, "SET", h.p.layers[0].RedisKey+"198.51.100.4", "2", "PX", "60000")
 
 		if code, doc := h.reset("?layer=ip&key=198.51.100.4", ""); code != http.StatusOK || *doc.Redis != "cleared" || doc.Memory || doc.BlockList {
 			t.Fatalf("%s: another instance's key: %d %+v", algorithm, code, doc)
@@ -330,11 +330,11 @@ func TestResetClusterKeyIsTheChargedOne(t *testing.T) {
 	req.Header.Set("X-Api-Key", "secret")
 
 	for _, kind := range []int{keyOfClient, keyOfPrincipal, keyOfConst, keyOfPrincipalElseClient, keyOfHeader, keyOfHost} {
-		l := &layer{limits: limits{name: "l", keyKind: kind, constKey: "global", keyHeader: "X-Api-Key"}, redisEncoding: redisEncoding{redisKey: "ratelimit:mw:l:"}}
+		l := &layer{Limits: limits{Name: "l", KeyKind: kind, ConstKey: "global", KeyHeader: "X-Api-Key"}, RedisEncoding: redisEncoding{RedisKey: "ratelimit:mw:l:"}}
 
 		for _, principal := range []string{"", "alice"} {
-			bucket := l.keyFor("198.51.100.7", principal, req)
-			if got, want := resetClusterKey(l, bucket), clusterKey(l, l.keyFor("198.51.100.7", principal, req)); got != want || redisresp.Slot(got) != redisresp.Slot(want) {
+			bucket := keyFor(l, "198.51.100.7", principal, req)
+			if got, want := resetClusterKey(l, bucket), clusterKey(l, keyFor(l, "198.51.100.7", principal, req)); got != want || redisresp.Slot(got) != redisresp.Slot(want) {
 				t.Errorf("kind %d, principal %q: reset deletes %q, charged %q", kind, principal, got, want)
 			}
 		}
@@ -357,7 +357,7 @@ func TestResetOfACalendarKeyUsesTheInstanceClockOnRedisServer(t *testing.T) {
 	client := "203.0.113.7"
 	h.burst(client, 3)
 
-	key := h.p.layers[0].redisKey + client + ":" + strconv.FormatInt(utc(2026, 2, 10, 0, 0, 0).Unix(), 10)
+	key := h.p.layers[0].RedisKey + client + ":" + strconv.FormatInt(utc(2026, 2, 10, 0, 0, 0).Unix(), 10)
 	if redisDo(t, admin, "EXISTS", key).Int != 1 {
 		t.Fatalf("no Redis key %s", key)
 	}

@@ -148,7 +148,7 @@ func TestResetReachesAnotherReplicasBlockListOnRedisServer(t *testing.T) {
 		t.Fatal("a replica without block list entries subscribed")
 	}
 
-	if h.get("/api", client+":1").Code != http.StatusTooManyRequests || !take(b, client).refused || !take(b, other).refused {
+	if h.get("/api", client+":1").Code != http.StatusTooManyRequests || !take(b, client).Refused || !take(b, other).Refused {
 		t.Fatal("the clients are not refused")
 	}
 
@@ -161,17 +161,17 @@ func TestResetReachesAnotherReplicasBlockListOnRedisServer(t *testing.T) {
 		t.Fatalf("reset: %d %+v", code, doc)
 	}
 
-	waitUntil(t, "B forgets the key", func() bool { return b.blocked.resetOf(layers[0].blockPrefix, client, now) == 0 })
+	waitUntil(t, "B forgets the key", func() bool { return b.blocked.resetOf(layers[0].BlockPrefix, client, now) == 0 })
 
 	if peekCount(b.local, now, "ip", client) != 0 {
 		t.Fatal("B's memory fallback still counts the key")
 	}
 
-	if b.blocked.resetOf(layers[0].blockPrefix, other, now) == 0 {
+	if b.blocked.resetOf(layers[0].BlockPrefix, other, now) == 0 {
 		t.Fatal("B forgot another key")
 	}
 
-	if tl := take(b, client); tl.refused || h.get("/api", client+":1").Code != http.StatusOK {
+	if tl := take(b, client); tl.Refused || h.get("/api", client+":1").Code != http.StatusOK {
 		t.Fatal("the client is refused after the reset")
 	}
 

@@ -66,33 +66,33 @@ func slidingWait(prev, count, cost, points, left, d int64) int64 {
 // in t as layers[i]. It reports whether the layer refused, which charges
 // nothing, in dry run too: a sliding window counts only what it allows.
 func (s *windowStore) slide(t *tally, i int, now int64, l *layer, key string, cost int64) bool {
-	w := l.entries[key]
-	if w == nil || w.expire <= now || w.list != l.list {
+	w := l.Entries[key]
+	if w == nil || w.Expire <= now || w.List != l.List {
 		w = s.restart(now, l, w, key)
 	}
 
-	w.taken = s.takes
+	w.Taken = s.takes
 
-	if w.reset <= now {
+	if w.Reset <= now {
 		rotate(w, l)
 	}
 
-	left := w.reset - now
-	est := slidingCount(w.prevCount, w.count, cost, left, l.duration)
+	left := w.Reset - now
+	est := slidingCount(w.PrevCount, w.Count, cost, left, l.Duration)
 
-	if est > l.points {
-		l.stats.refused++
-		w.refused++
+	if est > l.Points {
+		l.Stats.Refused++
+		w.Refused++
 
-		first := !w.logged
-		w.logged = true
-		retry := now + slidingWait(w.prevCount, w.count, cost, l.points, left, l.duration)
-		return t.refuseAs(i, l, est, retry, []string{formatInt(limit.CeilSeconds(retry))}, first)
+		first := !w.Logged
+		w.Logged = true
+		retry := now + slidingWait(w.PrevCount, w.Count, cost, l.Points, left, l.Duration)
+		return t.RefuseAs(i, l, est, retry, []string{formatInt(limit.CeilSeconds(retry))}, first)
 	}
 
-	w.count += cost
-	l.stats.allowed++
-	t.allow(i, l, est, w.reset, w.resetH)
+	w.Count += cost
+	l.Stats.Allowed++
+	t.Allow(i, l, est, w.Reset, w.ResetH)
 
 	return false
 }
@@ -100,28 +100,12 @@ func (s *windowStore) slide(t *tally, i int, now int64, l *layer, key string, co
 // rotate moves a sliding window whose window ended less than a duration ago
 // (else it expired) to the next window, which starts where it ended.
 func rotate(w *window, l *layer) {
-	w.list.unlink(w)
-	w.prevCount, w.count, w.refused, w.logged = w.count, 0, 0, false
-	w.start = w.reset
-	w.reset = w.start + l.duration
-	w.expire = w.start + l.list.span
-	w.resetSec = limit.CeilSeconds(w.reset)
-	w.resetH = []string{formatInt(w.resetSec)}
-	l.list.push(w)
-}
-
-// allow records that layers[i] let the request through with this count; the
-// headers show the layer with the fewest requests left, never a quiet one
-// (layer.quiet). One value is assigned at a time (doc.go: frames).
-func (t *tally) allow(i int, l *layer, count, reset int64, resetH []string) {
-	left := l.points - count
-	if t.refused || l.quiet || t.shown >= 0 && left >= t.left {
-		return
-	}
-
-	t.shown = i
-	t.count = count
-	t.reset = reset
-	t.resetH = resetH
-	t.left = left
+	w.List.Unlink(w)
+	w.PrevCount, w.Count, w.Refused, w.Logged = w.Count, 0, 0, false
+	w.Start = w.Reset
+	w.Reset = w.Start + l.Duration
+	w.Expire = w.Start + l.List.Span
+	w.ResetSec = limit.CeilSeconds(w.Reset)
+	w.ResetH = []string{formatInt(w.ResetSec)}
+	l.List.Push(w)
 }

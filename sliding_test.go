@@ -60,7 +60,7 @@ func TestSlidingRemovesTheBoundaryBurst(t *testing.T) {
 				var tl tally
 				s.take(&tl, chargeOf([]*layer{l}, "203.0.113.1", "", nil, at, false))
 
-				if !tl.refused {
+				if !tl.Refused {
 					allowed++
 				}
 
@@ -92,13 +92,13 @@ func TestSlidingRemovesTheBoundaryBurst(t *testing.T) {
 			t.Fatalf("sliding: %d of the second burst allowed, want 1", got)
 		}
 
-		if !last.refused || last.count != 11 {
+		if !last.Refused || last.Count != 11 {
 			t.Fatalf("sliding: last request %+v, want refused with estimate 11", last)
 		}
 
 		// The refusal's reset is when the next request fits: then one is
 		// allowed, and not a millisecond earlier.
-		wait := last.reset
+		wait := last.Reset
 
 		if n, _ := burst(wait-int64(time.Millisecond), 1); n != 0 {
 			t.Fatalf("sliding: allowed before the reported reset")
@@ -125,7 +125,7 @@ func TestSlidingCountsOnlyAllowedRequests(t *testing.T) {
 		var tl tally
 		s.take(&tl, chargeOf([]*layer{l}, "c", "", nil, now+int64(i)*int64(10*time.Millisecond), false))
 
-		if !tl.refused {
+		if !tl.Refused {
 			allowed = append(allowed, i*10)
 		}
 	}
@@ -162,7 +162,7 @@ func TestSlidingExpiresAfterTwoWindows(t *testing.T) {
 	var tl tally
 	s.take(&tl, chargeOf([]*layer{l, f}, "a", "", nil, now, false))
 
-	if l.list == f.list {
+	if l.List == f.List {
 		t.Fatal("a sliding and a fixed layer of one duration share a list")
 	}
 
@@ -170,17 +170,17 @@ func TestSlidingExpiresAfterTwoWindows(t *testing.T) {
 	s.take(&tl, chargeOf([]*layer{f}, "b", "", nil, now+int64(1500*time.Millisecond), false))
 	s.take(&tl, chargeOf([]*layer{l}, "b", "", nil, now+int64(1500*time.Millisecond), false))
 
-	if _, ok := l.entries["a"]; !ok {
+	if _, ok := l.Entries["a"]; !ok {
 		t.Fatal("sliding counter dropped within its second window")
 	}
 
-	if _, ok := f.entries["a"]; ok {
+	if _, ok := f.Entries["a"]; ok {
 		t.Fatal("expired fixed counter kept")
 	}
 
 	s.take(&tl, chargeOf([]*layer{l}, "c", "", nil, now+int64(2500*time.Millisecond), false))
 
-	if _, ok := l.entries["a"]; ok {
+	if _, ok := l.Entries["a"]; ok {
 		t.Fatal("sliding counter kept past two windows")
 	}
 }

@@ -247,21 +247,21 @@ func (p *Plugin) statusLayers(tracked []int) []statusLayer {
 	out := make([]statusLayer, 0, len(p.layers))
 
 	for i, l := range p.layers {
-		allowed, refused := p.memory.totals(l.stats)
+		allowed, refused := p.memory.totals(l.Stats)
 
 		sl := statusLayer{
-			Name: l.name, Points: l.points, Duration: time.Duration(l.duration).String(), Algorithm: "fixed",
+			Name: l.Name, Points: l.Points, Duration: time.Duration(l.Duration).String(), Algorithm: "fixed",
 			TrackedKeys: tracked[i], Allowed: allowed, Refused: refused,
 		}
 
-		if l.sliding {
+		if l.Sliding {
 			sl.Algorithm = "sliding"
 		}
 
-		if l.interval != 0 {
+		if l.Interval != 0 {
 			sl.Algorithm = "tokenbucket"
-			sl.Points = l.refill
-			sl.Burst = l.points
+			sl.Points = l.Refill
+			sl.Burst = l.Points
 		}
 
 		out = append(out, sl)
@@ -280,7 +280,7 @@ func (p *Plugin) statusItems(entries []liveKey, offset int) []statusKey {
 		resetUnix := limit.CeilSeconds(e.reset)
 
 		items = append(items, statusKey{
-			Layer: l.name, Key: e.key, Count: e.count, Limit: l.points, Limited: e.limited, Refused: e.refused,
+			Layer: l.Name, Key: e.key, Count: e.count, Limit: l.Points, Limited: e.limited, Refused: e.refused,
 			Reset: time.Unix(resetUnix, 0).UTC().Format(time.RFC3339), ResetUnix: resetUnix,
 		})
 	}
@@ -324,23 +324,23 @@ func (p *Plugin) liveKeys(now int64, limitedOnly bool, prefix string) ([]liveKey
 	s.mu.Lock()
 
 	for i, l := range p.layers {
-		m := s.maps[l.name]
+		m := s.maps[l.Name]
 		tracked[i] = len(m)
 
-		if l.sliding {
+		if l.Sliding {
 			out = appendSliding(out, i, l, m, f)
 			continue
 		}
 
-		if l.interval != 0 {
+		if l.Interval != 0 {
 			out = appendBucket(out, i, l, m, f)
 			continue
 		}
 
 		for key, w := range m {
-			if w.reset > now && w.list == l.list && (!limitedOnly || w.count >= l.points) &&
+			if w.Reset > now && w.List == l.List && (!limitedOnly || w.Count >= l.Points) &&
 				(prefix == "" || strings.HasPrefix(key, prefix)) {
-				out = append(out, liveKey{layer: i, key: key, count: w.count, reset: w.reset, limited: w.count >= l.points, refused: w.refused})
+				out = append(out, liveKey{layer: i, key: key, count: w.Count, reset: w.Reset, limited: w.Count >= l.Points, refused: w.Refused})
 			}
 		}
 	}
@@ -366,18 +366,18 @@ func (p *Plugin) liveKeys(now int64, limitedOnly bool, prefix string) ([]liveKey
 func appendSliding(out []liveKey, i int, l *layer, m map[string]*window, f *liveFilter) []liveKey {
 	now, limitedOnly, prefix := f.now, f.limitedOnly, f.prefix
 	for key, w := range m {
-		if w.expire <= now || w.list != l.list || (prefix != "" && !strings.HasPrefix(key, prefix)) {
+		if w.Expire <= now || w.List != l.List || (prefix != "" && !strings.HasPrefix(key, prefix)) {
 			continue
 		}
 
-		prev, count, reset := w.prevCount, w.count, w.reset
+		prev, count, reset := w.PrevCount, w.Count, w.Reset
 		if reset <= now {
-			prev, count, reset = count, 0, reset+l.duration
+			prev, count, reset = count, 0, reset+l.Duration
 		}
 
-		est := slidingCount(prev, count, 0, reset-now, l.duration)
-		if est >= l.points || !limitedOnly {
-			out = append(out, liveKey{layer: i, key: key, count: est, reset: reset, limited: est >= l.points, refused: w.refused})
+		est := slidingCount(prev, count, 0, reset-now, l.Duration)
+		if est >= l.Points || !limitedOnly {
+			out = append(out, liveKey{layer: i, key: key, count: est, reset: reset, limited: est >= l.Points, refused: w.Refused})
 		}
 	}
 
@@ -393,16 +393,16 @@ func (p *Plugin) mergeBlocked(out []liveKey, blocked []blockedKey) []liveKey {
 
 	index := make(map[string]int, len(out))
 	for i, e := range out {
-		index[p.layers[e.layer].name+"\x00"+e.key] = i
+		index[p.layers[e.layer].Name+"\x00"+e.key] = i
 	}
 
 	for _, b := range blocked {
 		li := p.layerIndex(b.layer)
-		if li < 0 || p.layers[li].blockPrefix != b.prefix {
+		if li < 0 || p.layers[li].BlockPrefix != b.prefix {
 			continue
 		}
 
-		count := p.layers[li].points
+		count := p.layers[li].Points
 
 		if i, ok := index[b.layer+"\x00"+b.key]; ok {
 			out[i].limited = true
@@ -430,7 +430,7 @@ func (p *Plugin) mergeBlocked(out []liveKey, blocked []blockedKey) []liveKey {
 
 func (p *Plugin) layerIndex(name string) int {
 	for i, l := range p.layers {
-		if l.name == name {
+		if l.Name == name {
 			return i
 		}
 	}
@@ -445,7 +445,7 @@ func (p *Plugin) before(a, b liveKey) bool {
 	}
 
 	if a.layer != b.layer {
-		return p.layers[a.layer].name < p.layers[b.layer].name
+		return p.layers[a.layer].Name < p.layers[b.layer].Name
 	}
 
 	return a.key < b.key

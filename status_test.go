@@ -617,12 +617,12 @@ func TestStatusMergesTheFallbackAndReportsIt(t *testing.T) {
 	h.burst("203.0.113.9", 5) // decided in memory: 3 allowed, 2 refused
 
 	// A key both blocked by Redis earlier and counted in memory is listed once.
-	ip := h.p.layers[0].blockPrefix
+	ip := h.p.layers[0].BlockPrefix
 	redisStoreOf(h.p).blocked.add(ip, "203.0.113.9", h.clock.Now().Add(time.Hour).UnixNano(), h.clock.Now().UnixNano())
 	redisStoreOf(h.p).blocked.add(ip, "203.0.113.50", h.clock.Now().Add(time.Hour).UnixNano(), h.clock.Now().UnixNano())
 	redisStoreOf(h.p).blocked.add("gone\x00\x00", "203.0.113.50", h.clock.Now().Add(time.Hour).UnixNano(), h.clock.Now().UnixNano())
 	// An entry made under the layer's earlier limits is not listed.
-	redisStoreOf(h.p).blocked.add("ip\x00"+h.p.layers[0].redisArgs+"x\x00", "203.0.113.51", h.clock.Now().Add(time.Hour).UnixNano(), h.clock.Now().UnixNano())
+	redisStoreOf(h.p).blocked.add("ip\x00"+h.p.layers[0].RedisArgs+"x\x00", "203.0.113.51", h.clock.Now().Add(time.Hour).UnixNano(), h.clock.Now().UnixNano())
 
 	doc := h.status("/_rl")
 	if !doc.RedisFallback || keysOf(doc.Keys.Items) != "ip/203.0.113.50=3 ip/203.0.113.9=3" {
@@ -645,7 +645,7 @@ func TestStatusMergesTheFallbackAndReportsIt(t *testing.T) {
 // firstSorted's one-pass selection of a page near the top agrees with a full
 // sort, ties included.
 func TestFirstSortedAgreesWithAFullSort(t *testing.T) {
-	p := &Plugin{layers: []*layer{{limits: limits{name: "ip"}}, {limits: limits{name: "global"}}, {limits: limits{name: "a_route"}}}}
+	p := &Plugin{layers: []*layer{{Limits: limits{Name: "ip"}}, {Limits: limits{Name: "global"}}, {Limits: limits{Name: "a_route"}}}}
 	rng := rand.New(rand.NewSource(1))
 
 	for round := 0; round < 50; round++ {

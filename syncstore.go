@@ -202,29 +202,29 @@ func syncStateFor(ctx context.Context, name string, backend *redisBackend, inter
 // syncWindow returns l's window at now: its start and end, aligned to the
 // epoch or the calendar, so that every replica computes the same.
 func syncWindow(l *layer, now int64) (int64, int64) {
-	if l.calendar != 0 {
-		return limit.Period(now, l.calendar, l.utcOffset)
+	if l.Calendar != 0 {
+		return limit.Period(now, l.Calendar, l.UtcOffset)
 	}
 
-	start := now - now%l.duration
+	start := now - now%l.Duration
 
-	return start, start + l.duration
+	return start, start + l.Duration
 }
 
 // syncKey is the Redis key of bucket in l's window that starts at start:
 // on a Cluster with the bucket in a hash tag.
 func syncKey(l *layer, bucket string, cluster bool, start int64) string {
 	if cluster {
-		return l.redisKey + "{" + bucket + "}:" + formatInt(start/int64(time.Millisecond))
+		return l.RedisKey + "{" + bucket + "}:" + formatInt(start/int64(time.Millisecond))
 	}
 
-	return l.redisKey + bucket + ":" + formatInt(start/int64(time.Millisecond))
+	return l.RedisKey + bucket + ":" + formatInt(start/int64(time.Millisecond))
 }
 
 // syncCounterFor returns the counter of l's key bucket at now, made when
 // missing or of an ended window. Called with st.mu held.
 func syncCounterFor(st *syncState, l *layer, bucket string, now int64) *syncCounter {
-	c := st.byLayer[l.name][bucket]
+	c := st.byLayer[l.Name][bucket]
 	if c == nil || c.end <= now {
 		c = syncRestart(st, l, bucket, now)
 	}
@@ -241,10 +241,10 @@ func syncRestart(st *syncState, l *layer, bucket string, now int64) *syncCounter
 		startSync(st)
 	}
 
-	m := st.byLayer[l.name]
+	m := st.byLayer[l.Name]
 	if m == nil {
 		m = map[string]*syncCounter{}
-		st.byLayer[l.name] = m
+		st.byLayer[l.Name] = m
 	}
 
 	old := m[bucket]
@@ -261,7 +261,7 @@ func syncRestart(st *syncState, l *layer, bucket string, now int64) *syncCounter
 	start, end := syncWindow(l, now)
 	key := syncKey(l, bucket, st.backend != nil && st.backend.cluster != nil, start)
 
-	c := &syncCounter{key: key, layer: l.name, bucket: bucket, points: l.points, end: end, stats: l.stats,
+	c := &syncCounter{key: key, layer: l.Name, bucket: bucket, points: l.Points, end: end, stats: l.Stats,
 		resetSec: limit.CeilSeconds(end)}
 	c.resetH = []string{formatInt(c.resetSec)}
 	if st.backend != nil && st.backend.cluster != nil {
@@ -277,12 +277,12 @@ func syncRestart(st *syncState, l *layer, bucket string, now int64) *syncCounter
 // st.mu held.
 func flushStats(c *syncCounter) {
 	if c.allowed != 0 {
-		atomic.AddInt64(&c.stats.redisAllowed, c.allowed)
+		atomic.AddInt64(&c.stats.RedisAllowed, c.allowed)
 		c.allowed = 0
 	}
 
 	if c.refused != 0 {
-		atomic.AddInt64(&c.stats.redisRefused, c.refused)
+		atomic.AddInt64(&c.stats.RedisRefused, c.refused)
 		c.refused = 0
 	}
 }
@@ -323,8 +323,8 @@ func purgeCounters(st *syncState, now int64) {
 // the other stores (counterStore). It starts the sync goroutine at the
 // first request.
 func syncTake(st *syncState, t *tally, ch *charge) {
-	t.shown = -1
-	layers, now, all := ch.layers, ch.now, ch.all
+	t.Shown = -1
+	layers, now, all := ch.Layers, ch.Now, ch.All
 	if len(layers) == 0 {
 		return
 	}
@@ -338,18 +338,18 @@ func syncTake(st *syncState, t *tally, ch *charge) {
 	refused := false
 
 	for i, l := range layers {
-		c := syncCounterFor(st, l, ch.keys[i], now)
-		c.points = l.points
+		c := syncCounterFor(st, l, ch.Keys[i], now)
+		c.points = l.Points
 		c.touched = true
 		counters = append(counters, c)
 
 		count := c.remote + c.inflight + c.pending + cost
-		if count <= l.points {
-			if l.checkOnly {
+		if count <= l.Points {
+			if l.CheckOnly {
 				count -= cost
 			}
 
-			t.allow(i, l, count, c.end, c.resetH)
+			t.Allow(i, l, count, c.end, c.resetH)
 
 			continue
 		}
@@ -357,7 +357,7 @@ func syncTake(st *syncState, t *tally, ch *charge) {
 		first := !c.logged
 		c.logged = true
 
-		if t.refuseAs(i, l, count, c.end, c.resetH, first) {
+		if t.RefuseAs(i, l, count, c.end, c.resetH, first) {
 			c.refused++
 			refused = true
 			if !all {
@@ -368,7 +368,7 @@ func syncTake(st *syncState, t *tally, ch *charge) {
 
 	chargeSynced(t, counters, layers, cost, all || !refused)
 
-	listen := refused && t.firsts != 0 && st.listen != nil
+	listen := refused && t.Firsts != 0 && st.listen != nil
 	st.mu.Unlock()
 
 	if listen {
@@ -381,7 +381,7 @@ func syncTake(st *syncState, t *tally, ch *charge) {
 // Called with st.mu held.
 func chargeSynced(t *tally, counters []*syncCounter, layers []*layer, cost int64, charge bool) {
 	for i, c := range counters {
-		if layers[i].checkOnly {
+		if layers[i].CheckOnly {
 			continue
 		}
 
@@ -389,7 +389,7 @@ func chargeSynced(t *tally, counters []*syncCounter, layers []*layer, cost int64
 			c.pending += cost
 		}
 
-		if !t.refused || i < t.shown {
+		if !t.Refused || i < t.Shown {
 			c.allowed++
 		}
 	}
@@ -419,8 +419,8 @@ func syncForget(st *syncState, layer, bucket string) bool {
 func syncRefund(st *syncState, ch *charge, cost int64) {
 	st.mu.Lock()
 
-	for i, l := range ch.layers {
-		c := syncCounterFor(st, l, ch.keys[i], ch.now)
+	for i, l := range ch.Layers {
+		c := syncCounterFor(st, l, ch.Keys[i], ch.Now)
 		c.pending -= cost
 	}
 

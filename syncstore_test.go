@@ -62,7 +62,7 @@ func counterOf(st *syncState, layer, bucket string) *syncCounter {
 func takeOn(st *syncState, h *harness, client string) bool {
 	var layers []*layer
 	for _, name := range []string{"global", "ip"} {
-		if i := layerIndex(h, name); i >= 0 && h.p.layers[i].points > 0 {
+		if i := layerIndex(h, name); i >= 0 && h.p.layers[i].Points > 0 {
 			layers = append(layers, h.p.layers[i])
 		}
 	}
@@ -70,7 +70,7 @@ func takeOn(st *syncState, h *harness, client string) bool {
 	var tl tally
 	syncTake(st, &tl, chargeOf(layers, client, "", nil, h.clock.Now().UnixNano(), false))
 
-	return !tl.refused
+	return !tl.Refused
 }
 
 func mustSync(t *testing.T, st *syncState, now int64) {
@@ -90,7 +90,7 @@ func TestSyncedReplicasShareTheirCountsWithinAWindow(t *testing.T) {
 
 	// The window is aligned to the epoch: 10:00:00 to 10:01:00.
 	ip := h.p.layers[layerIndex(h, "ip")]
-	key := ip.redisKey + client + ":" + formatInt(time.Date(2026, 6, 15, 10, 0, 0, 0, time.UTC).UnixMilli())
+	key := ip.RedisKey + client + ":" + formatInt(time.Date(2026, 6, 15, 10, 0, 0, 0, time.UTC).UnixMilli())
 
 	take := func(st *syncState, name string, n int, want bool) {
 		t.Helper()
@@ -142,7 +142,7 @@ func TestSyncedReplicasShareTheirCountsWithinAWindow(t *testing.T) {
 	mustSync(t, a, now)
 	mustSync(t, b, now)
 
-	next := ip.redisKey + client + ":" + formatInt(time.Date(2026, 6, 15, 10, 1, 0, 0, time.UTC).UnixMilli())
+	next := ip.RedisKey + client + ":" + formatInt(time.Date(2026, 6, 15, 10, 1, 0, 0, time.UTC).UnixMilli())
 	if got := redisDo(t, admin, "GET", next).Str; got != "2" {
 		t.Fatalf("new window's total %q, want 2", got)
 	}
@@ -170,7 +170,7 @@ func TestSyncRefusedRequestChargesNoLayer(t *testing.T) {
 
 	g := h.p.layers[layerIndex(h, "global")]
 	start := formatInt(time.Date(2026, 6, 15, 10, 0, 0, 0, time.UTC).UnixMilli())
-	if got := redisDo(t, admin, "GET", g.redisKey+g.constKey+":"+start).Str; got != "2" {
+	if got := redisDo(t, admin, "GET", g.RedisKey+g.ConstKey+":"+start).Str; got != "2" {
 		t.Fatalf("global total %q after 2 allowed and 3 refused requests, want 2", got)
 	}
 }
@@ -227,7 +227,7 @@ func TestFailedSyncKeepsItsCountsAndNeverFailsOpen(t *testing.T) {
 	h.clock.Add(time.Second)
 	mustSync(t, st, h.clock.Now().UnixNano())
 
-	key := h.p.layers[layerIndex(h, "ip")].redisKey + client + ":" + formatInt(time.Date(2026, 6, 15, 10, 0, 0, 0, time.UTC).UnixMilli())
+	key := h.p.layers[layerIndex(h, "ip")].RedisKey + client + ":" + formatInt(time.Date(2026, 6, 15, 10, 0, 0, 0, time.UTC).UnixMilli())
 	if got := redisDo(t, admin, "GET", key).Str; got != "10" {
 		t.Fatalf("Redis total %q after recovery, want 10: the points charged during the outage were lost", got)
 	}

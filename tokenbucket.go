@@ -6,7 +6,6 @@ import (
 
 	"github.com/tierlimit/tierlimit/limit"
 
-	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/request"
 )
 
@@ -29,78 +28,65 @@ import (
 // first when the store is full. The Redis script (redisstore.go) computes the
 // same in exact integer microseconds with Redis's clock.
 
-// makeBucket turns l into a token bucket for spec: points becomes the burst,
-// the bucket's capacity, which the headers and the refusal report as the limit.
-// It returns spec with its points set to the burst likewise.
-func (l *layer) makeBucket(spec config.Rule) config.Rule {
-	l.refill = spec.Points
-	l.interval = int64(spec.Duration) / spec.Points
-	l.points = spec.Burst
-	l.limit = formatInt(spec.Burst)
-	spec.Points = spec.Burst
-
-	return spec
-}
-
 // drip takes cost tokens from the token-bucket layer l under s.mu and
 // records it in t as layers[i]. It reports whether the layer refused, which
 // takes nothing, in dry run too (rate.Limiter.Allow does the same).
 func (s *windowStore) drip(t *tally, i int, now int64, l *layer, key string, cost int64) bool {
-	w := l.entries[key]
+	w := l.Entries[key]
 	if w == nil {
-		s.makeRoom(now, l.list)
+		s.makeRoom(now, l.List)
 
-		w = &window{layer: l.name, key: key, reset: now}
-		l.entries[key] = w
+		w = &window{Layer: l.Name, Key: key, Reset: now}
+		l.Entries[key] = w
 		s.size++
 	} else {
-		if w.list != l.list {
+		if w.List != l.List {
 			// A window of another algorithm, left by a reload: a full bucket.
-			w.reset = now
-			w.logged = false
+			w.Reset = now
+			w.Logged = false
 		}
 
-		if w.list != nil {
-			w.list.unlink(w)
+		if w.List != nil {
+			w.List.Unlink(w)
 		}
 	}
 
-	w.start = now
-	w.taken = s.takes
-	l.list.push(w)
+	w.Start = now
+	w.Taken = s.takes
+	l.List.Push(w)
 
-	tat := w.reset
+	tat := w.Reset
 	if tat < now {
 		tat = now
 	}
 
-	if tat-now > (l.points-cost)*l.interval {
-		l.stats.refused++
-		w.refused++
+	if tat-now > (l.Points-cost)*l.Interval {
+		l.Stats.Refused++
+		w.Refused++
 
-		first := !w.logged
-		w.logged = true
-		retry := tat - (l.points-cost)*l.interval
-		return t.refuseAs(i, l, l.points+1, retry, []string{formatInt(limit.CeilSeconds(retry))}, first)
+		first := !w.Logged
+		w.Logged = true
+		retry := tat - (l.Points-cost)*l.Interval
+		return t.RefuseAs(i, l, l.Points+1, retry, []string{formatInt(limit.CeilSeconds(retry))}, first)
 	}
 
-	tat += cost * l.interval
-	w.reset = tat
-	w.expire = tat
-	w.logged = false
+	tat += cost * l.Interval
+	w.Reset = tat
+	w.Expire = tat
+	w.Logged = false
 
 	// X-RateLimit-Reset changes with every request; it is formatted again
 	// only when its second does.
 	secs := limit.CeilSeconds(tat)
-	if w.resetH == nil || w.resetSec != secs {
-		w.resetSec = secs
-		w.resetH = []string{formatInt(secs)}
+	if w.ResetH == nil || w.ResetSec != secs {
+		w.ResetSec = secs
+		w.ResetH = []string{formatInt(secs)}
 	}
 
-	used := bucketUsed(tat-now, l.interval)
-	w.count = used
-	l.stats.allowed++
-	t.allow(i, l, used, tat, w.resetH)
+	used := bucketUsed(tat-now, l.Interval)
+	w.Count = used
+	l.Stats.Allowed++
+	t.Allow(i, l, used, tat, w.ResetH)
 
 	return false
 }
@@ -121,13 +107,13 @@ func bucketUsed(ahead, interval int64) int64 {
 func appendBucket(out []liveKey, i int, l *layer, m map[string]*window, f *liveFilter) []liveKey {
 	now, limitedOnly, prefix := f.now, f.limitedOnly, f.prefix
 	for key, w := range m {
-		if w.reset <= now || w.list != l.list || (prefix != "" && !strings.HasPrefix(key, prefix)) {
+		if w.Reset <= now || w.List != l.List || (prefix != "" && !strings.HasPrefix(key, prefix)) {
 			continue
 		}
 
-		limited := w.reset-now > (l.points-1)*l.interval
+		limited := w.Reset-now > (l.Points-1)*l.Interval
 		if limited || !limitedOnly {
-			out = append(out, liveKey{layer: i, key: key, count: bucketUsed(w.reset-now, l.interval), reset: w.reset, limited: limited, refused: w.refused})
+			out = append(out, liveKey{layer: i, key: key, count: bucketUsed(w.Reset-now, l.Interval), reset: w.Reset, limited: limited, refused: w.Refused})
 		}
 	}
 

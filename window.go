@@ -36,67 +36,13 @@ type windowStore struct {
 	stats     map[string]*layerStats // by layer name
 }
 
-// layerStats counts a layer's decisions since the process started: requests
-// it let through and requests it refused. The memory store counts under its
-// lock, with plain increments (doc.go: an atomic call costs allocations);
-// the Redis store, which takes no lock, counts in the atomic fields.
-type layerStats struct {
-	allowed, refused           int64 // under windowStore.mu
-	redisAllowed, redisRefused int64 // atomic
-}
-
-// countRedis records one decision of the Redis store.
-func (st *layerStats) countRedis(refused bool) {
-	if refused {
-		atomic.AddInt64(&st.redisRefused, 1)
-		return
-	}
-
-	atomic.AddInt64(&st.redisAllowed, 1)
-}
-
 // totals returns a layer's allowed and refused counts, both stores together.
 func (s *windowStore) totals(st *layerStats) (allowed, refused int64) {
 	s.mu.Lock()
-	allowed, refused = st.allowed, st.refused
+	allowed, refused = st.Allowed, st.Refused
 	s.mu.Unlock()
 
-	return allowed + atomic.LoadInt64(&st.redisAllowed), refused + atomic.LoadInt64(&st.redisRefused)
-}
-
-// window is one counter. Times are Unix nanoseconds.
-type window struct {
-	layer  string
-	key    string
-	count  int64 // points spent in the window: never above the layer's points but in dry run
-	start  int64
-	reset  int64
-	expire int64 // when the counter may be dropped: reset, or reset + duration for a sliding window
-	// prevCount is a sliding window's count of the window before; resetSec
-	// is the second resetH shows.
-	prevCount int64
-	resetSec  int64
-	refused   int64    // requests this window refused (status page)
-	logged    bool     // a refusal of this window was reported (see tally.firsts)
-	taken     int64    // windowStore.takes of the last request that charged it: never evicted by that request
-	resetH    []string // X-RateLimit-Reset value, formatted once per window
-	list      *windowList
-	prev      *window
-	next      *window
-}
-
-// windowList links the counters of one duration and algorithm, oldest start
-// first. A sliding window's counter outlives its window by one duration (its
-// count weighs on the next window), so it keeps a list of its own.
-type windowList struct {
-	duration int64
-	span     int64 // how long a counter lives from its start: duration, or 2x when sliding; 0 for token buckets
-	// calendar and utcOffset are those of the list's layers: a calendar
-	// window lives to its period's end (alignCalendar).
-	calendar  int
-	utcOffset int64
-	head      *window
-	tail      *window
+	return allowed + atomic.LoadInt64(&st.RedisAllowed), refused + atomic.LoadInt64(&st.RedisRefused)
 }
 
 // purgePerInsert is how many expired counters each new key removes, so memory
@@ -129,111 +75,55 @@ func (s *windowStore) attach(l *layer) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 
-	if s.maps[l.name] == nil {
-		s.maps[l.name] = map[string]*window{}
+	if s.maps[l.Name] == nil {
+		s.maps[l.Name] = map[string]*window{}
 	}
 
-	l.entries = s.maps[l.name]
+	l.Entries = s.maps[l.Name]
 
-	if s.blocks[l.name] == nil {
-		s.blocks[l.name] = map[string]int64{}
+	if s.blocks[l.Name] == nil {
+		s.blocks[l.Name] = map[string]int64{}
 	}
 
-	l.blocks = s.blocks[l.name]
+	l.Blocks = s.blocks[l.Name]
 
-	if s.stats[l.name] == nil {
-		s.stats[l.name] = &layerStats{}
+	if s.stats[l.Name] == nil {
+		s.stats[l.Name] = &layerStats{}
 	}
 
-	l.stats = s.stats[l.name]
+	l.Stats = s.stats[l.Name]
 
-	span := l.duration
-	if l.sliding {
-		span = 2 * l.duration
+	span := l.Duration
+	if l.Sliding {
+		span = 2 * l.Duration
 	}
 
-	if l.interval != 0 {
+	if l.Interval != 0 {
 		span = 0 // token buckets: ordered by last request (tokenbucket.go)
 	}
 
 	for _, wl := range s.lists {
-		if wl.duration == l.duration && wl.span == span && wl.calendar == l.calendar && wl.utcOffset == l.utcOffset {
-			l.list = wl
+		if wl.Duration == l.Duration && wl.Span == span && wl.Calendar == l.Calendar && wl.UtcOffset == l.UtcOffset {
+			l.List = wl
 			return
 		}
 	}
 
-	l.list = &windowList{duration: l.duration, span: span, calendar: l.calendar, utcOffset: l.utcOffset}
-	s.lists = append(s.lists, l.list)
-}
-
-// tally is what a store reports of one request's layers. cost is the
-// caller's: the points the request spends in every layer (0 counts as 1).
-type tally struct {
-	cost    int64
-	shown   int   // the layer for the headers: the refusing one, else the one with the fewest left; -1 if none
-	count   int64 // its count after this request (a refusing layer: the count it would have reached)
-	reset   int64 // its reset, Unix nanoseconds
-	resetH  []string
-	left    int64 // its requests left
-	refused bool  // a layer's count would exceed its points
-	firsts  uint64
-	// firsts has bit i set when layers[i] refused for the first time in its
-	// window, so a refusal is reported once per layer, key and window.
-	// uncharged has bit i set when layers[i], in dry run, would have
-	// refused and took nothing (a sliding window, a token bucket): a later
-	// refusal has nothing to give back to it (giveBack).
-	uncharged uint64
-}
-
-// refuse records that layers[i] refused with this count and reset; first
-// says it is the window's first refusal. The first refusing layer is the one
-// shown.
-func (t *tally) refuse(i int, count, reset int64, resetH []string, first bool) {
-	if first {
-		t.firsts |= uint64(1) << uint(i)
-	}
-
-	if !t.refused {
-		t.refused, t.shown, t.count, t.reset, t.resetH, t.left = true, i, count, reset, resetH, 0
-	}
-}
-
-// refuseAs records that layers[i], l, would refuse with this count and
-// reset, and reports whether the request is refused: as refuse, unless l is
-// in dry run. A dry-run layer refuses nothing: its refusal is reported
-// (first) and, unless it is quiet (layer.quiet), the headers may show it
-// with nothing left, while the other layers decide the request.
-func (t *tally) refuseAs(i int, l *layer, count, reset int64, resetH []string, first bool) bool {
-	if !l.dryRun {
-		t.refuse(i, count, reset, resetH, first)
-		return true
-	}
-
-	if first {
-		t.firsts |= uint64(1) << uint(i)
-	}
-
-	if l.sliding || l.interval != 0 {
-		t.uncharged |= uint64(1) << uint(i)
-	}
-
-	t.allow(i, l, l.points, reset, resetH)
-
-	return false
+	l.List = &windowList{Duration: l.Duration, Span: span, Calendar: l.Calendar, UtcOffset: l.UtcOffset}
+	s.lists = append(s.lists, l.List)
 }
 
 // chargeFixed charges cost points to the fixed window w of layers[i] under
 // the store's lock, unless they do not fit: then the layer refuses
 // (refuseFixed). It reports whether the layer refused the request.
 func chargeFixed(t *tally, i int, l *layer, w *window, cost int64, all bool) bool {
-	if w.count+cost > l.points {
+	if w.Count+cost > l.Points {
 		return refuseFixed(t, i, l, w, cost, all)
 	}
 
-	w.count += cost
-	l.stats.allowed++
-	t.allow(i, l, w.count, w.reset, w.resetH)
+	w.Count += cost
+	l.Stats.Allowed++
+	t.Allow(i, l, w.Count, w.Reset, w.ResetH)
 
 	return false
 }
@@ -243,14 +133,14 @@ func chargeFixed(t *tally, i int, l *layer, w *window, cost int64, all bool) boo
 // Kept out of chargeFixed, whose frame every charge allocates (doc.go:
 // frames). It reports whether the request is refused.
 func refuseFixed(t *tally, i int, l *layer, w *window, cost int64, all bool) bool {
-	l.stats.refused++
-	w.refused++
-	first := !w.logged
-	w.logged = true
-	refused := t.refuseAs(i, l, w.count+cost, w.reset, w.resetH, first)
+	l.Stats.Refused++
+	w.Refused++
+	first := !w.Logged
+	w.Logged = true
+	refused := t.RefuseAs(i, l, w.Count+cost, w.Reset, w.ResetH, first)
 
-	if all || l.dryRun {
-		w.count += cost
+	if all || l.DryRun {
+		w.Count += cost
 	}
 
 	return refused
@@ -267,29 +157,29 @@ func refuseFixed(t *tally, i int, l *layer, w *window, cost int64, all bool) boo
 // small (doc.go: frames).
 func (s *windowStore) restart(now int64, l *layer, w *window, key string) *window {
 	if w != nil {
-		w.list.unlink(w)
+		w.List.Unlink(w)
 	} else {
-		s.makeRoom(now, l.list)
+		s.makeRoom(now, l.List)
 
-		w = &window{layer: l.name, key: key}
-		l.entries[key] = w
+		w = &window{Layer: l.Name, Key: key}
+		l.Entries[key] = w
 		s.size++
 	}
 
-	w.count = 0
-	w.prevCount = 0
-	w.refused = 0
-	w.start = now
-	w.reset = now + l.list.duration
-	w.expire = now + l.list.span
-	if l.calendar != 0 {
+	w.Count = 0
+	w.PrevCount = 0
+	w.Refused = 0
+	w.Start = now
+	w.Reset = now + l.List.Duration
+	w.Expire = now + l.List.Span
+	if l.Calendar != 0 {
 		alignCalendar(now, l, w)
 	}
-	w.resetSec = limit.CeilSeconds(w.reset)
-	w.resetH = []string{formatInt(w.resetSec)}
-	w.logged = false
-	w.taken = s.takes
-	l.list.push(w)
+	w.ResetSec = limit.CeilSeconds(w.Reset)
+	w.ResetH = []string{formatInt(w.ResetSec)}
+	w.Logged = false
+	w.Taken = s.takes
+	l.List.Push(w)
 
 	return w
 }
@@ -301,8 +191,8 @@ func (s *windowStore) restart(now int64, l *layer, w *window, key string) *windo
 // (config/check.go), another one is always there to evict, so the layers of one
 // request cannot evict each other's counters.
 func (s *windowStore) makeRoom(now int64, l *windowList) {
-	for n := 0; n < purgePerInsert && l.head != nil && l.head.expire <= now; n++ {
-		s.remove(l.head)
+	for n := 0; n < purgePerInsert && l.Head != nil && l.Head.Expire <= now; n++ {
+		s.remove(l.Head)
 	}
 
 	if s.size < s.max {
@@ -310,8 +200,8 @@ func (s *windowStore) makeRoom(now int64, l *windowList) {
 	}
 
 	for _, other := range s.lists {
-		for other.head != nil && other.head.expire <= now {
-			s.remove(other.head)
+		for other.Head != nil && other.Head.Expire <= now {
+			s.remove(other.Head)
 		}
 	}
 
@@ -344,12 +234,12 @@ func (s *windowStore) oldestEvictable(limited bool) *window {
 	var oldest *window
 
 	for _, other := range s.lists {
-		w := other.head
-		for n := 0; w != nil && n < maxEvictionScan && (w.taken == s.takes || w.logged && !limited); n++ {
-			w = w.next
+		w := other.Head
+		for n := 0; w != nil && n < maxEvictionScan && (w.Taken == s.takes || w.Logged && !limited); n++ {
+			w = w.Next
 		}
 
-		if w != nil && w.taken != s.takes && (limited || !w.logged) && (oldest == nil || w.start < oldest.start) {
+		if w != nil && w.Taken != s.takes && (limited || !w.Logged) && (oldest == nil || w.Start < oldest.Start) {
 			oldest = w
 		}
 	}
@@ -358,41 +248,9 @@ func (s *windowStore) oldestEvictable(limited bool) *window {
 }
 
 func (s *windowStore) remove(w *window) {
-	w.list.unlink(w)
-	delete(s.maps[w.layer], w.key)
+	w.List.Unlink(w)
+	delete(s.maps[w.Layer], w.Key)
 	s.size--
-}
-
-func (l *windowList) push(w *window) {
-	w.list = l
-	w.prev = l.tail
-	w.next = nil
-
-	if l.tail != nil {
-		l.tail.next = w
-	} else {
-		l.head = w
-	}
-
-	l.tail = w
-}
-
-func (l *windowList) unlink(w *window) {
-	if w.prev != nil {
-		w.prev.next = w.next
-	} else {
-		l.head = w.next
-	}
-
-	if w.next != nil {
-		w.next.prev = w.prev
-	} else {
-		l.tail = w.prev
-	}
-
-	w.prev = nil
-	w.next = nil
-	w.list = nil
 }
 
 // registry holds one windowStore per middleware name, and for the redis

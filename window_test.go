@@ -28,7 +28,7 @@ func hitOnce(s *windowStore, now int64, l *layer, key string) hit {
 
 	s.take(&t, chargeOf([]*layer{l}, key, "", nil, now, false))
 
-	return hit{count: t.count, reset: t.reset, firstRefusal: t.firsts != 0}
+	return hit{count: t.Count, reset: t.Reset, firstRefusal: t.Firsts != 0}
 }
 
 // take runs store.take and returns the tally.
@@ -92,7 +92,7 @@ func TestWindowExactCountAtBoundary(t *testing.T) {
 			t.Fatalf("hit %d: stored count %d", i, stored)
 		}
 
-		if refused := got.count > l.points; refused != (i > 50) {
+		if refused := got.count > l.Points; refused != (i > 50) {
 			t.Fatalf("hit %d: refused=%v", i, refused)
 		}
 
@@ -122,7 +122,7 @@ func TestWindowKeysAndLayersAreSeparate(t *testing.T) {
 		key string
 	}{{a, "x"}, {a, "y"}, {b, "x"}} {
 		if got := hitOnce(s, t0, c.l, c.key); got.count != 1 {
-			t.Fatalf("%s/%s: count %d, want 1", c.l.name, c.key, got.count)
+			t.Fatalf("%s/%s: count %d, want 1", c.l.Name, c.key, got.count)
 		}
 	}
 }
@@ -134,12 +134,12 @@ func TestTakeStopsAtRefusingLayer(t *testing.T) {
 	route := testLayer(s, "login", 10, time.Second)
 	layers := []*layer{g, ip, route}
 
-	if tl := take(s, t0, layers, "1.2.3.4", "", false); tl.refused || tl.shown != 1 || tl.count != 1 || peekCount(s, t0, "login", "1.2.3.4") != 1 {
+	if tl := take(s, t0, layers, "1.2.3.4", "", false); tl.Refused || tl.Shown != 1 || tl.Count != 1 || peekCount(s, t0, "login", "1.2.3.4") != 1 {
 		t.Fatalf("first request: %+v, want every layer charged, ip shown (fewest left)", tl)
 	}
 
 	tl := take(s, t0, layers, "1.2.3.4", "", false)
-	if !tl.refused || tl.shown != 1 || tl.count != 2 || tl.firsts != 1<<1 {
+	if !tl.Refused || tl.Shown != 1 || tl.Count != 2 || tl.Firsts != 1<<1 {
 		t.Fatalf("refused request: %+v, want ip shown with the count it would have reached", tl)
 	}
 
@@ -152,16 +152,16 @@ func TestTakeStopsAtRefusingLayer(t *testing.T) {
 	}
 
 	// A refusal by the last layer gives back every earlier one.
-	route.points = 1
+	route.Points = 1
 	other := "5.6.7.8"
 	take(s, t0, layers, other, "", false)
-	if tl := take(s, t0, []*layer{g, route}, other, "", false); !tl.refused || tl.shown != 1 || peekCount(s, t0, "global", "global") != 2 {
+	if tl := take(s, t0, []*layer{g, route}, other, "", false); !tl.Refused || tl.Shown != 1 || peekCount(s, t0, "global", "global") != 2 {
 		t.Fatalf("refused by the last layer: %+v, global %d, want 2", tl, peekCount(s, t0, "global", "global"))
 	}
-	route.points = 10
+	route.Points = 10
 
 	// all=true (dry run) charges every layer; the refusing layer stays shown.
-	if tl := take(s, t0, layers, "1.2.3.4", "", true); tl.shown != 1 || !tl.refused || peekCount(s, t0, "login", "1.2.3.4") != 2 {
+	if tl := take(s, t0, layers, "1.2.3.4", "", true); tl.Shown != 1 || !tl.Refused || peekCount(s, t0, "login", "1.2.3.4") != 2 {
 		t.Fatalf("dry run: %+v, route count %d, want every layer charged", tl, peekCount(s, t0, "login", "1.2.3.4"))
 	}
 }
@@ -180,8 +180,8 @@ func TestKeysByKind(t *testing.T) {
 	}
 
 	for _, tc := range cases {
-		l := &layer{limits: limits{keyKind: tc.kind, constKey: "global"}}
-		if got := l.keyFor(tc.client, tc.principal, nil); got != tc.want {
+		l := &layer{Limits: limits{KeyKind: tc.kind, ConstKey: "global"}}
+		if got := keyFor(l, tc.client, tc.principal, nil); got != tc.want {
 			t.Errorf("kind %d: %q, want %q", tc.kind, got, tc.want)
 		}
 	}
@@ -272,7 +272,7 @@ func TestWindowCountsExactlyUnderConcurrency(t *testing.T) {
 			defer wg.Done()
 
 			for i := 0; i < 250; i++ {
-				if got := hitOnce(s, t0, l, "k"); got.count <= l.points {
+				if got := hitOnce(s, t0, l, "k"); got.count <= l.Points {
 					mu.Lock()
 					allowed++
 					mu.Unlock()
@@ -318,7 +318,7 @@ func TestEvictionSparesTheCountersOfTheRequest(t *testing.T) {
 
 	for i := 0; i < 10; i++ {
 		got := take(s, t0+int64(i), []*layer{global, ip}, "198.51.100."+formatInt(int64(i)), "", false)
-		if !got.refused {
+		if !got.Refused {
 			allowed++
 		}
 
@@ -370,7 +370,7 @@ func TestEvictionSparesASlidingCounterOfTheRequest(t *testing.T) {
 	allowed := 0
 
 	for i := 0; i < 10; i++ {
-		if got := take(s, t0+int64(i), []*layer{global, ip}, "198.51.100."+formatInt(int64(i)), "", false); !got.refused {
+		if got := take(s, t0+int64(i), []*layer{global, ip}, "198.51.100."+formatInt(int64(i)), "", false); !got.Refused {
 			allowed++
 		}
 	}
@@ -395,11 +395,11 @@ func (s *windowStore) peek(now int64, layer, key string) (count, reset int64) {
 	defer s.mu.Unlock()
 
 	w := s.maps[layer][key]
-	if w == nil || w.reset <= now {
+	if w == nil || w.Reset <= now {
 		return 0, 0
 	}
 
-	return w.count, w.reset
+	return w.Count, w.Reset
 }
 
 // TestEvictionKeepsLimitedKeys: at maxTracked, a client over its limit is

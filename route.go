@@ -1,0 +1,103 @@
+package tierlimit
+
+import (
+	"net/http"
+	"strings"
+
+	"github.com/tierlimit/tierlimit/request"
+)
+
+// keyFor returns the layer's bucket key for a request. A principal-keyed route
+// counts requests without a principal per client IP, in a namespace of its own
+// so that an IP never shares a bucket with a principal id. A header-keyed layer
+// falls back to the client IP, never to a shared empty key.
+func keyFor(l *layer, client, principal string, req *http.Request) string {
+	switch l.KeyKind {
+	case keyOfClient:
+		return client
+	case keyOfPrincipal:
+		return principal
+	case keyOfConst:
+		return l.ConstKey
+	case keyOfHeader:
+		// A credential such as an API key: hashed, never kept in clear.
+		if req == nil {
+			return client
+		}
+
+		if v := req.Header[l.KeyHeader]; len(v) > 0 && strings.TrimSpace(v[0]) != "" {
+			return request.HashKey(strings.TrimSpace(v[0]))
+		}
+
+		return client
+	case keyOfHost:
+		if req == nil {
+			return client
+		}
+
+		return hostKey(req.Host, client)
+	}
+
+	if principal != "" {
+		return principal
+	}
+
+	return "ip:" + client
+}
+
+// route is a route limit with its matcher.
+type route struct {
+	layer         *layer
+	methods       []string
+	exact         map[string]bool // canonical (request/path.go)
+	prefixes      []string
+	lower         bool // ignores case where the instance's paths keep theirs: lowers the path
+	caseSensitive bool // compares case where the instance's paths are lowered: canonicalises anew
+	// cost is what a matching request is charged in each of its layers
+	// (config.Route.Cost).
+	cost int64
+	// countStatus holds the statuses charged to the route after the
+	// response (nil: every request, up front); charge is then the route's
+	// layer as that charge takes it: the same counters, not check-only.
+	countStatus map[int]bool
+	charge      *layer
+}
+
+// matches reports whether the request, with its canonical path, is the
+// route's. An exact path matches with or without a trailing slash.
+func (rt *route) matches(req *http.Request, path string) bool {
+	if len(rt.methods) > 0 {
+		found := false
+
+		for _, m := range rt.methods {
+			if m == req.Method {
+				found = true
+				break
+			}
+		}
+
+		if !found {
+			return false
+		}
+	}
+
+	if rt.lower {
+		path = strings.ToLower(path)
+	} else if rt.caseSensitive {
+		path = request.CanonicalPath(req.URL.Path, false)
+	}
+
+	n := len(path)
+
+	return rt.exact[path] || n > 1 && path[n-1] == '/' && rt.exact[path[:n-1]] || hasAnyPrefix(path, rt.prefixes)
+}
+
+func hasAnyPrefix(path string, prefixes []string) bool {
+	for _, prefix := range prefixes {
+		if strings.HasPrefix(path, prefix) {
+			return true
+		}
+	}
+
+	return false
+}

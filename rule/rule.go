@@ -1,0 +1,344 @@
+package rule
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/tierlimit/tierlimit/answer"
+)
+
+// How a layer finds its key in a request.
+const (
+	KeyOfClient              = iota // the client IP (ip, assets, routes keyed by ip)
+	KeyOfPrincipal                  // the principal id (user, service)
+	KeyOfConst                      // limits.constKey (global, routes keyed by global)
+	KeyOfPrincipalElseClient        // routes keyed by principal
+	KeyOfHeader                     // "header:<Name>": the value hashed, else the client IP
+	KeyOfHost                       // "host": the request's host (hostKey), else the client IP
+)
+
+// Layer is a layer as the request path uses it, in parts by concern. The
+// parts are embedded so that the request path reads l.points, l.entries,
+// l.limitHdr alike; each part is built by one function of build.go.
+type Layer struct {
+	Limits
+	Stats *Stats // decisions since the process started, shared across reloads
+	memCounters
+	RedisEncoding
+	HeaderTable
+	Refusal
+}
+
+// Limits is what the configuration says of a layer.
+type Limits struct {
+	Name      string
+	Points    int64
+	Duration  int64 // nanoseconds
+	KeyKind   int
+	ConstKey  string
+	KeyHeader string // canonical, for keyOfHeader
+	Sliding   bool   // sliding-window counter instead of a fixed window
+	Interval  int64  // token bucket: nanoseconds per point (tokenbucket.go); 0 for a window
+	Refill    int64  // token bucket: the points per duration configured; points is then the burst
+	// minCost is the smallest cost a request charged to the layer can have:
+	// a route's cost (a request is charged the largest cost of its routes),
+	// 1 elsewhere (0 reads as 1). The Redis block list blocks only what
+	// even that cost would not fit (redisStore.refused).
+	MinCost int64
+	// checkOnly marks a countStatus route's layer as a request's plan holds
+	// it: evaluated, never charged (countstatus.go). Its charge, once the
+	// response's status is known, goes to route.charge.
+	CheckOnly bool
+	// blockDuration is how long a key this layer refused stays refused,
+	// in nanoseconds (0: only while over its limit; block.go).
+	BlockDuration int64
+	// dryRun: the layer counts and reports what it would refuse, but
+	// refuses nothing (tally.refuseAs); a fixed window is charged even
+	// then, a sliding window or a token bucket takes only what it holds.
+	DryRun bool
+	// quiet: a dry-run layer of an instance where some rule enforces. The
+	// client's headers never show it (tally.allow): they show the most
+	// restrictive rule that enforces. When every rule is in dry run (the
+	// top-level dryRun), the most restrictive dry-run rule shows.
+	Quiet bool
+	// calendar aligns the layer's fixed windows to days, weeks or months
+	// at utcOffset, nanoseconds east of UTC (calendar.go; 0: none).
+	Calendar  int
+	UtcOffset int64
+	Month     *MonthPolicy // a month layer's RateLimit-Policy (monthStore)
+	// memory: the layer of a Redis instance is counted in memory
+	// (mixedStore).
+	Memory bool
+}
+
+// memCounters are the layer's counters in the memory store, resolved once
+// (windowStore.attach) so that the request path does no lookup.
+type memCounters struct {
+	Entries map[string]*Window
+	List    *WindowList      // the memory store's list for this duration
+	Blocks  map[string]int64 // blocked keys' block ends (block.go)
+}
+
+// redisEncoding is the layer's part of the Redis script call, RESP-encoded once.
+type RedisEncoding struct {
+	RedisArgs     string // points, window (ms) and algorithm
+	RedisKey      string // the key up to the bucket key
+	RedisConstKey string // a constant key whole
+	MaxTTL        int64  // the longest reset the script may report, in ms: the window, twice for sliding
+	BlockPrefix   string // the start of the layer's block list entries (blockList)
+	RedisTail     string // a calendar layer's arguments after points and window (calendarCall)
+}
+
+// headerTable holds the rate-limit header values that depend only on the
+// layer and the requests left. The slices are shared by every response:
+// http.Header's Add and Set replace a value rather than write into it.
+type HeaderTable struct {
+	Limit        string   // points, formatted
+	LimitHdr     []string // X-RateLimit-Limit
+	PolicyHdr    []string // RateLimit-Policy
+	RemainingHdr [][]string
+	RatePrefix   []string // RateLimit values up to the seconds: `"name";r=12;t=`
+	TableLen     int64    // len(remainingHdr)
+	// remainingHdr and ratePrefix are indexed by requests left, for the
+	// first maxPrecomputed values; larger ones are formatted per request.
+}
+
+// refusal is how the layer answers a request it refuses: the answer's
+// Policy (status, content type, and either a template (response.body) or the
+// default JSON body around its reset time; layer names need no JSON
+// escaping: validName), embedded so that the request path reads l.Status,
+// l.Body alike, and the fast paths' cache of a default refusal.
+type Refusal struct {
+	answer.Policy
+	Cache refusalCache // the fast paths', under the memory store's lock (in modeRedis, the block list's)
+}
+
+// refusalCache holds a default refusal of the layer, for the reset second
+// resetH and secs seconds to the reset: the body and the header values, in
+// the order of refusalHeaders (fast.go). Many refusals share them: every
+// refusal of a flood within one second, of windows that reset in one second.
+type refusalCache struct {
+	ResetH   string
+	ResetSec int64 // resetH, parsed
+	Secs     int64
+	Body     []byte
+	Values   [][]string
+}
+
+// maxPrecomputed bounds the per-layer header tables.
+const MaxPrecomputed = 4096
+
+// charge is a request's charge as the stores take it: the layers and each
+// layer's key, computed from the request's facts once (the keys snippet of
+// paths.tmpl: chargeOf, serveGeneral, decide), never the request itself.
+// The stores, the fallback, synced counters, the block list and an outage's
+// debts count by these keys.
+type Charge struct {
+	Layers    []*Layer
+	Keys      []string // keys[i] is layers[i]'s key (layer.keyFor)
+	Client    string   // the client's key, which events name
+	Principal string   // the request's principal ("": none), for the charges after the response (countstatus.go)
+	Now       int64
+	All       bool // the top-level dry run: every layer charged and evaluated
+}
+
+// chargePrefix is c for its first n layers.
+func ChargePrefix(c *Charge, n int) *Charge {
+	return &Charge{Layers: c.Layers[:n], Keys: c.Keys[:n], Client: c.Client, Principal: c.Principal, Now: c.Now, All: c.All}
+}
+
+// chargeAt is c for the layers at index, in that order (an empty index: no
+// layer).
+func ChargeAt(c *Charge, index []int) *Charge {
+	part := &Charge{Client: c.Client, Principal: c.Principal, Now: c.Now, All: c.All}
+	for _, i := range index {
+		part.Layers = append(part.Layers, c.Layers[i])
+		part.Keys = append(part.Keys, c.Keys[i])
+	}
+
+	return part
+}
+
+// chargeWithout is c without the layers whose bit is set in skip.
+func ChargeWithout(c *Charge, skip uint64) *Charge {
+	if skip == 0 {
+		return c
+	}
+
+	part := &Charge{Client: c.Client, Principal: c.Principal, Now: c.Now, All: c.All}
+	for i, l := range c.Layers {
+		if skip&(uint64(1)<<uint(i)) == 0 {
+			part.Layers = append(part.Layers, l)
+			part.Keys = append(part.Keys, c.Keys[i])
+		}
+	}
+
+	return part
+}
+
+// layerStats counts a layer's decisions since the process started: requests
+// it let through and requests it refused. The memory store counts under its
+// lock, with plain increments (doc.go: an atomic call costs allocations);
+// the Redis store, which takes no lock, counts in the atomic fields.
+type Stats struct {
+	Allowed, Refused           int64 // under windowStore.mu
+	RedisAllowed, RedisRefused int64 // atomic
+}
+
+// countRedis records one decision of the Redis store.
+func (st *Stats) CountRedis(refused bool) {
+	if refused {
+		atomic.AddInt64(&st.RedisRefused, 1)
+		return
+	}
+
+	atomic.AddInt64(&st.RedisAllowed, 1)
+}
+
+// window is one counter. Times are Unix nanoseconds.
+type Window struct {
+	Layer  string
+	Key    string
+	Count  int64 // points spent in the window: never above the layer's points but in dry run
+	Start  int64
+	Reset  int64
+	Expire int64 // when the counter may be dropped: reset, or reset + duration for a sliding window
+	// prevCount is a sliding window's count of the window before; resetSec
+	// is the second resetH shows.
+	PrevCount int64
+	ResetSec  int64
+	Refused   int64    // requests this window refused (status page)
+	Logged    bool     // a refusal of this window was reported (see tally.firsts)
+	Taken     int64    // windowStore.takes of the last request that charged it: never evicted by that request
+	ResetH    []string // X-RateLimit-Reset value, formatted once per window
+	List      *WindowList
+	prev      *Window
+	Next      *Window
+}
+
+// windowList links the counters of one duration and algorithm, oldest start
+// first. A sliding window's counter outlives its window by one duration (its
+// count weighs on the next window), so it keeps a list of its own.
+type WindowList struct {
+	Duration int64
+	Span     int64 // how long a counter lives from its start: duration, or 2x when sliding; 0 for token buckets
+	// calendar and utcOffset are those of the list's layers: a calendar
+	// window lives to its period's end (alignCalendar).
+	Calendar  int
+	UtcOffset int64
+	Head      *Window
+	tail      *Window
+}
+
+// tally is what a store reports of one request's layers. cost is the
+// caller's: the points the request spends in every layer (0 counts as 1).
+type Tally struct {
+	Cost    int64
+	Shown   int   // the layer for the headers: the refusing one, else the one with the fewest left; -1 if none
+	Count   int64 // its count after this request (a refusing layer: the count it would have reached)
+	Reset   int64 // its reset, Unix nanoseconds
+	ResetH  []string
+	Left    int64 // its requests left
+	Refused bool  // a layer's count would exceed its points
+	Firsts  uint64
+	// firsts has bit i set when layers[i] refused for the first time in its
+	// window, so a refusal is reported once per layer, key and window.
+	// uncharged has bit i set when layers[i], in dry run, would have
+	// refused and took nothing (a sliding window, a token bucket): a later
+	// refusal has nothing to give back to it (giveBack).
+	Uncharged uint64
+}
+
+// refuse records that layers[i] refused with this count and reset; first
+// says it is the window's first refusal. The first refusing layer is the one
+// shown.
+func (t *Tally) Refuse(i int, count, reset int64, resetH []string, first bool) {
+	if first {
+		t.Firsts |= uint64(1) << uint(i)
+	}
+
+	if !t.Refused {
+		t.Refused, t.Shown, t.Count, t.Reset, t.ResetH, t.Left = true, i, count, reset, resetH, 0
+	}
+}
+
+// refuseAs records that layers[i], l, would refuse with this count and
+// reset, and reports whether the request is refused: as refuse, unless l is
+// in dry run. A dry-run layer refuses nothing: its refusal is reported
+// (first) and, unless it is quiet (layer.quiet), the headers may show it
+// with nothing left, while the other layers decide the request.
+func (t *Tally) RefuseAs(i int, l *Layer, count, reset int64, resetH []string, first bool) bool {
+	if !l.DryRun {
+		t.Refuse(i, count, reset, resetH, first)
+		return true
+	}
+
+	if first {
+		t.Firsts |= uint64(1) << uint(i)
+	}
+
+	if l.Sliding || l.Interval != 0 {
+		t.Uncharged |= uint64(1) << uint(i)
+	}
+
+	t.Allow(i, l, l.Points, reset, resetH)
+
+	return false
+}
+
+func (l *WindowList) Push(w *Window) {
+	w.List = l
+	w.prev = l.tail
+	w.Next = nil
+
+	if l.tail != nil {
+		l.tail.Next = w
+	} else {
+		l.Head = w
+	}
+
+	l.tail = w
+}
+
+func (l *WindowList) Unlink(w *Window) {
+	if w.prev != nil {
+		w.prev.Next = w.Next
+	} else {
+		l.Head = w.Next
+	}
+
+	if w.Next != nil {
+		w.Next.prev = w.prev
+	} else {
+		l.tail = w.prev
+	}
+
+	w.prev = nil
+	w.Next = nil
+	w.List = nil
+}
+
+// monthPolicy is a month layer's RateLimit-Policy value for the period
+// [start, end), Unix nanoseconds.
+type MonthPolicy struct {
+	Mu    sync.Mutex
+	Start int64
+	End   int64
+	Hdr   []string
+}
+
+// allow records that layers[i] let the request through with this count; the
+// headers show the layer with the fewest requests left, never a quiet one
+// (layer.quiet). One value is assigned at a time (doc.go: frames).
+func (t *Tally) Allow(i int, l *Layer, count, reset int64, resetH []string) {
+	left := l.Points - count
+	if t.Refused || l.Quiet || t.Shown >= 0 && left >= t.Left {
+		return
+	}
+
+	t.Shown = i
+	t.Count = count
+	t.Reset = reset
+	t.ResetH = resetH
+	t.Left = left
+}
