@@ -36,32 +36,89 @@ func main() {
 }
 
 func run(root string, check bool) error {
-	out, err := generate(filepath.Join(root, "paths.tmpl"))
+	outs, err := generate(filepath.Join(root, "paths.tmpl"))
 	if err != nil {
 		return err
 	}
 
-	target := filepath.Join(root, "paths_gen.go")
-	if !check {
-		return os.WriteFile(target, out, 0o644)
-	}
+	for _, o := range outs {
+		target := filepath.Join(root, o.path)
+		if !check {
+			if err := os.WriteFile(target, o.src, 0o644); err != nil {
+				return err
+			}
 
-	have, err := os.ReadFile(target)
-	if err != nil {
-		return fmt.Errorf("reading the generated file: %w", err)
-	}
+			continue
+		}
 
-	if !bytes.Equal(have, out) {
-		return errStale
+		have, err := os.ReadFile(target)
+		if err != nil {
+			return fmt.Errorf("reading the generated file: %w", err)
+		}
+
+		if !bytes.Equal(have, o.src) {
+			return fmt.Errorf("%s: %w", o.path, errStale)
+		}
 	}
 
 	return nil
 }
 
-var errStale = errors.New("paths_gen.go is not what paths.tmpl makes: run make generate")
+var errStale = errors.New("not what paths.tmpl makes: run make generate")
 
-// generate expands the template and formats the result as Go source.
-func generate(tmplPath string) ([]byte, error) {
+// fileMarker starts, on a line of its own in the expanded template, the
+// next generated file (a path from the root): the request path spans
+// packages (the memory store's take is memstore's), written from one
+// template. What comes before the first marker is paths_gen.go.
+const fileMarker = "// generated file: "
+
+// output is one generated file.
+type output struct {
+	path string
+	src  []byte
+}
+
+// generate expands the template into its files, each formatted Go source
+// with the generated header.
+func generate(tmplPath string) ([]output, error) {
+	text, err := expand(tmplPath)
+	if err != nil {
+		return nil, err
+	}
+
+	var outs []output
+
+	path := "paths_gen.go"
+	for {
+		i := bytes.Index(text, []byte("\n"+fileMarker))
+		part := text
+		if i >= 0 {
+			part = text[:i+1]
+		}
+
+		src, err := format.Source(append([]byte(header), part...))
+		if err != nil {
+			return nil, fmt.Errorf("formatting %s: %w\n%s", path, err, part)
+		}
+
+		outs = append(outs, output{path: path, src: src})
+		if i < 0 {
+			return outs, nil
+		}
+
+		rest := text[i+1+len(fileMarker):]
+		eol := bytes.IndexByte(rest, '\n')
+		if eol < 0 {
+			return nil, fmt.Errorf("%q without a file after it", fileMarker)
+		}
+
+		path = string(bytes.TrimSpace(rest[:eol]))
+		text = rest[eol+1:]
+	}
+}
+
+// expand expands the template.
+func expand(tmplPath string) ([]byte, error) {
 	src, err := os.ReadFile(tmplPath)
 	if err != nil {
 		return nil, fmt.Errorf("reading the template: %w", err)
@@ -73,18 +130,11 @@ func generate(tmplPath string) ([]byte, error) {
 	}
 
 	var buf bytes.Buffer
-	buf.WriteString(header)
-
 	if err := t.Execute(&buf, nil); err != nil {
 		return nil, fmt.Errorf("expanding the template: %w", err)
 	}
 
-	out, err := format.Source(buf.Bytes())
-	if err != nil {
-		return nil, fmt.Errorf("formatting the expanded template: %w\n%s", err, buf.Bytes())
-	}
-
-	return out, nil
+	return buf.Bytes(), nil
 }
 
 // args makes a snippet's arguments from name, value pairs.
