@@ -394,7 +394,7 @@ func newLayer(memory *windowStore, spec config.Rule, keyKind int) *layer {
 		l.Month = &monthPolicy{}
 	}
 
-	memory.attach(l)
+	memory.Attach(l)
 
 	return l
 }

@@ -27,12 +27,6 @@ const (
 	calMonth = config.CalMonth
 )
 
-// alignCalendar gives the memory window w, restarted at now, its period.
-func alignCalendar(now int64, l *layer, w *window) {
-	w.Start, w.Reset = limit.Period(now, l.Calendar, l.UtcOffset)
-	w.Expire = w.Reset
-}
-
 // calendarSuffix is what a calendar layer's Redis key ends with at now: the
 // period's start in Unix seconds.
 func calendarSuffix(l *layer, now int64) string {
@@ -104,16 +98,16 @@ type monthStore struct {
 	inner counterStore
 }
 
-func (m *monthStore) take(t *tally, c *charge) {
-	m.inner.take(t, c)
+func (m *monthStore) Take(t *tally, c *charge) {
+	m.inner.Take(t, c)
 
 	if t.Shown >= 0 && c.Layers[t.Shown].Month != nil {
 		t.Firsts |= monthPolicyBit
 	}
 }
 
-func (m *monthStore) refund(c *charge, cost int64) {
-	m.inner.refund(c, cost)
+func (m *monthStore) Refund(c *charge, cost int64) {
+	m.inner.Refund(c, cost)
 }
 
 // setMonthPolicy writes month layer l's RateLimit-Policy for the month that

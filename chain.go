@@ -1,6 +1,7 @@
 package tierlimit
 
 import (
+	"github.com/tierlimit/tierlimit/memstore"
 	"net/http"
 )
 
@@ -57,7 +58,7 @@ func settle(pd *pendingIP, t *tally, now int64, charging bool) *charge {
 
 	t.Cost = cost
 	c := chargeOf(edge.planInvalid, client, "", nil, now, edge.dryRun)
-	edge.store.take(t, c)
+	edge.store.Take(t, c)
 
 	charged := pd.charged
 	if charged == nil {
@@ -65,7 +66,7 @@ func settle(pd *pendingIP, t *tally, now int64, charging bool) *charge {
 	}
 
 	if t.Refused && !edge.dryRun && len(charged) > 0 {
-		edge.store.refund(chargeOf(chargedOnly(exceptUncharged(charged, pd.skip)), client, "", pd.req, now, false), cost)
+		edge.store.Refund(chargeOf(chargedOnly(memstore.ExceptUncharged(charged, pd.skip)), client, "", pd.req, now, false), cost)
 	}
 
 	return c

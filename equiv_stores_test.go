@@ -140,13 +140,13 @@ func TestStoresAgreeWithCostsOnRedisServer(t *testing.T) {
 // calendar and sliding) that refused a request while they held less than
 // their points: requests of a cost above 1 that did not fit, refused whole.
 func refusedUnfit(h *harness) int {
-	h.p.memory.mu.Lock()
-	defer h.p.memory.mu.Unlock()
+	h.p.memory.Mu.Lock()
+	defer h.p.memory.Mu.Unlock()
 
 	n := 0
 
 	for _, l := range h.p.layers {
-		for _, w := range h.p.memory.maps[l.Name] {
+		for _, w := range h.p.memory.Maps[l.Name] {
 			if l.Interval == 0 && w.Refused > 0 && w.Count < l.Points {
 				n++
 			}
@@ -325,15 +325,15 @@ func agreeCounts(t *testing.T, name string, a, b *harness, admin *redisresp.Pool
 		}
 	}
 
-	a.p.memory.mu.Lock()
-	for layer, m := range a.p.memory.maps {
+	a.p.memory.Mu.Lock()
+	for layer, m := range a.p.memory.Maps {
 		for bucket, w := range m {
 			if w.Count != 0 && !bucketLayers[prefix+layer+":"] {
 				want[prefix+layer+":"+bucket] += w.Count
 			}
 		}
 	}
-	a.p.memory.mu.Unlock()
+	a.p.memory.Mu.Unlock()
 
 	got := map[string]int64{}
 

@@ -17,20 +17,20 @@ import "github.com/tierlimit/tierlimit/limit"
 // none before it: memory then refuses no later than Redis would. It returns
 // the counter's X-RateLimit-Reset value.
 func remember(s *windowStore, l *layer, key string, count, reset, now int64) []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.Mu.Lock()
+	defer s.Mu.Unlock()
 
 	// A counter remembered is held like one charged (windowStore.takes), so
 	// that the next one remembered cannot evict it.
-	s.takes++
+	s.Takes++
 
 	w := l.Entries[key]
 	if w == nil || w.List != l.List || w.Expire <= now {
-		w = s.restart(now, l, w, key)
+		w = s.Restart(now, l, w, key)
 	}
 
 	w.Count = count
-	w.Taken = s.takes
+	w.Taken = s.Takes
 
 	w.Expire = reset
 	if l.Sliding {

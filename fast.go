@@ -71,7 +71,7 @@ func refuseOther(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer,
 	first := !w.Logged
 	w.Logged = true
 
-	p.memory.mu.Unlock()
+	p.memory.Mu.Unlock()
 
 	// The event's keys are found again here, off the common refusal.
 	if first {

@@ -78,7 +78,7 @@ func TestARefundDuringAnOutageIsNotPaidToRedis(t *testing.T) {
 
 	// One of the outage's 3 is given back, as the refund of a request that
 	// a later layer refused.
-	rs.refund(chargeOf([]*layer{ip}, f.client, "", nil, h.clock.Now().UnixNano(), false), 1)
+	rs.Refund(chargeOf([]*layer{ip}, f.client, "", nil, h.clock.Now().UnixNano(), false), 1)
 
 	proxy.restore()
 	payOwed(rs)

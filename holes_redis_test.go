@@ -2,6 +2,7 @@ package tierlimit
 
 import (
 	"bytes"
+	"github.com/tierlimit/tierlimit/memstore"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -32,7 +33,7 @@ func TestResetIsPublishedWhenRedisHasNoKey(t *testing.T) {
 	// TestResetReachesAnotherReplicasBlockListOnRedisServer).
 	bb := newBackend(redisresp.Options{Address: addr, Username: "tierlimit", Password: aclPassword, Timeout: time.Second})
 	bb.log = &bytes.Buffer{}
-	b := &redisStore{prefix: a.prefix, name: a.name, channel: a.channel, backend: bb, local: newWindowStore(100), blocked: newBlockList(100), calls: a.calls}
+	b := &redisStore{prefix: a.prefix, name: a.name, channel: a.channel, backend: bb, local: memstore.NewWindowStore(100), blocked: newBlockList(100), calls: a.calls}
 	b.fallback = b.local
 	b.clock = time.Now
 	t.Cleanup(func() { closeBackend(bb) })
@@ -46,7 +47,7 @@ func TestResetIsPublishedWhenRedisHasNoKey(t *testing.T) {
 	// refused and blocked; Redis never saw the client.
 	for i := 0; i < 2; i++ {
 		var tl tally
-		b.local.take(&tl, chargeOf([]*layer{l}, client, "", req, now, false))
+		b.local.Take(&tl, chargeOf([]*layer{l}, client, "", req, now, false))
 	}
 
 	b.blocked.add(l.BlockPrefix, client, now+int64(time.Hour), now)
@@ -86,7 +87,7 @@ func TestResetIsPublishedToASyncedReplicaWhenRedisHasNoKey(t *testing.T) {
 	bb := newBackend(redisresp.Options{Address: addr, Username: "tierlimit", Password: aclPassword, Timeout: time.Second})
 	bb.log = &bytes.Buffer{}
 	bst := replica(st)
-	b := &redisStore{prefix: a.prefix, name: a.name, channel: a.channel, backend: bb, local: newWindowStore(100), blocked: newBlockList(100), calls: a.calls, synced: bst}
+	b := &redisStore{prefix: a.prefix, name: a.name, channel: a.channel, backend: bb, local: memstore.NewWindowStore(100), blocked: newBlockList(100), calls: a.calls, synced: bst}
 	b.fallback = b.local
 	b.clock = h.clock.Now
 	t.Cleanup(func() { closeBackend(bb) })

@@ -1,5 +1,8 @@
 package tierlimit
 
+import "github.com/tierlimit/tierlimit/memstore"
+import "context"
+
 // What an unheld registry entry still holds that matters (lifetime.go): the
 // live functions of the registries that hold counts. Each returns until when
 // (Unix nanoseconds) its value holds something that can still change a
@@ -15,12 +18,12 @@ func storeLive(v interface{}, now int64) int64 {
 		return 0
 	}
 
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.Mu.Lock()
+	defer s.Mu.Unlock()
 
 	var until int64
 
-	for _, m := range s.maps {
+	for _, m := range s.Maps {
 		for _, w := range m {
 			if w.Expire > until {
 				until = w.Expire
@@ -28,7 +31,7 @@ func storeLive(v interface{}, now int64) int64 {
 		}
 	}
 
-	for _, m := range s.blocks {
+	for _, m := range s.Blocks {
 		until = latestAfter(m, until)
 	}
 
@@ -80,4 +83,38 @@ func connLive(v interface{}, now int64) int64 {
 	}
 
 	return now + int64(releaseGrace)
+}
+
+// registry holds one windowStore per middleware name, and for the redis
+// store one blockList, while some instance of the middleware uses them or
+// they hold counts that still matter (lifetime.go, keep.go). Traefik keeps
+// one interpreter per plugin, so this survives configuration reloads and is
+// shared by every router that uses the middleware.
+var registry = &storeRegistry{stores: newKeepingRegistry(storeLive), blocked: newKeepingRegistry(blockListLive)}
+
+type storeRegistry struct {
+	stores  *heldRegistry // *windowStore by middleware name
+	blocked *heldRegistry // *blockList by middleware name: keys known over their limit
+}
+
+// get returns the store of the middleware called name, held until ctx is
+// cancelled, creating it with the cap capacity or applying capacity to the
+// existing one.
+func (r *storeRegistry) get(ctx context.Context, name string, capacity int) *windowStore {
+	v := r.stores.take(ctx, name, func() interface{} { return memstore.NewWindowStore(capacity) })
+
+	s, _ := v.(*windowStore)
+	s.SetMax(capacity)
+
+	return s
+}
+
+// blockListFor returns the list of keys known over their limit for the
+// middleware called name (redis store), held until ctx is cancelled.
+func (r *storeRegistry) blockListFor(ctx context.Context, name string, capacity int) *blockList {
+	v := r.blocked.take(ctx, name, func() interface{} { return newBlockList(capacity) })
+
+	b, _ := v.(*blockList)
+
+	return b
 }

@@ -2,6 +2,7 @@ package tierlimit
 
 import (
 	"context"
+	"github.com/tierlimit/tierlimit/memstore"
 	"testing"
 	"time"
 
@@ -59,7 +60,7 @@ func (kt *keepTimers) none(t *testing.T) {
 	}
 }
 
-func newTestStore() interface{} { return newWindowStore(100) }
+func newTestStore() interface{} { return memstore.NewWindowStore(100) }
 
 // keepStore is a middleware's memory store taken from r by one instance
 // whose configuration is then replaced (its ctx cancelled); it returns the

@@ -40,7 +40,7 @@ func (p *Plugin) metricsText(now int64) string {
 	family(&b, "tierlimit_redis_fallback", "gauge", "1 while Redis is failing and the in-memory store decides, else 0.")
 	sample(&b, "tierlimit_redis_fallback", mw, fallback)
 	family(&b, "tierlimit_evictions_total", "counter", "Live keys dropped from memory at maxTracked since the process started.")
-	sample(&b, "tierlimit_evictions_total", mw, formatInt(p.memory.evicted()))
+	sample(&b, "tierlimit_evictions_total", mw, formatInt(p.memory.Evicted()))
 
 	registryMetrics(&b)
 
@@ -52,7 +52,7 @@ func (p *Plugin) requestMetrics(b *strings.Builder, labels []string) {
 	family(b, "tierlimit_requests_total", "counter", "Requests each layer allowed or refused since the process started.")
 
 	for i, l := range p.layers {
-		allowed, refused := p.memory.totals(l.Stats)
+		allowed, refused := p.memory.Totals(l.Stats)
 		sample(b, "tierlimit_requests_total", labels[i]+`,decision="allowed"`, formatInt(allowed))
 		sample(b, "tierlimit_requests_total", labels[i]+`,decision="refused"`, formatInt(refused))
 	}

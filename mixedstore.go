@@ -1,7 +1,9 @@
 package tierlimit
 
-import "github.com/tierlimit/tierlimit/rule"
-import "github.com/tierlimit/tierlimit/config"
+import (
+	"github.com/tierlimit/tierlimit/config"
+	"github.com/tierlimit/tierlimit/rule"
+)
 
 // A layer's store: memory (README: store on a layer) counts it in the
 // Traefik process although its instance keeps the other layers in Redis:
@@ -84,22 +86,22 @@ func splitLayers(layers []*layer) (local, shared []*layer, li, si []int) {
 	return local, shared, li, si
 }
 
-func (m *mixedStore) take(t *tally, c *charge) {
+func (m *mixedStore) Take(t *tally, c *charge) {
 	local, shared, li, si := splitLayers(c.Layers)
 
 	if len(local) == 0 {
-		m.redis.take(t, c)
+		m.redis.Take(t, c)
 		return
 	}
 
 	if len(shared) == 0 {
-		m.memory.take(t, c)
+		m.memory.Take(t, c)
 		return
 	}
 
 	tm := tally{Cost: t.Cost}
 	cm := rule.ChargeAt(c, li)
-	m.memory.take(&tm, cm)
+	m.memory.Take(&tm, cm)
 
 	if tm.Refused && !c.All {
 		*t = tally{Cost: t.Cost, Shown: -1}
@@ -109,10 +111,10 @@ func (m *mixedStore) take(t *tally, c *charge) {
 	}
 
 	tr := tally{Cost: t.Cost}
-	m.redis.take(&tr, rule.ChargeAt(c, si))
+	m.redis.Take(&tr, rule.ChargeAt(c, si))
 
 	if tr.Refused && !c.All {
-		m.memory.refund(rule.ChargeWithout(cm, tm.Uncharged), costOf(t))
+		m.memory.Refund(rule.ChargeWithout(cm, tm.Uncharged), costOf(t))
 		*t = tally{Cost: t.Cost, Shown: -1}
 		mergeTally(t, &tr, si)
 
@@ -124,14 +126,14 @@ func (m *mixedStore) take(t *tally, c *charge) {
 	mergeTally(t, &tr, si)
 }
 
-func (m *mixedStore) refund(c *charge, cost int64) {
+func (m *mixedStore) Refund(c *charge, cost int64) {
 	local, _, li, si := splitLayers(c.Layers)
 
 	if len(local) > 0 {
-		m.memory.refund(rule.ChargeAt(c, li), cost)
+		m.memory.Refund(rule.ChargeAt(c, li), cost)
 	}
 
-	m.redis.refund(rule.ChargeAt(c, si), cost)
+	m.redis.Refund(rule.ChargeAt(c, si), cost)
 }
 
 // mergeTally adds part, the tally of some of a request's layers (index[j]

@@ -62,7 +62,7 @@ func TestExemptClientsAreNotCharged(t *testing.T) {
 		t.Fatalf("exempt client's headers: %v", rec.Header())
 	}
 
-	if n, _ := h.p.memory.peek(h.clock.Now().UnixNano(), "ip", "198.51.100.7"); n != 0 {
+	if n, _ := h.p.memory.Peek(h.clock.Now().UnixNano(), "ip", "198.51.100.7"); n != 0 {
 		t.Fatalf("the exempt IP has an ip counter of %d", n)
 	}
 }
@@ -138,11 +138,11 @@ func TestHeaderKeys(t *testing.T) {
 	}
 
 	now := h.clock.Now().UnixNano()
-	if n, _ := h.p.memory.peek(now, "ip", request.HashKey("key-a")); n != 3 {
+	if n, _ := h.p.memory.Peek(now, "ip", request.HashKey("key-a")); n != 3 {
 		t.Fatalf("hashed key-a counter %d, want 3 (its allowed requests)", n)
 	}
 
-	if n, _ := h.p.memory.peek(now, "ip", "key-a"); n != 0 {
+	if n, _ := h.p.memory.Peek(now, "ip", "key-a"); n != 0 {
 		t.Fatal("the API key is kept in clear")
 	}
 

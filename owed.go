@@ -199,10 +199,10 @@ func payDebt(s *redisStore, k owedKey, d owedDebt) error {
 // windowLeft is the milliseconds left at now in memory's window of key in
 // l, or 0 when memory holds none that is live.
 func windowLeft(s *windowStore, l *layer, key string, now int64) int64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.Mu.Lock()
+	defer s.Mu.Unlock()
 
-	w := s.maps[l.Name][key]
+	w := s.Maps[l.Name][key]
 	if w == nil || w.Reset <= now {
 		return 0
 	}

@@ -42,8 +42,8 @@ func (ap *anonymousPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	var shown *layer // the layer with the fewest left
 	var sw *window
 	var left int64 // requests left in shown
-	s.mu.Lock()
-	s.takes++
+	s.Mu.Lock()
+	s.Takes++
 	for _, l := range layers {
 		key := client
 		if l.KeyKind == keyOfConst {
@@ -51,9 +51,9 @@ func (ap *anonymousPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 		}
 		w := l.Entries[key]
 		if w != nil && w.Reset > now && w.List == l.List {
-			w.Taken = s.takes
+			w.Taken = s.Takes
 		} else {
-			w = s.restart(now, l, w, key)
+			w = s.Restart(now, l, w, key)
 		}
 		if w.Count >= l.Points {
 			refuseFast(p, rw, req, l, w, sw, now)
@@ -69,7 +69,7 @@ func (ap *anonymousPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	}
 	reset := sw.Reset
 	resetH := sw.ResetH
-	s.mu.Unlock()
+	s.Mu.Unlock()
 	h := rw.Header()
 	h["X-Ratelimit-Limit"] = shown.LimitHdr
 	h["Ratelimit-Policy"] = shown.PolicyHdr
@@ -110,8 +110,8 @@ func (pp *principalPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	var shown *layer // the layer with the fewest left
 	var sw *window
 	var left int64 // requests left in shown
-	s.mu.Lock()
-	s.takes++
+	s.Mu.Lock()
+	s.Takes++
 	for _, l := range layers {
 		key := principal
 		if l.KeyKind == keyOfConst {
@@ -119,9 +119,9 @@ func (pp *principalPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 		}
 		w := l.Entries[key]
 		if w != nil && w.Reset > now && w.List == l.List {
-			w.Taken = s.takes
+			w.Taken = s.Takes
 		} else {
-			w = s.restart(now, l, w, key)
+			w = s.Restart(now, l, w, key)
 		}
 		if w.Count >= l.Points {
 			refuseFast(p, rw, req, l, w, sw, now)
@@ -136,13 +136,13 @@ func (pp *principalPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 		}
 	}
 	if sw == nil {
-		s.mu.Unlock()
+		s.Mu.Unlock()
 		p.next.ServeHTTP(rw, req)
 		return
 	}
 	reset := sw.Reset
 	resetH := sw.ResetH
-	s.mu.Unlock()
+	s.Mu.Unlock()
 	h := rw.Header()
 	h["X-Ratelimit-Limit"] = shown.LimitHdr
 	h["Ratelimit-Policy"] = shown.PolicyHdr
@@ -189,8 +189,8 @@ func (pp *principalPlansPath) ServeHTTP(rw http.ResponseWriter, req *http.Reques
 	var shown *layer // the layer with the fewest left
 	var sw *window
 	var left int64 // requests left in shown
-	s.mu.Lock()
-	s.takes++
+	s.Mu.Lock()
+	s.Takes++
 	for _, l := range layers {
 		key := principal
 		if l.KeyKind == keyOfConst {
@@ -198,9 +198,9 @@ func (pp *principalPlansPath) ServeHTTP(rw http.ResponseWriter, req *http.Reques
 		}
 		w := l.Entries[key]
 		if w != nil && w.Reset > now && w.List == l.List {
-			w.Taken = s.takes
+			w.Taken = s.Takes
 		} else {
-			w = s.restart(now, l, w, key)
+			w = s.Restart(now, l, w, key)
 		}
 		if w.Count >= l.Points {
 			refuseFast(p, rw, req, l, w, sw, now)
@@ -215,13 +215,13 @@ func (pp *principalPlansPath) ServeHTTP(rw http.ResponseWriter, req *http.Reques
 		}
 	}
 	if sw == nil {
-		s.mu.Unlock()
+		s.Mu.Unlock()
 		p.next.ServeHTTP(rw, req)
 		return
 	}
 	reset := sw.Reset
 	resetH := sw.ResetH
-	s.mu.Unlock()
+	s.Mu.Unlock()
 	h := rw.Header()
 	h["X-Ratelimit-Limit"] = shown.LimitHdr
 	h["Ratelimit-Policy"] = shown.PolicyHdr
@@ -250,8 +250,8 @@ func serveFast(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 	var shown *layer // the layer with the fewest left
 	var sw *window
 	var left int64 // requests left in shown
-	s.mu.Lock()
-	s.takes++
+	s.Mu.Lock()
+	s.Takes++
 	for _, l := range layers {
 		key := client
 		if l.KeyKind == keyOfConst {
@@ -259,9 +259,9 @@ func serveFast(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 		}
 		w := l.Entries[key]
 		if w != nil && w.Reset > now && w.List == l.List {
-			w.Taken = s.takes
+			w.Taken = s.Takes
 		} else {
-			w = s.restart(now, l, w, key)
+			w = s.Restart(now, l, w, key)
 		}
 		if w.Count >= l.Points {
 			refuseFast(p, rw, req, l, w, sw, now)
@@ -276,13 +276,13 @@ func serveFast(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 		}
 	}
 	if sw == nil {
-		s.mu.Unlock()
+		s.Mu.Unlock()
 		p.next.ServeHTTP(rw, req)
 		return
 	}
 	reset := sw.Reset
 	resetH := sw.ResetH
-	s.mu.Unlock()
+	s.Mu.Unlock()
 	h := rw.Header()
 	h["X-Ratelimit-Limit"] = shown.LimitHdr
 	h["Ratelimit-Policy"] = shown.PolicyHdr
@@ -337,13 +337,13 @@ func serveCredentialed(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 		key := l.ConstKey
 		now := p.now().UnixNano()
 		s := p.memory
-		s.mu.Lock()
-		s.takes++
+		s.Mu.Lock()
+		s.Takes++
 		w := l.Entries[key]
 		if w != nil && w.Reset > now && w.List == l.List {
-			w.Taken = s.takes
+			w.Taken = s.Takes
 		} else {
-			w = s.restart(now, l, w, key)
+			w = s.Restart(now, l, w, key)
 		}
 		if w.Count >= l.Points {
 			refuseFast(p, rw, req, l, w, nil, now)
@@ -354,7 +354,7 @@ func serveCredentialed(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 		left = l.Points - w.Count
 		reset := w.Reset
 		resetH := w.ResetH
-		s.mu.Unlock()
+		s.Mu.Unlock()
 		h := rw.Header()
 		shown := l
 		h["X-Ratelimit-Limit"] = shown.LimitHdr
@@ -412,7 +412,7 @@ func refuseFast(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer, 
 	values := c.Values
 	body := c.Body
 
-	p.memory.mu.Unlock()
+	p.memory.Mu.Unlock()
 	h := rw.Header()
 	for i, v := range values {
 		h[refusalHeaders[i]] = v
@@ -466,7 +466,7 @@ func serveGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 		}
 	}
 	c := &charge{Layers: layers, Keys: keys, Client: client, Principal: principal, Now: now, All: p.dryRun}
-	p.store.take(&t, c)
+	p.store.Take(&t, c)
 	ok, left := verdict(p, rw, req, &t, c)
 	if !ok {
 		return
@@ -493,54 +493,6 @@ func serveGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 	}
 
 	p.next.ServeHTTP(out, req)
-}
-
-// take charges t.cost points (at least 1) to each of c's layers in order,
-// under one lock so that the counts are exact under concurrency, each under
-// its key (charge.keys), and writes the outcome to t. All or nothing: a layer that cannot take the cost refuses
-// the request, which is then charged to none of the layers (the ones before
-// are given their points back, the ones after are not evaluated). A dry-run
-// layer refuses nothing (tally.refuseAs). With c.all set (the top-level dry
-// run) every layer is charged and evaluated, refusing or not.
-func (s *windowStore) take(t *tally, c *charge) {
-	t.Shown = -1
-	cost := t.Cost
-	if cost < 1 {
-		cost = 1
-	}
-	now := c.Now
-	all := c.All
-
-	s.mu.Lock()
-	s.takes++
-
-	for i, l := range c.Layers {
-		key := c.Keys[i]
-		refused := false
-		switch {
-		case l.CheckOnly:
-			refused = s.check(t, i, now, l, key, cost)
-		case l.Sliding:
-			refused = s.slide(t, i, now, l, key, cost)
-		case l.Interval != 0:
-			refused = s.drip(t, i, now, l, key, cost)
-		default:
-			w := l.Entries[key]
-			if w != nil && w.Reset > now && w.List == l.List {
-				w.Taken = s.takes
-			} else {
-				w = s.restart(now, l, w, key)
-			}
-			refused = chargeFixed(t, i, l, w, cost, all)
-		}
-
-		if refused && !all {
-			giveBack(c, i, cost, t.Uncharged)
-			break
-		}
-	}
-
-	s.mu.Unlock()
 }
 
 // clientKey returns the bucket key for the client of req: the IPv4 address,
@@ -675,7 +627,7 @@ func redisAllowed(p *Plugin, rw http.ResponseWriter, req *http.Request, layers [
 		key = shown.ConstKey
 	}
 	local := p.fast.store.local
-	local.mu.Lock()
+	local.Mu.Lock()
 	for _, l := range layers {
 		l.Stats.Allowed++
 	}
@@ -684,7 +636,7 @@ func redisAllowed(p *Plugin, rw http.ResponseWriter, req *http.Request, layers [
 		w.Count = shown.Points - left
 		resetH = w.ResetH
 	}
-	local.mu.Unlock()
+	local.Mu.Unlock()
 	if resetH == nil {
 		resetH = remember(local, shown, key, shown.Points-left, reset, now)
 	}
@@ -928,7 +880,7 @@ func decide(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*laye
 		}
 	}
 	c := &charge{Layers: layers, Keys: keys, Client: client, Principal: principal, Now: now, All: p.dryRun}
-	p.store.take(&t, c)
+	p.store.Take(&t, c)
 
 	return verdict(p, rw, req, &t, c)
 }

@@ -297,7 +297,7 @@ func TestCredentialsPassedAsAnonymousAreChargedToTheIP(t *testing.T) {
 		}
 	}
 
-	if n := c.edge.p.memory.maps["ip"]["10.0.0.9"]; n != nil {
+	if n := c.edge.p.memory.Maps["ip"]["10.0.0.9"]; n != nil {
 		t.Fatalf("the BFF's IP was charged %d times", n.Count)
 	}
 }
@@ -317,7 +317,7 @@ func TestPrincipalRequestsAreNeverChargedToTheIP(t *testing.T) {
 		}
 	}
 
-	if w := c.edge.p.memory.maps["ip"]["203.0.113.9"]; w != nil {
+	if w := c.edge.p.memory.Maps["ip"]["203.0.113.9"]; w != nil {
 		t.Fatalf("a principal's requests were charged to the ip bucket: %d", w.Count)
 	}
 }
@@ -379,7 +379,7 @@ func TestEveryRequestIsChargedToExactlyOneTierBucket(t *testing.T) {
 	var sum int64
 
 	for _, s := range []*windowStore{c.edge.p.memory, c.principal.p.memory} {
-		for layer, entries := range s.maps {
+		for layer, entries := range s.Maps {
 			if layer != "ip" && layer != "assets" && layer != "user" && layer != "service" {
 				continue
 			}

@@ -253,7 +253,7 @@ func TestRefundGivesBackOnRedisServer(t *testing.T) {
 			scriptCharge(t, s, layers, "203.0.113.1", 1)
 		}
 
-		s.refund(chargeOf(layers, "203.0.113.1", "", nil, t0, false), 1)
+		s.Refund(chargeOf(layers, "203.0.113.1", "", nil, t0, false), 1)
 
 		// Both layers hold 2 again: the next request makes 3, not 4.
 		tl := scriptCharge(t, s, layers, "203.0.113.1", 1)
@@ -266,7 +266,7 @@ func TestRefundGivesBackOnRedisServer(t *testing.T) {
 		}
 
 		// A key never charged is not created.
-		s.refund(chargeOf(layers, "203.0.113.2", "", nil, t0, false), 1)
+		s.Refund(chargeOf(layers, "203.0.113.2", "", nil, t0, false), 1)
 
 		if n := redisDo(t, admin, "EXISTS", layers[1].RedisKey+"203.0.113.2").Int; n != 0 {
 			t.Fatalf("%s: the refund created a key", algorithm)
@@ -275,8 +275,8 @@ func TestRefundGivesBackOnRedisServer(t *testing.T) {
 		// Given back to a count of one, twice: nothing below zero; a token
 		// bucket full again has no key.
 		scriptCharge(t, s, layers[1:], "203.0.113.3", 1)
-		s.refund(chargeOf(layers[1:], "203.0.113.3", "", nil, t0, false), 1)
-		s.refund(chargeOf(layers[1:], "203.0.113.3", "", nil, t0, false), 1)
+		s.Refund(chargeOf(layers[1:], "203.0.113.3", "", nil, t0, false), 1)
+		s.Refund(chargeOf(layers[1:], "203.0.113.3", "", nil, t0, false), 1)
 
 		key := layers[1].RedisKey + "203.0.113.3"
 		switch algorithm {
@@ -296,7 +296,7 @@ func TestRefundGivesBackOnRedisServer(t *testing.T) {
 
 		// A refund gives back its cost: 3 charged, 2 given back, 1 held.
 		scriptCharge(t, s, layers[1:], "203.0.113.4", 3)
-		s.refund(chargeOf(layers[1:], "203.0.113.4", "", nil, t0, false), 2)
+		s.Refund(chargeOf(layers[1:], "203.0.113.4", "", nil, t0, false), 2)
 
 		if tl := scriptCharge(t, s, layers[1:], "203.0.113.4", 1); tl.Count != 2 {
 			t.Fatalf("%s: after 3 charged and 2 given back, the next request makes %d, want 2", algorithm, tl.Count)
@@ -315,14 +315,14 @@ func TestRefundWhileRedisIsDownCallsNoRedis(t *testing.T) {
 	h, _ := redisHarness(t, srv.l.Addr().String(), nil)
 	s := h.p.store.(*redisStore)
 
-	s.refund(chargeOf(h.p.planIP, "203.0.113.1", "", nil, t0, false), 1)
+	s.Refund(chargeOf(h.p.planIP, "203.0.113.1", "", nil, t0, false), 1)
 
 	if srv.commands.Load() != 1 {
 		t.Fatalf("%d commands with Redis up, want the one refund call", srv.commands.Load())
 	}
 
 	s.backend.failed(t0, false, errBadReply)
-	s.refund(chargeOf(h.p.planIP, "203.0.113.1", "", nil, t0, false), 1)
+	s.Refund(chargeOf(h.p.planIP, "203.0.113.1", "", nil, t0, false), 1)
 
 	if srv.commands.Load() != 1 {
 		t.Fatalf("%d commands: a refund in back-off called Redis", srv.commands.Load())

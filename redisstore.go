@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/tierlimit/tierlimit/memstore"
 	"io"
 	"strconv"
 	"strings"
@@ -26,8 +27,8 @@ import (
 // refund gives cost points back to layers that an earlier take charged, for
 // a request a later, deferred charge refused (chain.go settle).
 type counterStore interface {
-	take(t *tally, c *charge)
-	refund(c *charge, cost int64)
+	Take(t *tally, c *charge)
+	Refund(c *charge, cost int64)
 }
 
 // takeScript is the whole decision of one request in one round trip. It
@@ -465,7 +466,7 @@ func (s *redisStore) callFor(n int) redisresp.Call {
 
 // The healthy path (nothing blocked, Redis up) takes no lock and makes as few
 // calls as it can (doc.go: frames).
-func (s *redisStore) take(t *tally, c *charge) {
+func (s *redisStore) Take(t *tally, c *charge) {
 	if s.synced != nil {
 		syncTake(s.synced, t, c)
 		return
@@ -520,7 +521,7 @@ func (s *redisStore) take(t *tally, c *charge) {
 // refusal here starts a block in memory, and on the block list, so that
 // it refuses the key for the rest of the block after Redis is back too.
 func (s *redisStore) takeLocal(t *tally, c *charge) {
-	s.fallback.take(t, c)
+	s.fallback.Take(t, c)
 
 	if !t.Refused || c.All {
 		oweCharged(s, t, c)
@@ -638,7 +639,7 @@ func encodeCall(c *charge, mode string, cost int64) string {
 // most likely went: to the memory fallback while Redis is in back-off, else
 // to Redis. A refund that fails is not retried in memory, which holds no such
 // charge: the count stays cost too high until its window ends.
-func (s *redisStore) refund(c *charge, cost int64) {
+func (s *redisStore) Refund(c *charge, cost int64) {
 	if len(c.Layers) == 0 {
 		return
 	}
@@ -649,7 +650,7 @@ func (s *redisStore) refund(c *charge, cost int64) {
 	}
 
 	if s.backend.down.Load() {
-		s.local.refund(c, cost)
+		s.local.Refund(c, cost)
 		forgiveRefunded(s, c, cost)
 
 		return
@@ -1064,7 +1065,7 @@ func (b *blockList) add(prefix, key string, reset, now int64) bool {
 		return false
 	}
 
-	trimEntries(b.until, b.max, now)
+	memstore.TrimEntries(b.until, b.max, now)
 	b.until[id] = reset
 	b.prefixes[prefix] = true
 	b.size.Store(int64(len(b.until)))
@@ -1120,42 +1121,10 @@ func (b *blockList) note(prefix, key string, reset, now int64) bool {
 		return false
 	}
 
-	trimEntries(b.noted, b.max, now)
+	memstore.TrimEntries(b.noted, b.max, now)
 	b.noted[id] = reset
 
 	return true
-}
-
-// trimEntries drops the expired entries of m when it holds capacity, then others
-// until one more fits.
-func trimEntries(m map[string]int64, capacity int, now int64) {
-	if len(m) < capacity {
-		return
-	}
-
-	for k, r := range m {
-		if r <= now {
-			delete(m, k)
-		}
-	}
-
-	for k := range m {
-		if len(m) < capacity {
-			break
-		}
-
-		delete(m, k)
-	}
-}
-
-// blockedKey is a block list entry as the status endpoint lists it; prefix
-// tells an entry of the layer's current limits (layer.blockPrefix).
-type blockedKey struct {
-	layer   string
-	prefix  string
-	key     string
-	reset   int64
-	refused int64 // the requests a blockDuration block refused (0: not counted)
 }
 
 // snapshot copies the keys blocked at now whose key starts with prefix.
@@ -1176,7 +1145,7 @@ func (b *blockList) snapshot(now int64, prefix string) []blockedKey {
 		}
 
 		if reset > now && j >= 0 && strings.HasPrefix(id[i+j+2:], prefix) {
-			out = append(out, blockedKey{layer: id[:i], prefix: id[:i+j+2], key: id[i+j+2:], reset: reset, refused: b.hits[id]})
+			out = append(out, blockedKey{Layer: id[:i], Prefix: id[:i+j+2], Key: id[i+j+2:], Reset: reset, Refused: b.hits[id]})
 		}
 	}
 

@@ -2,8 +2,9 @@ package tierlimit
 
 import (
 	"fmt"
-	"github.com/tierlimit/tierlimit/rule"
 	"strings"
+
+	"github.com/tierlimit/tierlimit/rule"
 
 	"github.com/tierlimit/tierlimit/redisresp"
 )

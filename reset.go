@@ -128,8 +128,8 @@ func badReset(msg, parameter string) ([]byte, int) {
 func clearKey(p *Plugin, l *layer, key string) resetReport {
 	now := p.now().UnixNano()
 	r := resetReport{Layer: l.Name, Key: key}
-	r.Memory = p.memory.forget(l, key, now)
-	if p.memory.forgetBlock(l, key, now) {
+	r.Memory = p.memory.Forget(l, key, now)
+	if p.memory.ForgetBlock(l, key, now) {
 		r.Memory = true
 	}
 
@@ -168,33 +168,6 @@ func (e *eventLog) reset(r resetReport, operator string) {
 	}
 
 	_, _ = e.out.Write(append(line, '\n'))
-}
-
-// forget drops key's counter in l, of any algorithm, and reports whether it
-// still counted something: a window not yet over (for a sliding window, one
-// whose count still weighs on the next), a token bucket not yet full.
-func (s *windowStore) forget(l *layer, key string, now int64) bool {
-	return s.forgetKey(l.Name, key, now)
-}
-
-// forgetKey is forget by the layer's name, for a reset another replica sent.
-func (s *windowStore) forgetKey(layer, key string, now int64) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-
-	w := s.maps[layer][key]
-	if w == nil {
-		return false
-	}
-
-	if w.List != nil {
-		w.List.Unlink(w)
-	}
-
-	delete(s.maps[layer], key)
-	s.size--
-
-	return w.Expire > now
 }
 
 // forget drops a block list entry (layer.blockPrefix + key) and reports

@@ -119,8 +119,8 @@ func listenResets(s *redisStore) {
 func forgetIn(blocked *blockList, local *windowStore, clock func() time.Time) resetForget {
 	return func(layer, key string) {
 		blocked.forgetLayerKey(layer, key)
-		local.forgetKey(layer, key, clock().UnixNano())
-		local.forgetBlockKey(layer, key)
+		local.ForgetKey(layer, key, clock().UnixNano())
+		local.ForgetBlockKey(layer, key)
 	}
 }
 

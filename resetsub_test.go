@@ -2,6 +2,7 @@ package tierlimit
 
 import (
 	"bytes"
+	"github.com/tierlimit/tierlimit/memstore"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -36,7 +37,7 @@ func TestResetMessageClearsTheNamedKeyOnly(t *testing.T) {
 	now := t0
 	reset := now + int64(time.Hour)
 	bl := newBlockList(100)
-	ws := newWindowStore(100)
+	ws := memstore.NewWindowStore(100)
 	l := testLayer(ws, "ip", 1, time.Hour)
 	other := testLayer(ws, "ipx", 1, time.Hour)
 	req := httptest.NewRequest(http.MethodGet, "/", nil)
@@ -48,13 +49,13 @@ func TestResetMessageClearsTheNamedKeyOnly(t *testing.T) {
 
 	for _, lay := range []*layer{l, other} {
 		var tl tally
-		ws.take(&tl, chargeOf([]*layer{lay}, "203.0.113.7", "", req, now, false))
+		ws.Take(&tl, chargeOf([]*layer{lay}, "203.0.113.7", "", req, now, false))
 	}
 
 	// A block the memory fallback started (takeLocal), and the
 	// middleware's clock, which the reset reads instead of time.Now.
-	ws.blocks["ip"]["203.0.113.7"] = reset
-	ws.blocks["ip"]["203.0.113.8"] = reset
+	ws.Blocks["ip"]["203.0.113.7"] = reset
+	ws.Blocks["ip"]["203.0.113.8"] = reset
 	clockReads := 0
 	clock := func() time.Time { clockReads++; return time.Unix(0, now) }
 
@@ -80,8 +81,8 @@ func TestResetMessageClearsTheNamedKeyOnly(t *testing.T) {
 		t.Fatalf("another key or layer was cleared: %v", bl.until)
 	}
 
-	if _, ok := ws.blocks["ip"]["203.0.113.7"]; ok || ws.blocks["ip"]["203.0.113.8"] != reset {
-		t.Fatalf("the memory fallback's blocks after the reset: %v", ws.blocks["ip"])
+	if _, ok := ws.Blocks["ip"]["203.0.113.7"]; ok || ws.Blocks["ip"]["203.0.113.8"] != reset {
+		t.Fatalf("the memory fallback's blocks after the reset: %v", ws.Blocks["ip"])
 	}
 
 	if clockReads == 0 {
@@ -122,7 +123,7 @@ func TestResetReachesAnotherReplicasBlockListOnRedisServer(t *testing.T) {
 	// block list and a memory fallback of its own.
 	bb := newBackend(redisresp.Options{Address: addr, Username: "tierlimit", Password: aclPassword, Timeout: time.Second})
 	bb.log = &bytes.Buffer{}
-	b := &redisStore{prefix: a.prefix, name: a.name, channel: a.channel, backend: bb, local: newWindowStore(100), blocked: newBlockList(100), calls: a.calls}
+	b := &redisStore{prefix: a.prefix, name: a.name, channel: a.channel, backend: bb, local: memstore.NewWindowStore(100), blocked: newBlockList(100), calls: a.calls}
 	b.fallback = b.local
 	b.clock = time.Now
 	layers := h.p.layers[:1]
@@ -131,7 +132,7 @@ func TestResetReachesAnotherReplicasBlockListOnRedisServer(t *testing.T) {
 
 	take := func(s *redisStore, client string) tally {
 		var tl tally
-		s.take(&tl, chargeOf(layers, client, "", httptest.NewRequest(http.MethodGet, "/api", nil), now, false))
+		s.Take(&tl, chargeOf(layers, client, "", httptest.NewRequest(http.MethodGet, "/api", nil), now, false))
 		return tl
 	}
 
@@ -153,7 +154,7 @@ func TestResetReachesAnotherReplicasBlockListOnRedisServer(t *testing.T) {
 	}
 
 	var memory tally
-	b.local.take(&memory, chargeOf(layers, client, "", nil, now, false))
+	b.local.Take(&memory, chargeOf(layers, client, "", nil, now, false))
 
 	waitUntil(t, "B subscribes", func() bool { return numsub() == 1 })
 

@@ -1,6 +1,7 @@
 package tierlimit
 
 import (
+	"net"
 	"net/http"
 	"strings"
 
@@ -100,4 +101,23 @@ func hasAnyPrefix(path string, prefixes []string) bool {
 	}
 
 	return false
+}
+
+// hostKey is the bucket key of a layer keyed by host: the request's host,
+// without its port, in lower case, or client when the request has none.
+func hostKey(host, client string) string {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+
+	host = strings.ToLower(strings.TrimSuffix(strings.TrimSpace(host), "."))
+	if host == "" {
+		return client
+	}
+
+	if len(host) > maxHostKeyLen {
+		return request.HashKey(host)
+	}
+
+	return "host:" + host
 }

@@ -1,6 +1,7 @@
 package tierlimit
 
 import (
+	"github.com/tierlimit/tierlimit/memstore"
 	"testing"
 	"time"
 
@@ -17,7 +18,7 @@ func TestSlidingWaitIsTheFirstAllowedMoment(t *testing.T) {
 		for prev := int64(0); prev <= 8; prev++ {
 			for count := int64(0); count <= points; count++ {
 				for left := int64(1); left <= d; left++ {
-					if slidingCount(prev, count, 1, left, d) <= points {
+					if memstore.SlidingCount(prev, count, 1, left, d) <= points {
 						continue // not a refusal
 					}
 
@@ -26,9 +27,9 @@ func TestSlidingWaitIsTheFirstAllowedMoment(t *testing.T) {
 					for x := int64(1); x <= left+d; x++ {
 						est := int64(0)
 						if x < left {
-							est = slidingCount(prev, count, 1, left-x, d)
+							est = memstore.SlidingCount(prev, count, 1, left-x, d)
 						} else {
-							est = slidingCount(count, 0, 1, d-(x-left), d)
+							est = memstore.SlidingCount(count, 0, 1, d-(x-left), d)
 						}
 
 						if est <= points {
@@ -37,7 +38,7 @@ func TestSlidingWaitIsTheFirstAllowedMoment(t *testing.T) {
 						}
 					}
 
-					if got := slidingWait(prev, count, 1, points, left, d); got != want {
+					if got := memstore.SlidingWait(prev, count, 1, points, left, d); got != want {
 						t.Fatalf("points %d prev %d count %d left %d: wait %d, want %d", points, prev, count, left, got, want)
 					}
 				}
@@ -51,14 +52,14 @@ func TestSlidingWaitIsTheFirstAllowedMoment(t *testing.T) {
 // through, a sliding one refuses most of the second.
 func TestSlidingRemovesTheBoundaryBurst(t *testing.T) {
 	for _, sliding := range []bool{false, true} {
-		s := newWindowStore(100)
+		s := memstore.NewWindowStore(100)
 		l := newLayer(s, config.Rule{Name: "ip", Points: 10, Duration: 10 * time.Second, Sliding: sliding}, keyOfClient)
 		start := time.Unix(1000, 0).UnixNano()
 
 		burst := func(at int64, n int) (allowed int, last tally) {
 			for i := 0; i < n; i++ {
 				var tl tally
-				s.take(&tl, chargeOf([]*layer{l}, "203.0.113.1", "", nil, at, false))
+				s.Take(&tl, chargeOf([]*layer{l}, "203.0.113.1", "", nil, at, false))
 
 				if !tl.Refused {
 					allowed++
@@ -114,7 +115,7 @@ func TestSlidingRemovesTheBoundaryBurst(t *testing.T) {
 // limit is let through again once the window has slid, because its refusals
 // did not count, and no faster than the previous window's weight allows.
 func TestSlidingCountsOnlyAllowedRequests(t *testing.T) {
-	s := newWindowStore(100)
+	s := memstore.NewWindowStore(100)
 	l := newLayer(s, config.Rule{Name: "ip", Points: 5, Duration: time.Second, Sliding: true}, keyOfClient)
 	now := time.Unix(2000, 0).UnixNano()
 
@@ -123,7 +124,7 @@ func TestSlidingCountsOnlyAllowedRequests(t *testing.T) {
 	// 100 requests per window, for 10 windows, evenly spread.
 	for i := 0; i < 1000; i++ {
 		var tl tally
-		s.take(&tl, chargeOf([]*layer{l}, "c", "", nil, now+int64(i)*int64(10*time.Millisecond), false))
+		s.Take(&tl, chargeOf([]*layer{l}, "c", "", nil, now+int64(i)*int64(10*time.Millisecond), false))
 
 		if !tl.Refused {
 			allowed = append(allowed, i*10)
@@ -154,21 +155,21 @@ func TestSlidingCountsOnlyAllowedRequests(t *testing.T) {
 // TestSlidingExpiresAfterTwoWindows: a sliding counter is kept one window past
 // its end, since it weighs on the next, and dropped after.
 func TestSlidingExpiresAfterTwoWindows(t *testing.T) {
-	s := newWindowStore(100)
+	s := memstore.NewWindowStore(100)
 	l := newLayer(s, config.Rule{Name: "ip", Points: 3, Duration: time.Second, Sliding: true}, keyOfClient)
 	f := newLayer(s, config.Rule{Name: "f", Points: 3, Duration: time.Second}, keyOfClient)
 	now := time.Unix(3000, 0).UnixNano()
 
 	var tl tally
-	s.take(&tl, chargeOf([]*layer{l, f}, "a", "", nil, now, false))
+	s.Take(&tl, chargeOf([]*layer{l, f}, "a", "", nil, now, false))
 
 	if l.List == f.List {
 		t.Fatal("a sliding and a fixed layer of one duration share a list")
 	}
 
 	// A new key after 1.5 windows purges the fixed counter, not the sliding one.
-	s.take(&tl, chargeOf([]*layer{f}, "b", "", nil, now+int64(1500*time.Millisecond), false))
-	s.take(&tl, chargeOf([]*layer{l}, "b", "", nil, now+int64(1500*time.Millisecond), false))
+	s.Take(&tl, chargeOf([]*layer{f}, "b", "", nil, now+int64(1500*time.Millisecond), false))
+	s.Take(&tl, chargeOf([]*layer{l}, "b", "", nil, now+int64(1500*time.Millisecond), false))
 
 	if _, ok := l.Entries["a"]; !ok {
 		t.Fatal("sliding counter dropped within its second window")
@@ -178,7 +179,7 @@ func TestSlidingExpiresAfterTwoWindows(t *testing.T) {
 		t.Fatal("expired fixed counter kept")
 	}
 
-	s.take(&tl, chargeOf([]*layer{l}, "c", "", nil, now+int64(2500*time.Millisecond), false))
+	s.Take(&tl, chargeOf([]*layer{l}, "c", "", nil, now+int64(2500*time.Millisecond), false))
 
 	if _, ok := l.Entries["a"]; ok {
 		t.Fatal("sliding counter kept past two windows")

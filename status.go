@@ -2,6 +2,7 @@ package tierlimit
 
 import (
 	"encoding/json"
+	"github.com/tierlimit/tierlimit/memstore"
 	"net/http"
 	"sort"
 	"strconv"
@@ -211,7 +212,7 @@ func (p *Plugin) statusJSON(req *http.Request, now int64) ([]byte, int) {
 		Middleware:    p.name,
 		Store:         p.status.store,
 		RedisFallback: p.redisFallback(),
-		Evictions:     p.memory.evicted(),
+		Evictions:     p.memory.Evicted(),
 		Counting:      countingRule,
 		Layers:        p.statusLayers(tracked),
 		Keys:          statusKeys{Total: total, Offset: q.offset, Limit: q.limit, Items: p.statusItems(entries, q.offset)},
@@ -247,7 +248,7 @@ func (p *Plugin) statusLayers(tracked []int) []statusLayer {
 	out := make([]statusLayer, 0, len(p.layers))
 
 	for i, l := range p.layers {
-		allowed, refused := p.memory.totals(l.Stats)
+		allowed, refused := p.memory.Totals(l.Stats)
 
 		sl := statusLayer{
 			Name: l.Name, Points: l.Points, Duration: time.Duration(l.Duration).String(), Algorithm: "fixed",
@@ -321,10 +322,10 @@ func (p *Plugin) liveKeys(now int64, limitedOnly bool, prefix string) ([]liveKey
 
 	s := p.memory
 	f := &liveFilter{now: now, limitedOnly: limitedOnly, prefix: prefix}
-	s.mu.Lock()
+	s.Mu.Lock()
 
 	for i, l := range p.layers {
-		m := s.maps[l.Name]
+		m := s.Maps[l.Name]
 		tracked[i] = len(m)
 
 		if l.Sliding {
@@ -345,9 +346,9 @@ func (p *Plugin) liveKeys(now int64, limitedOnly bool, prefix string) ([]liveKey
 		}
 	}
 
-	s.mu.Unlock()
+	s.Mu.Unlock()
 
-	out = p.mergeBlocked(out, s.blockedKeys(now, p.layers, prefix))
+	out = p.mergeBlocked(out, s.BlockedKeys(now, p.layers, prefix))
 
 	if rs := redisOf(p.store); rs != nil {
 		out = p.mergeBlocked(out, rs.blocked.snapshot(now, prefix))
@@ -375,7 +376,7 @@ func appendSliding(out []liveKey, i int, l *layer, m map[string]*window, f *live
 			prev, count, reset = count, 0, reset+l.Duration
 		}
 
-		est := slidingCount(prev, count, 0, reset-now, l.Duration)
+		est := memstore.SlidingCount(prev, count, 0, reset-now, l.Duration)
 		if est >= l.Points || !limitedOnly {
 			out = append(out, liveKey{layer: i, key: key, count: est, reset: reset, limited: est >= l.Points, refused: w.Refused})
 		}
@@ -397,32 +398,32 @@ func (p *Plugin) mergeBlocked(out []liveKey, blocked []blockedKey) []liveKey {
 	}
 
 	for _, b := range blocked {
-		li := p.layerIndex(b.layer)
-		if li < 0 || p.layers[li].BlockPrefix != b.prefix {
+		li := p.layerIndex(b.Layer)
+		if li < 0 || p.layers[li].BlockPrefix != b.Prefix {
 			continue
 		}
 
 		count := p.layers[li].Points
 
-		if i, ok := index[b.layer+"\x00"+b.key]; ok {
+		if i, ok := index[b.Layer+"\x00"+b.Key]; ok {
 			out[i].limited = true
 
 			if out[i].count < count {
 				out[i].count = count
 			}
 
-			if out[i].reset < b.reset {
-				out[i].reset = b.reset
+			if out[i].reset < b.Reset {
+				out[i].reset = b.Reset
 			}
 
-			if out[i].refused < b.refused {
-				out[i].refused = b.refused
+			if out[i].refused < b.Refused {
+				out[i].refused = b.Refused
 			}
 
 			continue
 		}
 
-		out = append(out, liveKey{layer: li, key: b.key, count: count, reset: b.reset, limited: true, refused: b.refused})
+		out = append(out, liveKey{layer: li, key: b.Key, count: count, reset: b.Reset, limited: true, refused: b.Refused})
 	}
 
 	return out
@@ -495,4 +496,23 @@ func (p *Plugin) firstSorted(entries []liveKey, n int) []liveKey {
 func (p *Plugin) redisFallback() bool {
 	rs := redisOf(p.store)
 	return rs != nil && rs.backend.down.Load()
+}
+
+// appendBucket is liveKeys' loop for a token-bucket layer, under the store's
+// lock: the live buckets (not full) with the tokens missing from each as
+// their count, limited when the next request would be refused.
+func appendBucket(out []liveKey, i int, l *layer, m map[string]*window, f *liveFilter) []liveKey {
+	now, limitedOnly, prefix := f.now, f.limitedOnly, f.prefix
+	for key, w := range m {
+		if w.Reset <= now || w.List != l.List || (prefix != "" && !strings.HasPrefix(key, prefix)) {
+			continue
+		}
+
+		limited := w.Reset-now > (l.Points-1)*l.Interval
+		if limited || !limitedOnly {
+			out = append(out, liveKey{layer: i, key: key, count: memstore.BucketUsed(w.Reset-now, l.Interval), reset: w.Reset, limited: limited, refused: w.Refused})
+		}
+	}
+
+	return out
 }

@@ -304,7 +304,7 @@ func TestTokenBucketMemoryIsBounded(t *testing.T) {
 		h.clock.Add(time.Millisecond)
 	}
 
-	if n := h.p.memory.count(); n > 50 {
+	if n := h.p.memory.Count(); n > 50 {
 		t.Fatalf("%d buckets held, cap 50", n)
 	}
 
@@ -316,7 +316,7 @@ func TestTokenBucketMemoryIsBounded(t *testing.T) {
 		h.get("/", "192.0.2."+strconv.Itoa(i)+":1")
 	}
 
-	if n := h.p.memory.count(); n > 40 {
+	if n := h.p.memory.Count(); n > 40 {
 		t.Fatalf("%d buckets held after they all filled up", n)
 	}
 }

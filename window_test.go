@@ -2,6 +2,7 @@ package tierlimit
 
 import (
 	"context"
+	"github.com/tierlimit/tierlimit/memstore"
 	"net/http"
 	"strconv"
 	"sync"
@@ -26,7 +27,7 @@ type hit struct {
 func hitOnce(s *windowStore, now int64, l *layer, key string) hit {
 	var t tally
 
-	s.take(&t, chargeOf([]*layer{l}, key, "", nil, now, false))
+	s.Take(&t, chargeOf([]*layer{l}, key, "", nil, now, false))
 
 	return hit{count: t.Count, reset: t.Reset, firstRefusal: t.Firsts != 0}
 }
@@ -35,18 +36,18 @@ func hitOnce(s *windowStore, now int64, l *layer, key string) hit {
 func take(s counterStore, now int64, layers []*layer, client, principal string, all bool) tally {
 	var t tally
 
-	s.take(&t, chargeOf(layers, client, principal, nil, now, all))
+	s.Take(&t, chargeOf(layers, client, principal, nil, now, all))
 
 	return t
 }
 
 func peekCount(s *windowStore, now int64, layer, key string) int64 {
-	count, _ := s.peek(now, layer, key)
+	count, _ := s.Peek(now, layer, key)
 	return count
 }
 
 func TestWindowResetsAtFirstHitPlusDuration(t *testing.T) {
-	s := newWindowStore(100)
+	s := memstore.NewWindowStore(100)
 	l := testLayer(s, "ip", 3, time.Second)
 	first := t0 + int64(300*time.Millisecond)
 
@@ -73,7 +74,7 @@ func TestWindowResetsAtFirstHitPlusDuration(t *testing.T) {
 }
 
 func TestWindowExactCountAtBoundary(t *testing.T) {
-	s := newWindowStore(100)
+	s := memstore.NewWindowStore(100)
 	l := testLayer(s, "ip", 50, time.Second)
 
 	for i := 1; i <= 52; i++ {
@@ -113,7 +114,7 @@ func TestWindowExactCountAtBoundary(t *testing.T) {
 }
 
 func TestWindowKeysAndLayersAreSeparate(t *testing.T) {
-	s := newWindowStore(100)
+	s := memstore.NewWindowStore(100)
 	a := testLayer(s, "a", 1, time.Second)
 	b := testLayer(s, "b", 1, time.Second)
 
@@ -128,7 +129,7 @@ func TestWindowKeysAndLayersAreSeparate(t *testing.T) {
 }
 
 func TestTakeStopsAtRefusingLayer(t *testing.T) {
-	s := newWindowStore(100)
+	s := memstore.NewWindowStore(100)
 	g := newLayer(s, config.Rule{Name: "global", Points: 10, Duration: time.Second}, keyOfConst)
 	ip := testLayer(s, "ip", 1, time.Second)
 	route := testLayer(s, "login", 10, time.Second)
@@ -188,7 +189,7 @@ func TestKeysByKind(t *testing.T) {
 }
 
 func TestMaxTrackedPurgesExpiredThenEvictsOldest(t *testing.T) {
-	s := newWindowStore(3)
+	s := memstore.NewWindowStore(3)
 	short := testLayer(s, "short", 5, time.Second)
 	long := testLayer(s, "long", 5, time.Minute)
 
@@ -202,8 +203,8 @@ func TestMaxTrackedPurgesExpiredThenEvictsOldest(t *testing.T) {
 		t.Fatalf("live key %q evicted while an expired one was held", "old")
 	}
 
-	if s.count() != 3 {
-		t.Fatalf("size %d, want 3", s.count())
+	if s.Count() != 3 {
+		t.Fatalf("size %d, want 3", s.Count())
 	}
 
 	hitOnce(s, later+1, long, "newest") // no expired keys: the oldest start goes
@@ -218,21 +219,21 @@ func TestMaxTrackedPurgesExpiredThenEvictsOldest(t *testing.T) {
 		}
 	}
 
-	if s.count() != 3 {
-		t.Fatalf("size %d, want 3", s.count())
+	if s.Count() != 3 {
+		t.Fatalf("size %d, want 3", s.Count())
 	}
 }
 
 func TestMaxTrackedBoundsAFlood(t *testing.T) {
-	s := newWindowStore(1000)
+	s := memstore.NewWindowStore(1000)
 	l := testLayer(s, "ip", 5, time.Minute)
 
 	for i := 0; i < 100000; i++ {
 		hitOnce(s, t0+int64(i), l, formatInt(int64(i)))
 	}
 
-	if s.count() != 1000 {
-		t.Fatalf("size %d after flood, want 1000", s.count())
+	if s.Count() != 1000 {
+		t.Fatalf("size %d after flood, want 1000", s.Count())
 	}
 
 	// The newest keys survive.
@@ -242,7 +243,7 @@ func TestMaxTrackedBoundsAFlood(t *testing.T) {
 }
 
 func TestExpiredKeysArePurgedBelowTheCap(t *testing.T) {
-	s := newWindowStore(1 << 20)
+	s := memstore.NewWindowStore(1 << 20)
 	l := testLayer(s, "ip", 5, time.Second)
 
 	// Each second brings 100 new clients; the old ones expire.
@@ -252,13 +253,13 @@ func TestExpiredKeysArePurgedBelowTheCap(t *testing.T) {
 		}
 	}
 
-	if s.count() > 300 {
-		t.Fatalf("%d counters held for 100 live clients: expired ones are not purged", s.count())
+	if s.Count() > 300 {
+		t.Fatalf("%d counters held for 100 live clients: expired ones are not purged", s.Count())
 	}
 }
 
 func TestWindowCountsExactlyUnderConcurrency(t *testing.T) {
-	s := newWindowStore(100)
+	s := memstore.NewWindowStore(100)
 	l := testLayer(s, "ip", 1000, time.Hour)
 
 	var wg sync.WaitGroup
@@ -301,8 +302,8 @@ func TestRegistrySharesStoresByName(t *testing.T) {
 		t.Fatal("different middleware names share a store")
 	}
 
-	if a.max != 20 {
-		t.Fatalf("reload did not apply maxTracked: %d", a.max)
+	if a.Max != 20 {
+		t.Fatalf("reload did not apply maxTracked: %d", a.Max)
 	}
 }
 
@@ -310,7 +311,7 @@ func TestRegistrySharesStoresByName(t *testing.T) {
 // room for one counter per layer, global and ip do not evict each other, and
 // global counts every request.
 func TestEvictionSparesTheCountersOfTheRequest(t *testing.T) {
-	s := newWindowStore(2)
+	s := memstore.NewWindowStore(2)
 	global := newLayer(s, config.Rule{Name: "global", Points: 5, Duration: time.Minute}, keyOfConst)
 	ip := testLayer(s, "ip", 50, time.Minute)
 
@@ -322,8 +323,8 @@ func TestEvictionSparesTheCountersOfTheRequest(t *testing.T) {
 			allowed++
 		}
 
-		if s.count() > 2 {
-			t.Fatalf("request %d: %d counters held, cap 2", i, s.count())
+		if s.Count() > 2 {
+			t.Fatalf("request %d: %d counters held, cap 2", i, s.Count())
 		}
 	}
 
@@ -363,7 +364,7 @@ func TestEvictionSparesTheRequestsCountersOnEveryPath(t *testing.T) {
 
 // A sliding layer's counter is spared too.
 func TestEvictionSparesASlidingCounterOfTheRequest(t *testing.T) {
-	s := newWindowStore(2)
+	s := memstore.NewWindowStore(2)
 	global := newLayer(s, config.Rule{Name: "global", Points: 5, Duration: time.Minute, Sliding: true}, keyOfConst)
 	ip := testLayer(s, "ip", 50, time.Minute)
 
@@ -378,28 +379,6 @@ func TestEvictionSparesASlidingCounterOfTheRequest(t *testing.T) {
 	if allowed != 5 {
 		t.Fatalf("%d of 10 allowed through sliding global 5 at maxTracked 2", allowed)
 	}
-}
-
-// count returns the number of counters held, expired or not.
-func (s *windowStore) count() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-
-	return s.size
-}
-
-// peek returns the count and reset of a live window without charging it;
-// count is 0 when the key has no live window.
-func (s *windowStore) peek(now int64, layer, key string) (count, reset int64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-
-	w := s.maps[layer][key]
-	if w == nil || w.Reset <= now {
-		return 0, 0
-	}
-
-	return w.Count, w.Reset
 }
 
 // TestEvictionKeepsLimitedKeys: at maxTracked, a client over its limit is
@@ -429,13 +408,13 @@ func TestEvictionKeepsLimitedKeys(t *testing.T) {
 			}
 		}
 
-		if n := h.p.memory.evicted(); n != 2001 {
+		if n := h.p.memory.Evicted(); n != 2001 {
 			t.Fatalf("headers %v: %d evictions, want 2001", headers, n)
 		}
 	}
 
 	// Every key limited: the oldest goes.
-	s := newWindowStore(2)
+	s := memstore.NewWindowStore(2)
 	l := testLayer(s, "ip", 1, time.Minute)
 	for _, k := range []string{"a", "a", "b", "b"} {
 		hitOnce(s, t0, l, k)
@@ -443,7 +422,7 @@ func TestEvictionKeepsLimitedKeys(t *testing.T) {
 
 	hitOnce(s, t0, l, "c")
 
-	if peekCount(s, t0, "ip", "a") != 0 || peekCount(s, t0, "ip", "b") != 1 || s.evicted() != 1 {
-		t.Fatalf("all limited: a %d, b %d, evictions %d; want a evicted", peekCount(s, t0, "ip", "a"), peekCount(s, t0, "ip", "b"), s.evicted())
+	if peekCount(s, t0, "ip", "a") != 0 || peekCount(s, t0, "ip", "b") != 1 || s.Evicted() != 1 {
+		t.Fatalf("all limited: a %d, b %d, evictions %d; want a evicted", peekCount(s, t0, "ip", "a"), peekCount(s, t0, "ip", "b"), s.Evicted())
 	}
 }

@@ -1,5 +1,6 @@
 package tierlimit
 
+import "github.com/tierlimit/tierlimit/memstore"
 import "github.com/tierlimit/tierlimit/rule"
 
 // The root names the rule package's types and constants through these
@@ -26,3 +27,8 @@ type refusal = rule.Refusal
 type tally = rule.Tally
 type window = rule.Window
 type windowList = rule.WindowList
+
+const maxHostKeyLen = memstore.MaxHostKeyLen
+
+type blockedKey = memstore.BlockedKey
+type windowStore = memstore.WindowStore

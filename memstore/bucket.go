@@ -1,12 +1,9 @@
-package tierlimit
+package memstore
 
 import (
-	"net"
-	"strings"
+	"strconv"
 
 	"github.com/tierlimit/tierlimit/limit"
-
-	"github.com/tierlimit/tierlimit/request"
 )
 
 // A tokenbucket layer is the token bucket of golang.org/x/time/rate, which
@@ -31,7 +28,7 @@ import (
 // drip takes cost tokens from the token-bucket layer l under s.mu and
 // records it in t as layers[i]. It reports whether the layer refused, which
 // takes nothing, in dry run too (rate.Limiter.Allow does the same).
-func (s *windowStore) drip(t *tally, i int, now int64, l *layer, key string, cost int64) bool {
+func (s *WindowStore) drip(t *tally, i int, now int64, l *layer, key string, cost int64) bool {
 	w := l.Entries[key]
 	if w == nil {
 		s.makeRoom(now, l.List)
@@ -52,7 +49,7 @@ func (s *windowStore) drip(t *tally, i int, now int64, l *layer, key string, cos
 	}
 
 	w.Start = now
-	w.Taken = s.takes
+	w.Taken = s.Takes
 	l.List.Push(w)
 
 	tat := w.Reset
@@ -67,7 +64,7 @@ func (s *windowStore) drip(t *tally, i int, now int64, l *layer, key string, cos
 		first := !w.Logged
 		w.Logged = true
 		retry := tat - (l.Points-cost)*l.Interval
-		return t.RefuseAs(i, l, l.Points+1, retry, []string{formatInt(limit.CeilSeconds(retry))}, first)
+		return t.RefuseAs(i, l, l.Points+1, retry, []string{strconv.FormatInt(limit.CeilSeconds(retry), 10)}, first)
 	}
 
 	tat += cost * l.Interval
@@ -80,10 +77,10 @@ func (s *windowStore) drip(t *tally, i int, now int64, l *layer, key string, cos
 	secs := limit.CeilSeconds(tat)
 	if w.ResetH == nil || w.ResetSec != secs {
 		w.ResetSec = secs
-		w.ResetH = []string{formatInt(secs)}
+		w.ResetH = []string{strconv.FormatInt(secs, 10)}
 	}
 
-	used := bucketUsed(tat-now, l.Interval)
+	used := BucketUsed(tat-now, l.Interval)
 	w.Count = used
 	l.Stats.Allowed++
 	t.Allow(i, l, used, tat, w.ResetH)
@@ -93,7 +90,7 @@ func (s *windowStore) drip(t *tally, i int, now int64, l *layer, key string, cos
 
 // bucketUsed is the number of tokens missing from a bucket whose TAT is ahead
 // of now by ahead: ceil(ahead / interval).
-func bucketUsed(ahead, interval int64) int64 {
+func BucketUsed(ahead, interval int64) int64 {
 	if ahead <= 0 {
 		return 0
 	}
@@ -101,44 +98,6 @@ func bucketUsed(ahead, interval int64) int64 {
 	return (ahead + interval - 1) / interval
 }
 
-// appendBucket is liveKeys' loop for a token-bucket layer, under the store's
-// lock: the live buckets (not full) with the tokens missing from each as
-// their count, limited when the next request would be refused.
-func appendBucket(out []liveKey, i int, l *layer, m map[string]*window, f *liveFilter) []liveKey {
-	now, limitedOnly, prefix := f.now, f.limitedOnly, f.prefix
-	for key, w := range m {
-		if w.Reset <= now || w.List != l.List || (prefix != "" && !strings.HasPrefix(key, prefix)) {
-			continue
-		}
-
-		limited := w.Reset-now > (l.Points-1)*l.Interval
-		if limited || !limitedOnly {
-			out = append(out, liveKey{layer: i, key: key, count: bucketUsed(w.Reset-now, l.Interval), reset: w.Reset, limited: limited, refused: w.Refused})
-		}
-	}
-
-	return out
-}
-
 // maxHostKeyLen bounds the hosts kept as keys; a longer one is keyed by its
 // digest, as long principal ids are.
-const maxHostKeyLen = 128
-
-// hostKey is the bucket key of a layer keyed by host: the request's host,
-// without its port, in lower case, or client when the request has none.
-func hostKey(host, client string) string {
-	if h, _, err := net.SplitHostPort(host); err == nil {
-		host = h
-	}
-
-	host = strings.ToLower(strings.TrimSuffix(strings.TrimSpace(host), "."))
-	if host == "" {
-		return client
-	}
-
-	if len(host) > maxHostKeyLen {
-		return request.HashKey(host)
-	}
-
-	return "host:" + host
-}
+const MaxHostKeyLen = 128

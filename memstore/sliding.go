@@ -1,7 +1,8 @@
-package tierlimit
+package memstore
 
 import (
 	"math"
+	"strconv"
 
 	"github.com/tierlimit/tierlimit/limit"
 )
@@ -24,7 +25,7 @@ import (
 // slidingCount returns the estimate a request of cost points would bring
 // the window to. left is the time left in the current window, d its
 // duration, in one unit.
-func slidingCount(prev, count, cost, left, d int64) int64 {
+func SlidingCount(prev, count, cost, left, d int64) int64 {
 	return count + cost + int64(float64(prev)*float64(left)/float64(d))
 }
 
@@ -32,7 +33,7 @@ func slidingCount(prev, count, cost, left, d int64) int64 {
 // will be allowed, in the unit of left and d (at least 1), as the Redis
 // script computes it. count <= points, since only allowed requests are
 // counted.
-func slidingWait(prev, count, cost, points, left, d int64) int64 {
+func SlidingWait(prev, count, cost, points, left, d int64) int64 {
 	if count+cost <= points {
 		// Within this window, once count + cost + prev x (left - x) / d <=
 		// points; at the latest when it ends.
@@ -65,20 +66,20 @@ func slidingWait(prev, count, cost, points, left, d int64) int64 {
 // slide charges cost points to a sliding layer l under s.mu and records it
 // in t as layers[i]. It reports whether the layer refused, which charges
 // nothing, in dry run too: a sliding window counts only what it allows.
-func (s *windowStore) slide(t *tally, i int, now int64, l *layer, key string, cost int64) bool {
+func (s *WindowStore) slide(t *tally, i int, now int64, l *layer, key string, cost int64) bool {
 	w := l.Entries[key]
 	if w == nil || w.Expire <= now || w.List != l.List {
-		w = s.restart(now, l, w, key)
+		w = s.Restart(now, l, w, key)
 	}
 
-	w.Taken = s.takes
+	w.Taken = s.Takes
 
 	if w.Reset <= now {
 		rotate(w, l)
 	}
 
 	left := w.Reset - now
-	est := slidingCount(w.PrevCount, w.Count, cost, left, l.Duration)
+	est := SlidingCount(w.PrevCount, w.Count, cost, left, l.Duration)
 
 	if est > l.Points {
 		l.Stats.Refused++
@@ -86,8 +87,8 @@ func (s *windowStore) slide(t *tally, i int, now int64, l *layer, key string, co
 
 		first := !w.Logged
 		w.Logged = true
-		retry := now + slidingWait(w.PrevCount, w.Count, cost, l.Points, left, l.Duration)
-		return t.RefuseAs(i, l, est, retry, []string{formatInt(limit.CeilSeconds(retry))}, first)
+		retry := now + SlidingWait(w.PrevCount, w.Count, cost, l.Points, left, l.Duration)
+		return t.RefuseAs(i, l, est, retry, []string{strconv.FormatInt(limit.CeilSeconds(retry), 10)}, first)
 	}
 
 	w.Count += cost
@@ -106,6 +107,6 @@ func rotate(w *window, l *layer) {
 	w.Reset = w.Start + l.Duration
 	w.Expire = w.Start + l.List.Span
 	w.ResetSec = limit.CeilSeconds(w.Reset)
-	w.ResetH = []string{formatInt(w.ResetSec)}
+	w.ResetH = []string{strconv.FormatInt(w.ResetSec, 10)}
 	l.List.Push(w)
 }

@@ -1,4 +1,4 @@
-package tierlimit
+package memstore
 
 // giveBack returns cost points to each of c's first n layers, which the
 // current request charged before a later layer refused it, under the
@@ -7,7 +7,7 @@ package tierlimit
 // the counts are exact and no other request sees the charge. Each layer's
 // allowed count keeps its own decision: it let the request by. skip has bit
 // i set for a layer that took nothing (tally.uncharged).
-func giveBack(c *charge, n int, cost int64, skip uint64) {
+func GiveBack(c *charge, n int, cost int64, skip uint64) {
 	for i := 0; i < n; i++ {
 		if skip&(uint64(1)<<uint(i)) != 0 {
 			continue
@@ -51,8 +51,8 @@ func unspend(w *window, l *layer, cost int64) {
 // charges global up front for a credentialed request, and the client's ip
 // bucket only once the chain has told a real credential from a garbage one.
 // A window that has ended since is left alone: the charge went with it.
-func (s *windowStore) refund(c *charge, cost int64) {
-	s.mu.Lock()
+func (s *WindowStore) Refund(c *charge, cost int64) {
+	s.Mu.Lock()
 
 	for i, l := range c.Layers {
 		if w := l.Entries[c.Keys[i]]; w != nil && !l.CheckOnly && w.List == l.List && (l.Interval != 0 || w.Reset > c.Now) {
@@ -60,13 +60,13 @@ func (s *windowStore) refund(c *charge, cost int64) {
 		}
 	}
 
-	s.mu.Unlock()
+	s.Mu.Unlock()
 }
 
 // exceptUncharged is layers without those a take left uncharged (a dry-run
 // sliding window or token bucket that would refuse: tally.uncharged), which
 // a refund must not give points back to.
-func exceptUncharged(layers []*layer, uncharged uint64) []*layer {
+func ExceptUncharged(layers []*layer, uncharged uint64) []*layer {
 	if uncharged == 0 {
 		return layers
 	}

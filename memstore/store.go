@@ -1,7 +1,7 @@
-package tierlimit
+package memstore
 
 import (
-	"context"
+	"strconv"
 	"sync"
 	"sync/atomic"
 
@@ -23,24 +23,24 @@ import (
 //
 // Each layer has its own map keyed by the bucket key: under Yaegi a map with a
 // string key is one compiled operation, a struct key is not.
-type windowStore struct {
-	mu        sync.Mutex
-	max       int
+type WindowStore struct {
+	Mu        sync.Mutex
+	Max       int
 	size      int
-	takes     int64                         // requests charged so far: window.taken of the current one
+	Takes     int64                         // requests charged so far: window.taken of the current one
 	evictions int64                         // live counters dropped at the cap (status page, metrics)
-	maps      map[string]map[string]*window // by layer name
-	blocks    map[string]map[string]int64   // by layer name: the end of each blocked key's block (block.go)
+	Maps      map[string]map[string]*window // by layer name
+	Blocks    map[string]map[string]int64   // by layer name: the end of each blocked key's block (block.go)
 	blockHits map[string]map[string]int64   // by layer name: the requests each running block refused (block.go)
 	lists     []*windowList
 	stats     map[string]*layerStats // by layer name
 }
 
 // totals returns a layer's allowed and refused counts, both stores together.
-func (s *windowStore) totals(st *layerStats) (allowed, refused int64) {
-	s.mu.Lock()
+func (s *WindowStore) Totals(st *layerStats) (allowed, refused int64) {
+	s.Mu.Lock()
 	allowed, refused = st.Allowed, st.Refused
-	s.mu.Unlock()
+	s.Mu.Unlock()
 
 	return allowed + atomic.LoadInt64(&st.RedisAllowed), refused + atomic.LoadInt64(&st.RedisRefused)
 }
@@ -49,43 +49,43 @@ func (s *windowStore) totals(st *layerStats) (allowed, refused int64) {
 // follows the number of live keys even below the cap.
 const purgePerInsert = 2
 
-func newWindowStore(capacity int) *windowStore {
-	return &windowStore{max: capacity, maps: map[string]map[string]*window{}, blocks: map[string]map[string]int64{}, stats: map[string]*layerStats{}}
+func NewWindowStore(capacity int) *WindowStore {
+	return &WindowStore{Max: capacity, Maps: map[string]map[string]*window{}, Blocks: map[string]map[string]int64{}, stats: map[string]*layerStats{}}
 }
 
 // evicted returns the live counters dropped at the cap so far.
-func (s *windowStore) evicted() int64 {
-	s.mu.Lock()
+func (s *WindowStore) Evicted() int64 {
+	s.Mu.Lock()
 	n := s.evictions
-	s.mu.Unlock()
+	s.Mu.Unlock()
 
 	return n
 }
 
 // setMax changes the cap; a lower cap takes effect as keys are added.
-func (s *windowStore) setMax(capacity int) {
-	s.mu.Lock()
-	s.max = capacity
-	s.mu.Unlock()
+func (s *WindowStore) SetMax(capacity int) {
+	s.Mu.Lock()
+	s.Max = capacity
+	s.Mu.Unlock()
 }
 
 // attach gives a layer its map and its duration's list in this store. Layers
 // resolve both once, in New, so the request path does no lookup.
-func (s *windowStore) attach(l *layer) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+func (s *WindowStore) Attach(l *layer) {
+	s.Mu.Lock()
+	defer s.Mu.Unlock()
 
-	if s.maps[l.Name] == nil {
-		s.maps[l.Name] = map[string]*window{}
+	if s.Maps[l.Name] == nil {
+		s.Maps[l.Name] = map[string]*window{}
 	}
 
-	l.Entries = s.maps[l.Name]
+	l.Entries = s.Maps[l.Name]
 
-	if s.blocks[l.Name] == nil {
-		s.blocks[l.Name] = map[string]int64{}
+	if s.Blocks[l.Name] == nil {
+		s.Blocks[l.Name] = map[string]int64{}
 	}
 
-	l.Blocks = s.blocks[l.Name]
+	l.Blocks = s.Blocks[l.Name]
 
 	if s.stats[l.Name] == nil {
 		s.stats[l.Name] = &layerStats{}
@@ -155,7 +155,7 @@ func refuseFixed(t *tally, i int, l *layer, w *window, cost int64, all bool) boo
 // changed duration at a reload), or a new counter, charged by the current
 // request (windowStore.takes). Kept out of take so that the common path stays
 // small (doc.go: frames).
-func (s *windowStore) restart(now int64, l *layer, w *window, key string) *window {
+func (s *WindowStore) Restart(now int64, l *layer, w *window, key string) *window {
 	if w != nil {
 		w.List.Unlink(w)
 	} else {
@@ -176,9 +176,9 @@ func (s *windowStore) restart(now int64, l *layer, w *window, key string) *windo
 		alignCalendar(now, l, w)
 	}
 	w.ResetSec = limit.CeilSeconds(w.Reset)
-	w.ResetH = []string{formatInt(w.ResetSec)}
+	w.ResetH = []string{strconv.FormatInt(w.ResetSec, 10)}
 	w.Logged = false
-	w.Taken = s.takes
+	w.Taken = s.Takes
 	l.List.Push(w)
 
 	return w
@@ -190,12 +190,12 @@ func (s *windowStore) restart(now int64, l *layer, w *window, key string) *windo
 // the current request charged: with the cap at least the number of layers
 // (config/check.go), another one is always there to evict, so the layers of one
 // request cannot evict each other's counters.
-func (s *windowStore) makeRoom(now int64, l *windowList) {
+func (s *WindowStore) makeRoom(now int64, l *windowList) {
 	for n := 0; n < purgePerInsert && l.Head != nil && l.Head.Expire <= now; n++ {
 		s.remove(l.Head)
 	}
 
-	if s.size < s.max {
+	if s.size < s.Max {
 		return
 	}
 
@@ -205,7 +205,7 @@ func (s *windowStore) makeRoom(now int64, l *windowList) {
 		}
 	}
 
-	for s.size >= s.max {
+	for s.size >= s.Max {
 		oldest := s.oldestEvictable(false)
 		if oldest == nil {
 			oldest = s.oldestEvictable(true)
@@ -230,16 +230,16 @@ const maxEvictionScan = 256
 // is set, that is not over its limit (refused in its window, w.logged): a
 // limited client must not get back in because other clients filled the
 // table. nil when there is none.
-func (s *windowStore) oldestEvictable(limited bool) *window {
+func (s *WindowStore) oldestEvictable(limited bool) *window {
 	var oldest *window
 
 	for _, other := range s.lists {
 		w := other.Head
-		for n := 0; w != nil && n < maxEvictionScan && (w.Taken == s.takes || w.Logged && !limited); n++ {
+		for n := 0; w != nil && n < maxEvictionScan && (w.Taken == s.Takes || w.Logged && !limited); n++ {
 			w = w.Next
 		}
 
-		if w != nil && w.Taken != s.takes && (limited || !w.Logged) && (oldest == nil || w.Start < oldest.Start) {
+		if w != nil && w.Taken != s.Takes && (limited || !w.Logged) && (oldest == nil || w.Start < oldest.Start) {
 			oldest = w
 		}
 	}
@@ -247,42 +247,63 @@ func (s *windowStore) oldestEvictable(limited bool) *window {
 	return oldest
 }
 
-func (s *windowStore) remove(w *window) {
+func (s *WindowStore) remove(w *window) {
 	w.List.Unlink(w)
-	delete(s.maps[w.Layer], w.Key)
+	delete(s.Maps[w.Layer], w.Key)
 	s.size--
 }
 
-// registry holds one windowStore per middleware name, and for the redis
-// store one blockList, while some instance of the middleware uses them or
-// they hold counts that still matter (lifetime.go, keep.go). Traefik keeps
-// one interpreter per plugin, so this survives configuration reloads and is
-// shared by every router that uses the middleware.
-var registry = &storeRegistry{stores: newKeepingRegistry(storeLive), blocked: newKeepingRegistry(blockListLive)}
-
-type storeRegistry struct {
-	stores  *heldRegistry // *windowStore by middleware name
-	blocked *heldRegistry // *blockList by middleware name: keys known over their limit
+// alignCalendar gives the memory window w, restarted at now, its period.
+func alignCalendar(now int64, l *layer, w *window) {
+	w.Start, w.Reset = limit.Period(now, l.Calendar, l.UtcOffset)
+	w.Expire = w.Reset
 }
 
-// get returns the store of the middleware called name, held until ctx is
-// cancelled, creating it with the cap capacity or applying capacity to the
-// existing one.
-func (r *storeRegistry) get(ctx context.Context, name string, capacity int) *windowStore {
-	v := r.stores.take(ctx, name, func() interface{} { return newWindowStore(capacity) })
-
-	s, _ := v.(*windowStore)
-	s.setMax(capacity)
-
-	return s
+// forget drops key's counter in l, of any algorithm, and reports whether it
+// still counted something: a window not yet over (for a sliding window, one
+// whose count still weighs on the next), a token bucket not yet full.
+func (s *WindowStore) Forget(l *layer, key string, now int64) bool {
+	return s.ForgetKey(l.Name, key, now)
 }
 
-// blockListFor returns the list of keys known over their limit for the
-// middleware called name (redis store), held until ctx is cancelled.
-func (r *storeRegistry) blockListFor(ctx context.Context, name string, capacity int) *blockList {
-	v := r.blocked.take(ctx, name, func() interface{} { return newBlockList(capacity) })
+// forgetKey is forget by the layer's name, for a reset another replica sent.
+func (s *WindowStore) ForgetKey(layer, key string, now int64) bool {
+	s.Mu.Lock()
+	defer s.Mu.Unlock()
 
-	b, _ := v.(*blockList)
+	w := s.Maps[layer][key]
+	if w == nil {
+		return false
+	}
 
-	return b
+	if w.List != nil {
+		w.List.Unlink(w)
+	}
+
+	delete(s.Maps[layer], key)
+	s.size--
+
+	return w.Expire > now
+}
+
+// count returns the number of counters held, expired or not.
+func (s *WindowStore) Count() int {
+	s.Mu.Lock()
+	defer s.Mu.Unlock()
+
+	return s.size
+}
+
+// peek returns the count and reset of a live window without charging it;
+// count is 0 when the key has no live window.
+func (s *WindowStore) Peek(now int64, layer, key string) (count, reset int64) {
+	s.Mu.Lock()
+	defer s.Mu.Unlock()
+
+	w := s.Maps[layer][key]
+	if w == nil || w.Reset <= now {
+		return 0, 0
+	}
+
+	return w.Count, w.Reset
 }

@@ -1,0 +1,28 @@
+package memstore
+
+import "github.com/tierlimit/tierlimit/rule"
+
+// The root names the rule package's types and constants through these
+// aliases, not qualified: under Yaegi a function that names another
+// package's type or constant allocates once more per call for each such name
+// (doc.go: qualified names).
+
+const keyOfClient = rule.KeyOfClient
+const keyOfConst = rule.KeyOfConst
+const keyOfHeader = rule.KeyOfHeader
+const keyOfHost = rule.KeyOfHost
+const keyOfPrincipal = rule.KeyOfPrincipal
+const keyOfPrincipalElseClient = rule.KeyOfPrincipalElseClient
+const maxPrecomputed = rule.MaxPrecomputed
+
+type charge = rule.Charge
+type headerTable = rule.HeaderTable
+type layer = rule.Layer
+type layerStats = rule.Stats
+type limits = rule.Limits
+type monthPolicy = rule.MonthPolicy
+type redisEncoding = rule.RedisEncoding
+type refusal = rule.Refusal
+type tally = rule.Tally
+type window = rule.Window
+type windowList = rule.WindowList
