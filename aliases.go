@@ -1,7 +1,11 @@
 package tierlimit
 
-import "github.com/tierlimit/tierlimit/memstore"
-import "github.com/tierlimit/tierlimit/rule"
+import (
+	"github.com/tierlimit/tierlimit/events"
+	"github.com/tierlimit/tierlimit/lifetime"
+	"github.com/tierlimit/tierlimit/memstore"
+	"github.com/tierlimit/tierlimit/rule"
+)
 
 // The root names the rule package's types and constants through these
 // aliases, not qualified: under Yaegi a function that names another
@@ -32,3 +36,17 @@ const maxHostKeyLen = memstore.MaxHostKeyLen
 
 type blockedKey = memstore.BlockedKey
 type windowStore = memstore.WindowStore
+
+const releaseGrace = lifetime.ReleaseGrace
+
+type heldRegistry = lifetime.HeldRegistry
+
+const outageQuiet = events.OutageQuiet
+const outageReminder = events.OutageReminder
+const outageStale = events.OutageStale
+const outageStarts = events.OutageStarts
+
+type eventLog = events.EventLog
+type redisEvent = events.RedisEvent
+type redisOutage = events.RedisOutage
+type resetReport = events.ResetReport

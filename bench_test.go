@@ -3,6 +3,7 @@ package tierlimit
 import (
 	"context"
 	"fmt"
+	"github.com/tierlimit/tierlimit/events"
 	"io"
 	"net/http"
 	"testing"
@@ -58,7 +59,7 @@ func benchPlugin(b *testing.B, mutate func(c *Config)) http.Handler {
 		b.Fatal(err)
 	}
 
-	pluginOf(h).events = newEventLog(io.Discard, "bench")
+	pluginOf(h).events = events.NewEventLog(io.Discard, "bench")
 
 	return h
 }

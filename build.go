@@ -2,6 +2,7 @@ package tierlimit
 
 import (
 	"context"
+	"github.com/tierlimit/tierlimit/events"
 	"net/http"
 	"net/netip"
 	"strconv"
@@ -107,7 +108,7 @@ func build(ctx context.Context, cfg *config.Settings, next http.Handler, name st
 		name:    name,
 		now:     time.Now,
 		mode:    chooseMode(cfg),
-		events:  newEventLog(eventWriter, name),
+		events:  events.NewEventLog(events.EventWriter, name),
 		ips:     &request.Resolver{Proxies: cfg.Proxies, Hops: cfg.Hops, IPv6Prefix: cfg.IPv6Prefix, Cache: request.NewKeyCache()},
 		store:   memory,
 		memory:  memory,

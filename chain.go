@@ -1,8 +1,9 @@
 package tierlimit
 
 import (
-	"github.com/tierlimit/tierlimit/memstore"
 	"net/http"
+
+	"github.com/tierlimit/tierlimit/memstore"
 )
 
 // In the recommended chain [edge, ForwardAuth, principal instance] the edge

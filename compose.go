@@ -1,7 +1,9 @@
 package tierlimit
 
-import "github.com/tierlimit/tierlimit/memstore"
-import "github.com/tierlimit/tierlimit/rule"
+import (
+	"github.com/tierlimit/tierlimit/memstore"
+	"github.com/tierlimit/tierlimit/rule"
+)
 
 // blockingStore is the memory store of an instance with a blockDuration
 // layer: it checks the blocks before windowStore.take and starts one after a

@@ -2,6 +2,7 @@ package tierlimit
 
 import (
 	"encoding/json"
+	"github.com/tierlimit/tierlimit/events"
 	"strings"
 	"testing"
 	"time"
@@ -14,7 +15,7 @@ func TestRateLimitEventCarriesTime(t *testing.T) {
 
 	zone := time.FixedZone("UTC+2", 2*3600)
 	at := time.Date(2026, 6, 15, 12, 0, 0, 250e6, zone)
-	h.p.events.now = func() time.Time { return at }
+	h.p.events.Now = func() time.Time { return at }
 
 	h.get("/", "203.0.113.9:1")
 	h.get("/", "203.0.113.9:1")
@@ -38,7 +39,7 @@ func TestRateLimitEventCarriesTime(t *testing.T) {
 // TestRedisEventLineCarriesTime: a Redis event's line has "time" first, in
 // UTC, from the time it is given, and keeps every other field.
 func TestRedisEventLineCarriesTime(t *testing.T) {
-	line, err := redisEventLine(redisEvent{Event: "REDIS_UNAVAILABLE", Severity: "error", Address: "127.0.0.1:6379",
+	line, err := events.RedisEventLine(redisEvent{Event: "REDIS_UNAVAILABLE", Severity: "error", Address: "127.0.0.1:6379",
 		Error: "boom", Fallback: "memory", RetryIn: "200ms"}, t0+int64(5*time.Millisecond))
 	if err != nil {
 		t.Fatalf("redisEventLine: %v", err)
@@ -68,20 +69,20 @@ func TestOutageIsOneEvent(t *testing.T) {
 
 	// Calls in flight when Redis fails: the first starts the outage.
 	for i := 0; i < 10; i++ {
-		count(outageFailed(&o, t0+int64(i)*ms, false))
+		count(events.OutageFailed(&o, t0+int64(i)*ms, false))
 	}
 
 	// Calls in flight from before the failure that still succeed say
 	// nothing of Redis now.
 	for i := 0; i < 5; i++ {
-		if outageSucceeded(&o, t0+int64(i)*ms, false) {
+		if events.OutageSucceeded(&o, t0+int64(i)*ms, false) {
 			t.Fatal("a call in flight at the failure ended the outage")
 		}
 	}
 
 	// Probes fail every 5s for three minutes: one reminder a minute.
 	for now := t0 + 200*ms; now < t0+int64(3*time.Minute); now += 5000 * ms {
-		count(outageFailed(&o, now, true))
+		count(events.OutageFailed(&o, now, true))
 	}
 
 	if lines != 3 {
@@ -89,21 +90,21 @@ func TestOutageIsOneEvent(t *testing.T) {
 	}
 
 	end := t0 + int64(3*time.Minute)
-	if !outageSucceeded(&o, end, true) {
+	if !events.OutageSucceeded(&o, end, true) {
 		t.Fatal("the probe's success did not end the outage")
 	}
 
-	if outageSucceeded(&o, end+ms, true) {
+	if events.OutageSucceeded(&o, end+ms, true) {
 		t.Fatal("the outage ended twice")
 	}
 
 	// A call that started before that probe and fails afterwards reports
 	// the outage that ended, not a new one.
-	if kind := outageFailed(&o, end-ms, false); kind != outageStale {
+	if kind := events.OutageFailed(&o, end-ms, false); kind != outageStale {
 		t.Fatalf("a stale failure: %d, want outageStale", kind)
 	}
 
-	if kind := outageFailed(&o, end+ms, false); kind != outageStarts {
+	if kind := events.OutageFailed(&o, end+ms, false); kind != outageStarts {
 		t.Fatalf("a failure after the recovery: %d, want a new outage", kind)
 	}
 }

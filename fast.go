@@ -76,7 +76,7 @@ func refuseOther(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer,
 	// The event's keys are found again here, off the common refusal.
 	if first {
 		client := clientKey(p.ips, req)
-		p.events.refused(l.Name, keyFor(l, client, request.PrincipalOf(p.UserHeader, req), nil), client, l.DryRun)
+		p.events.Refused(l.Name, keyFor(l, client, request.PrincipalOf(p.UserHeader, req), nil), client, l.DryRun)
 	}
 
 	setHeaders(rw.Header(), l, 0, reset, resetH, now)

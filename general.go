@@ -78,7 +78,7 @@ func verdict(p *Plugin, rw http.ResponseWriter, req *http.Request, t *tally, c *
 func serveUpgrade(p *Plugin, out, rw http.ResponseWriter, req *http.Request, client string) {
 	ok, first := p.ws.acquire(client)
 	if first {
-		p.events.refused(p.wsLayer.Name, client, client, p.dryRun)
+		p.events.Refused(p.wsLayer.Name, client, client, p.dryRun)
 	}
 
 	if !ok && !p.dryRun {
@@ -113,7 +113,7 @@ func reportTally(p *Plugin, rw http.ResponseWriter, t *tally, c *charge) {
 func report(p *Plugin, c *charge, firsts uint64) {
 	for i, l := range c.Layers {
 		if i < 63 && firsts&(uint64(1)<<uint(i)) != 0 {
-			p.events.refused(l.Name, c.Keys[i], c.Client, l.DryRun)
+			p.events.Refused(l.Name, c.Keys[i], c.Client, l.DryRun)
 		}
 	}
 }

@@ -2,12 +2,13 @@ package tierlimit
 
 import (
 	"bytes"
-	"github.com/tierlimit/tierlimit/memstore"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tierlimit/tierlimit/memstore"
 
 	"github.com/tierlimit/tierlimit/redisresp"
 )

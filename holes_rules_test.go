@@ -3,6 +3,7 @@ package tierlimit
 import (
 	"bytes"
 	"context"
+	"github.com/tierlimit/tierlimit/events"
 	"net/http"
 	"strconv"
 	"strings"
@@ -117,8 +118,8 @@ func reload(t *testing.T, h *harness, mutate func(c *Config)) *harness {
 
 	r := &harness{t: t, h: handler, p: pluginOf(handler), clock: h.clock, events: &bytes.Buffer{}}
 	r.p.now = r.clock.Now
-	r.p.events = newEventLog(r.events, r.p.name)
-	r.p.events.now = r.clock.Now
+	r.p.events = events.NewEventLog(r.events, r.p.name)
+	r.p.events.Now = r.clock.Now
 
 	return r
 }

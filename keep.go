@@ -1,7 +1,11 @@
 package tierlimit
 
-import "github.com/tierlimit/tierlimit/memstore"
-import "context"
+import (
+	"context"
+
+	"github.com/tierlimit/tierlimit/lifetime"
+	"github.com/tierlimit/tierlimit/memstore"
+)
 
 // What an unheld registry entry still holds that matters (lifetime.go): the
 // live functions of the registries that hold counts. Each returns until when
@@ -90,7 +94,7 @@ func connLive(v interface{}, now int64) int64 {
 // they hold counts that still matter (lifetime.go, keep.go). Traefik keeps
 // one interpreter per plugin, so this survives configuration reloads and is
 // shared by every router that uses the middleware.
-var registry = &storeRegistry{stores: newKeepingRegistry(storeLive), blocked: newKeepingRegistry(blockListLive)}
+var registry = &storeRegistry{stores: lifetime.NewKeepingRegistry(storeLive), blocked: lifetime.NewKeepingRegistry(blockListLive)}
 
 type storeRegistry struct {
 	stores  *heldRegistry // *windowStore by middleware name
@@ -101,7 +105,7 @@ type storeRegistry struct {
 // cancelled, creating it with the cap capacity or applying capacity to the
 // existing one.
 func (r *storeRegistry) get(ctx context.Context, name string, capacity int) *windowStore {
-	v := r.stores.take(ctx, name, func() interface{} { return memstore.NewWindowStore(capacity) })
+	v := r.stores.Take(ctx, name, func() interface{} { return memstore.NewWindowStore(capacity) })
 
 	s, _ := v.(*windowStore)
 	s.SetMax(capacity)
@@ -112,7 +116,7 @@ func (r *storeRegistry) get(ctx context.Context, name string, capacity int) *win
 // blockListFor returns the list of keys known over their limit for the
 // middleware called name (redis store), held until ctx is cancelled.
 func (r *storeRegistry) blockListFor(ctx context.Context, name string, capacity int) *blockList {
-	v := r.blocked.take(ctx, name, func() interface{} { return newBlockList(capacity) })
+	v := r.blocked.Take(ctx, name, func() interface{} { return newBlockList(capacity) })
 
 	b, _ := v.(*blockList)
 

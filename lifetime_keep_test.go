@@ -2,9 +2,11 @@ package tierlimit
 
 import (
 	"context"
-	"github.com/tierlimit/tierlimit/memstore"
 	"testing"
 	"time"
+
+	"github.com/tierlimit/tierlimit/lifetime"
+	"github.com/tierlimit/tierlimit/memstore"
 
 	"github.com/tierlimit/tierlimit/config"
 )
@@ -23,8 +25,8 @@ type keepTimer struct {
 
 func newKeepTimers(r *heldRegistry, now int64) *keepTimers {
 	kt := &keepTimers{now: now, started: make(chan keepTimer, 16)}
-	r.now = func() time.Time { return time.Unix(0, kt.now) }
-	r.after = func(d time.Duration, f func()) { kt.started <- keepTimer{d, f} }
+	r.Now = func() time.Time { return time.Unix(0, kt.now) }
+	r.After = func(d time.Duration, f func()) { kt.started <- keepTimer{d, f} }
 
 	return kt
 }
@@ -69,7 +71,7 @@ func keepStore(t *testing.T, r *heldRegistry, kt *keepTimers, charge func(s *win
 	t.Helper()
 
 	ctx, cancel := context.WithCancel(context.Background())
-	s, _ := r.take(ctx, "rl@file", newTestStore).(*windowStore)
+	s, _ := r.Take(ctx, "rl@file", newTestStore).(*windowStore)
 	charge(s)
 	cancel()
 
@@ -102,7 +104,7 @@ func TestUnheldCountersOutliveTheGraceUntilTheirEnd(t *testing.T) {
 	}
 
 	for _, c := range cases {
-		r := newKeepingRegistry(storeLive)
+		r := lifetime.NewKeepingRegistry(storeLive)
 		kt := newKeepTimers(r, t0)
 
 		var l *layer
@@ -123,7 +125,7 @@ func TestUnheldCountersOutliveTheGraceUntilTheirEnd(t *testing.T) {
 		// is checked again at their end.
 		kt.fire(grace)
 
-		if r.size() != 1 {
+		if r.Size() != 1 {
 			t.Fatalf("%s: counters released at the grace while they still count", c.name)
 		}
 
@@ -133,13 +135,13 @@ func TestUnheldCountersOutliveTheGraceUntilTheirEnd(t *testing.T) {
 		}
 
 		// The same name configured again meanwhile takes its counts back.
-		if again, _ := r.take(context.Background(), "rl@file", newTestStore).(*windowStore); again != s {
+		if again, _ := r.Take(context.Background(), "rl@file", newTestStore).(*windowStore); again != s {
 			t.Fatalf("%s: the middleware configured again got new counters", c.name)
 		}
 
 		kt.fire(tm) // held: a stale timer releases nothing
 
-		if r.size() != 1 {
+		if r.Size() != 1 {
 			t.Fatalf("%s: released while held again", c.name)
 		}
 	}
@@ -149,7 +151,7 @@ func TestUnheldCountersOutliveTheGraceUntilTheirEnd(t *testing.T) {
 // released at the end of its last window; an empty store, or one whose
 // windows all ended, goes at the grace as before.
 func TestUnheldCountersReleasedWhenTheyEnd(t *testing.T) {
-	r := newKeepingRegistry(storeLive)
+	r := lifetime.NewKeepingRegistry(storeLive)
 	kt := newKeepTimers(r, t0)
 
 	_, grace := keepStore(t, r, kt, func(s *windowStore) {
@@ -168,14 +170,14 @@ func TestUnheldCountersReleasedWhenTheyEnd(t *testing.T) {
 
 	kt.fire(tm)
 
-	if r.size() != 0 {
+	if r.Size() != 0 {
 		t.Fatal("kept after its last window ended")
 	}
 
 	kt.none(t)
 
 	for _, name := range []string{"empty", "ended"} {
-		r := newKeepingRegistry(storeLive)
+		r := lifetime.NewKeepingRegistry(storeLive)
 		kt := newKeepTimers(r, t0)
 		name := name
 
@@ -188,7 +190,7 @@ func TestUnheldCountersReleasedWhenTheyEnd(t *testing.T) {
 
 		kt.fire(grace)
 
-		if r.size() != 0 {
+		if r.Size() != 0 {
 			t.Fatalf("%s store kept past the grace", name)
 		}
 
@@ -199,24 +201,24 @@ func TestUnheldCountersReleasedWhenTheyEnd(t *testing.T) {
 // TestUnheldBlockListKeptUntilItsBlocksEnd: the Redis store's list of keys
 // known blocked is kept while a block runs.
 func TestUnheldBlockListKeptUntilItsBlocksEnd(t *testing.T) {
-	r := newKeepingRegistry(blockListLive)
+	r := lifetime.NewKeepingRegistry(blockListLive)
 	kt := newKeepTimers(r, t0)
 
 	ctx, cancel := context.WithCancel(context.Background())
-	b, _ := r.take(ctx, "rl@file", func() interface{} { return newBlockList(100) }).(*blockList)
+	b, _ := r.Take(ctx, "rl@file", func() interface{} { return newBlockList(100) }).(*blockList)
 	b.add("ip\x00args\x00", "198.51.100.7", t0+int64(time.Hour), t0)
 	cancel()
 
 	kt.fire(kt.next(t))
 
 	tm := kt.next(t)
-	if at := kt.now + int64(tm.d); at != t0+int64(time.Hour) || r.size() != 1 {
-		t.Fatalf("block list: %d entries, checked again at +%s, want kept to +1h0m0s", r.size(), time.Duration(at-t0))
+	if at := kt.now + int64(tm.d); at != t0+int64(time.Hour) || r.Size() != 1 {
+		t.Fatalf("block list: %d entries, checked again at +%s, want kept to +1h0m0s", r.Size(), time.Duration(at-t0))
 	}
 
 	kt.fire(tm)
 
-	if r.size() != 0 {
+	if r.Size() != 0 {
 		t.Fatal("block list kept after its blocks ended")
 	}
 }
@@ -226,11 +228,11 @@ func TestUnheldBlockListKeptUntilItsBlocksEnd(t *testing.T) {
 // (checked every grace) until they close, so the middleware configured
 // again does not admit maxConnectionsPerIP more.
 func TestUnheldConnectionCounterKeptWhileConnectionsAreOpen(t *testing.T) {
-	r := newKeepingRegistry(connLive)
+	r := lifetime.NewKeepingRegistry(connLive)
 	kt := newKeepTimers(r, t0)
 
 	ctx, cancel := context.WithCancel(context.Background())
-	c, _ := r.take(ctx, "rl@file", func() interface{} {
+	c, _ := r.Take(ctx, "rl@file", func() interface{} {
 		return &connCounter{byIP: map[string]int{}, logged: map[string]bool{}, max: 5}
 	}).(*connCounter)
 	c.acquire("198.51.100.7")
@@ -239,14 +241,14 @@ func TestUnheldConnectionCounterKeptWhileConnectionsAreOpen(t *testing.T) {
 	kt.fire(kt.next(t))
 
 	tm := kt.next(t)
-	if tm.d != releaseGrace || r.size() != 1 {
-		t.Fatalf("with a connection open: %d entries, checked again in %s", r.size(), tm.d)
+	if tm.d != releaseGrace || r.Size() != 1 {
+		t.Fatalf("with a connection open: %d entries, checked again in %s", r.Size(), tm.d)
 	}
 
 	c.release("198.51.100.7")
 	kt.fire(tm)
 
-	if r.size() != 0 {
+	if r.Size() != 0 {
 		t.Fatal("connection counter kept after its connections closed")
 	}
 }

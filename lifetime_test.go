@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tierlimit/tierlimit/lifetime"
+
 	"github.com/tierlimit/tierlimit/redisresp"
 )
 
@@ -17,7 +19,7 @@ type fakeTimers struct {
 
 func newFakeTimers(r *heldRegistry) *fakeTimers {
 	ft := &fakeTimers{started: make(chan func(), 16)}
-	r.after = func(d time.Duration, f func()) {
+	r.After = func(d time.Duration, f func()) {
 		if d != releaseGrace {
 			panic("grace timer of " + d.String())
 		}
@@ -57,14 +59,14 @@ func newValue() interface{} { return new(int) }
 func TestHeldRegistryKeepsAnEntryTakenAgainWithinTheGrace(t *testing.T) {
 	var closed []interface{}
 
-	r := newHeldRegistry(func(v interface{}) { closed = append(closed, v) })
+	r := lifetime.NewHeldRegistry(func(v interface{}) { closed = append(closed, v) })
 	ft := newFakeTimers(r)
 
 	// Two routers of the first configuration use the middleware.
 	ctx1, cancel1 := context.WithCancel(context.Background())
-	a := r.take(ctx1, "mw@file", newValue)
+	a := r.Take(ctx1, "mw@file", newValue)
 
-	if b := r.take(ctx1, "mw@file", newValue); b != a {
+	if b := r.Take(ctx1, "mw@file", newValue); b != a {
 		t.Fatal("two instances of one configuration got two entries")
 	}
 
@@ -76,14 +78,14 @@ func TestHeldRegistryKeepsAnEntryTakenAgainWithinTheGrace(t *testing.T) {
 	ctx2, cancel2 := context.WithCancel(context.Background())
 	defer cancel2()
 
-	if b := r.take(ctx2, "mw@file", newValue); b != a {
+	if b := r.Take(ctx2, "mw@file", newValue); b != a {
 		t.Fatal("the next configuration's New got a new entry: counters lost at the reload")
 	}
 
 	fire()
 
-	if r.size() != 1 || len(closed) != 0 {
-		t.Fatalf("an entry the next configuration holds was released: %d entries, closed %v", r.size(), closed)
+	if r.Size() != 1 || len(closed) != 0 {
+		t.Fatalf("an entry the next configuration holds was released: %d entries, closed %v", r.Size(), closed)
 	}
 
 	ft.none(t)
@@ -92,36 +94,36 @@ func TestHeldRegistryKeepsAnEntryTakenAgainWithinTheGrace(t *testing.T) {
 func TestHeldRegistryReleasesAnEntryNobodyTookAgain(t *testing.T) {
 	var closed []interface{}
 
-	r := newHeldRegistry(func(v interface{}) { closed = append(closed, v) })
+	r := lifetime.NewHeldRegistry(func(v interface{}) { closed = append(closed, v) })
 	ft := newFakeTimers(r)
 
 	ctx, cancel := context.WithCancel(context.Background())
-	a := r.take(ctx, "old@file", newValue)
+	a := r.Take(ctx, "old@file", newValue)
 	cancel()
 	ft.next(t)()
 
-	if r.size() != 0 || len(closed) != 1 || closed[0] != a {
-		t.Fatalf("after the grace: %d entries, closed %v", r.size(), closed)
+	if r.Size() != 0 || len(closed) != 1 || closed[0] != a {
+		t.Fatalf("after the grace: %d entries, closed %v", r.Size(), closed)
 	}
 
 	// Taken again later, it is a new entry.
-	if b := r.take(context.Background(), "old@file", newValue); b == a {
+	if b := r.Take(context.Background(), "old@file", newValue); b == a {
 		t.Fatal("a released entry came back")
 	}
 }
 
 func TestHeldRegistryIgnoresAGraceTimerOlderThanTheLastRelease(t *testing.T) {
-	r := newHeldRegistry(nil)
+	r := lifetime.NewHeldRegistry(nil)
 	ft := newFakeTimers(r)
 
 	ctx1, cancel1 := context.WithCancel(context.Background())
-	r.take(ctx1, "mw@file", newValue)
+	r.Take(ctx1, "mw@file", newValue)
 	cancel1()
 
 	first := ft.next(t)
 
 	ctx2, cancel2 := context.WithCancel(context.Background())
-	r.take(ctx2, "mw@file", newValue)
+	r.Take(ctx2, "mw@file", newValue)
 	cancel2()
 
 	second := ft.next(t)
@@ -129,47 +131,47 @@ func TestHeldRegistryIgnoresAGraceTimerOlderThanTheLastRelease(t *testing.T) {
 	// The first timer ends less than a grace after the second release.
 	first()
 
-	if r.size() != 1 {
+	if r.Size() != 1 {
 		t.Fatal("released by a timer started before the entry was taken again")
 	}
 
 	second()
 
-	if r.size() != 0 {
+	if r.Size() != 0 {
 		t.Fatal("not released a grace after its last holder went")
 	}
 }
 
 func TestHeldRegistryHeldForeverWithoutCancellation(t *testing.T) {
-	r := newHeldRegistry(nil)
+	r := lifetime.NewHeldRegistry(nil)
 	ft := newFakeTimers(r)
 
-	r.take(context.Background(), "mw@file", newValue)
+	r.Take(context.Background(), "mw@file", newValue)
 	ft.none(t)
 
-	if r.size() != 1 {
+	if r.Size() != 1 {
 		t.Fatal("entry lost")
 	}
 }
 
 func TestHeldRegistryCallbacksRecoverFromPanics(t *testing.T) {
-	r := newHeldRegistry(func(interface{}) { panic("closing") })
+	r := lifetime.NewHeldRegistry(func(interface{}) { panic("closing") })
 	ft := newFakeTimers(r)
 
 	ctx, cancel := context.WithCancel(context.Background())
-	r.take(ctx, "mw@file", newValue)
+	r.Take(ctx, "mw@file", newValue)
 	cancel()
 
 	ft.next(t)() // would take the test binary down if it panicked
 
-	if r.size() != 0 {
+	if r.Size() != 0 {
 		t.Fatal("entry kept")
 	}
 }
 
 func TestReleasedBackendClosesItsPool(t *testing.T) {
 	s := newCannedRedis(t, "+PONG\r\n")
-	reg := &backendRegistry{byConfig: newHeldRegistry(closeBackend)}
+	reg := &backendRegistry{byConfig: lifetime.NewHeldRegistry(closeBackend)}
 	ft := newFakeTimers(reg.byConfig)
 
 	opts := redisresp.Options{Address: s.l.Addr().String(), Timeout: time.Second, PoolSize: 4}
@@ -196,7 +198,7 @@ func TestReleasedBackendClosesItsPool(t *testing.T) {
 		t.Fatalf("pool of a released backend: %v, want ErrClosed", err)
 	}
 
-	if reg.byConfig.size() != 1 {
-		t.Fatalf("%d backends, want the one still held", reg.byConfig.size())
+	if reg.byConfig.Size() != 1 {
+		t.Fatalf("%d backends, want the one still held", reg.byConfig.Size())
 	}
 }

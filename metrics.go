@@ -100,10 +100,10 @@ func (p *Plugin) layerMetrics(b *strings.Builder, labels []string) {
 func registryMetrics(b *strings.Builder) {
 	family(b, "tierlimit_registry_entries", "gauge",
 		"Entries in the plugin's process-wide registries: what the current configuration uses, plus what it stopped using in the last 10 seconds or that still holds counts (windows, blocks, open connections).")
-	sample(b, "tierlimit_registry_entries", `registry="stores"`, strconv.Itoa(registry.stores.size()))
-	sample(b, "tierlimit_registry_entries", `registry="blocklists"`, strconv.Itoa(registry.blocked.size()))
-	sample(b, "tierlimit_registry_entries", `registry="connections"`, strconv.Itoa(connCounters.byName.size()))
-	sample(b, "tierlimit_registry_entries", `registry="redis"`, strconv.Itoa(backends.byConfig.size()))
+	sample(b, "tierlimit_registry_entries", `registry="stores"`, strconv.Itoa(registry.stores.Size()))
+	sample(b, "tierlimit_registry_entries", `registry="blocklists"`, strconv.Itoa(registry.blocked.Size()))
+	sample(b, "tierlimit_registry_entries", `registry="connections"`, strconv.Itoa(connCounters.byName.Size()))
+	sample(b, "tierlimit_registry_entries", `registry="redis"`, strconv.Itoa(backends.byConfig.Size()))
 }
 
 func family(b *strings.Builder, name, kind, help string) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"github.com/tierlimit/tierlimit/events"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -76,8 +77,8 @@ func newHarness(t *testing.T, mutate func(c *Config)) *harness {
 	h.h = handler
 	h.p = pluginOf(handler)
 	h.p.now = h.clock.Now
-	h.p.events = newEventLog(h.events, name)
-	h.p.events.now = h.clock.Now
+	h.p.events = events.NewEventLog(h.events, name)
+	h.p.events.Now = h.clock.Now
 
 	return h
 }

@@ -4,13 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/tierlimit/tierlimit/memstore"
+	"github.com/tierlimit/tierlimit/events"
 	"io"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/tierlimit/tierlimit/lifetime"
+	"github.com/tierlimit/tierlimit/memstore"
 
 	"github.com/tierlimit/tierlimit/limit"
 
@@ -836,7 +839,7 @@ func (b *redisBackend) succeeded(now int64) {
 		b.event("REDIS_RECOVERED", "info", "", 0, now)
 	}
 
-	outageSucceeded(&b.outage, now, true)
+	events.OutageSucceeded(&b.outage, now, true)
 	b.failing, b.probing, b.backoff = false, false, 0
 	b.down.Store(false)
 	debts := b.debts
@@ -855,7 +858,7 @@ func (b *redisBackend) succeeded(now int64) {
 func (b *redisBackend) failed(now int64, probe bool, err error) {
 	b.mu.Lock()
 
-	kind := outageFailed(&b.outage, now, probe)
+	kind := events.OutageFailed(&b.outage, now, probe)
 	if kind == outageStale {
 		b.mu.Unlock()
 		return
@@ -904,24 +907,10 @@ func (b *redisBackend) switched(from, to string) {
 		b.resets.resubscribe()
 	}
 
-	line, err := redisEventLine(redisEvent{Event: "REDIS_PRIMARY_CHANGED", Severity: "info", Address: b.address, Primary: to, Previous: from}, time.Now().UnixNano())
+	line, err := events.RedisEventLine(redisEvent{Event: "REDIS_PRIMARY_CHANGED", Severity: "info", Address: b.address, Primary: to, Previous: from}, time.Now().UnixNano())
 	if err == nil {
 		_, _ = b.log.Write(line)
 	}
-}
-
-// redisEvent is a Redis event line: its time first, set when it is written
-// (redisEventLine).
-type redisEvent struct {
-	Time     string `json:"time"`
-	Event    string `json:"event"`
-	Severity string `json:"severity"`
-	Address  string `json:"address"`
-	Primary  string `json:"primary,omitempty"`
-	Previous string `json:"previous,omitempty"`
-	Error    string `json:"error,omitempty"`
-	Fallback string `json:"fallback,omitempty"`
-	RetryIn  string `json:"retryIn,omitempty"`
 }
 
 func (b *redisBackend) event(name, severity, msg string, retry time.Duration, now int64) {
@@ -934,7 +923,7 @@ func (b *redisBackend) event(name, severity, msg string, retry time.Duration, no
 		ev.RetryIn = retry.String()
 	}
 
-	line, err := redisEventLine(ev, now)
+	line, err := events.RedisEventLine(ev, now)
 	if err != nil {
 		return
 	}
@@ -946,7 +935,7 @@ func (b *redisBackend) event(name, severity, msg string, retry time.Duration, no
 // middlewares, routers and reloads, so reloads do not open new pools. A
 // backend no instance uses any more is released (lifetime.go) and its pool
 // closed: idle connections at once, busy ones when their call returns.
-var backends = &backendRegistry{byConfig: newHeldRegistry(closeBackend)}
+var backends = &backendRegistry{byConfig: lifetime.NewHeldRegistry(closeBackend)}
 
 type backendRegistry struct {
 	byConfig *heldRegistry // *redisBackend by configuration
@@ -965,7 +954,7 @@ func closeBackend(v interface{}) {
 func (r *backendRegistry) get(ctx context.Context, opts redisresp.Options) *redisBackend {
 	id := opts.Key()
 
-	v := r.byConfig.take(ctx, id, func() interface{} {
+	v := r.byConfig.Take(ctx, id, func() interface{} {
 		return newBackend(opts)
 	})
 
@@ -977,7 +966,7 @@ func (r *backendRegistry) get(ctx context.Context, opts redisresp.Options) *redi
 // newBackend makes the client opts describe: a pool, a Sentinel's primary
 // (whose switches it logs) or a cluster.
 func newBackend(opts redisresp.Options) *redisBackend {
-	b := &redisBackend{pool: redisresp.NewClient(opts), address: opts.Target(), log: eventWriter}
+	b := &redisBackend{pool: redisresp.NewClient(opts), address: opts.Target(), log: events.EventWriter}
 	b.probe.done = make(chan struct{})
 	if sc, ok := b.pool.(*redisresp.Sentinel); ok {
 		sc.OnSwitch = b.switched

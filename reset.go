@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/tierlimit/tierlimit/events"
 	"net/http"
 	"time"
 
@@ -33,32 +34,6 @@ const (
 	redisAbsent      = "absent"
 	redisUnavailable = "unavailable"
 )
-
-// resetReport is the reset's answer: what it cleared. Redis is left out with
-// the memory store.
-type resetReport struct {
-	Error     string `json:"error,omitempty"`
-	Layer     string `json:"layer"`
-	Key       string `json:"key"`
-	Memory    bool   `json:"memory"`
-	BlockList bool   `json:"blockList"`
-	Redis     string `json:"redis,omitempty"`
-}
-
-// resetEvent is the RATE_LIMIT_RESET log line: who reset which key, and what
-// that cleared. Limiter names the layer, as in RATE_LIMIT_TRIGGERED.
-type resetEvent struct {
-	Time       string `json:"time"`
-	Event      string `json:"event"`
-	Severity   string `json:"severity"`
-	Limiter    string `json:"limiter"`
-	Key        string `json:"key"`
-	Operator   string `json:"operator"`
-	Middleware string `json:"middleware"`
-	Memory     bool   `json:"memory"`
-	BlockList  bool   `json:"blockList"`
-	Redis      string `json:"redis,omitempty"`
-}
 
 // serveReset answers a request for <status.path>/reset from an allowed client.
 func serveReset(p *Plugin, rw http.ResponseWriter, req *http.Request) {
@@ -96,7 +71,7 @@ func resetKey(p *Plugin, req *http.Request) ([]byte, int) {
 	}
 
 	r := clearKey(p, p.layers[i], key)
-	p.events.reset(r, operatorOf(p, req))
+	p.events.Reset(r, operatorOf(p, req))
 
 	code := http.StatusOK
 
@@ -154,20 +129,6 @@ func operatorOf(p *Plugin, req *http.Request) string {
 	}
 
 	return a.String()
-}
-
-// reset logs an operator's reset, whatever it cleared.
-func (e *eventLog) reset(r resetReport, operator string) {
-	line, err := json.Marshal(resetEvent{
-		Time:  eventTime(e.now().UnixNano()),
-		Event: "RATE_LIMIT_RESET", Severity: "info", Limiter: r.Layer, Key: r.Key, Operator: operator,
-		Middleware: e.middleware, Memory: r.Memory, BlockList: r.BlockList, Redis: r.Redis,
-	})
-	if err != nil {
-		return
-	}
-
-	_, _ = e.out.Write(append(line, '\n'))
 }
 
 // forget drops a block list entry (layer.blockPrefix + key) and reports
@@ -300,7 +261,7 @@ func (s *redisStore) deleteKeys(keys []string, channel, message string) (int64, 
 
 // logResetFailure logs a reset that could not reach Redis.
 func (b *redisBackend) logResetFailure(err error) {
-	line, jerr := redisEventLine(redisEvent{Event: "REDIS_RESET_FAILED", Severity: "error", Address: b.address, Error: err.Error()}, time.Now().UnixNano())
+	line, jerr := events.RedisEventLine(redisEvent{Event: "REDIS_RESET_FAILED", Severity: "error", Address: b.address, Error: err.Error()}, time.Now().UnixNano())
 	if jerr == nil {
 		_, _ = b.log.Write(line)
 	}

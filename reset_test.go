@@ -2,6 +2,7 @@ package tierlimit
 
 import (
 	"encoding/json"
+	"github.com/tierlimit/tierlimit/events"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -84,7 +85,7 @@ func TestResetLetsARefusedClientInAgain(t *testing.T) {
 			t.Fatalf("%s: the reset cleared another key: %d", algorithm, rec.Code)
 		}
 
-		if !strings.Contains(h.events.String(), `{"time":"`+eventTime(h.clock.Now().UnixNano())+`","event":"RATE_LIMIT_RESET","severity":"info","limiter":"ip","key":"203.0.113.7","operator":"127.0.0.1","middleware":"`+h.p.name+`","memory":true,"blockList":false}`) {
+		if !strings.Contains(h.events.String(), `{"time":"`+events.EventTime(h.clock.Now().UnixNano())+`","event":"RATE_LIMIT_RESET","severity":"info","limiter":"ip","key":"203.0.113.7","operator":"127.0.0.1","middleware":"`+h.p.name+`","memory":true,"blockList":false}`) {
 			t.Fatalf("%s: events:\n%s", algorithm, h.events)
 		}
 	}

@@ -2,11 +2,12 @@ package tierlimit
 
 import (
 	"bytes"
-	"github.com/tierlimit/tierlimit/memstore"
 	"net/http"
 	"net/http/httptest"
 	"testing"
 	"time"
+
+	"github.com/tierlimit/tierlimit/memstore"
 
 	"github.com/tierlimit/tierlimit/redisresp"
 )

@@ -1,9 +1,10 @@
 package tierlimit
 
 import (
-	"github.com/tierlimit/tierlimit/memstore"
 	"testing"
 	"time"
+
+	"github.com/tierlimit/tierlimit/memstore"
 
 	"github.com/tierlimit/tierlimit/config"
 )

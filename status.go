@@ -2,12 +2,13 @@ package tierlimit
 
 import (
 	"encoding/json"
-	"github.com/tierlimit/tierlimit/memstore"
 	"net/http"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/tierlimit/tierlimit/memstore"
 
 	"github.com/tierlimit/tierlimit/limit"
 

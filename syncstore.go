@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tierlimit/tierlimit/lifetime"
+
 	"github.com/tierlimit/tierlimit/limit"
 
 	"github.com/tierlimit/tierlimit/redisresp"
@@ -136,7 +138,7 @@ func newSyncState() *syncState {
 // syncRegistry holds one syncState per middleware name while a configuration
 // uses it (lifetime.go); a released one stops its goroutine and sends what
 // it charged since its last sync.
-var syncRegistry = newHeldRegistry(stopSync)
+var syncRegistry = lifetime.NewHeldRegistry(stopSync)
 
 // stopSync stops a released state's goroutine, then sends its pending
 // points (a sync interval longer than the release grace, or charges made
@@ -163,13 +165,13 @@ func stopSync(v interface{}) {
 func flushSyncsOn(b *redisBackend) {
 	var states []*syncState
 
-	syncRegistry.mu.Lock()
-	for _, e := range syncRegistry.entries {
-		if st, ok := e.value.(*syncState); ok {
+	syncRegistry.Mu.Lock()
+	for _, e := range syncRegistry.Entries {
+		if st, ok := e.Value.(*syncState); ok {
 			states = append(states, st)
 		}
 	}
-	syncRegistry.mu.Unlock()
+	syncRegistry.Mu.Unlock()
 
 	for _, st := range states {
 		st.mu.Lock()
@@ -186,7 +188,7 @@ func flushSyncsOn(b *redisBackend) {
 // held until ctx is cancelled, set to use backend every interval. It does no
 // I/O: the goroutine starts at the first request (syncTake).
 func syncStateFor(ctx context.Context, name string, backend *redisBackend, interval time.Duration, capacity int, listen func()) *syncState {
-	v := syncRegistry.take(ctx, name, func() interface{} {
+	v := syncRegistry.Take(ctx, name, func() interface{} {
 		return newSyncState()
 	})
 

@@ -2,12 +2,13 @@ package tierlimit
 
 import (
 	"context"
-	"github.com/tierlimit/tierlimit/memstore"
 	"net/http"
 	"strconv"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/tierlimit/tierlimit/memstore"
 
 	"github.com/tierlimit/tierlimit/config"
 )

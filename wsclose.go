@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+
+	"github.com/tierlimit/tierlimit/lifetime"
 )
 
 // isUpgrade reports whether req asks for a WebSocket upgrade.
@@ -68,7 +70,7 @@ func (c *connCounter) release(ip string) {
 // connCounters holds one connCounter per middleware name while some instance
 // of the middleware uses it or it counts open connections (lifetime.go,
 // keep.go), like the memory store.
-var connCounters = &counterRegistry{byName: newKeepingRegistry(connLive)}
+var connCounters = &counterRegistry{byName: lifetime.NewKeepingRegistry(connLive)}
 
 type counterRegistry struct {
 	byName *heldRegistry // *connCounter by middleware name
@@ -77,7 +79,7 @@ type counterRegistry struct {
 // get returns the counter of the middleware called name, held until ctx is
 // cancelled, with the cap capacity.
 func (r *counterRegistry) get(ctx context.Context, name string, capacity int) *connCounter {
-	v := r.byName.take(ctx, name, func() interface{} {
+	v := r.byName.Take(ctx, name, func() interface{} {
 		return &connCounter{byIP: map[string]int{}, logged: map[string]bool{}}
 	})
 

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/binary"
+	"github.com/tierlimit/tierlimit/events"
 	"io"
 	"net"
 	"net/http"
@@ -37,7 +38,7 @@ func wsServer(t *testing.T, mutate func(c *Config), next http.Handler) *httptest
 		t.Fatal(err)
 	}
 
-	pluginOf(h).events = newEventLog(io.Discard, "test")
+	pluginOf(h).events = events.NewEventLog(io.Discard, "test")
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
 

@@ -1,4 +1,4 @@
-package tierlimit
+package lifetime
 
 import (
 	"context"
@@ -30,16 +30,16 @@ import (
 // releaseGrace is how long an entry that no instance holds is kept. It covers
 // building the next configuration and the requests still in flight on the
 // previous one's handlers.
-const releaseGrace = 10 * time.Second
+const ReleaseGrace = 10 * time.Second
 
 // heldRegistry is a registry whose entries are kept while some instance
 // holds them: its entries by id, each with the instances holding it.
-type heldRegistry struct {
-	mu      sync.Mutex
-	entries map[string]*heldEntry
+type HeldRegistry struct {
+	Mu      sync.Mutex
+	Entries map[string]*heldEntry
 
 	// after schedules f after d (time.AfterFunc); tests replace it.
-	after func(d time.Duration, f func())
+	After func(d time.Duration, f func())
 	// closed runs, outside the lock, for each released entry's value.
 	closed func(v interface{})
 	// live, when set, returns until when (Unix nanoseconds) an unheld
@@ -48,26 +48,26 @@ type heldRegistry struct {
 	// released at the grace.
 	live func(v interface{}, now int64) int64
 	// now is the clock live is asked with; tests replace it.
-	now func() time.Time
+	Now func() time.Time
 }
 
 // heldEntry is one entry: its value, the number of instances holding it,
 // and the number of times it became unheld, so that a grace timer started
 // before the entry was taken again does not release it.
 type heldEntry struct {
-	value   interface{}
+	Value   interface{}
 	holders int
 	idle    int
 }
 
-func newHeldRegistry(closed func(v interface{})) *heldRegistry {
-	return &heldRegistry{entries: map[string]*heldEntry{}, after: afterFunc, closed: closed, now: time.Now}
+func NewHeldRegistry(closed func(v interface{})) *HeldRegistry {
+	return &HeldRegistry{Entries: map[string]*heldEntry{}, After: afterFunc, closed: closed, Now: time.Now}
 }
 
 // newKeepingRegistry is a heldRegistry whose unheld entries are kept while
 // live reports counts that matter (see above).
-func newKeepingRegistry(live func(v interface{}, now int64) int64) *heldRegistry {
-	r := newHeldRegistry(nil)
+func NewKeepingRegistry(live func(v interface{}, now int64) int64) *HeldRegistry {
+	r := NewHeldRegistry(nil)
 	r.live = live
 
 	return r
@@ -80,18 +80,18 @@ func afterFunc(d time.Duration, f func()) {
 // take returns the entry of id, creating it with create, held by one more
 // instance until ctx is cancelled. A ctx that is never cancelled
 // (context.Background) holds it for the life of the process.
-func (r *heldRegistry) take(ctx context.Context, id string, create func() interface{}) interface{} {
-	r.mu.Lock()
+func (r *HeldRegistry) Take(ctx context.Context, id string, create func() interface{}) interface{} {
+	r.Mu.Lock()
 
-	e := r.entries[id]
+	e := r.Entries[id]
 	if e == nil {
-		e = &heldEntry{value: create()}
-		r.entries[id] = e
+		e = &heldEntry{Value: create()}
+		r.Entries[id] = e
 	}
 
 	e.holders++
-	v := e.value
-	r.mu.Unlock()
+	v := e.Value
+	r.Mu.Unlock()
 
 	if ctx != nil && ctx.Done() != nil {
 		context.AfterFunc(ctx, func() { r.drop(id, e) })
@@ -102,28 +102,28 @@ func (r *heldRegistry) take(ctx context.Context, id string, create func() interf
 
 // drop runs when an instance's ctx is cancelled (on a goroutine of its own,
 // which must not panic).
-func (r *heldRegistry) drop(id string, e *heldEntry) {
+func (r *HeldRegistry) drop(id string, e *heldEntry) {
 	defer func() { _ = recover() }()
 
-	r.mu.Lock()
+	r.Mu.Lock()
 
 	e.holders--
 	if e.holders > 0 {
-		r.mu.Unlock()
+		r.Mu.Unlock()
 		return
 	}
 
 	e.idle++
 	idle := e.idle
-	r.mu.Unlock()
+	r.Mu.Unlock()
 
-	r.after(releaseGrace, func() { r.expire(id, e, idle) })
+	r.After(ReleaseGrace, func() { r.expire(id, e, idle) })
 }
 
 // expire releases the entry if no instance took it since it became unheld
 // and it holds no counts that still matter; while it does, it checks again
 // at the latest end live reports.
-func (r *heldRegistry) expire(id string, e *heldEntry, idle int) {
+func (r *HeldRegistry) expire(id string, e *heldEntry, idle int) {
 	defer func() { _ = recover() }()
 
 	if !r.unheld(id, e, idle) {
@@ -132,41 +132,41 @@ func (r *heldRegistry) expire(id string, e *heldEntry, idle int) {
 
 	if r.live != nil {
 		// Outside r.mu: live takes the value's own lock and may scan it.
-		now := r.now().UnixNano()
-		if until := r.live(e.value, now); until > now {
-			r.after(time.Duration(until-now), func() { r.expire(id, e, idle) })
+		now := r.Now().UnixNano()
+		if until := r.live(e.Value, now); until > now {
+			r.After(time.Duration(until-now), func() { r.expire(id, e, idle) })
 			return
 		}
 	}
 
-	r.mu.Lock()
+	r.Mu.Lock()
 
-	if r.entries[id] != e || e.holders > 0 || e.idle != idle {
-		r.mu.Unlock()
+	if r.Entries[id] != e || e.holders > 0 || e.idle != idle {
+		r.Mu.Unlock()
 		return
 	}
 
-	delete(r.entries, id)
-	r.mu.Unlock()
+	delete(r.Entries, id)
+	r.Mu.Unlock()
 
 	if r.closed != nil {
-		r.closed(e.value)
+		r.closed(e.Value)
 	}
 }
 
 // unheld reports whether id's entry is still e, and unheld since the grace
 // timer of idle started.
-func (r *heldRegistry) unheld(id string, e *heldEntry, idle int) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+func (r *HeldRegistry) unheld(id string, e *heldEntry, idle int) bool {
+	r.Mu.Lock()
+	defer r.Mu.Unlock()
 
-	return r.entries[id] == e && e.holders == 0 && e.idle == idle
+	return r.Entries[id] == e && e.holders == 0 && e.idle == idle
 }
 
 // size returns the number of entries held.
-func (r *heldRegistry) size() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+func (r *HeldRegistry) Size() int {
+	r.Mu.Lock()
+	defer r.Mu.Unlock()
 
-	return len(r.entries)
+	return len(r.Entries)
 }

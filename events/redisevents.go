@@ -1,4 +1,4 @@
-package tierlimit
+package events
 
 import (
 	"encoding/json"
@@ -12,10 +12,10 @@ const reminderEvery = int64(time.Minute)
 
 // What outageFailed makes of a failed call.
 const (
-	outageStale    = -1 // it reports an outage that already ended: ignore it
-	outageQuiet    = 0  // part of the outage under way: nothing to write
-	outageStarts   = 1  // a new outage: write REDIS_UNAVAILABLE
-	outageReminder = 2  // still down a minute after the last line: write it again
+	OutageStale    = -1 // it reports an outage that already ended: ignore it
+	OutageQuiet    = 0  // part of the outage under way: nothing to write
+	OutageStarts   = 1  // a new outage: write REDIS_UNAVAILABLE
+	OutageReminder = 2  // still down a minute after the last line: write it again
 )
 
 // redisOutage decides the REDIS_UNAVAILABLE and REDIS_RECOVERED lines of a
@@ -23,7 +23,7 @@ const (
 // it: calls in flight when Redis fails or recovers finish on either side of
 // the transition, and each would otherwise log its own. The backend holds it
 // under its mutex; times are the calls' start, Unix nanoseconds.
-type redisOutage struct {
+type RedisOutage struct {
 	down     bool
 	ended    int64 // start of the probe that ended the last outage
 	lastLine int64 // when the last REDIS_UNAVAILABLE line was written
@@ -31,33 +31,33 @@ type redisOutage struct {
 
 // outageFailed records a call that started at now and failed; probe says it
 // was the back-off's probe.
-func outageFailed(o *redisOutage, now int64, probe bool) int {
+func OutageFailed(o *RedisOutage, now int64, probe bool) int {
 	if !o.down {
 		// Started before the probe that ended the last outage: that
 		// outage's news, not a new one.
 		if now < o.ended {
-			return outageStale
+			return OutageStale
 		}
 
 		o.down = true
 		o.lastLine = now
 
-		return outageStarts
+		return OutageStarts
 	}
 
 	if probe && now-o.lastLine >= reminderEvery {
 		o.lastLine = now
-		return outageReminder
+		return OutageReminder
 	}
 
-	return outageQuiet
+	return OutageQuiet
 }
 
 // outageSucceeded records a call that started at now and succeeded, and
 // reports whether it ends the outage (then REDIS_RECOVERED is written). Only
 // the back-off's probe does: a call that was in flight when Redis failed may
 // still succeed after the failure was recorded, and says nothing of Redis now.
-func outageSucceeded(o *redisOutage, now int64, probe bool) bool {
+func OutageSucceeded(o *RedisOutage, now int64, probe bool) bool {
 	if !o.down || !probe {
 		return false
 	}
@@ -70,8 +70,8 @@ func outageSucceeded(o *redisOutage, now int64, probe bool) bool {
 
 // redisEventLine is the JSON line of ev at now (Unix nanoseconds), newline
 // included.
-func redisEventLine(ev redisEvent, now int64) ([]byte, error) {
-	ev.Time = eventTime(now)
+func RedisEventLine(ev RedisEvent, now int64) ([]byte, error) {
+	ev.Time = EventTime(now)
 
 	line, err := json.Marshal(ev)
 	if err != nil {
@@ -79,4 +79,18 @@ func redisEventLine(ev redisEvent, now int64) ([]byte, error) {
 	}
 
 	return append(line, '\n'), nil
+}
+
+// redisEvent is a Redis event line: its time first, set when it is written
+// (redisEventLine).
+type RedisEvent struct {
+	Time     string `json:"time"`
+	Event    string `json:"event"`
+	Severity string `json:"severity"`
+	Address  string `json:"address"`
+	Primary  string `json:"primary,omitempty"`
+	Previous string `json:"previous,omitempty"`
+	Error    string `json:"error,omitempty"`
+	Fallback string `json:"fallback,omitempty"`
+	RetryIn  string `json:"retryIn,omitempty"`
 }

@@ -1,0 +1,104 @@
+package events
+
+import (
+	"encoding/json"
+	"io"
+	"os"
+	"time"
+)
+
+// eventWriter is where security and Redis events go: the Traefik process's
+// own stderr. Traefik does not route it through its logger, so the lines
+// never reach log.filePath; they are collected wherever the process's stderr
+// goes (the container runtime, journald, a terminal).
+var EventWriter io.Writer = os.Stderr
+
+// eventTimeLayout is RFC 3339 in UTC, to the millisecond: a fixed width, so
+// lines sort as text, and events of one burst keep their order.
+const eventTimeLayout = "2006-01-02T15:04:05.000Z07:00"
+
+// eventTime formats now (Unix nanoseconds) for an event's "time" field.
+func EventTime(now int64) string {
+	return time.Unix(0, now).UTC().Format(eventTimeLayout)
+}
+
+// eventLog writes one JSON line per refusal. De-duplication to one line per
+// layer, key and window is the store's (result.firstRefusal), so a flood does
+// not flood the log.
+type EventLog struct {
+	out        io.Writer
+	middleware string
+	Now        func() time.Time // the clock of the lines' "time"; tests set it
+}
+
+type rateLimitEvent struct {
+	Time       string `json:"time"`
+	Event      string `json:"event"`
+	Severity   string `json:"severity"`
+	Limiter    string `json:"limiter"`
+	Key        string `json:"key"`
+	IP         string `json:"ip"`
+	Middleware string `json:"middleware"`
+	// DryRun marks a refusal that a dry-run layer (or the top-level dry
+	// run) reports without refusing: the request went through.
+	DryRun bool `json:"dryRun,omitempty"`
+}
+
+func NewEventLog(out io.Writer, middleware string) *EventLog {
+	return &EventLog{out: out, middleware: middleware, Now: time.Now}
+}
+
+// refused reports that layer refused key for the client at ip, or with
+// dryRun set, would have.
+func (e *EventLog) Refused(layer, key, ip string, dryRun bool) {
+	line, err := json.Marshal(rateLimitEvent{
+		Time:  EventTime(e.Now().UnixNano()),
+		Event: "RATE_LIMIT_TRIGGERED", Severity: "warning",
+		Limiter: layer, Key: key, IP: ip, Middleware: e.middleware, DryRun: dryRun,
+	})
+	if err != nil {
+		return
+	}
+
+	_, _ = e.out.Write(append(line, '\n'))
+}
+
+// resetReport is the reset's answer: what it cleared. Redis is left out with
+// the memory store.
+type ResetReport struct {
+	Error     string `json:"error,omitempty"`
+	Layer     string `json:"layer"`
+	Key       string `json:"key"`
+	Memory    bool   `json:"memory"`
+	BlockList bool   `json:"blockList"`
+	Redis     string `json:"redis,omitempty"`
+}
+
+// resetEvent is the RATE_LIMIT_RESET log line: who reset which key, and what
+// that cleared. Limiter names the layer, as in RATE_LIMIT_TRIGGERED.
+type resetEvent struct {
+	Time       string `json:"time"`
+	Event      string `json:"event"`
+	Severity   string `json:"severity"`
+	Limiter    string `json:"limiter"`
+	Key        string `json:"key"`
+	Operator   string `json:"operator"`
+	Middleware string `json:"middleware"`
+	Memory     bool   `json:"memory"`
+	BlockList  bool   `json:"blockList"`
+	Redis      string `json:"redis,omitempty"`
+}
+
+// reset logs an operator's reset, whatever it cleared.
+func (e *EventLog) Reset(r ResetReport, operator string) {
+	line, err := json.Marshal(resetEvent{
+		Time:  EventTime(e.Now().UnixNano()),
+		Event: "RATE_LIMIT_RESET", Severity: "info", Limiter: r.Layer, Key: r.Key, Operator: operator,
+		Middleware: e.middleware, Memory: r.Memory, BlockList: r.BlockList, Redis: r.Redis,
+	})
+	if err != nil {
+		return
+	}
+
+	_, _ = e.out.Write(append(line, '\n'))
+}
