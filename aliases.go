@@ -4,6 +4,7 @@ import (
 	"github.com/tierlimit/tierlimit/events"
 	"github.com/tierlimit/tierlimit/lifetime"
 	"github.com/tierlimit/tierlimit/memstore"
+	"github.com/tierlimit/tierlimit/redisstore"
 	"github.com/tierlimit/tierlimit/rule"
 )
 
@@ -50,3 +51,21 @@ type eventLog = events.EventLog
 type redisEvent = events.RedisEvent
 type redisOutage = events.RedisOutage
 type resetReport = events.ResetReport
+
+const minBackoff = redisstore.MinBackoff
+const nsPerMillisecond = redisstore.NsPerMillisecond
+const redisAbsent = redisstore.RedisAbsent
+const redisCleared = redisstore.RedisCleared
+const redisUnavailable = redisstore.RedisUnavailable
+const takeScript = redisstore.TakeScript
+
+type backendRegistry = redisstore.BackendRegistry
+type blockList = redisstore.BlockList
+type counterStore = redisstore.CounterStore
+type owedKey = redisstore.OwedKey
+type redisBackend = redisstore.RedisBackend
+type redisStore = redisstore.RedisStore
+type resetForget = redisstore.ResetForget
+type slotGroup = redisstore.SlotGroup
+type syncCounter = redisstore.SyncCounter
+type syncState = redisstore.SyncState

@@ -3,10 +3,11 @@ package tierlimit
 import (
 	"context"
 	"fmt"
-	"github.com/tierlimit/tierlimit/events"
 	"io"
 	"net/http"
 	"testing"
+
+	"github.com/tierlimit/tierlimit/events"
 )
 
 // Compiled figures for the same paths as e2e/yaegibench (which measures them

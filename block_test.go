@@ -199,7 +199,7 @@ func TestBlockInTheMemoryFallback(t *testing.T) {
 			t.Fatalf("%s: the 4th request: %d, Retry-After %q, want 429 and 4", algorithm, rec.Code, rec.Header().Get("Retry-After"))
 		}
 
-		if !redisStoreOf(h.p).backend.down.Load() {
+		if !redisStoreOf(h.p).Backend.Down.Load() {
 			t.Fatalf("%s: Redis is not down", algorithm)
 		}
 
@@ -208,7 +208,7 @@ func TestBlockInTheMemoryFallback(t *testing.T) {
 			t.Fatalf("%s: 1.5s into the block, its window over: %d, Retry-After %q, want 429 and 3", algorithm, rec.Code, rec.Header().Get("Retry-After"))
 		}
 
-		if reset := redisStoreOf(h.p).blocked.resetOf(h.p.layers[0].BlockPrefix, "203.0.113.9", h.clock.Now().UnixNano()); reset == 0 {
+		if reset := redisStoreOf(h.p).Blocked.ResetOf(h.p.layers[0].BlockPrefix, "203.0.113.9", h.clock.Now().UnixNano()); reset == 0 {
 			t.Fatalf("%s: the fallback's block is not on the block list", algorithm)
 		}
 
@@ -237,7 +237,7 @@ func TestRedisBlockHoldsWhileRedisIsDownOnRedisServer(t *testing.T) {
 	// Redis goes away: every call fails from now on.
 	dead := closedPort(t)
 	pool := redisresp.NewPool(redisresp.Options{Address: dead, Timeout: time.Second})
-	redisStoreOf(h.p).backend = &redisBackend{pool: pool, single: pool, address: dead, log: io.Discard}
+	redisStoreOf(h.p).Backend = &redisBackend{Pool: pool, Single: pool, Address: dead, Log: io.Discard}
 
 	h.clock.Add(1500 * time.Millisecond)
 	if rec := h.get("/api", client); rec.Code != http.StatusTooManyRequests || rec.Header().Get("Retry-After") != "3" {
@@ -245,8 +245,8 @@ func TestRedisBlockHoldsWhileRedisIsDownOnRedisServer(t *testing.T) {
 	}
 
 	// A call fails: the memory fallback decides the other clients.
-	if rec := h.get("/api", "203.0.113.10:1"); rec.Code != http.StatusOK || !redisStoreOf(h.p).backend.down.Load() {
-		t.Fatalf("another client with Redis down: %d, down %v", rec.Code, redisStoreOf(h.p).backend.down.Load())
+	if rec := h.get("/api", "203.0.113.10:1"); rec.Code != http.StatusOK || !redisStoreOf(h.p).Backend.Down.Load() {
+		t.Fatalf("another client with Redis down: %d, down %v", rec.Code, redisStoreOf(h.p).Backend.Down.Load())
 	}
 
 	if rec := h.get("/api", client); rec.Code != http.StatusTooManyRequests {

@@ -2,12 +2,15 @@ package tierlimit
 
 import (
 	"context"
-	"github.com/tierlimit/tierlimit/events"
 	"net/http"
 	"net/netip"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/tierlimit/tierlimit/redisstore"
+
+	"github.com/tierlimit/tierlimit/events"
 
 	"github.com/tierlimit/tierlimit/limit"
 
@@ -306,34 +309,34 @@ func (p *Plugin) setPathForms(cfg *config.Settings) {
 // layer's keys.
 func newRedisStore(ctx context.Context, cfg *config.Settings, name string, memory *windowStore, layers []*layer) *redisStore {
 	rs := &redisStore{
-		prefix:  cfg.KeyPrefix + ":" + name + ":",
-		name:    name,
-		channel: resetChannel(cfg.KeyPrefix),
-		backend: backends.get(ctx, cfg.Redis),
-		local:   memory,
-		blocked: registry.blockListFor(ctx, name, cfg.MaxTracked),
-		owed:    newOwedCounts(cfg.MaxTracked),
-		clock:   time.Now, // buildStore sets the instance's
+		Prefix:  cfg.KeyPrefix + ":" + name + ":",
+		Name:    name,
+		Channel: redisstore.ResetChannel(cfg.KeyPrefix),
+		Backend: redisstore.Backends.Get(ctx, cfg.Redis),
+		Local:   memory,
+		Blocked: registry.blockListFor(ctx, name, cfg.MaxTracked),
+		Owed:    redisstore.NewOwedCounts(cfg.MaxTracked),
+		Clock:   time.Now, // buildStore sets the instance's
 	}
 
-	rs.fallback = memory
+	rs.Fallback = memory
 	if anyBlock(layers) {
-		rs.fallback = &blockingStore{memory}
+		rs.Fallback = &blockingStore{memory}
 	}
 
 	for _, l := range layers {
-		l.RedisKey = rs.prefix + l.Name + ":"
+		l.RedisKey = rs.Prefix + l.Name + ":"
 		l.RedisConstKey = redisresp.Bulk(l.RedisKey + l.ConstKey)
-		l.BlockPrefix = blockPrefix(l)
+		l.BlockPrefix = redisstore.BlockPrefix(l)
 	}
 
 	if cfg.SyncInterval > 0 {
-		rs.synced = syncStateFor(ctx, name, rs.backend, cfg.SyncInterval, cfg.MaxTracked, func() { listenResets(rs) })
+		rs.Synced = redisstore.SyncStateFor(ctx, name, rs.Backend, cfg.SyncInterval, cfg.MaxTracked, func() { redisstore.ListenResets(rs) })
 	}
 
 	// A plan has at most every layer: global, one tier or plan and the routes.
 	for n := 0; n <= len(layers); n++ {
-		rs.calls = append(rs.calls, takeCall(n))
+		rs.Calls = append(rs.Calls, redisstore.TakeCall(n))
 	}
 
 	return rs
@@ -405,14 +408,14 @@ func newLayer(memory *windowStore, spec config.Rule, keyKind int) *layer {
 func newRedisEncoding(spec config.Rule, rate int64) redisEncoding {
 	ms := int64(spec.Duration / time.Millisecond)
 	head := redisresp.Bulk(formatInt(spec.Points)) + redisresp.Bulk(formatInt(ms))
-	e := redisEncoding{RedisArgs: head + algoFixed + argNoRate, MaxTTL: ms}
+	e := redisEncoding{RedisArgs: head + redisstore.AlgoFixed + redisstore.ArgNoRate, MaxTTL: ms}
 
 	switch {
 	case spec.Sliding:
-		e.RedisArgs = head + algoSliding + argNoRate
+		e.RedisArgs = head + redisstore.AlgoSliding + redisstore.ArgNoRate
 		e.MaxTTL = 2 * ms
 	case spec.Bucket:
-		e.RedisArgs = head + algoBucket + redisresp.Bulk(formatInt(rate))
+		e.RedisArgs = head + redisstore.AlgoBucket + redisresp.Bulk(formatInt(rate))
 		e.MaxTTL = (spec.Points*ms+rate-1)/rate + 1
 	}
 
@@ -425,7 +428,7 @@ func newRedisEncoding(spec config.Rule, rate int64) redisEncoding {
 	}
 
 	if spec.Calendar != 0 {
-		e.RedisTail = redisTail(e.RedisArgs)
+		e.RedisTail = redisstore.RedisTail(e.RedisArgs)
 	}
 
 	return e
@@ -531,7 +534,7 @@ func (p *Plugin) buildStore(ctx context.Context, cfg *config.Settings, name stri
 
 	if cfg.Store == config.StoreRedis {
 		rs := newRedisStore(ctx, cfg, name, memory, p.layers)
-		rs.clock = func() time.Time { return p.now() }
+		rs.Clock = func() time.Time { return p.now() }
 		p.store = rs
 		if p.mode == modeRedis {
 			p.fast = newRedisFast(rs, p.plans)

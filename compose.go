@@ -61,7 +61,7 @@ func refuseAny(b *blockingStore, t *tally, c *charge) bool {
 		return false
 	}
 
-	cost := costOf(t)
+	cost := rule.CostOf(t)
 
 	if i > 0 {
 		s.Take(t, rule.ChargePrefix(c, i))

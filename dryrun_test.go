@@ -113,11 +113,11 @@ func TestDryRunRouteOnRedisServer(t *testing.T) {
 	}
 
 	rs := h.p.store.(*redisStore)
-	if rs.blocked.resetOf(l.BlockPrefix, "203.0.113.1", t0) != 0 {
+	if rs.Blocked.ResetOf(l.BlockPrefix, "203.0.113.1", t0) != 0 {
 		t.Error("the dry-run login route blocked its key")
 	}
 
-	if rs.blocked.resetOf(h.p.routes[1].layer.BlockPrefix, "203.0.113.1", t0) == 0 {
+	if rs.Blocked.ResetOf(h.p.routes[1].layer.BlockPrefix, "203.0.113.1", t0) == 0 {
 		t.Error("the enforced e-mail route did not block its key")
 	}
 }

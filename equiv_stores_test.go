@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tierlimit/tierlimit/redisstore"
+
 	"github.com/tierlimit/tierlimit/redisresp"
 )
 
@@ -250,7 +252,7 @@ func agreeSynced(t *testing.T, name string, seed int64, plan syncPlan, conf func
 		switch {
 		case (i+1)%plan.every != 0:
 		case plan.straddle:
-			batch, _ = collectSync(st, now)
+			batch, _ = redisstore.CollectSync(st, now)
 		default:
 			mustSync(t, st, now)
 		}
@@ -276,14 +278,14 @@ func syncedOf(t *testing.T, b *harness) *syncState {
 	t.Helper()
 
 	rs := redisOf(b.p.store)
-	if rs == nil || rs.synced == nil {
+	if rs == nil || rs.Synced == nil {
 		t.Fatalf("redis.syncInterval made no synced store: %T", b.p.store)
 	}
 
-	st := rs.synced
-	st.mu.Lock()
-	st.backend, st.now = rs.backend, b.clock.Now
-	st.mu.Unlock()
+	st := rs.Synced
+	st.Mu.Lock()
+	st.Backend, st.Now = rs.Backend, b.clock.Now
+	st.Mu.Unlock()
 
 	return st
 }
@@ -297,12 +299,12 @@ func finishSync(t *testing.T, st *syncState, batch []*syncCounter, now int64) {
 		return
 	}
 
-	totals, err := sendSync(st.backend, batch, now)
+	totals, err := redisstore.SendSync(st.Backend, batch, now)
 	if err != nil {
 		t.Fatalf("sync: %v", err)
 	}
 
-	applySync(st, batch, totals)
+	redisstore.ApplySync(st, batch, totals)
 }
 
 // agreeCounts compares what the memory instance a counts in each window
@@ -315,7 +317,7 @@ func finishSync(t *testing.T, st *syncState, batch []*syncCounter, now int64) {
 func agreeCounts(t *testing.T, name string, a, b *harness, admin *redisresp.Pool, st *syncState) {
 	t.Helper()
 
-	prefix := redisOf(b.p.store).prefix
+	prefix := redisOf(b.p.store).Prefix
 	want := map[string]int64{} // the key's base: its prefix, layer and bucket
 	bucketLayers := map[string]bool{}
 
@@ -356,15 +358,15 @@ func agreeCounts(t *testing.T, name string, a, b *harness, admin *redisresp.Pool
 	}
 
 	if st != nil {
-		st.mu.Lock()
-		for _, m := range st.byLayer {
+		st.Mu.Lock()
+		for _, m := range st.ByLayer {
 			for _, c := range m {
-				if c.pending != 0 || c.inflight != 0 || c.remote != got[windowBase(c.key, want)] {
-					t.Errorf("%s: synced counter %s: remote %d, pending %d, in flight %d after the last sync; Redis %d", name, c.key, c.remote, c.pending, c.inflight, got[windowBase(c.key, want)])
+				if c.Pending != 0 || c.Inflight != 0 || c.Remote != got[windowBase(c.Key, want)] {
+					t.Errorf("%s: synced counter %s: remote %d, pending %d, in flight %d after the last sync; Redis %d", name, c.Key, c.Remote, c.Pending, c.Inflight, got[windowBase(c.Key, want)])
 				}
 			}
 		}
-		st.mu.Unlock()
+		st.Mu.Unlock()
 	}
 
 	if len(want) == 0 && len(a.p.layers) > 0 {

@@ -37,7 +37,7 @@ func TestPathsAgree(t *testing.T) {
 			}
 
 			pool := redisresp.NewPool(s.Redis)
-			redisStoreOf(a.p).backend = &redisBackend{pool: pool, single: pool, address: cfg.Redis.Address, log: io.Discard}
+			redisStoreOf(a.p).Backend = &redisBackend{Pool: pool, Single: pool, Address: cfg.Redis.Address, Log: io.Discard}
 			b = newHarness(t, with(sh.cfg, func(c *Config) { c.Store = "memory" }))
 		} else {
 			b.p.mode = modeGeneral

@@ -2,10 +2,11 @@ package tierlimit
 
 import (
 	"encoding/json"
-	"github.com/tierlimit/tierlimit/events"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tierlimit/tierlimit/events"
 )
 
 // TestRateLimitEventCarriesTime: a refusal's line has "time", RFC 3339 in

@@ -4,6 +4,8 @@ import (
 	"net/http"
 	"testing"
 	"time"
+
+	"github.com/tierlimit/tierlimit/redisstore"
 )
 
 // A route's cost is what a matching request spends in every layer it is
@@ -41,7 +43,7 @@ func TestSyncedCountingChargesTheCost(t *testing.T) {
 			bucket = "global"
 		}
 
-		if c := counterOf(st, name, bucket); c == nil || c.pending != 30 {
+		if c := counterOf(st, name, bucket); c == nil || c.Pending != 30 {
 			t.Fatalf("%s's counter %+v, want 30 pending: three exports of cost 10", name, c)
 		}
 	}
@@ -49,8 +51,8 @@ func TestSyncedCountingChargesTheCost(t *testing.T) {
 	mustSync(t, st, h.clock.Now().UnixNano())
 
 	ip := h.p.layers[layerIndex(h, "ip")]
-	start, _ := syncWindow(ip, h.clock.Now().UnixNano())
-	if got := redisDo(t, admin, "GET", syncKey(ip, client, false, start)).Str; got != "30" {
+	start, _ := redisstore.SyncWindow(ip, h.clock.Now().UnixNano())
+	if got := redisDo(t, admin, "GET", redisstore.SyncKey(ip, client, false, start)).Str; got != "30" {
 		t.Fatalf("ip's total in Redis %q, want 30", got)
 	}
 }
@@ -118,12 +120,12 @@ func TestOutageChargesArePaidAtTheirCost(t *testing.T) {
 	export()
 	export()
 
-	if !rs.backend.down.Load() {
+	if !rs.Backend.Down.Load() {
 		t.Fatal("the exports during the cut were not decided in memory")
 	}
 
 	proxy.restore()
-	payOwed(rs)
+	redisstore.PayOwed(rs)
 
 	for _, l := range []*layer{h.p.layers[layerIndex(h, "ip")], h.p.routes[0].layer} {
 		if got := redisDo(t, admin, "GET", l.RedisKey+client).Str; got != "30" {

@@ -3,6 +3,8 @@ package tierlimit
 import (
 	"testing"
 	"time"
+
+	"github.com/tierlimit/tierlimit/redisstore"
 )
 
 // Outage payments and the memory fallback at their edges: a
@@ -38,7 +40,7 @@ func TestASecondOutageIsPaidToo(t *testing.T) {
 		proxy.cut()
 		send(2)
 
-		if !rs.backend.down.Load() {
+		if !rs.Backend.Down.Load() {
 			t.Fatalf("outage %d: not decided in memory", outage+1)
 		}
 
@@ -81,7 +83,7 @@ func TestARefundDuringAnOutageIsNotPaidToRedis(t *testing.T) {
 	rs.Refund(chargeOf([]*layer{ip}, f.client, "", nil, h.clock.Now().UnixNano(), false), 1)
 
 	proxy.restore()
-	payOwed(rs)
+	redisstore.PayOwed(rs)
 
 	if got := redisDo(t, f.admin, "GET", key).Str; got != "6" {
 		t.Fatalf("Redis holds %q after the recovery, want 6: 4 before and the 2 of the outage not refunded", got)
@@ -105,7 +107,7 @@ func TestFallbackRefusesAKeyRedisHadAtItsPoints(t *testing.T) {
 		f.proxy.cut()
 		f.send(3)
 
-		if !redisOf(f.h.p.store).backend.down.Load() {
+		if !redisOf(f.h.p.store).Backend.Down.Load() {
 			t.Fatalf("%s: not decided in memory", algorithm)
 		}
 

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tierlimit/tierlimit/redisstore"
+
 	"github.com/tierlimit/tierlimit/memstore"
 
 	"github.com/tierlimit/tierlimit/redisresp"
@@ -32,12 +34,12 @@ func TestResetIsPublishedWhenRedisHasNoKey(t *testing.T) {
 	// Replica B: the same middleware with a backend, a block list and a
 	// memory fallback of its own (as in
 	// TestResetReachesAnotherReplicasBlockListOnRedisServer).
-	bb := newBackend(redisresp.Options{Address: addr, Username: "tierlimit", Password: aclPassword, Timeout: time.Second})
-	bb.log = &bytes.Buffer{}
-	b := &redisStore{prefix: a.prefix, name: a.name, channel: a.channel, backend: bb, local: memstore.NewWindowStore(100), blocked: newBlockList(100), calls: a.calls}
-	b.fallback = b.local
-	b.clock = time.Now
-	t.Cleanup(func() { closeBackend(bb) })
+	bb := redisstore.NewBackend(redisresp.Options{Address: addr, Username: "tierlimit", Password: aclPassword, Timeout: time.Second})
+	bb.Log = &bytes.Buffer{}
+	b := &redisStore{Prefix: a.Prefix, Name: a.Name, Channel: a.Channel, Backend: bb, Local: memstore.NewWindowStore(100), Blocked: redisstore.NewBlockList(100), Calls: a.Calls}
+	b.Fallback = b.Local
+	b.Clock = time.Now
+	t.Cleanup(func() { redisstore.CloseBackend(bb) })
 
 	l := h.p.layers[0]
 	client := "203.0.113.40"
@@ -48,14 +50,14 @@ func TestResetIsPublishedWhenRedisHasNoKey(t *testing.T) {
 	// refused and blocked; Redis never saw the client.
 	for i := 0; i < 2; i++ {
 		var tl tally
-		b.local.Take(&tl, chargeOf([]*layer{l}, client, "", req, now, false))
+		b.Local.Take(&tl, chargeOf([]*layer{l}, client, "", req, now, false))
 	}
 
-	b.blocked.add(l.BlockPrefix, client, now+int64(time.Hour), now)
-	listenResets(b)
+	b.Blocked.Add(l.BlockPrefix, client, now+int64(time.Hour), now)
+	redisstore.ListenResets(b)
 
 	waitUntil(t, "B subscribes", func() bool {
-		return redisDo(t, admin, "PUBSUB", "NUMSUB", a.channel).Array[1].Int == 1
+		return redisDo(t, admin, "PUBSUB", "NUMSUB", a.Channel).Array[1].Int == 1
 	})
 
 	if n := redisDo(t, admin, "EXISTS", l.RedisKey+client).Int; n != 0 {
@@ -66,9 +68,9 @@ func TestResetIsPublishedWhenRedisHasNoKey(t *testing.T) {
 		t.Fatalf("reset: %d %+v, want Redis absent", code, doc)
 	}
 
-	waitUntil(t, "B forgets the key it blocked", func() bool { return b.blocked.resetOf(l.BlockPrefix, client, now) == 0 })
+	waitUntil(t, "B forgets the key it blocked", func() bool { return b.Blocked.ResetOf(l.BlockPrefix, client, now) == 0 })
 
-	if got := peekCount(b.local, now, "ip", client); got != 0 {
+	if got := peekCount(b.Local, now, "ip", client); got != 0 {
 		t.Fatalf("B's memory fallback still counts %d for the client", got)
 	}
 }
@@ -85,13 +87,13 @@ func TestResetIsPublishedToASyncedReplicaWhenRedisHasNoKey(t *testing.T) {
 	})
 	a := h.p.store.(*redisStore)
 
-	bb := newBackend(redisresp.Options{Address: addr, Username: "tierlimit", Password: aclPassword, Timeout: time.Second})
-	bb.log = &bytes.Buffer{}
+	bb := redisstore.NewBackend(redisresp.Options{Address: addr, Username: "tierlimit", Password: aclPassword, Timeout: time.Second})
+	bb.Log = &bytes.Buffer{}
 	bst := replica(st)
-	b := &redisStore{prefix: a.prefix, name: a.name, channel: a.channel, backend: bb, local: memstore.NewWindowStore(100), blocked: newBlockList(100), calls: a.calls, synced: bst}
-	b.fallback = b.local
-	b.clock = h.clock.Now
-	t.Cleanup(func() { closeBackend(bb) })
+	b := &redisStore{Prefix: a.Prefix, Name: a.Name, Channel: a.Channel, Backend: bb, Local: memstore.NewWindowStore(100), Blocked: redisstore.NewBlockList(100), Calls: a.Calls, Synced: bst}
+	b.Fallback = b.Local
+	b.Clock = h.clock.Now
+	t.Cleanup(func() { redisstore.CloseBackend(bb) })
 
 	client := "203.0.113.47"
 	for i := 0; i < 10; i++ {
@@ -102,14 +104,14 @@ func TestResetIsPublishedToASyncedReplicaWhenRedisHasNoKey(t *testing.T) {
 		t.Fatal("B allowed an 11th request")
 	}
 
-	listenResets(b)
+	redisstore.ListenResets(b)
 	waitUntil(t, "B subscribes", func() bool {
-		return redisDo(t, admin, "PUBSUB", "NUMSUB", a.channel).Array[1].Int == 1
+		return redisDo(t, admin, "PUBSUB", "NUMSUB", a.Channel).Array[1].Int == 1
 	})
 
 	ip := h.p.layers[layerIndex(h, "ip")]
-	start, _ := syncWindow(ip, h.clock.Now().UnixNano())
-	if n := redisDo(t, admin, "EXISTS", syncKey(ip, client, false, start)).Int; n != 0 {
+	start, _ := redisstore.SyncWindow(ip, h.clock.Now().UnixNano())
+	if n := redisDo(t, admin, "EXISTS", redisstore.SyncKey(ip, client, false, start)).Int; n != 0 {
 		t.Fatal("Redis holds the client's key")
 	}
 
@@ -131,13 +133,13 @@ func TestSyncedBatchIsGroupedPerSlotOnACluster(t *testing.T) {
 	addr, admin := clusterNode(t)
 	h, st, _ := syncHarness(t, addr, nil)
 
-	bk := newBackend(redisresp.Options{Cluster: &redisresp.ClusterOptions{Addresses: []string{addr}}, Timeout: 2 * time.Second})
-	bk.log = &bytes.Buffer{}
-	t.Cleanup(func() { closeBackend(bk) })
+	bk := redisstore.NewBackend(redisresp.Options{Cluster: &redisresp.ClusterOptions{Addresses: []string{addr}}, Timeout: 2 * time.Second})
+	bk.Log = &bytes.Buffer{}
+	t.Cleanup(func() { redisstore.CloseBackend(bk) })
 
-	st.mu.Lock()
-	st.backend = bk
-	st.mu.Unlock()
+	st.Mu.Lock()
+	st.Backend = bk
+	st.Mu.Unlock()
 
 	clients := []string{"203.0.113.41", "203.0.113.42", "203.0.113.43", "203.0.113.44", "203.0.113.45", "203.0.113.46"}
 	slots := map[int]bool{}
@@ -147,7 +149,7 @@ func TestSyncedBatchIsGroupedPerSlotOnACluster(t *testing.T) {
 			takeOn(st, h, client)
 		}
 
-		slots[redisresp.Slot(counterOf(st, "ip", client).key)] = true
+		slots[redisresp.Slot(counterOf(st, "ip", client).Key)] = true
 	}
 
 	if len(slots) < 2 {
@@ -157,15 +159,15 @@ func TestSyncedBatchIsGroupedPerSlotOnACluster(t *testing.T) {
 	mustSync(t, st, h.clock.Now().UnixNano())
 
 	ip := h.p.layers[layerIndex(h, "ip")]
-	start, _ := syncWindow(ip, h.clock.Now().UnixNano())
+	start, _ := redisstore.SyncWindow(ip, h.clock.Now().UnixNano())
 
 	for i, client := range clients {
 		want := formatInt(int64(i + 1))
-		if got := redisDo(t, admin, "GET", syncKey(ip, client, true, start)).Str; got != want {
+		if got := redisDo(t, admin, "GET", redisstore.SyncKey(ip, client, true, start)).Str; got != want {
 			t.Fatalf("%s: Redis total %q, want %s", client, got, want)
 		}
 
-		if c := counterOf(st, "ip", client); c.remote != int64(i+1) || c.pending != 0 {
+		if c := counterOf(st, "ip", client); c.Remote != int64(i+1) || c.Pending != 0 {
 			t.Fatalf("%s after the sync: %+v", client, c)
 		}
 	}

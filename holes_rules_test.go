@@ -3,12 +3,13 @@ package tierlimit
 import (
 	"bytes"
 	"context"
-	"github.com/tierlimit/tierlimit/events"
 	"net/http"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tierlimit/tierlimit/events"
 )
 
 // The rules around a request: a plan header written in lower case, a listed
@@ -216,7 +217,7 @@ func TestReloadToDryRunRefusesNoBlockedKeyOnRedisServer(t *testing.T) {
 			c.Redis.Timeout = "1s"
 			tc.mark(c)
 		}))
-		redisOf(r.p.store).backend = redisOf(h.p.store).backend
+		redisOf(r.p.store).Backend = redisOf(h.p.store).Backend
 
 		for _, c := range []struct{ rule, path, client, key string }{
 			{"ip", "/api", "203.0.113.1:1", h.p.layers[layerIndex(h, "ip")].RedisKey + "203.0.113.1"},

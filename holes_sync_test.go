@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tierlimit/tierlimit/redisstore"
+
 	"github.com/tierlimit/tierlimit/redisresp"
 )
 
@@ -85,13 +87,13 @@ func TestChargesDuringAFailingSyncAreKept(t *testing.T) {
 	// A sync sends the 2 to a Redis that hangs, then drops the connection;
 	// 2 more are charged meanwhile.
 	hang := newHangingRedis(t)
-	good := st.backend.pool
+	good := st.Backend.Pool
 	down := redisresp.NewPool(redisresp.Options{Address: hang.l.Addr().String(), Timeout: 5 * time.Second})
 	t.Cleanup(down.Close)
-	st.backend.pool = down
+	st.Backend.Pool = down
 
 	failed := make(chan error, 1)
-	go func() { failed <- syncNow(st, h.clock.Now().UnixNano()) }()
+	go func() { failed <- redisstore.SyncNow(st, h.clock.Now().UnixNano()) }()
 
 	<-hang.got
 	take(2)
@@ -101,19 +103,19 @@ func TestChargesDuringAFailingSyncAreKept(t *testing.T) {
 		t.Fatal("a sync on a dropped connection succeeded")
 	}
 
-	if c := counterOf(st, "ip", client); c.remote != 6 || c.pending != 4 || c.inflight != 0 {
+	if c := counterOf(st, "ip", client); c.Remote != 6 || c.Pending != 4 || c.Inflight != 0 {
 		t.Fatalf("after the failed sync: remote %d, pending %d, inflight %d; want 6, 4 (the sync's 2 and the 2 charged during it), 0",
-			c.remote, c.pending, c.inflight)
+			c.Remote, c.Pending, c.Inflight)
 	}
 
 	// Redis answers again: the probe after the back-off sends the 4.
-	st.backend.pool = good
+	st.Backend.Pool = good
 	h.clock.Add(time.Second)
 	mustSync(t, st, h.clock.Now().UnixNano())
 
 	ip := h.p.layers[layerIndex(h, "ip")]
-	start, _ := syncWindow(ip, h.clock.Now().UnixNano())
-	if got := redisDo(t, admin, "GET", syncKey(ip, client, false, start)).Str; got != "10" {
+	start, _ := redisstore.SyncWindow(ip, h.clock.Now().UnixNano())
+	if got := redisDo(t, admin, "GET", redisstore.SyncKey(ip, client, false, start)).Str; got != "10" {
 		t.Fatalf("Redis total %q after the recovery, want 10: every charge once", got)
 	}
 
@@ -139,7 +141,7 @@ func TestSyncedKeyAtItsPointsIsNotEvicted(t *testing.T) {
 
 	mustSync(t, st, h.clock.Now().UnixNano())
 
-	if c := counterOf(st, "ip", full); c == nil || c.remote != 10 || c.pending != 0 || c.logged {
+	if c := counterOf(st, "ip", full); c == nil || c.Remote != 10 || c.Pending != 0 || c.Logged {
 		t.Fatalf("the full key after its sync: %+v, want remote 10, nothing pending, no refusal yet", c)
 	}
 
@@ -176,8 +178,8 @@ func TestSyncedKeyAtItsWindowsEnd(t *testing.T) {
 	h.clock.Add(end.Sub(h.clock.Now()))
 	now := h.clock.Now().UnixNano()
 
-	if c := counterOf(st, "ip", client); c.end != now {
-		t.Fatalf("the counter's window ends at %d, the clock is at %d", c.end, now)
+	if c := counterOf(st, "ip", client); c.End != now {
+		t.Fatalf("the counter's window ends at %d, the clock is at %d", c.End, now)
 	}
 
 	if !takeOn(st, h, client) {
@@ -186,8 +188,8 @@ func TestSyncedKeyAtItsWindowsEnd(t *testing.T) {
 
 	mustSync(t, st, now)
 
-	prev := syncKey(ip, client, false, end.Add(-time.Minute).UnixNano())
-	next := syncKey(ip, client, false, end.UnixNano())
+	prev := redisstore.SyncKey(ip, client, false, end.Add(-time.Minute).UnixNano())
+	next := redisstore.SyncKey(ip, client, false, end.UnixNano())
 
 	if got := redisDo(t, admin, "GET", next).Str; got != "1" {
 		t.Fatalf("the next window's total %q, want 1", got)

@@ -3,6 +3,8 @@ package tierlimit
 import (
 	"context"
 
+	"github.com/tierlimit/tierlimit/redisstore"
+
 	"github.com/tierlimit/tierlimit/lifetime"
 	"github.com/tierlimit/tierlimit/memstore"
 )
@@ -12,62 +14,6 @@ import (
 // (Unix nanoseconds) its value holds something that can still change a
 // decision at now, or 0. They run when an entry nobody holds reaches its
 // grace or the end they last reported, never on the request path.
-
-// storeLive is the memory store's: the latest end of its counters (a fixed
-// or calendar window's reset, a sliding window's reset plus one duration, a
-// token bucket's refill) and of its blocks.
-func storeLive(v interface{}, now int64) int64 {
-	s, ok := v.(*windowStore)
-	if !ok {
-		return 0
-	}
-
-	s.Mu.Lock()
-	defer s.Mu.Unlock()
-
-	var until int64
-
-	for _, m := range s.Maps {
-		for _, w := range m {
-			if w.Expire > until {
-				until = w.Expire
-			}
-		}
-	}
-
-	for _, m := range s.Blocks {
-		until = latestAfter(m, until)
-	}
-
-	return until
-}
-
-// blockListLive is the Redis block list's: the latest end of a block, or of a
-// window whose refusal was reported (noted), so that the middleware
-// configured again neither asks Redis for a key it knows blocked nor
-// reports a window's refusal twice.
-func blockListLive(v interface{}, now int64) int64 {
-	b, ok := v.(*blockList)
-	if !ok {
-		return 0
-	}
-
-	b.mu.Lock()
-	defer b.mu.Unlock()
-
-	return latestAfter(b.noted, latestAfter(b.until, 0))
-}
-
-// latestAfter returns the latest of until and the values of m.
-func latestAfter(m map[string]int64, until int64) int64 {
-	for _, end := range m {
-		if end > until {
-			until = end
-		}
-	}
-
-	return until
-}
 
 // connLive is the WebSocket connection counter's: while connections it
 // counted are open, they end when their clients go, at no known time, so it
@@ -94,7 +40,7 @@ func connLive(v interface{}, now int64) int64 {
 // they hold counts that still matter (lifetime.go, keep.go). Traefik keeps
 // one interpreter per plugin, so this survives configuration reloads and is
 // shared by every router that uses the middleware.
-var registry = &storeRegistry{stores: lifetime.NewKeepingRegistry(storeLive), blocked: lifetime.NewKeepingRegistry(blockListLive)}
+var registry = &storeRegistry{stores: lifetime.NewKeepingRegistry(memstore.Live), blocked: lifetime.NewKeepingRegistry(redisstore.BlockListLive)}
 
 type storeRegistry struct {
 	stores  *heldRegistry // *windowStore by middleware name
@@ -116,7 +62,7 @@ func (r *storeRegistry) get(ctx context.Context, name string, capacity int) *win
 // blockListFor returns the list of keys known over their limit for the
 // middleware called name (redis store), held until ctx is cancelled.
 func (r *storeRegistry) blockListFor(ctx context.Context, name string, capacity int) *blockList {
-	v := r.blocked.Take(ctx, name, func() interface{} { return newBlockList(capacity) })
+	v := r.blocked.Take(ctx, name, func() interface{} { return redisstore.NewBlockList(capacity) })
 
 	b, _ := v.(*blockList)
 

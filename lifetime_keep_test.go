@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tierlimit/tierlimit/redisstore"
+
 	"github.com/tierlimit/tierlimit/lifetime"
 	"github.com/tierlimit/tierlimit/memstore"
 
@@ -104,7 +106,7 @@ func TestUnheldCountersOutliveTheGraceUntilTheirEnd(t *testing.T) {
 	}
 
 	for _, c := range cases {
-		r := lifetime.NewKeepingRegistry(storeLive)
+		r := lifetime.NewKeepingRegistry(memstore.Live)
 		kt := newKeepTimers(r, t0)
 
 		var l *layer
@@ -151,7 +153,7 @@ func TestUnheldCountersOutliveTheGraceUntilTheirEnd(t *testing.T) {
 // released at the end of its last window; an empty store, or one whose
 // windows all ended, goes at the grace as before.
 func TestUnheldCountersReleasedWhenTheyEnd(t *testing.T) {
-	r := lifetime.NewKeepingRegistry(storeLive)
+	r := lifetime.NewKeepingRegistry(memstore.Live)
 	kt := newKeepTimers(r, t0)
 
 	_, grace := keepStore(t, r, kt, func(s *windowStore) {
@@ -177,7 +179,7 @@ func TestUnheldCountersReleasedWhenTheyEnd(t *testing.T) {
 	kt.none(t)
 
 	for _, name := range []string{"empty", "ended"} {
-		r := lifetime.NewKeepingRegistry(storeLive)
+		r := lifetime.NewKeepingRegistry(memstore.Live)
 		kt := newKeepTimers(r, t0)
 		name := name
 
@@ -201,12 +203,12 @@ func TestUnheldCountersReleasedWhenTheyEnd(t *testing.T) {
 // TestUnheldBlockListKeptUntilItsBlocksEnd: the Redis store's list of keys
 // known blocked is kept while a block runs.
 func TestUnheldBlockListKeptUntilItsBlocksEnd(t *testing.T) {
-	r := lifetime.NewKeepingRegistry(blockListLive)
+	r := lifetime.NewKeepingRegistry(redisstore.BlockListLive)
 	kt := newKeepTimers(r, t0)
 
 	ctx, cancel := context.WithCancel(context.Background())
-	b, _ := r.Take(ctx, "rl@file", func() interface{} { return newBlockList(100) }).(*blockList)
-	b.add("ip\x00args\x00", "198.51.100.7", t0+int64(time.Hour), t0)
+	b, _ := r.Take(ctx, "rl@file", func() interface{} { return redisstore.NewBlockList(100) }).(*blockList)
+	b.Add("ip\x00args\x00", "198.51.100.7", t0+int64(time.Hour), t0)
 	cancel()
 
 	kt.fire(kt.next(t))

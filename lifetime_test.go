@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tierlimit/tierlimit/redisstore"
+
 	"github.com/tierlimit/tierlimit/lifetime"
 
 	"github.com/tierlimit/tierlimit/redisresp"
@@ -171,15 +173,15 @@ func TestHeldRegistryCallbacksRecoverFromPanics(t *testing.T) {
 
 func TestReleasedBackendClosesItsPool(t *testing.T) {
 	s := newCannedRedis(t, "+PONG\r\n")
-	reg := &backendRegistry{byConfig: lifetime.NewHeldRegistry(closeBackend)}
-	ft := newFakeTimers(reg.byConfig)
+	reg := &backendRegistry{ByConfig: lifetime.NewHeldRegistry(redisstore.CloseBackend)}
+	ft := newFakeTimers(reg.ByConfig)
 
 	opts := redisresp.Options{Address: s.l.Addr().String(), Timeout: time.Second, PoolSize: 4}
 
 	ctx, cancel := context.WithCancel(context.Background())
-	b := reg.get(ctx, opts)
+	b := reg.Get(ctx, opts)
 
-	if _, err := b.pool.(*redisresp.Pool).Do("PING"); err != nil {
+	if _, err := b.Pool.(*redisresp.Pool).Do("PING"); err != nil {
 		t.Fatal(err)
 	}
 
@@ -187,18 +189,18 @@ func TestReleasedBackendClosesItsPool(t *testing.T) {
 	other := opts
 	other.Password = "rotated"
 
-	if reg.get(context.Background(), other) == b {
+	if reg.Get(context.Background(), other) == b {
 		t.Fatal("two Redis configurations share a pool")
 	}
 
 	cancel()
 	ft.next(t)()
 
-	if _, err := b.pool.(*redisresp.Pool).Do("PING"); !errors.Is(err, redisresp.ErrClosed) {
+	if _, err := b.Pool.(*redisresp.Pool).Do("PING"); !errors.Is(err, redisresp.ErrClosed) {
 		t.Fatalf("pool of a released backend: %v, want ErrClosed", err)
 	}
 
-	if reg.byConfig.Size() != 1 {
-		t.Fatalf("%d backends, want the one still held", reg.byConfig.Size())
+	if reg.ByConfig.Size() != 1 {
+		t.Fatalf("%d backends, want the one still held", reg.ByConfig.Size())
 	}
 }

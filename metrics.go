@@ -3,6 +3,8 @@ package tierlimit
 import (
 	"strconv"
 	"strings"
+
+	"github.com/tierlimit/tierlimit/redisstore"
 )
 
 // <status.path>/metrics: the status endpoint's counters in the Prometheus text
@@ -103,7 +105,7 @@ func registryMetrics(b *strings.Builder) {
 	sample(b, "tierlimit_registry_entries", `registry="stores"`, strconv.Itoa(registry.stores.Size()))
 	sample(b, "tierlimit_registry_entries", `registry="blocklists"`, strconv.Itoa(registry.blocked.Size()))
 	sample(b, "tierlimit_registry_entries", `registry="connections"`, strconv.Itoa(connCounters.byName.Size()))
-	sample(b, "tierlimit_registry_entries", `registry="redis"`, strconv.Itoa(backends.byConfig.Size()))
+	sample(b, "tierlimit_registry_entries", `registry="redis"`, strconv.Itoa(redisstore.Backends.ByConfig.Size()))
 }
 
 func family(b *strings.Builder, name, kind, help string) {

@@ -114,7 +114,7 @@ func (m *mixedStore) Take(t *tally, c *charge) {
 	m.redis.Take(&tr, rule.ChargeAt(c, si))
 
 	if tr.Refused && !c.All {
-		m.memory.Refund(rule.ChargeWithout(cm, tm.Uncharged), costOf(t))
+		m.memory.Refund(rule.ChargeWithout(cm, tm.Uncharged), rule.CostOf(t))
 		*t = tally{Cost: t.Cost, Shown: -1}
 		mergeTally(t, &tr, si)
 

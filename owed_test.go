@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tierlimit/tierlimit/redisstore"
+
 	"github.com/tierlimit/tierlimit/redisresp"
 )
 
@@ -103,8 +105,8 @@ func TestAFlapDoesNotSplitACount(t *testing.T) {
 		proxy.cut()
 		send(3)
 
-		if f.allowed != 7 || !redisOf(h.p.store).backend.down.Load() {
-			t.Fatalf("%s: %d allowed, down %v; want 7, decided in memory", algorithm, f.allowed, redisOf(h.p.store).backend.down.Load())
+		if f.allowed != 7 || !redisOf(h.p.store).Backend.Down.Load() {
+			t.Fatalf("%s: %d allowed, down %v; want 7, decided in memory", algorithm, f.allowed, redisOf(h.p.store).Backend.Down.Load())
 		}
 
 		// The back-off ends; the next request probes Redis, which then takes
@@ -150,11 +152,11 @@ func TestAFailedPaymentIsPaidAtTheNextRecovery(t *testing.T) {
 
 	// A payment while Redis is still cut (as when it fails again right
 	// after a probe): nothing is paid, nothing is lost.
-	payOwed(rs)
+	redisstore.PayOwed(rs)
 
-	rs.owed.mu.Lock()
-	debt := rs.owed.debts[owedKey{l: h.p.layers[0], key: keyFor(h.p.layers[0], client, "", nil)}].points
-	rs.owed.mu.Unlock()
+	rs.Owed.Mu.Lock()
+	debt := rs.Owed.Debts[owedKey{L: h.p.layers[0], Key: keyFor(h.p.layers[0], client, "", nil)}].Points
+	rs.Owed.Mu.Unlock()
 
 	if debt != 3 {
 		t.Fatalf("owed %d after a failed payment, want the outage's 3", debt)
@@ -196,7 +198,7 @@ func TestATokenBucketFlapDoesNotSplitItsCount(t *testing.T) {
 
 	// The payment a recovery starts, made here so that it is over before
 	// the next request.
-	payOwed(rs)
+	redisstore.PayOwed(rs)
 
 	h.clock.Add(10 * time.Second)
 	send(10)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/tierlimit/tierlimit/answer"
 	"github.com/tierlimit/tierlimit/redisresp"
+	"github.com/tierlimit/tierlimit/redisstore"
 	"github.com/tierlimit/tierlimit/request"
 )
 
@@ -573,17 +574,17 @@ func (rd *redisPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	}
 
 	rs := p.fast.store
-	if rs.blocked.size.Load() != 0 && refuseBlocked(p, rw, req, layers, client) {
+	if rs.Blocked.Size.Load() != 0 && refuseBlocked(p, rw, req, layers, client) {
 		return
 	}
 
-	if rs.backend.down.Load() || len(client) >= maxFastClientKey {
+	if rs.Backend.Down.Load() || len(client) >= maxFastClientKey {
 		serveRedisSlow(p, rw, req, layers, client)
 		return
 	}
 
 	now := p.now().UnixNano()
-	v, ints, err := redisresp.ScriptInts(rs.backend.single, rs.backend.sentinel, rp.call, rp.heads[len(client)]+client+rp.tail)
+	v, ints, err := redisresp.ScriptInts(rs.Backend.Single, rs.Backend.Sentinel, rp.call, rp.heads[len(client)]+client+rp.tail)
 	if err != nil {
 		redisFailed(p, rw, req, layers, client, now, err)
 		return
@@ -626,7 +627,7 @@ func redisAllowed(p *Plugin, rw http.ResponseWriter, req *http.Request, layers [
 	if shown.KeyKind == keyOfConst {
 		key = shown.ConstKey
 	}
-	local := p.fast.store.local
+	local := p.fast.store.Local
 	local.Mu.Lock()
 	for _, l := range layers {
 		l.Stats.Allowed++
@@ -638,7 +639,7 @@ func redisAllowed(p *Plugin, rw http.ResponseWriter, req *http.Request, layers [
 	}
 	local.Mu.Unlock()
 	if resetH == nil {
-		resetH = remember(local, shown, key, shown.Points-left, reset, now)
+		resetH = redisstore.Remember(local, shown, key, shown.Points-left, reset, now)
 	}
 	h := rw.Header()
 	h["X-Ratelimit-Limit"] = shown.LimitHdr
@@ -663,20 +664,20 @@ func redisAllowed(p *Plugin, rw http.ResponseWriter, req *http.Request, layers [
 // configured body or a WebSocket upgrade takes the store's own code
 // (refuseBlockedGeneral).
 func refuseBlocked(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, client string) bool {
-	b := p.fast.store.blocked
+	b := p.fast.store.Blocked
 	now := p.now().UnixNano()
-	b.mu.Lock()
+	b.Mu.Lock()
 	for _, l := range layers {
 		key := client
 		if l.KeyKind == keyOfConst {
 			key = l.ConstKey
 		}
-		reset := b.until[l.BlockPrefix+key]
+		reset := b.Until[l.BlockPrefix+key]
 		if reset == 0 {
 			continue
 		}
 		if reset <= now || l.Body != nil || req.Header["Upgrade"] != nil {
-			b.mu.Unlock()
+			b.Mu.Unlock()
 			return refuseBlockedGeneral(p, rw, req, layers, client, now)
 		}
 
@@ -688,7 +689,7 @@ func refuseBlocked(p *Plugin, rw http.ResponseWriter, req *http.Request, layers 
 		}
 		values := c.Values
 		body := c.Body
-		b.mu.Unlock()
+		b.Mu.Unlock()
 
 		atomic.AddInt64(&l.Stats.RedisRefused, 1)
 		h := rw.Header()
@@ -700,7 +701,7 @@ func refuseBlocked(p *Plugin, rw http.ResponseWriter, req *http.Request, layers 
 
 		return true
 	}
-	b.mu.Unlock()
+	b.Mu.Unlock()
 
 	return false
 }
@@ -730,33 +731,33 @@ func (sp *syncedPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	}
 
 	now := p.now().UnixNano()
-	st := p.fast.store.synced
+	st := p.fast.store.Synced
 
 	var shown *layer
 	var sc, fc *syncCounter
 	var left int64
 
-	st.mu.Lock()
+	st.Mu.Lock()
 	for _, l := range layers {
 		key := client
 		if l.KeyKind == keyOfConst {
 			key = l.ConstKey
 		}
 
-		c := st.byLayer[l.Name][key]
-		if c == nil || c.end <= now {
-			c = syncRestart(st, l, key, now)
+		c := st.ByLayer[l.Name][key]
+		if c == nil || c.End <= now {
+			c = redisstore.SyncRestart(st, l, key, now)
 		}
-		c.touched = true
+		c.Touched = true
 
-		count := c.remote + c.inflight + c.pending
+		count := c.Remote + c.Inflight + c.Pending
 		if count >= l.Points {
 			refuseSynced(p, rw, req, layers, l, c, fc, client, now)
 			return
 		}
 
-		c.pending++
-		c.allowed++
+		c.Pending++
+		c.Allowed++
 		if shown == nil || l.Points-count-1 < left {
 			shown = l
 			sc = c
@@ -764,9 +765,9 @@ func (sp *syncedPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 		}
 		fc = c
 	}
-	reset := sc.end
-	resetH := sc.resetH
-	st.mu.Unlock()
+	reset := sc.End
+	resetH := sc.ResetH
+	st.Mu.Unlock()
 
 	h := rw.Header()
 	h["X-Ratelimit-Limit"] = shown.LimitHdr
@@ -788,34 +789,34 @@ func (sp *syncedPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 // refuseFast, fc's allowed count keeps its decision. It is called with the
 // synced counters locked and unlocks them.
 func refuseSynced(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, l *layer, c, fc *syncCounter, client string, now int64) {
-	st := p.fast.store.synced
+	st := p.fast.store.Synced
 	if fc != nil {
-		fc.pending--
+		fc.Pending--
 	}
 
-	if l.Body != nil || req.Header["Upgrade"] != nil || !c.logged {
+	if l.Body != nil || req.Header["Upgrade"] != nil || !c.Logged {
 		// syncTake counts the decision again, fc's allowed too.
 		if fc != nil {
-			fc.allowed--
+			fc.Allowed--
 		}
 
-		st.mu.Unlock()
+		st.Mu.Unlock()
 		serveSyncedSlow(p, rw, req, layers, client, now)
 
 		return
 	}
 
-	c.refused++
+	c.Refused++
 
 	cache := &l.Cache
-	secs := (c.end - now + nsPerSecond - 1) / nsPerSecond
-	if cache.ResetSec != c.resetSec || cache.Secs != secs {
-		cacheRefusal(l, c.resetH[0], c.end, secs)
+	secs := (c.End - now + nsPerSecond - 1) / nsPerSecond
+	if cache.ResetSec != c.ResetSec || cache.Secs != secs {
+		cacheRefusal(l, c.ResetH[0], c.End, secs)
 	}
 
 	values := cache.Values
 	body := cache.Body
-	st.mu.Unlock()
+	st.Mu.Unlock()
 	h := rw.Header()
 	for i, v := range values {
 		h[refusalHeaders[i]] = v
@@ -851,16 +852,6 @@ func chargeOf(layers []*layer, client, principal string, req *http.Request, now 
 	}
 
 	return &charge{Layers: layers, Keys: keys, Client: client, Principal: principal, Now: now, All: all}
-}
-
-// costOf is the points a tally's request spends in each layer.
-func costOf(t *tally) int64 {
-	cost := t.Cost
-	if cost < 1 {
-		cost = 1
-	}
-
-	return cost
 }
 
 // decide charges the layers cost points each (0: 1), reports first

@@ -123,7 +123,7 @@ func (p *Plugin) handler() http.Handler {
 		return p
 	}
 
-	if p.mode == modeRedis && p.fast.store.synced != nil {
+	if p.mode == modeRedis && p.fast.store.Synced != nil {
 		return (*syncedPath)(p)
 	}
 

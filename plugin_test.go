@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"github.com/tierlimit/tierlimit/events"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -13,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/tierlimit/tierlimit/events"
 )
 
 // clock is a manual clock for the plugin.

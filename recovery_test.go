@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tierlimit/tierlimit/redisstore"
+
 	"github.com/tierlimit/tierlimit/redisresp"
 )
 
@@ -37,11 +39,11 @@ func (s *eventSink) String() string {
 func probing(t *testing.T, h *harness) (*redisBackend, *eventSink) {
 	t.Helper()
 
-	b := redisOf(h.p.store).backend
+	b := redisOf(h.p.store).Backend
 	sink := &eventSink{}
-	b.log = sink
-	b.probe.done = make(chan struct{})
-	t.Cleanup(func() { stopProbe(b) })
+	b.Log = sink
+	b.Probe.Done = make(chan struct{})
+	t.Cleanup(func() { redisstore.StopProbe(b) })
 
 	return b, sink
 }
@@ -101,10 +103,10 @@ func TestRecoveryIsSeenWithoutTraffic(t *testing.T) {
 
 	// Two probes fail (200 ms, then 400 ms): still down, nothing recovered.
 	waitFor(t, "two failed probes", func() bool {
-		b.mu.Lock()
-		defer b.mu.Unlock()
+		b.Mu.Lock()
+		defer b.Mu.Unlock()
 
-		return b.backoff >= 4*minBackoff
+		return b.Backoff >= 4*minBackoff
 	})
 
 	if got := fallbackMetric(t, h); got != "1" || strings.Contains(events.String(), "REDIS_RECOVERED") {
@@ -136,20 +138,20 @@ func TestTheProbeStopsWithTheBackend(t *testing.T) {
 	h.get("/api", "203.0.113.22:1")
 
 	running := func() bool {
-		b.mu.Lock()
-		defer b.mu.Unlock()
+		b.Mu.Lock()
+		defer b.Mu.Unlock()
 
-		return b.probe.running
+		return b.Probe.Running
 	}
 
 	if !running() {
 		t.Fatal("no probe after a failure")
 	}
 
-	closeBackend(b)
+	redisstore.CloseBackend(b)
 	waitFor(t, "the probe to end", func() bool { return !running() })
 
-	if b.failed(h.clock.Now().UnixNano()+int64(time.Minute), true, errBadReply); running() {
+	if b.Failed(h.clock.Now().UnixNano()+int64(time.Minute), true, redisstore.ErrBadReply); running() {
 		t.Fatal("a released backend started a probe")
 	}
 }
@@ -255,13 +257,13 @@ func emptyRestart(t *testing.T, algorithm string) {
 func TestResetSubscriptionRecoveryIsLogged(t *testing.T) {
 	addr, admin := redisServer(t)
 	proxy := newSwitchProxy(t, addr)
-	b := newBackend(redisresp.Options{Address: proxy.l.Addr().String(), Timeout: time.Second, DialTimeout: time.Second})
+	b := redisstore.NewBackend(redisresp.Options{Address: proxy.l.Addr().String(), Timeout: time.Second, DialTimeout: time.Second})
 	events := &eventSink{}
-	b.log = events
-	t.Cleanup(func() { closeBackend(b) })
+	b.Log = events
+	t.Cleanup(func() { redisstore.CloseBackend(b) })
 
-	channel := resetChannel("tierlimit-recovery")
-	b.resets.listen(channel, "m@test", func(string, string) {})
+	channel := redisstore.ResetChannel("tierlimit-recovery")
+	b.Resets.Listen(channel, "m@test", func(string, string) {})
 
 	subscribed := func() bool { return redisDo(t, admin, "PUBSUB", "NUMSUB", channel).Array[1].Int == 1 }
 	waitFor(t, "the subscription", subscribed)
@@ -274,10 +276,10 @@ func TestResetSubscriptionRecoveryIsLogged(t *testing.T) {
 
 		// Attempts keep failing (50 ms, then doubling): no line more.
 		waitFor(t, "failed attempts", func() bool {
-			b.resets.mu.Lock()
-			defer b.resets.mu.Unlock()
+			b.Resets.Mu.Lock()
+			defer b.Resets.Mu.Unlock()
 
-			return b.resets.failing
+			return b.Resets.Failing
 		})
 
 		if out := events.String(); strings.Count(out, "REDIS_RESETS_RECOVERED") != loss-1 {

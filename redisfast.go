@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/tierlimit/tierlimit/redisstore"
+
 	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/redisresp"
 )
@@ -58,8 +60,8 @@ func newRedisFast(rs *redisStore, ps plans) *redisFast {
 // as encodeCall encodes it, but for ARGV[1]: "2", the one-integer reply; each
 // request costs cost.
 func newRedisPlan(rs *redisStore, layers []*layer, cost int64) *redisPlan {
-	rp := &redisPlan{call: rs.callFor(len(layers))}
-	front, key, tail, args := rp.call.Head(), "", "", argOneInteger+costArg(cost)
+	rp := &redisPlan{call: rs.CallFor(len(layers))}
+	front, key, tail, args := rp.call.Head(), "", "", redisstore.ArgOneInteger+redisstore.CostArg(cost)
 	seen := false
 
 	for _, l := range layers {
@@ -100,16 +102,12 @@ func redisFastEligible(s *config.Settings, fixed, routes bool) bool {
 // redisPath is the handler of modeRedis (see fast.go's handlers).
 type redisPath Plugin
 
-// nsPerMillisecond is int64(time.Millisecond) as an untyped constant (see
-// nsPerSecond).
-const nsPerMillisecond = 1000000
-
 // refuseBlockedGeneral is refuseBlocked through the store's takeBlocked.
 func refuseBlockedGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, client string, now int64) bool {
 	var t tally
 
 	c := chargeOf(layers, client, "", req, now, false)
-	if !p.fast.store.takeBlocked(&t, c) {
+	if !p.fast.store.TakeBlocked(&t, c) {
 		return false
 	}
 
@@ -133,13 +131,13 @@ func redisFailed(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []
 
 	// A closed pool is not Redis failing (redisStore.take).
 	if !errors.Is(err, redisresp.ErrClosed) && !errors.Is(err, redisresp.ErrPoolTimeout) {
-		rs.backend.failed(now, false, err)
+		rs.Backend.Failed(now, false, err)
 	}
 
 	var t tally
 
 	c := chargeOf(layers, client, "", req, now, false)
-	rs.takeLocal(&t, c)
+	rs.TakeLocal(&t, c)
 	answerRedis(p, rw, req, &t, c)
 }
 
@@ -149,7 +147,7 @@ func redisReply(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*
 	var t tally
 
 	c := chargeOf(layers, client, "", req, now, false)
-	if err := p.fast.store.record(&t, c, ints); err != nil {
+	if err := p.fast.store.Record(&t, c, ints); err != nil {
 		redisFailed(p, rw, req, layers, client, now, err)
 		return
 	}

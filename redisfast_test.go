@@ -38,7 +38,7 @@ func TestServeRedisReadsTheOneIntegerReply(t *testing.T) {
 	}
 
 	sum := sha1.Sum([]byte(takeScript))
-	want := []string{"EVALSHA", hex.EncodeToString(sum[:]), "2", h.p.fast.store.prefix + "global:global", h.p.fast.store.prefix + "ip:203.0.113.9",
+	want := []string{"EVALSHA", hex.EncodeToString(sum[:]), "2", h.p.fast.store.Prefix + "global:global", h.p.fast.store.Prefix + "ip:203.0.113.9",
 		"2", "1", "100", "10000", "0", "0", "3", "60000", "0", "0"}
 	srv.mu.Lock()
 	got := srv.last

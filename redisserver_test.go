@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tierlimit/tierlimit/redisstore"
+
 	"github.com/tierlimit/tierlimit/redisresp"
 )
 
@@ -161,13 +163,13 @@ func serverState(t *testing.T, p *redisresp.Pool) string {
 func scriptCharge(t *testing.T, s *redisStore, layers []*layer, client string, cost int64) tally {
 	t.Helper()
 
-	ints, serverErr, err := s.callFor(len(layers)).RunIntsOn(s.backend.pool, encodeCall(chargeOf(layers, client, "", nil, time.Now().UnixNano(), false), argStopAtRefusal, cost))
+	ints, serverErr, err := s.CallFor(len(layers)).RunIntsOn(s.Backend.Pool, redisstore.EncodeCall(chargeOf(layers, client, "", nil, time.Now().UnixNano(), false), redisstore.ArgStopAtRefusal, cost))
 	if err != nil || serverErr != "" {
 		t.Fatalf("script: %v %s", err, serverErr)
 	}
 
 	var tl tally
-	if err := s.record(&tl, chargeOf(layers, client, "", nil, t0, false), ints); err != nil {
+	if err := s.Record(&tl, chargeOf(layers, client, "", nil, t0, false), ints); err != nil {
 		t.Fatalf("reply %v: %v", ints, err)
 	}
 
@@ -321,7 +323,7 @@ func TestRefundWhileRedisIsDownCallsNoRedis(t *testing.T) {
 		t.Fatalf("%d commands with Redis up, want the one refund call", srv.commands.Load())
 	}
 
-	s.backend.failed(t0, false, errBadReply)
+	s.Backend.Failed(t0, false, redisstore.ErrBadReply)
 	s.Refund(chargeOf(h.p.planIP, "203.0.113.1", "", nil, t0, false), 1)
 
 	if srv.commands.Load() != 1 {
@@ -656,14 +658,14 @@ func TestDeniedReadFailsTheScriptOnRedisServer(t *testing.T) {
 	key := h.p.planIP[0].RedisKey + "203.0.113.1"
 
 	// A new key is set, which the ACL grants; the next request reads it.
-	if tl := take(s, t0, h.p.planIP, "203.0.113.1", "", false); s.backend.down.Load() || tl.Count != 1 {
+	if tl := take(s, t0, h.p.planIP, "203.0.113.1", "", false); s.Backend.Down.Load() || tl.Count != 1 {
 		t.Fatalf("first request: tally %+v, logs %q", tl, logs)
 	}
 
 	tl := take(s, t0, h.p.planIP, "203.0.113.1", "", false)
 
 	// Memory starts from the 1 Redis reported (fallback.go).
-	if !s.backend.down.Load() || !strings.Contains(logs.String(), "REDIS_UNAVAILABLE") || tl.Count != 2 {
+	if !s.Backend.Down.Load() || !strings.Contains(logs.String(), "REDIS_UNAVAILABLE") || tl.Count != 2 {
 		t.Fatalf("tally %+v, logs %q: want memory to decide, from the count Redis reported, and Redis reported unavailable", tl, logs)
 	}
 

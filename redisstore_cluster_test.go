@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tierlimit/tierlimit/redisstore"
+
 	"github.com/tierlimit/tierlimit/redisresp"
 )
 
@@ -17,21 +19,21 @@ func TestClusterKeysShareASlotPerClientAndPrincipal(t *testing.T) {
 
 	ip, login, byPrincipal, global := mk("ip", keyOfClient), mk("login", keyOfClient), mk("upload", keyOfPrincipalElseClient), mk("global", keyOfConst)
 
-	if k := clusterKey(ip, keyFor(ip, "198.51.100.7", "", nil)); k != "ratelimit:mw:ip:{198.51.100.7}" {
+	if k := redisstore.ClusterKey(ip, keyFor(ip, "198.51.100.7", "", nil)); k != "ratelimit:mw:ip:{198.51.100.7}" {
 		t.Fatalf("ip key %q", k)
 	}
 
-	anon := clusterKey(byPrincipal, keyFor(byPrincipal, "198.51.100.7", "", nil))
-	if redisresp.Slot(anon) != redisresp.Slot(clusterKey(ip, keyFor(ip, "198.51.100.7", "", nil))) ||
-		redisresp.Slot(clusterKey(login, keyFor(login, "198.51.100.7", "", nil))) != redisresp.Slot(anon) {
+	anon := redisstore.ClusterKey(byPrincipal, keyFor(byPrincipal, "198.51.100.7", "", nil))
+	if redisresp.Slot(anon) != redisresp.Slot(redisstore.ClusterKey(ip, keyFor(ip, "198.51.100.7", "", nil))) ||
+		redisresp.Slot(redisstore.ClusterKey(login, keyFor(login, "198.51.100.7", "", nil))) != redisresp.Slot(anon) {
 		t.Fatalf("one client's layers in different slots: %q", anon)
 	}
 
-	if k := clusterKey(byPrincipal, keyFor(byPrincipal, "198.51.100.7", "alice", nil)); k != "ratelimit:mw:upload:{alice}" {
+	if k := redisstore.ClusterKey(byPrincipal, keyFor(byPrincipal, "198.51.100.7", "alice", nil)); k != "ratelimit:mw:upload:{alice}" {
 		t.Fatalf("principal key %q", k)
 	}
 
-	if k := clusterKey(global, keyFor(global, "198.51.100.7", "alice", nil)); k != "ratelimit:mw:global:{global}" {
+	if k := redisstore.ClusterKey(global, keyFor(global, "198.51.100.7", "alice", nil)); k != "ratelimit:mw:global:{global}" {
 		t.Fatalf("global key %q", k)
 	}
 }
@@ -39,7 +41,7 @@ func TestClusterKeysShareASlotPerClientAndPrincipal(t *testing.T) {
 func TestMergeSlotRepliesStopsAtTheFirstRefusalInLayerOrder(t *testing.T) {
 	layers := []*layer{{Limits: limits{Name: "global", Points: 10}}, {Limits: limits{Name: "ip", Points: 5}}, {Limits: limits{Name: "login", Points: 3}}}
 	// global alone in one slot; ip and login share the client's.
-	groups := []*slotGroup{{layers: []int{0}}, {layers: []int{1, 2}}}
+	groups := []*slotGroup{{Layers: []int{0}}, {Layers: []int{1, 2}}}
 
 	cases := []struct {
 		name    string
@@ -55,13 +57,13 @@ func TestMergeSlotRepliesStopsAtTheFirstRefusalInLayerOrder(t *testing.T) {
 	}
 
 	for _, tc := range cases {
-		ints, serverErr, err := mergeSlotReplies(layers, groups, tc.replies, tc.all)
+		ints, serverErr, err := redisstore.MergeSlotReplies(layers, groups, tc.replies, tc.all)
 		if err != nil || serverErr != "" || fmt.Sprint(ints) != tc.want {
 			t.Errorf("%s: %v %q %v, want %s", tc.name, ints, serverErr, err, tc.want)
 		}
 	}
 
-	_, serverErr, _ := mergeSlotReplies(layers, groups, []redisresp.Reply{{Ints: []int64{3, 900}}, {ServerErr: "CLUSTERDOWN The cluster is down"}}, false)
+	_, serverErr, _ := redisstore.MergeSlotReplies(layers, groups, []redisresp.Reply{{Ints: []int64{3, 900}}, {ServerErr: "CLUSTERDOWN The cluster is down"}}, false)
 	if serverErr != "CLUSTERDOWN The cluster is down" {
 		t.Errorf("a call's server error: %q", serverErr)
 	}
@@ -71,19 +73,19 @@ func TestMergeSlotRepliesStopsAtTheFirstRefusalInLayerOrder(t *testing.T) {
 // holds the request's time (the instance's clock), not the wall clock's.
 func TestClusterCalendarKeyFollowsTheRequestTime(t *testing.T) {
 	l := &layer{Limits: limits{Name: "ip", Points: 5, KeyKind: keyOfClient, Calendar: calDay}, RedisEncoding: redisEncoding{RedisKey: "ratelimit:mw:ip:"}}
-	l.RedisArgs = redisresp.Bulk("5") + redisresp.Bulk("86400000") + algoFixed + argNoRate
-	l.RedisTail = redisTail(l.RedisArgs)
+	l.RedisArgs = redisresp.Bulk("5") + redisresp.Bulk("86400000") + redisstore.AlgoFixed + redisstore.ArgNoRate
+	l.RedisTail = redisstore.RedisTail(l.RedisArgs)
 	now := time.Date(2026, 2, 10, 18, 0, 0, 0, time.UTC).UnixNano()
 
-	groups := slotGroups(chargeOf([]*layer{l}, "198.51.100.7", "", nil, now, false), "")
+	groups := redisstore.SlotGroups(chargeOf([]*layer{l}, "198.51.100.7", "", nil, now, false), "")
 
 	start := time.Date(2026, 2, 10, 0, 0, 0, 0, time.UTC).Unix()
-	if want := redisresp.Bulk("ratelimit:mw:ip:{198.51.100.7}:" + strconv.FormatInt(start, 10)); len(groups) != 1 || groups[0].keys != want {
-		t.Fatalf("keys %q, want %q", groups[0].keys, want)
+	if want := redisresp.Bulk("ratelimit:mw:ip:{198.51.100.7}:" + strconv.FormatInt(start, 10)); len(groups) != 1 || groups[0].Keys != want {
+		t.Fatalf("keys %q, want %q", groups[0].Keys, want)
 	}
 
 	// 6 hours to the end of the day.
-	if want := redisresp.Bulk("5") + redisresp.Bulk("21600000"); !strings.HasPrefix(groups[0].args, want) {
-		t.Fatalf("args %q, want the window left: %q", groups[0].args, want)
+	if want := redisresp.Bulk("5") + redisresp.Bulk("21600000"); !strings.HasPrefix(groups[0].Args, want) {
+		t.Fatalf("args %q, want the window left: %q", groups[0].Args, want)
 	}
 }

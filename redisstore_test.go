@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tierlimit/tierlimit/redisstore"
+
 	"github.com/tierlimit/tierlimit/redisresp"
 )
 
@@ -143,7 +145,7 @@ func redisHarness(t *testing.T, addr string, mutate func(c *Config)) (*harness, 
 
 	logs := &bytes.Buffer{}
 	pool := redisresp.NewPool(s.Redis)
-	redisOf(h.p.store).backend = &redisBackend{pool: pool, single: pool, address: addr, log: logs}
+	redisOf(h.p.store).Backend = &redisBackend{Pool: pool, Single: pool, Address: addr, Log: logs}
 
 	return h, logs
 }
@@ -175,48 +177,48 @@ func TestRedisDownIsDecidedInMemoryWithTheSameLimits(t *testing.T) {
 
 func TestBackoffGrowsWhileProbesFailAndEndsOnSuccess(t *testing.T) {
 	logs := &bytes.Buffer{}
-	b := &redisBackend{address: "test", log: logs}
+	b := &redisBackend{Address: "test", Log: logs}
 	ms := int64(time.Millisecond)
 	now := t0
 
-	if use, probe := b.usable(now); !use || probe {
+	if use, probe := b.Usable(now); !use || probe {
 		t.Fatal("a healthy backend is not used")
 	}
 
 	// Calls in flight when Redis went away all fail: one back-off, one log line.
 	for i := 0; i < 10; i++ {
-		b.failed(now, false, io.EOF)
+		b.Failed(now, false, io.EOF)
 	}
 
 	want := []int64{200, 400, 800, 1600, 3200, 5000, 5000}
 	for i, backoff := range want {
-		if use, _ := b.usable(now + backoff*ms - 1); use {
+		if use, _ := b.Usable(now + backoff*ms - 1); use {
 			t.Fatalf("step %d: Redis used before the back-off of %dms ended", i, backoff)
 		}
 
 		now += backoff * ms
 
-		use, probe := b.usable(now)
+		use, probe := b.Usable(now)
 		if !use || !probe {
 			t.Fatalf("step %d: no probe after %dms", i, backoff)
 		}
 
 		// One probe at a time.
-		if use, _ := b.usable(now); use {
+		if use, _ := b.Usable(now); use {
 			t.Fatalf("step %d: a second request probed concurrently", i)
 		}
 
-		b.failed(now, true, io.EOF)
+		b.Failed(now, true, io.EOF)
 	}
 
 	now += 5000 * ms
-	if use, probe := b.usable(now); !use || !probe {
+	if use, probe := b.Usable(now); !use || !probe {
 		t.Fatal("no probe at the capped back-off")
 	}
 
-	b.succeeded(now)
+	b.Succeeded(now)
 
-	if use, probe := b.usable(now); !use || probe {
+	if use, probe := b.Usable(now); !use || probe {
 		t.Fatal("Redis not used after a successful probe")
 	}
 
@@ -323,17 +325,17 @@ func TestDryRunWithRedisChargesEveryLayerAndNeverBlocks(t *testing.T) {
 }
 
 func TestBlockListIsBounded(t *testing.T) {
-	b := newBlockList(10)
+	b := redisstore.NewBlockList(10)
 
 	for i := 0; i < 1000; i++ {
-		b.add("ip", strconv.Itoa(i), t0+int64(time.Minute), t0)
+		b.Add("ip", strconv.Itoa(i), t0+int64(time.Minute), t0)
 	}
 
-	if len(b.until) > 10 {
-		t.Fatalf("%d keys held, cap 10", len(b.until))
+	if len(b.Until) > 10 {
+		t.Fatalf("%d keys held, cap 10", len(b.Until))
 	}
 
-	if !b.add("ip", "expired", t0+1, t0) || b.resetOf("ip", "expired", t0+1) != 0 {
+	if !b.Add("ip", "expired", t0+1, t0) || b.ResetOf("ip", "expired", t0+1) != 0 {
 		t.Fatal("an expired block is still held")
 	}
 }
@@ -367,8 +369,8 @@ func TestRedisKeysAndArguments(t *testing.T) {
 		t.Fatalf("command\n%q\nwant\n%q", got, want)
 	}
 
-	if store.prefix != "rl:"+h.p.name+":" {
-		t.Fatalf("prefix %q", store.prefix)
+	if store.Prefix != "rl:"+h.p.name+":" {
+		t.Fatalf("prefix %q", store.Prefix)
 	}
 
 }
@@ -405,7 +407,7 @@ func TestRequestsWithoutLayersDoNotCallRedis(t *testing.T) {
 		t.Fatalf("%d Redis commands for 20 user and 40 layerless requests, want 20", n)
 	}
 
-	if logs.Len() != 0 || redisStoreOf(h.p).backend.down.Load() {
+	if logs.Len() != 0 || redisStoreOf(h.p).Backend.Down.Load() {
 		t.Fatalf("Redis marked down: %s", logs)
 	}
 }
@@ -416,7 +418,7 @@ func TestRequestsWithoutLayersDoNotCallRedis(t *testing.T) {
 func TestClosedPoolIsDecidedInMemoryWithoutAnEvent(t *testing.T) {
 	s := newCannedRedis(t, "*2\r\n:1\r\n:60000\r\n")
 	h, logs := redisHarness(t, s.l.Addr().String(), nil)
-	redisStoreOf(h.p).backend.pool.Close()
+	redisStoreOf(h.p).Backend.Pool.Close()
 
 	for i := 1; i <= 4; i++ {
 		want := http.StatusOK
@@ -429,8 +431,8 @@ func TestClosedPoolIsDecidedInMemoryWithoutAnEvent(t *testing.T) {
 		}
 	}
 
-	if logs.Len() != 0 || redisStoreOf(h.p).backend.down.Load() || s.commands.Load() != 0 {
-		t.Fatalf("closed pool: %d commands, down %v, events %s", s.commands.Load(), redisStoreOf(h.p).backend.down.Load(), logs)
+	if logs.Len() != 0 || redisStoreOf(h.p).Backend.Down.Load() || s.commands.Load() != 0 {
+		t.Fatalf("closed pool: %d commands, down %v, events %s", s.commands.Load(), redisStoreOf(h.p).Backend.Down.Load(), logs)
 	}
 }
 
@@ -472,11 +474,11 @@ func TestCostIsTheScriptsSecondArgument(t *testing.T) {
 	for _, cost := range []int64{1, 3, 12} {
 		want := redisresp.Bulk(strconv.FormatInt(cost, 10)) + layers[0].RedisArgs
 
-		if got := encodeCall(chargeOf(layers, "203.0.113.1", "", nil, 0, false), argStopAtRefusal, cost); !strings.HasSuffix(got, argStopAtRefusal+want) {
+		if got := redisstore.EncodeCall(chargeOf(layers, "203.0.113.1", "", nil, 0, false), redisstore.ArgStopAtRefusal, cost); !strings.HasSuffix(got, redisstore.ArgStopAtRefusal+want) {
 			t.Fatalf("cost %d: encoded %q", cost, got)
 		}
 
-		if rp := newRedisPlan(redisStoreOf(h.p), layers, cost); !strings.HasSuffix(rp.tail, argOneInteger+want) {
+		if rp := newRedisPlan(redisStoreOf(h.p), layers, cost); !strings.HasSuffix(rp.tail, redisstore.ArgOneInteger+want) {
 			t.Fatalf("cost %d: plan tail %q", cost, rp.tail)
 		}
 	}

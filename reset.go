@@ -2,14 +2,11 @@ package tierlimit
 
 import (
 	"encoding/json"
-	"errors"
-	"fmt"
-	"github.com/tierlimit/tierlimit/events"
 	"net/http"
-	"time"
+
+	"github.com/tierlimit/tierlimit/redisstore"
 
 	"github.com/tierlimit/tierlimit/answer"
-	"github.com/tierlimit/tierlimit/redisresp"
 	"github.com/tierlimit/tierlimit/request"
 )
 
@@ -27,13 +24,6 @@ import (
 // (resetsub.go): the reset script publishes it.
 
 const resetSuffix = "/reset"
-
-// What resetReport.Redis says of the key in Redis.
-const (
-	redisCleared     = "cleared"
-	redisAbsent      = "absent"
-	redisUnavailable = "unavailable"
-)
 
 // serveReset answers a request for <status.path>/reset from an allowed client.
 func serveReset(p *Plugin, rw http.ResponseWriter, req *http.Request) {
@@ -109,12 +99,12 @@ func clearKey(p *Plugin, l *layer, key string) resetReport {
 	}
 
 	if rs := redisOf(p.store); rs != nil {
-		if rs.synced != nil && syncForget(rs.synced, l.Name, key) {
+		if rs.Synced != nil && redisstore.SyncForget(rs.Synced, l.Name, key) {
 			r.Memory = true
 		}
 
-		r.BlockList = rs.blocked.forget(l.BlockPrefix+key, now)
-		r.Redis = rs.reset(l, key, now)
+		r.BlockList = rs.Blocked.Forget(l.BlockPrefix+key, now)
+		r.Redis = rs.Reset(l, key, now)
 	}
 
 	return r
@@ -129,140 +119,4 @@ func operatorOf(p *Plugin, req *http.Request) string {
 	}
 
 	return a.String()
-}
-
-// forget drops a block list entry (layer.blockPrefix + key) and reports
-// whether it still refused.
-func (b *blockList) forget(id string, now int64) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-
-	reset, ok := b.until[id]
-	if !ok {
-		return false
-	}
-
-	delete(b.until, id)
-	b.size.Store(int64(len(b.until)))
-
-	return reset > now
-}
-
-// resetScript deletes its keys, publishes the reset to the other replicas
-// (ARGV[1] the channel, ARGV[2] the message: resetsub.go) and returns how
-// many keys there were, as a one-integer array (the replies redisresp
-// reads). A script rather than a DEL, so that it goes through the calls the
-// store makes already (EVALSHA, NOSCRIPT, a cluster's slots and
-// redirections), and the PUBLISH costs no round trip of its own; on a
-// cluster, a PUBLISH reaches the subscribers of every node. The message is
-// sent whatever was deleted: a replica's block list entry may outlive the
-// key by a few milliseconds.
-const resetScript = `
-local n = 0
-for i = 1, #KEYS do
-  n = n + redis.call('DEL', KEYS[i])
-end
-redis.call('PUBLISH', ARGV[1], ARGV[2])
-return {n}
-`
-
-var resetRedis = redisresp.NewScript(resetScript)
-
-// resetKeys are the Redis keys of key in layer l: its counter, in the form of
-// the deployment (clusterKey on a cluster), and a blockDuration block's key,
-// under the same hash tag: resetScript deletes every key of one call, which
-// a cluster runs in one slot.
-func resetKeys(s *redisStore, l *layer, key string, now int64) []string {
-	if s.synced != nil {
-		start, _ := syncWindow(l, now)
-		return []string{syncKey(l, key, s.backend.cluster != nil, start)}
-	}
-
-	k := l.RedisKey + key
-	if s.backend.cluster != nil {
-		k = resetClusterKey(l, key)
-	}
-
-	if l.Calendar != 0 {
-		k += calendarSuffix(l, now)
-	}
-
-	if l.BlockDuration != 0 {
-		return []string{k, k + ":block"}
-	}
-
-	return []string{k}
-}
-
-// resetClusterKey is clusterKey for a bucket key as keyFor made it: a
-// principal-keyed route's key of a request without a principal (ip:<addr>)
-// is tagged by the address, every other by the whole key.
-func resetClusterKey(l *layer, key string) string {
-	return clusterKey(l, key)
-}
-
-// reset deletes key's Redis keys in l and says what it found: redisCleared,
-// redisAbsent, or redisUnavailable when the call failed (logged; Redis's
-// back-off is left to the requests, which will find out themselves).
-func (s *redisStore) reset(l *layer, key string, now int64) string {
-	n, err := s.deleteKeys(resetKeys(s, l, key, now), s.channel, resetMessage(s.name, l.Name, key))
-	if err != nil {
-		s.backend.logResetFailure(err)
-		return redisUnavailable
-	}
-
-	if n > 0 {
-		return redisCleared
-	}
-
-	return redisAbsent
-}
-
-var errNoReply = errors.New("no reply")
-
-// deleteKeys runs resetScript on keys, which share a slot, publishing
-// message on channel, and returns how many existed.
-func (s *redisStore) deleteKeys(keys []string, channel, message string) (int64, error) {
-	encoded := ""
-	for _, k := range keys {
-		encoded += redisresp.Bulk(k)
-	}
-
-	encoded += redisresp.Bulk(channel) + redisresp.Bulk(message)
-	call := resetRedis.Call(len(keys), len(keys)+2)
-
-	var ints []int64
-	var serverErr string
-	var err error
-
-	if cl := s.backend.cluster; cl != nil {
-		var replies []redisresp.Reply
-
-		replies, err = cl.RunInts([]redisresp.ClusterCall{{Slot: redisresp.Slot(keys[0]), Call: call, Encoded: encoded}})
-		if err == nil && len(replies) == 1 {
-			ints = replies[0].Ints
-			serverErr = replies[0].ServerErr
-		}
-	} else {
-		ints, serverErr, err = call.RunIntsOn(s.backend.pool, encoded)
-	}
-
-	switch {
-	case err != nil:
-		return 0, fmt.Errorf("deleting %s: %w", keys[0], err)
-	case serverErr != "":
-		return 0, fmt.Errorf("deleting %s: %s", keys[0], serverErr)
-	case len(ints) != 1:
-		return 0, fmt.Errorf("deleting %s: %w", keys[0], errNoReply)
-	}
-
-	return ints[0], nil
-}
-
-// logResetFailure logs a reset that could not reach Redis.
-func (b *redisBackend) logResetFailure(err error) {
-	line, jerr := events.RedisEventLine(redisEvent{Event: "REDIS_RESET_FAILED", Severity: "error", Address: b.address, Error: err.Error()}, time.Now().UnixNano())
-	if jerr == nil {
-		_, _ = b.log.Write(line)
-	}
 }

@@ -2,13 +2,16 @@ package tierlimit
 
 import (
 	"encoding/json"
-	"github.com/tierlimit/tierlimit/events"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tierlimit/tierlimit/redisstore"
+
+	"github.com/tierlimit/tierlimit/events"
 
 	"github.com/tierlimit/tierlimit/redisresp"
 	"github.com/tierlimit/tierlimit/request"
@@ -259,7 +262,7 @@ func TestResetClearsRedisAndTheBlockListOnRedisServer(t *testing.T) {
 
 		h.burst(client, 3)
 
-		if redisDo(t, admin, "EXISTS", key).Int != 1 || redisStoreOf(h.p).blocked.resetOf(h.p.layers[0].BlockPrefix, client, h.clock.Now().UnixNano()) == 0 {
+		if redisDo(t, admin, "EXISTS", key).Int != 1 || redisStoreOf(h.p).Blocked.ResetOf(h.p.layers[0].BlockPrefix, client, h.clock.Now().UnixNano()) == 0 {
 			t.Fatalf("%s: the refusal left no key in Redis or no block list entry", algorithm)
 		}
 
@@ -317,7 +320,7 @@ func TestResetWithRedisDownIs503(t *testing.T) {
 
 	// A closed pool (a replaced configuration's) is unavailable too, and
 	// nothing panics.
-	redisStoreOf(h.p).backend.pool.Close()
+	redisStoreOf(h.p).Backend.Pool.Close()
 
 	if code, doc := h.reset("?layer=ip&key=203.0.113.9", ""); code != http.StatusServiceUnavailable || *doc.Redis != "unavailable" {
 		t.Fatalf("closed pool: %d %+v", code, doc)
@@ -335,7 +338,7 @@ func TestResetClusterKeyIsTheChargedOne(t *testing.T) {
 
 		for _, principal := range []string{"", "alice"} {
 			bucket := keyFor(l, "198.51.100.7", principal, req)
-			if got, want := resetClusterKey(l, bucket), clusterKey(l, keyFor(l, "198.51.100.7", principal, req)); got != want || redisresp.Slot(got) != redisresp.Slot(want) {
+			if got, want := redisstore.ResetClusterKey(l, bucket), redisstore.ClusterKey(l, keyFor(l, "198.51.100.7", principal, req)); got != want || redisresp.Slot(got) != redisresp.Slot(want) {
 				t.Errorf("kind %d, principal %q: reset deletes %q, charged %q", kind, principal, got, want)
 			}
 		}

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tierlimit/tierlimit/redisstore"
+
 	"github.com/tierlimit/tierlimit/memstore"
 
 	"github.com/tierlimit/tierlimit/redisresp"
@@ -18,14 +20,14 @@ func TestResetMessagesRoundTripAndOthersAreDropped(t *testing.T) {
 		{"edge@file", "route-login", "ip:2001:db8::1"},
 		{"m", "l", "key\x00with a NUL"},
 	} {
-		name, layer, key, ok := parseResetMessage(resetMessage(c[0], c[1], c[2]))
+		name, layer, key, ok := redisstore.ParseResetMessage(redisstore.ResetMessage(c[0], c[1], c[2]))
 		if !ok || name != c[0] || layer != c[1] || key != c[2] {
 			t.Fatalf("%q: %q %q %q %v", c, name, layer, key, ok)
 		}
 	}
 
 	for _, payload := range []string{"", "edge@file", "edge@file\x00ip", "edge@file\x00ip\x00", "\x00ip\x00k", "m\x00\x00k"} {
-		if _, _, _, ok := parseResetMessage(payload); ok {
+		if _, _, _, ok := redisstore.ParseResetMessage(payload); ok {
 			t.Fatalf("%q read as a reset", payload)
 		}
 	}
@@ -37,16 +39,16 @@ func TestResetMessagesRoundTripAndOthersAreDropped(t *testing.T) {
 func TestResetMessageClearsTheNamedKeyOnly(t *testing.T) {
 	now := t0
 	reset := now + int64(time.Hour)
-	bl := newBlockList(100)
+	bl := redisstore.NewBlockList(100)
 	ws := memstore.NewWindowStore(100)
 	l := testLayer(ws, "ip", 1, time.Hour)
 	other := testLayer(ws, "ipx", 1, time.Hour)
 	req := httptest.NewRequest(http.MethodGet, "/", nil)
 
-	bl.add("ip\x00points 5\x00", "203.0.113.7", reset, now)
-	bl.add("ip\x00points 9\x00", "203.0.113.7", reset, now) // before a reload changed the limits
-	bl.add("ip\x00points 5\x00", "203.0.113.8", reset, now)
-	bl.add("ipx\x00points 5\x00", "203.0.113.7", reset, now)
+	bl.Add("ip\x00points 5\x00", "203.0.113.7", reset, now)
+	bl.Add("ip\x00points 9\x00", "203.0.113.7", reset, now) // before a reload changed the limits
+	bl.Add("ip\x00points 5\x00", "203.0.113.8", reset, now)
+	bl.Add("ipx\x00points 5\x00", "203.0.113.7", reset, now)
 
 	for _, lay := range []*layer{l, other} {
 		var tl tally
@@ -60,26 +62,26 @@ func TestResetMessageClearsTheNamedKeyOnly(t *testing.T) {
 	clockReads := 0
 	clock := func() time.Time { clockReads++; return time.Unix(0, now) }
 
-	r := newResetListener(&redisBackend{}, redisresp.Options{})
-	r.targets["ratelimit:resets"] = map[string]resetForget{"edge@file": forgetIn(bl, ws, clock)}
+	r := redisstore.NewResetListener(&redisBackend{}, redisresp.Options{})
+	r.Targets["ratelimit:resets"] = map[string]resetForget{"edge@file": redisstore.ForgetIn(bl, ws, clock)}
 
 	// Another middleware's, another channel's and a malformed message.
-	r.dispatch(redisresp.Message{Channel: "ratelimit:resets", Payload: resetMessage("other@file", "ip", "203.0.113.7")})
-	r.dispatch(redisresp.Message{Channel: "other:resets", Payload: resetMessage("edge@file", "ip", "203.0.113.7")})
-	r.dispatch(redisresp.Message{Channel: "ratelimit:resets", Payload: "edge@file ip 203.0.113.7"})
+	r.Dispatch(redisresp.Message{Channel: "ratelimit:resets", Payload: redisstore.ResetMessage("other@file", "ip", "203.0.113.7")})
+	r.Dispatch(redisresp.Message{Channel: "other:resets", Payload: redisstore.ResetMessage("edge@file", "ip", "203.0.113.7")})
+	r.Dispatch(redisresp.Message{Channel: "ratelimit:resets", Payload: "edge@file ip 203.0.113.7"})
 
-	if bl.size.Load() != 4 || peekCount(ws, now, "ip", "203.0.113.7") != 1 {
-		t.Fatalf("a message for someone else cleared something: %d entries, %v", bl.size.Load(), bl.until)
+	if bl.Size.Load() != 4 || peekCount(ws, now, "ip", "203.0.113.7") != 1 {
+		t.Fatalf("a message for someone else cleared something: %d entries, %v", bl.Size.Load(), bl.Until)
 	}
 
-	r.dispatch(redisresp.Message{Channel: "ratelimit:resets", Payload: resetMessage("edge@file", "ip", "203.0.113.7")})
+	r.Dispatch(redisresp.Message{Channel: "ratelimit:resets", Payload: redisstore.ResetMessage("edge@file", "ip", "203.0.113.7")})
 
-	if bl.resetOf("ip\x00points 5\x00", "203.0.113.7", now) != 0 || bl.resetOf("ip\x00points 9\x00", "203.0.113.7", now) != 0 {
-		t.Fatalf("the key is still blocked: %v", bl.until)
+	if bl.ResetOf("ip\x00points 5\x00", "203.0.113.7", now) != 0 || bl.ResetOf("ip\x00points 9\x00", "203.0.113.7", now) != 0 {
+		t.Fatalf("the key is still blocked: %v", bl.Until)
 	}
 
-	if bl.resetOf("ip\x00points 5\x00", "203.0.113.8", now) != reset || bl.resetOf("ipx\x00points 5\x00", "203.0.113.7", now) != reset {
-		t.Fatalf("another key or layer was cleared: %v", bl.until)
+	if bl.ResetOf("ip\x00points 5\x00", "203.0.113.8", now) != reset || bl.ResetOf("ipx\x00points 5\x00", "203.0.113.7", now) != reset {
+		t.Fatalf("another key or layer was cleared: %v", bl.Until)
 	}
 
 	if _, ok := ws.Blocks["ip"]["203.0.113.7"]; ok || ws.Blocks["ip"]["203.0.113.8"] != reset {
@@ -98,10 +100,10 @@ func TestResetMessageClearsTheNamedKeyOnly(t *testing.T) {
 // A panic in a session (here: logging its failure) ends the session, not
 // the process.
 func TestResetSessionRecoversFromPanics(t *testing.T) {
-	r := newResetListener(&redisBackend{}, redisresp.Options{Address: closedPort(t)})
-	r.event = func(string) { panic("logging") }
+	r := redisstore.NewResetListener(&redisBackend{}, redisresp.Options{Address: closedPort(t)})
+	r.Event = func(string) { panic("logging") }
 
-	if r.session(0) {
+	if r.Session(0) {
 		t.Fatal("a session that panicked reports a subscription")
 	}
 }
@@ -122,11 +124,11 @@ func TestResetReachesAnotherReplicasBlockListOnRedisServer(t *testing.T) {
 
 	// Replica B: the same middleware (name, layers, keys) with a backend, a
 	// block list and a memory fallback of its own.
-	bb := newBackend(redisresp.Options{Address: addr, Username: "tierlimit", Password: aclPassword, Timeout: time.Second})
-	bb.log = &bytes.Buffer{}
-	b := &redisStore{prefix: a.prefix, name: a.name, channel: a.channel, backend: bb, local: memstore.NewWindowStore(100), blocked: newBlockList(100), calls: a.calls}
-	b.fallback = b.local
-	b.clock = time.Now
+	bb := redisstore.NewBackend(redisresp.Options{Address: addr, Username: "tierlimit", Password: aclPassword, Timeout: time.Second})
+	bb.Log = &bytes.Buffer{}
+	b := &redisStore{Prefix: a.Prefix, Name: a.Name, Channel: a.Channel, Backend: bb, Local: memstore.NewWindowStore(100), Blocked: redisstore.NewBlockList(100), Calls: a.Calls}
+	b.Fallback = b.Local
+	b.Clock = time.Now
 	layers := h.p.layers[:1]
 	client, other := "203.0.113.7", "203.0.113.8"
 	now := h.clock.Now().UnixNano()
@@ -138,7 +140,7 @@ func TestResetReachesAnotherReplicasBlockListOnRedisServer(t *testing.T) {
 	}
 
 	numsub := func() int64 {
-		v := redisDo(t, admin, "PUBSUB", "NUMSUB", a.channel)
+		v := redisDo(t, admin, "PUBSUB", "NUMSUB", a.Channel)
 		return v.Array[1].Int
 	}
 
@@ -155,7 +157,7 @@ func TestResetReachesAnotherReplicasBlockListOnRedisServer(t *testing.T) {
 	}
 
 	var memory tally
-	b.local.Take(&memory, chargeOf(layers, client, "", nil, now, false))
+	b.Local.Take(&memory, chargeOf(layers, client, "", nil, now, false))
 
 	waitUntil(t, "B subscribes", func() bool { return numsub() == 1 })
 
@@ -163,13 +165,13 @@ func TestResetReachesAnotherReplicasBlockListOnRedisServer(t *testing.T) {
 		t.Fatalf("reset: %d %+v", code, doc)
 	}
 
-	waitUntil(t, "B forgets the key", func() bool { return b.blocked.resetOf(layers[0].BlockPrefix, client, now) == 0 })
+	waitUntil(t, "B forgets the key", func() bool { return b.Blocked.ResetOf(layers[0].BlockPrefix, client, now) == 0 })
 
-	if peekCount(b.local, now, "ip", client) != 0 {
+	if peekCount(b.Local, now, "ip", client) != 0 {
 		t.Fatal("B's memory fallback still counts the key")
 	}
 
-	if b.blocked.resetOf(layers[0].BlockPrefix, other, now) == 0 {
+	if b.Blocked.ResetOf(layers[0].BlockPrefix, other, now) == 0 {
 		t.Fatal("B forgot another key")
 	}
 
@@ -177,7 +179,7 @@ func TestResetReachesAnotherReplicasBlockListOnRedisServer(t *testing.T) {
 		t.Fatal("the client is refused after the reset")
 	}
 
-	closeBackend(bb)
+	redisstore.CloseBackend(bb)
 	waitUntil(t, "B unsubscribes once released", func() bool { return numsub() == 0 })
 }
 

@@ -352,7 +352,7 @@ func (p *Plugin) liveKeys(now int64, limitedOnly bool, prefix string) ([]liveKey
 	out = p.mergeBlocked(out, s.BlockedKeys(now, p.layers, prefix))
 
 	if rs := redisOf(p.store); rs != nil {
-		out = p.mergeBlocked(out, rs.blocked.snapshot(now, prefix))
+		out = p.mergeBlocked(out, rs.Blocked.Snapshot(now, prefix))
 	}
 
 	return out, tracked
@@ -496,7 +496,7 @@ func (p *Plugin) firstSorted(entries []liveKey, n int) []liveKey {
 // redisFallback reports whether the Redis store is failing and memory decides.
 func (p *Plugin) redisFallback() bool {
 	rs := redisOf(p.store)
-	return rs != nil && rs.backend.down.Load()
+	return rs != nil && rs.Backend.Down.Load()
 }
 
 // appendBucket is liveKeys' loop for a token-bucket layer, under the store's

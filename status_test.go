@@ -618,11 +618,11 @@ func TestStatusMergesTheFallbackAndReportsIt(t *testing.T) {
 
 	// A key both blocked by Redis earlier and counted in memory is listed once.
 	ip := h.p.layers[0].BlockPrefix
-	redisStoreOf(h.p).blocked.add(ip, "203.0.113.9", h.clock.Now().Add(time.Hour).UnixNano(), h.clock.Now().UnixNano())
-	redisStoreOf(h.p).blocked.add(ip, "203.0.113.50", h.clock.Now().Add(time.Hour).UnixNano(), h.clock.Now().UnixNano())
-	redisStoreOf(h.p).blocked.add("gone\x00\x00", "203.0.113.50", h.clock.Now().Add(time.Hour).UnixNano(), h.clock.Now().UnixNano())
+	redisStoreOf(h.p).Blocked.Add(ip, "203.0.113.9", h.clock.Now().Add(time.Hour).UnixNano(), h.clock.Now().UnixNano())
+	redisStoreOf(h.p).Blocked.Add(ip, "203.0.113.50", h.clock.Now().Add(time.Hour).UnixNano(), h.clock.Now().UnixNano())
+	redisStoreOf(h.p).Blocked.Add("gone\x00\x00", "203.0.113.50", h.clock.Now().Add(time.Hour).UnixNano(), h.clock.Now().UnixNano())
 	// An entry made under the layer's earlier limits is not listed.
-	redisStoreOf(h.p).blocked.add("ip\x00"+h.p.layers[0].RedisArgs+"x\x00", "203.0.113.51", h.clock.Now().Add(time.Hour).UnixNano(), h.clock.Now().UnixNano())
+	redisStoreOf(h.p).Blocked.Add("ip\x00"+h.p.layers[0].RedisArgs+"x\x00", "203.0.113.51", h.clock.Now().Add(time.Hour).UnixNano(), h.clock.Now().UnixNano())
 
 	doc := h.status("/_rl")
 	if !doc.RedisFallback || keysOf(doc.Keys.Items) != "ip/203.0.113.50=3 ip/203.0.113.9=3" {

@@ -1,6 +1,10 @@
 package tierlimit
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/tierlimit/tierlimit/redisstore"
+)
 
 // TestReleasedSyncStateSendsItsPendingCharges: a synced middleware no
 // configuration uses any more is released with charges its last sync did
@@ -17,12 +21,12 @@ func TestReleasedSyncStateSendsItsPendingCharges(t *testing.T) {
 		}
 	}
 
-	stopSync(st)
+	redisstore.StopSync(st)
 
 	ip := h.p.layers[layerIndex(h, "ip")]
-	start, _ := syncWindow(ip, h.clock.Now().UnixNano())
+	start, _ := redisstore.SyncWindow(ip, h.clock.Now().UnixNano())
 
-	if v, err := admin.Do("GET", syncKey(ip, client, false, start)); err != nil || v.Str != "3" {
+	if v, err := admin.Do("GET", redisstore.SyncKey(ip, client, false, start)); err != nil || v.Str != "3" {
 		t.Fatalf("the released state's charges in Redis: %q %v, want 3", v.Str, err)
 	}
 }
@@ -41,12 +45,12 @@ func TestReleasedBackendFirstSendsItsSyncedCharges(t *testing.T) {
 		}
 	}
 
-	closeBackend(st.backend)
+	redisstore.CloseBackend(st.Backend)
 
 	ip := h.p.layers[layerIndex(h, "ip")]
-	start, _ := syncWindow(ip, h.clock.Now().UnixNano())
+	start, _ := redisstore.SyncWindow(ip, h.clock.Now().UnixNano())
 
-	if v, err := admin.Do("GET", syncKey(ip, client, false, start)); err != nil || v.Str != "4" {
+	if v, err := admin.Do("GET", redisstore.SyncKey(ip, client, false, start)); err != nil || v.Str != "4" {
 		t.Fatalf("the synced charges in Redis after the backend closed: %q %v, want 4", v.Str, err)
 	}
 }

@@ -1,6 +1,10 @@
 package tierlimit
 
-import "net/http"
+import (
+	"net/http"
+
+	"github.com/tierlimit/tierlimit/redisstore"
+)
 
 // syncedPath is the handler of a modeRedis instance with redis.syncInterval
 // (syncstore.go): the anonymous path, decided on the synced counters under
@@ -22,6 +26,6 @@ func serveSyncedSlow(p *Plugin, rw http.ResponseWriter, req *http.Request, layer
 	var t tally
 
 	c := chargeOf(layers, client, "", req, now, false)
-	syncTake(p.fast.store.synced, &t, c)
+	redisstore.SyncTake(p.fast.store.Synced, &t, c)
 	answerRedis(p, rw, req, &t, c)
 }

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tierlimit/tierlimit/redisstore"
+
 	"github.com/tierlimit/tierlimit/redisresp"
 )
 
@@ -28,32 +30,32 @@ func syncHarness(t *testing.T, addr string, mutate func(c *Config)) (*harness, *
 	})
 
 	rs := h.p.store.(*redisStore)
-	st := rs.synced
+	st := rs.Synced
 	if st == nil {
 		t.Fatal("redis.syncInterval made no synced store")
 	}
 
-	st.mu.Lock()
-	st.backend, st.now = rs.backend, h.clock.Now
-	st.mu.Unlock()
+	st.Mu.Lock()
+	st.Backend, st.Now = rs.Backend, h.clock.Now
+	st.Mu.Unlock()
 
 	return h, st, logs
 }
 
 // replica is another Traefik process's synced counters on the same backend.
 func replica(st *syncState) *syncState {
-	r := newSyncState()
-	r.max, r.backend, r.interval, r.now, r.started = 1000, st.backend, time.Hour, st.now, true
+	r := redisstore.NewSyncState()
+	r.Max, r.Backend, r.Interval, r.Now, r.Started = 1000, st.Backend, time.Hour, st.Now, true
 
 	return r
 }
 
 // counterOf is st's counter of bucket in the layer called layer, or nil.
 func counterOf(st *syncState, layer, bucket string) *syncCounter {
-	st.mu.Lock()
-	defer st.mu.Unlock()
+	st.Mu.Lock()
+	defer st.Mu.Unlock()
 
-	return st.byLayer[layer][bucket]
+	return st.ByLayer[layer][bucket]
 }
 
 // takeOn decides one request of client on st, as the request path does for
@@ -68,7 +70,7 @@ func takeOn(st *syncState, h *harness, client string) bool {
 	}
 
 	var tl tally
-	syncTake(st, &tl, chargeOf(layers, client, "", nil, h.clock.Now().UnixNano(), false))
+	redisstore.SyncTake(st, &tl, chargeOf(layers, client, "", nil, h.clock.Now().UnixNano(), false))
 
 	return !tl.Refused
 }
@@ -76,7 +78,7 @@ func takeOn(st *syncState, h *harness, client string) bool {
 func mustSync(t *testing.T, st *syncState, now int64) {
 	t.Helper()
 
-	if err := syncNow(st, now); err != nil {
+	if err := redisstore.SyncNow(st, now); err != nil {
 		t.Fatalf("sync: %v", err)
 	}
 }
@@ -115,7 +117,7 @@ func TestSyncedReplicasShareTheirCountsWithinAWindow(t *testing.T) {
 	take(a, "a", 1, true)
 	mustSync(t, a, now) // Redis 8: a knows 8
 
-	if c := counterOf(a, "ip", client); c.remote != 8 || c.pending != 0 {
+	if c := counterOf(a, "ip", client); c.Remote != 8 || c.Pending != 0 {
 		t.Fatalf("a's counter after its sync: %+v, want remote 8 (its 5 and b's 3)", c)
 	}
 
@@ -147,11 +149,11 @@ func TestSyncedReplicasShareTheirCountsWithinAWindow(t *testing.T) {
 		t.Fatalf("new window's total %q, want 2", got)
 	}
 
-	if a.size != 1 {
-		t.Fatalf("a holds %d counters, want 1", a.size)
+	if a.Size != 1 {
+		t.Fatalf("a holds %d counters, want 1", a.Size)
 	}
 
-	if c := counterOf(a, "ip", client); c == nil || c.key != next || c.remote != 1 || c.pending != 0 {
+	if c := counterOf(a, "ip", client); c == nil || c.Key != next || c.Remote != 1 || c.Pending != 0 {
 		t.Fatalf("a's counter of the new window: %+v, want its own 1", c)
 	}
 }
@@ -188,9 +190,9 @@ func TestFailedSyncKeepsItsCountsAndNeverFailsOpen(t *testing.T) {
 
 	// Redis goes away: the syncs fail, the 4 points charged meanwhile stay
 	// pending, and the 6 Redis counted still count.
-	good := st.backend.pool
+	good := st.Backend.Pool
 	down := redisresp.NewPool(redisresp.Options{Address: closedPort(t), Timeout: time.Second})
-	st.backend.pool = down
+	st.Backend.Pool = down
 
 	for i := 0; i < 4; i++ {
 		if !takeOn(st, h, client) {
@@ -203,18 +205,18 @@ func TestFailedSyncKeepsItsCountsAndNeverFailsOpen(t *testing.T) {
 	}
 
 	now := h.clock.Now().UnixNano()
-	if err := syncNow(st, now); err == nil {
+	if err := redisstore.SyncNow(st, now); err == nil {
 		t.Fatal("a sync to a closed port succeeded")
 	}
 
 	h.clock.Add(50 * time.Millisecond)
-	if err := syncNow(st, h.clock.Now().UnixNano()); !errors.Is(err, errSyncSkipped) {
+	if err := redisstore.SyncNow(st, h.clock.Now().UnixNano()); !errors.Is(err, redisstore.ErrSyncSkipped) {
 		t.Fatalf("a sync during the back-off: %v, want it skipped", err)
 	}
 
 	for _, c := range []*syncCounter{counterOf(st, "ip", client)} {
-		if c.remote != 6 || c.pending != 4 || c.inflight != 0 {
-			t.Fatalf("after failed syncs: remote %d, pending %d, inflight %d; want 6, 4, 0", c.remote, c.pending, c.inflight)
+		if c.Remote != 6 || c.Pending != 4 || c.Inflight != 0 {
+			t.Fatalf("after failed syncs: remote %d, pending %d, inflight %d; want 6, 4, 0", c.Remote, c.Pending, c.Inflight)
 		}
 	}
 
@@ -223,7 +225,7 @@ func TestFailedSyncKeepsItsCountsAndNeverFailsOpen(t *testing.T) {
 	}
 
 	// Redis is back: the probe after the back-off sends the 4.
-	st.backend.pool = good
+	st.Backend.Pool = good
 	h.clock.Add(time.Second)
 	mustSync(t, st, h.clock.Now().UnixNano())
 
@@ -278,7 +280,7 @@ func TestSyncedCountsSurviveAReload(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	if pluginOf(first).store.(*redisStore).synced != pluginOf(second).store.(*redisStore).synced {
+	if pluginOf(first).store.(*redisStore).Synced != pluginOf(second).store.(*redisStore).Synced {
 		t.Fatal("the reloaded middleware got new synced counters")
 	}
 
@@ -327,24 +329,24 @@ func TestSyncIntervalTakesFixedWindowsOnly(t *testing.T) {
 }
 
 func TestSyncGoroutineStopsWhenReleased(t *testing.T) {
-	st := newSyncState()
-	st.max, st.interval = 10, time.Millisecond
+	st := redisstore.NewSyncState()
+	st.Max, st.Interval = 10, time.Millisecond
 
-	st.mu.Lock()
-	startSync(st)
-	stop := st.stop
-	st.mu.Unlock()
+	st.Mu.Lock()
+	redisstore.StartSync(st)
+	stop := st.Stop
+	st.Mu.Unlock()
 
 	done := make(chan struct{})
 	go func() {
-		runSync(st, stop) // a second loop on the same channel: it returns when stop closes
+		redisstore.RunSync(st, stop) // a second loop on the same channel: it returns when stop closes
 		close(done)
 	}()
 
-	stopSync(st)
+	redisstore.StopSync(st)
 	<-done
 
-	if st.started {
+	if st.Started {
 		t.Fatal("a released state still counts as started")
 	}
 }
@@ -365,8 +367,8 @@ func TestResetClearsASyncedKeyHereAndInRedis(t *testing.T) {
 	mustSync(t, st, h.clock.Now().UnixNano())
 
 	ip := h.p.layers[layerIndex(h, "ip")]
-	start, _ := syncWindow(ip, h.clock.Now().UnixNano())
-	key := syncKey(ip, client, false, start)
+	start, _ := redisstore.SyncWindow(ip, h.clock.Now().UnixNano())
+	key := redisstore.SyncKey(ip, client, false, start)
 
 	if got := redisDo(t, admin, "GET", key).Str; got != "10" {
 		t.Fatalf("Redis total %q before the reset, want 10", got)
@@ -412,7 +414,7 @@ func TestSyncedAnonymousPathChargesAllOrNothing(t *testing.T) {
 
 	// The two refusals (the first reported, the second from the cache)
 	// gave global its points back.
-	if g, ip := counterOf(st, "global", "global"), counterOf(st, "ip", "203.0.113.9"); g == nil || ip == nil || g.pending != 3 || ip.pending != 3 {
+	if g, ip := counterOf(st, "global", "global"), counterOf(st, "ip", "203.0.113.9"); g == nil || ip == nil || g.Pending != 3 || ip.Pending != 3 {
 		t.Fatalf("pending after 3 allowed and 2 refused: global %+v, ip %+v; want 3 each", g, ip)
 	}
 
@@ -430,15 +432,15 @@ func TestPanickingSyncKeepsItsCounts(t *testing.T) {
 	}
 
 	// Cut short after the points went in flight: they come back to pending.
-	st.now = func() time.Time { panic("clock") }
-	batch, _ := collectSync(st, h.clock.Now().UnixNano())
-	if len(batch) != 1 || batch[0].inflight != 3 {
+	st.Now = func() time.Time { panic("clock") }
+	batch, _ := redisstore.CollectSync(st, h.clock.Now().UnixNano())
+	if len(batch) != 1 || batch[0].Inflight != 3 {
 		t.Fatalf("collected %+v", batch)
 	}
 
-	safeSync(st)
+	redisstore.SafeSync(st)
 
-	if c := counterOf(st, "ip", "203.0.113.9"); c.pending != 3 || c.inflight != 0 || st.syncing {
-		t.Fatalf("after a panicking sync: %+v, syncing %v; want 3 pending, none in flight", c, st.syncing)
+	if c := counterOf(st, "ip", "203.0.113.9"); c.Pending != 3 || c.Inflight != 0 || st.Syncing {
+		t.Fatalf("after a panicking sync: %+v, syncing %v; want 3 pending, none in flight", c, st.Syncing)
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/binary"
-	"github.com/tierlimit/tierlimit/events"
 	"io"
 	"net"
 	"net/http"
@@ -14,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/tierlimit/tierlimit/events"
 )
 
 // The handshake example of RFC 6455, section 1.3.

@@ -342,3 +342,13 @@ func (t *Tally) Allow(i int, l *Layer, count, reset int64, resetH []string) {
 	t.ResetH = resetH
 	t.Left = left
 }
+
+// CostOf is the points a tally's request spends in each layer: its cost,
+// at least 1.
+func CostOf(t *Tally) int64 {
+	if t.Cost < 1 {
+		return 1
+	}
+
+	return t.Cost
+}

@@ -1,15 +1,17 @@
-package tierlimit
+package redisstore
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/tierlimit/tierlimit/lifetime"
+	"github.com/tierlimit/tierlimit/rule"
 
 	"github.com/tierlimit/tierlimit/limit"
 
@@ -87,99 +89,99 @@ return out
 var syncRedis = redisresp.NewScript(syncScript)
 
 // errSyncSkipped is a sync that did not call Redis: the back-off is running.
-var errSyncSkipped = errors.New("redis is in back-off")
+var ErrSyncSkipped = errors.New("redis is in back-off")
 
 // syncCounter is one key of one window: the total Redis returned at the last
 // sync, the points charged locally since, and those of the sync in flight.
-type syncCounter struct {
-	key      string // the Redis key, naming the window's start
+type SyncCounter struct {
+	Key      string // the Redis key, naming the window's start
 	layer    string // the layer's name and the bucket key, for resets
 	bucket   string
 	slot     int // the key's Cluster slot
-	remote   int64
-	pending  int64
-	inflight int64
+	Remote   int64
+	Pending  int64
+	Inflight int64
 	points   int64 // the layer's points at the last request: a key at them needs no refresh
-	end      int64 // the window's end, Unix nanoseconds
+	End      int64 // the window's end, Unix nanoseconds
 	// allowed and refused count decisions under the state's lock, added to
 	// stats at each sync: an atomic add on the request path costs more.
-	allowed  int64
-	refused  int64
+	Allowed  int64
+	Refused  int64
 	stats    *layerStats
-	resetH   []string // X-RateLimit-Reset of the window
-	resetSec int64    // its second
-	logged   bool     // a refusal of this window was reported
-	touched  bool     // a request asked since the last sync: its total is to be refreshed
+	ResetH   []string // X-RateLimit-Reset of the window
+	ResetSec int64    // its second
+	Logged   bool     // a refusal of this window was reported
+	Touched  bool     // a request asked since the last sync: its total is to be refreshed
 }
 
 // syncState is a middleware's synced counters, kept across reloads by
 // syncRegistry, with the goroutine that syncs them.
-type syncState struct {
-	mu       sync.Mutex
-	byLayer  map[string]map[string]*syncCounter // by layer name, then bucket key: the current window's
-	size     int                                // counters in byLayer
-	max      int                                // maxTracked: counters kept at most
-	backend  *redisBackend
-	interval time.Duration
-	started  bool
-	syncing  bool
-	stop     chan struct{}
+type SyncState struct {
+	Mu       sync.Mutex
+	ByLayer  map[string]map[string]*SyncCounter // by layer name, then bucket key: the current window's
+	Size     int                                // counters in byLayer
+	Max      int                                // maxTracked: counters kept at most
+	Backend  *RedisBackend
+	Interval time.Duration
+	Started  bool
+	Syncing  bool
+	Stop     chan struct{}
 	// listen subscribes the middleware to the resets of other replicas
 	// (listenResets), at the first refusal: a reset matters only then.
 	listen func()
 	// now is the goroutine's clock; tests drive syncNow directly.
-	now func() time.Time
+	Now func() time.Time
 }
 
-func newSyncState() *syncState {
-	return &syncState{byLayer: map[string]map[string]*syncCounter{}, now: time.Now}
+func NewSyncState() *SyncState {
+	return &SyncState{ByLayer: map[string]map[string]*SyncCounter{}, Now: time.Now}
 }
 
 // syncRegistry holds one syncState per middleware name while a configuration
 // uses it (lifetime.go); a released one stops its goroutine and sends what
 // it charged since its last sync.
-var syncRegistry = lifetime.NewHeldRegistry(stopSync)
+var syncRegistry = lifetime.NewHeldRegistry(StopSync)
 
 // stopSync stops a released state's goroutine, then sends its pending
 // points (a sync interval longer than the release grace, or charges made
 // after the last sync): its counts that matter are Redis's.
-func stopSync(v interface{}) {
-	st, ok := v.(*syncState)
+func StopSync(v interface{}) {
+	st, ok := v.(*SyncState)
 	if !ok {
 		return
 	}
 
-	st.mu.Lock()
-	if st.started {
-		close(st.stop)
-		st.started = false
+	st.Mu.Lock()
+	if st.Started {
+		close(st.Stop)
+		st.Started = false
 	}
-	st.mu.Unlock()
+	st.Mu.Unlock()
 
-	safeSync(st)
+	SafeSync(st)
 }
 
 // flushSyncsOn sends the pending points of the synced states that use b,
 // before b's pool closes: a state released at the same grace as its
 // backend, but after it, could not send them any more (stopSync).
-func flushSyncsOn(b *redisBackend) {
-	var states []*syncState
+func flushSyncsOn(b *RedisBackend) {
+	var states []*SyncState
 
 	syncRegistry.Mu.Lock()
 	for _, e := range syncRegistry.Entries {
-		if st, ok := e.Value.(*syncState); ok {
+		if st, ok := e.Value.(*SyncState); ok {
 			states = append(states, st)
 		}
 	}
 	syncRegistry.Mu.Unlock()
 
 	for _, st := range states {
-		st.mu.Lock()
-		mine := st.backend == b
-		st.mu.Unlock()
+		st.Mu.Lock()
+		mine := st.Backend == b
+		st.Mu.Unlock()
 
 		if mine {
-			safeSync(st)
+			SafeSync(st)
 		}
 	}
 }
@@ -187,23 +189,23 @@ func flushSyncsOn(b *redisBackend) {
 // syncStateFor returns the synced counters of the middleware called name,
 // held until ctx is cancelled, set to use backend every interval. It does no
 // I/O: the goroutine starts at the first request (syncTake).
-func syncStateFor(ctx context.Context, name string, backend *redisBackend, interval time.Duration, capacity int, listen func()) *syncState {
+func SyncStateFor(ctx context.Context, name string, backend *RedisBackend, interval time.Duration, capacity int, listen func()) *SyncState {
 	v := syncRegistry.Take(ctx, name, func() interface{} {
-		return newSyncState()
+		return NewSyncState()
 	})
 
-	st, _ := v.(*syncState)
+	st, _ := v.(*SyncState)
 
-	st.mu.Lock()
-	st.backend, st.interval, st.max, st.listen = backend, interval, capacity, listen
-	st.mu.Unlock()
+	st.Mu.Lock()
+	st.Backend, st.Interval, st.Max, st.listen = backend, interval, capacity, listen
+	st.Mu.Unlock()
 
 	return st
 }
 
 // syncWindow returns l's window at now: its start and end, aligned to the
 // epoch or the calendar, so that every replica computes the same.
-func syncWindow(l *layer, now int64) (int64, int64) {
+func SyncWindow(l *layer, now int64) (int64, int64) {
 	if l.Calendar != 0 {
 		return limit.Period(now, l.Calendar, l.UtcOffset)
 	}
@@ -215,20 +217,20 @@ func syncWindow(l *layer, now int64) (int64, int64) {
 
 // syncKey is the Redis key of bucket in l's window that starts at start:
 // on a Cluster with the bucket in a hash tag.
-func syncKey(l *layer, bucket string, cluster bool, start int64) string {
+func SyncKey(l *layer, bucket string, cluster bool, start int64) string {
 	if cluster {
-		return l.RedisKey + "{" + bucket + "}:" + formatInt(start/int64(time.Millisecond))
+		return l.RedisKey + "{" + bucket + "}:" + strconv.FormatInt(start/int64(time.Millisecond), 10)
 	}
 
-	return l.RedisKey + bucket + ":" + formatInt(start/int64(time.Millisecond))
+	return l.RedisKey + bucket + ":" + strconv.FormatInt(start/int64(time.Millisecond), 10)
 }
 
 // syncCounterFor returns the counter of l's key bucket at now, made when
 // missing or of an ended window. Called with st.mu held.
-func syncCounterFor(st *syncState, l *layer, bucket string, now int64) *syncCounter {
-	c := st.byLayer[l.Name][bucket]
-	if c == nil || c.end <= now {
-		c = syncRestart(st, l, bucket, now)
+func syncCounterFor(st *SyncState, l *layer, bucket string, now int64) *SyncCounter {
+	c := st.ByLayer[l.Name][bucket]
+	if c == nil || c.End <= now {
+		c = SyncRestart(st, l, bucket, now)
 	}
 
 	return c
@@ -238,35 +240,35 @@ func syncCounterFor(st *syncState, l *layer, bucket string, now int64) *syncCoun
 // one of an ended window, and starts the sync goroutine at the first
 // request. Kept out of the request path's common case (doc.go: frames).
 // Called with st.mu held.
-func syncRestart(st *syncState, l *layer, bucket string, now int64) *syncCounter {
-	if !st.started {
-		startSync(st)
+func SyncRestart(st *SyncState, l *layer, bucket string, now int64) *SyncCounter {
+	if !st.Started {
+		StartSync(st)
 	}
 
-	m := st.byLayer[l.Name]
+	m := st.ByLayer[l.Name]
 	if m == nil {
-		m = map[string]*syncCounter{}
-		st.byLayer[l.Name] = m
+		m = map[string]*SyncCounter{}
+		st.ByLayer[l.Name] = m
 	}
 
 	old := m[bucket]
 	if old != nil {
 		flushStats(old)
 	} else {
-		if st.size >= st.max {
+		if st.Size >= st.Max {
 			purgeCounters(st, now)
 		}
 
-		st.size++
+		st.Size++
 	}
 
-	start, end := syncWindow(l, now)
-	key := syncKey(l, bucket, st.backend != nil && st.backend.cluster != nil, start)
+	start, end := SyncWindow(l, now)
+	key := SyncKey(l, bucket, st.Backend != nil && st.Backend.cluster != nil, start)
 
-	c := &syncCounter{key: key, layer: l.Name, bucket: bucket, points: l.Points, end: end, stats: l.Stats,
-		resetSec: limit.CeilSeconds(end)}
-	c.resetH = []string{formatInt(c.resetSec)}
-	if st.backend != nil && st.backend.cluster != nil {
+	c := &SyncCounter{Key: key, layer: l.Name, bucket: bucket, points: l.Points, End: end, stats: l.Stats,
+		ResetSec: limit.CeilSeconds(end)}
+	c.ResetH = []string{strconv.FormatInt(c.ResetSec, 10)}
+	if st.Backend != nil && st.Backend.cluster != nil {
 		c.slot = redisresp.Slot(key)
 	}
 
@@ -277,44 +279,44 @@ func syncRestart(st *syncState, l *layer, bucket string, now int64) *syncCounter
 
 // flushStats adds a counter's decisions to its layer's stats. Called with
 // st.mu held.
-func flushStats(c *syncCounter) {
-	if c.allowed != 0 {
-		atomic.AddInt64(&c.stats.RedisAllowed, c.allowed)
-		c.allowed = 0
+func flushStats(c *SyncCounter) {
+	if c.Allowed != 0 {
+		atomic.AddInt64(&c.stats.RedisAllowed, c.Allowed)
+		c.Allowed = 0
 	}
 
-	if c.refused != 0 {
-		atomic.AddInt64(&c.stats.RedisRefused, c.refused)
-		c.refused = 0
+	if c.Refused != 0 {
+		atomic.AddInt64(&c.stats.RedisRefused, c.Refused)
+		c.Refused = 0
 	}
 }
 
 // dropCounter removes c from m. Called with st.mu held.
-func dropCounter(st *syncState, m map[string]*syncCounter, c *syncCounter) {
+func dropCounter(st *SyncState, m map[string]*SyncCounter, c *SyncCounter) {
 	flushStats(c)
 	delete(m, c.bucket)
-	st.size--
+	st.Size--
 }
 
 // purgeCounters drops the counters whose window ended, and at the cap the
 // ones with nothing to send and below their points, whose totals come back
 // at their next sync. Called with st.mu held.
-func purgeCounters(st *syncState, now int64) {
-	for _, m := range st.byLayer {
+func purgeCounters(st *SyncState, now int64) {
+	for _, m := range st.ByLayer {
 		for _, c := range m {
-			if c.end <= now {
+			if c.End <= now {
 				dropCounter(st, m, c)
 			}
 		}
 	}
 
-	for _, m := range st.byLayer {
+	for _, m := range st.ByLayer {
 		for _, c := range m {
-			if st.size < st.max {
+			if st.Size < st.Max {
 				return
 			}
 
-			if c.pending == 0 && c.inflight == 0 && !c.logged && c.remote < c.points {
+			if c.Pending == 0 && c.Inflight == 0 && !c.Logged && c.Remote < c.points {
 				dropCounter(st, m, c)
 			}
 		}
@@ -324,43 +326,43 @@ func purgeCounters(st *syncState, now int64) {
 // syncTake decides a request's synced layers locally: all or nothing, as
 // the other stores (counterStore). It starts the sync goroutine at the
 // first request.
-func syncTake(st *syncState, t *tally, ch *charge) {
+func SyncTake(st *SyncState, t *tally, ch *charge) {
 	t.Shown = -1
 	layers, now, all := ch.Layers, ch.Now, ch.All
 	if len(layers) == 0 {
 		return
 	}
 
-	cost := costOf(t)
+	cost := rule.CostOf(t)
 
-	st.mu.Lock()
+	st.Mu.Lock()
 
-	var one [4]*syncCounter
+	var one [4]*SyncCounter
 	counters := one[:0]
 	refused := false
 
 	for i, l := range layers {
 		c := syncCounterFor(st, l, ch.Keys[i], now)
 		c.points = l.Points
-		c.touched = true
+		c.Touched = true
 		counters = append(counters, c)
 
-		count := c.remote + c.inflight + c.pending + cost
+		count := c.Remote + c.Inflight + c.Pending + cost
 		if count <= l.Points {
 			if l.CheckOnly {
 				count -= cost
 			}
 
-			t.Allow(i, l, count, c.end, c.resetH)
+			t.Allow(i, l, count, c.End, c.ResetH)
 
 			continue
 		}
 
-		first := !c.logged
-		c.logged = true
+		first := !c.Logged
+		c.Logged = true
 
-		if t.RefuseAs(i, l, count, c.end, c.resetH, first) {
-			c.refused++
+		if t.RefuseAs(i, l, count, c.End, c.ResetH, first) {
+			c.Refused++
 			refused = true
 			if !all {
 				break
@@ -371,7 +373,7 @@ func syncTake(st *syncState, t *tally, ch *charge) {
 	chargeSynced(t, counters, layers, cost, all || !refused)
 
 	listen := refused && t.Firsts != 0 && st.listen != nil
-	st.mu.Unlock()
+	st.Mu.Unlock()
 
 	if listen {
 		st.listen()
@@ -381,18 +383,18 @@ func syncTake(st *syncState, t *tally, ch *charge) {
 // chargeSynced charges cost to the counters of a request's layers when
 // charge is set (no layer refused, or a dry run), and counts the decisions.
 // Called with st.mu held.
-func chargeSynced(t *tally, counters []*syncCounter, layers []*layer, cost int64, charge bool) {
+func chargeSynced(t *tally, counters []*SyncCounter, layers []*layer, cost int64, charge bool) {
 	for i, c := range counters {
 		if layers[i].CheckOnly {
 			continue
 		}
 
 		if charge {
-			c.pending += cost
+			c.Pending += cost
 		}
 
 		if !t.Refused || i < t.Shown {
-			c.allowed++
+			c.Allowed++
 		}
 	}
 }
@@ -400,11 +402,11 @@ func chargeSynced(t *tally, counters []*syncCounter, layers []*layer, cost int64
 // syncForget drops the counters of bucket in the layer called layer, every
 // window's, and reports whether one counted something: a reset (reset.go,
 // or another replica's through resetsub.go).
-func syncForget(st *syncState, layer, bucket string) bool {
-	st.mu.Lock()
-	defer st.mu.Unlock()
+func SyncForget(st *SyncState, layer, bucket string) bool {
+	st.Mu.Lock()
+	defer st.Mu.Unlock()
 
-	m := st.byLayer[layer]
+	m := st.ByLayer[layer]
 
 	c := m[bucket]
 	if c == nil {
@@ -413,50 +415,50 @@ func syncForget(st *syncState, layer, bucket string) bool {
 
 	dropCounter(st, m, c)
 
-	return c.remote+c.pending+c.inflight > 0
+	return c.Remote+c.Pending+c.Inflight > 0
 }
 
 // syncRefund gives cost back to the charge's counters: a later refusal of
 // the request voided their charge (counterStore.refund).
-func syncRefund(st *syncState, ch *charge, cost int64) {
-	st.mu.Lock()
+func syncRefund(st *SyncState, ch *charge, cost int64) {
+	st.Mu.Lock()
 
 	for i, l := range ch.Layers {
 		c := syncCounterFor(st, l, ch.Keys[i], ch.Now)
-		c.pending -= cost
+		c.Pending -= cost
 	}
 
-	st.mu.Unlock()
+	st.Mu.Unlock()
 }
 
 // startSync starts the goroutine that syncs st every interval, until the
 // registry releases st. Called with st.mu held.
-func startSync(st *syncState) {
-	st.started = true
-	st.stop = make(chan struct{})
+func StartSync(st *SyncState) {
+	st.Started = true
+	st.Stop = make(chan struct{})
 
-	go runSync(st, st.stop)
+	go RunSync(st, st.Stop)
 }
 
 // runSync syncs st every interval until stop is closed. A panic ends one
 // sync, not the loop (safeSync): a goroutine's panic would end the whole
 // process. One outside a sync ends the loop, and the next request starts
 // another.
-func runSync(st *syncState, stop chan struct{}) {
+func RunSync(st *SyncState, stop chan struct{}) {
 	defer func() {
 		if r := recover(); r != nil {
-			st.mu.Lock()
-			if st.stop == stop {
-				st.started = false
+			st.Mu.Lock()
+			if st.Stop == stop {
+				st.Started = false
 			}
-			st.mu.Unlock()
+			st.Mu.Unlock()
 		}
 	}()
 
 	for {
-		st.mu.Lock()
-		interval := st.interval
-		st.mu.Unlock()
+		st.Mu.Lock()
+		interval := st.Interval
+		st.Mu.Unlock()
 
 		timer := time.NewTimer(interval)
 
@@ -467,57 +469,57 @@ func runSync(st *syncState, stop chan struct{}) {
 		case <-timer.C:
 		}
 
-		safeSync(st)
+		SafeSync(st)
 	}
 }
 
 // safeSync is one sync that recovers from a panic, giving the points of a
 // sync cut short back to pending.
-func safeSync(st *syncState) {
+func SafeSync(st *SyncState) {
 	defer func() {
 		if r := recover(); r != nil {
 			unsend(st, nil)
 		}
 	}()
 
-	_ = syncNow(st, st.now().UnixNano())
+	_ = SyncNow(st, st.Now().UnixNano())
 }
 
 // syncNow sends every live counter's pending points to Redis and replaces
 // their remote totals with the replies; it drops the counters whose window
 // ended at now. On an error the points stay pending. One sync runs at a
 // time: a call while one is in flight returns at once.
-func syncNow(st *syncState, now int64) error {
-	batch, backend := collectSync(st, now)
+func SyncNow(st *SyncState, now int64) error {
+	batch, backend := CollectSync(st, now)
 	if batch == nil {
 		return nil
 	}
 
 	probe := false
 
-	if backend.down.Load() {
+	if backend.Down.Load() {
 		use := false
-		if use, probe = backend.usable(now); !use {
+		if use, probe = backend.Usable(now); !use {
 			unsend(st, batch)
-			return errSyncSkipped
+			return ErrSyncSkipped
 		}
 	}
 
-	totals, err := sendSync(backend, batch, now)
+	totals, err := SendSync(backend, batch, now)
 	if err != nil {
 		unsend(st, batch)
 
 		if !errors.Is(err, redisresp.ErrClosed) && !errors.Is(err, redisresp.ErrPoolTimeout) {
-			backend.failed(now, probe, err)
+			backend.Failed(now, probe, err)
 		}
 
 		return err
 	}
 
-	applySync(st, batch, totals)
+	ApplySync(st, batch, totals)
 
 	if probe {
-		backend.succeeded(now)
+		backend.Succeeded(now)
 	}
 
 	return nil
@@ -526,17 +528,17 @@ func syncNow(st *syncState, now int64) error {
 // collectSync moves every live counter's pending points in flight and
 // returns those counters, sorted by slot, and the backend to send them to;
 // nil when there is nothing to sync or a sync is under way.
-func collectSync(st *syncState, now int64) ([]*syncCounter, *redisBackend) {
-	st.mu.Lock()
-	defer st.mu.Unlock()
+func CollectSync(st *SyncState, now int64) ([]*SyncCounter, *RedisBackend) {
+	st.Mu.Lock()
+	defer st.Mu.Unlock()
 
-	if st.syncing || st.backend == nil {
+	if st.Syncing || st.Backend == nil {
 		return nil, nil
 	}
 
-	var batch []*syncCounter
+	var batch []*SyncCounter
 
-	for _, m := range st.byLayer {
+	for _, m := range st.ByLayer {
 		batch = collectLayer(st, m, batch, now)
 	}
 
@@ -545,15 +547,15 @@ func collectSync(st *syncState, now int64) ([]*syncCounter, *redisBackend) {
 	}
 
 	sort.Slice(batch, func(i, j int) bool { return batch[i].slot < batch[j].slot })
-	st.syncing = true
+	st.Syncing = true
 
-	return batch, st.backend
+	return batch, st.Backend
 }
 
 // collectLayer is collectSync for one layer's counters, appended to batch.
-func collectLayer(st *syncState, m map[string]*syncCounter, batch []*syncCounter, now int64) []*syncCounter {
+func collectLayer(st *SyncState, m map[string]*SyncCounter, batch []*SyncCounter, now int64) []*SyncCounter {
 	for _, c := range m {
-		if c.end <= now {
+		if c.End <= now {
 			dropCounter(st, m, c)
 			continue
 		}
@@ -564,14 +566,14 @@ func collectLayer(st *syncState, m map[string]*syncCounter, batch []*syncCounter
 		// a lower bound of Redis's (they only grow but by a refund), until
 		// one does; a key Redis counts at its points refuses every request
 		// until its window ends. Neither needs a call.
-		if c.pending == 0 && (!c.touched || c.remote >= c.points && c.points > 0) {
+		if c.Pending == 0 && (!c.Touched || c.Remote >= c.points && c.points > 0) {
 			continue
 		}
 
-		c.touched = false
+		c.Touched = false
 
-		c.inflight = c.pending
-		c.pending = 0
+		c.Inflight = c.Pending
+		c.Pending = 0
 		batch = append(batch, c)
 	}
 
@@ -580,12 +582,12 @@ func collectLayer(st *syncState, m map[string]*syncCounter, batch []*syncCounter
 
 // unsend puts the points of a sync that did not happen back to pending; nil
 // does so for every counter (a sync cut short by a panic).
-func unsend(st *syncState, batch []*syncCounter) {
-	st.mu.Lock()
-	defer st.mu.Unlock()
+func unsend(st *SyncState, batch []*SyncCounter) {
+	st.Mu.Lock()
+	defer st.Mu.Unlock()
 
 	if batch == nil {
-		for _, m := range st.byLayer {
+		for _, m := range st.ByLayer {
 			for _, c := range m {
 				batch = append(batch, c)
 			}
@@ -593,17 +595,17 @@ func unsend(st *syncState, batch []*syncCounter) {
 	}
 
 	for _, c := range batch {
-		c.pending += c.inflight
-		c.inflight = 0
+		c.Pending += c.Inflight
+		c.Inflight = 0
 	}
 
-	st.syncing = false
+	st.Syncing = false
 }
 
 // applySync replaces the counters' remote totals with Redis's.
-func applySync(st *syncState, batch []*syncCounter, totals []int64) {
-	st.mu.Lock()
-	defer st.mu.Unlock()
+func ApplySync(st *SyncState, batch []*SyncCounter, totals []int64) {
+	st.Mu.Lock()
+	defer st.Mu.Unlock()
 
 	for i, c := range batch {
 		total := totals[i]
@@ -611,16 +613,16 @@ func applySync(st *syncState, batch []*syncCounter, totals []int64) {
 			total = 0
 		}
 
-		c.remote, c.inflight = total, 0
+		c.Remote, c.Inflight = total, 0
 	}
 
-	st.syncing = false
+	st.Syncing = false
 }
 
 // sendSync runs syncScript for batch: chunks of syncBatch keys, one call
 // each, or on a Cluster one call per slot, sent together. It returns the
 // totals in batch's order.
-func sendSync(b *redisBackend, batch []*syncCounter, now int64) ([]int64, error) {
+func SendSync(b *RedisBackend, batch []*SyncCounter, now int64) ([]int64, error) {
 	var calls []redisresp.ClusterCall
 	var bounds []int
 
@@ -655,7 +657,7 @@ func sendSync(b *redisBackend, batch []*syncCounter, now int64) ([]int64, error)
 	}
 
 	for k, call := range calls {
-		ints, serverErr, err := call.Call.RunIntsOn(b.pool, call.Encoded)
+		ints, serverErr, err := call.Call.RunIntsOn(b.Pool, call.Encoded)
 		if err := checkSyncReply(ints, serverErr, err, batch, bounds, k); err != nil {
 			return nil, err
 		}
@@ -667,7 +669,7 @@ func sendSync(b *redisBackend, batch []*syncCounter, now int64) ([]int64, error)
 }
 
 // checkSyncReply checks the reply of call k: one total per key sent.
-func checkSyncReply(ints []int64, serverErr string, err error, batch []*syncCounter, bounds []int, k int) error {
+func checkSyncReply(ints []int64, serverErr string, err error, batch []*SyncCounter, bounds []int, k int) error {
 	if err != nil {
 		return fmt.Errorf("syncing counters: %w", err)
 	}
@@ -682,21 +684,21 @@ func checkSyncReply(ints []int64, serverErr string, err error, batch []*syncCoun
 	}
 
 	if len(ints) != end-bounds[k] {
-		return fmt.Errorf("%w: %d totals for %d keys", errBadReply, len(ints), end-bounds[k])
+		return fmt.Errorf("%w: %d totals for %d keys", ErrBadReply, len(ints), end-bounds[k])
 	}
 
 	return nil
 }
 
 // encodeSync encodes syncScript's keys and arguments for counters.
-func encodeSync(counters []*syncCounter, now int64) string {
+func encodeSync(counters []*SyncCounter, now int64) string {
 	keys, args := "", ""
 
 	for _, c := range counters {
-		ttl := (c.end - now + syncKeyGrace) / int64(time.Millisecond)
+		ttl := (c.End - now + syncKeyGrace) / int64(time.Millisecond)
 
-		keys += redisresp.Bulk(c.key)
-		args += redisresp.Bulk(formatInt(c.inflight)) + redisresp.Bulk(formatInt(ttl))
+		keys += redisresp.Bulk(c.Key)
+		args += redisresp.Bulk(strconv.FormatInt(c.Inflight, 10)) + redisresp.Bulk(strconv.FormatInt(ttl, 10))
 	}
 
 	return keys + args

@@ -1,4 +1,4 @@
-package tierlimit
+package redisstore
 
 import (
 	"errors"
@@ -28,42 +28,42 @@ const minProbeWait = 20 * time.Millisecond
 // the instance that failed); the goroutine waits in real time from the last
 // failure, and times its probe as that failure plus the time since.
 type redisProbe struct {
-	done       chan struct{} // closed when the backend is released; nil: no goroutine (a test's backend)
+	Done       chan struct{} // closed when the backend is released; nil: no goroutine (a test's backend)
 	closed     bool
-	running    bool
+	Running    bool
 	failedAt   int64     // the last failure that set the back-off, on the calls' clock
 	failedWall time.Time // when it was recorded
 }
 
 // scheduleProbe records a failure at now that set the back-off, and reports
 // whether the probing goroutine is to be started. Called with b.mu held.
-func scheduleProbe(b *redisBackend, now int64) bool {
-	p := &b.probe
+func scheduleProbe(b *RedisBackend, now int64) bool {
+	p := &b.Probe
 	p.failedAt = now
 	p.failedWall = time.Now()
 
-	if p.done == nil || p.closed || p.running {
+	if p.Done == nil || p.closed || p.Running {
 		return false
 	}
 
-	p.running = true
+	p.Running = true
 
 	return true
 }
 
 // stopProbe ends the probing goroutine: the backend is released.
-func stopProbe(b *redisBackend) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
+func StopProbe(b *RedisBackend) {
+	b.Mu.Lock()
+	defer b.Mu.Unlock()
 
-	if b.probe.done != nil && !b.probe.closed {
-		b.probe.closed = true
-		close(b.probe.done)
+	if b.Probe.Done != nil && !b.Probe.closed {
+		b.Probe.closed = true
+		close(b.Probe.Done)
 	}
 }
 
 // probeRedis probes b until Redis answers or b is released.
-func probeRedis(b *redisBackend) {
+func probeRedis(b *RedisBackend) {
 	claimed := false
 
 	// A panic ends the goroutine, not Traefik; a probe it left claimed is
@@ -72,12 +72,12 @@ func probeRedis(b *redisBackend) {
 	defer func() {
 		_ = recover()
 
-		b.mu.Lock()
-		b.probe.running = false
+		b.Mu.Lock()
+		b.Probe.Running = false
 		if claimed {
 			b.probing = false
 		}
-		b.mu.Unlock()
+		b.Mu.Unlock()
 	}()
 
 	for {
@@ -101,9 +101,9 @@ func probeRedis(b *redisBackend) {
 		claimed = false
 
 		if err == nil {
-			b.succeeded(now)
+			b.Succeeded(now)
 		} else {
-			b.failed(now, true, err)
+			b.Failed(now, true, err)
 		}
 	}
 }
@@ -112,17 +112,17 @@ func probeRedis(b *redisBackend) {
 // is nothing to probe: Redis answered, or the backend was released. Then the
 // goroutine is marked stopped under the same lock, so that the next failure
 // starts another.
-func probeWait(b *redisBackend) (time.Duration, bool) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
+func probeWait(b *RedisBackend) (time.Duration, bool) {
+	b.Mu.Lock()
+	defer b.Mu.Unlock()
 
-	p := &b.probe
+	p := &b.Probe
 	if p.closed || !b.failing {
-		p.running = false
+		p.Running = false
 		return 0, false
 	}
 
-	wait := b.backoff - time.Since(p.failedWall)
+	wait := b.Backoff - time.Since(p.failedWall)
 	if wait < minProbeWait {
 		wait = minProbeWait
 	}
@@ -131,12 +131,12 @@ func probeWait(b *redisBackend) (time.Duration, bool) {
 }
 
 // pauseProbe waits d, and reports false once the backend is released.
-func pauseProbe(b *redisBackend, d time.Duration) bool {
+func pauseProbe(b *RedisBackend, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 
 	select {
-	case <-b.probe.done:
+	case <-b.Probe.Done:
 		return false
 	case <-t.C:
 		return true
@@ -145,12 +145,12 @@ func pauseProbe(b *redisBackend, d time.Duration) bool {
 
 // claimProbe makes the goroutine the back-off's probe, unless Redis answered
 // or a request is probing, and returns the probe's time on the calls' clock.
-func claimProbe(b *redisBackend) (int64, bool) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
+func claimProbe(b *RedisBackend) (int64, bool) {
+	b.Mu.Lock()
+	defer b.Mu.Unlock()
 
-	p := &b.probe
-	if !b.failing || b.probing || time.Since(p.failedWall) < b.backoff {
+	p := &b.Probe
+	if !b.failing || b.probing || time.Since(p.failedWall) < b.Backoff {
 		return 0, false
 	}
 
@@ -163,7 +163,7 @@ func claimProbe(b *redisBackend) (int64, bool) {
 // the ACL grants, and it loads the script into a server that restarted empty.
 // On a cluster it asks slot 0's primary, after the cluster's own check of the
 // nodes it saw fail.
-func pingRedis(b *redisBackend) error {
+func pingRedis(b *RedisBackend) error {
 	call := refundRedis.Call(0, 1)
 	arg := redisresp.Bulk("0")
 
@@ -176,7 +176,7 @@ func pingRedis(b *redisBackend) error {
 		return err
 	}
 
-	_, serverErr, err := call.RunIntsOn(b.pool, arg)
+	_, serverErr, err := call.RunIntsOn(b.Pool, arg)
 	if err == nil && serverErr != "" {
 		err = errors.New("probing Redis: " + serverErr)
 	}

@@ -1,4 +1,4 @@
-package tierlimit
+package redisstore
 
 import (
 	"errors"
@@ -29,18 +29,18 @@ const (
 )
 
 // resetChannel is the channel of the resets of keyPrefix's middlewares.
-func resetChannel(keyPrefix string) string {
+func ResetChannel(keyPrefix string) string {
 	return keyPrefix + ":resets"
 }
 
 // resetMessage is a reset's message: the middleware's name, the layer's and
 // the key, the first two ended by a NUL, which neither holds (blockPrefix).
-func resetMessage(name, layer, key string) string {
+func ResetMessage(name, layer, key string) string {
 	return name + "\x00" + layer + "\x00" + key
 }
 
 // parseResetMessage reads a resetMessage; ok is false for any other payload.
-func parseResetMessage(payload string) (name, layer, key string, ok bool) {
+func ParseResetMessage(payload string) (name, layer, key string, ok bool) {
 	i := strings.IndexByte(payload, 0)
 	if i <= 0 {
 		return "", "", "", false
@@ -58,7 +58,7 @@ func parseResetMessage(payload string) (name, layer, key string, ok bool) {
 
 // resetForget clears a key of a layer in one middleware besides Redis: its
 // block list entries and its memory fallback's window (forgetIn).
-type resetForget func(layer, key string)
+type ResetForget func(layer, key string)
 
 // resetListener follows the reset channels of one backend on a connection of
 // its own, from one goroutine that lives until the backend is released.
@@ -71,21 +71,21 @@ type resetListener struct {
 	opts     redisresp.Options
 	sentinel *redisresp.Sentinel // the backend's, or nil: subscribe on its primary
 	cluster  *redisresp.Cluster  // the backend's, or nil: subscribe on one of its nodes
-	event    func(msg string)    // logs that the subscription failed (REDIS_RESETS_UNAVAILABLE)
+	Event    func(msg string)    // logs that the subscription failed (REDIS_RESETS_UNAVAILABLE)
 	back     func()              // logs that it works again (REDIS_RESETS_RECOVERED)
 
-	mu      sync.Mutex
-	targets map[string]map[string]resetForget // by channel, then middleware name
+	Mu      sync.Mutex
+	Targets map[string]map[string]ResetForget // by channel, then middleware name
 	changed bool                              // a channel was added since the last subscription
 	running bool
 	closed  bool
-	failing bool // the last attempt failed, and was logged
+	Failing bool // the last attempt failed, and was logged
 	conn    *redisresp.Conn
 	done    chan struct{}
 }
 
 // newResetListener makes b's listener; it does no I/O.
-func newResetListener(b *redisBackend, opts redisresp.Options) *resetListener {
+func NewResetListener(b *RedisBackend, opts redisresp.Options) *resetListener {
 	event := func(msg string) {
 		b.event("REDIS_RESETS_UNAVAILABLE", "error", msg, 0, time.Now().UnixNano())
 	}
@@ -93,30 +93,30 @@ func newResetListener(b *redisBackend, opts redisresp.Options) *resetListener {
 		b.event("REDIS_RESETS_RECOVERED", "info", "", 0, time.Now().UnixNano())
 	}
 
-	return &resetListener{opts: opts, sentinel: b.sentinel, cluster: b.cluster, event: event, back: back,
-		targets: map[string]map[string]resetForget{}, done: make(chan struct{})}
+	return &resetListener{opts: opts, sentinel: b.Sentinel, cluster: b.cluster, Event: event, back: back,
+		Targets: map[string]map[string]ResetForget{}, done: make(chan struct{})}
 }
 
 // listenResets has s's backend follow s's resets, from s's first block list
 // entry on; later calls only refresh the target (a reload's new store).
-func listenResets(s *redisStore) {
-	if r := s.backend.resets; r != nil && s.channel != "" {
-		forget := forgetIn(s.blocked, s.local, s.clock)
-		if st := s.synced; st != nil {
+func ListenResets(s *RedisStore) {
+	if r := s.Backend.Resets; r != nil && s.Channel != "" {
+		forget := ForgetIn(s.Blocked, s.Local, s.Clock)
+		if st := s.Synced; st != nil {
 			memory := forget
 			forget = func(layer, key string) {
 				memory(layer, key)
-				syncForget(st, layer, key)
+				SyncForget(st, layer, key)
 			}
 		}
 
-		r.listen(s.channel, s.name, forget)
+		r.Listen(s.Channel, s.Name, forget)
 	}
 }
 
 // forgetIn clears a key in a middleware's block list and memory fallback,
 // at the middleware's clock.
-func forgetIn(blocked *blockList, local *windowStore, clock func() time.Time) resetForget {
+func ForgetIn(blocked *BlockList, local *windowStore, clock func() time.Time) ResetForget {
 	return func(layer, key string) {
 		blocked.forgetLayerKey(layer, key)
 		local.ForgetKey(layer, key, clock().UnixNano())
@@ -124,18 +124,18 @@ func forgetIn(blocked *blockList, local *windowStore, clock func() time.Time) re
 	}
 }
 
-func (r *resetListener) listen(channel, name string, forget resetForget) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+func (r *resetListener) Listen(channel, name string, forget ResetForget) {
+	r.Mu.Lock()
+	defer r.Mu.Unlock()
 
 	if r.closed {
 		return
 	}
 
-	m := r.targets[channel]
+	m := r.Targets[channel]
 	if m == nil {
-		m = map[string]resetForget{}
-		r.targets[channel] = m
+		m = map[string]ResetForget{}
+		r.Targets[channel] = m
 		r.changed = true
 
 		// The live connection does not follow the new channel: a new
@@ -159,8 +159,8 @@ func (r *resetListener) stop() {
 		return
 	}
 
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	r.Mu.Lock()
+	defer r.Mu.Unlock()
 
 	if r.closed {
 		return
@@ -177,8 +177,8 @@ func (r *resetListener) stop() {
 // resubscribe drops the live connection, so that the goroutine subscribes
 // again: a Sentinel named another primary.
 func (r *resetListener) resubscribe() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	r.Mu.Lock()
+	defer r.Mu.Unlock()
 
 	if r.conn != nil {
 		redisresp.Interrupt(r.conn)
@@ -195,7 +195,7 @@ func (r *resetListener) run() {
 		}
 
 		switch {
-		case r.session(attempt):
+		case r.Session(attempt):
 			wait = resetRetryMin
 		case wait < resetRetryMin:
 			wait = resetRetryMin
@@ -224,7 +224,7 @@ func (r *resetListener) pause(d time.Duration) bool {
 
 // session subscribes once and follows the connection until it fails, and
 // reports whether it subscribed. A panic ends the session, not Traefik.
-func (r *resetListener) session(attempt int) (subscribed bool) {
+func (r *resetListener) Session(attempt int) (subscribed bool) {
 	defer func() {
 		if recover() != nil {
 			subscribed = false
@@ -287,13 +287,13 @@ func (r *resetListener) address(attempt int) (redisresp.Options, error) {
 
 // channels lists the channels to subscribe to.
 func (r *resetListener) channels() []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	r.Mu.Lock()
+	defer r.Mu.Unlock()
 
 	r.changed = false
 
-	out := make([]string, 0, len(r.targets))
-	for ch := range r.targets {
+	out := make([]string, 0, len(r.Targets))
+	for ch := range r.Targets {
 		out = append(out, ch)
 	}
 
@@ -306,8 +306,8 @@ func (r *resetListener) channels() []string {
 // resets arrive again: one REDIS_RESETS_RECOVERED per
 // REDIS_RESETS_UNAVAILABLE, both written under the lock that orders them.
 func (r *resetListener) attach(c *redisresp.Conn) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	r.Mu.Lock()
+	defer r.Mu.Unlock()
 
 	if r.closed || r.changed {
 		return false
@@ -315,19 +315,19 @@ func (r *resetListener) attach(c *redisresp.Conn) bool {
 
 	r.conn = c
 
-	if r.failing && r.back != nil {
+	if r.Failing && r.back != nil {
 		r.back()
 	}
 
-	r.failing = false
+	r.Failing = false
 
 	return true
 }
 
 func (r *resetListener) detach(c *redisresp.Conn) {
-	r.mu.Lock()
+	r.Mu.Lock()
 	r.conn = nil
-	r.mu.Unlock()
+	r.Mu.Unlock()
 
 	_ = c.Close()
 }
@@ -353,7 +353,7 @@ func (r *resetListener) follow(c *redisresp.Conn, addr string) {
 			pinged = false
 
 			if m.Channel != "" {
-				r.dispatch(m)
+				r.Dispatch(m)
 			}
 		}
 	}
@@ -367,15 +367,15 @@ func (r *resetListener) moved(addr string) bool {
 // dispatch clears what the reset m names in the middleware it names; a
 // payload that is not a reset, or names a middleware that does not listen
 // on m's channel, is dropped.
-func (r *resetListener) dispatch(m redisresp.Message) {
-	name, layer, key, ok := parseResetMessage(m.Payload)
+func (r *resetListener) Dispatch(m redisresp.Message) {
+	name, layer, key, ok := ParseResetMessage(m.Payload)
 	if !ok {
 		return
 	}
 
-	r.mu.Lock()
-	forget := r.targets[m.Channel][name]
-	r.mu.Unlock()
+	r.Mu.Lock()
+	forget := r.Targets[m.Channel][name]
+	r.Mu.Unlock()
 
 	if forget != nil {
 		forget(layer, key)
@@ -384,23 +384,23 @@ func (r *resetListener) dispatch(m redisresp.Message) {
 
 // failed logs the first failure of a row: later ones are the same outage.
 func (r *resetListener) failed(err error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	r.Mu.Lock()
+	defer r.Mu.Unlock()
 
-	if !r.failing && !r.closed {
-		r.event(err.Error())
+	if !r.Failing && !r.closed {
+		r.Event(err.Error())
 	}
 
-	r.failing = true
+	r.Failing = true
 }
 
 // forgetLayerKey drops key's entries of the layer named layer, under any of
 // the limits that layer had (blockPrefix), and reports whether there was one.
-func (b *blockList) forgetLayerKey(layer, key string) bool {
+func (b *BlockList) forgetLayerKey(layer, key string) bool {
 	head := layer + "\x00"
 
-	b.mu.Lock()
-	defer b.mu.Unlock()
+	b.Mu.Lock()
+	defer b.Mu.Unlock()
 
 	found := false
 
@@ -409,13 +409,13 @@ func (b *blockList) forgetLayerKey(layer, key string) bool {
 			continue
 		}
 
-		if _, ok := b.until[prefix+key]; ok {
-			delete(b.until, prefix+key)
+		if _, ok := b.Until[prefix+key]; ok {
+			delete(b.Until, prefix+key)
 			found = true
 		}
 	}
 
-	b.size.Store(int64(len(b.until)))
+	b.Size.Store(int64(len(b.Until)))
 
 	return found
 }

@@ -1,16 +1,18 @@
-package tierlimit
+package redisstore
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/tierlimit/tierlimit/events"
 	"io"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/tierlimit/tierlimit/events"
+	"github.com/tierlimit/tierlimit/rule"
 
 	"github.com/tierlimit/tierlimit/lifetime"
 	"github.com/tierlimit/tierlimit/memstore"
@@ -29,7 +31,7 @@ import (
 //
 // refund gives cost points back to layers that an earlier take charged, for
 // a request a later, deferred charge refused (chain.go settle).
-type counterStore interface {
+type CounterStore interface {
 	Take(t *tally, c *charge)
 	Refund(c *charge, cost int64)
 }
@@ -106,7 +108,7 @@ type counterStore interface {
 // from 0, whose window is in milliseconds: what the headers show, in one
 // reply line, which redisPath reads with one parse (redisfast.go). It is
 // sent only while it fits a Lua number exactly (below 2^53), for i < 16.
-const takeScript = `
+const TakeScript = `
 -- read runs a read command; a key of another kind reads as false, any
 -- other error (a command the ACL denies) fails the script, never a key.
 local function read(...)
@@ -404,74 +406,74 @@ return {given}
 // The script's arguments, encoded: ARGV[1], how takeScript runs; ARGV[2], a
 // cost of 1; and the algorithm and the no-rate value of a layer's arguments.
 var (
-	argStopAtRefusal = redisresp.Bulk("0")
+	ArgStopAtRefusal = redisresp.Bulk("0")
 	argChargeAll     = redisresp.Bulk("1") // dry run
-	argOneInteger    = redisresp.Bulk("2") // the one-integer reply of redisPath
+	ArgOneInteger    = redisresp.Bulk("2") // the one-integer reply of redisPath
 	argCostOne       = redisresp.Bulk("1")
-	algoFixed        = redisresp.Bulk("0")
-	algoSliding      = redisresp.Bulk("1")
-	algoBucket       = redisresp.Bulk("2")
-	argNoRate        = redisresp.Bulk("0")
+	AlgoFixed        = redisresp.Bulk("0")
+	AlgoSliding      = redisresp.Bulk("1")
+	AlgoBucket       = redisresp.Bulk("2")
+	ArgNoRate        = redisresp.Bulk("0")
 )
 
 // costArg encodes a request's cost, ARGV[2] of takeScript.
-func costArg(cost int64) string {
+func CostArg(cost int64) string {
 	if cost == 1 {
 		return argCostOne
 	}
 
-	return redisresp.Bulk(formatInt(cost))
+	return redisresp.Bulk(strconv.FormatInt(cost, 10))
 }
 
-var errBadReply = errors.New("unexpected reply from the rate-limit script")
+var ErrBadReply = errors.New("unexpected reply from the rate-limit script")
 
 // redisStore keeps the counters in Redis, shared by every Traefik instance,
 // with keys <keyPrefix>:<middleware name>:<layer>:<key>. When Redis fails or is
 // slower than redis.timeout, local (the middleware's memory store, same limits)
 // decides instead, and Redis is skipped during a back-off. Keys that Redis
 // reported over their limit are refused locally until their reset.
-type redisStore struct {
-	prefix  string
-	name    string // the middleware's, and the channel of its resets (resetsub.go)
-	channel string
-	backend *redisBackend
-	local   *windowStore
+type RedisStore struct {
+	Prefix  string
+	Name    string // the middleware's, and the channel of its resets (resetsub.go)
+	Channel string
+	Backend *RedisBackend
+	Local   *windowStore
 	// fallback decides in local when Redis cannot: local itself, or with
 	// blocks (blockingStore) when a layer has a blockDuration (takeLocal).
-	fallback counterStore
-	blocked  *blockList
-	owed     *owedCounts      // what the fallback charged during an outage (owed.go)
-	clock    func() time.Time // the instance's (Plugin.now), for what no request times: a reset from another replica
-	calls    []redisresp.Call // the script's call head by number of layers
-	synced   *syncState       // redis.syncInterval's counters (syncstore.go); nil: exact mode
+	Fallback CounterStore
+	Blocked  *BlockList
+	Owed     *owedCounts      // what the fallback charged during an outage (owed.go)
+	Clock    func() time.Time // the instance's (Plugin.now), for what no request times: a reset from another replica
+	Calls    []redisresp.Call // the script's call head by number of layers
+	Synced   *SyncState       // redis.syncInterval's counters (syncstore.go); nil: exact mode
 }
 
 // takeRedis is the script every redisStore runs, refundRedis its refund.
 var (
-	takeRedis   = redisresp.NewScript(takeScript)
+	takeRedis   = redisresp.NewScript(TakeScript)
 	refundRedis = redisresp.NewScript(refundScript)
 )
 
 // takeCall is takeScript's call head for n layers: n keys, then ARGV[1],
 // ARGV[2] and 4 arguments per layer.
-func takeCall(n int) redisresp.Call {
+func TakeCall(n int) redisresp.Call {
 	return takeRedis.Call(n, 5*n+2)
 }
 
 // callFor returns the script's call head for n layers.
-func (s *redisStore) callFor(n int) redisresp.Call {
-	if n < len(s.calls) {
-		return s.calls[n]
+func (s *RedisStore) CallFor(n int) redisresp.Call {
+	if n < len(s.Calls) {
+		return s.Calls[n]
 	}
 
-	return takeCall(n)
+	return TakeCall(n)
 }
 
 // The healthy path (nothing blocked, Redis up) takes no lock and makes as few
 // calls as it can (doc.go: frames).
-func (s *redisStore) Take(t *tally, c *charge) {
-	if s.synced != nil {
-		syncTake(s.synced, t, c)
+func (s *RedisStore) Take(t *tally, c *charge) {
+	if s.Synced != nil {
+		SyncTake(s.Synced, t, c)
 		return
 	}
 
@@ -483,16 +485,16 @@ func (s *redisStore) Take(t *tally, c *charge) {
 		return
 	}
 
-	if !c.All && s.blocked.size.Load() != 0 && s.takeBlocked(t, c) {
+	if !c.All && s.Blocked.Size.Load() != 0 && s.TakeBlocked(t, c) {
 		return
 	}
 
 	probe := false
 
-	if s.backend.down.Load() {
+	if s.Backend.Down.Load() {
 		use := false
-		if use, probe = s.backend.usable(c.Now); !use {
-			s.takeLocal(t, c)
+		if use, probe = s.Backend.Usable(c.Now); !use {
+			s.TakeLocal(t, c)
 			return
 		}
 	}
@@ -503,11 +505,11 @@ func (s *redisStore) Take(t *tally, c *charge) {
 		// is a pool that stayed busy for redisresp.DefaultWaitTimeout: the
 		// calls ahead of this one were answered.
 		if !errors.Is(err, redisresp.ErrClosed) && !errors.Is(err, redisresp.ErrPoolTimeout) {
-			s.backend.failed(c.Now, probe, err)
+			s.Backend.Failed(c.Now, probe, err)
 		}
 
 		*t = tally{Cost: t.Cost}
-		s.takeLocal(t, c)
+		s.TakeLocal(t, c)
 
 		return
 	}
@@ -515,7 +517,7 @@ func (s *redisStore) Take(t *tally, c *charge) {
 	// Only the back-off's probe ends an outage (redisevents.go): a call in
 	// flight when Redis failed may still succeed.
 	if probe {
-		s.backend.succeeded(c.Now)
+		s.Backend.Succeeded(c.Now)
 	}
 }
 
@@ -523,8 +525,8 @@ func (s *redisStore) Take(t *tally, c *charge) {
 // A key Redis blocked is refused before (takeBlocked); a blockDuration
 // refusal here starts a block in memory, and on the block list, so that
 // it refuses the key for the rest of the block after Redis is back too.
-func (s *redisStore) takeLocal(t *tally, c *charge) {
-	s.fallback.Take(t, c)
+func (s *RedisStore) TakeLocal(t *tally, c *charge) {
+	s.Fallback.Take(t, c)
 
 	if !t.Refused || c.All {
 		oweCharged(s, t, c)
@@ -536,12 +538,12 @@ func (s *redisStore) takeLocal(t *tally, c *charge) {
 
 	l := c.Layers[t.Shown]
 	key := c.Keys[t.Shown]
-	first := s.blocked.add(l.BlockPrefix, key, t.Reset, c.Now)
+	first := s.Blocked.Add(l.BlockPrefix, key, t.Reset, c.Now)
 	if first {
-		listenResets(s)
+		ListenResets(s)
 	}
 
-	s.blocked.hit(l.BlockPrefix, key, first)
+	s.Blocked.hit(l.BlockPrefix, key, first)
 }
 
 // takeBlocked refuses the request locally when one of its keys is known to be
@@ -549,7 +551,7 @@ func (s *redisStore) takeLocal(t *tally, c *charge) {
 // smallest cost fits again (redisStore.refused); a larger one refuses too,
 // but in a sliding window or a token bucket it fits later than that, so
 // such a request asks Redis, which tells when.
-func (s *redisStore) takeBlocked(t *tally, c *charge) bool {
+func (s *RedisStore) TakeBlocked(t *tally, c *charge) bool {
 	costly := t.Cost > 1
 
 	for i, l := range c.Layers {
@@ -557,14 +559,14 @@ func (s *redisStore) takeBlocked(t *tally, c *charge) bool {
 			continue
 		}
 
-		if reset := s.blocked.resetOf(l.BlockPrefix, c.Keys[i], c.Now); reset != 0 {
+		if reset := s.Blocked.ResetOf(l.BlockPrefix, c.Keys[i], c.Now); reset != 0 {
 			l.Stats.CountRedis(true)
 			if l.BlockDuration != 0 {
-				s.blocked.hit(l.BlockPrefix, c.Keys[i], false)
+				s.Blocked.hit(l.BlockPrefix, c.Keys[i], false)
 			}
 
 			*t = tally{Shown: i, Count: l.Points + 1, Reset: reset, Refused: true,
-				ResetH: []string{formatInt(limit.CeilSeconds(reset))}}
+				ResetH: []string{strconv.FormatInt(limit.CeilSeconds(reset), 10)}}
 
 			return true
 		}
@@ -575,8 +577,8 @@ func (s *redisStore) takeBlocked(t *tally, c *charge) bool {
 
 // takeRedis runs the script and writes its outcome to t; on an error, t is
 // to be discarded.
-func (s *redisStore) takeRedis(t *tally, c *charge) error {
-	mode := argStopAtRefusal
+func (s *RedisStore) takeRedis(t *tally, c *charge) error {
+	mode := ArgStopAtRefusal
 	if c.All {
 		mode = argChargeAll
 	}
@@ -586,12 +588,12 @@ func (s *redisStore) takeRedis(t *tally, c *charge) error {
 	var serverErr string
 	var err error
 
-	cost := costOf(t)
+	cost := rule.CostOf(t)
 
-	if s.backend.cluster != nil {
-		ints, serverErr, err = s.runCluster(s.backend.cluster, c, cost)
+	if s.Backend.cluster != nil {
+		ints, serverErr, err = s.runCluster(s.Backend.cluster, c, cost)
 	} else {
-		ints, serverErr, err = s.callFor(len(c.Layers)).RunIntsOn(s.backend.pool, encodeCall(c, mode, cost))
+		ints, serverErr, err = s.CallFor(len(c.Layers)).RunIntsOn(s.Backend.Pool, EncodeCall(c, mode, cost))
 	}
 
 	if err != nil {
@@ -602,7 +604,7 @@ func (s *redisStore) takeRedis(t *tally, c *charge) error {
 		return fmt.Errorf("running the rate-limit script: %s", serverErr)
 	}
 
-	return s.record(t, c, ints)
+	return s.Record(t, c, ints)
 }
 
 // encodeCall encodes a script call's keys and arguments, but for its head:
@@ -610,10 +612,10 @@ func (s *redisStore) takeRedis(t *tally, c *charge) error {
 // the cost and each layer's arguments. The command is encoded here, from each
 // layer's pre-encoded parts: under Yaegi, a loop over arguments in the RESP
 // writer costs more than the round trip.
-func encodeCall(c *charge, mode string, cost int64) string {
+func EncodeCall(c *charge, mode string, cost int64) string {
 	keys, args := "", mode+argCostOne
 	if cost != 1 {
-		args = mode + costArg(cost)
+		args = mode + CostArg(cost)
 	}
 
 	for i, l := range c.Layers {
@@ -642,36 +644,36 @@ func encodeCall(c *charge, mode string, cost int64) string {
 // most likely went: to the memory fallback while Redis is in back-off, else
 // to Redis. A refund that fails is not retried in memory, which holds no such
 // charge: the count stays cost too high until its window ends.
-func (s *redisStore) Refund(c *charge, cost int64) {
+func (s *RedisStore) Refund(c *charge, cost int64) {
 	if len(c.Layers) == 0 {
 		return
 	}
 
-	if s.synced != nil {
-		syncRefund(s.synced, c, cost)
+	if s.Synced != nil {
+		syncRefund(s.Synced, c, cost)
 		return
 	}
 
-	if s.backend.down.Load() {
-		s.local.Refund(c, cost)
+	if s.Backend.Down.Load() {
+		s.Local.Refund(c, cost)
 		forgiveRefunded(s, c, cost)
 
 		return
 	}
 
 	if err := refundOnRedis(s, c, cost); err != nil && !errors.Is(err, redisresp.ErrClosed) {
-		s.backend.failed(c.Now, false, fmt.Errorf("refunding a charge: %w", err))
+		s.Backend.Failed(c.Now, false, fmt.Errorf("refunding a charge: %w", err))
 	}
 }
 
 // refundOnRedis runs the refund script of cost for layers in Redis (a
 // negative cost adds to the keys that exist).
-func refundOnRedis(s *redisStore, c *charge, cost int64) error {
-	if s.backend.cluster != nil {
-		return s.refundCluster(s.backend.cluster, c, cost)
+func refundOnRedis(s *RedisStore, c *charge, cost int64) error {
+	if s.Backend.cluster != nil {
+		return s.refundCluster(s.Backend.cluster, c, cost)
 	}
 
-	_, serverErr, err := refundRedis.Call(len(c.Layers), 5*len(c.Layers)+1).RunIntsOn(s.backend.pool, encodeCall(c, "", cost))
+	_, serverErr, err := refundRedis.Call(len(c.Layers), 5*len(c.Layers)+1).RunIntsOn(s.Backend.Pool, EncodeCall(c, "", cost))
 	if err == nil && serverErr != "" {
 		err = fmt.Errorf("running the refund script: %s", serverErr)
 	}
@@ -681,10 +683,10 @@ func refundOnRedis(s *redisStore, c *charge, cost int64) error {
 
 // record writes the script's reply (count and milliseconds to reset per
 // layer evaluated) to t, and checks it: on an error, t is to be discarded.
-func (s *redisStore) record(t *tally, c *charge, ints []int64) error {
+func (s *RedisStore) Record(t *tally, c *charge, ints []int64) error {
 	layers, now, all, n := c.Layers, c.Now, c.All, len(ints)/2
 	if len(ints)%2 != 0 || n == 0 || n > len(layers) {
-		return fmt.Errorf("%w: %d integers for %d layers", errBadReply, len(ints), len(layers))
+		return fmt.Errorf("%w: %d integers for %d layers", ErrBadReply, len(ints), len(layers))
 	}
 
 	t.Shown = -1
@@ -695,14 +697,14 @@ func (s *redisStore) record(t *tally, c *charge, ints []int64) error {
 		// A check-only layer that allows reports the count without the
 		// request, which may be 0.
 		if count < 1 && (count < 0 || !l.CheckOnly) || ttl < 0 || ttl > l.MaxTTL {
-			return fmt.Errorf("%w: count %d, ttl %d", errBadReply, count, ttl)
+			return fmt.Errorf("%w: count %d, ttl %d", ErrBadReply, count, ttl)
 		}
 
 		reset := now + ttl*int64(time.Millisecond)
 
 		if count > l.Points {
 			if s.refused(t, c, i, count, reset) && !all && i < n-1 {
-				return fmt.Errorf("%w: layers answered after a refusal", errBadReply)
+				return fmt.Errorf("%w: layers answered after a refusal", ErrBadReply)
 			}
 
 			continue
@@ -716,11 +718,11 @@ func (s *redisStore) record(t *tally, c *charge, ints []int64) error {
 	// The script stops only at a refusal; a shorter reply that does not end in
 	// one would let a request skip the layers it did not reach.
 	if n < len(layers) && (all || !t.Refused) {
-		return fmt.Errorf("%w: %d of %d layers answered", errBadReply, n, len(layers))
+		return fmt.Errorf("%w: %d of %d layers answered", ErrBadReply, n, len(layers))
 	}
 
 	if !t.Refused {
-		t.ResetH = []string{formatInt(limit.CeilSeconds(t.Reset))}
+		t.ResetH = []string{strconv.FormatInt(limit.CeilSeconds(t.Reset), 10)}
 	}
 
 	for i := 0; i < n; i++ {
@@ -736,7 +738,7 @@ func (s *redisStore) record(t *tally, c *charge, ints []int64) error {
 	// What Redis now holds, for the fallback (fallback.go); a refused
 	// request changed nothing there.
 	if !t.Refused || all {
-		rememberAll(s.local, c, ints)
+		rememberAll(s.Local, c, ints)
 	}
 
 	return nil
@@ -753,67 +755,67 @@ func (s *redisStore) record(t *tally, c *charge, ints []int64) error {
 // cost 10) may still take a smaller one (a plain read), so that refusal
 // blocks nothing and the next such request asks Redis again; the block list
 // only remembers it was reported (blockList.note).
-func (s *redisStore) refused(t *tally, c *charge, i int, count, reset int64) bool {
+func (s *RedisStore) refused(t *tally, c *charge, i int, count, reset int64) bool {
 	l, key, now := c.Layers[i], c.Keys[i], c.Now
 
 	first := false
 	if !l.DryRun && (t.Cost <= 1 || t.Cost <= l.MinCost || l.BlockDuration != 0) {
-		first = s.blocked.add(l.BlockPrefix, key, reset, now)
+		first = s.Blocked.Add(l.BlockPrefix, key, reset, now)
 		if first {
-			listenResets(s)
+			ListenResets(s)
 		}
 
 		if l.BlockDuration != 0 {
-			s.blocked.hit(l.BlockPrefix, key, first)
+			s.Blocked.hit(l.BlockPrefix, key, first)
 		}
 	} else {
-		first = s.blocked.note(l.BlockPrefix, key, reset, now)
+		first = s.Blocked.note(l.BlockPrefix, key, reset, now)
 	}
 
-	return t.RefuseAs(i, l, count, reset, []string{formatInt(limit.CeilSeconds(reset))}, first)
+	return t.RefuseAs(i, l, count, reset, []string{strconv.FormatInt(limit.CeilSeconds(reset), 10)}, first)
 }
 
 // Back-off bounds: Redis is skipped for minBackoff after a failure, doubling
 // while probes keep failing, up to maxBackoff.
 const (
-	minBackoff = 200 * time.Millisecond
+	MinBackoff = 200 * time.Millisecond
 	maxBackoff = 5 * time.Second
 )
 
 // redisBackend is one Redis deployment as every middleware configured for it
 // shares it: the client (a pool, or the Sentinel-found primary's) and whether
 // Redis is usable now.
-type redisBackend struct {
-	pool     redisresp.Client
+type RedisBackend struct {
+	Pool     redisresp.Client
 	cluster  *redisresp.Cluster  // pool as a cluster client, or nil
-	single   *redisresp.Pool     // pool as one server's pool, or nil (redisPath)
-	sentinel *redisresp.Sentinel // pool as a Sentinel's primary, or nil (redisPath)
-	address  string
-	log      io.Writer
-	resets   *resetListener // follows the resets of the backend's middlewares (resetsub.go)
+	Single   *redisresp.Pool     // pool as one server's pool, or nil (redisPath)
+	Sentinel *redisresp.Sentinel // pool as a Sentinel's primary, or nil (redisPath)
+	Address  string
+	Log      io.Writer
+	Resets   *resetListener // follows the resets of the backend's middlewares (resetsub.go)
 
 	// down mirrors failing for the common path, which then takes no lock.
-	down atomic.Bool
+	Down atomic.Bool
 
-	mu      sync.Mutex
+	Mu      sync.Mutex
 	failing bool
 	probing bool  // one request is trying Redis after the back-off
 	retryAt int64 // Unix nanoseconds
-	backoff time.Duration
+	Backoff time.Duration
 	outage  redisOutage // which transitions are logged (redisevents.go)
 	debts   []func()    // what the stores' fallbacks charged, paid when Redis answers again (owed.go)
-	probe   redisProbe  // the goroutine that probes Redis while failing (probe.go)
+	Probe   redisProbe  // the goroutine that probes Redis while failing (probe.go)
 }
 
 // usable reports whether to call Redis at now. While failing, one request per
 // back-off period is let through as a probe.
-func (b *redisBackend) usable(now int64) (use, probe bool) {
-	if !b.down.Load() {
+func (b *RedisBackend) Usable(now int64) (use, probe bool) {
+	if !b.Down.Load() {
 		return true, false
 	}
 
-	b.mu.Lock()
-	defer b.mu.Unlock()
+	b.Mu.Lock()
+	defer b.Mu.Unlock()
 
 	if !b.failing {
 		return true, false
@@ -830,8 +832,8 @@ func (b *redisBackend) usable(now int64) (use, probe bool) {
 
 // succeeded records the back-off's probe, started at now, succeeding. Leaving
 // the fallback (down, the metric) and REDIS_RECOVERED are one transition.
-func (b *redisBackend) succeeded(now int64) {
-	b.mu.Lock()
+func (b *RedisBackend) Succeeded(now int64) {
+	b.Mu.Lock()
 
 	// The line is written before the fallback ends, under the lock that
 	// orders the transitions, so that whoever sees the metric at 0 finds it.
@@ -840,11 +842,11 @@ func (b *redisBackend) succeeded(now int64) {
 	}
 
 	events.OutageSucceeded(&b.outage, now, true)
-	b.failing, b.probing, b.backoff = false, false, 0
-	b.down.Store(false)
+	b.failing, b.probing, b.Backoff = false, false, 0
+	b.Down.Store(false)
 	debts := b.debts
 	b.debts = nil
-	b.mu.Unlock()
+	b.Mu.Unlock()
 
 	if debts != nil {
 		go payDebts(debts)
@@ -855,24 +857,24 @@ func (b *redisBackend) succeeded(now int64) {
 // probe doubles it. Failures of calls that were in flight when Redis went away
 // change nothing, so a burst of them does not inflate the back-off, and a
 // call that started before the last outage ended changes nothing either.
-func (b *redisBackend) failed(now int64, probe bool, err error) {
-	b.mu.Lock()
+func (b *RedisBackend) Failed(now int64, probe bool, err error) {
+	b.Mu.Lock()
 
 	kind := events.OutageFailed(&b.outage, now, probe)
 	if kind == outageStale {
-		b.mu.Unlock()
+		b.Mu.Unlock()
 		return
 	}
 
 	first := !b.failing
 	if !first && !probe {
-		b.mu.Unlock()
+		b.Mu.Unlock()
 		return
 	}
 
-	backoff := minBackoff
+	backoff := MinBackoff
 	if !first {
-		backoff = b.backoff * 2
+		backoff = b.Backoff * 2
 		if backoff > maxBackoff {
 			backoff = maxBackoff
 		}
@@ -884,11 +886,11 @@ func (b *redisBackend) failed(now int64, probe bool, err error) {
 		b.event("REDIS_UNAVAILABLE", "error", err.Error(), backoff, now)
 	}
 
-	b.failing, b.probing, b.backoff = true, false, backoff
-	b.down.Store(true)
+	b.failing, b.probing, b.Backoff = true, false, backoff
+	b.Down.Store(true)
 	b.retryAt = now + int64(backoff)
 	start := scheduleProbe(b, now)
-	b.mu.Unlock()
+	b.Mu.Unlock()
 
 	if start {
 		go probeRedis(b)
@@ -898,24 +900,24 @@ func (b *redisBackend) failed(now int64, probe bool, err error) {
 // switched logs that the sentinels named another primary, and lets the next
 // request probe it at once when Redis was failing: the back-off waited for
 // exactly this.
-func (b *redisBackend) switched(from, to string) {
-	b.mu.Lock()
+func (b *RedisBackend) switched(from, to string) {
+	b.Mu.Lock()
 	b.retryAt = 0
-	b.mu.Unlock()
+	b.Mu.Unlock()
 
-	if b.resets != nil {
-		b.resets.resubscribe()
+	if b.Resets != nil {
+		b.Resets.resubscribe()
 	}
 
-	line, err := events.RedisEventLine(redisEvent{Event: "REDIS_PRIMARY_CHANGED", Severity: "info", Address: b.address, Primary: to, Previous: from}, time.Now().UnixNano())
+	line, err := events.RedisEventLine(redisEvent{Event: "REDIS_PRIMARY_CHANGED", Severity: "info", Address: b.Address, Primary: to, Previous: from}, time.Now().UnixNano())
 	if err == nil {
-		_, _ = b.log.Write(line)
+		_, _ = b.Log.Write(line)
 	}
 }
 
-func (b *redisBackend) event(name, severity, msg string, retry time.Duration, now int64) {
-	ev := redisEvent{Event: name, Severity: severity, Address: b.address, Error: msg}
-	if sp, ok := b.pool.(interface{ Primary() string }); ok {
+func (b *RedisBackend) event(name, severity, msg string, retry time.Duration, now int64) {
+	ev := redisEvent{Event: name, Severity: severity, Address: b.Address, Error: msg}
+	if sp, ok := b.Pool.(interface{ Primary() string }); ok {
 		ev.Primary = sp.Primary()
 	}
 	if retry > 0 {
@@ -928,54 +930,54 @@ func (b *redisBackend) event(name, severity, msg string, retry time.Duration, no
 		return
 	}
 
-	_, _ = b.log.Write(line)
+	_, _ = b.Log.Write(line)
 }
 
 // backends shares one redisBackend per distinct Redis configuration across
 // middlewares, routers and reloads, so reloads do not open new pools. A
 // backend no instance uses any more is released (lifetime.go) and its pool
 // closed: idle connections at once, busy ones when their call returns.
-var backends = &backendRegistry{byConfig: lifetime.NewHeldRegistry(closeBackend)}
+var Backends = &BackendRegistry{ByConfig: lifetime.NewHeldRegistry(CloseBackend)}
 
-type backendRegistry struct {
-	byConfig *heldRegistry // *redisBackend by configuration
+type BackendRegistry struct {
+	ByConfig *heldRegistry // *redisBackend by configuration
 }
 
-func closeBackend(v interface{}) {
-	if b, ok := v.(*redisBackend); ok {
-		stopProbe(b)
+func CloseBackend(v interface{}) {
+	if b, ok := v.(*RedisBackend); ok {
+		StopProbe(b)
 		flushSyncsOn(b) // released at the same grace, in either order
-		b.resets.stop()
-		b.pool.Close()
+		b.Resets.stop()
+		b.Pool.Close()
 	}
 }
 
 // get returns the backend of opts, held until ctx is cancelled.
-func (r *backendRegistry) get(ctx context.Context, opts redisresp.Options) *redisBackend {
+func (r *BackendRegistry) Get(ctx context.Context, opts redisresp.Options) *RedisBackend {
 	id := opts.Key()
 
-	v := r.byConfig.Take(ctx, id, func() interface{} {
-		return newBackend(opts)
+	v := r.ByConfig.Take(ctx, id, func() interface{} {
+		return NewBackend(opts)
 	})
 
-	b, _ := v.(*redisBackend)
+	b, _ := v.(*RedisBackend)
 
 	return b
 }
 
 // newBackend makes the client opts describe: a pool, a Sentinel's primary
 // (whose switches it logs) or a cluster.
-func newBackend(opts redisresp.Options) *redisBackend {
-	b := &redisBackend{pool: redisresp.NewClient(opts), address: opts.Target(), log: events.EventWriter}
-	b.probe.done = make(chan struct{})
-	if sc, ok := b.pool.(*redisresp.Sentinel); ok {
+func NewBackend(opts redisresp.Options) *RedisBackend {
+	b := &RedisBackend{Pool: redisresp.NewClient(opts), Address: opts.Target(), Log: events.EventWriter}
+	b.Probe.Done = make(chan struct{})
+	if sc, ok := b.Pool.(*redisresp.Sentinel); ok {
 		sc.OnSwitch = b.switched
-		b.sentinel = sc
+		b.Sentinel = sc
 	}
 
-	b.cluster, _ = b.pool.(*redisresp.Cluster)
-	b.single, _ = b.pool.(*redisresp.Pool)
-	b.resets = newResetListener(b, opts)
+	b.cluster, _ = b.Pool.(*redisresp.Cluster)
+	b.Single, _ = b.Pool.(*redisresp.Pool)
+	b.Resets = NewResetListener(b, opts)
 
 	return b
 }
@@ -985,12 +987,12 @@ func newBackend(opts redisresp.Options) *redisBackend {
 // key: the prefix holds the layer's limits, so that an entry made under other
 // limits (before a reload that raised the points, say) refuses nothing, where
 // Redis might now allow.
-type blockList struct {
-	size atomic.Int64 // entries, so that the common case (none) takes no lock
+type BlockList struct {
+	Size atomic.Int64 // entries, so that the common case (none) takes no lock
 
-	mu    sync.Mutex
+	Mu    sync.Mutex
 	max   int
-	until map[string]int64 // by layer.blockPrefix + key
+	Until map[string]int64 // by layer.blockPrefix + key
 	// noted holds the reset of keys reported refused by a cost that
 	// blocks nothing (redisStore.refused), so that their refusals too are
 	// reported once per window.
@@ -1004,60 +1006,60 @@ type blockList struct {
 	hits map[string]int64
 }
 
-func newBlockList(capacity int) *blockList {
-	return &blockList{max: capacity, until: map[string]int64{}, noted: map[string]int64{}, prefixes: map[string]bool{}, hits: map[string]int64{}}
+func NewBlockList(capacity int) *BlockList {
+	return &BlockList{max: capacity, Until: map[string]int64{}, noted: map[string]int64{}, prefixes: map[string]bool{}, hits: map[string]int64{}}
 }
 
 // blockPrefix is a layer's part of its block list entries: its name and its
 // Redis arguments (points, window, algorithm, rate), each ended by a NUL,
 // which neither holds.
-func blockPrefix(l *layer) string {
+func BlockPrefix(l *layer) string {
 	return l.Name + "\x00" + l.RedisArgs + "\x00"
 }
 
 // resetOf returns the reset of a blocked key, or 0.
-func (b *blockList) resetOf(prefix, key string, now int64) int64 {
-	if b.size.Load() == 0 {
+func (b *BlockList) ResetOf(prefix, key string, now int64) int64 {
+	if b.Size.Load() == 0 {
 		return 0
 	}
 
 	id := prefix + key
 
-	b.mu.Lock()
+	b.Mu.Lock()
 
-	reset := b.until[id]
+	reset := b.Until[id]
 	if reset != 0 && reset <= now {
-		delete(b.until, id)
-		b.size.Store(int64(len(b.until)))
+		delete(b.Until, id)
+		b.Size.Store(int64(len(b.Until)))
 
 		reset = 0
 	}
 
-	b.mu.Unlock()
+	b.Mu.Unlock()
 
 	return reset
 }
 
 // add blocks a key until reset and reports whether it was not blocked yet, so
 // that a refusal is reported once per key and window.
-func (b *blockList) add(prefix, key string, reset, now int64) bool {
+func (b *BlockList) Add(prefix, key string, reset, now int64) bool {
 	id := prefix + key
 
-	b.mu.Lock()
-	defer b.mu.Unlock()
+	b.Mu.Lock()
+	defer b.Mu.Unlock()
 
-	if old, ok := b.until[id]; ok && old > now {
+	if old, ok := b.Until[id]; ok && old > now {
 		if reset > old {
-			b.until[id] = reset
+			b.Until[id] = reset
 		}
 
 		return false
 	}
 
-	memstore.TrimEntries(b.until, b.max, now)
-	b.until[id] = reset
+	memstore.TrimEntries(b.Until, b.max, now)
+	b.Until[id] = reset
 	b.prefixes[prefix] = true
-	b.size.Store(int64(len(b.until)))
+	b.Size.Store(int64(len(b.Until)))
 
 	noted := b.noted[id]
 
@@ -1067,15 +1069,15 @@ func (b *blockList) add(prefix, key string, reset, now int64) bool {
 // hit counts a request that the block of a blockDuration layer's key
 // refused: the first of a new block (start), or one more. At the cap, the
 // counts of entries that are gone are dropped first.
-func (b *blockList) hit(prefix, key string, start bool) {
+func (b *BlockList) hit(prefix, key string, start bool) {
 	id := prefix + key
 
-	b.mu.Lock()
-	defer b.mu.Unlock()
+	b.Mu.Lock()
+	defer b.Mu.Unlock()
 
 	if len(b.hits) >= b.max {
 		for k := range b.hits {
-			if _, ok := b.until[k]; !ok {
+			if _, ok := b.Until[k]; !ok {
 				delete(b.hits, k)
 			}
 		}
@@ -1092,13 +1094,13 @@ func (b *blockList) hit(prefix, key string, start bool) {
 // note records that a key refused a request without being blocked, until
 // reset, and reports whether no refusal of it was recorded yet (blocked or
 // noted) in its window.
-func (b *blockList) note(prefix, key string, reset, now int64) bool {
+func (b *BlockList) note(prefix, key string, reset, now int64) bool {
 	id := prefix + key
 
-	b.mu.Lock()
-	defer b.mu.Unlock()
+	b.Mu.Lock()
+	defer b.Mu.Unlock()
 
-	if b.until[id] > now {
+	if b.Until[id] > now {
 		return false
 	}
 
@@ -1117,16 +1119,16 @@ func (b *blockList) note(prefix, key string, reset, now int64) bool {
 }
 
 // snapshot copies the keys blocked at now whose key starts with prefix.
-func (b *blockList) snapshot(now int64, prefix string) []blockedKey {
-	if b.size.Load() == 0 {
+func (b *BlockList) Snapshot(now int64, prefix string) []blockedKey {
+	if b.Size.Load() == 0 {
 		return nil
 	}
 
 	var out []blockedKey
 
-	b.mu.Lock()
+	b.Mu.Lock()
 
-	for id, reset := range b.until {
+	for id, reset := range b.Until {
 		i := strings.IndexByte(id, 0)
 		j := -1
 		if i >= 0 {
@@ -1138,7 +1140,27 @@ func (b *blockList) snapshot(now int64, prefix string) []blockedKey {
 		}
 	}
 
-	b.mu.Unlock()
+	b.Mu.Unlock()
 
 	return out
+}
+
+// nsPerMillisecond is int64(time.Millisecond) as an untyped constant (see
+// nsPerSecond).
+const NsPerMillisecond = 1000000
+
+// blockListLive is the Redis block list's: the latest end of a block, or of a
+// window whose refusal was reported (noted), so that the middleware
+// configured again neither asks Redis for a key it knows blocked nor
+// reports a window's refusal twice.
+func BlockListLive(v interface{}, now int64) int64 {
+	b, ok := v.(*BlockList)
+	if !ok {
+		return 0
+	}
+
+	b.Mu.Lock()
+	defer b.Mu.Unlock()
+
+	return memstore.LatestAfter(b.noted, memstore.LatestAfter(b.Until, 0))
 }

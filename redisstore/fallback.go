@@ -1,6 +1,10 @@
-package tierlimit
+package redisstore
 
-import "github.com/tierlimit/tierlimit/limit"
+import (
+	"strconv"
+
+	"github.com/tierlimit/tierlimit/limit"
+)
 
 // The Redis store's memory fallback decides while Redis cannot. It starts
 // each key from what Redis last reported of it to this process, not from
@@ -16,7 +20,7 @@ import "github.com/tierlimit/tierlimit/limit"
 // A sliding counter takes the estimate as its current window's count, with
 // none before it: memory then refuses no later than Redis would. It returns
 // the counter's X-RateLimit-Reset value.
-func remember(s *windowStore, l *layer, key string, count, reset, now int64) []string {
+func Remember(s *windowStore, l *layer, key string, count, reset, now int64) []string {
 	s.Mu.Lock()
 	defer s.Mu.Unlock()
 
@@ -43,7 +47,7 @@ func remember(s *windowStore, l *layer, key string, count, reset, now int64) []s
 		w.Reset = reset
 		if secs := limit.CeilSeconds(reset); secs != w.ResetSec {
 			w.ResetSec = secs
-			w.ResetH = []string{formatInt(secs)}
+			w.ResetH = []string{strconv.FormatInt(secs, 10)}
 		}
 	}
 
@@ -58,7 +62,7 @@ func rememberAll(s *windowStore, c *charge, ints []int64) {
 	for i := 0; 2*i+1 < len(ints) && i < len(c.Layers); i++ {
 		l := c.Layers[i]
 		if count := ints[2*i]; count <= l.Points || l.DryRun {
-			remember(s, l, c.Keys[i], count, now+ints[2*i+1]*nsPerMillisecond, now)
+			Remember(s, l, c.Keys[i], count, now+ints[2*i+1]*NsPerMillisecond, now)
 		}
 	}
 }

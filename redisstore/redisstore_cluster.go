@@ -1,4 +1,4 @@
-package tierlimit
+package redisstore
 
 import (
 	"fmt"
@@ -15,7 +15,7 @@ import (
 // principal, and one script call charges them. A principal-keyed route's
 // fallback to the client IP (ip:<addr>) is tagged by the address, with the
 // client's other layers. bucket is the key as keyFor made it.
-func clusterKey(l *layer, bucket string) string {
+func ClusterKey(l *layer, bucket string) string {
 	if l.KeyKind == keyOfPrincipalElseClient && strings.HasPrefix(bucket, "ip:") {
 		return l.RedisKey + "ip:{" + bucket[len("ip:"):] + "}"
 	}
@@ -24,11 +24,11 @@ func clusterKey(l *layer, bucket string) string {
 }
 
 // slotGroup is the layers of one request whose keys share a slot.
-type slotGroup struct {
+type SlotGroup struct {
 	slot   int
-	layers []int // indexes in the request's layers, in order
-	keys   string
-	args   string
+	Layers []int // indexes in the request's layers, in order
+	Keys   string
+	Args   string
 }
 
 // runCluster charges layers on a Redis Cluster: one script call per slot
@@ -36,18 +36,18 @@ type slotGroup struct {
 // a refund of the other slots' layers when one refused (refundOtherSlots).
 // The reply is returned as the single-server script would give it: count and
 // milliseconds to reset per layer in order, up to the first refusal.
-func (s *redisStore) runCluster(cl *redisresp.Cluster, c *charge, cost int64) ([]int64, string, error) {
+func (s *RedisStore) runCluster(cl *redisresp.Cluster, c *charge, cost int64) ([]int64, string, error) {
 	layers, all := c.Layers, c.All
-	mode := argStopAtRefusal
+	mode := ArgStopAtRefusal
 	if all {
 		mode = argChargeAll
 	}
 
-	groups := slotGroups(c, mode+costArg(cost))
+	groups := SlotGroups(c, mode+CostArg(cost))
 
 	calls := make([]redisresp.ClusterCall, len(groups))
 	for i, g := range groups {
-		calls[i] = redisresp.ClusterCall{Slot: g.slot, Call: s.callFor(len(g.layers)), Encoded: g.keys + g.args}
+		calls[i] = redisresp.ClusterCall{Slot: g.slot, Call: s.CallFor(len(g.Layers)), Encoded: g.Keys + g.Args}
 	}
 
 	replies, err := cl.RunInts(calls)
@@ -57,7 +57,7 @@ func (s *redisStore) runCluster(cl *redisresp.Cluster, c *charge, cost int64) ([
 
 	// Merged before the refund's own call, which may reuse the connection
 	// buffers the replies' integers are read into.
-	ints, serverErr, err := mergeSlotReplies(layers, groups, replies, all)
+	ints, serverErr, err := MergeSlotReplies(layers, groups, replies, all)
 	if !all && err == nil && serverErr == "" {
 		s.refundOtherSlots(cl, c, groups, replies, cost)
 	}
@@ -72,7 +72,7 @@ func (s *redisStore) runCluster(cl *redisresp.Cluster, c *charge, cost int64) ([
 // refusals only), cost each; check-only layers were charged nothing. A
 // refund that fails leaves those layers over-charged for this request; the
 // refusal stands either way.
-func (s *redisStore) refundOtherSlots(cl *redisresp.Cluster, c *charge, groups []*slotGroup, replies []redisresp.Reply, cost int64) {
+func (s *RedisStore) refundOtherSlots(cl *redisresp.Cluster, c *charge, groups []*SlotGroup, replies []redisresp.Reply, cost int64) {
 	var charged []int
 
 	layers := c.Layers
@@ -85,7 +85,7 @@ func (s *redisStore) refundOtherSlots(cl *redisresp.Cluster, c *charge, groups [
 			continue
 		}
 
-		for _, li := range g.layers {
+		for _, li := range g.Layers {
 			if !layers[li].CheckOnly {
 				charged = append(charged, li)
 			}
@@ -99,12 +99,12 @@ func (s *redisStore) refundOtherSlots(cl *redisresp.Cluster, c *charge, groups [
 
 // slotRefused reports whether a slot's call refused the request (or failed,
 // which charged nothing either).
-func slotRefused(layers []*layer, g *slotGroup, r redisresp.Reply) bool {
-	if r.ServerErr != "" || len(r.Ints) < 2*len(g.layers) {
+func slotRefused(layers []*layer, g *SlotGroup, r redisresp.Reply) bool {
+	if r.ServerErr != "" || len(r.Ints) < 2*len(g.Layers) {
 		return true
 	}
 
-	for j, li := range g.layers {
+	for j, li := range g.Layers {
 		if r.Ints[2*j] > layers[li].Points {
 			return true
 		}
@@ -115,13 +115,13 @@ func slotRefused(layers []*layer, g *slotGroup, r redisresp.Reply) bool {
 
 // refundCluster is refund's call on a Redis Cluster: one refundScript call
 // per slot.
-func (s *redisStore) refundCluster(cl *redisresp.Cluster, c *charge, cost int64) error {
-	groups := slotGroups(c, costArg(cost))
+func (s *RedisStore) refundCluster(cl *redisresp.Cluster, c *charge, cost int64) error {
+	groups := SlotGroups(c, CostArg(cost))
 
 	calls := make([]redisresp.ClusterCall, len(groups))
 	for i, g := range groups {
-		n := len(g.layers)
-		calls[i] = redisresp.ClusterCall{Slot: g.slot, Call: refundRedis.Call(n, 5*n+1), Encoded: g.keys + g.args}
+		n := len(g.Layers)
+		calls[i] = redisresp.ClusterCall{Slot: g.slot, Call: refundRedis.Call(n, 5*n+1), Encoded: g.Keys + g.Args}
 	}
 
 	replies, err := cl.RunInts(calls)
@@ -141,12 +141,12 @@ func (s *redisStore) refundCluster(cl *redisresp.Cluster, c *charge, cost int64)
 // slotGroups groups c's layers by the slot of their keys, each group's
 // arguments starting with head (the request's arguments); a calendar layer's
 // key and window are those of the period that holds c.now.
-func slotGroups(c *charge, head string) []*slotGroup {
-	var groups []*slotGroup
+func SlotGroups(c *charge, head string) []*SlotGroup {
+	var groups []*SlotGroup
 
 	now := c.Now
 	for i, l := range c.Layers {
-		key := clusterKey(l, c.Keys[i])
+		key := ClusterKey(l, c.Keys[i])
 		args := l.RedisArgs
 		if l.Calendar != 0 {
 			// The period from the hash tag on: the slot stays the client's.
@@ -157,7 +157,7 @@ func slotGroups(c *charge, head string) []*slotGroup {
 
 		slot := redisresp.Slot(key)
 
-		var g *slotGroup
+		var g *SlotGroup
 		for _, x := range groups {
 			if x.slot == slot {
 				g = x
@@ -165,13 +165,13 @@ func slotGroups(c *charge, head string) []*slotGroup {
 		}
 
 		if g == nil {
-			g = &slotGroup{slot: slot, args: head}
+			g = &SlotGroup{slot: slot, Args: head}
 			groups = append(groups, g)
 		}
 
-		g.layers = append(g.layers, i)
-		g.keys += redisresp.Bulk(key)
-		g.args += args
+		g.Layers = append(g.Layers, i)
+		g.Keys += redisresp.Bulk(key)
+		g.Args += args
 	}
 
 	return groups
@@ -184,7 +184,7 @@ func slotGroups(c *charge, head string) []*slotGroup {
 // it are left out, as a single server would not have charged them); a
 // dry-run layer's refusal refuses nothing. A server error of any call is the
 // outcome.
-func mergeSlotReplies(layers []*layer, groups []*slotGroup, replies []redisresp.Reply, all bool) ([]int64, string, error) {
+func MergeSlotReplies(layers []*layer, groups []*SlotGroup, replies []redisresp.Reply, all bool) ([]int64, string, error) {
 	answered := make([][2]int64, len(layers))
 	got := make([]bool, len(layers))
 
@@ -194,9 +194,9 @@ func mergeSlotReplies(layers []*layer, groups []*slotGroup, replies []redisresp.
 			return nil, r.ServerErr, nil
 		}
 
-		for j := 0; 2*j+1 < len(r.Ints) && j < len(g.layers); j++ {
-			answered[g.layers[j]] = [2]int64{r.Ints[2*j], r.Ints[2*j+1]}
-			got[g.layers[j]] = true
+		for j := 0; 2*j+1 < len(r.Ints) && j < len(g.Layers); j++ {
+			answered[g.Layers[j]] = [2]int64{r.Ints[2*j], r.Ints[2*j+1]}
+			got[g.Layers[j]] = true
 		}
 	}
 

@@ -1,11 +1,13 @@
-package tierlimit
+package redisstore
 
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 
 	"github.com/tierlimit/tierlimit/redisresp"
+	"github.com/tierlimit/tierlimit/rule"
 )
 
 // What the memory fallback admits during an outage is added to Redis when
@@ -24,59 +26,59 @@ import (
 
 // owedKey is one layer's key whose outage charges Redis is owed: the layer
 // and its key, as keyFor made it (what Redis and memory count by).
-type owedKey struct {
-	l   *layer
-	key string
+type OwedKey struct {
+	L   *layer
+	Key string
 }
 
 // owedDebt is what Redis is owed for one key: points, and the time of the
 // last charge (a calendar key names the period that holds it).
 type owedDebt struct {
-	points int64
+	Points int64
 	at     int64
 }
 
 // owedCounts is a Redis store's debts, under mu.
 type owedCounts struct {
-	mu     sync.Mutex
-	debts  map[owedKey]owedDebt
+	Mu     sync.Mutex
+	Debts  map[OwedKey]owedDebt
 	max    int
 	listed bool // the backend pays them when it recovers (redisBackend.oweOnRecovery)
 }
 
-func newOwedCounts(max int) *owedCounts {
-	return &owedCounts{debts: map[owedKey]owedDebt{}, max: max}
+func NewOwedCounts(max int) *owedCounts {
+	return &owedCounts{Debts: map[OwedKey]owedDebt{}, max: max}
 }
 
 // oweCharged records what a take in the fallback charged, while Redis is
 // down: a call that failed for another reason (a busy pool, a replaced
 // configuration) leaves no outage to recover from.
-func oweCharged(s *redisStore, t *tally, c *charge) {
-	if !s.backend.down.Load() {
+func oweCharged(s *RedisStore, t *tally, c *charge) {
+	if !s.Backend.Down.Load() {
 		return
 	}
 
-	cost := costOf(t)
-	o := s.owed
+	cost := rule.CostOf(t)
+	o := s.Owed
 
-	o.mu.Lock()
+	o.Mu.Lock()
 	for i, l := range c.Layers {
 		if l.CheckOnly || t.Uncharged&(uint64(1)<<uint(i)) != 0 {
 			continue
 		}
 
-		addDebt(o, owedKey{l: l, key: c.Keys[i]}, owedDebt{points: cost, at: c.Now})
+		addDebt(o, OwedKey{L: l, Key: c.Keys[i]}, owedDebt{Points: cost, at: c.Now})
 	}
-	o.mu.Unlock()
+	o.Mu.Unlock()
 
 	listOwed(s)
 }
 
 // addDebt adds d to k's debt, at the later of their times; past max keys a
 // new one is not taken. Called with o.mu held.
-func addDebt(o *owedCounts, k owedKey, d owedDebt) {
-	cur, ok := o.debts[k]
-	if !ok && len(o.debts) >= o.max {
+func addDebt(o *owedCounts, k OwedKey, d owedDebt) {
+	cur, ok := o.Debts[k]
+	if !ok && len(o.Debts) >= o.max {
 		return
 	}
 
@@ -84,60 +86,60 @@ func addDebt(o *owedCounts, k owedKey, d owedDebt) {
 		d.at = cur.at
 	}
 
-	d.points += cur.points
-	o.debts[k] = d
+	d.Points += cur.Points
+	o.Debts[k] = d
 }
 
 // listOwed has the backend pay the store's debts at its next recovery,
 // once however many debts there are.
-func listOwed(s *redisStore) {
-	o := s.owed
+func listOwed(s *RedisStore) {
+	o := s.Owed
 
-	o.mu.Lock()
-	register := !o.listed && len(o.debts) > 0
+	o.Mu.Lock()
+	register := !o.listed && len(o.Debts) > 0
 	if register {
 		o.listed = true
 	}
-	o.mu.Unlock()
+	o.Mu.Unlock()
 
 	if register {
-		s.backend.oweOnRecovery(func() { payOwed(s) })
+		s.Backend.oweOnRecovery(func() { PayOwed(s) })
 	}
 }
 
 // forgiveRefunded takes back from the debts what a refund during the
 // outage gave memory back.
-func forgiveRefunded(s *redisStore, c *charge, cost int64) {
-	o := s.owed
+func forgiveRefunded(s *RedisStore, c *charge, cost int64) {
+	o := s.Owed
 
-	o.mu.Lock()
+	o.Mu.Lock()
 	for i, l := range c.Layers {
-		k := owedKey{l: l, key: c.Keys[i]}
-		if d, ok := o.debts[k]; ok {
-			d.points -= cost
-			if d.points > 0 {
-				o.debts[k] = d
+		k := OwedKey{L: l, Key: c.Keys[i]}
+		if d, ok := o.Debts[k]; ok {
+			d.Points -= cost
+			if d.Points > 0 {
+				o.Debts[k] = d
 			} else {
-				delete(o.debts, k)
+				delete(o.Debts, k)
 			}
 		}
 	}
-	o.mu.Unlock()
+	o.Mu.Unlock()
 }
 
 // payOwed adds the debts to Redis, a refund of a negative cost per key: the
 // refund script adds to a key that exists, and creates a missing one that
 // memory still holds a window of (payDebt).
-func payOwed(s *redisStore) {
-	o := s.owed
+func PayOwed(s *RedisStore) {
+	o := s.Owed
 
-	o.mu.Lock()
-	debts := o.debts
-	o.debts = map[owedKey]owedDebt{}
+	o.Mu.Lock()
+	debts := o.Debts
+	o.Debts = map[OwedKey]owedDebt{}
 	o.listed = false
-	o.mu.Unlock()
+	o.Mu.Unlock()
 
-	var unpaid map[owedKey]owedDebt
+	var unpaid map[OwedKey]owedDebt
 
 	for k, d := range debts {
 		if unpaid == nil {
@@ -151,8 +153,8 @@ func payOwed(s *redisStore) {
 				return
 			}
 
-			s.backend.failed(s.clock().UnixNano(), false, fmt.Errorf("adding what the memory fallback charged: %w", err))
-			unpaid = map[owedKey]owedDebt{}
+			s.Backend.Failed(s.Clock().UnixNano(), false, fmt.Errorf("adding what the memory fallback charged: %w", err))
+			unpaid = map[OwedKey]owedDebt{}
 		}
 
 		unpaid[k] = d
@@ -166,19 +168,19 @@ func payOwed(s *redisStore) {
 // payDebt adds one key's debt to Redis. A fixed or sliding key is given the
 // milliseconds left in memory's window of it, which the refund script
 // creates the key with when Redis lost it; a token bucket is added to only.
-func payDebt(s *redisStore, k owedKey, d owedDebt) error {
+func payDebt(s *RedisStore, k OwedKey, d owedDebt) error {
 	ttl := int64(0)
-	if k.l.Interval == 0 {
-		ttl = windowLeft(s.local, k.l, k.key, s.clock().UnixNano())
+	if k.L.Interval == 0 {
+		ttl = windowLeft(s.Local, k.L, k.Key, s.Clock().UnixNano())
 	}
 
-	tail := redisresp.Bulk(formatInt(ttl))
+	tail := redisresp.Bulk(strconv.FormatInt(ttl, 10))
 	call := refundRedis.Call(1, 7)
 
-	c := &charge{Layers: []*layer{k.l}, Keys: []string{k.key}, Now: d.at}
-	if cl := s.backend.cluster; cl != nil {
-		g := slotGroups(c, costArg(-d.points))[0]
-		replies, err := cl.RunInts([]redisresp.ClusterCall{{Slot: g.slot, Call: call, Encoded: g.keys + g.args + tail}})
+	c := &charge{Layers: []*layer{k.L}, Keys: []string{k.Key}, Now: d.at}
+	if cl := s.Backend.cluster; cl != nil {
+		g := SlotGroups(c, CostArg(-d.Points))[0]
+		replies, err := cl.RunInts([]redisresp.ClusterCall{{Slot: g.slot, Call: call, Encoded: g.Keys + g.Args + tail}})
 		if err == nil && len(replies) == 1 && replies[0].ServerErr != "" {
 			err = errors.New("running the refund script: " + replies[0].ServerErr)
 		}
@@ -186,9 +188,9 @@ func payDebt(s *redisStore, k owedKey, d owedDebt) error {
 		return err
 	}
 
-	encoded := encodeCall(c, "", -d.points)
+	encoded := EncodeCall(c, "", -d.Points)
 
-	_, serverErr, err := call.RunIntsOn(s.backend.pool, encoded+tail)
+	_, serverErr, err := call.RunIntsOn(s.Backend.Pool, encoded+tail)
 	if err == nil && serverErr != "" {
 		err = errors.New("running the refund script: " + serverErr)
 	}
@@ -207,28 +209,28 @@ func windowLeft(s *windowStore, l *layer, key string, now int64) int64 {
 		return 0
 	}
 
-	return (w.Reset - now + nsPerMillisecond - 1) / nsPerMillisecond
+	return (w.Reset - now + NsPerMillisecond - 1) / NsPerMillisecond
 }
 
 // oweAgain puts back the debts a payment could not pay, with what the
 // fallback charged since, for the next recovery.
-func oweAgain(s *redisStore, unpaid map[owedKey]owedDebt) {
-	o := s.owed
+func oweAgain(s *RedisStore, unpaid map[OwedKey]owedDebt) {
+	o := s.Owed
 
-	o.mu.Lock()
+	o.Mu.Lock()
 	for k, d := range unpaid {
 		addDebt(o, k, d)
 	}
-	o.mu.Unlock()
+	o.Mu.Unlock()
 
 	listOwed(s)
 }
 
 // oweOnRecovery runs pay once Redis answers again (succeeded).
-func (b *redisBackend) oweOnRecovery(pay func()) {
-	b.mu.Lock()
+func (b *RedisBackend) oweOnRecovery(pay func()) {
+	b.Mu.Lock()
 	b.debts = append(b.debts, pay)
-	b.mu.Unlock()
+	b.Mu.Unlock()
 }
 
 // payDebts runs the payments of a recovery, off the request that probed.

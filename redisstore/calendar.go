@@ -1,0 +1,50 @@
+package redisstore
+
+import (
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tierlimit/tierlimit/limit"
+	"github.com/tierlimit/tierlimit/redisresp"
+)
+
+// calendarSuffix is what a calendar layer's Redis key ends with at now: the
+// period's start in Unix seconds.
+func calendarSuffix(l *layer, now int64) string {
+	start, _ := limit.Period(now, l.Calendar, l.UtcOffset)
+	return ":" + strconv.FormatInt(start/int64(time.Second), 10)
+}
+
+// calendarCall adds a calendar layer's key and arguments to a script call
+// (encodeCall): the key names the period, and the window is the
+// milliseconds left to its end (at least 1).
+func calendarCall(l *layer, keys, args, key string, now int64) (string, string) {
+	key = l.RedisKey + key + calendarSuffix(l, now)
+
+	return keys + "$" + strconv.Itoa(len(key)) + "\r\n" + key + "\r\n", args + calendarArgs(l, now)
+}
+
+// calendarArgs are a calendar layer's script arguments at now: its window is
+// the milliseconds left to the period's end (at least 1).
+func calendarArgs(l *layer, now int64) string {
+	_, end := limit.Period(now, l.Calendar, l.UtcOffset)
+	ms := (end - now) / int64(time.Millisecond)
+	if ms < 1 {
+		ms = 1
+	}
+
+	return redisresp.Bulk(strconv.FormatInt(l.Points, 10)) + redisresp.Bulk(strconv.FormatInt(ms, 10)) + l.RedisTail
+}
+
+// redisTail is a layer's script arguments after its points and window.
+func RedisTail(args string) string {
+	i := 0
+	for n := 0; n < 2; n++ {
+		j := strings.Index(args[i:], "\r\n")
+		size, _ := strconv.Atoi(args[i+1 : i+j])
+		i += j + 2 + size + 2
+	}
+
+	return args[i:]
+}
