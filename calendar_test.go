@@ -211,7 +211,7 @@ func TestCalendarConfigErrors(t *testing.T) {
 	}
 }
 
-// The ip charge of an invalid credential (invalidcred.go) shows a month ip
+// The ip charge of an invalid credential (after.go) shows a month ip
 // layer's policy of the current month too, allowed and refused.
 func TestMonthPolicyOnAnInvalidCredentialsCharge(t *testing.T) {
 	h := newHarness(t, func(c *Config) {

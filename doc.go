@@ -23,7 +23,7 @@ package tierlimit
 // function directly: a method call costs about 18 allocations more. So the
 // request path is written as functions that take the Plugin (or the
 // resolver) as their first argument; methods remain where an interface
-// needs them (ServeHTTP, the ResponseWriter of invalidcred.go) and off the
+// needs them (ServeHTTP, the ResponseWriter of after.go) and off the
 // request path. New returns the handler of the instance's mode (plugin.go),
 // whose ServeHTTP is that mode's path: the one method call a request makes
 // is Traefik's.
@@ -38,14 +38,14 @@ package tierlimit
 // or go generate in the root). Edit paths.tmpl, never paths_gen.go: the
 // generator's test fails when the two disagree.
 //
-// Modes. New chooses the mode once (chooseMode, build.go); fast.go,
-// redisfast.go and general.go state what their mode guarantees them, so that
+// Modes. New chooses the mode once (chooseMode, build.go); paths.go,
+// paths.go and general.go state what their mode guarantees them, so that
 // the request path tests no configuration it does not need.
 //
 // Wrappers. A ResponseWriter of our own type handed to compiled code must be
 // converted to http.ResponseWriter first (an interface variable); passed
 // directly, Yaegi panics in reflect. The wrapper then loses Flush, so it
-// flushes the original writer itself (invalidcred.go, countstatus.go).
+// flushes the original writer itself (after.go, after.go).
 //
 // Constructs Yaegi cannot run: generics with inferred type arguments,
 // atomic.Pointer, method expressions, min/max/clear, range over an integer,

@@ -98,7 +98,7 @@ func (p *Plugin) layerMetrics(b *strings.Builder, labels []string) {
 
 // registryMetrics writes the sizes of the process-wide registries, so
 // without a middleware label: they follow the current configuration, not
-// the history of reloads (lifetime.go).
+// the history of reloads (lifetime/lifetime.go).
 func registryMetrics(b *strings.Builder) {
 	family(b, "tierlimit_registry_entries", "gauge",
 		"Entries in the plugin's process-wide registries: what the current configuration uses, plus what it stopped using in the last 10 seconds or that still holds counts (windows, blocks, open connections).")

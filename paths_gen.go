@@ -88,7 +88,7 @@ func (ap *anonymousPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 // ServeHTTP serves modePrincipal, the instance after ForwardAuth: a request
 // with a principal is charged to its tier (and global), keyed by the
 // principal, and settles a charge an earlier instance left pending
-// (chain.go); one without is served by serveFast.
+// (after.go); one without is served by serveFast.
 func (pp *principalPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	p := (*Plugin)(pp)
 	if p.status != nil && serveStatus(p, rw, req) {
@@ -329,7 +329,7 @@ func (c *classifyPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 // serveCredentialed serves a request with a credential header at the edge
 // (classifyPath without userHeader): it is charged to global only (planCred
 // holds global or nothing), and passed on with its ip charge pending and its
-// response watched (chain.go, invalidcred.go).
+// response watched (after.go, after.go).
 func serveCredentialed(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 	client := ""      // resolved when needed (pendingClient, refuseOther)
 	left := int64(-1) // requests left in global; -1: global is off
@@ -548,7 +548,7 @@ func setHeaders(h http.Header, shown *layer, left, reset int64, resetH []string,
 	}
 }
 
-// ServeHTTP is the anonymous path on the Redis store (redisfast.go): one
+// ServeHTTP is the anonymous path on the Redis store (paths.go): one
 // script call charges the plan, and the headers are those of the layer with
 // the fewest left.
 func (rd *redisPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
@@ -620,7 +620,7 @@ func redisAllowed(p *Plugin, rw http.ResponseWriter, req *http.Request, layers [
 
 	// The layers' stats and the fallback's counter of the shown layer, the
 	// one the fallback reaches first, under the memory store's lock
-	// (fallback.go). Its common case, the counter of the same window, only
+	// (redisstore/fallback.go). Its common case, the counter of the same window, only
 	// takes the count: a reset within the counter's second is its window's.
 	reset := now + ttl*nsPerMillisecond
 	key := client
@@ -706,7 +706,7 @@ func refuseBlocked(p *Plugin, rw http.ResponseWriter, req *http.Request, layers 
 	return false
 }
 
-// ServeHTTP is the anonymous path on synced counters (syncfast.go): decided
+// ServeHTTP is the anonymous path on synced counters (paths.go): decided
 // under their lock, as the memory store's path decides, without a Redis
 // call.
 func (sp *syncedPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
@@ -801,7 +801,7 @@ func refuseSynced(p *Plugin, rw http.ResponseWriter, req *http.Request, layers [
 		}
 
 		st.Mu.Unlock()
-		serveSyncedSlow(p, rw, req, layers, client, now)
+		serveOnCounters(p, rw, req, layers, client, now)
 
 		return
 	}

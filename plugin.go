@@ -1,7 +1,3 @@
-// Package tierlimit is a Traefik middleware plugin that limits requests with
-// several layers (fixed or sliding windows, token buckets): global, per client
-// IP, per IP for public assets, per principal, and per route. See README.md for the configuration and doc.go
-// for the rules its code follows to run well under Yaegi.
 package tierlimit
 
 import (
@@ -11,9 +7,14 @@ import (
 	"regexp"
 	"time"
 
+	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/request"
 )
 
+// Package tierlimit is a Traefik middleware plugin that limits requests with
+// several layers (fixed or sliding windows, token buckets): global, per client
+// IP, per IP for public assets, per principal, and per route. See README.md for the configuration and doc.go
+// for the rules its code follows to run well under Yaegi.
 // Plugin is the middleware. It is safe for concurrent use; everything but the
 // counters is fixed in New (build.go builds it).
 type Plugin struct {
@@ -52,7 +53,7 @@ type Plugin struct {
 	planHeader string // canonical; "" when there are no plans
 	// invalidCode holds the statuses that mark a credential invalid; nil
 	// when none is configured. A credentialed request is passed on with its ip
-	// charge pending (chain.go) when the ip layer is on (planInvalid).
+	// charge pending (after.go) when the ip layer is on (planInvalid).
 	invalidCode map[int]bool
 
 	dryRun  bool
@@ -67,7 +68,7 @@ type Plugin struct {
 
 // plans are the layers charged up front, by kind of request, in evaluation
 // order, drawn up from the catalogue of built-in layers (drawPlans,
-// configlayers.go), and what a request is charged in each of their layers.
+// build.go), and what a request is charged in each of their layers.
 type plans struct {
 	planIP, planAssets, planUser, planService, planCred, planInvalid []*layer
 	planCost                                                         int64
@@ -83,10 +84,10 @@ type mode int
 const (
 	// modeOff passes every request on untouched: disabled, or nothing to limit.
 	modeOff mode = iota
-	// modeAnonymous serves every request on anonymousPath (fast.go): the
+	// modeAnonymous serves every request on anonymousPath (paths.go): the
 	// instance reads no principal and no credential.
 	modeAnonymous
-	// modePrincipal serves every request on principalPath (fast.go): the
+	// modePrincipal serves every request on principalPath (paths.go): the
 	// instance after ForwardAuth.
 	modePrincipal
 	// modeClassify is the fast path for an instance with credential headers or
@@ -94,11 +95,11 @@ const (
 	modeClassify
 	// modeGeneral serves every request on serveGeneral (general.go).
 	modeGeneral
-	// modeRedis serves every request on redisPath (redisfast.go): the
+	// modeRedis serves every request on redisPath (paths.go): the
 	// anonymous instance on the Redis store.
 	modeRedis
 	// modePrincipalPlans serves every request on principalPlansPath
-	// (fast.go): modePrincipal with plans.
+	// (paths.go): modePrincipal with plans.
 	modePrincipalPlans
 )
 
@@ -130,7 +131,7 @@ func (p *Plugin) handler() http.Handler {
 	return p.fastPath()
 }
 
-// fastPath returns the handler of a fast mode (fast.go).
+// fastPath returns the handler of a fast mode (paths.go).
 func (p *Plugin) fastPath() http.Handler {
 	switch p.mode {
 	case modeAnonymous:
@@ -146,7 +147,7 @@ func (p *Plugin) fastPath() http.Handler {
 	return (*classifyPath)(p)
 }
 
-// ServeHTTP dispatches on the mode to the paths of fast.go, redisfast.go
+// ServeHTTP dispatches on the mode to the paths of paths.go, paths.go
 // and general.go; New returns the fast modes' handlers themselves.
 func (p *Plugin) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	switch p.mode {
@@ -164,4 +165,37 @@ func (p *Plugin) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	default:
 		p.fastPath().ServeHTTP(rw, req)
 	}
+}
+
+// The configuration is package config (config/): the schema and its
+// defaults, their parsing and validation into config.Settings. This file
+// gives Traefik the root's Config and CreateConfig; build.go adds to
+// config's catalogue of built-in layers what each charges.
+
+// The schema lives in config/; these names keep the root's code as it was.
+type (
+	Config              = config.Config
+	LayerConfig         = config.LayerConfig
+	AssetsConfig        = config.AssetsConfig
+	RouteConfig         = config.RouteConfig
+	PlanConfig          = config.PlanConfig
+	PrincipalConfig     = config.PrincipalConfig
+	RedisConfig         = config.RedisConfig
+	RedisSentinelConfig = config.RedisSentinelConfig
+	RedisClusterConfig  = config.RedisClusterConfig
+	WebsocketConfig     = config.WebsocketConfig
+	StatusConfig        = config.StatusConfig
+	ExemptConfig        = config.ExemptConfig
+	ResponseConfig      = config.ResponseConfig
+)
+
+// CreateConfig returns the defaults README.md documents (config.Defaults);
+// Traefik decodes the user's settings over it.
+func CreateConfig() *Config {
+	return config.Defaults()
+}
+
+// parse validates cfg and returns its parsed form (config.Parse).
+func parse(cfg *Config) (*config.Settings, error) {
+	return config.Parse(cfg)
 }

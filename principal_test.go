@@ -481,7 +481,7 @@ func TestAnonymousRequestsAreNotWrapped(t *testing.T) {
 // TestAPendingChargeIsChargedOnce: a credential the auth server passes as
 // anonymous, which the application then answers 401, is charged to the
 // edge's ip bucket by the principal instance, and not again by the edge's
-// writer when it sees the 401 (chain.go settle).
+// writer when it sees the 401 (after.go settle).
 func TestAPendingChargeIsChargedOnce(t *testing.T) {
 	c := newAuthChain(t, func(cfg *Config) { cfg.IP = LayerConfig{Points: 10, Duration: "60s"} }, func(*Config) {})
 	c.principal.p.next = http.HandlerFunc(func(rw http.ResponseWriter, req *http.Request) {

@@ -53,7 +53,7 @@ func TestServeRedisReadsTheOneIntegerReply(t *testing.T) {
 	}
 
 	// The fallback remembers what Redis reported of the layer shown
-	// (fallback.go): 2 of 3 in use.
+	// (redisstore/fallback.go): 2 of 3 in use.
 	if n := peekCount(h.p.memory, h.clock.Now().UnixNano(), "ip", "203.0.113.9"); n != 2 {
 		t.Fatalf("memory count %d, want 2, the count Redis reported", n)
 	}

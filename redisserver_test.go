@@ -664,7 +664,7 @@ func TestDeniedReadFailsTheScriptOnRedisServer(t *testing.T) {
 
 	tl := take(s, t0, h.p.planIP, "203.0.113.1", "", false)
 
-	// Memory starts from the 1 Redis reported (fallback.go).
+	// Memory starts from the 1 Redis reported (redisstore/fallback.go).
 	if !s.Backend.Down.Load() || !strings.Contains(logs.String(), "REDIS_UNAVAILABLE") || tl.Count != 2 {
 		t.Fatalf("tally %+v, logs %q: want memory to decide, from the count Redis reported, and Redis reported unavailable", tl, logs)
 	}

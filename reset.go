@@ -21,7 +21,7 @@ import (
 // Other Traefik instances on the same Redis see the cleared Redis key at
 // their next round trip; one that refused the key itself holds it in its
 // own block list, and forgets it when the reset's message reaches it
-// (resetsub.go): the reset script publishes it.
+// (redisstore/resetsub.go): the reset script publishes it.
 
 const resetSuffix = "/reset"
 

@@ -267,7 +267,7 @@ func TestResetClearsRedisAndTheBlockListOnRedisServer(t *testing.T) {
 		}
 
 		code, doc := h.reset("?layer=ip&key="+client, "")
-		// Memory too: it remembers what Redis reported (fallback.go).
+		// Memory too: it remembers what Redis reported (redisstore/fallback.go).
 		if code != http.StatusOK || !doc.Memory || !doc.BlockList || doc.Redis == nil || *doc.Redis != "cleared" {
 			t.Fatalf("%s: reset: %d %+v", algorithm, code, doc)
 		}

@@ -49,7 +49,7 @@ func serveStatusPage(p *Plugin, rw http.ResponseWriter, req *http.Request) bool 
 		return false
 	}
 
-	if !p.statusAllowed(req) {
+	if !p.statusOpenTo(req) {
 		return false
 	}
 
@@ -81,9 +81,9 @@ func serveStatusPage(p *Plugin, rw http.ResponseWriter, req *http.Request) bool 
 	return true
 }
 
-// statusAllowed reports whether the request's client, resolved as the limiter
+// statusOpenTo reports whether the request's client, resolved as the limiter
 // resolves it (trusted proxies, trustedHops), is in status.allowedIPs.
-func (p *Plugin) statusAllowed(req *http.Request) bool {
+func (p *Plugin) statusOpenTo(req *http.Request) bool {
 	return request.ClientIn(p.ips, req, p.status.allowed)
 }
 

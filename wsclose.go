@@ -68,8 +68,8 @@ func (c *connCounter) release(ip string) {
 }
 
 // connCounters holds one connCounter per middleware name while some instance
-// of the middleware uses it or it counts open connections (lifetime.go,
-// keep.go), like the memory store.
+// of the middleware uses it or it counts open connections (lifetime/lifetime.go,
+// stores.go), like the memory store.
 var connCounters = &counterRegistry{byName: lifetime.NewKeepingRegistry(connLive)}
 
 type counterRegistry struct {

@@ -10,7 +10,7 @@ import (
 // A layer's calendar (README: calendar, utcOffset) replaces its duration
 // with fixed windows aligned to the calendar: days from 00:00, weeks from
 // Monday 00:00, months from the 1st, in UTC or at a fixed offset (the root's
-// calendar.go counts them).
+// memstore and redisstore count them).
 const (
 	CalDay   = limit.Day
 	CalWeek  = limit.Week

@@ -108,7 +108,7 @@ type AssetsConfig struct {
 // ignoring case unless CaseSensitive. Cost is what a matching request
 // spends in every layer it is charged to (0: 1). With CountStatus set, the
 // route checks its budget up front and charges a request only when the
-// response's status is listed (the root's countstatus.go).
+// response's status is listed (the root's after.go).
 type RouteConfig struct {
 	Name          string
 	Methods       []string
@@ -184,7 +184,7 @@ type RedisConfig struct {
 	Timeout     string
 	PoolSize    int
 	// SyncInterval, when set, counts fixed windows in each Traefik process and
-	// syncs them with Redis every interval (the root's syncstore.go); "" or 0: one
+	// syncs them with Redis every interval (the root's redisstore/syncstore.go); "" or 0: one
 	// script call per request.
 	SyncInterval string
 

@@ -3,7 +3,7 @@ package config
 // The built-in layers as data. Builtins is the one list of them that
 // configuration reads: the defaults (Defaults), parsing and validation
 // (parseBuiltin), the reserved route names (checkRouteName) and maxTracked's
-// minimum (checkMaxTracked). The root's catalogue (configlayers.go) adds what
+// minimum (checkMaxTracked). The root's catalogue (../build.go) adds what
 // each layer charges, row for row.
 
 // Layer names. Routes may not take them: they name the built-in layers.

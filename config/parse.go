@@ -35,7 +35,7 @@ type Settings struct {
 
 	// The principal's headers, canonical ("" when not read), and the
 	// credentials the instance reads: none after ForwardAuth (userHeader
-	// set), where a credential tells it nothing more (the root's chain.go).
+	// set), where a credential tells it nothing more (the root's after.go).
 	UserHeader    string
 	ServiceHeader string
 	PlanHeader    string   // "" unless there are plans
@@ -45,7 +45,7 @@ type Settings struct {
 	InvalidCode   map[int]bool
 
 	Redis        redisresp.Options
-	SyncInterval time.Duration // redis.syncInterval; 0: exact mode (the root's syncstore.go)
+	SyncInterval time.Duration // redis.syncInterval; 0: exact mode (the root's redisstore/syncstore.go)
 	WSMaxPerIP   int
 
 	StatusPath    string // "" when the status endpoint is off

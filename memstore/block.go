@@ -101,7 +101,7 @@ func (s *WindowStore) BlockedKeys(now int64, layers []*layer, prefix string) []B
 }
 
 // forgetBlockKey drops key's block in the layer named layer: a reset that
-// another replica published (resetsub.go), which clears the memory fallback's
+// another replica published (../redisstore/resetsub.go), which clears the memory fallback's
 // blocks too.
 func (s *WindowStore) ForgetBlockKey(layer, key string) {
 	s.Mu.Lock()

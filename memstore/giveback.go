@@ -47,7 +47,7 @@ func unspend(w *window, l *layer, cost int64) {
 }
 
 // refund gives back cost points to layers that an earlier decision charged,
-// for a request that a later, deferred charge refused (chain.go): the edge
+// for a request that a later, deferred charge refused (../after.go): the edge
 // charges global up front for a credentialed request, and the client's ip
 // bucket only once the chain has told a real credential from a garbage one.
 // A window that has ended since is left alone: the charge went with it.

@@ -99,7 +99,7 @@ func (s *WindowStore) Attach(l *layer) {
 	}
 
 	if l.Interval != 0 {
-		span = 0 // token buckets: ordered by last request (tokenbucket.go)
+		span = 0 // token buckets: ordered by last request (bucket.go)
 	}
 
 	for _, wl := range s.lists {

@@ -30,7 +30,7 @@ import (
 // windowStore (memory) and redisStore implement it.
 //
 // refund gives cost points back to layers that an earlier take charged, for
-// a request a later, deferred charge refused (chain.go settle).
+// a request a later, deferred charge refused (../after.go settle).
 type CounterStore interface {
 	Take(t *tally, c *charge)
 	Refund(c *charge, cost int64)
@@ -57,9 +57,9 @@ type CounterStore interface {
 // lives two windows from its window's start, so that the current window ends
 // at PTTL - window and, once PTTL <= window, the key holds the window before.
 // Time comes from the keys' TTLs alone, as for fixed layers. The arithmetic is
-// sliding.go's, in milliseconds.
+// ../memstore/sliding.go's, in milliseconds.
 //
-// A token-bucket layer's key is a hash {r, n} holding its TAT (tokenbucket.go)
+// A token-bucket layer's key is a hash {r, n} holding its TAT (../memstore/bucket.go)
 // as r + n x window / rate microseconds, with 0 <= n < rate: integers that
 // Lua numbers hold exactly, where the emission interval window / rate in
 // microseconds may have a fraction. Time is Redis's clock (TIME), which every
@@ -81,13 +81,13 @@ type CounterStore interface {
 // bucket's burst), window (milliseconds), the algorithm ("0" fixed, "1"
 // sliding, "2" token bucket) and a token bucket's points per window ("0" else).
 // An algorithm followed by "b<ms>" ("0b900000") blocks a key the layer
-// refuses for that long (blockDuration, block.go): its block key,
+// refuses for that long (blockDuration, ../memstore/block.go): its block key,
 // KEYS[i]:block (the same hash tag on a cluster), is set with that TTL at the
 // refusal, when the request is not a dry run, and while it lives the layer
 // refuses, its reset the block's end; a dry-run layer (a reload may put it in
 // dry run during a block) ignores the block and counts as usual.
 // An algorithm prefixed with "c" ("c0", "c1", "c2") marks a check-only layer
-// (a countStatus route, countstatus.go): it refuses as the others do, but is
+// (a countStatus route, ../after.go): it refuses as the others do, but is
 // never written, and when it allows, its count is the layer's as it is,
 // without the request (0 for a key that does not exist), its reset that of
 // the key as it is. A "d" after it, or alone ("d0", "cd1"), marks a dry-run
@@ -106,7 +106,7 @@ type CounterStore interface {
 // The integer of ARGV[1] "2" is (left x (window + 1) + reset) x 16 + i for
 // the layer with the fewest requests left (the first of equals), i counted
 // from 0, whose window is in milliseconds: what the headers show, in one
-// reply line, which redisPath reads with one parse (redisfast.go). It is
+// reply line, which redisPath reads with one parse (../paths.go). It is
 // sent only while it fits a Lua number exactly (below 2^53), for i < 16.
 const TakeScript = `
 -- read runs a read command; a key of another kind reads as false, any
@@ -514,7 +514,7 @@ func (s *RedisStore) Take(t *tally, c *charge) {
 		return
 	}
 
-	// Only the back-off's probe ends an outage (redisevents.go): a call in
+	// Only the back-off's probe ends an outage (../events/redisevents.go): a call in
 	// flight when Redis failed may still succeed.
 	if probe {
 		s.Backend.Succeeded(c.Now)
@@ -727,7 +727,7 @@ func (s *RedisStore) Record(t *tally, c *charge, ints []int64) error {
 
 	for i := 0; i < n; i++ {
 		// A check-only layer counts as allowed what its later charge takes
-		// (countstatus.go).
+		// (../after.go).
 		if ints[2*i] > layers[i].Points {
 			atomic.AddInt64(&layers[i].Stats.RedisRefused, 1)
 		} else if !layers[i].CheckOnly {
@@ -802,7 +802,7 @@ type RedisBackend struct {
 	probing bool  // one request is trying Redis after the back-off
 	retryAt int64 // Unix nanoseconds
 	Backoff time.Duration
-	outage  redisOutage // which transitions are logged (redisevents.go)
+	outage  redisOutage // which transitions are logged (../events/redisevents.go)
 	debts   []func()    // what the stores' fallbacks charged, paid when Redis answers again (owed.go)
 	Probe   redisProbe  // the goroutine that probes Redis while failing (probe.go)
 }
@@ -935,7 +935,7 @@ func (b *RedisBackend) event(name, severity, msg string, retry time.Duration, no
 
 // backends shares one redisBackend per distinct Redis configuration across
 // middlewares, routers and reloads, so reloads do not open new pools. A
-// backend no instance uses any more is released (lifetime.go) and its pool
+// backend no instance uses any more is released (../lifetime/lifetime.go) and its pool
 // closed: idle connections at once, busy ones when their call returns.
 var Backends = &BackendRegistry{ByConfig: lifetime.NewHeldRegistry(CloseBackend)}
 

@@ -138,7 +138,7 @@ func NewSyncState() *SyncState {
 }
 
 // syncRegistry holds one syncState per middleware name while a configuration
-// uses it (lifetime.go); a released one stops its goroutine and sends what
+// uses it (../lifetime/lifetime.go); a released one stops its goroutine and sends what
 // it charged since its last sync.
 var syncRegistry = lifetime.NewHeldRegistry(StopSync)
 

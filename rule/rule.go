@@ -38,7 +38,7 @@ type Limits struct {
 	ConstKey  string
 	KeyHeader string // canonical, for keyOfHeader
 	Sliding   bool   // sliding-window counter instead of a fixed window
-	Interval  int64  // token bucket: nanoseconds per point (tokenbucket.go); 0 for a window
+	Interval  int64  // token bucket: nanoseconds per point (../memstore/bucket.go); 0 for a window
 	Refill    int64  // token bucket: the points per duration configured; points is then the burst
 	// minCost is the smallest cost a request charged to the layer can have:
 	// a route's cost (a request is charged the largest cost of its routes),
@@ -46,11 +46,11 @@ type Limits struct {
 	// even that cost would not fit (redisStore.refused).
 	MinCost int64
 	// checkOnly marks a countStatus route's layer as a request's plan holds
-	// it: evaluated, never charged (countstatus.go). Its charge, once the
+	// it: evaluated, never charged (../after.go). Its charge, once the
 	// response's status is known, goes to route.charge.
 	CheckOnly bool
 	// blockDuration is how long a key this layer refused stays refused,
-	// in nanoseconds (0: only while over its limit; block.go).
+	// in nanoseconds (0: only while over its limit; ../memstore/block.go).
 	BlockDuration int64
 	// dryRun: the layer counts and reports what it would refuse, but
 	// refuses nothing (tally.refuseAs); a fixed window is charged even
@@ -62,7 +62,7 @@ type Limits struct {
 	// top-level dryRun), the most restrictive dry-run rule shows.
 	Quiet bool
 	// calendar aligns the layer's fixed windows to days, weeks or months
-	// at utcOffset, nanoseconds east of UTC (calendar.go; 0: none).
+	// at utcOffset, nanoseconds east of UTC (limit.Period; 0: none).
 	Calendar  int
 	UtcOffset int64
 	Month     *MonthPolicy // a month layer's RateLimit-Policy (monthStore)
@@ -76,7 +76,7 @@ type Limits struct {
 type memCounters struct {
 	Entries map[string]*Window
 	List    *WindowList      // the memory store's list for this duration
-	Blocks  map[string]int64 // blocked keys' block ends (block.go)
+	Blocks  map[string]int64 // blocked keys' block ends (../memstore/block.go)
 }
 
 // redisEncoding is the layer's part of the Redis script call, RESP-encoded once.
@@ -115,7 +115,7 @@ type Refusal struct {
 
 // refusalCache holds a default refusal of the layer, for the reset second
 // resetH and secs seconds to the reset: the body and the header values, in
-// the order of refusalHeaders (fast.go). Many refusals share them: every
+// the order of refusalHeaders (../paths.go). Many refusals share them: every
 // refusal of a flood within one second, of windows that reset in one second.
 type refusalCache struct {
 	ResetH   string
@@ -137,7 +137,7 @@ type Charge struct {
 	Layers    []*Layer
 	Keys      []string // keys[i] is layers[i]'s key (layer.keyFor)
 	Client    string   // the client's key, which events name
-	Principal string   // the request's principal ("": none), for the charges after the response (countstatus.go)
+	Principal string   // the request's principal ("": none), for the charges after the response (../after.go)
 	Now       int64
 	All       bool // the top-level dry run: every layer charged and evaluated
 }

@@ -4,12 +4,88 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"time"
 
-	"github.com/tierlimit/tierlimit/redisstore"
-
+	"github.com/tierlimit/tierlimit/answer"
 	"github.com/tierlimit/tierlimit/config"
+	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/redisresp"
+	"github.com/tierlimit/tierlimit/redisstore"
+	"github.com/tierlimit/tierlimit/request"
 )
+
+// The fast path serves modeAnonymous, modePrincipal(Plans) and modeClassify.
+// chooseMode guarantees it: the memory store, headers on, no dry run, only
+// fixed windows, each keyed by the client IP, the principal or a constant
+// (never by a header), no credential cookie or query parameter, no
+// connection cap, no exemptions; in modeAnonymous also plans that are never
+// empty. So it charges p.memory directly, always sets headers, and needs no
+// tally. Requests that a route matches are handed to serveGeneral
+// (general.go), which handles everything.
+//
+// The paths themselves are in paths_gen.go, generated from paths.tmpl; this
+// file holds what they call on a refusal.
+
+// The handlers of the fast modes: New returns one of them (Plugin.handler),
+// so that a request starts on its mode's path without a dispatch frame
+// (doc.go: frames). Each is the Plugin under another name, whose ServeHTTP is
+// that mode's path; Plugin.ServeHTTP dispatches to the same methods.
+type (
+	anonymousPath      Plugin // modeAnonymous
+	principalPath      Plugin // modePrincipal
+	principalPlansPath Plugin // modePrincipalPlans
+	classifyPath       Plugin // modeClassify
+)
+
+// refusalHeaders are the names of refusalCache.values.
+var refusalHeaders = []string{
+	"X-Ratelimit-Limit", "Ratelimit-Policy", "X-Ratelimit-Reset", "X-Ratelimit-Remaining",
+	"Ratelimit", "Retry-After", "Content-Type", "Cache-Control",
+}
+
+// cacheWindowRefusal is cacheRefusal for the window w of l; out of
+// refuseFast, whose frame would hold its arguments (doc.go: frames).
+func cacheWindowRefusal(l *layer, w *window, secs int64) {
+	cacheRefusal(l, w.ResetH[0], w.Reset, secs)
+}
+
+// cacheRefusal caches the refusal of layer l for a window that resets at
+// reset (resetH formatted), secs seconds from now. The slices handed out
+// before are left as they are: requests that read them may still be writing
+// them. A function, not a method (doc.go: functions, not methods).
+func cacheRefusal(l *layer, resetH string, reset, secs int64) {
+	c := &l.Cache
+	if c.ResetH != resetH {
+		c.ResetH = resetH
+		c.ResetSec = limit.CeilSeconds(reset)
+		c.Body = []byte(l.BodyPrefix + time.Unix(limit.CeilSeconds(reset), 0).UTC().Format(time.RFC3339) + l.BodySuffix)
+	}
+
+	c.Secs = secs
+	c.Values = [][]string{
+		l.LimitHdr, l.PolicyHdr, {resetH}, l.RemainingHdr[0],
+		{`"` + l.Name + `";r=0;t=` + formatInt(secs)}, {formatInt(secs)}, l.ContentType, answer.NoStore,
+	}
+}
+
+// refuseOther is refuseFast for a configured body, a WebSocket upgrade, or
+// the window's first refusal, which is reported.
+func refuseOther(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer, w *window, now int64) {
+	reset, resetH := w.Reset, w.ResetH
+	first := !w.Logged
+	w.Logged = true
+
+	p.memory.Mu.Unlock()
+
+	// The event's keys are found again here, off the common refusal.
+	if first {
+		client := clientKey(p.ips, req)
+		p.events.Refused(l.Name, keyFor(l, client, request.PrincipalOf(p.UserHeader, req), nil), client, l.DryRun)
+	}
+
+	setHeaders(rw.Header(), l, 0, reset, resetH, now)
+	reject(p, rw, req, l, reset, now)
+}
 
 // The Redis fast path serves modeRedis. chooseMode guarantees it what
 // modeAnonymous has (headers on, no dry run, fixed windows, no principal, no
@@ -21,7 +97,7 @@ import (
 // client. So the script call of a plan is encoded once but for the client's
 // key (redisPlan), and the common request, every layer allowed with Redis
 // healthy and none of its keys blocked, is served here. Every other case
-// takes the Redis store's own code (redisstore.go): a blocked key is refused
+// takes the Redis store's own code (redisstore/redisstore.go): a blocked key is refused
 // by refuseBlocked, Redis in back-off decided by serveRedisSlow, a failed
 // call by redisFailed, a refusal or a reply the fast path does not accept by
 // redisReply.
@@ -99,7 +175,7 @@ func redisFastEligible(s *config.Settings, fixed, routes bool) bool {
 		s.Spec(layerIP).On() && (s.Spec(layerAssets).On() || len(s.AssetPaths) == 0)
 }
 
-// redisPath is the handler of modeRedis (see fast.go's handlers).
+// redisPath is the handler of modeRedis (see paths.go's handlers).
 type redisPath Plugin
 
 // refuseBlockedGeneral is refuseBlocked through the store's takeBlocked.
@@ -169,4 +245,49 @@ func answerRedis(p *Plugin, rw http.ResponseWriter, req *http.Request, t *tally,
 	}
 
 	p.next.ServeHTTP(rw, req)
+}
+
+// syncedPath is the handler of a modeRedis instance with redis.syncInterval
+// (redisstore/syncstore.go): the anonymous path, decided on the synced counters under
+// their lock, as anonymousPath decides on the memory store's windows. A
+// plan here is global and at most one more layer (TestFastPlansHoldTwoLayers),
+// so a refusal gives back at most the one charge before it. A window's first
+// refusal, a configured body and a WebSocket upgrade take syncTake and
+// answer, which report and build the refusal; later refusals reuse the
+// layer's refusal cache (under the synced counters' lock: this instance
+// charges no memory window and keeps no block list).
+type syncedPath Plugin
+
+// Its ServeHTTP and refuseSynced are in paths.tmpl.
+
+// serveOnCounters decides a request of syncedPath on its synced counters (SyncTake), and answers
+// it: a window's first refusal, a configured body, a WebSocket upgrade
+// (refuseSynced).
+func serveOnCounters(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, client string, now int64) {
+	var t tally
+
+	c := chargeOf(layers, client, "", req, now, false)
+	redisstore.SyncTake(p.fast.store.Synced, &t, c)
+	answerRedis(p, rw, req, &t, c)
+}
+
+// The answer itself (headers beyond the tables, Retry-After, the refusal,
+// the WebSocket close) is package answer. This file holds the header
+// arithmetic of the generated paths (paths.tmpl) and the number formatting
+// the root's windows, stores and status page share.
+
+// Constants of the header arithmetic: typed expressions such as
+// int64(time.Second) or int64(len(smallInts)) are evaluated per request under
+// Yaegi (doc.go: frames).
+const (
+	nsPerSecond = 1000000000
+	maxSmallInt = answer.MaxSmallInt
+)
+
+// smallInts are the decimal forms of 0 to maxSmallInt, for header values
+// (answer.SmallInts, the same slice).
+var smallInts = answer.SmallInts
+
+func formatInt(n int64) string {
+	return strconv.FormatInt(n, 10)
 }
