@@ -62,7 +62,7 @@ func settle(pd *pendingIP, t *tally, now int64, charging bool) *charge {
 
 	t.Cost = cost
 	c := chargeOf(edge.planInvalid, client, "", nil, now, edge.dryRun)
-	edge.store.Take(t, c)
+	take(edge.stores, t, c)
 
 	charged := pd.charged
 	if charged == nil {
@@ -70,7 +70,7 @@ func settle(pd *pendingIP, t *tally, now int64, charging bool) *charge {
 	}
 
 	if t.Refused && !edge.dryRun && len(charged) > 0 {
-		edge.store.Refund(chargeOf(chargedOnly(memstore.ExceptUncharged(charged, pd.skip)), client, "", pd.req, now, false), cost)
+		refund(edge.stores, chargeOf(chargedOnly(memstore.ExceptUncharged(charged, pd.skip)), client, "", pd.req, now, false), cost)
 	}
 
 	return c
@@ -390,7 +390,7 @@ func (w *watchWriter) count(code int) {
 	t := tally{Cost: w.cost}
 
 	c := chargeOf(layers, w.client, w.principal, w.req, now, p.dryRun)
-	p.store.Take(&t, c)
+	take(p.stores, &t, c)
 
 	if p.headers && t.Shown >= 0 && (w.prevLeft < 0 || t.Left < w.prevLeft) {
 		setHeaders(w.rw.Header(), layers[t.Shown], t.Left, t.Reset, t.ResetH, now)

@@ -3,6 +3,7 @@ package tierlimit
 import (
 	"github.com/tierlimit/tierlimit/events"
 	"github.com/tierlimit/tierlimit/lifetime"
+	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/redisstore"
 	"github.com/tierlimit/tierlimit/rule"
@@ -61,7 +62,6 @@ const takeScript = redisstore.TakeScript
 
 type backendRegistry = redisstore.BackendRegistry
 type blockList = redisstore.BlockList
-type counterStore = redisstore.CounterStore
 type owedKey = redisstore.OwedKey
 type redisBackend = redisstore.RedisBackend
 type redisStore = redisstore.RedisStore
@@ -69,3 +69,6 @@ type resetForget = redisstore.ResetForget
 type slotGroup = redisstore.SlotGroup
 type syncCounter = redisstore.SyncCounter
 type syncState = redisstore.SyncState
+
+const calMonth = limit.Month
+const calDay = limit.Day

@@ -110,7 +110,7 @@ func build(ctx context.Context, cfg *config.Settings, next http.Handler, name st
 		mode:    chooseMode(cfg),
 		events:  events.NewEventLog(events.EventWriter, name),
 		ips:     &request.Resolver{Proxies: cfg.Proxies, Hops: cfg.Hops, IPv6Prefix: cfg.IPv6Prefix, Cache: request.NewKeyCache()},
-		store:   memory,
+		stores:  &stores{memory: memory},
 		memory:  memory,
 		dryRun:  cfg.DryRun,
 		headers: cfg.Headers,
@@ -316,10 +316,7 @@ func newRedisStore(ctx context.Context, cfg *config.Settings, name string, memor
 		Clock:   time.Now, // buildStore sets the instance's
 	}
 
-	rs.Fallback = memory
-	if anyBlock(layers) {
-		rs.Fallback = &blockingStore{memory}
-	}
+	rs.Blocks = anyBlock(layers)
 
 	for _, l := range layers {
 		l.RedisKey = rs.Prefix + l.Name + ":"
@@ -521,29 +518,36 @@ func flagArgs(args, flag string) string {
 	return args[:start] + "$" + strconv.Itoa(size+len(flag)) + "\r\n" + flag + args[value:]
 }
 
-// buildStore gives the instance its store: memory, or Redis with memory as
-// its fallback, wrapped for what its layers need (blocks, memory layers of
-// a Redis instance, month policies).
+// buildStore says where the instance counts (stores): memory, or Redis
+// with memory as its fallback, and what applies on top (blocks, memory
+// layers of a Redis instance, month policies).
 func (p *Plugin) buildStore(ctx context.Context, cfg *config.Settings, name string, memory *windowStore) {
-	if anyBlock(p.layers) {
-		p.store = &blockingStore{memory}
+	st := p.stores
+	st.blocks = anyBlock(p.layers)
+	st.month = anyMonth(p.layers)
+	st.plain = !st.blocks && !st.month
+
+	if cfg.Store != config.StoreRedis {
+		return
 	}
 
-	if cfg.Store == config.StoreRedis {
-		rs := newRedisStore(ctx, cfg, name, memory, p.layers)
-		rs.Clock = func() time.Time { return p.now() }
-		p.store = rs
-		if p.mode == modeRedis {
-			p.fast = newRedisFast(rs, p.plans)
-		}
+	st.plain = false
 
-		if anyMemoryLayer(cfg) {
-			p.store = newMixedStore(memory, rs, p.layers)
-		}
+	rs := newRedisStore(ctx, cfg, name, memory, p.layers)
+	rs.Clock = func() time.Time { return p.now() }
+	st.redis = rs
+	if p.mode == modeRedis {
+		p.fast = newRedisFast(rs, p.plans)
 	}
 
-	if anyMonth(p.layers) {
-		p.store = &monthStore{inner: p.store}
+	if anyMemoryLayer(cfg) {
+		st.mixed = true
+		st.blocks = false
+		for _, l := range p.layers {
+			if l.Memory && l.BlockDuration != 0 {
+				st.blocks = true
+			}
+		}
 	}
 }
 

@@ -112,7 +112,7 @@ func TestDryRunRouteOnRedisServer(t *testing.T) {
 		t.Errorf("login count %q, want 5", v)
 	}
 
-	rs := h.p.store.(*redisStore)
+	rs := h.p.stores.redis
 	if rs.Blocked.ResetOf(l.BlockPrefix, "203.0.113.1", t0) != 0 {
 		t.Error("the dry-run login route blocked its key")
 	}

@@ -277,9 +277,9 @@ func agreeSynced(t *testing.T, name string, seed int64, plan syncPlan, conf func
 func syncedOf(t *testing.T, b *harness) *syncState {
 	t.Helper()
 
-	rs := redisOf(b.p.store)
+	rs := b.p.stores.redis
 	if rs == nil || rs.Synced == nil {
-		t.Fatalf("redis.syncInterval made no synced store: %T", b.p.store)
+		t.Fatalf("redis.syncInterval made no synced store: %T", b.p.stores)
 	}
 
 	st := rs.Synced
@@ -317,7 +317,7 @@ func finishSync(t *testing.T, st *syncState, batch []*syncCounter, now int64) {
 func agreeCounts(t *testing.T, name string, a, b *harness, admin *redisresp.Pool, st *syncState) {
 	t.Helper()
 
-	prefix := redisOf(b.p.store).Prefix
+	prefix := b.p.stores.redis.Prefix
 	want := map[string]int64{} // the key's base: its prefix, layer and bucket
 	bucketLayers := map[string]bool{}
 

@@ -30,7 +30,7 @@ func wantHeaders(t *testing.T, h *harness, rec *httptest.ResponseRecorder, what,
 	t.Helper()
 
 	end := h.clock.Now().UnixNano() + 60e9
-	if rs, ok := h.p.store.(*redisStore); ok && rs.Synced != nil {
+	if rs := h.p.stores.redis; rs != nil && rs.Synced != nil {
 		end -= end % 60e9
 	}
 

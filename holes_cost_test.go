@@ -104,7 +104,7 @@ func TestOutageChargesArePaidAtTheirCost(t *testing.T) {
 		c.Redis.DialTimeout = "1s"
 		exportRoute(c)
 	})
-	rs := redisOf(h.p.store)
+	rs := h.p.stores.redis
 	client := "203.0.113.7"
 
 	export := func() {

@@ -31,7 +31,7 @@ func waitRedis(t *testing.T, f *flap, want string, args ...string) string {
 func TestASecondOutageIsPaidToo(t *testing.T) {
 	f := newFlap(t, "fixed", "203.0.113.20")
 	h, proxy, send := f.h, f.proxy, f.send
-	rs := redisOf(h.p.store)
+	rs := h.p.stores.redis
 	key := h.p.layers[0].RedisKey + f.client
 
 	send(2)
@@ -70,7 +70,7 @@ func TestASecondOutageIsPaidToo(t *testing.T) {
 func TestARefundDuringAnOutageIsNotPaidToRedis(t *testing.T) {
 	f := newFlap(t, "fixed", "203.0.113.21")
 	h, proxy, send := f.h, f.proxy, f.send
-	rs := redisOf(h.p.store)
+	rs := h.p.stores.redis
 	ip := h.p.layers[0]
 	key := ip.RedisKey + f.client
 
@@ -80,7 +80,7 @@ func TestARefundDuringAnOutageIsNotPaidToRedis(t *testing.T) {
 
 	// One of the outage's 3 is given back, as the refund of a request that
 	// a later layer refused.
-	rs.Refund(chargeOf([]*layer{ip}, f.client, "", nil, h.clock.Now().UnixNano(), false), 1)
+	refund(storeOf(rs), chargeOf([]*layer{ip}, f.client, "", nil, h.clock.Now().UnixNano(), false), 1)
 
 	proxy.restore()
 	redisstore.PayOwed(rs)
@@ -107,7 +107,7 @@ func TestFallbackRefusesAKeyRedisHadAtItsPoints(t *testing.T) {
 		f.proxy.cut()
 		f.send(3)
 
-		if !redisOf(f.h.p.store).Backend.Down.Load() {
+		if !f.h.p.stores.redis.Backend.Down.Load() {
 			t.Fatalf("%s: not decided in memory", algorithm)
 		}
 

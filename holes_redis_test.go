@@ -29,7 +29,7 @@ func TestResetIsPublishedWhenRedisHasNoKey(t *testing.T) {
 		c.Status.Path = "/_rl"
 		c.IP = LayerConfig{Points: 2, Duration: "1h"}
 	})
-	a := h.p.store.(*redisStore)
+	a := h.p.stores.redis
 
 	// Replica B: the same middleware with a backend, a block list and a
 	// memory fallback of its own (as in
@@ -37,7 +37,7 @@ func TestResetIsPublishedWhenRedisHasNoKey(t *testing.T) {
 	bb := redisstore.NewBackend(redisresp.Options{Address: addr, Username: "tierlimit", Password: aclPassword, Timeout: time.Second})
 	bb.Log = &bytes.Buffer{}
 	b := &redisStore{Prefix: a.Prefix, Name: a.Name, Channel: a.Channel, Backend: bb, Local: memstore.NewWindowStore(100), Blocked: redisstore.NewBlockList(100), Calls: a.Calls}
-	b.Fallback = b.Local
+	b.Blocks = false
 	b.Clock = time.Now
 	t.Cleanup(func() { redisstore.CloseBackend(bb) })
 
@@ -50,7 +50,7 @@ func TestResetIsPublishedWhenRedisHasNoKey(t *testing.T) {
 	// refused and blocked; Redis never saw the client.
 	for i := 0; i < 2; i++ {
 		var tl tally
-		b.Local.Take(&tl, chargeOf([]*layer{l}, client, "", req, now, false))
+		take(storeOf(b.Local), &tl, chargeOf([]*layer{l}, client, "", req, now, false))
 	}
 
 	b.Blocked.Add(l.BlockPrefix, client, now+int64(time.Hour), now)
@@ -85,13 +85,13 @@ func TestResetIsPublishedToASyncedReplicaWhenRedisHasNoKey(t *testing.T) {
 		asACLUser(c)
 		c.Status.Path = "/_rl"
 	})
-	a := h.p.store.(*redisStore)
+	a := h.p.stores.redis
 
 	bb := redisstore.NewBackend(redisresp.Options{Address: addr, Username: "tierlimit", Password: aclPassword, Timeout: time.Second})
 	bb.Log = &bytes.Buffer{}
 	bst := replica(st)
 	b := &redisStore{Prefix: a.Prefix, Name: a.Name, Channel: a.Channel, Backend: bb, Local: memstore.NewWindowStore(100), Blocked: redisstore.NewBlockList(100), Calls: a.Calls, Synced: bst}
-	b.Fallback = b.Local
+	b.Blocks = false
 	b.Clock = h.clock.Now
 	t.Cleanup(func() { redisstore.CloseBackend(bb) })
 

@@ -217,7 +217,7 @@ func TestReloadToDryRunRefusesNoBlockedKeyOnRedisServer(t *testing.T) {
 			c.Redis.Timeout = "1s"
 			tc.mark(c)
 		}))
-		redisOf(r.p.store).Backend = redisOf(h.p.store).Backend
+		r.p.stores.redis.Backend = h.p.stores.redis.Backend
 
 		for _, c := range []struct{ rule, path, client, key string }{
 			{"ip", "/api", "203.0.113.1:1", h.p.layers[layerIndex(h, "ip")].RedisKey + "203.0.113.1"},
@@ -253,8 +253,8 @@ func TestTopLevelDryRunOnAMixedStoreCountsEveryLayer(t *testing.T) {
 		c.IP = LayerConfig{Points: 100, Duration: "1h"}
 	})
 
-	if _, ok := h.p.store.(*mixedStore); !ok {
-		t.Fatalf("store %T, want the mixed store", h.p.store)
+	if ok := h.p.stores.mixed; !ok {
+		t.Fatalf("store %T, want the mixed store", h.p.stores)
 	}
 
 	for i := 1; i <= 5; i++ {

@@ -113,13 +113,10 @@ func TestUnheldCountersOutliveTheGraceUntilTheirEnd(t *testing.T) {
 
 		s, grace := keepStore(t, r, kt, func(s *windowStore) {
 			l = newLayer(s, c.spec, keyOfClient)
-			store := counterStore(s)
-			if l.BlockDuration != 0 {
-				store = &blockingStore{s}
-			}
+			store := &stores{memory: s, blocks: l.BlockDuration != 0}
 
 			for i := 0; i < c.hits; i++ {
-				take(store, t0, []*layer{l}, "198.51.100.7", "", false)
+				takeIn(store, t0, []*layer{l}, "198.51.100.7", "", false)
 			}
 		})
 
@@ -158,8 +155,8 @@ func TestUnheldCountersReleasedWhenTheyEnd(t *testing.T) {
 
 	_, grace := keepStore(t, r, kt, func(s *windowStore) {
 		l := testLayer(s, "ip", 5, 10*time.Minute)
-		take(s, t0, []*layer{l}, "198.51.100.7", "", false)
-		take(s, t0+int64(time.Minute), []*layer{l}, "198.51.100.8", "", false)
+		takeIn(s, t0, []*layer{l}, "198.51.100.7", "", false)
+		takeIn(s, t0+int64(time.Minute), []*layer{l}, "198.51.100.8", "", false)
 	})
 
 	kt.fire(grace)
@@ -186,7 +183,7 @@ func TestUnheldCountersReleasedWhenTheyEnd(t *testing.T) {
 		_, grace := keepStore(t, r, kt, func(s *windowStore) {
 			if name == "ended" {
 				l := testLayer(s, "ip", 5, time.Second)
-				take(s, t0, []*layer{l}, "198.51.100.7", "", false)
+				takeIn(s, t0, []*layer{l}, "198.51.100.7", "", false)
 			}
 		})
 

@@ -20,8 +20,8 @@ func TestMemoryLayerOnRedisServer(t *testing.T) {
 		c.IP = LayerConfig{Points: 2, Duration: "1h"}
 	})
 
-	if _, ok := h.p.store.(*mixedStore); !ok || h.p.mode != modeGeneral {
-		t.Fatalf("store %T, mode %v: want the mixed store on the general path", h.p.store, h.p.mode)
+	if ok := h.p.stores.mixed; !ok || h.p.mode != modeGeneral {
+		t.Fatalf("store %T, mode %v: want the mixed store on the general path", h.p.stores, h.p.mode)
 	}
 
 	now := h.clock.Now().UnixNano()

@@ -105,8 +105,8 @@ func TestAFlapDoesNotSplitACount(t *testing.T) {
 		proxy.cut()
 		send(3)
 
-		if f.allowed != 7 || !redisOf(h.p.store).Backend.Down.Load() {
-			t.Fatalf("%s: %d allowed, down %v; want 7, decided in memory", algorithm, f.allowed, redisOf(h.p.store).Backend.Down.Load())
+		if f.allowed != 7 || !h.p.stores.redis.Backend.Down.Load() {
+			t.Fatalf("%s: %d allowed, down %v; want 7, decided in memory", algorithm, f.allowed, h.p.stores.redis.Backend.Down.Load())
 		}
 
 		// The back-off ends; the next request probes Redis, which then takes
@@ -143,7 +143,7 @@ func TestAFlapDoesNotSplitACount(t *testing.T) {
 func TestAFailedPaymentIsPaidAtTheNextRecovery(t *testing.T) {
 	f := newFlap(t, "fixed", "203.0.113.8")
 	h, proxy, admin, send, client := f.h, f.proxy, f.admin, f.send, f.client
-	rs := redisOf(h.p.store)
+	rs := h.p.stores.redis
 	key := h.p.layers[0].RedisKey + client
 
 	send(4)
@@ -189,7 +189,7 @@ func TestAFailedPaymentIsPaidAtTheNextRecovery(t *testing.T) {
 func TestATokenBucketFlapDoesNotSplitItsCount(t *testing.T) {
 	f := newFlap(t, "tokenbucket", "203.0.113.9")
 	h, proxy, send := f.h, f.proxy, f.send
-	rs := redisOf(h.p.store)
+	rs := h.p.stores.redis
 
 	send(4)
 	proxy.cut()

@@ -467,7 +467,7 @@ func serveGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 		}
 	}
 	c := &charge{Layers: layers, Keys: keys, Client: client, Principal: principal, Now: now, All: p.dryRun}
-	p.store.Take(&t, c)
+	take(p.stores, &t, c)
 	ok, left := verdict(p, rw, req, &t, c)
 	if !ok {
 		return
@@ -871,7 +871,7 @@ func decide(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*laye
 		}
 	}
 	c := &charge{Layers: layers, Keys: keys, Client: client, Principal: principal, Now: now, All: p.dryRun}
-	p.store.Take(&t, c)
+	take(p.stores, &t, c)
 
 	return verdict(p, rw, req, &t, c)
 }

@@ -25,8 +25,8 @@ type Plugin struct {
 	events *eventLog
 
 	ips    *request.Resolver
-	store  counterStore
-	memory *windowStore // the memory store, or the redis store's fallback
+	stores *stores      // where each layer counts (stores.go)
+	memory *windowStore // the memory store, or the redis store's fallback (stores.memory)
 
 	layers []*layer // every layer that is on, in evaluation order (status, metrics)
 	routes []*route

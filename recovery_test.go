@@ -39,7 +39,7 @@ func (s *eventSink) String() string {
 func probing(t *testing.T, h *harness) (*redisBackend, *eventSink) {
 	t.Helper()
 
-	b := redisOf(h.p.store).Backend
+	b := h.p.stores.redis.Backend
 	sink := &eventSink{}
 	b.Log = sink
 	b.Probe.Done = make(chan struct{})

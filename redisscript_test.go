@@ -102,7 +102,7 @@ func TestOddFixedKeysStartAfreshOnRedisServer(t *testing.T) {
 		c.Global = LayerConfig{Points: 1000, Duration: "1h"}
 		c.IP = LayerConfig{Points: 2, Duration: "1h"}
 	})
-	s := h.p.store.(*redisStore)
+	s := h.p.stores.redis
 	layers := h.p.planIP
 	global := layers[0].RedisConstKey
 	global = global[strings.Index(global, "\r\n")+2 : len(global)-2]

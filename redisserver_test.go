@@ -198,7 +198,7 @@ func TestCostIsChargedWholeOnRedisServer(t *testing.T) {
 			c.Global = algorithmLayer(algorithm, 100)
 			c.IP = algorithmLayer(algorithm, 5)
 		})
-		s := h.p.store.(*redisStore)
+		s := h.p.stores.redis
 		layers := h.p.planIP
 
 		for i, step := range []struct {
@@ -248,14 +248,14 @@ func TestRefundGivesBackOnRedisServer(t *testing.T) {
 			c.Global = algorithmLayer(algorithm, 10)
 			c.IP = algorithmLayer(algorithm, 10)
 		})
-		s := h.p.store.(*redisStore)
+		s := h.p.stores.redis
 		layers := h.p.planIP
 
 		for i := 0; i < 3; i++ {
 			scriptCharge(t, s, layers, "203.0.113.1", 1)
 		}
 
-		s.Refund(chargeOf(layers, "203.0.113.1", "", nil, t0, false), 1)
+		refund(storeOf(s), chargeOf(layers, "203.0.113.1", "", nil, t0, false), 1)
 
 		// Both layers hold 2 again: the next request makes 3, not 4.
 		tl := scriptCharge(t, s, layers, "203.0.113.1", 1)
@@ -268,7 +268,7 @@ func TestRefundGivesBackOnRedisServer(t *testing.T) {
 		}
 
 		// A key never charged is not created.
-		s.Refund(chargeOf(layers, "203.0.113.2", "", nil, t0, false), 1)
+		refund(storeOf(s), chargeOf(layers, "203.0.113.2", "", nil, t0, false), 1)
 
 		if n := redisDo(t, admin, "EXISTS", layers[1].RedisKey+"203.0.113.2").Int; n != 0 {
 			t.Fatalf("%s: the refund created a key", algorithm)
@@ -277,8 +277,8 @@ func TestRefundGivesBackOnRedisServer(t *testing.T) {
 		// Given back to a count of one, twice: nothing below zero; a token
 		// bucket full again has no key.
 		scriptCharge(t, s, layers[1:], "203.0.113.3", 1)
-		s.Refund(chargeOf(layers[1:], "203.0.113.3", "", nil, t0, false), 1)
-		s.Refund(chargeOf(layers[1:], "203.0.113.3", "", nil, t0, false), 1)
+		refund(storeOf(s), chargeOf(layers[1:], "203.0.113.3", "", nil, t0, false), 1)
+		refund(storeOf(s), chargeOf(layers[1:], "203.0.113.3", "", nil, t0, false), 1)
 
 		key := layers[1].RedisKey + "203.0.113.3"
 		switch algorithm {
@@ -298,7 +298,7 @@ func TestRefundGivesBackOnRedisServer(t *testing.T) {
 
 		// A refund gives back its cost: 3 charged, 2 given back, 1 held.
 		scriptCharge(t, s, layers[1:], "203.0.113.4", 3)
-		s.Refund(chargeOf(layers[1:], "203.0.113.4", "", nil, t0, false), 2)
+		refund(storeOf(s), chargeOf(layers[1:], "203.0.113.4", "", nil, t0, false), 2)
 
 		if tl := scriptCharge(t, s, layers[1:], "203.0.113.4", 1); tl.Count != 2 {
 			t.Fatalf("%s: after 3 charged and 2 given back, the next request makes %d, want 2", algorithm, tl.Count)
@@ -315,16 +315,16 @@ func TestRefundGivesBackOnRedisServer(t *testing.T) {
 func TestRefundWhileRedisIsDownCallsNoRedis(t *testing.T) {
 	srv := newCannedRedis(t, "*1\r\n:0\r\n")
 	h, _ := redisHarness(t, srv.l.Addr().String(), nil)
-	s := h.p.store.(*redisStore)
+	s := h.p.stores.redis
 
-	s.Refund(chargeOf(h.p.planIP, "203.0.113.1", "", nil, t0, false), 1)
+	refund(storeOf(s), chargeOf(h.p.planIP, "203.0.113.1", "", nil, t0, false), 1)
 
 	if srv.commands.Load() != 1 {
 		t.Fatalf("%d commands with Redis up, want the one refund call", srv.commands.Load())
 	}
 
 	s.Backend.Failed(t0, false, redisstore.ErrBadReply)
-	s.Refund(chargeOf(h.p.planIP, "203.0.113.1", "", nil, t0, false), 1)
+	refund(storeOf(s), chargeOf(h.p.planIP, "203.0.113.1", "", nil, t0, false), 1)
 
 	if srv.commands.Load() != 1 {
 		t.Fatalf("%d commands: a refund in back-off called Redis", srv.commands.Load())
@@ -384,8 +384,8 @@ func TestMemoryAndRedisAgreeOnRedisServer(t *testing.T) {
 		a := newHarness(t, conf)
 		b, _ := redisHarness(t, addr, with(conf, asACLUser))
 
-		if redisOf(b.p.store) == nil || a.p.store == b.p.store {
-			t.Fatalf("%s: stores %T and %T", sh.name, a.p.store, b.p.store)
+		if b.p.stores.redis == nil || a.p.stores == b.p.stores {
+			t.Fatalf("%s: stores %T and %T", sh.name, a.p.stores, b.p.stores)
 		}
 
 		agreeOnRedis(t, sh.name, int64(i+1), a, b, admin, start)
@@ -654,15 +654,15 @@ func TestDeniedReadFailsTheScriptOnRedisServer(t *testing.T) {
 	h, logs := redisHarness(t, addr, func(c *Config) {
 		c.Redis.Username, c.Redis.Password = "noincr", aclPassword
 	})
-	s := h.p.store.(*redisStore)
+	s := h.p.stores.redis
 	key := h.p.planIP[0].RedisKey + "203.0.113.1"
 
 	// A new key is set, which the ACL grants; the next request reads it.
-	if tl := take(s, t0, h.p.planIP, "203.0.113.1", "", false); s.Backend.Down.Load() || tl.Count != 1 {
+	if tl := takeIn(s, t0, h.p.planIP, "203.0.113.1", "", false); s.Backend.Down.Load() || tl.Count != 1 {
 		t.Fatalf("first request: tally %+v, logs %q", tl, logs)
 	}
 
-	tl := take(s, t0, h.p.planIP, "203.0.113.1", "", false)
+	tl := takeIn(s, t0, h.p.planIP, "203.0.113.1", "", false)
 
 	// Memory starts from the 1 Redis reported (redisstore/fallback.go).
 	if !s.Backend.Down.Load() || !strings.Contains(logs.String(), "REDIS_UNAVAILABLE") || tl.Count != 2 {

@@ -145,7 +145,7 @@ func redisHarness(t *testing.T, addr string, mutate func(c *Config)) (*harness, 
 
 	logs := &bytes.Buffer{}
 	pool := redisresp.NewPool(s.Redis)
-	redisOf(h.p.store).Backend = &redisBackend{Pool: pool, Single: pool, Address: addr, Log: logs}
+	h.p.stores.redis.Backend = &redisBackend{Pool: pool, Single: pool, Address: addr, Log: logs}
 
 	return h, logs
 }
@@ -348,8 +348,8 @@ func TestRedisKeysAndArguments(t *testing.T) {
 		c.Routes = []RouteConfig{{Name: "auth_login", Paths: []string{"/auth/login"}, Points: 10, Duration: "60s"}}
 	})
 
-	store := h.p.store.(*redisStore)
-	tl := take(store, t0, []*layer{h.p.planIP[0], h.p.planIP[1], h.p.routes[0].layer}, "2001:db8::/64", "", false)
+	store := h.p.stores.redis
+	tl := takeIn(store, t0, []*layer{h.p.planIP[0], h.p.planIP[1], h.p.routes[0].layer}, "2001:db8::/64", "", false)
 	if tl.Refused || tl.Shown != 1 || tl.Count != 1 || tl.Reset != t0+int64(time.Minute) {
 		t.Fatalf("tally %+v, want ip shown (fewest left), reset from its TTL", tl)
 	}
@@ -486,5 +486,5 @@ func TestCostIsTheScriptsSecondArgument(t *testing.T) {
 
 // redisStoreOf is the instance's Redis store (redisOf), nil without one.
 func redisStoreOf(p *Plugin) *redisStore {
-	return redisOf(p.store)
+	return p.stores.redis
 }

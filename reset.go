@@ -98,7 +98,7 @@ func clearKey(p *Plugin, l *layer, key string) resetReport {
 		r.Memory = true
 	}
 
-	if rs := redisOf(p.store); rs != nil {
+	if rs := p.stores.redis; rs != nil {
 		if rs.Synced != nil && redisstore.SyncForget(rs.Synced, l.Name, key) {
 			r.Memory = true
 		}

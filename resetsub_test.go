@@ -52,7 +52,7 @@ func TestResetMessageClearsTheNamedKeyOnly(t *testing.T) {
 
 	for _, lay := range []*layer{l, other} {
 		var tl tally
-		ws.Take(&tl, chargeOf([]*layer{lay}, "203.0.113.7", "", req, now, false))
+		take(storeOf(ws), &tl, chargeOf([]*layer{lay}, "203.0.113.7", "", req, now, false))
 	}
 
 	// A block the memory fallback started (takeLocal), and the
@@ -120,14 +120,14 @@ func TestResetReachesAnotherReplicasBlockListOnRedisServer(t *testing.T) {
 		c.Status.Path = "/_rl"
 		c.IP = LayerConfig{Points: 2, Duration: "1h"}
 	})
-	a := h.p.store.(*redisStore)
+	a := h.p.stores.redis
 
 	// Replica B: the same middleware (name, layers, keys) with a backend, a
 	// block list and a memory fallback of its own.
 	bb := redisstore.NewBackend(redisresp.Options{Address: addr, Username: "tierlimit", Password: aclPassword, Timeout: time.Second})
 	bb.Log = &bytes.Buffer{}
 	b := &redisStore{Prefix: a.Prefix, Name: a.Name, Channel: a.Channel, Backend: bb, Local: memstore.NewWindowStore(100), Blocked: redisstore.NewBlockList(100), Calls: a.Calls}
-	b.Fallback = b.Local
+	b.Blocks = false
 	b.Clock = time.Now
 	layers := h.p.layers[:1]
 	client, other := "203.0.113.7", "203.0.113.8"
@@ -135,7 +135,7 @@ func TestResetReachesAnotherReplicasBlockListOnRedisServer(t *testing.T) {
 
 	take := func(s *redisStore, client string) tally {
 		var tl tally
-		s.Take(&tl, chargeOf(layers, client, "", httptest.NewRequest(http.MethodGet, "/api", nil), now, false))
+		take(storeOf(s), &tl, chargeOf(layers, client, "", httptest.NewRequest(http.MethodGet, "/api", nil), now, false))
 		return tl
 	}
 
@@ -157,7 +157,7 @@ func TestResetReachesAnotherReplicasBlockListOnRedisServer(t *testing.T) {
 	}
 
 	var memory tally
-	b.Local.Take(&memory, chargeOf(layers, client, "", nil, now, false))
+	memstore.Take(b.Local, &memory, chargeOf(layers, client, "", nil, now, false))
 
 	waitUntil(t, "B subscribes", func() bool { return numsub() == 1 })
 

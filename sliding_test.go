@@ -60,7 +60,7 @@ func TestSlidingRemovesTheBoundaryBurst(t *testing.T) {
 		burst := func(at int64, n int) (allowed int, last tally) {
 			for i := 0; i < n; i++ {
 				var tl tally
-				s.Take(&tl, chargeOf([]*layer{l}, "203.0.113.1", "", nil, at, false))
+				take(storeOf(s), &tl, chargeOf([]*layer{l}, "203.0.113.1", "", nil, at, false))
 
 				if !tl.Refused {
 					allowed++
@@ -125,7 +125,7 @@ func TestSlidingCountsOnlyAllowedRequests(t *testing.T) {
 	// 100 requests per window, for 10 windows, evenly spread.
 	for i := 0; i < 1000; i++ {
 		var tl tally
-		s.Take(&tl, chargeOf([]*layer{l}, "c", "", nil, now+int64(i)*int64(10*time.Millisecond), false))
+		take(storeOf(s), &tl, chargeOf([]*layer{l}, "c", "", nil, now+int64(i)*int64(10*time.Millisecond), false))
 
 		if !tl.Refused {
 			allowed = append(allowed, i*10)
@@ -162,15 +162,15 @@ func TestSlidingExpiresAfterTwoWindows(t *testing.T) {
 	now := time.Unix(3000, 0).UnixNano()
 
 	var tl tally
-	s.Take(&tl, chargeOf([]*layer{l, f}, "a", "", nil, now, false))
+	take(storeOf(s), &tl, chargeOf([]*layer{l, f}, "a", "", nil, now, false))
 
 	if l.List == f.List {
 		t.Fatal("a sliding and a fixed layer of one duration share a list")
 	}
 
 	// A new key after 1.5 windows purges the fixed counter, not the sliding one.
-	s.Take(&tl, chargeOf([]*layer{f}, "b", "", nil, now+int64(1500*time.Millisecond), false))
-	s.Take(&tl, chargeOf([]*layer{l}, "b", "", nil, now+int64(1500*time.Millisecond), false))
+	take(storeOf(s), &tl, chargeOf([]*layer{f}, "b", "", nil, now+int64(1500*time.Millisecond), false))
+	take(storeOf(s), &tl, chargeOf([]*layer{l}, "b", "", nil, now+int64(1500*time.Millisecond), false))
 
 	if _, ok := l.Entries["a"]; !ok {
 		t.Fatal("sliding counter dropped within its second window")
@@ -180,7 +180,7 @@ func TestSlidingExpiresAfterTwoWindows(t *testing.T) {
 		t.Fatal("expired fixed counter kept")
 	}
 
-	s.Take(&tl, chargeOf([]*layer{l}, "c", "", nil, now+int64(2500*time.Millisecond), false))
+	take(storeOf(s), &tl, chargeOf([]*layer{l}, "c", "", nil, now+int64(2500*time.Millisecond), false))
 
 	if _, ok := l.Entries["a"]; ok {
 		t.Fatal("sliding counter kept past two windows")

@@ -351,7 +351,7 @@ func (p *Plugin) liveKeys(now int64, limitedOnly bool, prefix string) ([]liveKey
 
 	out = p.mergeBlocked(out, s.BlockedKeys(now, p.layers, prefix))
 
-	if rs := redisOf(p.store); rs != nil {
+	if rs := p.stores.redis; rs != nil {
 		out = p.mergeBlocked(out, rs.Blocked.Snapshot(now, prefix))
 	}
 
@@ -495,7 +495,7 @@ func (p *Plugin) firstSorted(entries []liveKey, n int) []liveKey {
 
 // redisFallback reports whether the Redis store is failing and memory decides.
 func (p *Plugin) redisFallback() bool {
-	rs := redisOf(p.store)
+	rs := p.stores.redis
 	return rs != nil && rs.Backend.Down.Load()
 }
 

@@ -12,16 +12,6 @@ import (
 	"github.com/tierlimit/tierlimit/rule"
 )
 
-// blockingStore is the memory store of an instance with a blockDuration
-// layer: it checks the blocks before windowStore.take and starts one after a
-// refusal, so that take, shared by every instance, costs layers without a
-// block nothing more (doc.go: frames). It is the Redis store's memory
-// fallback too (redisStore.takeLocal): during an outage the block list
-// refuses the keys Redis blocked, and a refusal in memory starts a block.
-type blockingStore struct {
-	*windowStore
-}
-
 // anyBlock reports whether one of the layers has a blockDuration.
 func anyBlock(layers []*layer) bool {
 	for _, l := range layers {
@@ -33,118 +23,139 @@ func anyBlock(layers []*layer) bool {
 	return false
 }
 
-// take is windowStore.take with the layers' blocks: a request of a blocked
-// key is refused, charged nowhere; a refusal of a layer with a
-// blockDuration blocks its key. A dry run, which refuses nothing, neither
-// honours nor starts blocks.
-func (b *blockingStore) Take(t *tally, c *charge) {
-	s := b.windowStore
-
-	if !c.All && refuseAny(b, t, c) {
-		return
-	}
-
-	s.Take(t, c)
-
-	if !t.Refused || c.All || t.Shown < 0 || c.Layers[t.Shown].BlockDuration == 0 {
-		return
-	}
-
-	s.Mu.Lock()
-	s.StartBlock(t, t.Shown, c.Now, c.Layers[t.Shown], c.Keys[t.Shown])
-	s.Mu.Unlock()
-}
-
-// refuseAny refuses the request when one of its keys is blocked, and
-// reports whether it did. The blocked layer refuses in its turn, as in
-// Redis: a layer before it that refuses is the one shown, and the layers
-// before it that allow are charged and given back (between the two holds of
-// the lock another request may see that charge; the counts end exact).
-func refuseAny(b *blockingStore, t *tally, c *charge) bool {
-	s := b.windowStore
-	i := firstBlocked(b, c)
-
-	if i < 0 {
-		return false
-	}
-
-	cost := rule.CostOf(t)
-
-	if i > 0 {
-		s.Take(t, rule.ChargePrefix(c, i))
-		if t.Refused {
-			return true
-		}
-	}
-
-	s.Mu.Lock()
-	memstore.GiveBack(c, i, cost, t.Uncharged)
-	*t = tally{Cost: t.Cost}
-
-	if !memstore.RefuseBlockedAt(s, t, c, i) {
-		t.Shown = -1 // the block ended meanwhile: decided afresh
-		s.Mu.Unlock()
-
-		return false
-	}
-
-	s.Mu.Unlock()
-
-	return true
-}
-
-// firstBlocked returns the index of the first of c's layers whose key is
-// blocked at c.now, or -1. A dry-run layer refuses nothing: a block it
-// started before a reload to dry run is not honoured.
-func firstBlocked(b *blockingStore, c *charge) int {
-	s := b.windowStore
-
-	s.Mu.Lock()
-	defer s.Mu.Unlock()
-
-	for i, l := range c.Layers {
-		if l.BlockDuration == 0 || l.DryRun {
-			continue
-		}
-
-		if until := l.Blocks[c.Keys[i]]; until > c.Now {
-			return i
-		}
-	}
-
-	return -1
-}
-
-// A layer's store: memory (README: store on a layer) counts it in the
-// Traefik process although its instance keeps the other layers in Redis:
-// typically global, a per-replica backstop that would otherwise be one hot
-// key every request of every replica writes, and on a Cluster a slot of its
-// own (one more script call per request).
-
-// mixedStore is the store of a Redis instance with a memory layer. A
-// request is charged all or nothing across the two stores: its memory
-// layers first (memory.take, which holds no round trip), then, when they
-// allow it, its Redis layers; a refusal by Redis gives the memory layers
-// their charge back (refund), and a refusal by memory calls no Redis.
-// Between the charge and its refund, another request may see the memory
-// layers' counts with this one in; the counts end exact.
-type mixedStore struct {
-	memory counterStore // the windowStore, or its blockingStore when a memory layer blocks
+// stores is where an instance counts, as data made once in New
+// (buildStore): the memory store; the Redis store, or nil when memory
+// counts every layer; and what applies on top. take and refund read it;
+// nothing wraps a store in another.
+type stores struct {
+	memory *windowStore
 	redis  *redisStore
+	// blocks: a layer counted in memory has a blockDuration, so memory
+	// checks and starts blocks (memstore.TakeBlocking); Redis blocks in its
+	// script.
+	blocks bool
+	// mixed: a layer of a Redis instance counts in memory (layer.Memory):
+	// typically global, a per-replica backstop that would otherwise be one
+	// hot key every request of every replica writes, and on a Cluster a
+	// slot of its own. Such a request is charged all or nothing across the
+	// two stores (takeMixed).
+	mixed bool
+	// month: a layer is a calendar month, whose RateLimit-Policy changes
+	// with the month: a tally that shows one is marked (monthPolicyBit).
+	month bool
+	// plain: none of the above, the memory store alone (take's first case,
+	// which keeps its frame small: doc.go frames).
+	plain bool
 }
 
-// newMixedStore makes the store of a Redis instance whose layers include
-// memory ones.
-func newMixedStore(memory *windowStore, rs *redisStore, layers []*layer) *mixedStore {
-	m := &mixedStore{memory: memory, redis: rs}
-
-	for _, l := range layers {
-		if l.Memory && l.BlockDuration != 0 {
-			m.memory = &blockingStore{memory}
-		}
+// take charges c's layers t.Cost points each (0: 1), all or nothing, where
+// each counts, and writes the outcome to t. A dry run (c.All) charges and
+// evaluates every layer.
+func take(st *stores, t *tally, c *charge) {
+	if st.plain {
+		memstore.Take(st.memory, t, c)
+		return
 	}
 
-	return m
+	takeComposed(st, t, c)
+}
+
+// takeComposed is take where more than the memory store's Take applies.
+func takeComposed(st *stores, t *tally, c *charge) {
+	switch {
+	case st.redis == nil:
+		takeMemory(st, t, c)
+	case st.mixed:
+		takeMixed(st, t, c)
+	default:
+		redisstore.Take(st.redis, t, c)
+	}
+
+	if st.month && t.Shown >= 0 && c.Layers[t.Shown].Month != nil {
+		t.Firsts |= monthPolicyBit
+	}
+}
+
+// takeMemory is take in the memory store, with blocks when a layer has a
+// blockDuration.
+func takeMemory(st *stores, t *tally, c *charge) {
+	if st.blocks {
+		memstore.TakeBlocking(st.memory, t, c)
+		return
+	}
+
+	memstore.Take(st.memory, t, c)
+}
+
+// refund gives cost points back to c's layers, which an earlier take
+// charged, for a request a later, deferred charge refused (after.go
+// settle), or a countStatus route's check.
+func refund(st *stores, c *charge, cost int64) {
+	switch {
+	case st.redis == nil:
+		memstore.Refund(st.memory, c, cost)
+	case st.mixed:
+		refundMixed(st, c, cost)
+	default:
+		redisstore.Refund(st.redis, c, cost)
+	}
+}
+
+// takeMixed is take on a Redis instance with memory layers: its memory
+// layers first (no round trip), then, when they allow it, its Redis layers;
+// a refusal by Redis gives the memory layers their charge back, and a
+// refusal by memory calls no Redis. Between the charge and its refund,
+// another request may see the memory layers' counts with this one in; the
+// counts end exact.
+func takeMixed(st *stores, t *tally, c *charge) {
+	local, shared, li, si := splitLayers(c.Layers)
+
+	if len(local) == 0 {
+		redisstore.Take(st.redis, t, c)
+		return
+	}
+
+	if len(shared) == 0 {
+		takeMemory(st, t, c)
+		return
+	}
+
+	tm := tally{Cost: t.Cost}
+	cm := rule.ChargeAt(c, li)
+	takeMemory(st, &tm, cm)
+
+	if tm.Refused && !c.All {
+		*t = tally{Cost: t.Cost, Shown: -1}
+		mergeTally(t, &tm, li)
+
+		return
+	}
+
+	tr := tally{Cost: t.Cost}
+	redisstore.Take(st.redis, &tr, rule.ChargeAt(c, si))
+
+	if tr.Refused && !c.All {
+		memstore.Refund(st.memory, rule.ChargeWithout(cm, tm.Uncharged), rule.CostOf(t))
+		*t = tally{Cost: t.Cost, Shown: -1}
+		mergeTally(t, &tr, si)
+
+		return
+	}
+
+	*t = tally{Cost: t.Cost, Shown: -1}
+	mergeTally(t, &tm, li)
+	mergeTally(t, &tr, si)
+}
+
+// refundMixed is refund on a Redis instance with memory layers.
+func refundMixed(st *stores, c *charge, cost int64) {
+	local, _, li, si := splitLayers(c.Layers)
+
+	if len(local) > 0 {
+		memstore.Refund(st.memory, rule.ChargeAt(c, li), cost)
+	}
+
+	redisstore.Refund(st.redis, rule.ChargeAt(c, si), cost)
 }
 
 // anyMemoryLayer reports whether a layer of a Redis instance is counted in
@@ -163,23 +174,6 @@ func anyMemoryLayer(s *config.Settings) bool {
 	return false
 }
 
-// redisOf is the Redis store of an instance's store, or nil.
-func redisOf(s counterStore) *redisStore {
-	if rs, ok := s.(*redisStore); ok {
-		return rs
-	}
-
-	if m, ok := s.(*mixedStore); ok {
-		return m.redis
-	}
-
-	if m, ok := s.(*monthStore); ok {
-		return redisOf(m.inner)
-	}
-
-	return nil
-}
-
 // splitLayers returns the memory layers and the Redis layers of layers, in
 // order, with each one's index in layers.
 func splitLayers(layers []*layer) (local, shared []*layer, li, si []int) {
@@ -194,56 +188,6 @@ func splitLayers(layers []*layer) (local, shared []*layer, li, si []int) {
 	}
 
 	return local, shared, li, si
-}
-
-func (m *mixedStore) Take(t *tally, c *charge) {
-	local, shared, li, si := splitLayers(c.Layers)
-
-	if len(local) == 0 {
-		m.redis.Take(t, c)
-		return
-	}
-
-	if len(shared) == 0 {
-		m.memory.Take(t, c)
-		return
-	}
-
-	tm := tally{Cost: t.Cost}
-	cm := rule.ChargeAt(c, li)
-	m.memory.Take(&tm, cm)
-
-	if tm.Refused && !c.All {
-		*t = tally{Cost: t.Cost, Shown: -1}
-		mergeTally(t, &tm, li)
-
-		return
-	}
-
-	tr := tally{Cost: t.Cost}
-	m.redis.Take(&tr, rule.ChargeAt(c, si))
-
-	if tr.Refused && !c.All {
-		m.memory.Refund(rule.ChargeWithout(cm, tm.Uncharged), rule.CostOf(t))
-		*t = tally{Cost: t.Cost, Shown: -1}
-		mergeTally(t, &tr, si)
-
-		return
-	}
-
-	*t = tally{Cost: t.Cost, Shown: -1}
-	mergeTally(t, &tm, li)
-	mergeTally(t, &tr, si)
-}
-
-func (m *mixedStore) Refund(c *charge, cost int64) {
-	local, _, li, si := splitLayers(c.Layers)
-
-	if len(local) > 0 {
-		m.memory.Refund(rule.ChargeAt(c, li), cost)
-	}
-
-	m.redis.Refund(rule.ChargeAt(c, si), cost)
 }
 
 // mergeTally adds part, the tally of some of a request's layers (index[j]
@@ -283,21 +227,6 @@ func mergeTally(t, part *tally, index []int) {
 	}
 }
 
-// A layer's calendar (README: calendar, utcOffset) replaces its duration
-// with fixed windows aligned to the calendar: days from 00:00, weeks from
-// Monday 00:00, months from the 1st, in UTC or at a fixed offset. Such a
-// layer is served on the general path (chooseMode). In memory a window
-// starts at its period's start and resets at the next boundary
-// (alignCalendar); in Redis its key names the period's start in Unix
-// seconds, so every replica counts in the same key and an old period's key
-// expires, and the window sent to the script is what is left of the period
-// (calendarCall).
-const (
-	calDay   = config.CalDay
-	calWeek  = config.CalWeek
-	calMonth = config.CalMonth
-)
-
 // A month layer's RateLimit-Policy w is the current month's length, where
 // every other layer's is a constant of its header table. All the keys of a
 // calendar layer share one period, so the value changes only at the
@@ -321,24 +250,6 @@ func anyMonth(layers []*layer) bool {
 	}
 
 	return false
-}
-
-// monthStore is the store of an instance with a month layer: it marks
-// the tallies that show one (monthPolicyBit).
-type monthStore struct {
-	inner counterStore
-}
-
-func (m *monthStore) Take(t *tally, c *charge) {
-	m.inner.Take(t, c)
-
-	if t.Shown >= 0 && c.Layers[t.Shown].Month != nil {
-		t.Firsts |= monthPolicyBit
-	}
-}
-
-func (m *monthStore) Refund(c *charge, cost int64) {
-	m.inner.Refund(c, cost)
 }
 
 // setMonthPolicy writes month layer l's RateLimit-Policy for the month that

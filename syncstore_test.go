@@ -29,7 +29,7 @@ func syncHarness(t *testing.T, addr string, mutate func(c *Config)) (*harness, *
 		}
 	})
 
-	rs := h.p.store.(*redisStore)
+	rs := h.p.stores.redis
 	st := rs.Synced
 	if st == nil {
 		t.Fatal("redis.syncInterval made no synced store")
@@ -280,7 +280,7 @@ func TestSyncedCountsSurviveAReload(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	if pluginOf(first).store.(*redisStore).Synced != pluginOf(second).store.(*redisStore).Synced {
+	if pluginOf(first).stores.redis.Synced != pluginOf(second).stores.redis.Synced {
 		t.Fatal("the reloaded middleware got new synced counters")
 	}
 

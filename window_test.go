@@ -2,6 +2,7 @@ package tierlimit
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strconv"
 	"sync"
@@ -28,16 +29,16 @@ type hit struct {
 func hitOnce(s *windowStore, now int64, l *layer, key string) hit {
 	var t tally
 
-	s.Take(&t, chargeOf([]*layer{l}, key, "", nil, now, false))
+	take(storeOf(s), &t, chargeOf([]*layer{l}, key, "", nil, now, false))
 
 	return hit{count: t.Count, reset: t.Reset, firstRefusal: t.Firsts != 0}
 }
 
-// take runs store.take and returns the tally.
-func take(s counterStore, now int64, layers []*layer, client, principal string, all bool) tally {
+// takeIn runs take on s (storeOf) and returns the tally.
+func takeIn(s interface{}, now int64, layers []*layer, client, principal string, all bool) tally {
 	var t tally
 
-	s.Take(&t, chargeOf(layers, client, principal, nil, now, all))
+	take(storeOf(s), &t, chargeOf(layers, client, principal, nil, now, all))
 
 	return t
 }
@@ -136,11 +137,11 @@ func TestTakeStopsAtRefusingLayer(t *testing.T) {
 	route := testLayer(s, "login", 10, time.Second)
 	layers := []*layer{g, ip, route}
 
-	if tl := take(s, t0, layers, "1.2.3.4", "", false); tl.Refused || tl.Shown != 1 || tl.Count != 1 || peekCount(s, t0, "login", "1.2.3.4") != 1 {
+	if tl := takeIn(s, t0, layers, "1.2.3.4", "", false); tl.Refused || tl.Shown != 1 || tl.Count != 1 || peekCount(s, t0, "login", "1.2.3.4") != 1 {
 		t.Fatalf("first request: %+v, want every layer charged, ip shown (fewest left)", tl)
 	}
 
-	tl := take(s, t0, layers, "1.2.3.4", "", false)
+	tl := takeIn(s, t0, layers, "1.2.3.4", "", false)
 	if !tl.Refused || tl.Shown != 1 || tl.Count != 2 || tl.Firsts != 1<<1 {
 		t.Fatalf("refused request: %+v, want ip shown with the count it would have reached", tl)
 	}
@@ -156,14 +157,14 @@ func TestTakeStopsAtRefusingLayer(t *testing.T) {
 	// A refusal by the last layer gives back every earlier one.
 	route.Points = 1
 	other := "5.6.7.8"
-	take(s, t0, layers, other, "", false)
-	if tl := take(s, t0, []*layer{g, route}, other, "", false); !tl.Refused || tl.Shown != 1 || peekCount(s, t0, "global", "global") != 2 {
+	takeIn(s, t0, layers, other, "", false)
+	if tl := takeIn(s, t0, []*layer{g, route}, other, "", false); !tl.Refused || tl.Shown != 1 || peekCount(s, t0, "global", "global") != 2 {
 		t.Fatalf("refused by the last layer: %+v, global %d, want 2", tl, peekCount(s, t0, "global", "global"))
 	}
 	route.Points = 10
 
 	// all=true (dry run) charges every layer; the refusing layer stays shown.
-	if tl := take(s, t0, layers, "1.2.3.4", "", true); tl.Shown != 1 || !tl.Refused || peekCount(s, t0, "login", "1.2.3.4") != 2 {
+	if tl := takeIn(s, t0, layers, "1.2.3.4", "", true); tl.Shown != 1 || !tl.Refused || peekCount(s, t0, "login", "1.2.3.4") != 2 {
 		t.Fatalf("dry run: %+v, route count %d, want every layer charged", tl, peekCount(s, t0, "login", "1.2.3.4"))
 	}
 }
@@ -319,7 +320,7 @@ func TestEvictionSparesTheCountersOfTheRequest(t *testing.T) {
 	allowed := 0
 
 	for i := 0; i < 10; i++ {
-		got := take(s, t0+int64(i), []*layer{global, ip}, "198.51.100."+formatInt(int64(i)), "", false)
+		got := takeIn(s, t0+int64(i), []*layer{global, ip}, "198.51.100."+formatInt(int64(i)), "", false)
 		if !got.Refused {
 			allowed++
 		}
@@ -372,7 +373,7 @@ func TestEvictionSparesASlidingCounterOfTheRequest(t *testing.T) {
 	allowed := 0
 
 	for i := 0; i < 10; i++ {
-		if got := take(s, t0+int64(i), []*layer{global, ip}, "198.51.100."+formatInt(int64(i)), "", false); !got.Refused {
+		if got := takeIn(s, t0+int64(i), []*layer{global, ip}, "198.51.100."+formatInt(int64(i)), "", false); !got.Refused {
 			allowed++
 		}
 	}
@@ -426,4 +427,19 @@ func TestEvictionKeepsLimitedKeys(t *testing.T) {
 	if peekCount(s, t0, "ip", "a") != 0 || peekCount(s, t0, "ip", "b") != 1 || s.Evicted() != 1 {
 		t.Fatalf("all limited: a %d, b %d, evictions %d; want a evicted", peekCount(s, t0, "ip", "a"), peekCount(s, t0, "ip", "b"), s.Evicted())
 	}
+}
+
+// storeOf is what take and refund (stores.go) charge for a store the test
+// holds: a memory store alone, or a Redis store with its fallback.
+func storeOf(s interface{}) *stores {
+	switch v := s.(type) {
+	case *windowStore:
+		return &stores{memory: v}
+	case *redisStore:
+		return &stores{memory: v.Local, redis: v, blocks: v.Blocks}
+	case *stores:
+		return v
+	}
+
+	panic(fmt.Sprintf("storeOf(%T)", s))
 }

@@ -4,6 +4,7 @@ import (
 	"strconv"
 
 	"github.com/tierlimit/tierlimit/limit"
+	"github.com/tierlimit/tierlimit/rule"
 )
 
 // A layer's blockDuration (README: blockDuration) refuses every request of a
@@ -178,4 +179,84 @@ type BlockedKey struct {
 	Key     string
 	Reset   int64
 	Refused int64 // the requests a blockDuration block refused (0: not counted)
+}
+
+// TakeBlocking is Take with the layers' blocks, for an instance with a
+// blockDuration layer in memory and for the Redis store's fallback: a
+// request of a blocked key is refused, charged nowhere; a refusal of a
+// layer with a blockDuration blocks its key. A dry run, which refuses
+// nothing, neither honours nor starts blocks. Take, shared by every
+// instance, costs layers without a block nothing more (../doc.go: frames).
+func TakeBlocking(s *WindowStore, t *tally, c *charge) {
+	if !c.All && refuseAny(s, t, c) {
+		return
+	}
+
+	Take(s, t, c)
+
+	if !t.Refused || c.All || t.Shown < 0 || c.Layers[t.Shown].BlockDuration == 0 {
+		return
+	}
+
+	s.Mu.Lock()
+	s.StartBlock(t, t.Shown, c.Now, c.Layers[t.Shown], c.Keys[t.Shown])
+	s.Mu.Unlock()
+}
+
+// refuseAny refuses the request when one of its keys is blocked, and
+// reports whether it did. The blocked layer refuses in its turn, as in
+// Redis: a layer before it that refuses is the one shown, and the layers
+// before it that allow are charged and given back (between the two holds of
+// the lock another request may see that charge; the counts end exact).
+func refuseAny(s *WindowStore, t *tally, c *charge) bool {
+	i := firstBlocked(s, c)
+
+	if i < 0 {
+		return false
+	}
+
+	cost := rule.CostOf(t)
+
+	if i > 0 {
+		Take(s, t, rule.ChargePrefix(c, i))
+		if t.Refused {
+			return true
+		}
+	}
+
+	s.Mu.Lock()
+	GiveBack(c, i, cost, t.Uncharged)
+	*t = tally{Cost: t.Cost}
+
+	if !RefuseBlockedAt(s, t, c, i) {
+		t.Shown = -1 // the block ended meanwhile: decided afresh
+		s.Mu.Unlock()
+
+		return false
+	}
+
+	s.Mu.Unlock()
+
+	return true
+}
+
+// firstBlocked returns the index of the first of c's layers whose key is
+// blocked at c.now, or -1. A dry-run layer refuses nothing: a block it
+// started before a reload to dry run is not honoured.
+func firstBlocked(s *WindowStore, c *charge) int {
+
+	s.Mu.Lock()
+	defer s.Mu.Unlock()
+
+	for i, l := range c.Layers {
+		if l.BlockDuration == 0 || l.DryRun {
+			continue
+		}
+
+		if until := l.Blocks[c.Keys[i]]; until > c.Now {
+			return i
+		}
+	}
+
+	return -1
 }

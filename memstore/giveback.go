@@ -51,7 +51,7 @@ func unspend(w *window, l *layer, cost int64) {
 // charges global up front for a credentialed request, and the client's ip
 // bucket only once the chain has told a real credential from a garbage one.
 // A window that has ended since is left alone: the charge went with it.
-func (s *WindowStore) Refund(c *charge, cost int64) {
+func Refund(s *WindowStore, c *charge, cost int64) {
 	s.Mu.Lock()
 
 	for i, l := range c.Layers {

@@ -9,7 +9,7 @@ package memstore
 // are given their points back, the ones after are not evaluated). A dry-run
 // layer refuses nothing (tally.refuseAs). With c.all set (the top-level dry
 // run) every layer is charged and evaluated, refusing or not.
-func (s *WindowStore) Take(t *tally, c *charge) {
+func Take(s *WindowStore, t *tally, c *charge) {
 	t.Shown = -1
 	cost := t.Cost
 	if cost < 1 {

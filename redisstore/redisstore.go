@@ -22,20 +22,6 @@ import (
 	"github.com/tierlimit/tierlimit/redisresp"
 )
 
-// counterStore charges requests to layers. take evaluates the charge's layers
-// in order, each under its key (charge.keys), and charges the
-// request to every one of them or, when one refuses it (its count would
-// exceed its points), to none: it stops at that layer, unless all is set (dry
-// run), which charges every layer. It reports the outcome as a tally.
-// windowStore (memory) and redisStore implement it.
-//
-// refund gives cost points back to layers that an earlier take charged, for
-// a request a later, deferred charge refused (../after.go settle).
-type CounterStore interface {
-	Take(t *tally, c *charge)
-	Refund(c *charge, cost int64)
-}
-
 // takeScript is the whole decision of one request in one round trip. It
 // decides every layer before it writes any: the first loop plans the writes,
 // which run only when no layer refused (or in a dry run), so a refused
@@ -438,14 +424,14 @@ type RedisStore struct {
 	Channel string
 	Backend *RedisBackend
 	Local   *windowStore
-	// fallback decides in local when Redis cannot: local itself, or with
-	// blocks (blockingStore) when a layer has a blockDuration (takeLocal).
-	Fallback CounterStore
-	Blocked  *BlockList
-	Owed     *owedCounts      // what the fallback charged during an outage (owed.go)
-	Clock    func() time.Time // the instance's (Plugin.now), for what no request times: a reset from another replica
-	Calls    []redisresp.Call // the script's call head by number of layers
-	Synced   *SyncState       // redis.syncInterval's counters (syncstore.go); nil: exact mode
+	// Blocks: a layer has a blockDuration, so that the fallback decides
+	// with blocks (memstore.TakeBlocking) when Redis cannot (takeLocal).
+	Blocks  bool
+	Blocked *BlockList
+	Owed    *owedCounts      // what the fallback charged during an outage (owed.go)
+	Clock   func() time.Time // the instance's (Plugin.now), for what no request times: a reset from another replica
+	Calls   []redisresp.Call // the script's call head by number of layers
+	Synced  *SyncState       // redis.syncInterval's counters (syncstore.go); nil: exact mode
 }
 
 // takeRedis is the script every redisStore runs, refundRedis its refund.
@@ -471,7 +457,10 @@ func (s *RedisStore) CallFor(n int) redisresp.Call {
 
 // The healthy path (nothing blocked, Redis up) takes no lock and makes as few
 // calls as it can (doc.go: frames).
-func (s *RedisStore) Take(t *tally, c *charge) {
+// Take charges c's layers in Redis, all or nothing, in one script call (or
+// to the synced counters, or to the fallback when Redis is down or fails),
+// and writes the outcome to t.
+func Take(s *RedisStore, t *tally, c *charge) {
 	if s.Synced != nil {
 		SyncTake(s.Synced, t, c)
 		return
@@ -526,7 +515,11 @@ func (s *RedisStore) Take(t *tally, c *charge) {
 // refusal here starts a block in memory, and on the block list, so that
 // it refuses the key for the rest of the block after Redis is back too.
 func (s *RedisStore) TakeLocal(t *tally, c *charge) {
-	s.Fallback.Take(t, c)
+	if s.Blocks {
+		memstore.TakeBlocking(s.Local, t, c)
+	} else {
+		memstore.Take(s.Local, t, c)
+	}
 
 	if !t.Refused || c.All {
 		oweCharged(s, t, c)
@@ -644,7 +637,9 @@ func EncodeCall(c *charge, mode string, cost int64) string {
 // most likely went: to the memory fallback while Redis is in back-off, else
 // to Redis. A refund that fails is not retried in memory, which holds no such
 // charge: the count stays cost too high until its window ends.
-func (s *RedisStore) Refund(c *charge, cost int64) {
+// Refund gives cost points back to c's layers, which an earlier Take
+// charged.
+func Refund(s *RedisStore, c *charge, cost int64) {
 	if len(c.Layers) == 0 {
 		return
 	}
@@ -655,7 +650,7 @@ func (s *RedisStore) Refund(c *charge, cost int64) {
 	}
 
 	if s.Backend.Down.Load() {
-		s.Local.Refund(c, cost)
+		memstore.Refund(s.Local, c, cost)
 		forgiveRefunded(s, c, cost)
 
 		return
