@@ -4,6 +4,7 @@ import (
 	"strconv"
 
 	"github.com/tierlimit/tierlimit/limit"
+	"github.com/tierlimit/tierlimit/rule"
 )
 
 // A tokenbucket layer is the token bucket of golang.org/x/time/rate, which
@@ -64,7 +65,7 @@ func (s *WindowStore) drip(t *tally, i int, now int64, l *layer, key string, cos
 		first := !w.Logged
 		w.Logged = true
 		retry := tat - (l.Points-cost)*l.Interval
-		return t.RefuseAs(i, l, l.Points+1, retry, []string{strconv.FormatInt(limit.CeilSeconds(retry), 10)}, first)
+		return rule.RefuseAs(t, i, l, l.Points+1, retry, []string{strconv.FormatInt(limit.CeilSeconds(retry), 10)}, first)
 	}
 
 	tat += cost * l.Interval
@@ -83,7 +84,7 @@ func (s *WindowStore) drip(t *tally, i int, now int64, l *layer, key string, cos
 	used := BucketUsed(tat-now, l.Interval)
 	w.Count = used
 	l.Stats.Allowed++
-	t.Allow(i, l, used, tat, w.ResetH)
+	rule.Allow(t, i, l, used, tat, w.ResetH)
 
 	return false
 }

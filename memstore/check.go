@@ -4,6 +4,7 @@ import (
 	"strconv"
 
 	"github.com/tierlimit/tierlimit/limit"
+	"github.com/tierlimit/tierlimit/rule"
 )
 
 // check evaluates the check-only layer l under s.mu for a request of cost
@@ -45,7 +46,7 @@ func (s *WindowStore) check(t *tally, i int, now int64, l *layer, key string, co
 		resetH = []string{strconv.FormatInt(limit.CeilSeconds(reset), 10)}
 	}
 
-	t.Allow(i, l, count, reset, resetH)
+	rule.Allow(t, i, l, count, reset, resetH)
 
 	return false
 }
@@ -54,7 +55,7 @@ func (s *WindowStore) check(t *tally, i int, now int64, l *layer, key string, co
 func checkSliding(t *tally, i int, now int64, l *layer, w *window, cost int64) bool {
 	if w == nil || w.Expire <= now {
 		reset := now + l.Duration
-		t.Allow(i, l, 0, reset, []string{strconv.FormatInt(limit.CeilSeconds(reset), 10)})
+		rule.Allow(t, i, l, 0, reset, []string{strconv.FormatInt(limit.CeilSeconds(reset), 10)})
 
 		return false
 	}
@@ -71,7 +72,7 @@ func checkSliding(t *tally, i int, now int64, l *layer, w *window, cost int64) b
 		return checkRefused(t, i, l, w, est, retry, []string{strconv.FormatInt(limit.CeilSeconds(retry), 10)})
 	}
 
-	t.Allow(i, l, est-cost, w.Reset, w.ResetH)
+	rule.Allow(t, i, l, est-cost, w.Reset, w.ResetH)
 
 	return false
 }
@@ -88,7 +89,7 @@ func checkBucket(t *tally, i int, now int64, l *layer, w *window, cost int64) bo
 		return checkRefused(t, i, l, w, l.Points+1, retry, []string{strconv.FormatInt(limit.CeilSeconds(retry), 10)})
 	}
 
-	t.Allow(i, l, BucketUsed(tat-now, l.Interval), tat, []string{strconv.FormatInt(limit.CeilSeconds(tat), 10)})
+	rule.Allow(t, i, l, BucketUsed(tat-now, l.Interval), tat, []string{strconv.FormatInt(limit.CeilSeconds(tat), 10)})
 
 	return false
 }
@@ -110,5 +111,5 @@ func checkRefused(t *tally, i int, l *layer, w *window, count, reset int64, rese
 		resetH = []string{strconv.FormatInt(limit.CeilSeconds(reset), 10)}
 	}
 
-	return t.RefuseAs(i, l, count, reset, resetH, first)
+	return rule.RefuseAs(t, i, l, count, reset, resetH, first)
 }

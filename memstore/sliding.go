@@ -5,6 +5,7 @@ import (
 	"strconv"
 
 	"github.com/tierlimit/tierlimit/limit"
+	"github.com/tierlimit/tierlimit/rule"
 )
 
 // A sliding layer uses the sliding-window counter: windows follow each other
@@ -88,12 +89,12 @@ func (s *WindowStore) slide(t *tally, i int, now int64, l *layer, key string, co
 		first := !w.Logged
 		w.Logged = true
 		retry := now + SlidingWait(w.PrevCount, w.Count, cost, l.Points, left, l.Duration)
-		return t.RefuseAs(i, l, est, retry, []string{strconv.FormatInt(limit.CeilSeconds(retry), 10)}, first)
+		return rule.RefuseAs(t, i, l, est, retry, []string{strconv.FormatInt(limit.CeilSeconds(retry), 10)}, first)
 	}
 
 	w.Count += cost
 	l.Stats.Allowed++
-	t.Allow(i, l, est, w.Reset, w.ResetH)
+	rule.Allow(t, i, l, est, w.Reset, w.ResetH)
 
 	return false
 }

@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 
 	"github.com/tierlimit/tierlimit/limit"
+	"github.com/tierlimit/tierlimit/rule"
 )
 
 // windowStore holds fixed-window counters in memory: one counter per layer and
@@ -123,7 +124,7 @@ func chargeFixed(t *tally, i int, l *layer, w *window, cost int64, all bool) boo
 
 	w.Count += cost
 	l.Stats.Allowed++
-	t.Allow(i, l, w.Count, w.Reset, w.ResetH)
+	rule.Allow(t, i, l, w.Count, w.Reset, w.ResetH)
 
 	return false
 }
@@ -137,7 +138,7 @@ func refuseFixed(t *tally, i int, l *layer, w *window, cost int64, all bool) boo
 	w.Refused++
 	first := !w.Logged
 	w.Logged = true
-	refused := t.RefuseAs(i, l, w.Count+cost, w.Reset, w.ResetH, first)
+	refused := rule.RefuseAs(t, i, l, w.Count+cost, w.Reset, w.ResetH, first)
 
 	if all || l.DryRun {
 		w.Count += cost

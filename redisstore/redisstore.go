@@ -767,7 +767,7 @@ func (s *RedisStore) refused(t *tally, c *charge, i int, count, reset int64) boo
 		first = s.Blocked.note(l.BlockPrefix, key, reset, now)
 	}
 
-	return t.RefuseAs(i, l, count, reset, []string{strconv.FormatInt(limit.CeilSeconds(reset), 10)}, first)
+	return rule.RefuseAs(t, i, l, count, reset, []string{strconv.FormatInt(limit.CeilSeconds(reset), 10)}, first)
 }
 
 // Back-off bounds: Redis is skipped for minBackoff after a failure, doubling

@@ -353,7 +353,7 @@ func SyncTake(st *SyncState, t *tally, ch *charge) {
 				count -= cost
 			}
 
-			t.Allow(i, l, count, c.End, c.ResetH)
+			rule.Allow(t, i, l, count, c.End, c.ResetH)
 
 			continue
 		}
@@ -361,7 +361,7 @@ func SyncTake(st *SyncState, t *tally, ch *charge) {
 		first := !c.Logged
 		c.Logged = true
 
-		if t.RefuseAs(i, l, count, c.End, c.ResetH, first) {
+		if rule.RefuseAs(t, i, l, count, c.End, c.ResetH, first) {
 			c.Refused++
 			refused = true
 			if !all {

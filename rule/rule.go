@@ -252,7 +252,7 @@ type Tally struct {
 // refuse records that layers[i] refused with this count and reset; first
 // says it is the window's first refusal. The first refusing layer is the one
 // shown.
-func (t *Tally) Refuse(i int, count, reset int64, resetH []string, first bool) {
+func Refuse(t *Tally, i int, count, reset int64, resetH []string, first bool) {
 	if first {
 		t.Firsts |= uint64(1) << uint(i)
 	}
@@ -267,9 +267,9 @@ func (t *Tally) Refuse(i int, count, reset int64, resetH []string, first bool) {
 // in dry run. A dry-run layer refuses nothing: its refusal is reported
 // (first) and, unless it is quiet (layer.quiet), the headers may show it
 // with nothing left, while the other layers decide the request.
-func (t *Tally) RefuseAs(i int, l *Layer, count, reset int64, resetH []string, first bool) bool {
+func RefuseAs(t *Tally, i int, l *Layer, count, reset int64, resetH []string, first bool) bool {
 	if !l.DryRun {
-		t.Refuse(i, count, reset, resetH, first)
+		Refuse(t, i, count, reset, resetH, first)
 		return true
 	}
 
@@ -281,7 +281,7 @@ func (t *Tally) RefuseAs(i int, l *Layer, count, reset int64, resetH []string, f
 		t.Uncharged |= uint64(1) << uint(i)
 	}
 
-	t.Allow(i, l, l.Points, reset, resetH)
+	Allow(t, i, l, l.Points, reset, resetH)
 
 	return false
 }
@@ -330,7 +330,7 @@ type MonthPolicy struct {
 // allow records that layers[i] let the request through with this count; the
 // headers show the layer with the fewest requests left, never a quiet one
 // (layer.quiet). One value is assigned at a time (doc.go: frames).
-func (t *Tally) Allow(i int, l *Layer, count, reset int64, resetH []string) {
+func Allow(t *Tally, i int, l *Layer, count, reset int64, resetH []string) {
 	left := l.Points - count
 	if t.Refused || l.Quiet || t.Shown >= 0 && left >= t.Left {
 		return
