@@ -160,7 +160,7 @@ func withRoutes(p *Plugin, layers []*layer, req *http.Request, path string, hits
 	var out []*layer
 
 	for _, rt := range p.routes {
-		if !rt.matches(req, path) {
+		if !matchesRoute(rt, req, path) {
 			continue
 		}
 
@@ -191,7 +191,7 @@ func withRoutes(p *Plugin, layers []*layer, req *http.Request, path string, hits
 // canonical path is path.
 func routeMatches(p *Plugin, req *http.Request, path string) bool {
 	for _, rt := range p.routes {
-		if rt.matches(req, path) {
+		if matchesRoute(rt, req, path) {
 			return true
 		}
 	}

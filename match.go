@@ -64,9 +64,9 @@ type route struct {
 	charge      *layer
 }
 
-// matches reports whether the request, with its canonical path, is the
+// matchesRoute reports whether the request, with its canonical path, is the
 // route's. An exact path matches with or without a trailing slash.
-func (rt *route) matches(req *http.Request, path string) bool {
+func matchesRoute(rt *route, req *http.Request, path string) bool {
 	if len(rt.methods) > 0 {
 		found := false
 

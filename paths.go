@@ -136,7 +136,7 @@ func newRedisFast(rs *redisStore, ps plans) *redisFast {
 // as encodeCall encodes it, but for ARGV[1]: "2", the one-integer reply; each
 // request costs cost.
 func newRedisPlan(rs *redisStore, layers []*layer, cost int64) *redisPlan {
-	rp := &redisPlan{call: rs.CallFor(len(layers))}
+	rp := &redisPlan{call: redisstore.CallFor(rs, len(layers))}
 	front, key, tail, args := rp.call.Head(), "", "", redisstore.ArgOneInteger+redisstore.CostArg(cost)
 	seen := false
 
@@ -223,7 +223,7 @@ func redisReply(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*
 	var t tally
 
 	c := chargeOf(layers, client, "", req, now, false)
-	if err := p.fast.store.Record(&t, c, ints); err != nil {
+	if err := redisstore.Record(p.fast.store, &t, c, ints); err != nil {
 		redisFailed(p, rw, req, layers, client, now, err)
 		return
 	}

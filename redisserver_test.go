@@ -163,13 +163,13 @@ func serverState(t *testing.T, p *redisresp.Pool) string {
 func scriptCharge(t *testing.T, s *redisStore, layers []*layer, client string, cost int64) tally {
 	t.Helper()
 
-	ints, serverErr, err := s.CallFor(len(layers)).RunIntsOn(s.Backend.Pool, redisstore.EncodeCall(chargeOf(layers, client, "", nil, time.Now().UnixNano(), false), redisstore.ArgStopAtRefusal, cost))
+	ints, serverErr, err := redisstore.CallFor(s, len(layers)).RunIntsOn(s.Backend.Pool, redisstore.EncodeCall(chargeOf(layers, client, "", nil, time.Now().UnixNano(), false), redisstore.ArgStopAtRefusal, cost))
 	if err != nil || serverErr != "" {
 		t.Fatalf("script: %v %s", err, serverErr)
 	}
 
 	var tl tally
-	if err := s.Record(&tl, chargeOf(layers, client, "", nil, t0, false), ints); err != nil {
+	if err := redisstore.Record(s, &tl, chargeOf(layers, client, "", nil, t0, false), ints); err != nil {
 		t.Fatalf("reply %v: %v", ints, err)
 	}
 

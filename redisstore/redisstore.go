@@ -446,8 +446,8 @@ func TakeCall(n int) redisresp.Call {
 	return takeRedis.Call(n, 5*n+2)
 }
 
-// callFor returns the script's call head for n layers.
-func (s *RedisStore) CallFor(n int) redisresp.Call {
+// CallFor returns the script's call head for n layers.
+func CallFor(s *RedisStore, n int) redisresp.Call {
 	if n < len(s.Calls) {
 		return s.Calls[n]
 	}
@@ -488,7 +488,7 @@ func Take(s *RedisStore, t *tally, c *charge) {
 		}
 	}
 
-	if err := s.takeRedis(t, c); err != nil {
+	if err := takeInRedis(s, t, c); err != nil {
 		// A closed pool is not Redis failing: this instance belongs to a
 		// configuration that was replaced, and its backend was released. Nor
 		// is a pool that stayed busy for redisresp.DefaultWaitTimeout: the
@@ -553,7 +553,7 @@ func (s *RedisStore) TakeBlocked(t *tally, c *charge) bool {
 		}
 
 		if reset := s.Blocked.ResetOf(l.BlockPrefix, c.Keys[i], c.Now); reset != 0 {
-			l.Stats.CountRedis(true)
+			rule.CountRedis(l.Stats, true)
 			if l.BlockDuration != 0 {
 				s.Blocked.hit(l.BlockPrefix, c.Keys[i], false)
 			}
@@ -568,9 +568,9 @@ func (s *RedisStore) TakeBlocked(t *tally, c *charge) bool {
 	return false
 }
 
-// takeRedis runs the script and writes its outcome to t; on an error, t is
+// takeInRedis runs the script and writes its outcome to t; on an error, t is
 // to be discarded.
-func (s *RedisStore) takeRedis(t *tally, c *charge) error {
+func takeInRedis(s *RedisStore, t *tally, c *charge) error {
 	mode := ArgStopAtRefusal
 	if c.All {
 		mode = argChargeAll
@@ -586,7 +586,7 @@ func (s *RedisStore) takeRedis(t *tally, c *charge) error {
 	if s.Backend.cluster != nil {
 		ints, serverErr, err = s.runCluster(s.Backend.cluster, c, cost)
 	} else {
-		ints, serverErr, err = s.CallFor(len(c.Layers)).RunIntsOn(s.Backend.Pool, EncodeCall(c, mode, cost))
+		ints, serverErr, err = CallFor(s, len(c.Layers)).RunIntsOn(s.Backend.Pool, EncodeCall(c, mode, cost))
 	}
 
 	if err != nil {
@@ -597,7 +597,7 @@ func (s *RedisStore) takeRedis(t *tally, c *charge) error {
 		return fmt.Errorf("running the rate-limit script: %s", serverErr)
 	}
 
-	return s.Record(t, c, ints)
+	return Record(s, t, c, ints)
 }
 
 // encodeCall encodes a script call's keys and arguments, but for its head:
@@ -676,9 +676,9 @@ func refundOnRedis(s *RedisStore, c *charge, cost int64) error {
 	return err
 }
 
-// record writes the script's reply (count and milliseconds to reset per
+// Record writes the script's reply (count and milliseconds to reset per
 // layer evaluated) to t, and checks it: on an error, t is to be discarded.
-func (s *RedisStore) Record(t *tally, c *charge, ints []int64) error {
+func Record(s *RedisStore, t *tally, c *charge, ints []int64) error {
 	layers, now, all, n := c.Layers, c.Now, c.All, len(ints)/2
 	if len(ints)%2 != 0 || n == 0 || n > len(layers) {
 		return fmt.Errorf("%w: %d integers for %d layers", ErrBadReply, len(ints), len(layers))

@@ -47,7 +47,7 @@ func (s *RedisStore) runCluster(cl *redisresp.Cluster, c *charge, cost int64) ([
 
 	calls := make([]redisresp.ClusterCall, len(groups))
 	for i, g := range groups {
-		calls[i] = redisresp.ClusterCall{Slot: g.slot, Call: s.CallFor(len(g.Layers)), Encoded: g.Keys + g.Args}
+		calls[i] = redisresp.ClusterCall{Slot: g.slot, Call: CallFor(s, len(g.Layers)), Encoded: g.Keys + g.Args}
 	}
 
 	replies, err := cl.RunInts(calls)

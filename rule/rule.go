@@ -185,8 +185,8 @@ type Stats struct {
 	RedisAllowed, RedisRefused int64 // atomic
 }
 
-// countRedis records one decision of the Redis store.
-func (st *Stats) CountRedis(refused bool) {
+// CountRedis records one decision of the Redis store.
+func CountRedis(st *Stats, refused bool) {
 	if refused {
 		atomic.AddInt64(&st.RedisRefused, 1)
 		return
