@@ -38,7 +38,19 @@ func Take(s *WindowStore, t *tally, c *charge) {
 			} else {
 				w = s.Restart(now, l, w, key)
 			}
-			refused = chargeFixed(t, i, l, w, cost, all)
+			if w.Count+cost > l.Points {
+				refused = refuseFixed(t, i, l, w, cost, all)
+			} else {
+				w.Count += cost
+				l.Stats.Allowed++
+				if left := l.Points - w.Count; !t.Refused && !l.Quiet && (t.Shown < 0 || left < t.Left) {
+					t.Shown = i
+					t.Count = w.Count
+					t.Reset = w.Reset
+					t.ResetH = w.ResetH
+					t.Left = left
+				}
+			}
 		}
 
 		if refused && !all {

@@ -327,22 +327,6 @@ type MonthPolicy struct {
 	Hdr   []string
 }
 
-// allow records that layers[i] let the request through with this count; the
-// headers show the layer with the fewest requests left, never a quiet one
-// (layer.quiet). One value is assigned at a time (doc.go: frames).
-func Allow(t *Tally, i int, l *Layer, count, reset int64, resetH []string) {
-	left := l.Points - count
-	if t.Refused || l.Quiet || t.Shown >= 0 && left >= t.Left {
-		return
-	}
-
-	t.Shown = i
-	t.Count = count
-	t.Reset = reset
-	t.ResetH = resetH
-	t.Left = left
-}
-
 // CostOf is the points a tally's request spends in each layer: its cost,
 // at least 1.
 func CostOf(t *Tally) int64 {
