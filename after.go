@@ -335,6 +335,7 @@ var errHijackUnsupported = errors.New("hijacking the connection: the response wr
 // largest cost among them (0: none matched), and those that count only
 // listed statuses.
 type routeHits struct {
+	matched []*route // the routes the request matches
 	cost    int64
 	counted []*route
 }

@@ -16,7 +16,8 @@ import (
 
 // generalPlan is the layers a request of the general path is charged to,
 // and whether it carries a credential whose ip charge is left pending; the
-// matching routes' cost and countStatus routes go to hits. ok is false when
+// matching routes (unless the caller matched them: hits.matched), their
+// cost and countStatus routes go to hits. ok is false when
 // a charge left pending by an earlier instance refused the request, which
 // has then been answered (afterAuthPlan).
 func generalPlan(p *Plugin, rw http.ResponseWriter, req *http.Request, principal string, hits *routeHits) (layers []*layer, credentialed, ok bool) {
@@ -34,8 +35,12 @@ func generalPlan(p *Plugin, rw http.ResponseWriter, req *http.Request, principal
 		layers = p.planAssets
 	}
 
-	if p.routes != nil {
-		layers = withRoutes(p, layers, req, request.CanonicalPath(req.URL.Path, p.foldPaths), hits)
+	if p.routes != nil && hits.matched == nil {
+		hits.matched = matchRoutes(p, req, request.CanonicalPath(req.URL.Path, p.foldPaths))
+	}
+
+	if hits.matched != nil {
+		layers = withRoutes(layers, hits)
 	}
 
 	return layers, credentialed, true
@@ -152,23 +157,28 @@ func principalPlan(p *Plugin, req *http.Request) []*layer {
 	return p.planUser
 }
 
-// withRoutes appends the matching routes' layers to the plan, and writes to
-// hits the largest of their costs (the request's cost in every layer) and
-// those that count only listed statuses; it allocates only when a route
-// matches.
-func withRoutes(p *Plugin, layers []*layer, req *http.Request, path string, hits *routeHits) []*layer {
-	var out []*layer
+// matchRoutes returns the routes that the request, whose canonical path is
+// path, matches: nil when none (it allocates only on a match).
+func matchRoutes(p *Plugin, req *http.Request, path string) []*route {
+	var out []*route
 
 	for _, rt := range p.routes {
-		if !matchesRoute(rt, req, path) {
-			continue
+		if matchesRoute(rt, req, path) {
+			out = append(out, rt)
 		}
+	}
 
-		if out == nil {
-			out = make([]*layer, len(layers), len(layers)+len(p.routes))
-			copy(out, layers)
-		}
+	return out
+}
 
+// withRoutes appends the matched routes' layers (hits.matched) to the
+// plan, and writes to hits the largest of their costs (the request's cost
+// in every layer) and those that count only listed statuses.
+func withRoutes(layers []*layer, hits *routeHits) []*layer {
+	out := make([]*layer, len(layers), len(layers)+len(hits.matched))
+	copy(out, layers)
+
+	for _, rt := range hits.matched {
 		out = append(out, rt.layer)
 
 		if rt.cost > hits.cost {
@@ -180,21 +190,5 @@ func withRoutes(p *Plugin, layers []*layer, req *http.Request, path string, hits
 		}
 	}
 
-	if out == nil {
-		return layers
-	}
-
 	return out
-}
-
-// routeMatches reports whether some route matches the request, whose
-// canonical path is path.
-func routeMatches(p *Plugin, req *http.Request, path string) bool {
-	for _, rt := range p.routes {
-		if matchesRoute(rt, req, path) {
-			return true
-		}
-	}
-
-	return false
 }

@@ -306,9 +306,11 @@ func (c *classifyPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	if p.status != nil && serveStatus(p, rw, req) {
 		return
 	}
-	if p.routes != nil && (p.routeMethods == nil || p.routeMethods[req.Method]) && routeMatches(p, req, request.CanonicalPath(req.URL.Path, p.foldPaths)) {
-		serveGeneral(p, rw, req)
-		return
+	if p.routes != nil && (p.routeMethods == nil || p.routeMethods[req.Method]) {
+		if matched := matchRoutes(p, req, request.CanonicalPath(req.URL.Path, p.foldPaths)); matched != nil {
+			serveGeneral(p, rw, req, matched)
+			return
+		}
 	}
 	credentialed := false
 	for _, h := range p.CredentialHeaders {
@@ -423,8 +425,9 @@ func refuseFast(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer, 
 }
 
 // serveGeneral charges the request to its plan and routes, and refuses it
-// or passes it on (general.go).
-func serveGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request) {
+// or passes it on (general.go). matched is the routes the request matches
+// when the caller matched them (the classify path), else nil.
+func serveGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request, matched []*route) {
 	// Calls are gated by what the instance reads (doc.go: frames); the
 	// client's key is read without a call in the common case.
 	client := ""
@@ -447,7 +450,7 @@ func serveGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 		return
 	}
 
-	var hits routeHits
+	hits := routeHits{matched: matched}
 	layers, credentialed, ok := generalPlan(p, rw, req, principal, &hits)
 	if !ok {
 		return

@@ -161,7 +161,7 @@ func (p *Plugin) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 			return
 		}
 
-		serveGeneral(p, rw, req)
+		serveGeneral(p, rw, req, nil)
 	default:
 		p.fastPath().ServeHTTP(rw, req)
 	}
