@@ -455,11 +455,10 @@ func CallFor(s *RedisStore, n int) redisresp.Call {
 	return TakeCall(n)
 }
 
-// The healthy path (nothing blocked, Redis up) takes no lock and makes as few
-// calls as it can (doc.go: frames).
 // Take charges c's layers in Redis, all or nothing, in one script call (or
 // to the synced counters, or to the fallback when Redis is down or fails),
-// and writes the outcome to t.
+// and writes the outcome to t. The healthy path (nothing blocked, Redis up)
+// takes no lock and makes as few calls as it can (../doc.go: frames).
 func Take(s *RedisStore, t *tally, c *charge) {
 	if s.Synced != nil {
 		SyncTake(s.Synced, t, c)
@@ -631,14 +630,12 @@ func EncodeCall(c *charge, mode string, cost int64) string {
 	return keys + args
 }
 
-// refund gives back a request's charge of cost to layers, a charge that a
+// Refund gives back a request's charge of cost to layers, a charge that a
 // later refusal of the same request voids (the up-front global charge of a
 // credentialed request whose ip charge is refused). It goes where the charge
 // most likely went: to the memory fallback while Redis is in back-off, else
 // to Redis. A refund that fails is not retried in memory, which holds no such
 // charge: the count stays cost too high until its window ends.
-// Refund gives cost points back to c's layers, which an earlier Take
-// charged.
 func Refund(s *RedisStore, c *charge, cost int64) {
 	if len(c.Layers) == 0 {
 		return
