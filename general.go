@@ -35,12 +35,8 @@ func generalPlan(p *Plugin, rw http.ResponseWriter, req *http.Request, principal
 		layers = p.planAssets
 	}
 
-	if p.routes != nil && hits.matched == nil {
-		hits.matched = matchRoutes(p, req, request.CanonicalPath(req.URL.Path, p.foldPaths))
-	}
-
-	if hits.matched != nil {
-		layers = withRoutes(layers, hits)
+	if p.routes != nil {
+		layers = withRoutes(p, layers, req, hits)
 	}
 
 	return layers, credentialed, true
@@ -157,6 +153,19 @@ func principalPlan(p *Plugin, req *http.Request) []*layer {
 	return p.planUser
 }
 
+// serveRouted serves a request of the classify path on the general path
+// when it matches a route, and reports whether it did.
+func serveRouted(p *Plugin, rw http.ResponseWriter, req *http.Request) bool {
+	matched := matchRoutes(p, req, request.CanonicalPath(req.URL.Path, p.foldPaths))
+	if matched == nil {
+		return false
+	}
+
+	serveGeneral(p, rw, req, matched)
+
+	return true
+}
+
 // matchRoutes returns the routes that the request, whose canonical path is
 // path, matches: nil when none (it allocates only on a match).
 func matchRoutes(p *Plugin, req *http.Request, path string) []*route {
@@ -171,10 +180,19 @@ func matchRoutes(p *Plugin, req *http.Request, path string) []*route {
 	return out
 }
 
-// withRoutes appends the matched routes' layers (hits.matched) to the
-// plan, and writes to hits the largest of their costs (the request's cost
-// in every layer) and those that count only listed statuses.
-func withRoutes(layers []*layer, hits *routeHits) []*layer {
+// withRoutes appends the layers of the routes the request matches
+// (hits.matched, else matched here) to the plan, and writes to hits the
+// largest of their costs (the request's cost in every layer) and those
+// that count only listed statuses.
+func withRoutes(p *Plugin, layers []*layer, req *http.Request, hits *routeHits) []*layer {
+	if hits.matched == nil {
+		hits.matched = matchRoutes(p, req, request.CanonicalPath(req.URL.Path, p.foldPaths))
+	}
+
+	if hits.matched == nil {
+		return layers
+	}
+
 	out := make([]*layer, len(layers), len(layers)+len(hits.matched))
 	copy(out, layers)
 

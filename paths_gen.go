@@ -306,11 +306,8 @@ func (c *classifyPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	if p.status != nil && serveStatus(p, rw, req) {
 		return
 	}
-	if p.routes != nil && (p.routeMethods == nil || p.routeMethods[req.Method]) {
-		if matched := matchRoutes(p, req, request.CanonicalPath(req.URL.Path, p.foldPaths)); matched != nil {
-			serveGeneral(p, rw, req, matched)
-			return
-		}
+	if p.routes != nil && (p.routeMethods == nil || p.routeMethods[req.Method]) && serveRouted(p, rw, req) {
+		return
 	}
 	credentialed := false
 	for _, h := range p.CredentialHeaders {
