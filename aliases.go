@@ -9,7 +9,7 @@ import (
 	"github.com/tierlimit/tierlimit/rule"
 )
 
-// The root names the rule package's types and constants through these
+// The root names other packages' types and constants through these
 // aliases, not qualified: under Yaegi a function that names another
 // package's type or constant allocates once more per call for each such name
 // (doc.go: qualified names).
@@ -25,14 +25,12 @@ const maxPrecomputed = rule.MaxPrecomputed
 type charge = rule.Charge
 type headerTable = rule.HeaderTable
 type layer = rule.Layer
-type layerStats = rule.Stats
 type limits = rule.Limits
 type monthPolicy = rule.MonthPolicy
 type redisEncoding = rule.RedisEncoding
 type refusal = rule.Refusal
 type tally = rule.Tally
 type window = rule.Window
-type windowList = rule.WindowList
 
 const maxHostKeyLen = memstore.MaxHostKeyLen
 
@@ -43,7 +41,6 @@ const releaseGrace = lifetime.ReleaseGrace
 
 type heldRegistry = lifetime.HeldRegistry
 
-const outageQuiet = events.OutageQuiet
 const outageReminder = events.OutageReminder
 const outageStale = events.OutageStale
 const outageStarts = events.OutageStarts

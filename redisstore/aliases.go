@@ -7,46 +7,26 @@ import (
 	"github.com/tierlimit/tierlimit/rule"
 )
 
-// The root names the rule package's types and constants through these
+// This package names other packages' types and constants through these
 // aliases, not qualified: under Yaegi a function that names another
 // package's type or constant allocates once more per call for each such name
-// (doc.go: qualified names).
+// (../doc.go: qualified names).
 
-const keyOfClient = rule.KeyOfClient
 const keyOfConst = rule.KeyOfConst
-const keyOfHeader = rule.KeyOfHeader
-const keyOfHost = rule.KeyOfHost
-const keyOfPrincipal = rule.KeyOfPrincipal
 const keyOfPrincipalElseClient = rule.KeyOfPrincipalElseClient
-const maxPrecomputed = rule.MaxPrecomputed
 
 type charge = rule.Charge
-type headerTable = rule.HeaderTable
 type layer = rule.Layer
 type layerStats = rule.Stats
-type limits = rule.Limits
-type monthPolicy = rule.MonthPolicy
-type redisEncoding = rule.RedisEncoding
-type refusal = rule.Refusal
 type tally = rule.Tally
-type window = rule.Window
-type windowList = rule.WindowList
-
-const maxHostKeyLen = memstore.MaxHostKeyLen
 
 type blockedKey = memstore.BlockedKey
 type windowStore = memstore.WindowStore
 
-const releaseGrace = lifetime.ReleaseGrace
-
 type heldRegistry = lifetime.HeldRegistry
 
 const outageQuiet = events.OutageQuiet
-const outageReminder = events.OutageReminder
 const outageStale = events.OutageStale
-const outageStarts = events.OutageStarts
 
-type eventLog = events.EventLog
 type redisEvent = events.RedisEvent
 type redisOutage = events.RedisOutage
-type resetReport = events.ResetReport

@@ -1,0 +1,15 @@
+package memstore
+
+import "github.com/tierlimit/tierlimit/rule"
+
+// This package names other packages' types and constants through these
+// aliases, not qualified: under Yaegi a function that names another
+// package's type or constant allocates once more per call for each such name
+// (../doc.go: qualified names).
+
+type charge = rule.Charge
+type layer = rule.Layer
+type layerStats = rule.Stats
+type tally = rule.Tally
+type window = rule.Window
+type windowList = rule.WindowList
