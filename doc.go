@@ -1,10 +1,25 @@
-package tierlimit
-
-// Writing this package for Yaegi
+// Package tierlimit is a Traefik middleware plugin that limits requests with
+// several layers (fixed or sliding windows, token buckets): global, per
+// client IP, per IP for public assets, per principal, per plan and per
+// route. README.md documents its configuration and docs/ the rules behind
+// it; CONTRIBUTING.md lists its packages and what each owns.
+//
+// This package is New and what no sub-package owns: the mode an instance
+// serves in and the layers, plans, routes and stores it is built from
+// (plugin.go, build.go), the request paths (paths.tmpl, generated into
+// paths_gen.go; paths.go, general.go), keys, routes, assets and exemptions
+// (match.go), the charges after authentication and after the response
+// (after.go), the stores as an instance puts them together (stores.go), the
+// status page, its metrics and resets (status.go, metrics.go, reset.go) and
+// the WebSocket connection cap (wsclose.go). It imports its sub-packages;
+// none of them imports it.
+//
+// # Writing this package for Yaegi
 //
 // Traefik runs the plugin's non-test files in the Yaegi interpreter. These
-// rules explain the shape of the request path; comments elsewhere point here
-// by name ("doc.go: frames") instead of repeating them.
+// rules explain the shape of the request path; comments elsewhere, in this
+// package and in its sub-packages, point here by name ("doc.go: frames")
+// instead of repeating them.
 //
 // Frames. Each call allocates the callee's whole frame: one allocation per
 // local and per temporary of every branch, taken or not (Yaegi's newFrame
@@ -28,24 +43,38 @@ package tierlimit
 // whose ServeHTTP is that mode's path: the one method call a request makes
 // is Traefik's.
 //
+// Qualified names. In a function on the request path, each type or constant
+// of another package named as pkg.Name (rule.Layer, rule.KeyOfClient) costs
+// one allocation per call of that function, for each such name. So each
+// package names the rule package's types and constants through aliases
+// declared once (aliases.go here, memstore/rule.go, redisstore/aliases.go;
+// the root and redisstore alias memstore's, events', lifetime's and, in the
+// root, redisstore's too), and its code names the alias (layer, not
+// rule.Layer). A call of another package's function costs what a call of a
+// local one does, and reading a field of its struct costs nothing more: a
+// sub-package is free on the request path as long as it exposes functions
+// and its types are named through aliases.
+//
 // Generated paths. Where a shared helper would put a frame on the fast
 // path, the fast path writes the few lines out. Those lines are written once,
 // as snippets of paths.tmpl (the client-IP fast case, the fixed-window
 // charge and its all-or-nothing decision, the rate-limit headers, the
 // credential-header check, the pending charge of a credentialed request,
-// the answer of a cached refusal), and every path that needs them is
-// generated from it into paths_gen.go by e2e/cmd/genpaths (make generate,
-// or go generate in the root). Edit paths.tmpl, never paths_gen.go: the
-// generator's test fails when the two disagree.
+// the answer of a cached refusal, the keys of a charge), and every path that
+// needs them is generated from it by e2e/cmd/genpaths (make generate, or go
+// generate in the root): the root's paths into paths_gen.go, the memory
+// store's Take into memstore/take_gen.go. Edit paths.tmpl, never a _gen.go
+// file: the generator's test fails when they disagree.
 //
-// Modes. New chooses the mode once (chooseMode, build.go); paths.go,
-// paths.go and general.go state what their mode guarantees them, so that
-// the request path tests no configuration it does not need.
+// Modes. New chooses the mode once (chooseMode, build.go); paths.go (the
+// fast paths and the Redis paths) and general.go (the general path) state
+// what their mode guarantees them, so that the request path tests no
+// configuration it does not need.
 //
 // Wrappers. A ResponseWriter of our own type handed to compiled code must be
 // converted to http.ResponseWriter first (an interface variable); passed
 // directly, Yaegi panics in reflect. The wrapper then loses Flush, so it
-// flushes the original writer itself (after.go, after.go).
+// flushes the original writer itself (watchWriter, after.go).
 //
 // Constructs Yaegi cannot run: generics with inferred type arguments,
 // atomic.Pointer, method expressions, min/max/clear, range over an integer,
@@ -56,6 +85,8 @@ package tierlimit
 // a loop variable it captures; write uint64(1) << n next to a uint64.
 // sync/atomic calls cost several allocations each; a plain increment under a
 // held lock costs none; select and defer cost more than a map lookup.
+package tierlimit
 
-// paths_gen.go is made from paths.tmpl (see "Generated paths" above).
+// paths_gen.go and memstore/take_gen.go are made from paths.tmpl (see
+// "Generated paths" above).
 //go:generate sh -c "cd e2e && go run ./cmd/genpaths -root .."

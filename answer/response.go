@@ -5,8 +5,8 @@
 // handshake closed with 1013).
 //
 // It crosses the package line with plain functions over plain structs
-// (../doc.go: functions, not methods) and never imports the root package:
-// the root's layer holds a Policy and passes it here.
+// (../doc.go: functions, not methods) and imports nothing of the plugin: a
+// layer's refusal (rule.Refusal) embeds a Policy, which the root passes here.
 package answer
 
 import (

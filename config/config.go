@@ -7,7 +7,8 @@
 // calendar.go calendar and utcOffset, sync.go redis.syncInterval, check.go
 // the validation helpers, keys.go the keys no field took. It imports the
 // plugin's request/ (canonical path patterns), answer/ (the refusal body
-// template) and redisresp/ (Redis options), never the root.
+// template), limit/ (the calendar units) and redisresp/ (Redis options),
+// never the root.
 package config
 
 import "net/http"
@@ -77,7 +78,7 @@ type LayerConfig struct {
 }
 
 // AssetsConfig is the per-IP budget for anonymous requests under PathPrefixes,
-// which match the canonical request path (the root's path.go), ignoring case unless
+// which match the canonical request path (request/path.go), ignoring case unless
 // CaseSensitive.
 type AssetsConfig struct {
 	Points        int
@@ -104,7 +105,7 @@ type AssetsConfig struct {
 // RouteConfig is a limit on requests matching Methods (all when empty) and
 // Paths (exact, or by prefix when the path ends with "/"), counted per Key:
 // "ip", "principal", "global", "host" or "header:<Name>". Name is the layer name in
-// keys and headers. Paths match the canonical request path (the root's path.go),
+// keys and headers. Paths match the canonical request path (request/path.go),
 // ignoring case unless CaseSensitive. Cost is what a matching request
 // spends in every layer it is charged to (0: 1). With CountStatus set, the
 // route checks its budget up front and charges a request only when the
@@ -184,7 +185,7 @@ type RedisConfig struct {
 	Timeout     string
 	PoolSize    int
 	// SyncInterval, when set, counts fixed windows in each Traefik process and
-	// syncs them with Redis every interval (the root's redisstore/syncstore.go); "" or 0: one
+	// syncs them with Redis every interval (redisstore/syncstore.go); "" or 0: one
 	// script call per request.
 	SyncInterval string
 

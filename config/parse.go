@@ -45,7 +45,7 @@ type Settings struct {
 	InvalidCode   map[int]bool
 
 	Redis        redisresp.Options
-	SyncInterval time.Duration // redis.syncInterval; 0: exact mode (the root's redisstore/syncstore.go)
+	SyncInterval time.Duration // redis.syncInterval; 0: exact mode (redisstore/syncstore.go)
 	WSMaxPerIP   int
 
 	StatusPath    string // "" when the status endpoint is off

@@ -1,3 +1,10 @@
+// Package events owns the plugin's event lines, one JSON object per line on
+// the Traefik process's stderr (EventWriter): a refusal
+// (RATE_LIMIT_TRIGGERED) and an operator's reset (RATE_LIMIT_RESET), written
+// by EventLog; the Redis lines' form (RedisEvent), which the Redis store
+// writes; and which failures and recoveries of a Redis outage write a line
+// (RedisOutage). Which refusal is the first of its window is the stores'
+// (rule.Tally.Firsts). It imports nothing of the plugin.
 package events
 
 import (
@@ -7,7 +14,7 @@ import (
 	"time"
 )
 
-// eventWriter is where security and Redis events go: the Traefik process's
+// EventWriter is where security and Redis events go: the Traefik process's
 // own stderr. Traefik does not route it through its logger, so the lines
 // never reach log.filePath; they are collected wherever the process's stderr
 // goes (the container runtime, journald, a terminal).
@@ -17,14 +24,14 @@ var EventWriter io.Writer = os.Stderr
 // lines sort as text, and events of one burst keep their order.
 const eventTimeLayout = "2006-01-02T15:04:05.000Z07:00"
 
-// eventTime formats now (Unix nanoseconds) for an event's "time" field.
+// EventTime formats now (Unix nanoseconds) for an event's "time" field.
 func EventTime(now int64) string {
 	return time.Unix(0, now).UTC().Format(eventTimeLayout)
 }
 
-// eventLog writes one JSON line per refusal. De-duplication to one line per
-// layer, key and window is the store's (result.firstRefusal), so a flood does
-// not flood the log.
+// EventLog writes one JSON line per refusal (Refused) and per operator's
+// reset (Reset). De-duplication to one refusal line per layer, key and window
+// is the store's (rule.Tally.Firsts), so a flood does not flood the log.
 type EventLog struct {
 	out        io.Writer
 	middleware string
@@ -44,11 +51,13 @@ type rateLimitEvent struct {
 	DryRun bool `json:"dryRun,omitempty"`
 }
 
+// NewEventLog returns the EventLog of the middleware named middleware,
+// writing to out.
 func NewEventLog(out io.Writer, middleware string) *EventLog {
 	return &EventLog{out: out, middleware: middleware, Now: time.Now}
 }
 
-// refused reports that layer refused key for the client at ip, or with
+// Refused reports that layer refused key for the client at ip, or with
 // dryRun set, would have.
 func (e *EventLog) Refused(layer, key, ip string, dryRun bool) {
 	line, err := json.Marshal(rateLimitEvent{
@@ -63,7 +72,7 @@ func (e *EventLog) Refused(layer, key, ip string, dryRun bool) {
 	_, _ = e.out.Write(append(line, '\n'))
 }
 
-// resetReport is the reset's answer: what it cleared. Redis is left out with
+// ResetReport is the reset's answer: what it cleared. Redis is left out with
 // the memory store.
 type ResetReport struct {
 	Error     string `json:"error,omitempty"`
@@ -89,7 +98,7 @@ type resetEvent struct {
 	Redis      string `json:"redis,omitempty"`
 }
 
-// reset logs an operator's reset, whatever it cleared.
+// Reset logs an operator's reset, whatever it cleared.
 func (e *EventLog) Reset(r ResetReport, operator string) {
 	line, err := json.Marshal(resetEvent{
 		Time:  EventTime(e.Now().UnixNano()),

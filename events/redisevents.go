@@ -10,7 +10,7 @@ import (
 // often, so that a long outage stays visible without flooding the log.
 const reminderEvery = int64(time.Minute)
 
-// What outageFailed makes of a failed call.
+// What OutageFailed makes of a failed call.
 const (
 	OutageStale    = -1 // it reports an outage that already ended: ignore it
 	OutageQuiet    = 0  // part of the outage under way: nothing to write
@@ -18,7 +18,7 @@ const (
 	OutageReminder = 2  // still down a minute after the last line: write it again
 )
 
-// redisOutage decides the REDIS_UNAVAILABLE and REDIS_RECOVERED lines of a
+// RedisOutage decides the REDIS_UNAVAILABLE and REDIS_RECOVERED lines of a
 // backend, so that an outage writes one of each however many requests race
 // it: calls in flight when Redis fails or recovers finish on either side of
 // the transition, and each would otherwise log its own. The backend holds it
@@ -29,7 +29,7 @@ type RedisOutage struct {
 	lastLine int64 // when the last REDIS_UNAVAILABLE line was written
 }
 
-// outageFailed records a call that started at now and failed; probe says it
+// OutageFailed records a call that started at now and failed; probe says it
 // was the back-off's probe.
 func OutageFailed(o *RedisOutage, now int64, probe bool) int {
 	if !o.down {
@@ -53,7 +53,7 @@ func OutageFailed(o *RedisOutage, now int64, probe bool) int {
 	return OutageQuiet
 }
 
-// outageSucceeded records a call that started at now and succeeded, and
+// OutageSucceeded records a call that started at now and succeeded, and
 // reports whether it ends the outage (then REDIS_RECOVERED is written). Only
 // the back-off's probe does: a call that was in flight when Redis failed may
 // still succeed after the failure was recorded, and says nothing of Redis now.
@@ -68,7 +68,7 @@ func OutageSucceeded(o *RedisOutage, now int64, probe bool) bool {
 	return true
 }
 
-// redisEventLine is the JSON line of ev at now (Unix nanoseconds), newline
+// RedisEventLine returns the JSON line of ev at now (Unix nanoseconds), newline
 // included.
 func RedisEventLine(ev RedisEvent, now int64) ([]byte, error) {
 	ev.Time = EventTime(now)
@@ -81,8 +81,8 @@ func RedisEventLine(ev RedisEvent, now int64) ([]byte, error) {
 	return append(line, '\n'), nil
 }
 
-// redisEvent is a Redis event line: its time first, set when it is written
-// (redisEventLine).
+// RedisEvent is a Redis event line: its time first, set when it is written
+// (RedisEventLine).
 type RedisEvent struct {
 	Time     string `json:"time"`
 	Event    string `json:"event"`

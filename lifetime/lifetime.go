@@ -1,19 +1,13 @@
-package lifetime
-
-import (
-	"context"
-	"sync"
-	"time"
-)
-
-// Process-wide state (counters, block lists, connection counters, Redis
-// pools) lives in registries keyed by middleware name or Redis configuration,
-// so that routers share it and reloads keep it. Traefik's only teardown signal
+// Package lifetime owns how long process-wide state lives. That state
+// (counters, block lists, connection counters, Redis pools) lives in
+// registries (HeldRegistry) keyed by middleware name or Redis configuration,
+// so that routers share it and reloads keep it; the root and redisstore
+// create them, this package decides when an entry is released. Traefik's only teardown signal
 // is the ctx passed to New, and it cancels the previous configuration's ctx
 // before it calls New for the next one (pkg/server/routerfactory.go,
 // CreateRouters). So an entry counts the instances that hold it: each New
 // adds one, its ctx's cancellation removes it, and an entry nobody holds is
-// released only after releaseGrace, by which time the next configuration's
+// released only after ReleaseGrace, by which time the next configuration's
 // New calls have taken it again if it is still configured. No goroutine
 // waits on a ctx: context.AfterFunc registers a callback, and time.AfterFunc
 // runs the grace timer.
@@ -26,19 +20,26 @@ import (
 // its configuration) or removes it does not wipe its counts: the same name
 // configured again within their windows takes them back. One timer per
 // entry, not per key; each store is bounded by maxTracked.
+package lifetime
 
-// releaseGrace is how long an entry that no instance holds is kept. It covers
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// ReleaseGrace is how long an entry that no instance holds is kept. It covers
 // building the next configuration and the requests still in flight on the
 // previous one's handlers.
 const ReleaseGrace = 10 * time.Second
 
-// heldRegistry is a registry whose entries are kept while some instance
+// HeldRegistry is a registry whose entries are kept while some instance
 // holds them: its entries by id, each with the instances holding it.
 type HeldRegistry struct {
 	Mu      sync.Mutex
 	Entries map[string]*heldEntry
 
-	// after schedules f after d (time.AfterFunc); tests replace it.
+	// After schedules f after d (time.AfterFunc); tests replace it.
 	After func(d time.Duration, f func())
 	// closed runs, outside the lock, for each released entry's value.
 	closed func(v interface{})
@@ -47,7 +48,7 @@ type HeldRegistry struct {
 	// not after now, when it holds none. Without it, an unheld entry is
 	// released at the grace.
 	live func(v interface{}, now int64) int64
-	// now is the clock live is asked with; tests replace it.
+	// Now is the clock live is asked with; tests replace it.
 	Now func() time.Time
 }
 
@@ -60,11 +61,13 @@ type heldEntry struct {
 	idle    int
 }
 
+// NewHeldRegistry returns an empty registry that releases an unheld entry at
+// the grace and then runs closed (when not nil) on its value.
 func NewHeldRegistry(closed func(v interface{})) *HeldRegistry {
 	return &HeldRegistry{Entries: map[string]*heldEntry{}, After: afterFunc, closed: closed, Now: time.Now}
 }
 
-// newKeepingRegistry is a heldRegistry whose unheld entries are kept while
+// NewKeepingRegistry returns a HeldRegistry whose unheld entries are kept while
 // live reports counts that matter (see above).
 func NewKeepingRegistry(live func(v interface{}, now int64) int64) *HeldRegistry {
 	r := NewHeldRegistry(nil)
@@ -77,7 +80,7 @@ func afterFunc(d time.Duration, f func()) {
 	time.AfterFunc(d, f)
 }
 
-// take returns the entry of id, creating it with create, held by one more
+// Take returns the entry of id, creating it with create, held by one more
 // instance until ctx is cancelled. A ctx that is never cancelled
 // (context.Background) holds it for the life of the process.
 func (r *HeldRegistry) Take(ctx context.Context, id string, create func() interface{}) interface{} {
@@ -131,7 +134,7 @@ func (r *HeldRegistry) expire(id string, e *heldEntry, idle int) {
 	}
 
 	if r.live != nil {
-		// Outside r.mu: live takes the value's own lock and may scan it.
+		// Outside r.Mu: live takes the value's own lock and may scan it.
 		now := r.Now().UnixNano()
 		if until := r.live(e.Value, now); until > now {
 			r.After(time.Duration(until-now), func() { r.expire(id, e, idle) })
@@ -163,7 +166,7 @@ func (r *HeldRegistry) unheld(id string, e *heldEntry, idle int) bool {
 	return r.Entries[id] == e && e.holders == 0 && e.idle == idle
 }
 
-// size returns the number of entries held.
+// Size returns the number of entries held.
 func (r *HeldRegistry) Size() int {
 	r.Mu.Lock()
 	defer r.Mu.Unlock()

@@ -11,15 +11,16 @@ import (
 const (
 	KeyOfClient              = iota // the client IP (ip, assets, routes keyed by ip)
 	KeyOfPrincipal                  // the principal id (user, service)
-	KeyOfConst                      // limits.constKey (global, routes keyed by global)
+	KeyOfConst                      // Limits.ConstKey (global, routes keyed by global)
 	KeyOfPrincipalElseClient        // routes keyed by principal
 	KeyOfHeader                     // "header:<Name>": the value hashed, else the client IP
 	KeyOfHost                       // "host": the request's host (hostKey), else the client IP
 )
 
 // Layer is a layer as the request path uses it, in parts by concern. The
-// parts are embedded so that the request path reads l.points, l.entries,
-// l.limitHdr alike; each part is built by one function of build.go.
+// parts are embedded so that the request path reads l.Points, l.Entries,
+// l.LimitHdr alike; each part is built by one function of the root's
+// build.go.
 type Layer struct {
 	Limits
 	Stats *Stats // decisions since the process started, shared across reloads
@@ -40,46 +41,46 @@ type Limits struct {
 	Sliding   bool   // sliding-window counter instead of a fixed window
 	Interval  int64  // token bucket: nanoseconds per point (../memstore/bucket.go); 0 for a window
 	Refill    int64  // token bucket: the points per duration configured; points is then the burst
-	// minCost is the smallest cost a request charged to the layer can have:
+	// MinCost is the smallest cost a request charged to the layer can have:
 	// a route's cost (a request is charged the largest cost of its routes),
 	// 1 elsewhere (0 reads as 1). The Redis block list blocks only what
-	// even that cost would not fit (redisStore.refused).
+	// even that cost would not fit (RedisStore.refused, ../redisstore).
 	MinCost int64
-	// checkOnly marks a countStatus route's layer as a request's plan holds
+	// CheckOnly marks a countStatus route's layer as a request's plan holds
 	// it: evaluated, never charged (../after.go). Its charge, once the
 	// response's status is known, goes to route.charge.
 	CheckOnly bool
-	// blockDuration is how long a key this layer refused stays refused,
+	// BlockDuration is how long a key this layer refused stays refused,
 	// in nanoseconds (0: only while over its limit; ../memstore/block.go).
 	BlockDuration int64
-	// dryRun: the layer counts and reports what it would refuse, but
-	// refuses nothing (tally.refuseAs); a fixed window is charged even
+	// DryRun marks a layer that counts and reports what it would refuse, but
+	// refuses nothing (Tally.RefuseAs); a fixed window is charged even
 	// then, a sliding window or a token bucket takes only what it holds.
 	DryRun bool
-	// quiet: a dry-run layer of an instance where some rule enforces. The
-	// client's headers never show it (tally.allow): they show the most
+	// Quiet marks a dry-run layer of an instance where some rule enforces. The
+	// client's headers never show it (Tally.Allow): they show the most
 	// restrictive rule that enforces. When every rule is in dry run (the
 	// top-level dryRun), the most restrictive dry-run rule shows.
 	Quiet bool
-	// calendar aligns the layer's fixed windows to days, weeks or months
-	// at utcOffset, nanoseconds east of UTC (limit.Period; 0: none).
+	// Calendar aligns the layer's fixed windows to days, weeks or months
+	// at UtcOffset, nanoseconds east of UTC (limit.Period; 0: none).
 	Calendar  int
 	UtcOffset int64
 	Month     *MonthPolicy // a month layer's RateLimit-Policy (monthStore)
-	// memory: the layer of a Redis instance is counted in memory
+	// Memory marks the layer of a Redis instance that is counted in memory
 	// (mixedStore).
 	Memory bool
 }
 
 // memCounters are the layer's counters in the memory store, resolved once
-// (windowStore.attach) so that the request path does no lookup.
+// (WindowStore.Attach, ../memstore/store.go) so that the request path does no lookup.
 type memCounters struct {
 	Entries map[string]*Window
 	List    *WindowList      // the memory store's list for this duration
 	Blocks  map[string]int64 // blocked keys' block ends (../memstore/block.go)
 }
 
-// redisEncoding is the layer's part of the Redis script call, RESP-encoded once.
+// RedisEncoding is the layer's part of the Redis script call, RESP-encoded once.
 type RedisEncoding struct {
 	RedisArgs     string // points, window (ms) and algorithm
 	RedisKey      string // the key up to the bucket key
@@ -89,7 +90,7 @@ type RedisEncoding struct {
 	RedisTail     string // a calendar layer's arguments after points and window (calendarCall)
 }
 
-// headerTable holds the rate-limit header values that depend only on the
+// HeaderTable holds the rate-limit header values that depend only on the
 // layer and the requests left. The slices are shared by every response:
 // http.Header's Add and Set replace a value rather than write into it.
 type HeaderTable struct {
@@ -99,11 +100,11 @@ type HeaderTable struct {
 	RemainingHdr [][]string
 	RatePrefix   []string // RateLimit values up to the seconds: `"name";r=12;t=`
 	TableLen     int64    // len(remainingHdr)
-	// remainingHdr and ratePrefix are indexed by requests left, for the
-	// first maxPrecomputed values; larger ones are formatted per request.
+	// RemainingHdr and RatePrefix are indexed by requests left, for the
+	// first MaxPrecomputed values; larger ones are formatted per request.
 }
 
-// refusal is how the layer answers a request it refuses: the answer's
+// Refusal is how the layer answers a request it refuses: the answer's
 // Policy (status, content type, and either a template (response.body) or the
 // default JSON body around its reset time; layer names need no JSON
 // escaping: validName), embedded so that the request path reads l.Status,
@@ -114,40 +115,40 @@ type Refusal struct {
 }
 
 // refusalCache holds a default refusal of the layer, for the reset second
-// resetH and secs seconds to the reset: the body and the header values, in
+// ResetH and Secs seconds to the reset: the body and the header values, in
 // the order of refusalHeaders (../paths.go). Many refusals share them: every
 // refusal of a flood within one second, of windows that reset in one second.
 type refusalCache struct {
 	ResetH   string
-	ResetSec int64 // resetH, parsed
+	ResetSec int64 // ResetH, parsed
 	Secs     int64
 	Body     []byte
 	Values   [][]string
 }
 
-// maxPrecomputed bounds the per-layer header tables.
+// MaxPrecomputed bounds the per-layer header tables.
 const MaxPrecomputed = 4096
 
-// charge is a request's charge as the stores take it: the layers and each
+// Charge is a request's charge as the stores take it: the layers and each
 // layer's key, computed from the request's facts once (the keys snippet of
 // paths.tmpl: chargeOf, serveGeneral, decide), never the request itself.
 // The stores, the fallback, synced counters, the block list and an outage's
 // debts count by these keys.
 type Charge struct {
 	Layers    []*Layer
-	Keys      []string // keys[i] is layers[i]'s key (layer.keyFor)
+	Keys      []string // Keys[i] is Layers[i]'s key (the root's keyFor)
 	Client    string   // the client's key, which events name
 	Principal string   // the request's principal ("": none), for the charges after the response (../after.go)
 	Now       int64
 	All       bool // the top-level dry run: every layer charged and evaluated
 }
 
-// chargePrefix is c for its first n layers.
+// ChargePrefix is c for its first n layers.
 func ChargePrefix(c *Charge, n int) *Charge {
 	return &Charge{Layers: c.Layers[:n], Keys: c.Keys[:n], Client: c.Client, Principal: c.Principal, Now: c.Now, All: c.All}
 }
 
-// chargeAt is c for the layers at index, in that order (an empty index: no
+// ChargeAt is c for the layers at index, in that order (an empty index: no
 // layer).
 func ChargeAt(c *Charge, index []int) *Charge {
 	part := &Charge{Client: c.Client, Principal: c.Principal, Now: c.Now, All: c.All}
@@ -159,7 +160,7 @@ func ChargeAt(c *Charge, index []int) *Charge {
 	return part
 }
 
-// chargeWithout is c without the layers whose bit is set in skip.
+// ChargeWithout is c without the layers whose bit is set in skip.
 func ChargeWithout(c *Charge, skip uint64) *Charge {
 	if skip == 0 {
 		return c
@@ -176,12 +177,13 @@ func ChargeWithout(c *Charge, skip uint64) *Charge {
 	return part
 }
 
-// layerStats counts a layer's decisions since the process started: requests
+// Stats counts a layer's decisions since the process started: requests
 // it let through and requests it refused. The memory store counts under its
-// lock, with plain increments (doc.go: an atomic call costs allocations);
+// lock, with plain increments (../doc.go: a sync/atomic call costs
+// allocations);
 // the Redis store, which takes no lock, counts in the atomic fields.
 type Stats struct {
-	Allowed, Refused           int64 // under windowStore.mu
+	Allowed, Refused           int64 // under WindowStore.Mu
 	RedisAllowed, RedisRefused int64 // atomic
 }
 
@@ -195,7 +197,7 @@ func CountRedis(st *Stats, refused bool) {
 	atomic.AddInt64(&st.RedisAllowed, 1)
 }
 
-// window is one counter. Times are Unix nanoseconds.
+// Window is one counter. Times are Unix nanoseconds.
 type Window struct {
 	Layer  string
 	Key    string
@@ -203,26 +205,26 @@ type Window struct {
 	Start  int64
 	Reset  int64
 	Expire int64 // when the counter may be dropped: reset, or reset + duration for a sliding window
-	// prevCount is a sliding window's count of the window before; resetSec
-	// is the second resetH shows.
+	// PrevCount is a sliding window's count of the window before; ResetSec
+	// is the second ResetH shows.
 	PrevCount int64
 	ResetSec  int64
 	Refused   int64    // requests this window refused (status page)
-	Logged    bool     // a refusal of this window was reported (see tally.firsts)
-	Taken     int64    // windowStore.takes of the last request that charged it: never evicted by that request
+	Logged    bool     // a refusal of this window was reported (see Tally.Firsts)
+	Taken     int64    // WindowStore.Takes of the last request that charged it: never evicted by that request
 	ResetH    []string // X-RateLimit-Reset value, formatted once per window
 	List      *WindowList
 	prev      *Window
 	Next      *Window
 }
 
-// windowList links the counters of one duration and algorithm, oldest start
+// WindowList links the counters of one duration and algorithm, oldest start
 // first. A sliding window's counter outlives its window by one duration (its
 // count weighs on the next window), so it keeps a list of its own.
 type WindowList struct {
 	Duration int64
 	Span     int64 // how long a counter lives from its start: duration, or 2x when sliding; 0 for token buckets
-	// calendar and utcOffset are those of the list's layers: a calendar
+	// Calendar and UtcOffset are those of the list's layers: a calendar
 	// window lives to its period's end (alignCalendar).
 	Calendar  int
 	UtcOffset int64
@@ -230,7 +232,7 @@ type WindowList struct {
 	tail      *Window
 }
 
-// tally is what a store reports of one request's layers. cost is the
+// Tally is what a store reports of one request's layers. Cost is the
 // caller's: the points the request spends in every layer (0 counts as 1).
 type Tally struct {
 	Cost    int64
@@ -240,16 +242,16 @@ type Tally struct {
 	ResetH  []string
 	Left    int64 // its requests left
 	Refused bool  // a layer's count would exceed its points
-	Firsts  uint64
-	// firsts has bit i set when layers[i] refused for the first time in its
+	// Firsts has bit i set when layers[i] refused for the first time in its
 	// window, so a refusal is reported once per layer, key and window.
-	// uncharged has bit i set when layers[i], in dry run, would have
+	Firsts uint64
+	// Uncharged has bit i set when layers[i], in dry run, would have
 	// refused and took nothing (a sliding window, a token bucket): a later
-	// refusal has nothing to give back to it (giveBack).
+	// refusal has nothing to give back to it (memstore.GiveBack).
 	Uncharged uint64
 }
 
-// refuse records that layers[i] refused with this count and reset; first
+// Refuse records that layers[i] refused with this count and reset; first
 // says it is the window's first refusal. The first refusing layer is the one
 // shown.
 func Refuse(t *Tally, i int, count, reset int64, resetH []string, first bool) {
@@ -262,10 +264,10 @@ func Refuse(t *Tally, i int, count, reset int64, resetH []string, first bool) {
 	}
 }
 
-// refuseAs records that layers[i], l, would refuse with this count and
-// reset, and reports whether the request is refused: as refuse, unless l is
+// RefuseAs records that layers[i], l, would refuse with this count and
+// reset, and reports whether the request is refused: as Refuse, unless l is
 // in dry run. A dry-run layer refuses nothing: its refusal is reported
-// (first) and, unless it is quiet (layer.quiet), the headers may show it
+// (first) and, unless it is quiet (Limits.Quiet), the headers may show it
 // with nothing left, while the other layers decide the request.
 func RefuseAs(t *Tally, i int, l *Layer, count, reset int64, resetH []string, first bool) bool {
 	if !l.DryRun {
@@ -286,6 +288,7 @@ func RefuseAs(t *Tally, i int, l *Layer, count, reset int64, resetH []string, fi
 	return false
 }
 
+// Push appends w at the list's tail.
 func (l *WindowList) Push(w *Window) {
 	w.List = l
 	w.prev = l.tail
@@ -300,6 +303,7 @@ func (l *WindowList) Push(w *Window) {
 	l.tail = w
 }
 
+// Unlink removes w from l, its list.
 func (l *WindowList) Unlink(w *Window) {
 	if w.prev != nil {
 		w.prev.Next = w.Next
@@ -318,7 +322,7 @@ func (l *WindowList) Unlink(w *Window) {
 	w.List = nil
 }
 
-// monthPolicy is a month layer's RateLimit-Policy value for the period
+// MonthPolicy is a month layer's RateLimit-Policy value for the period
 // [start, end), Unix nanoseconds.
 type MonthPolicy struct {
 	Mu    sync.Mutex
