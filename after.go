@@ -397,7 +397,7 @@ func (w *watchWriter) count(code int) {
 		setHeaders(w.rw.Header(), layers[t.Shown], t.Left, t.Reset, t.ResetH, now)
 	}
 
-	// After the headers, which a month layer's mark corrects (monthStore).
+	// After the headers, which a month layer's mark corrects (stores.month).
 	if t.Firsts != 0 {
 		reportTally(p, w.rw, &t, c)
 	}

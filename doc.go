@@ -47,7 +47,7 @@
 // of another package named as pkg.Name (rule.Layer, rule.KeyOfClient) costs
 // one allocation per call of that function, for each such name. So each
 // package names the rule package's types and constants through aliases
-// declared once (aliases.go here, memstore/rule.go, redisstore/aliases.go;
+// declared once (aliases.go here, memstore/aliases.go, redisstore/aliases.go;
 // the root and redisstore alias memstore's, events', lifetime's and, in the
 // root, redisstore's too), and its code names the alias (layer, not
 // rule.Layer). A call of another package's function costs what a call of a
@@ -63,7 +63,8 @@
 // the answer of a cached refusal, the keys of a charge), and every path that
 // needs them is generated from it by e2e/cmd/genpaths (make generate, or go
 // generate in the root): the root's paths into paths_gen.go, the memory
-// store's Take into memstore/take_gen.go. Edit paths.tmpl, never a _gen.go
+// store's Take into memstore/take_gen.go, the allow snippet as rule.Allow
+// into rule/allow_gen.go. Edit paths.tmpl, never a _gen.go
 // file: the generator's test fails when they disagree.
 //
 // Modes. New chooses the mode once (chooseMode, build.go); paths.go (the
@@ -87,6 +88,6 @@
 // held lock costs none; select and defer cost more than a map lookup.
 package tierlimit
 
-// paths_gen.go and memstore/take_gen.go are made from paths.tmpl (see
+// paths_gen.go, memstore/take_gen.go and rule/allow_gen.go are made from paths.tmpl (see
 // "Generated paths" above).
 //go:generate sh -c "cd e2e && go run ./cmd/genpaths -root .."

@@ -12,7 +12,7 @@ import (
 // instance (some layer or the connection cap on): it handles either store,
 // dry run, headers off, sliding and header-keyed layers, credentials in
 // headers, cookies or query parameters, routes, exemptions and the WebSocket
-// connection cap, through the counterStore interface and a tally.
+// connection cap, through take (stores.go) and a tally.
 
 // generalPlan is the layers a request of the general path is charged to,
 // and whether it carries a credential whose ip charge is left pending; the
@@ -59,7 +59,7 @@ func verdict(p *Plugin, rw http.ResponseWriter, req *http.Request, t *tally, c *
 		setHeaders(rw.Header(), c.Layers[t.Shown], t.Left, t.Reset, t.ResetH, c.Now)
 	}
 
-	// After the headers, which a month layer's mark corrects (monthStore).
+	// After the headers, which a month layer's mark corrects (stores.month).
 	if t.Firsts != 0 {
 		reportTally(p, rw, t, c)
 	}
@@ -98,7 +98,7 @@ func serveUpgrade(p *Plugin, out, rw http.ResponseWriter, req *http.Request, cli
 }
 
 // reportTally is report for a tally of charge c whose headers rw shows, and
-// writes a month layer's policy when monthStore marked it.
+// writes a month layer's policy when take marked it (stores.month).
 func reportTally(p *Plugin, rw http.ResponseWriter, t *tally, c *charge) {
 	if t.Firsts&monthPolicyBit != 0 {
 		setMonthPolicy(rw.Header(), c.Layers[t.Shown], c.Now)

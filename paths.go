@@ -201,11 +201,11 @@ func serveRedisSlow(p *Plugin, rw http.ResponseWriter, req *http.Request, layers
 }
 
 // redisFailed decides in memory a request whose script call failed, as
-// redisStore.take does.
+// redisstore.Take does.
 func redisFailed(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, client string, now int64, err error) {
 	rs := p.fast.store
 
-	// A closed pool is not Redis failing (redisStore.take).
+	// A closed pool is not Redis failing (redisstore.Take).
 	if !errors.Is(err, redisresp.ErrClosed) && !errors.Is(err, redisresp.ErrPoolTimeout) {
 		rs.Backend.Failed(now, false, err)
 	}

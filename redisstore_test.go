@@ -484,7 +484,7 @@ func TestCostIsTheScriptsSecondArgument(t *testing.T) {
 	}
 }
 
-// redisStoreOf is the instance's Redis store (redisOf), nil without one.
+// redisStoreOf is the instance's Redis store (stores.redis), nil without one.
 func redisStoreOf(p *Plugin) *redisStore {
 	return p.stores.redis
 }

@@ -232,12 +232,11 @@ func mergeTally(t, part *tally, index []int) {
 // calendar layer share one period, so the value changes only at the
 // layer's month boundary: monthPolicy keeps it for the period it was made
 // for. The shared request path pays nothing for it (doc.go: frames):
-// an instance with a month layer takes its store through monthStore, which
-// marks the tally when a month layer is shown (monthPolicyBit in
-// tally.firsts), and verdict, whose report branch runs after the headers
+// in an instance with a month layer, take (stores.month) marks the tally
+// when a month layer is shown (monthPolicyBit in tally.Firsts), and verdict, whose report branch runs after the headers
 // are set, corrects the header there (reportTally).
 
-// monthPolicyBit marks, in tally.firsts, a tally that shows a month layer;
+// monthPolicyBit marks, in tally.Firsts, a tally that shows a month layer;
 // the lower bits are the layers' first refusals (report reads those only).
 const monthPolicyBit = uint64(1) << 63
 

@@ -13,5 +13,5 @@
 // rule.Tally, never an *http.Request, and imports only rule and limit. It
 // names rule's types through aliases (rule.go; ../doc.go: qualified names).
 // The Redis store (redisstore) uses it as its fallback, and the root for the
-// layers a Redis instance counts in memory (mixedStore, ../stores.go).
+// layers a Redis instance counts in memory (takeMixed, ../stores.go).
 package memstore

@@ -134,12 +134,12 @@ func refuseFixed(t *tally, i int, l *layer, w *window, cost int64, all bool) boo
 
 // restart starts a new, empty window for key in l: the expired w (or one
 // whose layer changed duration at a reload), or a new counter, held by the
-// current request (windowStore.takes) so that its own later layers cannot
+// current request (WindowStore.Takes) so that its own later layers cannot
 // evict it. Kept out of the paths that charge so that their common case
 // stays small (doc.go: frames).
 // restart starts a new window for key in l: the expired w (or one whose layer
 // changed duration at a reload), or a new counter, charged by the current
-// request (windowStore.takes). Kept out of take so that the common path stays
+// request (WindowStore.Takes). Kept out of Take so that the common path stays
 // small (doc.go: frames).
 func (s *WindowStore) Restart(now int64, l *layer, w *window, key string) *window {
 	if w != nil {

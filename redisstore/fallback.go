@@ -24,7 +24,7 @@ func Remember(s *windowStore, l *layer, key string, count, reset, now int64) []s
 	s.Mu.Lock()
 	defer s.Mu.Unlock()
 
-	// A counter remembered is held like one charged (windowStore.takes), so
+	// A counter remembered is held like one charged (WindowStore.Takes), so
 	// that the next one remembered cannot evict it.
 	s.Takes++
 

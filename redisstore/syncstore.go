@@ -324,7 +324,7 @@ func purgeCounters(st *SyncState, now int64) {
 }
 
 // syncTake decides a request's synced layers locally: all or nothing, as
-// the other stores (counterStore). It starts the sync goroutine at the
+// the other stores (../stores.go take). It starts the sync goroutine at the
 // first request.
 func SyncTake(st *SyncState, t *tally, ch *charge) {
 	t.Shown = -1
@@ -419,7 +419,7 @@ func SyncForget(st *SyncState, layer, bucket string) bool {
 }
 
 // syncRefund gives cost back to the charge's counters: a later refusal of
-// the request voided their charge (counterStore.refund).
+// the request voided their charge (../stores.go refund).
 func syncRefund(st *SyncState, ch *charge, cost int64) {
 	st.Mu.Lock()
 

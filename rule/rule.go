@@ -66,9 +66,9 @@ type Limits struct {
 	// at UtcOffset, nanoseconds east of UTC (limit.Period; 0: none).
 	Calendar  int
 	UtcOffset int64
-	Month     *MonthPolicy // a month layer's RateLimit-Policy (monthStore)
+	Month     *MonthPolicy // a month layer's RateLimit-Policy (the root's stores.month)
 	// Memory marks the layer of a Redis instance that is counted in memory
-	// (mixedStore).
+	// (the root's takeMixed).
 	Memory bool
 }
 

@@ -10,7 +10,7 @@ import (
 
 // TestMonthPolicyUnderYaegi: a month layer's RateLimit-Policy window is the
 // current month's length under Traefik's interpreter, on the general path
-// and on a countStatus route's charge (monthStore, reportTally), and the
+// and on a countStatus route's charge (stores.month, reportTally), and the
 // refusal's events still come out once.
 func TestMonthPolicyUnderYaegi(t *testing.T) {
 	cfg := map[string]any{
