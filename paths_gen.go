@@ -476,11 +476,7 @@ func serveGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request, matched 
 	// Converted to the interface first (doc.go: wrappers).
 	var out http.ResponseWriter = rw
 	if credentialed && p.planInvalid != nil {
-		pd := &pendingIP{edge: p, req: req, client: client, charged: layers, cost: hits.cost, skip: t.Uncharged}
-		req = req.WithContext(context.WithValue(req.Context(), pendingKey, pd))
-		if p.invalidCode != nil {
-			out = &watchWriter{rw: rw, req: req, p: p, prevLeft: left, pending: pd}
-		}
+		out, req = pendIP(p, rw, req, c, &t, left)
 	}
 
 	if hits.counted != nil {
@@ -494,6 +490,22 @@ func serveGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request, matched 
 	}
 
 	p.next.ServeHTTP(out, req)
+}
+
+// pendIP passes a credentialed request of the general path on with its ip
+// charge pending (pass-credentialed), charge c and tally t having charged
+// its other layers: a function of its own, so that serveGeneral's frame
+// holds none of its values (doc.go: frames).
+func pendIP(p *Plugin, rw http.ResponseWriter, req *http.Request, c *charge, t *tally, left int64) (http.ResponseWriter, *http.Request) {
+	client := c.Client
+	var out http.ResponseWriter = rw
+	pd := &pendingIP{edge: p, req: req, client: client, charged: c.Layers, cost: t.Cost, skip: t.Uncharged}
+	req = req.WithContext(context.WithValue(req.Context(), pendingKey, pd))
+	if p.invalidCode != nil {
+		out = &watchWriter{rw: rw, req: req, p: p, prevLeft: left, pending: pd}
+	}
+
+	return out, req
 }
 
 // clientKey returns the bucket key for the client of req: the IPv4 address,
