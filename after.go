@@ -115,7 +115,7 @@ func afterAuthPlan(p *Plugin, rw http.ResponseWriter, req *http.Request, princip
 	switch {
 	case principal != "":
 		return principalPlan(p, req), true
-	case p.assetHint != nil && isAsset(p, req):
+	case p.assetHint != nil && p.assetHint.MatchString(req.URL.Path) && isAsset(p, req):
 		return p.planAssets, true
 	}
 

@@ -31,7 +31,7 @@ func generalPlan(p *Plugin, rw http.ResponseWriter, req *http.Request, principal
 	case len(p.CredentialHeaders)+len(p.CredentialCookies)+len(p.CredentialParams) > 0 && hasCredential(p, req):
 		layers = p.planCred
 		credentialed = true
-	case p.assetHint != nil && isAsset(p, req):
+	case p.assetHint != nil && p.assetHint.MatchString(req.URL.Path) && isAsset(p, req):
 		layers = p.planAssets
 	}
 

@@ -67,6 +67,24 @@ type route struct {
 // matchesRoute reports whether the request, with its canonical path, is the
 // route's. An exact path matches with or without a trailing slash.
 func matchesRoute(rt *route, req *http.Request, path string) bool {
+	if rt.methods != nil || rt.lower || rt.caseSensitive {
+		ok := false
+		if path, ok = routeForm(rt, req, path); !ok {
+			return false
+		}
+	}
+
+	n := len(path)
+
+	return rt.exact[path] || n > 1 && path[n-1] == '/' && rt.exact[path[:n-1]] || hasAnyPrefix(path, rt.prefixes)
+}
+
+// routeForm is the path in the form the route compares (lowered, or with
+// its case), and false when the request's method is not one of the
+// route's: a function of its own, so that the common route, any method and
+// the instance's form, costs matchesRoute's frame none of it (doc.go:
+// frames).
+func routeForm(rt *route, req *http.Request, path string) (string, bool) {
 	if len(rt.methods) > 0 {
 		found := false
 
@@ -78,19 +96,19 @@ func matchesRoute(rt *route, req *http.Request, path string) bool {
 		}
 
 		if !found {
-			return false
+			return path, false
 		}
 	}
 
 	if rt.lower {
-		path = strings.ToLower(path)
-	} else if rt.caseSensitive {
-		path = request.CanonicalPath(req.URL.Path, false)
+		return strings.ToLower(path), true
 	}
 
-	n := len(path)
+	if rt.caseSensitive {
+		return request.CanonicalPath(req.URL.Path, false), true
+	}
 
-	return rt.exact[path] || n > 1 && path[n-1] == '/' && rt.exact[path[:n-1]] || hasAnyPrefix(path, rt.prefixes)
+	return path, true
 }
 
 func hasAnyPrefix(path string, prefixes []string) bool {
