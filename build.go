@@ -264,8 +264,14 @@ func buildRoutes(memory *windowStore, specs []config.Route) ([]*route, map[strin
 		}
 
 		rt := &route{
-			layer: newLayer(memory, rs.Rule, routeKeyKinds[rs.Key]), methods: rs.Methods, exact: rs.Exact, prefixes: rs.Prefixes,
+			layer: newLayer(memory, rs.Rule, routeKeyKinds[rs.Key]), exact: rs.Exact, prefixes: rs.Prefixes,
 			caseSensitive: rs.CaseSensitive, cost: rs.Cost, countStatus: rs.CountStatus,
+		}
+		if len(rs.Methods) > 0 {
+			rt.methods = map[string]bool{}
+			for _, m := range rs.Methods {
+				rt.methods[m] = true
+			}
 		}
 		rt.layer.MinCost = rs.Cost
 		routes = append(routes, rt)

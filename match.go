@@ -49,7 +49,7 @@ func keyFor(l *layer, client, principal string, req *http.Request) string {
 // route is a route limit with its matcher.
 type route struct {
 	layer         *layer
-	methods       []string
+	methods       map[string]bool // nil: any method
 	exact         map[string]bool // canonical (request/path.go)
 	prefixes      []string
 	lower         bool // ignores case where the instance's paths keep theirs: lowers the path
@@ -67,11 +67,12 @@ type route struct {
 // matchesRoute reports whether the request, with its canonical path, is the
 // route's. An exact path matches with or without a trailing slash.
 func matchesRoute(rt *route, req *http.Request, path string) bool {
-	if rt.methods != nil || rt.lower || rt.caseSensitive {
-		ok := false
-		if path, ok = routeForm(rt, req, path); !ok {
-			return false
-		}
+	if rt.methods != nil && !rt.methods[req.Method] {
+		return false
+	}
+
+	if rt.lower || rt.caseSensitive {
+		path = routeForm(rt, req, path)
 	}
 
 	n := len(path)
@@ -79,36 +80,15 @@ func matchesRoute(rt *route, req *http.Request, path string) bool {
 	return rt.exact[path] || n > 1 && path[n-1] == '/' && rt.exact[path[:n-1]] || hasAnyPrefix(path, rt.prefixes)
 }
 
-// routeForm is the path in the form the route compares (lowered, or with
-// its case), and false when the request's method is not one of the
-// route's: a function of its own, so that the common route, any method and
-// the instance's form, costs matchesRoute's frame none of it (doc.go:
-// frames).
-func routeForm(rt *route, req *http.Request, path string) (string, bool) {
-	if len(rt.methods) > 0 {
-		found := false
-
-		for _, m := range rt.methods {
-			if m == req.Method {
-				found = true
-				break
-			}
-		}
-
-		if !found {
-			return path, false
-		}
-	}
-
+// routeForm is the path in the form the route compares: lowered, or with
+// its case. A function of its own, so that the common route, in the
+// instance's form, costs matchesRoute's frame none of it (doc.go: frames).
+func routeForm(rt *route, req *http.Request, path string) string {
 	if rt.lower {
-		return strings.ToLower(path), true
+		return strings.ToLower(path)
 	}
 
-	if rt.caseSensitive {
-		return request.CanonicalPath(req.URL.Path, false), true
-	}
-
-	return path, true
+	return request.CanonicalPath(req.URL.Path, false)
 }
 
 func hasAnyPrefix(path string, prefixes []string) bool {
