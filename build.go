@@ -403,7 +403,7 @@ func newLayer(memory *windowStore, spec config.Rule, keyKind int) *layer {
 	return l
 }
 
-// newRedisEncoding encodes the script's arguments of a layer (redisstore/redisstore.go):
+// newRedisEncoding encodes the script's arguments of a layer (redisstore/scripts.go):
 // points, window, algorithm and a token bucket's rate.
 func newRedisEncoding(spec config.Rule, rate int64) redisEncoding {
 	ms := int64(spec.Duration / time.Millisecond)

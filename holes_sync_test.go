@@ -6,9 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tierlimit/tierlimit/redisstore"
-
 	"github.com/tierlimit/tierlimit/redisresp"
+	"github.com/tierlimit/tierlimit/redisstore"
 )
 
 // Synced counting (redis.syncInterval) at its edges: charges made

@@ -5,12 +5,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tierlimit/tierlimit/redisstore"
-
+	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/lifetime"
 	"github.com/tierlimit/tierlimit/memstore"
-
-	"github.com/tierlimit/tierlimit/config"
+	"github.com/tierlimit/tierlimit/redisstore"
 )
 
 // keepTimers drives a keeping registry: its clock and its timers, which the

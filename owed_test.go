@@ -8,9 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tierlimit/tierlimit/redisstore"
-
 	"github.com/tierlimit/tierlimit/redisresp"
+	"github.com/tierlimit/tierlimit/redisstore"
 )
 
 // switchProxy forwards TCP connections to a Redis server while up; cut

@@ -97,7 +97,7 @@ func refuseOther(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer,
 // client. So the script call of a plan is encoded once but for the client's
 // key (redisPlan), and the common request, every layer allowed with Redis
 // healthy and none of its keys blocked, is served here. Every other case
-// takes the Redis store's own code (redisstore/redisstore.go): a blocked key is refused
+// takes the Redis store's own code (redisstore/store.go): a blocked key is refused
 // by refuseBlocked, Redis in back-off decided by serveRedisSlow, a failed
 // call by redisFailed, a refusal or a reply the fast path does not accept by
 // redisReply.

@@ -7,9 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tierlimit/tierlimit/redisstore"
-
 	"github.com/tierlimit/tierlimit/redisresp"
+	"github.com/tierlimit/tierlimit/redisstore"
 )
 
 func TestClusterKeysShareASlotPerClientAndPrincipal(t *testing.T) {

@@ -4,9 +4,8 @@ import (
 	"encoding/json"
 	"net/http"
 
-	"github.com/tierlimit/tierlimit/redisstore"
-
 	"github.com/tierlimit/tierlimit/answer"
+	"github.com/tierlimit/tierlimit/redisstore"
 	"github.com/tierlimit/tierlimit/request"
 )
 

@@ -4,9 +4,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tierlimit/tierlimit/memstore"
-
 	"github.com/tierlimit/tierlimit/config"
+	"github.com/tierlimit/tierlimit/memstore"
 )
 
 // TestSlidingWaitIsTheFirstAllowedMoment checks slidingWait against a brute

@@ -8,11 +8,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tierlimit/tierlimit/memstore"
-
-	"github.com/tierlimit/tierlimit/limit"
-
 	"github.com/tierlimit/tierlimit/answer"
+	"github.com/tierlimit/tierlimit/limit"
+	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/request"
 )
 

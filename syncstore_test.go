@@ -10,9 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tierlimit/tierlimit/redisstore"
-
 	"github.com/tierlimit/tierlimit/redisresp"
+	"github.com/tierlimit/tierlimit/redisstore"
 )
 
 // syncHarness is redisHarness with redis.syncInterval: its synced counters

@@ -9,9 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tierlimit/tierlimit/memstore"
-
 	"github.com/tierlimit/tierlimit/config"
+	"github.com/tierlimit/tierlimit/memstore"
 )
 
 var t0 = time.Date(2026, 6, 15, 10, 0, 0, 0, time.UTC).UnixNano()

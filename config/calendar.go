@@ -1,10 +1,11 @@
 package config
 
 import (
-	"github.com/tierlimit/tierlimit/limit"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/tierlimit/tierlimit/limit"
 )
 
 // A layer's calendar (README: calendar, utcOffset) replaces its duration

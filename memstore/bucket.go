@@ -23,7 +23,7 @@ import (
 // In the memory store a bucket is a window whose reset and expire are its TAT
 // (a full bucket needs no state) and whose start is its last request, so that
 // its list, ordered by last request, gives the least recently used bucket
-// first when the store is full. The Redis script (../redisstore/redisstore.go) computes the
+// first when the store is full. The Redis script (../redisstore/scripts.go) computes the
 // same in exact integer microseconds with Redis's clock.
 
 // drip takes cost tokens from the token-bucket layer l under s.mu and

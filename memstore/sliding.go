@@ -20,7 +20,7 @@ import (
 // retrying above the limit would otherwise carry its refusals into every
 // following window and never be let through again.
 //
-// The Redis script (../redisstore/redisstore.go) computes the same thing in Lua, in
+// The Redis script (../redisstore/scripts.go) computes the same thing in Lua, in
 // milliseconds.
 
 // slidingCount returns the estimate a request of cost points would bring

@@ -11,11 +11,9 @@ import (
 	"time"
 
 	"github.com/tierlimit/tierlimit/lifetime"
-	"github.com/tierlimit/tierlimit/rule"
-
 	"github.com/tierlimit/tierlimit/limit"
-
 	"github.com/tierlimit/tierlimit/redisresp"
+	"github.com/tierlimit/tierlimit/rule"
 )
 
 // redis.syncInterval: counters synced with Redis in batches.

@@ -1,0 +1,220 @@
+package redisstore
+
+import (
+	"context"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tierlimit/tierlimit/events"
+	"github.com/tierlimit/tierlimit/lifetime"
+	"github.com/tierlimit/tierlimit/redisresp"
+)
+
+// Back-off bounds: Redis is skipped for minBackoff after a failure, doubling
+// while probes keep failing, up to maxBackoff.
+const (
+	MinBackoff = 200 * time.Millisecond
+	maxBackoff = 5 * time.Second
+)
+
+// redisBackend is one Redis deployment as every middleware configured for it
+// shares it: the client (a pool, or the Sentinel-found primary's) and whether
+// Redis is usable now.
+type RedisBackend struct {
+	Pool     redisresp.Client
+	cluster  *redisresp.Cluster  // pool as a cluster client, or nil
+	Single   *redisresp.Pool     // pool as one server's pool, or nil (redisPath)
+	Sentinel *redisresp.Sentinel // pool as a Sentinel's primary, or nil (redisPath)
+	Address  string
+	Log      io.Writer
+	Resets   *resetListener // follows the resets of the backend's middlewares (resetsub.go)
+
+	// down mirrors failing for the common path, which then takes no lock.
+	Down atomic.Bool
+
+	Mu      sync.Mutex
+	failing bool
+	probing bool  // one request is trying Redis after the back-off
+	retryAt int64 // Unix nanoseconds
+	Backoff time.Duration
+	outage  redisOutage // which transitions are logged (../events/redisevents.go)
+	debts   []func()    // what the stores' fallbacks charged, paid when Redis answers again (owed.go)
+	Probe   redisProbe  // the goroutine that probes Redis while failing (probe.go)
+}
+
+// usable reports whether to call Redis at now. While failing, one request per
+// back-off period is let through as a probe.
+func (b *RedisBackend) Usable(now int64) (use, probe bool) {
+	if !b.Down.Load() {
+		return true, false
+	}
+
+	b.Mu.Lock()
+	defer b.Mu.Unlock()
+
+	if !b.failing {
+		return true, false
+	}
+
+	if b.probing || now < b.retryAt {
+		return false, false
+	}
+
+	b.probing = true
+
+	return true, true
+}
+
+// succeeded records the back-off's probe, started at now, succeeding. Leaving
+// the fallback (down, the metric) and REDIS_RECOVERED are one transition.
+func (b *RedisBackend) Succeeded(now int64) {
+	b.Mu.Lock()
+
+	// The line is written before the fallback ends, under the lock that
+	// orders the transitions, so that whoever sees the metric at 0 finds it.
+	if b.failing {
+		b.event("REDIS_RECOVERED", "info", "", 0, now)
+	}
+
+	events.OutageSucceeded(&b.outage, now, true)
+	b.failing, b.probing, b.Backoff = false, false, 0
+	b.Down.Store(false)
+	debts := b.debts
+	b.debts = nil
+	b.Mu.Unlock()
+
+	if debts != nil {
+		go payDebts(debts)
+	}
+}
+
+// failed records a failed call. The first failure starts the back-off; a failed
+// probe doubles it. Failures of calls that were in flight when Redis went away
+// change nothing, so a burst of them does not inflate the back-off, and a
+// call that started before the last outage ended changes nothing either.
+func (b *RedisBackend) Failed(now int64, probe bool, err error) {
+	b.Mu.Lock()
+
+	kind := events.OutageFailed(&b.outage, now, probe)
+	if kind == outageStale {
+		b.Mu.Unlock()
+		return
+	}
+
+	first := !b.failing
+	if !first && !probe {
+		b.Mu.Unlock()
+		return
+	}
+
+	backoff := MinBackoff
+	if !first {
+		backoff = b.Backoff * 2
+		if backoff > maxBackoff {
+			backoff = maxBackoff
+		}
+	}
+
+	// As in succeeded: the line before the metric moves, under the lock
+	// that orders the transitions.
+	if kind != outageQuiet {
+		b.event("REDIS_UNAVAILABLE", "error", err.Error(), backoff, now)
+	}
+
+	b.failing, b.probing, b.Backoff = true, false, backoff
+	b.Down.Store(true)
+	b.retryAt = now + int64(backoff)
+	start := scheduleProbe(b, now)
+	b.Mu.Unlock()
+
+	if start {
+		go probeRedis(b)
+	}
+}
+
+// switched logs that the sentinels named another primary, and lets the next
+// request probe it at once when Redis was failing: the back-off waited for
+// exactly this.
+func (b *RedisBackend) switched(from, to string) {
+	b.Mu.Lock()
+	b.retryAt = 0
+	b.Mu.Unlock()
+
+	if b.Resets != nil {
+		b.Resets.resubscribe()
+	}
+
+	line, err := events.RedisEventLine(redisEvent{Event: "REDIS_PRIMARY_CHANGED", Severity: "info", Address: b.Address, Primary: to, Previous: from}, time.Now().UnixNano())
+	if err == nil {
+		_, _ = b.Log.Write(line)
+	}
+}
+
+func (b *RedisBackend) event(name, severity, msg string, retry time.Duration, now int64) {
+	ev := redisEvent{Event: name, Severity: severity, Address: b.Address, Error: msg}
+	if sp, ok := b.Pool.(interface{ Primary() string }); ok {
+		ev.Primary = sp.Primary()
+	}
+	if retry > 0 {
+		ev.Fallback = "memory"
+		ev.RetryIn = retry.String()
+	}
+
+	line, err := events.RedisEventLine(ev, now)
+	if err != nil {
+		return
+	}
+
+	_, _ = b.Log.Write(line)
+}
+
+// backends shares one redisBackend per distinct Redis configuration across
+// middlewares, routers and reloads, so reloads do not open new pools. A
+// backend no instance uses any more is released (../lifetime/lifetime.go) and its pool
+// closed: idle connections at once, busy ones when their call returns.
+var Backends = &BackendRegistry{ByConfig: lifetime.NewHeldRegistry(CloseBackend)}
+
+type BackendRegistry struct {
+	ByConfig *heldRegistry // *redisBackend by configuration
+}
+
+func CloseBackend(v interface{}) {
+	if b, ok := v.(*RedisBackend); ok {
+		StopProbe(b)
+		flushSyncsOn(b) // released at the same grace, in either order
+		b.Resets.stop()
+		b.Pool.Close()
+	}
+}
+
+// get returns the backend of opts, held until ctx is cancelled.
+func (r *BackendRegistry) Get(ctx context.Context, opts redisresp.Options) *RedisBackend {
+	id := opts.Key()
+
+	v := r.ByConfig.Take(ctx, id, func() interface{} {
+		return NewBackend(opts)
+	})
+
+	b, _ := v.(*RedisBackend)
+
+	return b
+}
+
+// newBackend makes the client opts describe: a pool, a Sentinel's primary
+// (whose switches it logs) or a cluster.
+func NewBackend(opts redisresp.Options) *RedisBackend {
+	b := &RedisBackend{Pool: redisresp.NewClient(opts), Address: opts.Target(), Log: events.EventWriter}
+	b.Probe.Done = make(chan struct{})
+	if sc, ok := b.Pool.(*redisresp.Sentinel); ok {
+		sc.OnSwitch = b.switched
+		b.Sentinel = sc
+	}
+
+	b.cluster, _ = b.Pool.(*redisresp.Cluster)
+	b.Single, _ = b.Pool.(*redisresp.Pool)
+	b.Resets = NewResetListener(b, opts)
+
+	return b
+}

@@ -1,0 +1,446 @@
+package redisstore
+
+import (
+	"errors"
+	"strconv"
+
+	"github.com/tierlimit/tierlimit/redisresp"
+)
+
+// takeScript is the whole decision of one request in one round trip. It
+// decides every layer before it writes any: the first loop plans the writes,
+// which run only when no layer refused (or in a dry run), so a refused
+// request leaves every key as it found it, byte for byte. The one write the
+// first loop makes is a fixed layer's INCRBY of a live counter, which the
+// reply needs (its count) and which is given back (DECRBY) before the script
+// ends when a layer refuses: a script runs atomically, so no other client
+// sees the count in between (only keyspace notifications, when turned on,
+// tell the two commands).
+//
+// A fixed layer's key is a counter set with its expiry (SET PX) when it is
+// new or stale and incremented otherwise (INCRBY keeps the TTL), so no key is
+// ever left without a TTL; the reset is first hit + window, as in memory. An
+// allowed request costs each fixed key two commands, PTTL then INCRBY or SET
+// (BENCHMARKS.md, Redis calls per request); a refused one an INCRBY and a DECRBY
+// more per key already charged.
+//
+// A sliding layer's key is a hash {c: count, p: previous window's count} that
+// lives two windows from its window's start, so that the current window ends
+// at PTTL - window and, once PTTL <= window, the key holds the window before.
+// Time comes from the keys' TTLs alone, as for fixed layers. The arithmetic is
+// ../memstore/sliding.go's, in milliseconds.
+//
+// A token-bucket layer's key is a hash {r, n} holding its TAT (../memstore/bucket.go)
+// as r + n x window / rate microseconds, with 0 <= n < rate: integers that
+// Lua numbers hold exactly, where the emission interval window / rate in
+// microseconds may have a fraction. Time is Redis's clock (TIME), which every
+// Traefik instance shares; the key expires when its bucket is full again.
+//
+// A key of another kind (left by a reload that changed a layer's algorithm),
+// or one that outlives its layer's window (left by a reload that shortened the
+// duration), is read as empty and started afresh when written, rather than
+// failing the script, as memory starts such counters afresh.
+//
+// KEYS: one key per layer, in evaluation order.
+// ARGV[1]: "1" charges every key (dry run; a sliding or token-bucket layer
+// that refuses is not charged, as it cannot hold more than its points); "0"
+// stops at the first refusal and then charges nothing; "2" does as "0" and,
+// when every key is a fixed window and none refused, returns one integer
+// instead of the array (see below).
+// ARGV[2]: the request's cost, the amount charged to each layer.
+// ARGV[4i-1], ARGV[4i], ARGV[4i+1], ARGV[4i+2], of KEYS[i]: points (a token
+// bucket's burst), window (milliseconds), the algorithm ("0" fixed, "1"
+// sliding, "2" token bucket) and a token bucket's points per window ("0" else).
+// An algorithm followed by "b<ms>" ("0b900000") blocks a key the layer
+// refuses for that long (blockDuration, ../memstore/block.go): its block key,
+// KEYS[i]:block (the same hash tag on a cluster), is set with that TTL at the
+// refusal, when the request is not a dry run, and while it lives the layer
+// refuses, its reset the block's end; a dry-run layer (a reload may put it in
+// dry run during a block) ignores the block and counts as usual.
+// An algorithm prefixed with "c" ("c0", "c1", "c2") marks a check-only layer
+// (a countStatus route, ../after.go): it refuses as the others do, but is
+// never written, and when it allows, its count is the layer's as it is,
+// without the request (0 for a key that does not exist), its reset that of
+// the key as it is. A "d" after it, or alone ("d0", "cd1"), marks a dry-run
+// layer: it refuses nothing, so one whose count exceeds its points neither
+// stops the script nor keeps the others from being written; a fixed one is
+// still charged, a sliding or token-bucket one is not (as in dry run).
+//
+// Returns count, milliseconds to reset, for each key evaluated, up to the
+// first refusal (every key in a dry run). A count is what the layer would
+// hold with the request; a refusing layer's exceeds its points. A sliding
+// layer's count is its estimate; after a refusal its reset is when the
+// request will next fit. A token bucket's count is the tokens in use with the
+// request (burst + 1 on a refusal), its reset when it is full again or, after
+// a refusal, when the request's tokens are back.
+//
+// The integer of ARGV[1] "2" is (left x (window + 1) + reset) x 16 + i for
+// the layer with the fewest requests left (the first of equals), i counted
+// from 0, whose window is in milliseconds: what the headers show, in one
+// reply line, which redisPath reads with one parse (../paths.go). It is
+// sent only while it fits a Lua number exactly (below 2^53), for i < 16.
+const TakeScript = `
+-- read runs a read command; a key of another kind reads as false, any
+-- other error (a command the ACL denies) fails the script, never a key.
+local function read(...)
+  local v = redis.pcall(...)
+  if type(v) == 'table' and v.err then
+    if string.find(v.err, 'WRONGTYPE', 1, true) then return false end
+    error(v)
+  end
+  return v
+end
+
+-- incr adds cost to a counter and returns its new value, or false for a
+-- key that holds no counter (of another kind, not an integer, at the bound
+-- of one); any other error (a command the ACL denies) fails the script.
+local function incr(k, cost)
+  local v = redis.pcall('INCRBY', k, cost)
+  if type(v) == 'table' and v.err then
+    for _, e in ipairs({'WRONGTYPE', 'not an integer', 'overflow'}) do
+      if string.find(v.err, e, 1, true) then return false end
+    end
+    error(v)
+  end
+  return v
+end
+
+-- fixed returns a fixed layer's count with the request, its milliseconds to
+-- reset, the write to run when the request is allowed, and whether it
+-- charged the key already (which the caller gives back, DECRBY, when
+-- another layer refuses).
+local function fixed(k, points, window, cost, check)
+  local pttl = redis.call('PTTL', k)
+  local live = pttl > 0 and pttl <= window
+  if check then
+    local v = live and read('GET', k)
+    local n = type(v) == 'string' and tonumber(v)
+    if not (n and n >= 0 and n == math.floor(n)) then n, pttl = 0, window end
+    if n + cost <= points then return n, pttl, false, false end
+    return n + cost, pttl, false, false
+  end
+  if live then
+    local v = incr(k, cost)
+    if v and v >= cost then return v, pttl, false, true end
+    -- a negative count is no count: taken back, and restarted below
+    if v then redis.call('DECRBY', k, cost) end
+  end
+  return cost, window, function()
+    redis.call('SET', k, cost, 'PX', window)
+  end, false
+end
+
+local function sliding(k, points, window, cost, check)
+  local pttl = redis.call('PTTL', k)
+  local v = false
+  if pttl > 0 and pttl <= 2 * window then
+    v = read('HMGET', k, 'c', 'p')
+  end
+  local cur, prev, left = 0, 0, window
+  if v and pttl > window then
+    cur, prev, left = tonumber(v[1]) or 0, tonumber(v[2]) or 0, pttl - window
+  elseif v then
+    prev, left = tonumber(v[1]) or 0, pttl
+  end
+  local count = cur + cost + math.floor(prev * left / window)
+  if count <= points then
+    if check then return count - cost, left, false end
+    return count, left, function()
+      if v and pttl > window then
+        redis.call('HINCRBY', k, 'c', cost)
+        return
+      end
+      if not v then redis.call('DEL', k) end
+      redis.call('HSET', k, 'c', cost, 'p', prev)
+      redis.call('PEXPIRE', k, left + window)
+    end
+  end
+  local ttl
+  if cur + cost <= points then
+    ttl = left - math.ceil((points - cur - cost + 1) * window / prev) + 1
+    if ttl < 1 then ttl = 1 end
+    if ttl > left then ttl = left end
+  else
+    local y = window
+    if cur > 0 and cost <= points then
+      y = window - math.ceil((points - cost + 1) * window / cur) + 1
+    end
+    if y < 0 then y = 0 end
+    ttl = left + y
+  end
+  return count, ttl, false
+end
+
+local function bucket(k, points, window, rate, cost, now, check)
+  local d = window * 1000
+  local v = read('HMGET', k, 'r', 'n')
+  local r, n, valid = now, 0, false
+  if v and v[1] and v[2] then
+    r, n = tonumber(v[1]), tonumber(v[2])
+    valid = r ~= nil and n ~= nil
+    if not valid then r, n = now, 0 end
+  end
+  local ahead = (r - now) * rate + n * d
+  if ahead < 0 then
+    r, n, ahead = now, 0, 0
+  end
+  if ahead <= (points - cost) * d then
+    if check then return math.ceil(ahead / d), math.ceil(ahead / rate / 1000), false end
+    n = n + cost
+    ahead = ahead + cost * d
+    if n >= rate then
+      local q = math.floor(n / rate)
+      r, n = r + q * d, n - q * rate
+    end
+    local ttl = math.ceil(ahead / rate / 1000)
+    return math.ceil(ahead / d), ttl, function()
+      if not valid then redis.call('DEL', k) end
+      redis.call('HSET', k, 'r', r, 'n', n)
+      redis.call('PEXPIRE', k, ttl)
+    end
+  end
+  local ttl = math.ceil((ahead - (points - cost) * d) / rate / 1000)
+  local full = math.ceil(points * window / rate)
+  if ttl > full then ttl = full end
+  return points + 1, ttl, false
+end
+
+local all = ARGV[1] == '1'
+local cost = tonumber(ARGV[2])
+local out, writes, charged, refused, now = {}, {}, {}, false, false
+for i = 1, #KEYS do
+  local points = tonumber(ARGV[4 * i - 1])
+  local window = tonumber(ARGV[4 * i])
+  local algorithm = ARGV[4 * i + 1]
+  local check = string.byte(algorithm, 1) == 99
+  if check then algorithm = string.sub(algorithm, 2) end
+  local dry = string.byte(algorithm, 1) == 100
+  if dry then algorithm = string.sub(algorithm, 2) end
+  local block, blocked = string.find(algorithm, 'b', 1, true), 0
+  if block then
+    block, algorithm = tonumber(string.sub(algorithm, block + 1)), string.sub(algorithm, 1, block - 1)
+    blocked = redis.call('PTTL', KEYS[i] .. ':block')
+  end
+  local count, ttl, write, incremented
+  if blocked > 0 and not dry then
+    count, ttl, write = points + 1, blocked, false
+  elseif algorithm == '2' then
+    if not now then
+      local clock = redis.call('TIME')
+      now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+    end
+    count, ttl, write = bucket(KEYS[i], points, window, tonumber(ARGV[4 * i + 2]), cost, now, check)
+  elseif algorithm == '1' then
+    count, ttl, write = sliding(KEYS[i], points, window, cost, check)
+  else
+    count, ttl, write, incremented = fixed(KEYS[i], points, window, cost, check)
+  end
+  if incremented then charged[#charged + 1] = KEYS[i] end
+  out[#out + 1] = count
+  out[#out + 1] = ttl
+  writes[#writes + 1] = write
+  if count > points and not dry then
+    refused = true
+    if block and blocked <= 0 and not all then
+      redis.call('SET', KEYS[i] .. ':block', '1', 'PX', block)
+      out[#out] = block
+    end
+    if not all then break end
+  end
+end
+if all or not refused then
+  for i = 1, #writes do
+    if writes[i] then writes[i]() end
+  end
+else
+  for i = 1, #charged do
+    redis.call('DECRBY', charged[i], cost)
+  end
+end
+if ARGV[1] == '2' and not refused then
+  local shown, left, ttl, m = -1, 0, 0, 0
+  for i = 1, #KEYS do
+    local points = tonumber(ARGV[4 * i - 1])
+    local count = out[2 * i - 1]
+    if ARGV[4 * i + 1] ~= '0' then
+      return out
+    end
+    if shown < 0 or points - count < left then
+      shown, left, ttl, m = i - 1, points - count, out[2 * i], tonumber(ARGV[4 * i]) + 1
+    end
+  end
+  local v = (left * m + ttl) * 16 + shown
+  if shown < 16 and v < 9007199254740992 then
+    return v
+  end
+end
+return out
+`
+
+// The scripts call only the commands README.md's ACL grants (its Redis
+// deployments section): a command added here must be added there.
+//
+// refundScript gives back a charge: cost to each key that holds some, so
+// that a request refused after an earlier charge (a credentialed request's
+// global, charged before its ip) ends up charged nothing. A key that is gone
+// or of another kind holds nothing to give back and is left alone; no count
+// goes below zero, and no key's TTL grows.
+//
+// A negative cost is an outage's payment (owed.go): it adds to the keys, and
+// a fixed or sliding key that is gone (Redis restarted empty) is created
+// with the charge when ARGV[4n+1+i], after the n layers' arguments, gives
+// the milliseconds left in its window (a sliding key then lives one window
+// more, as takeScript's do); the refunds of requests send no such argument.
+//
+// KEYS: one key per layer. ARGV[1]: the cost. ARGV[4i-2] to ARGV[4i+1]: the
+// layer's arguments, as takeScript reads them from ARGV[4i-1] (a "d" before
+// the algorithm and a "b<ms>" after it change nothing here).
+// Returns the number of keys given back to, as a one-integer array.
+const refundScript = `
+-- read runs a read command; a key of another kind reads as false, any
+-- other error (a command the ACL denies) fails the script, never a key.
+local function read(...)
+  local v = redis.pcall(...)
+  if type(v) == 'table' and v.err then
+    if string.find(v.err, 'WRONGTYPE', 1, true) then return false end
+    error(v)
+  end
+  return v
+end
+
+local cost = tonumber(ARGV[1])
+local given, now = 0, false
+for i = 1, #KEYS do
+  local k = KEYS[i]
+  local algorithm = ARGV[4 * i]
+  if string.byte(algorithm, 1) == 100 then algorithm = string.sub(algorithm, 2) end
+  local block = string.find(algorithm, 'b', 1, true)
+  if block then algorithm = string.sub(algorithm, 1, block - 1) end
+  if algorithm == '2' then
+    local v = read('HMGET', k, 'r', 'n')
+    local r, n = false, false
+    if v and v[1] and v[2] then
+      r, n = tonumber(v[1]), tonumber(v[2])
+    end
+    if r and n then
+      if not now then
+        local clock = redis.call('TIME')
+        now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+      end
+      local d = tonumber(ARGV[4 * i - 1]) * 1000
+      local rate = tonumber(ARGV[4 * i + 1])
+      n = n - cost
+      if n < 0 then
+        local q = math.ceil(-n / rate)
+        r, n = r - q * d, n + q * rate
+      end
+      local ahead = (r - now) * rate + n * d
+      if ahead <= 0 then
+        redis.call('DEL', k)
+      else
+        redis.call('HSET', k, 'r', r, 'n', n)
+        redis.call('PEXPIRE', k, math.ceil(ahead / rate / 1000))
+      end
+      given = given + 1
+    end
+  else
+    local c
+    if algorithm == '1' then
+      c = read('HMGET', k, 'c')
+      c = c and c[1]
+    else
+      c = read('GET', k)
+    end
+    c = type(c) == 'string' and tonumber(c)
+    local ttl = cost < 0 and tonumber(ARGV[4 * #KEYS + 1 + i])
+    if c and c > 0 then
+      if algorithm == '1' then
+        redis.call('HINCRBY', k, 'c', -math.min(c, cost))
+      else
+        redis.call('DECRBY', k, math.min(c, cost))
+      end
+      given = given + 1
+    elseif ttl and ttl > 0 and redis.call('PTTL', k) == -2 then
+      if algorithm == '1' then
+        redis.call('HSET', k, 'c', -cost, 'p', 0)
+        redis.call('PEXPIRE', k, ttl + tonumber(ARGV[4 * i - 1]))
+      else
+        redis.call('SET', k, -cost, 'PX', ttl)
+      end
+      given = given + 1
+    end
+  end
+end
+return {given}
+`
+
+// The script's arguments, encoded: ARGV[1], how takeScript runs; ARGV[2], a
+// cost of 1; and the algorithm and the no-rate value of a layer's arguments.
+var (
+	ArgStopAtRefusal = redisresp.Bulk("0")
+	argChargeAll     = redisresp.Bulk("1") // dry run
+	ArgOneInteger    = redisresp.Bulk("2") // the one-integer reply of redisPath
+	argCostOne       = redisresp.Bulk("1")
+	AlgoFixed        = redisresp.Bulk("0")
+	AlgoSliding      = redisresp.Bulk("1")
+	AlgoBucket       = redisresp.Bulk("2")
+	ArgNoRate        = redisresp.Bulk("0")
+)
+
+// costArg encodes a request's cost, ARGV[2] of takeScript.
+func CostArg(cost int64) string {
+	if cost == 1 {
+		return argCostOne
+	}
+
+	return redisresp.Bulk(strconv.FormatInt(cost, 10))
+}
+
+var ErrBadReply = errors.New("unexpected reply from the rate-limit script")
+
+// takeRedis is the script every redisStore runs, refundRedis its refund.
+var (
+	takeRedis   = redisresp.NewScript(TakeScript)
+	refundRedis = redisresp.NewScript(refundScript)
+)
+
+// takeCall is takeScript's call head for n layers: n keys, then ARGV[1],
+// ARGV[2] and 4 arguments per layer.
+func TakeCall(n int) redisresp.Call {
+	return takeRedis.Call(n, 5*n+2)
+}
+
+// encodeCall encodes a script call's keys and arguments, but for its head:
+// the layers' keys, then mode (ARGV[1] of takeScript, none for refundScript),
+// the cost and each layer's arguments. The command is encoded here, from each
+// layer's pre-encoded parts: under Yaegi, a loop over arguments in the RESP
+// writer costs more than the round trip.
+func EncodeCall(c *charge, mode string, cost int64) string {
+	keys, args := "", mode+argCostOne
+	if cost != 1 {
+		args = mode + CostArg(cost)
+	}
+
+	for i, l := range c.Layers {
+		if l.Calendar != 0 {
+			keys, args = calendarCall(l, keys, args, c.Keys[i], c.Now)
+			continue
+		}
+
+		args += l.RedisArgs
+
+		if l.KeyKind == keyOfConst {
+			keys += l.RedisConstKey
+			continue
+		}
+
+		key := l.RedisKey + c.Keys[i]
+		keys += "$" + strconv.Itoa(len(key)) + "\r\n" + key + "\r\n"
+	}
+
+	return keys + args
+}
+
+// nsPerMillisecond is int64(time.Millisecond) as an untyped constant (see
+// nsPerSecond).
+const NsPerMillisecond = 1000000

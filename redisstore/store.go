@@ -1,0 +1,325 @@
+package redisstore
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/tierlimit/tierlimit/limit"
+	"github.com/tierlimit/tierlimit/memstore"
+	"github.com/tierlimit/tierlimit/redisresp"
+	"github.com/tierlimit/tierlimit/rule"
+)
+
+// RedisStore keeps the counters in Redis, shared by every Traefik instance,
+// with keys <keyPrefix>:<middleware name>:<layer>:<key>. When Redis fails or is
+// slower than redis.timeout, local (the middleware's memory store, same limits)
+// decides instead, and Redis is skipped during a back-off. Keys that Redis
+// reported over their limit are refused locally until their reset.
+type RedisStore struct {
+	Prefix  string
+	Name    string // the middleware's, and the channel of its resets (resetsub.go)
+	Channel string
+	Backend *RedisBackend
+	Local   *windowStore
+	// Blocks: a layer has a blockDuration, so that the fallback decides
+	// with blocks (memstore.TakeBlocking) when Redis cannot (takeLocal).
+	Blocks  bool
+	Blocked *BlockList
+	Owed    *owedCounts      // what the fallback charged during an outage (owed.go)
+	Clock   func() time.Time // the instance's (Plugin.now), for what no request times: a reset from another replica
+	Calls   []redisresp.Call // the script's call head by number of layers
+	Synced  *SyncState       // redis.syncInterval's counters (syncstore.go); nil: exact mode
+}
+
+// CallFor returns the script's call head for n layers.
+func CallFor(s *RedisStore, n int) redisresp.Call {
+	if n < len(s.Calls) {
+		return s.Calls[n]
+	}
+
+	return TakeCall(n)
+}
+
+// Take charges c's layers in Redis, all or nothing, in one script call (or
+// to the synced counters, or to the fallback when Redis is down or fails),
+// and writes the outcome to t. The healthy path (nothing blocked, Redis up)
+// takes no lock and makes as few calls as it can (../doc.go: frames).
+func Take(s *RedisStore, t *tally, c *charge) {
+	if s.Synced != nil {
+		SyncTake(s.Synced, t, c)
+		return
+	}
+
+	// No layer to charge (an anonymous request to an instance with only
+	// principal tiers, a credentialed one with global off, a request that
+	// matches none of a routes-only instance's routes): nothing to ask Redis.
+	if len(c.Layers) == 0 {
+		t.Shown = -1
+		return
+	}
+
+	if !c.All && s.Blocked.Size.Load() != 0 && s.TakeBlocked(t, c) {
+		return
+	}
+
+	probe := false
+
+	if s.Backend.Down.Load() {
+		use := false
+		if use, probe = s.Backend.Usable(c.Now); !use {
+			s.TakeLocal(t, c)
+			return
+		}
+	}
+
+	if err := takeInRedis(s, t, c); err != nil {
+		// A closed pool is not Redis failing: this instance belongs to a
+		// configuration that was replaced, and its backend was released. Nor
+		// is a pool that stayed busy for redisresp.DefaultWaitTimeout: the
+		// calls ahead of this one were answered.
+		if !errors.Is(err, redisresp.ErrClosed) && !errors.Is(err, redisresp.ErrPoolTimeout) {
+			s.Backend.Failed(c.Now, probe, err)
+		}
+
+		*t = tally{Cost: t.Cost}
+		s.TakeLocal(t, c)
+
+		return
+	}
+
+	// Only the back-off's probe ends an outage (../events/redisevents.go): a call in
+	// flight when Redis failed may still succeed.
+	if probe {
+		s.Backend.Succeeded(c.Now)
+	}
+}
+
+// takeLocal decides the request in memory, Redis being down or failing.
+// A key Redis blocked is refused before (takeBlocked); a blockDuration
+// refusal here starts a block in memory, and on the block list, so that
+// it refuses the key for the rest of the block after Redis is back too.
+func (s *RedisStore) TakeLocal(t *tally, c *charge) {
+	if s.Blocks {
+		memstore.TakeBlocking(s.Local, t, c)
+	} else {
+		memstore.Take(s.Local, t, c)
+	}
+
+	if !t.Refused || c.All {
+		oweCharged(s, t, c)
+	}
+
+	if !t.Refused || c.All || t.Shown < 0 || c.Layers[t.Shown].BlockDuration == 0 {
+		return
+	}
+
+	l := c.Layers[t.Shown]
+	key := c.Keys[t.Shown]
+	first := s.Blocked.Add(l.BlockPrefix, key, t.Reset, c.Now)
+	if first {
+		ListenResets(s)
+	}
+
+	s.Blocked.hit(l.BlockPrefix, key, first)
+}
+
+// takeBlocked refuses the request locally when one of its keys is known to be
+// over its limit, and reports whether it did. A key is blocked until the
+// smallest cost fits again (redisStore.refused); a larger one refuses too,
+// but in a sliding window or a token bucket it fits later than that, so
+// such a request asks Redis, which tells when.
+func (s *RedisStore) TakeBlocked(t *tally, c *charge) bool {
+	costly := t.Cost > 1
+
+	for i, l := range c.Layers {
+		if costly && t.Cost > l.MinCost && (l.Sliding || l.Interval != 0) && l.BlockDuration == 0 {
+			continue
+		}
+
+		if reset := s.Blocked.ResetOf(l.BlockPrefix, c.Keys[i], c.Now); reset != 0 {
+			rule.CountRedis(l.Stats, true)
+			if l.BlockDuration != 0 {
+				s.Blocked.hit(l.BlockPrefix, c.Keys[i], false)
+			}
+
+			*t = tally{Shown: i, Count: l.Points + 1, Reset: reset, Refused: true,
+				ResetH: []string{strconv.FormatInt(limit.CeilSeconds(reset), 10)}}
+
+			return true
+		}
+	}
+
+	return false
+}
+
+// takeInRedis runs the script and writes its outcome to t; on an error, t is
+// to be discarded.
+func takeInRedis(s *RedisStore, t *tally, c *charge) error {
+	mode := ArgStopAtRefusal
+	if c.All {
+		mode = argChargeAll
+	}
+
+	// A cluster takes one call per slot (a cluster's DoInts fails at once).
+	var ints []int64
+	var serverErr string
+	var err error
+
+	cost := rule.CostOf(t)
+
+	if s.Backend.cluster != nil {
+		ints, serverErr, err = s.runCluster(s.Backend.cluster, c, cost)
+	} else {
+		ints, serverErr, err = CallFor(s, len(c.Layers)).RunIntsOn(s.Backend.Pool, EncodeCall(c, mode, cost))
+	}
+
+	if err != nil {
+		return err
+	}
+
+	if serverErr != "" {
+		return fmt.Errorf("running the rate-limit script: %s", serverErr)
+	}
+
+	return Record(s, t, c, ints)
+}
+
+// Refund gives back a request's charge of cost to layers, a charge that a
+// later refusal of the same request voids (the up-front global charge of a
+// credentialed request whose ip charge is refused). It goes where the charge
+// most likely went: to the memory fallback while Redis is in back-off, else
+// to Redis. A refund that fails is not retried in memory, which holds no such
+// charge: the count stays cost too high until its window ends.
+func Refund(s *RedisStore, c *charge, cost int64) {
+	if len(c.Layers) == 0 {
+		return
+	}
+
+	if s.Synced != nil {
+		syncRefund(s.Synced, c, cost)
+		return
+	}
+
+	if s.Backend.Down.Load() {
+		memstore.Refund(s.Local, c, cost)
+		forgiveRefunded(s, c, cost)
+
+		return
+	}
+
+	if err := refundOnRedis(s, c, cost); err != nil && !errors.Is(err, redisresp.ErrClosed) {
+		s.Backend.Failed(c.Now, false, fmt.Errorf("refunding a charge: %w", err))
+	}
+}
+
+// refundOnRedis runs the refund script of cost for layers in Redis (a
+// negative cost adds to the keys that exist).
+func refundOnRedis(s *RedisStore, c *charge, cost int64) error {
+	if s.Backend.cluster != nil {
+		return s.refundCluster(s.Backend.cluster, c, cost)
+	}
+
+	_, serverErr, err := refundRedis.Call(len(c.Layers), 5*len(c.Layers)+1).RunIntsOn(s.Backend.Pool, EncodeCall(c, "", cost))
+	if err == nil && serverErr != "" {
+		err = fmt.Errorf("running the refund script: %s", serverErr)
+	}
+
+	return err
+}
+
+// Record writes the script's reply (count and milliseconds to reset per
+// layer evaluated) to t, and checks it: on an error, t is to be discarded.
+func Record(s *RedisStore, t *tally, c *charge, ints []int64) error {
+	layers, now, all, n := c.Layers, c.Now, c.All, len(ints)/2
+	if len(ints)%2 != 0 || n == 0 || n > len(layers) {
+		return fmt.Errorf("%w: %d integers for %d layers", ErrBadReply, len(ints), len(layers))
+	}
+
+	t.Shown = -1
+
+	for i := 0; i < n; i++ {
+		l, count, ttl := layers[i], ints[2*i], ints[2*i+1]
+
+		// A check-only layer that allows reports the count without the
+		// request, which may be 0.
+		if count < 1 && (count < 0 || !l.CheckOnly) || ttl < 0 || ttl > l.MaxTTL {
+			return fmt.Errorf("%w: count %d, ttl %d", ErrBadReply, count, ttl)
+		}
+
+		reset := now + ttl*int64(time.Millisecond)
+
+		if count > l.Points {
+			if s.refused(t, c, i, count, reset) && !all && i < n-1 {
+				return fmt.Errorf("%w: layers answered after a refusal", ErrBadReply)
+			}
+
+			continue
+		}
+
+		if !t.Refused && !l.Quiet && (t.Shown < 0 || l.Points-count < t.Left) { // as tally.allow
+			t.Shown, t.Count, t.Reset, t.Left = i, count, reset, l.Points-count
+		}
+	}
+
+	// The script stops only at a refusal; a shorter reply that does not end in
+	// one would let a request skip the layers it did not reach.
+	if n < len(layers) && (all || !t.Refused) {
+		return fmt.Errorf("%w: %d of %d layers answered", ErrBadReply, n, len(layers))
+	}
+
+	if !t.Refused {
+		t.ResetH = []string{strconv.FormatInt(limit.CeilSeconds(t.Reset), 10)}
+	}
+
+	for i := 0; i < n; i++ {
+		// A check-only layer counts as allowed what its later charge takes
+		// (../after.go).
+		if ints[2*i] > layers[i].Points {
+			atomic.AddInt64(&layers[i].Stats.RedisRefused, 1)
+		} else if !layers[i].CheckOnly {
+			atomic.AddInt64(&layers[i].Stats.RedisAllowed, 1)
+		}
+	}
+
+	// What Redis now holds, for the fallback (fallback.go); a refused
+	// request changed nothing there.
+	if !t.Refused || all {
+		rememberAll(s.Local, c, ints)
+	}
+
+	return nil
+}
+
+// refused records that layers[i] refused with count: the key is blocked
+// locally until reset, and the first refusal per window is reported. It
+// reports whether the request is refused, so that takeRedis can tell a
+// reply that goes on after it: not by a dry-run layer, which blocks nothing.
+//
+// A key is blocked only by a refusal of the smallest cost the layer is
+// charged (layer.minCost): then every request to it would be refused until
+// reset, whatever its cost. A key that refused a larger cost (an export of
+// cost 10) may still take a smaller one (a plain read), so that refusal
+// blocks nothing and the next such request asks Redis again; the block list
+// only remembers it was reported (blockList.note).
+func (s *RedisStore) refused(t *tally, c *charge, i int, count, reset int64) bool {
+	l, key, now := c.Layers[i], c.Keys[i], c.Now
+
+	first := false
+	if !l.DryRun && (t.Cost <= 1 || t.Cost <= l.MinCost || l.BlockDuration != 0) {
+		first = s.Blocked.Add(l.BlockPrefix, key, reset, now)
+		if first {
+			ListenResets(s)
+		}
+
+		if l.BlockDuration != 0 {
+			s.Blocked.hit(l.BlockPrefix, key, first)
+		}
+	} else {
+		first = s.Blocked.note(l.BlockPrefix, key, reset, now)
+	}
+
+	return rule.RefuseAs(t, i, l, count, reset, []string{strconv.FormatInt(limit.CeilSeconds(reset), 10)}, first)
+}
