@@ -20,8 +20,8 @@ func TestMemoryLayerOnRedisServer(t *testing.T) {
 		c.IP = LayerConfig{Points: 2, Duration: "1h"}
 	})
 
-	if ok := h.p.stores.mixed; !ok || h.p.mode != modeGeneral {
-		t.Fatalf("store %T, mode %v: want the mixed store on the general path", h.p.stores, h.p.mode)
+	if _, ok := h.h.(*mixedPath); !ok || !h.p.stores.mixed {
+		t.Fatalf("handler %T, mixed %v: want the mixed store on mixedPath", h.h, h.p.stores.mixed)
 	}
 
 	now := h.clock.Now().UnixNano()

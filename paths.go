@@ -104,6 +104,7 @@ func refuseOther(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer,
 
 // redisFast is what redisPath reads: the store and the plans' calls.
 type redisFast struct {
+	mixed  bool // some layer counts in memory: mixedPath
 	store  *redisStore
 	ip     *redisPlan
 	assets *redisPlan // nil without asset prefixes
@@ -115,12 +116,84 @@ type redisPlan struct {
 	call  redisresp.Call
 	heads []string // the call's head, the keys before the client's, and its length and prefix
 	tail  string   // the end of the client's key, the keys after it, the arguments
+	// shared are the plan's layers counted in Redis, which the call
+	// charges; memory those counted in memory (mixedPath), each one's place
+	// in the plan in sharedAt and memoryAt.
+	shared, memory     []*layer
+	sharedAt, memoryAt []int
+}
+
+// mixedPath is the Redis path of an instance with layers counted in memory
+// (modeRedis, redisFast.mixed). Its ServeHTTP and chargeMemory are in
+// paths.tmpl.
+type mixedPath Plugin
+
+// unspendMemory gives back the point chargeMemory charged to the first n
+// memory layers of rp, under the memory store's lock. A window that ended
+// meanwhile is left alone: the point went with it.
+func unspendMemory(rp *redisPlan, n int, client string, now int64) {
+	for j := 0; j < n; j++ {
+		l := rp.memory[j]
+		key := client
+		if l.KeyKind == keyOfConst {
+			key = l.ConstKey
+		}
+
+		if w := l.Entries[key]; w != nil && w.List == l.List && w.Reset > now && w.Count > 0 {
+			w.Count--
+		}
+
+		l.Stats.Allowed--
+	}
+}
+
+// mixedOther is mixedPath for a request that Redis did not simply allow:
+// the memory layers are given their point back, then a refusal by Redis
+// (the reply ends in a count above its layer's points) is answered from the
+// reply, and anything else is decided anew on the general path, after
+// Redis's failure is recorded so that the general path does not wait for
+// it again.
+func mixedOther(p *Plugin, rw http.ResponseWriter, req *http.Request, rp *redisPlan, client string, ints []int64, err error) {
+	now := p.now().UnixNano()
+	s := p.memory
+	s.Mu.Lock()
+	unspendMemory(rp, len(rp.memory), client, now)
+	s.Mu.Unlock()
+
+	if n := len(ints) / 2; err == nil && n > 0 && n <= len(rp.shared) && ints[2*n-2] > rp.shared[n-1].Points {
+		redisReply(p, rw, req, rp.shared, client, now, ints)
+		return
+	}
+
+	if err != nil && !errors.Is(err, redisresp.ErrClosed) && !errors.Is(err, redisresp.ErrPoolTimeout) {
+		p.fast.store.Backend.Failed(now, false, err)
+	}
+
+	layers := p.planIP
+	if rp == p.fast.assets {
+		layers = p.planAssets
+	}
+
+	serveRedisSlow(p, rw, req, layers, client)
 }
 
 // maxFastClientKey bounds the client keys whose call head is encoded once:
 // an IPv6 address with its prefix length takes at most 43 bytes. Longer
 // keys are served by serveRedisSlow.
 const maxFastClientKey = 64
+
+// sharedClient reports whether the layers keyed by the client that a Redis
+// path charges (ip, and assets when on) count in Redis, and whether an
+// instance with layers counted in memory (anyMemoryLayer) counts the others
+// exactly: mixedPath charges both stores, the synced counters' path
+// (syncedPath) Redis's alone.
+func sharedClient(s *config.Settings) bool {
+	if !anyMemoryLayer(s) {
+		return true
+	}
+
+	return s.SyncInterval == 0 && !s.Spec(layerIP).Memory && !s.Spec(layerAssets).Memory
+}
 
 // newRedisFast encodes the calls of the plans of a modeRedis instance.
 func newRedisFast(rs *redisStore, ps plans) *redisFast {
@@ -129,6 +202,8 @@ func newRedisFast(rs *redisStore, ps plans) *redisFast {
 		f.assets = newRedisPlan(rs, ps.planAssets, 1)
 	}
 
+	f.mixed = f.ip.memory != nil || f.assets != nil && f.assets.memory != nil
+
 	return f
 }
 
@@ -136,11 +211,22 @@ func newRedisFast(rs *redisStore, ps plans) *redisFast {
 // as encodeCall encodes it, but for ARGV[1]: "2", the one-integer reply; each
 // request costs cost.
 func newRedisPlan(rs *redisStore, layers []*layer, cost int64) *redisPlan {
-	rp := &redisPlan{call: redisstore.CallFor(rs, len(layers))}
+	rp := &redisPlan{}
+	for i, l := range layers {
+		if l.Memory {
+			rp.memory = append(rp.memory, l)
+			rp.memoryAt = append(rp.memoryAt, i)
+		} else {
+			rp.shared = append(rp.shared, l)
+			rp.sharedAt = append(rp.sharedAt, i)
+		}
+	}
+
+	rp.call = redisstore.CallFor(rs, len(rp.shared))
 	front, key, tail, args := rp.call.Head(), "", "", redisstore.ArgOneInteger+redisstore.CostArg(cost)
 	seen := false
 
-	for _, l := range layers {
+	for _, l := range rp.shared {
 		args += l.RedisArgs
 
 		switch {
@@ -168,7 +254,7 @@ func newRedisPlan(rs *redisStore, layers []*layer, cost int64) *redisPlan {
 // otherwise take the general path meets what redisPath needs (see the
 // top of this file).
 func redisFastEligible(s *config.Settings, fixed, routes bool) bool {
-	return s.Store == config.StoreRedis && s.Redis.Cluster == nil && !anyMemoryLayer(s) &&
+	return s.Store == config.StoreRedis && s.Redis.Cluster == nil && sharedClient(s) &&
 		s.Headers && !s.DryRun && fixed && !routes && s.WSMaxPerIP == 0 &&
 		s.UserHeader == "" && len(s.CredHeaders)+len(s.CredCookies)+len(s.CredQuery) == 0 &&
 		len(s.ExemptIPs)+len(s.ExemptIDs) == 0 &&

@@ -837,6 +837,158 @@ func refuseSynced(p *Plugin, rw http.ResponseWriter, req *http.Request, layers [
 	_, _ = rw.Write(body)
 }
 
+// ServeHTTP is the Redis path of an instance whose plans count some layers
+// in memory (layer.Memory: typically global, a per-replica backstop): the
+// memory layers are charged first (chargeMemory), then the Redis layers in
+// one script call, as on redisPath. Anything but every layer allowing the
+// request gives the memory layers their charge back (unchargeMemory): a
+// refusal by Redis is answered from its reply (mixedReply), everything
+// else (a memory layer full, Redis failing or in back-off, a reply of
+// another shape) is decided anew on the general path (serveRedisSlow). The
+// headers show the layer with the fewest requests left of the two stores,
+// the first of equals.
+func (mp *mixedPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
+	p := (*Plugin)(mp)
+	if p.status != nil && serveStatus(p, rw, req) {
+		return
+	}
+	client := ""
+	if req.Header["X-Forwarded-For"] == nil {
+		i := strings.LastIndexByte(req.RemoteAddr, ':')
+		if i > 0 && req.RemoteAddr[0] != '[' {
+			client = req.RemoteAddr[:i]
+		}
+	}
+	if client == "" {
+		client = request.Resolve(p.ips, req)
+	}
+	layers := p.planIP
+	rp := p.fast.ip
+	if p.assetHint != nil && p.assetHint.MatchString(req.URL.Path) && isAsset(p, req) {
+		layers = p.planAssets
+		rp = p.fast.assets
+	}
+
+	rs := p.fast.store
+	if rs.Blocked.Size.Load() != 0 && refuseBlocked(p, rw, req, layers, client) {
+		return
+	}
+
+	now := p.now().UnixNano()
+	k := -1
+	var mleft, mreset int64
+	var mresetH []string
+	if !rs.Backend.Down.Load() && len(client) < maxFastClientKey {
+		k, mleft, mreset, mresetH = chargeMemory(p, rp, client, now)
+	}
+
+	if k < 0 {
+		serveRedisSlow(p, rw, req, layers, client)
+		return
+	}
+
+	v, ints, err := redisresp.ScriptInts(rs.Backend.Single, rs.Backend.Sentinel, rp.call, rp.heads[len(client)]+client+rp.tail)
+	if err != nil || ints != nil {
+		mixedOther(p, rw, req, rp, client, ints, err)
+		return
+	}
+
+	i := v % 16
+	if i >= int64(len(rp.shared)) {
+		mixedOther(p, rw, req, rp, client, []int64{v}, nil)
+		return
+	}
+	shown := rp.shared[i]
+	ttl := v / 16 % (shown.MaxTTL + 1)
+	left := v / 16 / (shown.MaxTTL + 1)
+	if left >= shown.Points {
+		mixedOther(p, rw, req, rp, client, []int64{v}, nil)
+		return
+	}
+
+	// As redisAllowed: the Redis layers' stats and the fallback's counter
+	// of the shown one.
+	reset := now + ttl*nsPerMillisecond
+	key := client
+	if shown.KeyKind == keyOfConst {
+		key = shown.ConstKey
+	}
+	local := rs.Local
+	local.Mu.Lock()
+	for _, l := range rp.shared {
+		l.Stats.Allowed++
+	}
+	var resetH []string
+	if w := shown.Entries[key]; w != nil && w.ResetSec == (reset+nsPerSecond-1)/nsPerSecond {
+		w.Count = shown.Points - left
+		resetH = w.ResetH
+	}
+	local.Mu.Unlock()
+	if resetH == nil {
+		resetH = redisstore.Remember(local, shown, key, shown.Points-left, reset, now)
+	}
+	if mleft < left || mleft == left && rp.memoryAt[k] < rp.sharedAt[i] {
+		shown = rp.memory[k]
+		left = mleft
+		reset = mreset
+		resetH = mresetH
+	}
+	h := rw.Header()
+	h["X-Ratelimit-Limit"] = shown.LimitHdr
+	h["Ratelimit-Policy"] = shown.PolicyHdr
+	h["X-Ratelimit-Reset"] = resetH
+	secs := (reset - now + (nsPerSecond - 1)) / nsPerSecond
+	if left < shown.TableLen && secs <= maxSmallInt {
+		h["X-Ratelimit-Remaining"] = shown.RemainingHdr[left]
+		h["Ratelimit"] = []string{shown.RatePrefix[left] + smallInts[secs]}
+	} else {
+		answer.SetLargeHeaders(h, shown.Name, left, secs)
+	}
+
+	p.next.ServeHTTP(rw, req)
+}
+
+// chargeMemory charges the memory layers of plan rp a point each, all or
+// nothing, as the memory fast paths do, and returns the one with the fewest
+// requests left (the first of equals): its index in rp.memory, its requests
+// left, reset and formatted reset. k is -1 when one of them is full, having
+// charged none: the general path then decides the request, with its
+// refusal's events and headers.
+func chargeMemory(p *Plugin, rp *redisPlan, client string, now int64) (k int, left, reset int64, resetH []string) {
+	k = -1
+	s := p.memory
+	s.Mu.Lock()
+	s.Takes++
+	for j, l := range rp.memory {
+		key := client
+		if l.KeyKind == keyOfConst {
+			key = l.ConstKey
+		}
+		w := l.Entries[key]
+		if w != nil && w.Reset > now && w.List == l.List {
+			w.Taken = s.Takes
+		} else {
+			w = s.Restart(now, l, w, key)
+		}
+		if w.Count >= l.Points {
+			unspendMemory(rp, j, client, now)
+			s.Mu.Unlock()
+			return -1, 0, 0, nil
+		}
+		w.Count++
+		l.Stats.Allowed++
+		if k < 0 || l.Points-w.Count < left {
+			k = j
+			left = l.Points - w.Count
+			reset = w.Reset
+			resetH = w.ResetH
+		}
+	}
+	s.Mu.Unlock()
+
+	return k, left, reset, resetH
+}
+
 // namedPlanOf is the plan of plans: that the auth server named in
 // principal.planHeader, else user (no header, or a name not in plans:).
 func namedPlanOf(p *Plugin, req *http.Request) []*layer {

@@ -141,6 +141,10 @@ func (p *Plugin) fastPath() http.Handler {
 	case modePrincipalPlans:
 		return (*principalPlansPath)(p)
 	case modeRedis:
+		if p.fast.mixed {
+			return (*mixedPath)(p)
+		}
+
 		return (*redisPath)(p)
 	}
 

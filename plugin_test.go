@@ -567,6 +567,8 @@ func pluginOf(h http.Handler) *Plugin {
 		return (*Plugin)(v)
 	case *redisPath:
 		return (*Plugin)(v)
+	case *mixedPath:
+		return (*Plugin)(v)
 	}
 
 	return h.(*Plugin)
