@@ -40,8 +40,9 @@ type statusPage struct {
 // The fast paths (paths.go) handle the common instances: the memory store,
 // headers on, no dry run, fixed windows keyed by client, principal or a
 // constant, credentials in headers only, no connection cap, no exemptions.
-// redisPath handles the anonymous instance on one Redis server
-// (redisFastEligible, paths.go).
+// redisPath handles the anonymous instance on one Redis server, and
+// mixedPath the same with layers counted in memory (redisFastEligible,
+// paths.go).
 // Every other instance takes serveGeneral, which handles everything.
 func chooseMode(s *config.Settings) mode {
 	// Route layers are charged on the general path only (classifyPath

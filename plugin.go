@@ -96,7 +96,8 @@ const (
 	// modeGeneral serves every request on serveGeneral (general.go).
 	modeGeneral
 	// modeRedis serves every request on redisPath (paths.go): the
-	// anonymous instance on the Redis store.
+	// anonymous instance on the Redis store; on mixedPath when some of its
+	// layers count in memory (redisFast.mixed).
 	modeRedis
 	// modePrincipalPlans serves every request on principalPlansPath
 	// (paths.go): modePrincipal with plans.
