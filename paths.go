@@ -121,6 +121,11 @@ type redisPlan struct {
 	// in the plan in sharedAt and memoryAt.
 	shared, memory     []*layer
 	sharedAt, memoryAt []int
+	// cluster is the Redis Cluster the call goes to (nil: one server or a
+	// Sentinel's primary), on the node of the client's slot: the plan's
+	// layers in Redis are then those keyed by the client alone
+	// (redisFastEligible).
+	cluster *redisresp.Cluster
 }
 
 // mixedPath is the Redis path of an instance with layers counted in memory
@@ -165,7 +170,9 @@ func mixedOther(p *Plugin, rw http.ResponseWriter, req *http.Request, rp *redisP
 		return
 	}
 
-	if err != nil && !errors.Is(err, redisresp.ErrClosed) && !errors.Is(err, redisresp.ErrPoolTimeout) {
+	// A Cluster's redirection (a server error) is the general path's to
+	// follow: Redis did not fail.
+	if err != nil && !errors.Is(err, redisresp.ErrClosed) && !errors.Is(err, redisresp.ErrPoolTimeout) && (rp.cluster == nil || !errors.Is(err, redisresp.ErrServer)) {
 		p.fast.store.Backend.Failed(now, false, err)
 	}
 
@@ -193,6 +200,14 @@ func sharedClient(s *config.Settings) bool {
 	}
 
 	return s.SyncInterval == 0 && !s.Spec(layerIP).Memory && !s.Spec(layerAssets).Memory
+}
+
+// oneSlot reports whether a Redis path's call has its keys in one slot: on
+// one server or a Sentinel's primary, always; on a Cluster, when global
+// counts in memory (mixedPath), so that the call's layers in Redis are
+// those keyed by the client, whose key's hash tag it is.
+func oneSlot(s *config.Settings) bool {
+	return s.Redis.Cluster == nil || s.Spec(layerGlobal).On() && s.Spec(layerGlobal).Memory
 }
 
 // newRedisFast encodes the calls of the plans of a modeRedis instance.
@@ -223,6 +238,7 @@ func newRedisPlan(rs *redisStore, layers []*layer, cost int64) *redisPlan {
 	}
 
 	rp.call = redisstore.CallFor(rs, len(rp.shared))
+	rp.cluster = redisstore.ClusterOf(rs.Backend)
 	front, key, tail, args := rp.call.Head(), "", "", redisstore.ArgOneInteger+redisstore.CostArg(cost)
 	seen := false
 
@@ -230,6 +246,12 @@ func newRedisPlan(rs *redisStore, layers []*layer, cost int64) *redisPlan {
 		args += l.RedisArgs
 
 		switch {
+		case l.KeyKind != keyOfConst && rp.cluster != nil:
+			// The client is the key's hash tag, as redisstore.ClusterKey
+			// writes it: the key's slot is the client's.
+			key = l.RedisKey + "{"
+			tail = "}\r\n"
+			seen = true
 		case l.KeyKind != keyOfConst:
 			key = l.RedisKey
 			tail = "\r\n"
@@ -243,8 +265,13 @@ func newRedisPlan(rs *redisStore, layers []*layer, cost int64) *redisPlan {
 
 	rp.tail = tail + args
 
+	extra := 0
+	if rp.cluster != nil {
+		extra = 1 // the "}" after the client
+	}
+
 	for n := 0; n < maxFastClientKey; n++ {
-		rp.heads = append(rp.heads, front+"$"+strconv.Itoa(len(key)+n)+"\r\n"+key)
+		rp.heads = append(rp.heads, front+"$"+strconv.Itoa(len(key)+n+extra)+"\r\n"+key)
 	}
 
 	return rp
@@ -254,7 +281,7 @@ func newRedisPlan(rs *redisStore, layers []*layer, cost int64) *redisPlan {
 // otherwise take the general path meets what redisPath needs (see the
 // top of this file).
 func redisFastEligible(s *config.Settings, fixed, routes bool) bool {
-	return s.Store == config.StoreRedis && s.Redis.Cluster == nil && sharedClient(s) &&
+	return s.Store == config.StoreRedis && sharedClient(s) && oneSlot(s) &&
 		s.Headers && !s.DryRun && fixed && !routes && s.WSMaxPerIP == 0 &&
 		s.UserHeader == "" && len(s.CredHeaders)+len(s.CredCookies)+len(s.CredQuery) == 0 &&
 		len(s.ExemptIPs)+len(s.ExemptIDs) == 0 &&

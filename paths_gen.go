@@ -887,7 +887,16 @@ func (mp *mixedPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 		return
 	}
 
-	v, ints, err := redisresp.ScriptInts(rs.Backend.Single, rs.Backend.Sentinel, rp.call, rp.heads[len(client)]+client+rp.tail)
+	pool := rs.Backend.Single
+	var err error
+	if rp.cluster != nil {
+		pool, err = redisresp.SlotPool(rp.cluster, redisresp.Slot(client))
+	}
+	v := int64(-1)
+	var ints []int64
+	if err == nil {
+		v, ints, err = redisresp.ScriptInts(pool, rs.Backend.Sentinel, rp.call, rp.heads[len(client)]+client+rp.tail)
+	}
 	if err != nil || ints != nil {
 		mixedOther(p, rw, req, rp, client, ints, err)
 		return

@@ -476,6 +476,23 @@ func (c *Cluster) runOn(cmd, addr string, asking bool) (Reply, error) {
 }
 
 // pool returns addr's pool, creating it.
+// SlotPool returns the pool of the node that serves slot, as the slot map
+// last read says: a script call whose keys all hash to slot runs on it with
+// ScriptInts, and a MOVED or ASK reply (an ErrServer) tells the caller to
+// take RunInts, which follows redirections and reads the map again.
+func SlotPool(c *Cluster, slot int) (*Pool, error) {
+	owner, addrs, err := c.slotMap()
+	if err != nil {
+		return nil, err
+	}
+
+	if slot < 0 || slot >= len(owner) || int(owner[slot]) >= len(addrs) {
+		return nil, fmt.Errorf("%w: no node serves slot %d", ErrNodeDown, slot)
+	}
+
+	return c.pool(addrs[owner[slot]])
+}
+
 func (c *Cluster) pool(addr string) (*Pool, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -218,3 +218,9 @@ func NewBackend(opts redisresp.Options) *RedisBackend {
 
 	return b
 }
+
+// ClusterOf is b's cluster client, or nil when b is one server or a
+// Sentinel's primary.
+func ClusterOf(b *RedisBackend) *redisresp.Cluster {
+	return b.cluster
+}
