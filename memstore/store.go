@@ -113,25 +113,10 @@ func (s *WindowStore) Attach(l *layer) {
 	s.lists = append(s.lists, l.List)
 }
 
-// chargeFixed charges cost points to the fixed window w of layers[i] under
-// the store's lock, unless they do not fit: then the layer refuses
-// (refuseFixed). It reports whether the layer refused the request.
-func chargeFixed(t *tally, i int, l *layer, w *window, cost int64, all bool) bool {
-	if w.Count+cost > l.Points {
-		return refuseFixed(t, i, l, w, cost, all)
-	}
-
-	w.Count += cost
-	l.Stats.Allowed++
-	t.Allow(i, l, w.Count, w.Reset, w.ResetH)
-
-	return false
-}
-
 // refuseFixed records that the fixed window w of layers[i] cannot take cost
-// points; the window is charged only in dry run (all, or the layer's own).
-// Kept out of chargeFixed, whose frame every charge allocates (doc.go:
-// frames). It reports whether the request is refused.
+// points (limit.Fits); the window is charged only in dry run (all, or the
+// layer's own). Kept out of take, whose frame every request allocates
+// (doc.go: frames). It reports whether the request is refused.
 func refuseFixed(t *tally, i int, l *layer, w *window, cost int64, all bool) bool {
 	l.Stats.Refused++
 	w.Refused++

@@ -2,13 +2,17 @@
 
 package memstore
 
-// take charges t.cost points (at least 1) to each of c's layers in order,
+import "github.com/tierlimit/tierlimit/limit"
+
+// Take charges t.cost points (at least 1) to each of c's layers in order,
 // under one lock so that the counts are exact under concurrency, each under
 // its key (charge.keys), and writes the outcome to t. All or nothing: a layer that cannot take the cost refuses
 // the request, which is then charged to none of the layers (the ones before
 // are given their points back, the ones after are not evaluated). A dry-run
 // layer refuses nothing (tally.refuseAs). With c.all set (the top-level dry
-// run) every layer is charged and evaluated, refusing or not.
+// run) every layer is charged and evaluated, refusing or not. A fixed window
+// is charged here rather than in a function of its own, whose frame every
+// layer would allocate (doc.go: frames).
 func (s *WindowStore) Take(t *tally, c *charge) {
 	t.Shown = -1
 	cost := t.Cost
@@ -38,7 +42,13 @@ func (s *WindowStore) Take(t *tally, c *charge) {
 			} else {
 				w = s.Restart(now, l, w, key)
 			}
-			refused = chargeFixed(t, i, l, w, cost, all)
+			if limit.Fits(w.Count, cost, l.Points) {
+				w.Count += cost
+				l.Stats.Allowed++
+				t.Allow(i, l, w.Count, w.Reset, w.ResetH)
+			} else {
+				refused = refuseFixed(t, i, l, w, cost, all)
+			}
 		}
 
 		if refused && !all {
