@@ -5,12 +5,13 @@ import (
 	"time"
 
 	"github.com/tierlimit/tierlimit/config"
+	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/memstore"
 )
 
-// TestSlidingWaitIsTheFirstAllowedMoment checks slidingWait against a brute
+// TestSlidingWaitIsTheFirstAllowedMoment checks limit.SlidingWait against a brute
 // force walk of the clock: the wait it returns is the first moment at which
-// slidingCount allows a request, within the window or in the next one.
+// limit.SlidingCount allows a request, within the window or in the next one.
 func TestSlidingWaitIsTheFirstAllowedMoment(t *testing.T) {
 	const d = 20
 
@@ -18,7 +19,7 @@ func TestSlidingWaitIsTheFirstAllowedMoment(t *testing.T) {
 		for prev := int64(0); prev <= 8; prev++ {
 			for count := int64(0); count <= points; count++ {
 				for left := int64(1); left <= d; left++ {
-					if memstore.SlidingCount(prev, count, 1, left, d) <= points {
+					if limit.SlidingCount(prev, count, 1, left, d) <= points {
 						continue // not a refusal
 					}
 
@@ -27,9 +28,9 @@ func TestSlidingWaitIsTheFirstAllowedMoment(t *testing.T) {
 					for x := int64(1); x <= left+d; x++ {
 						est := int64(0)
 						if x < left {
-							est = memstore.SlidingCount(prev, count, 1, left-x, d)
+							est = limit.SlidingCount(prev, count, 1, left-x, d)
 						} else {
-							est = memstore.SlidingCount(count, 0, 1, d-(x-left), d)
+							est = limit.SlidingCount(count, 0, 1, d-(x-left), d)
 						}
 
 						if est <= points {
@@ -38,7 +39,7 @@ func TestSlidingWaitIsTheFirstAllowedMoment(t *testing.T) {
 						}
 					}
 
-					if got := memstore.SlidingWait(prev, count, 1, points, left, d); got != want {
+					if got := limit.SlidingWait(prev, count, 1, points, left, d); got != want {
 						t.Fatalf("points %d prev %d count %d left %d: wait %d, want %d", points, prev, count, left, got, want)
 					}
 				}

@@ -10,7 +10,6 @@ import (
 
 	"github.com/tierlimit/tierlimit/answer"
 	"github.com/tierlimit/tierlimit/limit"
-	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/request"
 )
 
@@ -359,10 +358,10 @@ func (p *Plugin) liveKeys(now int64, limitedOnly bool, prefix string) ([]liveKey
 // appendSliding is liveKeys' loop for a sliding layer, under the store's lock.
 // A sliding counter holds only allowed requests, so its count never exceeds
 // the points: the listing shows the weighted count the layer decides on
-// (this window's count plus the previous window's share, see slidingCount),
+// (this window's count plus the previous window's share, limit.SlidingCount),
 // and a key is limited when its next request would be refused. A counter
 // whose window ended less than a duration ago stands for the window that
-// followed it (count 0, the ended one as the previous).
+// followed it (limit.SlidingAt).
 func appendSliding(out []liveKey, i int, l *layer, m map[string]*window, f *liveFilter) []liveKey {
 	now, limitedOnly, prefix := f.now, f.limitedOnly, f.prefix
 	for key, w := range m {
@@ -372,10 +371,10 @@ func appendSliding(out []liveKey, i int, l *layer, m map[string]*window, f *live
 
 		prev, count, reset := w.PrevCount, w.Count, w.Reset
 		if reset <= now {
-			prev, count, reset = count, 0, reset+l.Duration
+			prev, count, reset = limit.SlidingAt(prev, count, reset, now, l.Duration)
 		}
 
-		est := memstore.SlidingCount(prev, count, 0, reset-now, l.Duration)
+		est := limit.SlidingCount(prev, count, 0, reset-now, l.Duration)
 		if est >= l.Points || !limitedOnly {
 			out = append(out, liveKey{layer: i, key: key, count: est, reset: reset, limited: est >= l.Points, refused: w.Refused})
 		}
@@ -498,8 +497,10 @@ func (p *Plugin) redisFallback() bool {
 }
 
 // appendBucket is liveKeys' loop for a token-bucket layer, under the store's
-// lock: the live buckets (not full) with the tokens missing from each as
-// their count, limited when the next request would be refused.
+// lock: the live buckets (not full) with their tokens in use as their count,
+// limited when the next request would be refused: as for a window, when the
+// count is at the points (a take fits while the tokens in use plus its cost
+// are at most the burst, limit.BucketTake).
 func appendBucket(out []liveKey, i int, l *layer, m map[string]*window, f *liveFilter) []liveKey {
 	now, limitedOnly, prefix := f.now, f.limitedOnly, f.prefix
 	for key, w := range m {
@@ -507,9 +508,10 @@ func appendBucket(out []liveKey, i int, l *layer, m map[string]*window, f *liveF
 			continue
 		}
 
-		limited := w.Reset-now > (l.Points-1)*l.Interval
+		_, used := limit.BucketTake(w.Reset, now, 0, l.Points, l.Interval)
+		limited := used >= l.Points
 		if limited || !limitedOnly {
-			out = append(out, liveKey{layer: i, key: key, count: memstore.BucketUsed(w.Reset-now, l.Interval), reset: w.Reset, limited: limited, refused: w.Refused})
+			out = append(out, liveKey{layer: i, key: key, count: used, reset: w.Reset, limited: limited, refused: w.Refused})
 		}
 	}
 

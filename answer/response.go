@@ -13,6 +13,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/tierlimit/tierlimit/limit"
 )
 
 // Policy is what the answer needs of a rule that refuses: the status, the
@@ -53,7 +55,7 @@ var SmallInts = func() []string {
 
 // RetryAfter is the Retry-After value: whole seconds to the reset, rounded up, at least 1.
 func RetryAfter(reset, now int64) string {
-	retry := ceilSeconds(reset - now)
+	retry := limit.CeilSeconds(reset - now)
 	if retry < 1 {
 		return "1"
 	}
@@ -85,21 +87,10 @@ func Refuse(rw http.ResponseWriter, p *Policy, reset, now int64) {
 		return
 	}
 
-	_, _ = rw.Write([]byte(p.BodyPrefix + time.Unix(ceilSeconds(reset), 0).UTC().Format(time.RFC3339) + p.BodySuffix))
+	_, _ = rw.Write([]byte(p.BodyPrefix + time.Unix(limit.CeilSeconds(reset), 0).UTC().Format(time.RFC3339) + p.BodySuffix))
 }
 
 // writeTemplate writes a configured body; out of Refuse (../doc.go: frames).
 func writeTemplate(rw http.ResponseWriter, p *Policy, reset, now int64) {
 	_, _ = rw.Write([]byte(render(p.Body, reset, now)))
-}
-
-// ceilSeconds converts nanoseconds to whole seconds, rounding up. The root
-// package has the same function for its windows' arithmetic: the answer
-// imports nothing of the root.
-func ceilSeconds(ns int64) int64 {
-	if ns <= 0 {
-		return ns / int64(time.Second)
-	}
-
-	return (ns + int64(time.Second) - 1) / int64(time.Second)
 }

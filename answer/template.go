@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/tierlimit/tierlimit/limit"
 )
 
 // A refusal body template (response.body) is text with placeholders:
@@ -116,9 +118,9 @@ func render(parts []BodyPart, reset, now int64) string {
 		case phText:
 			b.WriteString(part.text)
 		case phReset:
-			b.WriteString(time.Unix(ceilSeconds(reset), 0).UTC().Format(time.RFC3339))
+			b.WriteString(time.Unix(limit.CeilSeconds(reset), 0).UTC().Format(time.RFC3339))
 		case phResetUnix:
-			b.WriteString(strconv.FormatInt(ceilSeconds(reset), 10))
+			b.WriteString(strconv.FormatInt(limit.CeilSeconds(reset), 10))
 		case phRetryAfter:
 			b.WriteString(RetryAfter(reset, now))
 		}

@@ -38,7 +38,7 @@ func (s *WindowStore) check(t *tally, i int, now int64, l *layer, key string, co
 		w = nil
 	}
 
-	if count+cost > l.Points {
+	if count+cost > l.Points { // !limit.Fits, written out: a call here costs every check (../doc.go: frames)
 		return checkRefused(t, i, l, w, count+cost, reset, resetH)
 	}
 
@@ -61,14 +61,14 @@ func checkSliding(t *tally, i int, now int64, l *layer, w *window, cost int64) b
 	}
 
 	if w.Reset <= now {
-		rotate(w, l)
+		rotate(w, l, now)
 	}
 
 	left := w.Reset - now
-	est := SlidingCount(w.PrevCount, w.Count, cost, left, l.Duration)
+	est := limit.SlidingCount(w.PrevCount, w.Count, cost, left, l.Duration)
 
 	if est > l.Points {
-		retry := now + SlidingWait(w.PrevCount, w.Count, cost, l.Points, left, l.Duration)
+		retry := now + limit.SlidingWait(w.PrevCount, w.Count, cost, l.Points, left, l.Duration)
 		return checkRefused(t, i, l, w, est, retry, []string{strconv.FormatInt(limit.CeilSeconds(retry), 10)})
 	}
 
@@ -77,19 +77,21 @@ func checkSliding(t *tally, i int, now int64, l *layer, w *window, cost int64) b
 	return false
 }
 
-// checkBucket is check for a token bucket (drip's arithmetic).
+// checkBucket is check for a token bucket (drip's arithmetic). An allowed
+// take of cost tokens puts cost whole intervals on the TAT, so the tokens in
+// use without it are cost fewer than BucketTake's.
 func checkBucket(t *tally, i int, now int64, l *layer, w *window, cost int64) bool {
 	tat := now
 	if w != nil && w.Reset > now {
 		tat = w.Reset
 	}
 
-	if tat-now > (l.Points-cost)*l.Interval {
-		retry := tat - (l.Points-cost)*l.Interval
-		return checkRefused(t, i, l, w, l.Points+1, retry, []string{strconv.FormatInt(limit.CeilSeconds(retry), 10)})
+	retry, used := limit.BucketTake(tat, now, cost, l.Points, l.Interval)
+	if used > l.Points {
+		return checkRefused(t, i, l, w, used, retry, []string{strconv.FormatInt(limit.CeilSeconds(retry), 10)})
 	}
 
-	rule.Allow(t, i, l, BucketUsed(tat-now, l.Interval), tat, []string{strconv.FormatInt(limit.CeilSeconds(tat), 10)})
+	rule.Allow(t, i, l, used-cost, tat, []string{strconv.FormatInt(limit.CeilSeconds(tat), 10)})
 
 	return false
 }

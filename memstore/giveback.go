@@ -1,5 +1,7 @@
 package memstore
 
+import "github.com/tierlimit/tierlimit/limit"
+
 // giveBack returns cost points to each of c's first n layers, which the
 // current request charged before a later layer refused it, under the
 // store's lock: a refused request changes no layer's count (README: Layers).
@@ -29,7 +31,7 @@ func GiveBack(c *charge, n int, cost int64, skip uint64) {
 // the present is as full as one at the present).
 func unspend(w *window, l *layer, cost int64) {
 	if l.Interval != 0 {
-		w.Reset -= cost * l.Interval
+		w.Reset = limit.BucketReturn(w.Reset, cost, l.Interval)
 		w.Expire = w.Reset
 		w.Count -= cost
 

@@ -2,13 +2,16 @@
 
 package memstore
 
-// take charges t.cost points (at least 1) to each of c's layers in order,
+// Take charges t.Cost points (at least 1) to each of c's layers in order,
 // under one lock so that the counts are exact under concurrency, each under
-// its key (charge.keys), and writes the outcome to t. All or nothing: a layer that cannot take the cost refuses
-// the request, which is then charged to none of the layers (the ones before
-// are given their points back, the ones after are not evaluated). A dry-run
-// layer refuses nothing (tally.refuseAs). With c.all set (the top-level dry
-// run) every layer is charged and evaluated, refusing or not.
+// its key (c.Keys), and writes the outcome to t. All or nothing: a layer
+// that cannot take the cost refuses the request, which is then charged to
+// none of the layers (the ones before are given their points back, the ones
+// after are not evaluated). A dry-run layer refuses nothing
+// (rule.RefuseAs). With c.All set (the top-level dry run) every layer is
+// charged and evaluated, refusing or not. A fixed window is charged here,
+// its arithmetic (limit.Fits) written out, rather than in a function of its
+// own, whose frame every layer would allocate (../doc.go: frames).
 func Take(s *WindowStore, t *tally, c *charge) {
 	t.Shown = -1
 	cost := t.Cost

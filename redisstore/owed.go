@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"sync"
 
+	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/redisresp"
 	"github.com/tierlimit/tierlimit/rule"
 )
@@ -199,7 +200,8 @@ func payDebt(s *RedisStore, k OwedKey, d owedDebt) error {
 }
 
 // windowLeft is the milliseconds left at now in memory's window of key in
-// l, or 0 when memory holds none that is live.
+// l, rounded up (limit.CeilMillis), or 0 when memory holds none that is
+// live.
 func windowLeft(s *windowStore, l *layer, key string, now int64) int64 {
 	s.Mu.Lock()
 	defer s.Mu.Unlock()
@@ -209,7 +211,7 @@ func windowLeft(s *windowStore, l *layer, key string, now int64) int64 {
 		return 0
 	}
 
-	return (w.Reset - now + NsPerMillisecond - 1) / NsPerMillisecond
+	return limit.CeilMillis(w.Reset - now)
 }
 
 // oweAgain puts back the debts a payment could not pay, with what the

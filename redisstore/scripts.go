@@ -28,9 +28,9 @@ import (
 // lives two windows from its window's start, so that the current window ends
 // at PTTL - window and, once PTTL <= window, the key holds the window before.
 // Time comes from the keys' TTLs alone, as for fixed layers. The arithmetic is
-// ../memstore/sliding.go's, in milliseconds.
+// ../limit/sliding.go's, in milliseconds.
 //
-// A token-bucket layer's key is a hash {r, n} holding its TAT (../memstore/bucket.go)
+// A token-bucket layer's key is a hash {r, n} holding its TAT (../limit/bucket.go)
 // as r + n x window / rate microseconds, with 0 <= n < rate: integers that
 // Lua numbers hold exactly, where the emission interval window / rate in
 // microseconds may have a fraction. Time is Redis's clock (TIME), which every

@@ -201,16 +201,15 @@ func SyncStateFor(ctx context.Context, name string, backend *RedisBackend, inter
 	return st
 }
 
-// syncWindow returns l's window at now: its start and end, aligned to the
-// epoch or the calendar, so that every replica computes the same.
+// SyncWindow returns l's window at now: its start and end, aligned to the
+// epoch (limit.Aligned) or the calendar (limit.Period), so that every
+// replica computes the same.
 func SyncWindow(l *layer, now int64) (int64, int64) {
 	if l.Calendar != 0 {
 		return limit.Period(now, l.Calendar, l.UtcOffset)
 	}
 
-	start := now - now%l.Duration
-
-	return start, start + l.Duration
+	return limit.Aligned(now, l.Duration)
 }
 
 // syncKey is the Redis key of bucket in l's window that starts at start:
@@ -321,9 +320,9 @@ func purgeCounters(st *SyncState, now int64) {
 	}
 }
 
-// syncTake decides a request's synced layers locally: all or nothing, as
-// the other stores (../stores.go take). It starts the sync goroutine at the
-// first request.
+// SyncTake decides a request's synced layers locally, each a fixed window
+// (limit.Fits): all or nothing, as the other stores (../stores.go take). It
+// starts the sync goroutine at the first request.
 func SyncTake(st *SyncState, t *tally, ch *charge) {
 	t.Shown = -1
 	layers, now, all := ch.Layers, ch.Now, ch.All
@@ -340,15 +339,21 @@ func SyncTake(st *SyncState, t *tally, ch *charge) {
 	refused := false
 
 	for i, l := range layers {
-		c := syncCounterFor(st, l, ch.Keys[i], now)
+		// syncCounterFor, written out: a call per layer costs more than
+		// these lines (doc.go: frames).
+		c := st.ByLayer[l.Name][ch.Keys[i]]
+		if c == nil || c.End <= now {
+			c = SyncRestart(st, l, ch.Keys[i], now)
+		}
+
 		c.points = l.Points
 		c.Touched = true
 		counters = append(counters, c)
 
-		count := c.Remote + c.Inflight + c.Pending + cost
-		if count <= l.Points {
-			if l.CheckOnly {
-				count -= cost
+		count := c.Remote + c.Inflight + c.Pending
+		if limit.Fits(count, cost, l.Points) {
+			if !l.CheckOnly {
+				count += cost
 			}
 
 			rule.Allow(t, i, l, count, c.End, c.ResetH)
@@ -359,7 +364,7 @@ func SyncTake(st *SyncState, t *tally, ch *charge) {
 		first := !c.Logged
 		c.Logged = true
 
-		if rule.RefuseAs(t, i, l, count, c.End, c.ResetH, first) {
+		if rule.RefuseAs(t, i, l, count+cost, c.End, c.ResetH, first) {
 			c.Refused++
 			refused = true
 			if !all {

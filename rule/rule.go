@@ -39,7 +39,7 @@ type Limits struct {
 	ConstKey  string
 	KeyHeader string // canonical, for keyOfHeader
 	Sliding   bool   // sliding-window counter instead of a fixed window
-	Interval  int64  // token bucket: nanoseconds per point (../memstore/bucket.go); 0 for a window
+	Interval  int64  // token bucket: nanoseconds per point (../limit/bucket.go); 0 for a window
 	Refill    int64  // token bucket: the points per duration configured; points is then the burst
 	// MinCost is the smallest cost a request charged to the layer can have:
 	// a route's cost (a request is charged the largest cost of its routes),

@@ -30,7 +30,7 @@ var budgets = map[string]float64{
 	"chain edge credentialed": 278,
 	"costed route":            599,
 	"countStatus route":       877,
-	"redis, global in memory": 532,
+	"redis, global in memory": 541,
 	"redis allowed":           454,
 	"redis refused":           240,
 	"redis synced allowed":    219,

@@ -1,0 +1,28 @@
+package limit
+
+// A fixed window holds the points charged since it started; a request of
+// cost points fits while they stay within the layer's points. A token
+// bucket's tokens in use fit a take the same way (BucketTake).
+
+// Fits reports whether a request of cost points fits a fixed window that
+// holds count of points: count + cost <= points.
+func Fits(count, cost, points int64) bool {
+	return count+cost <= points
+}
+
+// Aligned returns the start and end of the window of duration d that holds
+// now, aligned to the Unix epoch: processes that compute it for the same
+// time agree on the window without sharing any state.
+func Aligned(now, d int64) (int64, int64) {
+	start := now - now%d
+
+	return start, start + d
+}
+
+// CeilMillis converts nanoseconds to whole milliseconds, rounding up: what
+// is left of a window, in the unit of Redis's TTLs.
+func CeilMillis(ns int64) int64 {
+	return (ns + nsPerMillisecond - 1) / nsPerMillisecond
+}
+
+const nsPerMillisecond = 1000000
