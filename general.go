@@ -161,7 +161,11 @@ func serveRouted(p *Plugin, rw http.ResponseWriter, req *http.Request) bool {
 		return false
 	}
 
-	serveGeneral(p, rw, req, matched)
+	if p.routedFast {
+		serveRoutedFast(p, rw, req, matched)
+	} else {
+		serveGeneral(p, rw, req, matched)
+	}
 
 	return true
 }
@@ -209,4 +213,25 @@ func withRoutes(p *Plugin, layers []*layer, req *http.Request, hits *routeHits) 
 	}
 
 	return out
+}
+
+// routedFastEligible reports whether serveRoutedFast can charge the route
+// matches of a classify instance: no principal and no credential (the plan
+// is the client's, ip or assets), and every route a fixed window charged up
+// front (no countStatus), keyed by the client or a constant, enforcing.
+// The plan's layers are fixed windows already (chooseMode).
+func routedFastEligible(p *Plugin) bool {
+	if p.mode != modeClassify || p.UserHeader != "" || len(p.CredentialHeaders) > 0 {
+		return false
+	}
+
+	for _, rt := range p.routes {
+		l := rt.layer
+		if rt.countStatus != nil || l.Sliding || l.Interval != 0 || l.BlockDuration != 0 || l.DryRun || l.Calendar != 0 ||
+			l.KeyKind != keyOfClient && l.KeyKind != keyOfConst {
+			return false
+		}
+	}
+
+	return true
 }

@@ -404,3 +404,21 @@ var smallInts = answer.SmallInts
 func formatInt(n int64) string {
 	return strconv.FormatInt(n, 10)
 }
+
+// unspendRouted gives back the cost serveRoutedFast charged to layers,
+// under the memory store's lock. A window that ended meanwhile is left
+// alone: the points went with it.
+func unspendRouted(layers []*layer, client string, cost, now int64) {
+	for _, l := range layers {
+		key := client
+		if l.KeyKind == keyOfConst {
+			key = l.ConstKey
+		}
+
+		if w := l.Entries[key]; w != nil && w.List == l.List && w.Reset > now {
+			w.Count -= cost
+		}
+
+		l.Stats.Allowed--
+	}
+}

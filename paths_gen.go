@@ -998,6 +998,88 @@ func chargeMemory(p *Plugin, rp *redisPlan, client string, now int64) (k int, le
 	return k, left, reset, resetH
 }
 
+// serveRoutedFast charges a request of the classify path that matches
+// routes (routedFastEligible): the client's plan and the routes' layers,
+// each the largest cost of the routes, all or nothing, as the memory fast
+// paths charge, then the headers of the layer with the fewest left. A
+// layer that cannot take the cost gives the layers before it their points
+// back, and serveGeneral decides the request anew: it refuses it with its
+// events and headers.
+func serveRoutedFast(p *Plugin, rw http.ResponseWriter, req *http.Request, matched []*route) {
+	client := ""
+	if req.Header["X-Forwarded-For"] == nil {
+		i := strings.LastIndexByte(req.RemoteAddr, ':')
+		if i > 0 && req.RemoteAddr[0] != '[' {
+			client = req.RemoteAddr[:i]
+		}
+	}
+	if client == "" {
+		client = request.Resolve(p.ips, req)
+	}
+	plan := p.planIP
+	if p.assetHint != nil && p.assetHint.MatchString(req.URL.Path) && isAsset(p, req) {
+		plan = p.planAssets
+	}
+	cost := int64(1)
+	layers := make([]*layer, len(plan), len(plan)+len(matched))
+	copy(layers, plan)
+	for _, rt := range matched {
+		layers = append(layers, rt.layer)
+		if rt.cost > cost {
+			cost = rt.cost
+		}
+	}
+
+	now := p.now().UnixNano()
+	s := p.memory
+	var shown *layer // the layer with the fewest left
+	var sw *window
+	var left int64 // requests left in shown
+	s.Mu.Lock()
+	s.Takes++
+	for i, l := range layers {
+		key := client
+		if l.KeyKind == keyOfConst {
+			key = l.ConstKey
+		}
+		w := l.Entries[key]
+		if w != nil && w.Reset > now && w.List == l.List {
+			w.Taken = s.Takes
+		} else {
+			w = s.Restart(now, l, w, key)
+		}
+		if w.Count+cost > l.Points {
+			unspendRouted(layers[:i], client, cost, now)
+			s.Mu.Unlock()
+			serveGeneral(p, rw, req, matched)
+			return
+		}
+		w.Count += cost
+		l.Stats.Allowed++
+		if shown == nil || l.Points-w.Count < left {
+			shown = l
+			sw = w
+			left = l.Points - w.Count
+		}
+	}
+	reset := sw.Reset
+	resetH := sw.ResetH
+	s.Mu.Unlock()
+	h := rw.Header()
+	h["X-Ratelimit-Limit"] = shown.LimitHdr
+	h["Ratelimit-Policy"] = shown.PolicyHdr
+	h["X-Ratelimit-Reset"] = resetH
+	secs := (reset - now + (nsPerSecond - 1)) / nsPerSecond
+	if left < shown.TableLen && secs <= maxSmallInt {
+		h["X-Ratelimit-Remaining"] = shown.RemainingHdr[left]
+		h["Ratelimit"] = []string{shown.RatePrefix[left] + smallInts[secs]}
+	} else {
+		answer.SetLargeHeaders(h, shown.Name, left, secs)
+	}
+
+	p.next.ServeHTTP(rw, req)
+}
+
 // namedPlanOf is the plan of plans: that the auth server named in
 // principal.planHeader, else user (no header, or a name not in plans:).
 func namedPlanOf(p *Plugin, req *http.Request) []*layer {

@@ -7,13 +7,14 @@ import (
 	"github.com/tierlimit/tierlimit/rule"
 )
 
-// check evaluates the check-only layer l under s.mu for a request of cost
-// points, as take would charge it, and records it in t as layers[i]: a
+// checkLayer evaluates the check-only layer l under the store's lock for a
+// request of cost points, as Take would charge it, and records it in t as
+// layers[i]: a
 // refusal like any other, an allowance with the layer's count as it is
 // (nothing spent). It writes no count and makes no counter: only refusal
 // statistics, and a sliding window's move to its next window, which every
 // later charge would make the same.
-func (s *WindowStore) check(t *tally, i int, now int64, l *layer, key string, cost int64) bool {
+func checkLayer(t *tally, i int, now int64, l *layer, key string, cost int64) bool {
 	w := l.Entries[key]
 	if w != nil && w.List != l.List {
 		w = nil

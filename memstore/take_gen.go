@@ -29,7 +29,7 @@ func Take(s *WindowStore, t *tally, c *charge) {
 		refused := false
 		switch {
 		case l.CheckOnly:
-			refused = s.check(t, i, now, l, key, cost)
+			refused = checkLayer(t, i, now, l, key, cost)
 		case l.Sliding:
 			refused = s.slide(t, i, now, l, key, cost)
 		case l.Interval != 0:
