@@ -259,7 +259,7 @@ func (w *watchWriter) WriteHeader(code int) {
 	w.wroteHeader = true
 
 	if w.routes != nil {
-		w.count(code)
+		countStatus(w, code)
 	}
 
 	if w.pending != nil && w.p.invalidCode[code] && w.chargeIP() {
@@ -309,7 +309,7 @@ func (w *watchWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 
 	if !w.wroteHeader && w.routes != nil {
 		w.wroteHeader = true
-		w.count(http.StatusSwitchingProtocols)
+		countStatus(w, http.StatusSwitchingProtocols)
 	}
 
 	return h.Hijack()
@@ -367,13 +367,13 @@ func serveCounted(p *Plugin, out http.ResponseWriter, req *http.Request, c *char
 	// A handler that wrote nothing answered 200, which net/http sends.
 	if !ww.wroteHeader {
 		ww.wroteHeader = true
-		ww.count(http.StatusOK)
+		countStatus(ww, http.StatusOK)
 	}
 }
 
-// count charges the routes that list code, and shows the charge in the
+// countStatus charges the routes that list code, and shows the charge in the
 // headers when it leaves fewer requests than they show.
-func (w *watchWriter) count(code int) {
+func countStatus(w *watchWriter, code int) {
 	var layers []*layer
 
 	for _, rt := range w.routes {
