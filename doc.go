@@ -70,7 +70,11 @@
 // Modes. New chooses the mode once (chooseMode, build.go); paths.go (the
 // fast paths and the Redis paths) and general.go (the general path) state
 // what their mode guarantees them, so that the request path tests no
-// configuration it does not need.
+// configuration it does not need. Within a mode, the shapes New can tell
+// apart take paths of their own too: a Redis instance with layers in
+// memory takes mixedPath (redisFast.mixed), a route match of a classify
+// instance whose routes are fixed windows charged up front takes
+// serveRoutedFast (routedFastEligible); everything else, serveGeneral.
 //
 // Wrappers. A ResponseWriter of our own type handed to compiled code must be
 // converted to http.ResponseWriter first (an interface variable); passed
