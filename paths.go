@@ -166,7 +166,7 @@ func mixedOther(p *Plugin, rw http.ResponseWriter, req *http.Request, rp *redisP
 	s.Mu.Unlock()
 
 	if n := len(ints) / 2; err == nil && n > 0 && n <= len(rp.shared) && ints[2*n-2] > rp.shared[n-1].Points {
-		redisReply(p, rw, req, rp.shared, client, now, ints)
+		redisReply(p, rw, req, rp.shared, client, ints)
 		return
 	}
 
@@ -315,7 +315,8 @@ func serveRedisSlow(p *Plugin, rw http.ResponseWriter, req *http.Request, layers
 
 // redisFailed decides in memory a request whose script call failed, as
 // redisstore.Take does.
-func redisFailed(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, client string, now int64, err error) {
+func redisFailed(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, client string, err error) {
+	now := p.now().UnixNano()
 	rs := p.fast.store
 
 	// A closed pool is not Redis failing (redisstore.Take).
@@ -332,12 +333,13 @@ func redisFailed(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []
 
 // redisReply decides a request on a reply that redisPath did not accept: a
 // refusal, or a malformed reply (then in memory).
-func redisReply(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, client string, now int64, ints []int64) {
+func redisReply(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, client string, ints []int64) {
+	now := p.now().UnixNano()
 	var t tally
 
 	c := chargeOf(layers, client, "", req, now, false)
 	if err := redisstore.Record(p.fast.store, &t, c, ints); err != nil {
-		redisFailed(p, rw, req, layers, client, now, err)
+		redisFailed(p, rw, req, layers, client, err)
 		return
 	}
 

@@ -598,13 +598,13 @@ func (rd *redisPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	now := p.now().UnixNano()
 	v, ints, err := redisresp.ScriptInts(rs.Backend.Single, rs.Backend.Sentinel, rp.call, rp.heads[len(client)]+client+rp.tail)
 	if err != nil {
-		redisFailed(p, rw, req, layers, client, now, err)
+		redisFailed(p, rw, req, layers, client, err)
 		return
 	}
 
 	// An array: a refusal among the layers.
 	if ints != nil {
-		redisReply(p, rw, req, layers, client, now, ints)
+		redisReply(p, rw, req, layers, client, ints)
 		return
 	}
 
@@ -619,14 +619,14 @@ func redisAllowed(p *Plugin, rw http.ResponseWriter, req *http.Request, layers [
 	// the index of the layer to show (takeScript).
 	i := v % 16
 	if i >= int64(len(layers)) {
-		redisReply(p, rw, req, layers, client, now, nil)
+		redisReply(p, rw, req, layers, client, nil)
 		return
 	}
 	shown := layers[i]
 	ttl := v / 16 % (shown.MaxTTL + 1)
 	left := v / 16 / (shown.MaxTTL + 1)
 	if left >= shown.Points {
-		redisReply(p, rw, req, layers, client, now, []int64{v})
+		redisReply(p, rw, req, layers, client, []int64{v})
 		return
 	}
 
