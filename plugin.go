@@ -11,10 +11,6 @@ import (
 	"github.com/tierlimit/tierlimit/request"
 )
 
-// Package tierlimit is a Traefik middleware plugin that limits requests with
-// several layers (fixed or sliding windows, token buckets): global, per client
-// IP, per IP for public assets, per principal, and per route. See README.md for the configuration and doc.go
-// for the rules its code follows to run well under Yaegi.
 // Plugin is the middleware. It is safe for concurrent use; everything but the
 // counters is fixed in New (build.go builds it).
 type Plugin struct {
