@@ -217,8 +217,9 @@ func withRoutes(p *Plugin, layers []*layer, req *http.Request, hits *routeHits) 
 
 // routedFastEligible reports whether serveRoutedFast can charge the route
 // matches of a classify instance: no principal and no credential (the plan
-// is the client's, ip or assets), and every route a fixed window charged up
-// front (no countStatus), keyed by the client or a constant, enforcing.
+// is the client's, ip or assets), and every route a fixed window (charged
+// up front, or after the response for countStatus), keyed by the client or
+// a constant, enforcing.
 // The plan's layers are fixed windows already (chooseMode).
 func routedFastEligible(p *Plugin) bool {
 	if p.mode != modeClassify || p.UserHeader != "" || len(p.CredentialHeaders) > 0 {
@@ -227,7 +228,7 @@ func routedFastEligible(p *Plugin) bool {
 
 	for _, rt := range p.routes {
 		l := rt.layer
-		if rt.countStatus != nil || l.Sliding || l.Interval != 0 || l.BlockDuration != 0 || l.DryRun || l.Calendar != 0 ||
+		if l.Sliding || l.Interval != 0 || l.BlockDuration != 0 || l.DryRun || l.Calendar != 0 ||
 			l.KeyKind != keyOfClient && l.KeyKind != keyOfConst {
 			return false
 		}

@@ -407,11 +407,16 @@ func formatInt(n int64) string {
 	return strconv.FormatInt(n, 10)
 }
 
-// unspendRouted gives back the cost serveRoutedFast charged to layers,
+// unspendRouted gives back the cost serveRoutedFast charged to layers (not
+// the check-only ones, which it does not charge),
 // under the memory store's lock. A window that ended meanwhile is left
 // alone: the points went with it.
 func unspendRouted(layers []*layer, client string, cost, now int64) {
 	for _, l := range layers {
+		if l.CheckOnly {
+			continue // evaluated, not charged
+		}
+
 		key := client
 		if l.KeyKind == keyOfConst {
 			key = l.ConstKey
@@ -423,4 +428,16 @@ func unspendRouted(layers []*layer, client string, cost, now int64) {
 
 		l.Stats.Allowed--
 	}
+}
+
+// checkedWindow is the live window of key in the check-only layer l (a
+// countStatus route's, charged after the response) and its count, under
+// the memory store's lock: nil and 0 when the key has none, which the check
+// does not make (memstore.checkLayer).
+func checkedWindow(l *layer, key string, now int64) (*window, int64) {
+	if w := l.Entries[key]; w != nil && w.List == l.List && w.Reset > now {
+		return w, w.Count
+	}
+
+	return nil, 0
 }

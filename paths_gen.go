@@ -1002,9 +1002,12 @@ func chargeMemory(p *Plugin, rp *redisPlan, client string, now int64) (k int, le
 // routes (routedFastEligible): the client's plan and the routes' layers,
 // each the largest cost of the routes, all or nothing, as the memory fast
 // paths charge, then the headers of the layer with the fewest left. A
+// countStatus route's layer is evaluated, not charged (checkedWindow), and
+// charged after the response when its status is listed (serveCounted). A
 // layer that cannot take the cost gives the layers before it their points
 // back, and serveGeneral decides the request anew: it refuses it with its
-// events and headers.
+// events and headers; so does a check whose key has no window yet when it
+// would be the one shown.
 func serveRoutedFast(p *Plugin, rw http.ResponseWriter, req *http.Request, matched []*route) {
 	client := ""
 	if req.Header["X-Forwarded-For"] == nil {
@@ -1021,12 +1024,16 @@ func serveRoutedFast(p *Plugin, rw http.ResponseWriter, req *http.Request, match
 		plan = p.planAssets
 	}
 	cost := int64(1)
+	var counted []*route
 	layers := make([]*layer, len(plan), len(plan)+len(matched))
 	copy(layers, plan)
 	for _, rt := range matched {
 		layers = append(layers, rt.layer)
 		if rt.cost > cost {
 			cost = rt.cost
+		}
+		if rt.countStatus != nil {
+			counted = append(counted, rt)
 		}
 	}
 
@@ -1042,25 +1049,38 @@ func serveRoutedFast(p *Plugin, rw http.ResponseWriter, req *http.Request, match
 		if l.KeyKind == keyOfConst {
 			key = l.ConstKey
 		}
-		w := l.Entries[key]
-		if w != nil && w.Reset > now && w.List == l.List {
-			w.Taken = s.Takes
+		if l.CheckOnly {
+			cw, count := checkedWindow(l, key, now)
+			if count+cost <= l.Points && (shown != nil && l.Points-count >= left || cw != nil) {
+				if shown == nil || l.Points-count < left {
+					shown = l
+					sw = cw
+					left = l.Points - count
+				}
+				continue
+			}
 		} else {
-			w = s.Restart(now, l, w, key)
+			w := l.Entries[key]
+			if w != nil && w.Reset > now && w.List == l.List {
+				w.Taken = s.Takes
+			} else {
+				w = s.Restart(now, l, w, key)
+			}
+			if w.Count+cost <= l.Points {
+				w.Count += cost
+				l.Stats.Allowed++
+				if shown == nil || l.Points-w.Count < left {
+					shown = l
+					sw = w
+					left = l.Points - w.Count
+				}
+				continue
+			}
 		}
-		if w.Count+cost > l.Points {
-			unspendRouted(layers[:i], client, cost, now)
-			s.Mu.Unlock()
-			serveGeneral(p, rw, req, matched)
-			return
-		}
-		w.Count += cost
-		l.Stats.Allowed++
-		if shown == nil || l.Points-w.Count < left {
-			shown = l
-			sw = w
-			left = l.Points - w.Count
-		}
+		unspendRouted(layers[:i], client, cost, now)
+		s.Mu.Unlock()
+		serveGeneral(p, rw, req, matched)
+		return
 	}
 	reset := sw.Reset
 	resetH := sw.ResetH
@@ -1075,6 +1095,11 @@ func serveRoutedFast(p *Plugin, rw http.ResponseWriter, req *http.Request, match
 		h["Ratelimit"] = []string{shown.RatePrefix[left] + smallInts[secs]}
 	} else {
 		answer.SetLargeHeaders(h, shown.Name, left, secs)
+	}
+
+	if counted != nil {
+		serveCounted(p, rw, req, &charge{Client: client}, &routeHits{counted: counted, cost: cost}, left)
+		return
 	}
 
 	p.next.ServeHTTP(rw, req)
