@@ -209,7 +209,7 @@ func (p *Plugin) buildLayers(cfg *config.Settings, memory *windowStore) []*layer
 	p.layers = append(p.layers, plan(named...)...)
 	p.routes, p.routeMethods = buildRoutes(memory, cfg.Routes)
 	p.setPathForms(cfg)
-	p.routedFast = routedFastEligible(p)
+	routedPaths(p)
 
 	for _, rt := range p.routes {
 		p.layers = append(p.layers, rt.layer)

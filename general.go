@@ -164,10 +164,23 @@ func serveRouted(p *Plugin, rw http.ResponseWriter, req *http.Request) bool {
 	if p.routedFast {
 		serveRoutedFast(p, rw, req, matched)
 	} else {
-		serveGeneral(p, rw, req, matched)
+		serveRoutedOther(p, rw, req, matched)
 	}
 
 	return true
+}
+
+// serveRoutedOther charges the route matches of an instance whose routes
+// serveRoutedFast cannot charge: on serveCountedFast when they count
+// statuses and routedFastEligible holds, else on serveGeneral. A function of
+// its own, so that serveRouted's frame holds one branch (doc.go: frames).
+func serveRoutedOther(p *Plugin, rw http.ResponseWriter, req *http.Request, matched []*route) {
+	if p.countedFast {
+		serveCountedFast(p, rw, req, matched)
+		return
+	}
+
+	serveGeneral(p, rw, req, matched)
 }
 
 // matchRoutes returns the routes that the request, whose canonical path is
@@ -213,6 +226,24 @@ func withRoutes(p *Plugin, layers []*layer, req *http.Request, hits *routeHits) 
 	}
 
 	return out
+}
+
+// routedPaths sets what charges the route matches of a classify instance:
+// serveRoutedFast, serveCountedFast when a route counts statuses, or
+// serveGeneral when routedFastEligible says neither can. A function value
+// in a field would say it once, but Yaegi cannot store one whose signature
+// names the plugin's types.
+func routedPaths(p *Plugin) {
+	if !routedFastEligible(p) {
+		return
+	}
+
+	p.routedFast = true
+	for _, rt := range p.routes {
+		if rt.countStatus != nil {
+			p.routedFast, p.countedFast = false, true
+		}
+	}
 }
 
 // routedFastEligible reports whether serveRoutedFast can charge the route

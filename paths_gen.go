@@ -1002,13 +1002,92 @@ func chargeMemory(p *Plugin, rp *redisPlan, client string, now int64) (k int, le
 // routes (routedFastEligible): the client's plan and the routes' layers,
 // each the largest cost of the routes, all or nothing, as the memory fast
 // paths charge, then the headers of the layer with the fewest left. A
-// countStatus route's layer is evaluated, not charged (checkedWindow), and
-// charged after the response when its status is listed (serveCounted). A
+// countStatus route's layer (serveCountedFast, the instances with one) is
+// evaluated, not charged (checkedWindow), and charged after the response
+// when its status is listed (serveCounted). A
 // layer that cannot take the cost gives the layers before it their points
 // back, and serveGeneral decides the request anew: it refuses it with its
 // events and headers; so does a check whose key has no window yet when it
 // would be the one shown.
 func serveRoutedFast(p *Plugin, rw http.ResponseWriter, req *http.Request, matched []*route) {
+	client := ""
+	if req.Header["X-Forwarded-For"] == nil {
+		i := strings.LastIndexByte(req.RemoteAddr, ':')
+		if i > 0 && req.RemoteAddr[0] != '[' {
+			client = req.RemoteAddr[:i]
+		}
+	}
+	if client == "" {
+		client = request.Resolve(p.ips, req)
+	}
+	plan := p.planIP
+	if p.assetHint != nil && p.assetHint.MatchString(req.URL.Path) && isAsset(p, req) {
+		plan = p.planAssets
+	}
+	cost := int64(1)
+	layers := make([]*layer, len(plan), len(plan)+len(matched))
+	copy(layers, plan)
+	for _, rt := range matched {
+		layers = append(layers, rt.layer)
+		if rt.cost > cost {
+			cost = rt.cost
+		}
+	}
+
+	now := p.now().UnixNano()
+	s := p.memory
+	var shown *layer // the layer with the fewest left
+	var sw *window
+	var left int64 // requests left in shown
+	s.Mu.Lock()
+	s.Takes++
+	for i, l := range layers {
+		key := client
+		if l.KeyKind == keyOfConst {
+			key = l.ConstKey
+		}
+		w := l.Entries[key]
+		if w != nil && w.Reset > now && w.List == l.List {
+			w.Taken = s.Takes
+		} else {
+			w = s.Restart(now, l, w, key)
+		}
+		if w.Count+cost <= l.Points {
+			w.Count += cost
+			l.Stats.Allowed++
+			if shown == nil || l.Points-w.Count < left {
+				shown = l
+				sw = w
+				left = l.Points - w.Count
+			}
+			continue
+		}
+		unspendRouted(layers[:i], client, cost, now)
+		s.Mu.Unlock()
+		serveGeneral(p, rw, req, matched)
+		return
+	}
+	reset := sw.Reset
+	resetH := sw.ResetH
+	s.Mu.Unlock()
+	h := rw.Header()
+	h["X-Ratelimit-Limit"] = shown.LimitHdr
+	h["Ratelimit-Policy"] = shown.PolicyHdr
+	h["X-Ratelimit-Reset"] = resetH
+	secs := (reset - now + (nsPerSecond - 1)) / nsPerSecond
+	if left < shown.TableLen && secs <= maxSmallInt {
+		h["X-Ratelimit-Remaining"] = shown.RemainingHdr[left]
+		h["Ratelimit"] = []string{shown.RatePrefix[left] + smallInts[secs]}
+	} else {
+		answer.SetLargeHeaders(h, shown.Name, left, secs)
+	}
+
+	p.next.ServeHTTP(rw, req)
+}
+
+// serveCountedFast is serveRoutedFast for an instance with countStatus
+// routes.
+func serveCountedFast(p *Plugin, rw http.ResponseWriter, req *http.Request, matched []*route) {
 	client := ""
 	if req.Header["X-Forwarded-For"] == nil {
 		i := strings.LastIndexByte(req.RemoteAddr, ':')

@@ -31,9 +31,10 @@ type Plugin struct {
 	// method (or there is none), so that a request of another method skips
 	// the route matchers.
 	routeMethods map[string]bool
-	// routedFast: a request of the classify path that matches routes is
-	// charged on serveRoutedFast (routedFastEligible), else on serveGeneral.
-	routedFast bool
+	// routedFast, countedFast: a request of the classify path that matches
+	// routes is charged on serveRoutedFast, serveCountedFast, or neither:
+	// serveGeneral (routedPaths).
+	routedFast, countedFast bool
 
 	// Routes and asset prefixes match the canonical request path
 	// (request/path.go), in lower case when foldPaths; a route that wants the

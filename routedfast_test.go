@@ -16,7 +16,7 @@ func TestRoutedFastPathGivesBackWhatARefusalCharged(t *testing.T) {
 		c.Routes = []RouteConfig{{Name: "export", Key: "ip", Paths: []string{"/export"}, Points: 5, Duration: "1h", Cost: 3}}
 	})
 
-	if !h.p.routedFast {
+	if !routedFastEligible(h.p) {
 		t.Fatal("the instance's route matches are not charged on serveRoutedFast")
 	}
 
