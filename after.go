@@ -374,6 +374,18 @@ func serveCounted(p *Plugin, out http.ResponseWriter, req *http.Request, c *char
 // countStatus charges the routes that list code, and shows the charge in the
 // headers when it leaves fewer requests than they show.
 func countStatus(w *watchWriter, code int) {
+	for _, rt := range w.routes {
+		if rt.countStatus[code] {
+			chargeStatus(w, code)
+			return
+		}
+	}
+}
+
+// chargeStatus is countStatus for a status some route lists: a function of
+// its own, so that a response no route counts costs countStatus's frame
+// only (doc.go: frames).
+func chargeStatus(w *watchWriter, code int) {
 	var layers []*layer
 
 	for _, rt := range w.routes {
