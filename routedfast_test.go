@@ -35,3 +35,29 @@ func TestRoutedFastPathGivesBackWhatARefusalCharged(t *testing.T) {
 		t.Fatalf("api: %d, remaining %q, want 200 and 6 (ip charged 3 by the allowed export only)", rec.Code, rec.Header().Get("X-RateLimit-Remaining"))
 	}
 }
+
+// TestCountedFastPathLeavesACheckedRouteAlone: on serveCountedFast, a route
+// that refuses after a countStatus route was checked gives back only what
+// was charged: the countStatus route's count, which the check did not
+// raise, stays what its listed answers made it.
+func TestCountedFastPathLeavesACheckedRouteAlone(t *testing.T) {
+	h := newHarness(t, func(c *Config) {
+		loginConfig(c)
+		c.Routes = append(c.Routes, RouteConfig{Name: "login_any", Methods: []string{"POST"}, Paths: []string{"/login"}, Points: 2, Duration: "60s"})
+	})
+	h.p.next = loginBackend
+
+	if !h.p.countedFast {
+		t.Fatal("the instance's route matches are not charged on serveCountedFast")
+	}
+
+	for i, want := range []int{http.StatusUnauthorized, http.StatusUnauthorized, http.StatusTooManyRequests} {
+		if rec := login(h, "bad"); rec.Code != want {
+			t.Fatalf("bad login %d: %d, want %d", i+1, rec.Code, want)
+		}
+	}
+
+	if n := peekCount(h.p.memory, h.clock.Now().UnixNano(), "login", "203.0.113.1"); n != 2 {
+		t.Fatalf("login holds %d after two 401s and a refusal by login_any, want 2", n)
+	}
+}
