@@ -73,8 +73,9 @@
 // configuration it does not need. Within a mode, the shapes New can tell
 // apart take paths of their own too: a Redis instance with layers in
 // memory takes mixedPath (redisFast.mixed), a route match of a classify
-// instance whose routes are fixed windows charged up front takes
-// serveRoutedFast (routedFastEligible); everything else, serveGeneral.
+// instance whose routes are fixed windows takes serveRoutedFast, or
+// serveCountedFast when some route counts statuses (routedPaths);
+// everything else, serveGeneral.
 //
 // Wrappers. A ResponseWriter of our own type handed to compiled code must be
 // converted to http.ResponseWriter first (an interface variable); passed
