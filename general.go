@@ -184,12 +184,26 @@ func serveRoutedOther(p *Plugin, rw http.ResponseWriter, req *http.Request, matc
 }
 
 // matchRoutes returns the routes that the request, whose canonical path is
-// path, matches: nil when none (it allocates only on a match).
+// path, matches: nil when none (it allocates only on a match). An exact
+// path matches with or without a trailing slash; a route that compares
+// another form of the path (routeForm) is matched in that form. One function for every route, the match written out: a call
+// per route would cost its frame (doc.go: frames).
 func matchRoutes(p *Plugin, req *http.Request, path string) []*route {
 	var out []*route
 
+	n := len(path)
 	for _, rt := range p.routes {
-		if matchesRoute(rt, req, path) {
+		if rt.methods != nil && !rt.methods[req.Method] {
+			continue
+		}
+
+		form, m := path, n
+		if rt.lower || rt.caseSensitive {
+			form = routeForm(rt, req, path)
+			m = len(form)
+		}
+
+		if rt.exact[form] || m > 1 && form[m-1] == '/' && rt.exact[form[:m-1]] || hasAnyPrefix(form, rt.prefixes) {
 			out = append(out, rt)
 		}
 	}

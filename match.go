@@ -64,25 +64,9 @@ type route struct {
 	charge      *layer
 }
 
-// matchesRoute reports whether the request, with its canonical path, is the
-// route's. An exact path matches with or without a trailing slash.
-func matchesRoute(rt *route, req *http.Request, path string) bool {
-	if rt.methods != nil && !rt.methods[req.Method] {
-		return false
-	}
-
-	if rt.lower || rt.caseSensitive {
-		path = routeForm(rt, req, path)
-	}
-
-	n := len(path)
-
-	return rt.exact[path] || n > 1 && path[n-1] == '/' && rt.exact[path[:n-1]] || hasAnyPrefix(path, rt.prefixes)
-}
-
-// routeForm is the path in the form the route compares: lowered, or with
-// its case. A function of its own, so that the common route, in the
-// instance's form, costs matchesRoute's frame none of it (doc.go: frames).
+// routeForm is the path in the form route rt compares: lowered, or with
+// its case. Apart from matchRoutes, so that the common route, in the
+// instance's form, costs none of it (doc.go: frames).
 func routeForm(rt *route, req *http.Request, path string) string {
 	if rt.lower {
 		return strings.ToLower(path)

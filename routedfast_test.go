@@ -61,3 +61,20 @@ func TestCountedFastPathLeavesACheckedRouteAlone(t *testing.T) {
 		t.Fatalf("login holds %d after two 401s and a refusal by login_any, want 2", n)
 	}
 }
+
+// TestRouteExactPathMatchesWithATrailingSlash: a route's exact path
+// matches the request path with or without a trailing slash, so that
+// "/login/" cannot walk around the limit of "/login".
+func TestRouteExactPathMatchesWithATrailingSlash(t *testing.T) {
+	h := newHarness(t, func(c *Config) {
+		c.Routes = []RouteConfig{{Name: "login", Key: "ip", Paths: []string{"/login"}, Points: 1, Duration: "1h"}}
+	})
+
+	if rec := h.get("/login", "203.0.113.8:1"); rec.Code != http.StatusOK {
+		t.Fatalf("/login: %d, want 200", rec.Code)
+	}
+
+	if rec := h.get("/login/", "203.0.113.8:1"); rec.Code != http.StatusTooManyRequests || refusedLayer(rec) != "login" {
+		t.Fatalf("/login/ after /login: %d (%s), want 429 by login", rec.Code, refusedLayer(rec))
+	}
+}
