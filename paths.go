@@ -429,15 +429,3 @@ func unspendRouted(layers []*layer, client string, cost, now int64) {
 		l.Stats.Allowed--
 	}
 }
-
-// checkedWindow is the live window of key in the check-only layer l (a
-// countStatus route's, charged after the response) and its count, under
-// the memory store's lock: nil and 0 when the key has none, which the check
-// does not make (memstore.checkLayer).
-func checkedWindow(l *layer, key string, now int64) (*window, int64) {
-	if w := l.Entries[key]; w != nil && w.List == l.List && w.Reset > now {
-		return w, w.Count
-	}
-
-	return nil, 0
-}

@@ -1003,7 +1003,7 @@ func chargeMemory(p *Plugin, rp *redisPlan, client string, now int64) (k int, le
 // each the largest cost of the routes, all or nothing, as the memory fast
 // paths charge, then the headers of the layer with the fewest left. A
 // countStatus route's layer (serveCountedFast, the instances with one) is
-// evaluated, not charged (checkedWindow), and charged after the response
+// evaluated, not charged, and charged after the response
 // when its status is listed (serveCounted). A
 // layer that cannot take the cost gives the layers before it their points
 // back, and serveGeneral decides the request anew: it refuses it with its
@@ -1129,7 +1129,15 @@ func serveCountedFast(p *Plugin, rw http.ResponseWriter, req *http.Request, matc
 			key = l.ConstKey
 		}
 		if l.CheckOnly {
-			cw, count := checkedWindow(l, key, now)
+			// The key's live window, which a check does not make
+			// (memstore.checkLayer), and its count.
+			cw := l.Entries[key]
+			count := int64(0)
+			if cw != nil && cw.List == l.List && cw.Reset > now {
+				count = cw.Count
+			} else {
+				cw = nil
+			}
 			if count+cost <= l.Points && (shown != nil && l.Points-count >= left || cw != nil) {
 				if shown == nil || l.Points-count < left {
 					shown = l
@@ -1177,7 +1185,15 @@ func serveCountedFast(p *Plugin, rw http.ResponseWriter, req *http.Request, matc
 	}
 
 	if counted != nil {
-		serveCounted(p, rw, req, &charge{Client: client}, &routeHits{counted: counted, cost: cost}, left)
+		// serveCounted, written out for what the classify path serves: no
+		// pending ip charge, no WebSocket cap.
+		ww := &watchWriter{rw: rw, req: req, p: p, prevLeft: left, routes: counted, client: client, cost: cost}
+		var w http.ResponseWriter = ww // converted first (doc.go: wrappers)
+		p.next.ServeHTTP(w, req)
+		if !ww.wroteHeader {
+			ww.wroteHeader = true
+			countStatus(ww, http.StatusOK)
+		}
 		return
 	}
 

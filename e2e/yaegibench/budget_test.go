@@ -29,7 +29,7 @@ var budgets = map[string]float64{
 	"chain edge anonymous":    281,
 	"chain edge credentialed": 278,
 	"costed route":            387,
-	"countStatus route":       539,
+	"countStatus route":       497,
 	"redis, global in memory": 541,
 	"redis allowed":           454,
 	"redis refused":           240,
