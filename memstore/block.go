@@ -15,7 +15,7 @@ import (
 // key of its own (takeScript), and every replica learns its end from the
 // script's reply (its block list, blockList).
 
-// refuseBlockedAt refuses c's layer i while its key is blocked, under the
+// RefuseBlockedAt refuses c's layer i while its key is blocked, under the
 // store's lock, and reports whether it did. The block's refusals are its own first
 // refusal's event, so none of them is reported; each is counted (the layer's
 // and the key's refused).
@@ -40,7 +40,7 @@ func RefuseBlockedAt(s *WindowStore, t *tally, c *charge, i int) bool {
 	return true
 }
 
-// startBlock blocks key in l from now, after layers[i] refused it: the
+// StartBlock blocks key in l from now, after layers[i] refused it: the
 // refusal shown then says when the block ends, and it is reported (one event
 // per block, whatever the window's earlier refusals).
 func (s *WindowStore) StartBlock(t *tally, i int, now int64, l *layer, key string) {
@@ -65,7 +65,7 @@ func (s *WindowStore) StartBlock(t *tally, i int, now int64, l *layer, key strin
 	}
 }
 
-// forgetBlock drops key's block in l and reports whether it still refused.
+// ForgetBlock drops key's block in l and reports whether it still refused.
 func (s *WindowStore) ForgetBlock(l *layer, key string, now int64) bool {
 	s.Mu.Lock()
 	defer s.Mu.Unlock()
@@ -81,7 +81,7 @@ func (s *WindowStore) ForgetBlock(l *layer, key string, now int64) bool {
 	return until > now
 }
 
-// blockedKeys copies the memory store's blocks running at now whose key
+// BlockedKeys copies the memory store's blocks running at now whose key
 // starts with prefix, for the status page.
 func (s *WindowStore) BlockedKeys(now int64, layers []*layer, prefix string) []BlockedKey {
 	var out []BlockedKey
@@ -101,7 +101,7 @@ func (s *WindowStore) BlockedKeys(now int64, layers []*layer, prefix string) []B
 	return out
 }
 
-// forgetBlockKey drops key's block in the layer named layer: a reset that
+// ForgetBlockKey drops key's block in the layer named layer: a reset that
 // another replica published (../redisstore/resetsub.go), which clears the memory fallback's
 // blocks too.
 func (s *WindowStore) ForgetBlockKey(layer, key string) {
@@ -149,7 +149,7 @@ func blockHitsOf(s *WindowStore, l *layer) map[string]int64 {
 	return hits
 }
 
-// trimEntries drops the expired entries of m when it holds capacity, then others
+// TrimEntries drops the expired entries of m when it holds capacity, then others
 // until one more fits.
 func TrimEntries(m map[string]int64, capacity int, now int64) {
 	if len(m) < capacity {
@@ -171,7 +171,7 @@ func TrimEntries(m map[string]int64, capacity int, now int64) {
 	}
 }
 
-// blockedKey is a block list entry as the status endpoint lists it; prefix
+// BlockedKey is a block list entry as the status endpoint lists it; prefix
 // tells an entry of the layer's current limits (layer.blockPrefix).
 type BlockedKey struct {
 	Layer   string

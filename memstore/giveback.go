@@ -2,7 +2,7 @@ package memstore
 
 import "github.com/tierlimit/tierlimit/limit"
 
-// giveBack returns cost points to each of c's first n layers, which the
+// GiveBack returns cost points to each of c's first n layers, which the
 // current request charged before a later layer refused it, under the
 // store's lock: a refused request changes no layer's count (README: Layers).
 // Within one hold of the lock the counters are those the request charged, so
@@ -48,7 +48,7 @@ func unspend(w *window, l *layer, cost int64) {
 	}
 }
 
-// refund gives back cost points to layers that an earlier decision charged,
+// Refund gives back cost points to layers that an earlier decision charged,
 // for a request that a later, deferred charge refused (../after.go): the edge
 // charges global up front for a credentialed request, and the client's ip
 // bucket only once the chain has told a real credential from a garbage one.
@@ -65,7 +65,7 @@ func Refund(s *WindowStore, c *charge, cost int64) {
 	s.Mu.Unlock()
 }
 
-// exceptUncharged is layers without those a take left uncharged (a dry-run
+// ExceptUncharged is layers without those a take left uncharged (a dry-run
 // sliding window or token bucket that would refuse: tally.uncharged), which
 // a refund must not give points back to.
 func ExceptUncharged(layers []*layer, uncharged uint64) []*layer {

@@ -9,7 +9,7 @@ import (
 	"github.com/tierlimit/tierlimit/rule"
 )
 
-// windowStore holds fixed-window counters in memory: one counter per layer and
+// WindowStore holds fixed-window counters in memory: one counter per layer and
 // key, starting at the key's first hit and reset duration later. It is safe for
 // concurrent use; every method takes the time from its caller, so tests move a
 // clock instead of sleeping.
@@ -37,7 +37,7 @@ type WindowStore struct {
 	stats     map[string]*layerStats // by layer name
 }
 
-// totals returns a layer's allowed and refused counts, both stores together.
+// Totals returns a layer's allowed and refused counts, both stores together.
 func (s *WindowStore) Totals(st *layerStats) (allowed, refused int64) {
 	s.Mu.Lock()
 	allowed, refused = st.Allowed, st.Refused
@@ -54,7 +54,7 @@ func NewWindowStore(capacity int) *WindowStore {
 	return &WindowStore{Max: capacity, Maps: map[string]map[string]*window{}, Blocks: map[string]map[string]int64{}, stats: map[string]*layerStats{}}
 }
 
-// evicted returns the live counters dropped at the cap so far.
+// Evicted returns the live counters dropped at the cap so far.
 func (s *WindowStore) Evicted() int64 {
 	s.Mu.Lock()
 	n := s.evictions
@@ -63,14 +63,14 @@ func (s *WindowStore) Evicted() int64 {
 	return n
 }
 
-// setMax changes the cap; a lower cap takes effect as keys are added.
+// SetMax changes the cap; a lower cap takes effect as keys are added.
 func (s *WindowStore) SetMax(capacity int) {
 	s.Mu.Lock()
 	s.Max = capacity
 	s.Mu.Unlock()
 }
 
-// attach gives a layer its map and its duration's list in this store. Layers
+// Attach gives a layer its map and its duration's list in this store. Layers
 // resolve both once, in New, so the request path does no lookup.
 func (s *WindowStore) Attach(l *layer) {
 	s.Mu.Lock()
@@ -132,15 +132,11 @@ func refuseFixed(t *tally, i int, l *layer, w *window, cost int64, all bool) boo
 	return refused
 }
 
-// restart starts a new, empty window for key in l: the expired w (or one
+// Restart starts a new, empty window for key in l: the expired w (or one
 // whose layer changed duration at a reload), or a new counter, held by the
 // current request (WindowStore.Takes) so that its own later layers cannot
 // evict it. Kept out of the paths that charge so that their common case
-// stays small (doc.go: frames).
-// restart starts a new window for key in l: the expired w (or one whose layer
-// changed duration at a reload), or a new counter, charged by the current
-// request (WindowStore.Takes). Kept out of Take so that the common path stays
-// small (doc.go: frames).
+// stays small (../doc.go: frames).
 func (s *WindowStore) Restart(now int64, l *layer, w *window, key string) *window {
 	if w != nil {
 		w.List.Unlink(w)
@@ -245,14 +241,14 @@ func alignCalendar(now int64, l *layer, w *window) {
 	w.Expire = w.Reset
 }
 
-// forget drops key's counter in l, of any algorithm, and reports whether it
+// Forget drops key's counter in l, of any algorithm, and reports whether it
 // still counted something: a window not yet over (for a sliding window, one
 // whose count still weighs on the next), a token bucket not yet full.
 func (s *WindowStore) Forget(l *layer, key string, now int64) bool {
 	return s.ForgetKey(l.Name, key, now)
 }
 
-// forgetKey is forget by the layer's name, for a reset another replica sent.
+// ForgetKey is forget by the layer's name, for a reset another replica sent.
 func (s *WindowStore) ForgetKey(layer, key string, now int64) bool {
 	s.Mu.Lock()
 	defer s.Mu.Unlock()
@@ -272,7 +268,7 @@ func (s *WindowStore) ForgetKey(layer, key string, now int64) bool {
 	return w.Expire > now
 }
 
-// count returns the number of counters held, expired or not.
+// Count returns the number of counters held, expired or not.
 func (s *WindowStore) Count() int {
 	s.Mu.Lock()
 	defer s.Mu.Unlock()
@@ -280,7 +276,7 @@ func (s *WindowStore) Count() int {
 	return s.size
 }
 
-// peek returns the count and reset of a live window without charging it;
+// Peek returns the count and reset of a live window without charging it;
 // count is 0 when the key has no live window.
 func (s *WindowStore) Peek(now int64, layer, key string) (count, reset int64) {
 	s.Mu.Lock()

@@ -19,7 +19,7 @@ const (
 	maxBackoff = 5 * time.Second
 )
 
-// redisBackend is one Redis deployment as every middleware configured for it
+// RedisBackend is one Redis deployment as every middleware configured for it
 // shares it: the client (a pool, or the Sentinel-found primary's) and whether
 // Redis is usable now.
 type RedisBackend struct {
@@ -44,7 +44,7 @@ type RedisBackend struct {
 	Probe   redisProbe  // the goroutine that probes Redis while failing (probe.go)
 }
 
-// usable reports whether to call Redis at now. While failing, one request per
+// Usable reports whether to call Redis at now. While failing, one request per
 // back-off period is let through as a probe.
 func (b *RedisBackend) Usable(now int64) (use, probe bool) {
 	if !b.Down.Load() {
@@ -67,7 +67,7 @@ func (b *RedisBackend) Usable(now int64) (use, probe bool) {
 	return true, true
 }
 
-// succeeded records the back-off's probe, started at now, succeeding. Leaving
+// Succeeded records the back-off's probe, started at now, succeeding. Leaving
 // the fallback (down, the metric) and REDIS_RECOVERED are one transition.
 func (b *RedisBackend) Succeeded(now int64) {
 	b.Mu.Lock()
@@ -90,7 +90,7 @@ func (b *RedisBackend) Succeeded(now int64) {
 	}
 }
 
-// failed records a failed call. The first failure starts the back-off; a failed
+// Failed records a failed call. The first failure starts the back-off; a failed
 // probe doubles it. Failures of calls that were in flight when Redis went away
 // change nothing, so a burst of them does not inflate the back-off, and a
 // call that started before the last outage ended changes nothing either.
@@ -170,7 +170,7 @@ func (b *RedisBackend) event(name, severity, msg string, retry time.Duration, no
 	_, _ = b.Log.Write(line)
 }
 
-// backends shares one redisBackend per distinct Redis configuration across
+// Backends shares one redisBackend per distinct Redis configuration across
 // middlewares, routers and reloads, so reloads do not open new pools. A
 // backend no instance uses any more is released (../lifetime/lifetime.go) and its pool
 // closed: idle connections at once, busy ones when their call returns.
@@ -189,7 +189,7 @@ func CloseBackend(v interface{}) {
 	}
 }
 
-// get returns the backend of opts, held until ctx is cancelled.
+// Get returns the backend of opts, held until ctx is cancelled.
 func (r *BackendRegistry) Get(ctx context.Context, opts redisresp.Options) *RedisBackend {
 	id := opts.Key()
 
@@ -202,7 +202,7 @@ func (r *BackendRegistry) Get(ctx context.Context, opts redisresp.Options) *Redi
 	return b
 }
 
-// newBackend makes the client opts describe: a pool, a Sentinel's primary
+// NewBackend makes the client opts describe: a pool, a Sentinel's primary
 // (whose switches it logs) or a cluster.
 func NewBackend(opts redisresp.Options) *RedisBackend {
 	b := &RedisBackend{Pool: redisresp.NewClient(opts), Address: opts.Target(), Log: events.EventWriter}

@@ -8,7 +8,7 @@ import (
 	"github.com/tierlimit/tierlimit/memstore"
 )
 
-// blockList remembers keys that Redis reported over their limit, until their
+// BlockList remembers keys that Redis reported over their limit, until their
 // reset. It holds at most max keys. An entry is the layer's blockPrefix + the
 // key: the prefix holds the layer's limits, so that an entry made under other
 // limits (before a reload that raised the points, say) refuses nothing, where
@@ -36,14 +36,14 @@ func NewBlockList(capacity int) *BlockList {
 	return &BlockList{max: capacity, Until: map[string]int64{}, noted: map[string]int64{}, prefixes: map[string]bool{}, hits: map[string]int64{}}
 }
 
-// blockPrefix is a layer's part of its block list entries: its name and its
+// BlockPrefix is a layer's part of its block list entries: its name and its
 // Redis arguments (points, window, algorithm, rate), each ended by a NUL,
 // which neither holds.
 func BlockPrefix(l *layer) string {
 	return l.Name + "\x00" + l.RedisArgs + "\x00"
 }
 
-// resetOf returns the reset of a blocked key, or 0.
+// ResetOf returns the reset of a blocked key, or 0.
 func (b *BlockList) ResetOf(prefix, key string, now int64) int64 {
 	if b.Size.Load() == 0 {
 		return 0
@@ -66,7 +66,7 @@ func (b *BlockList) ResetOf(prefix, key string, now int64) int64 {
 	return reset
 }
 
-// add blocks a key until reset and reports whether it was not blocked yet, so
+// Add blocks a key until reset and reports whether it was not blocked yet, so
 // that a refusal is reported once per key and window.
 func (b *BlockList) Add(prefix, key string, reset, now int64) bool {
 	id := prefix + key
@@ -144,7 +144,7 @@ func (b *BlockList) note(prefix, key string, reset, now int64) bool {
 	return true
 }
 
-// snapshot copies the keys blocked at now whose key starts with prefix.
+// Snapshot copies the keys blocked at now whose key starts with prefix.
 func (b *BlockList) Snapshot(now int64, prefix string) []blockedKey {
 	if b.Size.Load() == 0 {
 		return nil
@@ -171,7 +171,7 @@ func (b *BlockList) Snapshot(now int64, prefix string) []blockedKey {
 	return out
 }
 
-// blockListLive is the Redis block list's: the latest end of a block, or of a
+// BlockListLive is the Redis block list's: the latest end of a block, or of a
 // window whose refusal was reported (noted), so that the middleware
 // configured again neither asks Redis for a key it knows blocked nor
 // reports a window's refusal twice.

@@ -37,7 +37,7 @@ func calendarArgs(l *layer, now int64) string {
 	return redisresp.Bulk(strconv.FormatInt(l.Points, 10)) + redisresp.Bulk(strconv.FormatInt(ms, 10)) + l.RedisTail
 }
 
-// redisTail is a layer's script arguments after its points and window.
+// RedisTail is a layer's script arguments after its points and window.
 func RedisTail(args string) string {
 	i := 0
 	for n := 0; n < 2; n++ {

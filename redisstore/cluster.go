@@ -8,7 +8,7 @@ import (
 	"github.com/tierlimit/tierlimit/rule"
 )
 
-// clusterKey is a layer's key in a Redis Cluster: the bucket key in a hash
+// ClusterKey is a layer's key in a Redis Cluster: the bucket key in a hash
 // tag, <keyPrefix>:<middleware>:<layer>:{<key>}, so that the layers of one
 // client (ip, assets, routes keyed by ip) share a slot, as do those of one
 // principal, and one script call charges them. A principal-keyed route's
@@ -22,7 +22,7 @@ func ClusterKey(l *layer, bucket string) string {
 	return l.RedisKey + "{" + bucket + "}"
 }
 
-// slotGroup is the layers of one request whose keys share a slot.
+// SlotGroup is the layers of one request whose keys share a slot.
 type SlotGroup struct {
 	slot   int
 	Layers []int // indexes in the request's layers, in order
@@ -137,7 +137,7 @@ func (s *RedisStore) refundCluster(cl *redisresp.Cluster, c *charge, cost int64)
 	return nil
 }
 
-// slotGroups groups c's layers by the slot of their keys, each group's
+// SlotGroups groups c's layers by the slot of their keys, each group's
 // arguments starting with head (the request's arguments); a calendar layer's
 // key and window are those of the period that holds c.now.
 func SlotGroups(c *charge, head string) []*SlotGroup {
@@ -176,7 +176,7 @@ func SlotGroups(c *charge, head string) []*SlotGroup {
 	return groups
 }
 
-// mergeSlotReplies puts the replies of the per-slot calls back in layer
+// MergeSlotReplies puts the replies of the per-slot calls back in layer
 // order, as one script call on a single server would have answered: count and
 // milliseconds to reset per layer, up to and including the first refusal in
 // evaluation order (layers of other slots that their own call charged after

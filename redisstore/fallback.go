@@ -14,7 +14,7 @@ import (
 // last reported here, and, for keys Redis never reported to this process,
 // up to their points per replica.
 
-// remember sets the memory counter of key in l to what Redis reported for
+// Remember sets the memory counter of key in l to what Redis reported for
 // it after charging a request: count points in use and the reset (Unix
 // nanoseconds: a fixed or sliding window's end, a token bucket's full time).
 // A sliding counter takes the estimate as its current window's count, with

@@ -25,7 +25,7 @@ import (
 // call that timed out after Redis ran it is then paid twice, which refuses
 // early, never late.
 
-// owedKey is one layer's key whose outage charges Redis is owed: the layer
+// OwedKey is one layer's key whose outage charges Redis is owed: the layer
 // and its key, as keyFor made it (what Redis and memory count by).
 type OwedKey struct {
 	L   *layer
@@ -128,7 +128,7 @@ func forgiveRefunded(s *RedisStore, c *charge, cost int64) {
 	o.Mu.Unlock()
 }
 
-// payOwed adds the debts to Redis, a refund of a negative cost per key: the
+// PayOwed adds the debts to Redis, a refund of a negative cost per key: the
 // refund script adds to a key that exists, and creates a missing one that
 // memory still holds a window of (payDebt).
 func PayOwed(s *RedisStore) {

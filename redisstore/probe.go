@@ -51,7 +51,7 @@ func scheduleProbe(b *RedisBackend, now int64) bool {
 	return true
 }
 
-// stopProbe ends the probing goroutine: the backend is released.
+// StopProbe ends the probing goroutine: the backend is released.
 func StopProbe(b *RedisBackend) {
 	b.Mu.Lock()
 	defer b.Mu.Unlock()

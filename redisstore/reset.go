@@ -9,7 +9,7 @@ import (
 	"github.com/tierlimit/tierlimit/redisresp"
 )
 
-// forget drops a block list entry (layer.blockPrefix + key) and reports
+// Forget drops a block list entry (layer.blockPrefix + key) and reports
 // whether it still refused.
 func (b *BlockList) Forget(id string, now int64) bool {
 	b.Mu.Lock()
@@ -52,14 +52,14 @@ func resetKeys(s *RedisStore, l *layer, key string, now int64) []string {
 	return []string{k}
 }
 
-// resetClusterKey is clusterKey for a bucket key as keyFor made it: a
+// ResetClusterKey is clusterKey for a bucket key as keyFor made it: a
 // principal-keyed route's key of a request without a principal (ip:<addr>)
 // is tagged by the address, every other by the whole key.
 func ResetClusterKey(l *layer, key string) string {
 	return ClusterKey(l, key)
 }
 
-// reset deletes key's Redis keys in l and says what it found: redisCleared,
+// Reset deletes key's Redis keys in l and says what it found: redisCleared,
 // redisAbsent, or redisUnavailable when the call failed (logged; Redis's
 // back-off is left to the requests, which will find out themselves).
 func (s *RedisStore) Reset(l *layer, key string, now int64) string {

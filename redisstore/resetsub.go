@@ -28,18 +28,18 @@ const (
 	resetRetryMax = 5 * time.Second
 )
 
-// resetChannel is the channel of the resets of keyPrefix's middlewares.
+// ResetChannel is the channel of the resets of keyPrefix's middlewares.
 func ResetChannel(keyPrefix string) string {
 	return keyPrefix + ":resets"
 }
 
-// resetMessage is a reset's message: the middleware's name, the layer's and
+// ResetMessage is a reset's message: the middleware's name, the layer's and
 // the key, the first two ended by a NUL, which neither holds (blockPrefix).
 func ResetMessage(name, layer, key string) string {
 	return name + "\x00" + layer + "\x00" + key
 }
 
-// parseResetMessage reads a resetMessage; ok is false for any other payload.
+// ParseResetMessage reads a resetMessage; ok is false for any other payload.
 func ParseResetMessage(payload string) (name, layer, key string, ok bool) {
 	i := strings.IndexByte(payload, 0)
 	if i <= 0 {
@@ -56,7 +56,7 @@ func ParseResetMessage(payload string) (name, layer, key string, ok bool) {
 	return payload[:i], rest[:j], rest[j+1:], true
 }
 
-// resetForget clears a key of a layer in one middleware besides Redis: its
+// ResetForget clears a key of a layer in one middleware besides Redis: its
 // block list entries and its memory fallback's window (forgetIn).
 type ResetForget func(layer, key string)
 
@@ -84,7 +84,7 @@ type resetListener struct {
 	done    chan struct{}
 }
 
-// newResetListener makes b's listener; it does no I/O.
+// NewResetListener makes b's listener; it does no I/O.
 func NewResetListener(b *RedisBackend, opts redisresp.Options) *resetListener {
 	event := func(msg string) {
 		b.event("REDIS_RESETS_UNAVAILABLE", "error", msg, 0, time.Now().UnixNano())
@@ -97,7 +97,7 @@ func NewResetListener(b *RedisBackend, opts redisresp.Options) *resetListener {
 		Targets: map[string]map[string]ResetForget{}, done: make(chan struct{})}
 }
 
-// listenResets has s's backend follow s's resets, from s's first block list
+// ListenResets has s's backend follow s's resets, from s's first block list
 // entry on; later calls only refresh the target (a reload's new store).
 func ListenResets(s *RedisStore) {
 	if r := s.Backend.Resets; r != nil && s.Channel != "" {
@@ -114,7 +114,7 @@ func ListenResets(s *RedisStore) {
 	}
 }
 
-// forgetIn clears a key in a middleware's block list and memory fallback,
+// ForgetIn clears a key in a middleware's block list and memory fallback,
 // at the middleware's clock.
 func ForgetIn(blocked *BlockList, local *windowStore, clock func() time.Time) ResetForget {
 	return func(layer, key string) {
@@ -222,7 +222,7 @@ func (r *resetListener) pause(d time.Duration) bool {
 	}
 }
 
-// session subscribes once and follows the connection until it fails, and
+// Session subscribes once and follows the connection until it fails, and
 // reports whether it subscribed. A panic ends the session, not Traefik.
 func (r *resetListener) Session(attempt int) (subscribed bool) {
 	defer func() {
@@ -364,7 +364,7 @@ func (r *resetListener) moved(addr string) bool {
 	return r.sentinel != nil && r.sentinel.Primary() != addr
 }
 
-// dispatch clears what the reset m names in the middleware it names; a
+// Dispatch clears what the reset m names in the middleware it names; a
 // payload that is not a reset, or names a middleware that does not listen
 // on m's channel, is dropped.
 func (r *resetListener) Dispatch(m redisresp.Message) {

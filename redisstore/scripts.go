@@ -7,7 +7,7 @@ import (
 	"github.com/tierlimit/tierlimit/redisresp"
 )
 
-// takeScript is the whole decision of one request in one round trip. It
+// TakeScript is the whole decision of one request in one round trip. It
 // decides every layer before it writes any: the first loop plans the writes,
 // which run only when no layer refused (or in a dry run), so a refused
 // request leaves every key as it found it, byte for byte. The one write the
@@ -387,7 +387,7 @@ var (
 	ArgNoRate        = redisresp.Bulk("0")
 )
 
-// costArg encodes a request's cost, ARGV[2] of takeScript.
+// CostArg encodes a request's cost, ARGV[2] of takeScript.
 func CostArg(cost int64) string {
 	if cost == 1 {
 		return argCostOne
@@ -404,13 +404,13 @@ var (
 	refundRedis = redisresp.NewScript(refundScript)
 )
 
-// takeCall is takeScript's call head for n layers: n keys, then ARGV[1],
+// TakeCall is takeScript's call head for n layers: n keys, then ARGV[1],
 // ARGV[2] and 4 arguments per layer.
 func TakeCall(n int) redisresp.Call {
 	return takeRedis.Call(n, 5*n+2)
 }
 
-// encodeCall encodes a script call's keys and arguments, but for its head:
+// EncodeCall encodes a script call's keys and arguments, but for its head:
 // the layers' keys, then mode (ARGV[1] of takeScript, none for refundScript),
 // the cost and each layer's arguments. The command is encoded here, from each
 // layer's pre-encoded parts: under Yaegi, a loop over arguments in the RESP
@@ -441,6 +441,6 @@ func EncodeCall(c *charge, mode string, cost int64) string {
 	return keys + args
 }
 
-// nsPerMillisecond is int64(time.Millisecond) as an untyped constant (see
+// NsPerMillisecond is int64(time.Millisecond) as an untyped constant (see
 // nsPerSecond).
 const NsPerMillisecond = 1000000

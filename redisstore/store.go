@@ -97,7 +97,7 @@ func Take(s *RedisStore, t *tally, c *charge) {
 	}
 }
 
-// takeLocal decides the request in memory, Redis being down or failing.
+// TakeLocal decides the request in memory, Redis being down or failing.
 // A key Redis blocked is refused before (takeBlocked); a blockDuration
 // refusal here starts a block in memory, and on the block list, so that
 // it refuses the key for the rest of the block after Redis is back too.
@@ -126,7 +126,7 @@ func (s *RedisStore) TakeLocal(t *tally, c *charge) {
 	s.Blocked.hit(l.BlockPrefix, key, first)
 }
 
-// takeBlocked refuses the request locally when one of its keys is known to be
+// TakeBlocked refuses the request locally when one of its keys is known to be
 // over its limit, and reports whether it did. A key is blocked until the
 // smallest cost fits again (redisStore.refused); a larger one refuses too,
 // but in a sliding window or a token bucket it fits later than that, so

@@ -86,10 +86,10 @@ return out
 
 var syncRedis = redisresp.NewScript(syncScript)
 
-// errSyncSkipped is a sync that did not call Redis: the back-off is running.
+// ErrSyncSkipped is a sync that did not call Redis: the back-off is running.
 var ErrSyncSkipped = errors.New("redis is in back-off")
 
-// syncCounter is one key of one window: the total Redis returned at the last
+// SyncCounter is one key of one window: the total Redis returned at the last
 // sync, the points charged locally since, and those of the sync in flight.
 type SyncCounter struct {
 	Key      string // the Redis key, naming the window's start
@@ -112,7 +112,7 @@ type SyncCounter struct {
 	Touched  bool     // a request asked since the last sync: its total is to be refreshed
 }
 
-// syncState is a middleware's synced counters, kept across reloads by
+// SyncState is a middleware's synced counters, kept across reloads by
 // syncRegistry, with the goroutine that syncs them.
 type SyncState struct {
 	Mu       sync.Mutex
@@ -140,7 +140,7 @@ func NewSyncState() *SyncState {
 // it charged since its last sync.
 var syncRegistry = lifetime.NewHeldRegistry(StopSync)
 
-// stopSync stops a released state's goroutine, then sends its pending
+// StopSync stops a released state's goroutine, then sends its pending
 // points (a sync interval longer than the release grace, or charges made
 // after the last sync): its counts that matter are Redis's.
 func StopSync(v interface{}) {
@@ -184,7 +184,7 @@ func flushSyncsOn(b *RedisBackend) {
 	}
 }
 
-// syncStateFor returns the synced counters of the middleware called name,
+// SyncStateFor returns the synced counters of the middleware called name,
 // held until ctx is cancelled, set to use backend every interval. It does no
 // I/O: the goroutine starts at the first request (syncTake).
 func SyncStateFor(ctx context.Context, name string, backend *RedisBackend, interval time.Duration, capacity int, listen func()) *SyncState {
@@ -212,7 +212,7 @@ func SyncWindow(l *layer, now int64) (int64, int64) {
 	return limit.Aligned(now, l.Duration)
 }
 
-// syncKey is the Redis key of bucket in l's window that starts at start:
+// SyncKey is the Redis key of bucket in l's window that starts at start:
 // on a Cluster with the bucket in a hash tag.
 func SyncKey(l *layer, bucket string, cluster bool, start int64) string {
 	if cluster {
@@ -233,7 +233,7 @@ func syncCounterFor(st *SyncState, l *layer, bucket string, now int64) *SyncCoun
 	return c
 }
 
-// syncRestart makes the counter of bucket in l's window at now, replacing
+// SyncRestart makes the counter of bucket in l's window at now, replacing
 // one of an ended window, and starts the sync goroutine at the first
 // request. Kept out of the request path's common case (doc.go: frames).
 // Called with st.mu held.
@@ -402,7 +402,7 @@ func chargeSynced(t *tally, counters []*SyncCounter, layers []*layer, cost int64
 	}
 }
 
-// syncForget drops the counters of bucket in the layer called layer, every
+// SyncForget drops the counters of bucket in the layer called layer, every
 // window's, and reports whether one counted something: a reset (reset.go,
 // or another replica's through resetsub.go).
 func SyncForget(st *SyncState, layer, bucket string) bool {
@@ -434,7 +434,7 @@ func syncRefund(st *SyncState, ch *charge, cost int64) {
 	st.Mu.Unlock()
 }
 
-// startSync starts the goroutine that syncs st every interval, until the
+// StartSync starts the goroutine that syncs st every interval, until the
 // registry releases st. Called with st.mu held.
 func StartSync(st *SyncState) {
 	st.Started = true
@@ -443,7 +443,7 @@ func StartSync(st *SyncState) {
 	go RunSync(st, st.Stop)
 }
 
-// runSync syncs st every interval until stop is closed. A panic ends one
+// RunSync syncs st every interval until stop is closed. A panic ends one
 // sync, not the loop (safeSync): a goroutine's panic would end the whole
 // process. One outside a sync ends the loop, and the next request starts
 // another.
@@ -476,7 +476,7 @@ func RunSync(st *SyncState, stop chan struct{}) {
 	}
 }
 
-// safeSync is one sync that recovers from a panic, giving the points of a
+// SafeSync is one sync that recovers from a panic, giving the points of a
 // sync cut short back to pending.
 func SafeSync(st *SyncState) {
 	defer func() {
@@ -488,7 +488,7 @@ func SafeSync(st *SyncState) {
 	_ = SyncNow(st, st.Now().UnixNano())
 }
 
-// syncNow sends every live counter's pending points to Redis and replaces
+// SyncNow sends every live counter's pending points to Redis and replaces
 // their remote totals with the replies; it drops the counters whose window
 // ended at now. On an error the points stay pending. One sync runs at a
 // time: a call while one is in flight returns at once.
@@ -528,7 +528,7 @@ func SyncNow(st *SyncState, now int64) error {
 	return nil
 }
 
-// collectSync moves every live counter's pending points in flight and
+// CollectSync moves every live counter's pending points in flight and
 // returns those counters, sorted by slot, and the backend to send them to;
 // nil when there is nothing to sync or a sync is under way.
 func CollectSync(st *SyncState, now int64) ([]*SyncCounter, *RedisBackend) {
@@ -605,7 +605,7 @@ func unsend(st *SyncState, batch []*SyncCounter) {
 	st.Syncing = false
 }
 
-// applySync replaces the counters' remote totals with Redis's.
+// ApplySync replaces the counters' remote totals with Redis's.
 func ApplySync(st *SyncState, batch []*SyncCounter, totals []int64) {
 	st.Mu.Lock()
 	defer st.Mu.Unlock()
@@ -622,7 +622,7 @@ func ApplySync(st *SyncState, batch []*SyncCounter, totals []int64) {
 	st.Syncing = false
 }
 
-// sendSync runs syncScript for batch: chunks of syncBatch keys, one call
+// SendSync runs syncScript for batch: chunks of syncBatch keys, one call
 // each, or on a Cluster one call per slot, sent together. It returns the
 // totals in batch's order.
 func SendSync(b *RedisBackend, batch []*SyncCounter, now int64) ([]int64, error) {
