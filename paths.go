@@ -116,11 +116,11 @@ type redisPlan struct {
 	call  redisresp.Call
 	heads []string // the call's head, the keys before the client's, and its length and prefix
 	tail  string   // the end of the client's key, the keys after it, the arguments
-	// shared are the plan's layers counted in Redis, which the call
-	// charges; memory those counted in memory (mixedPath), each one's place
-	// in the plan in sharedAt and memoryAt.
-	shared, memory     []*layer
-	sharedAt, memoryAt []int
+	// layers is the plan; shared its layers counted in Redis, which the
+	// call charges; memory those counted in memory (mixedPath), each one's
+	// place in the plan in sharedAt and memoryAt.
+	layers, shared, memory []*layer
+	sharedAt, memoryAt     []int
 	// cluster is the Redis Cluster the call goes to (nil: one server or a
 	// Sentinel's primary), on the node of the client's slot: the plan's
 	// layers in Redis are then those keyed by the client alone
@@ -132,25 +132,6 @@ type redisPlan struct {
 // (modeRedis, redisFast.mixed). Its ServeHTTP and chargeMemory are in
 // paths.tmpl.
 type mixedPath Plugin
-
-// unspendMemory gives back the point chargeMemory charged to the first n
-// memory layers of rp, under the memory store's lock. A window that ended
-// meanwhile is left alone: the point went with it.
-func unspendMemory(rp *redisPlan, n int, client string, now int64) {
-	for j := 0; j < n; j++ {
-		l := rp.memory[j]
-		key := client
-		if l.KeyKind == keyOfConst {
-			key = l.ConstKey
-		}
-
-		if w := l.Entries[key]; w != nil && w.List == l.List && w.Reset > now && w.Count > 0 {
-			w.Count--
-		}
-
-		l.Stats.Allowed--
-	}
-}
 
 // mixedOther is mixedPath for a request that Redis did not simply allow:
 // the memory layers are given their point back, then a refusal by Redis
@@ -176,12 +157,7 @@ func mixedOther(p *Plugin, rw http.ResponseWriter, req *http.Request, rp *redisP
 		p.fast.store.Backend.Failed(now, false, err)
 	}
 
-	layers := p.planIP
-	if rp == p.fast.assets {
-		layers = p.planAssets
-	}
-
-	serveRedisSlow(p, rw, req, layers, client)
+	serveRedisSlow(p, rw, req, rp.layers, client)
 }
 
 // maxFastClientKey bounds the client keys whose call head is encoded once:
@@ -226,7 +202,7 @@ func newRedisFast(rs *redisStore, ps plans) *redisFast {
 // as encodeCall encodes it, but for ARGV[1]: "2", the one-integer reply; each
 // request costs cost.
 func newRedisPlan(rs *redisStore, layers []*layer, cost int64) *redisPlan {
-	rp := &redisPlan{}
+	rp := &redisPlan{layers: layers}
 	for i, l := range layers {
 		if l.Memory {
 			rp.memory = append(rp.memory, l)
@@ -407,12 +383,20 @@ func formatInt(n int64) string {
 	return strconv.FormatInt(n, 10)
 }
 
-// unspendRouted gives back the cost serveRoutedFast charged to layers (not
-// the check-only ones, which it does not charge),
-// under the memory store's lock. A window that ended meanwhile is left
-// alone: the points went with it.
-func unspendRouted(layers []*layer, client string, cost, now int64) {
-	for _, l := range layers {
+// unspendMemory is unspendFast for the first n memory layers of plan rp,
+// which mixedPath charges a point each: a call of chargeMemory's own shape,
+// whose frame holds no more for it (doc.go: frames).
+func unspendMemory(rp *redisPlan, n int, client string, now int64) {
+	unspendFast(rp.memory, n, client, 1, now)
+}
+
+// unspendFast gives back the cost a fast path (serveRoutedFast,
+// serveCountedFast, mixedPath) charged to the first n layers, and their
+// allowed counts, under the memory store's lock, for a request the general
+// path then decides anew. A check-only layer was evaluated, not charged; a window
+// that ended meanwhile is left alone: the points went with it.
+func unspendFast(layers []*layer, n int, client string, cost, now int64) {
+	for _, l := range layers[:n] {
 		if l.CheckOnly {
 			continue // evaluated, not charged
 		}
@@ -424,6 +408,9 @@ func unspendRouted(layers []*layer, client string, cost, now int64) {
 
 		if w := l.Entries[key]; w != nil && w.List == l.List && w.Reset > now {
 			w.Count -= cost
+			if w.Count < 0 {
+				w.Count = 0
+			}
 		}
 
 		l.Stats.Allowed--

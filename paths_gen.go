@@ -1062,7 +1062,7 @@ func serveRoutedFast(p *Plugin, rw http.ResponseWriter, req *http.Request, match
 			}
 			continue
 		}
-		unspendRouted(layers[:i], client, cost, now)
+		unspendFast(layers, i, client, cost, now)
 		s.Mu.Unlock()
 		serveGeneral(p, rw, req, matched)
 		return
@@ -1164,7 +1164,7 @@ func serveCountedFast(p *Plugin, rw http.ResponseWriter, req *http.Request, matc
 				continue
 			}
 		}
-		unspendRouted(layers[:i], client, cost, now)
+		unspendFast(layers, i, client, cost, now)
 		s.Mu.Unlock()
 		serveGeneral(p, rw, req, matched)
 		return

@@ -31,7 +31,7 @@ type stores struct {
 	memory *windowStore
 	redis  *redisStore
 	// blocks: a layer counted in memory has a blockDuration, so memory
-	// checks and starts blocks (memstore.TakeBlocking); Redis blocks in its
+	// checks and starts blocks (memstore.TakeWithBlocks); Redis blocks in its
 	// script.
 	blocks bool
 	// mixed: a layer of a Redis instance counts in memory (layer.Memory):
@@ -64,7 +64,7 @@ func take(st *stores, t *tally, c *charge) {
 func takeComposed(st *stores, t *tally, c *charge) {
 	switch {
 	case st.redis == nil:
-		takeMemory(st, t, c)
+		memstore.TakeWithBlocks(st.memory, st.blocks, t, c)
 	case st.mixed:
 		takeMixed(st, t, c)
 	default:
@@ -74,17 +74,6 @@ func takeComposed(st *stores, t *tally, c *charge) {
 	if st.month && t.Shown >= 0 && c.Layers[t.Shown].Month != nil {
 		t.Firsts |= monthPolicyBit
 	}
-}
-
-// takeMemory is take in the memory store, with blocks when a layer has a
-// blockDuration.
-func takeMemory(st *stores, t *tally, c *charge) {
-	if st.blocks {
-		memstore.TakeBlocking(st.memory, t, c)
-		return
-	}
-
-	memstore.Take(st.memory, t, c)
 }
 
 // refund gives cost points back to c's layers, which an earlier take
@@ -116,13 +105,13 @@ func takeMixed(st *stores, t *tally, c *charge) {
 	}
 
 	if len(shared) == 0 {
-		takeMemory(st, t, c)
+		memstore.TakeWithBlocks(st.memory, st.blocks, t, c)
 		return
 	}
 
 	tm := tally{Cost: t.Cost}
 	cm := rule.ChargeAt(c, li)
-	takeMemory(st, &tm, cm)
+	memstore.TakeWithBlocks(st.memory, st.blocks, &tm, cm)
 
 	if tm.Refused && !c.All {
 		*t = tally{Cost: t.Cost, Shown: -1}

@@ -181,6 +181,17 @@ type BlockedKey struct {
 	Refused int64 // the requests a blockDuration block refused (0: not counted)
 }
 
+// TakeWithBlocks is Take, or TakeBlocking when blocks is set: what a store
+// whose layers may block (a blockDuration counted in memory) calls.
+func TakeWithBlocks(s *WindowStore, blocks bool, t *tally, c *charge) {
+	if blocks {
+		TakeBlocking(s, t, c)
+		return
+	}
+
+	Take(s, t, c)
+}
+
 // TakeBlocking is Take with the layers' blocks, for an instance with a
 // blockDuration layer in memory and for the Redis store's fallback: a
 // request of a blocked key is refused, charged nowhere; a refusal of a

@@ -25,7 +25,7 @@ type RedisStore struct {
 	Backend *RedisBackend
 	Local   *windowStore
 	// Blocks: a layer has a blockDuration, so that the fallback decides
-	// with blocks (memstore.TakeBlocking) when Redis cannot (takeLocal).
+	// with blocks (memstore.TakeWithBlocks) when Redis cannot (takeLocal).
 	Blocks  bool
 	Blocked *BlockList
 	Owed    *owedCounts      // what the fallback charged during an outage (owed.go)
@@ -102,11 +102,7 @@ func Take(s *RedisStore, t *tally, c *charge) {
 // refusal here starts a block in memory, and on the block list, so that
 // it refuses the key for the rest of the block after Redis is back too.
 func (s *RedisStore) TakeLocal(t *tally, c *charge) {
-	if s.Blocks {
-		memstore.TakeBlocking(s.Local, t, c)
-	} else {
-		memstore.Take(s.Local, t, c)
-	}
+	memstore.TakeWithBlocks(s.Local, s.Blocks, t, c)
 
 	if !t.Refused || c.All {
 		oweCharged(s, t, c)
