@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"sync"
 
 	"github.com/tierlimit/tierlimit/memstore"
 )
@@ -225,6 +226,8 @@ func (w *watchWriter) chargeIP() bool {
 // without a Content-Length (event streams, gRPC, chunked bodies), which keeps
 // streaming live, and passes Hijack through for WebSocket upgrades.
 type watchWriter struct {
+	self http.ResponseWriter // this writer as compiled code sees it (watchPool)
+
 	rw       http.ResponseWriter
 	req      *http.Request
 	p        *Plugin
@@ -232,13 +235,28 @@ type watchWriter struct {
 
 	pending *pendingIP // a credentialed request's ip charge; nil: none
 
-	routes            []*route // countStatus routes matched; nil: none
+	routes            []*route // the routes matched, some with countStatus; nil: none
 	client, principal string   // the routes' keys
 	cost              int64    // the request's cost, which a listed status charges
 
 	wroteHeader bool
 	discard     bool // the downstream's answer was replaced by a 429
 	flushEach   bool
+}
+
+// watchPool holds watchWriters between requests, each with its self made
+// once: under Yaegi, converting an interpreted writer to http.ResponseWriter
+// builds a compiled adapter, about 30 allocations a request (doc.go:
+// wrappers). A writer goes back to the pool only once next has returned, when
+// nothing may use it any more (net/http's rule for a ResponseWriter).
+var watchPool sync.Pool
+
+// newPooledWatch is a watchWriter for watchPool, its self converted.
+func newPooledWatch() *watchWriter {
+	ww := &watchWriter{}
+	ww.self = ww
+
+	return ww
 }
 
 func (w *watchWriter) Header() http.Header {

@@ -266,7 +266,7 @@ func buildRoutes(memory *windowStore, specs []config.Route) ([]*route, map[strin
 		}
 
 		rt := &route{
-			layer: newLayer(memory, rs.Rule, routeKeyKinds[rs.Key]), exact: rs.Exact, prefixes: rs.Prefixes,
+			layer: newLayer(memory, rs.Rule, routeKeyKinds[rs.Key]), exact: withTrailingSlash(rs.Exact), prefixes: rs.Prefixes,
 			caseSensitive: rs.CaseSensitive, cost: rs.Cost, countStatus: rs.CountStatus,
 		}
 		if len(rs.Methods) > 0 {
@@ -307,7 +307,24 @@ func (p *Plugin) setPathForms(cfg *config.Settings) {
 	for _, rt := range p.routes {
 		rt.lower = !rt.caseSensitive && !p.foldPaths
 		rt.caseSensitive = rt.caseSensitive && p.foldPaths
+		rt.otherForm = rt.lower || rt.caseSensitive
 	}
+}
+
+// withTrailingSlash is the set of paths, each with and without a trailing
+// slash (route.exact); nil for none.
+func withTrailingSlash(paths map[string]bool) map[string]bool {
+	if len(paths) == 0 {
+		return nil
+	}
+
+	out := make(map[string]bool, 2*len(paths))
+	for path := range paths {
+		out[path] = true
+		out[path+"/"] = true
+	}
+
+	return out
 }
 
 // newRedisStore makes the Redis store of an instance and encodes each

@@ -163,24 +163,13 @@ func serveRouted(p *Plugin, rw http.ResponseWriter, req *http.Request) bool {
 
 	if p.routedFast {
 		serveRoutedFast(p, rw, req, matched)
+	} else if p.countedFast {
+		serveCountedFast(p, rw, req, matched)
 	} else {
-		serveRoutedOther(p, rw, req, matched)
+		serveGeneral(p, rw, req, matched)
 	}
 
 	return true
-}
-
-// serveRoutedOther charges the route matches of an instance whose routes
-// serveRoutedFast cannot charge: on serveCountedFast when they count
-// statuses and routedFastEligible holds, else on serveGeneral. A function of
-// its own, so that serveRouted's frame holds one branch (doc.go: frames).
-func serveRoutedOther(p *Plugin, rw http.ResponseWriter, req *http.Request, matched []*route) {
-	if p.countedFast {
-		serveCountedFast(p, rw, req, matched)
-		return
-	}
-
-	serveGeneral(p, rw, req, matched)
 }
 
 // matchRoutes returns the routes that the request, whose canonical path is
@@ -191,19 +180,17 @@ func serveRoutedOther(p *Plugin, rw http.ResponseWriter, req *http.Request, matc
 func matchRoutes(p *Plugin, req *http.Request, path string) []*route {
 	var out []*route
 
-	n := len(path)
 	for _, rt := range p.routes {
 		if rt.methods != nil && !rt.methods[req.Method] {
 			continue
 		}
 
-		form, m := path, n
-		if rt.lower || rt.caseSensitive {
+		form := path
+		if rt.otherForm {
 			form = routeForm(rt, req, path)
-			m = len(form)
 		}
 
-		if rt.exact[form] || m > 1 && form[m-1] == '/' && rt.exact[form[:m-1]] || hasAnyPrefix(form, rt.prefixes) {
+		if rt.exact[form] || hasAnyPrefix(form, rt.prefixes) {
 			out = append(out, rt)
 		}
 	}

@@ -48,12 +48,15 @@ func keyFor(l *layer, client, principal string, req *http.Request) string {
 
 // route is a route limit with its matcher.
 type route struct {
-	layer         *layer
-	methods       map[string]bool // nil: any method
-	exact         map[string]bool // canonical (request/path.go)
+	layer   *layer
+	methods map[string]bool // nil: any method
+	// exact holds the exact paths, canonical (request/path.go), each also
+	// with a trailing slash: an exact path matches with or without one.
+	exact         map[string]bool
 	prefixes      []string
 	lower         bool // ignores case where the instance's paths keep theirs: lowers the path
 	caseSensitive bool // compares case where the instance's paths are lowered: canonicalises anew
+	otherForm     bool // lower or caseSensitive: routeForm gives the path it compares
 	// cost is what a matching request is charged in each of its layers
 	// (config.Route.Cost).
 	cost int64

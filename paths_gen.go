@@ -1103,7 +1103,7 @@ func serveCountedFast(p *Plugin, rw http.ResponseWriter, req *http.Request, matc
 		plan = p.planAssets
 	}
 	cost := int64(1)
-	var counted []*route
+	watch := false // some route counts statuses: the response is watched
 	layers := make([]*layer, len(plan), len(plan)+len(matched))
 	copy(layers, plan)
 	for _, rt := range matched {
@@ -1112,7 +1112,7 @@ func serveCountedFast(p *Plugin, rw http.ResponseWriter, req *http.Request, matc
 			cost = rt.cost
 		}
 		if rt.countStatus != nil {
-			counted = append(counted, rt)
+			watch = true
 		}
 	}
 
@@ -1184,16 +1184,22 @@ func serveCountedFast(p *Plugin, rw http.ResponseWriter, req *http.Request, matc
 		answer.SetLargeHeaders(h, shown.Name, left, secs)
 	}
 
-	if counted != nil {
+	if watch {
 		// serveCounted, written out for what the classify path serves: no
-		// pending ip charge, no WebSocket cap.
-		ww := &watchWriter{rw: rw, req: req, p: p, prevLeft: left, routes: counted, client: client, cost: cost}
-		var w http.ResponseWriter = ww // converted first (doc.go: wrappers)
-		p.next.ServeHTTP(w, req)
+		// pending ip charge, no WebSocket cap; a pooled writer (watchPool).
+		ww, _ := watchPool.Get().(*watchWriter)
+		if ww == nil {
+			ww = newPooledWatch()
+		}
+		*ww = watchWriter{self: ww.self, rw: rw, req: req, p: p, prevLeft: left, routes: matched, client: client, cost: cost}
+		p.next.ServeHTTP(ww.self, req)
 		if !ww.wroteHeader {
 			ww.wroteHeader = true
 			countStatus(ww, http.StatusOK)
 		}
+		ww.rw = nil
+		ww.req = nil
+		watchPool.Put(ww)
 		return
 	}
 

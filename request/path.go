@@ -22,10 +22,24 @@ const maxDecodes = 3
 
 // CanonicalPath returns the canonical form of the decoded URL path p, in
 // lower case when fold is set. Paths that hold nothing to canonicalise, the
-// usual case, come back unchanged from a few compiled string searches: under
-// Yaegi the rare work lives in cleanPath, whose frame only those requests pay
-// for.
+// usual case, come back unchanged from one compiled regexp search: under
+// Yaegi each compiled call allocates, and the rare work lives in
+// canonicalForm and cleanPath, whose frames only those requests pay for.
 func CanonicalPath(p string, fold bool) string {
+	clean := canonical
+	if fold {
+		clean = canonicalLower
+	}
+
+	if p != "" && p[0] == '/' && !clean.MatchString(p) {
+		return p
+	}
+
+	return canonicalForm(p, fold)
+}
+
+// canonicalForm is CanonicalPath of a path that may change.
+func canonicalForm(p string, fold bool) string {
 	if p == "" || p[0] != '/' || strings.ContainsAny(p, `%;\`) || strings.Contains(p, "//") || strings.Contains(p, "/.") {
 		p = cleanPath(p)
 	}
@@ -91,7 +105,12 @@ var (
 	// escaped is a "%" escaped as "%25" and the two hex digits that follow it.
 	escaped = regexp.MustCompile(`%25([0-9A-Fa-f]{2})`)
 	// validEscape is a "%" and the two hex digits of an escape.
-	validEscape = regexp.MustCompile(`%([0-9A-Fa-f]{2})`)
+	// canonical matches a path that cleanPath may change, canonicalLower
+	// one that it or strings.ToLower may change: one compiled call for the
+	// usual path, where each call from Yaegi allocates.
+	canonical      = regexp.MustCompile(`[%;\\]|//|/\.`)
+	canonicalLower = regexp.MustCompile(`[%;\\A-Z\x80-\x{10FFFF}]|//|/\.`)
+	validEscape    = regexp.MustCompile(`%([0-9A-Fa-f]{2})`)
 )
 
 // dropParams removes from every segment of p what follows its first ";".

@@ -97,7 +97,7 @@ func TestCanonicalPattern(t *testing.T) {
 func FuzzCanonicalPath(f *testing.F) {
 	for _, s := range []string{
 		"/auth/login", "/auth/login/", "/AUTH/LOGIN", "/auth/login;jsessionid=1", "/assets/../auth/login",
-		"//auth/login", "/auth/./login", "/auth//login", "/a/%2e%2e/%252F;x\\y", "", "%", "/\u0130\u212a", "/%000;x%0%0X",
+		"//auth/login", "/auth/./login", "/auth//login", "/a/%2e%2e/%252F;x\\y", "", "%", "/\u0130\u212a", "/%000;x%0%0X", "/Api/Items", "/api/\xc3", "/caf\u00c9",
 	} {
 		f.Add(s)
 	}
@@ -116,6 +116,13 @@ func FuzzCanonicalPath(f *testing.F) {
 
 		if again := CanonicalPath(got, false); again != got {
 			t.Fatalf("CanonicalPath not idempotent: %q -> %q -> %q", in, got, again)
+		}
+
+		// The one-search check skips only paths that stay as they are.
+		for _, fold := range []bool{false, true} {
+			if got, want := CanonicalPath(in, fold), canonicalForm(in, fold); got != want {
+				t.Fatalf("CanonicalPath(%q, %v) = %q, want %q", in, fold, got, want)
+			}
 		}
 
 		folded := CanonicalPath(in, true)

@@ -28,8 +28,8 @@ var budgets = map[string]float64{
 	"principal with plans":    259,
 	"chain edge anonymous":    281,
 	"chain edge credentialed": 278,
-	"costed route":            387,
-	"countStatus route":       497,
+	"costed route":            352,
+	"countStatus route":       427,
 	"redis, global in memory": 541,
 	"redis allowed":           454,
 	"redis refused":           240,
@@ -188,14 +188,42 @@ func TestAllocationBudgets(t *testing.T) {
 		}
 	}
 
+	checkWithinTwice(t)
+
 	t.Logf("minimal limiter, for reference: allowed %.0f, refused %.0f",
 		allocsPerRequest(build(t, "minimal", map[string]any{"seconds": "3600"}, "minimal@budget"), nil),
 		allocsPerRequest(build(t, "minimal", map[string]any{"points": "1", "seconds": "3600"}, "minimalrefused@budget"), nil))
 }
 
+// withinTwice pairs a shape that charges route or mixed layers with the fast
+// path of the same layers without them: the first may cost at most twice
+// the second.
+var withinTwice = [][2]string{
+	{"costed route", "edge allowed"},
+	{"countStatus route", "edge allowed"},
+	{"redis, global in memory", "redis allowed"},
+}
+
+// measured holds check's counts, for withinTwice.
+var measured = map[string]float64{}
+
+func checkWithinTwice(t *testing.T) {
+	t.Helper()
+
+	for _, pair := range withinTwice {
+		got, fast := measured[pair[0]], measured[pair[1]]
+		if got == 0 || fast == 0 {
+			t.Errorf("%s or %s not measured", pair[0], pair[1])
+		} else if got > 2*fast {
+			t.Errorf("%s: %.0f allocations per request, over twice %s's %.0f", pair[0], got, pair[1], fast)
+		}
+	}
+}
+
 func check(t *testing.T, name string, got float64) {
 	t.Helper()
 	t.Logf("%s: %.0f allocations per request (budget %.0f)", name, got, budgets[name])
+	measured[name] = got
 
 	if got > budgets[name] {
 		t.Errorf("%s: %.0f allocations per request, over its budget of %.0f", name, got, budgets[name])
