@@ -153,8 +153,8 @@ func principalPlan(p *Plugin, req *http.Request) []*layer {
 	return p.planUser
 }
 
-// serveRouted serves a request of the classify path on the general path
-// when it matches a route, and reports whether it did.
+// serveRouted serves a request of the classify path that matches a route,
+// on the path routedPaths chose, and reports whether it did.
 func serveRouted(p *Plugin, rw http.ResponseWriter, req *http.Request) bool {
 	matched := matchRoutes(p, req, request.CanonicalPath(req.URL.Path, p.foldPaths))
 	if matched == nil {
