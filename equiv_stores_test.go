@@ -3,6 +3,7 @@ package tierlimit
 import (
 	"math/rand"
 	"net/http"
+	"net/http/httptest"
 	"sort"
 	"strconv"
 	"strings"
@@ -223,12 +224,14 @@ func agreeSynced(t *testing.T, name string, seed int64, plan syncPlan, conf func
 
 	rng := rand.New(rand.NewSource(seed))
 	refusals, pending := 0, map[string]int{}
-	var batch []*syncCounter
+	var batch []redisstore.LeaseAsk
 
 	for i := 0; i < 300; i++ {
 		send, desc := scriptRequest(rng)
 		evA, evB := a.events.Len(), b.events.Len()
-		ra, rb := send(a), send(b)
+		ra := send(a)
+		rb := sendDuringSync(t, st, batch, now, func() *httptest.ResponseRecorder { return send(b) })
+		batch = nil
 		what := name + ": request " + strconv.Itoa(i) + " (" + desc + ")"
 
 		if msg := differ(ra, rb, a.p.name, b.p.name, 1); msg != "" {
@@ -245,20 +248,20 @@ func agreeSynced(t *testing.T, name string, seed int64, plan syncPlan, conf func
 			refusals++
 		}
 
-		finishSync(t, st, batch, now)
-		batch = nil
-
 		switch {
 		case (i+1)%plan.every != 0:
 		case plan.straddle:
-			batch, _ = redisstore.CollectSync(st, now)
+			batch, _ = redisstore.CollectSync(st, now, false)
 		default:
 			mustSync(t, st, now)
 		}
 	}
 
 	finishSync(t, st, batch, now)
-	mustSync(t, st, now)
+	// Every lease back: Redis then counts what was admitted, as memory does.
+	if err := redisstore.SyncNow(st, now, true); err != nil {
+		t.Fatalf("%s: the last sync: %v", name, err)
+	}
 
 	if a.calls.Load() != b.calls.Load() {
 		t.Errorf("%s: backend called %d vs %d times", name, a.calls.Load(), b.calls.Load())
@@ -289,21 +292,59 @@ func syncedOf(t *testing.T, b *harness) *syncState {
 	return st
 }
 
-// finishSync sends a sync's batch collected earlier (collectSync) and
-// applies Redis's totals, as syncNow does after collecting.
-func finishSync(t *testing.T, st *syncState, batch []*syncCounter, now int64) {
+// sendDuringSync serves a request while the sync of batch, collected
+// earlier (CollectSync), is in flight: the sync ends when the request is
+// served, or, for a request that waits for it (its lease going back),
+// a moment after it started.
+func sendDuringSync(t *testing.T, st *syncState, batch []redisstore.LeaseAsk, now int64, send func() *httptest.ResponseRecorder) *httptest.ResponseRecorder {
+	t.Helper()
+
+	if batch == nil {
+		return send()
+	}
+
+	served, synced := make(chan struct{}), make(chan error, 1)
+
+	go func() {
+		select {
+		case <-served:
+		case <-time.After(20 * time.Millisecond):
+		}
+
+		replies, err := redisstore.SendLeases(st.Backend, batch, now)
+		if err != nil {
+			replies = nil
+		}
+
+		redisstore.EndSync(st, batch, replies)
+		synced <- err
+	}()
+
+	r := send()
+	close(served)
+
+	if err := <-synced; err != nil {
+		t.Fatalf("sync: %v", err)
+	}
+
+	return r
+}
+
+// finishSync sends a sync's batch collected earlier (CollectSync) and
+// applies Redis's answers, as SyncNow does after collecting.
+func finishSync(t *testing.T, st *syncState, batch []redisstore.LeaseAsk, now int64) {
 	t.Helper()
 
 	if batch == nil {
 		return
 	}
 
-	totals, err := redisstore.SendSync(st.Backend, batch, now)
+	replies, err := redisstore.SendLeases(st.Backend, batch, now)
 	if err != nil {
 		t.Fatalf("sync: %v", err)
 	}
 
-	redisstore.ApplySync(st, batch, totals)
+	redisstore.EndSync(st, batch, replies)
 }
 
 // agreeCounts compares what the memory instance a counts in each window
@@ -360,8 +401,8 @@ func agreeCounts(t *testing.T, name string, a, b *harness, admin *redisresp.Pool
 		st.Mu.Lock()
 		for _, m := range st.ByLayer {
 			for _, c := range m {
-				if c.Pending != 0 || c.Inflight != 0 || c.Remote != got[windowBase(c.Key, want)] {
-					t.Errorf("%s: synced counter %s: remote %d, pending %d, in flight %d after the last sync; Redis %d", name, c.Key, c.Remote, c.Pending, c.Inflight, got[windowBase(c.Key, want)])
+				if c.Pending != 0 || c.Inflight != 0 || c.Lease != 0 || c.Remote != got[windowBase(c.Key, want)] {
+					t.Errorf("%s: synced counter %s: remote %d, pending %d, in flight %d, lease %d after the last sync; Redis %d", name, c.Key, c.Remote, c.Pending, c.Inflight, c.Lease, got[windowBase(c.Key, want)])
 				}
 			}
 		}

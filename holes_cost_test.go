@@ -20,8 +20,8 @@ func exportRoute(c *Config) {
 }
 
 // TestSyncedCountingChargesTheCost: with redis.syncInterval, an export of
-// cost 10 adds 10 to each of its layers' pending points, which the sync
-// sends to Redis; the ip layer's 35 points take three exports, not 35.
+// cost 10 spends 10 of each of its layers' leases; the ip layer's 35 points
+// take three exports, not 35, and Redis counts 30 once the leases are back.
 func TestSyncedCountingChargesTheCost(t *testing.T) {
 	addr, admin := redisServer(t)
 	h, st, _ := syncHarness(t, addr, func(c *Config) {
@@ -43,12 +43,15 @@ func TestSyncedCountingChargesTheCost(t *testing.T) {
 			bucket = "global"
 		}
 
-		if c := counterOf(st, name, bucket); c == nil || c.Pending != 30 {
-			t.Fatalf("%s's counter %+v, want 30 pending: three exports of cost 10", name, c)
+		if c := counterOf(st, name, bucket); c == nil || redisstore.Counted(c) != 30 {
+			t.Fatalf("%s's counter %+v, want 30 counted: three exports of cost 10", name, c)
 		}
 	}
 
-	mustSync(t, st, h.clock.Now().UnixNano())
+	// Every lease back: Redis counts what was admitted.
+	if err := redisstore.SyncNow(st, h.clock.Now().UnixNano(), true); err != nil {
+		t.Fatal(err)
+	}
 
 	ip := h.p.layers[layerIndex(h, "ip")]
 	start, _ := redisstore.SyncWindow(ip, h.clock.Now().UnixNano())

@@ -61,30 +61,25 @@ func newHangingRedis(t *testing.T) *hangingRedis {
 	return s
 }
 
-// TestChargesDuringAFailingSyncAreKept: points charged while a sync is in
-// flight are added to what that sync puts back when it fails, not replaced
-// by it; the next sync that works sends them all.
-func TestChargesDuringAFailingSyncAreKept(t *testing.T) {
+// TestAFailingSyncKeepsTheLeaseItWasGivingBack: a sync that gives an idle
+// key's lease back and fails leaves the lease held; a request of that key
+// during the sync waits for it (the points are Redis's only once the call
+// ends) and is then admitted from the lease.
+func TestAFailingSyncKeepsTheLeaseItWasGivingBack(t *testing.T) {
 	addr, admin := redisServer(t)
 	h, st, _ := syncHarness(t, addr, nil)
 	client := "203.0.113.30"
 
-	take := func(n int) {
-		t.Helper()
-
-		for i := 0; i < n; i++ {
-			if !takeOn(st, h, client) {
-				t.Fatalf("a request of the first 10 refused")
-			}
-		}
+	// A lease of 3 (a quarter of 10, rounded up), one spent; then a sync
+	// with the key asked for, which sends nothing.
+	if !takeOn(st, h, client) {
+		t.Fatal("the first request was refused")
 	}
 
-	take(6)
-	mustSync(t, st, h.clock.Now().UnixNano()) // Redis 6
-	take(2)
+	mustSync(t, st, h.clock.Now().UnixNano())
 
-	// A sync sends the 2 to a Redis that hangs, then drops the connection;
-	// 2 more are charged meanwhile.
+	// The next sync gives the idle key's 2 back, to a Redis that hangs,
+	// then drops the connection.
 	hang := newHangingRedis(t)
 	good := st.Backend.Pool
 	down := redisresp.NewPool(redisresp.Options{Address: hang.l.Addr().String(), Timeout: 5 * time.Second})
@@ -92,66 +87,39 @@ func TestChargesDuringAFailingSyncAreKept(t *testing.T) {
 	st.Backend.Pool = down
 
 	failed := make(chan error, 1)
-	go func() { failed <- redisstore.SyncNow(st, h.clock.Now().UnixNano()) }()
+	go func() { failed <- redisstore.SyncNow(st, h.clock.Now().UnixNano(), false) }()
 
 	<-hang.got
-	take(2)
+
+	allowed := make(chan bool, 1)
+	go func() { allowed <- takeOn(st, h, client) }()
+
 	close(hang.release)
 
 	if err := <-failed; err == nil {
 		t.Fatal("a sync on a dropped connection succeeded")
 	}
 
-	if c := counterOf(st, "ip", client); c.Remote != 6 || c.Pending != 4 || c.Inflight != 0 {
-		t.Fatalf("after the failed sync: remote %d, pending %d, inflight %d; want 6, 4 (the sync's 2 and the 2 charged during it), 0",
-			c.Remote, c.Pending, c.Inflight)
+	if !<-allowed {
+		t.Fatal("the request that waited for the failed sync was refused")
 	}
 
-	// Redis answers again: the probe after the back-off sends the 4.
+	if c := counterOf(st, "ip", client); c.Lease != 1 || c.Back != 0 || c.Pending != 0 || redisstore.Counted(c) != 2 {
+		t.Fatalf("after the failed sync: %+v; want the lease of 2 held again, 1 of it spent", c)
+	}
+
+	// Redis answers again: the last sync gives the lease back.
 	st.Backend.Pool = good
 	h.clock.Add(time.Second)
-	mustSync(t, st, h.clock.Now().UnixNano())
+
+	if err := redisstore.SyncNow(st, h.clock.Now().UnixNano(), true); err != nil {
+		t.Fatal(err)
+	}
 
 	ip := h.p.layers[layerIndex(h, "ip")]
 	start, _ := redisstore.SyncWindow(ip, h.clock.Now().UnixNano())
-	if got := redisDo(t, admin, "GET", redisstore.SyncKey(ip, client, false, start)).Str; got != "10" {
-		t.Fatalf("Redis total %q after the recovery, want 10: every charge once", got)
-	}
-
-	if takeOn(st, h, client) {
-		t.Fatal("an 11th request allowed")
-	}
-}
-
-// TestSyncedKeyAtItsPointsIsNotEvicted: at maxTracked, a synced key that
-// Redis counts at exactly its points, within its window, is not dropped to
-// make room: dropped, its next request would start from nothing here and
-// be given its points again until the next sync.
-func TestSyncedKeyAtItsPointsIsNotEvicted(t *testing.T) {
-	addr, _ := redisServer(t)
-	h, st, _ := syncHarness(t, addr, func(c *Config) { c.MaxTracked = 4 })
-	full := "203.0.113.31"
-
-	for i := 0; i < 10; i++ {
-		if !takeOn(st, h, full) {
-			t.Fatalf("request %d of 10 refused", i+1)
-		}
-	}
-
-	mustSync(t, st, h.clock.Now().UnixNano())
-
-	if c := counterOf(st, "ip", full); c == nil || c.Remote != 10 || c.Pending != 0 || c.Logged {
-		t.Fatalf("the full key after its sync: %+v, want remote 10, nothing pending, no refusal yet", c)
-	}
-
-	// New keys, each charged once (pending), fill the table and ask for
-	// room: the full key is the only one with nothing to send.
-	for _, client := range []string{"203.0.113.32", "203.0.113.33", "203.0.113.34", "203.0.113.36"} {
-		takeOn(st, h, client)
-	}
-
-	if takeOn(st, h, full) {
-		t.Fatal("the key at its 10 points was allowed again after maxTracked pressure")
+	if got := redisDo(t, admin, "GET", redisstore.SyncKey(ip, client, false, start)).Str; got != "2" {
+		t.Fatalf("Redis total %q after the recovery, want the 2 admitted", got)
 	}
 }
 
@@ -185,7 +153,10 @@ func TestSyncedKeyAtItsWindowsEnd(t *testing.T) {
 		t.Fatal("a request at the instant its window ended was refused: it belongs to the next window")
 	}
 
-	mustSync(t, st, now)
+	// Every lease back: Redis counts what was admitted.
+	if err := redisstore.SyncNow(st, now, true); err != nil {
+		t.Fatal(err)
+	}
 
 	prev := redisstore.SyncKey(ip, client, false, end.Add(-time.Minute).UnixNano())
 	next := redisstore.SyncKey(ip, client, false, end.UnixNano())

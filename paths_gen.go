@@ -762,18 +762,20 @@ func (sp *syncedPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 		}
 		c.Touched = true
 
-		count := c.Remote + c.Inflight + c.Pending
-		if count >= l.Points {
+		if c.Lease < 1 {
 			refuseSynced(p, rw, req, layers, l, c, fc, client, now)
 			return
 		}
 
-		c.Pending++
+		c.Lease--
 		c.Allowed++
-		if shown == nil || l.Points-count-1 < left {
+		// What is left to this replica: what Redis had not granted at its
+		// last answer, and the lease (redisstore.counted).
+		n := l.Points - c.Remote - c.Pending - c.Inflight + c.Lease + c.Back
+		if shown == nil || n < left {
 			shown = l
 			sc = c
-			left = l.Points - count - 1
+			left = n
 		}
 		fc = c
 	}
@@ -796,17 +798,19 @@ func (sp *syncedPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	p.next.ServeHTTP(rw, req)
 }
 
-// refuseSynced answers a request that layer l refused on counter c, after
-// giving the layer charged before it (counter fc) its point back; as in
-// refuseFast, fc's allowed count keeps its decision. It is called with the
-// synced counters locked and unlocks them.
+// refuseSynced decides a request whose layer l holds no lease on counter c,
+// after giving the layer charged before it (counter fc) its point back: a
+// refusal when Redis had no room at its last answer, from the layer's
+// refusal cache (as in refuseFast, fc's allowed count keeps its decision);
+// else SyncTake, which asks Redis for a lease. It is called with the synced
+// counters locked and unlocks them.
 func refuseSynced(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, l *layer, c, fc *syncCounter, client string, now int64) {
 	st := p.fast.store.Synced
 	if fc != nil {
-		fc.Pending--
+		fc.Lease++
 	}
 
-	if l.Body != nil || req.Header["Upgrade"] != nil || !c.Logged {
+	if c.Remote+c.Pending+c.Inflight-c.Back < l.Points || l.Body != nil || req.Header["Upgrade"] != nil || !c.Logged {
 		// syncTake counts the decision again, fc's allowed too.
 		if fc != nil {
 			fc.Allowed--

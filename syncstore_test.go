@@ -77,85 +77,77 @@ func takeOn(st *syncState, h *harness, client string) bool {
 func mustSync(t *testing.T, st *syncState, now int64) {
 	t.Helper()
 
-	if err := redisstore.SyncNow(st, now); err != nil {
+	if err := redisstore.SyncNow(st, now, false); err != nil {
 		t.Fatalf("sync: %v", err)
 	}
 }
 
-func TestSyncedReplicasShareTheirCountsWithinAWindow(t *testing.T) {
+// TestSyncedReplicasNeverAdmitMoreThanThePoints: two replicas taking
+// turns on one client's key admit its 10 points between them, no more, each
+// from leases Redis granted (a quarter of what was left, rounded up, down to
+// one point), and Redis counts every point granted. The next window starts
+// from nothing, here and in Redis.
+func TestSyncedReplicasNeverAdmitMoreThanThePoints(t *testing.T) {
 	addr, admin := redisServer(t)
 	h, a, _ := syncHarness(t, addr, nil)
 	b := replica(a)
 	client := "203.0.113.9"
-	now := h.clock.Now().UnixNano()
 
 	// The window is aligned to the epoch: 10:00:00 to 10:01:00.
 	ip := h.p.layers[layerIndex(h, "ip")]
 	key := ip.RedisKey + client + ":" + formatInt(time.Date(2026, 6, 15, 10, 0, 0, 0, time.UTC).UnixMilli())
 
-	take := func(st *syncState, name string, n int, want bool) {
-		t.Helper()
+	allowed := 0
+	for i := 0; i < 30; i++ {
+		st := a
+		if i%2 == 1 {
+			st = b
+		}
 
-		for i := 0; i < n; i++ {
-			if got := takeOn(st, h, client); got != want {
-				t.Fatalf("replica %s, request %d of %d: allowed %v, want %v", name, i+1, n, got, want)
-			}
+		if takeOn(st, h, client) {
+			allowed++
 		}
 	}
 
-	take(a, "a", 4, true)
-	take(b, "b", 3, true)
-	mustSync(t, a, now) // Redis 4
-	mustSync(t, b, now) // Redis 7: b knows 7
+	if allowed != 10 {
+		t.Fatalf("two replicas allowed %d of 30 requests, want ip's 10", allowed)
+	}
+
+	if got := redisDo(t, admin, "GET", key).Str; got != "10" {
+		t.Fatalf("Redis total %q, want the 10 points granted", got)
+	}
 
 	if ttl := redisDo(t, admin, "PTTL", key).Int; ttl <= 0 || ttl > 62000 {
 		t.Fatalf("synced key's TTL %d ms, want the window's rest (+ grace)", ttl)
 	}
 
-	// a knows 4 until a request makes its next sync refresh the key.
-	take(a, "a", 1, true)
-	mustSync(t, a, now) // Redis 8: a knows 8
-
-	if c := counterOf(a, "ip", client); c.Remote != 8 || c.Pending != 0 {
-		t.Fatalf("a's counter after its sync: %+v, want remote 8 (its 5 and b's 3)", c)
+	for name, st := range map[string]*syncState{"a": a, "b": b} {
+		if c := counterOf(st, "ip", client); c.Lease != 0 || c.Remote != 10 {
+			t.Fatalf("replica %s: lease %d, remote %d; want 0 and 10", name, c.Lease, c.Remote)
+		}
 	}
 
-	take(a, "a", 2, true)
-	take(a, "a", 1, false) // 11 > 10: b's 3 counted
-	mustSync(t, a, now)    // Redis 10
-
-	// b decides on 7 until its next sync: one more is the over-admission
-	// of one interval; after the sync it refuses too.
-	take(b, "b", 1, true)
-	mustSync(t, b, now)
-	take(b, "b", 1, false)
-
-	if got := redisDo(t, admin, "GET", key).Str; got != "11" {
-		t.Fatalf("Redis total %q, want 11: 10 points and b's charge of the interval it did not know", got)
-	}
-
-	// The next window starts from nothing, here and in Redis.
+	// The next window: a's first request leases ceil(10/4) = 3 points.
 	h.clock.Add(time.Minute)
-	now = h.clock.Now().UnixNano()
 
-	take(a, "a", 1, true)
-	take(b, "b", 1, true)
-	mustSync(t, a, now)
-	mustSync(t, b, now)
+	if !takeOn(a, h, client) {
+		t.Fatal("the next window's first request was refused")
+	}
 
 	next := ip.RedisKey + client + ":" + formatInt(time.Date(2026, 6, 15, 10, 1, 0, 0, time.UTC).UnixMilli())
-	if got := redisDo(t, admin, "GET", next).Str; got != "2" {
-		t.Fatalf("new window's total %q, want 2", got)
+	if got := redisDo(t, admin, "GET", next).Str; got != "3" {
+		t.Fatalf("new window's total %q, want the lease of 3", got)
 	}
 
 	if a.Size != 1 {
 		t.Fatalf("a holds %d counters, want 1", a.Size)
 	}
 
-	if c := counterOf(a, "ip", client); c == nil || c.Key != next || c.Remote != 1 || c.Pending != 0 {
-		t.Fatalf("a's counter of the new window: %+v, want its own 1", c)
+	if c := counterOf(a, "ip", client); c == nil || c.Key != next || c.Lease != 2 || redisstore.Counted(c) != 1 {
+		t.Fatalf("a's counter of the new window: %+v, want a lease of 2 left and 1 counted", c)
 	}
 }
+
 func TestSyncRefusedRequestChargesNoLayer(t *testing.T) {
 	addr, admin := redisServer(t)
 	h, st, _ := syncHarness(t, addr, func(c *Config) {
@@ -167,7 +159,10 @@ func TestSyncRefusedRequestChargesNoLayer(t *testing.T) {
 		takeOn(st, h, "203.0.113.9")
 	}
 
-	mustSync(t, st, h.clock.Now().UnixNano())
+	// Every lease back: Redis counts what was admitted.
+	if err := redisstore.SyncNow(st, h.clock.Now().UnixNano(), true); err != nil {
+		t.Fatal(err)
+	}
 
 	g := h.p.layers[layerIndex(h, "global")]
 	start := formatInt(time.Date(2026, 6, 15, 10, 0, 0, 0, time.UTC).UnixMilli())
@@ -187,8 +182,8 @@ func TestFailedSyncKeepsItsCountsAndNeverFailsOpen(t *testing.T) {
 
 	mustSync(t, st, h.clock.Now().UnixNano())
 
-	// Redis goes away: the syncs fail, the 4 points charged meanwhile stay
-	// pending, and the 6 Redis counted still count.
+	// Redis goes away: the lease left is spent, then the points admitted
+	// without one stay pending, up to the 10 points.
 	good := st.Backend.Pool
 	down := redisresp.NewPool(redisresp.Options{Address: closedPort(t), Timeout: time.Second})
 	st.Backend.Pool = down
@@ -204,18 +199,18 @@ func TestFailedSyncKeepsItsCountsAndNeverFailsOpen(t *testing.T) {
 	}
 
 	now := h.clock.Now().UnixNano()
-	if err := redisstore.SyncNow(st, now); err == nil {
+	if err := redisstore.SyncNow(st, now, false); err == nil {
 		t.Fatal("a sync to a closed port succeeded")
 	}
 
 	h.clock.Add(50 * time.Millisecond)
-	if err := redisstore.SyncNow(st, h.clock.Now().UnixNano()); !errors.Is(err, redisstore.ErrSyncSkipped) {
+	if err := redisstore.SyncNow(st, h.clock.Now().UnixNano(), false); !errors.Is(err, redisstore.ErrSyncSkipped) {
 		t.Fatalf("a sync during the back-off: %v, want it skipped", err)
 	}
 
 	for _, c := range []*syncCounter{counterOf(st, "ip", client)} {
-		if c.Remote != 6 || c.Pending != 4 || c.Inflight != 0 {
-			t.Fatalf("after failed syncs: remote %d, pending %d, inflight %d; want 6, 4, 0", c.Remote, c.Pending, c.Inflight)
+		if redisstore.Counted(c) != 10 || c.Lease != 0 || c.Inflight != 0 {
+			t.Fatalf("after failed syncs: %+v; want 10 counted, no lease, none in flight", c)
 		}
 	}
 
@@ -413,8 +408,8 @@ func TestSyncedAnonymousPathChargesAllOrNothing(t *testing.T) {
 
 	// The two refusals (the first reported, the second from the cache)
 	// gave global its points back.
-	if g, ip := counterOf(st, "global", "global"), counterOf(st, "ip", "203.0.113.9"); g == nil || ip == nil || g.Pending != 3 || ip.Pending != 3 {
-		t.Fatalf("pending after 3 allowed and 2 refused: global %+v, ip %+v; want 3 each", g, ip)
+	if g, ip := counterOf(st, "global", "global"), counterOf(st, "ip", "203.0.113.9"); g == nil || ip == nil || redisstore.Counted(g) != 3 || redisstore.Counted(ip) != 3 {
+		t.Fatalf("counted after 3 allowed and 2 refused: global %+v, ip %+v; want 3 each", g, ip)
 	}
 
 	if n := strings.Count(h.events.String(), "RATE_LIMIT_TRIGGERED"); n != 1 {
@@ -422,24 +417,37 @@ func TestSyncedAnonymousPathChargesAllOrNothing(t *testing.T) {
 	}
 }
 
-func TestPanickingSyncKeepsItsCounts(t *testing.T) {
+// TestPanickingSyncKeepsItsLease: a sync cut short by a panic after it
+// took a lease to give back (a key no request asked for since the last
+// sync) leaves the lease held, and the next sync can run.
+func TestPanickingSyncKeepsItsLease(t *testing.T) {
 	addr, _ := redisServer(t)
 	h, st, _ := syncHarness(t, addr, nil)
 
-	for i := 0; i < 3; i++ {
-		takeOn(st, h, "203.0.113.9")
+	// A lease of a quarter of ip's 10 points, rounded up: 3, one spent.
+	if !takeOn(st, h, "203.0.113.9") {
+		t.Fatal("the first request was refused")
 	}
 
-	// Cut short after the points went in flight: they come back to pending.
+	if c := counterOf(st, "ip", "203.0.113.9"); c.Lease != 2 {
+		t.Fatalf("lease %d after one request, want 2", c.Lease)
+	}
+
+	now := h.clock.Now().UnixNano()
+	if batch, _ := redisstore.CollectSync(st, now, false); batch != nil {
+		t.Fatalf("a sync right after the request sent %+v, want nothing", batch)
+	}
+
+	// No request since: the next sync gives the lease back, and panics.
+	batch, _ := redisstore.CollectSync(st, now, false)
+	if c := counterOf(st, "ip", "203.0.113.9"); len(batch) != 1 || c.Lease != 0 {
+		t.Fatalf("collected %d, lease %d; want the idle key's lease going back", len(batch), c.Lease)
+	}
+
 	st.Now = func() time.Time { panic("clock") }
-	batch, _ := redisstore.CollectSync(st, h.clock.Now().UnixNano())
-	if len(batch) != 1 || batch[0].Inflight != 3 {
-		t.Fatalf("collected %+v", batch)
-	}
+	redisstore.SafeSync(st, false)
 
-	redisstore.SafeSync(st)
-
-	if c := counterOf(st, "ip", "203.0.113.9"); c.Pending != 3 || c.Inflight != 0 || st.Syncing {
-		t.Fatalf("after a panicking sync: %+v, syncing %v; want 3 pending, none in flight", c, st.Syncing)
+	if c := counterOf(st, "ip", "203.0.113.9"); c.Lease != 2 || c.Inflight != 0 || st.Syncing {
+		t.Fatalf("after a panicking sync: lease %d, in flight %d, syncing %v; want the lease of 2 held", c.Lease, c.Inflight, st.Syncing)
 	}
 }

@@ -221,3 +221,28 @@ func TestBucketReturn(t *testing.T) {
 		}
 	}
 }
+
+func TestLeaseGrant(t *testing.T) {
+	tests := []struct {
+		points, total, need, want, grant int64
+	}{
+		{200, 0, 1, 1000, 50},   // a quarter of what is left
+		{200, 150, 1, 1000, 13}, // 50 left: 12.5 rounded up
+		{200, 197, 1, 1000, 1},  // 3 left: the last points one at a time
+		{200, 199, 1, 1000, 1},
+		{200, 200, 1, 1000, 0}, // nothing left
+		{200, 230, 0, 1000, 0}, // over, after an outage's charges
+		{200, 0, 1, 10, 10},    // no more than wanted
+		{200, 190, 5, 1000, 5}, // a need above the share
+		{200, 197, 5, 1000, 0}, // 3 left cannot cover 5: nothing
+		{200, 0, 0, 0, 0},      // nothing wanted
+		{200, 0, 0, 30, 30},    // a top-up
+		{1, 0, 1, 1000, 1},
+	}
+
+	for _, tt := range tests {
+		if got := LeaseGrant(tt.points, tt.total, tt.need, tt.want); got != tt.grant {
+			t.Errorf("LeaseGrant(%d, %d, %d, %d) = %d, want %d", tt.points, tt.total, tt.need, tt.want, got, tt.grant)
+		}
+	}
+}

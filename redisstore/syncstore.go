@@ -3,7 +3,6 @@ package redisstore
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sort"
 	"strconv"
 	"sync"
@@ -16,18 +15,28 @@ import (
 	"github.com/tierlimit/tierlimit/rule"
 )
 
-// redis.syncInterval: counters synced with Redis in batches.
+// redis.syncInterval: synced counters that admit only points they hold.
 //
-// Each Traefik process decides a synced layer's request against the total
-// Redis gave it at the last sync (remote) plus what it charged since
-// (pending), under one lock and without a round trip. Every interval, one
-// goroutine per middleware sends every live key's pending points in one
-// script call (syncScript) per chunk of keys (per slot on a Cluster), and
-// each reply's total replaces remote. A process therefore admits at most
-// points minus the others' charges it has not seen yet: over a fleet, a key
-// can go over its points by what the other replicas charged it during one
-// interval (plus one round trip), never more, since every charge reaches
-// Redis at the next sync that works.
+// A replica admits a synced layer's request from a lease: points of the key's
+// window that Redis granted it (leaseScript, one atomic call), spent locally
+// under one lock without a round trip. Redis counts every point it granted, so
+// over a fleet a key never admits more than its points. A request whose
+// counter holds too few points asks Redis for more at once (acquire: one call
+// in flight per middleware, which the requests that need it wait for), and
+// is refused, without a call, when Redis had no room for it at its last
+// answer. The lease is the larger of what the request needs and a share of
+// what the window has left (limit.LeaseGrant): large far from the points,
+// down to one point, so that the last points go one request at a time.
+//
+// Every interval, one goroutine per middleware sends, in one script call per
+// chunk of keys (per slot on a Cluster), what each key needs: more points for
+// a key whose lease would not last the next interval at its last interval's
+// use, and the lease of a key no request asked for during the last interval
+// back to Redis, where other replicas can take it. A lease that ends with
+// its window is not given back: the window's points went with it. Points a
+// replica holds and does not spend are the only under-admission: at most
+// the sum of the replicas' unspent leases, each at most a quarter of what
+// the window had left when it was granted (docs/redis.md).
 //
 // Windows are fixed windows aligned to the epoch (a multiple of the
 // duration, or the calendar period), and the key names its window's start,
@@ -36,13 +45,14 @@ import (
 // are synced: a sliding window or a token bucket with syncInterval is a
 // configuration error (config/sync.go, checkSync).
 //
-// Failure: a sync that fails keeps its points pending, to be sent by the next
-// sync that works (so a charge is never lost; a call that failed after Redis
-// applied it may be counted twice, never zero times), and requests go on being
-// decided against the last totals plus every local charge: never fail open.
-// The failure goes through the backend's outage (redisBackend.failed and
-// succeeded: one REDIS_UNAVAILABLE and one REDIS_RECOVERED per outage, the
-// back-off spacing the syncs that probe).
+// Failure: a replica keeps spending its lease while Redis is down. Without
+// one, it decides against Redis's last total plus what it admitted without a
+// lease (pending), as the memory fallback would: never fail open. Pending
+// points are added to Redis by the next call that works, unconditionally, so a
+// charge is never lost (a call that failed after Redis applied it may count
+// twice, never zero times). The failure goes through the backend's outage
+// (redisBackend.failed and succeeded: one REDIS_UNAVAILABLE and one
+// REDIS_RECOVERED per outage, the back-off spacing the calls that probe).
 
 // syncBatch bounds the keys of one script call: a script blocks Redis while it
 // runs, so a large table is sent in several calls of one round trip each.
@@ -52,64 +62,54 @@ const syncBatch = 500
 // clocks of replicas that are a little behind.
 const syncKeyGrace = int64(2 * time.Second)
 
-// syncScript adds each key's pending points and returns the totals.
-//
-// KEYS: the keys. ARGV[2i-1], ARGV[2i] of KEYS[i]: the points to add (0
-// reads the total without creating the key) and the key's TTL in
-// milliseconds, set when the key is new. A key of another kind, or holding
-// something that is not an integer, is started afresh.
-// Returns the totals, in order.
-const syncScript = `
-local out = {}
-for i = 1, #KEYS do
-  local k, add, ttl = KEYS[i], tonumber(ARGV[2 * i - 1]), ARGV[2 * i]
-  local c
-  if add == 0 then
-    c = redis.pcall('GET', k)
-    if type(c) ~= 'string' then c = 0 else c = tonumber(c) or 0 end
-  else
-    c = redis.pcall('INCRBY', k, add)
-    if type(c) == 'table' and c.err then
-      if not (string.find(c.err, 'WRONGTYPE', 1, true) or string.find(c.err, 'not an integer', 1, true)) then
-        error(c)
-      end
-      redis.call('SET', k, add, 'PX', ttl)
-      c = add
-    elseif c == add then
-      redis.call('PEXPIRE', k, ttl)
-    end
-  end
-  out[i] = c
-end
-return out
-`
-
-var syncRedis = redisresp.NewScript(syncScript)
+// maxLeaseRounds bounds the calls a request makes or waits for before it
+// is decided with the points its counters hold: each round either grants
+// points or learns that Redis has none left, so more rounds mean other
+// requests spent the grants first.
+const maxLeaseRounds = 4
 
 // ErrSyncSkipped is a sync that did not call Redis: the back-off is running.
 var ErrSyncSkipped = errors.New("redis is in back-off")
 
-// SyncCounter is one key of one window: the total Redis returned at the last
-// sync, the points charged locally since, and those of the sync in flight.
+// SyncCounter is one key of one window as a replica knows it: Redis's total
+// at its last answer, the lease this replica holds, and what it admitted
+// without a lease.
 type SyncCounter struct {
-	Key      string // the Redis key, naming the window's start
-	layer    string // the layer's name and the bucket key, for resets
-	bucket   string
-	slot     int // the key's Cluster slot
-	Remote   int64
+	Key    string // the Redis key, naming the window's start
+	layer  string // the layer's name and the bucket key, for resets
+	bucket string
+	slot   int // the key's Cluster slot
+	// Remote is Redis's count at its last answer: every point it granted
+	// (this replica's lease included) and every pending point paid.
+	Remote int64
+	// Lease is the points this replica holds and has not spent.
+	Lease int64
+	// Pending is what this replica admitted without a lease (Redis down),
+	// to be added to Redis; Inflight is the part a call is sending.
 	Pending  int64
 	Inflight int64
-	points   int64 // the layer's points at the last request: a key at them needs no refresh
+	Back     int64 // lease a call is giving back
+	points   int64 // the layer's points at the last request
 	End      int64 // the window's end, Unix nanoseconds
 	// allowed and refused count decisions under the state's lock, added to
 	// stats at each sync: an atomic add on the request path costs more.
+	// Allowed since the last sync is also the key's use, which sizes its
+	// next top-up.
 	Allowed  int64
 	Refused  int64
 	stats    *layerStats
 	ResetH   []string // X-RateLimit-Reset of the window
 	ResetSec int64    // its second
 	Logged   bool     // a refusal of this window was reported
-	Touched  bool     // a request asked since the last sync: its total is to be refreshed
+	Touched  bool     // a request asked since the last sync
+	Idle     int64    // syncs in a row that no request asked in
+}
+
+// Counted is c's count as this replica sees it: its layer's points minus
+// what the replica may still admit (what Redis had not granted at its last
+// answer, and the lease). Pending points, admitted without a lease, count.
+func Counted(c *SyncCounter) int64 {
+	return c.Remote + c.Pending + c.Inflight - c.Lease - c.Back
 }
 
 // SyncState is a middleware's synced counters, kept across reloads by
@@ -123,7 +123,13 @@ type SyncState struct {
 	Interval time.Duration
 	Started  bool
 	Syncing  bool
-	Stop     chan struct{}
+	// Acquiring is closed when the lease call in flight ends; nil: none.
+	Acquiring chan struct{}
+	// Sending is what the sync in flight sends, put back if it panics;
+	// Synced is closed when that sync ends.
+	Sending []LeaseAsk
+	Synced  chan struct{}
+	Stop    chan struct{}
 	// listen subscribes the middleware to the resets of other replicas
 	// (listenResets), at the first refusal: a reset matters only then.
 	listen func()
@@ -156,7 +162,7 @@ func StopSync(v interface{}) {
 	}
 	st.Mu.Unlock()
 
-	SafeSync(st)
+	SafeSync(st, true)
 }
 
 // flushSyncsOn sends the pending points of the synced states that use b,
@@ -179,7 +185,7 @@ func flushSyncsOn(b *RedisBackend) {
 		st.Mu.Unlock()
 
 		if mine {
-			SafeSync(st)
+			SafeSync(st, true)
 		}
 	}
 }
@@ -296,8 +302,9 @@ func dropCounter(st *SyncState, m map[string]*SyncCounter, c *SyncCounter) {
 }
 
 // purgeCounters drops the counters whose window ended, and at the cap the
-// ones with nothing to send and below their points, whose totals come back
-// at their next sync. Called with st.mu held.
+// ones that hold nothing: no lease, nothing pending, no refusal reported.
+// A dropped key asks Redis again at its next request. Called with st.mu
+// held.
 func purgeCounters(st *SyncState, now int64) {
 	for _, m := range st.ByLayer {
 		for _, c := range m {
@@ -313,45 +320,116 @@ func purgeCounters(st *SyncState, now int64) {
 				return
 			}
 
-			if c.Pending == 0 && c.Inflight == 0 && !c.Logged && c.Remote < c.points {
+			if c.Lease == 0 && c.Pending == 0 && c.Inflight == 0 && !c.Logged {
 				dropCounter(st, m, c)
 			}
 		}
 	}
 }
 
-// SyncTake decides a request's synced layers locally, each a fixed window
-// (limit.Fits): all or nothing, as the other stores (../stores.go take). It
-// starts the sync goroutine at the first request.
+// SyncTake decides a request's synced layers, each a fixed window, from the
+// leases its counters hold: all or nothing, as the other stores (../stores.go
+// take). A counter that holds too few points asks Redis (acquire), unless
+// Redis had no room at its last answer; while Redis is down it decides as
+// the memory fallback would (decideSynced). It starts the sync goroutine at
+// the first request.
 func SyncTake(st *SyncState, t *tally, ch *charge) {
 	t.Shown = -1
-	layers, now, all := ch.Layers, ch.Now, ch.All
-	if len(layers) == 0 {
+	if len(ch.Layers) == 0 {
 		return
 	}
 
 	cost := rule.CostOf(t)
+	counters := make([]*SyncCounter, len(ch.Layers))
 
 	st.Mu.Lock()
 
-	var one [4]*SyncCounter
-	counters := one[:0]
-	refused := false
-
-	for i, l := range layers {
-		// syncCounterFor, written out: a call per layer costs more than
-		// these lines (doc.go: frames).
-		c := st.ByLayer[l.Name][ch.Keys[i]]
-		if c == nil || c.End <= now {
-			c = SyncRestart(st, l, ch.Keys[i], now)
+	down := false
+	for round := 0; ; round++ {
+		for i, l := range ch.Layers {
+			c := syncCounterFor(st, l, ch.Keys[i], ch.Now)
+			c.points = l.Points
+			c.Touched = true
+			counters[i] = c
 		}
 
-		c.points = l.Points
-		c.Touched = true
-		counters = append(counters, c)
+		if down || round == maxLeaseRounds || !needsLease(counters, ch.Layers, cost) {
+			break
+		}
 
-		count := c.Remote + c.Inflight + c.Pending
-		if limit.Fits(count, cost, l.Points) {
+		// A lease going back is Redis's again only when its call ends:
+		// asked before, it would not be there.
+		wait := st.Acquiring
+		if returning(counters) {
+			wait = st.Synced
+		}
+
+		if wait != nil {
+			st.Mu.Unlock()
+			<-wait
+			st.Mu.Lock()
+
+			continue
+		}
+
+		down = acquire(st, counters, ch.Layers, cost, ch.Now) != nil
+	}
+
+	decideSynced(t, counters, ch, cost, down)
+
+	listen := t.Refused && t.Firsts != 0 && st.listen != nil
+	st.Mu.Unlock()
+
+	if listen {
+		st.listen()
+	}
+}
+
+// needsLease reports whether a counter holds less than cost while Redis, at
+// its last answer, had room for the rest.
+// Called with st.mu held.
+func needsLease(counters []*SyncCounter, layers []*layer, cost int64) bool {
+	for i, c := range counters {
+		if c.Lease < cost && !layers[i].CheckOnly && limit.Fits(Counted(c), cost, c.points) {
+			return true
+		}
+	}
+
+	return false
+}
+
+// returning reports whether a counter is giving a lease back in the sync in
+// flight. Called with st.mu held.
+func returning(counters []*SyncCounter) bool {
+	for _, c := range counters {
+		if c.Back != 0 {
+			return true
+		}
+	}
+
+	return false
+}
+
+// decideSynced decides the request on its counters: a layer admits from
+// its lease, or, when Redis is down, when its count fits the cost (the
+// points then pending); else it refuses. All or nothing: the layers are
+// charged when none refuses (or in a dry run, all: a refused layer's charge
+// pending). Called with st.mu held.
+func decideSynced(t *tally, counters []*SyncCounter, ch *charge, cost int64, down bool) {
+	refused := false
+
+	for i, l := range ch.Layers {
+		c := counters[i]
+		count := Counted(c)
+
+		// A check (a countStatus route before the response) charges
+		// nothing: it fits when the count does.
+		fits := c.Lease >= cost || down && limit.Fits(count, cost, l.Points)
+		if l.CheckOnly {
+			fits = limit.Fits(count, cost, l.Points)
+		}
+
+		if fits {
 			if !l.CheckOnly {
 				count += cost
 			}
@@ -367,33 +445,29 @@ func SyncTake(st *SyncState, t *tally, ch *charge) {
 		if rule.RefuseAs(t, i, l, count+cost, c.End, c.ResetH, first) {
 			c.Refused++
 			refused = true
-			if !all {
+			if !ch.All {
 				break
 			}
 		}
 	}
 
-	chargeSynced(t, counters, layers, cost, all || !refused)
-
-	listen := refused && t.Firsts != 0 && st.listen != nil
-	st.Mu.Unlock()
-
-	if listen {
-		st.listen()
-	}
+	chargeSynced(t, counters, ch.Layers, cost, ch.All || !refused)
 }
 
 // chargeSynced charges cost to the counters of a request's layers when
-// charge is set (no layer refused, or a dry run), and counts the decisions.
-// Called with st.mu held.
+// charge is set (no layer refused, or a dry run): from the lease, the rest
+// pending; and counts the decisions. Called with st.mu held.
 func chargeSynced(t *tally, counters []*SyncCounter, layers []*layer, cost int64, charge bool) {
 	for i, c := range counters {
 		if layers[i].CheckOnly {
 			continue
 		}
 
-		if charge {
-			c.Pending += cost
+		if charge && c.Lease >= cost {
+			c.Lease -= cost
+		} else if charge {
+			c.Pending += cost - c.Lease
+			c.Lease = 0
 		}
 
 		if !t.Refused || i < t.Shown {
@@ -402,9 +476,71 @@ func chargeSynced(t *tally, counters []*SyncCounter, layers []*layer, cost int64
 	}
 }
 
+// acquire asks Redis, in one call, for the points the counters lack for a
+// request of cost (and sends what they admitted without a lease). It
+// returns an error when Redis cannot answer: the request is then decided
+// as the fallback would. Called with st.mu held; it unlocks it during the
+// call, which the requests that need a lease meanwhile wait for.
+func acquire(st *SyncState, counters []*SyncCounter, layers []*layer, cost, now int64) error {
+	backend := st.Backend
+	if backend == nil {
+		return ErrSyncSkipped
+	}
+
+	probe := false
+	if backend.Down.Load() {
+		use := false
+		if use, probe = backend.Usable(now); !use {
+			return ErrSyncSkipped
+		}
+	}
+
+	var asks []LeaseAsk
+	for i, c := range counters {
+		if c.Lease < cost && !layers[i].CheckOnly {
+			asks = append(asks, LeaseAsk{c: c, add: c.Pending, need: cost - c.Lease, want: layers[i].Points})
+			c.Inflight += c.Pending
+			c.Pending = 0
+		}
+	}
+
+	done := make(chan struct{})
+	st.Acquiring = done
+	st.Mu.Unlock()
+
+	replies, err := SendLeases(backend, asks, now)
+
+	st.Mu.Lock()
+	st.Acquiring = nil
+	close(done)
+
+	if err != nil {
+		unsendAsks(asks)
+
+		if !errors.Is(err, redisresp.ErrClosed) && !errors.Is(err, redisresp.ErrPoolTimeout) {
+			st.Mu.Unlock()
+			backend.Failed(now, probe, err)
+			st.Mu.Lock()
+		}
+
+		return err
+	}
+
+	applyAsks(asks, replies)
+
+	if probe {
+		st.Mu.Unlock()
+		backend.Succeeded(now)
+		st.Mu.Lock()
+	}
+
+	return nil
+}
+
 // SyncForget drops the counters of bucket in the layer called layer, every
 // window's, and reports whether one counted something: a reset (reset.go,
-// or another replica's through resetsub.go).
+// or another replica's through resetsub.go). Its lease goes with it: the
+// reset deleted what Redis counted.
 func SyncForget(st *SyncState, layer, bucket string) bool {
 	st.Mu.Lock()
 	defer st.Mu.Unlock()
@@ -422,13 +558,17 @@ func SyncForget(st *SyncState, layer, bucket string) bool {
 }
 
 // syncRefund gives cost back to the charge's counters: a later refusal of
-// the request voided their charge (../stores.go refund).
+// the request voided their charge (../stores.go refund). It goes to the
+// lease, which Redis counts; a counter whose window ended meanwhile is left
+// alone.
 func syncRefund(st *SyncState, ch *charge, cost int64) {
 	st.Mu.Lock()
 
 	for i, l := range ch.Layers {
-		c := syncCounterFor(st, l, ch.Keys[i], ch.Now)
-		c.Pending -= cost
+		c := st.ByLayer[l.Name][ch.Keys[i]]
+		if c != nil && c.End > ch.Now && !l.CheckOnly {
+			c.Lease += cost
+		}
 	}
 
 	st.Mu.Unlock()
@@ -472,29 +612,33 @@ func RunSync(st *SyncState, stop chan struct{}) {
 		case <-timer.C:
 		}
 
-		SafeSync(st)
+		SafeSync(st, false)
 	}
 }
 
-// SafeSync is one sync that recovers from a panic, giving the points of a
-// sync cut short back to pending.
-func SafeSync(st *SyncState) {
+// SafeSync is one sync (final: every lease given back) that recovers from
+// a panic, putting what a sync cut short was sending back on its counters.
+func SafeSync(st *SyncState, final bool) {
 	defer func() {
 		if r := recover(); r != nil {
-			unsend(st, nil)
+			st.Mu.Lock()
+			unsendAsks(st.Sending)
+			endSyncing(st)
+			st.Mu.Unlock()
 		}
 	}()
 
-	_ = SyncNow(st, st.Now().UnixNano())
+	_ = SyncNow(st, st.Now().UnixNano(), final)
 }
 
-// SyncNow sends every live counter's pending points to Redis and replaces
-// their remote totals with the replies; it drops the counters whose window
-// ended at now. On an error the points stay pending. One sync runs at a
+// SyncNow sends what every live counter needs (collectLayer) and applies
+// Redis's answers; it drops the counters whose window ended at now. final
+// gives every lease back (the middleware is released). On an error the
+// counters keep their pending points and their leases. One sync runs at a
 // time: a call while one is in flight returns at once.
-func SyncNow(st *SyncState, now int64) error {
-	batch, backend := CollectSync(st, now)
-	if batch == nil {
+func SyncNow(st *SyncState, now int64, final bool) error {
+	asks, backend := CollectSync(st, now, final)
+	if asks == nil {
 		return nil
 	}
 
@@ -503,23 +647,21 @@ func SyncNow(st *SyncState, now int64) error {
 	if backend.Down.Load() {
 		use := false
 		if use, probe = backend.Usable(now); !use {
-			unsend(st, batch)
+			EndSync(st, asks, nil)
 			return ErrSyncSkipped
 		}
 	}
 
-	totals, err := SendSync(backend, batch, now)
-	if err != nil {
-		unsend(st, batch)
+	replies, err := SendLeases(backend, asks, now)
+	EndSync(st, asks, replies)
 
+	if err != nil {
 		if !errors.Is(err, redisresp.ErrClosed) && !errors.Is(err, redisresp.ErrPoolTimeout) {
 			backend.Failed(now, probe, err)
 		}
 
 		return err
 	}
-
-	ApplySync(st, batch, totals)
 
 	if probe {
 		backend.Succeeded(now)
@@ -528,10 +670,37 @@ func SyncNow(st *SyncState, now int64) error {
 	return nil
 }
 
-// CollectSync moves every live counter's pending points in flight and
-// returns those counters, sorted by slot, and the backend to send them to;
-// nil when there is nothing to sync or a sync is under way.
-func CollectSync(st *SyncState, now int64) ([]*SyncCounter, *RedisBackend) {
+// EndSync applies a sync's replies to its counters, or, with none (the
+// call failed or was skipped), puts back what it was sending.
+func EndSync(st *SyncState, asks []LeaseAsk, replies []int64) {
+	st.Mu.Lock()
+	defer st.Mu.Unlock()
+
+	if replies == nil {
+		unsendAsks(asks)
+	} else {
+		applyAsks(asks, replies)
+	}
+
+	endSyncing(st)
+}
+
+// endSyncing marks the sync in flight ended, for the requests that wait
+// for it. Called with st.mu held.
+func endSyncing(st *SyncState) {
+	st.Sending = nil
+	st.Syncing = false
+
+	if st.Synced != nil {
+		close(st.Synced)
+		st.Synced = nil
+	}
+}
+
+// CollectSync takes what every live counter is to send (collectLayer) and
+// returns it, sorted by slot, with the backend to send it to; nil when there
+// is nothing to send or a sync is under way.
+func CollectSync(st *SyncState, now int64, final bool) ([]LeaseAsk, *RedisBackend) {
 	st.Mu.Lock()
 	defer st.Mu.Unlock()
 
@@ -539,170 +708,77 @@ func CollectSync(st *SyncState, now int64) ([]*SyncCounter, *RedisBackend) {
 		return nil, nil
 	}
 
-	var batch []*SyncCounter
-
-	for _, m := range st.ByLayer {
-		batch = collectLayer(st, m, batch, now)
+	idle := int64(1)
+	if st.Interval > 0 && st.Interval < leaseIdle {
+		idle = int64((leaseIdle + st.Interval - 1) / st.Interval)
 	}
 
-	if len(batch) == 0 {
+	var asks []LeaseAsk
+
+	for _, m := range st.ByLayer {
+		asks = collectLayer(st, m, asks, now, idle, final)
+	}
+
+	if len(asks) == 0 {
 		return nil, nil
 	}
 
-	sort.Slice(batch, func(i, j int) bool { return batch[i].slot < batch[j].slot })
+	sort.Slice(asks, func(i, j int) bool { return asks[i].c.slot < asks[j].c.slot })
 	st.Syncing = true
+	st.Sending = asks
+	st.Synced = make(chan struct{})
 
-	return batch, st.Backend
+	return asks, st.Backend
 }
 
-// collectLayer is collectSync for one layer's counters, appended to batch.
-func collectLayer(st *SyncState, m map[string]*SyncCounter, batch []*SyncCounter, now int64) []*SyncCounter {
+// leaseIdle is how long a key goes without a request before its lease goes
+// back to Redis: long enough that a key used now and then keeps its lease
+// rather than asking anew, short enough that points a replica no longer
+// needs reach the others soon.
+const leaseIdle = time.Second
+
+// collectLayer is CollectSync for one layer's counters, appended to asks: a
+// counter sends its pending points; one that no request asked for during
+// idle syncs gives its lease back (every one, when final); one whose lease
+// would not last the next interval at the last interval's use, while Redis
+// had room, asks for twice that use (limit.LeaseGrant bounds it).
+func collectLayer(st *SyncState, m map[string]*SyncCounter, asks []LeaseAsk, now, idle int64, final bool) []LeaseAsk {
 	for _, c := range m {
 		if c.End <= now {
 			dropCounter(st, m, c)
 			continue
 		}
 
+		use := c.Allowed
 		flushStats(c)
 
-		// A key no request asked for since the last sync keeps its total,
-		// a lower bound of Redis's (they only grow but by a refund), until
-		// one does; a key Redis counts at its points refuses every request
-		// until its window ends. Neither needs a call.
-		if c.Pending == 0 && (!c.Touched || c.Remote >= c.points && c.points > 0) {
-			continue
+		a := LeaseAsk{c: c, add: c.Pending}
+
+		if c.Touched {
+			c.Idle = 0
+		} else {
+			c.Idle++
+		}
+
+		switch {
+		case final || c.Idle >= idle:
+			a.back = c.Lease
+		case c.Touched && c.Lease < use && limit.Fits(Counted(c)+c.Lease, 1, c.points):
+			a.want = 2 * use
 		}
 
 		c.Touched = false
 
-		c.Inflight = c.Pending
+		if a.add == 0 && a.back == 0 && a.want == 0 {
+			continue
+		}
+
+		c.Inflight += a.add
 		c.Pending = 0
-		batch = append(batch, c)
+		c.Lease -= a.back
+		c.Back += a.back
+		asks = append(asks, a)
 	}
 
-	return batch
-}
-
-// unsend puts the points of a sync that did not happen back to pending; nil
-// does so for every counter (a sync cut short by a panic).
-func unsend(st *SyncState, batch []*SyncCounter) {
-	st.Mu.Lock()
-	defer st.Mu.Unlock()
-
-	if batch == nil {
-		for _, m := range st.ByLayer {
-			for _, c := range m {
-				batch = append(batch, c)
-			}
-		}
-	}
-
-	for _, c := range batch {
-		c.Pending += c.Inflight
-		c.Inflight = 0
-	}
-
-	st.Syncing = false
-}
-
-// ApplySync replaces the counters' remote totals with Redis's.
-func ApplySync(st *SyncState, batch []*SyncCounter, totals []int64) {
-	st.Mu.Lock()
-	defer st.Mu.Unlock()
-
-	for i, c := range batch {
-		total := totals[i]
-		if total < 0 {
-			total = 0
-		}
-
-		c.Remote, c.Inflight = total, 0
-	}
-
-	st.Syncing = false
-}
-
-// SendSync runs syncScript for batch: chunks of syncBatch keys, one call
-// each, or on a Cluster one call per slot, sent together. It returns the
-// totals in batch's order.
-func SendSync(b *RedisBackend, batch []*SyncCounter, now int64) ([]int64, error) {
-	var calls []redisresp.ClusterCall
-	var bounds []int
-
-	for i := 0; i < len(batch); {
-		j := i + 1
-		for j < len(batch) && j-i < syncBatch && (b.cluster == nil || batch[j].slot == batch[i].slot) {
-			j++
-		}
-
-		calls = append(calls, redisresp.ClusterCall{Slot: batch[i].slot, Call: syncRedis.Call(j-i, 3*(j-i)), Encoded: encodeSync(batch[i:j], now)})
-		bounds = append(bounds, i)
-		i = j
-	}
-
-	totals := make([]int64, 0, len(batch))
-
-	if b.cluster != nil {
-		replies, err := b.cluster.RunInts(calls)
-		if err != nil {
-			return nil, fmt.Errorf("syncing counters: %w", err)
-		}
-
-		for k, r := range replies {
-			if err := checkSyncReply(r.Ints, r.ServerErr, nil, batch, bounds, k); err != nil {
-				return nil, err
-			}
-
-			totals = append(totals, r.Ints...)
-		}
-
-		return totals, nil
-	}
-
-	for k, call := range calls {
-		ints, serverErr, err := call.Call.RunIntsOn(b.Pool, call.Encoded)
-		if err := checkSyncReply(ints, serverErr, err, batch, bounds, k); err != nil {
-			return nil, err
-		}
-
-		totals = append(totals, ints...)
-	}
-
-	return totals, nil
-}
-
-// checkSyncReply checks the reply of call k: one total per key sent.
-func checkSyncReply(ints []int64, serverErr string, err error, batch []*SyncCounter, bounds []int, k int) error {
-	if err != nil {
-		return fmt.Errorf("syncing counters: %w", err)
-	}
-
-	if serverErr != "" {
-		return fmt.Errorf("running the sync script: %s", serverErr)
-	}
-
-	end := len(batch)
-	if k+1 < len(bounds) {
-		end = bounds[k+1]
-	}
-
-	if len(ints) != end-bounds[k] {
-		return fmt.Errorf("%w: %d totals for %d keys", ErrBadReply, len(ints), end-bounds[k])
-	}
-
-	return nil
-}
-
-// encodeSync encodes syncScript's keys and arguments for counters.
-func encodeSync(counters []*SyncCounter, now int64) string {
-	keys, args := "", ""
-
-	for _, c := range counters {
-		ttl := (c.End - now + syncKeyGrace) / int64(time.Millisecond)
-
-		keys += redisresp.Bulk(c.Key)
-		args += redisresp.Bulk(strconv.FormatInt(c.Inflight, 10)) + redisresp.Bulk(strconv.FormatInt(ttl, 10))
-	}
-
-	return keys + args
+	return asks
 }
