@@ -770,8 +770,9 @@ func (sp *syncedPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 		c.Lease--
 		c.Allowed++
 		// What is left to this replica: what Redis had not granted at its
-		// last answer, and the lease (redisstore.counted).
-		n := l.Points - c.Remote - c.Pending - c.Inflight + c.Lease + c.Back
+		// last answer, and the lease (redisstore.Counted, without the
+		// points admitted during an outage that a call is sending).
+		n := l.Points - c.Remote + c.Lease
 		if shown == nil || n < left {
 			shown = l
 			sc = c
@@ -810,7 +811,7 @@ func refuseSynced(p *Plugin, rw http.ResponseWriter, req *http.Request, layers [
 		fc.Lease++
 	}
 
-	if c.Remote+c.Pending+c.Inflight-c.Back < l.Points || l.Body != nil || req.Header["Upgrade"] != nil || !c.Logged {
+	if !c.Full || l.Body != nil || req.Header["Upgrade"] != nil {
 		// syncTake counts the decision again, fc's allowed too.
 		if fc != nil {
 			fc.Allowed--

@@ -68,6 +68,7 @@ func applyAsks(asks []LeaseAsk, replies []int64) {
 		c.Remote = replies[2*i+1]
 		c.Inflight -= a.add
 		c.Back -= a.back
+		c.Full = c.Full && Counted(c) >= c.points
 	}
 }
 
@@ -81,6 +82,7 @@ func unsendAsks(asks []LeaseAsk) {
 		c.Pending += a.add
 		c.Back -= a.back
 		c.Lease += a.back
+		c.Full = c.Full && a.back == 0
 	}
 }
 

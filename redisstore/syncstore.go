@@ -101,8 +101,11 @@ type SyncCounter struct {
 	ResetH   []string // X-RateLimit-Reset of the window
 	ResetSec int64    // its second
 	Logged   bool     // a refusal of this window was reported
-	Touched  bool     // a request asked since the last sync
-	Idle     int64    // syncs in a row that no request asked in
+	// Full: a request was refused for want of room (and reported), and no
+	// answer of Redis since gave room: the next is refused from the cache.
+	Full    bool
+	Touched bool  // a request asked since the last sync
+	Idle    int64 // syncs in a row that no request asked in
 }
 
 // Counted is c's count as this replica sees it: its layer's points minus
@@ -441,6 +444,7 @@ func decideSynced(t *tally, counters []*SyncCounter, ch *charge, cost int64, dow
 
 		first := !c.Logged
 		c.Logged = true
+		c.Full = !l.CheckOnly && count >= l.Points
 
 		if rule.RefuseAs(t, i, l, count+cost, c.End, c.ResetH, first) {
 			c.Refused++
@@ -568,6 +572,7 @@ func syncRefund(st *SyncState, ch *charge, cost int64) {
 		c := st.ByLayer[l.Name][ch.Keys[i]]
 		if c != nil && c.End > ch.Now && !l.CheckOnly {
 			c.Lease += cost
+			c.Full = false
 		}
 	}
 

@@ -33,8 +33,8 @@ var budgets = map[string]float64{
 	"redis, global in memory": 541,
 	"redis allowed":           454,
 	"redis refused":           240,
-	"redis synced allowed":    219,
-	"redis synced refused":    256,
+	"redis synced allowed":    214,
+	"redis synced refused":    250,
 }
 
 // longEdge is the edge of edgeConfig with hour-long windows.
