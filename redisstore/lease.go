@@ -9,7 +9,7 @@ import (
 	"github.com/tierlimit/tierlimit/redisresp"
 )
 
-// leaseScript settles and grants synced counters' leases (syncstore.go),
+// LeaseScript settles and grants synced counters' leases (syncstore.go),
 // one key after the other, each atomically.
 //
 // KEYS: the keys. ARGV, six per key: the points to add (admitted without a
@@ -20,7 +20,7 @@ import (
 // most the want and what is left), nothing when what is left cannot cover
 // the need. A key of another kind, or holding something that is not an
 // integer, is started afresh. Returns grant and count per key, in order.
-var leaseScript = `
+var LeaseScript = `
 local out = {}
 for i = 1, #KEYS do
   local k, j = KEYS[i], 6 * (i - 1)
@@ -50,7 +50,7 @@ end
 return out
 `
 
-var leaseRedis = redisresp.NewScript(leaseScript)
+var leaseRedis = redisresp.NewScript(LeaseScript)
 
 // LeaseAsk is what one counter sends in a lease call: add pending points,
 // give back a lease, and need and want points.

@@ -1,0 +1,133 @@
+package tierlimit
+
+import (
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/tierlimit/tierlimit/limit"
+	"github.com/tierlimit/tierlimit/redisstore"
+)
+
+// Leases of synced counters (redis.syncInterval) between replicas: what
+// goes back, what a dead replica takes with it, and the script's grant.
+
+// TestIdleLeaseGoesBackToTheOtherReplicas: a key that no request asked for
+// during a sync gives its lease back at the next, and another replica can
+// then spend those points: b gets the 9 points a does not use.
+func TestIdleLeaseGoesBackToTheOtherReplicas(t *testing.T) {
+	addr, admin := redisServer(t)
+	h, a, _ := syncHarness(t, addr, nil)
+	b := replica(a)
+	client := "203.0.113.60"
+
+	if !takeOn(a, h, client) {
+		t.Fatal("a's request was refused")
+	}
+
+	now := h.clock.Now().UnixNano()
+	mustSync(t, a, now) // asked for since the last sync: keeps its lease
+	if c := counterOf(a, "ip", client); c.Lease != 2 {
+		t.Fatalf("a's lease %d after a sync with the key in use, want 2", c.Lease)
+	}
+
+	mustSync(t, a, now) // idle: the 2 go back
+
+	ip := h.p.layers[layerIndex(h, "ip")]
+	start, _ := redisstore.SyncWindow(ip, now)
+	if got := redisDo(t, admin, "GET", redisstore.SyncKey(ip, client, false, start)).Str; got != "1" {
+		t.Fatalf("Redis holds %q after a gave its lease back, want the 1 it spent", got)
+	}
+
+	allowed := 0
+	for i := 0; i < 12; i++ {
+		if takeOn(b, h, client) {
+			allowed++
+		}
+	}
+
+	if allowed != 9 {
+		t.Fatalf("b allowed %d, want the 9 that a did not spend", allowed)
+	}
+}
+
+// TestADeadReplicasLeaseIsLostUntilTheWindowEnds: a replica that stops
+// holding a lease (killed: nothing gives it back) takes its points with it
+// until the window ends; the others then admit the points minus that lease,
+// never more, and the next window starts whole.
+func TestADeadReplicasLeaseIsLostUntilTheWindowEnds(t *testing.T) {
+	addr, _ := redisServer(t)
+	h, a, _ := syncHarness(t, addr, nil)
+	b := replica(a)
+	client := "203.0.113.61"
+
+	// a leases 3 of the 10, spends 1, and dies with 2.
+	if !takeOn(a, h, client) {
+		t.Fatal("a's request was refused")
+	}
+
+	allowed := 0
+	for i := 0; i < 12; i++ {
+		if takeOn(b, h, client) {
+			allowed++
+		}
+	}
+
+	if allowed != 7 {
+		t.Fatalf("b allowed %d beside a's lease of 3, want 7: a's 2 unspent points are lost until the window ends", allowed)
+	}
+
+	h.clock.Add(time.Minute)
+
+	allowed = 0
+	for i := 0; i < 12; i++ {
+		if takeOn(b, h, client) {
+			allowed++
+		}
+	}
+
+	if allowed != 10 {
+		t.Fatalf("b allowed %d in the next window, want its 10", allowed)
+	}
+}
+
+// TestLeaseScriptGrantsWhatLeaseGrantSays: the lease script on a real
+// redis-server grants, for each count, need and want, what limit.LeaseGrant
+// computes, settles the points added and given back first, and leaves the
+// count plus the grant in the key.
+func TestLeaseScriptGrantsWhatLeaseGrantSays(t *testing.T) {
+	_, admin := redisServer(t)
+
+	for i, tt := range []struct{ count, add, back, need, want, points int64 }{
+		{0, 0, 0, 1, 200, 200},
+		{150, 0, 0, 1, 200, 200},
+		{197, 0, 0, 1, 200, 200},
+		{199, 0, 0, 5, 200, 200},
+		{200, 0, 0, 1, 200, 200},
+		{190, 0, 0, 5, 200, 200},
+		{100, 7, 0, 0, 30, 200},
+		{100, 0, 40, 1, 200, 200},
+		{10, 0, 40, 1, 200, 200},
+		{0, 0, 0, 0, 0, 200},
+		{5, 0, 0, 1, 1000000, 1000000000},
+	} {
+		key := "lease:" + strconv.Itoa(i)
+		if tt.count > 0 {
+			redisDo(t, admin, "SET", key, strconv.FormatInt(tt.count, 10))
+		}
+
+		reply := redisDo(t, admin, "EVAL", redisstore.LeaseScript, "1", key,
+			strconv.FormatInt(tt.add, 10), strconv.FormatInt(tt.back, 10), strconv.FormatInt(tt.need, 10),
+			strconv.FormatInt(tt.want, 10), "60000", strconv.FormatInt(tt.points, 10))
+
+		settled := tt.count + tt.add - tt.back
+		if settled < 0 {
+			settled = 0
+		}
+
+		grant := limit.LeaseGrant(tt.points, settled, tt.need, tt.want)
+		if len(reply.Array) != 2 || reply.Array[0].Int != grant || reply.Array[1].Int != settled+grant {
+			t.Errorf("%+v: script %v, want grant %d and count %d", tt, reply.Array, grant, settled+grant)
+		}
+	}
+}
