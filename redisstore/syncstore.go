@@ -63,10 +63,11 @@ const syncBatch = 500
 const syncKeyGrace = int64(2 * time.Second)
 
 // maxLeaseRounds bounds the calls a request makes or waits for before it
-// is decided with the points its counters hold: each round either grants
-// points or learns that Redis has none left, so more rounds mean other
-// requests spent the grants first.
-const maxLeaseRounds = 4
+// is decided with the points its counters hold: each call either grants
+// its queued counters points or learns that Redis has none left, so more
+// rounds mean other requests spent the grants first (the last points of a
+// key that many requests want at once).
+const maxLeaseRounds = 8
 
 // ErrSyncSkipped is a sync that did not call Redis: the back-off is running.
 var ErrSyncSkipped = errors.New("redis is in back-off")
@@ -89,6 +90,7 @@ type SyncCounter struct {
 	Pending  int64
 	Inflight int64
 	Back     int64 // lease a call is giving back
+	Need     int64 // points queued for the next lease call (0: not queued)
 	points   int64 // the layer's points at the last request
 	End      int64 // the window's end, Unix nanoseconds
 	// allowed and refused count decisions under the state's lock, added to
@@ -127,7 +129,9 @@ type SyncState struct {
 	Started  bool
 	Syncing  bool
 	// Acquiring is closed when the lease call in flight ends; nil: none.
+	// Wanting: the counters the next lease call asks for (queueNeeds).
 	Acquiring chan struct{}
+	Wanting   []*SyncCounter
 	// Sending is what the sync in flight sends, put back if it panics;
 	// Synced is closed when that sync ends.
 	Sending []LeaseAsk
@@ -300,6 +304,7 @@ func flushStats(c *SyncCounter) {
 // dropCounter removes c from m. Called with st.mu held.
 func dropCounter(st *SyncState, m map[string]*SyncCounter, c *SyncCounter) {
 	flushStats(c)
+	c.Need = 0
 	delete(m, c.bucket)
 	st.Size--
 }
@@ -362,12 +367,8 @@ func SyncTake(st *SyncState, t *tally, ch *charge) {
 
 		// A lease going back is Redis's again only when its call ends:
 		// asked before, it would not be there.
-		wait := st.Acquiring
-		if returning(counters) {
-			wait = st.Synced
-		}
-
-		if wait != nil {
+		if returning(counters) && st.Synced != nil {
+			wait := st.Synced
 			st.Mu.Unlock()
 			<-wait
 			st.Mu.Lock()
@@ -375,7 +376,19 @@ func SyncTake(st *SyncState, t *tally, ch *charge) {
 			continue
 		}
 
-		down = acquire(st, counters, ch.Layers, cost, ch.Now) != nil
+		// Queued, the counters go with the next lease call, whichever
+		// request makes it: the one in flight is waited for.
+		queueNeeds(st, counters, ch.Layers, cost)
+
+		if wait := st.Acquiring; wait != nil {
+			st.Mu.Unlock()
+			<-wait
+			st.Mu.Lock()
+
+			continue
+		}
+
+		down = acquire(st, ch.Now) != nil
 	}
 
 	decideSynced(t, counters, ch, cost, down)
@@ -399,6 +412,25 @@ func needsLease(counters []*SyncCounter, layers []*layer, cost int64) bool {
 	}
 
 	return false
+}
+
+// queueNeeds queues, for the next lease call, each counter that holds less
+// than cost, with the most a request queued for it lacks. Called with st.mu
+// held.
+func queueNeeds(st *SyncState, counters []*SyncCounter, layers []*layer, cost int64) {
+	for i, c := range counters {
+		if c.Lease >= cost || layers[i].CheckOnly {
+			continue
+		}
+
+		if c.Need == 0 {
+			st.Wanting = append(st.Wanting, c)
+		}
+
+		if cost-c.Lease > c.Need {
+			c.Need = cost - c.Lease
+		}
+	}
 }
 
 // returning reports whether a counter is giving a lease back in the sync in
@@ -480,12 +512,12 @@ func chargeSynced(t *tally, counters []*SyncCounter, layers []*layer, cost int64
 	}
 }
 
-// acquire asks Redis, in one call, for the points the counters lack for a
-// request of cost (and sends what they admitted without a lease). It
-// returns an error when Redis cannot answer: the request is then decided
-// as the fallback would. Called with st.mu held; it unlocks it during the
-// call, which the requests that need a lease meanwhile wait for.
-func acquire(st *SyncState, counters []*SyncCounter, layers []*layer, cost, now int64) error {
+// acquire asks Redis, in one call, for the points the queued counters lack
+// (queueNeeds), and sends what they admitted without a lease. It returns an
+// error when Redis cannot answer: the request is then decided as the
+// fallback would. Called with st.mu held; it unlocks it during the call,
+// which the requests that need a lease meanwhile wait for.
+func acquire(st *SyncState, now int64) error {
 	backend := st.Backend
 	if backend == nil {
 		return ErrSyncSkipped
@@ -499,14 +531,19 @@ func acquire(st *SyncState, counters []*SyncCounter, layers []*layer, cost, now 
 		}
 	}
 
-	var asks []LeaseAsk
-	for i, c := range counters {
-		if c.Lease < cost && !layers[i].CheckOnly {
-			asks = append(asks, LeaseAsk{c: c, add: c.Pending, need: cost - c.Lease, want: layers[i].Points})
-			c.Inflight += c.Pending
-			c.Pending = 0
+	asks := make([]LeaseAsk, 0, len(st.Wanting))
+	for _, c := range st.Wanting {
+		if c.Need == 0 {
+			continue // dropped meanwhile (dropCounter)
 		}
+
+		asks = append(asks, LeaseAsk{c: c, add: c.Pending, need: c.Need, want: c.points})
+		c.Inflight += c.Pending
+		c.Pending = 0
+		c.Need = 0
 	}
+
+	st.Wanting = st.Wanting[:0]
 
 	done := make(chan struct{})
 	st.Acquiring = done
