@@ -1,6 +1,7 @@
 package tierlimit
 
 import (
+	"net/http"
 	"strconv"
 	"testing"
 	"time"
@@ -129,5 +130,40 @@ func TestLeaseScriptGrantsWhatLeaseGrantSays(t *testing.T) {
 		if len(reply.Array) != 2 || reply.Array[0].Int != grant || reply.Array[1].Int != settled+grant {
 			t.Errorf("%+v: script %v, want grant %d and count %d", tt, reply.Array, grant, settled+grant)
 		}
+	}
+}
+
+// TestARefusingReplicaLearnsOfPointsGivenBack: a replica that refuses a key
+// for want of room (from its refusal cache, on the anonymous fast path)
+// asks again at its next sync, and admits once another replica has given
+// unspent points back.
+func TestARefusingReplicaLearnsOfPointsGivenBack(t *testing.T) {
+	addr, _ := redisServer(t)
+	h, a, _ := syncHarness(t, addr, func(c *Config) { c.Global.Points = 0 })
+	b := replica(a)
+	client := "203.0.113.62"
+
+	if !takeOn(b, h, client) {
+		t.Fatal("b's request was refused")
+	}
+
+	for i := 1; i <= 9; i++ {
+		want := http.StatusOK
+		if i > 7 {
+			want = http.StatusTooManyRequests // the second from the cache
+		}
+
+		if code := h.get("/api", client+":1").Code; code != want {
+			t.Fatalf("request %d beside b's lease of 3: %d, want %d", i, code, want)
+		}
+	}
+
+	now := h.clock.Now().UnixNano()
+	mustSync(t, b, now)
+	mustSync(t, b, now) // b's key idle: its 2 go back
+	mustSync(t, a, now) // a asks again
+
+	if code := h.get("/api", client+":1").Code; code != http.StatusOK {
+		t.Fatalf("after b gave 2 points back: %d, want 200", code)
 	}
 }
