@@ -781,9 +781,11 @@ const leaseIdle = time.Second
 
 // collectLayer is CollectSync for one layer's counters, appended to asks: a
 // counter sends its pending points; one that no request asked for during
-// idle syncs gives its lease back (every one, when final); one whose lease
-// would not last the next interval at the last interval's use, while Redis
-// had room, asks for twice that use (limit.LeaseGrant bounds it).
+// idle syncs gives its lease back (every one, when final); one that refuses
+// for want of room asks for a point, which another replica may have given
+// back; one whose lease would not last the next interval at the last
+// interval's use, while Redis had room, asks for twice that use
+// (limit.LeaseGrant bounds it).
 func collectLayer(st *SyncState, m map[string]*SyncCounter, asks []LeaseAsk, now, idle int64, final bool) []LeaseAsk {
 	for _, c := range m {
 		if c.End <= now {
@@ -805,6 +807,8 @@ func collectLayer(st *SyncState, m map[string]*SyncCounter, asks []LeaseAsk, now
 		switch {
 		case final || c.Idle >= idle:
 			a.back = c.Lease
+		case c.Touched && c.Full:
+			a.want = 1 // another replica may have given points back
 		case c.Touched && c.Lease < use && limit.Fits(Counted(c)+c.Lease, 1, c.points):
 			a.want = 2 * use
 		}
