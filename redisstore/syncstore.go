@@ -545,6 +545,11 @@ func acquire(st *SyncState, now int64) error {
 
 	st.Wanting = st.Wanting[:0]
 
+	if backend.cluster != nil {
+		// One call per slot (SendLeases).
+		sort.Slice(asks, func(i, j int) bool { return asks[i].c.slot < asks[j].c.slot })
+	}
+
 	done := make(chan struct{})
 	st.Acquiring = done
 	st.Mu.Unlock()
