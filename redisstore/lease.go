@@ -53,10 +53,12 @@ return out
 var leaseRedis = redisresp.NewScript(LeaseScript)
 
 // LeaseAsk is what one counter sends in a lease call: add pending points,
-// give back a lease, and need and want points.
+// give back a lease, and need and want points of the layer's points, as
+// they were when the call was collected under the state's lock (the call
+// runs without it).
 type LeaseAsk struct {
-	c                     *SyncCounter
-	add, back, need, want int64
+	c                             *SyncCounter
+	add, back, need, want, points int64
 }
 
 // applyAsks applies a lease call's replies (grant and count per ask) to
@@ -177,7 +179,7 @@ func encodeLeases(asks []LeaseAsk, now int64) string {
 		keys += redisresp.Bulk(a.c.Key)
 		args += redisresp.Bulk(strconv.FormatInt(a.add, 10)) + redisresp.Bulk(strconv.FormatInt(a.back, 10)) +
 			redisresp.Bulk(strconv.FormatInt(a.need, 10)) + redisresp.Bulk(strconv.FormatInt(a.want, 10)) +
-			redisresp.Bulk(strconv.FormatInt(ttl, 10)) + redisresp.Bulk(strconv.FormatInt(a.c.points, 10))
+			redisresp.Bulk(strconv.FormatInt(ttl, 10)) + redisresp.Bulk(strconv.FormatInt(a.points, 10))
 	}
 
 	return keys + args

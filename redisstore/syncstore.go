@@ -537,7 +537,7 @@ func acquire(st *SyncState, now int64) error {
 			continue // dropped meanwhile (dropCounter)
 		}
 
-		asks = append(asks, LeaseAsk{c: c, add: c.Pending, need: c.Need, want: c.points})
+		asks = append(asks, LeaseAsk{c: c, add: c.Pending, need: c.Need, want: c.points, points: c.points})
 		c.Inflight += c.Pending
 		c.Pending = 0
 		c.Need = 0
@@ -801,7 +801,7 @@ func collectLayer(st *SyncState, m map[string]*SyncCounter, asks []LeaseAsk, now
 		use := c.Allowed
 		flushStats(c)
 
-		a := LeaseAsk{c: c, add: c.Pending}
+		a := LeaseAsk{c: c, add: c.Pending, points: c.points}
 
 		if c.Touched {
 			c.Idle = 0
