@@ -339,21 +339,23 @@ func answerRedis(p *Plugin, rw http.ResponseWriter, req *http.Request, t *tally,
 }
 
 // syncedPath is the handler of a modeRedis instance with redis.syncInterval
-// (redisstore/syncstore.go): the anonymous path, decided on the synced counters under
-// their lock, as anonymousPath decides on the memory store's windows. A
-// plan here is global and at most one more layer (TestFastPlansHoldTwoLayers),
-// so a refusal gives back at most the one charge before it. A window's first
-// refusal, a configured body and a WebSocket upgrade take syncTake and
-// answer, which report and build the refusal; later refusals reuse the
-// layer's refusal cache (under the synced counters' lock: this instance
-// charges no memory window and keeps no block list).
+// (redisstore/syncstore.go): the anonymous path, spending the synced
+// counters' leases under their lock, as anonymousPath charges the memory
+// store's windows. A plan here is global and at most one more layer
+// (TestFastPlansHoldTwoLayers), so a refusal gives back at most the one
+// charge before it. A counter without a lease, a window's first refusal, a
+// configured body and a WebSocket upgrade take SyncTake and answer, which
+// ask Redis for a lease, report and build the refusal; later refusals of a
+// key Redis has no room for reuse the layer's refusal cache (under the
+// synced counters' lock: this instance charges no memory window and keeps
+// no block list).
 type syncedPath Plugin
 
 // Its ServeHTTP and refuseSynced are in paths.tmpl.
 
 // serveOnCounters decides a request of syncedPath on its synced counters (SyncTake), and answers
-// it: a window's first refusal, a configured body, a WebSocket upgrade
-// (refuseSynced).
+// it: a counter without a lease, a window's first refusal, a configured
+// body, a WebSocket upgrade (refuseSynced).
 func serveOnCounters(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, client string, now int64) {
 	var t tally
 

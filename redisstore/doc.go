@@ -2,8 +2,9 @@
 // Traefik process (RedisStore), one script call deciding a request's layers
 // (Take, Refund and Record, store.go; TakeScript and refundScript and their
 // encoding, scripts.go; a Cluster's slot groups, cluster.go; calendar
-// windows, calendar.go), or counters synced in batches (redis.syncInterval,
-// syncstore.go). It owns what happens when Redis fails: the backend's
+// windows, calendar.go), or counters that admit from leases of Redis's
+// points (redis.syncInterval, syncstore.go; the lease script and its
+// calls, lease.go). It owns what happens when Redis fails: the backend's
 // back-off and its event lines (RedisBackend, backend.go), the memory
 // fallback started from what Redis last reported (fallback.go), what the
 // fallback charged during an outage and pays back (owed.go), and the probe
