@@ -13,6 +13,20 @@ import (
 // Leases of synced counters (redis.syncInterval) between replicas: what
 // goes back, what a dead replica takes with it, and the script's grant.
 
+// allowedOf sends n requests of client, taking turns over replicas, and
+// returns how many were allowed.
+func allowedOf(h *harness, client string, n int, replicas ...*syncState) int {
+	allowed := 0
+
+	for i := 0; i < n; i++ {
+		if takeOn(replicas[i%len(replicas)], h, client) {
+			allowed++
+		}
+	}
+
+	return allowed
+}
+
 // TestIdleLeaseGoesBackToTheOtherReplicas: a key that no request asked for
 // during a sync gives its lease back at the next, and another replica can
 // then spend those points: b gets the 9 points a does not use.
@@ -40,12 +54,7 @@ func TestIdleLeaseGoesBackToTheOtherReplicas(t *testing.T) {
 		t.Fatalf("Redis holds %q after a gave its lease back, want the 1 it spent", got)
 	}
 
-	allowed := 0
-	for i := 0; i < 12; i++ {
-		if takeOn(b, h, client) {
-			allowed++
-		}
-	}
+	allowed := allowedOf(h, client, 12, b)
 
 	if allowed != 9 {
 		t.Fatalf("b allowed %d, want the 9 that a did not spend", allowed)
@@ -67,12 +76,7 @@ func TestADeadReplicasLeaseIsLostUntilTheWindowEnds(t *testing.T) {
 		t.Fatal("a's request was refused")
 	}
 
-	allowed := 0
-	for i := 0; i < 12; i++ {
-		if takeOn(b, h, client) {
-			allowed++
-		}
-	}
+	allowed := allowedOf(h, client, 12, b)
 
 	if allowed != 7 {
 		t.Fatalf("b allowed %d beside a's lease of 3, want 7: a's 2 unspent points are lost until the window ends", allowed)
@@ -80,12 +84,7 @@ func TestADeadReplicasLeaseIsLostUntilTheWindowEnds(t *testing.T) {
 
 	h.clock.Add(time.Minute)
 
-	allowed = 0
-	for i := 0; i < 12; i++ {
-		if takeOn(b, h, client) {
-			allowed++
-		}
-	}
+	allowed = allowedOf(h, client, 12, b)
 
 	if allowed != 10 {
 		t.Fatalf("b allowed %d in the next window, want its 10", allowed)

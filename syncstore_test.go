@@ -97,17 +97,7 @@ func TestSyncedReplicasNeverAdmitMoreThanThePoints(t *testing.T) {
 	ip := h.p.layers[layerIndex(h, "ip")]
 	key := ip.RedisKey + client + ":" + formatInt(time.Date(2026, 6, 15, 10, 0, 0, 0, time.UTC).UnixMilli())
 
-	allowed := 0
-	for i := 0; i < 30; i++ {
-		st := a
-		if i%2 == 1 {
-			st = b
-		}
-
-		if takeOn(st, h, client) {
-			allowed++
-		}
-	}
+	allowed := allowedOf(h, client, 30, a, b)
 
 	if allowed != 10 {
 		t.Fatalf("two replicas allowed %d of 30 requests, want ip's 10", allowed)
