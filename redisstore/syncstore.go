@@ -414,6 +414,31 @@ func needsLease(counters []*SyncCounter, layers []*layer, cost int64) bool {
 	return false
 }
 
+// queuedAsks takes the queued counters (queueNeeds) into a lease call's
+// asks, with what they admitted without a lease; on a Cluster sorted by
+// slot, for one call per slot (SendLeases). Called with st.mu held.
+func queuedAsks(st *SyncState, cluster bool) []LeaseAsk {
+	asks := make([]LeaseAsk, 0, len(st.Wanting))
+	for _, c := range st.Wanting {
+		if c.Need == 0 {
+			continue // dropped meanwhile (dropCounter)
+		}
+
+		asks = append(asks, LeaseAsk{c: c, add: c.Pending, need: c.Need, want: c.points, points: c.points})
+		c.Inflight += c.Pending
+		c.Pending = 0
+		c.Need = 0
+	}
+
+	st.Wanting = st.Wanting[:0]
+
+	if cluster {
+		sort.Slice(asks, func(i, j int) bool { return asks[i].c.slot < asks[j].c.slot })
+	}
+
+	return asks
+}
+
 // queueNeeds queues, for the next lease call, each counter that holds less
 // than cost, with the most a request queued for it lacks. Called with st.mu
 // held.
@@ -531,24 +556,7 @@ func acquire(st *SyncState, now int64) error {
 		}
 	}
 
-	asks := make([]LeaseAsk, 0, len(st.Wanting))
-	for _, c := range st.Wanting {
-		if c.Need == 0 {
-			continue // dropped meanwhile (dropCounter)
-		}
-
-		asks = append(asks, LeaseAsk{c: c, add: c.Pending, need: c.Need, want: c.points, points: c.points})
-		c.Inflight += c.Pending
-		c.Pending = 0
-		c.Need = 0
-	}
-
-	st.Wanting = st.Wanting[:0]
-
-	if backend.cluster != nil {
-		// One call per slot (SendLeases).
-		sort.Slice(asks, func(i, j int) bool { return asks[i].c.slot < asks[j].c.slot })
-	}
+	asks := queuedAsks(st, backend.cluster != nil)
 
 	done := make(chan struct{})
 	st.Acquiring = done
