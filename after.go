@@ -353,9 +353,10 @@ var errHijackUnsupported = errors.New("hijacking the connection: the response wr
 // largest cost among them (0: none matched), and those that count only
 // listed statuses.
 type routeHits struct {
-	matched []*route // the routes the request matches
-	cost    int64
-	counted []*route
+	matched   []*route // the routes the request matches
+	cost      int64
+	counted   []*route
+	principal string // whose plan picks a route's window (route.plans)
 }
 
 // serveCounted passes on a request that matched countStatus routes with its

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/netip"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -153,7 +154,15 @@ func build(ctx context.Context, cfg *config.Settings, next http.Handler, name st
 // the one its requests' plans hold, check-only: the script reads it with the
 // check flag (checkArgs), and both share the block list entries.
 func splitCountStatus(routes []*route) {
+	var all []*route
 	for _, rt := range routes {
+		all = append(all, rt)
+		for _, name := range sortedPlans(rt) {
+			all = append(all, rt.plans[name])
+		}
+	}
+
+	for _, rt := range all {
 		if rt.countStatus == nil {
 			continue
 		}
@@ -213,6 +222,9 @@ func (p *Plugin) buildLayers(cfg *config.Settings, memory *windowStore) []*layer
 
 	for _, rt := range p.routes {
 		p.layers = append(p.layers, rt.layer)
+		for _, name := range sortedPlans(rt) {
+			p.layers = append(p.layers, rt.plans[name].layer)
+		}
 	}
 
 	p.plans = drawPlans(built)
@@ -276,6 +288,7 @@ func buildRoutes(memory *windowStore, specs []config.Route) ([]*route, map[strin
 			}
 		}
 		rt.layer.MinCost = rs.Cost
+		rt.plans = routePlans(memory, rt, rs)
 		routes = append(routes, rt)
 
 		anyMethod = anyMethod || len(rs.Methods) == 0
@@ -289,6 +302,37 @@ func buildRoutes(memory *windowStore, specs []config.Route) ([]*route, map[strin
 	}
 
 	return routes, methods
+}
+
+// sortedPlans is the names of route rt's plans, in order.
+func sortedPlans(rt *route) []string {
+	names := make([]string, 0, len(rt.plans))
+	for name := range rt.plans {
+		names = append(names, name)
+	}
+
+	sort.Strings(names)
+
+	return names
+}
+
+// routePlans makes route rt's forms for its plans (config.Route.Plans):
+// each a copy of rt with the plan's layer, keyed as rt is. nil: none.
+func routePlans(memory *windowStore, rt *route, rs config.Route) map[string]*route {
+	if len(rs.Plans) == 0 {
+		return nil
+	}
+
+	plans := make(map[string]*route, len(rs.Plans))
+
+	for i, spec := range rs.Plans {
+		alt := *rt
+		alt.layer = newLayer(memory, spec, routeKeyKinds[rs.Key])
+		alt.layer.MinCost = rs.Cost
+		plans[rs.PlanNames[i]] = &alt
+	}
+
+	return plans
 }
 
 // setPathForms chooses the form request paths are matched in: lower case

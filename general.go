@@ -36,6 +36,7 @@ func generalPlan(p *Plugin, rw http.ResponseWriter, req *http.Request, principal
 	}
 
 	if p.routes != nil {
+		hits.principal = principal
 		layers = withRoutes(p, layers, req, hits)
 	}
 
@@ -215,6 +216,10 @@ func withRoutes(p *Plugin, layers []*layer, req *http.Request, hits *routeHits) 
 	copy(out, layers)
 
 	for _, rt := range hits.matched {
+		if rt.plans != nil && hits.principal != "" {
+			rt = routePlanOf(p, rt, req)
+		}
+
 		out = append(out, rt.layer)
 
 		if rt.cost > hits.cost {
@@ -227,6 +232,18 @@ func withRoutes(p *Plugin, layers []*layer, req *http.Request, hits *routeHits) 
 	}
 
 	return out
+}
+
+// routePlanOf is the form of route rt for a principal whose plan header
+// names one of its plans (route.plans), else rt.
+func routePlanOf(p *Plugin, rt *route, req *http.Request) *route {
+	if v := req.Header[p.planHeader]; len(v) > 0 {
+		if alt := rt.plans[v[0]]; alt != nil {
+			return alt
+		}
+	}
+
+	return rt
 }
 
 // routedPaths sets what charges the route matches of a classify instance:

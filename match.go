@@ -65,6 +65,9 @@ type route struct {
 	// layer as that charge takes it: the same counters, not check-only.
 	countStatus map[int]bool
 	charge      *layer
+	// plans are the route's forms for principals on a plan (routes[].plans):
+	// by plan name, a copy of the route with the plan's layer.
+	plans map[string]*route
 }
 
 // routeForm is the path in the form route rt compares: lowered, or with

@@ -132,7 +132,12 @@ type RouteConfig struct {
 	// rule in the Traefik process even when the others are in Redis.
 	Store string
 
-	DryRun  bool                   // this rule counts, logs and sends its headers, but never refuses
+	DryRun bool // this rule counts, logs and sends its headers, but never refuses
+
+	// Plans give the route another window for principals whose
+	// principal.planHeader names the plan (routes.go in config).
+	Plans map[string]PlanConfig
+
 	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: keys.go
 }
 

@@ -95,6 +95,10 @@ type Route struct {
 	Key           string       // KeyIP, keyPrincipal, keyGlobal, KeyHost or KeyHeader
 	Cost          int64        // what a matching request is charged in each of its layers (>= 1)
 	CountStatus   map[int]bool // the statuses charged to the route; nil: every request, up front
+	// Plans are the route's windows for principals on a plan, in plan
+	// order: each rule named <route>.<plan> (RoutePlanName).
+	Plans     []Rule
+	PlanNames []string
 }
 
 // Spec is the parsed built-in layer of that name.
@@ -176,6 +180,9 @@ func allDryRun(s *Settings) {
 
 	for i := range s.Routes {
 		s.Routes[i].DryRun = true
+		for j := range s.Routes[i].Plans {
+			s.Routes[i].Plans[j].DryRun = true
+		}
 	}
 
 	for i := range s.Plans {
@@ -298,6 +305,7 @@ func Rules(s *Settings) []Rule {
 	specs := append([]Rule(nil), s.Builtin...)
 	for _, rs := range s.Routes {
 		specs = append(specs, rs.Rule)
+		specs = append(specs, rs.Plans...)
 	}
 
 	return append(specs, s.Plans...)
@@ -611,6 +619,10 @@ func parseRoute(field string, rc RouteConfig) (Route, error) {
 	}
 
 	if err := parseRouteMatch(field, rc, &spec); err != nil {
+		return Route{}, err
+	}
+
+	if err := parseRoutePlans(field, rc, &spec); err != nil {
 		return Route{}, err
 	}
 

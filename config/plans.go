@@ -3,6 +3,7 @@ package config
 import (
 	"net/http"
 	"sort"
+	"strconv"
 	"strings"
 )
 
@@ -26,6 +27,16 @@ func parsePlans(cfg *Config, s *Settings) error {
 	taken := map[string]string{}
 	for _, rs := range s.Routes {
 		taken[rs.Name] = "is the name of a route"
+	}
+
+	for i, rs := range s.Routes {
+		for _, p := range rs.Plans {
+			if taken[p.Name] != "" {
+				return invalid("routes["+strconv.Itoa(i)+"].plans", p.Name, "is the name of a route: rename the route or the plan")
+			}
+
+			taken[p.Name] = "is the name of a route's plan"
+		}
 	}
 
 	for _, name := range names {
@@ -84,9 +95,18 @@ func parsePlan(field, name string, pc PlanConfig) (Rule, error) {
 func parsePlanHeader(cfg *Config, s *Settings) error {
 	h := cfg.Principal.PlanHeader
 
+	routePlans := ""
+	for i, rc := range cfg.Routes {
+		if len(rc.Plans) > 0 && routePlans == "" {
+			routePlans = "routes[" + strconv.Itoa(i) + "].plans"
+		}
+	}
+
 	switch {
 	case h == "" && len(cfg.Plans) > 0:
 		return invalid("principal.planHeader", h, "plans are set but no header names a principal's plan")
+	case h == "" && routePlans != "":
+		return invalid("principal.planHeader", h, routePlans+" is set but no header names a principal's plan")
 	case h == "":
 		return nil
 	case !validToken(h):
@@ -101,9 +121,53 @@ func parsePlanHeader(cfg *Config, s *Settings) error {
 		return invalid("principal.planHeader", h, "is the principal's or the service-account flag's header")
 	}
 
-	if len(s.Plans) > 0 {
+	if len(s.Plans) > 0 || routePlans != "" {
 		s.PlanHeader = canonical
 	}
 
 	return nil
+}
+
+// parseRoutePlans reads a route's plans, in name order: each a window of its
+// own, named <route>.<plan> in headers, events, the status page, metrics and
+// Redis keys, keyed as the route is (its key: setting). The route's cost
+// must fit each plan's window as it fits the route's.
+func parseRoutePlans(field string, rc RouteConfig, spec *Route) error {
+	names := make([]string, 0, len(rc.Plans))
+	for name := range rc.Plans {
+		names = append(names, name)
+	}
+
+	sort.Strings(names)
+
+	for _, name := range names {
+		pf := field + ".plans." + name
+		if !validName(name) || len(rc.Name)+1+len(name) > 64 {
+			return invalid(field+".plans", name, "a plan's name must be of A-Z a-z 0-9 _ - ., at most 64 characters with the route's name and a dot")
+		}
+
+		rule, err := parsePlan(pf, RoutePlanName(rc.Name, name), rc.Plans[name])
+		if err != nil {
+			return err
+		}
+
+		capacity := rule.Points
+		if rule.Bucket {
+			capacity = rule.Burst
+		}
+
+		if rule.On() && spec.Cost > capacity {
+			return invalid(pf+".points", rule.Points, "holds less than the route's cost, "+strconv.FormatInt(spec.Cost, 10)+": no request could ever be served")
+		}
+
+		spec.Plans = append(spec.Plans, rule)
+		spec.PlanNames = append(spec.PlanNames, name)
+	}
+
+	return nil
+}
+
+// RoutePlanName is the layer name of a route's plan.
+func RoutePlanName(route, plan string) string {
+	return route + "." + plan
 }
