@@ -98,6 +98,12 @@ func TestRoutePlanConfigErrors(t *testing.T) {
 		{"a route's name", func(c *Config) {
 			c.Routes = append(c.Routes, RouteConfig{Name: "chat.pro", Paths: []string{"/x"}, Points: 1, Duration: "1s"})
 		}, `routes[0].plans = "chat.pro": is the name of a route`},
+		{"a sliding plan with syncInterval", func(c *Config) {
+			c.Store = "redis"
+			c.Redis.Address = "127.0.0.1:6379"
+			c.Redis.SyncInterval = "100ms"
+			c.Routes[0].Plans["pro"] = PlanConfig{Points: 5, Duration: "60s", Algorithm: "sliding"}
+		}, `redis.syncInterval = "100ms"`},
 		{"unknown key", func(c *Config) {
 			c.Routes[0].Plans["pro"] = PlanConfig{Points: 5, Duration: "60s", Unknown: map[string]interface{}{"pointz": 5}}
 		}, `unknown field "routes[0].plans.pro.pointz"`},

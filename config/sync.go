@@ -33,14 +33,7 @@ func checkSync(raw string, s *Settings) error {
 		return nil
 	}
 
-	specs := append([]Rule{}, s.Builtin...)
-	for _, rt := range s.Routes {
-		specs = append(specs, rt.Rule)
-	}
-
-	specs = append(specs, s.Plans...)
-
-	for _, l := range specs {
+	for _, l := range Rules(s) {
 		if !l.On() {
 			continue
 		}
