@@ -3,6 +3,8 @@ package tierlimit
 import (
 	"net/http"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -168,5 +170,50 @@ func TestARefusingReplicaLearnsOfPointsGivenBack(t *testing.T) {
 		if code := h.get("/api", client+":1").Code; code != want {
 			t.Fatalf("request %d after b gave 2 points back: %d, want %d", i+1, code, want)
 		}
+	}
+}
+
+// TestConcurrentReplicasNeverOverAdmit: two replicas, eight goroutines
+// each, one key of 50 points and 800 requests: exactly 50 allowed, each
+// from a lease, while requests wait for the lease calls of others (the
+// race detector runs it in make test).
+func TestConcurrentReplicasNeverOverAdmit(t *testing.T) {
+	addr, admin := redisServer(t)
+	h, a, _ := syncHarness(t, addr, func(c *Config) { c.IP = LayerConfig{Points: 50, Duration: "60s"} })
+	b := replica(a)
+	client := "203.0.113.63"
+
+	var allowed atomic.Int64
+	var wg sync.WaitGroup
+
+	for g := 0; g < 16; g++ {
+		st := a
+		if g%2 == 1 {
+			st = b
+		}
+
+		wg.Add(1)
+
+		go func(st *syncState) {
+			defer wg.Done()
+
+			for i := 0; i < 50; i++ {
+				if takeOn(st, h, client) {
+					allowed.Add(1)
+				}
+			}
+		}(st)
+	}
+
+	wg.Wait()
+
+	if allowed.Load() != 50 {
+		t.Fatalf("16 goroutines over two replicas allowed %d, want the 50 points", allowed.Load())
+	}
+
+	ip := h.p.layers[layerIndex(h, "ip")]
+	start, _ := redisstore.SyncWindow(ip, h.clock.Now().UnixNano())
+	if got := redisDo(t, admin, "GET", redisstore.SyncKey(ip, client, false, start)).Str; got != "50" {
+		t.Fatalf("Redis granted %q, want 50", got)
 	}
 }
