@@ -28,6 +28,8 @@
 // segments of 1 to 64 bytes of UTF-8 without control characters. Array
 // elements cannot be named: a segment of digits alone is refused, since it
 // would read as an index. A member whose name holds a dot cannot be named.
+// ParseSource's errors wrap ErrSource and read
+// costFrom "<the value>": <what is wrong>.
 //
 // # Bodies
 //
