@@ -177,7 +177,7 @@ func appendBounded(buf, b []byte, limit int) []byte {
 }
 
 // lookup returns the cost at path in the JSON value data: a number that
-// parseCost takes. Each level is decoded into raw members, so nothing but
+// ParseHeaderValue takes. Each level is decoded into raw members, so nothing but
 // the members on the path is decoded further.
 func lookup(data []byte, path []string) (int64, bool) {
 	raw := json.RawMessage(data)
@@ -196,5 +196,5 @@ func lookup(data []byte, path []string) (int64, bool) {
 		raw = v
 	}
 
-	return parseCost(string(bytes.TrimSpace(raw)))
+	return ParseHeaderValue(string(bytes.TrimSpace(raw)))
 }
