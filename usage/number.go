@@ -22,10 +22,10 @@ const (
 // significant digits), spaces and tabs around it allowed. The number is
 // written as JSON writes numbers (an integer, an optional fraction, an
 // optional exponent) so that "400", "400.0", "4e2" and "4.00E+2" are all
-// 400, with two leniencies: leading zeros ("0400") are accepted and values
-// are at most 64 bytes long. Anything else is refused (false): empty, a sign
-// ("+4", "-4", "-0"), a fraction ("400.5", "4e-1"), "400." or ".5", text,
-// several values ("4, 5"), 10^18 or more.
+// 400; unlike JSON, leading zeros ("0400") are accepted. Anything else is
+// refused (false): empty, more than 64 bytes once trimmed, a sign ("+4",
+// "-4", "-0"), a fraction ("400.5", "4e-1"), "400." or ".5", text, several
+// values ("4, 5"), 10^18 or more.
 //
 // A JSON body's value goes through it too, so that both forms of a source
 // agree.
