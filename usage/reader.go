@@ -1,0 +1,200 @@
+package usage
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+)
+
+// The bounds of what a Reader keeps (doc.go: memory).
+const (
+	// MaxJSONBody is the longest JSON body read, in bytes: a longer body
+	// states no cost.
+	MaxJSONBody = 1 << 20
+	// MaxEventBytes is the most data of one event of a text/event-stream
+	// body kept, in bytes (its data lines joined by "\n"): a longer event is
+	// skipped, and the events after it are read as usual.
+	MaxEventBytes = 64 << 10
+)
+
+// Reader reads the cost a response body states, from the chunks of the body
+// as they are written (Feed), without keeping more than MaxJSONBody of a
+// JSON body or MaxEventBytes of an event. Its zero value reads nothing:
+// make one with NewReader. One Reader reads one body, from one goroutine.
+type Reader struct {
+	path []string
+	// quoted is the last segment in quotes: an event whose data holds it
+	// nowhere, nor a \u escape, cannot hold the path, and is skipped
+	// unparsed. It is nil, and every event parsed, when the segment holds a
+	// character JSON may also write with a short escape (\/, \", \\) or
+	// U+FFFD, which an invalid byte decodes to.
+	quoted []byte
+	stream bool // a text/event-stream body
+	done   bool // Result was called
+
+	buf  []byte // the JSON body, or the data of the current event
+	over bool   // the body, or the current event, passed its bound
+
+	// The current line of an event stream.
+	phase     int  // what the line's next byte is (phase*)
+	matched   int  // bytes of the BOM or of "data:" matched at the line's start
+	dataLines int  // the data lines of the current event
+	cr        bool // the last line ended with '\r': a '\n' right after it ends nothing
+
+	cost int64
+	ok   bool
+}
+
+// The phases of a line of an event stream.
+const (
+	phaseBOM   = iota // the stream's first line, which may start with a UTF-8 BOM
+	phaseField        // matching the line's start against "data:"
+	phaseSpace        // right after "data:": one space there is not data
+	phaseData         // the rest of a data line
+	phaseSkip         // the rest of any other line
+)
+
+const (
+	dataField   = "data:"
+	byteOrder   = "\xEF\xBB\xBF"
+	eventStream = "text/event-stream"
+)
+
+// NewReader returns a Reader of the cost at src.Path in a body of the given
+// Content-Type: text/event-stream (parameters and case aside) is read as
+// events, anything else as one JSON value. A header source reads nothing
+// from the body: its Result is always (0, false).
+func NewReader(src Source, contentType string) *Reader {
+	r := &Reader{path: src.Path, stream: isEventStream(contentType)}
+
+	if n := len(src.Path); n > 0 && !strings.ContainsAny(src.Path[n-1], "/\"\\\uFFFD") {
+		r.quoted = []byte(`"` + src.Path[n-1] + `"`)
+	}
+
+	return r
+}
+
+func isEventStream(contentType string) bool {
+	if i := strings.IndexByte(contentType, ';'); i >= 0 {
+		contentType = contentType[:i]
+	}
+
+	return strings.EqualFold(strings.TrimSpace(contentType), eventStream)
+}
+
+// Feed reads the next chunk of the body. Chunks may split the body
+// anywhere (inside a line, a line ending, a number or a UTF-8 sequence):
+// the result does not depend on where. Feed keeps no reference to b. After
+// Result, Feed does nothing.
+func Feed(r *Reader, b []byte) {
+	if r.done || len(r.path) == 0 {
+		return
+	}
+
+	if r.stream {
+		feedStream(r, b)
+		return
+	}
+
+	if r.over {
+		return
+	}
+
+	if len(r.buf)+len(b) > MaxJSONBody {
+		r.over = true
+		r.buf = nil
+
+		return
+	}
+
+	r.buf = appendBounded(r.buf, b, MaxJSONBody)
+}
+
+// Result ends the body and returns the cost it states: for a JSON body, the
+// value at the path; for an event stream, the value at the path in the last
+// event that holds a valid one. ok is false when there is none. It may be
+// called again, with the same answer.
+func Result(r *Reader) (int64, bool) {
+	if !r.done {
+		r.done = true
+		finish(r)
+	}
+
+	return r.cost, r.ok
+}
+
+func finish(r *Reader) {
+	if len(r.path) == 0 {
+		return
+	}
+
+	if r.stream {
+		// A stream that ends without its last blank line still ends its
+		// last event (doc.go: events). Its last line needs no ending: a data
+		// line's value is in the data already, and a bare "data" would only
+		// add a "\n" to it, which changes no JSON.
+		endEvent(r)
+		r.buf = nil
+
+		return
+	}
+
+	if !r.over {
+		cost, ok := lookup(r.buf, r.path)
+		r.cost = cost
+		r.ok = ok
+	}
+
+	r.buf = nil
+}
+
+// appendBounded appends b to buf, which must have room for it within limit,
+// growing its capacity no further than limit.
+func appendBounded(buf, b []byte, limit int) []byte {
+	n := len(buf) + len(b)
+	if n <= cap(buf) {
+		return append(buf, b...)
+	}
+
+	c := 2 * cap(buf)
+	if c < n {
+		c = n
+	}
+
+	if c < 512 {
+		c = 512
+	}
+
+	if c > limit {
+		c = limit
+	}
+
+	grown := make([]byte, n, c)
+	copy(grown, buf)
+	copy(grown[len(buf):], b)
+
+	return grown
+}
+
+// lookup returns the cost at path in the JSON value data: a number that
+// ParseHeaderValue takes. Each level is decoded into raw members, so nothing but
+// the members on the path is decoded further.
+func lookup(data []byte, path []string) (int64, bool) {
+	raw := json.RawMessage(data)
+
+	for i := 0; i < len(path); i++ {
+		var members map[string]json.RawMessage
+		if json.Unmarshal(raw, &members) != nil {
+			return 0, false
+		}
+
+		v, found := members[path[i]]
+		if !found {
+			return 0, false
+		}
+
+		raw = v
+	}
+
+	return ParseHeaderValue(string(bytes.TrimSpace(raw)))
+}
