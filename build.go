@@ -325,11 +325,11 @@ func routePlans(memory *windowStore, rt *route, rs config.Route) map[string]*rou
 
 	plans := make(map[string]*route, len(rs.Plans))
 
-	for i, spec := range rs.Plans {
+	for _, spec := range rs.Plans {
 		alt := *rt
 		alt.layer = newLayer(memory, spec, routeKeyKinds[rs.Key])
 		alt.layer.MinCost = rs.Cost
-		plans[rs.PlanNames[i]] = &alt
+		plans[strings.TrimPrefix(spec.Name, rs.Name+".")] = &alt // config.RoutePlanName
 	}
 
 	return plans

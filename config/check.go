@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/tierlimit/tierlimit/request"
 )
 
 // Validation: the error every check returns, and the checks of values that
@@ -29,22 +31,22 @@ func checkPath(p string) string {
 }
 
 func checkPrincipal(pc PrincipalConfig) error {
-	if pc.UserHeader != "" && !validToken(pc.UserHeader) {
+	if pc.UserHeader != "" && !request.ValidToken(pc.UserHeader) {
 		return invalid("principal.userHeader", pc.UserHeader, "not a header name")
 	}
 
-	if pc.ServiceAccountHeader != "" && !validToken(pc.ServiceAccountHeader) {
+	if pc.ServiceAccountHeader != "" && !request.ValidToken(pc.ServiceAccountHeader) {
 		return invalid("principal.serviceAccountHeader", pc.ServiceAccountHeader, "not a header name")
 	}
 
 	for i, h := range pc.CredentialHeaders {
-		if !validToken(h) {
+		if !request.ValidToken(h) {
 			return invalid("principal.credentialHeaders["+strconv.Itoa(i)+"]", h, "not a header name")
 		}
 	}
 
 	for i, c := range pc.CredentialCookies {
-		if !validToken(c) {
+		if !request.ValidToken(c) {
 			return invalid("principal.credentialCookies["+strconv.Itoa(i)+"]", c, "not a cookie name")
 		}
 	}
@@ -88,22 +90,6 @@ func validName(s string) bool {
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.') {
-			return false
-		}
-	}
-
-	return true
-}
-
-// validToken reports whether s is an RFC 9110 token (header names, methods, cookie names).
-func validToken(s string) bool {
-	if s == "" || len(s) > 256 {
-		return false
-	}
-
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
 			return false
 		}
 	}

@@ -97,8 +97,7 @@ type Route struct {
 	CountStatus   map[int]bool // the statuses charged to the route; nil: every request, up front
 	// Plans are the route's windows for principals on a plan, in plan
 	// order: each rule named <route>.<plan> (RoutePlanName).
-	Plans     []Rule
-	PlanNames []string
+	Plans []Rule
 }
 
 // Spec is the parsed built-in layer of that name.
@@ -481,7 +480,7 @@ func parseKeyHeader(key string) (string, error) {
 		return "", errors.New(`must be empty, "host" or "header:<Name>"`)
 	}
 
-	if !validToken(name) {
+	if !request.ValidToken(name) {
 		return "", errors.New(`"` + name + `" is not a header name`)
 	}
 
@@ -703,7 +702,7 @@ func parseRouteKey(field, key string, spec *Route) error {
 // parseRouteMatch reads the methods and paths a route matches.
 func parseRouteMatch(field string, rc RouteConfig, spec *Route) error {
 	for j, m := range rc.Methods {
-		if !validToken(m) {
+		if !request.ValidToken(m) {
 			return invalid(field+".methods["+strconv.Itoa(j)+"]", m, "not an HTTP method")
 		}
 

@@ -5,6 +5,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/tierlimit/tierlimit/request"
 )
 
 // Plans: the auth server names a principal's plan in principal.planHeader,
@@ -109,7 +111,7 @@ func parsePlanHeader(cfg *Config, s *Settings) error {
 		return invalid("principal.planHeader", h, routePlans+" is set but no header names a principal's plan")
 	case h == "":
 		return nil
-	case !validToken(h):
+	case !request.ValidToken(h):
 		return invalid("principal.planHeader", h, "not a header name")
 	case s.UserHeader == "":
 		return invalid("principal.planHeader", h,
@@ -161,7 +163,6 @@ func parseRoutePlans(field string, rc RouteConfig, spec *Route) error {
 		}
 
 		spec.Plans = append(spec.Plans, rule)
-		spec.PlanNames = append(spec.PlanNames, name)
 	}
 
 	return nil

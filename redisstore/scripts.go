@@ -7,6 +7,20 @@ import (
 	"github.com/tierlimit/tierlimit/redisresp"
 )
 
+// luaRead defines the scripts' read, which runs a read command: a key of
+// another kind reads as false, any other error (a command the ACL denies)
+// fails the script, never a key.
+const luaRead = `
+local function read(...)
+  local v = redis.pcall(...)
+  if type(v) == 'table' and v.err then
+    if string.find(v.err, 'WRONGTYPE', 1, true) then return false end
+    error(v)
+  end
+  return v
+end
+`
+
 // TakeScript is the whole decision of one request in one round trip. It
 // decides every layer before it writes any: the first loop plans the writes,
 // which run only when no layer refused (or in a dry run), so a refused
@@ -79,18 +93,7 @@ import (
 // from 0, whose window is in milliseconds: what the headers show, in one
 // reply line, which redisPath reads with one parse (../paths.go). It is
 // sent only while it fits a Lua number exactly (below 2^53), for i < 16.
-const TakeScript = `
--- read runs a read command; a key of another kind reads as false, any
--- other error (a command the ACL denies) fails the script, never a key.
-local function read(...)
-  local v = redis.pcall(...)
-  if type(v) == 'table' and v.err then
-    if string.find(v.err, 'WRONGTYPE', 1, true) then return false end
-    error(v)
-  end
-  return v
-end
-
+const TakeScript = luaRead + `
 -- incr adds cost to a counter and returns its new value, or false for a
 -- key that holds no counter (of another kind, not an integer, at the bound
 -- of one); any other error (a command the ACL denies) fails the script.
@@ -296,18 +299,7 @@ return out
 // layer's arguments, as takeScript reads them from ARGV[4i-1] (a "d" before
 // the algorithm and a "b<ms>" after it change nothing here).
 // Returns the number of keys given back to, as a one-integer array.
-const refundScript = `
--- read runs a read command; a key of another kind reads as false, any
--- other error (a command the ACL denies) fails the script, never a key.
-local function read(...)
-  local v = redis.pcall(...)
-  if type(v) == 'table' and v.err then
-    if string.find(v.err, 'WRONGTYPE', 1, true) then return false end
-    error(v)
-  end
-  return v
-end
-
+const refundScript = luaRead + `
 local cost = tonumber(ARGV[1])
 local given, now = 0, false
 for i = 1, #KEYS do

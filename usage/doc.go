@@ -1,7 +1,7 @@
 // Package usage reads what a backend's response says its request cost (an
 // LLM's tokens, for instance), for a route's costFrom: the pure part, with
 // no net/http handler and no state shared between responses. It imports the
-// standard library only.
+// standard library and request (what an HTTP token is) only.
 //
 // ParseSource reads the two forms of a source: "header:<Name>", a header or
 // trailer whose value ParseHeaderValue reads, and "json:<dotted.path>"

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/tierlimit/tierlimit/request"
 )
 
 // Source is where a response states what its request cost: a header (or
@@ -46,7 +48,7 @@ var ErrSource = errors.New("costFrom")
 func ParseSource(spec string) (Source, error) {
 	if strings.HasPrefix(spec, prefixHeader) {
 		name := spec[len(prefixHeader):]
-		if !validToken(name) {
+		if !request.ValidToken(name) {
 			return Source{}, sourceError(spec, "the header name "+strconv.Quote(name)+" is not an HTTP token")
 		}
 
@@ -108,21 +110,4 @@ func checkSegment(s string) string {
 
 func isControl(c rune) bool {
 	return c < ' ' || c == 0x7f
-}
-
-// validToken reports whether s is an HTTP token (RFC 9110), as a header
-// name must be: the same test as the configuration's header keys.
-func validToken(s string) bool {
-	if s == "" || len(s) > 256 {
-		return false
-	}
-
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
-			return false
-		}
-	}
-
-	return true
 }
