@@ -239,6 +239,8 @@ type watchWriter struct {
 	client, principal string   // the routes' keys
 	cost              int64    // the request's cost, which a listed status charges
 
+	reserved []reservation // what costFrom routes hold for the request (meter.go); nil: none
+
 	wroteHeader bool
 	discard     bool // the downstream's answer was replaced by a 429
 	flushEach   bool
@@ -285,6 +287,10 @@ func (w *watchWriter) WriteHeader(code int) {
 		return
 	}
 
+	if w.reserved != nil {
+		startReading(w)
+	}
+
 	w.flushEach = w.rw.Header().Get("Content-Length") == ""
 	w.rw.WriteHeader(code)
 
@@ -305,6 +311,10 @@ func (w *watchWriter) Write(b []byte) (int, error) {
 	n, err := w.rw.Write(b)
 	if w.flushEach {
 		w.Flush()
+	}
+
+	if w.reserved != nil {
+		readBody(w, b[:n])
 	}
 
 	return n, err
@@ -357,10 +367,17 @@ type routeHits struct {
 	cost      int64
 	counted   []*route
 	principal string // whose plan picks a route's window (route.plans)
+	// metered are the matched costFrom routes, meteredAt their layers'
+	// places in the request's charge; reserved what takeReserving
+	// reserved for them (meter.go).
+	metered   []*route
+	meteredAt []int
+	reserved  []reservation
 }
 
-// serveCounted passes on a request that matched countStatus routes with its
-// response watched: out is what next would get otherwise (rw, or the
+// serveCounted passes on a request that matched countStatus or costFrom
+// routes with its response watched, and settles the costFrom routes'
+// reservations when it has ended (meter.go): out is what next would get otherwise (rw, or the
 // watchWriter of a credentialed request, which then watches for both,
 // around the original writer, to which serveUpgrade writes its refusals);
 // c is the request's charge, whose client and principal key the routes.
@@ -374,6 +391,7 @@ func serveCounted(p *Plugin, out http.ResponseWriter, req *http.Request, c *char
 	ww.client = c.Client
 	ww.principal = c.Principal
 	ww.cost = hits.cost
+	ww.reserved = hits.reserved
 
 	// Converted to the interface first (doc.go: wrappers).
 	var w http.ResponseWriter = ww
@@ -387,6 +405,10 @@ func serveCounted(p *Plugin, out http.ResponseWriter, req *http.Request, c *char
 	if !ww.wroteHeader {
 		ww.wroteHeader = true
 		countStatus(ww, http.StatusOK)
+	}
+
+	if ww.reserved != nil {
+		settleReservations(ww)
 	}
 }
 

@@ -288,6 +288,10 @@ func buildRoutes(memory *windowStore, specs []config.Route) ([]*route, map[strin
 			}
 		}
 		rt.layer.MinCost = rs.Cost
+		if rs.CostFrom != nil {
+			rt.costFrom, rt.reserve = rs.CostFrom, rs.Reserve
+			rt.layer.MinCost = rs.Reserve
+		}
 		rt.plans = routePlans(memory, rt, rs)
 		routes = append(routes, rt)
 
@@ -328,7 +332,7 @@ func routePlans(memory *windowStore, rt *route, rs config.Route) map[string]*rou
 	for _, spec := range rs.Plans {
 		alt := *rt
 		alt.layer = newLayer(memory, spec, routeKeyKinds[rs.Key])
-		alt.layer.MinCost = rs.Cost
+		alt.layer.MinCost = rt.layer.MinCost
 		plans[strings.TrimPrefix(spec.Name, rs.Name+".")] = &alt // config.RoutePlanName
 	}
 

@@ -229,6 +229,11 @@ func withRoutes(p *Plugin, layers []*layer, req *http.Request, hits *routeHits) 
 		if rt.countStatus != nil {
 			hits.counted = append(hits.counted, rt)
 		}
+
+		if rt.costFrom != nil {
+			hits.metered = append(hits.metered, rt)
+			hits.meteredAt = append(hits.meteredAt, len(out)-1)
+		}
 	}
 
 	return out
@@ -277,7 +282,7 @@ func routedFastEligible(p *Plugin) bool {
 
 	for _, rt := range p.routes {
 		l := rt.layer
-		if l.Sliding || l.Interval != 0 || l.BlockDuration != 0 || l.DryRun || l.Calendar != 0 ||
+		if rt.costFrom != nil || l.Sliding || l.Interval != 0 || l.BlockDuration != 0 || l.DryRun || l.Calendar != 0 ||
 			l.KeyKind != keyOfClient && l.KeyKind != keyOfConst {
 			return false
 		}

@@ -33,7 +33,7 @@ func TestLowerCasePlanHeaderFindsThePlan(t *testing.T) {
 		name string
 		h    *harness
 	}{{"fast", newHarness(t, lower)}, {"general", general}} {
-		if n, layer := spend(t, tc.h, principalHeaders("bob", "free"), 30); n != 5 || layer != "free" {
+		if n, layer := spendUntilRefused(t, tc.h, principalHeaders("bob", "free"), 30); n != 5 || layer != "free" {
 			t.Errorf("%s: bob on free: %d allowed, then refused by %q; want 5, then free", tc.name, n, layer)
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/tierlimit/tierlimit/request"
+	"github.com/tierlimit/tierlimit/usage"
 )
 
 // keyFor returns the layer's bucket key for a request. A principal-keyed route
@@ -65,6 +66,11 @@ type route struct {
 	// layer as that charge takes it: the same counters, not check-only.
 	countStatus map[int]bool
 	charge      *layer
+	// costFrom is where the response states what a request cost the
+	// route's layer (nil: it charges cost up front), which holds reserve
+	// points for the request until then (meter.go).
+	costFrom *usage.Source
+	reserve  int64
 	// plans are the route's forms for principals on a plan (routes[].plans):
 	// by plan name, a copy of the route with the plan's layer.
 	plans map[string]*route

@@ -467,7 +467,11 @@ func serveGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request, matched 
 		}
 	}
 	c := &charge{Layers: layers, Keys: keys, Client: client, Principal: principal, Now: now, All: p.dryRun}
-	take(p.stores, &t, c)
+	if hits.metered == nil {
+		take(p.stores, &t, c)
+	} else {
+		takeReserving(p.stores, &t, c, &hits)
+	}
 	ok, left := verdict(p, rw, req, &t, c)
 	if !ok {
 		return
@@ -479,7 +483,7 @@ func serveGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request, matched 
 		out, req = pendIP(p, rw, req, c, &t, left)
 	}
 
-	if hits.counted != nil {
+	if hits.counted != nil || hits.reserved != nil {
 		serveCounted(p, out, req, c, &hits, left)
 		return
 	}

@@ -126,9 +126,9 @@ func principalHeaders(user, plan string) map[string]string {
 	return h
 }
 
-// spend sends requests for hdr until one is refused (at most limit), and
+// spendUntilRefused sends requests for hdr until one is refused (at most limit), and
 // returns how many were allowed and the refusal's layer.
-func spend(t *testing.T, h *harness, hdr map[string]string, limit int) (int, string) {
+func spendUntilRefused(t *testing.T, h *harness, hdr map[string]string, limit int) (int, string) {
 	t.Helper()
 
 	for i := 0; i < limit; i++ {
@@ -174,13 +174,13 @@ func TestPlansReplaceUser(t *testing.T) {
 				tc.allowed, tc.layer = 4, "service"
 			}
 
-			if n, layer := spend(t, h, hdr, 30); n != tc.allowed || layer != tc.layer {
+			if n, layer := spendUntilRefused(t, h, hdr, 30); n != tc.allowed || layer != tc.layer {
 				t.Errorf("%s: %s with plan %q: %d allowed, then refused by %q; want %d, then %q", name, tc.user, tc.plan, n, layer, tc.allowed, tc.layer)
 			}
 		}
 
 		// Limiting off for open: global only, and user's bucket untouched.
-		if n, _ := spend(t, h, principalHeaders("frank", "open"), 30); n != 30 {
+		if n, _ := spendUntilRefused(t, h, principalHeaders("frank", "open"), 30); n != 30 {
 			t.Errorf("%s: frank on open: refused after %d", name, n)
 		}
 
@@ -189,7 +189,7 @@ func TestPlansReplaceUser(t *testing.T) {
 			t.Errorf("%s: open's policy %q, want global's", name, got)
 		}
 
-		if n, layer := spend(t, h, principalHeaders("frank", ""), 30); n != 3 || layer != "user" {
+		if n, layer := spendUntilRefused(t, h, principalHeaders("frank", ""), 30); n != 3 || layer != "user" {
 			t.Errorf("%s: frank without a plan: %d allowed, then %q", name, n, layer)
 		}
 

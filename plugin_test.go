@@ -46,6 +46,9 @@ type harness struct {
 	clock  *clock
 	events *bytes.Buffer
 	calls  atomic.Int64
+	// backend, when set, answers in place of the default backend ("ok",
+	// or 404 under /missing).
+	backend http.Handler
 }
 
 func newHarness(t *testing.T, mutate func(c *Config)) *harness {
@@ -59,6 +62,11 @@ func newHarness(t *testing.T, mutate func(c *Config)) *harness {
 	h := &harness{t: t, clock: &clock{now: time.Date(2026, 6, 15, 10, 0, 0, 200e6, time.UTC)}, events: &bytes.Buffer{}}
 	next := http.HandlerFunc(func(rw http.ResponseWriter, req *http.Request) {
 		h.calls.Add(1)
+
+		if h.backend != nil {
+			h.backend.ServeHTTP(rw, req)
+			return
+		}
 
 		if strings.HasPrefix(req.URL.Path, "/missing") {
 			http.NotFound(rw, req)

@@ -90,6 +90,27 @@ func refund(st *stores, c *charge, cost int64) {
 	}
 }
 
+// spend charges cost to c's layers whatever their points, where each
+// counts: what a response reported beyond its request's reservation
+// (meter.go).
+func spend(st *stores, c *charge, cost int64) {
+	switch {
+	case st.redis == nil:
+		memstore.Spend(st.memory, c, cost)
+	case st.mixed:
+		local, shared, li, si := splitLayers(c.Layers)
+		if len(local) > 0 {
+			memstore.Spend(st.memory, rule.ChargeAt(c, li), cost)
+		}
+
+		if len(shared) > 0 {
+			redisstore.Spend(st.redis, rule.ChargeAt(c, si), cost)
+		}
+	default:
+		redisstore.Spend(st.redis, c, cost)
+	}
+}
+
 // takeMixed is take on a Redis instance with memory layers: its memory
 // layers first (no round trip), then, when they allow it, its Redis layers;
 // a refusal by Redis gives the memory layers their charge back, and a

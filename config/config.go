@@ -123,6 +123,12 @@ type RouteConfig struct {
 	Cost          int
 	CountStatus   []int
 	BlockDuration string
+	// CostFrom, "header:<Name>" or "json:<dotted.path>", is where the
+	// response states what the request cost the route's own layer, which
+	// holds Reserve points (0: 1) for the request until the response ends
+	// (the root's meter.go).
+	CostFrom string
+	Reserve  int
 	// Calendar, "day", "week" or "month", replaces Duration with windows
 	// aligned to the calendar at UtcOffset ("+07:00"; empty: UTC).
 	Calendar  string

@@ -11,6 +11,7 @@ import (
 	"github.com/tierlimit/tierlimit/answer"
 	"github.com/tierlimit/tierlimit/redisresp"
 	"github.com/tierlimit/tierlimit/request"
+	"github.com/tierlimit/tierlimit/usage"
 )
 
 // Settings is the validated, parsed form of Config that New builds once, so
@@ -95,6 +96,11 @@ type Route struct {
 	Key           string       // KeyIP, keyPrincipal, keyGlobal, KeyHost or KeyHeader
 	Cost          int64        // what a matching request is charged in each of its layers (>= 1)
 	CountStatus   map[int]bool // the statuses charged to the route; nil: every request, up front
+	// CostFrom is where the response states what a request cost the
+	// route's own layer (costFrom; nil: the route charges Cost up front),
+	// which holds Reserve points for it until then.
+	CostFrom *usage.Source
+	Reserve  int64
 	// Plans are the route's windows for principals on a plan, in plan
 	// order: each rule named <route>.<plan> (RoutePlanName).
 	Plans []Rule
@@ -625,6 +631,10 @@ func parseRoute(field string, rc RouteConfig) (Route, error) {
 		return Route{}, err
 	}
 
+	if err := parseRouteMeter(field, rc, &spec); err != nil {
+		return Route{}, err
+	}
+
 	return spec, nil
 }
 
@@ -653,7 +663,7 @@ func parseRouteCost(field string, rc RouteConfig, spec *Route) error {
 		capacity = spec.Burst
 	}
 
-	if spec.On() && spec.Cost > capacity {
+	if spec.On() && spec.Cost > capacity && rc.CostFrom == "" {
 		return invalid(field+".cost", rc.Cost, "must be at most what the route holds (its points, a token bucket's burst): "+strconv.FormatInt(capacity, 10))
 	}
 

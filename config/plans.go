@@ -158,7 +158,7 @@ func parseRoutePlans(field string, rc RouteConfig, spec *Route) error {
 			capacity = rule.Burst
 		}
 
-		if rule.On() && spec.Cost > capacity {
+		if rule.On() && spec.Cost > capacity && rc.CostFrom == "" {
 			return invalid(pf+".points", rule.Points, "holds less than the route's cost, "+strconv.FormatInt(spec.Cost, 10)+": no request could ever be served")
 		}
 

@@ -111,3 +111,33 @@ func (e *EventLog) Reset(r ResetReport, operator string) {
 
 	_, _ = e.out.Write(append(line, '\n'))
 }
+
+// costEvent is the RATE_LIMIT_COST_UNREPORTED line: a response of a costFrom
+// route stated no cost, so its request stays charged its reservation.
+type costEvent struct {
+	Time       string `json:"time"`
+	Event      string `json:"event"`
+	Severity   string `json:"severity"`
+	Limiter    string `json:"limiter"`
+	Key        string `json:"key"`
+	IP         string `json:"ip"`
+	Middleware string `json:"middleware"`
+	Source     string `json:"costFrom"`
+	Charged    int64  `json:"charged"`
+}
+
+// CostUnreported reports that a response of layer's route, for key and the
+// client at ip, stated no cost at source: the request stays charged the
+// points reserved for it. The caller writes one per layer and window.
+func (e *EventLog) CostUnreported(layer, key, ip, source string, charged int64) {
+	line, err := json.Marshal(costEvent{
+		Time:  EventTime(e.Now().UnixNano()),
+		Event: "RATE_LIMIT_COST_UNREPORTED", Severity: "warning", Limiter: layer, Key: key, IP: ip,
+		Middleware: e.middleware, Source: source, Charged: charged,
+	})
+	if err != nil {
+		return
+	}
+
+	_, _ = e.out.Write(append(line, '\n'))
+}

@@ -19,8 +19,9 @@ import (
 // lost (a restart without persistence) is created with the charges, to the
 // end of the window memory holds for it, so that the outage's charges are
 // counted after an empty restart too. A key whose memory window ended is not
-// started again. At most maxTracked keys per middleware. A token bucket is charged its outage tokens from where Redis
-// holds it, which is exact unless it filled up before the outage's charges.
+// started again. At most maxTracked keys per middleware. A token bucket is
+// charged its outage tokens from where Redis holds it, or from the present
+// when it is full.
 // A payment that fails keeps what it did not pay for the next recovery: a
 // call that timed out after Redis ran it is then paid twice, which refuses
 // early, never late.
@@ -168,19 +169,28 @@ func PayOwed(s *RedisStore) {
 
 // payDebt adds one key's debt to Redis. A fixed or sliding key is given the
 // milliseconds left in memory's window of it, which the refund script
-// creates the key with when Redis lost it; a token bucket is added to only.
+// creates the key with when Redis lost it.
 func payDebt(s *RedisStore, k OwedKey, d owedDebt) error {
 	ttl := int64(0)
 	if k.L.Interval == 0 {
 		ttl = windowLeft(s.Local, k.L, k.Key, s.Clock().UnixNano())
 	}
 
+	return addOnRedis(s, k.L, k.Key, d.Points, ttl, d.at)
+}
+
+// addOnRedis adds points to l's key in Redis, whatever its points: a refund
+// of -points, which creates a fixed or sliding key that is gone with ttl
+// milliseconds to live (none when 0), and a token bucket that is gone or
+// full from now. at is the time of the charge (a calendar key names its
+// period).
+func addOnRedis(s *RedisStore, l *layer, key string, points, ttl, at int64) error {
 	tail := redisresp.Bulk(strconv.FormatInt(ttl, 10))
 	call := refundRedis.Call(1, 7)
 
-	c := &charge{Layers: []*layer{k.L}, Keys: []string{k.Key}, Now: d.at}
+	c := &charge{Layers: []*layer{l}, Keys: []string{key}, Now: at}
 	if cl := s.Backend.cluster; cl != nil {
-		g := SlotGroups(c, CostArg(-d.Points))[0]
+		g := SlotGroups(c, CostArg(-points))[0]
 		replies, err := cl.RunInts([]redisresp.ClusterCall{{Slot: g.slot, Call: call, Encoded: g.Keys + g.Args + tail}})
 		if err == nil && len(replies) == 1 && replies[0].ServerErr != "" {
 			err = errors.New("running the refund script: " + replies[0].ServerErr)
@@ -189,7 +199,7 @@ func payDebt(s *RedisStore, k OwedKey, d owedDebt) error {
 		return err
 	}
 
-	encoded := EncodeCall(c, "", -d.Points)
+	encoded := EncodeCall(c, "", -points)
 
 	_, serverErr, err := call.RunIntsOn(s.Backend.Pool, encoded+tail)
 	if err == nil && serverErr != "" {

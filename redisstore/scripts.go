@@ -289,11 +289,14 @@ return out
 // or of another kind holds nothing to give back and is left alone; no count
 // goes below zero, and no key's TTL grows.
 //
-// A negative cost is an outage's payment (owed.go): it adds to the keys, and
-// a fixed or sliding key that is gone (Redis restarted empty) is created
-// with the charge when ARGV[4n+1+i], after the n layers' arguments, gives
-// the milliseconds left in its window (a sliding key then lives one window
-// more, as takeScript's do); the refunds of requests send no such argument.
+// A negative cost is an outage's payment (owed.go) or a reported cost beyond
+// a reservation (spend.go): it adds to the keys, whatever their points; a
+// token bucket that is gone or full is charged from now, and a fixed or
+// sliding key that is gone (Redis restarted empty, its window ended) is
+// created with the charge when ARGV[4n+1+i], after the n layers' arguments,
+// gives the milliseconds left in its window (a sliding key then lives one
+// window more, as takeScript's do); the refunds of requests send no such
+// argument.
 //
 // KEYS: one key per layer. ARGV[1]: the cost. ARGV[4i-2] to ARGV[4i+1]: the
 // layer's arguments, as takeScript reads them from ARGV[4i-1] (a "d" before
@@ -314,13 +317,16 @@ for i = 1, #KEYS do
     if v and v[1] and v[2] then
       r, n = tonumber(v[1]), tonumber(v[2])
     end
-    if r and n then
+    if (r and n) or cost < 0 then
       if not now then
         local clock = redis.call('TIME')
         now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
       end
       local d = tonumber(ARGV[4 * i - 1]) * 1000
       local rate = tonumber(ARGV[4 * i + 1])
+      if not (r and n) or (cost < 0 and (r - now) * rate + n * d < 0) then
+        r, n = now, 0
+      end
       n = n - cost
       if n < 0 then
         local q = math.ceil(-n / rate)

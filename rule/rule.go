@@ -185,6 +185,11 @@ func ChargeWithout(c *Charge, skip uint64) *Charge {
 type Stats struct {
 	Allowed, Refused           int64 // under WindowStore.Mu
 	RedisAllowed, RedisRefused int64 // atomic
+	// A costFrom route's layer (../meter.go), atomic: the requests holding
+	// a reservation now, the points their responses reported, the responses
+	// that reported none, and the window (time / duration) of the last
+	// event about one.
+	Reserved, Settled, Unreported, UnreportedWindow int64
 }
 
 // CountRedis records one decision of the Redis store.

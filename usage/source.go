@@ -21,6 +21,8 @@ type Source struct {
 	// Path is the object members leading to the cost, outermost first, for
 	// "json:<dotted.path>".
 	Path []string
+	// Spec is the source as written, which events name.
+	Spec string
 }
 
 // The two forms of a source, and the bounds of a path.
@@ -52,7 +54,7 @@ func ParseSource(spec string) (Source, error) {
 			return Source{}, sourceError(spec, "the header name "+strconv.Quote(name)+" is not an HTTP token")
 		}
 
-		return Source{Header: http.CanonicalHeaderKey(name)}, nil
+		return Source{Header: http.CanonicalHeaderKey(name), Spec: spec}, nil
 	}
 
 	if !strings.HasPrefix(spec, prefixJSON) {
@@ -76,7 +78,7 @@ func ParseSource(spec string) (Source, error) {
 		}
 	}
 
-	return Source{Path: segments}, nil
+	return Source{Path: segments, Spec: spec}, nil
 }
 
 func sourceError(spec, why string) error {

@@ -24,6 +24,7 @@ func TestParseSource(t *testing.T) {
 		{"json:données.coût", Source{Path: []string{"données", "coût"}}},
 	} {
 		got, err := ParseSource(c.spec)
+		c.want.Spec = c.spec
 		if err != nil || !reflect.DeepEqual(got, c.want) {
 			t.Errorf("ParseSource(%q) = %#v, %v, want %#v", c.spec, got, err, c.want)
 		}

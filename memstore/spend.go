@@ -1,0 +1,86 @@
+package memstore
+
+import (
+	"strconv"
+
+	"github.com/tierlimit/tierlimit/limit"
+)
+
+// Spend charges cost to each of c's layers whatever its points: the part
+// of a response's cost beyond what its request reserved (../meter.go). It
+// may take a layer past its points, which then refuses until its window
+// has room again; a token bucket repays the debt as it refills. A window
+// that has ended is started anew with the charge.
+func Spend(s *WindowStore, c *charge, cost int64) {
+	now := c.Now
+
+	s.Mu.Lock()
+	s.Takes++
+
+	for i, l := range c.Layers {
+		key := c.Keys[i]
+		w := l.Entries[key]
+
+		switch {
+		case l.CheckOnly:
+		case l.Interval != 0:
+			spendBucket(s, l, w, key, now, cost)
+		case l.Sliding:
+			if w == nil || w.Expire <= now || w.List != l.List {
+				w = s.Restart(now, l, w, key)
+			}
+
+			if w.Reset <= now {
+				rotate(w, l, now)
+			}
+
+			w.Count += cost
+		default:
+			if w == nil || w.Reset <= now || w.List != l.List {
+				w = s.Restart(now, l, w, key)
+			}
+
+			w.Count += cost
+		}
+	}
+
+	s.Mu.Unlock()
+}
+
+// spendBucket moves token bucket l's TAT for key cost emission intervals
+// past the later of the present and where it was (drip's bookkeeping,
+// without the refusal), saturating far from overflow. Called with s.mu
+// held.
+func spendBucket(s *WindowStore, l *layer, w *window, key string, now, cost int64) {
+	if w == nil {
+		s.makeRoom(now, l.List)
+
+		w = &window{Layer: l.Name, Key: key, Reset: now}
+		l.Entries[key] = w
+		s.size++
+	} else {
+		if w.List != l.List || w.Reset < now {
+			w.Reset = now
+		}
+
+		if w.List != nil {
+			w.List.Unlink(w)
+		}
+	}
+
+	w.Start = now
+	w.Taken = s.Takes
+	l.List.Push(w)
+
+	const horizon = int64(1) << 62
+	if cost > (horizon-w.Reset)/l.Interval {
+		w.Reset = horizon
+	} else {
+		w.Reset += cost * l.Interval
+	}
+
+	w.Expire = w.Reset
+	w.Count = (w.Reset - now + l.Interval - 1) / l.Interval
+	w.ResetSec = limit.CeilSeconds(w.Reset)
+	w.ResetH = []string{strconv.FormatInt(w.ResetSec, 10)}
+}

@@ -1,0 +1,253 @@
+package tierlimit
+
+import (
+	"net/http"
+	"sync/atomic"
+
+	"github.com/tierlimit/tierlimit/rule"
+	"github.com/tierlimit/tierlimit/usage"
+)
+
+// A costFrom route (a metered API: an LLM's tokens) charges its own layer
+// what the response says the request cost, which is known only when the
+// response ends. Until then the request holds the route's reserve points
+// in that layer: it is admitted only when they fit (all or nothing with
+// its other layers, which charge the request's cost as usual:
+// takeReserving), and when the response ends the reservation is replaced
+// by the reported cost (settleReservations): the difference is given back
+// (refund) or charged past the layer's points if need be (spend), so
+// requests in flight overspend by at most what each reports beyond its
+// reservation. A response that reports nothing leaves the reservation
+// charged, with one event per layer and window.
+
+// reservation is what a request admitted by a costFrom route holds in the
+// route's layer until its response ends.
+type reservation struct {
+	rt       *route
+	key      string // the layer's key for the request
+	client   string
+	admitted int64 // the charge's time
+	// reset is when the layer's window of the admission ends: a give-back
+	// after it would go to a window that never held the reservation. 0 for a
+	// token bucket, whose debt carries over.
+	reset  int64
+	reader *usage.Reader // a json: source's, from the response's header on
+}
+
+// maxReportedCost bounds what a response may charge: more than any API
+// bills for one request, and far from int64 overflow in a token bucket's
+// arithmetic.
+const maxReportedCost = int64(1) << 40
+
+// takeReserving is take for a request that matched costFrom routes
+// (hits.metered, whose layers are at hits.meteredAt in c): each of those
+// layers is charged its route's reserve, every other layer t.Cost. The
+// other layers are taken first, then each reserving layer in a take of its
+// own, all or nothing: a refusal gives the earlier takes their points back,
+// as takeMixed does across stores. What it reserves goes to hits.reserved.
+// The reserving layers are marked in t.Uncharged: a pending ip charge that
+// refuses the request later (after.go settle) leaves them to the
+// settlement, which gives their reservation back.
+func takeReserving(st *stores, t *tally, c *charge, hits *routeHits) {
+	var metered uint64
+	for _, i := range hits.meteredAt {
+		metered |= uint64(1) << uint(i)
+	}
+
+	rest := make([]int, 0, len(c.Layers))
+	for i := range c.Layers {
+		if metered&(uint64(1)<<uint(i)) == 0 {
+			rest = append(rest, i)
+		}
+	}
+
+	out := tally{Cost: t.Cost, Shown: -1}
+	var done []takenPart
+
+	for j := -1; j < len(hits.meteredAt); j++ {
+		index, cost := rest, rule.CostOf(t)
+		if j >= 0 {
+			index, cost = hits.meteredAt[j:j+1], hits.metered[j].reserve
+		}
+
+		if len(index) == 0 {
+			continue
+		}
+
+		part := tally{Cost: cost}
+		pc := rule.ChargeAt(c, index)
+		take(st, &part, pc)
+		mergeTally(&out, &part, index)
+
+		if part.Refused && !c.All {
+			giveBackParts(st, done)
+			hits.reserved = nil
+			*t = out
+
+			return
+		}
+
+		done = append(done, chargedPart(pc, part.Uncharged, cost))
+
+		if j >= 0 {
+			hits.reserved = append(hits.reserved, reserveFor(hits.metered[j], pc, &part))
+		}
+	}
+
+	out.Uncharged |= metered
+	*t = out
+}
+
+// reserveFor is the reservation that the take of part t, charge pc (a
+// costFrom route's layer alone), made for route rt.
+func reserveFor(rt *route, pc *charge, t *tally) reservation {
+	r := reservation{rt: rt, key: pc.Keys[0], client: pc.Client, admitted: pc.Now}
+	atomic.AddInt64(&rt.layer.Stats.Reserved, 1)
+
+	switch {
+	case rt.layer.Interval != 0:
+	case t.Shown == 0:
+		r.reset = t.Reset
+	default:
+		// A quiet dry-run layer shows nothing: no give-back, rather than
+		// one to a later window.
+		r.reset = pc.Now
+	}
+
+	return r
+}
+
+// takenPart is a take's charge, for a refund: the layers it charged and
+// their cost.
+type takenPart struct {
+	c    *charge
+	cost int64
+}
+
+// chargedPart is the part of pc that a take charged cost to: without the
+// layers it left uncharged and the check-only ones.
+func chargedPart(pc *charge, uncharged uint64, cost int64) takenPart {
+	var index []int
+
+	for i, l := range pc.Layers {
+		if !l.CheckOnly && uncharged&(uint64(1)<<uint(i)) == 0 {
+			index = append(index, i)
+		}
+	}
+
+	return takenPart{c: rule.ChargeAt(pc, index), cost: cost}
+}
+
+// giveBackParts refunds what a refused request's earlier takes charged.
+func giveBackParts(st *stores, done []takenPart) {
+	for _, part := range done {
+		if len(part.c.Layers) > 0 {
+			refund(st, part.c, part.cost)
+		}
+	}
+}
+
+// settleReservations replaces the reservations of a request whose
+// response has ended (w's) with what the response reported: a cost below
+// the reservation gives the difference back while the admission's window
+// lasts; one above it is charged past the layer's points if need be; none
+// leaves the reservation charged. A response the plugin replaced by a 429
+// (w.discard) cost nothing.
+func settleReservations(w *watchWriter) {
+	p := w.p
+	now := p.now().UnixNano()
+
+	for i := range w.reserved {
+		r := &w.reserved[i]
+		l := r.rt.layer
+		atomic.AddInt64(&l.Stats.Reserved, -1)
+
+		cost, ok := int64(0), true
+		if !w.discard {
+			cost, ok = reportedCost(w, r)
+		}
+
+		if !ok {
+			unreported(p, r, now)
+			continue
+		}
+
+		if cost > maxReportedCost {
+			cost = maxReportedCost
+		}
+
+		atomic.AddInt64(&l.Stats.Settled, cost)
+
+		c := &charge{Layers: []*layer{l}, Keys: []string{r.key}, Client: r.client, Now: now}
+		delta := cost - r.rt.reserve
+
+		switch {
+		case delta < 0 && (r.reset == 0 || now < r.reset):
+			refund(p.stores, c, -delta)
+		case delta > 0:
+			spend(p.stores, c, delta)
+		}
+	}
+}
+
+// reportedCost is what the response states its request cost at r's
+// route's costFrom: a header, or a trailer; or its body.
+func reportedCost(w *watchWriter, r *reservation) (int64, bool) {
+	src := r.rt.costFrom
+	if src.Header == "" {
+		if r.reader == nil {
+			return 0, false
+		}
+
+		return usage.Result(r.reader)
+	}
+
+	h := w.rw.Header()
+	v := h[src.Header]
+	if len(v) == 0 {
+		v = h[http.TrailerPrefix+src.Header]
+	}
+
+	if len(v) == 0 {
+		return 0, false
+	}
+
+	return usage.ParseHeaderValue(v[0])
+}
+
+// unreported counts a response that stated no cost, and writes an event
+// for the first of its layer's window.
+func unreported(p *Plugin, r *reservation, now int64) {
+	l := r.rt.layer
+	st := l.Stats
+	atomic.AddInt64(&st.Unreported, 1)
+
+	window := now / l.Duration
+	if old := atomic.LoadInt64(&st.UnreportedWindow); old != window && atomic.CompareAndSwapInt64(&st.UnreportedWindow, old, window) {
+		p.events.CostUnreported(l.Name, r.key, r.client, r.rt.costFrom.Spec, r.rt.reserve)
+	}
+}
+
+// startReading makes the body readers of w's reservations, once the
+// response's header is known.
+func startReading(w *watchWriter) {
+	ct := ""
+	if v := w.rw.Header()["Content-Type"]; len(v) > 0 {
+		ct = v[0]
+	}
+
+	for i := range w.reserved {
+		if src := w.reserved[i].rt.costFrom; src.Header == "" {
+			w.reserved[i].reader = usage.NewReader(*src, ct)
+		}
+	}
+}
+
+// readBody hands a chunk of the response body to w's readers.
+func readBody(w *watchWriter, b []byte) {
+	for i := range w.reserved {
+		if r := w.reserved[i].reader; r != nil {
+			usage.Feed(r, b)
+		}
+	}
+}
