@@ -351,7 +351,7 @@ for i = 1, #KEYS do
     end
     c = type(c) == 'string' and tonumber(c)
     local ttl = cost < 0 and tonumber(ARGV[4 * #KEYS + 1 + i])
-    if c and c > 0 then
+    if c and (c > 0 or cost < 0) then
       if algorithm == '1' then
         redis.call('HINCRBY', k, 'c', -math.min(c, cost))
       else

@@ -1,0 +1,221 @@
+package tierlimit
+
+import (
+	"math/rand"
+	"net/http"
+	"strconv"
+	"sync"
+	"testing"
+
+	"github.com/tierlimit/tierlimit/redisstore"
+	"github.com/tierlimit/tierlimit/request"
+)
+
+// reportsAsAsked is a backend that reports the cost the request's X-Cost
+// names, in X-Usage; none for "none".
+var reportsAsAsked = http.HandlerFunc(func(rw http.ResponseWriter, req *http.Request) {
+	if v := req.Header.Get("X-Cost"); v != "none" {
+		rw.Header().Set("X-Usage", v)
+	}
+	_, _ = rw.Write([]byte("ok"))
+})
+
+// meteredShape is a seeded configuration with a costFrom route of the
+// algorithm, its reserve drawn, beside global.
+func meteredShape(seed int64, algorithm string) func(c *Config) {
+	rng := rand.New(rand.NewSource(seed))
+	reserve := []int{0, 100, 300}[rng.Intn(3)]
+	global := 40 + rng.Intn(20)
+
+	return func(c *Config) {
+		meteredRoute("header:X-Usage", reserve)(c)
+		c.Global = LayerConfig{Points: global, Duration: "60s"}
+		c.Routes[0].Algorithm = algorithm
+		if algorithm == "tokenbucket" {
+			c.Routes[0].Burst = 1000
+		}
+	}
+}
+
+// agreeMetered sends the seeded script of metered requests to a (memory)
+// and b, with the costs each response reports drawn, and compares the
+// answers.
+func agreeMetered(t *testing.T, name string, seed int64, a, b *harness, afterEach func()) {
+	t.Helper()
+
+	rng := rand.New(rand.NewSource(seed))
+	refusals := 0
+
+	for i := 0; i < 120; i++ {
+		hdr := map[string]string{"X-Api-Key": "k" + strconv.Itoa(rng.Intn(3)), "X-Cost": strconv.Itoa(rng.Intn(400))}
+		if rng.Intn(10) == 0 {
+			hdr["X-Cost"] = "none"
+		}
+
+		ra := a.do(http.MethodPost, "/v1/x", "203.0.113.1:1", hdr)
+		rb := b.do(http.MethodPost, "/v1/x", "203.0.113.1:1", hdr)
+
+		if msg := differ(ra, rb, a.p.name, b.p.name, 1); msg != "" {
+			t.Errorf("%s: request %d (%v): %s", name, i, hdr, msg)
+			return
+		}
+
+		if ra.Code == http.StatusTooManyRequests {
+			refusals++
+		}
+
+		if afterEach != nil {
+			afterEach()
+		}
+	}
+
+	if refusals == 0 {
+		t.Errorf("%s: no refusal: the script does not reach the limits", name)
+	}
+}
+
+// TestStoresAgreeOnReservationsOnRedisServer: seeded costFrom routes
+// (fixed, sliding, token bucket; reserves of 1, 100, 300; reported costs
+// below and past the reserve, and none) answer alike in memory, on exact
+// Redis and, for fixed windows, on synced Redis, and end with the same
+// counts.
+func TestStoresAgreeOnReservationsOnRedisServer(t *testing.T) {
+	addr, admin := redisServer(t)
+
+	for seed := int64(1); seed <= 4; seed++ {
+		for _, algorithm := range []string{"fixed", "sliding", "tokenbucket"} {
+			name := algorithm + " seed " + strconv.FormatInt(seed, 10)
+			conf := meteredShape(seed, algorithm)
+
+			a := newHarness(t, conf)
+			a.backend = reportsAsAsked
+			b, _ := redisHarness(t, addr, with(conf, asACLUser))
+			b.backend = reportsAsAsked
+			agreeMetered(t, name+", exact", seed, a, b, nil)
+			agreeCounts(t, name+", exact", a, b, admin, nil)
+
+			if algorithm != "fixed" {
+				continue
+			}
+
+			a = newHarness(t, conf)
+			a.backend = reportsAsAsked
+			b, _ = redisHarness(t, addr, with(with(conf, asACLUser), synced))
+			b.backend = reportsAsAsked
+			st := syncedOf(t, b)
+			now := b.clock.Now().UnixNano()
+			agreeMetered(t, name+", synced", seed, a, b, func() { mustSync(t, st, now) })
+
+			if err := redisstore.SyncNow(st, now, true); err != nil {
+				t.Fatalf("%s: the last sync: %v", name, err)
+			}
+
+			agreeCounts(t, name+", synced", a, b, admin, st)
+		}
+	}
+}
+
+// On exact Redis: three requests of 400 tokens, the fourth refused;
+// another key allowed; Redis holds the 1200 reported.
+func TestCostFromOnRedisServer(t *testing.T) {
+	addr, admin := redisServer(t)
+
+	h, _ := redisHarness(t, addr, with(meteredRoute("json:usage.total_tokens", 0), asACLUser))
+	h.backend = jsonUsage(400)
+	spendsAsReported(t, "exact", h)
+
+	key := h.p.stores.redis.Prefix + "llm:" + request.HashKey("k1")
+	if got := redisDo(t, admin, "GET", key).Str; got != "1200" {
+		t.Errorf("Redis holds %q for k1, want 1200", got)
+	}
+}
+
+// Ten simultaneous requests of reserve 300 on Redis: exactly three admitted.
+func TestReserveBoundsRequestsInFlightOnRedisServer(t *testing.T) {
+	addr, admin := redisServer(t)
+
+	h, _ := redisHarness(t, addr, with(meteredRoute("header:X-Usage", 300), asACLUser))
+	release := make(chan struct{})
+	h.backend = http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+		<-release
+		rw.Header().Set("X-Usage", "100")
+	})
+
+	var wg sync.WaitGroup
+	codes := make(chan int, 10)
+
+	for i := 0; i < 10; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			codes <- h.key("k1").Code
+		}()
+	}
+
+	refused := 0
+	for refused < 7 {
+		if code := <-codes; code != http.StatusTooManyRequests {
+			t.Fatalf("a request answered %d before any was released", code)
+		}
+		refused++
+	}
+
+	close(release)
+	wg.Wait()
+	close(codes)
+
+	allowed := 0
+	for code := range codes {
+		if code == http.StatusOK {
+			allowed++
+		}
+	}
+
+	if allowed != 3 {
+		t.Errorf("%d admitted, want 3", allowed)
+	}
+
+	key := h.p.stores.redis.Prefix + "llm:" + request.HashKey("k1")
+	if got := redisDo(t, admin, "GET", key).Str; got != "300" {
+		t.Errorf("Redis holds %q once settled, want 3 x 100", got)
+	}
+}
+
+// A cost reported while Redis is down goes to the fallback and is owed to
+// Redis: once Redis answers again, it holds the charge.
+func TestCostReportedDuringAnOutageIsPaidOnRecovery(t *testing.T) {
+	addr, admin := redisServer(t)
+
+	h, _ := redisHarness(t, addr, with(meteredRoute("header:X-Usage", 0), asACLUser))
+	backend := h.p.stores.redis.Backend
+	now := h.clock.Now().UnixNano()
+
+	h.backend = http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+		// Redis fails while the request is in flight.
+		backend.Failed(now, false, errTestOutage)
+		rw.Header().Set("X-Usage", "700")
+	})
+
+	if rec := h.key("k1"); rec.Code != http.StatusOK {
+		t.Fatalf("request: %d", rec.Code)
+	}
+
+	// The fallback starts from Redis's last answer, the reservation of 1.
+	if n, _ := h.p.stores.redis.Local.Peek(now, "llm", request.HashKey("k1")); n != 700 {
+		t.Errorf("the fallback holds %d, want 1 + the 699 beyond the reservation", n)
+	}
+
+	redisstore.PayOwed(h.p.stores.redis)
+
+	key := h.p.stores.redis.Prefix + "llm:" + request.HashKey("k1")
+	if got := redisDo(t, admin, "GET", key).Str; got != "700" {
+		t.Errorf("Redis holds %q after the recovery, want 700", got)
+	}
+}
+
+var errTestOutage = &testError{"redis went away"}
+
+type testError struct{ s string }
+
+func (e *testError) Error() string { return e.s }
+
