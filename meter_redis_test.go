@@ -218,4 +218,3 @@ var errTestOutage = &testError{"redis went away"}
 type testError struct{ s string }
 
 func (e *testError) Error() string { return e.s }
-
