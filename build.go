@@ -291,6 +291,7 @@ func buildRoutes(memory *windowStore, specs []config.Route) ([]*route, map[strin
 		if rs.CostFrom != nil {
 			rt.costFrom, rt.reserve = rs.CostFrom, rs.Reserve
 			rt.layer.MinCost = rs.Reserve
+			rt.layer.Settles = true
 		}
 		rt.plans = routePlans(memory, rt, rs)
 		routes = append(routes, rt)
@@ -332,7 +333,7 @@ func routePlans(memory *windowStore, rt *route, rs config.Route) map[string]*rou
 	for _, spec := range rs.Plans {
 		alt := *rt
 		alt.layer = newLayer(memory, spec, routeKeyKinds[rs.Key])
-		alt.layer.MinCost = rt.layer.MinCost
+		alt.layer.MinCost, alt.layer.Settles = rt.layer.MinCost, rt.layer.Settles
 		plans[strings.TrimPrefix(spec.Name, rs.Name+".")] = &alt // config.RoutePlanName
 	}
 

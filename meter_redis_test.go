@@ -179,6 +179,14 @@ func TestReserveBoundsRequestsInFlightOnRedisServer(t *testing.T) {
 	if got := redisDo(t, admin, "GET", key).Str; got != "300" {
 		t.Errorf("Redis holds %q once settled, want 3 x 100", got)
 	}
+
+	// The refusals blocked nothing: what the settlement gave back is there
+	// for the next requests (the block list holds no key of this layer).
+	for i := 1; i <= 2; i++ {
+		if code := h.key("k1").Code; code != http.StatusOK {
+			t.Errorf("request %d after the settlement: %d, want 200", i, code)
+		}
+	}
 }
 
 // A cost reported while Redis is down goes to the fallback and is owed to

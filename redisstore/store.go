@@ -304,7 +304,7 @@ func (s *RedisStore) refused(t *tally, c *charge, i int, count, reset int64) boo
 	l, key, now := c.Layers[i], c.Keys[i], c.Now
 
 	first := false
-	if !l.DryRun && (t.Cost <= 1 || t.Cost <= l.MinCost || l.BlockDuration != 0) {
+	if !l.DryRun && !l.Settles && (t.Cost <= 1 || t.Cost <= l.MinCost || l.BlockDuration != 0) {
 		first = s.Blocked.Add(l.BlockPrefix, key, reset, now)
 		if first {
 			ListenResets(s)

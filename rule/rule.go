@@ -70,6 +70,10 @@ type Limits struct {
 	// Memory marks the layer of a Redis instance that is counted in memory
 	// (the root's takeMixed).
 	Memory bool
+	// Settles marks a costFrom route's layer, whose counts fall when a
+	// response reports less than its reservation (../meter.go): the Redis
+	// block list, which holds a key until its reset, never holds its keys.
+	Settles bool
 }
 
 // memCounters are the layer's counters in the memory store, resolved once
