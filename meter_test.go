@@ -382,3 +382,65 @@ func TestCostFromConfiguration(t *testing.T) {
 		}
 	}
 }
+
+// The status page and the metrics show a costFrom route's reservations in
+// flight, the points settled and the responses that reported none.
+func TestStatusShowsReservationsAndSettlements(t *testing.T) {
+	h := newHarness(t, func(c *Config) {
+		meteredRoute("header:X-Usage", 300)(c)
+		c.Status.Path = "/_rl"
+	})
+
+	entered, release := make(chan struct{}), make(chan struct{})
+	h.backend = http.HandlerFunc(func(rw http.ResponseWriter, req *http.Request) {
+		if req.Header.Get("X-Api-Key") == "slow" {
+			entered <- struct{}{}
+			<-release
+		}
+
+		if req.Header.Get("X-Api-Key") != "silent" {
+			rw.Header().Set("X-Usage", "40")
+		}
+	})
+
+	h.key("k1")
+	h.key("silent")
+
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		h.key("slow")
+	}()
+	<-entered
+
+	var llm *statusLayer
+	doc := h.p.statusLayers(make([]int, len(h.p.layers)))
+	for i := range doc {
+		if doc[i].Name == "llm" {
+			llm = &doc[i]
+		}
+	}
+
+	want := statusMeter{Source: "header:X-Usage", Reserve: 300, Reserved: 1, Settled: 40, Unreported: 1}
+	if llm == nil || llm.CostFrom == nil || *llm.CostFrom != want {
+		t.Errorf("status of llm: %+v, want costFrom %+v", llm, want)
+	}
+
+	metrics := h.get("/_rl/metrics", local).Body.String()
+	for _, line := range []string{
+		`tierlimit_reserved_requests{middleware="` + h.p.name + `",layer="llm"} 1`,
+		`tierlimit_settled_points_total{middleware="` + h.p.name + `",layer="llm"} 40`,
+		`tierlimit_unreported_total{middleware="` + h.p.name + `",layer="llm"} 1`,
+	} {
+		if !strings.Contains(metrics, line+"\n") {
+			t.Errorf("metrics lack %q:\n%s", line, metrics)
+		}
+	}
+
+	close(release)
+	<-done
+
+	if got := h.p.routes[0].layer.Stats.Reserved; got != 0 {
+		t.Errorf("reserved %d once the response ended, want 0", got)
+	}
+}

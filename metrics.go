@@ -3,8 +3,10 @@ package tierlimit
 import (
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"github.com/tierlimit/tierlimit/redisstore"
+	"github.com/tierlimit/tierlimit/rule"
 )
 
 // <status.path>/metrics: the status endpoint's counters in the Prometheus text
@@ -93,6 +95,39 @@ func (p *Plugin) layerMetrics(b *strings.Builder, labels []string) {
 
 	for i, l := range p.layers {
 		sample(b, "tierlimit_layer_window_seconds", labels[i], strconv.FormatFloat(float64(l.Duration)/1e9, 'g', -1, 64))
+	}
+
+	meterMetrics(b, p.layers, labels)
+}
+
+// meterMetrics writes what the costFrom routes' layers hold and settled
+// (meter.go); labels are the layers'.
+func meterMetrics(b *strings.Builder, layers []*layer, labels []string) {
+	for _, f := range []struct {
+		name, kind, help string
+		value            func(st *rule.Stats) int64
+	}{
+		{"tierlimit_reserved_requests", "gauge", "Requests holding a reservation in a costFrom route's layer: admitted, their response not ended.",
+			func(st *rule.Stats) int64 { return atomic.LoadInt64(&st.Reserved) }},
+		{"tierlimit_settled_points_total", "counter", "Points the responses of a costFrom route reported, since the process started.",
+			func(st *rule.Stats) int64 { return atomic.LoadInt64(&st.Settled) }},
+		{"tierlimit_unreported_total", "counter", "Responses of a costFrom route that reported no cost (the request stays charged its reservation), since the process started.",
+			func(st *rule.Stats) int64 { return atomic.LoadInt64(&st.Unreported) }},
+	} {
+		wrote := false
+
+		for i, l := range layers {
+			if !l.Settles {
+				continue
+			}
+
+			if !wrote {
+				family(b, f.name, f.kind, f.help)
+				wrote = true
+			}
+
+			sample(b, f.name, labels[i], formatInt(f.value(l.Stats)))
+		}
 	}
 }
 

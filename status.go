@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/tierlimit/tierlimit/answer"
@@ -120,6 +121,19 @@ type statusLayer struct {
 	TrackedKeys int    `json:"trackedKeys"`
 	Allowed     int64  `json:"allowed"`
 	Refused     int64  `json:"refused"`
+	// CostFrom is a costFrom route's settlement (meter.go); nil elsewhere.
+	CostFrom *statusMeter `json:"costFrom,omitempty"`
+}
+
+// statusMeter is what a costFrom route's layer holds and settled since the
+// process started: the requests holding a reservation now, the points
+// their responses reported, and the responses that reported none.
+type statusMeter struct {
+	Source     string `json:"source"`
+	Reserve    int64  `json:"reserve"`
+	Reserved   int64  `json:"reserved"`
+	Settled    int64  `json:"settledPoints"`
+	Unreported int64  `json:"unreported"`
 }
 
 type statusKeys struct {
@@ -261,6 +275,11 @@ func (p *Plugin) statusLayers(tracked []int) []statusLayer {
 			sl.Algorithm = "tokenbucket"
 			sl.Points = l.Refill
 			sl.Burst = l.Points
+		}
+
+		if rt := meteredRouteOf(p, l); rt != nil {
+			sl.CostFrom = &statusMeter{Source: rt.costFrom.Spec, Reserve: rt.reserve, Reserved: atomic.LoadInt64(&l.Stats.Reserved),
+				Settled: atomic.LoadInt64(&l.Stats.Settled), Unreported: atomic.LoadInt64(&l.Stats.Unreported)}
 		}
 
 		out = append(out, sl)
