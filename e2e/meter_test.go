@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -242,4 +243,74 @@ func TestReserveBoundsSlowRequestsInFlight(t *testing.T) {
 		}
 
 	})
+}
+
+// TestMeteredExampleOfTheDocs runs docs/limits.md's chain for an
+// OpenAI-compatible backend as written there, with the test's auth server
+// and an LLM that answers 4000 tokens: a free user's fourth completion of
+// the day is refused by tokens (1000 reserved on 12000 of 10000), a pro
+// user and another free user go on.
+func TestMeteredExampleOfTheDocs(t *testing.T) {
+	doc, err := os.ReadFile("../docs/limits.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	section := string(doc)
+	if i := strings.Index(section, "## Metered APIs and LLMs"); i >= 0 {
+		section = section[i:]
+	}
+
+	start, end := strings.Index(section, "```yaml\n"), -1
+	if start >= 0 {
+		end = strings.Index(section[start+8:], "```")
+	}
+
+	if start < 0 || end < 0 {
+		t.Fatal("docs/limits.md: no yaml block in Metered APIs and LLMs")
+	}
+
+	dynamic := section[start+8 : start+8+end]
+
+	llm := http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+		rw.Header().Set("Content-Type", "application/json")
+		_, _ = rw.Write([]byte(`{"object":"chat.completion","choices":[],"usage":{"prompt_tokens":100,"completion_tokens":3900,"total_tokens":4000}}`))
+	})
+
+	url, stop, err := harness.Serve("127.0.0.1:0", llm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+
+	for _, addr := range []string{"http://auth:9000", "http://vllm:8000"} {
+		if !strings.Contains(dynamic, addr) {
+			t.Fatalf("the example names no %s", addr)
+		}
+	}
+
+	e := startWith(t, strings.NewReplacer("http://auth:9000", "{{auth}}", "http://vllm:8000", url).Replace(dynamic), harness.Options{})
+	e.waitRouters("llm")
+
+	user := func(token string) map[string]string {
+		return map[string]string{"Authorization": "Bearer " + token, "X-Forwarded-For": "198.51.100.80"}
+	}
+
+	for i, want := range []string{"200", "200", "200", "429 tokens"} {
+		if got := e.answer(http.MethodPost, e.traefik.Web+"/v1/chat/completions", user("user-alice")); got != want {
+			t.Fatalf("completion %d of alice (free): %s, want %s", i+1, got, want)
+		}
+	}
+
+	for _, token := range []string{"user-bob@pro", "user-carol"} {
+		if got := e.answer(http.MethodPost, e.traefik.Web+"/v1/chat/completions", user(token)); got != "200" {
+			t.Errorf("%s after alice ran out: %s, want 200", token, got)
+		}
+	}
+
+	for i := 0; i < 3; i++ {
+		if got := e.answer(http.MethodPost, e.traefik.Web+"/v1/chat/completions", user("user-bob@pro")); got != "200" {
+			t.Errorf("bob (pro), completion %d more: %s, want 200 (a million a day)", i+2, got)
+		}
+	}
 }
