@@ -367,12 +367,11 @@ type routeHits struct {
 	cost      int64
 	counted   []*route
 	principal string // whose plan picks a route's window (route.plans)
-	// metered are the matched costFrom routes, meteredAt their layers'
-	// places in the request's charge; reserved what takeReserving
+	// metered are the matched costFrom routes, whose layers end the
+	// request's charge, in this order; reserved what takeReserving
 	// reserved for them (meter.go).
-	metered   []*route
-	meteredAt []int
-	reserved  []reservation
+	metered  []*route
+	reserved []reservation
 }
 
 // serveCounted passes on a request that matched countStatus or costFrom
@@ -383,9 +382,16 @@ type routeHits struct {
 // c is the request's charge, whose client and principal key the routes.
 // left is what the headers show (-1: none).
 func serveCounted(p *Plugin, out http.ResponseWriter, req *http.Request, c *charge, hits *routeHits, left int64) {
-	ww, ok := out.(*watchWriter)
-	if !ok {
-		ww = &watchWriter{rw: out, req: req, p: p, prevLeft: left}
+	// out is a watchWriter already converted to the interface, or the
+	// writer a pooled one wraps (watchPool; doc.go: wrappers).
+	ww, watched := out.(*watchWriter)
+	if !watched {
+		ww, _ = watchPool.Get().(*watchWriter)
+		if ww == nil {
+			ww = newPooledWatch()
+		}
+		*ww = watchWriter{self: ww.self, rw: out, req: req, p: p, prevLeft: left}
+		out = ww.self
 	}
 	ww.routes = hits.counted
 	ww.client = c.Client
@@ -393,12 +399,10 @@ func serveCounted(p *Plugin, out http.ResponseWriter, req *http.Request, c *char
 	ww.cost = hits.cost
 	ww.reserved = hits.reserved
 
-	// Converted to the interface first (doc.go: wrappers).
-	var w http.ResponseWriter = ww
 	if p.ws != nil && isUpgrade(req) {
-		serveUpgrade(p, w, ww.rw, req, c.Client)
+		serveUpgrade(p, out, ww.rw, req, c.Client)
 	} else {
-		p.next.ServeHTTP(w, req)
+		p.next.ServeHTTP(out, req)
 	}
 
 	// A handler that wrote nothing answered 200, which net/http sends.
@@ -409,6 +413,11 @@ func serveCounted(p *Plugin, out http.ResponseWriter, req *http.Request, c *char
 
 	if ww.reserved != nil {
 		settleReservations(ww)
+	}
+
+	if !watched {
+		*ww = watchWriter{self: ww.self}
+		watchPool.Put(ww)
 	}
 }
 

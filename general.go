@@ -220,20 +220,26 @@ func withRoutes(p *Plugin, layers []*layer, req *http.Request, hits *routeHits) 
 			rt = routePlanOf(p, rt, req)
 		}
 
-		out = append(out, rt.layer)
-
 		if rt.cost > hits.cost {
 			hits.cost = rt.cost
 		}
 
+		if rt.costFrom != nil {
+			hits.metered = append(hits.metered, rt)
+			continue
+		}
+
+		out = append(out, rt.layer)
+
 		if rt.countStatus != nil {
 			hits.counted = append(hits.counted, rt)
 		}
+	}
 
-		if rt.costFrom != nil {
-			hits.metered = append(hits.metered, rt)
-			hits.meteredAt = append(hits.meteredAt, len(out)-1)
-		}
+	// The costFrom routes' layers last: takeReserving takes the others
+	// first, as the charge's prefix.
+	for _, rt := range hits.metered {
+		out = append(out, rt.layer)
 	}
 
 	return out

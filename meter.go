@@ -40,62 +40,97 @@ type reservation struct {
 const maxReportedCost = int64(1) << 40
 
 // takeReserving is take for a request that matched costFrom routes
-// (hits.metered, whose layers are at hits.meteredAt in c): each of those
-// layers is charged its route's reserve, every other layer t.Cost. The
-// other layers are taken first, then each reserving layer in a take of its
-// own, all or nothing: a refusal gives the earlier takes their points back,
-// as takeMixed does across stores. What it reserves goes to hits.reserved.
+// (hits.metered, whose layers end c, in that order): each of those layers
+// is charged its route's reserve, every other layer t.Cost. The other
+// layers are taken first, then each reserving layer in a take of its own,
+// all or nothing: a refusal gives the earlier takes their points back, as
+// takeMixed does across stores. What it reserves goes to hits.reserved.
 // The reserving layers are marked in t.Uncharged: a pending ip charge that
 // refuses the request later (after.go settle) leaves them to the
 // settlement, which gives their reservation back.
 func takeReserving(st *stores, t *tally, c *charge, hits *routeHits) {
-	var metered uint64
-	for _, i := range hits.meteredAt {
-		metered |= uint64(1) << uint(i)
-	}
+	n := len(c.Layers) - len(hits.metered)
+	t.Shown = -1
 
-	rest := make([]int, 0, len(c.Layers))
-	for i := range c.Layers {
-		if metered&(uint64(1)<<uint(i)) == 0 {
-			rest = append(rest, i)
+	if n > 0 {
+		take(st, t, rule.ChargePrefix(c, n))
+		if t.Refused && !c.All {
+			return
 		}
 	}
 
-	out := tally{Cost: t.Cost, Shown: -1}
-	var done []takenPart
-
-	for j := -1; j < len(hits.meteredAt); j++ {
-		index, cost := rest, rule.CostOf(t)
-		if j >= 0 {
-			index, cost = hits.meteredAt[j:j+1], hits.metered[j].reserve
-		}
-
-		if len(index) == 0 {
-			continue
-		}
-
-		part := tally{Cost: cost}
-		pc := rule.ChargeAt(c, index)
+	for j, rt := range hits.metered {
+		i := n + j
+		part := tally{Cost: rt.reserve}
+		pc := &charge{Layers: c.Layers[i : i+1], Keys: c.Keys[i : i+1], Client: c.Client, Now: c.Now, All: c.All}
 		take(st, &part, pc)
-		mergeTally(&out, &part, index)
+		t.Firsts |= part.Firsts << uint(i)
+		t.Uncharged |= uint64(1) << uint(i)
 
 		if part.Refused && !c.All {
-			giveBackParts(st, done)
-			hits.reserved = nil
-			*t = out
-
+			refuseReserved(st, t, c, hits, &part, i)
 			return
 		}
 
-		done = append(done, chargedPart(pc, part.Uncharged, cost))
+		hits.reserved = append(hits.reserved, reserveFor(rt, pc, &part))
 
-		if j >= 0 {
-			hits.reserved = append(hits.reserved, reserveFor(hits.metered[j], pc, &part))
+		// One value at a time (doc.go: frames).
+		if part.Shown == 0 && !t.Refused && (t.Shown < 0 || part.Left < t.Left) {
+			t.Shown = i
+			t.Count = part.Count
+			t.Reset = part.Reset
+			t.ResetH = part.ResetH
+			t.Left = part.Left
+		}
+	}
+}
+
+// refuseReserved makes t the refusal of the reserving layer at i of c,
+// whose take was part, after giving back what the request's takes charged
+// before (giveBackReserved).
+func refuseReserved(st *stores, t *tally, c *charge, hits *routeHits, part *tally, i int) {
+	giveBackReserved(st, c, t, hits, i)
+
+	t.Shown = i
+	t.Count = part.Count
+	t.Reset = part.Reset
+	t.ResetH = part.ResetH
+	t.Left = 0
+	t.Refused = true
+}
+
+// giveBackReserved refunds what a request's takes charged before the
+// reserving layer at i refused it: the other layers (c's first n, but those
+// the take left uncharged and the check-only ones) and the reservations
+// made so far.
+func giveBackReserved(st *stores, c *charge, t *tally, hits *routeHits, i int) {
+	n := len(c.Layers) - len(hits.metered)
+	if n > 0 {
+		rest := rule.ChargePrefix(c, n)
+		refund(st, rule.ChargeWithout(rest, t.Uncharged&(uint64(1)<<uint(n)-1)|checkOnlyBits(rest.Layers)), rule.CostOf(t))
+	}
+
+	for j := n; j < i; j++ {
+		rt := hits.metered[j-n]
+		refund(st, &charge{Layers: c.Layers[j : j+1], Keys: c.Keys[j : j+1], Client: c.Client, Now: c.Now}, rt.reserve)
+		atomic.AddInt64(&rt.layer.Stats.Reserved, -1)
+	}
+
+	hits.reserved = nil
+}
+
+// checkOnlyBits has bit i set for each check-only layer of layers, which a
+// take evaluated but did not charge.
+func checkOnlyBits(layers []*layer) uint64 {
+	var bits uint64
+
+	for i, l := range layers {
+		if l.CheckOnly {
+			bits |= uint64(1) << uint(i)
 		}
 	}
 
-	out.Uncharged |= metered
-	*t = out
+	return bits
 }
 
 // reserveFor is the reservation that the take of part t, charge pc (a
@@ -115,36 +150,6 @@ func reserveFor(rt *route, pc *charge, t *tally) reservation {
 	}
 
 	return r
-}
-
-// takenPart is a take's charge, for a refund: the layers it charged and
-// their cost.
-type takenPart struct {
-	c    *charge
-	cost int64
-}
-
-// chargedPart is the part of pc that a take charged cost to: without the
-// layers it left uncharged and the check-only ones.
-func chargedPart(pc *charge, uncharged uint64, cost int64) takenPart {
-	var index []int
-
-	for i, l := range pc.Layers {
-		if !l.CheckOnly && uncharged&(uint64(1)<<uint(i)) == 0 {
-			index = append(index, i)
-		}
-	}
-
-	return takenPart{c: rule.ChargeAt(pc, index), cost: cost}
-}
-
-// giveBackParts refunds what a refused request's earlier takes charged.
-func giveBackParts(st *stores, done []takenPart) {
-	for _, part := range done {
-		if len(part.c.Layers) > 0 {
-			refund(st, part.c, part.cost)
-		}
-	}
 }
 
 // settleReservations replaces the reservations of a request whose

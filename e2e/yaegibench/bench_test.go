@@ -87,12 +87,19 @@ func setup(dir string) error {
 func build(t testing.TB, plugin string, config map[string]any, name string) http.Handler {
 	t.Helper()
 
+	return buildWith(t, plugin, config, name, http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+}
+
+// buildWith is build in front of the backend next.
+func buildWith(t testing.TB, plugin string, config map[string]any, name string, next http.Handler) http.Handler {
+	t.Helper()
+
 	ctor, err := builder.Build(plugin, config, name)
 	if err != nil {
 		t.Fatal(err)
 	}
 
-	h, err := ctor(context.Background(), http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	h, err := ctor(context.Background(), next)
 	if err != nil {
 		t.Fatal(err)
 	}

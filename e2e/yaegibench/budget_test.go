@@ -30,6 +30,8 @@ var budgets = map[string]float64{
 	"chain edge credentialed": 278,
 	"costed route":            352,
 	"countStatus route":       427,
+	"costFrom header route":   1148,
+	"costFrom json route":     1536,
 	"redis, global in memory": 541,
 	"redis allowed":           454,
 	"redis refused":           240,
@@ -133,6 +135,29 @@ func TestAllocationBudgets(t *testing.T) {
 	for _, sh := range shapes {
 		h := build(t, "tierlimit", sh.config, "budget-"+strconv.Itoa(len(sh.name))+sh.name+"@budget")
 		check(t, sh.name, allocsPerRequest(h, sh.set))
+	}
+
+	// A costFrom route: each request reserves 1 of the route's points, and
+	// its response reports 10 in a header, or in a JSON body, which the
+	// settlement charges.
+	for _, sh := range []struct {
+		name, source string
+		backend      http.HandlerFunc
+	}{
+		{"costFrom header route", "header:X-Usage", func(rw http.ResponseWriter, _ *http.Request) {
+			rw.Header()["X-Usage"] = []string{"10"}
+		}},
+		{"costFrom json route", "json:usage.total_tokens", func(rw http.ResponseWriter, _ *http.Request) {
+			rw.Header()["Content-Type"] = []string{"application/json"}
+			_, _ = rw.Write([]byte(`{"id":"x","usage":{"prompt_tokens":4,"total_tokens":10}}`))
+		}},
+	} {
+		metered := longEdge()
+		metered["routes"] = []any{
+			map[string]any{"name": "tokens", "paths": []any{"/export"}, "key": "ip", "points": "1000000000", "duration": "1h", "costFrom": sh.source},
+		}
+		h := buildWith(t, "tierlimit", metered, "budget-"+strconv.Itoa(len(sh.name))+sh.name+"@budget", sh.backend)
+		check(t, sh.name, allocsPerRequest(h, export))
 	}
 
 	t.Logf("a route of cost 1, for reference: %.0f", allocsPerRequest(build(t, "tierlimit", plainRoute, "plainroute@budget"), export))
