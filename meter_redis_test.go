@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/tierlimit/tierlimit/redisstore"
 	"github.com/tierlimit/tierlimit/request"
@@ -156,8 +157,14 @@ func TestReserveBoundsRequestsInFlightOnRedisServer(t *testing.T) {
 
 	refused := 0
 	for refused < 7 {
-		if code := <-codes; code != http.StatusTooManyRequests {
-			t.Fatalf("a request answered %d before any was released", code)
+		select {
+		case code := <-codes:
+			if code != http.StatusTooManyRequests {
+				t.Fatalf("a request answered %d before any was released", code)
+			}
+		case <-time.After(10 * time.Second):
+			close(release)
+			t.Fatalf("%d refused, then none in 10 s: want 7 refused while 3 are in flight", refused)
 		}
 		refused++
 	}
@@ -228,3 +235,39 @@ var errTestOutage = &testError{"redis went away"}
 type testError struct{ s string }
 
 func (e *testError) Error() string { return e.s }
+
+// On Redis, a response that ends after its admission's window (by the
+// plugin's clock) gives nothing back: Redis's key would be a later window's.
+func TestGiveBackEndsWithTheAdmissionsWindowOnRedisServer(t *testing.T) {
+	addr, admin := redisServer(t)
+
+	h, _ := redisHarness(t, addr, with(meteredRoute("header:X-Usage", 300), asACLUser))
+	h.backend = http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+		h.clock.Add(61 * time.Second)
+		rw.Header().Set("X-Usage", "20")
+	})
+
+	h.key("k1")
+
+	key := h.p.stores.redis.Prefix + "llm:" + request.HashKey("k1")
+	if got := redisDo(t, admin, "GET", key).Str; got != "300" {
+		t.Errorf("Redis holds %q, want the reservation of 300 kept: its window ended before the response", got)
+	}
+}
+
+// A charge past the reservation adds to a key that holds 0 (its requests'
+// points all given back) as to any other.
+func TestSpendAddsToAKeyAtZeroOnRedisServer(t *testing.T) {
+	addr, admin := redisServer(t)
+
+	h, _ := redisHarness(t, addr, with(meteredRoute("header:X-Usage", 0), asACLUser))
+	key := h.p.stores.redis.Prefix + "llm:" + request.HashKey("k1")
+	redisDo(t, admin, "SET", key, "0", "PX", "60000")
+
+	l := h.p.routes[0].layer
+	spend(h.p.stores, &charge{Layers: []*layer{l}, Keys: []string{request.HashKey("k1")}, Now: h.clock.Now().UnixNano()}, 5)
+
+	if got := redisDo(t, admin, "GET", key).Str; got != "5" {
+		t.Errorf("Redis holds %q after a charge of 5 on 0, want 5", got)
+	}
+}

@@ -216,6 +216,19 @@ func TestCostPastABucketsBurstIsRepaidAsItRefills(t *testing.T) {
 	if rec := h.key("k1"); rec.Code != http.StatusOK {
 		t.Errorf("91 s after: %d, want 200", rec.Code)
 	}
+
+	// A response that ends minutes after its admission, when the bucket
+	// is full again: its debt runs from the end, not from the admission.
+	h.clock.Add(10 * time.Minute)
+	h.backend = http.HandlerFunc(func(rw http.ResponseWriter, req *http.Request) {
+		h.clock.Add(2 * time.Minute)
+		jsonUsage(2500).ServeHTTP(rw, req)
+	})
+	h.key("k1")
+
+	if rec := h.key("k1"); rec.Code != http.StatusTooManyRequests {
+		t.Errorf("right after a slow response of 2500: %d, want 429", rec.Code)
+	}
 }
 
 // A response that states no cost leaves its reservation charged, and one
@@ -442,5 +455,31 @@ func TestStatusShowsReservationsAndSettlements(t *testing.T) {
 
 	if got := h.p.routes[0].layer.Stats.Reserved; got != 0 {
 		t.Errorf("reserved %d once the response ended, want 0", got)
+	}
+}
+
+// A response the plugin replaces by a 429 (the edge's ip bucket refusing
+// a garbage credential once the auth answered 401) costs nothing: its
+// reservation goes back, whatever the replaced response reported.
+func TestReplacedResponseCostsNothing(t *testing.T) {
+	h := newHarness(t, func(c *Config) {
+		meteredRoute("header:X-Usage", 0)(c)
+		c.IP = LayerConfig{Points: 1, Duration: "60s"}
+		c.Principal.CredentialHeaders = []string{"Authorization"}
+	})
+	h.backend = http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+		rw.Header().Set("X-Usage", "500")
+		rw.WriteHeader(http.StatusUnauthorized)
+	})
+
+	garbage := map[string]string{"X-Api-Key": "k1", "Authorization": "Bearer garbage"}
+	for i, want := range []int{401, 429} {
+		if rec := h.do(http.MethodPost, "/v1/chat/completions", "203.0.113.1:1", garbage); rec.Code != want {
+			t.Fatalf("garbage credential %d: %d, want %d", i+1, rec.Code, want)
+		}
+	}
+
+	if n, _ := h.p.memory.Peek(h.clock.Now().UnixNano(), "llm", request.HashKey("k1")); n != 500 {
+		t.Errorf("llm counts %d for k1, want 500: the first response's, none for the one replaced by a 429", n)
 	}
 }
