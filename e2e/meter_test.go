@@ -314,3 +314,28 @@ func TestMeteredExampleOfTheDocs(t *testing.T) {
 		}
 	}
 }
+
+// TestCostFromOnACluster: the same on a Redis Cluster, with a reserve of
+// 300: the settlement is a call to the key's slot.
+func TestCostFromOnACluster(t *testing.T) {
+	c, err := harness.StartCluster(t.TempDir(), 3, 0)
+	if err != nil {
+		t.Fatalf("starting a Redis Cluster: %v", err)
+	}
+	defer c.Kill()
+
+	store := "store: redis\n          redis: {timeout: 1s, dialTimeout: 1s, cluster: {addresses: [\"" + strings.Join(c.Seeds(), `", "`) + "\"]}}"
+	e := meterEnvs(t, store, nil, "json:usage.total_tokens", "reserve: 300", completion)[0]
+
+	// 400 a request, each holding 300 while in flight: the third finds
+	// 800 spent, where its 300 do not fit.
+	for i, want := range []string{"200", "200", "429 tokens"} {
+		if got := e.answer(http.MethodPost, e.traefik.Web+"/v1/chat/completions", apiKey("key-a")); got != want {
+			t.Fatalf("request %d of key-a: %s, want %s", i+1, got, want)
+		}
+	}
+
+	if got := e.answer(http.MethodPost, e.traefik.Web+"/v1/chat/completions", apiKey("key-b")); got != "200" {
+		t.Fatalf("key-b after key-a ran out: %s, want 200", got)
+	}
+}
