@@ -483,3 +483,47 @@ func TestReplacedResponseCostsNothing(t *testing.T) {
 		t.Errorf("llm counts %d for k1, want 500: the first response's, none for the one replaced by a 429", n)
 	}
 }
+
+// A route's cost still charges the other layers; a route plan's layer
+// settles as the route's does.
+func TestCostFromWithACostAndPlans(t *testing.T) {
+	h := newHarness(t, func(c *Config) {
+		meteredRoute("header:X-Usage", 0)(c)
+		c.Global = LayerConfig{Points: 100, Duration: "60s"}
+		c.Principal.UserHeader = "X-Auth-User"
+		c.Principal.PlanHeader = "X-Auth-Plan"
+		c.Plans = map[string]PlanConfig{"pro": {Points: 1000, Duration: "60s"}}
+		c.Routes[0].Key = "principal"
+		c.Routes[0].Cost = 5
+		c.Routes[0].Plans = map[string]PlanConfig{"pro": {Points: 5000, Duration: "60s"}}
+	})
+	h.backend = http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+		rw.Header().Set("X-Usage", "2000")
+	})
+
+	now := func() int64 { return h.clock.Now().UnixNano() }
+	ann := map[string]string{"X-Auth-User": "ann"}
+	pro := map[string]string{"X-Auth-User": "bob", "X-Auth-Plan": "pro"}
+
+	if rec := h.do(http.MethodPost, "/v1/x", "203.0.113.1:1", ann); rec.Code != http.StatusOK {
+		t.Fatalf("ann: %d", rec.Code)
+	}
+
+	if rec := h.do(http.MethodPost, "/v1/x", "203.0.113.1:1", ann); rec.Code != http.StatusTooManyRequests {
+		t.Errorf("ann after 2000 of 1000: %d, want 429", rec.Code)
+	}
+
+	for i, want := range []int{200, 200, 200, 429} {
+		if rec := h.do(http.MethodPost, "/v1/x", "203.0.113.1:1", pro); rec.Code != want {
+			t.Fatalf("bob (pro) request %d: %d, want %d", i+1, rec.Code, want)
+		}
+	}
+
+	if n, _ := h.p.memory.Peek(now(), "llm.pro", "bob"); n != 6000 {
+		t.Errorf("llm.pro counts %d for bob, want 3 x 2000", n)
+	}
+
+	if n, _ := h.p.memory.Peek(now(), "global", "global"); n != 20 {
+		t.Errorf("global counts %d, want 4 requests admitted x the route's cost of 5", n)
+	}
+}
