@@ -339,3 +339,30 @@ func TestCostFromOnACluster(t *testing.T) {
 		t.Fatalf("key-b after key-a ran out: %s, want 200", got)
 	}
 }
+
+// TestCostFromReadsATrailer: header:X-Usage finds the cost in a trailer the
+// backend sends after the body, declared or not.
+func TestCostFromReadsATrailer(t *testing.T) {
+	for _, declared := range []bool{true, false} {
+		llm := http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+			if declared {
+				rw.Header().Set("Trailer", "X-Usage")
+			}
+			_, _ = rw.Write([]byte("streamed answer"))
+			rw.(http.Flusher).Flush()
+			if declared {
+				rw.Header().Set("X-Usage", "400")
+			} else {
+				rw.Header().Set(http.TrailerPrefix+"X-Usage", "400")
+			}
+		})
+
+		e := meterEnvs(t, "store: memory", nil, "header:X-Usage", "", llm)[0]
+
+		for i, want := range []string{"200", "200", "200", "429 tokens"} {
+			if got := e.answer(http.MethodPost, e.traefik.Web+"/v1/chat/completions", apiKey("key-a")); got != want {
+				t.Fatalf("declared %v: request %d: %s, want %s", declared, i+1, got, want)
+			}
+		}
+	}
+}
