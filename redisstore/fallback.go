@@ -61,6 +61,10 @@ func rememberAll(s *windowStore, c *charge, ints []int64) {
 	now := c.Now
 	for i := 0; 2*i+1 < len(ints) && i < len(c.Layers); i++ {
 		l := c.Layers[i]
+		if l.Concurrency {
+			continue // its slots are Redis's alone (concurrency.go)
+		}
+
 		if count := ints[2*i]; count <= l.Points || l.DryRun {
 			Remember(s, l, c.Keys[i], count, now+ints[2*i+1]*NsPerMillisecond, now)
 		}

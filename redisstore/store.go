@@ -304,7 +304,8 @@ func (s *RedisStore) refused(t *tally, c *charge, i int, count, reset int64) boo
 	l, key, now := c.Layers[i], c.Keys[i], c.Now
 
 	first := false
-	if !l.DryRun && (t.Cost <= 1 || t.Cost <= l.MinCost || l.BlockDuration != 0) {
+	// A concurrency layer's refusal blocks nothing: a slot may free at once.
+	if !l.DryRun && !l.Concurrency && (t.Cost <= 1 || t.Cost <= l.MinCost || l.BlockDuration != 0) {
 		first = s.Blocked.Add(l.BlockPrefix, key, reset, now)
 		if first {
 			ListenResets(s)

@@ -1,0 +1,85 @@
+package tierlimit
+
+import (
+	"net/http"
+
+	"github.com/tierlimit/tierlimit/config"
+	"github.com/tierlimit/tierlimit/memstore"
+	"github.com/tierlimit/tierlimit/redisresp"
+	"github.com/tierlimit/tierlimit/redisstore"
+)
+
+// Concurrency layers (algorithm: concurrency, config/concurrency.go): a
+// request admitted holds one slot of each for as long as it is in flight,
+// and gives them back when next returns, which for a proxied request is when
+// its response has ended or its client went away (the proxy returns then),
+// for a WebSocket upgrade when the connection closes. The lease (the layer's
+// duration) bounds what a request that never returns, or a replica that died
+// holding slots in Redis, can hold. chooseMode sends an instance with such a
+// layer to serveGeneral, which releases them (releaseHeld); the fast paths
+// never see one.
+
+// anyConcurrency reports whether a layer that is on is a concurrency layer.
+func anyConcurrency(s *config.Settings) bool {
+	for _, l := range config.Rules(s) {
+		if l.On() && l.Concurrency {
+			return true
+		}
+	}
+
+	return false
+}
+
+// concurrencyEncoding is a concurrency layer's script arguments
+// (redisstore/scripts.go) of head (points and lease): the algorithm, and a
+// per-request member that the Redis store adds to each call (LeaseArgs).
+// A refusal's reset is a second away.
+func concurrencyEncoding(head string, ms int64) redisEncoding {
+	e := redisEncoding{RedisArgs: head + redisstore.AlgoConcurrency, MaxTTL: ms}
+	if e.MaxTTL < memstore.RetryConcurrency/redisstore.NsPerMillisecond {
+		e.MaxTTL = memstore.RetryConcurrency / redisstore.NsPerMillisecond
+	}
+
+	e.RedisTail = redisresp.Bulk("") // marks a layer whose call arguments vary (redisstore.EncodeCall)
+
+	return e
+}
+
+// policyUnit is what RateLimit-Policy adds for a layer's quota unit: a
+// concurrency layer counts requests in flight.
+func policyUnit(spec config.Rule) string {
+	if spec.Concurrency {
+		return `;qu="concurrent-requests"`
+	}
+
+	return ""
+}
+
+// releaseHeld frees the slots that the request of charge c holds in its
+// concurrency layers, once it has been served.
+func releaseHeld(p *Plugin, c *charge) {
+	if p.stores.redis == nil {
+		memstore.Release(p.stores.memory, c)
+		return
+	}
+
+	redisstore.Release(p.stores.redis, c)
+}
+
+// serveExemptHeld is serveExempt on an instance with concurrency layers:
+// the global layer an exempt request pays may be one, whose slot it holds
+// until it has been served.
+func serveExemptHeld(p *Plugin, rw http.ResponseWriter, req *http.Request, client, principal string) {
+	now := p.now().UnixNano()
+	t := tally{Cost: requestCost}
+	c := chargeOf(p.exempt.plan, client, principal, req, now, p.dryRun)
+	take(p.stores, &t, c)
+
+	if ok, _ := verdict(p, rw, req, &t, c); !ok {
+		return
+	}
+
+	defer releaseHeld(p, c)
+
+	p.next.ServeHTTP(rw, req)
+}
