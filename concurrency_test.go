@@ -1,0 +1,153 @@
+package tierlimit
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+)
+
+// inflight is a request served in a goroutine, held by the backend until
+// released.
+type inflight struct {
+	entered chan struct{}                    // closed when the backend has it
+	release chan struct{}                    // closed to let the backend answer
+	done    chan *httptest.ResponseRecorder // its response, once served
+}
+
+type holdKey struct{}
+
+// holding makes h's backend hold every request that carries an inflight
+// until it is released.
+func holding(h *harness) {
+	h.p.next = http.HandlerFunc(func(rw http.ResponseWriter, req *http.Request) {
+		if f, _ := req.Context().Value(holdKey{}).(*inflight); f != nil {
+			close(f.entered)
+			<-f.release
+		}
+
+		_, _ = rw.Write([]byte("ok"))
+	})
+}
+
+// start sends a request from remote that the backend holds; it returns once
+// the request is in the backend (admitted) or answered (refused), and
+// reports which.
+func start(t *testing.T, h *harness, remote string) (*inflight, *httptest.ResponseRecorder) {
+	t.Helper()
+
+	f := &inflight{entered: make(chan struct{}), release: make(chan struct{}), done: make(chan *httptest.ResponseRecorder, 1)}
+	req := httptest.NewRequest(http.MethodGet, "/slow", nil).WithContext(context.WithValue(context.Background(), holdKey{}, f))
+	req.RemoteAddr = remote
+
+	go func() {
+		rec := httptest.NewRecorder()
+		h.h.ServeHTTP(rec, req)
+		f.done <- rec
+	}()
+
+	select {
+	case <-f.entered:
+		return f, nil
+	case rec := <-f.done:
+		return nil, rec
+	case <-time.After(10 * time.Second):
+		t.Fatal("a request was neither admitted nor answered")
+	}
+
+	return nil, nil
+}
+
+// end releases an admitted request and waits for its answer.
+func end(t *testing.T, f *inflight) *httptest.ResponseRecorder {
+	t.Helper()
+	close(f.release)
+
+	return <-f.done
+}
+
+func concurrencyIP(points int, lease string) func(c *Config) {
+	return func(c *Config) {
+		c.Global = LayerConfig{Points: 1000, Duration: "1h"}
+		c.IP = LayerConfig{Points: points, Duration: lease, Algorithm: "concurrency"}
+	}
+}
+
+// checkRefusedForConcurrency checks a concurrency layer's refusal: 429,
+// Retry-After: 1, the concurrency policy.
+func checkRefusedForConcurrency(t *testing.T, rec *httptest.ResponseRecorder, what string) {
+	t.Helper()
+
+	if rec == nil || rec.Code != http.StatusTooManyRequests {
+		t.Fatalf("%s: %v, want a 429", what, rec)
+	}
+
+	if got := rec.Header().Get("Retry-After"); got != "1" {
+		t.Fatalf("%s: Retry-After %q, want 1", what, got)
+	}
+
+	if got := rec.Header().Get("RateLimit-Policy"); !strings.Contains(got, `qu="concurrent-requests"`) || !strings.Contains(got, `"ip";q=2;w=60`) {
+		t.Fatalf("%s: RateLimit-Policy %q, want ip's q=2;w=60 in concurrent requests", what, got)
+	}
+}
+
+// concurrencyScenario runs the issue's scenario on h (ip: 2 slots): two of
+// three held requests from one client are admitted, another client is
+// admitted meanwhile, and once they end two more are.
+func concurrencyScenario(t *testing.T, h *harness) {
+	t.Helper()
+	holding(h)
+
+	a, _ := start(t, h, "203.0.113.1:1000")
+	b, _ := start(t, h, "203.0.113.1:1001")
+	if a == nil || b == nil {
+		t.Fatal("the first two requests were not admitted")
+	}
+
+	_, refused := start(t, h, "203.0.113.1:1002")
+	checkRefusedForConcurrency(t, refused, "the third request in flight")
+
+	other, _ := start(t, h, "203.0.113.2:1000")
+	if other == nil {
+		t.Fatal("another client was refused while the first held its slots")
+	}
+
+	rec := end(t, a)
+	if rec.Code != http.StatusOK || rec.Header().Get("X-RateLimit-Remaining") != "1" {
+		t.Fatalf("the first request: %d, remaining %q; want 200 with 1 slot left after it", rec.Code, rec.Header().Get("X-RateLimit-Remaining"))
+	}
+
+	end(t, b)
+	end(t, other)
+
+	c, _ := start(t, h, "203.0.113.1:1003")
+	d, _ := start(t, h, "203.0.113.1:1004")
+	if c == nil || d == nil {
+		t.Fatal("after the first two ended, two more were not admitted")
+	}
+
+	_, refused = start(t, h, "203.0.113.1:1005")
+	checkRefusedForConcurrency(t, refused, "a third again")
+	end(t, c)
+	end(t, d)
+}
+
+func TestConcurrencyHoldsAndReleasesSlots(t *testing.T) {
+	concurrencyScenario(t, newHarness(t, concurrencyIP(2, "60s")))
+}
+
+func TestConcurrencyOnRedisServer(t *testing.T) {
+	addr, _ := redisServer(t)
+	h, _ := redisHarness(t, addr, func(c *Config) {
+		asACLUser(c)
+		concurrencyIP(2, "60s")(c)
+	})
+
+	concurrencyScenario(t, h)
+
+	if h.p.stores.redis.Backend.Down.Load() {
+		t.Fatal("Redis was marked down: the memory fallback decided")
+	}
+}
