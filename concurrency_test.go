@@ -7,13 +7,15 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tierlimit/tierlimit/memstore"
 )
 
 // inflight is a request served in a goroutine, held by the backend until
 // released.
 type inflight struct {
-	entered chan struct{}                    // closed when the backend has it
-	release chan struct{}                    // closed to let the backend answer
+	entered chan struct{}                   // closed when the backend has it
+	release chan struct{}                   // closed to let the backend answer
 	done    chan *httptest.ResponseRecorder // its response, once served
 }
 
@@ -150,4 +152,95 @@ func TestConcurrencyOnRedisServer(t *testing.T) {
 	if h.p.stores.redis.Backend.Down.Load() {
 		t.Fatal("Redis was marked down: the memory fallback decided")
 	}
+}
+
+// TestConcurrencyLeaseRunsOut: a request that never ends frees its slot when
+// its lease does, on the injected clock: not before, and then.
+func TestConcurrencyLeaseRunsOut(t *testing.T) {
+	h := newHarness(t, concurrencyIP(1, "10s"))
+	holding(h)
+
+	hung, _ := start(t, h, "203.0.113.1:1000")
+	if hung == nil {
+		t.Fatal("the first request was not admitted")
+	}
+
+	h.clock.Add(10*time.Second - time.Nanosecond)
+	if _, rec := start(t, h, "203.0.113.1:1001"); rec == nil || rec.Code != http.StatusTooManyRequests {
+		t.Fatal("a request was admitted before the hung one's lease ended")
+	}
+
+	h.clock.Add(time.Nanosecond)
+	next, _ := start(t, h, "203.0.113.1:1002")
+	if next == nil {
+		t.Fatal("the hung request's slot was not freed when its lease ended")
+	}
+
+	// The hung request ends late: its release frees nothing of the new one's.
+	end(t, hung)
+	if _, rec := start(t, h, "203.0.113.1:1003"); rec == nil || rec.Code != http.StatusTooManyRequests {
+		t.Fatal("the late end of an expired request freed another request's slot")
+	}
+
+	end(t, next)
+}
+
+// TestConcurrencyAllOrNothing: a request another layer refuses holds no
+// slot, and one a concurrency layer refuses spends nothing elsewhere.
+func TestConcurrencyAllOrNothing(t *testing.T) {
+	// A route of 2 per hour after ip's 1 slot: the route refuses the
+	// second request, which must leave ip's slot free.
+	h := newHarness(t, func(c *Config) {
+		concurrencyIP(1, "60s")(c)
+		c.Routes = []RouteConfig{{Name: "export", Paths: []string{"/slow"}, Points: 1, Duration: "1h"}}
+	})
+	holding(h)
+
+	first, _ := start(t, h, "203.0.113.1:1000")
+	if first == nil {
+		t.Fatal("the first request was not admitted")
+	}
+
+	end(t, first)
+
+	_, rec := start(t, h, "203.0.113.1:1001")
+	if rec == nil || rec.Code != http.StatusTooManyRequests || !strings.Contains(rec.Body.String(), `"layer":"export"`) {
+		t.Fatalf("the second request: %v, want the route's refusal", rec)
+	}
+
+	if n := h.p.memory.Count(); n == 0 {
+		t.Fatal("no counter at all")
+	}
+
+	if got := inFlightOf(h, "ip", "203.0.113.1"); got != 0 {
+		t.Fatalf("ip holds %d slots after the route refused the request, want 0", got)
+	}
+
+	// global (before ip) spent 1 for the first request only; a request
+	// refused by ip's slots spends no global.
+	h2 := newHarness(t, concurrencyIP(1, "60s"))
+	holding(h2)
+	held, _ := start(t, h2, "203.0.113.1:1000")
+	for i := 0; i < 3; i++ {
+		_, rec := start(t, h2, "203.0.113.1:1001")
+		checkRefusedForConcurrency1(t, rec)
+	}
+
+	if count, _ := h2.p.memory.Peek(h2.clock.Now().UnixNano(), "global", "global"); count != 1 {
+		t.Fatalf("global counts %d, want 1: refusals for concurrency spent global", count)
+	}
+
+	end(t, held)
+}
+
+func checkRefusedForConcurrency1(t *testing.T, rec *httptest.ResponseRecorder) {
+	t.Helper()
+
+	if rec == nil || rec.Code != http.StatusTooManyRequests || !strings.Contains(rec.Body.String(), `"layer":"ip"`) {
+		t.Fatalf("%v, want ip's refusal", rec)
+	}
+}
+
+func inFlightOf(h *harness, layer, key string) int64 {
+	return memstore.InFlight(h.p.memory, layer, key, h.clock.Now().UnixNano())
 }
