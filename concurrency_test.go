@@ -244,3 +244,38 @@ func checkRefusedForConcurrency1(t *testing.T, rec *httptest.ResponseRecorder) {
 func inFlightOf(h *harness, layer, key string) int64 {
 	return memstore.InFlight(h.p.memory, layer, key, h.clock.Now().UnixNano())
 }
+
+// TestConcurrencyRedisSlotOfADeadReplica: in Redis a slot whose lease ended
+// (a replica that died holding it) counts no more, one whose lease runs
+// does, and a refusal changes nothing in Redis.
+func TestConcurrencyRedisSlotOfADeadReplica(t *testing.T) {
+	addr, admin := redisServer(t)
+	h, _ := redisHarness(t, addr, func(c *Config) {
+		asACLUser(c)
+		concurrencyIP(2, "60s")(c)
+		c.Global.Points = 0
+	})
+	holding(h)
+
+	key := "ratelimit:" + h.p.name + ":ip:203.0.113.1"
+	redisDo(t, admin, "ZADD", key, "1", "dead:1", "99999999999999", "alive:1")
+
+	f, _ := start(t, h, "203.0.113.1:1000")
+	if f == nil {
+		t.Fatal("the ended slot still counted: no request admitted")
+	}
+
+	before := serverState(t, admin)
+	_, rec := start(t, h, "203.0.113.1:1001")
+	checkRefusedForConcurrency1(t, rec)
+
+	if after := serverState(t, admin); after != before {
+		t.Fatalf("a refusal changed Redis:\n%s\nto\n%s", before, after)
+	}
+
+	end(t, f)
+
+	if v := redisDo(t, admin, "ZCARD", key); v.Int != 1 {
+		t.Fatalf("ZCARD %s = %d after the release, want 1 (the live slot; the dead one dropped)", key, v.Int)
+	}
+}
