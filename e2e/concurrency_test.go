@@ -1,0 +1,183 @@
+package e2e
+
+import (
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// concurrencyDynamic is an instance whose ip layer admits 2 requests in
+// flight per client, with a lease of lease; on Redis when redisAddr is set.
+func concurrencyDynamic(redisAddr, lease string) string {
+	store := ""
+	if redisAddr != "" {
+		store = `
+          store: redis
+          redis: {address: "` + redisAddr + `", timeout: 2s}`
+	}
+
+	return `
+http:
+  routers:
+    api:
+      entryPoints: [web]
+      rule: PathPrefix(` + "`/`" + `)
+      middlewares: [inflight]
+      service: backend
+  middlewares:
+    inflight:
+      plugin:
+        tierlimit:` + store + `
+          global: {points: 0}
+          ip: {points: 2, duration: ` + lease + `, algorithm: concurrency}
+  services:
+    backend:
+      loadBalancer:
+        servers:
+          - url: "{{backend}}"
+`
+}
+
+// slowReq is a request the backend holds (/sse) until released.
+type slowReq struct {
+	id   string
+	code int
+	hdr  http.Header
+	body io.ReadCloser // open while admitted
+}
+
+// sendSlow sends a request from ip that the backend holds until released
+// (/sse-release); it returns once the response's headers are in: 200
+// while the request is in flight, or the refusal.
+func sendSlow(t *testing.T, e *env, base, ip, id string) *slowReq {
+	t.Helper()
+
+	req, _ := http.NewRequest(http.MethodGet, base+"/sse?id="+id, nil)
+	req.Header.Set("X-Forwarded-For", ip)
+
+	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatalf("slow request %s: %v", id, err)
+	}
+
+	s := &slowReq{id: id, code: resp.StatusCode, hdr: resp.Header, body: resp.Body}
+	if s.code != http.StatusOK {
+		_, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		s.body = nil
+	}
+
+	return s
+}
+
+// endSlow lets the backend answer an admitted slow request and reads its
+// response to the end.
+func endSlow(t *testing.T, e *env, s *slowReq) {
+	t.Helper()
+
+	if r, err := e.client.Get(e.backend + "/sse-release?id=" + s.id); err == nil {
+		r.Body.Close()
+	}
+
+	_, _ = io.ReadAll(s.body)
+	s.body.Close()
+}
+
+// sendSlowAll sends n slow requests from ip at once.
+func sendSlowAll(t *testing.T, e *env, ip, prefix string, n int) (admitted, refused []*slowReq) {
+	t.Helper()
+
+	out := make([]*slowReq, n)
+	var wg sync.WaitGroup
+
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			out[i] = sendSlow(t, e, e.traefik.Web, ip, prefix+strconv.Itoa(i))
+		}(i)
+	}
+
+	wg.Wait()
+
+	for _, s := range out {
+		if s.code == http.StatusOK {
+			admitted = append(admitted, s)
+		} else {
+			refused = append(refused, s)
+		}
+	}
+
+	return admitted, refused
+}
+
+func checkConcurrencyRefusal(t *testing.T, s *slowReq) {
+	t.Helper()
+
+	if s.code != http.StatusTooManyRequests || s.hdr.Get("Retry-After") != "1" ||
+		!strings.Contains(s.hdr.Get("RateLimit-Policy"), `"ip";q=2;w=`) ||
+		!strings.Contains(s.hdr.Get("RateLimit-Policy"), `qu="concurrent-requests"`) {
+		t.Fatalf("request %s: %d, Retry-After %q, RateLimit-Policy %q; want 429, 1 and ip's concurrent-requests policy",
+			s.id, s.code, s.hdr.Get("Retry-After"), s.hdr.Get("RateLimit-Policy"))
+	}
+}
+
+// admitSoon sends slow requests from ip until one is admitted (a release
+// follows the client's end of the response by a moment), failing after 5s.
+func admitSoon(t *testing.T, e *env, ip, id string) *slowReq {
+	t.Helper()
+
+	deadline := time.Now().Add(5 * time.Second)
+	for n := 0; ; n++ {
+		s := sendSlow(t, e, e.traefik.Web, ip, id+"-"+strconv.Itoa(n))
+		if s.code == http.StatusOK {
+			return s
+		}
+
+		if time.Now().After(deadline) {
+			t.Fatalf("no request from %s admitted within 5s: the slots were not released (last: %d)", ip, s.code)
+		}
+
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestConcurrencyInTraefik: of five simultaneous slow requests from one
+// client two are admitted and three refused (429, Retry-After: 1, the
+// concurrent-requests policy); another client is admitted meanwhile; once
+// the two have ended, two more are admitted, and a third is refused again.
+func TestConcurrencyInTraefik(t *testing.T) {
+	e := start(t, concurrencyDynamic("", "60s"))
+	e.waitRouters("api")
+
+	admitted, refused := sendSlowAll(t, e, "198.51.100.7", "a", 5)
+	if len(admitted) != 2 || len(refused) != 3 {
+		t.Fatalf("%d admitted and %d refused of five in flight, want 2 and 3", len(admitted), len(refused))
+	}
+
+	for _, s := range refused {
+		checkConcurrencyRefusal(t, s)
+	}
+
+	other := sendSlow(t, e, e.traefik.Web, "198.51.100.8", "other")
+	if other.code != http.StatusOK {
+		t.Fatalf("another client got %d while the first held its slots, want 200", other.code)
+	}
+
+	for _, s := range append(admitted, other) {
+		endSlow(t, e, s)
+	}
+
+	c := admitSoon(t, e, "198.51.100.7", "c")
+	d := admitSoon(t, e, "198.51.100.7", "d")
+
+	third := sendSlow(t, e, e.traefik.Web, "198.51.100.7", "third")
+	checkConcurrencyRefusal(t, third)
+
+	endSlow(t, e, c)
+	endSlow(t, e, d)
+}
