@@ -181,3 +181,60 @@ func TestConcurrencyInTraefik(t *testing.T) {
 	endSlow(t, e, c)
 	endSlow(t, e, d)
 }
+
+// TestConcurrencySharedOnRedisAndFreedAfterACrash: two Traefik processes on
+// one Redis share a client's 2 slots (2 in flight on A: B refuses); a
+// process killed while it holds 2 slots leaves them held until their lease
+// (3s) ends: B refuses right after the kill, admits again once the lease has
+// run out, and not before.
+func TestConcurrencySharedOnRedisAndFreedAfterACrash(t *testing.T) {
+	r := startRedis(t)
+	a := start(t, concurrencyDynamic(r.Addr, "3s"))
+	b := start(t, concurrencyDynamic(r.Addr, "3s"))
+	a.waitRouters("api")
+	b.waitRouters("api")
+
+	const ip = "198.51.100.9"
+	const lease = 3 * time.Second
+
+	x := admitSoon(t, a, ip, "x")
+	y := admitSoon(t, a, ip, "y")
+	checkConcurrencyRefusal(t, sendSlow(t, b, b.traefik.Web, ip, "z"))
+	endSlow(t, a, x)
+	endSlow(t, a, y)
+
+	// Released on A, admitted on B.
+	endSlow(t, b, admitSoon(t, b, ip, "w"))
+
+	sent := time.Now()
+	p := admitSoon(t, a, ip, "p")
+	q := admitSoon(t, a, ip, "q")
+	a.traefik.Kill()
+	p.body.Close()
+	q.body.Close()
+
+	if got := b.get(b.traefik.Web+"/api", from(ip)); got.code != http.StatusTooManyRequests {
+		t.Fatalf("right after A was killed holding 2 slots, B answered %d, want 429", got.code)
+	}
+
+	if time.Since(sent) >= lease {
+		t.Fatalf("the machine took %v to get here, past the lease: the test proves nothing", time.Since(sent))
+	}
+
+	for {
+		got := b.get(b.traefik.Web+"/api", from(ip))
+		if got.code == http.StatusOK {
+			if took := time.Since(sent); took < lease {
+				t.Fatalf("B admitted the client %v after A's slots were taken, before their %v lease ended", took, lease)
+			}
+
+			break
+		}
+
+		if time.Since(sent) > lease+5*time.Second {
+			t.Fatalf("B still refuses %v after the dead process's slots were taken: their lease never ended", time.Since(sent))
+		}
+
+		time.Sleep(25 * time.Millisecond)
+	}
+}
