@@ -55,8 +55,10 @@ func (s *WindowStore) hold(t *tally, i int, now int64, l *layer, key string) boo
 	w.Start = now
 	w.Reset = end
 	w.Expire = end
-	w.ResetSec = limit.CeilSeconds(end)
-	w.ResetH = []string{strconv.FormatInt(w.ResetSec, 10)}
+	if secs := limit.CeilSeconds(end); w.ResetH == nil || secs != w.ResetSec {
+		w.ResetSec = secs
+		w.ResetH = []string{strconv.FormatInt(secs, 10)}
+	}
 	l.List.Push(w)
 
 	l.Stats.Allowed++
