@@ -2,8 +2,10 @@ package tierlimit
 
 import (
 	"context"
+	"math/rand"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -40,8 +42,15 @@ func holding(h *harness) {
 func start(t *testing.T, h *harness, remote string) (*inflight, *httptest.ResponseRecorder) {
 	t.Helper()
 
+	return startPath(t, h, remote, "/slow")
+}
+
+// startPath is start for a request of path.
+func startPath(t *testing.T, h *harness, remote, path string) (*inflight, *httptest.ResponseRecorder) {
+	t.Helper()
+
 	f := &inflight{entered: make(chan struct{}), release: make(chan struct{}), done: make(chan *httptest.ResponseRecorder, 1)}
-	req := httptest.NewRequest(http.MethodGet, "/slow", nil).WithContext(context.WithValue(context.Background(), holdKey{}, f))
+	req := httptest.NewRequest(http.MethodGet, path, nil).WithContext(context.WithValue(context.Background(), holdKey{}, f))
 	req.RemoteAddr = remote
 
 	go func() {
@@ -277,5 +286,85 @@ func TestConcurrencyRedisSlotOfADeadReplica(t *testing.T) {
 
 	if v := redisDo(t, admin, "ZCARD", key); v.Int != 1 {
 		t.Fatalf("ZCARD %s = %d after the release, want 1 (the live slot; the dead one dropped)", key, v.Int)
+	}
+}
+
+// concurrencyShape is a configuration with concurrency layers: ip (2 slots),
+// a route keyed by the constant global (3 slots) and a fixed global of 16
+// per hour, so that refusals come from each and spend nothing elsewhere.
+func concurrencyShape(c *Config) {
+	c.Global = LayerConfig{Points: 16, Duration: "1h"}
+	c.IP = LayerConfig{Points: 2, Duration: "1h", Algorithm: "concurrency"}
+	c.Routes = []RouteConfig{{Name: "export", Key: "global", Paths: []string{"/export"}, Points: 3, Duration: "1h", Algorithm: "concurrency"}}
+}
+
+// TestMemoryAndRedisAgreeOnConcurrency: a seeded script of requests that
+// start (held by the backend) and end, from a few clients, gets the same
+// answers in memory and in Redis: status, refusing layer, slots left.
+func TestMemoryAndRedisAgreeOnConcurrency(t *testing.T) {
+	addr, _ := redisServer(t)
+
+	refusals := map[string]int{}
+
+	for seed := int64(1); seed <= 6; seed++ {
+		a := newHarness(t, concurrencyShape)
+		b, _ := redisHarness(t, addr, with(concurrencyShape, asACLUser))
+		holding(a)
+		holding(b)
+
+		rng := rand.New(rand.NewSource(seed))
+		var held [][2]*inflight
+
+		for step := 0; step < 60; step++ {
+			if len(held) > 0 && rng.Intn(5) < 2 {
+				k := rng.Intn(len(held))
+				end(t, held[k][0])
+				end(t, held[k][1])
+				held = append(held[:k], held[k+1:]...)
+
+				continue
+			}
+
+			remote := "203.0.113." + strconv.Itoa(1+rng.Intn(3)) + ":1000"
+			path := "/slow"
+			if rng.Intn(2) == 0 {
+				path = "/export"
+			}
+
+			fa, ra := startPath(t, a, remote, path)
+			fb, rb := startPath(t, b, remote, path)
+
+			if (fa == nil) != (fb == nil) {
+				t.Fatalf("seed %d step %d: %s %s admitted in memory %v, in Redis %v", seed, step, remote, path, fa != nil, fb != nil)
+			}
+
+			if fa != nil {
+				held = append(held, [2]*inflight{fa, fb})
+				continue
+			}
+
+			for _, h := range []string{"X-Ratelimit-Remaining", "Ratelimit-Policy", "Retry-After"} {
+				if ra.Header().Get(h) != rb.Header().Get(h) {
+					t.Fatalf("seed %d step %d: %s: memory %q, Redis %q", seed, step, h, ra.Header().Get(h), rb.Header().Get(h))
+				}
+			}
+
+			la, lb := refusedLayer(ra), refusedLayer(rb)
+			if la != lb {
+				t.Fatalf("seed %d step %d: refused by %q in memory, %q in Redis", seed, step, la, lb)
+			}
+
+			refusals[la]++
+		}
+
+		for _, f := range held {
+			end(t, f[0])
+			end(t, f[1])
+		}
+
+	}
+
+	if refusals["ip"] == 0 || refusals["export"] == 0 || refusals["global"] == 0 {
+		t.Fatalf("refusals %v: the scripts do not reach every layer", refusals)
 	}
 }
