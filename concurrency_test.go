@@ -368,3 +368,36 @@ func TestMemoryAndRedisAgreeOnConcurrency(t *testing.T) {
 		t.Fatalf("refusals %v: the scripts do not reach every layer", refusals)
 	}
 }
+
+// TestConcurrencyOnStatusAndMetrics: the status page lists a key's slots in
+// flight and the layer's algorithm; the metrics export them.
+func TestConcurrencyOnStatusAndMetrics(t *testing.T) {
+	h := newHarness(t, func(c *Config) {
+		concurrencyIP(2, "60s")(c)
+		c.Status.Path = "/_tierlimit"
+	})
+	holding(h)
+
+	f, _ := start(t, h, "203.0.113.1:1000")
+	g, _ := start(t, h, "203.0.113.1:1001")
+
+	page := h.get("/_tierlimit", "127.0.0.1:1000").Body.String()
+	for _, want := range []string{`"algorithm":"concurrency"`, `"key":"203.0.113.1","count":2,"limit":2,"limited":true`} {
+		if !strings.Contains(page, want) {
+			t.Fatalf("status page without %s:\n%s", want, page)
+		}
+	}
+
+	metrics := h.get("/_tierlimit/metrics", "127.0.0.1:1000").Body.String()
+	if !strings.Contains(metrics, `tierlimit_in_flight{middleware="`+h.p.name+`",layer="ip"} 2`) {
+		t.Fatalf("metrics without 2 in flight on ip:\n%s", metrics)
+	}
+
+	end(t, f)
+	end(t, g)
+
+	metrics = h.get("/_tierlimit/metrics", "127.0.0.1:1000").Body.String()
+	if !strings.Contains(metrics, `layer="ip"} 0`) || strings.Contains(metrics, `tierlimit_in_flight{middleware="`+h.p.name+`",layer="ip"} 2`) {
+		t.Fatalf("metrics after the requests ended:\n%s", metrics)
+	}
+}
