@@ -401,3 +401,62 @@ func TestConcurrencyOnStatusAndMetrics(t *testing.T) {
 		t.Fatalf("metrics after the requests ended:\n%s", metrics)
 	}
 }
+
+// TestConcurrencyConfigErrors: what cannot combine with a concurrency layer
+// is an error naming the field and its value.
+func TestConcurrencyConfigErrors(t *testing.T) {
+	conc := func(points int) LayerConfig {
+		return LayerConfig{Points: points, Duration: "60s", Algorithm: "concurrency"}
+	}
+	route := func(mut func(rc *RouteConfig)) []RouteConfig {
+		rc := RouteConfig{Name: "export", Paths: []string{"/export"}, Points: 2, Duration: "60s", Algorithm: "concurrency"}
+		mut(&rc)
+		return []RouteConfig{rc}
+	}
+
+	cases := []struct {
+		mutate func(c *Config)
+		want   string
+	}{
+		{func(c *Config) { c.IP = conc(2); c.IP.Duration, c.IP.Calendar = "", "day" }, `ip.calendar = "day": takes algorithm "fixed" only`},
+		{func(c *Config) { c.IP = conc(2); c.IP.BlockDuration = "1m" }, `ip.blockDuration = "1m": does not apply to algorithm "concurrency"`},
+		{func(c *Config) { c.IP = conc(2); c.IP.Burst = 3 }, `ip.burst = "3": only algorithm "tokenbucket" takes a burst`},
+		{func(c *Config) {
+			c.IP = conc(2)
+			c.Store, c.Redis.SyncInterval = "redis", "1s"
+		}, `redis.syncInterval = "1s": syncs fixed windows only, and layer "ip" has algorithm "concurrency"`},
+		{func(c *Config) { c.Routes = route(func(rc *RouteConfig) { rc.Cost = 2 }) }, `routes[0].cost = "2": a concurrency layer (export) holds one slot per request`},
+		{func(c *Config) { c.Routes = route(func(rc *RouteConfig) { rc.CountStatus = []int{401} }) }, `routes[0].countStatus = "401": cannot charge a concurrency layer (export)`},
+		{func(c *Config) {
+			c.IP = conc(2)
+			c.Principal.CredentialHeaders = []string{"Authorization"}
+		}, `ip.algorithm = "concurrency": cannot hold a slot for a credentialed request`},
+	}
+
+	for i, tc := range cases {
+		cfg := CreateConfig()
+		tc.mutate(cfg)
+
+		if _, err := parse(cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("case %d: error %v, want it to contain %s", i, err, tc.want)
+		}
+	}
+
+	for _, ok := range []func(c *Config){
+		func(c *Config) { c.Global = conc(100) },
+		func(c *Config) { c.User = conc(3); c.Principal.UserHeader = "X-Auth-User" },
+		func(c *Config) {
+			c.IP = conc(2)
+			c.IP.Store = "memory"
+			c.Store, c.Redis.SyncInterval = "redis", "1s"
+		},
+		func(c *Config) { c.Routes = route(func(rc *RouteConfig) { rc.Cost = 1 }) },
+	} {
+		cfg := CreateConfig()
+		ok(cfg)
+
+		if _, err := parse(cfg); err != nil {
+			t.Errorf("%v, want no error", err)
+		}
+	}
+}
