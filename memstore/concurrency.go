@@ -23,7 +23,7 @@ const RetryConcurrency = 1000000000
 // hold takes a slot of the concurrency layer l for key under s.mu and
 // records it in t as layers[i]. It reports whether the layer refused, which
 // takes nothing, in dry run too.
-func (s *WindowStore) hold(t *tally, i int, now int64, l *layer, key string) bool {
+func hold(s *WindowStore, t *tally, i int, now int64, l *layer, key string) bool {
 	w := l.Entries[key]
 	if w == nil || w.List != l.List {
 		w = s.Restart(now, l, w, key)
@@ -31,7 +31,12 @@ func (s *WindowStore) hold(t *tally, i int, now int64, l *layer, key string) boo
 	}
 
 	w.Taken = s.Takes
-	w.Slots = dropEnded(w.Slots, now)
+
+	// Slots are in admission order: none has ended while the first runs.
+	if len(w.Slots) > 0 && w.Slots[0] <= now {
+		w.Slots = dropEnded(w.Slots, now)
+	}
+
 	held := int64(len(w.Slots))
 
 	if held >= l.Points {
@@ -51,7 +56,7 @@ func (s *WindowStore) hold(t *tally, i int, now int64, l *layer, key string) boo
 
 	// The window lives as long as its last lease: at its list's tail, which
 	// stays ordered by expiry (every lease of the list is as long).
-	w.List.Unlink(w)
+	rule.Requeue(l.List, w)
 	w.Start = now
 	w.Reset = end
 	w.Expire = end
@@ -59,7 +64,6 @@ func (s *WindowStore) hold(t *tally, i int, now int64, l *layer, key string) boo
 		w.ResetSec = secs
 		w.ResetH = []string{strconv.FormatInt(secs, 10)}
 	}
-	l.List.Push(w)
 
 	l.Stats.Allowed++
 	rule.Allow(t, i, l, w.Count, end, w.ResetH)

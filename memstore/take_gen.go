@@ -35,7 +35,7 @@ func Take(s *WindowStore, t *tally, c *charge) {
 		case l.Interval != 0:
 			refused = s.drip(t, i, now, l, key, cost)
 		case l.Concurrency:
-			refused = s.hold(t, i, now, l, key)
+			refused = hold(s, t, i, now, l, key)
 		default:
 			w := l.Entries[key]
 			if w != nil && w.Reset > now && w.List == l.List {

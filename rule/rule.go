@@ -353,3 +353,24 @@ func CostOf(t *Tally) int64 {
 
 	return t.Cost
 }
+
+// Requeue moves w, in list l, to l's tail: a function rather than Unlink
+// and Push, two method calls on the request path (../doc.go: functions,
+// not methods).
+func Requeue(l *WindowList, w *Window) {
+	if l.tail == w {
+		return
+	}
+
+	if w.prev != nil {
+		w.prev.Next = w.Next
+	} else {
+		l.Head = w.Next
+	}
+
+	w.Next.prev = w.prev
+	w.prev = l.tail
+	w.Next = nil
+	l.tail.Next = w
+	l.tail = w
+}
