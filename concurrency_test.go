@@ -460,3 +460,73 @@ func TestConcurrencyConfigErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestConcurrencyInMemoryOnARedisInstance: a concurrency layer counted in
+// memory (store: memory) on a Redis instance gives its slot back when a
+// Redis layer refuses the request after it.
+func TestConcurrencyInMemoryOnARedisInstance(t *testing.T) {
+	addr, _ := redisServer(t)
+	h, _ := redisHarness(t, addr, func(c *Config) {
+		asACLUser(c)
+		c.Global = LayerConfig{Points: 1, Duration: "1h"}
+		c.IP = LayerConfig{Points: 1, Duration: "60s", Algorithm: "concurrency", Store: "memory"}
+	})
+	holding(h)
+
+	f, _ := start(t, h, "203.0.113.1:1000")
+	if f == nil {
+		t.Fatal("the first request was not admitted")
+	}
+
+	_, rec := start(t, h, "203.0.113.1:1001")
+	checkRefusedForConcurrency1(t, rec)
+	end(t, f)
+
+	_, rec = start(t, h, "203.0.113.1:1002")
+	if rec == nil || !strings.Contains(rec.Body.String(), `"layer":"global"`) {
+		t.Fatalf("%v, want global's refusal", rec)
+	}
+
+	if got := inFlightOf(h, "ip", "203.0.113.1"); got != 0 {
+		t.Fatalf("ip holds %d slots after Redis's global refused the request, want 0", got)
+	}
+}
+
+// TestConcurrencyWhileRedisIsDown: the memory fallback holds slots while
+// Redis cannot, and releases them.
+func TestConcurrencyWhileRedisIsDown(t *testing.T) {
+	h, _ := redisHarness(t, closedPort(t), concurrencyIP(2, "60s"))
+	concurrencyScenario(t, h)
+
+	if !h.p.stores.redis.Backend.Down.Load() {
+		t.Fatal("Redis was not marked down")
+	}
+}
+
+// TestConcurrencyOfAnExemptClient: an exempt client pays global, here a
+// concurrency layer, and gives its slot back once served.
+func TestConcurrencyOfAnExemptClient(t *testing.T) {
+	h := newHarness(t, func(c *Config) {
+		c.Global = LayerConfig{Points: 1, Duration: "60s", Algorithm: "concurrency"}
+		c.Exempt.IPs = []string{"203.0.113.1"}
+	})
+	holding(h)
+
+	f, _ := start(t, h, "203.0.113.1:1000")
+	if f == nil {
+		t.Fatal("the exempt request was not admitted")
+	}
+
+	if _, rec := start(t, h, "203.0.113.2:1000"); rec == nil || rec.Code != http.StatusTooManyRequests {
+		t.Fatalf("another client: %v, want global's refusal while the exempt one holds its slot", rec)
+	}
+
+	end(t, f)
+
+	g, _ := start(t, h, "203.0.113.2:1001")
+	if g == nil {
+		t.Fatal("the exempt request's slot was not released")
+	}
+
+	end(t, g)
+}
