@@ -146,7 +146,14 @@ func concurrencyScenario(t *testing.T, h *harness) {
 }
 
 func TestConcurrencyHoldsAndReleasesSlots(t *testing.T) {
-	concurrencyScenario(t, newHarness(t, concurrencyIP(2, "60s")))
+	h := newHarness(t, concurrencyIP(2, "60s"))
+	concurrencyScenario(t, h)
+
+	// One event per full episode of the key, with its requests in flight.
+	lines := eventLines(h.events.String(), "RATE_LIMIT_TRIGGERED")
+	if len(lines) != 2 || !strings.Contains(lines[0], `"limiter":"ip","key":"203.0.113.1"`) || !strings.Contains(lines[0], `"inFlight":2`) {
+		t.Fatalf("events %q, want two refusals of ip with 2 in flight", lines)
+	}
 }
 
 func TestConcurrencyOnRedisServer(t *testing.T) {
@@ -160,6 +167,18 @@ func TestConcurrencyOnRedisServer(t *testing.T) {
 
 	if h.p.stores.redis.Backend.Down.Load() {
 		t.Fatal("Redis was marked down: the memory fallback decided")
+	}
+
+	// Memory mirrors the slots this process holds in Redis.
+	f, _ := start(t, h, "203.0.113.1:1010")
+	if got := inFlightOf(h, "ip", "203.0.113.1"); got != 1 {
+		t.Fatalf("memory mirrors %d slots of the client in Redis, want 1", got)
+	}
+
+	end(t, f)
+
+	if got := inFlightOf(h, "ip", "203.0.113.1"); got != 0 {
+		t.Fatalf("memory mirrors %d slots after the request ended, want 0", got)
 	}
 }
 

@@ -135,3 +135,29 @@ func InFlight(s *WindowStore, layer, key string, now int64) int64 {
 
 	return n
 }
+
+// Mirror records in memory the slot Redis gave a request of key at now, so
+// that this process's requests in flight show on its status page and in its
+// metrics, and its memory fallback counts them should Redis fail while they
+// run; Release frees it with the request's. It counts no decision and checks
+// no limit: Redis decided.
+func Mirror(s *WindowStore, l *layer, key string, now int64) {
+	s.Mu.Lock()
+	s.Takes++
+
+	w := l.Entries[key]
+	if w == nil || w.List != l.List {
+		w = s.Restart(now, l, w, key)
+		w.Slots = nil
+	}
+
+	w.Taken = s.Takes
+	w.Slots = append(dropEnded(w.Slots, now), now+l.Duration)
+	w.Count = int64(len(w.Slots))
+	rule.Requeue(l.List, w)
+	w.Start = now
+	w.Reset = now + l.Duration
+	w.Expire = w.Reset
+
+	s.Mu.Unlock()
+}

@@ -3,6 +3,8 @@ package redisstore
 import (
 	"strconv"
 
+	"github.com/tierlimit/tierlimit/memstore"
+
 	"github.com/tierlimit/tierlimit/limit"
 )
 
@@ -62,7 +64,11 @@ func rememberAll(s *windowStore, c *charge, ints []int64) {
 	for i := 0; 2*i+1 < len(ints) && i < len(c.Layers); i++ {
 		l := c.Layers[i]
 		if l.Concurrency {
-			continue // its slots are Redis's alone (concurrency.go)
+			if ints[2*i] <= l.Points {
+				memstore.Mirror(s, l, c.Keys[i], now) // concurrency.go
+			}
+
+			continue
 		}
 
 		if count := ints[2*i]; count <= l.Points || l.DryRun {

@@ -36,7 +36,7 @@ var budgets = map[string]float64{
 	"redis synced allowed":    214,
 	"redis synced refused":    250,
 	"concurrency allowed":     607,  // the general path, a slot taken and given back (memstore/concurrency.go)
-	"concurrency on redis":    2281, // the script call and the release, a second call
+	"concurrency on redis":    2181, // the script call and the release, a second call
 }
 
 // longEdge is the edge of edgeConfig with hour-long windows.
