@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/tierlimit/tierlimit/e2e/harness"
 )
 
 // concurrencyDynamic is an instance whose ip layer admits 2 requests in
@@ -237,4 +239,54 @@ func TestConcurrencySharedOnRedisAndFreedAfterACrash(t *testing.T) {
 
 		time.Sleep(25 * time.Millisecond)
 	}
+}
+
+// clusterConcurrencyDynamic is clusterDynamic's instance with concurrency
+// layers: global 3 and ip 2 requests in flight, in keys of other slots.
+func clusterConcurrencyDynamic(seeds ...string) string {
+	return strings.NewReplacer(
+		"global: {points: 100000000, duration: 60s}", "global: {points: 3, duration: 60s, algorithm: concurrency}",
+		"ip: {points: "+strconv.Itoa(clusterLimit)+", duration: 60s}", "ip: {points: 2, duration: 60s, algorithm: concurrency}",
+	).Replace(clusterDynamic(seeds...))
+}
+
+// TestConcurrencyOnACluster: on a Redis Cluster, two processes share the
+// slots, global's and ip's keys in slots of their own; a request global
+// refuses after its ip slot was taken in another slot's call gets that
+// slot back.
+func TestConcurrencyOnACluster(t *testing.T) {
+	c, err := harness.StartCluster(t.TempDir(), 3, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	t.Cleanup(c.Kill)
+	grantACL(t, c.Nodes()...)
+
+	a := start(t, clusterConcurrencyDynamic(c.Primaries[0].Addr))
+	b := start(t, clusterConcurrencyDynamic(c.Primaries[1].Addr))
+	a.waitRouters("api")
+	b.waitRouters("api")
+
+	x := admitSoon(t, a, "198.51.100.20", "x")
+	y1 := admitSoon(t, a, "198.51.100.21", "y1")
+	y2 := admitSoon(t, a, "198.51.100.21", "y2")
+
+	// global is full: refused on B, after Z's ip slot was taken in its own
+	// slot's call.
+	z := sendSlow(t, b, b.traefik.Web, "198.51.100.22", "z")
+	if z.code != http.StatusTooManyRequests || !strings.Contains(z.hdr.Get("RateLimit-Policy"), `"global";q=3`) {
+		t.Fatalf("a fourth request in flight on B: %d, policy %q; want global's 429", z.code, z.hdr.Get("RateLimit-Policy"))
+	}
+
+	for _, s := range []*slowReq{x, y1, y2} {
+		endSlow(t, a, s)
+	}
+
+	// Z's ip slot was given back: two in flight from Z fit.
+	z1 := admitSoon(t, b, "198.51.100.22", "z1")
+	z2 := admitSoon(t, b, "198.51.100.22", "z2")
+	checkConcurrencyRefusal(t, sendSlow(t, a, a.traefik.Web, "198.51.100.22", "z3"))
+	endSlow(t, b, z1)
+	endSlow(t, b, z2)
 }
