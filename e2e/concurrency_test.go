@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"strconv"
@@ -8,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/coder/websocket"
 
 	"github.com/tierlimit/tierlimit/e2e/harness"
 )
@@ -289,4 +292,35 @@ func TestConcurrencyOnACluster(t *testing.T) {
 	checkConcurrencyRefusal(t, sendSlow(t, a, a.traefik.Web, "198.51.100.22", "z3"))
 	endSlow(t, b, z1)
 	endSlow(t, b, z2)
+}
+
+// TestConcurrencyHeldByAWebSocket: a WebSocket connection holds its slot for
+// its whole life; one more is refused with 1013, and once one closes another
+// connects.
+func TestConcurrencyHeldByAWebSocket(t *testing.T) {
+	e := start(t, strings.Replace(wsConfig(2, 0), "ip: {points: 2, duration: 60s}", "ip: {points: 2, duration: 60s, algorithm: concurrency}", 1))
+	e.waitRouters("ws")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	var conns []*websocket.Conn
+	for i := 0; i < 2; i++ {
+		c := e.dialUntilAccepted(ctx, "198.51.100.30")
+		conns = append(conns, c)
+	}
+
+	// Both still open and echoing: their slots are held.
+	for i, c := range conns {
+		if err := echo(ctx, c, "still "+strconv.Itoa(i)); err != nil {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+	}
+
+	e.refusedWith1013(ctx, "198.51.100.30")
+
+	conns[0].Close(websocket.StatusNormalClosure, "")
+	c := e.dialUntilAccepted(ctx, "198.51.100.30")
+	c.Close(websocket.StatusNormalClosure, "")
+	conns[1].Close(websocket.StatusNormalClosure, "")
 }
