@@ -549,3 +549,42 @@ func TestConcurrencyOfAnExemptClient(t *testing.T) {
 
 	end(t, g)
 }
+
+// TestConcurrencyInDryRun: a dry-run concurrency layer admits past its
+// slots, reports the would-be refusal, and takes no slot for it: once the
+// first request ends, the layer is free again.
+func TestConcurrencyInDryRun(t *testing.T) {
+	addr, _ := redisServer(t)
+	dry := func(c *Config) {
+		concurrencyIP(1, "60s")(c)
+		c.IP.DryRun = true
+	}
+
+	for name, h := range map[string]*harness{
+		"memory": newHarness(t, dry),
+		"redis":  func() *harness { h, _ := redisHarness(t, addr, with(dry, asACLUser)); return h }(),
+	} {
+		holding(h)
+
+		f, _ := start(t, h, "203.0.113.1:1000")
+		g, _ := start(t, h, "203.0.113.1:1001")
+		if f == nil || g == nil {
+			t.Fatalf("%s: a dry-run layer refused", name)
+		}
+
+		if !strings.Contains(h.events.String(), `"dryRun":true`) {
+			t.Fatalf("%s: no dry-run refusal reported: %s", name, h.events.String())
+		}
+
+		end(t, f)
+		end(t, g)
+
+		h.events.Reset()
+		k, _ := start(t, h, "203.0.113.1:1002")
+		end(t, k)
+
+		if strings.Contains(h.events.String(), "RATE_LIMIT_TRIGGERED") {
+			t.Fatalf("%s: the layer still held a slot after both requests ended: %s", name, h.events.String())
+		}
+	}
+}
