@@ -45,13 +45,17 @@ func start(t *testing.T, h *harness, remote string) (*inflight, *httptest.Respon
 	return startPath(t, h, remote, "/slow")
 }
 
-// startPath is start for a request of path.
-func startPath(t *testing.T, h *harness, remote, path string) (*inflight, *httptest.ResponseRecorder) {
+// startPath is start for a request of path, with the headers hdr.
+func startPath(t *testing.T, h *harness, remote, path string, hdr ...string) (*inflight, *httptest.ResponseRecorder) {
 	t.Helper()
 
 	f := &inflight{entered: make(chan struct{}), release: make(chan struct{}), done: make(chan *httptest.ResponseRecorder, 1)}
 	req := httptest.NewRequest(http.MethodGet, path, nil).WithContext(context.WithValue(context.Background(), holdKey{}, f))
 	req.RemoteAddr = remote
+
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
 
 	go func() {
 		rec := httptest.NewRecorder()
@@ -309,11 +313,16 @@ func TestConcurrencyRedisSlotOfADeadReplica(t *testing.T) {
 }
 
 // concurrencyShape is a configuration with concurrency layers: ip (2 slots),
-// a route keyed by the constant global (3 slots) and a fixed global of 16
-// per hour, so that refusals come from each and spend nothing elsewhere.
+// the plan pro (1 slot per principal), a route keyed by the constant global
+// (3 slots) and a fixed global of 16 per hour, so that refusals come from
+// each and spend nothing elsewhere.
 func concurrencyShape(c *Config) {
 	c.Global = LayerConfig{Points: 16, Duration: "1h"}
 	c.IP = LayerConfig{Points: 2, Duration: "1h", Algorithm: "concurrency"}
+	c.User = LayerConfig{Points: 100, Duration: "1h"}
+	c.Principal.UserHeader = "X-Auth-User"
+	c.Principal.PlanHeader = "X-Auth-Plan"
+	c.Plans = map[string]PlanConfig{"pro": {Points: 1, Duration: "1h", Algorithm: "concurrency"}}
 	c.Routes = []RouteConfig{{Name: "export", Key: "global", Paths: []string{"/export"}, Points: 3, Duration: "1h", Algorithm: "concurrency"}}
 }
 
@@ -350,8 +359,13 @@ func TestMemoryAndRedisAgreeOnConcurrency(t *testing.T) {
 				path = "/export"
 			}
 
-			fa, ra := startPath(t, a, remote, path)
-			fb, rb := startPath(t, b, remote, path)
+			var hdr []string
+			if rng.Intn(3) == 0 {
+				hdr = []string{"X-Auth-User", "u" + strconv.Itoa(rng.Intn(2)), "X-Auth-Plan", "pro"}
+			}
+
+			fa, ra := startPath(t, a, remote, path, hdr...)
+			fb, rb := startPath(t, b, remote, path, hdr...)
 
 			if (fa == nil) != (fb == nil) {
 				t.Fatalf("seed %d step %d: %s %s admitted in memory %v, in Redis %v", seed, step, remote, path, fa != nil, fb != nil)
@@ -383,7 +397,7 @@ func TestMemoryAndRedisAgreeOnConcurrency(t *testing.T) {
 
 	}
 
-	if refusals["ip"] == 0 || refusals["export"] == 0 || refusals["global"] == 0 {
+	if refusals["ip"] == 0 || refusals["export"] == 0 || refusals["global"] == 0 || refusals["pro"] == 0 {
 		t.Fatalf("refusals %v: the scripts do not reach every layer", refusals)
 	}
 }
