@@ -324,3 +324,23 @@ func TestConcurrencyHeldByAWebSocket(t *testing.T) {
 	c.Close(websocket.StatusNormalClosure, "")
 	conns[1].Close(websocket.StatusNormalClosure, "")
 }
+
+// TestConcurrencyReleasedWhenTheClientGoesAway: a client that hangs up on a
+// request in flight frees its slot, though the backend never answered.
+func TestConcurrencyReleasedWhenTheClientGoesAway(t *testing.T) {
+	e := start(t, concurrencyDynamic("", "60s"))
+	e.waitRouters("api")
+
+	x := admitSoon(t, e, "198.51.100.40", "x")
+	y := admitSoon(t, e, "198.51.100.40", "y")
+	checkConcurrencyRefusal(t, sendSlow(t, e, e.traefik.Web, "198.51.100.40", "z"))
+
+	// Hang up on x without its response having ended.
+	x.body.Close()
+
+	began := time.Now()
+	w := admitSoon(t, e, "198.51.100.40", "w")
+	t.Logf("admitted %v after the hang-up", time.Since(began))
+	endSlow(t, e, w)
+	endSlow(t, e, y)
+}
