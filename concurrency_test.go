@@ -602,3 +602,45 @@ func TestConcurrencyInDryRun(t *testing.T) {
 		}
 	}
 }
+
+// TestConcurrencyReset: an operator's reset of a key frees its slots, in
+// memory and in Redis; the requests then ending release nothing of others'.
+func TestConcurrencyReset(t *testing.T) {
+	addr, _ := redisServer(t)
+	conf := func(c *Config) {
+		concurrencyIP(1, "60s")(c)
+		c.Status.Path = "/_rl"
+	}
+
+	for name, h := range map[string]*harness{
+		"memory": newHarness(t, conf),
+		"redis":  func() *harness { h, _ := redisHarness(t, addr, with(conf, asACLUser)); return h }(),
+	} {
+		holding(h)
+
+		f, _ := start(t, h, "203.0.113.1:1000")
+		if _, rec := start(t, h, "203.0.113.1:1001"); f == nil || rec == nil {
+			t.Fatalf("%s: the first request was not admitted, or the second not refused", name)
+		}
+
+		if rec := h.do(http.MethodPost, "/_rl/reset?layer=ip&key=203.0.113.1", "127.0.0.1:1000", nil); rec.Code != http.StatusOK {
+			t.Fatalf("%s: reset answered %d: %s", name, rec.Code, rec.Body)
+		}
+
+		// A request of another nanosecond (memory names a slot by its lease end).
+		h.clock.Add(time.Millisecond)
+
+		g, _ := start(t, h, "203.0.113.1:1002")
+		if g == nil {
+			t.Fatalf("%s: the reset did not free the slot", name)
+		}
+
+		end(t, f)
+
+		if _, rec := start(t, h, "203.0.113.1:1003"); rec == nil {
+			t.Fatalf("%s: the request reset away freed the slot of the one after it", name)
+		}
+
+		end(t, g)
+	}
+}

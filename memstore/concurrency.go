@@ -85,6 +85,10 @@ func dropEnded(slots []int64, now int64) []int64 {
 
 // releaseSlot frees the slot of lease end in w, if it is still held (a slot
 // whose lease ended may be gone already). Called with the store's lock held.
+// A slot is named by its lease end, so of two requests of one key admitted
+// in the same nanosecond, the first to end frees either's slot: the count
+// stays right, only which lease runs on may differ (after a reset of the
+// key in between, the one reset away would free the other's).
 func releaseSlot(w *window, end int64) {
 	for j, e := range w.Slots {
 		if e == end {
