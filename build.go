@@ -65,6 +65,8 @@ func chooseMode(s *config.Settings) mode {
 	switch {
 	case !s.Enabled || !on && s.WSMaxPerIP == 0:
 		return modeOff
+	case anyConcurrency(s):
+		return modeGeneral // serveGeneral releases the slots (inflight.go)
 	case redisFastEligible(s, fixed, routes):
 		return modeRedis
 	case s.Store != config.StoreMemory || !s.Headers || s.DryRun || !fixed || s.WSMaxPerIP > 0,
@@ -116,6 +118,7 @@ func build(ctx context.Context, cfg *config.Settings, next http.Handler, name st
 		memory:  memory,
 		dryRun:  cfg.DryRun,
 		headers: cfg.Headers,
+		held:    anyConcurrency(cfg),
 
 		assetPaths: cfg.AssetPaths,
 		Principal: request.Principal{
@@ -446,6 +449,7 @@ func newLayer(memory *windowStore, spec config.Rule, keyKind int) *layer {
 			ConstKey:      layerGlobal,
 			KeyHeader:     spec.KeyHeader,
 			Sliding:       spec.Sliding,
+			Concurrency:   spec.Concurrency,
 			BlockDuration: int64(spec.Block),
 			Calendar:      spec.Calendar,
 			UtcOffset:     spec.UtcOffset,
@@ -485,6 +489,8 @@ func newRedisEncoding(spec config.Rule, rate int64) redisEncoding {
 	case spec.Bucket:
 		e.RedisArgs = head + redisstore.AlgoBucket + redisresp.Bulk(formatInt(rate))
 		e.MaxTTL = (spec.Points*ms+rate-1)/rate + 1
+	case spec.Concurrency:
+		e = concurrencyEncoding(head, ms)
 	}
 
 	if spec.Block > 0 {
@@ -544,7 +550,7 @@ func newHeaderTable(spec config.Rule, interval int64) headerTable {
 	t := headerTable{
 		Limit:     points,
 		LimitHdr:  []string{points},
-		PolicyHdr: []string{`"` + spec.Name + `";q=` + points + ";w=" + formatInt(limit.CeilSeconds(window))},
+		PolicyHdr: []string{`"` + spec.Name + `";q=` + points + ";w=" + formatInt(limit.CeilSeconds(window)) + policyUnit(spec)},
 	}
 
 	for left := int64(0); left <= spec.Points && left < maxPrecomputed; left++ {

@@ -114,7 +114,9 @@ func reportTally(p *Plugin, rw http.ResponseWriter, t *tally, c *charge) {
 // of its window (the bits of firsts below monthPolicyBit).
 func report(p *Plugin, c *charge, firsts uint64) {
 	for i, l := range c.Layers {
-		if i < 63 && firsts&(uint64(1)<<uint(i)) != 0 {
+		if i < 63 && firsts&(uint64(1)<<uint(i)) != 0 && l.Concurrency {
+			p.events.RefusedInFlight(l.Name, c.Keys[i], c.Client, l.DryRun, l.Points)
+		} else if i < 63 && firsts&(uint64(1)<<uint(i)) != 0 {
 			p.events.Refused(l.Name, c.Keys[i], c.Client, l.DryRun)
 		}
 	}

@@ -134,6 +134,11 @@ func isExempt(p *Plugin, req *http.Request, principal string) bool {
 // With no layer charged the response carries no rate-limit headers: no limit
 // applies to it.
 func serveExempt(p *Plugin, rw http.ResponseWriter, req *http.Request, client, principal string) {
+	if p.held && p.exempt.plan != nil {
+		serveExemptHeld(p, rw, req, client, principal)
+		return
+	}
+
 	if p.exempt.plan != nil {
 		if ok, _ := decide(p, rw, req, p.exempt.plan, client, principal, requestCost); !ok {
 			return

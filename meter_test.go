@@ -381,6 +381,14 @@ func TestCostFromConfiguration(t *testing.T) {
 		{"with countStatus", route(func(r *RouteConfig) { r.CountStatus = []int{401} }), `routes[0].costFrom = "json:usage.total_tokens": cannot be combined with countStatus`},
 		{"on a route that is off", route(func(r *RouteConfig) { r.Points = 0 }), `routes[0].costFrom`},
 		{"cost past the points charges the other layers", route(func(r *RouteConfig) { r.Points, r.Cost = 10, 20 }), ""},
+		{"on a concurrency route", route(func(r *RouteConfig) { r.Algorithm = "concurrency" }), `routes[0].costFrom = "json:usage.total_tokens": charges points when the response ends`},
+		{"on a route plan of concurrency", func(c *Config) {
+			route(func(r *RouteConfig) {
+				r.Plans = map[string]PlanConfig{"pro": {Points: 5, Duration: "60s", Algorithm: "concurrency"}}
+			})(c)
+			c.Principal.UserHeader, c.Principal.PlanHeader = "X-Auth-User", "X-Auth-Plan"
+			c.Plans = map[string]PlanConfig{"pro": {Points: 5, Duration: "60s"}}
+		}, `routes[0].costFrom`},
 	} {
 		cfg := CreateConfig()
 		tc.mutate(cfg)

@@ -35,6 +35,7 @@ func (p *Plugin) metricsText(now int64) string {
 	p.requestMetrics(&b, labels)
 	p.keyMetrics(&b, labels, tracked, limited)
 	p.layerMetrics(&b, labels)
+	inFlightMetrics(p, &b, labels, now) // inflight.go
 
 	fallback := "0"
 	if p.redisFallback() {

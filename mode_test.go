@@ -84,6 +84,8 @@ var shapes = []shape{
 	{"host-keyed route", with(chainEdge, func(c *Config) { c.Routes[0].Key = "host" }), modeClassify},
 	{"host-keyed ip layer", with(smallLayers, func(c *Config) { c.IP.Key = "host" }), modeGeneral},
 	{"token bucket", with(smallLayers, func(c *Config) { c.IP.Algorithm = "tokenbucket"; c.IP.Burst = 3 }), modeGeneral},
+	{"concurrency", with(smallLayers, func(c *Config) { c.IP.Algorithm = "concurrency" }), modeGeneral},
+	{"concurrency route of a chain edge", with(chainEdge, func(c *Config) { c.Routes[1].Algorithm = "concurrency" }), modeGeneral},
 	{"credential cookie", with(chainEdge, func(c *Config) { c.Principal.CredentialCookies = []string{"session"} }), modeGeneral},
 	{"credential query", with(chainEdge, func(c *Config) { c.Principal.CredentialQueryParams = []string{"token"} }), modeGeneral},
 	{"exempt ip", with(principalInstance, func(c *Config) { c.Exempt.IPs = []string{"203.0.113.7"} }), modeGeneral},

@@ -477,6 +477,10 @@ func serveGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request, matched 
 		return
 	}
 
+	if p.held {
+		defer releaseHeld(p, c) // when it has been served, however (inflight.go)
+	}
+
 	// Converted to the interface first (doc.go: wrappers).
 	var out http.ResponseWriter = rw
 	if credentialed && p.planInvalid != nil {

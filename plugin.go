@@ -64,6 +64,9 @@ type Plugin struct {
 	exempt  *exemptions  // nil when nothing is exempt
 	status  *statusPage  // nil when status.path is not set
 	fast    *redisFast   // modeRedis only
+	// held: some layer is a concurrency layer, whose slots a request
+	// holds until its response ends (inflight.go).
+	held bool
 }
 
 // plans are the layers charged up front, by kind of request, in evaluation

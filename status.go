@@ -271,6 +271,10 @@ func (p *Plugin) statusLayers(tracked []int) []statusLayer {
 			sl.Algorithm = "sliding"
 		}
 
+		if l.Concurrency {
+			sl.Algorithm = "concurrency"
+		}
+
 		if l.Interval != 0 {
 			sl.Algorithm = "tokenbucket"
 			sl.Points = l.Refill
@@ -352,6 +356,11 @@ func (p *Plugin) liveKeys(now int64, limitedOnly bool, prefix string) ([]liveKey
 
 		if l.Interval != 0 {
 			out = appendBucket(out, i, l, m, f)
+			continue
+		}
+
+		if l.Concurrency {
+			out = appendHeld(out, i, l, m, f) // inflight.go
 			continue
 		}
 

@@ -387,7 +387,7 @@ func TestTokenBucketConfigErrors(t *testing.T) {
 		{func(c *Config) { c.IP = LayerConfig{Points: 5, Duration: "1s", Algorithm: "tokenbucket", Burst: -1} }, `ip.burst = "-1"`},
 		{func(c *Config) { c.IP = LayerConfig{Points: 5, Duration: "1s", Burst: 3} }, `ip.burst = "3": only algorithm "tokenbucket" takes a burst`},
 		{func(c *Config) { c.IP = LayerConfig{Points: 5, Duration: "1s", Algorithm: "sliding", Burst: 3} }, `ip.burst = "3"`},
-		{func(c *Config) { c.IP = LayerConfig{Points: 5, Duration: "1s", Algorithm: "leaky"} }, `ip.algorithm = "leaky": must be "fixed", "sliding" or "tokenbucket"`},
+		{func(c *Config) { c.IP = LayerConfig{Points: 5, Duration: "1s", Algorithm: "leaky"} }, `ip.algorithm = "leaky": must be "fixed", "sliding", "tokenbucket" or "concurrency"`},
 		{func(c *Config) { c.IP = LayerConfig{Points: 2000, Duration: "1ms", Algorithm: "tokenbucket"} }, `ip.points = "2000": a token bucket refills at most one point per microsecond`},
 		{func(c *Config) {
 			c.IP = LayerConfig{Points: 1, Duration: "8760h", Algorithm: "tokenbucket", Burst: 1000000}

@@ -50,7 +50,7 @@ type Config struct {
 
 // LayerConfig is one window: Points requests per Duration. Points 0 turns
 // the layer off. Duration is a time.ParseDuration string; a bare number means
-// seconds (1.5: 1.5s). Algorithm is "fixed" (the default), "sliding" or "tokenbucket"
+// seconds (1.5: 1.5s). Algorithm is "fixed" (the default), "sliding", "concurrency" (Points requests in flight, Duration the lease) or "tokenbucket"
 // (Points per Duration refilled into a bucket of Burst, default Points). Key,
 // empty by default, may be "header:<Name>" on every layer but global (the
 // header's value, hashed, is the bucket key, and a request without it is keyed

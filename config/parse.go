@@ -72,6 +72,9 @@ type Rule struct {
 	KeyHost   bool   // keyed by the request's host
 	// block is how long a key the layer refused stays refused (0: none).
 	Block time.Duration
+	// Concurrency: points requests in flight at once, each slot held at
+	// most duration, its lease (concurrency.go).
+	Concurrency bool
 	// calendar (calDay, calWeek, calMonth; 0: none) aligns the windows to
 	// the calendar at utcOffset (nanoseconds east of UTC); duration is then
 	// the period's longest (calendarMax).
@@ -156,6 +159,10 @@ func Parse(cfg *Config) (*Settings, error) {
 	}
 
 	if err := checkSync(cfg.Redis.SyncInterval, s); err != nil {
+		return nil, err
+	}
+
+	if err := checkConcurrency(s); err != nil {
 		return nil, err
 	}
 
@@ -405,8 +412,10 @@ func parseLayer(field, name string, lc LayerConfig) (Rule, error) {
 		spec.Sliding = true
 	case "tokenbucket":
 		spec.Bucket = true
+	case "concurrency":
+		spec.Concurrency = true
 	default:
-		return Rule{}, invalid(field+".algorithm", lc.Algorithm, `must be "fixed", "sliding" or "tokenbucket"`)
+		return Rule{}, invalid(field+".algorithm", lc.Algorithm, `must be "fixed", "sliding", "tokenbucket" or "concurrency"`)
 	}
 
 	if err := parseBurst(field, lc, &spec); err != nil {
@@ -424,7 +433,7 @@ func parseLayer(field, name string, lc LayerConfig) (Rule, error) {
 
 	spec.Block = block
 
-	return spec, nil
+	return spec, checkConcurrencyLayer(field, lc, spec)
 }
 
 // parseBlock reads a blockDuration: empty or 0 blocks nothing.

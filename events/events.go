@@ -49,6 +49,9 @@ type rateLimitEvent struct {
 	// DryRun marks a refusal that a dry-run layer (or the top-level dry
 	// run) reports without refusing: the request went through.
 	DryRun bool `json:"dryRun,omitempty"`
+	// InFlight is a concurrency layer's requests in flight for the key when
+	// it refused: all its slots.
+	InFlight int64 `json:"inFlight,omitempty"`
 }
 
 // NewEventLog returns the EventLog of the middleware named middleware,
@@ -60,10 +63,16 @@ func NewEventLog(out io.Writer, middleware string) *EventLog {
 // Refused reports that layer refused key for the client at ip, or with
 // dryRun set, would have.
 func (e *EventLog) Refused(layer, key, ip string, dryRun bool) {
+	e.RefusedInFlight(layer, key, ip, dryRun, 0)
+}
+
+// RefusedInFlight is Refused for a concurrency layer whose key had inFlight
+// requests in flight (0: another layer).
+func (e *EventLog) RefusedInFlight(layer, key, ip string, dryRun bool, inFlight int64) {
 	line, err := json.Marshal(rateLimitEvent{
 		Time:  EventTime(e.Now().UnixNano()),
 		Event: "RATE_LIMIT_TRIGGERED", Severity: "warning",
-		Limiter: layer, Key: key, IP: ip, Middleware: e.middleware, DryRun: dryRun,
+		Limiter: layer, Key: key, IP: ip, Middleware: e.middleware, DryRun: dryRun, InFlight: inFlight,
 	})
 	if err != nil {
 		return

@@ -22,6 +22,11 @@ func GiveBack(c *charge, n int, cost int64, skip uint64) {
 			continue
 		}
 
+		if l.Concurrency {
+			releaseSlot(w, c.Now+l.Duration)
+			continue
+		}
+
 		unspend(w, l, cost)
 	}
 }
@@ -52,12 +57,17 @@ func unspend(w *window, l *layer, cost int64) {
 // for a request that a later, deferred charge refused (../after.go): the edge
 // charges global up front for a credentialed request, and the client's ip
 // bucket only once the chain has told a real credential from a garbage one.
-// A window that has ended since is left alone: the charge went with it.
+// A window that has ended since is left alone: the charge went with it. A
+// concurrency layer gives back the slot of a request admitted at c.Now (a
+// Redis refusal after the memory layers of takeMixed); a deferred refund,
+// timed later, finds none, and the request's release frees it.
 func Refund(s *WindowStore, c *charge, cost int64) {
 	s.Mu.Lock()
 
 	for i, l := range c.Layers {
-		if w := l.Entries[c.Keys[i]]; w != nil && !l.CheckOnly && w.List == l.List && (l.Interval != 0 || w.Reset > c.Now) {
+		if w := l.Entries[c.Keys[i]]; w != nil && l.Concurrency && w.List == l.List {
+			releaseSlot(w, c.Now+l.Duration)
+		} else if w != nil && !l.CheckOnly && w.List == l.List && (l.Interval != 0 || w.Reset > c.Now) {
 			unspend(w, l, cost)
 		}
 	}

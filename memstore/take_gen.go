@@ -34,6 +34,8 @@ func Take(s *WindowStore, t *tally, c *charge) {
 			refused = s.slide(t, i, now, l, key, cost)
 		case l.Interval != 0:
 			refused = s.drip(t, i, now, l, key, cost)
+		case l.Concurrency:
+			refused = hold(s, t, i, now, l, key)
 		default:
 			w := l.Entries[key]
 			if w != nil && w.Reset > now && w.List == l.List {

@@ -154,6 +154,10 @@ func SlotGroups(c *charge, head string) []*SlotGroup {
 			args = calendarArgs(l, now)
 		}
 
+		if l.Concurrency {
+			args += redisresp.Bulk(leaseOf(c)) // concurrency.go
+		}
+
 		slot := redisresp.Slot(key)
 
 		var g *SlotGroup

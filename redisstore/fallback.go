@@ -3,6 +3,8 @@ package redisstore
 import (
 	"strconv"
 
+	"github.com/tierlimit/tierlimit/memstore"
+
 	"github.com/tierlimit/tierlimit/limit"
 )
 
@@ -61,6 +63,14 @@ func rememberAll(s *windowStore, c *charge, ints []int64) {
 	now := c.Now
 	for i := 0; 2*i+1 < len(ints) && i < len(c.Layers); i++ {
 		l := c.Layers[i]
+		if l.Concurrency {
+			if ints[2*i] <= l.Points {
+				memstore.Mirror(s, l, c.Keys[i], now) // concurrency.go
+			}
+
+			continue
+		}
+
 		if count := ints[2*i]; count <= l.Points || l.DryRun {
 			Remember(s, l, c.Keys[i], count, now+ints[2*i+1]*NsPerMillisecond, now)
 		}

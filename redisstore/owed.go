@@ -65,7 +65,7 @@ func oweCharged(s *RedisStore, t *tally, c *charge) {
 
 	o.Mu.Lock()
 	for i, l := range c.Layers {
-		if l.CheckOnly || t.Uncharged&(uint64(1)<<uint(i)) != 0 {
+		if l.CheckOnly || l.Concurrency || t.Uncharged&(uint64(1)<<uint(i)) != 0 {
 			continue
 		}
 

@@ -64,7 +64,9 @@ end
 // ARGV[2]: the request's cost, the amount charged to each layer.
 // ARGV[4i-1], ARGV[4i], ARGV[4i+1], ARGV[4i+2], of KEYS[i]: points (a token
 // bucket's burst), window (milliseconds), the algorithm ("0" fixed, "1"
-// sliding, "2" token bucket) and a token bucket's points per window ("0" else).
+// sliding, "2" token bucket, "3" concurrency) and a token bucket's points per
+// window (a concurrency layer's: the request's member, concurrency.go; "0"
+// else).
 // An algorithm followed by "b<ms>" ("0b900000") blocks a key the layer
 // refuses for that long (blockDuration, ../memstore/block.go): its block key,
 // KEYS[i]:block (the same hash tag on a cluster), is set with that TTL at the
@@ -208,6 +210,25 @@ local function bucket(k, points, window, rate, cost, now, check)
   return points + 1, ttl, false
 end
 
+-- concurrent takes a slot of a concurrency layer: a sorted set of the
+-- requests in flight, each member's score its lease end on Redis's clock (in
+-- milliseconds); slots whose lease ended count no more and are dropped when
+-- the key is written. The count is the slots held with the request, the
+-- reset its lease; a refusal's reset is a second away.
+local function concurrent(k, points, lease, member, now)
+  local ms = math.floor(now / 1000)
+  local held = read('ZCOUNT', k, '(' .. ms, '+inf')
+  local valid = held ~= false
+  if not valid then held = 0 end
+  if held + 1 > points then return held + 1, 1000, false end
+  return held + 1, lease, function()
+    if not valid then redis.call('DEL', k) end
+    redis.call('ZREMRANGEBYSCORE', k, '-inf', ms)
+    redis.call('ZADD', k, ms + lease, member)
+    redis.call('PEXPIRE', k, lease)
+  end
+end
+
 local all = ARGV[1] == '1'
 local cost = tonumber(ARGV[2])
 local out, writes, charged, refused, now = {}, {}, {}, false, false
@@ -233,6 +254,12 @@ for i = 1, #KEYS do
       now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
     end
     count, ttl, write = bucket(KEYS[i], points, window, tonumber(ARGV[4 * i + 2]), cost, now, check)
+  elseif algorithm == '3' then
+    if not now then
+      local clock = redis.call('TIME')
+      now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+    end
+    count, ttl, write = concurrent(KEYS[i], points, window, ARGV[4 * i + 2], now)
   elseif algorithm == '1' then
     count, ttl, write = sliding(KEYS[i], points, window, cost, check)
   else
@@ -298,6 +325,9 @@ return out
 // window more, as takeScript's do); the refunds of requests send no such
 // argument.
 //
+// A concurrency layer's key gives back the request's slot, its member
+// (ARGV[4i+1]): the release after the response (concurrency.go).
+//
 // KEYS: one key per layer. ARGV[1]: the cost. ARGV[4i-2] to ARGV[4i+1]: the
 // layer's arguments, as takeScript reads them from ARGV[4i-1] (a "d" before
 // the algorithm and a "b<ms>" after it change nothing here).
@@ -341,6 +371,8 @@ for i = 1, #KEYS do
       end
       given = given + 1
     end
+  elseif algorithm == '3' then
+    given = given + redis.call('ZREM', k, ARGV[4 * i + 1])
   else
     local c
     if algorithm == '1' then
@@ -382,6 +414,7 @@ var (
 	AlgoFixed        = redisresp.Bulk("0")
 	AlgoSliding      = redisresp.Bulk("1")
 	AlgoBucket       = redisresp.Bulk("2")
+	AlgoConcurrency  = redisresp.Bulk("3")
 	ArgNoRate        = redisresp.Bulk("0")
 )
 
@@ -420,8 +453,8 @@ func EncodeCall(c *charge, mode string, cost int64) string {
 	}
 
 	for i, l := range c.Layers {
-		if l.Calendar != 0 {
-			keys, args = calendarCall(l, keys, args, c.Keys[i], c.Now)
+		if l.RedisTail != "" {
+			keys, args = variedCall(l, keys, args, c, i)
 			continue
 		}
 

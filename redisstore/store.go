@@ -304,7 +304,9 @@ func (s *RedisStore) refused(t *tally, c *charge, i int, count, reset int64) boo
 	l, key, now := c.Layers[i], c.Keys[i], c.Now
 
 	first := false
-	if !l.DryRun && !l.Settles && (t.Cost <= 1 || t.Cost <= l.MinCost || l.BlockDuration != 0) {
+	// A layer whose counts may fall blocks nothing: a concurrency slot may
+	// free at once, a costFrom route's settlement may give points back.
+	if !l.DryRun && !l.Concurrency && !l.Settles && (t.Cost <= 1 || t.Cost <= l.MinCost || l.BlockDuration != 0) {
 		first = s.Blocked.Add(l.BlockPrefix, key, reset, now)
 		if first {
 			ListenResets(s)

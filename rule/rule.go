@@ -41,6 +41,11 @@ type Limits struct {
 	Sliding   bool   // sliding-window counter instead of a fixed window
 	Interval  int64  // token bucket: nanoseconds per point (../limit/bucket.go); 0 for a window
 	Refill    int64  // token bucket: the points per duration configured; points is then the burst
+	// Concurrency marks a concurrency layer: points requests in flight per
+	// key, each slot held until its request ends or for Duration at most,
+	// its lease (../memstore/concurrency.go). A request holds one slot
+	// whatever its cost.
+	Concurrency bool
 	// MinCost is the smallest cost a request charged to the layer can have:
 	// a route's cost (a request is charged the largest cost of its routes),
 	// 1 elsewhere (0 reads as 1). The Redis block list blocks only what
@@ -145,6 +150,13 @@ type Charge struct {
 	Principal string   // the request's principal ("": none), for the charges after the response (../after.go)
 	Now       int64
 	All       bool // the top-level dry run: every layer charged and evaluated
+	// Lease names the request's slots in Redis's concurrency layers, made by
+	// the Redis store when it first encodes one ("": none), which the
+	// release after the response removes (../redisstore/concurrency.go).
+	Lease string
+	// Parent is the charge this one is a part of (ChargeAt), which a lease
+	// made for the part is given too, so that the release finds it.
+	Parent *Charge
 }
 
 // ChargePrefix is c for its first n layers.
@@ -155,7 +167,7 @@ func ChargePrefix(c *Charge, n int) *Charge {
 // ChargeAt is c for the layers at index, in that order (an empty index: no
 // layer).
 func ChargeAt(c *Charge, index []int) *Charge {
-	part := &Charge{Client: c.Client, Principal: c.Principal, Now: c.Now, All: c.All}
+	part := &Charge{Client: c.Client, Principal: c.Principal, Now: c.Now, All: c.All, Lease: c.Lease, Parent: c}
 	for _, i := range index {
 		part.Layers = append(part.Layers, c.Layers[i])
 		part.Keys = append(part.Keys, c.Keys[i])
@@ -221,6 +233,7 @@ type Window struct {
 	Refused   int64    // requests this window refused (status page)
 	Logged    bool     // a refusal of this window was reported (see Tally.Firsts)
 	Taken     int64    // WindowStore.Takes of the last request that charged it: never evicted by that request
+	Slots     []int64  // a concurrency layer's slots held: each one's lease end (../memstore/concurrency.go)
 	ResetH    []string // X-RateLimit-Reset value, formatted once per window
 	List      *WindowList
 	prev      *Window
@@ -288,7 +301,7 @@ func RefuseAs(t *Tally, i int, l *Layer, count, reset int64, resetH []string, fi
 		t.Firsts |= uint64(1) << uint(i)
 	}
 
-	if l.Sliding || l.Interval != 0 {
+	if l.Sliding || l.Interval != 0 || l.Concurrency {
 		t.Uncharged |= uint64(1) << uint(i)
 	}
 
@@ -348,4 +361,25 @@ func CostOf(t *Tally) int64 {
 	}
 
 	return t.Cost
+}
+
+// Requeue moves w, in list l, to l's tail: a function rather than Unlink
+// and Push, two method calls on the request path (../doc.go: functions,
+// not methods).
+func Requeue(l *WindowList, w *Window) {
+	if l.tail == w {
+		return
+	}
+
+	if w.prev != nil {
+		w.prev.Next = w.Next
+	} else {
+		l.Head = w.Next
+	}
+
+	w.Next.prev = w.prev
+	w.prev = l.tail
+	w.Next = nil
+	l.tail.Next = w
+	l.tail = w
 }

@@ -419,6 +419,16 @@ func (tr *Traefik) Logs() string {
 	return tr.logs.String()
 }
 
+// Kill stops Traefik abruptly (SIGKILL), as a crash would, and waits for it.
+func (tr *Traefik) Kill() {
+	if tr.cmd == nil || tr.cmd.Process == nil {
+		return
+	}
+
+	_ = tr.cmd.Process.Kill()
+	<-tr.done
+}
+
 // Stop terminates Traefik and waits for it.
 func (tr *Traefik) Stop() {
 	if tr.cmd == nil || tr.cmd.Process == nil {

@@ -37,6 +37,8 @@ var budgets = map[string]float64{
 	"redis refused":           240,
 	"redis synced allowed":    214,
 	"redis synced refused":    250,
+	"concurrency allowed":     607,  // the general path, a slot taken and given back (memstore/concurrency.go)
+	"concurrency on redis":    2181, // the script call and the release, a second call
 }
 
 // longEdge is the edge of edgeConfig with hour-long windows.
@@ -109,6 +111,10 @@ func TestAllocationBudgets(t *testing.T) {
 	counted["routes"] = []any{
 		map[string]any{"name": "auth_login", "methods": []any{"POST"}, "paths": []any{"/auth/login"}, "key": "ip", "points": "1000000", "duration": "1h", "countStatus": []any{"401"}},
 	}
+	// ip as a concurrency layer: each request takes a slot and gives it
+	// back once served, on the general path.
+	concurrent := longEdge()
+	concurrent["ip"] = map[string]any{"points": "1000", "duration": "1h", "algorithm": "concurrency"}
 	export := func(_ int, req *http.Request) { req.URL.Path = "/export" }
 	login := func(_ int, req *http.Request) { req.Method = http.MethodPost; req.URL.Path = "/auth/login" }
 
@@ -130,6 +136,7 @@ func TestAllocationBudgets(t *testing.T) {
 		{"chain edge credentialed", chain, token},
 		{"costed route", costed, export},
 		{"countStatus route", counted, login},
+		{"concurrency allowed", concurrent, nil},
 	}
 
 	for _, sh := range shapes {
@@ -193,6 +200,13 @@ func TestAllocationBudgets(t *testing.T) {
 	synced["store"] = "redis"
 	synced["redis"] = map[string]any{"address": r.Addr, "timeout": "2s", "syncInterval": "1h"}
 	check(t, "redis synced allowed", allocsPerRequest(build(t, "tierlimit", synced, "redissynced@budget"), nil))
+
+	// A concurrency layer in Redis: the script call, then its release.
+	concurrentRedis := longEdge()
+	concurrentRedis["ip"] = concurrent["ip"]
+	concurrentRedis["store"] = "redis"
+	concurrentRedis["redis"] = cfg["redis"]
+	check(t, "concurrency on redis", allocsPerRequest(build(t, "tierlimit", concurrentRedis, "redisconcurrent@budget"), nil))
 
 	syncedRefused := longEdge()
 	syncedRefused["ip"] = map[string]any{"points": "1", "duration": "1h"}
