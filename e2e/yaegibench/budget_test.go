@@ -30,15 +30,15 @@ var budgets = map[string]float64{
 	"chain edge credentialed": 278,
 	"costed route":            352,
 	"countStatus route":       427,
-	"costFrom header route":   1148,
-	"costFrom json route":     1536,
+	"costFrom header route":   1153,
+	"costFrom json route":     1541,
 	"redis, global in memory": 541,
 	"redis allowed":           454,
 	"redis refused":           240,
 	"redis synced allowed":    214,
 	"redis synced refused":    250,
-	"concurrency allowed":     607,  // the general path, a slot taken and given back (memstore/concurrency.go)
-	"concurrency on redis":    2181, // the script call and the release, a second call
+	"concurrency allowed":     616,  // the general path, a slot taken and given back (memstore/concurrency.go)
+	"concurrency on redis":    2190, // the script call and the release, a second call
 }
 
 // longEdge is the edge of edgeConfig with hour-long windows.
