@@ -271,3 +271,34 @@ func TestSpendAddsToAKeyAtZeroOnRedisServer(t *testing.T) {
 		t.Errorf("Redis holds %q after a charge of 5 on 0, want 5", got)
 	}
 }
+
+// A costFrom route beside a concurrency layer: the other layers' take is a
+// part of the request's charge, whose Redis slot the release after the
+// response finds.
+func TestCostFromBesideAConcurrencyLayerOnRedisServer(t *testing.T) {
+	addr, _ := redisServer(t)
+
+	h, _ := redisHarness(t, addr, with(meteredRoute("header:X-Usage", 0), func(c *Config) {
+		asACLUser(c)
+		c.IP = LayerConfig{Points: 1, Duration: "60s", Algorithm: "concurrency"}
+	}))
+	h.backend = http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+		rw.Header().Set("X-Usage", "10")
+	})
+
+	m := newHarness(t, func(c *Config) {
+		meteredRoute("header:X-Usage", 0)(c)
+		c.IP = LayerConfig{Points: 1, Duration: "60s", Algorithm: "concurrency"}
+	})
+	m.backend = h.backend
+
+	for i := 1; i <= 3; i++ {
+		if code := h.key("k1").Code; code != http.StatusOK {
+			t.Fatalf("Redis: request %d, one after the other: %d, want 200 (the slot of the one before released)", i, code)
+		}
+
+		if code := m.key("k1").Code; code != http.StatusOK {
+			t.Fatalf("memory: request %d, one after the other: %d, want 200", i, code)
+		}
+	}
+}

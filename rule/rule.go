@@ -161,7 +161,7 @@ type Charge struct {
 
 // ChargePrefix is c for its first n layers.
 func ChargePrefix(c *Charge, n int) *Charge {
-	return &Charge{Layers: c.Layers[:n], Keys: c.Keys[:n], Client: c.Client, Principal: c.Principal, Now: c.Now, All: c.All}
+	return &Charge{Layers: c.Layers[:n], Keys: c.Keys[:n], Client: c.Client, Principal: c.Principal, Now: c.Now, All: c.All, Lease: c.Lease, Parent: c}
 }
 
 // ChargeAt is c for the layers at index, in that order (an empty index: no
