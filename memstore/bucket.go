@@ -22,28 +22,7 @@ import (
 // records it in t as layers[i]. It reports whether the layer refused, which
 // takes nothing, in dry run too (rate.Limiter.Allow does the same).
 func (s *WindowStore) drip(t *tally, i int, now int64, l *layer, key string, cost int64) bool {
-	w := l.Entries[key]
-	if w == nil {
-		s.makeRoom(now, l.List)
-
-		w = &window{Layer: l.Name, Key: key, Reset: now}
-		l.Entries[key] = w
-		s.size++
-	} else {
-		if w.List != l.List {
-			// A window of another algorithm, left by a reload: a full bucket.
-			w.Reset = now
-			w.Logged = false
-		}
-
-		if w.List != nil {
-			w.List.Unlink(w)
-		}
-	}
-
-	w.Start = now
-	w.Taken = s.Takes
-	l.List.Push(w)
+	w := bucketAt(s, l, key, now)
 
 	tat, used := limit.BucketTake(w.Reset, now, cost, l.Points, l.Interval)
 	if used > l.Points {
@@ -77,3 +56,33 @@ func (s *WindowStore) drip(t *tally, i int, now int64, l *layer, key string, cos
 // MaxHostKeyLen bounds the hosts kept as keys; a longer one is keyed by its
 // digest, as long principal ids are.
 const MaxHostKeyLen = 128
+
+// bucketAt is key's token bucket in l, made full when missing (or when a
+// reload left a window of another algorithm), and moved to the end of its
+// list as the last used. Called with s.mu held.
+func bucketAt(s *WindowStore, l *layer, key string, now int64) *window {
+	w := l.Entries[key]
+	if w == nil {
+		s.makeRoom(now, l.List)
+
+		w = &window{Layer: l.Name, Key: key, Reset: now}
+		l.Entries[key] = w
+		s.size++
+	} else {
+		if w.List != l.List {
+			// A window of another algorithm, left by a reload: a full bucket.
+			w.Reset = now
+			w.Logged = false
+		}
+
+		if w.List != nil {
+			w.List.Unlink(w)
+		}
+	}
+
+	w.Start = now
+	w.Taken = s.Takes
+	l.List.Push(w)
+
+	return w
+}

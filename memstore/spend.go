@@ -24,7 +24,7 @@ func Spend(s *WindowStore, c *charge, cost int64) {
 		switch {
 		case l.CheckOnly:
 		case l.Interval != 0:
-			spendBucket(s, l, w, key, now, cost)
+			spendBucket(s, l, key, now, cost)
 		case l.Sliding:
 			if w == nil || w.Expire <= now || w.List != l.List {
 				w = s.Restart(now, l, w, key)
@@ -48,29 +48,13 @@ func Spend(s *WindowStore, c *charge, cost int64) {
 }
 
 // spendBucket moves token bucket l's TAT for key cost emission intervals
-// past the later of the present and where it was (drip's bookkeeping,
-// without the refusal), saturating far from overflow. Called with s.mu
-// held.
-func spendBucket(s *WindowStore, l *layer, w *window, key string, now, cost int64) {
-	if w == nil {
-		s.makeRoom(now, l.List)
-
-		w = &window{Layer: l.Name, Key: key, Reset: now}
-		l.Entries[key] = w
-		s.size++
-	} else {
-		if w.List != l.List || w.Reset < now {
-			w.Reset = now
-		}
-
-		if w.List != nil {
-			w.List.Unlink(w)
-		}
+// past the later of the present and where it was (drip without the
+// refusal), saturating far from overflow. Called with s.mu held.
+func spendBucket(s *WindowStore, l *layer, key string, now, cost int64) {
+	w := bucketAt(s, l, key, now)
+	if w.Reset < now {
+		w.Reset = now
 	}
-
-	w.Start = now
-	w.Taken = s.Takes
-	l.List.Push(w)
 
 	const horizon = int64(1) << 62
 	if cost > (horizon-w.Reset)/l.Interval {
