@@ -23,10 +23,9 @@ import (
 // reservation is what a request admitted by a costFrom route holds in the
 // route's layer until its response ends.
 type reservation struct {
-	rt       *route
-	key      string // the layer's key for the request
-	client   string
-	admitted int64 // the charge's time
+	rt     *route
+	key    string // the layer's key for the request
+	client string
 	// reset is when the layer's window of the admission ends: a give-back
 	// after it would go to a window that never held the reservation. 0 for a
 	// token bucket, whose debt carries over.
@@ -136,7 +135,7 @@ func checkOnlyBits(layers []*layer) uint64 {
 // reserveFor is the reservation that the take of part t, charge pc (a
 // costFrom route's layer alone), made for route rt.
 func reserveFor(rt *route, pc *charge, t *tally) reservation {
-	r := reservation{rt: rt, key: pc.Keys[0], client: pc.Client, admitted: pc.Now}
+	r := reservation{rt: rt, key: pc.Keys[0], client: pc.Client}
 	atomic.AddInt64(&rt.layer.Stats.Reserved, 1)
 
 	switch {
