@@ -240,6 +240,8 @@ type watchWriter struct {
 	cost              int64    // the request's cost, which a listed status charges
 
 	reserved []reservation // what costFrom routes hold for the request (meter.go); nil: none
+	bodyLeft int64         // the bytes of the body its Content-Length still announces; -1: none
+	settled  bool          // the reservations are settled
 
 	wroteHeader bool
 	discard     bool // the downstream's answer was replaced by a 429
@@ -308,13 +310,15 @@ func (w *watchWriter) Write(b []byte) (int, error) {
 		return len(b), nil
 	}
 
+	// Read before the client has it: the last bytes of a body of known
+	// length settle first (readBody).
+	if w.reserved != nil && !w.settled {
+		readBody(w, b)
+	}
+
 	n, err := w.rw.Write(b)
 	if w.flushEach {
 		w.Flush()
-	}
-
-	if w.reserved != nil {
-		readBody(w, b[:n])
 	}
 
 	return n, err

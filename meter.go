@@ -2,6 +2,7 @@ package tierlimit
 
 import (
 	"net/http"
+	"strconv"
 	"sync/atomic"
 
 	"github.com/tierlimit/tierlimit/rule"
@@ -158,6 +159,11 @@ func reserveFor(rt *route, pc *charge, t *tally) reservation {
 // leaves the reservation charged. A response the plugin replaced by a 429
 // (w.discard) cost nothing.
 func settleReservations(w *watchWriter) {
+	if w.settled {
+		return
+	}
+
+	w.settled = true
 	p := w.p
 	now := p.now().UnixNano()
 
@@ -233,10 +239,12 @@ func unreported(p *Plugin, r *reservation, now int64) {
 }
 
 // startReading makes the body readers of w's reservations, once the
-// response's header is known.
+// response's header is known. A response whose Content-Length announces no
+// body is settled at once, before the client has its header.
 func startReading(w *watchWriter) {
+	h := w.rw.Header()
 	ct := ""
-	if v := w.rw.Header()["Content-Type"]; len(v) > 0 {
+	if v := h["Content-Type"]; len(v) > 0 {
 		ct = v[0]
 	}
 
@@ -245,14 +253,38 @@ func startReading(w *watchWriter) {
 			w.reserved[i].reader = usage.NewReader(*src, ct)
 		}
 	}
+
+	w.bodyLeft = -1
+	if v := h["Content-Length"]; len(v) == 1 {
+		if n, err := strconv.ParseInt(v[0], 10, 64); err == nil && n >= 0 {
+			w.bodyLeft = n
+		}
+	}
+
+	if w.bodyLeft == 0 {
+		settleReservations(w)
+	}
 }
 
-// readBody hands a chunk of the response body to w's readers.
+// readBody hands a chunk of the response body to w's readers, before it is
+// written: the chunk that ends a body of known length settles the
+// reservations first, so that a client that has read the whole body finds
+// them settled. A body without a length (chunked, an event stream) ends
+// after the handler has returned, which settles them (serveCounted).
 func readBody(w *watchWriter, b []byte) {
 	for i := range w.reserved {
 		if r := w.reserved[i].reader; r != nil {
 			usage.Feed(r, b)
 		}
+	}
+
+	if w.bodyLeft < 0 {
+		return
+	}
+
+	w.bodyLeft -= int64(len(b))
+	if w.bodyLeft <= 0 {
+		settleReservations(w)
 	}
 }
 

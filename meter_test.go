@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -533,5 +534,45 @@ func TestCostFromWithACostAndPlans(t *testing.T) {
 
 	if n, _ := h.p.memory.Peek(now(), "global", "global"); n != 20 {
 		t.Errorf("global counts %d, want 4 requests admitted x the route's cost of 5", n)
+	}
+}
+
+// watchCount is a ResponseWriter that records, at each write, what the
+// layer counts for a key: what a client would find when it got those bytes.
+type watchCount struct {
+	*httptest.ResponseRecorder
+	count func() int64
+	seen  []int64
+}
+
+func (w *watchCount) Write(b []byte) (int, error) {
+	w.seen = append(w.seen, w.count())
+	return w.ResponseRecorder.Write(b)
+}
+
+// A body of known length is settled before its last bytes leave, so that a
+// client that has read it all, and sends its next request, finds the cost
+// charged.
+func TestSettledBeforeTheLastBytesOfTheBody(t *testing.T) {
+	h := newHarness(t, meteredRoute("json:usage.total_tokens", 0))
+	body := `{"usage":{"total_tokens":400}}`
+	h.backend = http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+		rw.Header().Set("Content-Type", "application/json")
+		rw.Header().Set("Content-Length", strconv.Itoa(len(body)))
+		_, _ = rw.Write([]byte(body[:10]))
+		_, _ = rw.Write([]byte(body[10:]))
+	})
+
+	w := &watchCount{ResponseRecorder: httptest.NewRecorder(), count: func() int64 {
+		n, _ := h.p.memory.Peek(h.clock.Now().UnixNano(), "llm", request.HashKey("k1"))
+		return n
+	}}
+
+	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
+	req.Header.Set("X-Api-Key", "k1")
+	h.h.ServeHTTP(w, req)
+
+	if len(w.seen) != 2 || w.seen[0] != 1 || w.seen[1] != 400 {
+		t.Errorf("counts at the two writes: %v, want [1 400]: the reservation, then the cost before the last bytes", w.seen)
 	}
 }
