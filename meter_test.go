@@ -576,3 +576,43 @@ func TestSettledBeforeTheLastBytesOfTheBody(t *testing.T) {
 		t.Errorf("counts at the two writes: %v, want [1 400]: the reservation, then the cost before the last bytes", w.seen)
 	}
 }
+
+// A reload while a request is in flight loses nothing: its settlement
+// reaches the counters that the new instance reads.
+func TestSettlementAcrossAReload(t *testing.T) {
+	conf := meteredRoute("header:X-Usage", 300)
+	h := newHarness(t, conf)
+
+	entered, release := make(chan struct{}), make(chan struct{})
+	h.backend = http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+		entered <- struct{}{}
+		<-release
+		rw.Header().Set("X-Usage", "700")
+	})
+
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		h.key("k1")
+	}()
+	<-entered
+
+	r := reload(t, h, conf)
+	close(release)
+	<-done
+
+	if n, _ := r.p.memory.Peek(r.clock.Now().UnixNano(), "llm", request.HashKey("k1")); n != 700 {
+		t.Errorf("the reloaded instance counts %d for k1, want the 700 reported", n)
+	}
+
+	h.backend = http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+		rw.Header().Set("X-Usage", "100")
+	})
+
+	// 700 + a reserve of 300 fits; then 800 + 300 does not.
+	for i, want := range []int{200, 429} {
+		if rec := r.key("k1"); rec.Code != want {
+			t.Errorf("request %d after the reload: %d, want %d", i+1, rec.Code, want)
+		}
+	}
+}
