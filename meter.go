@@ -32,6 +32,11 @@ type reservation struct {
 	// token bucket, whose debt carries over.
 	reset  int64
 	reader *usage.Reader // a json: source's, from the response's header on
+	// held is what the layer holds for the request: its reserve, then the
+	// first cost its event stream stated (readBody), then what the response
+	// reported.
+	held   int64
+	stated bool // the stream stated a cost, which the layer holds; or it is no stream
 }
 
 // maxReportedCost bounds what a response may charge: more than any API
@@ -136,7 +141,7 @@ func checkOnlyBits(layers []*layer) uint64 {
 // reserveFor is the reservation that the take of part t, charge pc (a
 // costFrom route's layer alone), made for route rt.
 func reserveFor(rt *route, pc *charge, t *tally) reservation {
-	r := reservation{rt: rt, key: pc.Keys[0], client: pc.Client}
+	r := reservation{rt: rt, key: pc.Keys[0], client: pc.Client, held: rt.reserve}
 	atomic.AddInt64(&rt.layer.Stats.Reserved, 1)
 
 	switch {
@@ -154,10 +159,10 @@ func reserveFor(rt *route, pc *charge, t *tally) reservation {
 
 // settleReservations replaces the reservations of a request whose
 // response has ended (w's) with what the response reported: a cost below
-// the reservation gives the difference back while the admission's window
-// lasts; one above it is charged past the layer's points if need be; none
-// leaves the reservation charged. A response the plugin replaced by a 429
-// (w.discard) cost nothing.
+// what the layer holds gives the difference back while the admission's
+// window lasts; one above it is charged past the layer's points if need
+// be; none leaves the reservation charged. A response the plugin replaced
+// by a 429 (w.discard) cost nothing. Once settled, a request is not again.
 func settleReservations(w *watchWriter) {
 	if w.settled {
 		return
@@ -169,8 +174,7 @@ func settleReservations(w *watchWriter) {
 
 	for i := range w.reserved {
 		r := &w.reserved[i]
-		l := r.rt.layer
-		atomic.AddInt64(&l.Stats.Reserved, -1)
+		atomic.AddInt64(&r.rt.layer.Stats.Reserved, -1)
 
 		cost, ok := int64(0), true
 		if !w.discard {
@@ -186,17 +190,25 @@ func settleReservations(w *watchWriter) {
 			cost = maxReportedCost
 		}
 
-		atomic.AddInt64(&l.Stats.Settled, cost)
+		atomic.AddInt64(&r.rt.layer.Stats.Settled, cost)
+		holdCost(p, r, cost, now)
+	}
+}
 
-		c := &charge{Layers: []*layer{l}, Keys: []string{r.key}, Client: r.client, Now: now}
-		delta := cost - r.rt.reserve
+// holdCost makes what r's layer holds for its request cost: the difference
+// is given back while the admission's window lasts, or charged past the
+// layer's points if need be.
+func holdCost(p *Plugin, r *reservation, cost, now int64) {
+	delta := cost - r.held
+	r.held = cost
 
-		switch {
-		case delta < 0 && (r.reset == 0 || now < r.reset):
-			refund(p.stores, c, -delta)
-		case delta > 0:
-			spend(p.stores, c, delta)
-		}
+	c := &charge{Layers: []*layer{r.rt.layer}, Keys: []string{r.key}, Client: r.client, Now: now}
+
+	switch {
+	case delta < 0 && (r.reset == 0 || now < r.reset):
+		refund(p.stores, c, -delta)
+	case delta > 0:
+		spend(p.stores, c, delta)
 	}
 }
 
@@ -251,6 +263,8 @@ func startReading(w *watchWriter) {
 	for i := range w.reserved {
 		if src := w.reserved[i].rt.costFrom; src.Header == "" {
 			w.reserved[i].reader = usage.NewReader(*src, ct)
+			// Only a stream states a cost before it ends.
+			w.reserved[i].stated = !usage.Streams(w.reserved[i].reader)
 		}
 	}
 
@@ -273,8 +287,11 @@ func startReading(w *watchWriter) {
 // after the handler has returned, which settles them (serveCounted).
 func readBody(w *watchWriter, b []byte) {
 	for i := range w.reserved {
-		if r := w.reserved[i].reader; r != nil {
-			usage.Feed(r, b)
+		if r := &w.reserved[i]; r.reader != nil {
+			usage.Feed(r.reader, b)
+			if !r.stated {
+				holdStated(w.p, r)
+			}
 		}
 	}
 
@@ -308,4 +325,25 @@ func meteredRouteOf(p *Plugin, l *layer) *route {
 	}
 
 	return nil
+}
+
+// holdStated charges the first cost r's event stream states as soon as
+// the event that states it is read, before the client has it: a client that
+// stops at the stream's last event ("data: [DONE]") and sends its next
+// request finds it charged. A later event that states another cost is
+// settled when the response ends, as are streams that state costs in every
+// event (one store call per request, not per event).
+func holdStated(p *Plugin, r *reservation) {
+	cost, ok := usage.Stated(r.reader)
+	if !ok {
+		return
+	}
+
+	r.stated = true
+
+	if cost > maxReportedCost {
+		cost = maxReportedCost
+	}
+
+	holdCost(p, r, cost, p.now().UnixNano())
 }

@@ -616,3 +616,32 @@ func TestSettlementAcrossAReload(t *testing.T) {
 		}
 	}
 }
+
+// An event stream's cost is charged once the event that states it is read,
+// before the client has it or the stream's [DONE].
+func TestStreamedCostChargedBeforeItsEventLeaves(t *testing.T) {
+	h := newHarness(t, meteredRoute("json:usage.total_tokens", 0))
+	h.backend = http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+		rw.Header().Set("Content-Type", "text/event-stream")
+		_, _ = rw.Write([]byte("data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n"))
+		_, _ = rw.Write([]byte("data: {\"usage\":{\"total_tokens\":400}}\n\n"))
+		_, _ = rw.Write([]byte("data: [DONE]\n\n"))
+	})
+
+	w := &watchCount{ResponseRecorder: httptest.NewRecorder(), count: func() int64 {
+		n, _ := h.p.memory.Peek(h.clock.Now().UnixNano(), "llm", request.HashKey("k1"))
+		return n
+	}}
+
+	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
+	req.Header.Set("X-Api-Key", "k1")
+	h.h.ServeHTTP(w, req)
+
+	if len(w.seen) != 3 || w.seen[0] != 1 || w.seen[1] != 400 || w.seen[2] != 400 {
+		t.Errorf("counts at the three writes: %v, want [1 400 400]: the usage event charged before it leaves", w.seen)
+	}
+
+	if n := w.count(); n != 400 {
+		t.Errorf("k1 counts %d once the stream ended, want 400", n)
+	}
+}

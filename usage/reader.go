@@ -123,6 +123,20 @@ func Result(r *Reader) (int64, bool) {
 	return r.cost, r.ok
 }
 
+// Streams reports whether r reads its body as an event stream, whose
+// events may state a cost before it ends (Stated).
+func Streams(r *Reader) bool {
+	return r.stream
+}
+
+// Stated returns the cost the complete events of a stream read so far
+// state (the last that holds one), without ending the body: a later event
+// may state another, which Result then returns. A JSON body states nothing
+// before Result.
+func Stated(r *Reader) (int64, bool) {
+	return r.cost, r.ok
+}
+
 func finish(r *Reader) {
 	if len(r.path) == 0 {
 		return
