@@ -302,3 +302,27 @@ func TestCostFromBesideAConcurrencyLayerOnRedisServer(t *testing.T) {
 		}
 	}
 }
+
+// A charge past the reservation on a sliding key that holds only the window
+// before (its current window not started in Redis) starts the current
+// window, the old count as the previous one's, as memory rotates.
+func TestSpendStartsASlidingKeysWindowOnRedisServer(t *testing.T) {
+	addr, admin := redisServer(t)
+
+	h, _ := redisHarness(t, addr, with(meteredRoute("header:X-Usage", 0), func(c *Config) {
+		asACLUser(c)
+		c.Routes[0].Algorithm = "sliding"
+	}))
+	key := h.p.stores.redis.Prefix + "llm:" + request.HashKey("k1")
+	redisDo(t, admin, "HSET", key, "c", "70", "p", "5")
+	redisDo(t, admin, "PEXPIRE", key, "30000") // half of the current 60 s window left
+
+	l := h.p.routes[0].layer
+	spend(h.p.stores, &charge{Layers: []*layer{l}, Keys: []string{request.HashKey("k1")}, Now: h.clock.Now().UnixNano()}, 9)
+
+	c, p := redisDo(t, admin, "HGET", key, "c").Str, redisDo(t, admin, "HGET", key, "p").Str
+	ttl := redisDo(t, admin, "PTTL", key).Int
+	if c != "9" || p != "70" || ttl <= 60000 || ttl > 90000 {
+		t.Errorf("sliding key after a charge of 9: c %q, p %q, PTTL %d; want 9, 70 and within (60000, 90000]", c, p, ttl)
+	}
+}

@@ -318,7 +318,8 @@ return out
 //
 // A negative cost is an outage's payment (owed.go) or a reported cost beyond
 // a reservation (spend.go): it adds to the keys, whatever their points; a
-// token bucket that is gone or full is charged from now, and a fixed or
+// token bucket that is gone or full is charged from now, a sliding key that
+// holds only the window before starts the current one with it, and a fixed or
 // sliding key that is gone (Redis restarted empty, its window ended) is
 // created with the charge when ARGV[4n+1+i], after the n layers' arguments,
 // gives the milliseconds left in its window (a sliding key then lives one
@@ -383,7 +384,14 @@ for i = 1, #KEYS do
     end
     c = type(c) == 'string' and tonumber(c)
     local ttl = cost < 0 and tonumber(ARGV[4 * #KEYS + 1 + i])
-    if c and (c > 0 or cost < 0) then
+    local pttl = c and cost < 0 and algorithm == '1' and redis.call('PTTL', k)
+    if pttl and pttl > 0 and pttl <= tonumber(ARGV[4 * i - 1]) then
+      -- a sliding key that holds only the window before: the addition
+      -- starts the current window, as takeScript's sliding write does
+      redis.call('HSET', k, 'c', -cost, 'p', c)
+      redis.call('PEXPIRE', k, pttl + tonumber(ARGV[4 * i - 1]))
+      given = given + 1
+    elseif c and (c > 0 or cost < 0) then
       if algorithm == '1' then
         redis.call('HINCRBY', k, 'c', -math.min(c, cost))
       else
