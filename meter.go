@@ -58,7 +58,7 @@ func takeReserving(st *stores, t *tally, c *charge, hits *routeHits) {
 	t.Shown = -1
 
 	if n > 0 {
-		take(st, t, rule.ChargePrefix(c, n))
+		take(st, t, rule.ChargeSpan(c, 0, n))
 		if t.Refused && !c.All {
 			return
 		}
@@ -67,7 +67,7 @@ func takeReserving(st *stores, t *tally, c *charge, hits *routeHits) {
 	for j, rt := range hits.metered {
 		i := n + j
 		part := tally{Cost: rt.reserve}
-		pc := &charge{Layers: c.Layers[i : i+1], Keys: c.Keys[i : i+1], Client: c.Client, Now: c.Now, All: c.All}
+		pc := rule.ChargeSpan(c, i, i+1)
 		take(st, &part, pc)
 		t.Firsts |= part.Firsts << uint(i)
 		t.Uncharged |= uint64(1) << uint(i)
@@ -111,13 +111,13 @@ func refuseReserved(st *stores, t *tally, c *charge, hits *routeHits, part *tall
 func giveBackReserved(st *stores, c *charge, t *tally, hits *routeHits, i int) {
 	n := len(c.Layers) - len(hits.metered)
 	if n > 0 {
-		rest := rule.ChargePrefix(c, n)
+		rest := rule.ChargeSpan(c, 0, n)
 		refund(st, rule.ChargeWithout(rest, t.Uncharged&(uint64(1)<<uint(n)-1)|checkOnlyBits(rest.Layers)), rule.CostOf(t))
 	}
 
 	for j := n; j < i; j++ {
 		rt := hits.metered[j-n]
-		refund(st, &charge{Layers: c.Layers[j : j+1], Keys: c.Keys[j : j+1], Client: c.Client, Now: c.Now}, rt.reserve)
+		refund(st, rule.ChargeSpan(c, j, j+1), rt.reserve)
 		atomic.AddInt64(&rt.layer.Stats.Reserved, -1)
 	}
 
@@ -186,19 +186,19 @@ func settleReservations(w *watchWriter) {
 			continue
 		}
 
-		if cost > maxReportedCost {
-			cost = maxReportedCost
-		}
-
-		atomic.AddInt64(&r.rt.layer.Stats.Settled, cost)
 		holdCost(p, r, cost, now)
+		atomic.AddInt64(&r.rt.layer.Stats.Settled, r.held)
 	}
 }
 
-// holdCost makes what r's layer holds for its request cost: the difference
-// is given back while the admission's window lasts, or charged past the
-// layer's points if need be.
+// holdCost makes what r's layer holds for its request cost (at most
+// maxReportedCost): the difference is given back while the admission's
+// window lasts, or charged past the layer's points if need be.
 func holdCost(p *Plugin, r *reservation, cost, now int64) {
+	if cost > maxReportedCost {
+		cost = maxReportedCost
+	}
+
 	delta := cost - r.held
 	r.held = cost
 
@@ -340,10 +340,5 @@ func holdStated(p *Plugin, r *reservation) {
 	}
 
 	r.stated = true
-
-	if cost > maxReportedCost {
-		cost = maxReportedCost
-	}
-
 	holdCost(p, r, cost, p.now().UnixNano())
 }

@@ -229,7 +229,7 @@ func refuseAny(s *WindowStore, t *tally, c *charge) bool {
 	cost := rule.CostOf(t)
 
 	if i > 0 {
-		Take(s, t, rule.ChargePrefix(c, i))
+		Take(s, t, rule.ChargeSpan(c, 0, i))
 		if t.Refused {
 			return true
 		}

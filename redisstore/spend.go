@@ -30,7 +30,7 @@ func Spend(s *RedisStore, c *charge, cost int64) {
 	}
 
 	memstore.Spend(s.Local, c, cost)
-	oweSpent(s, c, cost)
+	oweCharged(s, &tally{Cost: cost}, c)
 }
 
 // spendOnRedis adds cost to each of c's layers in Redis, a window that is
@@ -48,25 +48,6 @@ func spendOnRedis(s *RedisStore, c *charge, cost int64) error {
 	}
 
 	return nil
-}
-
-// oweSpent records what Spend charged the fallback, for Redis's recovery.
-func oweSpent(s *RedisStore, c *charge, cost int64) {
-	if !s.Backend.Down.Load() {
-		return
-	}
-
-	o := s.Owed
-
-	o.Mu.Lock()
-	for i, l := range c.Layers {
-		if !l.CheckOnly {
-			addDebt(o, OwedKey{L: l, Key: c.Keys[i]}, owedDebt{Points: cost, at: c.Now})
-		}
-	}
-	o.Mu.Unlock()
-
-	listOwed(s)
 }
 
 // syncSpend charges cost to the charge's counters whatever their points:

@@ -159,9 +159,10 @@ type Charge struct {
 	Parent *Charge
 }
 
-// ChargePrefix is c for its first n layers.
-func ChargePrefix(c *Charge, n int) *Charge {
-	return &Charge{Layers: c.Layers[:n], Keys: c.Keys[:n], Client: c.Client, Principal: c.Principal, Now: c.Now, All: c.All, Lease: c.Lease, Parent: c}
+// ChargeSpan is c for its layers from to to (to excluded), sharing c's
+// slices.
+func ChargeSpan(c *Charge, from, to int) *Charge {
+	return &Charge{Layers: c.Layers[from:to], Keys: c.Keys[from:to], Client: c.Client, Principal: c.Principal, Now: c.Now, All: c.All, Lease: c.Lease, Parent: c}
 }
 
 // ChargeAt is c for the layers at index, in that order (an empty index: no
