@@ -20,17 +20,7 @@ import (
 // in t as layers[i]. It reports whether the layer refused, which charges
 // nothing, in dry run too: a sliding window counts only what it allows.
 func (s *WindowStore) slide(t *tally, i int, now int64, l *layer, key string, cost int64) bool {
-	w := l.Entries[key]
-	if w == nil || w.Expire <= now || w.List != l.List {
-		w = s.Restart(now, l, w, key)
-	}
-
-	w.Taken = s.Takes
-
-	if w.Reset <= now {
-		rotate(w, l, now)
-	}
-
+	w := slidingAt(s, l, key, now)
 	left := w.Reset - now
 	est := limit.SlidingCount(w.PrevCount, w.Count, cost, left, l.Duration)
 
@@ -49,6 +39,24 @@ func (s *WindowStore) slide(t *tally, i int, now int64, l *layer, key string, co
 	rule.Allow(t, i, l, est, w.Reset, w.ResetH)
 
 	return false
+}
+
+// slidingAt is key's sliding window in l at now: started when missing,
+// expired or of another algorithm, moved on when its window ended, held by
+// the current request (WindowStore.Takes). Called with s.mu held.
+func slidingAt(s *WindowStore, l *layer, key string, now int64) *window {
+	w := l.Entries[key]
+	if w == nil || w.Expire <= now || w.List != l.List {
+		w = s.Restart(now, l, w, key)
+	}
+
+	w.Taken = s.Takes
+
+	if w.Reset <= now {
+		rotate(w, l, now)
+	}
+
+	return w
 }
 
 // rotate moves a sliding window whose window ended less than a duration

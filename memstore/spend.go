@@ -26,15 +26,7 @@ func Spend(s *WindowStore, c *charge, cost int64) {
 		case l.Interval != 0:
 			spendBucket(s, l, key, now, cost)
 		case l.Sliding:
-			if w == nil || w.Expire <= now || w.List != l.List {
-				w = s.Restart(now, l, w, key)
-			}
-
-			if w.Reset <= now {
-				rotate(w, l, now)
-			}
-
-			w.Count += cost
+			slidingAt(s, l, key, now).Count += cost
 		default:
 			if w == nil || w.Reset <= now || w.List != l.List {
 				w = s.Restart(now, l, w, key)
