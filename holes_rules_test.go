@@ -1,15 +1,11 @@
 package tierlimit
 
 import (
-	"bytes"
-	"context"
 	"net/http"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/tierlimit/tierlimit/events"
 )
 
 // The rules around a request: a plan header written in lower case, a listed
@@ -103,28 +99,6 @@ func TestBlockShorterThanTheWindowGivesNoExtraRequests(t *testing.T) {
 	}
 }
 
-// reload builds another instance of h's middleware (the same name, so the
-// same counters and blocks) with mutate, on h's clock, as Traefik does at a
-// configuration reload.
-func reload(t *testing.T, h *harness, mutate func(c *Config)) *harness {
-	t.Helper()
-
-	cfg := CreateConfig()
-	mutate(cfg)
-
-	handler, err := New(context.Background(), h.p.next, cfg, h.p.name)
-	if err != nil {
-		t.Fatalf("New: %v", err)
-	}
-
-	r := &harness{t: t, h: handler, p: pluginOf(handler), clock: h.clock, events: &bytes.Buffer{}}
-	r.p.now = r.clock.Now
-	r.p.events = events.NewEventLog(r.events, r.p.name)
-	r.p.events.Now = r.clock.Now
-
-	return r
-}
-
 // TestReloadToDryRunRefusesNoBlockedKey: keys blocked before a reload to dry
 // run, top-level or on the rule that blocked them, are let through by the
 // dry-run instance and counted there; a key blocked by a rule that stays
@@ -160,7 +134,7 @@ func TestReloadToDryRunRefusesNoBlockedKey(t *testing.T) {
 			}
 		}
 
-		r := reload(t, h, with(base, tc.mark))
+		r := reloaded(t, h, with(base, tc.mark))
 
 		for _, c := range clients {
 			want, counted := http.StatusTooManyRequests, int64(0)
@@ -211,7 +185,7 @@ func TestReloadToDryRunRefusesNoBlockedKeyOnRedisServer(t *testing.T) {
 			h.get("/login", "203.0.113.2:1")
 		}
 
-		r := reload(t, h, with(base, func(c *Config) {
+		r := reloaded(t, h, with(base, func(c *Config) {
 			c.Store = "redis"
 			c.Redis.Address = addr
 			c.Redis.Timeout = "1s"

@@ -597,7 +597,7 @@ func TestSettlementAcrossAReload(t *testing.T) {
 	}()
 	<-entered
 
-	r := reload(t, h, conf)
+	r := reloaded(t, h, conf)
 	close(release)
 	<-done
 

@@ -49,6 +49,12 @@ type harness struct {
 	// backend, when set, answers in place of the default backend ("ok",
 	// or 404 under /missing).
 	backend http.Handler
+	// cancel cancels the context New was given, as Traefik's next reload
+	// does (reloaded).
+	cancel context.CancelFunc
+	// front, when set, is the server the instance runs behind, before
+	// Traefik's proxy (newProxiedHarness): do goes over the network.
+	front *front
 }
 
 func newHarness(t *testing.T, mutate func(c *Config)) *harness {
@@ -78,11 +84,15 @@ func newHarness(t *testing.T, mutate func(c *Config)) *harness {
 
 	name := t.Name() + "-" + strconv.FormatInt(instanceSeq.Add(1), 10) + "@test"
 
-	handler, err := New(context.Background(), next, cfg, name)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+
+	handler, err := New(ctx, next, cfg, name)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
 
+	h.cancel = cancel
 	h.h = handler
 	h.p = pluginOf(handler)
 	h.p.now = h.clock.Now
@@ -93,6 +103,10 @@ func newHarness(t *testing.T, mutate func(c *Config)) *harness {
 }
 
 func (h *harness) do(method, target, remote string, hdr map[string]string) *httptest.ResponseRecorder {
+	if h.front != nil {
+		return doFront(h, method, target, remote, hdr)
+	}
+
 	req := httptest.NewRequest(method, target, nil)
 	req.RemoteAddr = remote
 
