@@ -55,7 +55,8 @@ const nsPerMillisecond = redisstore.NsPerMillisecond
 const redisAbsent = redisstore.RedisAbsent
 const redisCleared = redisstore.RedisCleared
 const redisUnavailable = redisstore.RedisUnavailable
-const takeScript = redisstore.TakeScript
+
+var takeScript = redisstore.TakeScript
 
 type backendRegistry = redisstore.BackendRegistry
 type blockList = redisstore.BlockList

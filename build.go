@@ -174,6 +174,9 @@ func splitCountStatus(routes []*route) {
 		rt.charge = &charge
 		rt.layer.CheckOnly = true
 		rt.layer.RedisArgs = checkArgs(rt.layer.RedisArgs)
+		if rt.layer.Calendar != 0 {
+			rt.layer.RedisTail = redisstore.RedisTail(rt.layer.RedisArgs) // the check flag too
+		}
 	}
 }
 
@@ -491,6 +494,10 @@ func newRedisEncoding(spec config.Rule, rate int64) redisEncoding {
 		e.MaxTTL = (spec.Points*ms+rate-1)/rate + 1
 	case spec.Concurrency:
 		e = concurrencyEncoding(head, ms)
+	case spec.Calendar != 0:
+		// A calendar key names its period: the fourth argument, the
+		// calendar's longest period, bounds its life (takeScript's fixed).
+		e.RedisArgs = head + redisstore.AlgoFixed + redisresp.Bulk(formatInt(ms))
 	}
 
 	if spec.Block > 0 {

@@ -9,6 +9,16 @@ import (
 	"github.com/tierlimit/tierlimit/redisresp"
 )
 
+// KeyGrace is how long a key that names its window (a calendar period's,
+// or a synced window's, syncstore.go) outlives the window's end on the
+// clock of the replica that gave it its TTL, and so how far behind that
+// replica another replica's clock may be and still find the count in
+// Redis: the scripts never shorten such a key's TTL (takeScript's fixed,
+// refundScript, LeaseScript), so it lives until the latest end a replica
+// gave it plus KeyGrace, whatever the order of the calls (docs/redis.md,
+// clocks).
+const KeyGrace = 10 * time.Second
+
 // calendarSuffix is what a calendar layer's Redis key ends with at now: the
 // period's start in Unix seconds.
 func calendarSuffix(l *layer, now int64) string {
@@ -18,7 +28,9 @@ func calendarSuffix(l *layer, now int64) string {
 
 // calendarCall adds a calendar layer's key and arguments to a script call
 // (encodeCall): the key names the period, and the window is the
-// milliseconds left to its end (at least 1).
+// milliseconds left to its end (at least 1) on the caller's clock, which the
+// script takes for the reset and the key's life, never for whether the key
+// is live (another replica's clock, and Redis's, differ).
 func calendarCall(l *layer, keys, args, key string, now int64) (string, string) {
 	key = l.RedisKey + key + calendarSuffix(l, now)
 

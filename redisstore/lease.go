@@ -14,9 +14,10 @@ import (
 //
 // KEYS: the keys. ARGV, six per key: the points to add (admitted without a
 // lease), the lease given back, the points needed now, the points wanted,
-// the key's TTL in milliseconds and the layer's points. The key's count
-// becomes count + add - back (at least 0), then grows by the grant, which is
-// limit.LeaseGrant: the larger of the need and a quarter of what is left (at
+// the key's TTL in milliseconds (to its window's end on the caller's clock,
+// and KeyGrace; a key keeps a longer TTL that another replica gave it) and
+// the layer's points. The key's count becomes count + add - back (at least
+// 0), then grows by the grant, which is limit.LeaseGrant: the larger of the need and a quarter of what is left (at
 // most the want and what is left), nothing when what is left cannot cover
 // the need. A key of another kind, or holding something that is not an
 // integer, is started afresh. Returns grant and count per key, in order.
@@ -26,7 +27,7 @@ for i = 1, #KEYS do
   local k, j = KEYS[i], 6 * (i - 1)
   local add, back = tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2])
   local need, want = tonumber(ARGV[j + 3]), tonumber(ARGV[j + 4])
-  local ttl, points = ARGV[j + 5], tonumber(ARGV[j + 6])
+  local ttl, points = tonumber(ARGV[j + 5]), tonumber(ARGV[j + 6])
   local c = redis.pcall('GET', k)
   local had = type(c) == 'string'
   local count = 0
@@ -42,6 +43,9 @@ for i = 1, #KEYS do
   end
   n = n + grant
   if n ~= count or (not had and n > 0) then
+    -- never shorter: a replica whose clock is ahead ends the window early
+    local pttl = redis.call('PTTL', k)
+    if pttl > ttl then ttl = pttl end
     redis.call('SET', k, n, 'PX', ttl)
   end
   out[2 * i - 1] = grant
@@ -171,7 +175,7 @@ func encodeLeases(asks []LeaseAsk, now int64) string {
 	keys, args := "", ""
 
 	for _, a := range asks {
-		ttl := (a.c.End - now + syncKeyGrace) / int64(time.Millisecond)
+		ttl := (a.c.End - now + int64(KeyGrace)) / int64(time.Millisecond)
 		if ttl < 1 {
 			ttl = 1
 		}

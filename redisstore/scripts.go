@@ -3,6 +3,7 @@ package redisstore
 import (
 	"errors"
 	"strconv"
+	"time"
 
 	"github.com/tierlimit/tierlimit/redisresp"
 )
@@ -21,6 +22,9 @@ local function read(...)
 end
 `
 
+// luaGrace defines the scripts' grace: KeyGrace in milliseconds.
+var luaGrace = "local grace = " + strconv.FormatInt(int64(KeyGrace/time.Millisecond), 10) + "\n"
+
 // TakeScript is the whole decision of one request in one round trip. It
 // decides every layer before it writes any: the first loop plans the writes,
 // which run only when no layer refused (or in a dry run), so a refused
@@ -37,6 +41,15 @@ end
 // allowed request costs each fixed key two commands, PTTL then INCRBY or SET
 // (BENCHMARKS.md, Redis calls per request); a refused one an INCRBY and a DECRBY
 // more per key already charged.
+//
+// A calendar layer's key (calendar.go) names its period, and its window is
+// what is left of the period on the caller's clock, which neither Redis's
+// clock nor another replica's agrees with to the millisecond: the key is
+// live whatever its TTL (up to the calendar's longest period and KeyGrace),
+// its reset is the caller's window, and it lives KeyGrace past the period's
+// end on the clock of the replica that made it, or that counted in it last
+// while its period ended later (PEXPIRE; never shorter), so that a replica
+// whose clock is behind never finds it gone while the period is open.
 //
 // A sliding layer's key is a hash {c: count, p: previous window's count} that
 // lives two windows from its window's start, so that the current window ends
@@ -65,7 +78,8 @@ end
 // ARGV[4i-1], ARGV[4i], ARGV[4i+1], ARGV[4i+2], of KEYS[i]: points (a token
 // bucket's burst), window (milliseconds), the algorithm ("0" fixed, "1"
 // sliding, "2" token bucket, "3" concurrency) and a token bucket's points per
-// window (a concurrency layer's: the request's member, concurrency.go; "0"
+// window (a concurrency layer's: the request's member, concurrency.go; a
+// calendar layer's: its calendar's longest period in milliseconds; "0"
 // else).
 // An algorithm followed by "b<ms>" ("0b900000") blocks a key the layer
 // refuses for that long (blockDuration, ../memstore/block.go): its block key,
@@ -95,7 +109,7 @@ end
 // from 0, whose window is in milliseconds: what the headers show, in one
 // reply line, which redisPath reads with one parse (../paths.go). It is
 // sent only while it fits a Lua number exactly (below 2^53), for i < 16.
-const TakeScript = luaRead + `
+var TakeScript = luaRead + luaGrace + `
 -- incr adds cost to a counter and returns its new value, or false for a
 -- key that holds no counter (of another kind, not an integer, at the bound
 -- of one); any other error (a command the ACL denies) fails the script.
@@ -113,25 +127,35 @@ end
 -- fixed returns a fixed layer's count with the request, its milliseconds to
 -- reset, the write to run when the request is allowed, and whether it
 -- charged the key already (which the caller gives back, DECRBY, when
--- another layer refuses).
-local function fixed(k, points, window, cost, check)
+-- another layer refuses). A calendar layer's key (span > 0) names its
+-- period, whose rest on the caller's clock is window: it is live whatever
+-- its TTL up to the calendar's longest period and the grace, its reset is
+-- window, and it lives window + grace, made longer (never shorter) when a
+-- caller's period ends after it.
+local function fixed(k, points, window, cost, check, span)
   local pttl = redis.call('PTTL', k)
-  local live = pttl > 0 and pttl <= window
+  local live, reset, life = pttl > 0 and pttl <= window, pttl, window
+  if span > 0 then
+    live, reset, life = pttl > 0 and pttl <= span + grace, window, window + grace
+  end
   if check then
     local v = live and read('GET', k)
     local n = type(v) == 'string' and tonumber(v)
-    if not (n and n >= 0 and n == math.floor(n)) then n, pttl = 0, window end
-    if n + cost <= points then return n, pttl, false, false end
-    return n + cost, pttl, false, false
+    if not (n and n >= 0 and n == math.floor(n)) then n, reset = 0, window end
+    if n + cost <= points then return n, reset, false, false end
+    return n + cost, reset, false, false
   end
   if live then
     local v = incr(k, cost)
-    if v and v >= cost then return v, pttl, false, true end
+    if v and v >= cost and span > 0 and pttl < window then
+      return v, reset, function() redis.call('PEXPIRE', k, life) end, true
+    end
+    if v and v >= cost then return v, reset, false, true end
     -- a negative count is no count: taken back, and restarted below
     if v then redis.call('DECRBY', k, cost) end
   end
   return cost, window, function()
-    redis.call('SET', k, cost, 'PX', window)
+    redis.call('SET', k, cost, 'PX', life)
   end, false
 end
 
@@ -263,7 +287,7 @@ for i = 1, #KEYS do
   elseif algorithm == '1' then
     count, ttl, write = sliding(KEYS[i], points, window, cost, check)
   else
-    count, ttl, write, incremented = fixed(KEYS[i], points, window, cost, check)
+    count, ttl, write, incremented = fixed(KEYS[i], points, window, cost, check, tonumber(ARGV[4 * i + 2]))
   end
   if incremented then charged[#charged + 1] = KEYS[i] end
   out[#out + 1] = count
@@ -323,8 +347,9 @@ return out
 // sliding key that is gone (Redis restarted empty, its window ended) is
 // created with the charge when ARGV[4n+1+i], after the n layers' arguments,
 // gives the milliseconds left in its window (a sliding key then lives one
-// window more, as takeScript's do); the refunds of requests send no such
-// argument.
+// window more, as takeScript's do; a calendar key lives what is left of its
+// period and KeyGrace, as takeScript's do); the refunds of requests send no
+// such argument.
 //
 // A concurrency layer's key gives back the request's slot, its member
 // (ARGV[4i+1]): the release after the response (concurrency.go).
@@ -333,7 +358,7 @@ return out
 // layer's arguments, as takeScript reads them from ARGV[4i-1] (a "d" before
 // the algorithm and a "b<ms>" after it change nothing here).
 // Returns the number of keys given back to, as a one-integer array.
-const refundScript = luaRead + `
+var refundScript = luaRead + luaGrace + `
 local cost = tonumber(ARGV[1])
 local given, now = 0, false
 for i = 1, #KEYS do
@@ -403,6 +428,9 @@ for i = 1, #KEYS do
         redis.call('HSET', k, 'c', -cost, 'p', 0)
         redis.call('PEXPIRE', k, ttl + tonumber(ARGV[4 * i - 1]))
       else
+        -- a calendar key (its calendar's longest period given) lives as
+        -- takeScript's fixed makes it: the period's rest and the grace
+        if tonumber(ARGV[4 * i + 1]) > 0 then ttl = tonumber(ARGV[4 * i - 1]) + grace end
         redis.call('SET', k, -cost, 'PX', ttl)
       end
       given = given + 1

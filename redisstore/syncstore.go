@@ -41,9 +41,11 @@ import (
 // Windows are fixed windows aligned to the epoch (a multiple of the
 // duration, or the calendar period), and the key names its window's start,
 // so that every replica agrees on the window without comparing TTLs and a
-// new window starts from nothing in Redis and in memory. Only fixed windows
-// are synced: a sliding window or a token bucket with syncInterval is a
-// configuration error (config/sync.go, checkSync).
+// new window starts from nothing in Redis and in memory. The key outlives
+// its window by KeyGrace on the clock of the replica that ends it last
+// (LeaseScript never shortens its TTL), for replicas whose clocks are
+// behind. Only fixed windows are synced: a sliding window or a token bucket
+// with syncInterval is a configuration error (config/sync.go, checkSync).
 //
 // Failure: a replica keeps spending its lease while Redis is down. Without
 // one, it decides against Redis's last total plus what it admitted without a
@@ -57,10 +59,6 @@ import (
 // syncBatch bounds the keys of one script call: a script blocks Redis while it
 // runs, so a large table is sent in several calls of one round trip each.
 const syncBatch = 500
-
-// syncKeyGrace is how long a synced key outlives its window in Redis, for the
-// clocks of replicas that are a little behind.
-const syncKeyGrace = int64(2 * time.Second)
 
 // maxLeaseRounds bounds the calls a request makes or waits for before it
 // is decided with the points its counters hold: each call either grants
