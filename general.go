@@ -219,7 +219,9 @@ func withRoutes(p *Plugin, layers []*layer, req *http.Request, hits *routeHits) 
 
 	for _, rt := range hits.matched {
 		if rt.plans != nil && hits.principal != "" {
-			rt = routePlanOf(p, rt, req)
+			if rt = routePlanOf(p, rt, req, hits); rt == nil {
+				continue
+			}
 		}
 
 		if rt.cost > hits.cost {
@@ -248,15 +250,25 @@ func withRoutes(p *Plugin, layers []*layer, req *http.Request, hits *routeHits) 
 }
 
 // routePlanOf is the form of route rt for a principal whose plan header
-// names one of its plans (route.plans), else rt.
-func routePlanOf(p *Plugin, rt *route, req *http.Request) *route {
-	if v := req.Header[p.planHeader]; len(v) > 0 {
-		if alt := rt.plans[v[0]]; alt != nil {
-			return alt
-		}
+// names one of its plans (route.plans), else rt; nil when that plan has no
+// limit on the route (points 0: routePlans), whose cost it then writes to
+// hits, as withRoutes does for a route it charges.
+func routePlanOf(p *Plugin, rt *route, req *http.Request, hits *routeHits) *route {
+	v := req.Header[p.planHeader]
+	if len(v) == 0 || rt.plans[v[0]] == nil {
+		return rt
 	}
 
-	return rt
+	alt := rt.plans[v[0]]
+	if alt.layer == nil {
+		if alt.cost > hits.cost {
+			hits.cost = alt.cost
+		}
+
+		return nil
+	}
+
+	return alt
 }
 
 // routedPaths sets what charges the route matches of a classify instance:
