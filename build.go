@@ -329,7 +329,7 @@ func sortedPlans(rt *route) []string {
 // routePlans makes route rt's forms for its plans (config.Route.Plans):
 // each a copy of rt with the plan's layer, keyed as rt is. nil: none. A
 // plan with points 0 has no limit on the route: its form has no layer, and
-// charges nothing after the response either (withRoutes charges the
+// charges nothing after the response either (withRoutePlan charges the
 // request's cost to its other layers only).
 func routePlans(memory *windowStore, rt *route, rs config.Route) map[string]*route {
 	if len(rs.Plans) == 0 {
