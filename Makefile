@@ -36,12 +36,16 @@ unit: prereq
 generate:
 	cd e2e && $(GO) run ./cmd/genpaths -root ..
 
-# Short runs of the RESP reply and canonical path fuzzers on top of their seed corpora (which `unit` runs).
+# Short runs of the RESP reply, canonical path and configuration fuzzers on top of their seed corpora (which
+# `unit` and `e2e` run); the configuration fuzzer (e2e/configfuzz) is New under Traefik's decoding.
 # Counted in executions, not seconds: a duration races Go's fuzz coordinator at its deadline and fails
 # with a bare "context deadline exceeded" on a loaded machine (go.dev/issue/75804, fixed in Go 1.27).
+# The configuration fuzzer minimises each new input in 10 runs at most: minimising takes up to a minute
+# each by default, uncounted, where a clean run finds hundreds of new inputs.
 fuzz:
 	$(GO) test -run='^$$' -fuzz=FuzzReadReply -fuzztime=150000x ./redisresp
 	$(GO) test -run='^$$' -fuzz=FuzzCanonicalPath -fuzztime=100000x ./request
+	cd e2e && $(GO) test -run='^$$' -fuzz=FuzzNewNeverPanics -fuzztime=150000x -fuzzminimizetime=10x ./configfuzz
 
 # The e2e tests start redis-server themselves: prereq checks that it is installed.
 # kube-apiserver and kine are built first, so that no test's timeout counts their build.

@@ -229,7 +229,9 @@ func (p *Plugin) buildLayers(cfg *config.Settings, memory *windowStore) []*layer
 	for _, rt := range p.routes {
 		p.layers = append(p.layers, rt.layer)
 		for _, name := range sortedPlans(rt) {
-			p.layers = append(p.layers, rt.plans[name].layer)
+			if alt := rt.plans[name]; alt.layer != nil {
+				p.layers = append(p.layers, alt.layer)
+			}
 		}
 	}
 
@@ -328,7 +330,10 @@ func sortedPlans(rt *route) []string {
 }
 
 // routePlans makes route rt's forms for its plans (config.Route.Plans):
-// each a copy of rt with the plan's layer, keyed as rt is. nil: none.
+// each a copy of rt with the plan's layer, keyed as rt is. nil: none. A
+// plan with points 0 has no limit on the route: its form has no layer, and
+// charges nothing after the response either (withRoutePlan charges the
+// request's cost to its other layers only).
 func routePlans(memory *windowStore, rt *route, rs config.Route) map[string]*route {
 	if len(rs.Plans) == 0 {
 		return nil
@@ -339,7 +344,13 @@ func routePlans(memory *windowStore, rt *route, rs config.Route) map[string]*rou
 	for _, spec := range rs.Plans {
 		alt := *rt
 		alt.layer = newLayer(memory, spec, routeKeyKinds[rs.Key])
-		alt.layer.MinCost, alt.layer.Settles = rt.layer.MinCost, rt.layer.Settles
+		if alt.layer != nil {
+			alt.layer.MinCost, alt.layer.Settles = rt.layer.MinCost, rt.layer.Settles
+		} else {
+			alt.countStatus = nil
+			alt.costFrom = nil
+		}
+
 		plans[strings.TrimPrefix(spec.Name, rs.Name+".")] = &alt // config.RoutePlanName
 	}
 

@@ -4,7 +4,8 @@
 // route. README.md documents its configuration and docs/ the rules behind
 // it; CONTRIBUTING.md lists its packages and what each owns.
 //
-// This package is New and what no sub-package owns: the mode an instance
+// This package is New (with recover.go, its last line of defence against a
+// panic) and what no sub-package owns: the mode an instance
 // serves in and the layers, plans, routes and stores it is built from
 // (plugin.go, build.go), the request paths (paths.tmpl, generated into
 // paths_gen.go; paths.go, general.go), keys, routes, assets and exemptions

@@ -219,7 +219,8 @@ func withRoutes(p *Plugin, layers []*layer, req *http.Request, hits *routeHits) 
 
 	for _, rt := range hits.matched {
 		if rt.plans != nil && hits.principal != "" {
-			rt = routePlanOf(p, rt, req)
+			out = withRoutePlan(p, out, rt, req, hits)
+			continue
 		}
 
 		if rt.cost > hits.cost {
@@ -247,16 +248,33 @@ func withRoutes(p *Plugin, layers []*layer, req *http.Request, hits *routeHits) 
 	return out
 }
 
-// routePlanOf is the form of route rt for a principal whose plan header
-// names one of its plans (route.plans), else rt.
-func routePlanOf(p *Plugin, rt *route, req *http.Request) *route {
-	if v := req.Header[p.planHeader]; len(v) > 0 {
-		if alt := rt.plans[v[0]]; alt != nil {
-			return alt
+// withRoutePlan is withRoutes for a matched route with plans
+// (route.plans): it charges, as withRoutes charges a route (written out
+// there: doc.go: frames), the route's form for a principal whose plan
+// header names one of its plans, else the route. A plan with no limit on
+// the route (points 0: routePlans) adds the route's cost to the request
+// and no layer.
+func withRoutePlan(p *Plugin, out []*layer, rt *route, req *http.Request, hits *routeHits) []*layer {
+	if v := req.Header[p.planHeader]; len(v) > 0 && rt.plans[v[0]] != nil {
+		rt = rt.plans[v[0]]
+	}
+
+	if rt.cost > hits.cost {
+		hits.cost = rt.cost
+	}
+
+	switch {
+	case rt.layer == nil:
+	case rt.costFrom != nil:
+		hits.metered = append(hits.metered, rt)
+	default:
+		out = append(out, rt.layer)
+		if rt.countStatus != nil {
+			hits.counted = append(hits.counted, rt)
 		}
 	}
 
-	return rt
+	return out
 }
 
 // routedPaths sets what charges the route matches of a classify instance:

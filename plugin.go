@@ -110,10 +110,28 @@ const (
 // New builds the middleware from a validated configuration. It does no I/O:
 // counters live in the package registry, keyed by name, so routers that share
 // the middleware share its budget and reloads keep the counts.
-func New(ctx context.Context, next http.Handler, config *Config, name string) (http.Handler, error) {
-	cfg, err := parse(config)
+//
+// A panic in parse or build is a bug, but Traefik would drop its whole
+// dynamic configuration with it (every router answers 404): New turns it
+// into an error, which disables only the routers that use this middleware
+// (panicError). New is not on the request path: its defer costs nothing there.
+func New(ctx context.Context, next http.Handler, conf *Config, name string) (handler http.Handler, err error) {
+	var cfg *config.Settings
+
+	defer func() {
+		if r := recover(); r != nil {
+			err = panicError(ctx, name, cfg, r)
+		}
+	}()
+
+	parsed, err := parse(conf)
 	if err != nil {
 		return nil, fmt.Errorf("configuring %s: %w", name, err)
+	}
+
+	cfg = parsed
+	if buildHook != nil {
+		buildHook(cfg)
 	}
 
 	return build(ctx, cfg, next, name).handler(), nil

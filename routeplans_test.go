@@ -104,6 +104,8 @@ func TestRoutePlanConfigErrors(t *testing.T) {
 			c.Redis.SyncInterval = "100ms"
 			c.Routes[0].Plans["pro"] = PlanConfig{Points: 5, Duration: "60s", Algorithm: "sliding"}
 		}, `redis.syncInterval = "100ms"`},
+		{"a plan on a route that is off", func(c *Config) { c.Routes[0].Points = 0 },
+			`routes[0].plans.pro.points = "5": is ignored on a route with points 0 (off), which matches nothing`},
 		{"unknown key", func(c *Config) {
 			c.Routes[0].Plans["pro"] = PlanConfig{Points: 5, Duration: "60s", Unknown: map[string]interface{}{"pointz": 5}}
 		}, `unknown field "routes[0].plans.pro.pointz"`},
@@ -115,6 +117,76 @@ func TestRoutePlanConfigErrors(t *testing.T) {
 		_, err := parse(cfg)
 		if err == nil || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, config.ErrConfig) {
 			t.Errorf("%s: got %v, want an error with %s", tc.name, err, tc.want)
+		}
+	}
+}
+
+// TestARoutePlanOfPointsZeroHasNoLimitOnTheRoute: points 0 on a route's
+// plan means that plan has no limit on the route, as points 0 turns off
+// every other layer: its principals are charged nothing in the route's
+// layer (the other layers charge them as before), whether the route charges
+// up front, counts statuses or reads its cost from the response, in memory,
+// exact Redis and synced Redis; no header, status page or metric shows an
+// off plan's layer. Before, New panicked on it (a nil layer, build.go) and
+// Traefik dropped every router with it.
+func TestARoutePlanOfPointsZeroHasNoLimitOnTheRoute(t *testing.T) {
+	addr, _ := redisServer(t)
+
+	for _, shape := range []struct {
+		name string
+		set  func(rc *RouteConfig)
+	}{
+		{"up front", func(rc *RouteConfig) {}},
+		{"countStatus", func(rc *RouteConfig) { rc.CountStatus = []int{200} }},
+		{"costFrom", func(rc *RouteConfig) { rc.CostFrom = "header:X-Usage" }},
+	} {
+		mutate := func(c *Config) {
+			routePlanConfig(c)
+			c.Status.Path = "/_rl"
+			shape.set(&c.Routes[0])
+			c.Routes[0].Plans["free"] = PlanConfig{Points: 0}
+		}
+
+		redis, _ := redisHarness(t, addr, mutate)
+		synced, _, _ := syncHarness(t, addr, mutate)
+
+		for store, h := range map[string]*harness{"memory": newHarness(t, mutate), "redis": redis, "synced": synced} {
+			name := shape.name + ", " + store
+			h.backend = http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+				rw.Header().Set("X-Usage", "1")
+				_, _ = rw.Write([]byte("ok"))
+			})
+
+			hdr := map[string]string{"X-Api-Key": "key-f", "X-Auth-User": "fay", "X-Auth-Plan": "free"}
+			for i := 0; i < 20; i++ {
+				rec := h.do(http.MethodPost, "/v1/chat", "10.0.0.1:1", hdr)
+				if rec.Code != http.StatusOK {
+					t.Fatalf("%s: free request %d: %d, want 200 (no limit on the route)", name, i+1, rec.Code)
+				}
+
+				if got := rec.Header().Get("RateLimit-Policy") + rec.Header().Get("RateLimit"); strings.Contains(got, "chat") {
+					t.Fatalf("%s: free request %d shows the route: %s", name, i+1, got)
+				}
+			}
+
+			// user (100 a minute) still charges them.
+			if rec := h.do(http.MethodGet, "/other", "10.0.0.1:1", hdr); rec.Header().Get("X-RateLimit-Remaining") != "79" {
+				t.Errorf("%s: user after 20 free chats: remaining %q, want 79", name, rec.Header().Get("X-RateLimit-Remaining"))
+			}
+
+			if n, layer := chatsAllowed(t, h, "bob", "", "key-b"); n != 2 || layer != "chat" {
+				t.Errorf("%s: a principal without a plan: %d allowed, refused by %q; want 2 and chat", name, n, layer)
+			}
+
+			for _, l := range h.status("/_rl").Layers {
+				if strings.HasPrefix(l.Name, "chat.free") {
+					t.Errorf("%s: the status page shows the off plan's layer %q", name, l.Name)
+				}
+			}
+
+			if rec := h.get("/_rl/metrics", local); strings.Contains(rec.Body.String(), "chat.free") {
+				t.Errorf("%s: the metrics show the off plan's layer", name)
+			}
 		}
 	}
 }

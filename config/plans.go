@@ -153,6 +153,12 @@ func parseRoutePlans(field string, rc RouteConfig, spec *Route) error {
 			return err
 		}
 
+		// A route with points 0 matches nothing (the root builds no route
+		// for it), so a plan's limit on it would be silently ignored.
+		if rule.On() && !spec.On() {
+			return invalid(pf+".points", rule.Points, "is ignored on a route with points 0 (off), which matches nothing: give the route points (a plan's points 0 means no limit for that plan)")
+		}
+
 		capacity := rule.Points
 		if rule.Bucket {
 			capacity = rule.Burst

@@ -49,15 +49,19 @@ func (c *check) file(path string) {
 	}
 
 	for _, m := range mws {
-		err := m.err
-		if err == nil {
-			err = c.build(m)
+		problems := []string(nil)
+		if m.err != nil {
+			problems = []string{oneLine(m.err)}
+		} else {
+			problems = c.build(m)
 		}
 
-		if err != nil {
-			fmt.Fprintf(c.out, "%s: %s: %s\n", path, m.name, oneLine(err))
-			c.fail(exitInvalid)
+		for _, p := range problems {
+			fmt.Fprintf(c.out, "%s: %s: %s\n", path, m.name, p)
+		}
 
+		if len(problems) > 0 {
+			c.fail(exitInvalid)
 			continue
 		}
 
@@ -82,26 +86,26 @@ func (c *check) fail(code int) {
 	}
 }
 
-// build builds the middleware as Traefik does: Build decodes the map into
-// the plugin's Config, the constructor calls New. New's context is
-// cancelled at once, as a reload would.
-func (c *check) build(m middleware) (err error) {
+// build builds the middleware as Traefik does, and returns every error it
+// finds (problems.go); none when it builds.
+func (c *check) build(m middleware) []string {
 	b, err := c.plugin()
 	if err != nil {
 		c.fail(exitFiles)
-		return fmt.Errorf("loading the plugin: %w", err)
+		return []string{oneLine(fmt.Errorf("loading the plugin: %w", err))}
 	}
 
+	return c.problems(b, m)
+}
+
+// construct calls the constructor that Build returned, as Traefik does:
+// it calls New. New's context is cancelled at once, as a reload would.
+func (c *check) construct(ctor plugins.Constructor) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("panic: %v", r)
 		}
 	}()
-
-	ctor, err := b.Build(m.alias, m.config, m.name)
-	if err != nil {
-		return err
-	}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

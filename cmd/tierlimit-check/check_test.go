@@ -54,12 +54,13 @@ func TestUnknownKeyIsNamed(t *testing.T) {
 func TestWrongTypedValues(t *testing.T) {
 	out, code := runCheck(t, "testdata/wrong-type.yml")
 
-	// Traefik's decoder (mapstructure, weakly typed) refuses them before New;
-	// the string "5" for an int is fine, as the file provider sends every scalar as a string.
+	// Traefik's decoder (mapstructure, weakly typed) refuses them before New,
+	// naming Go's fields ('IP.Points'); the check names the configuration's.
+	// The string "5" for an int is fine, as the file provider sends every scalar as a string.
 	wantLines(t, out,
-		`testdata/wrong-type.yml: dryrun@file: failed to decode configuration: 1 error(s) decoding: * cannot parse 'DryRun' as bool: strconv.ParseBool: parsing "maybe": invalid syntax`,
+		`testdata/wrong-type.yml: dryrun@file: failed to decode configuration: dryRun = "maybe": not true or false`,
 		"testdata/wrong-type.yml: good@file: ok",
-		`testdata/wrong-type.yml: points@file: failed to decode configuration: 1 error(s) decoding: * cannot parse 'IP.Points' as int: strconv.ParseInt: parsing "five": invalid syntax`)
+		`testdata/wrong-type.yml: points@file: failed to decode configuration: ip.points = "five": not a whole number`)
 
 	if code != exitInvalid {
 		t.Errorf("exit %d, want 1", code)
@@ -211,5 +212,31 @@ func write(t *testing.T, path, content string) {
 
 	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestEveryErrorOfAMiddlewareIsReported: the check reports every error it
+// can tell apart, in the configuration's names: both typos of one line, the
+// wrong types (all of them, as Traefik's decoding finds them), the unknown
+// keys, and the first error of each section New refuses; not the route's
+// costFrom "on a route with points 0", which only the wrong type of its
+// points makes.
+func TestEveryErrorOfAMiddlewareIsReported(t *testing.T) {
+	out, code := runCheck(t, "testdata/every-error.yml")
+
+	const f = "testdata/every-error.yml: "
+	wantLines(t, out,
+		f+`many@file: failed to decode configuration: dryRun = "maybe": not true or false`,
+		f+`many@file: failed to decode configuration: routes[0].points = "five": not a whole number`,
+		f+`many@file: configuring many@file: invalid configuration: unknown field "routes[1].methodz" (did you mean "routes[1].methods"?)`,
+		f+`many@file: configuring many@file: invalid configuration: ipv6PrefixLength = "200": must be between 1 and 128`,
+		f+`many@file: configuring many@file: invalid configuration: user.points = "-1": must be >= 0 (0 turns the layer off)`,
+		f+`many@file: configuring many@file: invalid configuration: routes[1].paths[0] = "login": must start with "/" and hold no query, fragment or whitespace`,
+		f+`many@file: configuring many@file: invalid configuration: plans.pro.points = "-2": must be >= 0 (0 turns the layer off)`,
+		f+`typos@file: configuring typos@file: invalid configuration: unknown field "ip.duraton" (did you mean "ip.duration"?)`,
+		f+`typos@file: configuring typos@file: invalid configuration: unknown field "ip.point" (did you mean "ip.points"?)`)
+
+	if code != exitInvalid {
+		t.Errorf("exit %d, want 1", code)
 	}
 }

@@ -8,7 +8,8 @@
 // loaded by Traefik's own loader (pkg/plugins: Yaegi, mapstructure with weak
 // typing and the comma hook) and New is called with the provider's
 // configuration map and the middleware's qualified name. One line per
-// middleware: `<file>: <name>: ok` or `<file>: <name>: <error>`.
+// middleware, `<file>: <name>: ok`, or one per error it finds,
+// `<file>: <name>: <error>`, in the configuration's names (problems.go).
 //
 // Exit status: 0 when every middleware builds, 1 when one does not, 2 when a
 // file cannot be read or parsed or the plugin cannot be loaded (2 wins over 1).
@@ -39,8 +40,8 @@ const usage = `usage: tierlimit-check [-plugin tierlimit] [-src DIR] FILE|DIR...
 Builds every tierlimit middleware of Traefik dynamic configuration files (YAML, TOML),
 Kubernetes manifests (traefik.io/v1alpha1 Middleware objects) and Docker labels (a Compose
 file's services.<name>.labels, or a file of labels alone) as Traefik would; a directory is
-walked for .yml, .yaml and .toml files. Prints "<file>: <middleware>: ok" or the error
-Traefik would get. urn:k8s:secret values are checked as written, not resolved.
+walked for .yml, .yaml and .toml files. Prints "<file>: <middleware>: ok", or each error
+it finds (Traefik logs the first). urn:k8s:secret values are checked as written, not resolved.
 Exit status: 0 all ok, 1 a middleware has an error, 2 a file cannot be read or parsed.
 
 `

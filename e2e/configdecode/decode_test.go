@@ -35,8 +35,14 @@ func TestMain(m *testing.M) {
 			return 1
 		}
 
-		// Traefik's loader reads ./plugins-local relative to the working directory.
-		if err := os.Chdir(dir); err != nil {
+		// Traefik's loader reads ./plugins-local relative to the working
+		// directory, while it loads the plugin; the tests read testdata.
+		wd, err := os.Getwd()
+		if err == nil {
+			err = os.Chdir(dir)
+		}
+
+		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
@@ -46,6 +52,11 @@ func TestMain(m *testing.M) {
 		})
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "loading the plugin with Traefik's loader:", err)
+			return 1
+		}
+
+		if err := os.Chdir(wd); err != nil {
+			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
 
