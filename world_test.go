@@ -62,7 +62,14 @@ const reqIDHeader = "X-Harness-Request"
 func newProxiedHarness(t *testing.T, mutate func(c *Config)) *harness {
 	t.Helper()
 
-	h := newHarness(t, mutate)
+	return behindProxy(t, newHarness(t, mutate))
+}
+
+// behindProxy puts harness h (newHarness, redisHarness...) in the world
+// of newProxiedHarness: its backend behind the proxy, the front before it.
+func behindProxy(t *testing.T, h *harness) *harness {
+	t.Helper()
+
 	origin := h.p.next
 
 	f := &front{ended: map[string]chan struct{}{}}
@@ -528,4 +535,39 @@ func TestTheProxiedHarnessAbortsAsTraefikDoes(t *testing.T) {
 	if rec := h.get("/api", "203.0.113.1:1"); rec.Code != http.StatusOK || rec.Header().Get("X-RateLimit-Remaining") != "8" {
 		t.Fatalf("after the hang-up: %d remaining %q, want 200 and 8", rec.Code, rec.Header().Get("X-RateLimit-Remaining"))
 	}
+}
+
+// chainedBefore is another middleware of the plugin placed before h's
+// instance in the same router's chain (an edge before ForwardAuth and a
+// principal instance, ForwardAuth left out: it passes the writer on), built
+// from mutate and named name; the front serves it. Its events go to h's
+// buffer, under its own name.
+func chainedBefore(t *testing.T, h *harness, mutate func(c *Config), name string) *Plugin {
+	t.Helper()
+
+	cfg := CreateConfig()
+	if mutate != nil {
+		mutate(cfg)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+
+	handler, err := New(ctx, h.h, cfg, name)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+
+	p := pluginOf(handler)
+	p.now = h.clock.Now
+	p.events = events.NewEventLog(h.events, name)
+	p.events.Now = h.clock.Now
+
+	if h.front != nil {
+		h.front.mu.Lock()
+		h.front.serving = handler
+		h.front.mu.Unlock()
+	}
+
+	return p
 }
