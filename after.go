@@ -246,6 +246,7 @@ type watchWriter struct {
 	wroteHeader bool
 	discard     bool // the downstream's answer was replaced by a 429
 	flushEach   bool
+	pooled      bool // serveCounted's, from watchPool: it goes back there
 }
 
 // watchPool holds watchWriters between requests, each with its self made
@@ -385,16 +386,24 @@ type routeHits struct {
 // around the original writer, to which serveUpgrade writes its refusals);
 // c is the request's charge, whose client and principal key the routes.
 // left is what the headers show (-1: none).
+//
+// The settlement is deferred: Traefik's proxy does not return when the
+// client hangs up mid-body, it panics with http.ErrAbortHandler, and a
+// handler after this one may panic too. A panic goes on once the request
+// is settled (no recover: the deferred call runs as the panic unwinds).
 func serveCounted(p *Plugin, out http.ResponseWriter, req *http.Request, c *charge, hits *routeHits, left int64) {
-	// out is a watchWriter already converted to the interface, or the
-	// writer a pooled one wraps (watchPool; doc.go: wrappers).
+	// out is a watchWriter of this instance already converted to the
+	// interface, or the writer a pooled one wraps (watchPool; doc.go:
+	// wrappers). A watchWriter of an instance earlier in the chain (the
+	// edge's, of a credentialed request) is wrapped too: it settles that
+	// instance's charges, this one settles its own.
 	ww, watched := out.(*watchWriter)
-	if !watched {
+	if !watched || ww.p != p {
 		ww, _ = watchPool.Get().(*watchWriter)
 		if ww == nil {
 			ww = newPooledWatch()
 		}
-		*ww = watchWriter{self: ww.self, rw: out, req: req, p: p, prevLeft: left}
+		*ww = watchWriter{self: ww.self, rw: out, req: req, p: p, prevLeft: left, pooled: true}
 		out = ww.self
 	}
 	ww.routes = hits.counted
@@ -403,23 +412,31 @@ func serveCounted(p *Plugin, out http.ResponseWriter, req *http.Request, c *char
 	ww.cost = hits.cost
 	ww.reserved = hits.reserved
 
+	defer endCounted(ww)
+
 	if p.ws != nil && isUpgrade(req) {
 		serveUpgrade(p, out, ww.rw, req, c.Client)
 	} else {
 		p.next.ServeHTTP(out, req)
 	}
 
-	// A handler that wrote nothing answered 200, which net/http sends.
+	// A handler that wrote nothing answered 200, which net/http sends; one
+	// that panicked answered nothing this instance saw.
 	if !ww.wroteHeader {
 		ww.wroteHeader = true
 		countStatus(ww, http.StatusOK)
 	}
+}
 
+// endCounted is what serveCounted does once its request has ended, however
+// it ended: the reservations settled, a pooled writer back in the pool, as
+// nothing uses it any more.
+func endCounted(ww *watchWriter) {
 	if ww.reserved != nil {
 		settleReservations(ww)
 	}
 
-	if !watched {
+	if ww.pooled {
 		*ww = watchWriter{self: ww.self}
 		watchPool.Put(ww)
 	}

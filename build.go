@@ -147,6 +147,7 @@ func build(ctx context.Context, cfg *config.Settings, next http.Handler, name st
 	}
 
 	splitCountStatus(p.routes)
+	loudReserves(p.routes)
 
 	return p
 }
@@ -176,6 +177,27 @@ func splitCountStatus(routes []*route) {
 		rt.layer.RedisArgs = checkArgs(rt.layer.RedisArgs)
 		if rt.layer.Calendar != 0 {
 			rt.layer.RedisTail = redisstore.RedisTail(rt.layer.RedisArgs) // the check flag too
+		}
+	}
+}
+
+// loudReserves gives each costFrom route (and route plan) whose layer is
+// quiet its loud layer (route.loud), a copy of the complete layer that is
+// not quiet.
+func loudReserves(routes []*route) {
+	var all []*route
+	for _, rt := range routes {
+		all = append(all, rt)
+		for _, name := range sortedPlans(rt) {
+			all = append(all, rt.plans[name])
+		}
+	}
+
+	for _, rt := range all {
+		if rt.costFrom != nil && rt.layer.Quiet {
+			loud := *rt.layer
+			loud.Quiet = false
+			rt.loud = []*layer{&loud}
 		}
 	}
 }

@@ -71,6 +71,11 @@ type route struct {
 	// points for the request until then (meter.go).
 	costFrom *usage.Source
 	reserve  int64
+	// loud is the layer of a costFrom route in dry run beside rules that
+	// enforce (layer.Quiet), as its reservation's take charges it: the same
+	// counters, shown, so that the take reports the window's reset, which
+	// the settlement's give-back needs (reserveFor). nil for other routes.
+	loud []*layer
 	// plans are the route's forms for principals on a plan (routes[].plans):
 	// by plan name, a copy of the route with the plan's layer.
 	plans map[string]*route

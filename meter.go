@@ -32,11 +32,11 @@ type reservation struct {
 	// token bucket, whose debt carries over.
 	reset  int64
 	reader *usage.Reader // a json: source's, from the response's header on
-	// held is what the layer holds for the request: its reserve, then the
-	// first cost its event stream stated (readBody), then what the response
-	// reported.
-	held   int64
-	stated bool // the stream stated a cost, which the layer holds; or it is no stream
+	// held is what the layer holds for the request: its reserve, raised to
+	// each larger cost its event stream states (readBody), then what the
+	// response reported.
+	held    int64
+	streams bool // the body is an event stream, whose events may raise held
 }
 
 // maxReportedCost bounds what a response may charge: more than any API
@@ -68,7 +68,11 @@ func takeReserving(st *stores, t *tally, c *charge, hits *routeHits) {
 		i := n + j
 		part := tally{Cost: rt.reserve}
 		pc := rule.ChargeSpan(c, i, i+1)
-		take(st, &part, pc)
+		if rt.loud != nil {
+			takeQuiet(st, &part, pc, rt.loud)
+		} else {
+			take(st, &part, pc)
+		}
 		t.Firsts |= part.Firsts << uint(i)
 		t.Uncharged |= uint64(1) << uint(i)
 
@@ -138,20 +142,25 @@ func checkOnlyBits(layers []*layer) uint64 {
 	return bits
 }
 
+// takeQuiet is take for the reservation of a quiet costFrom layer (a dry
+// run beside rules that enforce), charge pc its layer alone, loud the
+// layer's loud copy (route.loud): the take charges the same counters and
+// reports the window's reset, which the headers never show (t.Shown -1).
+func takeQuiet(st *stores, t *tally, pc *charge, loud []*layer) {
+	pc.Layers = loud
+	take(st, t, pc)
+	t.Shown = -1
+}
+
 // reserveFor is the reservation that the take of part t, charge pc (a
-// costFrom route's layer alone), made for route rt.
+// costFrom route's layer alone), made for route rt: t's reset is the
+// layer's window's (takeQuiet's too).
 func reserveFor(rt *route, pc *charge, t *tally) reservation {
 	r := reservation{rt: rt, key: pc.Keys[0], client: pc.Client, held: rt.reserve}
 	atomic.AddInt64(&rt.layer.Stats.Reserved, 1)
 
-	switch {
-	case rt.layer.Interval != 0:
-	case t.Shown == 0:
+	if rt.layer.Interval == 0 {
 		r.reset = t.Reset
-	default:
-		// A quiet dry-run layer shows nothing: no give-back, rather than
-		// one to a later window.
-		r.reset = pc.Now
 	}
 
 	return r
@@ -213,25 +222,33 @@ func holdCost(p *Plugin, r *reservation, cost, now int64) {
 }
 
 // reportedCost is what the response states its request cost at r's
-// route's costFrom: a header, or a trailer; or its body.
+// route's costFrom: its body; or a header, or a trailer (headerCost).
 func reportedCost(w *watchWriter, r *reservation) (int64, bool) {
-	src := r.rt.costFrom
-	if src.Header == "" {
-		if r.reader == nil {
-			return 0, false
-		}
-
-		return usage.Result(r.reader)
+	if r.rt.costFrom.Header != "" {
+		return headerCost(w.rw.Header(), r.rt.costFrom.Header)
 	}
 
-	h := w.rw.Header()
-	v := h[src.Header]
+	if r.reader == nil {
+		return 0, false
+	}
+
+	return usage.Result(r.reader)
+}
+
+// headerCost is the cost header name states in h, else its trailer:
+// several copies are a list (usage.ParseHeaderValues).
+func headerCost(h http.Header, name string) (int64, bool) {
+	v := h[name]
 	if len(v) == 0 {
-		v = h[http.TrailerPrefix+src.Header]
+		v = h[http.TrailerPrefix+name]
 	}
 
 	if len(v) == 0 {
 		return 0, false
+	}
+
+	if len(v) > 1 {
+		return usage.ParseHeaderValues(v)
 	}
 
 	return usage.ParseHeaderValue(v[0])
@@ -264,7 +281,7 @@ func startReading(w *watchWriter) {
 		if src := w.reserved[i].rt.costFrom; src.Header == "" {
 			w.reserved[i].reader = usage.NewReader(*src, ct)
 			// Only a stream states a cost before it ends.
-			w.reserved[i].stated = !usage.Streams(w.reserved[i].reader)
+			w.reserved[i].streams = usage.Streams(w.reserved[i].reader)
 		}
 	}
 
@@ -289,7 +306,7 @@ func readBody(w *watchWriter, b []byte) {
 	for i := range w.reserved {
 		if r := &w.reserved[i]; r.reader != nil {
 			usage.Feed(r.reader, b)
-			if !r.stated {
+			if r.streams {
 				holdStated(w.p, r)
 			}
 		}
@@ -327,18 +344,22 @@ func meteredRouteOf(p *Plugin, l *layer) *route {
 	return nil
 }
 
-// holdStated charges the first cost r's event stream states as soon as
-// the event that states it is read, before the client has it: a client that
+// holdStated raises what r's layer holds for its request to the cost its
+// event stream states so far, as soon as the event that states it is read
+// and before the client has it, when that cost is larger: a client that
 // stops at the stream's last event ("data: [DONE]") and sends its next
-// request finds it charged. A later event that states another cost is
-// settled when the response ends, as are streams that state costs in every
-// event (one store call per request, not per event).
+// request finds it charged, and requests in flight never hold less than
+// they may cost. A smaller cost lowers nothing before the response ends
+// (settleReservations): a stream that states its cumulative usage in every
+// event (vLLM's continuous_usage_stats) states small costs first, and
+// holding those would let more requests in than the points allow. So a
+// store call is made per event that states more than is held, none for
+// the others.
 func holdStated(p *Plugin, r *reservation) {
 	cost, ok := usage.Stated(r.reader)
-	if !ok {
+	if !ok || cost <= r.held {
 		return
 	}
 
-	r.stated = true
 	holdCost(p, r, cost, p.now().UnixNano())
 }

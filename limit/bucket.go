@@ -35,8 +35,19 @@ func BucketTake(tat, now, cost, burst, interval int64) (int64, int64) {
 	return tat, (tat - now + interval - 1) / interval
 }
 
+// BucketHorizon is the latest TAT a bucket holds: a spend beyond it (a
+// response stating a huge cost on a slow bucket) saturates there, far from
+// int64 overflow, and so does a give-back.
+const BucketHorizon = int64(1) << 62
+
 // BucketReturn returns the TAT of a bucket given back cost tokens that a take
-// took: cost intervals earlier. A TAT that falls before now is a full bucket.
+// took: cost intervals earlier, at most BucketHorizon earlier (a give-back
+// past it leaves a full bucket, as what the spend saturated is unknown). A
+// TAT that falls before now is a full bucket.
 func BucketReturn(tat, cost, interval int64) int64 {
+	if cost > BucketHorizon/interval {
+		return tat - BucketHorizon
+	}
+
 	return tat - cost*interval
 }

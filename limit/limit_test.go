@@ -215,6 +215,9 @@ func TestBucketReturn(t *testing.T) {
 		{150, 2, 10, 130},
 		{105, 1, 10, 95}, // before now: full
 		{150, 0, 10, 150},
+		// Past the horizon, where a spend saturated: no overflow.
+		{BucketHorizon, int64(1) << 40, 180e9, 0},
+		{BucketHorizon, BucketHorizon/10 + 1, 10, 0},
 	} {
 		if got := BucketReturn(c.tat, c.cost, c.interval); got != c.want {
 			t.Errorf("BucketReturn(%d, %d, %d) = %d, want %d", c.tat, c.cost, c.interval, got, c.want)

@@ -48,7 +48,7 @@ func spendBucket(s *WindowStore, l *layer, key string, now, cost int64) {
 		w.Reset = now
 	}
 
-	const horizon = int64(1) << 62
+	horizon := limit.BucketHorizon
 	if cost > (horizon-w.Reset)/l.Interval {
 		w.Reset = horizon
 	} else {

@@ -22,13 +22,14 @@ const (
 // significant digits), spaces and tabs around it allowed. The number is
 // written as JSON writes numbers (an integer, an optional fraction, an
 // optional exponent) so that "400", "400.0", "4e2" and "4.00E+2" are all
-// 400; unlike JSON, leading zeros ("0400") are accepted. Anything else is
-// refused (false): empty, more than 64 bytes once trimmed, a sign ("+4",
-// "-4", "-0"), a fraction ("400.5", "4e-1"), "400." or ".5", text, several
-// values ("4, 5"), 10^18 or more.
+// 400; unlike JSON, leading zeros ("0400") are accepted. A list of them
+// ("4, 5") is read as ParseHeaderValues reads one: its largest. Anything
+// else is refused (false): empty, more than 64 bytes once trimmed, a sign
+// ("+4", "-4", "-0"), a fraction ("400.5", "4e-1"), "400." or ".5", text,
+// 10^18 or more.
 //
 // A JSON body's value goes through it too, so that both forms of a source
-// agree.
+// agree (a JSON value is never a list: a comma is not in any number).
 func ParseHeaderValue(v string) (int64, bool) {
 	s := strings.Trim(v, " \t")
 
@@ -41,7 +42,59 @@ func ParseHeaderValue(v string) (int64, bool) {
 		}
 	}
 
+	return parseOther(s)
+}
+
+// parseOther reads a value of ParseHeaderValue that is not digits alone: a
+// number in another form, or a list of them (ParseHeaderValues).
+func parseOther(s string) (int64, bool) {
+	if strings.IndexByte(s, ',') >= 0 {
+		return parseList([]string{s})
+	}
+
 	return parseCost(s)
+}
+
+// ParseHeaderValues reads a cost from the values of a header or trailer
+// (one per copy of the field, as http.Header holds them) as HTTP reads a
+// list: the copies and their comma-separated members are one list (a proxy
+// may fold copies into one line), empty members are skipped. Each member
+// must be a cost that ParseHeaderValue reads alone; the cost stated is the
+// largest of them, so that a backend, or a middleware after it, that
+// repeats the field cannot state less than one of its values. Any other
+// member states no cost (false), as does a list with no member.
+// ParseHeaderValue reads a single copy so too.
+func ParseHeaderValues(v []string) (int64, bool) {
+	if len(v) == 1 {
+		return ParseHeaderValue(v[0])
+	}
+
+	return parseList(v)
+}
+
+// parseList is ParseHeaderValues for what is not one value alone.
+func parseList(v []string) (int64, bool) {
+	largest, ok := int64(0), false
+
+	for _, line := range v {
+		for _, member := range strings.Split(line, ",") {
+			if strings.Trim(member, " \t") == "" {
+				continue
+			}
+
+			n, valid := parseCost(strings.Trim(member, " \t"))
+			if !valid {
+				return 0, false
+			}
+
+			if !ok || n > largest {
+				largest = n
+				ok = true
+			}
+		}
+	}
+
+	return largest, ok
 }
 
 // parseCost reads the number of ParseHeaderValue, trimmed, when it is not
