@@ -12,9 +12,10 @@ import (
 
 // Concurrency layers (algorithm: concurrency, config/concurrency.go): a
 // request admitted holds one slot of each for as long as it is in flight,
-// and gives them back when next returns, which for a proxied request is when
-// its response has ended or its client went away (the proxy returns then),
-// for a WebSocket upgrade when the connection closes. The lease (the layer's
+// and gives them back when next has ended, which for a proxied request is
+// when its response has ended or its client went away (the proxy then
+// panics with http.ErrAbortHandler: the release is deferred), for a
+// WebSocket upgrade when the connection closes. The lease (the layer's
 // duration) bounds what a request that never returns, or a replica that died
 // holding slots in Redis, can hold. chooseMode sends an instance with such a
 // layer to serveGeneral, which releases them (releaseHeld); the fast paths

@@ -18,7 +18,10 @@ import (
 // by the reported cost (settleReservations): the difference is given back
 // (refund) or charged past the layer's points if need be (spend), so
 // requests in flight overspend by at most what each reports beyond its
-// reservation. A response that reports nothing leaves the reservation
+// reservation. Until then what the layer holds only rises (holdStated). A
+// response ends however its request does, the proxy's abort when the
+// client hangs up and other panics included (serveCounted defers the
+// settlement). A response that reports nothing leaves the reservation
 // charged, with one event per layer and window.
 
 // reservation is what a request admitted by a costFrom route holds in the

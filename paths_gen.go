@@ -1200,6 +1200,9 @@ func serveCountedFast(p *Plugin, rw http.ResponseWriter, req *http.Request, matc
 	if watch {
 		// serveCounted, written out for what the classify path serves: no
 		// pending ip charge, no WebSocket cap; a pooled writer (watchPool).
+		// Nothing here needs a defer: the status is charged as it is
+		// written, and a writer whose request panicked (a client gone
+		// mid-body) is left to the garbage collector, never put back.
 		ww, _ := watchPool.Get().(*watchWriter)
 		if ww == nil {
 			ww = newPooledWatch()
