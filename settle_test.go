@@ -355,3 +355,36 @@ func TestSeveralCostHeaderValuesStateTheLargest(t *testing.T) {
 		}
 	}
 }
+
+// The settlement of a costFrom route goes to the counters of the
+// middleware that owns it, whatever store the middleware before it in the
+// chain uses: an edge on exact Redis before a principal instance counting
+// in memory (the item 2 saw the settlement land in the edge's
+// store).
+func TestTheSettlementGoesToTheStoreOfTheLayersMiddleware(t *testing.T) {
+	h := behindProxy(t, newHarness(t, meteredRoute("header:X-Usage", 100)))
+	h.backend = http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+		rw.Header().Set("X-Usage", "500")
+		_, _ = rw.Write([]byte("ok"))
+	})
+
+	addr, admin := redisServer(t)
+	chainedBefore(t, h, func(c *Config) {
+		c.Store = "redis"
+		c.Redis.Address = addr
+		c.Global.Points = 0
+		c.IP = LayerConfig{Points: 600, Duration: "60s"}
+		c.Principal.CredentialHeaders = []string{"Authorization"}
+	}, "edge-"+h.p.name)
+
+	h.do(http.MethodPost, "/v1/chat/completions", "203.0.113.1:1", map[string]string{"X-Api-Key": "k1", "Authorization": "Bearer t"})
+
+	if n, _ := h.p.memory.Peek(h.clock.Now().UnixNano(), "llm", request.HashKey("k1")); n != 500 {
+		t.Errorf("the layer's middleware counts %d for k1, want the 500 reported", n)
+	}
+
+	// The edge charges a credentialed request nothing up front (global off).
+	if keys := redisDo(t, admin, "KEYS", "*").Array; len(keys) != 0 {
+		t.Errorf("the edge's Redis holds %v: the settlement went to the edge's store", keys)
+	}
+}
