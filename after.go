@@ -386,9 +386,17 @@ type routeHits struct {
 // c is the request's charge, whose client and principal key the routes.
 // left is what the headers show (-1: none).
 func serveCounted(p *Plugin, out http.ResponseWriter, req *http.Request, c *charge, hits *routeHits, left int64) {
-	// out is a watchWriter already converted to the interface, or the
-	// writer a pooled one wraps (watchPool; doc.go: wrappers).
+	// out is this instance's watchWriter already converted to the
+	// interface, or the writer a pooled one wraps (watchPool; doc.go:
+	// wrappers). Another instance's watchWriter (the edge's, when this
+	// instance follows it and ForwardAuth in a chain) is a writer like any
+	// other: reusing it would settle this instance's routes with the edge's
+	// stores and events.
 	ww, watched := out.(*watchWriter)
+	if watched && ww.p != p {
+		watched = false
+	}
+
 	if !watched {
 		ww, _ = watchPool.Get().(*watchWriter)
 		if ww == nil {
