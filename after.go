@@ -411,13 +411,6 @@ func serveCounted(p *Plugin, out http.ResponseWriter, req *http.Request, c *char
 	ww.cost = hits.cost
 	ww.reserved = hits.reserved
 
-	// Registered first, so that it runs after whatever settles the
-	// reservations, however the request ends.
-	if ww.reserved != nil {
-		holdRedis(p)
-		defer unholdRedis(p)
-	}
-
 	if p.ws != nil && isUpgrade(req) {
 		serveUpgrade(p, out, ww.rw, req, c.Client)
 	} else {

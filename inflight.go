@@ -64,27 +64,7 @@ func releaseHeld(p *Plugin, c *charge) {
 		return
 	}
 
-	// Unheld after the release, however it ended.
-	defer redisstore.Unhold(p.stores.redis.Backend)
 	redisstore.Release(p.stores.redis, c)
-}
-
-// holdRedis keeps the pool of p's Redis store open until the request, which
-// has something to release or settle there after its response, ends
-// (redisstore.Hold): its response may outlive the instance's configuration
-// and the backend's release grace (a stream across a reload). Paired with
-// unholdRedis, or releaseHeld's release.
-func holdRedis(p *Plugin) {
-	if p.stores.redis != nil {
-		redisstore.Hold(p.stores.redis.Backend)
-	}
-}
-
-// unholdRedis ends a holdRedis.
-func unholdRedis(p *Plugin) {
-	if p.stores.redis != nil {
-		redisstore.Unhold(p.stores.redis.Backend)
-	}
 }
 
 // serveExemptHeld is serveExempt on an instance with concurrency layers:
@@ -100,7 +80,6 @@ func serveExemptHeld(p *Plugin, rw http.ResponseWriter, req *http.Request, clien
 		return
 	}
 
-	holdRedis(p)
 	defer releaseHeld(p, c)
 
 	p.next.ServeHTTP(rw, req)

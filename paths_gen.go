@@ -478,7 +478,6 @@ func serveGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request, matched 
 	}
 
 	if p.held {
-		holdRedis(p)
 		defer releaseHeld(p, c) // when it has been served, however (inflight.go)
 	}
 

@@ -34,13 +34,6 @@ type RedisBackend struct {
 	// down mirrors failing for the common path, which then takes no lock.
 	Down atomic.Bool
 
-	// Busy counts the requests in flight that settle or release something
-	// in Redis after their response (Hold); released (CloseBackend), the
-	// backend closes only once none is left.
-	Busy     atomic.Int64
-	released atomic.Bool
-	closed   atomic.Bool
-
 	Mu      sync.Mutex
 	failing bool
 	probing bool  // one request is trying Redis after the back-off
@@ -180,8 +173,7 @@ func (b *RedisBackend) event(name, severity, msg string, retry time.Duration, no
 // Backends shares one redisBackend per distinct Redis configuration across
 // middlewares, routers and reloads, so reloads do not open new pools. A
 // backend no instance uses any more is released (../lifetime/lifetime.go) and its pool
-// closed once no request holds it (Hold): idle connections at once, busy
-// ones when their call returns.
+// closed: idle connections at once, busy ones when their call returns.
 var Backends = &BackendRegistry{ByConfig: lifetime.NewHeldRegistry(CloseBackend)}
 
 type BackendRegistry struct {
@@ -189,48 +181,12 @@ type BackendRegistry struct {
 }
 
 func CloseBackend(v interface{}) {
-	b, ok := v.(*RedisBackend)
-	if !ok {
-		return
+	if b, ok := v.(*RedisBackend); ok {
+		StopProbe(b)
+		flushSyncsOn(b) // released at the same grace, in either order
+		b.Resets.stop()
+		b.Pool.Close()
 	}
-
-	// Stored, then Busy loaded, as Unhold does the other way round: one of
-	// the two sees the other and closes.
-	b.released.Store(true)
-	if b.Busy.Load() == 0 {
-		closeBackend(b)
-	}
-}
-
-// Hold keeps b open for a request of an instance that uses it until Unhold:
-// what the request charges or holds in Redis after its response (a reported
-// cost, a concurrency slot) is settled there however long it outlives the
-// instance's configuration (a stream across a reload that changed a redis
-// setting, past the release grace), and what it charged the fallback in an
-// outage is still paid at the recovery that b's probe finds. Every Hold is
-// paired with one Unhold.
-func Hold(b *RedisBackend) {
-	b.Busy.Add(1)
-}
-
-// Unhold ends a Hold, and closes a released backend when it was the last.
-func Unhold(b *RedisBackend) {
-	if b.Busy.Add(-1) == 0 && b.released.Load() {
-		closeBackend(b)
-	}
-}
-
-// closeBackend stops b's goroutines and closes its pool, once: idle
-// connections at once, busy ones when their call returns.
-func closeBackend(b *RedisBackend) {
-	if !b.closed.CompareAndSwap(false, true) {
-		return
-	}
-
-	StopProbe(b)
-	flushSyncsOn(b) // released at the same grace, in either order
-	b.Resets.stop()
-	b.Pool.Close()
 }
 
 // Get returns the backend of opts, held until ctx is cancelled.

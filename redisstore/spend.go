@@ -22,7 +22,12 @@ func Spend(s *RedisStore, c *charge, cost int64) {
 
 	if !s.Backend.Down.Load() {
 		err := spendOnRedis(s, c, cost)
-		if err == nil || errors.Is(err, redisresp.ErrClosed) {
+		if err == nil {
+			return
+		}
+
+		if errors.Is(err, redisresp.ErrClosed) {
+			spendReplaced(s, c, cost)
 			return
 		}
 
