@@ -393,8 +393,8 @@ func serveCounted(p *Plugin, out http.ResponseWriter, req *http.Request, c *char
 	// other: reusing it would settle this instance's routes with the edge's
 	// stores and events.
 	ww, watched := out.(*watchWriter)
-	if watched && ww.p != p {
-		watched = false
+	if watched {
+		watched = ww.p == p
 	}
 
 	if !watched {
