@@ -173,7 +173,7 @@ func PayOwed(s *RedisStore) {
 }
 
 // oweReplaced hands what a replaced configuration's store, whose pool is
-// closed, still owes Redis to the newest store of its name (successor.go),
+// closed, still owes Redis to the newest store of its name (spend.go),
 // which pays at once, or at its own recovery; none when the name counts
 // in memory now, which holds the charges already.
 func oweReplaced(s *RedisStore, unpaid map[OwedKey]owedDebt) {
