@@ -393,8 +393,12 @@ func serveCounted(p *Plugin, out http.ResponseWriter, req *http.Request, c *char
 	// other: reusing it would settle this instance's routes with the edge's
 	// stores and events.
 	ww, watched := out.(*watchWriter)
-	if watched {
-		watched = ww.p == p
+	if watched && ww.p != p {
+		// Under Yaegi, the failed assertion of an empty pool's nil below
+		// would leave ww as it is: the other instance's writer, which it
+		// would then overwrite.
+		watched = false
+		ww = nil
 	}
 
 	if !watched {
