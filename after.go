@@ -392,13 +392,22 @@ type routeHits struct {
 // handler after this one may panic too. A panic goes on once the request
 // is settled (no recover: the deferred call runs as the panic unwinds).
 func serveCounted(p *Plugin, out http.ResponseWriter, req *http.Request, c *charge, hits *routeHits, left int64) {
-	// out is a watchWriter of this instance already converted to the
+	// out is this instance's watchWriter already converted to the
 	// interface, or the writer a pooled one wraps (watchPool; doc.go:
-	// wrappers). A watchWriter of an instance earlier in the chain (the
-	// edge's, of a credentialed request) is wrapped too: it settles that
-	// instance's charges, this one settles its own.
+	// wrappers). Another instance's watchWriter (the edge's, when this
+	// instance follows it and ForwardAuth in a chain) is a writer like any
+	// other: reusing it would settle this instance's routes with the edge's
+	// stores and events.
 	ww, watched := out.(*watchWriter)
-	if !watched || ww.p != p {
+	if watched && ww.p != p {
+		// Under Yaegi, the failed assertion of an empty pool's nil below
+		// would leave ww as it is: the other instance's writer, which it
+		// would then overwrite.
+		watched = false
+		ww = nil
+	}
+
+	if !watched {
 		ww, _ = watchPool.Get().(*watchWriter)
 		if ww == nil {
 			ww = newPooledWatch()

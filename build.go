@@ -648,6 +648,7 @@ func (p *Plugin) buildStore(ctx context.Context, cfg *config.Settings, name stri
 	st.plain = !st.blocks && !st.month
 
 	if cfg.Store != config.StoreRedis {
+		redisstore.SetCurrent(name, nil)
 		return
 	}
 
@@ -656,6 +657,7 @@ func (p *Plugin) buildStore(ctx context.Context, cfg *config.Settings, name stri
 	rs := newRedisStore(ctx, cfg, name, memory, p.layers)
 	rs.Clock = func() time.Time { return p.now() }
 	st.redis = rs
+	redisstore.SetCurrent(name, rs)
 	if p.mode == modeRedis {
 		p.fast = newRedisFast(rs, p.plans)
 	}

@@ -571,3 +571,37 @@ func chainedBefore(t *testing.T, h *harness, mutate func(c *Config), name string
 
 	return p
 }
+
+// chained places instance b after instance a in a's chain, as
+// router.middlewares [a, between, b] does: a's next becomes between (a
+// ForwardAuth, say; nil: none) around b, and b's next what a's was (the
+// proxy of a proxied harness). b runs on a's clock; requests go through a
+// (its front, when a is proxied).
+func chained(a *harness, between func(next http.Handler) http.Handler, b *harness) {
+	b.p.next = a.p.next
+
+	var h http.Handler = b.h
+	if between != nil {
+		h = between(h)
+	}
+
+	a.p.next = h
+	b.clock = a.clock
+	b.p.now = a.clock.Now
+	b.p.events.Now = a.clock.Now
+}
+
+// fakeForwardAuth is Traefik's ForwardAuth as the recommended chain
+// configures it: a request whose Authorization is "Bearer <user>" goes on
+// with X-Auth-User: <user> (which a client cannot set itself); one without
+// goes on anonymous.
+func fakeForwardAuth(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(rw http.ResponseWriter, req *http.Request) {
+		req.Header.Del("X-Auth-User")
+		if user, ok := strings.CutPrefix(req.Header.Get("Authorization"), "Bearer "); ok && user != "" {
+			req.Header.Set("X-Auth-User", user)
+		}
+
+		next.ServeHTTP(rw, req)
+	})
+}

@@ -80,7 +80,12 @@ func Release(s *RedisStore, c *charge) {
 		return
 	}
 
-	if err := releaseInRedis(s, c); err != nil && !errors.Is(err, redisresp.ErrClosed) && !errors.Is(err, redisresp.ErrPoolTimeout) {
+	err := releaseInRedis(s, c)
+	switch {
+	case err == nil, errors.Is(err, redisresp.ErrPoolTimeout):
+	case errors.Is(err, redisresp.ErrClosed):
+		releaseReplaced(s, c)
+	default:
 		s.Backend.Failed(s.Clock().UnixNano(), false, fmt.Errorf("releasing a request's slots: %w", err))
 	}
 }

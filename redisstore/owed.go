@@ -143,6 +143,8 @@ func PayOwed(s *RedisStore) {
 
 	var unpaid map[OwedKey]owedDebt
 
+	closed := false
+
 	for k, d := range debts {
 		if unpaid == nil {
 			err := payDebt(s, k, d)
@@ -150,21 +152,50 @@ func PayOwed(s *RedisStore) {
 				continue
 			}
 
-			// A replaced configuration's store has nobody left to pay.
-			if errors.Is(err, redisresp.ErrClosed) {
-				return
+			closed = errors.Is(err, redisresp.ErrClosed)
+			if !closed {
+				s.Backend.Failed(s.Clock().UnixNano(), false, fmt.Errorf("adding what the memory fallback charged: %w", err))
 			}
 
-			s.Backend.Failed(s.Clock().UnixNano(), false, fmt.Errorf("adding what the memory fallback charged: %w", err))
 			unpaid = map[OwedKey]owedDebt{}
 		}
 
 		unpaid[k] = d
 	}
 
-	if unpaid != nil {
+	switch {
+	case unpaid == nil:
+	case closed:
+		oweReplaced(s, unpaid)
+	default:
 		oweAgain(s, unpaid)
 	}
+}
+
+// oweReplaced hands what a replaced configuration's store, whose pool is
+// closed, still owes Redis to the newest store of its name (spend.go),
+// which pays at once, or at its own recovery; none when the name counts
+// in memory now, which holds the charges already.
+func oweReplaced(s *RedisStore, unpaid map[OwedKey]owedDebt) {
+	n := successor(s)
+	if n == nil {
+		return
+	}
+
+	o := n.Owed
+
+	o.Mu.Lock()
+	for k, d := range unpaid {
+		addDebt(o, k, d)
+	}
+	o.Mu.Unlock()
+
+	if n.Backend.Down.Load() {
+		listOwed(n)
+		return
+	}
+
+	PayOwed(n)
 }
 
 // payDebt adds one key's debt to Redis. A fixed or sliding key is given the

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/redisresp"
@@ -22,7 +23,12 @@ func Spend(s *RedisStore, c *charge, cost int64) {
 
 	if !s.Backend.Down.Load() {
 		err := spendOnRedis(s, c, cost)
-		if err == nil || errors.Is(err, redisresp.ErrClosed) {
+		if err == nil {
+			return
+		}
+
+		if errors.Is(err, redisresp.ErrClosed) {
+			spendReplaced(s, c, cost)
 			return
 		}
 
@@ -72,4 +78,80 @@ func syncSpend(st *SyncState, ch *charge, cost int64) {
 	}
 
 	st.Mu.Unlock()
+}
+
+// A request may outlive its configuration by more than the release grace
+// (../lifetime/lifetime.go): a stream of minutes across a reload. When the
+// reload changed a redis setting (a rotated password, a timeout), the old
+// backend's pool is closed at the grace, and what the request settles or
+// releases after its response (a reported cost, a concurrency slot) would
+// find it closed. It goes instead to the newest store of the same
+// middleware name, which counts in the same keys; when the name now counts
+// in memory (or is configured no more), to its memory store, which the
+// counters of the name live in across reloads. Nothing a request settles is
+// dropped for a closed pool; nothing on the request path pays for this
+// (only a call that failed with redisresp.ErrClosed looks).
+
+// current holds the newest Redis store of each middleware name (SetCurrent).
+var current sync.Map
+
+// SetCurrent makes s the newest Redis store of its middleware name, or,
+// with s nil, records that name counts in memory now. New calls it.
+func SetCurrent(name string, s *RedisStore) {
+	if s == nil {
+		current.Delete(name)
+		return
+	}
+
+	current.Store(name, s)
+}
+
+// successor is the store that settles in place of s, whose pool is
+// closed: the newest store of s's name when it is another on another
+// backend, else nil (memory then: s.Local).
+func successor(s *RedisStore) *RedisStore {
+	v, ok := current.Load(s.Name)
+	if !ok {
+		return nil
+	}
+
+	n, _ := v.(*RedisStore)
+	if n == nil || n == s || n.Backend == s.Backend {
+		return nil
+	}
+
+	return n
+}
+
+// spendReplaced is Spend of a store whose pool is closed.
+func spendReplaced(s *RedisStore, c *charge, cost int64) {
+	if n := successor(s); n != nil {
+		Spend(n, c, cost)
+		return
+	}
+
+	memstore.Spend(s.Local, c, cost)
+}
+
+// refundReplaced is Refund of a store whose pool is closed.
+func refundReplaced(s *RedisStore, c *charge, cost int64) {
+	if n := successor(s); n != nil {
+		Refund(n, c, cost)
+		return
+	}
+
+	memstore.Refund(s.Local, c, cost)
+}
+
+// releaseReplaced is the Redis part of Release of a store whose pool is
+// closed (memory released the request's slots already). With no successor
+// on Redis, the name no longer counts in Redis: the slot's lease ends it
+// there.
+func releaseReplaced(s *RedisStore, c *charge) {
+	n := successor(s)
+	if n == nil || n.Synced != nil || n.Backend.Down.Load() {
+		return
+	}
+
+	_ = releaseInRedis(n, c)
 }

@@ -206,7 +206,12 @@ func Refund(s *RedisStore, c *charge, cost int64) {
 		return
 	}
 
-	if err := refundOnRedis(s, c, cost); err != nil && !errors.Is(err, redisresp.ErrClosed) {
+	err := refundOnRedis(s, c, cost)
+	switch {
+	case err == nil:
+	case errors.Is(err, redisresp.ErrClosed):
+		refundReplaced(s, c, cost)
+	default:
 		s.Backend.Failed(c.Now, false, fmt.Errorf("refunding a charge: %w", err))
 	}
 }
