@@ -2,13 +2,11 @@ package redisstore
 
 import (
 	"errors"
-	"fmt"
 	"math/rand"
 	"strconv"
 	"sync/atomic"
 	"time"
 
-	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/redisresp"
 )
 
@@ -69,20 +67,11 @@ var (
 )
 
 // Release frees the slots the request of c holds in its concurrency layers,
-// after its response: in memory (layers counted there, the fallback's and
-// the mirror of Redis's) and in Redis, where one call removes its member
-// from each key (a call per key on a cluster). A release that fails leaves
-// the slots to their leases.
+// after its response: GiveBack's release, in memory (layers counted there,
+// the fallback's and the mirror of Redis's) and in Redis, where one call
+// removes its member from each key (a call per key on a cluster).
 func Release(s *RedisStore, c *charge) {
-	memstore.Release(s.Local, c)
-
-	if c.Lease == "" || s.Synced != nil || s.Backend.Down.Load() {
-		return
-	}
-
-	if err := releaseInRedis(s, c); err != nil && !errors.Is(err, redisresp.ErrClosed) && !errors.Is(err, redisresp.ErrPoolTimeout) {
-		s.Backend.Failed(s.Clock().UnixNano(), false, fmt.Errorf("releasing a request's slots: %w", err))
-	}
+	GiveBack(s, c, 0, true)
 }
 
 // releaseInRedis runs the release script for c's concurrency layers counted

@@ -12,13 +12,16 @@ import (
 // a response's cost beyond what its request reserved (../meter.go). In
 // Redis, one refund call of -cost per layer, which starts a window that is
 // gone with the charge; to the synced counters, from the lease and the rest
-// pending; while Redis is down or when the call fails, to the memory
-// fallback, owed to Redis as the fallback's charges are (owed.go).
+// pending. Memory takes it too, whatever Redis does: it mirrors Redis's
+// counts (GiveBack), or holds the charge itself while Redis is down or when
+// the call fails, owed to Redis as the fallback's charges are (owed.go).
 func Spend(s *RedisStore, c *charge, cost int64) {
 	if s.Synced != nil {
 		syncSpend(s.Synced, c, cost)
 		return
 	}
+
+	memstore.Spend(s.Local, c, cost)
 
 	if !s.Backend.Down.Load() {
 		err := spendOnRedis(s, c, cost)
@@ -29,7 +32,6 @@ func Spend(s *RedisStore, c *charge, cost int64) {
 		s.Backend.Failed(c.Now, false, fmt.Errorf("charging a reported cost: %w", err))
 	}
 
-	memstore.Spend(s.Local, c, cost)
 	oweCharged(s, &tally{Cost: cost}, c)
 }
 

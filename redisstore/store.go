@@ -185,29 +185,56 @@ func takeInRedis(s *RedisStore, t *tally, c *charge) error {
 
 // Refund gives back a request's charge of cost to layers, a charge that a
 // later refusal of the same request voids (the up-front global charge of a
-// credentialed request whose ip charge is refused). It goes where the charge
-// most likely went: to the memory fallback while Redis is in back-off, else
-// to Redis. A refund that fails is not retried in memory, which holds no such
-// charge: the count stays cost too high until its window ends.
+// credentialed request whose ip charge is refused, the other layers of a
+// request a costFrom route refuses): GiveBack, with each concurrency layer's
+// slot of c's lease.
 func Refund(s *RedisStore, c *charge, cost int64) {
+	GiveBack(s, c, cost, false)
+}
+
+// GiveBack is every give-back of the Redis store, so that Redis and its
+// memory mirror (the counts Redis reported to this process and the slots it
+// holds there: what the status page, the metrics and the fallback read)
+// never part: the refund of cost to c's layers (slots false), or the release
+// of the slots c's request holds in its concurrency layers (slots true,
+// Release). Memory gives back first, whatever Redis does: it mirrors Redis,
+// or while Redis is in back-off it holds the charge itself (then owed to
+// Redis no more, forgiveRefunded). Redis then gives back the same: cost off
+// each counter, c's lease's member off each concurrency key. A call that
+// fails is not retried: a count stays cost too high in Redis until its
+// window ends, a slot until its lease does, the bound docs/redis.md states.
+// Synced counters hold no slot and keep their own counts (syncRefund).
+func GiveBack(s *RedisStore, c *charge, cost int64, slots bool) {
 	if len(c.Layers) == 0 {
 		return
 	}
 
-	if s.Synced != nil {
-		syncRefund(s.Synced, c, cost)
-		return
-	}
-
-	if s.Backend.Down.Load() {
+	if slots {
+		memstore.Release(s.Local, c)
+	} else if s.Synced == nil {
 		memstore.Refund(s.Local, c, cost)
-		forgiveRefunded(s, c, cost)
-
-		return
 	}
 
-	if err := refundOnRedis(s, c, cost); err != nil && !errors.Is(err, redisresp.ErrClosed) {
-		s.Backend.Failed(c.Now, false, fmt.Errorf("refunding a charge: %w", err))
+	var err error
+
+	switch {
+	case s.Synced != nil:
+		if !slots {
+			syncRefund(s.Synced, c, cost)
+		}
+	case s.Backend.Down.Load():
+		if !slots {
+			forgiveRefunded(s, c, cost)
+		}
+	case slots && c.Lease == "":
+	case slots:
+		err = releaseInRedis(s, c)
+	default:
+		err = refundOnRedis(s, c, cost)
+	}
+
+	if err != nil && !errors.Is(err, redisresp.ErrClosed) && !errors.Is(err, redisresp.ErrPoolTimeout) {
+		s.Backend.Failed(s.Clock().UnixNano(), false, fmt.Errorf("giving back a request's charge: %w", err))
 	}
 }
 
