@@ -181,3 +181,73 @@ func grepLines(s, sub string) string {
 
 	return strings.Join(out, "\n")
 }
+
+// TestARefusedInvalidCredentialFreesOnlyItsOwnSlot: a credentialed request
+// that the edge admits, whose response is a 401 and whose ip charge then
+// refuses it, gives back what it was charged up front but frees its
+// concurrency slot once, at its release: another request of the key still
+// in flight keeps its slot, in memory and on Redis (in Redis and its
+// mirror), with a clock that has not moved since both were admitted.
+func TestARefusedInvalidCredentialFreesOnlyItsOwnSlot(t *testing.T) {
+	addr, admin := redisServer(t)
+
+	for _, store := range []string{"memory", "redis"} {
+		h := newProxiedHarness(t, func(c *Config) {
+			c.Store = store
+			c.Redis.Address = addr
+			c.Redis.Timeout = "1s"
+			c.Global.Points = 0
+			c.IP = LayerConfig{Points: 1, Duration: "60s"}
+			c.Principal.CredentialHeaders = []string{"Authorization"}
+			c.Routes = []RouteConfig{{Name: "calls", Paths: []string{"/api"}, Key: "ip", Points: 2, Duration: "60s", Algorithm: "concurrency"}}
+		})
+
+		entered, release := make(chan struct{}), make(chan struct{})
+		h.backend = http.HandlerFunc(func(rw http.ResponseWriter, req *http.Request) {
+			if req.Header.Get("X-Hold") != "" {
+				entered <- struct{}{}
+				<-release
+			}
+
+			if req.Header.Get("Authorization") == "Bearer bad" {
+				rw.WriteHeader(http.StatusUnauthorized)
+				return
+			}
+
+			_, _ = rw.Write([]byte("ok"))
+		})
+
+		held := h.open(http.MethodGet, "/api", mirrorClient+":1", map[string]string{"Authorization": "Bearer good", "X-Hold": "1"})
+		<-entered
+
+		bad := map[string]string{"Authorization": "Bearer bad"}
+		if rec := h.do(http.MethodGet, "/api", mirrorClient+":2", bad); rec.Code != http.StatusUnauthorized {
+			t.Fatalf("%s: the first invalid credential: %d, want its 401 (ip 1 of 1)", store, rec.Code)
+		}
+
+		if rec := h.do(http.MethodGet, "/api", mirrorClient+":2", bad); rec.Code != http.StatusTooManyRequests {
+			t.Fatalf("%s: the second invalid credential: %d, want a 429 from ip", store, rec.Code)
+		}
+
+		calls := h.p.layers[layerIndex(h, "calls")]
+		mirror := memstore.InFlight(h.p.memory, "calls", mirrorClient, h.clock.Now().UnixNano())
+		if mirror != 1 {
+			t.Errorf("%s: memory holds %d slots of calls with one request in flight, want 1", store, mirror)
+		}
+
+		if store == "redis" {
+			if n := redisDo(t, admin, "ZCARD", calls.RedisKey+mirrorClient).Int; n != 1 {
+				t.Errorf("redis: Redis holds %d slots of calls (ZCARD) with one request in flight, want 1", n)
+			}
+		}
+
+		close(release)
+		_ = held.readAll()
+		held.wait()
+		h.quiet()
+
+		if n := memstore.InFlight(h.p.memory, "calls", mirrorClient, h.clock.Now().UnixNano()); n != 0 {
+			t.Errorf("%s: memory holds %d slots of calls with nothing in flight, want 0", store, n)
+		}
+	}
+}
