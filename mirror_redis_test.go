@@ -251,3 +251,42 @@ func TestARefusedInvalidCredentialFreesOnlyItsOwnSlot(t *testing.T) {
 		}
 	}
 }
+
+// TestTheStatusPageCountsWhatRedisCountsInADryRun: a dry-run instance
+// charges a fixed layer past its points in Redis, and a sliding one up to
+// them (a sliding counter never holds more); the status page shows what
+// Redis holds.
+func TestTheStatusPageCountsWhatRedisCountsInADryRun(t *testing.T) {
+	addr, admin := redisServer(t)
+
+	for _, algorithm := range []string{"fixed", "sliding"} {
+		h := newProxiedHarness(t, func(c *Config) {
+			c.Store = "redis"
+			c.Redis.Address = addr
+			c.Redis.Timeout = "1s"
+			c.DryRun = true
+			c.Global.Points = 0
+			c.IP = LayerConfig{Points: 3, Duration: "60s", Algorithm: algorithm}
+			c.Status.Path = "/_rl"
+		})
+
+		for i := 0; i < 5; i++ {
+			h.get("/api", mirrorClient+":1")
+		}
+
+		ip := h.p.layers[layerIndex(h, "ip")]
+		read := []string{"GET", ip.RedisKey + mirrorClient}
+		if algorithm == "sliding" {
+			read = []string{"HGET", ip.RedisKey + mirrorClient, "c"}
+		}
+
+		held := redisDo(t, admin, read...).Str
+
+		redis, _ := strconv.ParseInt(held, 10, 64)
+		page := keysOf(h.status("/_rl").Keys.Items)
+
+		if want := "ip/" + mirrorClient + "=" + held; page != want {
+			t.Errorf("%s: the status page shows %q, Redis holds %d", algorithm, page, redis)
+		}
+	}
+}

@@ -71,7 +71,10 @@ func rememberAll(s *windowStore, c *charge, ints []int64) {
 			continue
 		}
 
-		if count := ints[2*i]; count <= l.Points || l.DryRun {
+		// Past its points, a dry-run layer holds the request only when it
+		// is a fixed window (TakeScript): a sliding or token-bucket reply
+		// then tells what it would hold, not what it does.
+		if count := ints[2*i]; count <= l.Points || l.DryRun && !l.Sliding && l.Interval == 0 {
 			Remember(s, l, c.Keys[i], count, now+ints[2*i+1]*NsPerMillisecond, now)
 		}
 	}
