@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/redisresp"
@@ -289,4 +290,59 @@ func TestTheStatusPageCountsWhatRedisCountsInADryRun(t *testing.T) {
 			t.Errorf("%s: the status page shows %q, Redis holds %d", algorithm, page, redis)
 		}
 	}
+}
+
+// TestAReleaseDuringAnOutageFreesTheRedisSlotAtTheRecovery: a request that
+// Redis admitted and that ends while Redis is away frees its slot in memory
+// at once, and in Redis once Redis answers again, not at its lease's end:
+// after the recovery Redis holds no slot of a client with nothing in
+// flight.
+func TestAReleaseDuringAnOutageFreesTheRedisSlotAtTheRecovery(t *testing.T) {
+	addr, admin := redisServer(t)
+	proxy := newSwitchProxy(t, addr)
+	h := newProxiedHarness(t, func(c *Config) {
+		c.Store = "redis"
+		c.Redis.Address = proxy.l.Addr().String()
+		c.Redis.Timeout = "1s"
+		c.Redis.DialTimeout = "1s"
+		c.Global.Points = 0
+		c.IP = LayerConfig{Points: 2, Duration: "60s", Algorithm: "concurrency"}
+	})
+
+	entered, release := make(chan struct{}), make(chan struct{})
+	h.backend = http.HandlerFunc(func(rw http.ResponseWriter, req *http.Request) {
+		if req.Header.Get("X-Hold") != "" {
+			entered <- struct{}{}
+			<-release
+		}
+
+		_, _ = rw.Write([]byte("ok"))
+	})
+
+	held := h.open(http.MethodGet, "/api", mirrorClient+":1", map[string]string{"X-Hold": "1"})
+	<-entered
+
+	ip := h.p.layers[layerIndex(h, "ip")]
+	if n := redisDo(t, admin, "ZCARD", ip.RedisKey+mirrorClient).Int; n != 1 {
+		t.Fatalf("Redis holds %d slots of the held request, want 1", n)
+	}
+
+	proxy.cut()
+	if rec := h.get("/api", mirrorClient+":2"); rec.Code != http.StatusOK || !h.p.stores.redis.Backend.Down.Load() {
+		t.Fatalf("during the outage: %d, down %v; want 200 from the fallback", rec.Code, h.p.stores.redis.Backend.Down.Load())
+	}
+
+	close(release)
+	_ = held.readAll()
+	held.wait()
+
+	proxy.restore()
+	h.clock.Add(time.Minute) // past the back-off: the next request probes
+	if rec := h.get("/api", mirrorClient+":3"); rec.Code != http.StatusOK {
+		t.Fatalf("after the recovery: %d, want 200", rec.Code)
+	}
+
+	waitFor(t, "Redis to free the slot released during the outage", func() bool {
+		return redisDo(t, admin, "ZCARD", ip.RedisKey+mirrorClient).Int == 0
+	})
 }

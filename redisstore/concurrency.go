@@ -74,6 +74,31 @@ func Release(s *RedisStore, c *charge) {
 	GiveBack(s, c, 0, true)
 }
 
+// oweRelease has Redis free the slots of c's lease in its concurrency
+// layers when it answers again (RedisBackend.oweOnRecovery), for a give-back
+// that could not reach it; a charge whose lease Redis never saw (the
+// fallback admitted it) or without such layers owes nothing. A release that
+// fails then leaves the slots to their leases.
+func oweRelease(s *RedisStore, c *charge) {
+	if c.Lease == "" || !anyRedisSlot(c) {
+		return
+	}
+
+	s.Backend.oweOnRecovery(func() { _ = releaseInRedis(s, c) })
+}
+
+// anyRedisSlot reports whether one of c's layers is a concurrency layer
+// counted in Redis.
+func anyRedisSlot(c *charge) bool {
+	for _, l := range c.Layers {
+		if l.Concurrency && !l.Memory {
+			return true
+		}
+	}
+
+	return false
+}
+
 // releaseInRedis runs the release script for c's concurrency layers counted
 // in Redis.
 func releaseInRedis(s *RedisStore, c *charge) error {

@@ -202,8 +202,11 @@ func Refund(s *RedisStore, c *charge, cost int64) {
 // Redis no more, forgiveRefunded). Redis then gives back the same: cost off
 // each counter, c's lease's member off each concurrency key. A call that
 // fails is not retried: a count stays cost too high in Redis until its
-// window ends, a slot until its lease does, the bound docs/redis.md states.
-// Synced counters hold no slot and keep their own counts (syncRefund).
+// window ends, the bound docs/redis.md states; but the slots of c's lease
+// that Redis could not free (down, or the call failed) it frees when it
+// answers again (oweRelease), so that a key with nothing in flight is not
+// refused there until their leases end. Synced counters hold no slot and
+// keep their own counts (syncRefund).
 func GiveBack(s *RedisStore, c *charge, cost int64, slots bool) {
 	if len(c.Layers) == 0 {
 		return
@@ -226,6 +229,8 @@ func GiveBack(s *RedisStore, c *charge, cost int64, slots bool) {
 		if !slots {
 			forgiveRefunded(s, c, cost)
 		}
+
+		oweRelease(s, c)
 	case slots && c.Lease == "":
 	case slots:
 		err = releaseInRedis(s, c)
@@ -233,9 +238,15 @@ func GiveBack(s *RedisStore, c *charge, cost int64, slots bool) {
 		err = refundOnRedis(s, c, cost)
 	}
 
-	if err != nil && !errors.Is(err, redisresp.ErrClosed) && !errors.Is(err, redisresp.ErrPoolTimeout) {
+	if err == nil || errors.Is(err, redisresp.ErrClosed) {
+		return
+	}
+
+	if !errors.Is(err, redisresp.ErrPoolTimeout) {
 		s.Backend.Failed(s.Clock().UnixNano(), false, fmt.Errorf("giving back a request's charge: %w", err))
 	}
+
+	oweRelease(s, c)
 }
 
 // refundOnRedis runs the refund script of cost for layers in Redis (a
