@@ -66,14 +66,6 @@ var (
 	releaseOne   = releaseRedis.Call(1, 2)
 )
 
-// Release frees the slots the request of c holds in its concurrency layers,
-// after its response: GiveBack's release, in memory (layers counted there,
-// the fallback's and the mirror of Redis's) and in Redis, where one call
-// removes its member from each key (a call per key on a cluster).
-func Release(s *RedisStore, c *charge) {
-	GiveBack(s, c, 0, true)
-}
-
 // oweRelease has Redis free the slots of c's lease in its concurrency
 // layers when it answers again (RedisBackend.oweOnRecovery), for a give-back
 // that could not reach it; a charge whose lease Redis never saw (the

@@ -196,8 +196,10 @@ func Refund(s *RedisStore, c *charge, cost int64) {
 // memory mirror (the counts Redis reported to this process and the slots it
 // holds there: what the status page, the metrics and the fallback read)
 // never part: the refund of cost to c's layers (slots false), or the release
-// of the slots c's request holds in its concurrency layers (slots true,
-// Release). Memory gives back first, whatever Redis does: it mirrors Redis,
+// of the slots c's request holds in its concurrency layers once it has been
+// served (slots true: in memory, layers counted there too, the fallback's
+// and the mirror's; in Redis one call removes its member from each key, a
+// call per key on a cluster). Memory gives back first, whatever Redis does: it mirrors Redis,
 // or while Redis is in back-off it holds the charge itself (then owed to
 // Redis no more, forgiveRefunded). Redis then gives back the same: cost off
 // each counter, c's lease's member off each concurrency key. A call that
@@ -208,37 +210,55 @@ func Refund(s *RedisStore, c *charge, cost int64) {
 // refused there until their leases end. Synced counters hold no slot and
 // keep their own counts (syncRefund).
 func GiveBack(s *RedisStore, c *charge, cost int64, slots bool) {
-	if len(c.Layers) == 0 {
-		return
-	}
-
 	if slots {
 		memstore.Release(s.Local, c)
 	} else if s.Synced == nil {
 		memstore.Refund(s.Local, c, cost)
 	}
 
+	// Rare cases in functions of their own (../doc.go: frames): a release
+	// is on every request of a concurrency layer.
 	var err error
 
 	switch {
-	case s.Synced != nil:
-		if !slots {
-			syncRefund(s.Synced, c, cost)
-		}
-	case s.Backend.Down.Load():
-		if !slots {
-			forgiveRefunded(s, c, cost)
-		}
-
-		oweRelease(s, c)
-	case slots && c.Lease == "":
+	case s.Synced != nil || s.Backend.Down.Load():
+		giveBackAway(s, c, cost, slots)
 	case slots:
-		err = releaseInRedis(s, c)
-	default:
+		if c.Lease != "" {
+			err = releaseInRedis(s, c)
+		}
+	case len(c.Layers) != 0:
 		err = refundOnRedis(s, c, cost)
 	}
 
-	if err == nil || errors.Is(err, redisresp.ErrClosed) {
+	if err != nil {
+		gaveBackFailed(s, c, err)
+	}
+}
+
+// giveBackAway is GiveBack's Redis part for synced counters, or while Redis
+// is in back-off: memory held the charge, which Redis is owed no more.
+func giveBackAway(s *RedisStore, c *charge, cost int64, slots bool) {
+	if s.Synced != nil {
+		if !slots {
+			syncRefund(s.Synced, c, cost)
+		}
+
+		return
+	}
+
+	if !slots {
+		forgiveRefunded(s, c, cost)
+	}
+
+	oweRelease(s, c)
+}
+
+// gaveBackFailed handles a give-back that Redis failed: an outage starts
+// (a replaced configuration's closed pool, a busy pool are none), and the
+// slots are owed to the recovery.
+func gaveBackFailed(s *RedisStore, c *charge, err error) {
+	if errors.Is(err, redisresp.ErrClosed) {
 		return
 	}
 
