@@ -346,3 +346,40 @@ func TestAReleaseDuringAnOutageFreesTheRedisSlotAtTheRecovery(t *testing.T) {
 		return redisDo(t, admin, "ZCARD", ip.RedisKey+mirrorClient).Int == 0
 	})
 }
+
+// TestASettledReservationLeavesTheStatusPageAtRedisCount: responses that
+// report more than their reservation (charged past it) or less (given
+// back) move the count in Redis and in this Traefik's memory of it alike:
+// the status page shows Redis's count.
+func TestASettledReservationLeavesTheStatusPageAtRedisCount(t *testing.T) {
+	addr, admin := redisServer(t)
+	h := newProxiedHarness(t, func(c *Config) {
+		meteredRoute("header:X-Usage", 5)(c)
+		c.Store = "redis"
+		c.Redis.Address = addr
+		c.Redis.Timeout = "1s"
+		c.Routes[0].Key = "ip"
+		c.Status.Path = "/_rl"
+	})
+	h.backend = reportsAsAsked
+
+	for i, cost := range []string{"9", "1", "9"} {
+		client := "203.0.113." + strconv.Itoa(60+i%2)
+		if rec := h.do(http.MethodPost, "/v1/x", client+":1", map[string]string{"X-Cost": cost}); rec.Code != http.StatusOK {
+			t.Fatalf("request %d: %d, want 200", i, rec.Code)
+		}
+	}
+
+	llm := h.p.layers[layerIndex(h, "llm")]
+	shown := map[string]int64{}
+	for _, it := range h.status("/_rl").Keys.Items {
+		shown[it.Key] = it.Count
+	}
+
+	for _, client := range []string{"203.0.113.60", "203.0.113.61"} {
+		redis, _ := strconv.ParseInt(redisDo(t, admin, "GET", llm.RedisKey+client).Str, 10, 64)
+		if shown[client] != redis {
+			t.Errorf("%s: the status page shows llm %d, Redis holds %d", client, shown[client], redis)
+		}
+	}
+}
