@@ -123,13 +123,16 @@ func afterAuthPlan(p *Plugin, rw http.ResponseWriter, req *http.Request, princip
 	return p.planIP, true
 }
 
-// chargedOnly is layers without the check-only ones, which a take evaluated
-// but did not charge: a refund gives them nothing back.
+// chargedOnly is layers without those a deferred refund gives nothing
+// back to: the check-only ones, which a take evaluated but did not charge,
+// and concurrency layers, whose slot the request holds until its release
+// frees it (inflight.go): a refund timed later would free another
+// request's slot, one admitted at the refund's time.
 func chargedOnly(layers []*layer) []*layer {
 	var out []*layer
 
 	for i, l := range layers {
-		if !l.CheckOnly {
+		if !l.CheckOnly && !l.Concurrency {
 			if out != nil {
 				out = append(out, l)
 			}

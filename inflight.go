@@ -58,14 +58,15 @@ func policyUnit(spec config.Rule) string {
 }
 
 // releaseHeld frees the slots that the request of charge c holds in its
-// concurrency layers, once it has been served.
+// concurrency layers, once it has been served: on Redis, the store's one
+// give-back, which frees them in Redis and in its memory mirror alike.
 func releaseHeld(p *Plugin, c *charge) {
 	if p.stores.redis == nil {
 		memstore.Release(p.stores.memory, c)
 		return
 	}
 
-	redisstore.Release(p.stores.redis, c)
+	redisstore.GiveBack(p.stores.redis, c, 0, true)
 }
 
 // serveExemptHeld is serveExempt on an instance with concurrency layers:

@@ -2,13 +2,11 @@ package redisstore
 
 import (
 	"errors"
-	"fmt"
 	"math/rand"
 	"strconv"
 	"sync/atomic"
 	"time"
 
-	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/redisresp"
 )
 
@@ -68,26 +66,29 @@ var (
 	releaseOne   = releaseRedis.Call(1, 2)
 )
 
-// Release frees the slots the request of c holds in its concurrency layers,
-// after its response: in memory (layers counted there, the fallback's and
-// the mirror of Redis's) and in Redis, where one call removes its member
-// from each key (a call per key on a cluster). A release that fails leaves
-// the slots to their leases.
-func Release(s *RedisStore, c *charge) {
-	memstore.Release(s.Local, c)
-
-	if c.Lease == "" || s.Synced != nil || s.Backend.Down.Load() {
+// oweRelease has Redis free the slots of c's lease in its concurrency
+// layers when it answers again (RedisBackend.oweOnRecovery), for a give-back
+// that could not reach it; a charge whose lease Redis never saw (the
+// fallback admitted it) or without such layers owes nothing. A release that
+// fails then leaves the slots to their leases.
+func oweRelease(s *RedisStore, c *charge) {
+	if c.Lease == "" || !anyRedisSlot(c) {
 		return
 	}
 
-	err := releaseInRedis(s, c)
-	switch {
-	case err == nil, errors.Is(err, redisresp.ErrPoolTimeout):
-	case errors.Is(err, redisresp.ErrClosed):
-		releaseReplaced(s, c)
-	default:
-		s.Backend.Failed(s.Clock().UnixNano(), false, fmt.Errorf("releasing a request's slots: %w", err))
+	s.Backend.oweOnRecovery(func() { _ = releaseInRedis(s, c) })
+}
+
+// anyRedisSlot reports whether one of c's layers is a concurrency layer
+// counted in Redis.
+func anyRedisSlot(c *charge) bool {
+	for _, l := range c.Layers {
+		if l.Concurrency && !l.Memory {
+			return true
+		}
 	}
+
+	return false
 }
 
 // releaseInRedis runs the release script for c's concurrency layers counted

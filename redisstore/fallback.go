@@ -71,8 +71,15 @@ func rememberAll(s *windowStore, c *charge, ints []int64) {
 			continue
 		}
 
-		if count := ints[2*i]; count <= l.Points || l.DryRun {
+		if count := ints[2*i]; count <= l.Points || heldPast(l) {
 			Remember(s, l, c.Keys[i], count, now+ints[2*i+1]*NsPerMillisecond, now)
 		}
 	}
+}
+
+// heldPast reports whether Redis holds a request that layer l counts past
+// its points: a dry-run fixed window does (TakeScript); a sliding window or
+// a token bucket then reports what it would hold, not what it does.
+func heldPast(l *layer) bool {
+	return l.DryRun && !l.Sliding && l.Interval == 0
 }

@@ -13,13 +13,16 @@ import (
 // a response's cost beyond what its request reserved (../meter.go). In
 // Redis, one refund call of -cost per layer, which starts a window that is
 // gone with the charge; to the synced counters, from the lease and the rest
-// pending; while Redis is down or when the call fails, to the memory
-// fallback, owed to Redis as the fallback's charges are (owed.go).
+// pending. Memory takes it too, whatever Redis does: it mirrors Redis's
+// counts (GiveBack), or holds the charge itself while Redis is down or when
+// the call fails, owed to Redis as the fallback's charges are (owed.go).
 func Spend(s *RedisStore, c *charge, cost int64) {
 	if s.Synced != nil {
 		syncSpend(s.Synced, c, cost)
 		return
 	}
+
+	memstore.Spend(s.Local, c, cost)
 
 	if !s.Backend.Down.Load() {
 		err := spendOnRedis(s, c, cost)
@@ -35,7 +38,6 @@ func Spend(s *RedisStore, c *charge, cost int64) {
 		s.Backend.Failed(c.Now, false, fmt.Errorf("charging a reported cost: %w", err))
 	}
 
-	memstore.Spend(s.Local, c, cost)
 	oweCharged(s, &tally{Cost: cost}, c)
 }
 
@@ -123,35 +125,31 @@ func successor(s *RedisStore) *RedisStore {
 	return n
 }
 
-// spendReplaced is Spend of a store whose pool is closed.
+// spendReplaced is the Redis part of Spend of a store whose pool is closed
+// (memory, shared by the name's stores, took the cost already): the
+// successor's Redis, or its fallback's debts while it is down.
 func spendReplaced(s *RedisStore, c *charge, cost int64) {
-	if n := successor(s); n != nil {
-		Spend(n, c, cost)
-		return
-	}
-
-	memstore.Spend(s.Local, c, cost)
-}
-
-// refundReplaced is Refund of a store whose pool is closed.
-func refundReplaced(s *RedisStore, c *charge, cost int64) {
-	if n := successor(s); n != nil {
-		Refund(n, c, cost)
-		return
-	}
-
-	memstore.Refund(s.Local, c, cost)
-}
-
-// releaseReplaced is the Redis part of Release of a store whose pool is
-// closed (memory released the request's slots already). With no successor
-// on Redis, the name no longer counts in Redis: the slot's lease ends it
-// there.
-func releaseReplaced(s *RedisStore, c *charge) {
 	n := successor(s)
-	if n == nil || n.Synced != nil || n.Backend.Down.Load() {
-		return
+	switch {
+	case n == nil:
+	case n.Synced != nil:
+		syncSpend(n.Synced, c, cost)
+	case n.Backend.Down.Load():
+		oweCharged(n, &tally{Cost: cost}, c)
+	default:
+		if err := spendOnRedis(n, c, cost); err != nil {
+			n.Backend.Failed(c.Now, false, fmt.Errorf("charging a reported cost: %w", err))
+			oweCharged(n, &tally{Cost: cost}, c)
+		}
 	}
+}
 
-	_ = releaseInRedis(n, c)
+// giveBackReplaced is the Redis part of GiveBack of a store whose pool is
+// closed (memory, shared by the name's stores, gave back already). With no
+// successor on Redis, the name no longer counts in Redis: the counts' windows
+// and the slots' leases end them there.
+func giveBackReplaced(s *RedisStore, c *charge, cost int64, slots bool) {
+	if n := successor(s); n != nil {
+		giveBackInRedis(n, c, cost, slots)
+	}
 }

@@ -185,35 +185,96 @@ func takeInRedis(s *RedisStore, t *tally, c *charge) error {
 
 // Refund gives back a request's charge of cost to layers, a charge that a
 // later refusal of the same request voids (the up-front global charge of a
-// credentialed request whose ip charge is refused). It goes where the charge
-// most likely went: to the memory fallback while Redis is in back-off, else
-// to Redis. A refund that fails is not retried in memory, which holds no such
-// charge: the count stays cost too high until its window ends.
+// credentialed request whose ip charge is refused, the other layers of a
+// request a costFrom route refuses): GiveBack, with each concurrency layer's
+// slot of c's lease.
 func Refund(s *RedisStore, c *charge, cost int64) {
-	if len(c.Layers) == 0 {
-		return
-	}
+	GiveBack(s, c, cost, false)
+}
 
-	if s.Synced != nil {
-		syncRefund(s.Synced, c, cost)
-		return
-	}
-
-	if s.Backend.Down.Load() {
+// GiveBack is every give-back of the Redis store, so that Redis and its
+// memory mirror (the counts Redis reported to this process and the slots it
+// holds there: what the status page, the metrics and the fallback read)
+// never part: the refund of cost to c's layers (slots false), or the release
+// of the slots c's request holds in its concurrency layers once it has been
+// served (slots true: in memory, layers counted there too, the fallback's
+// and the mirror's; in Redis one call removes its member from each key, a
+// call per key on a cluster). Memory gives back first, whatever Redis does: it mirrors Redis,
+// or while Redis is in back-off it holds the charge itself (then owed to
+// Redis no more, forgiveRefunded). Redis then gives back the same: cost off
+// each counter, c's lease's member off each concurrency key. A call that
+// fails is not retried: a count stays cost too high in Redis until its
+// window ends, the bound docs/redis.md states; but the slots of c's lease
+// that Redis could not free (down, or the call failed) it frees when it
+// answers again (oweRelease), so that a key with nothing in flight is not
+// refused there until their leases end. Synced counters hold no slot and
+// keep their own counts (syncRefund).
+func GiveBack(s *RedisStore, c *charge, cost int64, slots bool) {
+	if slots {
+		memstore.Release(s.Local, c)
+	} else if s.Synced == nil {
 		memstore.Refund(s.Local, c, cost)
-		forgiveRefunded(s, c, cost)
+	}
+
+	giveBackInRedis(s, c, cost, slots)
+}
+
+// giveBackInRedis is GiveBack's Redis part, which a store whose pool a
+// reload closed hands to its successor (giveBackReplaced). Rare cases are
+// in functions of their own (../doc.go: frames): a release is on every
+// request of a concurrency layer.
+func giveBackInRedis(s *RedisStore, c *charge, cost int64, slots bool) {
+	var err error
+
+	switch {
+	case s.Synced != nil || s.Backend.Down.Load():
+		giveBackAway(s, c, cost, slots)
+	case slots:
+		if c.Lease != "" {
+			err = releaseInRedis(s, c)
+		}
+	case len(c.Layers) != 0:
+		err = refundOnRedis(s, c, cost)
+	}
+
+	if err != nil {
+		gaveBackFailed(s, c, cost, slots, err)
+	}
+}
+
+// giveBackAway is GiveBack's Redis part for synced counters, or while Redis
+// is in back-off: memory held the charge, which Redis is owed no more.
+func giveBackAway(s *RedisStore, c *charge, cost int64, slots bool) {
+	if s.Synced != nil {
+		if !slots {
+			syncRefund(s.Synced, c, cost)
+		}
 
 		return
 	}
 
-	err := refundOnRedis(s, c, cost)
-	switch {
-	case err == nil:
-	case errors.Is(err, redisresp.ErrClosed):
-		refundReplaced(s, c, cost)
-	default:
-		s.Backend.Failed(c.Now, false, fmt.Errorf("refunding a charge: %w", err))
+	if !slots {
+		forgiveRefunded(s, c, cost)
 	}
+
+	oweRelease(s, c)
+}
+
+// gaveBackFailed handles a give-back that Redis failed: an outage starts
+// (a busy pool is none), and the slots are owed to the recovery; a pool a
+// reload closed hands the give-back to the newest store of the name
+// (giveBackReplaced).
+func gaveBackFailed(s *RedisStore, c *charge, cost int64, slots bool, err error) {
+	if errors.Is(err, redisresp.ErrClosed) {
+		giveBackReplaced(s, c, cost, slots)
+		return
+	}
+
+	if !errors.Is(err, redisresp.ErrPoolTimeout) {
+		s.Backend.Failed(s.Clock().UnixNano(), false, fmt.Errorf("giving back a request's charge: %w", err))
+	}
+
+	oweRelease(s, c)
 }
 
 // refundOnRedis runs the refund script of cost for layers in Redis (a

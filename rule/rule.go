@@ -177,13 +177,14 @@ func ChargeAt(c *Charge, index []int) *Charge {
 	return part
 }
 
-// ChargeWithout is c without the layers whose bit is set in skip.
+// ChargeWithout is c without the layers whose bit is set in skip, with c's
+// lease: a give-back of the part frees the request's slots in Redis.
 func ChargeWithout(c *Charge, skip uint64) *Charge {
 	if skip == 0 {
 		return c
 	}
 
-	part := &Charge{Client: c.Client, Principal: c.Principal, Now: c.Now, All: c.All}
+	part := &Charge{Client: c.Client, Principal: c.Principal, Now: c.Now, All: c.All, Lease: c.Lease, Parent: c}
 	for i, l := range c.Layers {
 		if skip&(uint64(1)<<uint(i)) == 0 {
 			part.Layers = append(part.Layers, l)
