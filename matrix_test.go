@@ -199,6 +199,9 @@ type mxStore struct {
 	name  string
 	conf  func(c *Config)
 	admin *redisresp.Pool // nil: memory
+	// edge, when set, is an instance before the cell's in the chain (the
+	// recommended chain's edge): the front serves it, it serves the cell's.
+	edge func(c *Config)
 }
 
 // mxExactAdmin is the exact Redis server's client (a reload to another
@@ -453,6 +456,16 @@ func (c *mxCell) adopt(h *harness) {
 		syncedOf(c.t, h)
 	}
 
+	if c.store.edge != nil && len(c.insts) == 0 {
+		edge := newHarness(c.t, c.store.edge)
+		edge.clock = h.clock
+		edge.p.now = h.clock.Now
+		edge.p.next = h.h
+		h.front.mu.Lock()
+		h.front.serving = edge.h
+		h.front.mu.Unlock()
+	}
+
 	c.insts = append(c.insts, h)
 	c.redis = append(c.redis, h.p.stores.redis != nil)
 }
@@ -679,6 +692,16 @@ func TestMatrix(t *testing.T) {
 		{name: "synced Redis", admin: exactAdmin, conf: func(c *Config) {
 			c.Store, c.Redis.Address, c.Redis.Timeout, c.Redis.SyncInterval = "redis", exact, "1s", "1h"
 			asACLUser(c)
+		}},
+		{name: "synced Redis behind an edge on exact Redis", admin: exactAdmin, conf: func(c *Config) {
+			c.Store, c.Redis.Address, c.Redis.Timeout, c.Redis.SyncInterval = "redis", exact, "1s", "1h"
+			asACLUser(c)
+		}, edge: func(c *Config) {
+			c.Store, c.Redis.Address, c.Redis.Timeout = "redis", exact, "1s"
+			asACLUser(c)
+			c.Global.Points = 0
+			c.IP = LayerConfig{Points: 100, Duration: "60s"}
+			c.Exempt.IPs = []string{"127.0.0.1/32"} // the status page's reader
 		}},
 		{name: "Cluster", admin: clusterAdmin, conf: func(c *Config) {
 			c.Store, c.Redis.Timeout = "redis", "1s"
@@ -952,7 +975,7 @@ func mxCheckCounts(c *mxCell, fault mxFault, fail func(string, ...interface{})) 
 		for _, l := range routeLayers(h) {
 			if c.redis[i] && !seen["r"+l.RedisKey] {
 				seen["r"+l.RedisKey] = true
-				n := mxRedisCount(c.t, c.admin(), l.RedisKey)
+				n := mxRedisCount(c.t, c.admin(), l.RedisKey, h.p.stores.redis.Synced != nil)
 				got[l.Name] += n
 				total[1] += n
 			}
@@ -989,10 +1012,18 @@ func mxCheckCounts(c *mxCell, fault mxFault, fail func(string, ...interface{})) 
 }
 
 // mxRedisCount sums the counts of the keys of a layer (prefix): a
-// window's counter, a sliding window's current count.
-func mxRedisCount(t *testing.T, admin *redisresp.Pool, prefix string) int64 {
+// window's counter, a sliding window's current count; synced, only the
+// windows' keys (ending with the window's start), which the replicas
+// lease from.
+func mxRedisCount(t *testing.T, admin *redisresp.Pool, prefix string, synced bool) int64 {
 	total := int64(0)
 	for _, v := range redisDo(t, admin, "KEYS", prefix+"*").Array {
+		if synced {
+			if _, err := strconv.ParseInt(v.Str[strings.LastIndexByte(v.Str, ':')+1:], 10, 64); err != nil {
+				continue
+			}
+		}
+
 		var n int64
 		switch redisDo(t, admin, "TYPE", v.Str).Str {
 		case "hash":
