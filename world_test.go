@@ -52,6 +52,10 @@ type front struct {
 
 	seq    atomic.Int64
 	client *http.Client
+
+	// cancels, by harness request id: closing the channel cancels that
+	// request's context at the front (cancelled).
+	cancels map[string]chan struct{}
 }
 
 // reqIDHeader carries the harness's id of a request, so that its client
@@ -72,7 +76,7 @@ func behindProxy(t *testing.T, h *harness) *harness {
 
 	origin := h.p.next
 
-	f := &front{ended: map[string]chan struct{}{}}
+	f := &front{ended: map[string]chan struct{}{}, cancels: map[string]chan struct{}{}}
 	f.idle = sync.NewCond(&f.mu)
 	f.serving = h.h
 
@@ -104,7 +108,26 @@ func (f *front) serveHTTP(rw http.ResponseWriter, req *http.Request) {
 	f.mu.Lock()
 	f.active++
 	serving := f.serving
+	cancelOn := f.cancels[id]
+	delete(f.cancels, id)
 	f.mu.Unlock()
+
+	if cancelOn != nil {
+		// What a timeout middleware before the plugin, or Traefik's own
+		// shutdown, does: the request's context ends, its client stays.
+		ctx, cancel := context.WithCancel(req.Context())
+		defer cancel()
+
+		go func() {
+			select {
+			case <-cancelOn:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+
+		req = req.WithContext(ctx)
+	}
 
 	// Runs when the proxy aborts too: net/http recovers the panic after.
 	defer func() {
@@ -227,6 +250,54 @@ func doFront(h *harness, method, target, remote string, hdr map[string]string) *
 	rec.Body = bytes.NewBuffer(body)
 
 	return rec
+}
+
+// doUntil is harness.do through the front, for a request that ends early:
+// when cancel is "client", the client gives up when stop closes (its
+// timeout); when "context", the request's context at the front is cancelled
+// then while its client waits for the answer. It returns the answer's status
+// (0 when the client had none) once the request's handler has returned.
+func (h *harness) doUntil(method, target, remote string, hdr map[string]string, cancel string, stop chan struct{}) int {
+	h.t.Helper()
+
+	f := h.front
+	req := newFrontRequest(f, method, target, remote, hdr, nil)
+	id, ended := f.expect()
+	req.Header.Set(reqIDHeader, id)
+
+	switch cancel {
+	case "client":
+		ctx, cancelClient := context.WithCancel(context.Background())
+		defer cancelClient()
+
+		go func() {
+			select {
+			case <-stop:
+				cancelClient()
+			case <-ctx.Done():
+			}
+		}()
+
+		req = req.WithContext(ctx)
+	case "context":
+		f.mu.Lock()
+		f.cancels[id] = stop
+		f.mu.Unlock()
+	default:
+		h.t.Fatalf("doUntil: cancel %q is neither client nor context", cancel)
+	}
+
+	code := 0
+
+	if res, err := f.client.Do(req); err == nil {
+		code = res.StatusCode
+		_, _ = io.Copy(io.Discard, res.Body)
+		_ = res.Body.Close()
+	}
+
+	waitEnded(h.t, ended, method+" "+target)
+
+	return code
 }
 
 // openRequest is a request held open on a connection of its own: its
@@ -491,6 +562,54 @@ func pluginGoroutines() int {
 	}
 
 	return count
+}
+
+// pluginLoops are the functions whose goroutines the plugin starts to run
+// for an instance's or a backend's life (not a request's): synced counting,
+// the reset subscription, the probe and an outage's payments, Sentinel.
+var pluginLoops = []string{"redisstore.StartSync", "redisstore.(*resetListener).Listen", "redisstore.(*BackendRegistry)", "redisstore.NewBackend", "redisresp.(*sentinel"}
+
+// strayGoroutines describes the goroutines running the plugin's non-test
+// code other than its loops (pluginLoops): once no request is in flight,
+// there are none (a request's handler, or a goroutine a request started,
+// left waiting is one).
+func strayGoroutines() []string {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+
+		buf = make([]byte, 2*len(buf))
+	}
+
+	var stray []string
+
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		lines := strings.Split(g, "\n")
+		loop, inPlugin := false, false
+
+		for i := 1; i+1 < len(lines); i += 2 {
+			fn, file := lines[i], lines[i+1]
+			if strings.HasPrefix(fn, "created by ") {
+				for _, l := range pluginLoops {
+					loop = loop || strings.Contains(fn, l)
+				}
+
+				continue
+			}
+
+			inPlugin = inPlugin || strings.HasPrefix(fn, "github.com/tierlimit/tierlimit") && !strings.Contains(file, "_test.go")
+		}
+
+		if inPlugin && !loop {
+			stray = append(stray, g)
+		}
+	}
+
+	return stray
 }
 
 // TestTheProxiedHarnessAbortsAsTraefikDoes: a client that hangs up in the
