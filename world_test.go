@@ -349,19 +349,6 @@ func (o *openRequest) head() *http.Response {
 	return o.res
 }
 
-// read reads the next n bytes of the body, or until it ends.
-func (o *openRequest) read(n int) string {
-	o.t.Helper()
-
-	b := make([]byte, n)
-	got, err := io.ReadFull(o.head().Body, b)
-	if err != nil && err != io.ErrUnexpectedEOF && err != io.EOF {
-		o.t.Fatalf("%s: reading the body: %v", o.what, err)
-	}
-
-	return string(b[:got])
-}
-
 // readUntil reads the body until it has read s (an event's end, say).
 func (o *openRequest) readUntil(s string) string {
 	o.t.Helper()
@@ -519,49 +506,6 @@ func reloaded(t *testing.T, h *harness, mutate func(c *Config)) *harness {
 	}
 
 	return r
-}
-
-// skewedReplica is another Traefik's instance of a's middleware on the
-// same Redis (its own memory), built from mutate, whose clock runs skew
-// ahead of a's (behind when negative).
-func skewedReplica(t *testing.T, a *harness, mutate func(c *Config), skew time.Duration) *harness {
-	t.Helper()
-
-	r := replicaOf(a, newHarness(t, mutate))
-	r.clock.now = a.clock.Now().Add(skew)
-
-	return r
-}
-
-// pluginGoroutines counts the goroutines that the plugin's own (non-test)
-// code started and that are still running.
-func pluginGoroutines() int {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-
-		buf = make([]byte, 2*len(buf))
-	}
-
-	count := 0
-
-	for _, g := range strings.Split(string(buf), "\n\n") {
-		i := strings.Index(g, "\ncreated by ")
-		if i < 0 {
-			continue
-		}
-
-		creator := g[i:]
-		if strings.Contains(creator, "github.com/tierlimit/tierlimit") && !strings.Contains(creator, "_test.go") {
-			count++
-		}
-	}
-
-	return count
 }
 
 // pluginLoops are the functions whose goroutines the plugin starts to run
