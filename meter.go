@@ -189,8 +189,12 @@ func settleReservations(w *watchWriter) {
 		atomic.AddInt64(&r.rt.layer.Stats.Reserved, -1)
 
 		cost, ok := int64(0), true
-		if !w.discard {
-			cost, ok = reportedCost(w, r)
+		switch {
+		case w.discard:
+		case r.rt.costFrom.Header != "":
+			cost, ok = headerCost(w.rw.Header(), r.rt.costFrom.Header)
+		default:
+			cost, ok = bodyCost(r)
 		}
 
 		if !ok {
@@ -224,13 +228,9 @@ func holdCost(p *Plugin, r *reservation, cost, now int64) {
 	}
 }
 
-// reportedCost is what the response states its request cost at r's
-// route's costFrom: its body; or a header, or a trailer (headerCost).
-func reportedCost(w *watchWriter, r *reservation) (int64, bool) {
-	if r.rt.costFrom.Header != "" {
-		return headerCost(w.rw.Header(), r.rt.costFrom.Header)
-	}
-
+// bodyCost is the cost r's response's body states at r's route's
+// costFrom (a json: source); headerCost reads a header's.
+func bodyCost(r *reservation) (int64, bool) {
 	if r.reader == nil {
 		return 0, false
 	}
