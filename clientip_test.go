@@ -2,7 +2,6 @@ package tierlimit
 
 import (
 	"net/http"
-	"net/netip"
 	"testing"
 
 	"github.com/tierlimit/tierlimit/config"
@@ -104,17 +103,6 @@ func TestClientKey(t *testing.T) {
 				t.Errorf("%s, cached (pass %d): key %q, want %q", tc.name, pass, got, tc.want)
 			}
 		}
-	}
-}
-
-func TestMappedProxyPrefixMatchesIPv4(t *testing.T) {
-	p, err := config.ParsePrefix("::ffff:10.0.0.0/104")
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	if p != netip.MustParsePrefix("10.0.0.0/8") {
-		t.Fatalf("got %s, want 10.0.0.0/8", p)
 	}
 }
 

@@ -44,18 +44,6 @@ func TestDefaultsMatchDesign(t *testing.T) {
 	}
 }
 
-func TestDurations(t *testing.T) {
-	for raw, want := range map[string]time.Duration{
-		"1s": time.Second, "60s": time.Minute, "60": time.Minute, " 5 ": 5 * time.Second,
-		"500ms": 500 * time.Millisecond, "1h": time.Hour, "1.5s": 1500 * time.Millisecond,
-	} {
-		got, err := config.ParseDuration(raw)
-		if err != nil || got != want {
-			t.Errorf("config.ParseDuration(%q) = %s, %v; want %s", raw, got, err, want)
-		}
-	}
-}
-
 func TestInvalidConfigurationNamesFieldAndValue(t *testing.T) {
 	cases := []struct {
 		field, value string

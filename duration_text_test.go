@@ -6,29 +6,7 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/tierlimit/tierlimit/config"
 )
-
-// A bare number of seconds is a duration, decimals included: Traefik's file
-// provider hands `duration: 1.5` over as "1.500000", Kubernetes as "1.5".
-func TestBareDecimalSecondsAreDurations(t *testing.T) {
-	for raw, want := range map[string]time.Duration{
-		"1.5": 1500 * time.Millisecond, "1.500000": 1500 * time.Millisecond, " 0.25 ": 250 * time.Millisecond,
-		"2.000000": 2 * time.Second, "1.": time.Second, "0.0015": time.Millisecond,
-	} {
-		got, err := config.ParseDuration(raw)
-		if err != nil || got != want {
-			t.Errorf("config.ParseDuration(%q) = %s, %v; want %s", raw, got, err, want)
-		}
-	}
-
-	for _, raw := range []string{"1.5.0", ".", "1,5", "-1.5", "1e3", "0x10", "Inf"} {
-		if d, err := config.ParseDuration(raw); err == nil {
-			t.Errorf("config.ParseDuration(%q) = %s, want an error", raw, d)
-		}
-	}
-}
 
 // The status page and the policy header report such a window as a
 // duration: "1.5s", and w=2 (whole seconds, rounded up).

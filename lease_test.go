@@ -2,13 +2,11 @@ package tierlimit
 
 import (
 	"net/http"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/redisstore"
 )
 
@@ -90,47 +88,6 @@ func TestADeadReplicasLeaseIsLostUntilTheWindowEnds(t *testing.T) {
 
 	if allowed != 10 {
 		t.Fatalf("b allowed %d in the next window, want its 10", allowed)
-	}
-}
-
-// TestLeaseScriptGrantsWhatLeaseGrantSays: the lease script on a real
-// redis-server grants, for each count, need and want, what limit.LeaseGrant
-// computes, settles the points added and given back first, and leaves the
-// count plus the grant in the key.
-func TestLeaseScriptGrantsWhatLeaseGrantSays(t *testing.T) {
-	_, admin := redisServer(t)
-
-	for i, tt := range []struct{ count, add, back, need, want, points int64 }{
-		{0, 0, 0, 1, 200, 200},
-		{150, 0, 0, 1, 200, 200},
-		{197, 0, 0, 1, 200, 200},
-		{199, 0, 0, 5, 200, 200},
-		{200, 0, 0, 1, 200, 200},
-		{190, 0, 0, 5, 200, 200},
-		{100, 7, 0, 0, 30, 200},
-		{100, 0, 40, 1, 200, 200},
-		{10, 0, 40, 1, 200, 200},
-		{0, 0, 0, 0, 0, 200},
-		{5, 0, 0, 1, 1000000, 1000000000},
-	} {
-		key := "lease:" + strconv.Itoa(i)
-		if tt.count > 0 {
-			redisDo(t, admin, "SET", key, strconv.FormatInt(tt.count, 10))
-		}
-
-		reply := redisDo(t, admin, "EVAL", redisstore.LeaseScript, "1", key,
-			strconv.FormatInt(tt.add, 10), strconv.FormatInt(tt.back, 10), strconv.FormatInt(tt.need, 10),
-			strconv.FormatInt(tt.want, 10), "60000", strconv.FormatInt(tt.points, 10))
-
-		settled := tt.count + tt.add - tt.back
-		if settled < 0 {
-			settled = 0
-		}
-
-		grant := limit.LeaseGrant(tt.points, settled, tt.need, tt.want)
-		if len(reply.Array) != 2 || reply.Array[0].Int != grant || reply.Array[1].Int != settled+grant {
-			t.Errorf("%+v: script %v, want grant %d and count %d", tt, reply.Array, grant, settled+grant)
-		}
 	}
 }
 

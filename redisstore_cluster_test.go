@@ -1,7 +1,6 @@
 package tierlimit
 
 import (
-	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -34,37 +33,6 @@ func TestClusterKeysShareASlotPerClientAndPrincipal(t *testing.T) {
 
 	if k := redisstore.ClusterKey(global, keyFor(global, "198.51.100.7", "alice", nil)); k != "ratelimit:mw:global:{global}" {
 		t.Fatalf("global key %q", k)
-	}
-}
-
-func TestMergeSlotRepliesStopsAtTheFirstRefusalInLayerOrder(t *testing.T) {
-	layers := []*layer{{Limits: limits{Name: "global", Points: 10}}, {Limits: limits{Name: "ip", Points: 5}}, {Limits: limits{Name: "login", Points: 3}}}
-	// global alone in one slot; ip and login share the client's.
-	groups := []*slotGroup{{Layers: []int{0}}, {Layers: []int{1, 2}}}
-
-	cases := []struct {
-		name    string
-		replies []redisresp.Reply
-		all     bool
-		want    string
-	}{
-		{"all allowed", []redisresp.Reply{{Ints: []int64{3, 900}}, {Ints: []int64{2, 800, 1, 700}}}, false, "[3 900 2 800 1 700]"},
-		{"global refuses: the client's charges are left out", []redisresp.Reply{{Ints: []int64{11, 900}}, {Ints: []int64{2, 800, 1, 700}}}, false, "[11 900]"},
-		{"ip refuses and its call stops", []redisresp.Reply{{Ints: []int64{3, 900}}, {Ints: []int64{6, 800}}}, false, "[3 900 6 800]"},
-		{"dry run keeps every layer", []redisresp.Reply{{Ints: []int64{11, 900}}, {Ints: []int64{6, 800, 4, 700}}}, true, "[11 900 6 800 4 700]"},
-		{"a short reply without a refusal stops the merge", []redisresp.Reply{{Ints: []int64{3, 900}}, {Ints: []int64{}}}, false, "[3 900]"},
-	}
-
-	for _, tc := range cases {
-		ints, serverErr, err := redisstore.MergeSlotReplies(layers, groups, tc.replies, tc.all)
-		if err != nil || serverErr != "" || fmt.Sprint(ints) != tc.want {
-			t.Errorf("%s: %v %q %v, want %s", tc.name, ints, serverErr, err, tc.want)
-		}
-	}
-
-	_, serverErr, _ := redisstore.MergeSlotReplies(layers, groups, []redisresp.Reply{{Ints: []int64{3, 900}}, {ServerErr: "CLUSTERDOWN The cluster is down"}}, false)
-	if serverErr != "CLUSTERDOWN The cluster is down" {
-		t.Errorf("a call's server error: %q", serverErr)
 	}
 }
 

@@ -323,22 +323,6 @@ func TestDryRunWithRedisChargesEveryLayerAndNeverBlocks(t *testing.T) {
 	}
 }
 
-func TestBlockListIsBounded(t *testing.T) {
-	b := redisstore.NewBlockList(10)
-
-	for i := 0; i < 1000; i++ {
-		b.Add("ip", strconv.Itoa(i), t0+int64(time.Minute), t0)
-	}
-
-	if len(b.Until) > 10 {
-		t.Fatalf("%d keys held, cap 10", len(b.Until))
-	}
-
-	if !b.Add("ip", "expired", t0+1, t0) || b.ResetOf("ip", "expired", t0+1) != 0 {
-		t.Fatal("an expired block is still held")
-	}
-}
-
 func TestRedisKeysAndArguments(t *testing.T) {
 	srv := newCannedRedis(t, "*6\r\n:1\r\n:1000\r\n:1\r\n:60000\r\n:1\r\n:60000\r\n")
 	h, _ := redisHarness(t, srv.l.Addr().String(), func(c *Config) {

@@ -12,25 +12,6 @@ import (
 	"github.com/tierlimit/tierlimit/redisstore"
 )
 
-func TestResetMessagesRoundTripAndOthersAreDropped(t *testing.T) {
-	for _, c := range [][3]string{
-		{"edge@file", "ip", "203.0.113.7"},
-		{"edge@file", "route-login", "ip:2001:db8::1"},
-		{"m", "l", "key\x00with a NUL"},
-	} {
-		name, layer, key, ok := redisstore.ParseResetMessage(redisstore.ResetMessage(c[0], c[1], c[2]))
-		if !ok || name != c[0] || layer != c[1] || key != c[2] {
-			t.Fatalf("%q: %q %q %q %v", c, name, layer, key, ok)
-		}
-	}
-
-	for _, payload := range []string{"", "edge@file", "edge@file\x00ip", "edge@file\x00ip\x00", "\x00ip\x00k", "m\x00\x00k"} {
-		if _, _, _, ok := redisstore.ParseResetMessage(payload); ok {
-			t.Fatalf("%q read as a reset", payload)
-		}
-	}
-}
-
 // A reset message clears the key's block list entries of the layer it names,
 // under whatever limits they were made, and the key's memory window, for the
 // middleware it names only.
@@ -92,17 +73,6 @@ func TestResetMessageClearsTheNamedKeyOnly(t *testing.T) {
 
 	if peekCount(ws, now, "ip", "203.0.113.7") != 0 || peekCount(ws, now, "ipx", "203.0.113.7") != 1 {
 		t.Fatal("the memory windows: the key's is kept, or another layer's went")
-	}
-}
-
-// A panic in a session (here: logging its failure) ends the session, not
-// the process.
-func TestResetSessionRecoversFromPanics(t *testing.T) {
-	r := redisstore.NewResetListener(&redisBackend{}, redisresp.Options{Address: closedPort(t)})
-	r.Event = func(string) { panic("logging") }
-
-	if r.Session(0) {
-		t.Fatal("a session that panicked reports a subscription")
 	}
 }
 

@@ -312,29 +312,6 @@ func TestSyncIntervalTakesFixedWindowsOnly(t *testing.T) {
 	}
 }
 
-func TestSyncGoroutineStopsWhenReleased(t *testing.T) {
-	st := redisstore.NewSyncState()
-	st.Max, st.Interval = 10, time.Millisecond
-
-	st.Mu.Lock()
-	redisstore.StartSync(st)
-	stop := st.Stop
-	st.Mu.Unlock()
-
-	done := make(chan struct{})
-	go func() {
-		redisstore.RunSync(st, stop) // a second loop on the same channel: it returns when stop closes
-		close(done)
-	}()
-
-	redisstore.StopSync(st)
-	<-done
-
-	if st.Started {
-		t.Fatal("a released state still counts as started")
-	}
-}
-
 func TestResetClearsASyncedKeyHereAndInRedis(t *testing.T) {
 	addr, admin := redisServer(t)
 	h, st, _ := syncHarness(t, addr, nil)
