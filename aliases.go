@@ -64,7 +64,6 @@ type owedKey = redisstore.OwedKey
 type redisBackend = redisstore.RedisBackend
 type redisStore = redisstore.RedisStore
 type resetForget = redisstore.ResetForget
-type slotGroup = redisstore.SlotGroup
 type syncCounter = redisstore.SyncCounter
 type syncState = redisstore.SyncState
 

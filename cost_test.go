@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestCostAndCountStatusConfiguration(t *testing.T) {
@@ -344,4 +345,100 @@ func countsByLayer(h *harness) map[string]int64 {
 	}
 
 	return counts
+}
+
+// TestListedStatusCountedWhenTheIPChargeRefuses: a credentialed login that
+// the backend answers 401, a status the login route counts, is counted on
+// the route also when the ip charge of the invalid credential turns the
+// answer into a 429.
+func TestListedStatusCountedWhenTheIPChargeRefuses(t *testing.T) {
+	h := newHarness(t, func(c *Config) {
+		c.Global = LayerConfig{Points: 1000, Duration: "60s"}
+		c.IP = LayerConfig{Points: 2, Duration: "60s"}
+		c.Principal.CredentialHeaders = []string{"Authorization"}
+		c.Routes = []RouteConfig{{Name: "login", Methods: []string{"POST"}, Paths: []string{"/login"}, Points: 10, Duration: "60s", CountStatus: []int{401}}}
+	})
+	h.p.next = http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) { rw.WriteHeader(http.StatusUnauthorized) })
+
+	token := map[string]string{"Authorization": "Bearer garbage"}
+	for i, want := range []int{http.StatusUnauthorized, http.StatusUnauthorized, http.StatusTooManyRequests} {
+		if rec := h.do(http.MethodPost, "/login", "203.0.113.1:1", token); rec.Code != want {
+			t.Fatalf("login %d: %d, want %d", i+1, rec.Code, want)
+		}
+	}
+
+	if w := h.p.routes[0].layer.Entries["203.0.113.1"]; w == nil || w.Count != 3 {
+		t.Fatalf("login window %+v, want the three 401s counted, the one turned into a 429 included", w)
+	}
+}
+
+// exportRoute is a route of ip-keyed exports of cost 10, with room for 100
+// of them: the ip layer's points decide.
+func exportRoute(c *Config) {
+	c.Routes = []RouteConfig{{Name: "export", Paths: []string{"/export"}, Key: "ip", Points: 1000, Duration: "60s", Cost: 10}}
+}
+
+// TestCostedCountStatusRouteChargesTheCost: a login route of 9 points that
+// counts failures at a cost of 3 takes three failures, then refuses: each
+// 401 is charged its cost, not 1.
+func TestCostedCountStatusRouteChargesTheCost(t *testing.T) {
+	costed := func(c *Config) {
+		loginConfig(c)
+		c.Routes[0].Points = 9
+		c.Routes[0].Cost = 3
+	}
+
+	addr, _ := redisServer(t)
+	redis, _ := redisHarness(t, addr, with(costed, asACLUser))
+
+	for _, tc := range []struct {
+		name string
+		h    *harness
+	}{{"memory", newHarness(t, costed)}, {"redis", redis}} {
+		name, h := tc.name, tc.h
+		h.p.next = loginBackend
+
+		for i, want := range []int{http.StatusUnauthorized, http.StatusUnauthorized, http.StatusUnauthorized, http.StatusTooManyRequests} {
+			if rec := login(h, "bad"); rec.Code != want {
+				t.Fatalf("%s: bad login %d: %d, want %d", name, i+1, rec.Code, want)
+			}
+		}
+
+		if name == "memory" {
+			if w := h.p.routes[0].layer.Entries["203.0.113.1"]; w == nil || w.Count != 9 {
+				t.Fatalf("memory: login window %+v, want count 9", w)
+			}
+		}
+	}
+}
+
+// TestRefusedCostGivesATokenBucketItsTokensBack: an export of cost 3 that
+// the route refuses gives the ip bucket, charged before the route, all 3
+// tokens back: the 4 tokens left before it are there after it.
+func TestRefusedCostGivesATokenBucketItsTokensBack(t *testing.T) {
+	h := newHarness(t, func(c *Config) {
+		c.Global.Points = 0
+		c.IP = LayerConfig{Points: 1, Duration: "1h", Algorithm: "tokenbucket", Burst: 10}
+		c.Routes = []RouteConfig{{Name: "export", Paths: []string{"/export"}, Key: "ip", Points: 6, Duration: "1h", Cost: 3}}
+	})
+	client := "203.0.113.1:1"
+
+	for i, want := range []int{http.StatusOK, http.StatusOK, http.StatusTooManyRequests} {
+		if rec := h.get("/export", client); rec.Code != want || want == http.StatusTooManyRequests && refusedLayer(rec) != "export" {
+			t.Fatalf("export %d: %d (%s), want %d", i+1, rec.Code, refusedLayer(rec), want)
+		}
+	}
+
+	allowed := 0
+	for i := 0; i < 10; i++ {
+		if h.get("/api", client).Code == http.StatusOK {
+			allowed++
+		}
+
+		h.clock.Add(time.Millisecond)
+	}
+
+	if allowed != 4 {
+		t.Fatalf("%d reads allowed after the refused export, want the 4 tokens left before it", allowed)
+	}
 }

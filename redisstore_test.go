@@ -471,3 +471,417 @@ func TestCostIsTheScriptsSecondArgument(t *testing.T) {
 func redisStoreOf(p *Plugin) *redisStore {
 	return p.stores.redis
 }
+
+// scriptCommands are the commands the scripts run inside Redis.
+var scriptCommands = []string{"pttl", "get", "set", "incrby", "decrby", "pexpire", "hmget", "hset", "del", "hincrby", "time"}
+
+// commandCalls reads INFO commandstats: the calls of each command since the
+// last CONFIG RESETSTAT, by lower-case name.
+func commandCalls(t *testing.T, admin *redisresp.Pool) map[string]int64 {
+	t.Helper()
+
+	v := redisDo(t, admin, "INFO", "commandstats")
+	calls := map[string]int64{}
+
+	for _, line := range strings.Split(v.Str, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+
+		n, err := strconv.ParseInt(strings.SplitN(rest, ",", 2)[0], 10, 64)
+		if err != nil {
+			t.Fatalf("commandstats line %q: %v", line, err)
+		}
+
+		calls[strings.TrimPrefix(name, "cmdstat_")] = n
+	}
+
+	return calls
+}
+
+// TestTwoCommandsPerFixedKeyOnRedisServer: an allowed request costs each
+// fixed-window key at most two commands inside the script (PTTL, then INCRBY
+// or SET), counted by the server's commandstats: global + ip, 100 requests
+// from 10 clients (new keys and live ones), one script call each.
+func TestTwoCommandsPerFixedKeyOnRedisServer(t *testing.T) {
+	addr, admin := redisServer(t)
+
+	h, _ := redisHarness(t, addr, func(c *Config) {
+		asACLUser(c)
+		c.Global = LayerConfig{Points: 1000, Duration: "1h"}
+		c.IP = LayerConfig{Points: 1000, Duration: "1h"}
+	})
+
+	// A first request loads the script (EVALSHA, NOSCRIPT, then EVAL).
+	req := httptest.NewRequest(http.MethodGet, "/api", nil)
+	req.RemoteAddr = "203.0.113.200:1"
+	h.h.ServeHTTP(httptest.NewRecorder(), req)
+
+	redisDo(t, admin, "CONFIG", "RESETSTAT")
+
+	const requests = 100
+
+	for i := 0; i < requests; i++ {
+		req := httptest.NewRequest(http.MethodGet, "/api", nil)
+		req.RemoteAddr = "203.0.113." + strconv.Itoa(1+i%10) + ":1"
+		rec := httptest.NewRecorder()
+		h.h.ServeHTTP(rec, req)
+
+		if rec.Code != http.StatusOK {
+			t.Fatalf("request %d: %d", i, rec.Code)
+		}
+	}
+
+	calls := commandCalls(t, admin)
+
+	var inside int64
+	for _, c := range scriptCommands {
+		inside += calls[c]
+	}
+
+	if scripts := calls["evalsha"] + calls["eval"]; scripts != requests {
+		t.Fatalf("%d script calls for %d requests (commandstats %v)", scripts, requests, calls)
+	}
+
+	if inside > 2*2*requests {
+		t.Fatalf("%d commands inside the script for %d requests of 2 fixed keys, want at most %d (commandstats %v)", inside, requests, 2*2*requests, calls)
+	}
+
+	t.Logf("%d requests, 2 fixed keys: %d commands inside the script (%v)", requests, inside, calls)
+}
+
+// TestOddFixedKeysStartAfreshOnRedisServer: a fixed layer's key that holds
+// no live counter (of another kind, not an integer, negative, without a TTL,
+// or living longer than the window) is read as empty and restarted by an
+// allowed request, with the window's TTL; a request another layer refuses
+// leaves each of them, and every live counter it reads, as it was.
+func TestOddFixedKeysStartAfreshOnRedisServer(t *testing.T) {
+	addr, admin := redisServer(t)
+
+	h, _ := redisHarness(t, addr, func(c *Config) {
+		asACLUser(c)
+		c.Global = LayerConfig{Points: 1000, Duration: "1h"}
+		c.IP = LayerConfig{Points: 2, Duration: "1h"}
+	})
+	s := h.p.stores.redis
+	layers := h.p.planIP
+	global := layers[0].RedisConstKey
+	global = global[strings.Index(global, "\r\n")+2 : len(global)-2]
+
+	odd := map[string][]string{
+		"hash":     {"HSET", global, "c", "5"},
+		"text":     {"SET", global, "five", "PX", "60000"},
+		"negative": {"SET", global, "-3", "PX", "60000"},
+		"no ttl":   {"SET", global, "7"},
+		"stale":    {"SET", global, "7", "PX", "86400000"},
+	}
+
+	fresh := 100
+
+	for name, setup := range odd {
+		fresh++
+
+		redisDo(t, admin, "DEL", global)
+		redisDo(t, admin, setup...)
+
+		// The ip key is spent by two requests of another client first: the
+		// third is refused by ip, after global was read (and charged, then
+		// given back, when it held a live counter).
+		client := "203.0.113.50"
+		redisDo(t, admin, "SET", layers[1].RedisKey+client, "2", "PX", "60000")
+
+		before := serverState(t, admin)
+		if tl := scriptCharge(t, s, layers, client, 1); !tl.Refused || tl.Shown != 1 {
+			t.Fatalf("%s: %+v, want refused by ip", name, tl)
+		}
+
+		if after := serverState(t, admin); after != before {
+			t.Fatalf("%s: the refused request changed Redis:\n%s\nto\n%s", name, before, after)
+		}
+
+		if tl := scriptCharge(t, s, layers, "203.0.113."+strconv.Itoa(fresh), 1); tl.Refused || tl.Count != 1 {
+			t.Fatalf("%s: %+v, want allowed with a fresh global and ip", name, tl)
+		}
+
+		if v := redisDo(t, admin, "GET", global).Str; v != "1" {
+			t.Fatalf("%s: global holds %q, want a fresh 1", name, v)
+		}
+
+		if ttl := redisDo(t, admin, "PTTL", global).Int; ttl <= 0 || ttl > 3600000 {
+			t.Fatalf("%s: global's PTTL %d, want the window's", name, ttl)
+		}
+	}
+
+	// A live counter a refusal read is given back byte for byte.
+	redisDo(t, admin, "SET", global, "41", "PX", "60000")
+
+	before := serverState(t, admin)
+	if tl := scriptCharge(t, s, layers, "203.0.113.50", 1); !tl.Refused {
+		t.Fatalf("%+v, want refused by ip", tl)
+	}
+
+	if after := serverState(t, admin); after != before {
+		t.Fatalf("the refused request changed Redis:\n%s\nto\n%s", before, after)
+	}
+}
+
+func TestClusterKeysShareASlotPerClientAndPrincipal(t *testing.T) {
+	mk := func(name string, kind int) *layer {
+		return &layer{Limits: limits{Name: name, KeyKind: kind, ConstKey: "global"}, RedisEncoding: redisEncoding{RedisKey: "ratelimit:mw:" + name + ":"}}
+	}
+
+	ip, login, byPrincipal, global := mk("ip", keyOfClient), mk("login", keyOfClient), mk("upload", keyOfPrincipalElseClient), mk("global", keyOfConst)
+
+	if k := redisstore.ClusterKey(ip, keyFor(ip, "198.51.100.7", "", nil)); k != "ratelimit:mw:ip:{198.51.100.7}" {
+		t.Fatalf("ip key %q", k)
+	}
+
+	anon := redisstore.ClusterKey(byPrincipal, keyFor(byPrincipal, "198.51.100.7", "", nil))
+	if redisresp.Slot(anon) != redisresp.Slot(redisstore.ClusterKey(ip, keyFor(ip, "198.51.100.7", "", nil))) ||
+		redisresp.Slot(redisstore.ClusterKey(login, keyFor(login, "198.51.100.7", "", nil))) != redisresp.Slot(anon) {
+		t.Fatalf("one client's layers in different slots: %q", anon)
+	}
+
+	if k := redisstore.ClusterKey(byPrincipal, keyFor(byPrincipal, "198.51.100.7", "alice", nil)); k != "ratelimit:mw:upload:{alice}" {
+		t.Fatalf("principal key %q", k)
+	}
+
+	if k := redisstore.ClusterKey(global, keyFor(global, "198.51.100.7", "alice", nil)); k != "ratelimit:mw:global:{global}" {
+		t.Fatalf("global key %q", k)
+	}
+}
+
+// On a cluster a calendar layer's key and window are those of the period that
+// holds the request's time (the instance's clock), not the wall clock's.
+func TestClusterCalendarKeyFollowsTheRequestTime(t *testing.T) {
+	l := &layer{Limits: limits{Name: "ip", Points: 5, KeyKind: keyOfClient, Calendar: calDay}, RedisEncoding: redisEncoding{RedisKey: "ratelimit:mw:ip:"}}
+	l.RedisArgs = redisresp.Bulk("5") + redisresp.Bulk("86400000") + redisstore.AlgoFixed + redisstore.ArgNoRate
+	l.RedisTail = redisstore.RedisTail(l.RedisArgs)
+	now := time.Date(2026, 2, 10, 18, 0, 0, 0, time.UTC).UnixNano()
+
+	groups := redisstore.SlotGroups(chargeOf([]*layer{l}, "198.51.100.7", "", nil, now, false), "")
+
+	start := time.Date(2026, 2, 10, 0, 0, 0, 0, time.UTC).Unix()
+	if want := redisresp.Bulk("ratelimit:mw:ip:{198.51.100.7}:" + strconv.FormatInt(start, 10)); len(groups) != 1 || groups[0].Keys != want {
+		t.Fatalf("keys %q, want %q", groups[0].Keys, want)
+	}
+
+	// 6 hours to the end of the day.
+	if want := redisresp.Bulk("5") + redisresp.Bulk("21600000"); !strings.HasPrefix(groups[0].Args, want) {
+		t.Fatalf("args %q, want the window left: %q", groups[0].Args, want)
+	}
+}
+
+// TestFallbackStartsFromWhatRedisLastReported: a key Redis had at 7 of 10
+// when it went away gets 3 more from memory, not 10, for every algorithm and
+// on both paths (modeRedis for a fixed ip layer, the general path for the
+// others).
+func TestFallbackStartsFromWhatRedisLastReported(t *testing.T) {
+	for _, algorithm := range []string{"fixed", "sliding", "tokenbucket"} {
+		addr, admin := redisServer(t)
+		h, logs := redisHarness(t, addr, func(c *Config) {
+			asACLUser(c)
+			c.IP = algorithmLayer(algorithm, 10)
+		})
+
+		if (algorithm == "fixed") != (h.p.mode == modeRedis) {
+			t.Fatalf("%s: mode %d", algorithm, h.p.mode)
+		}
+
+		client := "203.0.113.7"
+		for i := 0; i < 7; i++ {
+			if rec := h.get("/api", client+":1"); rec.Code != http.StatusOK {
+				t.Fatalf("%s: request %d refused by Redis: %d", algorithm, i+1, rec.Code)
+			}
+		}
+
+		if v := redisDo(t, admin, "EXISTS", h.p.layers[0].RedisKey+client); v.Int != 1 {
+			t.Fatalf("%s: not counted in Redis", algorithm)
+		}
+
+		_, _ = admin.Do("SHUTDOWN", "NOSAVE")
+
+		allowed := 0
+		for i := 0; i < 10; i++ {
+			if rec := h.get("/api", client+":1"); rec.Code == http.StatusOK {
+				allowed++
+			}
+		}
+
+		if allowed != 3 {
+			t.Errorf("%s: memory allowed %d after Redis went away at 7 of 10, want 3", algorithm, allowed)
+		}
+
+		if !strings.Contains(logs.String(), "REDIS_UNAVAILABLE") {
+			t.Errorf("%s: not decided in memory:\n%s", algorithm, logs)
+		}
+	}
+}
+
+// TestMemoryLayerOnRedisServer: global with store: memory on a Redis
+// instance is counted in memory, never in Redis; a request ip refuses (in
+// Redis) spends no global point, and one global refuses (in memory) calls
+// no Redis and spends no ip point.
+func TestMemoryLayerOnRedisServer(t *testing.T) {
+	addr, admin := redisServer(t)
+
+	h, _ := redisHarness(t, addr, func(c *Config) {
+		asACLUser(c)
+		c.Global = LayerConfig{Points: 3, Duration: "1h", Store: "memory"}
+		c.IP = LayerConfig{Points: 2, Duration: "1h"}
+	})
+
+	if _, ok := h.h.(*mixedPath); !ok || !h.p.stores.mixed {
+		t.Fatalf("handler %T, mixed %v: want the mixed store on mixedPath", h.h, h.p.stores.mixed)
+	}
+
+	now := h.clock.Now().UnixNano()
+	global := func() int64 { return peekCount(h.p.memory, now, "global", "global") }
+
+	for i, want := range []int{http.StatusOK, http.StatusOK, http.StatusTooManyRequests} {
+		if rec := h.get("/api", "203.0.113.1:1"); rec.Code != want || rec.Code == http.StatusTooManyRequests && refusedLayer(rec) != "ip" {
+			t.Fatalf("request %d from .1: %d (%s), want %d", i, rec.Code, refusedLayer(rec), want)
+		}
+	}
+
+	if n := global(); n != 2 {
+		t.Fatalf("global at %d after 2 allowed and 1 refused by ip, want 2", n)
+	}
+
+	if rec := h.get("/api", "203.0.113.2:1"); rec.Code != http.StatusOK || global() != 3 {
+		t.Fatalf("request from .2: %d, global at %d, want 200 and 3", rec.Code, global())
+	}
+
+	calls := scriptCalls(t, admin)
+
+	if rec := h.get("/api", "203.0.113.3:1"); rec.Code != http.StatusTooManyRequests || refusedLayer(rec) != "global" {
+		t.Fatalf("request from .3: %d (%s), want refused by global", rec.Code, refusedLayer(rec))
+	}
+
+	if scriptCalls(t, admin) != calls || global() != 3 {
+		t.Fatalf("the global refusal called Redis (%d script calls, %d before) or changed global (%d)", scriptCalls(t, admin), calls, global())
+	}
+
+	for _, k := range redisDo(t, admin, "KEYS", "*").Array {
+		if strings.Contains(k.Str, ":global") {
+			t.Fatalf("global is in Redis: %s", k.Str)
+		}
+	}
+
+	if n := redisDo(t, admin, "GET", h.p.planIP[1].RedisKey+"203.0.113.1").Str; n != "2" {
+		t.Fatalf("ip of .1 in Redis %q, want 2", n)
+	}
+
+	if n := redisDo(t, admin, "EXISTS", h.p.planIP[1].RedisKey+"203.0.113.3").Int; n != 0 {
+		t.Fatalf("ip of .3, which global refused, is in Redis")
+	}
+}
+
+// TestMergedTallyShowsAsOneTake: the tallies of the two stores merge as one
+// take of every layer would report them: the refusing layer shown, else the
+// one with the fewest requests left, the first of equals; first-refusal
+// bits at the layers' own places.
+func TestMergedTallyShowsAsOneTake(t *testing.T) {
+	for _, c := range []struct {
+		name       string
+		mem, red   tally
+		shown      int
+		left       int64
+		refused    bool
+		firstsWant uint64
+	}{
+		{"fewest left in redis", tally{Shown: 0, Left: 5}, tally{Shown: 0, Left: 2}, 1, 2, false, 0},
+		{"fewest left in memory", tally{Shown: 0, Left: 1}, tally{Shown: 1, Left: 2}, 0, 1, false, 0},
+		{"equal: the first", tally{Shown: 0, Left: 2}, tally{Shown: 0, Left: 2}, 0, 2, false, 0},
+		{"refused in redis", tally{Shown: 0, Left: 0}, tally{Shown: 1, Refused: true, Firsts: 2}, 2, 0, true, 4},
+		{"dry run: both refuse, the first shown", tally{Shown: 0, Refused: true, Firsts: 1}, tally{Shown: 0, Refused: true, Firsts: 1}, 0, 0, true, 3},
+		{"nothing in memory", tally{Shown: -1}, tally{Shown: 1, Left: 7}, 2, 7, false, 0},
+	} {
+		// Layer 0 in memory; 1 and 2 in Redis.
+		tl := tally{Shown: -1}
+		mergeTally(&tl, &c.mem, []int{0})
+		mergeTally(&tl, &c.red, []int{1, 2})
+
+		if tl.Shown != c.shown || tl.Left != c.left || tl.Refused != c.refused || tl.Firsts != c.firstsWant {
+			t.Errorf("%s: %+v, want shown %d, left %d, refused %v, firsts %b", c.name, tl, c.shown, c.left, c.refused, c.firstsWant)
+		}
+	}
+}
+
+// TestMemoryLayerWhileRedisIsDown: with Redis unreachable, the Redis layers
+// fall back to memory and the rule holds across them: ip's refusal (in the
+// fallback) gives global (a memory layer) its point back.
+func TestMemoryLayerWhileRedisIsDown(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	addr := l.Addr().String()
+	l.Close()
+
+	h, logs := redisHarness(t, addr, func(c *Config) {
+		c.Global = LayerConfig{Points: 3, Duration: "1h", Store: "memory"}
+		c.IP = LayerConfig{Points: 2, Duration: "1h"}
+	})
+
+	now := h.clock.Now().UnixNano()
+
+	for i, want := range []int{http.StatusOK, http.StatusOK, http.StatusTooManyRequests} {
+		if rec := h.get("/api", "203.0.113.1:1"); rec.Code != want {
+			t.Fatalf("request %d: %d, want %d", i, rec.Code, want)
+		}
+	}
+
+	if !strings.Contains(logs.String(), "REDIS_UNAVAILABLE") {
+		t.Fatalf("logs %q: want Redis reported unavailable", logs)
+	}
+
+	if g, ip := peekCount(h.p.memory, now, "global", "global"), peekCount(h.p.memory, now, "ip", "203.0.113.1"); g != 2 || ip != 2 {
+		t.Fatalf("memory holds global %d, ip %d, want 2 and 2", g, ip)
+	}
+}
+
+// TestMemoryRouteAfterRedisLayersOnRedisServer: a memory layer after the
+// Redis ones (a route) is charged all or nothing with them too: its refusal
+// charges no Redis layer, and Redis's refusal gives its point back.
+func TestMemoryRouteAfterRedisLayersOnRedisServer(t *testing.T) {
+	addr, admin := redisServer(t)
+
+	h, _ := redisHarness(t, addr, func(c *Config) {
+		asACLUser(c)
+		c.Global = LayerConfig{Points: 100, Duration: "1h"}
+		c.IP = LayerConfig{Points: 2, Duration: "1h"}
+		c.Routes = []RouteConfig{{Name: "login", Paths: []string{"/login"}, Key: "ip", Points: 1, Duration: "1h", Store: "memory"}}
+	})
+
+	now := h.clock.Now().UnixNano()
+	global := h.p.planIP[0].RedisKey + "global"
+
+	for i, step := range []struct {
+		path, client string
+		code         int
+		global       string
+	}{
+		{"/login", "203.0.113.1:1", http.StatusOK, "1"},
+		{"/login", "203.0.113.1:1", http.StatusTooManyRequests, "1"}, // login (memory) refuses: Redis untouched
+		{"/api", "203.0.113.1:1", http.StatusOK, "2"},
+		{"/api", "203.0.113.3:1", http.StatusOK, "3"},
+		{"/api", "203.0.113.3:1", http.StatusOK, "4"},
+		{"/login", "203.0.113.3:1", http.StatusTooManyRequests, "4"}, // ip (Redis) refuses: login given back
+	} {
+		rec := h.get(step.path, step.client)
+		if rec.Code != step.code {
+			t.Fatalf("step %d: %d (%s), want %d", i, rec.Code, refusedLayer(rec), step.code)
+		}
+
+		if g := redisDo(t, admin, "GET", global).Str; g != step.global {
+			t.Fatalf("step %d: global %q in Redis, want %s", i, g, step.global)
+		}
+	}
+
+	if n := peekCount(h.p.memory, now, "login", "203.0.113.3"); n != 0 {
+		t.Fatalf("login of .3 at %d after ip refused its only request, want 0", n)
+	}
+}

@@ -2,6 +2,8 @@ package tierlimit
 
 import (
 	"bytes"
+	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -343,5 +345,382 @@ func TestAnOutageIsPaidToABlockingLayer(t *testing.T) {
 		}
 
 		waitFor(t, algorithm+": the outage's 3 in Redis", paid)
+	}
+}
+
+// switchProxy forwards TCP connections to a Redis server while up; cut
+// closes every connection and refuses new ones, the server keeping its data:
+// a network flap.
+type switchProxy struct {
+	l      net.Listener
+	target string
+
+	mu    sync.Mutex
+	down  bool
+	conns []net.Conn
+}
+
+func newSwitchProxy(t *testing.T, target string) *switchProxy {
+	t.Helper()
+
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	p := &switchProxy{l: l, target: target}
+	t.Cleanup(func() { l.Close(); p.cut() })
+
+	go p.serve()
+
+	return p
+}
+
+func (p *switchProxy) serve() {
+	for {
+		c, err := p.l.Accept()
+		if err != nil {
+			return
+		}
+
+		p.mu.Lock()
+		down := p.down
+		if !down {
+			p.conns = append(p.conns, c)
+		}
+		p.mu.Unlock()
+
+		if down {
+			c.Close()
+			continue
+		}
+
+		up, err := net.Dial("tcp", p.target)
+		if err != nil {
+			c.Close()
+			continue
+		}
+
+		p.mu.Lock()
+		p.conns = append(p.conns, up)
+		p.mu.Unlock()
+
+		go func() { _, _ = io.Copy(up, c); up.Close() }()
+		go func() { _, _ = io.Copy(c, up); c.Close() }()
+	}
+}
+
+func (p *switchProxy) cut() {
+	p.mu.Lock()
+	p.down = true
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+	p.mu.Unlock()
+}
+
+func (p *switchProxy) restore() {
+	p.mu.Lock()
+	p.down = false
+	p.mu.Unlock()
+}
+
+// TestAFlapDoesNotSplitACount: a 10-point key that Redis had at 4 when the
+// network to it failed takes 3 more in memory (from the 4 Redis reported);
+// once Redis answers again, those 3 are added to its count, so the client
+// gets 10 in all across the flap, not 4 + 3 + 6. Fixed and sliding windows.
+func TestAFlapDoesNotSplitACount(t *testing.T) {
+	for _, algorithm := range []string{"fixed", "sliding"} {
+		f := newFlap(t, algorithm, "203.0.113.7")
+		h, proxy, admin, send := f.h, f.proxy, f.admin, f.send
+		key := h.p.layers[0].RedisKey + f.client
+
+		send(4)
+		proxy.cut()
+		send(3)
+
+		if f.allowed != 7 || !h.p.stores.redis.Backend.Down.Load() {
+			t.Fatalf("%s: %d allowed, down %v; want 7, decided in memory", algorithm, f.allowed, h.p.stores.redis.Backend.Down.Load())
+		}
+
+		// The back-off ends; the next request probes Redis, which then takes
+		// the outage's 3 (off the request: wait for them).
+		proxy.restore()
+		h.clock.Add(time.Second)
+		send(1)
+
+		field := []string{"GET", key}
+		if algorithm == "sliding" {
+			field = []string{"HGET", key, "c"}
+		}
+
+		deadline := time.Now().Add(5 * time.Second)
+		for redisDo(t, admin, field...).Str != "8" && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond) // polling a background call, not a window
+		}
+
+		if v := redisDo(t, admin, field...).Str; v != "8" {
+			t.Fatalf("%s: Redis holds %q after the flap, want 8 (4 + the outage's 3 + the probe)", algorithm, v)
+		}
+
+		send(5)
+
+		if f.allowed != 10 {
+			t.Errorf("%s: %d allowed across the flap, want the limit of 10", algorithm, f.allowed)
+		}
+	}
+}
+
+// TestAFailedPaymentIsPaidAtTheNextRecovery: a payment of the outage's
+// charges that Redis does not take (cut again) keeps them for the next
+// recovery, instead of losing them or adding them to memory.
+func TestAFailedPaymentIsPaidAtTheNextRecovery(t *testing.T) {
+	f := newFlap(t, "fixed", "203.0.113.8")
+	h, proxy, admin, send, client := f.h, f.proxy, f.admin, f.send, f.client
+	rs := h.p.stores.redis
+	key := h.p.layers[0].RedisKey + client
+
+	send(4)
+	proxy.cut()
+	send(3)
+
+	// A payment while Redis is still cut (as when it fails again right
+	// after a probe): nothing is paid, nothing is lost.
+	redisstore.PayOwed(rs)
+
+	rs.Owed.Mu.Lock()
+	debt := rs.Owed.Debts[owedKey{L: h.p.layers[0], Key: keyFor(h.p.layers[0], client, "", nil)}].Points
+	rs.Owed.Mu.Unlock()
+
+	if debt != 3 {
+		t.Fatalf("owed %d after a failed payment, want the outage's 3", debt)
+	}
+
+	proxy.restore()
+	h.clock.Add(10 * time.Second)
+	send(1)
+
+	deadline := time.Now().Add(5 * time.Second)
+	for redisDo(t, admin, "GET", key).Str != "8" && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond) // polling a background call, not a window
+	}
+
+	if v := redisDo(t, admin, "GET", key).Str; v != "8" {
+		t.Fatalf("Redis holds %q after the recovery, want 8 (4 + the outage's 3 + the probe)", v)
+	}
+
+	send(5)
+
+	if f.allowed != 10 {
+		t.Errorf("%d allowed across the outage, want the limit of 10", f.allowed)
+	}
+}
+
+// TestATokenBucketFlapDoesNotSplitItsCount: the tokens a bucket's memory
+// fallback handed out during an outage are taken from its bucket in Redis
+// when Redis answers again: 4 before, 3 during and 3 after the outage, of a
+// bucket of 10 that refills at 1 an hour.
+func TestATokenBucketFlapDoesNotSplitItsCount(t *testing.T) {
+	f := newFlap(t, "tokenbucket", "203.0.113.9")
+	h, proxy, send := f.h, f.proxy, f.send
+	rs := h.p.stores.redis
+
+	send(4)
+	proxy.cut()
+	send(3)
+	proxy.restore()
+
+	// The payment a recovery starts, made here so that it is over before
+	// the next request.
+	redisstore.PayOwed(rs)
+
+	h.clock.Add(10 * time.Second)
+	send(10)
+
+	if f.allowed != 10 {
+		t.Errorf("%d allowed across the outage, want the bucket's 10", f.allowed)
+	}
+}
+
+// flap is an instance whose ip layer, of 10 points, counts in a real
+// redis-server behind a switchable proxy, and one client's requests to it.
+type flap struct {
+	h       *harness
+	proxy   *switchProxy
+	admin   *redisresp.Pool
+	client  string
+	allowed int // the client's requests that got 200
+}
+
+func newFlap(t *testing.T, algorithm, client string) *flap {
+	t.Helper()
+
+	addr, admin := redisServer(t)
+	proxy := newSwitchProxy(t, addr)
+	h, _ := redisHarness(t, proxy.l.Addr().String(), func(c *Config) {
+		asACLUser(c)
+		c.IP = algorithmLayer(algorithm, 10)
+		c.Redis.DialTimeout = "1s"
+	})
+
+	return &flap{h: h, proxy: proxy, admin: admin, client: client}
+}
+
+// send sends n requests of the client.
+func (f *flap) send(n int) {
+	for i := 0; i < n; i++ {
+		if f.h.get("/api", f.client+":1").Code == http.StatusOK {
+			f.allowed++
+		}
+	}
+}
+
+// TestOutageChargesArePaidAtTheirCost: exports admitted in memory while
+// Redis is unreachable are added to Redis at their cost when it answers
+// again: one export before the outage and two during it leave 30 in the
+// ip key and the route's key.
+func TestOutageChargesArePaidAtTheirCost(t *testing.T) {
+	addr, admin := redisServer(t)
+	proxy := newSwitchProxy(t, addr)
+	h, _ := redisHarness(t, proxy.l.Addr().String(), func(c *Config) {
+		asACLUser(c)
+		c.IP = LayerConfig{Points: 100, Duration: "1h"}
+		c.Redis.DialTimeout = "1s"
+		exportRoute(c)
+	})
+	rs := h.p.stores.redis
+	client := "203.0.113.7"
+
+	export := func() {
+		t.Helper()
+
+		if rec := h.get("/export", client+":1"); rec.Code != http.StatusOK {
+			t.Fatalf("export: %d", rec.Code)
+		}
+	}
+
+	export()
+	proxy.cut()
+	export()
+	export()
+
+	if !rs.Backend.Down.Load() {
+		t.Fatal("the exports during the cut were not decided in memory")
+	}
+
+	proxy.restore()
+	redisstore.PayOwed(rs)
+
+	for _, l := range []*layer{h.p.layers[layerIndex(h, "ip")], h.p.routes[0].layer} {
+		if got := redisDo(t, admin, "GET", l.RedisKey+client).Str; got != "30" {
+			t.Errorf("%s in Redis after the payment: %q, want 30 (10 before the outage, 2 x 10 during it)", l.Name, got)
+		}
+	}
+}
+
+// waitRedis polls a background payment until Redis holds want for args (a
+// GET or an HGET), and returns what it holds then.
+func waitRedis(t *testing.T, f *flap, want string, args ...string) string {
+	t.Helper()
+
+	deadline := time.Now().Add(5 * time.Second)
+	for redisDo(t, f.admin, args...).Str != want && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond) // polling a background call, not a window
+	}
+
+	return redisDo(t, f.admin, args...).Str
+}
+
+// TestASecondOutageIsPaidToo: two outages in a row, each followed by a
+// recovery; after each, Redis holds every request charged, the outage's
+// included, once. A payment that left its debts listed would never pay the
+// second outage; one that kept them would pay the first twice.
+func TestASecondOutageIsPaidToo(t *testing.T) {
+	f := newFlap(t, "fixed", "203.0.113.20")
+	h, proxy, send := f.h, f.proxy, f.send
+	rs := h.p.stores.redis
+	key := h.p.layers[0].RedisKey + f.client
+
+	send(2)
+
+	for outage, want := range []string{"5", "8"} {
+		proxy.cut()
+		send(2)
+
+		if !rs.Backend.Down.Load() {
+			t.Fatalf("outage %d: not decided in memory", outage+1)
+		}
+
+		// The back-off ends; the request after it probes Redis, which then
+		// takes the outage's 2 off the request.
+		proxy.restore()
+		h.clock.Add(time.Minute)
+		send(1)
+
+		if got := waitRedis(t, f, want, "GET", key); got != want {
+			t.Fatalf("Redis holds %q after outage %d, want %s: every request charged so far, once", got, outage+1, want)
+		}
+
+		h.clock.Add(time.Second)
+	}
+
+	send(5)
+
+	if f.allowed != 10 {
+		t.Errorf("%d allowed across two outages, want the limit of 10", f.allowed)
+	}
+}
+
+// TestARefundDuringAnOutageIsNotPaidToRedis: a request charged by the
+// memory fallback and refunded during the outage (a later layer refused it)
+// owes Redis nothing at the recovery.
+func TestARefundDuringAnOutageIsNotPaidToRedis(t *testing.T) {
+	f := newFlap(t, "fixed", "203.0.113.21")
+	h, proxy, send := f.h, f.proxy, f.send
+	rs := h.p.stores.redis
+	ip := h.p.layers[0]
+	key := ip.RedisKey + f.client
+
+	send(4)
+	proxy.cut()
+	send(3)
+
+	// One of the outage's 3 is given back, as the refund of a request that
+	// a later layer refused.
+	refund(storeOf(rs), chargeOf([]*layer{ip}, f.client, "", nil, h.clock.Now().UnixNano(), false), 1)
+
+	proxy.restore()
+	redisstore.PayOwed(rs)
+
+	if got := redisDo(t, f.admin, "GET", key).Str; got != "6" {
+		t.Fatalf("Redis holds %q after the recovery, want 6: 4 before and the 2 of the outage not refunded", got)
+	}
+}
+
+// TestFallbackRefusesAKeyRedisHadAtItsPoints: a key that Redis counted at
+// exactly its points when it went away is refused by the memory fallback,
+// for every algorithm (the fixed ip layer on modeRedis's path, the others on
+// the general path): one more would be one extra request per key and
+// replica.
+func TestFallbackRefusesAKeyRedisHadAtItsPoints(t *testing.T) {
+	for _, algorithm := range []string{"fixed", "sliding", "tokenbucket"} {
+		f := newFlap(t, algorithm, "203.0.113.22")
+
+		f.send(10)
+		if f.allowed != 10 {
+			t.Fatalf("%s: Redis allowed %d of 10", algorithm, f.allowed)
+		}
+
+		f.proxy.cut()
+		f.send(3)
+
+		if !f.h.p.stores.redis.Backend.Down.Load() {
+			t.Fatalf("%s: not decided in memory", algorithm)
+		}
+
+		if f.allowed != 10 {
+			t.Errorf("%s: the fallback allowed %d more of a key Redis had at its 10 points, want 0", algorithm, f.allowed-10)
+		}
 	}
 }
