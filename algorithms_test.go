@@ -14,14 +14,16 @@ import (
 
 	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/limit"
+	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/redisstore"
 	"github.com/tierlimit/tierlimit/request"
+	"github.com/tierlimit/tierlimit/rule"
 )
 
 func onlyBucket(points, burst int, duration string) func(c *Config) {
 	return func(c *Config) {
 		c.Global.Points = 0
-		c.IP = LayerConfig{Points: points, Duration: duration, Algorithm: "tokenbucket", Burst: burst}
+		c.IP = config.LayerConfig{Points: points, Duration: duration, Algorithm: "tokenbucket", Burst: burst}
 	}
 }
 
@@ -168,9 +170,9 @@ func TestTokenBucketHeaders(t *testing.T) {
 func TestTokenBucketOnRoutesAndAssets(t *testing.T) {
 	h := newHarness(t, func(c *Config) {
 		c.Global.Points = 0
-		c.IP = LayerConfig{Points: 1000, Duration: "1s"}
-		c.Assets = AssetsConfig{Points: 2, Duration: "1s", Algorithm: "tokenbucket", Burst: 4, PathPrefixes: []string{"/static/"}}
-		c.Routes = []RouteConfig{{Name: "login", Paths: []string{"/login"}, Points: 1, Duration: "1s", Algorithm: "tokenbucket"}}
+		c.IP = config.LayerConfig{Points: 1000, Duration: "1s"}
+		c.Assets = config.AssetsConfig{Points: 2, Duration: "1s", Algorithm: "tokenbucket", Burst: 4, PathPrefixes: []string{"/static/"}}
+		c.Routes = []config.RouteConfig{{Name: "login", Paths: []string{"/login"}, Points: 1, Duration: "1s", Algorithm: "tokenbucket"}}
 	})
 
 	if rec := h.get("/login", "203.0.113.1:1"); rec.Code != http.StatusOK {
@@ -210,7 +212,7 @@ func TestTokenBucketReloadFromAnotherAlgorithm(t *testing.T) {
 	mk := func(algorithm string, points int) *Plugin {
 		cfg := CreateConfig()
 		cfg.Global.Points = 0
-		cfg.IP = LayerConfig{Points: points, Duration: "60s", Algorithm: algorithm}
+		cfg.IP = config.LayerConfig{Points: points, Duration: "60s", Algorithm: algorithm}
 
 		hd, err := New(context.Background(), http.NotFoundHandler(), cfg, name)
 		if err != nil {
@@ -257,7 +259,7 @@ func TestTokenBucketReloadFromAnotherAlgorithm(t *testing.T) {
 func TestTokenBucketStatus(t *testing.T) {
 	h := newHarness(t, func(c *Config) {
 		onlyBucket(6, 2, "60s")(c)
-		c.Status = StatusConfig{Path: "/_status", AllowedIPs: []string{"192.0.2.1/32"}}
+		c.Status = config.StatusConfig{Path: "/_status", AllowedIPs: []string{"192.0.2.1/32"}}
 	})
 
 	h.get("/", "203.0.113.3:1")
@@ -344,8 +346,8 @@ func TestHostKey(t *testing.T) {
 func TestKeyHost(t *testing.T) {
 	h := newHarness(t, func(c *Config) {
 		c.Global.Points = 0
-		c.IP = LayerConfig{Points: 2, Duration: "60s", Key: "host"}
-		c.Routes = []RouteConfig{{Name: "upload", Paths: []string{"/upload"}, Key: "host", Points: 1, Duration: "60s", Algorithm: "tokenbucket"}}
+		c.IP = config.LayerConfig{Points: 2, Duration: "60s", Key: "host"}
+		c.Routes = []config.RouteConfig{{Name: "upload", Paths: []string{"/upload"}, Key: "host", Points: 1, Duration: "60s", Algorithm: "tokenbucket"}}
 	})
 
 	do := func(host, remote, path string) int {
@@ -386,24 +388,26 @@ func TestTokenBucketConfigErrors(t *testing.T) {
 		mutate func(c *Config)
 		want   string
 	}{
-		{func(c *Config) { c.IP = LayerConfig{Points: 5, Duration: "1s", Algorithm: "tokenbucket", Burst: -1} }, `ip.burst = "-1"`},
-		{func(c *Config) { c.IP = LayerConfig{Points: 5, Duration: "1s", Burst: 3} }, `ip.burst = "3": only algorithm "tokenbucket" takes a burst`},
-		{func(c *Config) { c.IP = LayerConfig{Points: 5, Duration: "1s", Algorithm: "sliding", Burst: 3} }, `ip.burst = "3"`},
-		{func(c *Config) { c.IP = LayerConfig{Points: 5, Duration: "1s", Algorithm: "leaky"} }, `ip.algorithm = "leaky": must be "fixed", "sliding", "tokenbucket" or "concurrency"`},
-		{func(c *Config) { c.IP = LayerConfig{Points: 2000, Duration: "1ms", Algorithm: "tokenbucket"} }, `ip.points = "2000": a token bucket refills at most one point per microsecond`},
 		{func(c *Config) {
-			c.IP = LayerConfig{Points: 1, Duration: "8760h", Algorithm: "tokenbucket", Burst: 1000000}
+			c.IP = config.LayerConfig{Points: 5, Duration: "1s", Algorithm: "tokenbucket", Burst: -1}
+		}, `ip.burst = "-1"`},
+		{func(c *Config) { c.IP = config.LayerConfig{Points: 5, Duration: "1s", Burst: 3} }, `ip.burst = "3": only algorithm "tokenbucket" takes a burst`},
+		{func(c *Config) { c.IP = config.LayerConfig{Points: 5, Duration: "1s", Algorithm: "sliding", Burst: 3} }, `ip.burst = "3"`},
+		{func(c *Config) { c.IP = config.LayerConfig{Points: 5, Duration: "1s", Algorithm: "leaky"} }, `ip.algorithm = "leaky": must be "fixed", "sliding", "tokenbucket" or "concurrency"`},
+		{func(c *Config) { c.IP = config.LayerConfig{Points: 2000, Duration: "1ms", Algorithm: "tokenbucket"} }, `ip.points = "2000": a token bucket refills at most one point per microsecond`},
+		{func(c *Config) {
+			c.IP = config.LayerConfig{Points: 1, Duration: "8760h", Algorithm: "tokenbucket", Burst: 1000000}
 		}, `ip.burst = "1000000": too large`},
 		{func(c *Config) {
-			c.Assets = AssetsConfig{Points: 1, Duration: "1s", Burst: 2, PathPrefixes: []string{"/s/"}}
+			c.Assets = config.AssetsConfig{Points: 1, Duration: "1s", Burst: 2, PathPrefixes: []string{"/s/"}}
 		}, `assets.burst = "2"`},
 		{func(c *Config) {
-			c.Routes = []RouteConfig{{Name: "r", Paths: []string{"/r"}, Points: 1, Duration: "1s", Burst: 2}}
+			c.Routes = []config.RouteConfig{{Name: "r", Paths: []string{"/r"}, Points: 1, Duration: "1s", Burst: 2}}
 		}, `routes[0].burst = "2"`},
 		{func(c *Config) { c.Global.Key = "host" }, `global.key = "host"`},
 		{func(c *Config) { c.IP.Key = "hostname" }, `ip.key = "hostname": must be empty, "host" or "header:<Name>"`},
 		{func(c *Config) {
-			c.Routes = []RouteConfig{{Name: "r", Paths: []string{"/r"}, Points: 1, Duration: "1s", Key: "hosts"}}
+			c.Routes = []config.RouteConfig{{Name: "r", Paths: []string{"/r"}, Points: 1, Duration: "1s", Key: "hosts"}}
 		}, `routes[0].key = "hosts": must be "ip", "principal", "global", "host" or "header:<Name>"`},
 	} {
 		cfg := CreateConfig()
@@ -416,7 +420,7 @@ func TestTokenBucketConfigErrors(t *testing.T) {
 	}
 
 	cfg := CreateConfig()
-	cfg.IP = LayerConfig{Points: 5, Duration: "1s", Algorithm: " tokenbucket "}
+	cfg.IP = config.LayerConfig{Points: 5, Duration: "1s", Algorithm: " tokenbucket "}
 
 	s, err := parse(cfg)
 	if err != nil || !s.Spec(layerIP).Bucket || s.Spec(layerIP).Burst != 5 {
@@ -438,7 +442,7 @@ func TestKeysByKind(t *testing.T) {
 	}
 
 	for _, tc := range cases {
-		l := &layer{Limits: limits{KeyKind: tc.kind, ConstKey: "global"}}
+		l := &layer{Limits: rule.Limits{KeyKind: tc.kind, ConstKey: "global"}}
 		if got := keyFor(l, tc.client, tc.principal, nil); got != tc.want {
 			t.Errorf("kind %d: %q, want %q", tc.kind, got, tc.want)
 		}
@@ -447,7 +451,7 @@ func TestKeysByKind(t *testing.T) {
 
 var t0 = time.Date(2026, 6, 15, 10, 0, 0, 0, time.UTC).UnixNano()
 
-func testLayer(s *windowStore, name string, points int64, d time.Duration) *layer {
+func testLayer(s *memstore.WindowStore, name string, points int64, d time.Duration) *layer {
 	return newLayer(s, config.Rule{Name: name, Points: points, Duration: d}, keyOfClient)
 }
 
@@ -460,7 +464,7 @@ func takeIn(s interface{}, now int64, layers []*layer, client, principal string,
 	return t
 }
 
-func peekCount(s *windowStore, now int64, layer, key string) int64 {
+func peekCount(s *memstore.WindowStore, now int64, layer, key string) int64 {
 	count, _ := s.Peek(now, layer, key)
 	return count
 }
@@ -488,8 +492,8 @@ func TestEvictionSparesTheRequestsCountersOnEveryPath(t *testing.T) {
 	for _, headers := range []bool{true, false} {
 		h := newHarness(t, func(c *Config) {
 			c.MaxTracked = 2
-			c.Global = LayerConfig{Points: 5, Duration: "60s"}
-			c.IP = LayerConfig{Points: 50, Duration: "60s"}
+			c.Global = config.LayerConfig{Points: 5, Duration: "60s"}
+			c.IP = config.LayerConfig{Points: 50, Duration: "60s"}
 			c.Assets.Points, c.User.Points, c.Service.Points = 0, 0, 0
 			c.Headers = headers // off: serveGeneral
 		})
@@ -521,7 +525,7 @@ func TestEvictionKeepsLimitedKeys(t *testing.T) {
 		h := newHarness(t, func(c *Config) {
 			c.MaxTracked = 1000
 			c.Global.Points = 0
-			c.IP = LayerConfig{Points: 5, Duration: "60s"}
+			c.IP = config.LayerConfig{Points: 5, Duration: "60s"}
 			c.Assets.Points, c.User.Points, c.Service.Points = 0, 0, 0
 			c.Headers = headers // off: serveGeneral
 		})
@@ -550,9 +554,9 @@ func TestEvictionKeepsLimitedKeys(t *testing.T) {
 // holds: a memory store alone, or a Redis store with its fallback.
 func storeOf(s interface{}) *stores {
 	switch v := s.(type) {
-	case *windowStore:
+	case *memstore.WindowStore:
 		return &stores{memory: v}
-	case *redisStore:
+	case *redisstore.RedisStore:
 		return &stores{memory: v.Local, redis: v, blocks: v.Blocks}
 	case *stores:
 		return v
@@ -566,8 +570,8 @@ func storeOf(s interface{}) *stores {
 func calendarConfig(cal string) func(c *Config) {
 	return func(c *Config) {
 		c.Global.Points = 0
-		c.IP = LayerConfig{Points: 2, Calendar: cal}
-		c.Routes = []RouteConfig{{Name: "tz", Paths: []string{"/tz"}, Key: "ip", Points: 2, Calendar: "day", UtcOffset: "+07:00"}}
+		c.IP = config.LayerConfig{Points: 2, Calendar: cal}
+		c.Routes = []config.RouteConfig{{Name: "tz", Paths: []string{"/tz"}, Key: "ip", Points: 2, Calendar: "day", UtcOffset: "+07:00"}}
 	}
 }
 
@@ -732,11 +736,11 @@ func TestCalendarConfigErrors(t *testing.T) {
 		{func(c *Config) { c.IP.Calendar, c.IP.UtcOffset = "day", "+15:00" }, `ip.utcOffset = "+15:00"`},
 		{func(c *Config) { c.IP.UtcOffset = "+07:00" }, `ip.utcOffset = "+07:00"`},
 		{func(c *Config) {
-			c.Routes = []RouteConfig{{Name: "r", Paths: []string{"/r"}, Points: 1, Duration: "1s", Calendar: "month"}}
+			c.Routes = []config.RouteConfig{{Name: "r", Paths: []string{"/r"}, Points: 1, Duration: "1s", Calendar: "month"}}
 		}, `routes[0].duration = "1s"`},
 		{func(c *Config) {
 			c.Principal.UserHeader, c.Principal.PlanHeader = "X-User", "X-Plan"
-			c.Plans = map[string]PlanConfig{"pro": {Points: 1, Calendar: "day", UtcOffset: "7"}}
+			c.Plans = map[string]config.PlanConfig{"pro": {Points: 1, Calendar: "day", UtcOffset: "7"}}
 		}, `utcOffset = "7"`},
 	} {
 		cfg := CreateConfig()
@@ -751,7 +755,7 @@ func TestCalendarConfigErrors(t *testing.T) {
 	cfg := CreateConfig()
 	cfg.IP.Calendar, cfg.IP.UtcOffset = "month", "-03:30"
 	cfg.Principal.UserHeader, cfg.Principal.PlanHeader = "X-User", "X-Plan"
-	cfg.Plans = map[string]PlanConfig{"pro": {Points: 1, Calendar: "day", UtcOffset: "+07:00"}}
+	cfg.Plans = map[string]config.PlanConfig{"pro": {Points: 1, Calendar: "day", UtcOffset: "+07:00"}}
 
 	s, err := parse(cfg)
 	if err != nil {
@@ -768,7 +772,7 @@ func TestCalendarConfigErrors(t *testing.T) {
 func TestMonthPolicyOnAnInvalidCredentialsCharge(t *testing.T) {
 	h := newHarness(t, func(c *Config) {
 		c.Global.Points = 0
-		c.IP = LayerConfig{Points: 2, Calendar: "month"}
+		c.IP = config.LayerConfig{Points: 2, Calendar: "month"}
 		c.Principal.CredentialHeaders = []string{"Authorization"}
 		c.Principal.InvalidCredentialStatus = []int{404}
 	})
@@ -812,10 +816,10 @@ func TestADailyQuotaOnRedisKeepsItsCount(t *testing.T) {
 		for _, route := range []bool{false, true} {
 			t.Run(q.name+map[bool]string{false: " layer", true: " route"}[route], func(t *testing.T) {
 				h, _ := redisHarness(t, addr, func(c *Config) {
-					quota := LayerConfig{Points: 1000, Calendar: q.cal, UtcOffset: q.offset, Key: "header:X-K"}
+					quota := config.LayerConfig{Points: 1000, Calendar: q.cal, UtcOffset: q.offset, Key: "header:X-K"}
 					if route {
 						c.IP.Points = 0
-						c.Routes = []RouteConfig{{Name: "quota", Paths: []string{"/api"}, Key: quota.Key, Points: quota.Points, Calendar: quota.Calendar, UtcOffset: quota.UtcOffset}}
+						c.Routes = []config.RouteConfig{{Name: "quota", Paths: []string{"/api"}, Key: quota.Key, Points: quota.Points, Calendar: quota.Calendar, UtcOffset: quota.UtcOffset}}
 					} else {
 						c.IP = quota
 					}
@@ -908,7 +912,7 @@ func TestACalendarCountStatusRouteOnRedisChargesOnlyItsStatuses(t *testing.T) {
 	addr, _ := redisServer(t)
 	conf := func(c *Config) {
 		c.Global.Points, c.IP.Points = 0, 0
-		c.Routes = []RouteConfig{{Name: "login", Paths: []string{"/login"}, Key: "ip", Points: 2, Calendar: "day", CountStatus: []int{401}}}
+		c.Routes = []config.RouteConfig{{Name: "login", Paths: []string{"/login"}, Key: "ip", Points: 2, Calendar: "day", CountStatus: []int{401}}}
 	}
 
 	for _, store := range []string{"memory", "redis"} {
@@ -958,7 +962,7 @@ func calendarFlap(t *testing.T, name, cal, offset string, empty bool) {
 	proxy := newSwitchProxy(t, addr)
 	h, _ := redisHarness(t, proxy.l.Addr().String(), func(c *Config) {
 		asACLUser(c)
-		c.IP = LayerConfig{Points: 10, Calendar: cal, UtcOffset: offset}
+		c.IP = config.LayerConfig{Points: 10, Calendar: cal, UtcOffset: offset}
 		c.Redis.DialTimeout = "1s"
 	})
 	f := &flap{h: h, proxy: proxy, admin: admin, client: "203.0.113.7"}

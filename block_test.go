@@ -8,17 +8,19 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/redisresp"
+	"github.com/tierlimit/tierlimit/redisstore"
 )
 
 // blockedIP is an ip layer of 3 per second that blocks a refused client for 4s.
 func blockedIP(algorithm string) func(c *Config) {
 	return func(c *Config) {
 		c.Global.Points, c.Assets.Points = 0, 0
-		c.IP = LayerConfig{Points: 3, Duration: "1s", Algorithm: algorithm, BlockDuration: "4s"}
+		c.IP = config.LayerConfig{Points: 3, Duration: "1s", Algorithm: algorithm, BlockDuration: "4s"}
 		if algorithm == "tokenbucket" {
-			c.IP = LayerConfig{Points: 3, Duration: "1s", Algorithm: algorithm, Burst: 3, BlockDuration: "4s"}
+			c.IP = config.LayerConfig{Points: 3, Duration: "1s", Algorithm: algorithm, Burst: 3, BlockDuration: "4s"}
 		}
 	}
 }
@@ -124,7 +126,7 @@ func TestBlockDurationConfig(t *testing.T) {
 	}
 
 	cfg := CreateConfig()
-	cfg.Routes = []RouteConfig{{Name: "login", Paths: []string{"/login"}, Points: 1, Duration: "1s", BlockDuration: "15m"}}
+	cfg.Routes = []config.RouteConfig{{Name: "login", Paths: []string{"/login"}, Points: 1, Duration: "1s", BlockDuration: "15m"}}
 
 	s, err := parse(cfg)
 	if err != nil || s.Routes[0].Block != 15*time.Minute {
@@ -166,7 +168,7 @@ func TestBlockOnRedisServer(t *testing.T) {
 			}
 		}
 
-		if code, doc := a.reset("?layer=ip&key="+client, ""); code != http.StatusOK || doc.Redis == nil || *doc.Redis != redisCleared {
+		if code, doc := a.reset("?layer=ip&key="+client, ""); code != http.StatusOK || doc.Redis == nil || *doc.Redis != redisstore.RedisCleared {
 			t.Fatalf("%s: reset: %d %+v", algorithm, code, doc)
 		}
 
@@ -238,7 +240,7 @@ func TestRedisBlockHoldsWhileRedisIsDownOnRedisServer(t *testing.T) {
 	// Redis goes away: every call fails from now on.
 	dead := closedPort(t)
 	pool := redisresp.NewPool(redisresp.Options{Address: dead, Timeout: time.Second})
-	redisStoreOf(h.p).Backend = &redisBackend{Pool: pool, Single: pool, Address: dead, Log: io.Discard}
+	redisStoreOf(h.p).Backend = &redisstore.RedisBackend{Pool: pool, Single: pool, Address: dead, Log: io.Discard}
 
 	h.clock.Add(1500 * time.Millisecond)
 	if rec := h.get("/api", client); rec.Code != http.StatusTooManyRequests || rec.Header().Get("Retry-After") != "3" {
@@ -263,8 +265,8 @@ func TestRedisBlockHoldsWhileRedisIsDownOnRedisServer(t *testing.T) {
 // blockedWithin is an ip layer of 10 a minute that blocks a refused client
 // for 5s, behind global.
 func blockedWithin(c *Config) {
-	c.Global = LayerConfig{Points: 1000, Duration: "60s"}
-	c.IP = LayerConfig{Points: 10, Duration: "60s", BlockDuration: "5s"}
+	c.Global = config.LayerConfig{Points: 1000, Duration: "60s"}
+	c.IP = config.LayerConfig{Points: 10, Duration: "60s", BlockDuration: "5s"}
 }
 
 // TestBlockShorterThanTheWindowGivesNoExtraRequests: a key blocked for 5s
@@ -307,7 +309,7 @@ func TestReloadToDryRunRefusesNoBlockedKey(t *testing.T) {
 	base := func(c *Config) {
 		blockedWithin(c)
 		c.IP.BlockDuration = "1h"
-		c.Routes = []RouteConfig{{Name: "login", Paths: []string{"/login"}, Key: "ip", Points: 2, Duration: "60s", BlockDuration: "1h"}}
+		c.Routes = []config.RouteConfig{{Name: "login", Paths: []string{"/login"}, Key: "ip", Points: 2, Duration: "60s", BlockDuration: "1h"}}
 	}
 
 	// .1 is blocked by ip on /api, .2 by the login route on /login.
@@ -366,7 +368,7 @@ func TestReloadToDryRunRefusesNoBlockedKeyOnRedisServer(t *testing.T) {
 		asACLUser(c)
 		blockedWithin(c)
 		c.IP.BlockDuration = "1h"
-		c.Routes = []RouteConfig{{Name: "login", Paths: []string{"/login"}, Key: "ip", Points: 2, Duration: "60s", BlockDuration: "1h"}}
+		c.Routes = []config.RouteConfig{{Name: "login", Paths: []string{"/login"}, Key: "ip", Points: 2, Duration: "60s", BlockDuration: "1h"}}
 	}
 
 	for _, tc := range []struct {
@@ -423,7 +425,7 @@ func TestRefusalsOfABlockedKeyAreCounted(t *testing.T) {
 	blocking := func(c *Config) {
 		c.Global.Points, c.Assets.Points, c.User.Points, c.Service.Points = 0, 0, 0, 0
 		c.Status.Path = "/_rl"
-		c.IP = LayerConfig{Points: 3, Duration: "1s", BlockDuration: "10s"}
+		c.IP = config.LayerConfig{Points: 3, Duration: "1s", BlockDuration: "10s"}
 	}
 
 	addr, _ := redisServer(t)

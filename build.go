@@ -13,9 +13,11 @@ import (
 	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/events"
 	"github.com/tierlimit/tierlimit/limit"
+	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/redisresp"
 	"github.com/tierlimit/tierlimit/redisstore"
 	"github.com/tierlimit/tierlimit/request"
+	"github.com/tierlimit/tierlimit/rule"
 )
 
 // Construction: everything the request path reads is built here, once per
@@ -204,7 +206,7 @@ func loudReserves(routes []*route) {
 
 // buildOperations makes the connection cap, the exemptions and the status
 // page; built are the built-in layers (buildLayers).
-func (p *Plugin) buildOperations(ctx context.Context, cfg *config.Settings, memory *windowStore, built []*layer) {
+func (p *Plugin) buildOperations(ctx context.Context, cfg *config.Settings, memory *memstore.WindowStore, built []*layer) {
 	if cfg.WSMaxPerIP > 0 {
 		p.ws = connCounters.get(ctx, p.name, cfg.WSMaxPerIP)
 		p.wsLayer = newLayer(memory, config.Rule{Name: layerWebsocket, Points: int64(cfg.WSMaxPerIP), Duration: time.Second}, keyOfClient)
@@ -227,7 +229,7 @@ func (p *Plugin) buildOperations(ctx context.Context, cfg *config.Settings, memo
 // where off, or where the instance never charges the layer: neverCharged).
 // So the status page, the metrics and the reset endpoint know the layers the
 // instance can charge only.
-func (p *Plugin) buildLayers(cfg *config.Settings, memory *windowStore) []*layer {
+func (p *Plugin) buildLayers(cfg *config.Settings, memory *memstore.WindowStore) []*layer {
 	built := make([]*layer, len(builtinLayers))
 	for i, row := range builtinLayers {
 		if !neverCharged(cfg, row.Name) {
@@ -296,7 +298,7 @@ func quietDryRuns(layers []*layer) {
 
 // buildRoutes makes the route layers that are on, and the methods they are
 // limited to (nil when some route takes every method, or there is none).
-func buildRoutes(memory *windowStore, specs []config.Route) ([]*route, map[string]bool) {
+func buildRoutes(memory *memstore.WindowStore, specs []config.Route) ([]*route, map[string]bool) {
 	var routes []*route
 
 	methods := map[string]bool{}
@@ -356,7 +358,7 @@ func sortedPlans(rt *route) []string {
 // plan with points 0 has no limit on the route: its form has no layer, and
 // charges nothing after the response either (withRoutePlan charges the
 // request's cost to its other layers only).
-func routePlans(memory *windowStore, rt *route, rs config.Route) map[string]*route {
+func routePlans(memory *memstore.WindowStore, rt *route, rs config.Route) map[string]*route {
 	if len(rs.Plans) == 0 {
 		return nil
 	}
@@ -417,8 +419,8 @@ func withTrailingSlash(paths map[string]bool) map[string]bool {
 
 // newRedisStore makes the Redis store of an instance and encodes each
 // layer's keys.
-func newRedisStore(ctx context.Context, cfg *config.Settings, name string, memory *windowStore, layers []*layer) *redisStore {
-	rs := &redisStore{
+func newRedisStore(ctx context.Context, cfg *config.Settings, name string, memory *memstore.WindowStore, layers []*layer) *redisstore.RedisStore {
+	rs := &redisstore.RedisStore{
 		Prefix:  cfg.KeyPrefix + ":" + name + ":",
 		Name:    name,
 		Channel: redisstore.ResetChannel(cfg.KeyPrefix),
@@ -463,7 +465,7 @@ func plan(layers ...*layer) []*layer {
 }
 
 // newLayer returns nil for a layer that is off.
-func newLayer(memory *windowStore, spec config.Rule, keyKind int) *layer {
+func newLayer(memory *memstore.WindowStore, spec config.Rule, keyKind int) *layer {
 	if !spec.On() {
 		return nil
 	}
@@ -477,7 +479,7 @@ func newLayer(memory *windowStore, spec config.Rule, keyKind int) *layer {
 	}
 
 	l := &layer{
-		Limits: limits{
+		Limits: rule.Limits{
 			Name:          spec.Name,
 			Points:        spec.Points,
 			Duration:      int64(spec.Duration),
@@ -502,8 +504,8 @@ func newLayer(memory *windowStore, spec config.Rule, keyKind int) *layer {
 	l.RedisEncoding = newRedisEncoding(spec, l.Refill)
 	l.HeaderTable = newHeaderTable(spec, l.Interval)
 
-	if spec.Calendar == calMonth {
-		l.Month = &monthPolicy{}
+	if spec.Calendar == limit.Month {
+		l.Month = &rule.MonthPolicy{}
 	}
 
 	memory.Attach(l)
@@ -513,10 +515,10 @@ func newLayer(memory *windowStore, spec config.Rule, keyKind int) *layer {
 
 // newRedisEncoding encodes the script's arguments of a layer (redisstore/scripts.go):
 // points, window, algorithm and a token bucket's rate.
-func newRedisEncoding(spec config.Rule, rate int64) redisEncoding {
+func newRedisEncoding(spec config.Rule, rate int64) rule.RedisEncoding {
 	ms := int64(spec.Duration / time.Millisecond)
 	head := redisresp.Bulk(formatInt(spec.Points)) + redisresp.Bulk(formatInt(ms))
-	e := redisEncoding{RedisArgs: head + redisstore.AlgoFixed + redisstore.ArgNoRate, MaxTTL: ms}
+	e := rule.RedisEncoding{RedisArgs: head + redisstore.AlgoFixed + redisstore.ArgNoRate, MaxTTL: ms}
 
 	switch {
 	case spec.Sliding:
@@ -580,20 +582,20 @@ func algorithmArg(args string) (int, int, int) {
 
 // newHeaderTable makes a layer's header values; a token bucket's policy
 // window is the time its burst takes to refill (interval per point).
-func newHeaderTable(spec config.Rule, interval int64) headerTable {
+func newHeaderTable(spec config.Rule, interval int64) rule.HeaderTable {
 	points := formatInt(spec.Points)
 	window := int64(spec.Duration)
 	if spec.Bucket {
 		window = spec.Points * interval
 	}
 
-	t := headerTable{
+	t := rule.HeaderTable{
 		Limit:     points,
 		LimitHdr:  []string{points},
 		PolicyHdr: []string{`"` + spec.Name + `";q=` + points + ";w=" + formatInt(limit.CeilSeconds(window)) + policyUnit(spec)},
 	}
 
-	for left := int64(0); left <= spec.Points && left < maxPrecomputed; left++ {
+	for left := int64(0); left <= spec.Points && left < rule.MaxPrecomputed; left++ {
 		t.RemainingHdr = append(t.RemainingHdr, []string{formatInt(left)})
 		t.RatePrefix = append(t.RatePrefix, `"`+spec.Name+`";r=`+formatInt(left)+";t=")
 	}
@@ -604,8 +606,8 @@ func newHeaderTable(spec config.Rule, interval int64) headerTable {
 }
 
 // newRefusal is the configured refusal of layer l.
-func newRefusal(cfg *config.Settings, l *layer) refusal {
-	r := refusal{Policy: answer.Policy{
+func newRefusal(cfg *config.Settings, l *layer) rule.Refusal {
+	r := rule.Refusal{Policy: answer.Policy{
 		Status:      cfg.RefusalStatus,
 		ContentType: answer.JSONContentType,
 		BodyPrefix:  `{"errors":[{"message":"Hit rate limit","extensions":{"code":"REQUESTS_EXCEEDED","limit":` + l.Limit + `,"reset":"`,
@@ -641,7 +643,7 @@ func flagArgs(args, flag string) string {
 // buildStore says where the instance counts (stores): memory, or Redis
 // with memory as its fallback, and what applies on top (blocks, memory
 // layers of a Redis instance, month policies).
-func (p *Plugin) buildStore(ctx context.Context, cfg *config.Settings, name string, memory *windowStore) {
+func (p *Plugin) buildStore(ctx context.Context, cfg *config.Settings, name string, memory *memstore.WindowStore) {
 	st := p.stores
 	st.blocks = anyBlock(p.layers)
 	st.month = anyMonth(p.layers)

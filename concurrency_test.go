@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/redisresp"
 )
@@ -86,8 +87,8 @@ func end(t *testing.T, f *inflight) *httptest.ResponseRecorder {
 
 func concurrencyIP(points int, lease string) func(c *Config) {
 	return func(c *Config) {
-		c.Global = LayerConfig{Points: 1000, Duration: "1h"}
-		c.IP = LayerConfig{Points: points, Duration: lease, Algorithm: "concurrency"}
+		c.Global = config.LayerConfig{Points: 1000, Duration: "1h"}
+		c.IP = config.LayerConfig{Points: points, Duration: lease, Algorithm: "concurrency"}
 	}
 }
 
@@ -225,7 +226,7 @@ func TestConcurrencyAllOrNothing(t *testing.T) {
 	// second request, which must leave ip's slot free.
 	h := newHarness(t, func(c *Config) {
 		concurrencyIP(1, "60s")(c)
-		c.Routes = []RouteConfig{{Name: "export", Paths: []string{"/slow"}, Points: 1, Duration: "1h"}}
+		c.Routes = []config.RouteConfig{{Name: "export", Paths: []string{"/slow"}, Points: 1, Duration: "1h"}}
 	})
 	holding(h)
 
@@ -318,13 +319,13 @@ func TestConcurrencyRedisSlotOfADeadReplica(t *testing.T) {
 // (3 slots) and a fixed global of 16 per hour, so that refusals come from
 // each and spend nothing elsewhere.
 func concurrencyShape(c *Config) {
-	c.Global = LayerConfig{Points: 16, Duration: "1h"}
-	c.IP = LayerConfig{Points: 2, Duration: "1h", Algorithm: "concurrency"}
-	c.User = LayerConfig{Points: 100, Duration: "1h"}
+	c.Global = config.LayerConfig{Points: 16, Duration: "1h"}
+	c.IP = config.LayerConfig{Points: 2, Duration: "1h", Algorithm: "concurrency"}
+	c.User = config.LayerConfig{Points: 100, Duration: "1h"}
 	c.Principal.UserHeader = "X-Auth-User"
 	c.Principal.PlanHeader = "X-Auth-Plan"
-	c.Plans = map[string]PlanConfig{"pro": {Points: 1, Duration: "1h", Algorithm: "concurrency"}}
-	c.Routes = []RouteConfig{{Name: "export", Key: "global", Paths: []string{"/export"}, Points: 3, Duration: "1h", Algorithm: "concurrency"}}
+	c.Plans = map[string]config.PlanConfig{"pro": {Points: 1, Duration: "1h", Algorithm: "concurrency"}}
+	c.Routes = []config.RouteConfig{{Name: "export", Key: "global", Paths: []string{"/export"}, Points: 3, Duration: "1h", Algorithm: "concurrency"}}
 }
 
 // TestMemoryAndRedisAgreeOnConcurrency: a seeded script of requests that
@@ -439,13 +440,13 @@ func TestConcurrencyOnStatusAndMetrics(t *testing.T) {
 // TestConcurrencyConfigErrors: what cannot combine with a concurrency layer
 // is an error naming the field and its value.
 func TestConcurrencyConfigErrors(t *testing.T) {
-	conc := func(points int) LayerConfig {
-		return LayerConfig{Points: points, Duration: "60s", Algorithm: "concurrency"}
+	conc := func(points int) config.LayerConfig {
+		return config.LayerConfig{Points: points, Duration: "60s", Algorithm: "concurrency"}
 	}
-	route := func(mut func(rc *RouteConfig)) []RouteConfig {
-		rc := RouteConfig{Name: "export", Paths: []string{"/export"}, Points: 2, Duration: "60s", Algorithm: "concurrency"}
+	route := func(mut func(rc *config.RouteConfig)) []config.RouteConfig {
+		rc := config.RouteConfig{Name: "export", Paths: []string{"/export"}, Points: 2, Duration: "60s", Algorithm: "concurrency"}
 		mut(&rc)
-		return []RouteConfig{rc}
+		return []config.RouteConfig{rc}
 	}
 
 	cases := []struct {
@@ -459,8 +460,8 @@ func TestConcurrencyConfigErrors(t *testing.T) {
 			c.IP = conc(2)
 			c.Store, c.Redis.SyncInterval = "redis", "1s"
 		}, `redis.syncInterval = "1s": syncs fixed windows only, and layer "ip" has algorithm "concurrency"`},
-		{func(c *Config) { c.Routes = route(func(rc *RouteConfig) { rc.Cost = 2 }) }, `routes[0].cost = "2": a concurrency layer (export) holds one slot per request`},
-		{func(c *Config) { c.Routes = route(func(rc *RouteConfig) { rc.CountStatus = []int{401} }) }, `routes[0].countStatus = "401": cannot charge a concurrency layer (export)`},
+		{func(c *Config) { c.Routes = route(func(rc *config.RouteConfig) { rc.Cost = 2 }) }, `routes[0].cost = "2": a concurrency layer (export) holds one slot per request`},
+		{func(c *Config) { c.Routes = route(func(rc *config.RouteConfig) { rc.CountStatus = []int{401} }) }, `routes[0].countStatus = "401": cannot charge a concurrency layer (export)`},
 		{func(c *Config) {
 			c.IP = conc(2)
 			c.Principal.CredentialHeaders = []string{"Authorization"}
@@ -484,7 +485,7 @@ func TestConcurrencyConfigErrors(t *testing.T) {
 			c.IP.Store = "memory"
 			c.Store, c.Redis.SyncInterval = "redis", "1s"
 		},
-		func(c *Config) { c.Routes = route(func(rc *RouteConfig) { rc.Cost = 1 }) },
+		func(c *Config) { c.Routes = route(func(rc *config.RouteConfig) { rc.Cost = 1 }) },
 	} {
 		cfg := CreateConfig()
 		ok(cfg)
@@ -502,8 +503,8 @@ func TestConcurrencyInMemoryOnARedisInstance(t *testing.T) {
 	addr, _ := redisServer(t)
 	h, _ := redisHarness(t, addr, func(c *Config) {
 		asACLUser(c)
-		c.Global = LayerConfig{Points: 1, Duration: "1h"}
-		c.IP = LayerConfig{Points: 1, Duration: "60s", Algorithm: "concurrency", Store: "memory"}
+		c.Global = config.LayerConfig{Points: 1, Duration: "1h"}
+		c.IP = config.LayerConfig{Points: 1, Duration: "60s", Algorithm: "concurrency", Store: "memory"}
 	})
 	holding(h)
 
@@ -541,7 +542,7 @@ func TestConcurrencyWhileRedisIsDown(t *testing.T) {
 // concurrency layer, and gives its slot back once served.
 func TestConcurrencyOfAnExemptClient(t *testing.T) {
 	h := newHarness(t, func(c *Config) {
-		c.Global = LayerConfig{Points: 1, Duration: "60s", Algorithm: "concurrency"}
+		c.Global = config.LayerConfig{Points: 1, Duration: "60s", Algorithm: "concurrency"}
 		c.Exempt.IPs = []string{"203.0.113.1"}
 	})
 	holding(h)
@@ -666,9 +667,9 @@ func beside(addr string) func(c *Config) {
 		c.Redis.Address = addr
 		c.Redis.Timeout = "1s"
 		c.Redis.DialTimeout = "1s"
-		c.Global = LayerConfig{Points: 100, Duration: "60s"}
-		c.IP = LayerConfig{Points: 2, Duration: "60s", Algorithm: "concurrency"}
-		c.Routes = []RouteConfig{{Name: "llm", Paths: []string{"/v1/"}, Key: "ip", Points: 10, Duration: "60s", CostFrom: "header:X-Usage", Reserve: 1}}
+		c.Global = config.LayerConfig{Points: 100, Duration: "60s"}
+		c.IP = config.LayerConfig{Points: 2, Duration: "60s", Algorithm: "concurrency"}
+		c.Routes = []config.RouteConfig{{Name: "llm", Paths: []string{"/v1/"}, Key: "ip", Points: 10, Duration: "60s", CostFrom: "header:X-Usage", Reserve: 1}}
 		c.Status.Path = "/_rl"
 	}
 }
@@ -729,8 +730,8 @@ func TestARequestAnotherRouteRefusesGivesItsSlotBackInTheMirror(t *testing.T) {
 func TestARequestAnotherRouteRefusesFreesItsRedisSlotBesideACheckOnlyRoute(t *testing.T) {
 	addr, admin := redisServer(t)
 	h := newProxiedHarness(t, with(beside(addr), func(c *Config) {
-		failures := RouteConfig{Name: "failures", Paths: []string{"/v1/"}, Key: "ip", Points: 100, Duration: "60s", CountStatus: []int{500}}
-		c.Routes = append([]RouteConfig{failures}, c.Routes...)
+		failures := config.RouteConfig{Name: "failures", Paths: []string{"/v1/"}, Key: "ip", Points: 100, Duration: "60s", CountStatus: []int{500}}
+		c.Routes = append([]config.RouteConfig{failures}, c.Routes...)
 	}))
 
 	refusedBeside(t, h)
@@ -833,9 +834,9 @@ func TestARefusedInvalidCredentialFreesOnlyItsOwnSlot(t *testing.T) {
 			c.Redis.Address = addr
 			c.Redis.Timeout = "1s"
 			c.Global.Points = 0
-			c.IP = LayerConfig{Points: 1, Duration: "60s"}
+			c.IP = config.LayerConfig{Points: 1, Duration: "60s"}
 			c.Principal.CredentialHeaders = []string{"Authorization"}
-			c.Routes = []RouteConfig{{Name: "calls", Paths: []string{"/api"}, Key: "ip", Points: 2, Duration: "60s", Algorithm: "concurrency"}}
+			c.Routes = []config.RouteConfig{{Name: "calls", Paths: []string{"/api"}, Key: "ip", Points: 2, Duration: "60s", Algorithm: "concurrency"}}
 		})
 
 		entered, release := make(chan struct{}), make(chan struct{})
@@ -902,7 +903,7 @@ func TestTheStatusPageCountsWhatRedisCountsInADryRun(t *testing.T) {
 			c.Redis.Timeout = "1s"
 			c.DryRun = true
 			c.Global.Points = 0
-			c.IP = LayerConfig{Points: 3, Duration: "60s", Algorithm: algorithm}
+			c.IP = config.LayerConfig{Points: 3, Duration: "60s", Algorithm: algorithm}
 			c.Status.Path = "/_rl"
 		})
 
@@ -941,7 +942,7 @@ func TestAReleaseDuringAnOutageFreesTheRedisSlotAtTheRecovery(t *testing.T) {
 		c.Redis.Timeout = "1s"
 		c.Redis.DialTimeout = "1s"
 		c.Global.Points = 0
-		c.IP = LayerConfig{Points: 2, Duration: "60s", Algorithm: "concurrency"}
+		c.IP = config.LayerConfig{Points: 2, Duration: "60s", Algorithm: "concurrency"}
 	})
 
 	entered, release := make(chan struct{}), make(chan struct{})

@@ -61,11 +61,11 @@ func TestInvalidConfigurationNamesFieldAndValue(t *testing.T) {
 		{"ip.store", "redis", func(c *Config) { c.IP.Store = "redis" }},
 		{"assets.store", "Memory", func(c *Config) { c.Assets.Store = "Memory" }},
 		{"routes[0].store", "redis", func(c *Config) {
-			c.Routes = []RouteConfig{{Name: "login", Paths: []string{"/x"}, Points: 1, Duration: "1s", Store: "redis"}}
+			c.Routes = []config.RouteConfig{{Name: "login", Paths: []string{"/x"}, Points: 1, Duration: "1s", Store: "redis"}}
 		}},
 		{"plans.gold.store", "redis", func(c *Config) {
 			c.Principal.UserHeader, c.Principal.PlanHeader = "X-User", "X-Plan"
-			c.Plans = map[string]PlanConfig{"gold": {Points: 1, Duration: "1s", Store: "redis"}}
+			c.Plans = map[string]config.PlanConfig{"gold": {Points: 1, Duration: "1s", Store: "redis"}}
 		}},
 		{"keyPrefix", "rate limit", func(c *Config) { c.KeyPrefix = "rate limit" }},
 		{"trustedProxies[1]", "10.0.0.0/33", func(c *Config) { c.TrustedProxies = []string{"10.0.0.0/8", "10.0.0.0/33"} }},
@@ -91,40 +91,40 @@ func TestInvalidConfigurationNamesFieldAndValue(t *testing.T) {
 		{"user.duration", "forever", func(c *Config) { c.User.Duration = "forever" }},
 		{"service.points", "-1", func(c *Config) { c.Service.Points = -1 }},
 		{"service.duration", "100000000", func(c *Config) { c.Service.Duration = "100000000" }},
-		{"routes[0].name", "", func(c *Config) { c.Routes = []RouteConfig{{Paths: []string{"/x"}, Points: 1, Duration: "1s"}} }},
+		{"routes[0].name", "", func(c *Config) { c.Routes = []config.RouteConfig{{Paths: []string{"/x"}, Points: 1, Duration: "1s"}} }},
 		{"routes[0].name", "websocket", func(c *Config) {
-			c.Routes = []RouteConfig{{Name: "websocket", Paths: []string{"/x"}, Points: 1, Duration: "1s"}}
+			c.Routes = []config.RouteConfig{{Name: "websocket", Paths: []string{"/x"}, Points: 1, Duration: "1s"}}
 		}},
 		{"routes[0].name", "ip", func(c *Config) {
-			c.Routes = []RouteConfig{{Name: "ip", Paths: []string{"/x"}, Points: 1, Duration: "1s"}}
+			c.Routes = []config.RouteConfig{{Name: "ip", Paths: []string{"/x"}, Points: 1, Duration: "1s"}}
 		}},
 		{"routes[0].name", "log in", func(c *Config) {
-			c.Routes = []RouteConfig{{Name: "log in", Paths: []string{"/x"}, Points: 1, Duration: "1s"}}
+			c.Routes = []config.RouteConfig{{Name: "log in", Paths: []string{"/x"}, Points: 1, Duration: "1s"}}
 		}},
 		{"routes[1].name", "login", func(c *Config) {
-			c.Routes = []RouteConfig{
+			c.Routes = []config.RouteConfig{
 				{Name: "login", Paths: []string{"/x"}, Points: 1, Duration: "1s"},
 				{Name: "login", Paths: []string{"/y"}, Points: 1, Duration: "1s"},
 			}
 		}},
 		{"routes[0].key", "session", func(c *Config) {
-			c.Routes = []RouteConfig{{Name: "r", Paths: []string{"/x"}, Key: "session", Points: 1, Duration: "1s"}}
+			c.Routes = []config.RouteConfig{{Name: "r", Paths: []string{"/x"}, Key: "session", Points: 1, Duration: "1s"}}
 		}},
 		{"routes[0].points", "-2", func(c *Config) {
-			c.Routes = []RouteConfig{{Name: "r", Paths: []string{"/x"}, Points: -2, Duration: "1s"}}
+			c.Routes = []config.RouteConfig{{Name: "r", Paths: []string{"/x"}, Points: -2, Duration: "1s"}}
 		}},
 		{"routes[0].duration", "1 minute", func(c *Config) {
-			c.Routes = []RouteConfig{{Name: "r", Paths: []string{"/x"}, Points: 1, Duration: "1 minute"}}
+			c.Routes = []config.RouteConfig{{Name: "r", Paths: []string{"/x"}, Points: 1, Duration: "1 minute"}}
 		}},
 		{"routes[0].methods[1]", "PO ST", func(c *Config) {
-			c.Routes = []RouteConfig{{Name: "r", Methods: []string{"GET", "PO ST"}, Paths: []string{"/x"}, Points: 1, Duration: "1s"}}
+			c.Routes = []config.RouteConfig{{Name: "r", Methods: []string{"GET", "PO ST"}, Paths: []string{"/x"}, Points: 1, Duration: "1s"}}
 		}},
-		{"routes[0].paths", "", func(c *Config) { c.Routes = []RouteConfig{{Name: "r", Points: 1, Duration: "1s"}} }},
+		{"routes[0].paths", "", func(c *Config) { c.Routes = []config.RouteConfig{{Name: "r", Points: 1, Duration: "1s"}} }},
 		{"routes[0].paths[0]", "auth/login", func(c *Config) {
-			c.Routes = []RouteConfig{{Name: "r", Paths: []string{"auth/login"}, Points: 1, Duration: "1s"}}
+			c.Routes = []config.RouteConfig{{Name: "r", Paths: []string{"auth/login"}, Points: 1, Duration: "1s"}}
 		}},
 		{"routes[0].paths[1]", "/auth/login?next=/", func(c *Config) {
-			c.Routes = []RouteConfig{{Name: "r", Paths: []string{"/x", "/auth/login?next=/"}, Points: 1, Duration: "1s"}}
+			c.Routes = []config.RouteConfig{{Name: "r", Paths: []string{"/x", "/auth/login?next=/"}, Points: 1, Duration: "1s"}}
 		}},
 		{"assets.pathPrefixes[0]", "/static files/", func(c *Config) { c.Assets.PathPrefixes = []string{"/static files/"} }},
 		{"principal.userHeader", "X Auth User", func(c *Config) { c.Principal.UserHeader = "X Auth User" }},
@@ -141,16 +141,16 @@ func TestInvalidConfigurationNamesFieldAndValue(t *testing.T) {
 		{"websocket.maxConnectionsPerIP", "-1", func(c *Config) { c.Websocket.MaxConnectionsPerIP = -1 }},
 		{"ip.algorithm", "leaky", func(c *Config) { c.IP.Algorithm = "leaky" }},
 		{"routes[0].algorithm", "Sliding!", func(c *Config) {
-			c.Routes = []RouteConfig{{Name: "r", Paths: []string{"/x"}, Points: 1, Duration: "1s", Algorithm: "Sliding!"}}
+			c.Routes = []config.RouteConfig{{Name: "r", Paths: []string{"/x"}, Points: 1, Duration: "1s", Algorithm: "Sliding!"}}
 		}},
 		{"ip.key", "X-Api-Key", func(c *Config) { c.IP.Key = "X-Api-Key" }},
 		{"user.key", "header:X Api", func(c *Config) { c.User.Key = "header:X Api" }},
 		{"global.key", "header:X-Api-Key", func(c *Config) { c.Global.Key = "header:X-Api-Key" }},
 		{"routes[0].key", "header:", func(c *Config) {
-			c.Routes = []RouteConfig{{Name: "r", Paths: []string{"/x"}, Points: 1, Duration: "1s", Key: "header:"}}
+			c.Routes = []config.RouteConfig{{Name: "r", Paths: []string{"/x"}, Points: 1, Duration: "1s", Key: "header:"}}
 		}},
 		{"routes[0].key", "cookie:sid", func(c *Config) {
-			c.Routes = []RouteConfig{{Name: "r", Paths: []string{"/x"}, Points: 1, Duration: "1s", Key: "cookie:sid"}}
+			c.Routes = []config.RouteConfig{{Name: "r", Paths: []string{"/x"}, Points: 1, Duration: "1s", Key: "cookie:sid"}}
 		}},
 		{"status.path", "status", func(c *Config) { c.Status.Path = "status" }},
 		{"status.path", "/status/", func(c *Config) { c.Status.Path = "/status/" }},
@@ -190,11 +190,11 @@ func TestValidConfigurationsAccepted(t *testing.T) {
 		"all layers off":            func(c *Config) { c.Global.Points = 0; c.IP.Points = 0; c.Assets.Points = 0 },
 		"bare integer duration":     func(c *Config) { c.IP.Duration = "60" },
 		"route without methods": func(c *Config) {
-			c.Routes = []RouteConfig{{Name: "r", Paths: []string{"/a/"}, Points: 1, Duration: "1s"}}
+			c.Routes = []config.RouteConfig{{Name: "r", Paths: []string{"/a/"}, Points: 1, Duration: "1s"}}
 		},
-		"route off": func(c *Config) { c.Routes = []RouteConfig{{Name: "r", Paths: []string{"/a"}, Duration: "1s"}} },
+		"route off": func(c *Config) { c.Routes = []config.RouteConfig{{Name: "r", Paths: []string{"/a"}, Duration: "1s"}} },
 		"route default key is ip": func(c *Config) {
-			c.Routes = []RouteConfig{{Name: "r", Paths: []string{"/a"}, Points: 1, Duration: "1s"}}
+			c.Routes = []config.RouteConfig{{Name: "r", Paths: []string{"/a"}, Points: 1, Duration: "1s"}}
 		},
 		"ipv6 /128": func(c *Config) { c.IPv6PrefixLength = 128 },
 		"principal headers": func(c *Config) {
@@ -218,7 +218,7 @@ func TestMaxTrackedHoldsOneCounterPerLayer(t *testing.T) {
 	cfg := CreateConfig()
 	cfg.MaxTracked = 1
 	cfg.Assets.Points, cfg.User.Points, cfg.Service.Points = 0, 0, 0
-	cfg.IP = LayerConfig{Points: 5, Duration: "1s"}
+	cfg.IP = config.LayerConfig{Points: 5, Duration: "1s"}
 
 	_, err := parse(cfg)
 	if err == nil || !errors.Is(err, config.ErrConfig) ||
@@ -232,7 +232,7 @@ func TestMaxTrackedHoldsOneCounterPerLayer(t *testing.T) {
 	}
 
 	// Routes count; layers that are off do not.
-	cfg.Routes = []RouteConfig{{Name: "login", Paths: []string{"/login"}, Points: 3, Duration: "1m"}}
+	cfg.Routes = []config.RouteConfig{{Name: "login", Paths: []string{"/login"}, Points: 3, Duration: "1m"}}
 	if _, err := parse(cfg); err == nil || !strings.Contains(err.Error(), "at least 3") || !strings.Contains(err.Error(), "(global, ip, login)") {
 		t.Fatalf("maxTracked 2 with global, ip and a route: %v", err)
 	}
@@ -287,7 +287,7 @@ func TestPlansFollowTheCatalogue(t *testing.T) {
 		cfg := CreateConfig()
 		cfg.Exempt.IPs = []string{"203.0.113.7"}
 		cfg.Principal.UserHeader = "X-Auth-User" // else user and service are never charged (neverCharged)
-		cfg.Routes = []RouteConfig{{Name: "login", Paths: []string{"/login"}, Points: 3, Duration: "1m"}}
+		cfg.Routes = []config.RouteConfig{{Name: "login", Paths: []string{"/login"}, Points: 3, Duration: "1m"}}
 		tc.mutate(cfg)
 
 		s, err := parse(cfg)
@@ -339,7 +339,7 @@ func TestCatalogueDrivesDefaultsAndKeys(t *testing.T) {
 		}
 
 		cfg := CreateConfig()
-		cfg.Routes = []RouteConfig{{Name: row.Name, Paths: []string{"/x"}, Points: 1, Duration: "1s"}}
+		cfg.Routes = []config.RouteConfig{{Name: row.Name, Paths: []string{"/x"}, Points: 1, Duration: "1s"}}
 		if _, err := parse(cfg); err == nil || !strings.Contains(err.Error(), "is the name of a built-in layer") {
 			t.Errorf("route named %s: %v", row.Name, err)
 		}
@@ -409,7 +409,7 @@ func testPEM(t *testing.T) (string, string) {
 		string(pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}))
 }
 
-func redisConfig(mutate func(r *RedisConfig)) *Config {
+func redisConfig(mutate func(r *config.RedisConfig)) *Config {
 	cfg := CreateConfig()
 	cfg.Store = "redis"
 	mutate(&cfg.Redis)
@@ -417,8 +417,8 @@ func redisConfig(mutate func(r *RedisConfig)) *Config {
 	return cfg
 }
 
-func sentinelConfig() *RedisSentinelConfig {
-	return &RedisSentinelConfig{MasterName: "mymaster", Addresses: []string{"10.0.0.1:26379", "10.0.0.2:26379"}}
+func sentinelConfig() *config.RedisSentinelConfig {
+	return &config.RedisSentinelConfig{MasterName: "mymaster", Addresses: []string{"10.0.0.1:26379", "10.0.0.2:26379"}}
 }
 
 func TestInvalidRedisDeploymentsNameTheField(t *testing.T) {
@@ -427,48 +427,51 @@ func TestInvalidRedisDeploymentsNameTheField(t *testing.T) {
 
 	cases := []struct {
 		field, value string
-		mutate       func(r *RedisConfig)
+		mutate       func(r *config.RedisConfig)
 	}{
-		{"redis.tls", "maybe", func(r *RedisConfig) { r.TLS = "maybe" }},
-		{"redis.tls", "1.5", func(r *RedisConfig) { r.TLS = 1.5 }},
-		{"redis.tls.cafile", "", func(r *RedisConfig) { r.TLS = map[string]interface{}{"cafile": "/etc/ca.pem"} }},
-		{"redis.tls.insecureSkipVerify", "perhaps", func(r *RedisConfig) {
+		{"redis.tls", "maybe", func(r *config.RedisConfig) { r.TLS = "maybe" }},
+		{"redis.tls", "1.5", func(r *config.RedisConfig) { r.TLS = 1.5 }},
+		{"redis.tls.cafile", "", func(r *config.RedisConfig) { r.TLS = map[string]interface{}{"cafile": "/etc/ca.pem"} }},
+		{"redis.tls.insecureSkipVerify", "perhaps", func(r *config.RedisConfig) {
 			r.TLS = map[string]interface{}{"insecureSkipVerify": "perhaps"}
 		}},
-		{"redis.tls.serverName", "[1 2]", func(r *RedisConfig) { r.TLS = map[string]interface{}{"serverName": []int{1, 2}} }},
-		{"redis.tls.ca", "(inline PEM)", func(r *RedisConfig) { r.TLS = map[string]interface{}{"ca": badPEM} }},
-		{"redis.tls.key", "", func(r *RedisConfig) { r.TLS = map[string]interface{}{"cert": "/etc/client.crt"} }},
-		{"redis.tls.cert", "", func(r *RedisConfig) { r.TLS = map[string]interface{}{"key": keyPEM} }},
-		{"redis.tls.cert", "(inline PEM)", func(r *RedisConfig) {
+		{"redis.tls.serverName", "[1 2]", func(r *config.RedisConfig) { r.TLS = map[string]interface{}{"serverName": []int{1, 2}} }},
+		{"redis.tls.ca", "(inline PEM)", func(r *config.RedisConfig) { r.TLS = map[string]interface{}{"ca": badPEM} }},
+		{"redis.tls.key", "", func(r *config.RedisConfig) { r.TLS = map[string]interface{}{"cert": "/etc/client.crt"} }},
+		{"redis.tls.cert", "", func(r *config.RedisConfig) { r.TLS = map[string]interface{}{"key": keyPEM} }},
+		{"redis.tls.cert", "(inline PEM)", func(r *config.RedisConfig) {
 			r.TLS = map[string]interface{}{"cert": badPEM, "key": keyPEM}
 		}},
-		{"redis.sentinel.masterName", "", func(r *RedisConfig) { r.Sentinel = &RedisSentinelConfig{Addresses: []string{"a:1"}} }},
-		{"redis.sentinel.masterName", "my master", func(r *RedisConfig) {
+		{"redis.sentinel.masterName", "", func(r *config.RedisConfig) { r.Sentinel = &config.RedisSentinelConfig{Addresses: []string{"a:1"}} }},
+		{"redis.sentinel.masterName", "my master", func(r *config.RedisConfig) {
 			r.Sentinel = sentinelConfig()
 			r.Sentinel.MasterName = "my master"
 		}},
-		{"redis.sentinel.addresses", "", func(r *RedisConfig) { r.Sentinel = &RedisSentinelConfig{MasterName: "m"} }},
-		{"redis.sentinel.addresses[1]", "sentinel-2", func(r *RedisConfig) {
+		{"redis.sentinel.addresses", "", func(r *config.RedisConfig) { r.Sentinel = &config.RedisSentinelConfig{MasterName: "m"} }},
+		{"redis.sentinel.addresses[1]", "sentinel-2", func(r *config.RedisConfig) {
 			r.Sentinel = sentinelConfig()
 			r.Sentinel.Addresses[1] = "sentinel-2"
 		}},
-		{"redis.sentinel.username", "watcher", func(r *RedisConfig) {
+		{"redis.sentinel.username", "watcher", func(r *config.RedisConfig) {
 			r.Sentinel = sentinelConfig()
 			r.Sentinel.Username = "watcher"
 		}},
-		{"redis.address", "10.0.0.9:6379", func(r *RedisConfig) { r.Address = "10.0.0.9:6379"; r.Sentinel = sentinelConfig() }},
-		{"redis.address", "10.0.0.9:6379", func(r *RedisConfig) {
+		{"redis.address", "10.0.0.9:6379", func(r *config.RedisConfig) { r.Address = "10.0.0.9:6379"; r.Sentinel = sentinelConfig() }},
+		{"redis.address", "10.0.0.9:6379", func(r *config.RedisConfig) {
 			r.Address = "10.0.0.9:6379"
-			r.Cluster = &RedisClusterConfig{Addresses: []string{"10.0.0.1:7000"}}
+			r.Cluster = &config.RedisClusterConfig{Addresses: []string{"10.0.0.1:7000"}}
 		}},
-		{"redis.cluster", "10.0.0.1:7000", func(r *RedisConfig) {
+		{"redis.cluster", "10.0.0.1:7000", func(r *config.RedisConfig) {
 			r.Sentinel = sentinelConfig()
-			r.Cluster = &RedisClusterConfig{Addresses: []string{"10.0.0.1:7000"}}
+			r.Cluster = &config.RedisClusterConfig{Addresses: []string{"10.0.0.1:7000"}}
 		}},
-		{"redis.cluster.addresses", "", func(r *RedisConfig) { r.Cluster = &RedisClusterConfig{} }},
-		{"redis.cluster.addresses[0]", "node-1", func(r *RedisConfig) { r.Cluster = &RedisClusterConfig{Addresses: []string{"node-1"}} }},
-		{"redis.db", "2", func(r *RedisConfig) { r.DB = 2; r.Cluster = &RedisClusterConfig{Addresses: []string{"10.0.0.1:7000"}} }},
-		{"redis.address", "127.0.0.1:99999", func(r *RedisConfig) { r.Address = "127.0.0.1:99999" }},
+		{"redis.cluster.addresses", "", func(r *config.RedisConfig) { r.Cluster = &config.RedisClusterConfig{} }},
+		{"redis.cluster.addresses[0]", "node-1", func(r *config.RedisConfig) { r.Cluster = &config.RedisClusterConfig{Addresses: []string{"node-1"}} }},
+		{"redis.db", "2", func(r *config.RedisConfig) {
+			r.DB = 2
+			r.Cluster = &config.RedisClusterConfig{Addresses: []string{"10.0.0.1:7000"}}
+		}},
+		{"redis.address", "127.0.0.1:99999", func(r *config.RedisConfig) { r.Address = "127.0.0.1:99999" }},
 	}
 
 	for _, tc := range cases {
@@ -493,13 +496,13 @@ func TestInvalidRedisDeploymentsNameTheField(t *testing.T) {
 }
 
 func TestUnknownKeysUnderSentinelAndCluster(t *testing.T) {
-	cases := map[string]func(r *RedisConfig){
-		`unknown field "redis.sentinel.master" (did you mean "redis.sentinel.masterName"?)`: func(r *RedisConfig) {
+	cases := map[string]func(r *config.RedisConfig){
+		`unknown field "redis.sentinel.master" (did you mean "redis.sentinel.masterName"?)`: func(r *config.RedisConfig) {
 			r.Sentinel = sentinelConfig()
 			r.Sentinel.Unknown = map[string]interface{}{"master": "mymaster"}
 		},
-		`unknown field "redis.cluster.adresses" (did you mean "redis.cluster.addresses"?)`: func(r *RedisConfig) {
-			r.Cluster = &RedisClusterConfig{Addresses: []string{"10.0.0.1:7000"}, Unknown: map[string]interface{}{"adresses": "x"}}
+		`unknown field "redis.cluster.adresses" (did you mean "redis.cluster.addresses"?)`: func(r *config.RedisConfig) {
+			r.Cluster = &config.RedisClusterConfig{Addresses: []string{"10.0.0.1:7000"}, Unknown: map[string]interface{}{"adresses": "x"}}
 		},
 	}
 
@@ -516,32 +519,32 @@ func TestRedisDeploymentsAccepted(t *testing.T) {
 
 	cases := []struct {
 		name   string
-		mutate func(r *RedisConfig)
+		mutate func(r *config.RedisConfig)
 		check  func(s *config.Settings) bool
 	}{
-		{"tls true from the file provider", func(r *RedisConfig) { r.TLS = "true" }, func(s *config.Settings) bool {
+		{"tls true from the file provider", func(r *config.RedisConfig) { r.TLS = "true" }, func(s *config.Settings) bool {
 			return s.Redis.TLS && s.Redis.TLSConfig.CA == ""
 		}},
-		{"tls false", func(r *RedisConfig) { r.TLS = false }, func(s *config.Settings) bool { return !s.Redis.TLS }},
-		{"tls unset", func(r *RedisConfig) {}, func(s *config.Settings) bool { return !s.Redis.TLS }},
-		{"inline CA and client pair, insecureSkipVerify as string", func(r *RedisConfig) {
+		{"tls false", func(r *config.RedisConfig) { r.TLS = false }, func(s *config.Settings) bool { return !s.Redis.TLS }},
+		{"tls unset", func(r *config.RedisConfig) {}, func(s *config.Settings) bool { return !s.Redis.TLS }},
+		{"inline CA and client pair, insecureSkipVerify as string", func(r *config.RedisConfig) {
 			r.TLS = map[string]interface{}{"CA": certPEM, "cert": certPEM, "key": keyPEM, "serverName": "redis.internal", "insecureSkipVerify": "false"}
 		}, func(s *config.Settings) bool {
 			o := s.Redis.TLSConfig
 			return s.Redis.TLS && o.CA == certPEM && o.Key == keyPEM && o.ServerName == "redis.internal" && !o.InsecureSkipVerify
 		}},
-		{"files are not read by New", func(r *RedisConfig) {
+		{"files are not read by New", func(r *config.RedisConfig) {
 			r.TLS = map[interface{}]interface{}{"ca": "/nonexistent/ca.pem", "insecureSkipVerify": true}
 		}, func(s *config.Settings) bool {
 			return s.Redis.TLSConfig.CA == "/nonexistent/ca.pem" && s.Redis.TLSConfig.InsecureSkipVerify
 		}},
-		{"cluster", func(r *RedisConfig) {
-			r.Cluster = &RedisClusterConfig{Addresses: []string{"10.0.0.1:7000", "[::1]:7001"}}
+		{"cluster", func(r *config.RedisConfig) {
+			r.Cluster = &config.RedisClusterConfig{Addresses: []string{"10.0.0.1:7000", "[::1]:7001"}}
 		},
 			func(s *config.Settings) bool {
 				return s.Redis.Cluster != nil && len(s.Redis.Cluster.Addresses) == 2 && s.Redis.Address == "" && s.Redis.Sentinel == nil
 			}},
-		{"sentinel next to the default address", func(r *RedisConfig) {
+		{"sentinel next to the default address", func(r *config.RedisConfig) {
 			r.Sentinel = sentinelConfig()
 			r.Sentinel.Username, r.Sentinel.Password = "watcher", "pw"
 		}, func(s *config.Settings) bool {
@@ -594,7 +597,7 @@ func TestDurationErrorsShowBareSecondsAsDurations(t *testing.T) {
 		`ip.blockDuration = "40000000": longer than a year`:                    func(c *Config) { c.IP.BlockDuration = "40000000" },
 		`redis.timeout = "0.0005s": must be at least 1ms`:                      func(c *Config) { c.Redis.Timeout = "0.000500" },
 		`routes[0].duration = "1.5.0": not a duration`: func(c *Config) {
-			c.Routes = []RouteConfig{{Name: "a", Paths: []string{"/a"}, Points: 1, Duration: "1.5.0"}}
+			c.Routes = []config.RouteConfig{{Name: "a", Paths: []string{"/a"}, Points: 1, Duration: "1.5.0"}}
 		},
 	} {
 		cfg := CreateConfig()
@@ -612,8 +615,8 @@ func TestDurationErrorsShowBareSecondsAsDurations(t *testing.T) {
 // New refuses it, naming the field and the value; cost 1 (or unset) on such
 // a route is accepted.
 func TestCostOnARouteThatIsOffIsAnError(t *testing.T) {
-	routes := func(cost int) []RouteConfig {
-		return []RouteConfig{
+	routes := func(cost int) []config.RouteConfig {
+		return []config.RouteConfig{
 			{Name: "login", Paths: []string{"/login"}, Points: 5, Duration: "60s"},
 			{Name: "search", Paths: []string{"/search"}, Points: 10, Duration: "60s"},
 			{Name: "export", Paths: []string{"/export"}, Points: 0, Duration: "60s", Cost: cost},
@@ -666,8 +669,8 @@ func TestNewTurnsAPanicIntoAnErrorNamingTheField(t *testing.T) {
 	}
 	t.Cleanup(func() { buildHook = nil })
 
-	route := func(name string) RouteConfig {
-		return RouteConfig{Name: name, Paths: []string{"/" + name}, Points: 5, Duration: "1s"}
+	route := func(name string) config.RouteConfig {
+		return config.RouteConfig{Name: name, Paths: []string{"/" + name}, Points: 5, Duration: "1s"}
 	}
 
 	for _, tc := range []struct {
@@ -675,19 +678,19 @@ func TestNewTurnsAPanicIntoAnErrorNamingTheField(t *testing.T) {
 		set  func(c *Config)
 		want string // "" when it builds
 	}{
-		{"a route", func(c *Config) { c.Routes = []RouteConfig{route("fine"), route("boom")} },
+		{"a route", func(c *Config) { c.Routes = []config.RouteConfig{route("fine"), route("boom")} },
 			`configuring mw@test: building routes[1] failed (a bug of the plugin, please report it with this configuration): panic: boom in boom`},
 		{"a route's plan", func(c *Config) {
 			routePlanConfig(c)
-			c.Routes[0].Plans["boom"] = PlanConfig{Points: 5, Duration: "1s"}
+			c.Routes[0].Plans["boom"] = config.PlanConfig{Points: 5, Duration: "1s"}
 		}, `configuring mw@test: building routes[0].plans.boom failed`},
 		{"a plan", func(c *Config) {
 			c.Principal.UserHeader, c.Principal.PlanHeader = "X-Auth-User", "X-Auth-Plan"
-			c.Plans = map[string]PlanConfig{"boom": {Points: 5, Duration: "1s"}, "pro": {Points: 5, Duration: "1s"}}
+			c.Plans = map[string]config.PlanConfig{"boom": {Points: 5, Duration: "1s"}, "pro": {Points: 5, Duration: "1s"}}
 		}, `configuring mw@test: building plans.boom failed`},
-		{"several parts", func(c *Config) { c.Routes = []RouteConfig{route("both"), route("fine")} },
+		{"several parts", func(c *Config) { c.Routes = []config.RouteConfig{route("both"), route("fine")} },
 			`configuring mw@test: building the middleware failed (a bug of the plugin, please report it with this configuration): panic: boom in both`},
-		{"no culprit", func(c *Config) { c.Routes = []RouteConfig{route("fine")} }, ""},
+		{"no culprit", func(c *Config) { c.Routes = []config.RouteConfig{route("fine")} }, ""},
 	} {
 		cfg := CreateConfig()
 		tc.set(cfg)

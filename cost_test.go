@@ -7,14 +7,16 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tierlimit/tierlimit/config"
 )
 
 func TestCostAndCountStatusConfiguration(t *testing.T) {
-	route := func(mutate func(r *RouteConfig)) func(c *Config) {
+	route := func(mutate func(r *config.RouteConfig)) func(c *Config) {
 		return func(c *Config) {
-			r := RouteConfig{Name: "export", Paths: []string{"/export"}, Points: 10, Duration: "60s"}
+			r := config.RouteConfig{Name: "export", Paths: []string{"/export"}, Points: 10, Duration: "60s"}
 			mutate(&r)
-			c.Routes = []RouteConfig{r}
+			c.Routes = []config.RouteConfig{r}
 		}
 	}
 
@@ -23,15 +25,15 @@ func TestCostAndCountStatusConfiguration(t *testing.T) {
 		mutate func(c *Config)
 		want   string // "" when valid
 	}{
-		{"cost of the points", route(func(r *RouteConfig) { r.Cost = 10 }), ""},
-		{"cost above the points", route(func(r *RouteConfig) { r.Cost = 11 }), `routes[0].cost = "11"`},
-		{"negative cost", route(func(r *RouteConfig) { r.Cost = -1 }), `routes[0].cost = "-1"`},
-		{"cost above a bucket's burst", route(func(r *RouteConfig) { r.Algorithm, r.Points, r.Burst, r.Cost = "tokenbucket", 20, 5, 6 }), `routes[0].cost = "6"`},
-		{"cost within a bucket's burst", route(func(r *RouteConfig) { r.Algorithm, r.Points, r.Burst, r.Cost = "tokenbucket", 1, 5, 5 }), ""},
-		{"cost on a route that is off", route(func(r *RouteConfig) { r.Points, r.Cost = 0, 3 }), `routes[0].cost = "3": is ignored on a route with points 0`},
-		{"countStatus 100 and 599", route(func(r *RouteConfig) { r.CountStatus = []int{100, 401, 599} }), ""},
-		{"countStatus 99", route(func(r *RouteConfig) { r.CountStatus = []int{401, 99} }), `routes[0].countStatus[1] = "99"`},
-		{"countStatus 600", route(func(r *RouteConfig) { r.CountStatus = []int{600} }), `routes[0].countStatus[0] = "600"`},
+		{"cost of the points", route(func(r *config.RouteConfig) { r.Cost = 10 }), ""},
+		{"cost above the points", route(func(r *config.RouteConfig) { r.Cost = 11 }), `routes[0].cost = "11"`},
+		{"negative cost", route(func(r *config.RouteConfig) { r.Cost = -1 }), `routes[0].cost = "-1"`},
+		{"cost above a bucket's burst", route(func(r *config.RouteConfig) { r.Algorithm, r.Points, r.Burst, r.Cost = "tokenbucket", 20, 5, 6 }), `routes[0].cost = "6"`},
+		{"cost within a bucket's burst", route(func(r *config.RouteConfig) { r.Algorithm, r.Points, r.Burst, r.Cost = "tokenbucket", 1, 5, 5 }), ""},
+		{"cost on a route that is off", route(func(r *config.RouteConfig) { r.Points, r.Cost = 0, 3 }), `routes[0].cost = "3": is ignored on a route with points 0`},
+		{"countStatus 100 and 599", route(func(r *config.RouteConfig) { r.CountStatus = []int{100, 401, 599} }), ""},
+		{"countStatus 99", route(func(r *config.RouteConfig) { r.CountStatus = []int{401, 99} }), `routes[0].countStatus[1] = "99"`},
+		{"countStatus 600", route(func(r *config.RouteConfig) { r.CountStatus = []int{600} }), `routes[0].countStatus[0] = "600"`},
 	} {
 		cfg := CreateConfig()
 		tc.mutate(cfg)
@@ -50,9 +52,9 @@ func TestCostAndCountStatusConfiguration(t *testing.T) {
 // exportConfig is the issue's costed route: ip 25 a minute, exports of cost
 // 10 in a route of large points.
 func exportConfig(c *Config) {
-	c.Global = LayerConfig{Points: 1000, Duration: "60s"}
-	c.IP = LayerConfig{Points: 25, Duration: "60s"}
-	c.Routes = []RouteConfig{{Name: "export", Paths: []string{"/export"}, Key: "ip", Points: 1000, Duration: "60s", Cost: 10}}
+	c.Global = config.LayerConfig{Points: 1000, Duration: "60s"}
+	c.IP = config.LayerConfig{Points: 25, Duration: "60s"}
+	c.Routes = []config.RouteConfig{{Name: "export", Paths: []string{"/export"}, Key: "ip", Points: 1000, Duration: "60s", Cost: 10}}
 }
 
 // costedScenario: three exports get 200, 200, 429 (the third does not fit
@@ -110,8 +112,8 @@ func TestCostedRouteOnRedisServer(t *testing.T) {
 func TestLargestCostOfTheMatchingRoutes(t *testing.T) {
 	h := newHarness(t, func(c *Config) {
 		c.Global.Points = 0
-		c.IP = LayerConfig{Points: 100, Duration: "60s"}
-		c.Routes = []RouteConfig{
+		c.IP = config.LayerConfig{Points: 100, Duration: "60s"}
+		c.Routes = []config.RouteConfig{
 			{Name: "api", Paths: []string{"/api/"}, Points: 50, Duration: "60s", Cost: 2},
 			{Name: "search", Paths: []string{"/api/search"}, Points: 60, Duration: "60s", Cost: 7},
 		}
@@ -129,9 +131,9 @@ func TestLargestCostOfTheMatchingRoutes(t *testing.T) {
 // loginConfig is the issue's login limit: 3 a minute, counting 401s only,
 // on a backend (loginBackend) that answers 401 to a bad password.
 func loginConfig(c *Config) {
-	c.Global = LayerConfig{Points: 1000, Duration: "60s"}
-	c.IP = LayerConfig{Points: 1000, Duration: "60s"}
-	c.Routes = []RouteConfig{{Name: "login", Methods: []string{"POST"}, Paths: []string{"/login"}, Points: 3, Duration: "60s", CountStatus: []int{401}}}
+	c.Global = config.LayerConfig{Points: 1000, Duration: "60s"}
+	c.IP = config.LayerConfig{Points: 1000, Duration: "60s"}
+	c.Routes = []config.RouteConfig{{Name: "login", Methods: []string{"POST"}, Paths: []string{"/login"}, Points: 3, Duration: "60s", CountStatus: []int{401}}}
 }
 
 var loginBackend = http.HandlerFunc(func(rw http.ResponseWriter, req *http.Request) {
@@ -287,10 +289,10 @@ func TestCountStatusWriterKeepsStreamsLive(t *testing.T) {
 // front get that cost back.
 func TestCostOfAPendingIPCharge(t *testing.T) {
 	h := newHarness(t, func(c *Config) {
-		c.Global = LayerConfig{Points: 100, Duration: "60s"}
-		c.IP = LayerConfig{Points: 15, Duration: "60s"}
+		c.Global = config.LayerConfig{Points: 100, Duration: "60s"}
+		c.IP = config.LayerConfig{Points: 15, Duration: "60s"}
 		c.Principal.CredentialHeaders = []string{"Authorization"}
-		c.Routes = []RouteConfig{{Name: "export", Paths: []string{"/export"}, Points: 100, Duration: "60s", Cost: 10}}
+		c.Routes = []config.RouteConfig{{Name: "export", Paths: []string{"/export"}, Points: 100, Duration: "60s", Cost: 10}}
 	})
 	h.p.next = http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) { rw.WriteHeader(http.StatusUnauthorized) })
 
@@ -314,10 +316,10 @@ func TestCostOfAPendingIPCharge(t *testing.T) {
 // and that route none.
 func TestRefusedPendingChargeSkipsWhatADryRunRuleDidNotTake(t *testing.T) {
 	h := newHarness(t, func(c *Config) {
-		c.Global = LayerConfig{Points: 100, Duration: "60s"}
-		c.IP = LayerConfig{Points: 1, Duration: "60s"}
+		c.Global = config.LayerConfig{Points: 100, Duration: "60s"}
+		c.IP = config.LayerConfig{Points: 1, Duration: "60s"}
 		c.Principal.CredentialHeaders = []string{"Authorization"}
-		c.Routes = []RouteConfig{{Name: "probe", Paths: []string{"/probe"}, Points: 1, Duration: "60s", Algorithm: "sliding", DryRun: true}}
+		c.Routes = []config.RouteConfig{{Name: "probe", Paths: []string{"/probe"}, Points: 1, Duration: "60s", Algorithm: "sliding", DryRun: true}}
 	})
 	h.p.next = http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) { rw.WriteHeader(http.StatusUnauthorized) })
 
@@ -353,10 +355,10 @@ func countsByLayer(h *harness) map[string]int64 {
 // answer into a 429.
 func TestListedStatusCountedWhenTheIPChargeRefuses(t *testing.T) {
 	h := newHarness(t, func(c *Config) {
-		c.Global = LayerConfig{Points: 1000, Duration: "60s"}
-		c.IP = LayerConfig{Points: 2, Duration: "60s"}
+		c.Global = config.LayerConfig{Points: 1000, Duration: "60s"}
+		c.IP = config.LayerConfig{Points: 2, Duration: "60s"}
 		c.Principal.CredentialHeaders = []string{"Authorization"}
-		c.Routes = []RouteConfig{{Name: "login", Methods: []string{"POST"}, Paths: []string{"/login"}, Points: 10, Duration: "60s", CountStatus: []int{401}}}
+		c.Routes = []config.RouteConfig{{Name: "login", Methods: []string{"POST"}, Paths: []string{"/login"}, Points: 10, Duration: "60s", CountStatus: []int{401}}}
 	})
 	h.p.next = http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) { rw.WriteHeader(http.StatusUnauthorized) })
 
@@ -375,7 +377,7 @@ func TestListedStatusCountedWhenTheIPChargeRefuses(t *testing.T) {
 // exportRoute is a route of ip-keyed exports of cost 10, with room for 100
 // of them: the ip layer's points decide.
 func exportRoute(c *Config) {
-	c.Routes = []RouteConfig{{Name: "export", Paths: []string{"/export"}, Key: "ip", Points: 1000, Duration: "60s", Cost: 10}}
+	c.Routes = []config.RouteConfig{{Name: "export", Paths: []string{"/export"}, Key: "ip", Points: 1000, Duration: "60s", Cost: 10}}
 }
 
 // TestCostedCountStatusRouteChargesTheCost: a login route of 9 points that
@@ -418,8 +420,8 @@ func TestCostedCountStatusRouteChargesTheCost(t *testing.T) {
 func TestRefusedCostGivesATokenBucketItsTokensBack(t *testing.T) {
 	h := newHarness(t, func(c *Config) {
 		c.Global.Points = 0
-		c.IP = LayerConfig{Points: 1, Duration: "1h", Algorithm: "tokenbucket", Burst: 10}
-		c.Routes = []RouteConfig{{Name: "export", Paths: []string{"/export"}, Key: "ip", Points: 6, Duration: "1h", Cost: 3}}
+		c.IP = config.LayerConfig{Points: 1, Duration: "1h", Algorithm: "tokenbucket", Burst: 10}
+		c.Routes = []config.RouteConfig{{Name: "export", Paths: []string{"/export"}, Key: "ip", Points: 6, Duration: "1h", Cost: 3}}
 	})
 	client := "203.0.113.1:1"
 

@@ -17,8 +17,8 @@ func TestDryRunOnEveryRuleParses(t *testing.T) {
 	cfg.Assets.DryRun = true
 	cfg.Principal.UserHeader = "X-Auth-User"
 	cfg.Principal.PlanHeader = "X-Auth-Plan"
-	cfg.Plans = map[string]PlanConfig{"pro": {Points: 5, Duration: "1s", DryRun: true}, "free": {Points: 5, Duration: "1s"}}
-	cfg.Routes = []RouteConfig{{Name: "login", Paths: []string{"/login"}, Points: 2, Duration: "60s", DryRun: true}}
+	cfg.Plans = map[string]config.PlanConfig{"pro": {Points: 5, Duration: "1s", DryRun: true}, "free": {Points: 5, Duration: "1s"}}
+	cfg.Routes = []config.RouteConfig{{Name: "login", Paths: []string{"/login"}, Points: 2, Duration: "60s", DryRun: true}}
 
 	s, err := parse(cfg)
 	if err != nil {
@@ -46,9 +46,9 @@ func TestDryRunOnEveryRuleParses(t *testing.T) {
 // loginAndEmail is the instance: a login route of 2 a minute in dry
 // run, an enforced e-mail route of 2 a minute.
 func loginAndEmail(c *Config) {
-	c.Global = LayerConfig{Points: 1000, Duration: "60s"}
-	c.IP = LayerConfig{Points: 100, Duration: "60s"}
-	c.Routes = []RouteConfig{
+	c.Global = config.LayerConfig{Points: 1000, Duration: "60s"}
+	c.IP = config.LayerConfig{Points: 100, Duration: "60s"}
+	c.Routes = []config.RouteConfig{
 		{Name: "auth_login", Methods: []string{"POST"}, Paths: []string{"/auth/login"}, Points: 2, Duration: "60s", DryRun: true},
 		{Name: "email", Methods: []string{"POST"}, Paths: []string{"/auth/password/request"}, Points: 2, Duration: "60s"},
 	}
@@ -129,8 +129,8 @@ func TestDryRunRouteOnRedisServer(t *testing.T) {
 func probeConfig(algorithm string) func(c *Config) {
 	return func(c *Config) {
 		c.Global.Points = 0
-		c.IP = LayerConfig{Points: 100, Duration: "60s"}
-		c.Routes = []RouteConfig{
+		c.IP = config.LayerConfig{Points: 100, Duration: "60s"}
+		c.Routes = []config.RouteConfig{
 			{Name: "probe", Paths: []string{"/x"}, Points: 1, Duration: "60s", Algorithm: algorithm, DryRun: true},
 			{Name: "x", Paths: []string{"/x"}, Points: 2, Duration: "60s"},
 		}
@@ -206,7 +206,7 @@ func TestTopLevelDryRunEventsSayDryRun(t *testing.T) {
 	h := newHarness(t, func(c *Config) {
 		c.DryRun = true
 		c.Global.Points = 0
-		c.IP = LayerConfig{Points: 1, Duration: "1s"}
+		c.IP = config.LayerConfig{Points: 1, Duration: "1s"}
 	})
 
 	for i := 0; i < 3; i++ {
@@ -241,8 +241,8 @@ func TestTopLevelDryRunOnAMixedStoreCountsEveryLayer(t *testing.T) {
 	h, _ := redisHarness(t, addr, func(c *Config) {
 		asACLUser(c)
 		c.DryRun = true
-		c.Global = LayerConfig{Points: 2, Duration: "1h", Store: "memory"}
-		c.IP = LayerConfig{Points: 100, Duration: "1h"}
+		c.Global = config.LayerConfig{Points: 2, Duration: "1h", Store: "memory"}
+		c.IP = config.LayerConfig{Points: 100, Duration: "1h"}
 	})
 
 	if ok := h.p.stores.mixed; !ok {
@@ -272,8 +272,8 @@ func TestTopLevelDryRunOnAMixedStoreCountsEveryLayer(t *testing.T) {
 // run at 2 a minute, global off (redisHarness turns it off too).
 func probeInDryRun(c *Config) {
 	c.Global.Points = 0
-	c.IP = LayerConfig{Points: 5, Duration: "60s"}
-	c.Routes = []RouteConfig{{Name: "probe", Paths: []string{"/probe"}, Points: 2, Duration: "60s", DryRun: true}}
+	c.IP = config.LayerConfig{Points: 5, Duration: "60s"}
+	c.Routes = []config.RouteConfig{{Name: "probe", Paths: []string{"/probe"}, Points: 2, Duration: "60s", DryRun: true}}
 }
 
 // wantHeaders checks every rate-limit header of rec against layer name with

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/redisresp"
 	"github.com/tierlimit/tierlimit/redisstore"
 )
@@ -39,7 +40,7 @@ func TestPathsAgree(t *testing.T) {
 			}
 
 			pool := redisresp.NewPool(s.Redis)
-			redisStoreOf(a.p).Backend = &redisBackend{Pool: pool, Single: pool, Address: cfg.Redis.Address, Log: io.Discard}
+			redisStoreOf(a.p).Backend = &redisstore.RedisBackend{Pool: pool, Single: pool, Address: cfg.Redis.Address, Log: io.Discard}
 			b = newHarness(t, with(sh.cfg, func(c *Config) { c.Store = "memory" }))
 		} else {
 			b.p.mode = modeGeneral
@@ -184,9 +185,9 @@ func runScript(t *testing.T, name string, seed int64, a, b *harness) {
 func costedShape(seed int64, algorithm string) func(c *Config) {
 	return func(c *Config) {
 		rng := rand.New(rand.NewSource(seed))
-		costed := func(name, key string, methods, paths []string) RouteConfig {
+		costed := func(name, key string, methods, paths []string) config.RouteConfig {
 			cost := 1 + rng.Intn(5)
-			rc := RouteConfig{Name: name, Key: key, Methods: methods, Paths: paths, Cost: cost, Points: unfitPoints(cost, rng), Duration: "1h"}
+			rc := config.RouteConfig{Name: name, Key: key, Methods: methods, Paths: paths, Cost: cost, Points: unfitPoints(cost, rng), Duration: "1h"}
 
 			if algorithm != "fixed" {
 				rc.Algorithm = algorithm
@@ -199,10 +200,10 @@ func costedShape(seed int64, algorithm string) func(c *Config) {
 			return rc
 		}
 
-		c.Global = LayerConfig{Points: 60 + rng.Intn(40), Duration: "1h"}
-		c.IP = LayerConfig{Points: 12 + rng.Intn(12), Duration: "1h"}
-		c.Assets = AssetsConfig{Points: 8, Duration: "1h", PathPrefixes: []string{"/assets/"}}
-		c.User = LayerConfig{Points: 6, Duration: "1h"}
+		c.Global = config.LayerConfig{Points: 60 + rng.Intn(40), Duration: "1h"}
+		c.IP = config.LayerConfig{Points: 12 + rng.Intn(12), Duration: "1h"}
+		c.Assets = config.AssetsConfig{Points: 8, Duration: "1h", PathPrefixes: []string{"/assets/"}}
+		c.User = config.LayerConfig{Points: 6, Duration: "1h"}
 		c.Principal.UserHeader = "X-Auth-User"
 		c.Principal.CredentialHeaders = []string{"Authorization"}
 
@@ -218,7 +219,7 @@ func costedShape(seed int64, algorithm string) func(c *Config) {
 		login.Algorithm, login.Burst, login.Duration, login.Calendar = "", 0, "", "day"
 		login.Points = unfitPoints(login.Cost, rng)
 
-		c.Routes = []RouteConfig{
+		c.Routes = []config.RouteConfig{
 			login,
 			costed("export", "", nil, []string{"/export"}),
 			costed("api_write", "principal", []string{"POST", "PUT"}, []string{"/api", "/users/"}),
@@ -432,7 +433,7 @@ func agreeSynced(t *testing.T, name string, seed int64, plan syncPlan, conf func
 
 // syncedOf is b's synced counters, on b's backend and clock (syncHarness's
 // set-up, for a store a month policy may wrap).
-func syncedOf(t *testing.T, b *harness) *syncState {
+func syncedOf(t *testing.T, b *harness) *redisstore.SyncState {
 	t.Helper()
 
 	rs := b.p.stores.redis
@@ -452,7 +453,7 @@ func syncedOf(t *testing.T, b *harness) *syncState {
 // earlier (CollectSync), is in flight: the sync ends when the request is
 // served, or, for a request that waits for it (its lease going back),
 // a moment after it started.
-func sendDuringSync(t *testing.T, st *syncState, batch []redisstore.LeaseAsk, now int64, send func() *httptest.ResponseRecorder) *httptest.ResponseRecorder {
+func sendDuringSync(t *testing.T, st *redisstore.SyncState, batch []redisstore.LeaseAsk, now int64, send func() *httptest.ResponseRecorder) *httptest.ResponseRecorder {
 	t.Helper()
 
 	if batch == nil {
@@ -488,7 +489,7 @@ func sendDuringSync(t *testing.T, st *syncState, batch []redisstore.LeaseAsk, no
 
 // finishSync sends a sync's batch collected earlier (CollectSync) and
 // applies Redis's answers, as SyncNow does after collecting.
-func finishSync(t *testing.T, st *syncState, batch []redisstore.LeaseAsk, now int64) {
+func finishSync(t *testing.T, st *redisstore.SyncState, batch []redisstore.LeaseAsk, now int64) {
 	t.Helper()
 
 	if batch == nil {
@@ -510,7 +511,7 @@ func finishSync(t *testing.T, st *syncState, batch []redisstore.LeaseAsk, now in
 // come back, which runs on Redis's clock there: its answers are compared,
 // not its key. Keys of another instance on the server are told apart by
 // b's prefix.
-func agreeCounts(t *testing.T, name string, a, b *harness, admin *redisresp.Pool, st *syncState) {
+func agreeCounts(t *testing.T, name string, a, b *harness, admin *redisresp.Pool, st *redisstore.SyncState) {
 	t.Helper()
 
 	prefix := b.p.stores.redis.Prefix

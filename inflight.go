@@ -8,6 +8,7 @@ import (
 	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/redisresp"
 	"github.com/tierlimit/tierlimit/redisstore"
+	"github.com/tierlimit/tierlimit/rule"
 )
 
 // Concurrency layers (algorithm: concurrency, config/concurrency.go): a
@@ -36,8 +37,8 @@ func anyConcurrency(s *config.Settings) bool {
 // (redisstore/scripts.go) of head (points and lease): the algorithm, and a
 // per-request member that the Redis store adds to each call (LeaseArgs).
 // A refusal's reset is a second away.
-func concurrencyEncoding(head string, ms int64) redisEncoding {
-	e := redisEncoding{RedisArgs: head + redisstore.AlgoConcurrency, MaxTTL: ms}
+func concurrencyEncoding(head string, ms int64) rule.RedisEncoding {
+	e := rule.RedisEncoding{RedisArgs: head + redisstore.AlgoConcurrency, MaxTTL: ms}
 	if e.MaxTTL < memstore.RetryConcurrency/redisstore.NsPerMillisecond {
 		e.MaxTTL = memstore.RetryConcurrency / redisstore.NsPerMillisecond
 	}

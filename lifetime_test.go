@@ -9,6 +9,7 @@ import (
 
 	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/lifetime"
+	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/redisresp"
 	"github.com/tierlimit/tierlimit/redisstore"
@@ -27,7 +28,7 @@ type keepTimer struct {
 	f func()
 }
 
-func newKeepTimers(r *heldRegistry, now int64) *keepTimers {
+func newKeepTimers(r *lifetime.HeldRegistry, now int64) *keepTimers {
 	kt := &keepTimers{now: now, started: make(chan keepTimer, 16)}
 	r.Now = func() time.Time { return time.Unix(0, kt.now) }
 	r.After = func(d time.Duration, f func()) { kt.started <- keepTimer{d, f} }
@@ -71,16 +72,16 @@ func newTestStore() interface{} { return memstore.NewWindowStore(100) }
 // keepStore is a middleware's memory store taken from r by one instance
 // whose configuration is then replaced (its ctx cancelled); it returns the
 // store and the grace timer that started.
-func keepStore(t *testing.T, r *heldRegistry, kt *keepTimers, charge func(s *windowStore)) (*windowStore, keepTimer) {
+func keepStore(t *testing.T, r *lifetime.HeldRegistry, kt *keepTimers, charge func(s *memstore.WindowStore)) (*memstore.WindowStore, keepTimer) {
 	t.Helper()
 
 	ctx, cancel := context.WithCancel(context.Background())
-	s, _ := r.Take(ctx, "rl@file", newTestStore).(*windowStore)
+	s, _ := r.Take(ctx, "rl@file", newTestStore).(*memstore.WindowStore)
 	charge(s)
 	cancel()
 
 	tm := kt.next(t)
-	if tm.d != releaseGrace {
+	if tm.d != lifetime.ReleaseGrace {
 		t.Fatalf("first timer %s, want the grace", tm.d)
 	}
 
@@ -103,7 +104,7 @@ func TestUnheldCountersOutliveTheGraceUntilTheirEnd(t *testing.T) {
 		{"fixed", config.Rule{Name: "ip", Points: 5, Duration: 10 * time.Minute}, 3, t0 + int64(10*time.Minute)},
 		{"sliding", config.Rule{Name: "ip", Points: 5, Duration: time.Minute, Sliding: true}, 3, t0 + int64(2*time.Minute)},
 		{"tokenbucket", config.Rule{Name: "ip", Points: 1, Duration: time.Minute, Bucket: true, Burst: 5}, 3, t0 + int64(3*time.Minute)},
-		{"calendar day", config.Rule{Name: "ip", Points: 5, Duration: 24 * time.Hour, Calendar: calDay}, 3, day},
+		{"calendar day", config.Rule{Name: "ip", Points: 5, Duration: 24 * time.Hour, Calendar: limit.Day}, 3, day},
 		{"block", config.Rule{Name: "ip", Points: 2, Duration: time.Minute, Block: time.Hour}, 3, t0 + int64(time.Hour)},
 	}
 
@@ -113,7 +114,7 @@ func TestUnheldCountersOutliveTheGraceUntilTheirEnd(t *testing.T) {
 
 		var l *layer
 
-		s, grace := keepStore(t, r, kt, func(s *windowStore) {
+		s, grace := keepStore(t, r, kt, func(s *memstore.WindowStore) {
 			l = newLayer(s, c.spec, keyOfClient)
 			store := &stores{memory: s, blocks: l.BlockDuration != 0}
 
@@ -136,7 +137,7 @@ func TestUnheldCountersOutliveTheGraceUntilTheirEnd(t *testing.T) {
 		}
 
 		// The same name configured again meanwhile takes its counts back.
-		if again, _ := r.Take(context.Background(), "rl@file", newTestStore).(*windowStore); again != s {
+		if again, _ := r.Take(context.Background(), "rl@file", newTestStore).(*memstore.WindowStore); again != s {
 			t.Fatalf("%s: the middleware configured again got new counters", c.name)
 		}
 
@@ -155,7 +156,7 @@ func TestUnheldCountersReleasedWhenTheyEnd(t *testing.T) {
 	r := lifetime.NewKeepingRegistry(memstore.Live)
 	kt := newKeepTimers(r, t0)
 
-	_, grace := keepStore(t, r, kt, func(s *windowStore) {
+	_, grace := keepStore(t, r, kt, func(s *memstore.WindowStore) {
 		l := testLayer(s, "ip", 5, 10*time.Minute)
 		takeIn(s, t0, []*layer{l}, "198.51.100.7", "", false)
 		takeIn(s, t0+int64(time.Minute), []*layer{l}, "198.51.100.8", "", false)
@@ -182,7 +183,7 @@ func TestUnheldCountersReleasedWhenTheyEnd(t *testing.T) {
 		kt := newKeepTimers(r, t0)
 		name := name
 
-		_, grace := keepStore(t, r, kt, func(s *windowStore) {
+		_, grace := keepStore(t, r, kt, func(s *memstore.WindowStore) {
 			if name == "ended" {
 				l := testLayer(s, "ip", 5, time.Second)
 				takeIn(s, t0, []*layer{l}, "198.51.100.7", "", false)
@@ -206,7 +207,7 @@ func TestUnheldBlockListKeptUntilItsBlocksEnd(t *testing.T) {
 	kt := newKeepTimers(r, t0)
 
 	ctx, cancel := context.WithCancel(context.Background())
-	b, _ := r.Take(ctx, "rl@file", func() interface{} { return redisstore.NewBlockList(100) }).(*blockList)
+	b, _ := r.Take(ctx, "rl@file", func() interface{} { return redisstore.NewBlockList(100) }).(*redisstore.BlockList)
 	b.Add("ip\x00args\x00", "198.51.100.7", t0+int64(time.Hour), t0)
 	cancel()
 
@@ -242,7 +243,7 @@ func TestUnheldConnectionCounterKeptWhileConnectionsAreOpen(t *testing.T) {
 	kt.fire(kt.next(t))
 
 	tm := kt.next(t)
-	if tm.d != releaseGrace || r.Size() != 1 {
+	if tm.d != lifetime.ReleaseGrace || r.Size() != 1 {
 		t.Fatalf("with a connection open: %d entries, checked again in %s", r.Size(), tm.d)
 	}
 
@@ -260,10 +261,10 @@ type fakeTimers struct {
 	started chan func()
 }
 
-func newFakeTimers(r *heldRegistry) *fakeTimers {
+func newFakeTimers(r *lifetime.HeldRegistry) *fakeTimers {
 	ft := &fakeTimers{started: make(chan func(), 16)}
 	r.After = func(d time.Duration, f func()) {
-		if d != releaseGrace {
+		if d != lifetime.ReleaseGrace {
 			panic("grace timer of " + d.String())
 		}
 
@@ -293,7 +294,7 @@ func ownBackends(t *testing.T) *fakeTimers {
 	t.Helper()
 
 	saved := redisstore.Backends
-	reg := &backendRegistry{ByConfig: lifetime.NewHeldRegistry(redisstore.CloseBackend)}
+	reg := &redisstore.BackendRegistry{ByConfig: lifetime.NewHeldRegistry(redisstore.CloseBackend)}
 	ft := newFakeTimers(reg.ByConfig)
 	redisstore.Backends = reg
 	t.Cleanup(func() { redisstore.Backends = saved })
@@ -310,7 +311,7 @@ func streamOnRedis(addr, timeout string) func(c *Config) {
 		c.Redis.Address = addr
 		c.Redis.Timeout = timeout
 		asACLUser(c)
-		c.IP = LayerConfig{Points: 2, Duration: "60s", Algorithm: "concurrency"}
+		c.IP = config.LayerConfig{Points: 2, Duration: "60s", Algorithm: "concurrency"}
 	})
 }
 

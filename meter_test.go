@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/redisstore"
 	"github.com/tierlimit/tierlimit/request"
 )
@@ -23,7 +24,7 @@ func meteredRoute(source string, reserve int) func(c *Config) {
 	return func(c *Config) {
 		c.Global.Points = 0
 		c.IP.Points = 0
-		c.Routes = []RouteConfig{{
+		c.Routes = []config.RouteConfig{{
 			Name: "llm", Paths: []string{"/v1/"}, Key: "header:X-Api-Key", Points: 1000, Duration: "60s",
 			CostFrom: source, Reserve: reserve,
 		}}
@@ -331,7 +332,7 @@ func TestDisconnectMidStreamChargesWhatWasReported(t *testing.T) {
 func TestReservationIsAllOrNothing(t *testing.T) {
 	h := newHarness(t, func(c *Config) {
 		meteredRoute("header:X-Usage", 600)(c)
-		c.Global = LayerConfig{Points: 3, Duration: "60s"}
+		c.Global = config.LayerConfig{Points: 3, Duration: "60s"}
 	})
 	h.backend = http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
 		rw.Header().Set("X-Usage", "600")
@@ -361,11 +362,11 @@ func TestReservationIsAllOrNothing(t *testing.T) {
 }
 
 func TestCostFromConfiguration(t *testing.T) {
-	route := func(mutate func(r *RouteConfig)) func(c *Config) {
+	route := func(mutate func(r *config.RouteConfig)) func(c *Config) {
 		return func(c *Config) {
-			r := RouteConfig{Name: "llm", Paths: []string{"/v1/"}, Points: 1000, Duration: "60s", CostFrom: "json:usage.total_tokens"}
+			r := config.RouteConfig{Name: "llm", Paths: []string{"/v1/"}, Points: 1000, Duration: "60s", CostFrom: "json:usage.total_tokens"}
 			mutate(&r)
-			c.Routes = []RouteConfig{r}
+			c.Routes = []config.RouteConfig{r}
 		}
 	}
 
@@ -374,24 +375,24 @@ func TestCostFromConfiguration(t *testing.T) {
 		mutate func(c *Config)
 		want   string // "" when valid
 	}{
-		{"json", route(func(r *RouteConfig) {}), ""},
-		{"header and reserve", route(func(r *RouteConfig) { r.CostFrom, r.Reserve = "header:X-Usage", 1000 }), ""},
-		{"bad source", route(func(r *RouteConfig) { r.CostFrom = "body:usage" }), `routes[0].costFrom = "body:usage": must start with "header:" or "json:"`},
-		{"bad header", route(func(r *RouteConfig) { r.CostFrom = "header:X Usage" }), `routes[0].costFrom = "header:X Usage"`},
-		{"reserve past the points", route(func(r *RouteConfig) { r.Reserve = 1001 }), `routes[0].reserve = "1001"`},
-		{"reserve past a burst", route(func(r *RouteConfig) { r.Algorithm, r.Burst, r.Reserve = "tokenbucket", 100, 101 }), `routes[0].reserve = "101"`},
-		{"negative reserve", route(func(r *RouteConfig) { r.Reserve = -1 }), `routes[0].reserve = "-1"`},
-		{"reserve without costFrom", route(func(r *RouteConfig) { r.CostFrom, r.Reserve = "", 5 }), `routes[0].reserve = "5": takes costFrom`},
-		{"with countStatus", route(func(r *RouteConfig) { r.CountStatus = []int{401} }), `routes[0].costFrom = "json:usage.total_tokens": cannot be combined with countStatus`},
-		{"on a route that is off", route(func(r *RouteConfig) { r.Points = 0 }), `routes[0].costFrom`},
-		{"cost past the points charges the other layers", route(func(r *RouteConfig) { r.Points, r.Cost = 10, 20 }), ""},
-		{"on a concurrency route", route(func(r *RouteConfig) { r.Algorithm = "concurrency" }), `routes[0].costFrom = "json:usage.total_tokens": charges points when the response ends`},
+		{"json", route(func(r *config.RouteConfig) {}), ""},
+		{"header and reserve", route(func(r *config.RouteConfig) { r.CostFrom, r.Reserve = "header:X-Usage", 1000 }), ""},
+		{"bad source", route(func(r *config.RouteConfig) { r.CostFrom = "body:usage" }), `routes[0].costFrom = "body:usage": must start with "header:" or "json:"`},
+		{"bad header", route(func(r *config.RouteConfig) { r.CostFrom = "header:X Usage" }), `routes[0].costFrom = "header:X Usage"`},
+		{"reserve past the points", route(func(r *config.RouteConfig) { r.Reserve = 1001 }), `routes[0].reserve = "1001"`},
+		{"reserve past a burst", route(func(r *config.RouteConfig) { r.Algorithm, r.Burst, r.Reserve = "tokenbucket", 100, 101 }), `routes[0].reserve = "101"`},
+		{"negative reserve", route(func(r *config.RouteConfig) { r.Reserve = -1 }), `routes[0].reserve = "-1"`},
+		{"reserve without costFrom", route(func(r *config.RouteConfig) { r.CostFrom, r.Reserve = "", 5 }), `routes[0].reserve = "5": takes costFrom`},
+		{"with countStatus", route(func(r *config.RouteConfig) { r.CountStatus = []int{401} }), `routes[0].costFrom = "json:usage.total_tokens": cannot be combined with countStatus`},
+		{"on a route that is off", route(func(r *config.RouteConfig) { r.Points = 0 }), `routes[0].costFrom`},
+		{"cost past the points charges the other layers", route(func(r *config.RouteConfig) { r.Points, r.Cost = 10, 20 }), ""},
+		{"on a concurrency route", route(func(r *config.RouteConfig) { r.Algorithm = "concurrency" }), `routes[0].costFrom = "json:usage.total_tokens": charges points when the response ends`},
 		{"on a route plan of concurrency", func(c *Config) {
-			route(func(r *RouteConfig) {
-				r.Plans = map[string]PlanConfig{"pro": {Points: 5, Duration: "60s", Algorithm: "concurrency"}}
+			route(func(r *config.RouteConfig) {
+				r.Plans = map[string]config.PlanConfig{"pro": {Points: 5, Duration: "60s", Algorithm: "concurrency"}}
 			})(c)
 			c.Principal.UserHeader, c.Principal.PlanHeader = "X-Auth-User", "X-Auth-Plan"
-			c.Plans = map[string]PlanConfig{"pro": {Points: 5, Duration: "60s"}}
+			c.Plans = map[string]config.PlanConfig{"pro": {Points: 5, Duration: "60s"}}
 		}, `routes[0].costFrom`},
 	} {
 		cfg := CreateConfig()
@@ -476,7 +477,7 @@ func TestStatusShowsReservationsAndSettlements(t *testing.T) {
 func TestReplacedResponseCostsNothing(t *testing.T) {
 	h := newHarness(t, func(c *Config) {
 		meteredRoute("header:X-Usage", 0)(c)
-		c.IP = LayerConfig{Points: 1, Duration: "60s"}
+		c.IP = config.LayerConfig{Points: 1, Duration: "60s"}
 		c.Principal.CredentialHeaders = []string{"Authorization"}
 	})
 	h.backend = http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
@@ -501,13 +502,13 @@ func TestReplacedResponseCostsNothing(t *testing.T) {
 func TestCostFromWithACostAndPlans(t *testing.T) {
 	h := newHarness(t, func(c *Config) {
 		meteredRoute("header:X-Usage", 0)(c)
-		c.Global = LayerConfig{Points: 100, Duration: "60s"}
+		c.Global = config.LayerConfig{Points: 100, Duration: "60s"}
 		c.Principal.UserHeader = "X-Auth-User"
 		c.Principal.PlanHeader = "X-Auth-Plan"
-		c.Plans = map[string]PlanConfig{"pro": {Points: 1000, Duration: "60s"}}
+		c.Plans = map[string]config.PlanConfig{"pro": {Points: 1000, Duration: "60s"}}
 		c.Routes[0].Key = "principal"
 		c.Routes[0].Cost = 5
-		c.Routes[0].Plans = map[string]PlanConfig{"pro": {Points: 5000, Duration: "60s"}}
+		c.Routes[0].Plans = map[string]config.PlanConfig{"pro": {Points: 5000, Duration: "60s"}}
 	})
 	h.backend = http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
 		rw.Header().Set("X-Usage", "2000")
@@ -667,7 +668,7 @@ func meteredShape(seed int64, algorithm string) func(c *Config) {
 
 	return func(c *Config) {
 		meteredRoute("header:X-Usage", reserve)(c)
-		c.Global = LayerConfig{Points: global, Duration: "60s"}
+		c.Global = config.LayerConfig{Points: global, Duration: "60s"}
 		c.Routes[0].Algorithm = algorithm
 		if algorithm == "tokenbucket" {
 			// Redis refills on its own clock, which runs while the test's
@@ -917,7 +918,7 @@ func TestCostFromBesideAConcurrencyLayerOnRedisServer(t *testing.T) {
 
 	h, _ := redisHarness(t, addr, with(meteredRoute("header:X-Usage", 0), func(c *Config) {
 		asACLUser(c)
-		c.IP = LayerConfig{Points: 1, Duration: "60s", Algorithm: "concurrency"}
+		c.IP = config.LayerConfig{Points: 1, Duration: "60s", Algorithm: "concurrency"}
 	}))
 	h.backend = http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
 		rw.Header().Set("X-Usage", "10")
@@ -925,7 +926,7 @@ func TestCostFromBesideAConcurrencyLayerOnRedisServer(t *testing.T) {
 
 	m := newHarness(t, func(c *Config) {
 		meteredRoute("header:X-Usage", 0)(c)
-		c.IP = LayerConfig{Points: 1, Duration: "60s", Algorithm: "concurrency"}
+		c.IP = config.LayerConfig{Points: 1, Duration: "60s", Algorithm: "concurrency"}
 	})
 	m.backend = h.backend
 
@@ -1186,7 +1187,7 @@ func TestAStreamStatingUsageInEveryEventHoldsItsReserve(t *testing.T) {
 func TestAQuietDryRunCostFromRouteGivesTheRestBack(t *testing.T) {
 	mutate := with(meteredRoute("header:X-Usage", 300), func(c *Config) {
 		c.Routes[0].DryRun = true
-		c.IP = LayerConfig{Points: 100, Duration: "60s"}
+		c.IP = config.LayerConfig{Points: 100, Duration: "60s"}
 	})
 
 	for _, w := range meterWorlds(t, mutate) {
@@ -1223,7 +1224,7 @@ func TestCostEventsNameTheMiddlewareOfTheLayer(t *testing.T) {
 	edgeName := "edge-" + h.p.name
 	chainedBefore(t, h, func(c *Config) {
 		c.Global.Points = 0
-		c.IP = LayerConfig{Points: 600, Duration: "60s"}
+		c.IP = config.LayerConfig{Points: 600, Duration: "60s"}
 		c.Principal.CredentialHeaders = []string{"Authorization"}
 	}, edgeName)
 
@@ -1326,7 +1327,7 @@ func TestTheSettlementGoesToTheStoreOfTheLayersMiddleware(t *testing.T) {
 		c.Store = "redis"
 		c.Redis.Address = addr
 		c.Global.Points = 0
-		c.IP = LayerConfig{Points: 600, Duration: "60s"}
+		c.IP = config.LayerConfig{Points: 600, Duration: "60s"}
 		c.Principal.CredentialHeaders = []string{"Authorization"}
 	}, "edge-"+h.p.name)
 
@@ -1352,7 +1353,7 @@ func llmEdge(addr, timeout string) func(c *Config) {
 		c.Redis.Timeout = timeout
 		asACLUser(c)
 		c.Global.Points = 0
-		c.IP = LayerConfig{Points: 50, Duration: "60s"}
+		c.IP = config.LayerConfig{Points: 50, Duration: "60s"}
 		c.Principal.CredentialHeaders = []string{"Authorization"}
 	}
 }
@@ -1363,7 +1364,7 @@ func llmPrincipal(c *Config) {
 	c.Global.Points = 0
 	c.IP.Points = 0
 	c.Principal.UserHeader = "X-Auth-User"
-	c.Routes = []RouteConfig{{
+	c.Routes = []config.RouteConfig{{
 		Name: "tpm", Paths: []string{"/v1/"}, Key: "principal", Points: 1000, Duration: "60s",
 		CostFrom: "json:usage.total_tokens", Reserve: 100,
 	}}

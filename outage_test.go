@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/redisresp"
 	"github.com/tierlimit/tierlimit/redisstore"
 )
@@ -37,7 +38,7 @@ func (s *eventSink) String() string {
 
 // probing gives h's backend (a test's, made without one) the probing
 // goroutine that newBackend gives every backend, and an event sink.
-func probing(t *testing.T, h *harness) (*redisBackend, *eventSink) {
+func probing(t *testing.T, h *harness) (*redisstore.RedisBackend, *eventSink) {
 	t.Helper()
 
 	b := h.p.stores.redis.Backend
@@ -107,7 +108,7 @@ func TestRecoveryIsSeenWithoutTraffic(t *testing.T) {
 		b.Mu.Lock()
 		defer b.Mu.Unlock()
 
-		return b.Backoff >= 4*minBackoff
+		return b.Backoff >= 4*redisstore.MinBackoff
 	})
 
 	if got := fallbackMetric(t, h); got != "1" || strings.Contains(events.String(), "REDIS_RECOVERED") {
@@ -490,7 +491,7 @@ func TestAFailedPaymentIsPaidAtTheNextRecovery(t *testing.T) {
 	redisstore.PayOwed(rs)
 
 	rs.Owed.Mu.Lock()
-	debt := rs.Owed.Debts[owedKey{L: h.p.layers[0], Key: keyFor(h.p.layers[0], client, "", nil)}].Points
+	debt := rs.Owed.Debts[redisstore.OwedKey{L: h.p.layers[0], Key: keyFor(h.p.layers[0], client, "", nil)}].Points
 	rs.Owed.Mu.Unlock()
 
 	if debt != 3 {
@@ -585,7 +586,7 @@ func TestOutageChargesArePaidAtTheirCost(t *testing.T) {
 	proxy := newSwitchProxy(t, addr)
 	h, _ := redisHarness(t, proxy.l.Addr().String(), func(c *Config) {
 		asACLUser(c)
-		c.IP = LayerConfig{Points: 100, Duration: "1h"}
+		c.IP = config.LayerConfig{Points: 100, Duration: "1h"}
 		c.Redis.DialTimeout = "1s"
 		exportRoute(c)
 	})

@@ -15,7 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/events"
+	"github.com/tierlimit/tierlimit/redisstore"
 	"github.com/tierlimit/tierlimit/request"
 )
 
@@ -29,18 +31,18 @@ type shape struct {
 
 // The layers are small so that a short script meets every refusal.
 func smallLayers(c *Config) {
-	c.Global = LayerConfig{Points: 60, Duration: "2s"}
-	c.IP = LayerConfig{Points: 6, Duration: "1s"}
-	c.Assets = AssetsConfig{Points: 8, Duration: "3s", PathPrefixes: []string{"/assets/"}}
-	c.User = LayerConfig{Points: 4, Duration: "2s"}
-	c.Service = LayerConfig{Points: 7, Duration: "3s"}
+	c.Global = config.LayerConfig{Points: 60, Duration: "2s"}
+	c.IP = config.LayerConfig{Points: 6, Duration: "1s"}
+	c.Assets = config.AssetsConfig{Points: 8, Duration: "3s", PathPrefixes: []string{"/assets/"}}
+	c.User = config.LayerConfig{Points: 4, Duration: "2s"}
+	c.Service = config.LayerConfig{Points: 7, Duration: "3s"}
 	c.Principal.InvalidCredentialStatus = []int{401, 404}
 }
 
 func chainEdge(c *Config) {
 	smallLayers(c)
 	c.Principal.CredentialHeaders = []string{"Authorization"}
-	c.Routes = []RouteConfig{
+	c.Routes = []config.RouteConfig{
 		{Name: "auth_login", Methods: []string{"POST"}, Paths: []string{"/auth/login"}, Points: 2, Duration: "3s"},
 		{Name: "email", Methods: []string{"POST", "PUT"}, Paths: []string{"/users/"}, Points: 3, Duration: "2s"},
 	}
@@ -56,7 +58,7 @@ func principalInstance(c *Config) {
 func withPlans(c *Config) {
 	principalInstance(c)
 	c.Principal.PlanHeader = "X-Auth-Plan"
-	c.Plans = map[string]PlanConfig{
+	c.Plans = map[string]config.PlanConfig{
 		"pro":  {Points: 9, Duration: "2s"},
 		"free": {Points: 2, Duration: "3s"},
 		"open": {Points: 0},
@@ -79,14 +81,14 @@ var shapes = []shape{
 	}), modePrincipal},
 	{"chain edge", chainEdge, modeClassify},
 	{"chain edge, any-method route", with(chainEdge, func(c *Config) {
-		c.Routes = append(c.Routes, RouteConfig{Name: "export", Paths: []string{"/export"}, Points: 4, Duration: "2s"})
+		c.Routes = append(c.Routes, config.RouteConfig{Name: "export", Paths: []string{"/export"}, Points: 4, Duration: "2s"})
 	}), modeClassify},
 	{"routes only", with(smallLayers, func(c *Config) {
-		c.Routes = []RouteConfig{{Name: "auth_login", Methods: []string{"POST"}, Paths: []string{"/auth/login"}, Points: 2, Duration: "3s"}}
+		c.Routes = []config.RouteConfig{{Name: "auth_login", Methods: []string{"POST"}, Paths: []string{"/auth/login"}, Points: 2, Duration: "3s"}}
 	}), modeClassify},
 	{"status", with(smallLayers, func(c *Config) { c.Status.Path = "/_tierlimit" }), modeAnonymous},
 	{"principal with routes", with(principalInstance, func(c *Config) {
-		c.Routes = []RouteConfig{{Name: "export", Key: "principal", Paths: []string{"/export"}, Points: 3, Duration: "2s"}}
+		c.Routes = []config.RouteConfig{{Name: "export", Key: "principal", Paths: []string{"/export"}, Points: 3, Duration: "2s"}}
 	}), modeClassify},
 	{"redis", with(smallLayers, func(c *Config) { c.Store = "redis" }), modeRedis},
 	{"dry run", with(chainEdge, func(c *Config) { c.DryRun = true }), modeGeneral},
@@ -110,72 +112,72 @@ var shapes = []shape{
 	}, modeGeneral},
 	{"assets only: a plan can be empty", func(c *Config) {
 		c.Global.Points, c.IP.Points = 0, 0
-		c.Assets = AssetsConfig{Points: 1, Duration: "10s", PathPrefixes: []string{"/assets/"}}
+		c.Assets = config.AssetsConfig{Points: 1, Duration: "10s", PathPrefixes: []string{"/assets/"}}
 	}, modeGeneral},
 	{"ip only, no asset paths", func(c *Config) {
 		c.Global.Points = 0
-		c.IP = LayerConfig{Points: 3, Duration: "1s"}
+		c.IP = config.LayerConfig{Points: 3, Duration: "1s"}
 		c.Assets.PathPrefixes = nil
 	}, modeAnonymous},
 	{"principal with routes, tiers only", with(principalInstance, func(c *Config) {
 		c.Global.Points, c.IP.Points, c.Assets.Points = 0, 0, 0
-		c.Routes = []RouteConfig{{Name: "export", Key: "principal", Paths: []string{"/export"}, Points: 3, Duration: "2s"}}
+		c.Routes = []config.RouteConfig{{Name: "export", Key: "principal", Paths: []string{"/export"}, Points: 3, Duration: "2s"}}
 	}), modeClassify},
 	{"principal with plans", withPlans, modePrincipalPlans},
 	{"principal with plans, global off", with(withPlans, func(c *Config) { c.Global.Points = 0 }), modePrincipalPlans},
 	{"principal with plans and routes", with(withPlans, func(c *Config) {
-		c.Routes = []RouteConfig{{Name: "export", Key: "principal", Paths: []string{"/export"}, Points: 3, Duration: "2s"}}
+		c.Routes = []config.RouteConfig{{Name: "export", Key: "principal", Paths: []string{"/export"}, Points: 3, Duration: "2s"}}
 	}), modeGeneral},
-	{"principal with a sliding plan", with(withPlans, func(c *Config) { c.Plans["pro"] = PlanConfig{Points: 5, Duration: "2s", Algorithm: "sliding"} }), modeGeneral},
+	{"principal with a sliding plan", with(withPlans, func(c *Config) { c.Plans["pro"] = config.PlanConfig{Points: 5, Duration: "2s", Algorithm: "sliding"} }), modeGeneral},
 	{"principal with a token-bucket plan", with(withPlans, func(c *Config) {
-		c.Plans["pro"] = PlanConfig{Points: 5, Duration: "2s", Algorithm: "tokenbucket", Burst: 3}
+		c.Plans["pro"] = config.PlanConfig{Points: 5, Duration: "2s", Algorithm: "tokenbucket", Burst: 3}
 	}), modeGeneral},
 	{"principal, plan header without plans", with(principalInstance, func(c *Config) { c.Principal.PlanHeader = "X-Auth-Plan" }), modePrincipal},
 	{"costed route", with(chainEdge, func(c *Config) {
-		c.Routes = append(c.Routes, RouteConfig{Name: "export", Paths: []string{"/export"}, Points: 9, Duration: "2s", Cost: 3})
+		c.Routes = append(c.Routes, config.RouteConfig{Name: "export", Paths: []string{"/export"}, Points: 9, Duration: "2s", Cost: 3})
 	}), modeClassify},
 	{"costed sliding and token-bucket routes", with(chainEdge, func(c *Config) {
 		c.IP.Algorithm = "sliding"
 		c.Routes = append(c.Routes,
-			RouteConfig{Name: "export", Paths: []string{"/export"}, Points: 9, Duration: "2s", Cost: 2, Algorithm: "sliding"},
-			RouteConfig{Name: "search", Paths: []string{"/export", "/api"}, Points: 1, Duration: "2s", Burst: 6, Cost: 3, Algorithm: "tokenbucket"})
+			config.RouteConfig{Name: "export", Paths: []string{"/export"}, Points: 9, Duration: "2s", Cost: 2, Algorithm: "sliding"},
+			config.RouteConfig{Name: "search", Paths: []string{"/export", "/api"}, Points: 1, Duration: "2s", Burst: 6, Cost: 3, Algorithm: "tokenbucket"})
 	}), modeGeneral},
 	{"countStatus route", with(chainEdge, func(c *Config) {
-		c.Routes = append(c.Routes, RouteConfig{Name: "missing", Paths: []string{"/missing/"}, Points: 2, Duration: "2s", CountStatus: []int{404}})
+		c.Routes = append(c.Routes, config.RouteConfig{Name: "missing", Paths: []string{"/missing/"}, Points: 2, Duration: "2s", CountStatus: []int{404}})
 	}), modeClassify},
 	{"countStatus routes, every algorithm, costed", with(chainEdge, func(c *Config) {
 		c.Routes[0].CountStatus = []int{200}
 		c.Routes = append(c.Routes,
-			RouteConfig{Name: "missing", Paths: []string{"/missing/"}, Points: 4, Duration: "2s", CountStatus: []int{404}, Cost: 2, Algorithm: "sliding"},
-			RouteConfig{Name: "missing_bucket", Paths: []string{"/missing/"}, Points: 1, Duration: "2s", Burst: 3, CountStatus: []int{404, 200}, Algorithm: "tokenbucket"})
+			config.RouteConfig{Name: "missing", Paths: []string{"/missing/"}, Points: 4, Duration: "2s", CountStatus: []int{404}, Cost: 2, Algorithm: "sliding"},
+			config.RouteConfig{Name: "missing_bucket", Paths: []string{"/missing/"}, Points: 1, Duration: "2s", Burst: 3, CountStatus: []int{404, 200}, Algorithm: "tokenbucket"})
 	}), modeClassify},
 	{"blockDuration on a layer and a costed sliding route", with(chainEdge, func(c *Config) {
 		c.IP.BlockDuration = "2h"
-		c.Routes = append(c.Routes, RouteConfig{Name: "export", Paths: []string{"/export"}, Points: 6, Duration: "2s", Cost: 2, Algorithm: "sliding", BlockDuration: "3h"})
+		c.Routes = append(c.Routes, config.RouteConfig{Name: "export", Paths: []string{"/export"}, Points: 6, Duration: "2s", Cost: 2, Algorithm: "sliding", BlockDuration: "3h"})
 	}), modeGeneral},
 	{"dry-run routes, every algorithm", with(chainEdge, func(c *Config) {
 		c.Routes[0].DryRun = true
 		c.Routes = append(c.Routes,
-			RouteConfig{Name: "export", Paths: []string{"/export", "/api"}, Points: 3, Duration: "2s", Algorithm: "sliding", DryRun: true},
-			RouteConfig{Name: "search", Paths: []string{"/export", "/users/"}, Points: 1, Duration: "2s", Burst: 2, Cost: 2, Algorithm: "tokenbucket", DryRun: true},
-			RouteConfig{Name: "missing", Paths: []string{"/missing/"}, Points: 1, Duration: "2s", CountStatus: []int{404}, DryRun: true},
-			RouteConfig{Name: "export_cap", Paths: []string{"/export"}, Points: 4, Duration: "2s"})
+			config.RouteConfig{Name: "export", Paths: []string{"/export", "/api"}, Points: 3, Duration: "2s", Algorithm: "sliding", DryRun: true},
+			config.RouteConfig{Name: "search", Paths: []string{"/export", "/users/"}, Points: 1, Duration: "2s", Burst: 2, Cost: 2, Algorithm: "tokenbucket", DryRun: true},
+			config.RouteConfig{Name: "missing", Paths: []string{"/missing/"}, Points: 1, Duration: "2s", CountStatus: []int{404}, DryRun: true},
+			config.RouteConfig{Name: "export_cap", Paths: []string{"/export"}, Points: 4, Duration: "2s"})
 	}), modeClassify},
 	{"dry-run ip layer and plan", with(withPlans, func(c *Config) {
 		c.IP.DryRun = true
-		c.Plans["free"] = PlanConfig{Points: 2, Duration: "3s", DryRun: true}
+		c.Plans["free"] = config.PlanConfig{Points: 2, Duration: "3s", DryRun: true}
 	}), modeGeneral},
 	// Calendar windows, with a block, a dry run and a cost on them.
 	{"calendar: a day ip layer that blocks, month and day routes", with(chainEdge, func(c *Config) {
-		c.IP = LayerConfig{Points: 6, Calendar: "day", BlockDuration: "2h"}
-		c.Routes[0] = RouteConfig{Name: "auth_login", Methods: []string{"POST"}, Paths: []string{"/auth/login"}, Points: 2, Calendar: "day", UtcOffset: "+07:00", DryRun: true}
-		c.Routes = append(c.Routes, RouteConfig{Name: "export", Paths: []string{"/export"}, Points: 9, Calendar: "month", Cost: 3, BlockDuration: "3h"})
+		c.IP = config.LayerConfig{Points: 6, Calendar: "day", BlockDuration: "2h"}
+		c.Routes[0] = config.RouteConfig{Name: "auth_login", Methods: []string{"POST"}, Paths: []string{"/auth/login"}, Points: 2, Calendar: "day", UtcOffset: "+07:00", DryRun: true}
+		c.Routes = append(c.Routes, config.RouteConfig{Name: "export", Paths: []string{"/export"}, Points: 9, Calendar: "month", Cost: 3, BlockDuration: "3h"})
 	}), modeGeneral},
 	{"calendar plans and routes", with(withPlans, func(c *Config) {
-		c.User = LayerConfig{Points: 4, Calendar: "month"}
-		c.Plans["pro"] = PlanConfig{Points: 9, Calendar: "week", UtcOffset: "-03:30"}
-		c.Plans["free"] = PlanConfig{Points: 2, Calendar: "day", DryRun: true}
-		c.Routes = []RouteConfig{{Name: "export", Key: "principal", Paths: []string{"/export"}, Points: 3, Calendar: "month", Cost: 2}}
+		c.User = config.LayerConfig{Points: 4, Calendar: "month"}
+		c.Plans["pro"] = config.PlanConfig{Points: 9, Calendar: "week", UtcOffset: "-03:30"}
+		c.Plans["free"] = config.PlanConfig{Points: 2, Calendar: "day", DryRun: true}
+		c.Routes = []config.RouteConfig{{Name: "export", Key: "principal", Paths: []string{"/export"}, Points: 3, Calendar: "month", Cost: 2}}
 	}), modeGeneral},
 	{"disabled", with(smallLayers, func(c *Config) { c.Enabled = false }), modeOff},
 	{"every layer off", func(c *Config) {
@@ -247,16 +249,16 @@ func TestChooseModeRedis(t *testing.T) {
 		{"redis, assets off with prefixes", with(redis, func(c *Config) { c.Assets.Points = 0 }), modeGeneral},
 		{"redis, ip off", with(redis, func(c *Config) { c.IP.Points = 0 }), modeGeneral},
 		{"redis sentinel", with(redis, func(c *Config) {
-			c.Redis.Sentinel = &RedisSentinelConfig{MasterName: "m", Addresses: []string{"127.0.0.1:26379"}}
+			c.Redis.Sentinel = &config.RedisSentinelConfig{MasterName: "m", Addresses: []string{"127.0.0.1:26379"}}
 		}), modeRedis},
-		{"redis cluster", with(redis, func(c *Config) { c.Redis.Cluster = &RedisClusterConfig{Addresses: []string{"127.0.0.1:7000"}} }), modeGeneral},
+		{"redis cluster", with(redis, func(c *Config) { c.Redis.Cluster = &config.RedisClusterConfig{Addresses: []string{"127.0.0.1:7000"}} }), modeGeneral},
 		{"redis, dry run", with(redis, func(c *Config) { c.DryRun = true }), modeGeneral},
 		{"redis, headers off", with(redis, func(c *Config) { c.Headers = false }), modeGeneral},
 		{"redis, sliding ip", with(redis, func(c *Config) { c.IP.Algorithm = "sliding" }), modeGeneral},
 		{"redis, token bucket global", with(redis, func(c *Config) { c.Global.Algorithm = "tokenbucket"; c.Global.Burst = 3 }), modeGeneral},
 		{"redis, header-keyed ip", with(redis, func(c *Config) { c.IP.Key = "header:X-Api-Key" }), modeGeneral},
 		{"redis, routes", with(redis, func(c *Config) {
-			c.Routes = []RouteConfig{{Name: "auth_login", Methods: []string{"POST"}, Paths: []string{"/auth/login"}, Points: 2, Duration: "3s"}}
+			c.Routes = []config.RouteConfig{{Name: "auth_login", Methods: []string{"POST"}, Paths: []string{"/auth/login"}, Points: 2, Duration: "3s"}}
 		}), modeGeneral},
 		{"redis, credential header", with(redis, func(c *Config) { c.Principal.CredentialHeaders = []string{"Authorization"} }), modeGeneral},
 		{"redis, principal", with(redis, func(c *Config) { c.Principal.UserHeader = "X-Auth-User" }), modeGeneral},
@@ -342,7 +344,7 @@ func compact(left, resetMs, window, i int64) string {
 func TestServeRedisReadsTheOneIntegerReply(t *testing.T) {
 	srv := newCannedRedis(t, compact(1, 42000, 60000, 1))
 	h, logs := redisHarness(t, srv.l.Addr().String(), func(c *Config) {
-		c.Global = LayerConfig{Points: 100, Duration: "10s"}
+		c.Global = config.LayerConfig{Points: 100, Duration: "10s"}
 	})
 
 	if h.p.mode != modeRedis {
@@ -357,7 +359,7 @@ func TestServeRedisReadsTheOneIntegerReply(t *testing.T) {
 		t.Fatalf("%d %v, want ip with 1 left, reset in 42s", rec.Code, rec.Header())
 	}
 
-	sum := sha1.Sum([]byte(takeScript))
+	sum := sha1.Sum([]byte(redisstore.TakeScript))
 	want := []string{"EVALSHA", hex.EncodeToString(sum[:]), "2", h.p.fast.store.Prefix + "global:global", h.p.fast.store.Prefix + "ip:203.0.113.9",
 		"2", "1", "100", "10000", "0", "0", "3", "60000", "0", "0"}
 	srv.mu.Lock()
@@ -390,7 +392,7 @@ func TestServeRedisRejectsIntegersOutOfRange(t *testing.T) {
 	} {
 		srv := newCannedRedis(t, reply)
 		h, logs := redisHarness(t, srv.l.Addr().String(), func(c *Config) {
-			c.Global = LayerConfig{Points: 100, Duration: "10s"}
+			c.Global = config.LayerConfig{Points: 100, Duration: "10s"}
 		})
 
 		rec := h.get("/api", "203.0.113.9:1")
@@ -465,8 +467,8 @@ func TestMixedPathShowsTheLayerWithFewestLeft(t *testing.T) {
 		{"equal: the first", 10, 10, `"global";q=10;`, "9"},
 	} {
 		h, _ := redisHarness(t, addr, func(cfg *Config) {
-			cfg.Global = LayerConfig{Points: c.global, Duration: "1h", Store: "memory"}
-			cfg.IP = LayerConfig{Points: c.ip, Duration: "1h"}
+			cfg.Global = config.LayerConfig{Points: c.global, Duration: "1h", Store: "memory"}
+			cfg.IP = config.LayerConfig{Points: c.ip, Duration: "1h"}
 		})
 
 		if _, ok := h.h.(*mixedPath); !ok {
@@ -494,10 +496,10 @@ func TestMixedPathOnACluster(t *testing.T) {
 
 	h := newHarness(t, func(c *Config) {
 		c.Store = "redis"
-		c.Redis.Cluster = &RedisClusterConfig{Addresses: []string{addr}}
+		c.Redis.Cluster = &config.RedisClusterConfig{Addresses: []string{addr}}
 		c.Redis.Timeout = "2s"
-		c.Global = LayerConfig{Points: 100, Duration: "1h", Store: "memory"}
-		c.IP = LayerConfig{Points: 2, Duration: "1h"}
+		c.Global = config.LayerConfig{Points: 100, Duration: "1h", Store: "memory"}
+		c.IP = config.LayerConfig{Points: 2, Duration: "1h"}
 	})
 
 	if _, ok := h.h.(*mixedPath); !ok {
@@ -542,8 +544,8 @@ func TestMixedPathOnACluster(t *testing.T) {
 func TestRoutedFastPathGivesBackWhatARefusalCharged(t *testing.T) {
 	h := newHarness(t, func(c *Config) {
 		c.Global.Points = 0
-		c.IP = LayerConfig{Points: 10, Duration: "1h"}
-		c.Routes = []RouteConfig{{Name: "export", Key: "ip", Paths: []string{"/export"}, Points: 5, Duration: "1h", Cost: 3}}
+		c.IP = config.LayerConfig{Points: 10, Duration: "1h"}
+		c.Routes = []config.RouteConfig{{Name: "export", Key: "ip", Paths: []string{"/export"}, Points: 5, Duration: "1h", Cost: 3}}
 	})
 
 	if !routedFastEligible(h.p) {
@@ -573,7 +575,7 @@ func TestRoutedFastPathGivesBackWhatARefusalCharged(t *testing.T) {
 func TestCountedFastPathLeavesACheckedRouteAlone(t *testing.T) {
 	h := newHarness(t, func(c *Config) {
 		loginConfig(c)
-		c.Routes = append(c.Routes, RouteConfig{Name: "login_any", Methods: []string{"POST"}, Paths: []string{"/login"}, Points: 2, Duration: "60s"})
+		c.Routes = append(c.Routes, config.RouteConfig{Name: "login_any", Methods: []string{"POST"}, Paths: []string{"/login"}, Points: 2, Duration: "60s"})
 	})
 	h.p.next = loginBackend
 
@@ -597,7 +599,7 @@ func TestCountedFastPathLeavesACheckedRouteAlone(t *testing.T) {
 // "/login/" cannot walk around the limit of "/login".
 func TestRouteExactPathMatchesWithATrailingSlash(t *testing.T) {
 	h := newHarness(t, func(c *Config) {
-		c.Routes = []RouteConfig{{Name: "login", Key: "ip", Paths: []string{"/login"}, Points: 1, Duration: "1h"}}
+		c.Routes = []config.RouteConfig{{Name: "login", Key: "ip", Paths: []string{"/login"}, Points: 1, Duration: "1h"}}
 	})
 
 	if rec := h.get("/login", "203.0.113.8:1"); rec.Code != http.StatusOK {
@@ -616,9 +618,9 @@ func routePlugin(t *testing.T, edit func(*Config)) *harness {
 
 	return newHarness(t, func(cfg *Config) {
 		cfg.Global.Points = 0
-		cfg.IP = LayerConfig{Points: 1000, Duration: "60s"}
+		cfg.IP = config.LayerConfig{Points: 1000, Duration: "60s"}
 		cfg.Assets.PathPrefixes = []string{"/assets/"}
-		cfg.Routes = []RouteConfig{{Name: "auth_login", Methods: []string{"POST"}, Paths: []string{"/auth/login"}, Key: "ip", Points: 2, Duration: "60s"}}
+		cfg.Routes = []config.RouteConfig{{Name: "auth_login", Methods: []string{"POST"}, Paths: []string{"/auth/login"}, Key: "ip", Points: 2, Duration: "60s"}}
 
 		if edit != nil {
 			edit(cfg)
@@ -821,7 +823,7 @@ func benchServe(b *testing.B, h http.Handler) {
 
 func benchPlugin(b *testing.B, mutate func(c *Config)) http.Handler {
 	cfg := CreateConfig()
-	cfg.Global = LayerConfig{Points: 1000000000, Duration: "1s"}
+	cfg.Global = config.LayerConfig{Points: 1000000000, Duration: "1s"}
 
 	if mutate != nil {
 		mutate(cfg)
@@ -850,7 +852,7 @@ func BenchmarkEdge(b *testing.B) {
 }
 
 func BenchmarkEdgeRefused(b *testing.B) {
-	benchServe(b, benchPlugin(b, func(c *Config) { c.IP = LayerConfig{Points: 1, Duration: "1h"} }))
+	benchServe(b, benchPlugin(b, func(c *Config) { c.IP = config.LayerConfig{Points: 1, Duration: "1h"} }))
 }
 
 func BenchmarkEdgeParallel(b *testing.B) {

@@ -13,14 +13,14 @@ import (
 // service 4/60s, plans free 5/60s and pro 20/60s, and open, a plan with
 // limiting off.
 func planConfig(c *Config) {
-	c.Global = LayerConfig{Points: 1000, Duration: "60s"}
+	c.Global = config.LayerConfig{Points: 1000, Duration: "60s"}
 	c.IP.Points = 0
 	c.Assets.Points = 0
-	c.User = LayerConfig{Points: 3, Duration: "60s"}
-	c.Service = LayerConfig{Points: 4, Duration: "60s"}
+	c.User = config.LayerConfig{Points: 3, Duration: "60s"}
+	c.Service = config.LayerConfig{Points: 4, Duration: "60s"}
 	c.Principal.UserHeader = "X-Auth-User"
 	c.Principal.PlanHeader = "X-Auth-Plan"
-	c.Plans = map[string]PlanConfig{
+	c.Plans = map[string]config.PlanConfig{
 		"free": {Points: 5, Duration: "60s"},
 		"pro":  {Points: 20, Duration: "60s"},
 		"open": {Points: 0},
@@ -33,25 +33,25 @@ func TestPlanConfigErrors(t *testing.T) {
 		set  func(c *Config)
 		want string
 	}{
-		{"negative points", func(c *Config) { c.Plans["pro"] = PlanConfig{Points: -1, Duration: "60s"} },
+		{"negative points", func(c *Config) { c.Plans["pro"] = config.PlanConfig{Points: -1, Duration: "60s"} },
 			`plans.pro.points = "-1": must be >= 0`},
-		{"bad duration", func(c *Config) { c.Plans["pro"] = PlanConfig{Points: 5, Duration: "soon"} },
+		{"bad duration", func(c *Config) { c.Plans["pro"] = config.PlanConfig{Points: 5, Duration: "soon"} },
 			`plans.pro.duration = "soon": not a duration`},
-		{"no duration", func(c *Config) { c.Plans["pro"] = PlanConfig{Points: 5} }, `plans.pro.duration = "": not a duration`},
-		{"bad algorithm", func(c *Config) { c.Plans["pro"] = PlanConfig{Points: 5, Duration: "1s", Algorithm: "leaky"} },
+		{"no duration", func(c *Config) { c.Plans["pro"] = config.PlanConfig{Points: 5} }, `plans.pro.duration = "": not a duration`},
+		{"bad algorithm", func(c *Config) { c.Plans["pro"] = config.PlanConfig{Points: 5, Duration: "1s", Algorithm: "leaky"} },
 			`plans.pro.algorithm = "leaky"`},
-		{"burst on a window", func(c *Config) { c.Plans["pro"] = PlanConfig{Points: 5, Duration: "1s", Burst: 9} },
+		{"burst on a window", func(c *Config) { c.Plans["pro"] = config.PlanConfig{Points: 5, Duration: "1s", Burst: 9} },
 			`plans.pro.burst = "9": only algorithm "tokenbucket" takes a burst`},
-		{"bad name", func(c *Config) { c.Plans["pro plus"] = PlanConfig{Points: 5, Duration: "1s"} },
+		{"bad name", func(c *Config) { c.Plans["pro plus"] = config.PlanConfig{Points: 5, Duration: "1s"} },
 			`plans = "pro plus": a plan's name must be 1-64 characters`},
-		{"built-in name", func(c *Config) { c.Plans["user"] = PlanConfig{Points: 5, Duration: "1s"} },
+		{"built-in name", func(c *Config) { c.Plans["user"] = config.PlanConfig{Points: 5, Duration: "1s"} },
 			`plans = "user": is the name of a built-in layer`},
-		{"connection cap's name", func(c *Config) { c.Plans["websocket"] = PlanConfig{Points: 5, Duration: "1s"} },
+		{"connection cap's name", func(c *Config) { c.Plans["websocket"] = config.PlanConfig{Points: 5, Duration: "1s"} },
 			`plans = "websocket": is the name of a built-in layer`},
 		{"route's name", func(c *Config) {
-			c.Routes = []RouteConfig{{Name: "pro", Paths: []string{"/x"}, Points: 1, Duration: "1s"}}
+			c.Routes = []config.RouteConfig{{Name: "pro", Paths: []string{"/x"}, Points: 1, Duration: "1s"}}
 		}, `plans = "pro": is the name of a route`},
-		{"names differing in case", func(c *Config) { c.Plans["Pro"] = PlanConfig{Points: 5, Duration: "1s"} },
+		{"names differing in case", func(c *Config) { c.Plans["Pro"] = config.PlanConfig{Points: 5, Duration: "1s"} },
 			`plans = "pro": differs only in case from another plan`},
 		{"plans without a plan header", func(c *Config) { c.Principal.PlanHeader = "" },
 			`principal.planHeader = "": plans are set but no header names a principal's plan`},
@@ -64,10 +64,10 @@ func TestPlanConfigErrors(t *testing.T) {
 		{"maxTracked counts plans", func(c *Config) { c.MaxTracked = 4 },
 			`maxTracked = "4": must be at least 5, one counter for each layer that is on (global, user, service, free, pro)`},
 		{"unknown key in a plan", func(c *Config) {
-			c.Plans["pro"] = PlanConfig{Points: 5, Duration: "1s", Unknown: map[string]interface{}{"pointz": "5"}}
+			c.Plans["pro"] = config.PlanConfig{Points: 5, Duration: "1s", Unknown: map[string]interface{}{"pointz": "5"}}
 		}, `unknown field "plans.pro.pointz" (did you mean "plans.pro.points"?)`},
 		{"a plan takes no key", func(c *Config) {
-			c.Plans["pro"] = PlanConfig{Points: 5, Duration: "1s", Unknown: map[string]interface{}{"key": "host"}}
+			c.Plans["pro"] = config.PlanConfig{Points: 5, Duration: "1s", Unknown: map[string]interface{}{"key": "host"}}
 		}, `unknown field "plans.pro.key"`},
 	}
 
@@ -299,12 +299,12 @@ func TestLowerCasePlanHeaderFindsThePlan(t *testing.T) {
 // principals on the pro plan (routes[].plans), after ForwardAuth.
 func routePlanConfig(c *Config) {
 	c.Global.Points = 0
-	c.User = LayerConfig{Points: 100, Duration: "60s"}
+	c.User = config.LayerConfig{Points: 100, Duration: "60s"}
 	c.Principal.UserHeader = "X-Auth-User"
 	c.Principal.PlanHeader = "X-Auth-Plan"
-	c.Routes = []RouteConfig{{
+	c.Routes = []config.RouteConfig{{
 		Name: "chat", Paths: []string{"/v1/chat"}, Key: "header:X-Api-Key", Points: 2, Duration: "60s",
-		Plans: map[string]PlanConfig{"pro": {Points: 5, Duration: "60s"}},
+		Plans: map[string]config.PlanConfig{"pro": {Points: 5, Duration: "60s"}},
 	}}
 }
 
@@ -372,28 +372,28 @@ func TestRoutePlanConfigErrors(t *testing.T) {
 	}{
 		{"no plan header", func(c *Config) { c.Principal.PlanHeader = "" },
 			`principal.planHeader = "": routes[0].plans is set but no header names a principal's plan`},
-		{"bad plan name", func(c *Config) { c.Routes[0].Plans["pro plus"] = PlanConfig{Points: 5, Duration: "60s"} },
+		{"bad plan name", func(c *Config) { c.Routes[0].Plans["pro plus"] = config.PlanConfig{Points: 5, Duration: "60s"} },
 			`routes[0].plans = "pro plus": a plan's name must be`},
-		{"bad duration", func(c *Config) { c.Routes[0].Plans["pro"] = PlanConfig{Points: 5, Duration: "soon"} },
+		{"bad duration", func(c *Config) { c.Routes[0].Plans["pro"] = config.PlanConfig{Points: 5, Duration: "soon"} },
 			`routes[0].plans.pro.duration = "soon": not a duration`},
 		{"below the route's cost", func(c *Config) {
 			c.Routes[0].Cost = 3
-			c.Routes[0].Plans["pro"] = PlanConfig{Points: 2, Duration: "60s"}
+			c.Routes[0].Plans["pro"] = config.PlanConfig{Points: 2, Duration: "60s"}
 			c.Routes[0].Points = 10
 		}, `routes[0].plans.pro.points = "2": holds less than the route's cost, 3`},
 		{"a route's name", func(c *Config) {
-			c.Routes = append(c.Routes, RouteConfig{Name: "chat.pro", Paths: []string{"/x"}, Points: 1, Duration: "1s"})
+			c.Routes = append(c.Routes, config.RouteConfig{Name: "chat.pro", Paths: []string{"/x"}, Points: 1, Duration: "1s"})
 		}, `routes[0].plans = "chat.pro": is the name of a route`},
 		{"a sliding plan with syncInterval", func(c *Config) {
 			c.Store = "redis"
 			c.Redis.Address = "127.0.0.1:6379"
 			c.Redis.SyncInterval = "100ms"
-			c.Routes[0].Plans["pro"] = PlanConfig{Points: 5, Duration: "60s", Algorithm: "sliding"}
+			c.Routes[0].Plans["pro"] = config.PlanConfig{Points: 5, Duration: "60s", Algorithm: "sliding"}
 		}, `redis.syncInterval = "100ms"`},
 		{"a plan on a route that is off", func(c *Config) { c.Routes[0].Points = 0 },
 			`routes[0].plans.pro.points = "5": is ignored on a route with points 0 (off), which matches nothing`},
 		{"unknown key", func(c *Config) {
-			c.Routes[0].Plans["pro"] = PlanConfig{Points: 5, Duration: "60s", Unknown: map[string]interface{}{"pointz": 5}}
+			c.Routes[0].Plans["pro"] = config.PlanConfig{Points: 5, Duration: "60s", Unknown: map[string]interface{}{"pointz": 5}}
 		}, `unknown field "routes[0].plans.pro.pointz"`},
 	} {
 		cfg := CreateConfig()
@@ -420,17 +420,17 @@ func TestARoutePlanOfPointsZeroHasNoLimitOnTheRoute(t *testing.T) {
 
 	for _, shape := range []struct {
 		name string
-		set  func(rc *RouteConfig)
+		set  func(rc *config.RouteConfig)
 	}{
-		{"up front", func(rc *RouteConfig) {}},
-		{"countStatus", func(rc *RouteConfig) { rc.CountStatus = []int{200} }},
-		{"costFrom", func(rc *RouteConfig) { rc.CostFrom = "header:X-Usage" }},
+		{"up front", func(rc *config.RouteConfig) {}},
+		{"countStatus", func(rc *config.RouteConfig) { rc.CountStatus = []int{200} }},
+		{"costFrom", func(rc *config.RouteConfig) { rc.CostFrom = "header:X-Usage" }},
 	} {
 		mutate := func(c *Config) {
 			routePlanConfig(c)
 			c.Status.Path = "/_rl"
 			shape.set(&c.Routes[0])
-			c.Routes[0].Plans["free"] = PlanConfig{Points: 0}
+			c.Routes[0].Plans["free"] = config.PlanConfig{Points: 0}
 		}
 
 		redis, _ := redisHarness(t, addr, mutate)

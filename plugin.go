@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/tierlimit/tierlimit/config"
+	"github.com/tierlimit/tierlimit/events"
+	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/request"
 )
 
@@ -18,11 +20,11 @@ type Plugin struct {
 	name   string
 	now    func() time.Time
 	mode   mode
-	events *eventLog
+	events *events.EventLog
 
 	ips    *request.Resolver
-	stores *stores      // where each layer counts (stores.go)
-	memory *windowStore // the memory store, or the redis store's fallback (stores.memory)
+	stores *stores               // where each layer counts (stores.go)
+	memory *memstore.WindowStore // the memory store, or the redis store's fallback (stores.memory)
 
 	layers []*layer // every layer that is on, in evaluation order (status, metrics)
 	routes []*route
@@ -194,26 +196,11 @@ func (p *Plugin) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 }
 
 // The configuration is package config (config/): the schema and its
-// defaults, their parsing and validation into config.Settings. This file
-// gives Traefik the root's Config and CreateConfig; build.go adds to
-// config's catalogue of built-in layers what each charges.
-
-// The schema lives in config/; these names keep the root's code as it was.
-type (
-	Config              = config.Config
-	LayerConfig         = config.LayerConfig
-	AssetsConfig        = config.AssetsConfig
-	RouteConfig         = config.RouteConfig
-	PlanConfig          = config.PlanConfig
-	PrincipalConfig     = config.PrincipalConfig
-	RedisConfig         = config.RedisConfig
-	RedisSentinelConfig = config.RedisSentinelConfig
-	RedisClusterConfig  = config.RedisClusterConfig
-	WebsocketConfig     = config.WebsocketConfig
-	StatusConfig        = config.StatusConfig
-	ExemptConfig        = config.ExemptConfig
-	ResponseConfig      = config.ResponseConfig
-)
+// defaults, their parsing and validation into config.Settings. Config is
+// its schema as Traefik's plugin loader asks for it (CreateConfig and New
+// name it); build.go adds to config's catalogue of built-in layers what
+// each charges.
+type Config = config.Config
 
 // CreateConfig returns the defaults README.md documents (config.Defaults);
 // Traefik decodes the user's settings over it.

@@ -129,7 +129,7 @@ func (h *harness) get(target, remote string) *httptest.ResponseRecorder {
 func onlyIP(points int, duration string) func(c *Config) {
 	return func(c *Config) {
 		c.Global.Points = 0
-		c.IP = LayerConfig{Points: points, Duration: duration}
+		c.IP = config.LayerConfig{Points: points, Duration: duration}
 	}
 }
 
@@ -234,7 +234,7 @@ func TestRetryAfterIsNeverZero(t *testing.T) {
 }
 
 func TestHeadersOnAllowedAndDownstreamErrors(t *testing.T) {
-	h := newHarness(t, func(c *Config) { c.Global = LayerConfig{Points: 1000, Duration: "1s"} })
+	h := newHarness(t, func(c *Config) { c.Global = config.LayerConfig{Points: 1000, Duration: "1s"} })
 
 	for _, path := range []string{"/ok", "/missing"} {
 		rec := h.get(path, "203.0.113.9:1")
@@ -256,8 +256,8 @@ func TestHeadersOnAllowedAndDownstreamErrors(t *testing.T) {
 
 func TestMostRestrictiveIsTheLowestRemaining(t *testing.T) {
 	h := newHarness(t, func(c *Config) {
-		c.Global = LayerConfig{Points: 5, Duration: "1s"}
-		c.IP = LayerConfig{Points: 50, Duration: "1s"}
+		c.Global = config.LayerConfig{Points: 5, Duration: "1s"}
+		c.IP = config.LayerConfig{Points: 50, Duration: "1s"}
 	})
 
 	for i := 0; i < 3; i++ {
@@ -283,7 +283,7 @@ func TestHeadersOff(t *testing.T) {
 }
 
 func TestGlobalLayerCountsEveryone(t *testing.T) {
-	h := newHarness(t, func(c *Config) { c.Global = LayerConfig{Points: 3, Duration: "1s"} })
+	h := newHarness(t, func(c *Config) { c.Global = config.LayerConfig{Points: 3, Duration: "1s"} })
 
 	for i := 0; i < 3; i++ {
 		if rec := h.get("/", "203.0.113."+strconv.Itoa(i)+":1"); rec.Code != http.StatusOK {
@@ -305,8 +305,8 @@ func TestGlobalLayerCountsEveryone(t *testing.T) {
 func TestAssetsHaveTheirOwnBudget(t *testing.T) {
 	h := newHarness(t, func(c *Config) {
 		c.Global.Points = 0
-		c.IP = LayerConfig{Points: 2, Duration: "1s"}
-		c.Assets = AssetsConfig{Points: 5, Duration: "1s", PathPrefixes: []string{"/assets/", "/static/"}}
+		c.IP = config.LayerConfig{Points: 2, Duration: "1s"}
+		c.Assets = config.AssetsConfig{Points: 5, Duration: "1s", PathPrefixes: []string{"/assets/", "/static/"}}
 	})
 
 	for i := 0; i < 5; i++ {
@@ -345,8 +345,8 @@ func TestAssetsHaveTheirOwnBudget(t *testing.T) {
 func TestRoutes(t *testing.T) {
 	h := newHarness(t, func(c *Config) {
 		c.Global.Points = 0
-		c.IP = LayerConfig{Points: 1000, Duration: "1s"}
-		c.Routes = []RouteConfig{
+		c.IP = config.LayerConfig{Points: 1000, Duration: "1s"}
+		c.Routes = []config.RouteConfig{
 			{Name: "auth_login", Methods: []string{"post"}, Paths: []string{"/auth/login"}, Key: "ip", Points: 10, Duration: "60s"},
 			{Name: "email", Methods: []string{"POST"}, Paths: []string{"/auth/password/request", "/users/invite/"}, Points: 2, Duration: "60s"},
 			{Name: "exports", Paths: []string{"/export"}, Key: "global", Points: 1, Duration: "60s"},
@@ -401,7 +401,7 @@ func TestRoutes(t *testing.T) {
 func TestCredentialedRequestsAreNotChargedToIPUpFront(t *testing.T) {
 	h := newHarness(t, func(c *Config) {
 		c.Global.Points = 0
-		c.IP = LayerConfig{Points: 1, Duration: "1s"}
+		c.IP = config.LayerConfig{Points: 1, Duration: "1s"}
 		c.Principal.CredentialHeaders = []string{"authorization"}
 		c.Principal.CredentialCookies = []string{"session"}
 		c.Principal.CredentialQueryParams = []string{"access_token"}
@@ -451,9 +451,9 @@ func TestCredentialedRequestsAreNotChargedToIPUpFront(t *testing.T) {
 func TestDryRunNeverRefuses(t *testing.T) {
 	h := newHarness(t, func(c *Config) {
 		c.DryRun = true
-		c.Global = LayerConfig{Points: 3, Duration: "1s"}
-		c.IP = LayerConfig{Points: 2, Duration: "1s"}
-		c.Routes = []RouteConfig{{Name: "login", Paths: []string{"/login"}, Points: 1, Duration: "1s"}}
+		c.Global = config.LayerConfig{Points: 3, Duration: "1s"}
+		c.IP = config.LayerConfig{Points: 2, Duration: "1s"}
+		c.Routes = []config.RouteConfig{{Name: "login", Paths: []string{"/login"}, Points: 1, Duration: "1s"}}
 	})
 
 	for i := 1; i <= 10; i++ {
@@ -603,12 +603,12 @@ func pluginOf(h http.Handler) *Plugin {
 // others are limited; the global layer still counts them unless exempt.global.
 func TestExemptClientsAreNotCharged(t *testing.T) {
 	h := newHarness(t, func(c *Config) {
-		c.Global = LayerConfig{Points: 1000, Duration: "1s"}
-		c.IP = LayerConfig{Points: 5, Duration: "1s"}
-		c.User = LayerConfig{Points: 5, Duration: "1s"}
+		c.Global = config.LayerConfig{Points: 1000, Duration: "1s"}
+		c.IP = config.LayerConfig{Points: 5, Duration: "1s"}
+		c.User = config.LayerConfig{Points: 5, Duration: "1s"}
 		c.Principal.UserHeader = "X-Auth-User"
-		c.Routes = []RouteConfig{{Name: "login", Paths: []string{"/login"}, Points: 1, Duration: "1s"}}
-		c.Exempt = ExemptConfig{IPs: []string{"198.51.100.0/24"}, Principals: []string{"health-bot"}}
+		c.Routes = []config.RouteConfig{{Name: "login", Paths: []string{"/login"}, Points: 1, Duration: "1s"}}
+		c.Exempt = config.ExemptConfig{IPs: []string{"198.51.100.0/24"}, Principals: []string{"health-bot"}}
 	})
 
 	send := func(remote string, hdr map[string]string, path string) (ok int) {
@@ -656,8 +656,8 @@ func TestExemptClientsAreNotCharged(t *testing.T) {
 
 func TestExemptGlobal(t *testing.T) {
 	h := newHarness(t, func(c *Config) {
-		c.Global = LayerConfig{Points: 3, Duration: "1s"}
-		c.Exempt = ExemptConfig{IPs: []string{"::1/128", "192.0.2.1"}, Global: true}
+		c.Global = config.LayerConfig{Points: 3, Duration: "1s"}
+		c.Exempt = config.ExemptConfig{IPs: []string{"::1/128", "192.0.2.1"}, Global: true}
 	})
 
 	for i := 0; i < 30; i++ {
@@ -685,8 +685,8 @@ func TestExemptGlobal(t *testing.T) {
 func TestHeaderKeys(t *testing.T) {
 	h := newHarness(t, func(c *Config) {
 		c.Global.Points = 0
-		c.IP = LayerConfig{Points: 3, Duration: "1s", Key: "header:x-api-key"}
-		c.Routes = []RouteConfig{{Name: "export", Paths: []string{"/export"}, Points: 1, Duration: "1s", Key: "header:X-Api-Key"}}
+		c.IP = config.LayerConfig{Points: 3, Duration: "1s", Key: "header:x-api-key"}
+		c.Routes = []config.RouteConfig{{Name: "export", Paths: []string{"/export"}, Points: 1, Duration: "1s", Key: "header:X-Api-Key"}}
 	})
 
 	count := func(path, key, remote string) (ok int) {
@@ -742,7 +742,7 @@ func TestHeaderKeys(t *testing.T) {
 func TestConfiguredRefusal(t *testing.T) {
 	h := newHarness(t, func(c *Config) {
 		onlyIP(2, "90s")(c)
-		c.Response = ResponseConfig{
+		c.Response = config.ResponseConfig{
 			StatusCode:  http.StatusServiceUnavailable,
 			ContentType: "application/problem+json",
 			Body: `{"error":"rate_limited","layer":"{layer}","limit":{limit},"remaining":{remaining},` +
@@ -795,7 +795,7 @@ func TestSeedStyleBody(t *testing.T) {
 func TestSlidingThroughThePlugin(t *testing.T) {
 	h := newHarness(t, func(c *Config) {
 		c.Global.Points = 0
-		c.IP = LayerConfig{Points: 4, Duration: "10s", Algorithm: "sliding"}
+		c.IP = config.LayerConfig{Points: 4, Duration: "10s", Algorithm: "sliding"}
 	})
 
 	for i := 0; i < 4; i++ {

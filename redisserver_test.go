@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/redisresp"
 	"github.com/tierlimit/tierlimit/redisstore"
 )
@@ -159,7 +160,7 @@ func serverState(t *testing.T, p *redisresp.Pool) string {
 
 // scriptCharge runs takeScript for layers with a cost, as takeRedis does for a cost
 // of 1, and returns the outcome.
-func scriptCharge(t *testing.T, s *redisStore, layers []*layer, client string, cost int64) tally {
+func scriptCharge(t *testing.T, s *redisstore.RedisStore, layers []*layer, client string, cost int64) tally {
 	t.Helper()
 
 	ints, serverErr, err := redisstore.CallFor(s, len(layers)).RunIntsOn(s.Backend.Pool, redisstore.EncodeCall(chargeOf(layers, client, "", nil, time.Now().UnixNano(), false), redisstore.ArgStopAtRefusal, cost))
@@ -177,12 +178,12 @@ func scriptCharge(t *testing.T, s *redisStore, layers []*layer, client string, c
 
 // algorithmLayer is a layer of points with algorithm, an hour long; a token
 // bucket's burst is points.
-func algorithmLayer(algorithm string, points int) LayerConfig {
+func algorithmLayer(algorithm string, points int) config.LayerConfig {
 	if algorithm == "tokenbucket" {
-		return LayerConfig{Points: 1, Duration: "1h", Algorithm: algorithm, Burst: points}
+		return config.LayerConfig{Points: 1, Duration: "1h", Algorithm: algorithm, Burst: points}
 	}
 
-	return LayerConfig{Points: points, Duration: "1h", Algorithm: algorithm}
+	return config.LayerConfig{Points: points, Duration: "1h", Algorithm: algorithm}
 }
 
 // TestCostIsChargedWholeOnRedisServer: a request of cost 3 counts 3 in each

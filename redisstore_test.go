@@ -16,8 +16,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tierlimit/tierlimit/config"
+	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/redisresp"
 	"github.com/tierlimit/tierlimit/redisstore"
+	"github.com/tierlimit/tierlimit/rule"
 )
 
 // cannedRedis answers every command with reply (raw RESP) and counts commands.
@@ -128,7 +131,7 @@ func redisHarness(t *testing.T, addr string, mutate func(c *Config)) (*harness, 
 		c.Redis.Address = addr
 		c.Redis.Timeout = "1s"
 		c.Global.Points = 0
-		c.IP = LayerConfig{Points: 3, Duration: "60s"}
+		c.IP = config.LayerConfig{Points: 3, Duration: "60s"}
 
 		if mutate != nil {
 			mutate(c)
@@ -144,7 +147,7 @@ func redisHarness(t *testing.T, addr string, mutate func(c *Config)) (*harness, 
 
 	logs := &bytes.Buffer{}
 	pool := redisresp.NewPool(s.Redis)
-	h.p.stores.redis.Backend = &redisBackend{Pool: pool, Single: pool, Address: addr, Log: logs}
+	h.p.stores.redis.Backend = &redisstore.RedisBackend{Pool: pool, Single: pool, Address: addr, Log: logs}
 
 	return h, logs
 }
@@ -176,7 +179,7 @@ func TestRedisDownIsDecidedInMemoryWithTheSameLimits(t *testing.T) {
 
 func TestBackoffGrowsWhileProbesFailAndEndsOnSuccess(t *testing.T) {
 	logs := &bytes.Buffer{}
-	b := &redisBackend{Address: "test", Log: logs}
+	b := &redisstore.RedisBackend{Address: "test", Log: logs}
 	ms := int64(time.Millisecond)
 	now := t0
 
@@ -248,7 +251,7 @@ func TestMalformedRedisRepliesAreDecidedInMemory(t *testing.T) {
 		srv := newCannedRedis(t, reply)
 		h, _ := redisHarness(t, srv.l.Addr().String(), func(c *Config) {
 			c.Redis.Timeout = "200ms"
-			c.Global = LayerConfig{Points: 100, Duration: "60s"}
+			c.Global = config.LayerConfig{Points: 100, Duration: "60s"}
 		})
 
 		rec := h.get("/api", "203.0.113.9:1")
@@ -304,7 +307,7 @@ func TestDryRunWithRedisChargesEveryLayerAndNeverBlocks(t *testing.T) {
 	srv := newCannedRedis(t, "*4\r\n:1001\r\n:500\r\n:9\r\n:50000\r\n")
 	h, _ := redisHarness(t, srv.l.Addr().String(), func(c *Config) {
 		c.DryRun = true
-		c.Global = LayerConfig{Points: 1000, Duration: "1s"}
+		c.Global = config.LayerConfig{Points: 1000, Duration: "1s"}
 	})
 
 	for i := 0; i < 3; i++ {
@@ -327,8 +330,8 @@ func TestRedisKeysAndArguments(t *testing.T) {
 	srv := newCannedRedis(t, "*6\r\n:1\r\n:1000\r\n:1\r\n:60000\r\n:1\r\n:60000\r\n")
 	h, _ := redisHarness(t, srv.l.Addr().String(), func(c *Config) {
 		c.KeyPrefix = "rl"
-		c.Global = LayerConfig{Points: 1000, Duration: "1s"}
-		c.Routes = []RouteConfig{{Name: "auth_login", Paths: []string{"/auth/login"}, Points: 10, Duration: "60s"}}
+		c.Global = config.LayerConfig{Points: 1000, Duration: "1s"}
+		c.Routes = []config.RouteConfig{{Name: "auth_login", Paths: []string{"/auth/login"}, Points: 10, Duration: "60s"}}
 	})
 
 	store := h.p.stores.redis
@@ -343,7 +346,7 @@ func TestRedisKeysAndArguments(t *testing.T) {
 
 	prefix := "rl:" + h.p.name + ":"
 	want := []string{
-		"EVALSHA", scriptSHA(takeScript), "3",
+		"EVALSHA", scriptSHA(redisstore.TakeScript), "3",
 		prefix + "global:global", prefix + "ip:2001:db8::/64", prefix + "auth_login:2001:db8::/64",
 		"0", "1", "1000", "1000", "0", "0", "3", "60000", "0", "0", "10", "60000", "0", "0",
 	}
@@ -365,7 +368,7 @@ func TestRequestsWithoutLayersDoNotCallRedis(t *testing.T) {
 	s := newCannedRedis(t, "*2\r\n:1\r\n:60000\r\n")
 	h, logs := redisHarness(t, s.l.Addr().String(), func(c *Config) {
 		c.IP.Points, c.Assets.Points, c.Service.Points = 0, 0, 0
-		c.User = LayerConfig{Points: 300, Duration: "60s"}
+		c.User = config.LayerConfig{Points: 300, Duration: "60s"}
 		c.Principal.UserHeader = "X-Auth-User"
 		c.Principal.CredentialHeaders = []string{"Authorization"}
 	})
@@ -424,7 +427,7 @@ func TestUnmatchedRequestOfARoutesOnlyInstanceDoesNotCallRedis(t *testing.T) {
 	s := newCannedRedis(t, "*2\r\n:1\r\n:60000\r\n")
 	h, logs := redisHarness(t, s.l.Addr().String(), func(c *Config) {
 		c.IP.Points, c.Assets.Points, c.User.Points, c.Service.Points = 0, 0, 0, 0
-		c.Routes = []RouteConfig{{Name: "login", Methods: []string{"POST"}, Paths: []string{"/login"}, Points: 10, Duration: "60s"}}
+		c.Routes = []config.RouteConfig{{Name: "login", Methods: []string{"POST"}, Paths: []string{"/login"}, Points: 10, Duration: "60s"}}
 	})
 
 	for i := 0; i < 5; i++ {
@@ -468,7 +471,7 @@ func TestCostIsTheScriptsSecondArgument(t *testing.T) {
 }
 
 // redisStoreOf is the instance's Redis store (stores.redis), nil without one.
-func redisStoreOf(p *Plugin) *redisStore {
+func redisStoreOf(p *Plugin) *redisstore.RedisStore {
 	return p.stores.redis
 }
 
@@ -509,8 +512,8 @@ func TestTwoCommandsPerFixedKeyOnRedisServer(t *testing.T) {
 
 	h, _ := redisHarness(t, addr, func(c *Config) {
 		asACLUser(c)
-		c.Global = LayerConfig{Points: 1000, Duration: "1h"}
-		c.IP = LayerConfig{Points: 1000, Duration: "1h"}
+		c.Global = config.LayerConfig{Points: 1000, Duration: "1h"}
+		c.IP = config.LayerConfig{Points: 1000, Duration: "1h"}
 	})
 
 	// A first request loads the script (EVALSHA, NOSCRIPT, then EVAL).
@@ -561,8 +564,8 @@ func TestOddFixedKeysStartAfreshOnRedisServer(t *testing.T) {
 
 	h, _ := redisHarness(t, addr, func(c *Config) {
 		asACLUser(c)
-		c.Global = LayerConfig{Points: 1000, Duration: "1h"}
-		c.IP = LayerConfig{Points: 2, Duration: "1h"}
+		c.Global = config.LayerConfig{Points: 1000, Duration: "1h"}
+		c.IP = config.LayerConfig{Points: 2, Duration: "1h"}
 	})
 	s := h.p.stores.redis
 	layers := h.p.planIP
@@ -628,7 +631,7 @@ func TestOddFixedKeysStartAfreshOnRedisServer(t *testing.T) {
 
 func TestClusterKeysShareASlotPerClientAndPrincipal(t *testing.T) {
 	mk := func(name string, kind int) *layer {
-		return &layer{Limits: limits{Name: name, KeyKind: kind, ConstKey: "global"}, RedisEncoding: redisEncoding{RedisKey: "ratelimit:mw:" + name + ":"}}
+		return &layer{Limits: rule.Limits{Name: name, KeyKind: kind, ConstKey: "global"}, RedisEncoding: rule.RedisEncoding{RedisKey: "ratelimit:mw:" + name + ":"}}
 	}
 
 	ip, login, byPrincipal, global := mk("ip", keyOfClient), mk("login", keyOfClient), mk("upload", keyOfPrincipalElseClient), mk("global", keyOfConst)
@@ -655,7 +658,7 @@ func TestClusterKeysShareASlotPerClientAndPrincipal(t *testing.T) {
 // On a cluster a calendar layer's key and window are those of the period that
 // holds the request's time (the instance's clock), not the wall clock's.
 func TestClusterCalendarKeyFollowsTheRequestTime(t *testing.T) {
-	l := &layer{Limits: limits{Name: "ip", Points: 5, KeyKind: keyOfClient, Calendar: calDay}, RedisEncoding: redisEncoding{RedisKey: "ratelimit:mw:ip:"}}
+	l := &layer{Limits: rule.Limits{Name: "ip", Points: 5, KeyKind: keyOfClient, Calendar: limit.Day}, RedisEncoding: rule.RedisEncoding{RedisKey: "ratelimit:mw:ip:"}}
 	l.RedisArgs = redisresp.Bulk("5") + redisresp.Bulk("86400000") + redisstore.AlgoFixed + redisstore.ArgNoRate
 	l.RedisTail = redisstore.RedisTail(l.RedisArgs)
 	now := time.Date(2026, 2, 10, 18, 0, 0, 0, time.UTC).UnixNano()
@@ -728,8 +731,8 @@ func TestMemoryLayerOnRedisServer(t *testing.T) {
 
 	h, _ := redisHarness(t, addr, func(c *Config) {
 		asACLUser(c)
-		c.Global = LayerConfig{Points: 3, Duration: "1h", Store: "memory"}
-		c.IP = LayerConfig{Points: 2, Duration: "1h"}
+		c.Global = config.LayerConfig{Points: 3, Duration: "1h", Store: "memory"}
+		c.IP = config.LayerConfig{Points: 2, Duration: "1h"}
 	})
 
 	if _, ok := h.h.(*mixedPath); !ok || !h.p.stores.mixed {
@@ -822,8 +825,8 @@ func TestMemoryLayerWhileRedisIsDown(t *testing.T) {
 	l.Close()
 
 	h, logs := redisHarness(t, addr, func(c *Config) {
-		c.Global = LayerConfig{Points: 3, Duration: "1h", Store: "memory"}
-		c.IP = LayerConfig{Points: 2, Duration: "1h"}
+		c.Global = config.LayerConfig{Points: 3, Duration: "1h", Store: "memory"}
+		c.IP = config.LayerConfig{Points: 2, Duration: "1h"}
 	})
 
 	now := h.clock.Now().UnixNano()
@@ -851,9 +854,9 @@ func TestMemoryRouteAfterRedisLayersOnRedisServer(t *testing.T) {
 
 	h, _ := redisHarness(t, addr, func(c *Config) {
 		asACLUser(c)
-		c.Global = LayerConfig{Points: 100, Duration: "1h"}
-		c.IP = LayerConfig{Points: 2, Duration: "1h"}
-		c.Routes = []RouteConfig{{Name: "login", Paths: []string{"/login"}, Key: "ip", Points: 1, Duration: "1h", Store: "memory"}}
+		c.Global = config.LayerConfig{Points: 100, Duration: "1h"}
+		c.IP = config.LayerConfig{Points: 2, Duration: "1h"}
+		c.Routes = []config.RouteConfig{{Name: "login", Paths: []string{"/login"}, Key: "ip", Points: 1, Duration: "1h", Store: "memory"}}
 	})
 
 	now := h.clock.Now().UnixNano()

@@ -11,11 +11,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/events"
 	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/redisresp"
 	"github.com/tierlimit/tierlimit/redisstore"
 	"github.com/tierlimit/tierlimit/request"
+	"github.com/tierlimit/tierlimit/rule"
 )
 
 // resetDoc is the reset's answer as an operator reads it (the names are the
@@ -98,7 +100,7 @@ func TestResetLetsARefusedClientInAgain(t *testing.T) {
 // Nothing to clear: a key never seen, or one reset already, or one whose
 // window is over.
 func TestResetOfNothingIs404(t *testing.T) {
-	h := statusHarness(t, func(c *Config) { c.IP = LayerConfig{Points: 2, Duration: "60s"} })
+	h := statusHarness(t, func(c *Config) { c.IP = config.LayerConfig{Points: 2, Duration: "60s"} })
 	h.burst("203.0.113.7", 1)
 	h.burst("203.0.113.9", 1)
 
@@ -130,9 +132,9 @@ func TestResetOfNothingIs404(t *testing.T) {
 // the header), "global".
 func TestResetTakesTheKeysTheStatusPageShows(t *testing.T) {
 	h := statusHarness(t, func(c *Config) {
-		c.Global = LayerConfig{Points: 100, Duration: "60s"}
-		c.IP = LayerConfig{Points: 50, Duration: "60s", Key: "header:X-Api-Key"}
-		c.Routes = []RouteConfig{{Name: "login", Paths: []string{"/login"}, Key: "principal", Points: 1, Duration: "60s"}}
+		c.Global = config.LayerConfig{Points: 100, Duration: "60s"}
+		c.IP = config.LayerConfig{Points: 50, Duration: "60s", Key: "header:X-Api-Key"}
+		c.Routes = []config.RouteConfig{{Name: "login", Paths: []string{"/login"}, Key: "principal", Points: 1, Duration: "60s"}}
 	})
 
 	h.do(http.MethodGet, "/api", "203.0.113.7:1", map[string]string{"X-Api-Key": "secret"})
@@ -216,7 +218,7 @@ func TestResetIsPostOnly(t *testing.T) {
 // address itself, is an ordinary request: passed on, charged, and the
 // refused key stays refused.
 func TestResetFollowsTheStatusPageAddressRule(t *testing.T) {
-	h := statusHarness(t, func(c *Config) { c.IP = LayerConfig{Points: 2, Duration: "60s"} })
+	h := statusHarness(t, func(c *Config) { c.IP = config.LayerConfig{Points: 2, Duration: "60s"} })
 	h.burst("203.0.113.7", 3)
 
 	for _, c := range []struct{ remote, xff string }{
@@ -335,7 +337,7 @@ func TestResetClusterKeyIsTheChargedOne(t *testing.T) {
 	req.Header.Set("X-Api-Key", "secret")
 
 	for _, kind := range []int{keyOfClient, keyOfPrincipal, keyOfConst, keyOfPrincipalElseClient, keyOfHeader, keyOfHost} {
-		l := &layer{Limits: limits{Name: "l", KeyKind: kind, ConstKey: "global", KeyHeader: "X-Api-Key"}, RedisEncoding: redisEncoding{RedisKey: "ratelimit:mw:l:"}}
+		l := &layer{Limits: rule.Limits{Name: "l", KeyKind: kind, ConstKey: "global", KeyHeader: "X-Api-Key"}, RedisEncoding: rule.RedisEncoding{RedisKey: "ratelimit:mw:l:"}}
 
 		for _, principal := range []string{"", "alice"} {
 			bucket := keyFor(l, "198.51.100.7", principal, req)
@@ -353,7 +355,7 @@ func TestResetOfACalendarKeyUsesTheInstanceClockOnRedisServer(t *testing.T) {
 	addr, admin := redisServer(t)
 	h, _ := redisHarness(t, addr, func(c *Config) {
 		c.Status.Path = "/_rl"
-		c.IP = LayerConfig{Points: 2, Calendar: "day"}
+		c.IP = config.LayerConfig{Points: 2, Calendar: "day"}
 	})
 	h.clock.mu.Lock()
 	h.clock.now = utc(2026, 2, 10, 12, 0, 0) // not today, so not time.Now's period
@@ -367,7 +369,7 @@ func TestResetOfACalendarKeyUsesTheInstanceClockOnRedisServer(t *testing.T) {
 		t.Fatalf("no Redis key %s", key)
 	}
 
-	if code, doc := h.reset("?layer=ip&key="+client, ""); code != http.StatusOK || doc.Redis == nil || *doc.Redis != redisCleared {
+	if code, doc := h.reset("?layer=ip&key="+client, ""); code != http.StatusOK || doc.Redis == nil || *doc.Redis != redisstore.RedisCleared {
 		t.Fatalf("reset: %d %+v", code, doc)
 	}
 
@@ -385,7 +387,7 @@ func TestResetIsPublishedWhenRedisHasNoKey(t *testing.T) {
 	h, _ := redisHarness(t, addr, func(c *Config) {
 		asACLUser(c)
 		c.Status.Path = "/_rl"
-		c.IP = LayerConfig{Points: 2, Duration: "1h"}
+		c.IP = config.LayerConfig{Points: 2, Duration: "1h"}
 	})
 	a := h.p.stores.redis
 
@@ -394,7 +396,7 @@ func TestResetIsPublishedWhenRedisHasNoKey(t *testing.T) {
 	// TestResetReachesAnotherReplicasBlockListOnRedisServer).
 	bb := redisstore.NewBackend(redisresp.Options{Address: addr, Username: "tierlimit", Password: aclPassword, Timeout: time.Second})
 	bb.Log = &bytes.Buffer{}
-	b := &redisStore{Prefix: a.Prefix, Name: a.Name, Channel: a.Channel, Backend: bb, Local: memstore.NewWindowStore(100), Blocked: redisstore.NewBlockList(100), Calls: a.Calls}
+	b := &redisstore.RedisStore{Prefix: a.Prefix, Name: a.Name, Channel: a.Channel, Backend: bb, Local: memstore.NewWindowStore(100), Blocked: redisstore.NewBlockList(100), Calls: a.Calls}
 	b.Blocks = false
 	b.Clock = time.Now
 	t.Cleanup(func() { redisstore.CloseBackend(bb) })
@@ -422,7 +424,7 @@ func TestResetIsPublishedWhenRedisHasNoKey(t *testing.T) {
 		t.Fatal("Redis holds the client's key")
 	}
 
-	if code, doc := h.reset("?layer=ip&key="+client, ""); doc.Redis == nil || *doc.Redis != redisAbsent {
+	if code, doc := h.reset("?layer=ip&key="+client, ""); doc.Redis == nil || *doc.Redis != redisstore.RedisAbsent {
 		t.Fatalf("reset: %d %+v, want Redis absent", code, doc)
 	}
 
@@ -451,7 +453,7 @@ func TestResetIsPublishedToASyncedReplicaWhenRedisHasNoKey(t *testing.T) {
 	// B decides without Redis (its charges pending), so that Redis holds
 	// no key of the client.
 	bst.Backend = nil
-	b := &redisStore{Prefix: a.Prefix, Name: a.Name, Channel: a.Channel, Backend: bb, Local: memstore.NewWindowStore(100), Blocked: redisstore.NewBlockList(100), Calls: a.Calls, Synced: bst}
+	b := &redisstore.RedisStore{Prefix: a.Prefix, Name: a.Name, Channel: a.Channel, Backend: bb, Local: memstore.NewWindowStore(100), Blocked: redisstore.NewBlockList(100), Calls: a.Calls, Synced: bst}
 	b.Blocks = false
 	b.Clock = h.clock.Now
 	t.Cleanup(func() { redisstore.CloseBackend(bb) })
@@ -476,7 +478,7 @@ func TestResetIsPublishedToASyncedReplicaWhenRedisHasNoKey(t *testing.T) {
 		t.Fatal("Redis holds the client's key")
 	}
 
-	if code, doc := h.reset("?layer=ip&key="+client, ""); doc.Redis == nil || *doc.Redis != redisAbsent {
+	if code, doc := h.reset("?layer=ip&key="+client, ""); doc.Redis == nil || *doc.Redis != redisstore.RedisAbsent {
 		t.Fatalf("reset: %d %+v, want Redis absent", code, doc)
 	}
 
@@ -493,7 +495,7 @@ func TestResetIsPublishedToASyncedReplicaWhenRedisHasNoKey(t *testing.T) {
 // client's key is its /64 prefix.
 func TestResetOfAnIPKeyedRouteTakesTheBareAddress(t *testing.T) {
 	login := func(c *Config) {
-		c.Routes = []RouteConfig{{Name: "auth_login", Methods: []string{"POST"}, Paths: []string{"/auth/login"}, Key: "ip", Points: 2, Duration: "60s"}}
+		c.Routes = []config.RouteConfig{{Name: "auth_login", Methods: []string{"POST"}, Paths: []string{"/auth/login"}, Key: "ip", Points: 2, Duration: "60s"}}
 		c.Status.Path = "/_rl"
 	}
 
@@ -560,8 +562,8 @@ func TestResetMessageClearsTheNamedKeyOnly(t *testing.T) {
 	clockReads := 0
 	clock := func() time.Time { clockReads++; return time.Unix(0, now) }
 
-	r := redisstore.NewResetListener(&redisBackend{}, redisresp.Options{})
-	r.Targets["ratelimit:resets"] = map[string]resetForget{"edge@file": redisstore.ForgetIn(bl, ws, clock)}
+	r := redisstore.NewResetListener(&redisstore.RedisBackend{}, redisresp.Options{})
+	r.Targets["ratelimit:resets"] = map[string]redisstore.ResetForget{"edge@file": redisstore.ForgetIn(bl, ws, clock)}
 
 	// Another middleware's, another channel's and a malformed message.
 	r.Dispatch(redisresp.Message{Channel: "ratelimit:resets", Payload: redisstore.ResetMessage("other@file", "ip", "203.0.113.7")})
@@ -605,7 +607,7 @@ func TestResetReachesAnotherReplicasBlockListOnRedisServer(t *testing.T) {
 	h, _ := redisHarness(t, addr, func(c *Config) {
 		asACLUser(c)
 		c.Status.Path = "/_rl"
-		c.IP = LayerConfig{Points: 2, Duration: "1h"}
+		c.IP = config.LayerConfig{Points: 2, Duration: "1h"}
 	})
 	a := h.p.stores.redis
 
@@ -613,14 +615,14 @@ func TestResetReachesAnotherReplicasBlockListOnRedisServer(t *testing.T) {
 	// block list and a memory fallback of its own.
 	bb := redisstore.NewBackend(redisresp.Options{Address: addr, Username: "tierlimit", Password: aclPassword, Timeout: time.Second})
 	bb.Log = &bytes.Buffer{}
-	b := &redisStore{Prefix: a.Prefix, Name: a.Name, Channel: a.Channel, Backend: bb, Local: memstore.NewWindowStore(100), Blocked: redisstore.NewBlockList(100), Calls: a.Calls}
+	b := &redisstore.RedisStore{Prefix: a.Prefix, Name: a.Name, Channel: a.Channel, Backend: bb, Local: memstore.NewWindowStore(100), Blocked: redisstore.NewBlockList(100), Calls: a.Calls}
 	b.Blocks = false
 	b.Clock = time.Now
 	layers := h.p.layers[:1]
 	client, other := "203.0.113.7", "203.0.113.8"
 	now := h.clock.Now().UnixNano()
 
-	take := func(s *redisStore, client string) tally {
+	take := func(s *redisstore.RedisStore, client string) tally {
 		var tl tally
 		take(storeOf(s), &tl, chargeOf(layers, client, "", httptest.NewRequest(http.MethodGet, "/api", nil), now, false))
 		return tl

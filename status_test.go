@@ -12,7 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/request"
+	"github.com/tierlimit/tierlimit/rule"
 )
 
 // statusDoc is the status JSON as a client reads it (the names are the contract).
@@ -166,8 +168,8 @@ func TestStatusListsLayersAndLiveKeysByCount(t *testing.T) {
 
 func TestStatusSortsTiesByLayerThenKey(t *testing.T) {
 	h := statusHarness(t, func(c *Config) {
-		c.Global = LayerConfig{Points: 1000, Duration: "60s"}
-		c.Routes = []RouteConfig{{Name: "a_route", Paths: []string{"/api"}, Key: "ip", Points: 10, Duration: "60s"}}
+		c.Global = config.LayerConfig{Points: 1000, Duration: "60s"}
+		c.Routes = []config.RouteConfig{{Name: "a_route", Paths: []string{"/api"}, Key: "ip", Points: 10, Duration: "60s"}}
 	})
 
 	h.burst("203.0.113.9", 1)
@@ -469,7 +471,7 @@ func TestStatusShowsHeaderKeysHashed(t *testing.T) {
 
 func TestMetricsForAKnownRun(t *testing.T) {
 	h := statusHarness(t, func(c *Config) {
-		c.Global = LayerConfig{Points: 1000, Duration: "500ms"}
+		c.Global = config.LayerConfig{Points: 1000, Duration: "500ms"}
 	})
 
 	h.burst("203.0.113.7", 8)
@@ -549,7 +551,7 @@ tierlimit_evictions_total{MW} 0
 func TestMetricsEscapeLabelValues(t *testing.T) {
 	cfg := CreateConfig()
 	cfg.Global.Points = 0
-	cfg.IP = LayerConfig{Points: 5, Duration: "1s"}
+	cfg.IP = config.LayerConfig{Points: 5, Duration: "1s"}
 	cfg.Status.Path = "/_rl"
 
 	handler, err := New(context.Background(), http.NotFoundHandler(), cfg, "we\"ird\\name\n"+t.Name())
@@ -645,7 +647,7 @@ func TestStatusMergesTheFallbackAndReportsIt(t *testing.T) {
 // firstSorted's one-pass selection of a page near the top agrees with a full
 // sort, ties included.
 func TestFirstSortedAgreesWithAFullSort(t *testing.T) {
-	p := &Plugin{layers: []*layer{{Limits: limits{Name: "ip"}}, {Limits: limits{Name: "global"}}, {Limits: limits{Name: "a_route"}}}}
+	p := &Plugin{layers: []*layer{{Limits: rule.Limits{Name: "ip"}}, {Limits: rule.Limits{Name: "global"}}, {Limits: rule.Limits{Name: "a_route"}}}}
 	rng := rand.New(rand.NewSource(1))
 
 	for round := 0; round < 50; round++ {
@@ -760,7 +762,7 @@ func TestStatusListsOnlyLayersTheInstanceCharges(t *testing.T) {
 		{"edge without asset paths", func(c *Config) { c.Assets.PathPrefixes = []string{} }, "global,ip"},
 		{"edge with ip off", func(c *Config) { c.IP.Points = 0 }, "assets,global"},
 		{"edge with a route", func(c *Config) {
-			c.Routes = []RouteConfig{{Name: "login", Paths: []string{"/login"}, Points: 5, Duration: "60s"}}
+			c.Routes = []config.RouteConfig{{Name: "login", Paths: []string{"/login"}, Points: 5, Duration: "60s"}}
 		}, "assets,global,ip,login"},
 		{"after ForwardAuth", func(c *Config) {
 			c.Global.Points, c.IP.Points, c.Assets.Points = 0, 0, 0
@@ -775,7 +777,7 @@ func TestStatusListsOnlyLayersTheInstanceCharges(t *testing.T) {
 			c.Global.Points, c.IP.Points, c.Assets.Points, c.Service.Points = 0, 0, 0, 0
 			c.Principal.UserHeader = "X-Auth-User"
 			c.Principal.PlanHeader = "X-Auth-Plan"
-			c.Plans = map[string]PlanConfig{"pro": {Points: 10, Duration: "60s"}, "free": {Points: 0}}
+			c.Plans = map[string]config.PlanConfig{"pro": {Points: 10, Duration: "60s"}, "free": {Points: 0}}
 		}, "pro,user"},
 	} {
 		h := newHarness(t, func(c *Config) {

@@ -28,8 +28,8 @@ func anyBlock(layers []*layer) bool {
 // counts every layer; and what applies on top. take and refund read it;
 // nothing wraps a store in another.
 type stores struct {
-	memory *windowStore
-	redis  *redisStore
+	memory *memstore.WindowStore
+	redis  *redisstore.RedisStore
 	// blocks: a layer counted in memory has a blockDuration, so memory
 	// checks and starts blocks (memstore.TakeWithBlocks); Redis blocks in its
 	// script.
@@ -253,7 +253,7 @@ const monthPolicyBit = uint64(1) << 63
 // anyMonth reports whether one of the layers has calendar: month.
 func anyMonth(layers []*layer) bool {
 	for _, l := range layers {
-		if l.Calendar == calMonth {
+		if l.Calendar == limit.Month {
 			return true
 		}
 	}
@@ -321,7 +321,7 @@ func connLive(v interface{}, now int64) int64 {
 		return 0
 	}
 
-	return now + int64(releaseGrace)
+	return now + int64(lifetime.ReleaseGrace)
 }
 
 // registry holds one windowStore per middleware name, and for the redis
@@ -332,17 +332,17 @@ func connLive(v interface{}, now int64) int64 {
 var registry = &storeRegistry{stores: lifetime.NewKeepingRegistry(memstore.Live), blocked: lifetime.NewKeepingRegistry(redisstore.BlockListLive)}
 
 type storeRegistry struct {
-	stores  *heldRegistry // *windowStore by middleware name
-	blocked *heldRegistry // *blockList by middleware name: keys known over their limit
+	stores  *lifetime.HeldRegistry // *windowStore by middleware name
+	blocked *lifetime.HeldRegistry // *blockList by middleware name: keys known over their limit
 }
 
 // get returns the store of the middleware called name, held until ctx is
 // cancelled, creating it with the cap capacity or applying capacity to the
 // existing one.
-func (r *storeRegistry) get(ctx context.Context, name string, capacity int) *windowStore {
+func (r *storeRegistry) get(ctx context.Context, name string, capacity int) *memstore.WindowStore {
 	v := r.stores.Take(ctx, name, func() interface{} { return memstore.NewWindowStore(capacity) })
 
-	s, _ := v.(*windowStore)
+	s, _ := v.(*memstore.WindowStore)
 	s.SetMax(capacity)
 
 	return s
@@ -350,10 +350,10 @@ func (r *storeRegistry) get(ctx context.Context, name string, capacity int) *win
 
 // blockListFor returns the list of keys known over their limit for the
 // middleware called name (redis store), held until ctx is cancelled.
-func (r *storeRegistry) blockListFor(ctx context.Context, name string, capacity int) *blockList {
+func (r *storeRegistry) blockListFor(ctx context.Context, name string, capacity int) *redisstore.BlockList {
 	v := r.blocked.Take(ctx, name, func() interface{} { return redisstore.NewBlockList(capacity) })
 
-	b, _ := v.(*blockList)
+	b, _ := v.(*redisstore.BlockList)
 
 	return b
 }

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/redisresp"
 	"github.com/tierlimit/tierlimit/redisstore"
 )
@@ -21,12 +22,12 @@ import (
 // syncHarness is redisHarness with redis.syncInterval: its synced counters
 // use the harness's backend and clock, and an interval long enough that the
 // goroutine never syncs during the test (the tests call syncNow).
-func syncHarness(t *testing.T, addr string, mutate func(c *Config)) (*harness, *syncState, *bytes.Buffer) {
+func syncHarness(t *testing.T, addr string, mutate func(c *Config)) (*harness, *redisstore.SyncState, *bytes.Buffer) {
 	t.Helper()
 
 	h, logs := redisHarness(t, addr, func(c *Config) {
 		c.Redis.SyncInterval = "1h"
-		c.IP = LayerConfig{Points: 10, Duration: "60s"}
+		c.IP = config.LayerConfig{Points: 10, Duration: "60s"}
 		if mutate != nil {
 			mutate(c)
 		}
@@ -46,7 +47,7 @@ func syncHarness(t *testing.T, addr string, mutate func(c *Config)) (*harness, *
 }
 
 // replica is another Traefik process's synced counters on the same backend.
-func replica(st *syncState) *syncState {
+func replica(st *redisstore.SyncState) *redisstore.SyncState {
 	r := redisstore.NewSyncState()
 	r.Max, r.Backend, r.Interval, r.Now, r.Started = 1000, st.Backend, time.Hour, st.Now, true
 
@@ -54,7 +55,7 @@ func replica(st *syncState) *syncState {
 }
 
 // counterOf is st's counter of bucket in the layer called layer, or nil.
-func counterOf(st *syncState, layer, bucket string) *syncCounter {
+func counterOf(st *redisstore.SyncState, layer, bucket string) *syncCounter {
 	st.Mu.Lock()
 	defer st.Mu.Unlock()
 
@@ -64,7 +65,7 @@ func counterOf(st *syncState, layer, bucket string) *syncCounter {
 // takeOn decides one request of client on st, as the request path does for
 // an anonymous request (global if on, then ip), and reports whether it was
 // allowed.
-func takeOn(st *syncState, h *harness, client string) bool {
+func takeOn(st *redisstore.SyncState, h *harness, client string) bool {
 	var layers []*layer
 	for _, name := range []string{"global", "ip"} {
 		if i := layerIndex(h, name); i >= 0 && h.p.layers[i].Points > 0 {
@@ -78,7 +79,7 @@ func takeOn(st *syncState, h *harness, client string) bool {
 	return !tl.Refused
 }
 
-func mustSync(t *testing.T, st *syncState, now int64) {
+func mustSync(t *testing.T, st *redisstore.SyncState, now int64) {
 	t.Helper()
 
 	if err := redisstore.SyncNow(st, now, false); err != nil {
@@ -115,7 +116,7 @@ func TestSyncedReplicasNeverAdmitMoreThanThePoints(t *testing.T) {
 		t.Fatalf("synced key's TTL %d ms, want the window's rest (+ grace)", ttl)
 	}
 
-	for name, st := range map[string]*syncState{"a": a, "b": b} {
+	for name, st := range map[string]*redisstore.SyncState{"a": a, "b": b} {
 		if c := counterOf(st, "ip", client); c.Lease != 0 || c.Remote != 10 {
 			t.Fatalf("replica %s: lease %d, remote %d; want 0 and 10", name, c.Lease, c.Remote)
 		}
@@ -145,8 +146,8 @@ func TestSyncedReplicasNeverAdmitMoreThanThePoints(t *testing.T) {
 func TestSyncRefusedRequestChargesNoLayer(t *testing.T) {
 	addr, admin := redisServer(t)
 	h, st, _ := syncHarness(t, addr, func(c *Config) {
-		c.Global = LayerConfig{Points: 100, Duration: "60s"}
-		c.IP = LayerConfig{Points: 2, Duration: "60s"}
+		c.Global = config.LayerConfig{Points: 100, Duration: "60s"}
+		c.IP = config.LayerConfig{Points: 2, Duration: "60s"}
 	})
 
 	for i := 0; i < 5; i++ {
@@ -236,7 +237,7 @@ func TestSyncedCountsSurviveAReload(t *testing.T) {
 	cfg.Redis.Address = addr
 	cfg.Redis.SyncInterval = "1h"
 	cfg.Global.Points = 0
-	cfg.IP = LayerConfig{Points: 3, Duration: "60s"}
+	cfg.IP = config.LayerConfig{Points: 3, Duration: "60s"}
 
 	next := http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {})
 
@@ -340,7 +341,7 @@ func TestResetClearsASyncedKeyHereAndInRedis(t *testing.T) {
 	}
 
 	r := clearKey(h.p, ip, client)
-	if !r.Memory || r.Redis != redisCleared {
+	if !r.Memory || r.Redis != redisstore.RedisCleared {
 		t.Fatalf("reset of a synced key: %+v, want memory and Redis cleared", r)
 	}
 
@@ -356,8 +357,8 @@ func TestResetClearsASyncedKeyHereAndInRedis(t *testing.T) {
 func TestSyncedAnonymousPathChargesAllOrNothing(t *testing.T) {
 	addr, _ := redisServer(t)
 	h, st, _ := syncHarness(t, addr, func(c *Config) {
-		c.Global = LayerConfig{Points: 100, Duration: "60s"}
-		c.IP = LayerConfig{Points: 3, Duration: "60s"}
+		c.Global = config.LayerConfig{Points: 100, Duration: "60s"}
+		c.IP = config.LayerConfig{Points: 3, Duration: "60s"}
 	})
 
 	if _, ok := h.h.(*syncedPath); !ok {
@@ -429,8 +430,8 @@ func TestPanickingSyncKeepsItsLease(t *testing.T) {
 func TestSyncedCountingChargesTheCost(t *testing.T) {
 	addr, admin := redisServer(t)
 	h, st, _ := syncHarness(t, addr, func(c *Config) {
-		c.Global = LayerConfig{Points: 1000, Duration: "60s"}
-		c.IP = LayerConfig{Points: 35, Duration: "60s"}
+		c.Global = config.LayerConfig{Points: 1000, Duration: "60s"}
+		c.IP = config.LayerConfig{Points: 35, Duration: "60s"}
 		exportRoute(c)
 	})
 	client := "203.0.113.9"
@@ -540,7 +541,7 @@ func clusterNode(t *testing.T) (string, *redisresp.Pool) {
 
 // allowedOf sends n requests of client, taking turns over replicas, and
 // returns how many were allowed.
-func allowedOf(h *harness, client string, n int, replicas ...*syncState) int {
+func allowedOf(h *harness, client string, n int, replicas ...*redisstore.SyncState) int {
 	allowed := 0
 
 	for i := 0; i < n; i++ {
@@ -661,7 +662,7 @@ func TestARefusingReplicaLearnsOfPointsGivenBack(t *testing.T) {
 // race detector runs it in make test).
 func TestConcurrentReplicasNeverOverAdmit(t *testing.T) {
 	addr, admin := redisServer(t)
-	h, a, _ := syncHarness(t, addr, func(c *Config) { c.IP = LayerConfig{Points: 50, Duration: "60s"} })
+	h, a, _ := syncHarness(t, addr, func(c *Config) { c.IP = config.LayerConfig{Points: 50, Duration: "60s"} })
 	b := replica(a)
 	client := "203.0.113.63"
 
@@ -676,7 +677,7 @@ func TestConcurrentReplicasNeverOverAdmit(t *testing.T) {
 
 		wg.Add(1)
 
-		go func(st *syncState) {
+		go func(st *redisstore.SyncState) {
 			defer wg.Done()
 
 			for i := 0; i < 50; i++ {
@@ -864,7 +865,7 @@ func TestSyncedKeyAtItsWindowsEnd(t *testing.T) {
 	// the next.
 	m := newHarness(t, func(c *Config) {
 		c.Global.Points = 0
-		c.IP = LayerConfig{Points: 1, Duration: "60s"}
+		c.IP = config.LayerConfig{Points: 1, Duration: "60s"}
 	})
 	m.get("/api", client+":1")
 
@@ -1017,20 +1018,20 @@ func TestReplicasWithClocksApartNeverAdmitMoreThanThePoints(t *testing.T) {
 
 	rows := []struct {
 		name  string
-		layer LayerConfig
+		layer config.LayerConfig
 		end   time.Time // the end of the window the replica behind starts in
 		sync  bool
 	}{
-		{"fixed", LayerConfig{Points: 10, Duration: "60s"}, minute, false},
-		{"sliding", LayerConfig{Points: 10, Duration: "60s", Algorithm: "sliding"}, minute, false},
-		{"tokenbucket", LayerConfig{Points: 1, Duration: "1h", Algorithm: "tokenbucket", Burst: 10}, minute, false},
-		{"day", LayerConfig{Points: 10, Calendar: "day"}, utc(2026, 6, 16, 0, 0, 0), false},
-		{"week", LayerConfig{Points: 10, Calendar: "week"}, utc(2026, 6, 22, 0, 0, 0), false},
-		{"month", LayerConfig{Points: 10, Calendar: "month"}, utc(2026, 7, 1, 0, 0, 0), false},
-		{"day+07:00", LayerConfig{Points: 10, Calendar: "day", UtcOffset: "+07:00"}, utc(2026, 6, 15, 17, 0, 0), false},
-		{"synced fixed", LayerConfig{Points: 10, Duration: "60s"}, minute, true},
-		{"synced day", LayerConfig{Points: 10, Calendar: "day"}, utc(2026, 6, 16, 0, 0, 0), true},
-		{"synced month+07:00", LayerConfig{Points: 10, Calendar: "month", UtcOffset: "+07:00"}, utc(2026, 6, 30, 17, 0, 0), true},
+		{"fixed", config.LayerConfig{Points: 10, Duration: "60s"}, minute, false},
+		{"sliding", config.LayerConfig{Points: 10, Duration: "60s", Algorithm: "sliding"}, minute, false},
+		{"tokenbucket", config.LayerConfig{Points: 1, Duration: "1h", Algorithm: "tokenbucket", Burst: 10}, minute, false},
+		{"day", config.LayerConfig{Points: 10, Calendar: "day"}, utc(2026, 6, 16, 0, 0, 0), false},
+		{"week", config.LayerConfig{Points: 10, Calendar: "week"}, utc(2026, 6, 22, 0, 0, 0), false},
+		{"month", config.LayerConfig{Points: 10, Calendar: "month"}, utc(2026, 7, 1, 0, 0, 0), false},
+		{"day+07:00", config.LayerConfig{Points: 10, Calendar: "day", UtcOffset: "+07:00"}, utc(2026, 6, 15, 17, 0, 0), false},
+		{"synced fixed", config.LayerConfig{Points: 10, Duration: "60s"}, minute, true},
+		{"synced day", config.LayerConfig{Points: 10, Calendar: "day"}, utc(2026, 6, 16, 0, 0, 0), true},
+		{"synced month+07:00", config.LayerConfig{Points: 10, Calendar: "month", UtcOffset: "+07:00"}, utc(2026, 6, 30, 17, 0, 0), true},
 	}
 
 	// What the replicas send before the one ahead leaves the window, in

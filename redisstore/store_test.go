@@ -33,7 +33,7 @@ func TestBlockListIsBounded(t *testing.T) {
 func TestMergeSlotRepliesStopsAtTheFirstRefusalInLayerOrder(t *testing.T) {
 	layers := []*layer{{Limits: rule.Limits{Name: "global", Points: 10}}, {Limits: rule.Limits{Name: "ip", Points: 5}}, {Limits: rule.Limits{Name: "login", Points: 3}}}
 	// global alone in one slot; ip and login share the client's.
-	groups := []*SlotGroup{{Layers: []int{0}}, {Layers: []int{1, 2}}}
+	groups := []*slotGroup{{Layers: []int{0}}, {Layers: []int{1, 2}}}
 
 	cases := []struct {
 		name    string
@@ -49,13 +49,13 @@ func TestMergeSlotRepliesStopsAtTheFirstRefusalInLayerOrder(t *testing.T) {
 	}
 
 	for _, tc := range cases {
-		ints, serverErr, err := MergeSlotReplies(layers, groups, tc.replies, tc.all)
+		ints, serverErr, err := mergeSlotReplies(layers, groups, tc.replies, tc.all)
 		if err != nil || serverErr != "" || fmt.Sprint(ints) != tc.want {
 			t.Errorf("%s: %v %q %v, want %s", tc.name, ints, serverErr, err, tc.want)
 		}
 	}
 
-	_, serverErr, _ := MergeSlotReplies(layers, groups, []redisresp.Reply{{Ints: []int64{3, 900}}, {ServerErr: "CLUSTERDOWN The cluster is down"}}, false)
+	_, serverErr, _ := mergeSlotReplies(layers, groups, []redisresp.Reply{{Ints: []int64{3, 900}}, {ServerErr: "CLUSTERDOWN The cluster is down"}}, false)
 	if serverErr != "CLUSTERDOWN The cluster is down" {
 		t.Errorf("a call's server error: %q", serverErr)
 	}
@@ -86,7 +86,7 @@ func TestLeaseScriptGrantsWhatLeaseGrantSays(t *testing.T) {
 			redisDo(t, admin, "SET", key, strconv.FormatInt(tt.count, 10))
 		}
 
-		reply := redisDo(t, admin, "EVAL", LeaseScript, "1", key,
+		reply := redisDo(t, admin, "EVAL", leaseScript, "1", key,
 			strconv.FormatInt(tt.add, 10), strconv.FormatInt(tt.back, 10), strconv.FormatInt(tt.need, 10),
 			strconv.FormatInt(tt.want, 10), "60000", strconv.FormatInt(tt.points, 10))
 
@@ -113,7 +113,7 @@ func TestSyncGoroutineStopsWhenReleased(t *testing.T) {
 
 	done := make(chan struct{})
 	go func() {
-		RunSync(st, stop) // a second loop on the same channel: it returns when stop closes
+		runSync(st, stop) // a second loop on the same channel: it returns when stop closes
 		close(done)
 	}()
 
@@ -131,14 +131,14 @@ func TestResetMessagesRoundTripAndOthersAreDropped(t *testing.T) {
 		{"edge@file", "route-login", "ip:2001:db8::1"},
 		{"m", "l", "key\x00with a NUL"},
 	} {
-		name, layer, key, ok := ParseResetMessage(ResetMessage(c[0], c[1], c[2]))
+		name, layer, key, ok := parseResetMessage(ResetMessage(c[0], c[1], c[2]))
 		if !ok || name != c[0] || layer != c[1] || key != c[2] {
 			t.Fatalf("%q: %q %q %q %v", c, name, layer, key, ok)
 		}
 	}
 
 	for _, payload := range []string{"", "edge@file", "edge@file\x00ip", "edge@file\x00ip\x00", "\x00ip\x00k", "m\x00\x00k"} {
-		if _, _, _, ok := ParseResetMessage(payload); ok {
+		if _, _, _, ok := parseResetMessage(payload); ok {
 			t.Fatalf("%q read as a reset", payload)
 		}
 	}

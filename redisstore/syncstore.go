@@ -43,7 +43,7 @@ import (
 // so that every replica agrees on the window without comparing TTLs and a
 // new window starts from nothing in Redis and in memory. The key outlives
 // its window by KeyGrace on the clock of the replica that ends it last
-// (LeaseScript never shortens its TTL), for replicas whose clocks are
+// (leaseScript never shortens its TTL), for replicas whose clocks are
 // behind. Only fixed windows are synced: a sliding window or a token bucket
 // with syncInterval is a configuration error (config/sync.go, checkSync).
 //
@@ -633,14 +633,14 @@ func StartSync(st *SyncState) {
 	st.Started = true
 	st.Stop = make(chan struct{})
 
-	go RunSync(st, st.Stop)
+	go runSync(st, st.Stop)
 }
 
-// RunSync syncs st every interval until stop is closed. A panic ends one
+// runSync syncs st every interval until stop is closed. A panic ends one
 // sync, not the loop (safeSync): a goroutine's panic would end the whole
 // process. One outside a sync ends the loop, and the next request starts
 // another.
-func RunSync(st *SyncState, stop chan struct{}) {
+func runSync(st *SyncState, stop chan struct{}) {
 	defer func() {
 		if r := recover(); r != nil {
 			st.Mu.Lock()
