@@ -453,7 +453,7 @@ func TestServeRedisWithAKeyBlocked(t *testing.T) {
 // TestMixedPathShowsTheLayerWithFewestLeft: on a Redis instance with global
 // counted in memory (mixedPath), the headers show the layer of either store
 // with the fewest requests left, and of equals the first (global), as one
-// take of every layer would (mergeTally).
+// take of every layer would (rule.MergeTally).
 func TestMixedPathShowsTheLayerWithFewestLeft(t *testing.T) {
 	addr, _ := redisServer(t)
 

@@ -781,37 +781,6 @@ func TestMemoryLayerOnRedisServer(t *testing.T) {
 	}
 }
 
-// TestMergedTallyShowsAsOneTake: the tallies of the two stores merge as one
-// take of every layer would report them: the refusing layer shown, else the
-// one with the fewest requests left, the first of equals; first-refusal
-// bits at the layers' own places.
-func TestMergedTallyShowsAsOneTake(t *testing.T) {
-	for _, c := range []struct {
-		name       string
-		mem, red   tally
-		shown      int
-		left       int64
-		refused    bool
-		firstsWant uint64
-	}{
-		{"fewest left in redis", tally{Shown: 0, Left: 5}, tally{Shown: 0, Left: 2}, 1, 2, false, 0},
-		{"fewest left in memory", tally{Shown: 0, Left: 1}, tally{Shown: 1, Left: 2}, 0, 1, false, 0},
-		{"equal: the first", tally{Shown: 0, Left: 2}, tally{Shown: 0, Left: 2}, 0, 2, false, 0},
-		{"refused in redis", tally{Shown: 0, Left: 0}, tally{Shown: 1, Refused: true, Firsts: 2}, 2, 0, true, 4},
-		{"dry run: both refuse, the first shown", tally{Shown: 0, Refused: true, Firsts: 1}, tally{Shown: 0, Refused: true, Firsts: 1}, 0, 0, true, 3},
-		{"nothing in memory", tally{Shown: -1}, tally{Shown: 1, Left: 7}, 2, 7, false, 0},
-	} {
-		// Layer 0 in memory; 1 and 2 in Redis.
-		tl := tally{Shown: -1}
-		mergeTally(&tl, &c.mem, []int{0})
-		mergeTally(&tl, &c.red, []int{1, 2})
-
-		if tl.Shown != c.shown || tl.Left != c.left || tl.Refused != c.refused || tl.Firsts != c.firstsWant {
-			t.Errorf("%s: %+v, want shown %d, left %d, refused %v, firsts %b", c.name, tl, c.shown, c.left, c.refused, c.firstsWant)
-		}
-	}
-}
-
 // TestMemoryLayerWhileRedisIsDown: with Redis unreachable, the Redis layers
 // fall back to memory and the rule holds across them: ip's refusal (in the
 // fallback) gives global (a memory layer) its point back.

@@ -136,7 +136,7 @@ func takeMixed(st *stores, t *tally, c *charge) {
 
 	if tm.Refused && !c.All {
 		*t = tally{Cost: t.Cost, Shown: -1}
-		mergeTally(t, &tm, li)
+		rule.MergeTally(t, &tm, li)
 
 		return
 	}
@@ -147,14 +147,14 @@ func takeMixed(st *stores, t *tally, c *charge) {
 	if tr.Refused && !c.All {
 		memstore.Refund(st.memory, rule.ChargeWithout(cm, tm.Uncharged), rule.CostOf(t))
 		*t = tally{Cost: t.Cost, Shown: -1}
-		mergeTally(t, &tr, si)
+		rule.MergeTally(t, &tr, si)
 
 		return
 	}
 
 	*t = tally{Cost: t.Cost, Shown: -1}
-	mergeTally(t, &tm, li)
-	mergeTally(t, &tr, si)
+	rule.MergeTally(t, &tm, li)
+	rule.MergeTally(t, &tr, si)
 }
 
 // refundMixed is refund on a Redis instance with memory layers.
@@ -198,43 +198,6 @@ func splitLayers(layers []*layer) (local, shared []*layer, li, si []int) {
 	}
 
 	return local, shared, li, si
-}
-
-// mergeTally adds part, the tally of some of a request's layers (index[j]
-// is the place of its layer j among them), to t: as one take of every layer
-// would have reported it, the first refusing layer shown, else the one with
-// the fewest requests left (the first of equals).
-func mergeTally(t, part *tally, index []int) {
-	for j, i := range index {
-		if part.Firsts&(uint64(1)<<uint(j)) != 0 {
-			t.Firsts |= uint64(1) << uint(i)
-		}
-
-		if part.Uncharged&(uint64(1)<<uint(j)) != 0 {
-			t.Uncharged |= uint64(1) << uint(i)
-		}
-	}
-
-	if part.Shown < 0 {
-		return
-	}
-
-	i := index[part.Shown]
-
-	take := t.Shown < 0
-	switch {
-	case take:
-	case part.Refused != t.Refused:
-		take = part.Refused
-	case !part.Refused && part.Left != t.Left:
-		take = part.Left < t.Left
-	default:
-		take = i < t.Shown
-	}
-
-	if take {
-		t.Shown, t.Count, t.Reset, t.ResetH, t.Left, t.Refused = i, part.Count, part.Reset, part.ResetH, part.Left, part.Refused
-	}
 }
 
 // A month layer's RateLimit-Policy w is the current month's length, where
