@@ -38,7 +38,8 @@ type statusPage struct {
 }
 
 // chooseMode decides, from the parsed settings alone, how an instance serves
-// its requests; the table test in mode_test.go names every configuration shape.
+// its requests; TestChooseMode (paths_test.go) names every configuration
+// shape.
 //
 // The fast paths (paths.go) handle the common instances: the memory store,
 // headers on, no dry run, fixed windows keyed by client, principal or a
@@ -122,7 +123,7 @@ func build(ctx context.Context, cfg *config.Settings, next http.Handler, name st
 		headers: cfg.Headers,
 		held:    anyConcurrency(cfg),
 
-		assetPaths: cfg.AssetPaths,
+		pathForms: pathForms{assetPaths: cfg.AssetPaths},
 		Principal: request.Principal{
 			UserHeader: cfg.UserHeader, ServiceHeader: cfg.ServiceHeader, CredentialHeaders: cfg.CredHeaders,
 			CredentialCookies: cfg.CredCookies, CredentialParams: cfg.CredQuery,

@@ -21,7 +21,7 @@ import (
 // connection cap, no exemptions; in modeAnonymous also plans that are never
 // empty. So it charges p.memory directly, always sets headers, and needs no
 // tally. Requests that a route matches are handed to serveGeneral
-// (general.go), which handles everything.
+// (paths.tmpl, with general.go), which handles everything.
 //
 // The paths themselves are in paths_gen.go, generated from paths.tmpl; this
 // file holds what they call on a refusal.
