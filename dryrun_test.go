@@ -220,19 +220,6 @@ func TestTopLevelDryRunEventsSayDryRun(t *testing.T) {
 	}
 }
 
-// TestFlagArgs: the dry-run and check flags prefix the algorithm argument,
-// together as "cd" (takeScript).
-func TestFlagArgs(t *testing.T) {
-	args := newRedisEncoding(config.Rule{Name: "x", Points: 12, Duration: 1500e6, Sliding: true, DryRun: true}, 0).RedisArgs
-	if want := "$2\r\n12\r\n$4\r\n1500\r\n$2\r\nd1\r\n$1\r\n0\r\n"; args != want {
-		t.Fatalf("dry-run args %q, want %q", args, want)
-	}
-
-	if got, want := checkArgs(args), "$2\r\n12\r\n$4\r\n1500\r\n$3\r\ncd1\r\n$1\r\n0\r\n"; got != want {
-		t.Fatalf("check args %q, want %q", got, want)
-	}
-}
-
 // TestTopLevelDryRunOnAMixedStoreCountsEveryLayer: with dryRun, a memory
 // layer over its points stops nothing, the Redis layers beside it included:
 // each of them counts every request.

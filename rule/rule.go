@@ -19,8 +19,9 @@ const (
 
 // Layer is a layer as the request path uses it, in parts by concern. The
 // parts are embedded so that the request path reads l.Points, l.Entries,
-// l.LimitHdr alike; each part is built by one function of the root's
-// build.go.
+// l.LimitHdr alike. NewLayer (build.go) builds Limits and HeaderTable,
+// memstore's Attach memCounters, redisstore's Encode and New RedisEncoding,
+// the root's newRefusal Refusal.
 type Layer struct {
 	Limits
 	Stats *Stats // decisions since the process started, shared across reloads
