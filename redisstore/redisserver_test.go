@@ -23,6 +23,13 @@ import (
 func startRedis(t *testing.T) (string, *redisresp.Pool) {
 	t.Helper()
 
+	return startRedisServer(t, func(string) []string { return nil })
+}
+
+// startRedisServer is startRedis with the arguments args gives for its port.
+func startRedisServer(t *testing.T, args func(port string) []string) (string, *redisresp.Pool) {
+	t.Helper()
+
 	path, err := exec.LookPath("redis-server")
 	if err != nil {
 		t.Fatalf("these tests run the rate-limit scripts on a real redis-server, which is not on PATH (apt-get install redis-server): %v", err)
@@ -32,7 +39,7 @@ func startRedis(t *testing.T) (string, *redisresp.Pool) {
 		addr := closedPort(t)
 
 		_, port, _ := net.SplitHostPort(addr)
-		cmd := exec.Command(path, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
+		cmd := exec.Command(path, append([]string{"--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"}, args(port)...)...)
 
 		out, err := cmd.StdoutPipe()
 		if err != nil {
@@ -179,4 +186,28 @@ func (s *cannedRedis) serve(c net.Conn) {
 			return
 		}
 	}
+}
+
+// clusterNode is a redis-server in cluster mode that holds every slot: a
+// Cluster of one node.
+func clusterNode(t *testing.T) (string, *redisresp.Pool) {
+	t.Helper()
+
+	dir := t.TempDir()
+	addr, admin := startRedisServer(t, func(port string) []string {
+		return []string{"--dir", dir, "--cluster-enabled", "yes", "--cluster-config-file", "nodes-" + port + ".conf",
+			"--cluster-announce-ip", "127.0.0.1"}
+	})
+
+	redisDo(t, admin, "CLUSTER", "ADDSLOTSRANGE", "0", "16383")
+
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(redisDo(t, admin, "CLUSTER", "INFO").Str, "cluster_state:ok"); {
+		if time.Now().After(deadline) {
+			t.Fatal("the cluster's state is not ok after 10s")
+		}
+
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	return addr, admin
 }
