@@ -1,5 +1,10 @@
 package tierlimit
 
+// The Redis store through the plugin: its outages and replies as requests
+// see them, the calls a request makes, the block list, memory layers of a
+// Redis instance. The store's own tests (scripts, syncs, leases) are
+// redisstore's.
+
 import (
 	"bufio"
 	"bytes"
@@ -17,7 +22,6 @@ import (
 	"time"
 
 	"github.com/tierlimit/tierlimit/config"
-	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/redisresp"
 	"github.com/tierlimit/tierlimit/redisstore"
 	"github.com/tierlimit/tierlimit/rule"
@@ -554,81 +558,6 @@ func TestTwoCommandsPerFixedKeyOnRedisServer(t *testing.T) {
 	t.Logf("%d requests, 2 fixed keys: %d commands inside the script (%v)", requests, inside, calls)
 }
 
-// TestOddFixedKeysStartAfreshOnRedisServer: a fixed layer's key that holds
-// no live counter (of another kind, not an integer, negative, without a TTL,
-// or living longer than the window) is read as empty and restarted by an
-// allowed request, with the window's TTL; a request another layer refuses
-// leaves each of them, and every live counter it reads, as it was.
-func TestOddFixedKeysStartAfreshOnRedisServer(t *testing.T) {
-	addr, admin := redisServer(t)
-
-	h, _ := redisHarness(t, addr, func(c *Config) {
-		asACLUser(c)
-		c.Global = config.LayerConfig{Points: 1000, Duration: "1h"}
-		c.IP = config.LayerConfig{Points: 2, Duration: "1h"}
-	})
-	s := h.p.stores.redis
-	layers := h.p.planIP
-	global := layers[0].RedisConstKey
-	global = global[strings.Index(global, "\r\n")+2 : len(global)-2]
-
-	odd := map[string][]string{
-		"hash":     {"HSET", global, "c", "5"},
-		"text":     {"SET", global, "five", "PX", "60000"},
-		"negative": {"SET", global, "-3", "PX", "60000"},
-		"no ttl":   {"SET", global, "7"},
-		"stale":    {"SET", global, "7", "PX", "86400000"},
-	}
-
-	fresh := 100
-
-	for name, setup := range odd {
-		fresh++
-
-		redisDo(t, admin, "DEL", global)
-		redisDo(t, admin, setup...)
-
-		// The ip key is spent by two requests of another client first: the
-		// third is refused by ip, after global was read (and charged, then
-		// given back, when it held a live counter).
-		client := "203.0.113.50"
-		redisDo(t, admin, "SET", layers[1].RedisKey+client, "2", "PX", "60000")
-
-		before := serverState(t, admin)
-		if tl := scriptCharge(t, s, layers, client, 1); !tl.Refused || tl.Shown != 1 {
-			t.Fatalf("%s: %+v, want refused by ip", name, tl)
-		}
-
-		if after := serverState(t, admin); after != before {
-			t.Fatalf("%s: the refused request changed Redis:\n%s\nto\n%s", name, before, after)
-		}
-
-		if tl := scriptCharge(t, s, layers, "203.0.113."+strconv.Itoa(fresh), 1); tl.Refused || tl.Count != 1 {
-			t.Fatalf("%s: %+v, want allowed with a fresh global and ip", name, tl)
-		}
-
-		if v := redisDo(t, admin, "GET", global).Str; v != "1" {
-			t.Fatalf("%s: global holds %q, want a fresh 1", name, v)
-		}
-
-		if ttl := redisDo(t, admin, "PTTL", global).Int; ttl <= 0 || ttl > 3600000 {
-			t.Fatalf("%s: global's PTTL %d, want the window's", name, ttl)
-		}
-	}
-
-	// A live counter a refusal read is given back byte for byte.
-	redisDo(t, admin, "SET", global, "41", "PX", "60000")
-
-	before := serverState(t, admin)
-	if tl := scriptCharge(t, s, layers, "203.0.113.50", 1); !tl.Refused {
-		t.Fatalf("%+v, want refused by ip", tl)
-	}
-
-	if after := serverState(t, admin); after != before {
-		t.Fatalf("the refused request changed Redis:\n%s\nto\n%s", before, after)
-	}
-}
-
 func TestClusterKeysShareASlotPerClientAndPrincipal(t *testing.T) {
 	mk := func(name string, kind int) *layer {
 		return &layer{Limits: rule.Limits{Name: name, KeyKind: kind, ConstKey: "global"}, RedisEncoding: rule.RedisEncoding{RedisKey: "ratelimit:mw:" + name + ":"}}
@@ -652,27 +581,6 @@ func TestClusterKeysShareASlotPerClientAndPrincipal(t *testing.T) {
 
 	if k := redisstore.ClusterKey(global, keyFor(global, "198.51.100.7", "alice", nil)); k != "ratelimit:mw:global:{global}" {
 		t.Fatalf("global key %q", k)
-	}
-}
-
-// On a cluster a calendar layer's key and window are those of the period that
-// holds the request's time (the instance's clock), not the wall clock's.
-func TestClusterCalendarKeyFollowsTheRequestTime(t *testing.T) {
-	l := &layer{Limits: rule.Limits{Name: "ip", Points: 5, KeyKind: keyOfClient, Calendar: limit.Day}, RedisEncoding: rule.RedisEncoding{RedisKey: "ratelimit:mw:ip:"}}
-	l.RedisArgs = redisresp.Bulk("5") + redisresp.Bulk("86400000") + redisstore.AlgoFixed + redisstore.ArgNoRate
-	l.RedisTail = redisstore.RedisTail(l.RedisArgs)
-	now := time.Date(2026, 2, 10, 18, 0, 0, 0, time.UTC).UnixNano()
-
-	groups := redisstore.SlotGroups(chargeOf([]*layer{l}, "198.51.100.7", "", nil, now, false), "")
-
-	start := time.Date(2026, 2, 10, 0, 0, 0, 0, time.UTC).Unix()
-	if want := redisresp.Bulk("ratelimit:mw:ip:{198.51.100.7}:" + strconv.FormatInt(start, 10)); len(groups) != 1 || groups[0].Keys != want {
-		t.Fatalf("keys %q, want %q", groups[0].Keys, want)
-	}
-
-	// 6 hours to the end of the day.
-	if want := redisresp.Bulk("5") + redisresp.Bulk("21600000"); !strings.HasPrefix(groups[0].Args, want) {
-		t.Fatalf("args %q, want the window left: %q", groups[0].Args, want)
 	}
 }
 

@@ -109,15 +109,21 @@ func (h *storeHarness) layer(name string) *layer {
 
 // charge is a request of client to every layer of the harness at now.
 func (h *storeHarness) charge(client string, now int64) *charge {
-	keys := make([]string, len(h.layers))
-	for i, l := range h.layers {
+	return chargeOf(h.layers, client, now)
+}
+
+// chargeOf is a request of client to layers at now, each keyed by the
+// client or its constant key (the root's chargeOf for those key kinds).
+func chargeOf(layers []*layer, client string, now int64) *charge {
+	keys := make([]string, len(layers))
+	for i, l := range layers {
 		keys[i] = client
 		if l.KeyKind == rule.KeyOfConst {
 			keys[i] = l.ConstKey
 		}
 	}
 
-	return &charge{Layers: h.layers, Keys: keys, Client: client, Now: now}
+	return &charge{Layers: layers, Keys: keys, Client: client, Now: now}
 }
 
 func formatInt(n int64) string { return strconv.FormatInt(n, 10) }
