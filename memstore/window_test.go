@@ -13,16 +13,9 @@ import (
 var t0 = time.Date(2026, 6, 15, 10, 0, 0, 0, time.UTC).UnixNano()
 
 // newLayer is the layer the root builds from spec (its newLayer), as far as
-// the memory store reads it: the limits, attached to s.
+// the memory store reads it: rule.NewLayer, attached to s.
 func newLayer(s *WindowStore, spec config.Rule, keyKind int) *layer {
-	l := &layer{Limits: rule.Limits{
-		Name:     spec.Name,
-		Points:   spec.Points,
-		Duration: int64(spec.Duration),
-		KeyKind:  keyKind,
-		ConstKey: config.LayerGlobal,
-		Sliding:  spec.Sliding,
-	}}
+	l := rule.NewLayer(spec, keyKind)
 	s.Attach(l)
 
 	return l
@@ -45,9 +38,14 @@ func hitOnce(s *WindowStore, now int64, l *layer, key string) hit {
 }
 
 // takeIn charges layers to client as the root's take does for a memory
-// store, and returns the tally.
+// store (with its blocks when a layer blocks), and returns the tally.
 func takeIn(s *WindowStore, now int64, layers []*layer, client string, all bool) tally {
 	var t tally
+
+	blocks := false
+	for _, l := range layers {
+		blocks = blocks || l.BlockDuration != 0
+	}
 
 	keys := make([]string, len(layers))
 	for i, l := range layers {
@@ -57,7 +55,7 @@ func takeIn(s *WindowStore, now int64, layers []*layer, client string, all bool)
 		}
 	}
 
-	TakeWithBlocks(s, false, &t, &charge{Layers: layers, Keys: keys, Client: client, Now: now, All: all})
+	TakeWithBlocks(s, blocks, &t, &charge{Layers: layers, Keys: keys, Client: client, Now: now, All: all})
 
 	return t
 }
