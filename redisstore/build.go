@@ -27,7 +27,7 @@ func New(ctx context.Context, cfg *config.Settings, name string, memory *memstor
 		Backend: Backends.Get(ctx, cfg.Redis),
 		Local:   memory,
 		Blocked: blocked,
-		Owed:    NewOwedCounts(cfg.MaxTracked),
+		Owed:    newOwedCounts(cfg.MaxTracked),
 		Clock:   time.Now,
 	}
 
@@ -35,16 +35,16 @@ func New(ctx context.Context, cfg *config.Settings, name string, memory *memstor
 		rs.Blocks = rs.Blocks || l.BlockDuration != 0
 		l.RedisKey = rs.Prefix + l.Name + ":"
 		l.RedisConstKey = redisresp.Bulk(l.RedisKey + l.ConstKey)
-		l.BlockPrefix = BlockPrefix(l)
+		l.BlockPrefix = blockPrefix(l)
 	}
 
 	if cfg.SyncInterval > 0 {
-		rs.Synced = SyncStateFor(ctx, name, rs.Backend, cfg.SyncInterval, cfg.MaxTracked, func() { ListenResets(rs) })
+		rs.Synced = syncStateFor(ctx, name, rs.Backend, cfg.SyncInterval, cfg.MaxTracked, func() { ListenResets(rs) })
 	}
 
 	// A plan has at most every layer: global, one tier or plan and the routes.
 	for n := 0; n <= len(layers); n++ {
-		rs.Calls = append(rs.Calls, TakeCall(n))
+		rs.Calls = append(rs.Calls, takeCall(n))
 	}
 
 	return rs
@@ -61,21 +61,21 @@ func Encode(l *rule.Layer, spec config.Rule) {
 
 	ms := int64(spec.Duration / time.Millisecond)
 	head := redisresp.Bulk(strconv.FormatInt(spec.Points, 10)) + redisresp.Bulk(strconv.FormatInt(ms, 10))
-	e := rule.RedisEncoding{RedisArgs: head + AlgoFixed + ArgNoRate, MaxTTL: ms}
+	e := rule.RedisEncoding{RedisArgs: head + algoFixed + argNoRate, MaxTTL: ms}
 
 	switch {
 	case spec.Sliding:
-		e.RedisArgs = head + AlgoSliding + ArgNoRate
+		e.RedisArgs = head + algoSliding + argNoRate
 		e.MaxTTL = 2 * ms
 	case spec.Bucket:
-		e.RedisArgs = head + AlgoBucket + redisresp.Bulk(strconv.FormatInt(rate, 10))
+		e.RedisArgs = head + algoBucket + redisresp.Bulk(strconv.FormatInt(rate, 10))
 		e.MaxTTL = (spec.Points*ms+rate-1)/rate + 1
 	case spec.Concurrency:
 		e = concurrencyEncoding(head, ms)
 	case spec.Calendar != 0:
 		// A calendar key names its period: the fourth argument, the
 		// calendar's longest period, bounds its life (takeScript's fixed).
-		e.RedisArgs = head + AlgoFixed + redisresp.Bulk(strconv.FormatInt(ms, 10))
+		e.RedisArgs = head + algoFixed + redisresp.Bulk(strconv.FormatInt(ms, 10))
 	}
 
 	if spec.Block > 0 {
@@ -97,7 +97,7 @@ func Encode(l *rule.Layer, spec config.Rule) {
 // (points and lease): the algorithm, and a per-request member that the
 // store adds to each call (LeaseArgs). A refusal's reset is a second away.
 func concurrencyEncoding(head string, ms int64) rule.RedisEncoding {
-	e := rule.RedisEncoding{RedisArgs: head + AlgoConcurrency, MaxTTL: ms}
+	e := rule.RedisEncoding{RedisArgs: head + algoConcurrency, MaxTTL: ms}
 	if e.MaxTTL < memstore.RetryConcurrency/NsPerMillisecond {
 		e.MaxTTL = memstore.RetryConcurrency / NsPerMillisecond
 	}

@@ -42,7 +42,7 @@ func (s *RedisStore) runCluster(cl *redisresp.Cluster, c *charge, cost int64) ([
 		mode = argChargeAll
 	}
 
-	groups := SlotGroups(c, mode+CostArg(cost))
+	groups := slotGroups(c, mode+CostArg(cost))
 
 	calls := make([]redisresp.ClusterCall, len(groups))
 	for i, g := range groups {
@@ -115,7 +115,7 @@ func slotRefused(layers []*layer, g *slotGroup, r redisresp.Reply) bool {
 // refundCluster is refund's call on a Redis Cluster: one refundScript call
 // per slot.
 func (s *RedisStore) refundCluster(cl *redisresp.Cluster, c *charge, cost int64) error {
-	groups := SlotGroups(c, CostArg(cost))
+	groups := slotGroups(c, CostArg(cost))
 
 	calls := make([]redisresp.ClusterCall, len(groups))
 	for i, g := range groups {
@@ -137,10 +137,10 @@ func (s *RedisStore) refundCluster(cl *redisresp.Cluster, c *charge, cost int64)
 	return nil
 }
 
-// SlotGroups groups c's layers by the slot of their keys, each group's
+// slotGroups groups c's layers by the slot of their keys, each group's
 // arguments starting with head (the request's arguments); a calendar layer's
 // key and window are those of the period that holds c.now.
-func SlotGroups(c *charge, head string) []*slotGroup {
+func slotGroups(c *charge, head string) []*slotGroup {
 	var groups []*slotGroup
 
 	now := c.Now

@@ -373,11 +373,11 @@ func TestOddFixedKeysStartAfreshOnRedisServer(t *testing.T) {
 // holds the request's time (the instance's clock), not the wall clock's.
 func TestClusterCalendarKeyFollowsTheRequestTime(t *testing.T) {
 	l := &layer{Limits: rule.Limits{Name: "ip", Points: 5, KeyKind: rule.KeyOfClient, Calendar: limit.Day}, RedisEncoding: rule.RedisEncoding{RedisKey: "ratelimit:mw:ip:"}}
-	l.RedisArgs = redisresp.Bulk("5") + redisresp.Bulk("86400000") + AlgoFixed + ArgNoRate
+	l.RedisArgs = redisresp.Bulk("5") + redisresp.Bulk("86400000") + algoFixed + argNoRate
 	l.RedisTail = RedisTail(l.RedisArgs)
 	now := time.Date(2026, 2, 10, 18, 0, 0, 0, time.UTC).UnixNano()
 
-	groups := SlotGroups(chargeOf([]*layer{l}, "198.51.100.7", now), "")
+	groups := slotGroups(chargeOf([]*layer{l}, "198.51.100.7", now), "")
 
 	start := time.Date(2026, 2, 10, 0, 0, 0, 0, time.UTC).Unix()
 	if want := redisresp.Bulk("ratelimit:mw:ip:{198.51.100.7}:" + strconv.FormatInt(start, 10)); len(groups) != 1 || groups[0].Keys != want {

@@ -117,7 +117,7 @@ func TestSyncGoroutineStopsWhenReleased(t *testing.T) {
 		close(done)
 	}()
 
-	StopSync(st)
+	stopSync(st)
 	<-done
 
 	if st.Started {

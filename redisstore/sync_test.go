@@ -253,7 +253,7 @@ func TestFailedSyncKeepsItsCountsAndNeverFailsOpen(t *testing.T) {
 	}
 
 	h.clock.Add(50 * time.Millisecond)
-	if err := SyncNow(st, h.clock.Now().UnixNano(), false); !errors.Is(err, ErrSyncSkipped) {
+	if err := SyncNow(st, h.clock.Now().UnixNano(), false); !errors.Is(err, errSyncSkipped) {
 		t.Fatalf("a sync during the back-off: %v, want it skipped", err)
 	}
 
@@ -311,7 +311,7 @@ func TestPanickingSyncKeepsItsLease(t *testing.T) {
 	}
 
 	st.Now = func() time.Time { panic("clock") }
-	SafeSync(st, false)
+	safeSync(st, false)
 
 	if c := counterOf(st, "ip", "203.0.113.9"); c.Lease != 2 || c.Inflight != 0 || st.Syncing {
 		t.Fatalf("after a panicking sync: lease %d, in flight %d, syncing %v; want the lease of 2 held", c.Lease, c.Inflight, st.Syncing)
@@ -554,7 +554,7 @@ func TestReleasedSyncStateSendsItsPendingCharges(t *testing.T) {
 		}
 	}
 
-	StopSync(st)
+	stopSync(st)
 
 	ip := h.layer("ip")
 	start, _ := SyncWindow(ip, h.clock.Now().UnixNano())
