@@ -3,21 +3,24 @@ package tierlimit
 import (
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/redisresp"
+	"github.com/tierlimit/tierlimit/redisstore"
 )
 
 // blockedIP is an ip layer of 3 per second that blocks a refused client for 4s.
 func blockedIP(algorithm string) func(c *Config) {
 	return func(c *Config) {
 		c.Global.Points, c.Assets.Points = 0, 0
-		c.IP = LayerConfig{Points: 3, Duration: "1s", Algorithm: algorithm, BlockDuration: "4s"}
+		c.IP = config.LayerConfig{Points: 3, Duration: "1s", Algorithm: algorithm, BlockDuration: "4s"}
 		if algorithm == "tokenbucket" {
-			c.IP = LayerConfig{Points: 3, Duration: "1s", Algorithm: algorithm, Burst: 3, BlockDuration: "4s"}
+			c.IP = config.LayerConfig{Points: 3, Duration: "1s", Algorithm: algorithm, Burst: 3, BlockDuration: "4s"}
 		}
 	}
 }
@@ -123,7 +126,7 @@ func TestBlockDurationConfig(t *testing.T) {
 	}
 
 	cfg := CreateConfig()
-	cfg.Routes = []RouteConfig{{Name: "login", Paths: []string{"/login"}, Points: 1, Duration: "1s", BlockDuration: "15m"}}
+	cfg.Routes = []config.RouteConfig{{Name: "login", Paths: []string{"/login"}, Points: 1, Duration: "1s", BlockDuration: "15m"}}
 
 	s, err := parse(cfg)
 	if err != nil || s.Routes[0].Block != 15*time.Minute {
@@ -165,7 +168,7 @@ func TestBlockOnRedisServer(t *testing.T) {
 			}
 		}
 
-		if code, doc := a.reset("?layer=ip&key="+client, ""); code != http.StatusOK || doc.Redis == nil || *doc.Redis != redisCleared {
+		if code, doc := a.reset("?layer=ip&key="+client, ""); code != http.StatusOK || doc.Redis == nil || *doc.Redis != redisstore.RedisCleared {
 			t.Fatalf("%s: reset: %d %+v", algorithm, code, doc)
 		}
 
@@ -237,7 +240,7 @@ func TestRedisBlockHoldsWhileRedisIsDownOnRedisServer(t *testing.T) {
 	// Redis goes away: every call fails from now on.
 	dead := closedPort(t)
 	pool := redisresp.NewPool(redisresp.Options{Address: dead, Timeout: time.Second})
-	redisStoreOf(h.p).Backend = &redisBackend{Pool: pool, Single: pool, Address: dead, Log: io.Discard}
+	redisStoreOf(h.p).Backend = &redisstore.RedisBackend{Pool: pool, Single: pool, Address: dead, Log: io.Discard}
 
 	h.clock.Add(1500 * time.Millisecond)
 	if rec := h.get("/api", client); rec.Code != http.StatusTooManyRequests || rec.Header().Get("Retry-After") != "3" {
@@ -256,5 +259,222 @@ func TestRedisBlockHoldsWhileRedisIsDownOnRedisServer(t *testing.T) {
 	h.clock.Add(2800 * time.Millisecond)
 	if rec := h.get("/api", client); rec.Code != http.StatusOK {
 		t.Fatalf("after the block, Redis down: %d", rec.Code)
+	}
+}
+
+// blockedWithin is an ip layer of 10 a minute that blocks a refused client
+// for 5s, behind global.
+func blockedWithin(c *Config) {
+	c.Global = config.LayerConfig{Points: 1000, Duration: "60s"}
+	c.IP = config.LayerConfig{Points: 10, Duration: "60s", BlockDuration: "5s"}
+}
+
+// TestBlockShorterThanTheWindowGivesNoExtraRequests: a key blocked for 5s
+// of a 60s window is refused while blocked without its layer's count moving,
+// so once the block ends within the window the key still has no point left.
+// Global, charged before ip and given back, counts the 10 allowed only.
+func TestBlockShorterThanTheWindowGivesNoExtraRequests(t *testing.T) {
+	h := newHarness(t, blockedWithin)
+	client := "203.0.113.9:1"
+
+	for i := 1; i <= 21; i++ {
+		if rec := h.get("/api", client); rec.Code != http.StatusOK && i <= 10 || rec.Code != http.StatusTooManyRequests && i > 10 {
+			t.Fatalf("request %d: %d", i, rec.Code)
+		}
+	}
+
+	h.clock.Add(6 * time.Second)
+
+	for i := 1; i <= 10; i++ {
+		if rec := h.get("/api", client); rec.Code != http.StatusTooManyRequests {
+			t.Fatalf("request %d after the block, within the window: %d, want 429: the window's 10 points are spent", i, rec.Code)
+		}
+
+		h.clock.Add(6 * time.Second) // past each new block, still in the window
+		if h.clock.Now().Sub(time.Date(2026, 6, 15, 10, 0, 0, 200e6, time.UTC)) >= time.Minute {
+			break
+		}
+	}
+
+	if n := countsByLayer(h); n["ip"] != 10 || n["global"] != 10 {
+		t.Fatalf("counts %v, want 10 in ip and global", n)
+	}
+}
+
+// TestReloadToDryRunRefusesNoBlockedKey: keys blocked before a reload to dry
+// run, top-level or on the rule that blocked them, are let through by the
+// dry-run instance and counted there; a key blocked by a rule that stays
+// enforced is not.
+func TestReloadToDryRunRefusesNoBlockedKey(t *testing.T) {
+	base := func(c *Config) {
+		blockedWithin(c)
+		c.IP.BlockDuration = "1h"
+		c.Routes = []config.RouteConfig{{Name: "login", Paths: []string{"/login"}, Key: "ip", Points: 2, Duration: "60s", BlockDuration: "1h"}}
+	}
+
+	// .1 is blocked by ip on /api, .2 by the login route on /login.
+	type blockedClient struct{ rule, path, client string }
+	clients := []blockedClient{{"ip", "/api", "203.0.113.1:1"}, {"login", "/login", "203.0.113.2:1"}}
+
+	for _, tc := range []struct {
+		dry  string // the rule made dry run, or "all"
+		mark func(c *Config)
+	}{
+		{"all", func(c *Config) { c.DryRun = true }},
+		{"ip", func(c *Config) { c.IP.DryRun = true }},
+		{"login", func(c *Config) { c.Routes[0].DryRun = true }},
+	} {
+		h := newHarness(t, base)
+		h.burst("203.0.113.1", 11)
+		for i := 0; i < 3; i++ {
+			h.get("/login", "203.0.113.2:1")
+		}
+
+		for _, c := range clients {
+			if rec := h.get(c.path, c.client); rec.Code != http.StatusTooManyRequests {
+				t.Fatalf("dry run of %s: %s from %s before the reload: %d, want blocked", tc.dry, c.path, c.client, rec.Code)
+			}
+		}
+
+		r := reloaded(t, h, with(base, tc.mark))
+
+		for _, c := range clients {
+			want, counted := http.StatusTooManyRequests, int64(0)
+			if tc.dry == "all" || tc.dry == c.rule {
+				want, counted = http.StatusOK, 1
+			}
+
+			l := r.p.layers[layerIndex(r, c.rule)]
+			before := l.Entries[strings.TrimSuffix(c.client, ":1")].Count
+
+			if rec := r.get(c.path, c.client); rec.Code != want {
+				t.Errorf("dry run of %s: %s from %s after the reload: %d, want %d", tc.dry, c.path, c.client, rec.Code, want)
+			}
+
+			if n := l.Entries[strings.TrimSuffix(c.client, ":1")].Count - before; n != counted {
+				t.Errorf("dry run of %s: %s from %s after the reload counted %d in %s, want %d", tc.dry, c.path, c.client, n, c.rule, counted)
+			}
+		}
+	}
+}
+
+// TestReloadToDryRunRefusesNoBlockedKeyOnRedisServer is
+// TestReloadToDryRunRefusesNoBlockedKey on Redis, where the blocks are Redis
+// keys and entries of each replica's block list: the dry-run rule lets its
+// blocked key through and counts it in Redis.
+func TestReloadToDryRunRefusesNoBlockedKeyOnRedisServer(t *testing.T) {
+	addr, admin := redisServer(t)
+	base := func(c *Config) {
+		asACLUser(c)
+		blockedWithin(c)
+		c.IP.BlockDuration = "1h"
+		c.Routes = []config.RouteConfig{{Name: "login", Paths: []string{"/login"}, Key: "ip", Points: 2, Duration: "60s", BlockDuration: "1h"}}
+	}
+
+	for _, tc := range []struct {
+		dry  string // the rule made dry run, or "all"
+		mark func(c *Config)
+	}{
+		{"all", func(c *Config) { c.DryRun = true }},
+		{"ip", func(c *Config) { c.IP.DryRun = true }},
+		{"login", func(c *Config) { c.Routes[0].DryRun = true }},
+	} {
+		redisDo(t, admin, "FLUSHALL")
+
+		h, _ := redisHarness(t, addr, base)
+		h.burst("203.0.113.1", 11)
+		for i := 0; i < 3; i++ {
+			h.get("/login", "203.0.113.2:1")
+		}
+
+		r := reloaded(t, h, with(base, func(c *Config) {
+			c.Store = "redis"
+			c.Redis.Address = addr
+			c.Redis.Timeout = "1s"
+			tc.mark(c)
+		}))
+		r.p.stores.redis.Backend = h.p.stores.redis.Backend
+
+		for _, c := range []struct{ rule, path, client, key string }{
+			{"ip", "/api", "203.0.113.1:1", h.p.layers[layerIndex(h, "ip")].RedisKey + "203.0.113.1"},
+			{"login", "/login", "203.0.113.2:1", h.p.routes[0].layer.RedisKey + "203.0.113.2"},
+		} {
+			want, counted := http.StatusTooManyRequests, 0
+			if tc.dry == "all" || tc.dry == c.rule {
+				want, counted = http.StatusOK, 1
+			}
+
+			before, _ := strconv.Atoi(redisDo(t, admin, "GET", c.key).Str)
+
+			if rec := r.get(c.path, c.client); rec.Code != want {
+				t.Errorf("dry run of %s: %s from %s after the reload: %d, want %d", tc.dry, c.path, c.client, rec.Code, want)
+			}
+
+			if after, _ := strconv.Atoi(redisDo(t, admin, "GET", c.key).Str); after-before != counted {
+				t.Errorf("dry run of %s: %s from %s after the reload counted %d in Redis, want %d", tc.dry, c.path, c.client, after-before, counted)
+			}
+		}
+	}
+}
+
+// TestRefusalsOfABlockedKeyAreCounted: every request a block refuses is in
+// the key's refused count on the status page, while its window lives and
+// after it, and in the layer's refused requests there and in the metrics;
+// in memory and on Redis.
+func TestRefusalsOfABlockedKeyAreCounted(t *testing.T) {
+	blocking := func(c *Config) {
+		c.Global.Points, c.Assets.Points, c.User.Points, c.Service.Points = 0, 0, 0, 0
+		c.Status.Path = "/_rl"
+		c.IP = config.LayerConfig{Points: 3, Duration: "1s", BlockDuration: "10s"}
+	}
+
+	addr, _ := redisServer(t)
+	redis, _ := redisHarness(t, addr, with(blocking, asACLUser))
+
+	for _, tc := range []struct {
+		name string
+		h    *harness
+	}{{"memory", newHarness(t, blocking)}, {"redis", redis}} {
+		refusedOnStatus(t, tc.name, tc.h)
+	}
+}
+
+// refusedOnStatus is TestRefusalsOfABlockedKeyAreCounted on one instance.
+func refusedOnStatus(t *testing.T, name string, h *harness) {
+	t.Helper()
+
+	client := "203.0.113.9"
+
+	keyRefused := func() int64 {
+		t.Helper()
+
+		doc := h.status("/_rl")
+		if len(doc.Keys.Items) != 1 || doc.Keys.Items[0].Key != client || !doc.Keys.Items[0].Limited {
+			t.Fatalf("%s: status: %+v", name, doc.Keys.Items)
+		}
+
+		if len(doc.Layers) != 1 || doc.Layers[0].Refused != doc.Keys.Items[0].Refused {
+			t.Fatalf("%s: layers %+v, keys %+v: want the layer's refused to be its one key's", name, doc.Layers, doc.Keys.Items)
+		}
+
+		return doc.Keys.Items[0].Refused
+	}
+
+	h.burst(client, 6) // 3 allowed, the 4th starts the block, 2 refused by it
+
+	if n := keyRefused(); n != 3 {
+		t.Fatalf("%s: key refused %d within its window, want 3", name, n)
+	}
+
+	h.clock.Add(2 * time.Second) // the window ended, the block goes on
+	h.burst(client, 2)
+
+	if n := keyRefused(); n != 5 {
+		t.Fatalf("%s: key refused %d after its window, want 5", name, n)
+	}
+
+	metrics := h.get("/_rl/metrics", local).Body.String()
+	if want := `tierlimit_requests_total{middleware="` + h.p.name + `",layer="ip",decision="refused"} 5`; !strings.Contains(metrics, want) {
+		t.Fatalf("%s: metrics without %s:\n%s", name, want, metrics)
 	}
 }

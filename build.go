@@ -5,17 +5,16 @@ import (
 	"net/http"
 	"net/netip"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/tierlimit/tierlimit/answer"
 	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/events"
-	"github.com/tierlimit/tierlimit/limit"
-	"github.com/tierlimit/tierlimit/redisresp"
+	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/redisstore"
 	"github.com/tierlimit/tierlimit/request"
+	"github.com/tierlimit/tierlimit/rule"
 )
 
 // Construction: everything the request path reads is built here, once per
@@ -36,7 +35,8 @@ type statusPage struct {
 }
 
 // chooseMode decides, from the parsed settings alone, how an instance serves
-// its requests; the table test in mode_test.go names every configuration shape.
+// its requests; TestChooseMode (paths_test.go) names every configuration
+// shape.
 //
 // The fast paths (paths.go) handle the common instances: the memory store,
 // headers on, no dry run, fixed windows keyed by client, principal or a
@@ -120,7 +120,7 @@ func build(ctx context.Context, cfg *config.Settings, next http.Handler, name st
 		headers: cfg.Headers,
 		held:    anyConcurrency(cfg),
 
-		assetPaths: cfg.AssetPaths,
+		pathForms: pathForms{assetPaths: cfg.AssetPaths},
 		Principal: request.Principal{
 			UserHeader: cfg.UserHeader, ServiceHeader: cfg.ServiceHeader, CredentialHeaders: cfg.CredHeaders,
 			CredentialCookies: cfg.CredCookies, CredentialParams: cfg.CredQuery,
@@ -156,7 +156,7 @@ func build(ctx context.Context, cfg *config.Settings, next http.Handler, name st
 // of the route's layer made once the layer is complete (counters, Redis
 // keys, block list prefix, refusal), and then marks the route's own layer,
 // the one its requests' plans hold, check-only: the script reads it with the
-// check flag (checkArgs), and both share the block list entries.
+// check flag (redisstore.CheckArgs), and both share the block list entries.
 func splitCountStatus(routes []*route) {
 	var all []*route
 	for _, rt := range routes {
@@ -174,7 +174,7 @@ func splitCountStatus(routes []*route) {
 		charge := *rt.layer
 		rt.charge = &charge
 		rt.layer.CheckOnly = true
-		rt.layer.RedisArgs = checkArgs(rt.layer.RedisArgs)
+		rt.layer.RedisArgs = redisstore.CheckArgs(rt.layer.RedisArgs)
 		if rt.layer.Calendar != 0 {
 			rt.layer.RedisTail = redisstore.RedisTail(rt.layer.RedisArgs) // the check flag too
 		}
@@ -204,7 +204,7 @@ func loudReserves(routes []*route) {
 
 // buildOperations makes the connection cap, the exemptions and the status
 // page; built are the built-in layers (buildLayers).
-func (p *Plugin) buildOperations(ctx context.Context, cfg *config.Settings, memory *windowStore, built []*layer) {
+func (p *Plugin) buildOperations(ctx context.Context, cfg *config.Settings, memory *memstore.WindowStore, built []*layer) {
 	if cfg.WSMaxPerIP > 0 {
 		p.ws = connCounters.get(ctx, p.name, cfg.WSMaxPerIP)
 		p.wsLayer = newLayer(memory, config.Rule{Name: layerWebsocket, Points: int64(cfg.WSMaxPerIP), Duration: time.Second}, keyOfClient)
@@ -227,7 +227,7 @@ func (p *Plugin) buildOperations(ctx context.Context, cfg *config.Settings, memo
 // where off, or where the instance never charges the layer: neverCharged).
 // So the status page, the metrics and the reset endpoint know the layers the
 // instance can charge only.
-func (p *Plugin) buildLayers(cfg *config.Settings, memory *windowStore) []*layer {
+func (p *Plugin) buildLayers(cfg *config.Settings, memory *memstore.WindowStore) []*layer {
 	built := make([]*layer, len(builtinLayers))
 	for i, row := range builtinLayers {
 		if !neverCharged(cfg, row.Name) {
@@ -296,7 +296,7 @@ func quietDryRuns(layers []*layer) {
 
 // buildRoutes makes the route layers that are on, and the methods they are
 // limited to (nil when some route takes every method, or there is none).
-func buildRoutes(memory *windowStore, specs []config.Route) ([]*route, map[string]bool) {
+func buildRoutes(memory *memstore.WindowStore, specs []config.Route) ([]*route, map[string]bool) {
 	var routes []*route
 
 	methods := map[string]bool{}
@@ -356,7 +356,7 @@ func sortedPlans(rt *route) []string {
 // plan with points 0 has no limit on the route: its form has no layer, and
 // charges nothing after the response either (withRoutePlan charges the
 // request's cost to its other layers only).
-func routePlans(memory *windowStore, rt *route, rs config.Route) map[string]*route {
+func routePlans(memory *memstore.WindowStore, rt *route, rs config.Route) map[string]*route {
 	if len(rs.Plans) == 0 {
 		return nil
 	}
@@ -415,40 +415,6 @@ func withTrailingSlash(paths map[string]bool) map[string]bool {
 	return out
 }
 
-// newRedisStore makes the Redis store of an instance and encodes each
-// layer's keys.
-func newRedisStore(ctx context.Context, cfg *config.Settings, name string, memory *windowStore, layers []*layer) *redisStore {
-	rs := &redisStore{
-		Prefix:  cfg.KeyPrefix + ":" + name + ":",
-		Name:    name,
-		Channel: redisstore.ResetChannel(cfg.KeyPrefix),
-		Backend: redisstore.Backends.Get(ctx, cfg.Redis),
-		Local:   memory,
-		Blocked: registry.blockListFor(ctx, name, cfg.MaxTracked),
-		Owed:    redisstore.NewOwedCounts(cfg.MaxTracked),
-		Clock:   time.Now, // buildStore sets the instance's
-	}
-
-	rs.Blocks = anyBlock(layers)
-
-	for _, l := range layers {
-		l.RedisKey = rs.Prefix + l.Name + ":"
-		l.RedisConstKey = redisresp.Bulk(l.RedisKey + l.ConstKey)
-		l.BlockPrefix = redisstore.BlockPrefix(l)
-	}
-
-	if cfg.SyncInterval > 0 {
-		rs.Synced = redisstore.SyncStateFor(ctx, name, rs.Backend, cfg.SyncInterval, cfg.MaxTracked, func() { redisstore.ListenResets(rs) })
-	}
-
-	// A plan has at most every layer: global, one tier or plan and the routes.
-	for n := 0; n <= len(layers); n++ {
-		rs.Calls = append(rs.Calls, redisstore.TakeCall(n))
-	}
-
-	return rs
-}
-
 // plan lists the layers that are on, in order.
 func plan(layers ...*layer) []*layer {
 	var out []*layer
@@ -462,150 +428,23 @@ func plan(layers ...*layer) []*layer {
 	return out
 }
 
-// newLayer returns nil for a layer that is off.
-func newLayer(memory *windowStore, spec config.Rule, keyKind int) *layer {
+// newLayer is the layer of spec in every store (rule.NewLayer, memstore's
+// Attach, redisstore.Encode); nil for a layer that is off.
+func newLayer(memory *memstore.WindowStore, spec config.Rule, keyKind int) *layer {
 	if !spec.On() {
 		return nil
 	}
 
-	if spec.KeyHeader != "" {
-		keyKind = keyOfHeader
-	}
-
-	if spec.KeyHost {
-		keyKind = keyOfHost
-	}
-
-	l := &layer{
-		Limits: limits{
-			Name:          spec.Name,
-			Points:        spec.Points,
-			Duration:      int64(spec.Duration),
-			KeyKind:       keyKind,
-			ConstKey:      layerGlobal,
-			KeyHeader:     spec.KeyHeader,
-			Sliding:       spec.Sliding,
-			Concurrency:   spec.Concurrency,
-			BlockDuration: int64(spec.Block),
-			Calendar:      spec.Calendar,
-			UtcOffset:     spec.UtcOffset,
-			DryRun:        spec.DryRun,
-			Memory:        spec.Memory,
-		},
-	}
-
-	// A token bucket's points become its burst (memstore/bucket.go).
-	if spec.Bucket {
-		spec = makeBucket(l, spec)
-	}
-
-	l.RedisEncoding = newRedisEncoding(spec, l.Refill)
-	l.HeaderTable = newHeaderTable(spec, l.Interval)
-
-	if spec.Calendar == calMonth {
-		l.Month = &monthPolicy{}
-	}
-
+	l := rule.NewLayer(spec, keyKind)
+	redisstore.Encode(l, spec)
 	memory.Attach(l)
 
 	return l
 }
 
-// newRedisEncoding encodes the script's arguments of a layer (redisstore/scripts.go):
-// points, window, algorithm and a token bucket's rate.
-func newRedisEncoding(spec config.Rule, rate int64) redisEncoding {
-	ms := int64(spec.Duration / time.Millisecond)
-	head := redisresp.Bulk(formatInt(spec.Points)) + redisresp.Bulk(formatInt(ms))
-	e := redisEncoding{RedisArgs: head + redisstore.AlgoFixed + redisstore.ArgNoRate, MaxTTL: ms}
-
-	switch {
-	case spec.Sliding:
-		e.RedisArgs = head + redisstore.AlgoSliding + redisstore.ArgNoRate
-		e.MaxTTL = 2 * ms
-	case spec.Bucket:
-		e.RedisArgs = head + redisstore.AlgoBucket + redisresp.Bulk(formatInt(rate))
-		e.MaxTTL = (spec.Points*ms+rate-1)/rate + 1
-	case spec.Concurrency:
-		e = concurrencyEncoding(head, ms)
-	case spec.Calendar != 0:
-		// A calendar key names its period: the fourth argument, the
-		// calendar's longest period, bounds its life (takeScript's fixed).
-		e.RedisArgs = head + redisstore.AlgoFixed + redisresp.Bulk(formatInt(ms))
-	}
-
-	if spec.Block > 0 {
-		e.RedisArgs, e.MaxTTL = withBlock(e.RedisArgs, e.MaxTTL, int64(spec.Block/time.Millisecond))
-	}
-
-	if spec.DryRun {
-		e.RedisArgs = flagArgs(e.RedisArgs, "d")
-	}
-
-	if spec.Calendar != 0 {
-		e.RedisTail = redisstore.RedisTail(e.RedisArgs)
-	}
-
-	return e
-}
-
-// withBlock adds a block of blockMs to a layer's script arguments: its
-// algorithm, the third argument, gets the suffix "b<blockMs>" (takeScript),
-// and a refusal may report the block's end.
-func withBlock(args string, maxTTL, blockMs int64) (string, int64) {
-	start, value, size := algorithmArg(args)
-
-	if blockMs > maxTTL {
-		maxTTL = blockMs
-	}
-
-	return args[:start] + redisresp.Bulk(args[value:value+size]+"b"+formatInt(blockMs)) + args[value+size+2:], maxTTL
-}
-
-// algorithmArg finds a layer's algorithm in its script arguments, the third
-// one: it returns start, value and size, where args[start:] is
-// "$<size>\r\n<algorithm>\r\n..." and the algorithm is args[value:value+size].
-func algorithmArg(args string) (int, int, int) {
-	start := 0
-	for n := 0; n < 2; n++ {
-		j := strings.Index(args[start:], "\r\n")
-		skip, _ := strconv.Atoi(args[start+1 : start+j])
-		start += j + 2 + skip + 2
-	}
-
-	j := strings.Index(args[start:], "\r\n")
-	size, _ := strconv.Atoi(args[start+1 : start+j])
-
-	return start, start + j + 2, size
-}
-
-// newHeaderTable makes a layer's header values; a token bucket's policy
-// window is the time its burst takes to refill (interval per point).
-func newHeaderTable(spec config.Rule, interval int64) headerTable {
-	points := formatInt(spec.Points)
-	window := int64(spec.Duration)
-	if spec.Bucket {
-		window = spec.Points * interval
-	}
-
-	t := headerTable{
-		Limit:     points,
-		LimitHdr:  []string{points},
-		PolicyHdr: []string{`"` + spec.Name + `";q=` + points + ";w=" + formatInt(limit.CeilSeconds(window)) + policyUnit(spec)},
-	}
-
-	for left := int64(0); left <= spec.Points && left < maxPrecomputed; left++ {
-		t.RemainingHdr = append(t.RemainingHdr, []string{formatInt(left)})
-		t.RatePrefix = append(t.RatePrefix, `"`+spec.Name+`";r=`+formatInt(left)+";t=")
-	}
-
-	t.TableLen = int64(len(t.RemainingHdr))
-
-	return t
-}
-
 // newRefusal is the configured refusal of layer l.
-func newRefusal(cfg *config.Settings, l *layer) refusal {
-	r := refusal{Policy: answer.Policy{
+func newRefusal(cfg *config.Settings, l *layer) rule.Refusal {
+	r := rule.Refusal{Policy: answer.Policy{
 		Status:      cfg.RefusalStatus,
 		ContentType: answer.JSONContentType,
 		BodyPrefix:  `{"errors":[{"message":"Hit rate limit","extensions":{"code":"REQUESTS_EXCEEDED","limit":` + l.Limit + `,"reset":"`,
@@ -624,24 +463,10 @@ func newRefusal(cfg *config.Settings, l *layer) refusal {
 	return r
 }
 
-// checkArgs is a layer's script arguments (newRedisEncoding) with the check
-// flag (takeScript).
-func checkArgs(args string) string {
-	return flagArgs(args, "c")
-}
-
-// flagArgs is a layer's script arguments with flag prefixed to its
-// algorithm, the third argument (takeScript: "c" check-only, "d" dry run).
-func flagArgs(args, flag string) string {
-	start, value, size := algorithmArg(args)
-
-	return args[:start] + "$" + strconv.Itoa(size+len(flag)) + "\r\n" + flag + args[value:]
-}
-
 // buildStore says where the instance counts (stores): memory, or Redis
 // with memory as its fallback, and what applies on top (blocks, memory
 // layers of a Redis instance, month policies).
-func (p *Plugin) buildStore(ctx context.Context, cfg *config.Settings, name string, memory *windowStore) {
+func (p *Plugin) buildStore(ctx context.Context, cfg *config.Settings, name string, memory *memstore.WindowStore) {
 	st := p.stores
 	st.blocks = anyBlock(p.layers)
 	st.month = anyMonth(p.layers)
@@ -654,7 +479,7 @@ func (p *Plugin) buildStore(ctx context.Context, cfg *config.Settings, name stri
 
 	st.plain = false
 
-	rs := newRedisStore(ctx, cfg, name, memory, p.layers)
+	rs := redisstore.New(ctx, cfg, name, memory, registry.blockListFor(ctx, name, cfg.MaxTracked), p.layers)
 	rs.Clock = func() time.Time { return p.now() }
 	st.redis = rs
 	redisstore.SetCurrent(name, rs)
@@ -671,19 +496,6 @@ func (p *Plugin) buildStore(ctx context.Context, cfg *config.Settings, name stri
 			}
 		}
 	}
-}
-
-// makeBucket turns l into a token bucket for spec: points becomes the burst,
-// the bucket's capacity, which the headers and the refusal report as the limit.
-// It returns spec with its points set to the burst likewise.
-func makeBucket(l *layer, spec config.Rule) config.Rule {
-	l.Refill = spec.Points
-	l.Interval = int64(spec.Duration) / spec.Points
-	l.Points = spec.Burst
-	l.Limit = formatInt(spec.Burst)
-	spec.Points = spec.Burst
-
-	return spec
 }
 
 // The built-in layers as data. builtinLayers is config.Builtins (the

@@ -6,14 +6,17 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/tierlimit/tierlimit/config"
 )
 
 func TestCostAndCountStatusConfiguration(t *testing.T) {
-	route := func(mutate func(r *RouteConfig)) func(c *Config) {
+	route := func(mutate func(r *config.RouteConfig)) func(c *Config) {
 		return func(c *Config) {
-			r := RouteConfig{Name: "export", Paths: []string{"/export"}, Points: 10, Duration: "60s"}
+			r := config.RouteConfig{Name: "export", Paths: []string{"/export"}, Points: 10, Duration: "60s"}
 			mutate(&r)
-			c.Routes = []RouteConfig{r}
+			c.Routes = []config.RouteConfig{r}
 		}
 	}
 
@@ -22,15 +25,15 @@ func TestCostAndCountStatusConfiguration(t *testing.T) {
 		mutate func(c *Config)
 		want   string // "" when valid
 	}{
-		{"cost of the points", route(func(r *RouteConfig) { r.Cost = 10 }), ""},
-		{"cost above the points", route(func(r *RouteConfig) { r.Cost = 11 }), `routes[0].cost = "11"`},
-		{"negative cost", route(func(r *RouteConfig) { r.Cost = -1 }), `routes[0].cost = "-1"`},
-		{"cost above a bucket's burst", route(func(r *RouteConfig) { r.Algorithm, r.Points, r.Burst, r.Cost = "tokenbucket", 20, 5, 6 }), `routes[0].cost = "6"`},
-		{"cost within a bucket's burst", route(func(r *RouteConfig) { r.Algorithm, r.Points, r.Burst, r.Cost = "tokenbucket", 1, 5, 5 }), ""},
-		{"cost on a route that is off", route(func(r *RouteConfig) { r.Points, r.Cost = 0, 3 }), `routes[0].cost = "3": is ignored on a route with points 0`},
-		{"countStatus 100 and 599", route(func(r *RouteConfig) { r.CountStatus = []int{100, 401, 599} }), ""},
-		{"countStatus 99", route(func(r *RouteConfig) { r.CountStatus = []int{401, 99} }), `routes[0].countStatus[1] = "99"`},
-		{"countStatus 600", route(func(r *RouteConfig) { r.CountStatus = []int{600} }), `routes[0].countStatus[0] = "600"`},
+		{"cost of the points", route(func(r *config.RouteConfig) { r.Cost = 10 }), ""},
+		{"cost above the points", route(func(r *config.RouteConfig) { r.Cost = 11 }), `routes[0].cost = "11"`},
+		{"negative cost", route(func(r *config.RouteConfig) { r.Cost = -1 }), `routes[0].cost = "-1"`},
+		{"cost above a bucket's burst", route(func(r *config.RouteConfig) { r.Algorithm, r.Points, r.Burst, r.Cost = "tokenbucket", 20, 5, 6 }), `routes[0].cost = "6"`},
+		{"cost within a bucket's burst", route(func(r *config.RouteConfig) { r.Algorithm, r.Points, r.Burst, r.Cost = "tokenbucket", 1, 5, 5 }), ""},
+		{"cost on a route that is off", route(func(r *config.RouteConfig) { r.Points, r.Cost = 0, 3 }), `routes[0].cost = "3": is ignored on a route with points 0`},
+		{"countStatus 100 and 599", route(func(r *config.RouteConfig) { r.CountStatus = []int{100, 401, 599} }), ""},
+		{"countStatus 99", route(func(r *config.RouteConfig) { r.CountStatus = []int{401, 99} }), `routes[0].countStatus[1] = "99"`},
+		{"countStatus 600", route(func(r *config.RouteConfig) { r.CountStatus = []int{600} }), `routes[0].countStatus[0] = "600"`},
 	} {
 		cfg := CreateConfig()
 		tc.mutate(cfg)
@@ -49,9 +52,9 @@ func TestCostAndCountStatusConfiguration(t *testing.T) {
 // exportConfig is the issue's costed route: ip 25 a minute, exports of cost
 // 10 in a route of large points.
 func exportConfig(c *Config) {
-	c.Global = LayerConfig{Points: 1000, Duration: "60s"}
-	c.IP = LayerConfig{Points: 25, Duration: "60s"}
-	c.Routes = []RouteConfig{{Name: "export", Paths: []string{"/export"}, Key: "ip", Points: 1000, Duration: "60s", Cost: 10}}
+	c.Global = config.LayerConfig{Points: 1000, Duration: "60s"}
+	c.IP = config.LayerConfig{Points: 25, Duration: "60s"}
+	c.Routes = []config.RouteConfig{{Name: "export", Paths: []string{"/export"}, Key: "ip", Points: 1000, Duration: "60s", Cost: 10}}
 }
 
 // costedScenario: three exports get 200, 200, 429 (the third does not fit
@@ -109,8 +112,8 @@ func TestCostedRouteOnRedisServer(t *testing.T) {
 func TestLargestCostOfTheMatchingRoutes(t *testing.T) {
 	h := newHarness(t, func(c *Config) {
 		c.Global.Points = 0
-		c.IP = LayerConfig{Points: 100, Duration: "60s"}
-		c.Routes = []RouteConfig{
+		c.IP = config.LayerConfig{Points: 100, Duration: "60s"}
+		c.Routes = []config.RouteConfig{
 			{Name: "api", Paths: []string{"/api/"}, Points: 50, Duration: "60s", Cost: 2},
 			{Name: "search", Paths: []string{"/api/search"}, Points: 60, Duration: "60s", Cost: 7},
 		}
@@ -128,9 +131,9 @@ func TestLargestCostOfTheMatchingRoutes(t *testing.T) {
 // loginConfig is the issue's login limit: 3 a minute, counting 401s only,
 // on a backend (loginBackend) that answers 401 to a bad password.
 func loginConfig(c *Config) {
-	c.Global = LayerConfig{Points: 1000, Duration: "60s"}
-	c.IP = LayerConfig{Points: 1000, Duration: "60s"}
-	c.Routes = []RouteConfig{{Name: "login", Methods: []string{"POST"}, Paths: []string{"/login"}, Points: 3, Duration: "60s", CountStatus: []int{401}}}
+	c.Global = config.LayerConfig{Points: 1000, Duration: "60s"}
+	c.IP = config.LayerConfig{Points: 1000, Duration: "60s"}
+	c.Routes = []config.RouteConfig{{Name: "login", Methods: []string{"POST"}, Paths: []string{"/login"}, Points: 3, Duration: "60s", CountStatus: []int{401}}}
 }
 
 var loginBackend = http.HandlerFunc(func(rw http.ResponseWriter, req *http.Request) {
@@ -286,10 +289,10 @@ func TestCountStatusWriterKeepsStreamsLive(t *testing.T) {
 // front get that cost back.
 func TestCostOfAPendingIPCharge(t *testing.T) {
 	h := newHarness(t, func(c *Config) {
-		c.Global = LayerConfig{Points: 100, Duration: "60s"}
-		c.IP = LayerConfig{Points: 15, Duration: "60s"}
+		c.Global = config.LayerConfig{Points: 100, Duration: "60s"}
+		c.IP = config.LayerConfig{Points: 15, Duration: "60s"}
 		c.Principal.CredentialHeaders = []string{"Authorization"}
-		c.Routes = []RouteConfig{{Name: "export", Paths: []string{"/export"}, Points: 100, Duration: "60s", Cost: 10}}
+		c.Routes = []config.RouteConfig{{Name: "export", Paths: []string{"/export"}, Points: 100, Duration: "60s", Cost: 10}}
 	})
 	h.p.next = http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) { rw.WriteHeader(http.StatusUnauthorized) })
 
@@ -313,10 +316,10 @@ func TestCostOfAPendingIPCharge(t *testing.T) {
 // and that route none.
 func TestRefusedPendingChargeSkipsWhatADryRunRuleDidNotTake(t *testing.T) {
 	h := newHarness(t, func(c *Config) {
-		c.Global = LayerConfig{Points: 100, Duration: "60s"}
-		c.IP = LayerConfig{Points: 1, Duration: "60s"}
+		c.Global = config.LayerConfig{Points: 100, Duration: "60s"}
+		c.IP = config.LayerConfig{Points: 1, Duration: "60s"}
 		c.Principal.CredentialHeaders = []string{"Authorization"}
-		c.Routes = []RouteConfig{{Name: "probe", Paths: []string{"/probe"}, Points: 1, Duration: "60s", Algorithm: "sliding", DryRun: true}}
+		c.Routes = []config.RouteConfig{{Name: "probe", Paths: []string{"/probe"}, Points: 1, Duration: "60s", Algorithm: "sliding", DryRun: true}}
 	})
 	h.p.next = http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) { rw.WriteHeader(http.StatusUnauthorized) })
 
@@ -344,4 +347,100 @@ func countsByLayer(h *harness) map[string]int64 {
 	}
 
 	return counts
+}
+
+// TestListedStatusCountedWhenTheIPChargeRefuses: a credentialed login that
+// the backend answers 401, a status the login route counts, is counted on
+// the route also when the ip charge of the invalid credential turns the
+// answer into a 429.
+func TestListedStatusCountedWhenTheIPChargeRefuses(t *testing.T) {
+	h := newHarness(t, func(c *Config) {
+		c.Global = config.LayerConfig{Points: 1000, Duration: "60s"}
+		c.IP = config.LayerConfig{Points: 2, Duration: "60s"}
+		c.Principal.CredentialHeaders = []string{"Authorization"}
+		c.Routes = []config.RouteConfig{{Name: "login", Methods: []string{"POST"}, Paths: []string{"/login"}, Points: 10, Duration: "60s", CountStatus: []int{401}}}
+	})
+	h.p.next = http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) { rw.WriteHeader(http.StatusUnauthorized) })
+
+	token := map[string]string{"Authorization": "Bearer garbage"}
+	for i, want := range []int{http.StatusUnauthorized, http.StatusUnauthorized, http.StatusTooManyRequests} {
+		if rec := h.do(http.MethodPost, "/login", "203.0.113.1:1", token); rec.Code != want {
+			t.Fatalf("login %d: %d, want %d", i+1, rec.Code, want)
+		}
+	}
+
+	if w := h.p.routes[0].layer.Entries["203.0.113.1"]; w == nil || w.Count != 3 {
+		t.Fatalf("login window %+v, want the three 401s counted, the one turned into a 429 included", w)
+	}
+}
+
+// exportRoute is a route of ip-keyed exports of cost 10, with room for 100
+// of them: the ip layer's points decide.
+func exportRoute(c *Config) {
+	c.Routes = []config.RouteConfig{{Name: "export", Paths: []string{"/export"}, Key: "ip", Points: 1000, Duration: "60s", Cost: 10}}
+}
+
+// TestCostedCountStatusRouteChargesTheCost: a login route of 9 points that
+// counts failures at a cost of 3 takes three failures, then refuses: each
+// 401 is charged its cost, not 1.
+func TestCostedCountStatusRouteChargesTheCost(t *testing.T) {
+	costed := func(c *Config) {
+		loginConfig(c)
+		c.Routes[0].Points = 9
+		c.Routes[0].Cost = 3
+	}
+
+	addr, _ := redisServer(t)
+	redis, _ := redisHarness(t, addr, with(costed, asACLUser))
+
+	for _, tc := range []struct {
+		name string
+		h    *harness
+	}{{"memory", newHarness(t, costed)}, {"redis", redis}} {
+		name, h := tc.name, tc.h
+		h.p.next = loginBackend
+
+		for i, want := range []int{http.StatusUnauthorized, http.StatusUnauthorized, http.StatusUnauthorized, http.StatusTooManyRequests} {
+			if rec := login(h, "bad"); rec.Code != want {
+				t.Fatalf("%s: bad login %d: %d, want %d", name, i+1, rec.Code, want)
+			}
+		}
+
+		if name == "memory" {
+			if w := h.p.routes[0].layer.Entries["203.0.113.1"]; w == nil || w.Count != 9 {
+				t.Fatalf("memory: login window %+v, want count 9", w)
+			}
+		}
+	}
+}
+
+// TestRefusedCostGivesATokenBucketItsTokensBack: an export of cost 3 that
+// the route refuses gives the ip bucket, charged before the route, all 3
+// tokens back: the 4 tokens left before it are there after it.
+func TestRefusedCostGivesATokenBucketItsTokensBack(t *testing.T) {
+	h := newHarness(t, func(c *Config) {
+		c.Global.Points = 0
+		c.IP = config.LayerConfig{Points: 1, Duration: "1h", Algorithm: "tokenbucket", Burst: 10}
+		c.Routes = []config.RouteConfig{{Name: "export", Paths: []string{"/export"}, Key: "ip", Points: 6, Duration: "1h", Cost: 3}}
+	})
+	client := "203.0.113.1:1"
+
+	for i, want := range []int{http.StatusOK, http.StatusOK, http.StatusTooManyRequests} {
+		if rec := h.get("/export", client); rec.Code != want || want == http.StatusTooManyRequests && refusedLayer(rec) != "export" {
+			t.Fatalf("export %d: %d (%s), want %d", i+1, rec.Code, refusedLayer(rec), want)
+		}
+	}
+
+	allowed := 0
+	for i := 0; i < 10; i++ {
+		if h.get("/api", client).Code == http.StatusOK {
+			allowed++
+		}
+
+		h.clock.Add(time.Millisecond)
+	}
+
+	if allowed != 4 {
+		t.Fatalf("%d reads allowed after the refused export, want the 4 tokens left before it", allowed)
+	}
 }

@@ -48,11 +48,10 @@
 // Qualified names. In a function on the request path, each type or constant
 // of another package named as pkg.Name (rule.Layer, rule.KeyOfClient) costs
 // one allocation per call of that function, for each such name. So each
-// package names the rule package's types and constants through aliases
-// declared once (aliases.go here, memstore/aliases.go, redisstore/aliases.go;
-// the root and redisstore alias memstore's, events', lifetime's and, in the
-// root, redisstore's too), and its code names the alias (layer, not
-// rule.Layer). A call of another package's function costs what a call of a
+// package names the types and constants its request path uses through
+// aliases declared once (aliases.go here, memstore/aliases.go,
+// redisstore/aliases.go), and its request path names the alias (layer, not
+// rule.Layer); code off the request path names them qualified. A call of another package's function costs what a call of a
 // local one does, and reading a field of its struct costs nothing more: a
 // sub-package is free on the request path as long as it exposes functions
 // and its types are named through aliases.

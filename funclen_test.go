@@ -1,6 +1,7 @@
 package tierlimit
 
 import (
+	"fmt"
 	"go/ast"
 	"go/parser"
 	"go/token"
@@ -17,10 +18,18 @@ import (
 // longer than that does more than one thing.
 const maxFuncLines = 60
 
+// maxGeneratedFuncLines bounds a generated one (paths.tmpl's snippets
+// written out, doc.go: generated paths), longer since it writes out what a
+// hand-written function would call. The bar is 80 (issue 40); it holds
+// serveCountedFast's 121 and mixedPath.ServeHTTP's 109 until they are
+// split without a call more per request (each costs about 13 allocations
+// under Yaegi), and no generated function may grow past them meanwhile.
+const maxGeneratedFuncLines = 121
+
 // TestNoLongRuntimeFunctions parses every non-test Go file of the plugin's
 // module (the root package and its sub-packages; nested modules such as e2e/
-// are not runtime code), skips generated files, and fails naming each
-// function longer than maxFuncLines.
+// are not runtime code) and fails naming each function longer than
+// maxFuncLines, or maxGeneratedFuncLines in a generated file.
 func TestNoLongRuntimeFunctions(t *testing.T) {
 	lengths, err := runtimeFuncLengths(".")
 	if err != nil {
@@ -39,15 +48,20 @@ func TestNoLongRuntimeFunctions(t *testing.T) {
 	sort.Strings(names)
 
 	for _, name := range names {
-		if n := lengths[name]; n > maxFuncLines {
-			t.Errorf("%s: %d lines, longer than %d: split it into functions with one concern each", name, n, maxFuncLines)
+		bar := maxFuncLines
+		if strings.HasSuffix(strings.Fields(name)[0], "_gen.go") {
+			bar = maxGeneratedFuncLines
+		}
+
+		if n := lengths[name]; n > bar {
+			t.Errorf("%s: %d lines, longer than %d: split it into functions with one concern each", name, n, bar)
 		}
 	}
 }
 
 // runtimeFuncLengths returns the length, in lines from func to the closing
-// brace, of every function declared in a non-test, non-generated Go file under
-// root, skipping directories that are not the module's packages.
+// brace, of every function declared in a non-test Go file under root,
+// skipping directories that are not the module's packages.
 func runtimeFuncLengths(root string) (map[string]int, error) {
 	lengths := map[string]int{}
 	fset := token.NewFileSet()
@@ -93,8 +107,8 @@ func addFuncLengths(fset *token.FileSet, path string, lengths map[string]int) er
 		return err
 	}
 
-	if ast.IsGenerated(f) {
-		return nil
+	if ast.IsGenerated(f) != strings.HasSuffix(path, "_gen.go") {
+		return fmt.Errorf("%s: a generated file is named *_gen.go, and only a generated file", path)
 	}
 
 	file := filepath.ToSlash(path)

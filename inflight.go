@@ -6,7 +6,6 @@ import (
 
 	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/memstore"
-	"github.com/tierlimit/tierlimit/redisresp"
 	"github.com/tierlimit/tierlimit/redisstore"
 )
 
@@ -30,31 +29,6 @@ func anyConcurrency(s *config.Settings) bool {
 	}
 
 	return false
-}
-
-// concurrencyEncoding is a concurrency layer's script arguments
-// (redisstore/scripts.go) of head (points and lease): the algorithm, and a
-// per-request member that the Redis store adds to each call (LeaseArgs).
-// A refusal's reset is a second away.
-func concurrencyEncoding(head string, ms int64) redisEncoding {
-	e := redisEncoding{RedisArgs: head + redisstore.AlgoConcurrency, MaxTTL: ms}
-	if e.MaxTTL < memstore.RetryConcurrency/redisstore.NsPerMillisecond {
-		e.MaxTTL = memstore.RetryConcurrency / redisstore.NsPerMillisecond
-	}
-
-	e.RedisTail = redisresp.Bulk("") // marks a layer whose call arguments vary (redisstore.EncodeCall)
-
-	return e
-}
-
-// policyUnit is what RateLimit-Policy adds for a layer's quota unit: a
-// concurrency layer counts requests in flight.
-func policyUnit(spec config.Rule) string {
-	if spec.Concurrency {
-		return `;qu="concurrent-requests"`
-	}
-
-	return ""
 }
 
 // releaseHeld frees the slots that the request of charge c holds in its

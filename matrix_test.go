@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/redisresp"
 	"github.com/tierlimit/tierlimit/redisstore"
 )
@@ -69,13 +70,13 @@ const mxClient = "203.0.113.9:1"
 // status page, the principal and plan headers read.
 func mxBase(c *Config) {
 	c.Global.Points = 0
-	c.IP = LayerConfig{Points: 100, Duration: "60s"}
+	c.IP = config.LayerConfig{Points: 100, Duration: "60s"}
 	c.Assets.Points, c.Assets.Duration = 100, "60s" // an empty assets plan would send everything to the general path
 	c.User.Points, c.Service.Points = 0, 0
 	c.Status.Path = "/_tl"
 }
 
-func mxRoutes(routes ...RouteConfig) func(c *Config) {
+func mxRoutes(routes ...config.RouteConfig) func(c *Config) {
 	return func(c *Config) {
 		mxBase(c)
 		for i := range routes {
@@ -142,11 +143,11 @@ var mxMinute = utc(2026, 6, 15, 10, 1, 0)
 
 func matrixRows() []mxRow {
 	day, week, month := utc(2026, 6, 16, 0, 0, 0), utc(2026, 6, 22, 0, 0, 0), utc(2026, 7, 1, 0, 0, 0)
-	window := func(algorithm string) RouteConfig {
-		return RouteConfig{Name: "rt", Points: 3, Duration: "60s", Algorithm: algorithm}
+	window := func(algorithm string) config.RouteConfig {
+		return config.RouteConfig{Name: "rt", Points: 3, Duration: "60s", Algorithm: algorithm}
 	}
-	calendar := func(period string) RouteConfig {
-		return RouteConfig{Name: "rt", Points: 3, Calendar: period}
+	calendar := func(period string) config.RouteConfig {
+		return config.RouteConfig{Name: "rt", Points: 3, Calendar: period}
 	}
 	status := []mxReq{{status: 401, cost: -1}, {cost: -1}, {status: 401, cost: -1}, {status: 401, cost: -1}, {status: 401, cost: -1}}
 	plans := func() []mxReq {
@@ -161,35 +162,35 @@ func matrixRows() []mxRow {
 	return []mxRow{
 		{name: "fixed", conf: mxRoutes(window("")), script: plainScript(5), charge: mxChargeEach(1), end: mxMinute},
 		{name: "sliding", conf: mxRoutes(window("sliding")), script: plainScript(5), charge: mxChargeEach(1), end: mxMinute},
-		{name: "tokenbucket", conf: mxRoutes(RouteConfig{Name: "rt", Points: 1, Duration: "1h", Algorithm: "tokenbucket", Burst: 3}),
+		{name: "tokenbucket", conf: mxRoutes(config.RouteConfig{Name: "rt", Points: 1, Duration: "1h", Algorithm: "tokenbucket", Burst: 3}),
 			script: plainScript(5), charge: mxChargeEach(1), uncounted: true, end: mxMinute},
 		{name: "calendar day", conf: mxRoutes(calendar("day")), script: plainScript(5), charge: mxChargeEach(1), end: day},
 		{name: "calendar week", conf: mxRoutes(calendar("week")), script: plainScript(5), charge: mxChargeEach(1), end: week},
 		{name: "calendar month", conf: mxRoutes(calendar("month")), script: plainScript(5), charge: mxChargeEach(1), end: month},
-		{name: "concurrency", conf: mxRoutes(RouteConfig{Name: "rt", Points: 1, Duration: "60s", Algorithm: "concurrency"}),
+		{name: "concurrency", conf: mxRoutes(config.RouteConfig{Name: "rt", Points: 1, Duration: "60s", Algorithm: "concurrency"}),
 			script: plainScript(4), charge: mxChargeEach(0), uncounted: true, end: mxMinute},
-		{name: "cost", conf: mxRoutes(RouteConfig{Name: "rt", Points: 7, Duration: "60s", Cost: 2}), script: plainScript(5), charge: mxChargeEach(2), end: mxMinute},
-		{name: "costFrom header, reserve", conf: mxRoutes(RouteConfig{Name: "rt", Points: 10, Duration: "60s", CostFrom: "header:X-Cost", Reserve: 3}),
+		{name: "cost", conf: mxRoutes(config.RouteConfig{Name: "rt", Points: 7, Duration: "60s", Cost: 2}), script: plainScript(5), charge: mxChargeEach(2), end: mxMinute},
+		{name: "costFrom header, reserve", conf: mxRoutes(config.RouteConfig{Name: "rt", Points: 10, Duration: "60s", CostFrom: "header:X-Cost", Reserve: 3}),
 			script: costScript(2, 1, 3, 3, 2, 3, 3), charge: mxChargeStated(true, 3), end: mxMinute},
-		{name: "costFrom stream, no reserve", conf: mxRoutes(RouteConfig{Name: "rt", Points: 6, Duration: "60s", CostFrom: "json:usage.total_tokens"}),
+		{name: "costFrom stream, no reserve", conf: mxRoutes(config.RouteConfig{Name: "rt", Points: 6, Duration: "60s", CostFrom: "json:usage.total_tokens"}),
 			script: costScript(2, 2, 1, 2, 1, 1), charge: mxChargeStated(false, 1), over: 1, end: mxMinute},
-		{name: "countStatus", conf: mxRoutes(RouteConfig{Name: "rt", Points: 2, Duration: "60s", CountStatus: []int{401}}),
+		{name: "countStatus", conf: mxRoutes(config.RouteConfig{Name: "rt", Points: 2, Duration: "60s", CountStatus: []int{401}}),
 			script: status, charge: mxChargeStatus(401), end: mxMinute},
-		{name: "route plans", conf: with(mxRoutes(RouteConfig{Name: "rt", Key: "principal", Points: 3, Duration: "60s",
-			Plans: map[string]PlanConfig{"pro": {Points: 2, Duration: "60s"}}}), func(c *Config) {
+		{name: "route plans", conf: with(mxRoutes(config.RouteConfig{Name: "rt", Key: "principal", Points: 3, Duration: "60s",
+			Plans: map[string]config.PlanConfig{"pro": {Points: 2, Duration: "60s"}}}), func(c *Config) {
 			c.Principal.UserHeader, c.Principal.PlanHeader = "X-Auth-User", "X-Auth-Plan"
-			c.User = LayerConfig{Points: 100, Duration: "60s"}
-			c.Plans = map[string]PlanConfig{"pro": {Points: 100, Duration: "60s"}}
+			c.User = config.LayerConfig{Points: 100, Duration: "60s"}
+			c.Plans = map[string]config.PlanConfig{"pro": {Points: 100, Duration: "60s"}}
 		}), script: plans, charge: mxChargeEach(1), end: mxMinute},
-		{name: "block", conf: mxRoutes(RouteConfig{Name: "rt", Points: 2, Duration: "60s", BlockDuration: "120s"}), script: plainScript(4), charge: mxChargeEach(1), end: mxMinute},
-		{name: "dry run", conf: mxRoutes(RouteConfig{Name: "rt", Points: 2, Duration: "60s", DryRun: true}), script: plainScript(4), charge: mxChargeEach(1), over: 1000, end: mxMinute},
+		{name: "block", conf: mxRoutes(config.RouteConfig{Name: "rt", Points: 2, Duration: "60s", BlockDuration: "120s"}), script: plainScript(4), charge: mxChargeEach(1), end: mxMinute},
+		{name: "dry run", conf: mxRoutes(config.RouteConfig{Name: "rt", Points: 2, Duration: "60s", DryRun: true}), script: plainScript(4), charge: mxChargeEach(1), over: 1000, end: mxMinute},
 		{name: "concurrency beside costFrom", conf: mxRoutes(
-			RouteConfig{Name: "conc", Points: 1, Duration: "60s", Algorithm: "concurrency"},
-			RouteConfig{Name: "tok", Points: 10, Duration: "60s", CostFrom: "header:X-Cost", Reserve: 3}),
+			config.RouteConfig{Name: "conc", Points: 1, Duration: "60s", Algorithm: "concurrency"},
+			config.RouteConfig{Name: "tok", Points: 10, Duration: "60s", CostFrom: "header:X-Cost", Reserve: 3}),
 			script: costScript(2, 1, 3, 3, 2, 3, 3), charge: mxChargeStated(true, 3), end: mxMinute},
 		{name: "per minute beside per day", conf: mxRoutes(
-			RouteConfig{Name: "tpm", Points: 3, Duration: "60s"},
-			RouteConfig{Name: "tpd", Points: 4, Calendar: "day"}),
+			config.RouteConfig{Name: "tpm", Points: 3, Duration: "60s"},
+			config.RouteConfig{Name: "tpd", Points: 4, Calendar: "day"}),
 			script: plainScript(5), charge: mxChargeEach(2), end: mxMinute},
 	}
 }
@@ -700,12 +701,12 @@ func TestMatrix(t *testing.T) {
 			c.Store, c.Redis.Address, c.Redis.Timeout = "redis", exact, "1s"
 			asACLUser(c)
 			c.Global.Points = 0
-			c.IP = LayerConfig{Points: 100, Duration: "60s"}
+			c.IP = config.LayerConfig{Points: 100, Duration: "60s"}
 			c.Exempt.IPs = []string{"127.0.0.1/32"} // the status page's reader
 		}},
 		{name: "Cluster", admin: clusterAdmin, conf: func(c *Config) {
 			c.Store, c.Redis.Timeout = "redis", "1s"
-			c.Redis.Cluster = &RedisClusterConfig{Addresses: []string{cluster}}
+			c.Redis.Cluster = &config.RedisClusterConfig{Addresses: []string{cluster}}
 		}},
 	}
 

@@ -21,7 +21,7 @@ import (
 // connection cap, no exemptions; in modeAnonymous also plans that are never
 // empty. So it charges p.memory directly, always sets headers, and needs no
 // tally. Requests that a route matches are handed to serveGeneral
-// (general.go), which handles everything.
+// (paths.tmpl, with general.go), which handles everything.
 //
 // The paths themselves are in paths_gen.go, generated from paths.tmpl; this
 // file holds what they call on a refusal.
@@ -105,7 +105,7 @@ func refuseOther(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer,
 // redisFast is what redisPath reads: the store and the plans' calls.
 type redisFast struct {
 	mixed  bool // some layer counts in memory: mixedPath
-	store  *redisStore
+	store  *redisstore.RedisStore
 	ip     *redisPlan
 	assets *redisPlan // nil without asset prefixes
 }
@@ -187,7 +187,7 @@ func oneSlot(s *config.Settings) bool {
 }
 
 // newRedisFast encodes the calls of the plans of a modeRedis instance.
-func newRedisFast(rs *redisStore, ps plans) *redisFast {
+func newRedisFast(rs *redisstore.RedisStore, ps plans) *redisFast {
 	f := &redisFast{store: rs, ip: newRedisPlan(rs, ps.planIP, 1)}
 	if ps.planAssets != nil {
 		f.assets = newRedisPlan(rs, ps.planAssets, 1)
@@ -201,7 +201,7 @@ func newRedisFast(rs *redisStore, ps plans) *redisFast {
 // newRedisPlan encodes the call of a plan with one layer keyed by the client
 // as encodeCall encodes it, but for ARGV[1]: "2", the one-integer reply; each
 // request costs cost.
-func newRedisPlan(rs *redisStore, layers []*layer, cost int64) *redisPlan {
+func newRedisPlan(rs *redisstore.RedisStore, layers []*layer, cost int64) *redisPlan {
 	rp := &redisPlan{layers: layers}
 	for i, l := range layers {
 		if l.Memory {

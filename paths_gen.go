@@ -328,7 +328,7 @@ func (c *classifyPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 // serveCredentialed serves a request with a credential header at the edge
 // (classifyPath without userHeader): it is charged to global only (planCred
 // holds global or nothing), and passed on with its ip charge pending and its
-// response watched (after.go, after.go).
+// response watched (after.go).
 func serveCredentialed(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 	client := ""      // resolved when needed (pendingClient, refuseOther)
 	left := int64(-1) // requests left in global; -1: global is off
@@ -422,7 +422,7 @@ func refuseFast(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer, 
 }
 
 // serveGeneral charges the request to its plan and routes, and refuses it
-// or passes it on (general.go). matched is the routes the request matches
+// or passes it on (its helpers: general.go). matched is the routes the request matches
 // when the caller matched them (the classify path), else nil.
 func serveGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request, matched []*route) {
 	// Calls are gated by what the instance reads (doc.go: frames); the

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/tierlimit/tierlimit/config"
+	"github.com/tierlimit/tierlimit/events"
+	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/request"
 )
 
@@ -18,33 +20,16 @@ type Plugin struct {
 	name   string
 	now    func() time.Time
 	mode   mode
-	events *eventLog
+	events *events.EventLog
 
 	ips    *request.Resolver
-	stores *stores      // where each layer counts (stores.go)
-	memory *windowStore // the memory store, or the redis store's fallback (stores.memory)
+	stores *stores               // where each layer counts (stores.go)
+	memory *memstore.WindowStore // the memory store, or the redis store's fallback (stores.memory)
 
 	layers []*layer // every layer that is on, in evaluation order (status, metrics)
-	routes []*route
 	plans
-	// The methods some route is limited to; nil when a route takes every
-	// method (or there is none), so that a request of another method skips
-	// the route matchers.
-	routeMethods map[string]bool
-	// routedFast, countedFast: a request of the classify path that matches
-	// routes is charged on serveRoutedFast, serveCountedFast, or neither:
-	// serveGeneral (routedPaths).
-	routedFast, countedFast bool
-
-	// Routes and asset prefixes match the canonical request path
-	// (request/path.go), in lower case when foldPaths; a route that wants the
-	// other form converts it. assetHint matches every path whose canonical
-	// form may start with an asset prefix, and few others: a request that it
-	// does not match is no asset, without canonicalising its path
-	// (request/assetpath.go).
-	assetPaths []string
-	assetHint  *regexp.Regexp // nil when there is no asset prefix
-	foldPaths  bool
+	routing
+	pathForms
 	// What tells who sent a request: the auth server's headers
 	// (UserHeader "" when principal tiers are off) or where credentials may
 	// be (request/principal.go). Embedded, so that the request path reads
@@ -67,6 +52,34 @@ type Plugin struct {
 	// held: some layer is a concurrency layer, whose slots a request
 	// holds until its response ends (inflight.go).
 	held bool
+}
+
+// routing is how an instance's routes are matched and charged (buildRoutes,
+// build.go; routedPaths, general.go). Plugin embeds it, plans and pathForms
+// so that the request path reads p.routes with one selector (doc.go:
+// frames).
+type routing struct {
+	routes []*route
+	// The methods some route is limited to; nil when a route takes every
+	// method (or there is none), so that a request of another method skips
+	// the route matchers.
+	routeMethods map[string]bool
+	// routedFast, countedFast: a request of the classify path that matches
+	// routes is charged on serveRoutedFast, serveCountedFast, or neither:
+	// serveGeneral (routedPaths).
+	routedFast, countedFast bool
+}
+
+// pathForms: routes and asset prefixes match the canonical request path
+// (request/path.go), in lower case when foldPaths; a route that wants the
+// other form converts it (setPathForms, build.go). assetHint matches every
+// path whose canonical form may start with an asset prefix, and few others:
+// a request that it does not match is no asset, without canonicalising its
+// path (request/assetpath.go).
+type pathForms struct {
+	assetPaths []string
+	assetHint  *regexp.Regexp // nil when there is no asset prefix
+	foldPaths  bool
 }
 
 // plans are the layers charged up front, by kind of request, in evaluation
@@ -96,7 +109,8 @@ const (
 	// modeClassify is the fast path for an instance with credential headers or
 	// routes: classifyPath sends route matches to serveGeneral.
 	modeClassify
-	// modeGeneral serves every request on serveGeneral (general.go).
+	// modeGeneral serves every request on serveGeneral (paths.tmpl;
+	// its helpers in general.go).
 	modeGeneral
 	// modeRedis serves every request on redisPath (paths.go): the
 	// anonymous instance on the Redis store; on mixedPath when some of its
@@ -173,8 +187,8 @@ func (p *Plugin) fastPath() http.Handler {
 	return (*classifyPath)(p)
 }
 
-// ServeHTTP dispatches on the mode to the paths of paths.go, paths.go
-// and general.go; New returns the fast modes' handlers themselves.
+// ServeHTTP dispatches on the mode to the paths generated from paths.tmpl
+// (paths_gen.go); New returns the fast modes' handlers themselves.
 func (p *Plugin) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	switch p.mode {
 	case modeGeneral, modeOff:
@@ -194,26 +208,11 @@ func (p *Plugin) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 }
 
 // The configuration is package config (config/): the schema and its
-// defaults, their parsing and validation into config.Settings. This file
-// gives Traefik the root's Config and CreateConfig; build.go adds to
-// config's catalogue of built-in layers what each charges.
-
-// The schema lives in config/; these names keep the root's code as it was.
-type (
-	Config              = config.Config
-	LayerConfig         = config.LayerConfig
-	AssetsConfig        = config.AssetsConfig
-	RouteConfig         = config.RouteConfig
-	PlanConfig          = config.PlanConfig
-	PrincipalConfig     = config.PrincipalConfig
-	RedisConfig         = config.RedisConfig
-	RedisSentinelConfig = config.RedisSentinelConfig
-	RedisClusterConfig  = config.RedisClusterConfig
-	WebsocketConfig     = config.WebsocketConfig
-	StatusConfig        = config.StatusConfig
-	ExemptConfig        = config.ExemptConfig
-	ResponseConfig      = config.ResponseConfig
-)
+// defaults, their parsing and validation into config.Settings. Config is
+// its schema as Traefik's plugin loader asks for it (CreateConfig and New
+// name it); build.go adds to config's catalogue of built-in layers what
+// each charges.
+type Config = config.Config
 
 // CreateConfig returns the defaults README.md documents (config.Defaults);
 // Traefik decodes the user's settings over it.

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tierlimit/tierlimit/config"
+	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/request"
 )
 
@@ -16,8 +18,8 @@ func principalConfig(c *Config) {
 	c.Global.Points = 0
 	c.IP.Points = 0
 	c.Assets.Points = 0
-	c.User = LayerConfig{Points: 3, Duration: "60s"}
-	c.Service = LayerConfig{Points: 5, Duration: "60s"}
+	c.User = config.LayerConfig{Points: 3, Duration: "60s"}
+	c.Service = config.LayerConfig{Points: 5, Duration: "60s"}
 	c.Principal.UserHeader = "X-Auth-User"
 }
 
@@ -93,7 +95,7 @@ func TestPrincipalHeaderIgnoredWithoutUserHeader(t *testing.T) {
 }
 
 func TestLookAlikePrincipalHeaderIsNotThePrincipal(t *testing.T) {
-	h := newHarness(t, func(c *Config) { principalConfig(c); c.IP = LayerConfig{Points: 50, Duration: "1s"} })
+	h := newHarness(t, func(c *Config) { principalConfig(c); c.IP = config.LayerConfig{Points: 50, Duration: "1s"} })
 
 	req := httptest.NewRequest(http.MethodGet, "/api", nil)
 	req.RemoteAddr = "203.0.113.9:1"
@@ -122,7 +124,7 @@ func TestPrincipalKeyedRoute(t *testing.T) {
 	h := newHarness(t, func(c *Config) {
 		principalConfig(c)
 		c.User.Points = 100
-		c.Routes = []RouteConfig{{Name: "export", Paths: []string{"/export"}, Key: "principal", Points: 1, Duration: "60s"}}
+		c.Routes = []config.RouteConfig{{Name: "export", Paths: []string{"/export"}, Key: "principal", Points: 1, Duration: "60s"}}
 	})
 
 	if rec := h.do(http.MethodGet, "/export", "10.0.0.1:1", map[string]string{"X-Auth-User": "alice"}); rec.Code != http.StatusOK {
@@ -217,7 +219,7 @@ func (c *authChain) do(method, target, remote, token string) *httptest.ResponseR
 }
 
 func TestGarbageTokensAreChargedToTheIP(t *testing.T) {
-	c := newAuthChain(t, func(cfg *Config) { cfg.IP = LayerConfig{Points: 50, Duration: "1s"} }, func(*Config) {})
+	c := newAuthChain(t, func(cfg *Config) { cfg.IP = config.LayerConfig{Points: 50, Duration: "1s"} }, func(*Config) {})
 
 	for i := 1; i <= 60; i++ {
 		rec := c.do(http.MethodGet, "/api", "203.0.113.66:1", "garbage-"+strconv.Itoa(i))
@@ -261,7 +263,7 @@ func TestGarbageTokensAreChargedToTheIP(t *testing.T) {
 // scheme but Bearer) leaves the request anonymous; the principal instance
 // charges it to the edge's ip bucket before the backend, once.
 func TestCredentialsPassedAsAnonymousAreChargedToTheIP(t *testing.T) {
-	c := newAuthChain(t, func(cfg *Config) { cfg.IP = LayerConfig{Points: 50, Duration: "1s"} }, func(*Config) {})
+	c := newAuthChain(t, func(cfg *Config) { cfg.IP = config.LayerConfig{Points: 50, Duration: "1s"} }, func(*Config) {})
 
 	for _, from := range []struct{ remote, token string }{{"203.0.113.7:1", "Basic x"}, {"203.0.113.8:1", ""}} {
 		before := c.edge.calls.Load() + c.principal.calls.Load()
@@ -306,7 +308,7 @@ func TestCredentialsPassedAsAnonymousAreChargedToTheIP(t *testing.T) {
 // the application answers 401 is the application's business, not an invalid
 // credential.
 func TestPrincipalRequestsAreNeverChargedToTheIP(t *testing.T) {
-	c := newAuthChain(t, func(cfg *Config) { cfg.IP = LayerConfig{Points: 2, Duration: "1s"} }, func(*Config) {})
+	c := newAuthChain(t, func(cfg *Config) { cfg.IP = config.LayerConfig{Points: 2, Duration: "1s"} }, func(*Config) {})
 	c.principal.p.next = http.HandlerFunc(func(rw http.ResponseWriter, req *http.Request) {
 		rw.WriteHeader(http.StatusUnauthorized)
 	})
@@ -323,7 +325,7 @@ func TestPrincipalRequestsAreNeverChargedToTheIP(t *testing.T) {
 }
 
 func TestGarbageTokensInDryRunAreCountedNotRefused(t *testing.T) {
-	c := newAuthChain(t, func(cfg *Config) { cfg.DryRun = true; cfg.IP = LayerConfig{Points: 2, Duration: "1s"} }, func(*Config) {})
+	c := newAuthChain(t, func(cfg *Config) { cfg.DryRun = true; cfg.IP = config.LayerConfig{Points: 2, Duration: "1s"} }, func(*Config) {})
 
 	for i := 0; i < 5; i++ {
 		if rec := c.do(http.MethodGet, "/api", "203.0.113.66:1", "garbage"); rec.Code != http.StatusUnauthorized {
@@ -338,13 +340,13 @@ func TestGarbageTokensInDryRunAreCountedNotRefused(t *testing.T) {
 
 func TestEveryRequestIsChargedToExactlyOneTierBucket(t *testing.T) {
 	c := newAuthChain(t, func(cfg *Config) {
-		cfg.Global = LayerConfig{Points: 100000, Duration: "60s"}
-		cfg.IP = LayerConfig{Points: 1000, Duration: "60s"}
-		cfg.Assets = AssetsConfig{Points: 1000, Duration: "60s", PathPrefixes: []string{"/assets/"}}
-		cfg.Routes = []RouteConfig{{Name: "auth_login", Methods: []string{"POST"}, Paths: []string{"/auth/login"}, Points: 1000, Duration: "60s"}}
+		cfg.Global = config.LayerConfig{Points: 100000, Duration: "60s"}
+		cfg.IP = config.LayerConfig{Points: 1000, Duration: "60s"}
+		cfg.Assets = config.AssetsConfig{Points: 1000, Duration: "60s", PathPrefixes: []string{"/assets/"}}
+		cfg.Routes = []config.RouteConfig{{Name: "auth_login", Methods: []string{"POST"}, Paths: []string{"/auth/login"}, Points: 1000, Duration: "60s"}}
 	}, func(cfg *Config) {
-		cfg.User = LayerConfig{Points: 1000, Duration: "60s"}
-		cfg.Service = LayerConfig{Points: 1000, Duration: "60s"}
+		cfg.User = config.LayerConfig{Points: 1000, Duration: "60s"}
+		cfg.Service = config.LayerConfig{Points: 1000, Duration: "60s"}
 	})
 
 	mix := []struct {
@@ -378,7 +380,7 @@ func TestEveryRequestIsChargedToExactlyOneTierBucket(t *testing.T) {
 	got := map[string]int64{}
 	var sum int64
 
-	for _, s := range []*windowStore{c.edge.p.memory, c.principal.p.memory} {
+	for _, s := range []*memstore.WindowStore{c.edge.p.memory, c.principal.p.memory} {
 		for layer, entries := range s.Maps {
 			if layer != "ip" && layer != "assets" && layer != "user" && layer != "service" {
 				continue
@@ -483,7 +485,7 @@ func TestAnonymousRequestsAreNotWrapped(t *testing.T) {
 // edge's ip bucket by the principal instance, and not again by the edge's
 // writer when it sees the 401 (after.go settle).
 func TestAPendingChargeIsChargedOnce(t *testing.T) {
-	c := newAuthChain(t, func(cfg *Config) { cfg.IP = LayerConfig{Points: 10, Duration: "60s"} }, func(*Config) {})
+	c := newAuthChain(t, func(cfg *Config) { cfg.IP = config.LayerConfig{Points: 10, Duration: "60s"} }, func(*Config) {})
 	c.principal.p.next = http.HandlerFunc(func(rw http.ResponseWriter, req *http.Request) {
 		rw.WriteHeader(http.StatusUnauthorized)
 	})
@@ -506,8 +508,8 @@ func TestAPendingChargeIsChargedOnce(t *testing.T) {
 func TestGarbageCredentialsDoNotSpendGlobal(t *testing.T) {
 	for _, token := range []string{"garbage", "Basic x"} {
 		c := newAuthChain(t, func(cfg *Config) {
-			cfg.Global = LayerConfig{Points: 50, Duration: "60s"}
-			cfg.IP = LayerConfig{Points: 5, Duration: "60s"}
+			cfg.Global = config.LayerConfig{Points: 50, Duration: "60s"}
+			cfg.IP = config.LayerConfig{Points: 5, Duration: "60s"}
 		}, func(*Config) {})
 
 		codes := map[int]int{}

@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/redisresp"
-	"github.com/tierlimit/tierlimit/redisstore"
 )
 
 // redisServer runs a redis-server of the test's own on a free loopback port,
@@ -157,177 +157,14 @@ func serverState(t *testing.T, p *redisresp.Pool) string {
 	return b.String()
 }
 
-// scriptCharge runs takeScript for layers with a cost, as takeRedis does for a cost
-// of 1, and returns the outcome.
-func scriptCharge(t *testing.T, s *redisStore, layers []*layer, client string, cost int64) tally {
-	t.Helper()
-
-	ints, serverErr, err := redisstore.CallFor(s, len(layers)).RunIntsOn(s.Backend.Pool, redisstore.EncodeCall(chargeOf(layers, client, "", nil, time.Now().UnixNano(), false), redisstore.ArgStopAtRefusal, cost))
-	if err != nil || serverErr != "" {
-		t.Fatalf("script: %v %s", err, serverErr)
-	}
-
-	var tl tally
-	if err := redisstore.Record(s, &tl, chargeOf(layers, client, "", nil, t0, false), ints); err != nil {
-		t.Fatalf("reply %v: %v", ints, err)
-	}
-
-	return tl
-}
-
 // algorithmLayer is a layer of points with algorithm, an hour long; a token
 // bucket's burst is points.
-func algorithmLayer(algorithm string, points int) LayerConfig {
+func algorithmLayer(algorithm string, points int) config.LayerConfig {
 	if algorithm == "tokenbucket" {
-		return LayerConfig{Points: 1, Duration: "1h", Algorithm: algorithm, Burst: points}
+		return config.LayerConfig{Points: 1, Duration: "1h", Algorithm: algorithm, Burst: points}
 	}
 
-	return LayerConfig{Points: points, Duration: "1h", Algorithm: algorithm}
-}
-
-// TestCostIsChargedWholeOnRedisServer: a request of cost 3 counts 3 in each
-// layer; one that does not fit is refused whole, changing no key (the first
-// layer, which it fits, included); a smaller one that fits is still allowed.
-func TestCostIsChargedWholeOnRedisServer(t *testing.T) {
-	addr, admin := redisServer(t)
-
-	for _, algorithm := range []string{"fixed", "sliding", "tokenbucket"} {
-		h, _ := redisHarness(t, addr, func(c *Config) {
-			asACLUser(c)
-			c.Global = algorithmLayer(algorithm, 100)
-			c.IP = algorithmLayer(algorithm, 5)
-		})
-		s := h.p.stores.redis
-		layers := h.p.planIP
-
-		for i, step := range []struct {
-			cost    int64
-			refused bool
-			ip      int64 // the count reported
-		}{
-			{cost: 3, ip: 3},
-			{cost: 3, refused: true, ip: 6},
-			{cost: 2, ip: 5},
-			{cost: 1, refused: true, ip: 6},
-		} {
-			before := serverState(t, admin)
-			tl := scriptCharge(t, s, layers, "203.0.113.1", step.cost)
-			after := serverState(t, admin)
-
-			if tl.Refused != step.refused || tl.Shown != 1 || tl.Count != step.ip {
-				t.Fatalf("%s, step %d (cost %d): %+v, want refused %v with ip at %d", algorithm, i, step.cost, tl, step.refused, step.ip)
-			}
-
-			if step.refused && after != before {
-				t.Fatalf("%s, step %d: the refused request changed Redis:\n%s\nto\n%s", algorithm, i, before, after)
-			}
-
-			if !step.refused && after == before {
-				t.Fatalf("%s, step %d: the allowed request changed nothing", algorithm, i)
-			}
-		}
-
-		// global holds the 5 allowed, not the 9 asked for.
-		if tl := scriptCharge(t, s, layers[:1], "203.0.113.1", 1); tl.Count != 6 {
-			t.Fatalf("%s: global at %d after 5 allowed, want 6 with this one", algorithm, tl.Count)
-		}
-	}
-}
-
-// TestRefundGivesBackOnRedisServer: a refund of 1 takes each layer back to
-// where it was before the charge, for every algorithm; it creates no key,
-// takes no count below zero, and a token bucket that is full again loses
-// its key.
-func TestRefundGivesBackOnRedisServer(t *testing.T) {
-	addr, admin := redisServer(t)
-
-	for _, algorithm := range []string{"fixed", "sliding", "tokenbucket"} {
-		h, _ := redisHarness(t, addr, func(c *Config) {
-			asACLUser(c)
-			c.Global = algorithmLayer(algorithm, 10)
-			c.IP = algorithmLayer(algorithm, 10)
-		})
-		s := h.p.stores.redis
-		layers := h.p.planIP
-
-		for i := 0; i < 3; i++ {
-			scriptCharge(t, s, layers, "203.0.113.1", 1)
-		}
-
-		refund(storeOf(s), chargeOf(layers, "203.0.113.1", "", nil, t0, false), 1)
-
-		// Both layers hold 2 again: the next request makes 3, not 4.
-		tl := scriptCharge(t, s, layers, "203.0.113.1", 1)
-		if tl.Count != 3 || tl.Shown != 0 {
-			t.Fatalf("%s: after the refund %+v, want both layers at 3", algorithm, tl)
-		}
-
-		if tl := scriptCharge(t, s, layers[1:], "203.0.113.1", 1); tl.Count != 4 {
-			t.Fatalf("%s: ip at %d, want 4", algorithm, tl.Count)
-		}
-
-		// A key never charged is not created.
-		refund(storeOf(s), chargeOf(layers, "203.0.113.2", "", nil, t0, false), 1)
-
-		if n := redisDo(t, admin, "EXISTS", layers[1].RedisKey+"203.0.113.2").Int; n != 0 {
-			t.Fatalf("%s: the refund created a key", algorithm)
-		}
-
-		// Given back to a count of one, twice: nothing below zero; a token
-		// bucket full again has no key.
-		scriptCharge(t, s, layers[1:], "203.0.113.3", 1)
-		refund(storeOf(s), chargeOf(layers[1:], "203.0.113.3", "", nil, t0, false), 1)
-		refund(storeOf(s), chargeOf(layers[1:], "203.0.113.3", "", nil, t0, false), 1)
-
-		key := layers[1].RedisKey + "203.0.113.3"
-		switch algorithm {
-		case "fixed":
-			if v := redisDo(t, admin, "GET", key).Str; v != "0" {
-				t.Fatalf("fixed counter %q after two refunds of one charge, want 0", v)
-			}
-		case "sliding":
-			if v := redisDo(t, admin, "HGET", key, "c").Str; v != "0" {
-				t.Fatalf("sliding count %q after two refunds of one charge, want 0", v)
-			}
-		default:
-			if n := redisDo(t, admin, "EXISTS", key).Int; n != 0 {
-				t.Fatalf("token bucket key left after its only charge was given back")
-			}
-		}
-
-		// A refund gives back its cost: 3 charged, 2 given back, 1 held.
-		scriptCharge(t, s, layers[1:], "203.0.113.4", 3)
-		refund(storeOf(s), chargeOf(layers[1:], "203.0.113.4", "", nil, t0, false), 2)
-
-		if tl := scriptCharge(t, s, layers[1:], "203.0.113.4", 1); tl.Count != 2 {
-			t.Fatalf("%s: after 3 charged and 2 given back, the next request makes %d, want 2", algorithm, tl.Count)
-		}
-
-		if ttl := redisDo(t, admin, "PTTL", key).Int; algorithm != "tokenbucket" && (ttl <= 0 || ttl > 2*int64(time.Hour/time.Millisecond)) {
-			t.Fatalf("%s: PTTL %d after the refunds: the key must keep its expiry", algorithm, ttl)
-		}
-	}
-}
-
-// TestRefundWhileRedisIsDownCallsNoRedis: in back-off, a refund goes to the
-// memory fallback, which took the charge, and sends Redis nothing.
-func TestRefundWhileRedisIsDownCallsNoRedis(t *testing.T) {
-	srv := newCannedRedis(t, "*1\r\n:0\r\n")
-	h, _ := redisHarness(t, srv.l.Addr().String(), nil)
-	s := h.p.stores.redis
-
-	refund(storeOf(s), chargeOf(h.p.planIP, "203.0.113.1", "", nil, t0, false), 1)
-
-	if srv.commands.Load() != 1 {
-		t.Fatalf("%d commands with Redis up, want the one refund call", srv.commands.Load())
-	}
-
-	s.Backend.Failed(t0, false, redisstore.ErrBadReply)
-	refund(storeOf(s), chargeOf(h.p.planIP, "203.0.113.1", "", nil, t0, false), 1)
-
-	if srv.commands.Load() != 1 {
-		t.Fatalf("%d commands: a refund in back-off called Redis", srv.commands.Load())
-	}
+	return config.LayerConfig{Points: points, Duration: "1h", Algorithm: algorithm}
 }
 
 // longWindows makes every layer of an instance an hour long, so that no
@@ -631,44 +468,4 @@ func splitReset(body string) (string, string) {
 	}
 
 	return body[:m[2]] + body[m[3]:], strconv.FormatInt(at.Unix(), 10)
-}
-
-// TestDeniedReadFailsTheScriptOnRedisServer: a user whose ACL lacks a command
-// the script reads a live counter with (INCRBY here, GET under earlier
-// scripts) gets a script error, so memory decides and Redis is reported
-// unavailable, instead of every key reading as empty and nothing ever being
-// refused.
-func TestDeniedReadFailsTheScriptOnRedisServer(t *testing.T) {
-	addr, admin := redisServer(t)
-
-	acl := readmeACL(t)
-	for i, a := range acl {
-		if a == "tierlimit" {
-			acl[i] = "noincr"
-		}
-	}
-
-	redisDo(t, admin, append(acl, "-incrby")...)
-
-	h, logs := redisHarness(t, addr, func(c *Config) {
-		c.Redis.Username, c.Redis.Password = "noincr", aclPassword
-	})
-	s := h.p.stores.redis
-	key := h.p.planIP[0].RedisKey + "203.0.113.1"
-
-	// A new key is set, which the ACL grants; the next request reads it.
-	if tl := takeIn(s, t0, h.p.planIP, "203.0.113.1", "", false); s.Backend.Down.Load() || tl.Count != 1 {
-		t.Fatalf("first request: tally %+v, logs %q", tl, logs)
-	}
-
-	tl := takeIn(s, t0, h.p.planIP, "203.0.113.1", "", false)
-
-	// Memory starts from the 1 Redis reported (redisstore/fallback.go).
-	if !s.Backend.Down.Load() || !strings.Contains(logs.String(), "REDIS_UNAVAILABLE") || tl.Count != 2 {
-		t.Fatalf("tally %+v, logs %q: want memory to decide, from the count Redis reported, and Redis reported unavailable", tl, logs)
-	}
-
-	if v := redisDo(t, admin, "GET", key).Str; v != "1" {
-		t.Fatalf("ip key %q after a failed read, want the first request's 1", v)
-	}
 }

@@ -1,5 +1,10 @@
 package tierlimit
 
+// The Redis store through the plugin: its outages and replies as requests
+// see them, the calls a request makes, the block list, memory layers of a
+// Redis instance. The store's own tests (scripts, syncs, leases) are
+// redisstore's.
+
 import (
 	"bufio"
 	"bytes"
@@ -16,8 +21,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/redisresp"
 	"github.com/tierlimit/tierlimit/redisstore"
+	"github.com/tierlimit/tierlimit/rule"
 )
 
 // cannedRedis answers every command with reply (raw RESP) and counts commands.
@@ -128,7 +135,7 @@ func redisHarness(t *testing.T, addr string, mutate func(c *Config)) (*harness, 
 		c.Redis.Address = addr
 		c.Redis.Timeout = "1s"
 		c.Global.Points = 0
-		c.IP = LayerConfig{Points: 3, Duration: "60s"}
+		c.IP = config.LayerConfig{Points: 3, Duration: "60s"}
 
 		if mutate != nil {
 			mutate(c)
@@ -144,7 +151,7 @@ func redisHarness(t *testing.T, addr string, mutate func(c *Config)) (*harness, 
 
 	logs := &bytes.Buffer{}
 	pool := redisresp.NewPool(s.Redis)
-	h.p.stores.redis.Backend = &redisBackend{Pool: pool, Single: pool, Address: addr, Log: logs}
+	h.p.stores.redis.Backend = &redisstore.RedisBackend{Pool: pool, Single: pool, Address: addr, Log: logs}
 
 	return h, logs
 }
@@ -176,7 +183,7 @@ func TestRedisDownIsDecidedInMemoryWithTheSameLimits(t *testing.T) {
 
 func TestBackoffGrowsWhileProbesFailAndEndsOnSuccess(t *testing.T) {
 	logs := &bytes.Buffer{}
-	b := &redisBackend{Address: "test", Log: logs}
+	b := &redisstore.RedisBackend{Address: "test", Log: logs}
 	ms := int64(time.Millisecond)
 	now := t0
 
@@ -248,7 +255,7 @@ func TestMalformedRedisRepliesAreDecidedInMemory(t *testing.T) {
 		srv := newCannedRedis(t, reply)
 		h, _ := redisHarness(t, srv.l.Addr().String(), func(c *Config) {
 			c.Redis.Timeout = "200ms"
-			c.Global = LayerConfig{Points: 100, Duration: "60s"}
+			c.Global = config.LayerConfig{Points: 100, Duration: "60s"}
 		})
 
 		rec := h.get("/api", "203.0.113.9:1")
@@ -304,7 +311,7 @@ func TestDryRunWithRedisChargesEveryLayerAndNeverBlocks(t *testing.T) {
 	srv := newCannedRedis(t, "*4\r\n:1001\r\n:500\r\n:9\r\n:50000\r\n")
 	h, _ := redisHarness(t, srv.l.Addr().String(), func(c *Config) {
 		c.DryRun = true
-		c.Global = LayerConfig{Points: 1000, Duration: "1s"}
+		c.Global = config.LayerConfig{Points: 1000, Duration: "1s"}
 	})
 
 	for i := 0; i < 3; i++ {
@@ -323,28 +330,12 @@ func TestDryRunWithRedisChargesEveryLayerAndNeverBlocks(t *testing.T) {
 	}
 }
 
-func TestBlockListIsBounded(t *testing.T) {
-	b := redisstore.NewBlockList(10)
-
-	for i := 0; i < 1000; i++ {
-		b.Add("ip", strconv.Itoa(i), t0+int64(time.Minute), t0)
-	}
-
-	if len(b.Until) > 10 {
-		t.Fatalf("%d keys held, cap 10", len(b.Until))
-	}
-
-	if !b.Add("ip", "expired", t0+1, t0) || b.ResetOf("ip", "expired", t0+1) != 0 {
-		t.Fatal("an expired block is still held")
-	}
-}
-
 func TestRedisKeysAndArguments(t *testing.T) {
 	srv := newCannedRedis(t, "*6\r\n:1\r\n:1000\r\n:1\r\n:60000\r\n:1\r\n:60000\r\n")
 	h, _ := redisHarness(t, srv.l.Addr().String(), func(c *Config) {
 		c.KeyPrefix = "rl"
-		c.Global = LayerConfig{Points: 1000, Duration: "1s"}
-		c.Routes = []RouteConfig{{Name: "auth_login", Paths: []string{"/auth/login"}, Points: 10, Duration: "60s"}}
+		c.Global = config.LayerConfig{Points: 1000, Duration: "1s"}
+		c.Routes = []config.RouteConfig{{Name: "auth_login", Paths: []string{"/auth/login"}, Points: 10, Duration: "60s"}}
 	})
 
 	store := h.p.stores.redis
@@ -359,7 +350,7 @@ func TestRedisKeysAndArguments(t *testing.T) {
 
 	prefix := "rl:" + h.p.name + ":"
 	want := []string{
-		"EVALSHA", scriptSHA(takeScript), "3",
+		"EVALSHA", scriptSHA(redisstore.TakeScript), "3",
 		prefix + "global:global", prefix + "ip:2001:db8::/64", prefix + "auth_login:2001:db8::/64",
 		"0", "1", "1000", "1000", "0", "0", "3", "60000", "0", "0", "10", "60000", "0", "0",
 	}
@@ -381,7 +372,7 @@ func TestRequestsWithoutLayersDoNotCallRedis(t *testing.T) {
 	s := newCannedRedis(t, "*2\r\n:1\r\n:60000\r\n")
 	h, logs := redisHarness(t, s.l.Addr().String(), func(c *Config) {
 		c.IP.Points, c.Assets.Points, c.Service.Points = 0, 0, 0
-		c.User = LayerConfig{Points: 300, Duration: "60s"}
+		c.User = config.LayerConfig{Points: 300, Duration: "60s"}
 		c.Principal.UserHeader = "X-Auth-User"
 		c.Principal.CredentialHeaders = []string{"Authorization"}
 	})
@@ -440,7 +431,7 @@ func TestUnmatchedRequestOfARoutesOnlyInstanceDoesNotCallRedis(t *testing.T) {
 	s := newCannedRedis(t, "*2\r\n:1\r\n:60000\r\n")
 	h, logs := redisHarness(t, s.l.Addr().String(), func(c *Config) {
 		c.IP.Points, c.Assets.Points, c.User.Points, c.Service.Points = 0, 0, 0, 0
-		c.Routes = []RouteConfig{{Name: "login", Methods: []string{"POST"}, Paths: []string{"/login"}, Points: 10, Duration: "60s"}}
+		c.Routes = []config.RouteConfig{{Name: "login", Methods: []string{"POST"}, Paths: []string{"/login"}, Points: 10, Duration: "60s"}}
 	})
 
 	for i := 0; i < 5; i++ {
@@ -484,6 +475,293 @@ func TestCostIsTheScriptsSecondArgument(t *testing.T) {
 }
 
 // redisStoreOf is the instance's Redis store (stores.redis), nil without one.
-func redisStoreOf(p *Plugin) *redisStore {
+func redisStoreOf(p *Plugin) *redisstore.RedisStore {
 	return p.stores.redis
+}
+
+// scriptCommands are the commands the scripts run inside Redis.
+var scriptCommands = []string{"pttl", "get", "set", "incrby", "decrby", "pexpire", "hmget", "hset", "del", "hincrby", "time"}
+
+// commandCalls reads INFO commandstats: the calls of each command since the
+// last CONFIG RESETSTAT, by lower-case name.
+func commandCalls(t *testing.T, admin *redisresp.Pool) map[string]int64 {
+	t.Helper()
+
+	v := redisDo(t, admin, "INFO", "commandstats")
+	calls := map[string]int64{}
+
+	for _, line := range strings.Split(v.Str, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+
+		n, err := strconv.ParseInt(strings.SplitN(rest, ",", 2)[0], 10, 64)
+		if err != nil {
+			t.Fatalf("commandstats line %q: %v", line, err)
+		}
+
+		calls[strings.TrimPrefix(name, "cmdstat_")] = n
+	}
+
+	return calls
+}
+
+// TestTwoCommandsPerFixedKeyOnRedisServer: an allowed request costs each
+// fixed-window key at most two commands inside the script (PTTL, then INCRBY
+// or SET), counted by the server's commandstats: global + ip, 100 requests
+// from 10 clients (new keys and live ones), one script call each.
+func TestTwoCommandsPerFixedKeyOnRedisServer(t *testing.T) {
+	addr, admin := redisServer(t)
+
+	h, _ := redisHarness(t, addr, func(c *Config) {
+		asACLUser(c)
+		c.Global = config.LayerConfig{Points: 1000, Duration: "1h"}
+		c.IP = config.LayerConfig{Points: 1000, Duration: "1h"}
+	})
+
+	// A first request loads the script (EVALSHA, NOSCRIPT, then EVAL).
+	req := httptest.NewRequest(http.MethodGet, "/api", nil)
+	req.RemoteAddr = "203.0.113.200:1"
+	h.h.ServeHTTP(httptest.NewRecorder(), req)
+
+	redisDo(t, admin, "CONFIG", "RESETSTAT")
+
+	const requests = 100
+
+	for i := 0; i < requests; i++ {
+		req := httptest.NewRequest(http.MethodGet, "/api", nil)
+		req.RemoteAddr = "203.0.113." + strconv.Itoa(1+i%10) + ":1"
+		rec := httptest.NewRecorder()
+		h.h.ServeHTTP(rec, req)
+
+		if rec.Code != http.StatusOK {
+			t.Fatalf("request %d: %d", i, rec.Code)
+		}
+	}
+
+	calls := commandCalls(t, admin)
+
+	var inside int64
+	for _, c := range scriptCommands {
+		inside += calls[c]
+	}
+
+	if scripts := calls["evalsha"] + calls["eval"]; scripts != requests {
+		t.Fatalf("%d script calls for %d requests (commandstats %v)", scripts, requests, calls)
+	}
+
+	if inside > 2*2*requests {
+		t.Fatalf("%d commands inside the script for %d requests of 2 fixed keys, want at most %d (commandstats %v)", inside, requests, 2*2*requests, calls)
+	}
+
+	t.Logf("%d requests, 2 fixed keys: %d commands inside the script (%v)", requests, inside, calls)
+}
+
+func TestClusterKeysShareASlotPerClientAndPrincipal(t *testing.T) {
+	mk := func(name string, kind int) *layer {
+		return &layer{Limits: rule.Limits{Name: name, KeyKind: kind, ConstKey: "global"}, RedisEncoding: rule.RedisEncoding{RedisKey: "ratelimit:mw:" + name + ":"}}
+	}
+
+	ip, login, byPrincipal, global := mk("ip", keyOfClient), mk("login", keyOfClient), mk("upload", keyOfPrincipalElseClient), mk("global", keyOfConst)
+
+	if k := redisstore.ClusterKey(ip, keyFor(ip, "198.51.100.7", "", nil)); k != "ratelimit:mw:ip:{198.51.100.7}" {
+		t.Fatalf("ip key %q", k)
+	}
+
+	anon := redisstore.ClusterKey(byPrincipal, keyFor(byPrincipal, "198.51.100.7", "", nil))
+	if redisresp.Slot(anon) != redisresp.Slot(redisstore.ClusterKey(ip, keyFor(ip, "198.51.100.7", "", nil))) ||
+		redisresp.Slot(redisstore.ClusterKey(login, keyFor(login, "198.51.100.7", "", nil))) != redisresp.Slot(anon) {
+		t.Fatalf("one client's layers in different slots: %q", anon)
+	}
+
+	if k := redisstore.ClusterKey(byPrincipal, keyFor(byPrincipal, "198.51.100.7", "alice", nil)); k != "ratelimit:mw:upload:{alice}" {
+		t.Fatalf("principal key %q", k)
+	}
+
+	if k := redisstore.ClusterKey(global, keyFor(global, "198.51.100.7", "alice", nil)); k != "ratelimit:mw:global:{global}" {
+		t.Fatalf("global key %q", k)
+	}
+}
+
+// TestFallbackStartsFromWhatRedisLastReported: a key Redis had at 7 of 10
+// when it went away gets 3 more from memory, not 10, for every algorithm and
+// on both paths (modeRedis for a fixed ip layer, the general path for the
+// others).
+func TestFallbackStartsFromWhatRedisLastReported(t *testing.T) {
+	for _, algorithm := range []string{"fixed", "sliding", "tokenbucket"} {
+		addr, admin := redisServer(t)
+		h, logs := redisHarness(t, addr, func(c *Config) {
+			asACLUser(c)
+			c.IP = algorithmLayer(algorithm, 10)
+		})
+
+		if (algorithm == "fixed") != (h.p.mode == modeRedis) {
+			t.Fatalf("%s: mode %d", algorithm, h.p.mode)
+		}
+
+		client := "203.0.113.7"
+		for i := 0; i < 7; i++ {
+			if rec := h.get("/api", client+":1"); rec.Code != http.StatusOK {
+				t.Fatalf("%s: request %d refused by Redis: %d", algorithm, i+1, rec.Code)
+			}
+		}
+
+		if v := redisDo(t, admin, "EXISTS", h.p.layers[0].RedisKey+client); v.Int != 1 {
+			t.Fatalf("%s: not counted in Redis", algorithm)
+		}
+
+		_, _ = admin.Do("SHUTDOWN", "NOSAVE")
+
+		allowed := 0
+		for i := 0; i < 10; i++ {
+			if rec := h.get("/api", client+":1"); rec.Code == http.StatusOK {
+				allowed++
+			}
+		}
+
+		if allowed != 3 {
+			t.Errorf("%s: memory allowed %d after Redis went away at 7 of 10, want 3", algorithm, allowed)
+		}
+
+		if !strings.Contains(logs.String(), "REDIS_UNAVAILABLE") {
+			t.Errorf("%s: not decided in memory:\n%s", algorithm, logs)
+		}
+	}
+}
+
+// TestMemoryLayerOnRedisServer: global with store: memory on a Redis
+// instance is counted in memory, never in Redis; a request ip refuses (in
+// Redis) spends no global point, and one global refuses (in memory) calls
+// no Redis and spends no ip point.
+func TestMemoryLayerOnRedisServer(t *testing.T) {
+	addr, admin := redisServer(t)
+
+	h, _ := redisHarness(t, addr, func(c *Config) {
+		asACLUser(c)
+		c.Global = config.LayerConfig{Points: 3, Duration: "1h", Store: "memory"}
+		c.IP = config.LayerConfig{Points: 2, Duration: "1h"}
+	})
+
+	if _, ok := h.h.(*mixedPath); !ok || !h.p.stores.mixed {
+		t.Fatalf("handler %T, mixed %v: want the mixed store on mixedPath", h.h, h.p.stores.mixed)
+	}
+
+	now := h.clock.Now().UnixNano()
+	global := func() int64 { return peekCount(h.p.memory, now, "global", "global") }
+
+	for i, want := range []int{http.StatusOK, http.StatusOK, http.StatusTooManyRequests} {
+		if rec := h.get("/api", "203.0.113.1:1"); rec.Code != want || rec.Code == http.StatusTooManyRequests && refusedLayer(rec) != "ip" {
+			t.Fatalf("request %d from .1: %d (%s), want %d", i, rec.Code, refusedLayer(rec), want)
+		}
+	}
+
+	if n := global(); n != 2 {
+		t.Fatalf("global at %d after 2 allowed and 1 refused by ip, want 2", n)
+	}
+
+	if rec := h.get("/api", "203.0.113.2:1"); rec.Code != http.StatusOK || global() != 3 {
+		t.Fatalf("request from .2: %d, global at %d, want 200 and 3", rec.Code, global())
+	}
+
+	calls := scriptCalls(t, admin)
+
+	if rec := h.get("/api", "203.0.113.3:1"); rec.Code != http.StatusTooManyRequests || refusedLayer(rec) != "global" {
+		t.Fatalf("request from .3: %d (%s), want refused by global", rec.Code, refusedLayer(rec))
+	}
+
+	if scriptCalls(t, admin) != calls || global() != 3 {
+		t.Fatalf("the global refusal called Redis (%d script calls, %d before) or changed global (%d)", scriptCalls(t, admin), calls, global())
+	}
+
+	for _, k := range redisDo(t, admin, "KEYS", "*").Array {
+		if strings.Contains(k.Str, ":global") {
+			t.Fatalf("global is in Redis: %s", k.Str)
+		}
+	}
+
+	if n := redisDo(t, admin, "GET", h.p.planIP[1].RedisKey+"203.0.113.1").Str; n != "2" {
+		t.Fatalf("ip of .1 in Redis %q, want 2", n)
+	}
+
+	if n := redisDo(t, admin, "EXISTS", h.p.planIP[1].RedisKey+"203.0.113.3").Int; n != 0 {
+		t.Fatalf("ip of .3, which global refused, is in Redis")
+	}
+}
+
+// TestMemoryLayerWhileRedisIsDown: with Redis unreachable, the Redis layers
+// fall back to memory and the rule holds across them: ip's refusal (in the
+// fallback) gives global (a memory layer) its point back.
+func TestMemoryLayerWhileRedisIsDown(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	addr := l.Addr().String()
+	l.Close()
+
+	h, logs := redisHarness(t, addr, func(c *Config) {
+		c.Global = config.LayerConfig{Points: 3, Duration: "1h", Store: "memory"}
+		c.IP = config.LayerConfig{Points: 2, Duration: "1h"}
+	})
+
+	now := h.clock.Now().UnixNano()
+
+	for i, want := range []int{http.StatusOK, http.StatusOK, http.StatusTooManyRequests} {
+		if rec := h.get("/api", "203.0.113.1:1"); rec.Code != want {
+			t.Fatalf("request %d: %d, want %d", i, rec.Code, want)
+		}
+	}
+
+	if !strings.Contains(logs.String(), "REDIS_UNAVAILABLE") {
+		t.Fatalf("logs %q: want Redis reported unavailable", logs)
+	}
+
+	if g, ip := peekCount(h.p.memory, now, "global", "global"), peekCount(h.p.memory, now, "ip", "203.0.113.1"); g != 2 || ip != 2 {
+		t.Fatalf("memory holds global %d, ip %d, want 2 and 2", g, ip)
+	}
+}
+
+// TestMemoryRouteAfterRedisLayersOnRedisServer: a memory layer after the
+// Redis ones (a route) is charged all or nothing with them too: its refusal
+// charges no Redis layer, and Redis's refusal gives its point back.
+func TestMemoryRouteAfterRedisLayersOnRedisServer(t *testing.T) {
+	addr, admin := redisServer(t)
+
+	h, _ := redisHarness(t, addr, func(c *Config) {
+		asACLUser(c)
+		c.Global = config.LayerConfig{Points: 100, Duration: "1h"}
+		c.IP = config.LayerConfig{Points: 2, Duration: "1h"}
+		c.Routes = []config.RouteConfig{{Name: "login", Paths: []string{"/login"}, Key: "ip", Points: 1, Duration: "1h", Store: "memory"}}
+	})
+
+	now := h.clock.Now().UnixNano()
+	global := h.p.planIP[0].RedisKey + "global"
+
+	for i, step := range []struct {
+		path, client string
+		code         int
+		global       string
+	}{
+		{"/login", "203.0.113.1:1", http.StatusOK, "1"},
+		{"/login", "203.0.113.1:1", http.StatusTooManyRequests, "1"}, // login (memory) refuses: Redis untouched
+		{"/api", "203.0.113.1:1", http.StatusOK, "2"},
+		{"/api", "203.0.113.3:1", http.StatusOK, "3"},
+		{"/api", "203.0.113.3:1", http.StatusOK, "4"},
+		{"/login", "203.0.113.3:1", http.StatusTooManyRequests, "4"}, // ip (Redis) refuses: login given back
+	} {
+		rec := h.get(step.path, step.client)
+		if rec.Code != step.code {
+			t.Fatalf("step %d: %d (%s), want %d", i, rec.Code, refusedLayer(rec), step.code)
+		}
+
+		if g := redisDo(t, admin, "GET", global).Str; g != step.global {
+			t.Fatalf("step %d: global %q in Redis, want %s", i, g, step.global)
+		}
+	}
+
+	if n := peekCount(h.p.memory, now, "login", "203.0.113.3"); n != 0 {
+		t.Fatalf("login of .3 at %d after ip refused its only request, want 0", n)
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"net/http"
 
 	"github.com/tierlimit/tierlimit/answer"
+	"github.com/tierlimit/tierlimit/events"
 	"github.com/tierlimit/tierlimit/redisstore"
 	"github.com/tierlimit/tierlimit/request"
 )
@@ -65,10 +66,10 @@ func resetKey(p *Plugin, req *http.Request) ([]byte, int) {
 	code := http.StatusOK
 
 	switch {
-	case r.Redis == redisUnavailable:
+	case r.Redis == redisstore.RedisUnavailable:
 		code = http.StatusServiceUnavailable
 		r.Error = "redis unavailable: the key may still be counted there"
-	case !r.Memory && !r.BlockList && r.Redis != redisCleared:
+	case !r.Memory && !r.BlockList && r.Redis != redisstore.RedisCleared:
 		code = http.StatusNotFound
 		r.Error = "nothing to reset"
 	}
@@ -89,9 +90,9 @@ func badReset(msg, parameter string) ([]byte, int) {
 // clearKey clears key in layer l: in memory, in the block list and in Redis.
 // A blockDuration block goes too: its memory entry beside the counter's, its
 // Redis key in resetKeys.
-func clearKey(p *Plugin, l *layer, key string) resetReport {
+func clearKey(p *Plugin, l *layer, key string) events.ResetReport {
 	now := p.now().UnixNano()
-	r := resetReport{Layer: l.Name, Key: key}
+	r := events.ResetReport{Layer: l.Name, Key: key}
 	r.Memory = p.memory.Forget(l, key, now)
 	if p.memory.ForgetBlock(l, key, now) {
 		r.Memory = true

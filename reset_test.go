@@ -1,18 +1,23 @@
 package tierlimit
 
 import (
+	"bytes"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/events"
+	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/redisresp"
 	"github.com/tierlimit/tierlimit/redisstore"
 	"github.com/tierlimit/tierlimit/request"
+	"github.com/tierlimit/tierlimit/rule"
 )
 
 // resetDoc is the reset's answer as an operator reads it (the names are the
@@ -95,7 +100,7 @@ func TestResetLetsARefusedClientInAgain(t *testing.T) {
 // Nothing to clear: a key never seen, or one reset already, or one whose
 // window is over.
 func TestResetOfNothingIs404(t *testing.T) {
-	h := statusHarness(t, func(c *Config) { c.IP = LayerConfig{Points: 2, Duration: "60s"} })
+	h := statusHarness(t, func(c *Config) { c.IP = config.LayerConfig{Points: 2, Duration: "60s"} })
 	h.burst("203.0.113.7", 1)
 	h.burst("203.0.113.9", 1)
 
@@ -127,9 +132,9 @@ func TestResetOfNothingIs404(t *testing.T) {
 // the header), "global".
 func TestResetTakesTheKeysTheStatusPageShows(t *testing.T) {
 	h := statusHarness(t, func(c *Config) {
-		c.Global = LayerConfig{Points: 100, Duration: "60s"}
-		c.IP = LayerConfig{Points: 50, Duration: "60s", Key: "header:X-Api-Key"}
-		c.Routes = []RouteConfig{{Name: "login", Paths: []string{"/login"}, Key: "principal", Points: 1, Duration: "60s"}}
+		c.Global = config.LayerConfig{Points: 100, Duration: "60s"}
+		c.IP = config.LayerConfig{Points: 50, Duration: "60s", Key: "header:X-Api-Key"}
+		c.Routes = []config.RouteConfig{{Name: "login", Paths: []string{"/login"}, Key: "principal", Points: 1, Duration: "60s"}}
 	})
 
 	h.do(http.MethodGet, "/api", "203.0.113.7:1", map[string]string{"X-Api-Key": "secret"})
@@ -213,7 +218,7 @@ func TestResetIsPostOnly(t *testing.T) {
 // address itself, is an ordinary request: passed on, charged, and the
 // refused key stays refused.
 func TestResetFollowsTheStatusPageAddressRule(t *testing.T) {
-	h := statusHarness(t, func(c *Config) { c.IP = LayerConfig{Points: 2, Duration: "60s"} })
+	h := statusHarness(t, func(c *Config) { c.IP = config.LayerConfig{Points: 2, Duration: "60s"} })
 	h.burst("203.0.113.7", 3)
 
 	for _, c := range []struct{ remote, xff string }{
@@ -332,7 +337,7 @@ func TestResetClusterKeyIsTheChargedOne(t *testing.T) {
 	req.Header.Set("X-Api-Key", "secret")
 
 	for _, kind := range []int{keyOfClient, keyOfPrincipal, keyOfConst, keyOfPrincipalElseClient, keyOfHeader, keyOfHost} {
-		l := &layer{Limits: limits{Name: "l", KeyKind: kind, ConstKey: "global", KeyHeader: "X-Api-Key"}, RedisEncoding: redisEncoding{RedisKey: "ratelimit:mw:l:"}}
+		l := &layer{Limits: rule.Limits{Name: "l", KeyKind: kind, ConstKey: "global", KeyHeader: "X-Api-Key"}, RedisEncoding: rule.RedisEncoding{RedisKey: "ratelimit:mw:l:"}}
 
 		for _, principal := range []string{"", "alice"} {
 			bucket := keyFor(l, "198.51.100.7", principal, req)
@@ -350,7 +355,7 @@ func TestResetOfACalendarKeyUsesTheInstanceClockOnRedisServer(t *testing.T) {
 	addr, admin := redisServer(t)
 	h, _ := redisHarness(t, addr, func(c *Config) {
 		c.Status.Path = "/_rl"
-		c.IP = LayerConfig{Points: 2, Calendar: "day"}
+		c.IP = config.LayerConfig{Points: 2, Calendar: "day"}
 	})
 	h.clock.mu.Lock()
 	h.clock.now = utc(2026, 2, 10, 12, 0, 0) // not today, so not time.Now's period
@@ -364,11 +369,317 @@ func TestResetOfACalendarKeyUsesTheInstanceClockOnRedisServer(t *testing.T) {
 		t.Fatalf("no Redis key %s", key)
 	}
 
-	if code, doc := h.reset("?layer=ip&key="+client, ""); code != http.StatusOK || doc.Redis == nil || *doc.Redis != redisCleared {
+	if code, doc := h.reset("?layer=ip&key="+client, ""); code != http.StatusOK || doc.Redis == nil || *doc.Redis != redisstore.RedisCleared {
 		t.Fatalf("reset: %d %+v", code, doc)
 	}
 
 	if redisDo(t, admin, "EXISTS", key).Int != 0 {
 		t.Fatalf("the period's key %s outlived the reset", key)
+	}
+}
+
+// TestResetIsPublishedWhenRedisHasNoKey: a reset reaches the other
+// replicas even when Redis holds no key for it (its window ended there, or
+// the counts were the memory fallback's): replica B, which counted and
+// blocked the client in its memory fallback, forgets it.
+func TestResetIsPublishedWhenRedisHasNoKey(t *testing.T) {
+	addr, admin := redisServer(t)
+	h, _ := redisHarness(t, addr, func(c *Config) {
+		asACLUser(c)
+		c.Status.Path = "/_rl"
+		c.IP = config.LayerConfig{Points: 2, Duration: "1h"}
+	})
+	a := h.p.stores.redis
+
+	// Replica B: the same middleware with a backend, a block list and a
+	// memory fallback of its own (as in
+	// TestResetReachesAnotherReplicasBlockListOnRedisServer).
+	bb := redisstore.NewBackend(redisresp.Options{Address: addr, Username: "tierlimit", Password: aclPassword, Timeout: time.Second})
+	bb.Log = &bytes.Buffer{}
+	b := &redisstore.RedisStore{Prefix: a.Prefix, Name: a.Name, Channel: a.Channel, Backend: bb, Local: memstore.NewWindowStore(100), Blocked: redisstore.NewBlockList(100), Calls: a.Calls}
+	b.Blocks = false
+	b.Clock = time.Now
+	t.Cleanup(func() { redisstore.CloseBackend(bb) })
+
+	l := h.p.layers[0]
+	client := "203.0.113.40"
+	now := time.Now().UnixNano()
+	req := httptest.NewRequest(http.MethodGet, "/api", nil)
+
+	// B decided the client in memory during an outage: 2 counted, then
+	// refused and blocked; Redis never saw the client.
+	for i := 0; i < 2; i++ {
+		var tl tally
+		take(storeOf(b.Local), &tl, chargeOf([]*layer{l}, client, "", req, now, false))
+	}
+
+	b.Blocked.Add(l.BlockPrefix, client, now+int64(time.Hour), now)
+	redisstore.ListenResets(b)
+
+	waitUntil(t, "B subscribes", func() bool {
+		return redisDo(t, admin, "PUBSUB", "NUMSUB", a.Channel).Array[1].Int == 1
+	})
+
+	if n := redisDo(t, admin, "EXISTS", l.RedisKey+client).Int; n != 0 {
+		t.Fatal("Redis holds the client's key")
+	}
+
+	if code, doc := h.reset("?layer=ip&key="+client, ""); doc.Redis == nil || *doc.Redis != redisstore.RedisAbsent {
+		t.Fatalf("reset: %d %+v, want Redis absent", code, doc)
+	}
+
+	waitUntil(t, "B forgets the key it blocked", func() bool { return b.Blocked.ResetOf(l.BlockPrefix, client, now) == 0 })
+
+	if got := peekCount(b.Local, now, "ip", client); got != 0 {
+		t.Fatalf("B's memory fallback still counts %d for the client", got)
+	}
+}
+
+// TestResetIsPublishedToASyncedReplicaWhenRedisHasNoKey: a synced
+// replica B refused a client on charges it has not synced yet, so Redis
+// holds no key of the client's window; a reset through A reaches B all the
+// same, and B lets the client in again.
+func TestResetIsPublishedToASyncedReplicaWhenRedisHasNoKey(t *testing.T) {
+	addr, admin := redisServer(t)
+	h, st, _ := syncHarness(t, addr, func(c *Config) {
+		asACLUser(c)
+		c.Status.Path = "/_rl"
+	})
+	a := h.p.stores.redis
+
+	bb := redisstore.NewBackend(redisresp.Options{Address: addr, Username: "tierlimit", Password: aclPassword, Timeout: time.Second})
+	bb.Log = &bytes.Buffer{}
+	bst := replica(st)
+	// B decides without Redis (its charges pending), so that Redis holds
+	// no key of the client.
+	bst.Backend = nil
+	b := &redisstore.RedisStore{Prefix: a.Prefix, Name: a.Name, Channel: a.Channel, Backend: bb, Local: memstore.NewWindowStore(100), Blocked: redisstore.NewBlockList(100), Calls: a.Calls, Synced: bst}
+	b.Blocks = false
+	b.Clock = h.clock.Now
+	t.Cleanup(func() { redisstore.CloseBackend(bb) })
+
+	client := "203.0.113.47"
+	for i := 0; i < 10; i++ {
+		takeOn(bst, h, client)
+	}
+
+	if takeOn(bst, h, client) {
+		t.Fatal("B allowed an 11th request")
+	}
+
+	redisstore.ListenResets(b)
+	waitUntil(t, "B subscribes", func() bool {
+		return redisDo(t, admin, "PUBSUB", "NUMSUB", a.Channel).Array[1].Int == 1
+	})
+
+	ip := h.p.layers[layerIndex(h, "ip")]
+	start, _ := redisstore.SyncWindow(ip, h.clock.Now().UnixNano())
+	if n := redisDo(t, admin, "EXISTS", redisstore.SyncKey(ip, client, false, start)).Int; n != 0 {
+		t.Fatal("Redis holds the client's key")
+	}
+
+	if code, doc := h.reset("?layer=ip&key="+client, ""); doc.Redis == nil || *doc.Redis != redisstore.RedisAbsent {
+		t.Fatalf("reset: %d %+v, want Redis absent", code, doc)
+	}
+
+	waitUntil(t, "B forgets the key", func() bool { return counterOf(bst, "ip", client) == nil })
+
+	if !takeOn(bst, h, client) {
+		t.Fatal("B still refuses the client after the reset")
+	}
+}
+
+// The reset key of a route keyed by ip is the client's address, bare, as
+// the status page lists it (docs/operations.md): a reset of it lets a
+// client the route refused in again, on memory and on Redis; an IPv6
+// client's key is its /64 prefix.
+func TestResetOfAnIPKeyedRouteTakesTheBareAddress(t *testing.T) {
+	login := func(c *Config) {
+		c.Routes = []config.RouteConfig{{Name: "auth_login", Methods: []string{"POST"}, Paths: []string{"/auth/login"}, Key: "ip", Points: 2, Duration: "60s"}}
+		c.Status.Path = "/_rl"
+	}
+
+	addr, _ := redisServer(t)
+	redisLogin, _ := redisHarness(t, addr, with(login, asACLUser))
+
+	for store, h := range map[string]*harness{"memory": statusHarness(t, login), "redis": redisLogin} {
+		for remote, key := range map[string]string{"203.0.113.7:1": "203.0.113.7", "[2001:db8::7]:1": "2001:db8::/64"} {
+			codes := []int{}
+			for i := 0; i < 3; i++ {
+				codes = append(codes, h.do(http.MethodPost, "/auth/login", remote, nil).Code)
+			}
+
+			if codes[2] != http.StatusTooManyRequests {
+				t.Fatalf("%s, %s: logins %v, want the 3rd refused", store, remote, codes)
+			}
+
+			listed := false
+			for _, k := range h.status("/_rl?q=" + url.QueryEscape(key)).Keys.Items {
+				listed = listed || k.Layer == "auth_login" && k.Key == key
+			}
+
+			if !listed {
+				t.Errorf("%s: the status page does not list auth_login's key %q", store, key)
+			}
+
+			if code, doc := h.reset("?layer=auth_login&key="+url.QueryEscape(key), ""); code != http.StatusOK || !doc.Memory {
+				t.Fatalf("%s: reset of auth_login key %s: %d %+v", store, key, code, doc)
+			}
+
+			if rec := h.do(http.MethodPost, "/auth/login", remote, nil); rec.Code != http.StatusOK {
+				t.Errorf("%s, %s: login after the reset: %d", store, remote, rec.Code)
+			}
+		}
+	}
+}
+
+// A reset message clears the key's block list entries of the layer it names,
+// under whatever limits they were made, and the key's memory window, for the
+// middleware it names only.
+func TestResetMessageClearsTheNamedKeyOnly(t *testing.T) {
+	now := t0
+	reset := now + int64(time.Hour)
+	bl := redisstore.NewBlockList(100)
+	ws := memstore.NewWindowStore(100)
+	l := testLayer(ws, "ip", 1, time.Hour)
+	other := testLayer(ws, "ipx", 1, time.Hour)
+	req := httptest.NewRequest(http.MethodGet, "/", nil)
+
+	bl.Add("ip\x00points 5\x00", "203.0.113.7", reset, now)
+	bl.Add("ip\x00points 9\x00", "203.0.113.7", reset, now) // before a reload changed the limits
+	bl.Add("ip\x00points 5\x00", "203.0.113.8", reset, now)
+	bl.Add("ipx\x00points 5\x00", "203.0.113.7", reset, now)
+
+	for _, lay := range []*layer{l, other} {
+		var tl tally
+		take(storeOf(ws), &tl, chargeOf([]*layer{lay}, "203.0.113.7", "", req, now, false))
+	}
+
+	// A block the memory fallback started (takeLocal), and the
+	// middleware's clock, which the reset reads instead of time.Now.
+	ws.Blocks["ip"]["203.0.113.7"] = reset
+	ws.Blocks["ip"]["203.0.113.8"] = reset
+	clockReads := 0
+	clock := func() time.Time { clockReads++; return time.Unix(0, now) }
+
+	r := redisstore.NewResetListener(&redisstore.RedisBackend{}, redisresp.Options{})
+	r.Targets["ratelimit:resets"] = map[string]redisstore.ResetForget{"edge@file": redisstore.ForgetIn(bl, ws, clock)}
+
+	// Another middleware's, another channel's and a malformed message.
+	r.Dispatch(redisresp.Message{Channel: "ratelimit:resets", Payload: redisstore.ResetMessage("other@file", "ip", "203.0.113.7")})
+	r.Dispatch(redisresp.Message{Channel: "other:resets", Payload: redisstore.ResetMessage("edge@file", "ip", "203.0.113.7")})
+	r.Dispatch(redisresp.Message{Channel: "ratelimit:resets", Payload: "edge@file ip 203.0.113.7"})
+
+	if bl.Size.Load() != 4 || peekCount(ws, now, "ip", "203.0.113.7") != 1 {
+		t.Fatalf("a message for someone else cleared something: %d entries, %v", bl.Size.Load(), bl.Until)
+	}
+
+	r.Dispatch(redisresp.Message{Channel: "ratelimit:resets", Payload: redisstore.ResetMessage("edge@file", "ip", "203.0.113.7")})
+
+	if bl.ResetOf("ip\x00points 5\x00", "203.0.113.7", now) != 0 || bl.ResetOf("ip\x00points 9\x00", "203.0.113.7", now) != 0 {
+		t.Fatalf("the key is still blocked: %v", bl.Until)
+	}
+
+	if bl.ResetOf("ip\x00points 5\x00", "203.0.113.8", now) != reset || bl.ResetOf("ipx\x00points 5\x00", "203.0.113.7", now) != reset {
+		t.Fatalf("another key or layer was cleared: %v", bl.Until)
+	}
+
+	if _, ok := ws.Blocks["ip"]["203.0.113.7"]; ok || ws.Blocks["ip"]["203.0.113.8"] != reset {
+		t.Fatalf("the memory fallback's blocks after the reset: %v", ws.Blocks["ip"])
+	}
+
+	if clockReads == 0 {
+		t.Fatal("the reset did not read the middleware's clock")
+	}
+
+	if peekCount(ws, now, "ip", "203.0.113.7") != 0 || peekCount(ws, now, "ipx", "203.0.113.7") != 1 {
+		t.Fatal("the memory windows: the key's is kept, or another layer's went")
+	}
+}
+
+// Two replicas on one redis-server: each refused the client itself, so
+// each blocks it locally. A reset through A reaches B's block list and
+// memory fallback through the channel, and B lets the client in again. B
+// subscribes only once it blocks a key, and stops when its backend is
+// released.
+func TestResetReachesAnotherReplicasBlockListOnRedisServer(t *testing.T) {
+	addr, admin := redisServer(t)
+	h, _ := redisHarness(t, addr, func(c *Config) {
+		asACLUser(c)
+		c.Status.Path = "/_rl"
+		c.IP = config.LayerConfig{Points: 2, Duration: "1h"}
+	})
+	a := h.p.stores.redis
+
+	// Replica B: the same middleware (name, layers, keys) with a backend, a
+	// block list and a memory fallback of its own.
+	bb := redisstore.NewBackend(redisresp.Options{Address: addr, Username: "tierlimit", Password: aclPassword, Timeout: time.Second})
+	bb.Log = &bytes.Buffer{}
+	b := &redisstore.RedisStore{Prefix: a.Prefix, Name: a.Name, Channel: a.Channel, Backend: bb, Local: memstore.NewWindowStore(100), Blocked: redisstore.NewBlockList(100), Calls: a.Calls}
+	b.Blocks = false
+	b.Clock = time.Now
+	layers := h.p.layers[:1]
+	client, other := "203.0.113.7", "203.0.113.8"
+	now := h.clock.Now().UnixNano()
+
+	take := func(s *redisstore.RedisStore, client string) tally {
+		var tl tally
+		take(storeOf(s), &tl, chargeOf(layers, client, "", httptest.NewRequest(http.MethodGet, "/api", nil), now, false))
+		return tl
+	}
+
+	numsub := func() int64 {
+		v := redisDo(t, admin, "PUBSUB", "NUMSUB", a.Channel)
+		return v.Array[1].Int
+	}
+
+	h.burst(client, 2)
+	take(b, other)
+	take(b, other)
+
+	if numsub() != 0 {
+		t.Fatal("a replica without block list entries subscribed")
+	}
+
+	if h.get("/api", client+":1").Code != http.StatusTooManyRequests || !take(b, client).Refused || !take(b, other).Refused {
+		t.Fatal("the clients are not refused")
+	}
+
+	var memory tally
+	memstore.Take(b.Local, &memory, chargeOf(layers, client, "", nil, now, false))
+
+	waitUntil(t, "B subscribes", func() bool { return numsub() == 1 })
+
+	if code, doc := h.reset("?layer=ip&key="+client, ""); code != http.StatusOK || !doc.BlockList {
+		t.Fatalf("reset: %d %+v", code, doc)
+	}
+
+	waitUntil(t, "B forgets the key", func() bool { return b.Blocked.ResetOf(layers[0].BlockPrefix, client, now) == 0 })
+
+	if peekCount(b.Local, now, "ip", client) != 0 {
+		t.Fatal("B's memory fallback still counts the key")
+	}
+
+	if b.Blocked.ResetOf(layers[0].BlockPrefix, other, now) == 0 {
+		t.Fatal("B forgot another key")
+	}
+
+	if tl := take(b, client); tl.Refused || h.get("/api", client+":1").Code != http.StatusOK {
+		t.Fatal("the client is refused after the reset")
+	}
+
+	redisstore.CloseBackend(bb)
+	waitUntil(t, "B unsubscribes once released", func() bool { return numsub() == 0 })
+}
+
+// waitUntil polls cond until it holds, failing after a generous bound: for
+// what another goroutine does, never for a window.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out: %s", what)
+		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/tierlimit/tierlimit/answer"
 	"github.com/tierlimit/tierlimit/limit"
+	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/request"
 )
 
@@ -413,7 +414,7 @@ func appendSliding(out []liveKey, i int, l *layer, m map[string]*window, f *live
 
 // mergeBlocked adds the block list's keys to the listing; a key listed by both
 // keeps the higher count and the later reset.
-func (p *Plugin) mergeBlocked(out []liveKey, blocked []blockedKey) []liveKey {
+func (p *Plugin) mergeBlocked(out []liveKey, blocked []memstore.BlockedKey) []liveKey {
 	if len(blocked) == 0 {
 		return out
 	}

@@ -12,7 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/request"
+	"github.com/tierlimit/tierlimit/rule"
 )
 
 // statusDoc is the status JSON as a client reads it (the names are the contract).
@@ -166,8 +168,8 @@ func TestStatusListsLayersAndLiveKeysByCount(t *testing.T) {
 
 func TestStatusSortsTiesByLayerThenKey(t *testing.T) {
 	h := statusHarness(t, func(c *Config) {
-		c.Global = LayerConfig{Points: 1000, Duration: "60s"}
-		c.Routes = []RouteConfig{{Name: "a_route", Paths: []string{"/api"}, Key: "ip", Points: 10, Duration: "60s"}}
+		c.Global = config.LayerConfig{Points: 1000, Duration: "60s"}
+		c.Routes = []config.RouteConfig{{Name: "a_route", Paths: []string{"/api"}, Key: "ip", Points: 10, Duration: "60s"}}
 	})
 
 	h.burst("203.0.113.9", 1)
@@ -469,7 +471,7 @@ func TestStatusShowsHeaderKeysHashed(t *testing.T) {
 
 func TestMetricsForAKnownRun(t *testing.T) {
 	h := statusHarness(t, func(c *Config) {
-		c.Global = LayerConfig{Points: 1000, Duration: "500ms"}
+		c.Global = config.LayerConfig{Points: 1000, Duration: "500ms"}
 	})
 
 	h.burst("203.0.113.7", 8)
@@ -549,7 +551,7 @@ tierlimit_evictions_total{MW} 0
 func TestMetricsEscapeLabelValues(t *testing.T) {
 	cfg := CreateConfig()
 	cfg.Global.Points = 0
-	cfg.IP = LayerConfig{Points: 5, Duration: "1s"}
+	cfg.IP = config.LayerConfig{Points: 5, Duration: "1s"}
 	cfg.Status.Path = "/_rl"
 
 	handler, err := New(context.Background(), http.NotFoundHandler(), cfg, "we\"ird\\name\n"+t.Name())
@@ -645,7 +647,7 @@ func TestStatusMergesTheFallbackAndReportsIt(t *testing.T) {
 // firstSorted's one-pass selection of a page near the top agrees with a full
 // sort, ties included.
 func TestFirstSortedAgreesWithAFullSort(t *testing.T) {
-	p := &Plugin{layers: []*layer{{Limits: limits{Name: "ip"}}, {Limits: limits{Name: "global"}}, {Limits: limits{Name: "a_route"}}}}
+	p := &Plugin{layers: []*layer{{Limits: rule.Limits{Name: "ip"}}, {Limits: rule.Limits{Name: "global"}}, {Limits: rule.Limits{Name: "a_route"}}}}
 	rng := rand.New(rand.NewSource(1))
 
 	for round := 0; round < 50; round++ {
@@ -718,5 +720,95 @@ func TestStatusListsSlidingLayers(t *testing.T) {
 
 	if doc := h.status("/_rl"); doc.Keys.Total != 0 {
 		t.Fatalf("expired: %+v", doc.Keys.Items)
+	}
+}
+
+// The status page and the metrics list only the layers an instance can
+// charge: not user and service at an edge (no principal.userHeader), not
+// service without its flag's header, not assets without asset paths, not a
+// layer with points 0.
+
+// metricLayers is the layers of tierlimit_requests_total in a metrics page.
+func metricLayers(t *testing.T, h *harness) string {
+	t.Helper()
+
+	rec := h.get("/_rl/metrics", local)
+	if rec.Code != http.StatusOK {
+		t.Fatalf("metrics: %d %s", rec.Code, rec.Body)
+	}
+
+	seen := map[string]bool{}
+	for _, m := range regexp.MustCompile(`tierlimit_requests_total\{[^}]*layer="([^"]*)"`).FindAllStringSubmatch(rec.Body.String(), -1) {
+		seen[m[1]] = true
+	}
+
+	names := make([]string, 0, len(seen))
+	for name := range seen {
+		names = append(names, name)
+	}
+
+	sort.Strings(names)
+
+	return strings.Join(names, ",")
+}
+
+func TestStatusListsOnlyLayersTheInstanceCharges(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		mutate func(c *Config)
+		want   string // the layers, sorted
+	}{
+		{"edge", func(c *Config) {}, "assets,global,ip"},
+		{"edge without asset paths", func(c *Config) { c.Assets.PathPrefixes = []string{} }, "global,ip"},
+		{"edge with ip off", func(c *Config) { c.IP.Points = 0 }, "assets,global"},
+		{"edge with a route", func(c *Config) {
+			c.Routes = []config.RouteConfig{{Name: "login", Paths: []string{"/login"}, Points: 5, Duration: "60s"}}
+		}, "assets,global,ip,login"},
+		{"after ForwardAuth", func(c *Config) {
+			c.Global.Points, c.IP.Points, c.Assets.Points = 0, 0, 0
+			c.Principal.UserHeader = "X-Auth-User"
+		}, "service,user"},
+		{"after ForwardAuth, no service accounts", func(c *Config) {
+			c.Global.Points, c.IP.Points, c.Assets.Points = 0, 0, 0
+			c.Principal.UserHeader = "X-Auth-User"
+			c.Principal.ServiceAccountHeader = ""
+		}, "user"},
+		{"after ForwardAuth, with plans", func(c *Config) {
+			c.Global.Points, c.IP.Points, c.Assets.Points, c.Service.Points = 0, 0, 0, 0
+			c.Principal.UserHeader = "X-Auth-User"
+			c.Principal.PlanHeader = "X-Auth-Plan"
+			c.Plans = map[string]config.PlanConfig{"pro": {Points: 10, Duration: "60s"}, "free": {Points: 0}}
+		}, "pro,user"},
+	} {
+		h := newHarness(t, func(c *Config) {
+			c.Status.Path = "/_rl"
+			tc.mutate(c)
+		})
+
+		var names []string
+		for _, l := range h.status("/_rl").Layers {
+			names = append(names, l.Name)
+		}
+
+		sort.Strings(names)
+
+		if got := strings.Join(names, ","); got != tc.want {
+			t.Errorf("%s: status page lists %q, want %q", tc.name, got, tc.want)
+		}
+
+		if got := metricLayers(t, h); got != tc.want {
+			t.Errorf("%s: metrics list %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}
+
+// A layer the edge never charges is no layer of it: a reset of it is a
+// 400 naming it, as for any unknown layer.
+func TestResetOfALayerTheEdgeNeverChargesIsUnknown(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.Status.Path = "/_rl" })
+
+	rec := h.do(http.MethodPost, "/_rl/reset?layer=user&key=alice", local, nil)
+	if rec.Code != http.StatusBadRequest || !strings.Contains(rec.Body.String(), "user") {
+		t.Errorf("reset of user at the edge: %d %s, want a 400 naming the layer", rec.Code, rec.Body)
 	}
 }

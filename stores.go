@@ -28,8 +28,8 @@ func anyBlock(layers []*layer) bool {
 // counts every layer; and what applies on top. take and refund read it;
 // nothing wraps a store in another.
 type stores struct {
-	memory *windowStore
-	redis  *redisStore
+	memory *memstore.WindowStore
+	redis  *redisstore.RedisStore
 	// blocks: a layer counted in memory has a blockDuration, so memory
 	// checks and starts blocks (memstore.TakeWithBlocks); Redis blocks in its
 	// script.
@@ -136,7 +136,7 @@ func takeMixed(st *stores, t *tally, c *charge) {
 
 	if tm.Refused && !c.All {
 		*t = tally{Cost: t.Cost, Shown: -1}
-		mergeTally(t, &tm, li)
+		rule.MergeTally(t, &tm, li)
 
 		return
 	}
@@ -147,14 +147,14 @@ func takeMixed(st *stores, t *tally, c *charge) {
 	if tr.Refused && !c.All {
 		memstore.Refund(st.memory, rule.ChargeWithout(cm, tm.Uncharged), rule.CostOf(t))
 		*t = tally{Cost: t.Cost, Shown: -1}
-		mergeTally(t, &tr, si)
+		rule.MergeTally(t, &tr, si)
 
 		return
 	}
 
 	*t = tally{Cost: t.Cost, Shown: -1}
-	mergeTally(t, &tm, li)
-	mergeTally(t, &tr, si)
+	rule.MergeTally(t, &tm, li)
+	rule.MergeTally(t, &tr, si)
 }
 
 // refundMixed is refund on a Redis instance with memory layers.
@@ -200,43 +200,6 @@ func splitLayers(layers []*layer) (local, shared []*layer, li, si []int) {
 	return local, shared, li, si
 }
 
-// mergeTally adds part, the tally of some of a request's layers (index[j]
-// is the place of its layer j among them), to t: as one take of every layer
-// would have reported it, the first refusing layer shown, else the one with
-// the fewest requests left (the first of equals).
-func mergeTally(t, part *tally, index []int) {
-	for j, i := range index {
-		if part.Firsts&(uint64(1)<<uint(j)) != 0 {
-			t.Firsts |= uint64(1) << uint(i)
-		}
-
-		if part.Uncharged&(uint64(1)<<uint(j)) != 0 {
-			t.Uncharged |= uint64(1) << uint(i)
-		}
-	}
-
-	if part.Shown < 0 {
-		return
-	}
-
-	i := index[part.Shown]
-
-	take := t.Shown < 0
-	switch {
-	case take:
-	case part.Refused != t.Refused:
-		take = part.Refused
-	case !part.Refused && part.Left != t.Left:
-		take = part.Left < t.Left
-	default:
-		take = i < t.Shown
-	}
-
-	if take {
-		t.Shown, t.Count, t.Reset, t.ResetH, t.Left, t.Refused = i, part.Count, part.Reset, part.ResetH, part.Left, part.Refused
-	}
-}
-
 // A month layer's RateLimit-Policy w is the current month's length, where
 // every other layer's is a constant of its header table. All the keys of a
 // calendar layer share one period, so the value changes only at the
@@ -253,7 +216,7 @@ const monthPolicyBit = uint64(1) << 63
 // anyMonth reports whether one of the layers has calendar: month.
 func anyMonth(layers []*layer) bool {
 	for _, l := range layers {
-		if l.Calendar == calMonth {
+		if l.Calendar == limit.Month {
 			return true
 		}
 	}
@@ -321,7 +284,7 @@ func connLive(v interface{}, now int64) int64 {
 		return 0
 	}
 
-	return now + int64(releaseGrace)
+	return now + int64(lifetime.ReleaseGrace)
 }
 
 // registry holds one windowStore per middleware name, and for the redis
@@ -332,17 +295,17 @@ func connLive(v interface{}, now int64) int64 {
 var registry = &storeRegistry{stores: lifetime.NewKeepingRegistry(memstore.Live), blocked: lifetime.NewKeepingRegistry(redisstore.BlockListLive)}
 
 type storeRegistry struct {
-	stores  *heldRegistry // *windowStore by middleware name
-	blocked *heldRegistry // *blockList by middleware name: keys known over their limit
+	stores  *lifetime.HeldRegistry // *windowStore by middleware name
+	blocked *lifetime.HeldRegistry // *blockList by middleware name: keys known over their limit
 }
 
 // get returns the store of the middleware called name, held until ctx is
 // cancelled, creating it with the cap capacity or applying capacity to the
 // existing one.
-func (r *storeRegistry) get(ctx context.Context, name string, capacity int) *windowStore {
+func (r *storeRegistry) get(ctx context.Context, name string, capacity int) *memstore.WindowStore {
 	v := r.stores.Take(ctx, name, func() interface{} { return memstore.NewWindowStore(capacity) })
 
-	s, _ := v.(*windowStore)
+	s, _ := v.(*memstore.WindowStore)
 	s.SetMax(capacity)
 
 	return s
@@ -350,10 +313,10 @@ func (r *storeRegistry) get(ctx context.Context, name string, capacity int) *win
 
 // blockListFor returns the list of keys known over their limit for the
 // middleware called name (redis store), held until ctx is cancelled.
-func (r *storeRegistry) blockListFor(ctx context.Context, name string, capacity int) *blockList {
+func (r *storeRegistry) blockListFor(ctx context.Context, name string, capacity int) *redisstore.BlockList {
 	v := r.blocked.Take(ctx, name, func() interface{} { return redisstore.NewBlockList(capacity) })
 
-	b, _ := v.(*blockList)
+	b, _ := v.(*redisstore.BlockList)
 
 	return b
 }

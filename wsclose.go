@@ -73,7 +73,7 @@ func (c *connCounter) release(ip string) {
 var connCounters = &counterRegistry{byName: lifetime.NewKeepingRegistry(connLive)}
 
 type counterRegistry struct {
-	byName *heldRegistry // *connCounter by middleware name
+	byName *lifetime.HeldRegistry // *connCounter by middleware name
 }
 
 // get returns the counter of the middleware called name, held until ctx is

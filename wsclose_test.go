@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/events"
 )
 
@@ -96,7 +97,7 @@ func readClose(t *testing.T, br *bufio.Reader) (uint16, string) {
 }
 
 func TestRefusedUpgradeIsClosedWith1013(t *testing.T) {
-	srv := wsServer(t, func(c *Config) { c.IP = LayerConfig{Points: 1, Duration: "60s"} },
+	srv := wsServer(t, func(c *Config) { c.IP = config.LayerConfig{Points: 1, Duration: "60s"} },
 		http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) { rw.WriteHeader(http.StatusTeapot) }))
 
 	if resp, _, _ := upgrade(t, srv, rfcKey, "13"); resp.StatusCode != http.StatusTeapot {
@@ -120,7 +121,7 @@ func TestRefusedUpgradeIsClosedWith1013(t *testing.T) {
 }
 
 func TestMalformedRefusedUpgradeGetsA429(t *testing.T) {
-	srv := wsServer(t, func(c *Config) { c.IP = LayerConfig{Points: 1, Duration: "60s"} }, http.NotFoundHandler())
+	srv := wsServer(t, func(c *Config) { c.IP = config.LayerConfig{Points: 1, Duration: "60s"} }, http.NotFoundHandler())
 	upgrade(t, srv, rfcKey, "13")
 
 	for _, bad := range []struct{ key, version string }{

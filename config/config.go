@@ -141,7 +141,7 @@ type RouteConfig struct {
 	DryRun bool // this rule counts, logs and sends its headers, but never refuses
 
 	// Plans give the route another window for principals whose
-	// principal.planHeader names the plan (routes.go in config).
+	// principal.planHeader names the plan (parseRoutes, parse.go).
 	Plans map[string]PlanConfig
 
 	Unknown map[string]interface{} `mapstructure:",remain"` // keys no field took: keys.go

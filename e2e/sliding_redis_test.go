@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/tierlimit/tierlimit"
+	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/redisresp"
 )
 
@@ -26,7 +27,7 @@ func TestSlidingWindowOnRedisServer(t *testing.T) {
 		cfg.Redis.Address = r.Addr
 		cfg.Redis.Timeout = "2s"
 		cfg.Global.Points = 0
-		cfg.IP = tierlimit.LayerConfig{Points: 10, Duration: "10s", Algorithm: algorithm}
+		cfg.IP = config.LayerConfig{Points: 10, Duration: "10s", Algorithm: algorithm}
 
 		h, err := tierlimit.New(context.Background(), http.NotFoundHandler(), cfg, name)
 		if err != nil {

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/tierlimit/tierlimit"
+	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/redisresp"
 )
 
@@ -27,7 +28,7 @@ func TestTokenBucketOnRedisServer(t *testing.T) {
 	cfg.Redis.Timeout = "2s"
 	cfg.Global.Points = 0
 	// One token every 10s, a bucket of 3.
-	cfg.IP = tierlimit.LayerConfig{Points: 6, Duration: "60s", Algorithm: "tokenbucket", Burst: 3}
+	cfg.IP = config.LayerConfig{Points: 6, Duration: "60s", Algorithm: "tokenbucket", Burst: 3}
 
 	h, err := tierlimit.New(context.Background(), http.NotFoundHandler(), cfg, "bucket@test")
 	if err != nil {
@@ -247,7 +248,7 @@ func TestReadmeACLRunsEveryAlgorithm(t *testing.T) {
 		cfg.Redis.Password = "s3cret"
 		cfg.Redis.Timeout = "2s"
 		cfg.Global.Points = 0
-		cfg.IP = tierlimit.LayerConfig{Points: 5, Duration: "60s", Algorithm: algorithm}
+		cfg.IP = config.LayerConfig{Points: 5, Duration: "60s", Algorithm: algorithm}
 
 		h, err := tierlimit.New(context.Background(), http.NotFoundHandler(), cfg, "acl-"+algorithm+"@test")
 		if err != nil {

@@ -3,7 +3,7 @@
 // in by the caller, so every function is as easy to test as to call. The
 // stores (memstore, redisstore), the answer and the root's status page use
 // it; the Lua scripts of redisstore are its only other form, held equal by
-// the root's equivalence tests (equiv_test.go, equiv_stores_test.go). The
+// the root's equivalence tests (equivalence_test.go). The
 // generated fast paths (../paths.tmpl) write the fixed window's check and
 // the rounding up to seconds out, where a call would cost every request its
 // frame (../doc.go: frames).

@@ -249,3 +249,42 @@ func TestLeaseGrant(t *testing.T) {
 		}
 	}
 }
+
+// TestSlidingWaitIsTheFirstAllowedMoment checks SlidingWait against a brute
+// force walk of the clock: the wait it returns is the first moment at which
+// SlidingCount allows a request, within the window or in the next one.
+func TestSlidingWaitIsTheFirstAllowedMoment(t *testing.T) {
+	const d = 20
+
+	for points := int64(1); points <= 6; points++ {
+		for prev := int64(0); prev <= 8; prev++ {
+			for count := int64(0); count <= points; count++ {
+				for left := int64(1); left <= d; left++ {
+					if SlidingCount(prev, count, 1, left, d) <= points {
+						continue // not a refusal
+					}
+
+					want := int64(0)
+
+					for x := int64(1); x <= left+d; x++ {
+						est := int64(0)
+						if x < left {
+							est = SlidingCount(prev, count, 1, left-x, d)
+						} else {
+							est = SlidingCount(count, 0, 1, d-(x-left), d)
+						}
+
+						if est <= points {
+							want = x
+							break
+						}
+					}
+
+					if got := SlidingWait(prev, count, 1, points, left, d); got != want {
+						t.Fatalf("points %d prev %d count %d left %d: wait %d, want %d", points, prev, count, left, got, want)
+					}
+				}
+			}
+		}
+	}
+}

@@ -15,11 +15,11 @@ import (
 // key of its own (takeScript), and every replica learns its end from the
 // script's reply (its block list, blockList).
 
-// RefuseBlockedAt refuses c's layer i while its key is blocked, under the
+// refuseBlockedAt refuses c's layer i while its key is blocked, under the
 // store's lock, and reports whether it did. The block's refusals are its own first
 // refusal's event, so none of them is reported; each is counted (the layer's
 // and the key's refused).
-func RefuseBlockedAt(s *WindowStore, t *tally, c *charge, i int) bool {
+func refuseBlockedAt(s *WindowStore, t *tally, c *charge, i int) bool {
 	l, key, now := c.Layers[i], c.Keys[i], c.Now
 	until := l.Blocks[key]
 	if until == 0 {
@@ -181,24 +181,24 @@ type BlockedKey struct {
 	Refused int64 // the requests a blockDuration block refused (0: not counted)
 }
 
-// TakeWithBlocks is Take, or TakeBlocking when blocks is set: what a store
+// TakeWithBlocks is Take, or takeBlocking when blocks is set: what a store
 // whose layers may block (a blockDuration counted in memory) calls.
 func TakeWithBlocks(s *WindowStore, blocks bool, t *tally, c *charge) {
 	if blocks {
-		TakeBlocking(s, t, c)
+		takeBlocking(s, t, c)
 		return
 	}
 
 	Take(s, t, c)
 }
 
-// TakeBlocking is Take with the layers' blocks, for an instance with a
+// takeBlocking is Take with the layers' blocks, for an instance with a
 // blockDuration layer in memory and for the Redis store's fallback: a
 // request of a blocked key is refused, charged nowhere; a refusal of a
 // layer with a blockDuration blocks its key. A dry run, which refuses
 // nothing, neither honours nor starts blocks. Take, shared by every
 // instance, costs layers without a block nothing more (../doc.go: frames).
-func TakeBlocking(s *WindowStore, t *tally, c *charge) {
+func takeBlocking(s *WindowStore, t *tally, c *charge) {
 	if !c.All && refuseAny(s, t, c) {
 		return
 	}
@@ -239,7 +239,7 @@ func refuseAny(s *WindowStore, t *tally, c *charge) bool {
 	GiveBack(c, i, cost, t.Uncharged)
 	*t = tally{Cost: t.Cost}
 
-	if !RefuseBlockedAt(s, t, c, i) {
+	if !refuseBlockedAt(s, t, c, i) {
 		t.Shown = -1 // the block ended meanwhile: decided afresh
 		s.Mu.Unlock()
 

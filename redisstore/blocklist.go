@@ -36,10 +36,10 @@ func NewBlockList(capacity int) *BlockList {
 	return &BlockList{max: capacity, Until: map[string]int64{}, noted: map[string]int64{}, prefixes: map[string]bool{}, hits: map[string]int64{}}
 }
 
-// BlockPrefix is a layer's part of its block list entries: its name and its
+// blockPrefix is a layer's part of its block list entries: its name and its
 // Redis arguments (points, window, algorithm, rate), each ended by a NUL,
 // which neither holds.
-func BlockPrefix(l *layer) string {
+func blockPrefix(l *layer) string {
 	return l.Name + "\x00" + l.RedisArgs + "\x00"
 }
 

@@ -14,7 +14,7 @@ import (
 // clock of the replica that gave it its TTL, and so how far behind that
 // replica another replica's clock may be and still find the count in
 // Redis: the scripts never shorten such a key's TTL (takeScript's fixed,
-// refundScript, LeaseScript), so it lives until the latest end a replica
+// refundScript, leaseScript), so it lives until the latest end a replica
 // gave it plus KeyGrace, whatever the order of the calls (docs/redis.md,
 // clocks).
 const KeyGrace = 10 * time.Second

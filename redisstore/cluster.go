@@ -22,8 +22,8 @@ func ClusterKey(l *layer, bucket string) string {
 	return l.RedisKey + "{" + bucket + "}"
 }
 
-// SlotGroup is the layers of one request whose keys share a slot.
-type SlotGroup struct {
+// slotGroup is the layers of one request whose keys share a slot.
+type slotGroup struct {
 	slot   int
 	Layers []int // indexes in the request's layers, in order
 	Keys   string
@@ -42,7 +42,7 @@ func (s *RedisStore) runCluster(cl *redisresp.Cluster, c *charge, cost int64) ([
 		mode = argChargeAll
 	}
 
-	groups := SlotGroups(c, mode+CostArg(cost))
+	groups := slotGroups(c, mode+CostArg(cost))
 
 	calls := make([]redisresp.ClusterCall, len(groups))
 	for i, g := range groups {
@@ -56,7 +56,7 @@ func (s *RedisStore) runCluster(cl *redisresp.Cluster, c *charge, cost int64) ([
 
 	// Merged before the refund's own call, which may reuse the connection
 	// buffers the replies' integers are read into.
-	ints, serverErr, err := MergeSlotReplies(layers, groups, replies, all)
+	ints, serverErr, err := mergeSlotReplies(layers, groups, replies, all)
 	if !all && err == nil && serverErr == "" {
 		s.refundOtherSlots(cl, c, groups, replies, cost)
 	}
@@ -71,7 +71,7 @@ func (s *RedisStore) runCluster(cl *redisresp.Cluster, c *charge, cost int64) ([
 // refusals only), cost each; check-only layers were charged nothing. A
 // refund that fails leaves those layers over-charged for this request; the
 // refusal stands either way.
-func (s *RedisStore) refundOtherSlots(cl *redisresp.Cluster, c *charge, groups []*SlotGroup, replies []redisresp.Reply, cost int64) {
+func (s *RedisStore) refundOtherSlots(cl *redisresp.Cluster, c *charge, groups []*slotGroup, replies []redisresp.Reply, cost int64) {
 	var charged []int
 
 	layers := c.Layers
@@ -98,7 +98,7 @@ func (s *RedisStore) refundOtherSlots(cl *redisresp.Cluster, c *charge, groups [
 
 // slotRefused reports whether a slot's call refused the request (or failed,
 // which charged nothing either).
-func slotRefused(layers []*layer, g *SlotGroup, r redisresp.Reply) bool {
+func slotRefused(layers []*layer, g *slotGroup, r redisresp.Reply) bool {
 	if r.ServerErr != "" || len(r.Ints) < 2*len(g.Layers) {
 		return true
 	}
@@ -115,7 +115,7 @@ func slotRefused(layers []*layer, g *SlotGroup, r redisresp.Reply) bool {
 // refundCluster is refund's call on a Redis Cluster: one refundScript call
 // per slot.
 func (s *RedisStore) refundCluster(cl *redisresp.Cluster, c *charge, cost int64) error {
-	groups := SlotGroups(c, CostArg(cost))
+	groups := slotGroups(c, CostArg(cost))
 
 	calls := make([]redisresp.ClusterCall, len(groups))
 	for i, g := range groups {
@@ -137,11 +137,11 @@ func (s *RedisStore) refundCluster(cl *redisresp.Cluster, c *charge, cost int64)
 	return nil
 }
 
-// SlotGroups groups c's layers by the slot of their keys, each group's
+// slotGroups groups c's layers by the slot of their keys, each group's
 // arguments starting with head (the request's arguments); a calendar layer's
 // key and window are those of the period that holds c.now.
-func SlotGroups(c *charge, head string) []*SlotGroup {
-	var groups []*SlotGroup
+func slotGroups(c *charge, head string) []*slotGroup {
+	var groups []*slotGroup
 
 	now := c.Now
 	for i, l := range c.Layers {
@@ -160,7 +160,7 @@ func SlotGroups(c *charge, head string) []*SlotGroup {
 
 		slot := redisresp.Slot(key)
 
-		var g *SlotGroup
+		var g *slotGroup
 		for _, x := range groups {
 			if x.slot == slot {
 				g = x
@@ -168,7 +168,7 @@ func SlotGroups(c *charge, head string) []*SlotGroup {
 		}
 
 		if g == nil {
-			g = &SlotGroup{slot: slot, Args: head}
+			g = &slotGroup{slot: slot, Args: head}
 			groups = append(groups, g)
 		}
 
@@ -180,14 +180,14 @@ func SlotGroups(c *charge, head string) []*SlotGroup {
 	return groups
 }
 
-// MergeSlotReplies puts the replies of the per-slot calls back in layer
+// mergeSlotReplies puts the replies of the per-slot calls back in layer
 // order, as one script call on a single server would have answered: count and
 // milliseconds to reset per layer, up to and including the first refusal in
 // evaluation order (layers of other slots that their own call charged after
 // it are left out, as a single server would not have charged them); a
 // dry-run layer's refusal refuses nothing. A server error of any call is the
 // outcome.
-func MergeSlotReplies(layers []*layer, groups []*SlotGroup, replies []redisresp.Reply, all bool) ([]int64, string, error) {
+func mergeSlotReplies(layers []*layer, groups []*slotGroup, replies []redisresp.Reply, all bool) ([]int64, string, error) {
 	answered := make([][2]int64, len(layers))
 	got := make([]bool, len(layers))
 

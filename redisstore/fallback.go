@@ -58,7 +58,7 @@ func Remember(s *windowStore, l *layer, key string, count, reset, now int64) []s
 
 // rememberAll is remember for every layer of a request that Redis
 // allowed, or charged in a dry run: ints is the script's reply, validated
-// (redisStore.record), with each layer's count and milliseconds to reset.
+// (Record), with each layer's count and milliseconds to reset.
 func rememberAll(s *windowStore, c *charge, ints []int64) {
 	now := c.Now
 	for i := 0; 2*i+1 < len(ints) && i < len(c.Layers); i++ {

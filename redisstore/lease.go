@@ -9,7 +9,7 @@ import (
 	"github.com/tierlimit/tierlimit/redisresp"
 )
 
-// LeaseScript settles and grants synced counters' leases (syncstore.go),
+// leaseScript settles and grants synced counters' leases (syncstore.go),
 // one key after the other, each atomically.
 //
 // KEYS: the keys. ARGV, six per key: the points to add (admitted without a
@@ -21,7 +21,7 @@ import (
 // most the want and what is left), nothing when what is left cannot cover
 // the need. A key of another kind, or holding something that is not an
 // integer, is started afresh. Returns grant and count per key, in order.
-var LeaseScript = `
+var leaseScript = `
 local out = {}
 for i = 1, #KEYS do
   local k, j = KEYS[i], 6 * (i - 1)
@@ -54,7 +54,7 @@ end
 return out
 `
 
-var leaseRedis = redisresp.NewScript(LeaseScript)
+var leaseRedis = redisresp.NewScript(leaseScript)
 
 // LeaseAsk is what one counter sends in a lease call: add pending points,
 // give back a lease, and need and want points of the layer's points, as

@@ -48,7 +48,7 @@ type owedCounts struct {
 	listed bool // the backend pays them when it recovers (redisBackend.oweOnRecovery)
 }
 
-func NewOwedCounts(max int) *owedCounts {
+func newOwedCounts(max int) *owedCounts {
 	return &owedCounts{Debts: map[OwedKey]owedDebt{}, max: max}
 }
 
@@ -221,7 +221,7 @@ func addOnRedis(s *RedisStore, l *layer, key string, points, ttl, at int64) erro
 
 	c := &charge{Layers: []*layer{l}, Keys: []string{key}, Now: at}
 	if cl := s.Backend.cluster; cl != nil {
-		g := SlotGroups(c, CostArg(-points))[0]
+		g := slotGroups(c, CostArg(-points))[0]
 		replies, err := cl.RunInts([]redisresp.ClusterCall{{Slot: g.slot, Call: call, Encoded: g.Keys + g.Args + tail}})
 		if err == nil && len(replies) == 1 && replies[0].ServerErr != "" {
 			err = errors.New("running the refund script: " + replies[0].ServerErr)

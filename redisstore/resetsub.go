@@ -39,8 +39,8 @@ func ResetMessage(name, layer, key string) string {
 	return name + "\x00" + layer + "\x00" + key
 }
 
-// ParseResetMessage reads a resetMessage; ok is false for any other payload.
-func ParseResetMessage(payload string) (name, layer, key string, ok bool) {
+// parseResetMessage reads a resetMessage; ok is false for any other payload.
+func parseResetMessage(payload string) (name, layer, key string, ok bool) {
 	i := strings.IndexByte(payload, 0)
 	if i <= 0 {
 		return "", "", "", false
@@ -368,7 +368,7 @@ func (r *resetListener) moved(addr string) bool {
 // payload that is not a reset, or names a middleware that does not listen
 // on m's channel, is dropped.
 func (r *resetListener) Dispatch(m redisresp.Message) {
-	name, layer, key, ok := ParseResetMessage(m.Payload)
+	name, layer, key, ok := parseResetMessage(m.Payload)
 	if !ok {
 		return
 	}

@@ -447,11 +447,11 @@ var (
 	argChargeAll     = redisresp.Bulk("1") // dry run
 	ArgOneInteger    = redisresp.Bulk("2") // the one-integer reply of redisPath
 	argCostOne       = redisresp.Bulk("1")
-	AlgoFixed        = redisresp.Bulk("0")
-	AlgoSliding      = redisresp.Bulk("1")
-	AlgoBucket       = redisresp.Bulk("2")
-	AlgoConcurrency  = redisresp.Bulk("3")
-	ArgNoRate        = redisresp.Bulk("0")
+	algoFixed        = redisresp.Bulk("0")
+	algoSliding      = redisresp.Bulk("1")
+	algoBucket       = redisresp.Bulk("2")
+	algoConcurrency  = redisresp.Bulk("3")
+	argNoRate        = redisresp.Bulk("0")
 )
 
 // CostArg encodes a request's cost, ARGV[2] of takeScript.
@@ -471,9 +471,9 @@ var (
 	refundRedis = redisresp.NewScript(refundScript)
 )
 
-// TakeCall is takeScript's call head for n layers: n keys, then ARGV[1],
+// takeCall is takeScript's call head for n layers: n keys, then ARGV[1],
 // ARGV[2] and 4 arguments per layer.
-func TakeCall(n int) redisresp.Call {
+func takeCall(n int) redisresp.Call {
 	return takeRedis.Call(n, 5*n+2)
 }
 

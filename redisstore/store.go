@@ -40,7 +40,7 @@ func CallFor(s *RedisStore, n int) redisresp.Call {
 		return s.Calls[n]
 	}
 
-	return TakeCall(n)
+	return takeCall(n)
 }
 
 // Take charges c's layers in Redis, all or nothing, in one script call (or

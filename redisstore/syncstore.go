@@ -43,7 +43,7 @@ import (
 // so that every replica agrees on the window without comparing TTLs and a
 // new window starts from nothing in Redis and in memory. The key outlives
 // its window by KeyGrace on the clock of the replica that ends it last
-// (LeaseScript never shortens its TTL), for replicas whose clocks are
+// (leaseScript never shortens its TTL), for replicas whose clocks are
 // behind. Only fixed windows are synced: a sliding window or a token bucket
 // with syncInterval is a configuration error (config/sync.go, checkSync).
 //
@@ -67,8 +67,8 @@ const syncBatch = 500
 // key that many requests want at once).
 const maxLeaseRounds = 8
 
-// ErrSyncSkipped is a sync that did not call Redis: the back-off is running.
-var ErrSyncSkipped = errors.New("redis is in back-off")
+// errSyncSkipped is a sync that did not call Redis: the back-off is running.
+var errSyncSkipped = errors.New("redis is in back-off")
 
 // SyncCounter is one key of one window as a replica knows it: Redis's total
 // at its last answer, the lease this replica holds, and what it admitted
@@ -149,12 +149,12 @@ func NewSyncState() *SyncState {
 // syncRegistry holds one syncState per middleware name while a configuration
 // uses it (../lifetime/lifetime.go); a released one stops its goroutine and sends what
 // it charged since its last sync.
-var syncRegistry = lifetime.NewHeldRegistry(StopSync)
+var syncRegistry = lifetime.NewHeldRegistry(stopSync)
 
-// StopSync stops a released state's goroutine, then sends its pending
+// stopSync stops a released state's goroutine, then sends its pending
 // points (a sync interval longer than the release grace, or charges made
 // after the last sync): its counts that matter are Redis's.
-func StopSync(v interface{}) {
+func stopSync(v interface{}) {
 	st, ok := v.(*SyncState)
 	if !ok {
 		return
@@ -167,7 +167,7 @@ func StopSync(v interface{}) {
 	}
 	st.Mu.Unlock()
 
-	SafeSync(st, true)
+	safeSync(st, true)
 }
 
 // flushSyncsOn sends the pending points of the synced states that use b,
@@ -190,15 +190,15 @@ func flushSyncsOn(b *RedisBackend) {
 		st.Mu.Unlock()
 
 		if mine {
-			SafeSync(st, true)
+			safeSync(st, true)
 		}
 	}
 }
 
-// SyncStateFor returns the synced counters of the middleware called name,
+// syncStateFor returns the synced counters of the middleware called name,
 // held until ctx is cancelled, set to use backend every interval. It does no
 // I/O: the goroutine starts at the first request (syncTake).
-func SyncStateFor(ctx context.Context, name string, backend *RedisBackend, interval time.Duration, capacity int, listen func()) *SyncState {
+func syncStateFor(ctx context.Context, name string, backend *RedisBackend, interval time.Duration, capacity int, listen func()) *SyncState {
 	v := syncRegistry.Take(ctx, name, func() interface{} {
 		return NewSyncState()
 	})
@@ -543,14 +543,14 @@ func chargeSynced(t *tally, counters []*SyncCounter, layers []*layer, cost int64
 func acquire(st *SyncState, now int64) error {
 	backend := st.Backend
 	if backend == nil {
-		return ErrSyncSkipped
+		return errSyncSkipped
 	}
 
 	probe := false
 	if backend.Down.Load() {
 		use := false
 		if use, probe = backend.Usable(now); !use {
-			return ErrSyncSkipped
+			return errSyncSkipped
 		}
 	}
 
@@ -633,14 +633,14 @@ func StartSync(st *SyncState) {
 	st.Started = true
 	st.Stop = make(chan struct{})
 
-	go RunSync(st, st.Stop)
+	go runSync(st, st.Stop)
 }
 
-// RunSync syncs st every interval until stop is closed. A panic ends one
+// runSync syncs st every interval until stop is closed. A panic ends one
 // sync, not the loop (safeSync): a goroutine's panic would end the whole
 // process. One outside a sync ends the loop, and the next request starts
 // another.
-func RunSync(st *SyncState, stop chan struct{}) {
+func runSync(st *SyncState, stop chan struct{}) {
 	defer func() {
 		if r := recover(); r != nil {
 			st.Mu.Lock()
@@ -665,13 +665,13 @@ func RunSync(st *SyncState, stop chan struct{}) {
 		case <-timer.C:
 		}
 
-		SafeSync(st, false)
+		safeSync(st, false)
 	}
 }
 
-// SafeSync is one sync (final: every lease given back) that recovers from
+// safeSync is one sync (final: every lease given back) that recovers from
 // a panic, putting what a sync cut short was sending back on its counters.
-func SafeSync(st *SyncState, final bool) {
+func safeSync(st *SyncState, final bool) {
 	defer func() {
 		if r := recover(); r != nil {
 			st.Mu.Lock()
@@ -701,7 +701,7 @@ func SyncNow(st *SyncState, now int64, final bool) error {
 		use := false
 		if use, probe = backend.Usable(now); !use {
 			EndSync(st, asks, nil)
-			return ErrSyncSkipped
+			return errSyncSkipped
 		}
 	}
 

@@ -11,6 +11,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 
 	"github.com/tierlimit/tierlimit"
+	"github.com/tierlimit/tierlimit/config"
 )
 
 // costInstance is a Redis instance on m: ip a layer of 5 of algorithm, an
@@ -32,7 +33,7 @@ func costInstance(t *testing.T, m *miniredis.Miniredis, algorithm, name string) 
 	cfg.IP = ip
 	export := layerOf(algorithm, false)
 	login := layerOf(algorithm, true)
-	cfg.Routes = []tierlimit.RouteConfig{
+	cfg.Routes = []config.RouteConfig{
 		{Name: "export", Paths: []string{"/export"}, Points: export.Points, Duration: "1h", Algorithm: algorithm, Burst: export.Burst, Cost: 3},
 		{Name: "login", Paths: []string{"/login"}, Points: login.Points, Duration: "1h", Algorithm: algorithm, Burst: login.Burst, CountStatus: []int{401}},
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 
 	"github.com/tierlimit/tierlimit"
+	"github.com/tierlimit/tierlimit/config"
 )
 
 // TestDryRunRuleAgainstMiniredis: global in dry run (2 points), ip enforced
@@ -30,7 +31,7 @@ func TestDryRunRuleAgainstMiniredis(t *testing.T) {
 		cfg.Redis.Timeout = "1s"
 		cfg.Global = layerOf(tc.algorithm, true)
 		cfg.Global.DryRun = true
-		cfg.IP = tierlimit.LayerConfig{Points: 3, Duration: "1h"}
+		cfg.IP = config.LayerConfig{Points: 3, Duration: "1h"}
 
 		name := "dryrule-" + tc.algorithm + "@test"
 

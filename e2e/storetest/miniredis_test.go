@@ -18,6 +18,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 
 	"github.com/tierlimit/tierlimit"
+	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/redisresp"
 )
 
@@ -160,7 +161,7 @@ func TestRedisStoreAgainstMiniredis(t *testing.T) {
 	cfg.Redis.Address = m.Addr()
 	cfg.Redis.Timeout = "1s"
 	cfg.Global.Points = 0
-	cfg.IP = tierlimit.LayerConfig{Points: 3, Duration: "10s"}
+	cfg.IP = config.LayerConfig{Points: 3, Duration: "10s"}
 
 	h, err := tierlimit.New(context.Background(), http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}), cfg, "mini@test")
 	if err != nil {
@@ -224,7 +225,7 @@ func TestSlidingWindowAgainstMiniredis(t *testing.T) {
 		cfg.Redis.Address = m.Addr()
 		cfg.Redis.Timeout = "1s"
 		cfg.Global.Points = 0
-		cfg.IP = tierlimit.LayerConfig{Points: 10, Duration: "10s", Algorithm: "sliding"}
+		cfg.IP = config.LayerConfig{Points: 10, Duration: "10s", Algorithm: "sliding"}
 
 		h, err := tierlimit.New(context.Background(), http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}), cfg, name)
 		if err != nil {
@@ -298,8 +299,8 @@ func TestRefusedRequestChargesNoLayerAgainstMiniredis(t *testing.T) {
 	cfg.Store = "redis"
 	cfg.Redis.Address = m.Addr()
 	cfg.Redis.Timeout = "1s"
-	cfg.Global = tierlimit.LayerConfig{Points: 2, Duration: "10s"}
-	cfg.IP = tierlimit.LayerConfig{Points: 5, Duration: "10s"}
+	cfg.Global = config.LayerConfig{Points: 2, Duration: "10s"}
+	cfg.IP = config.LayerConfig{Points: 5, Duration: "10s"}
 
 	h, err := tierlimit.New(context.Background(), http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}), cfg, "layers@test")
 	if err != nil {
@@ -340,7 +341,7 @@ func TestShortenedDurationStartsAfreshAgainstMiniredis(t *testing.T) {
 			cfg.Redis.Address = m.Addr()
 			cfg.Redis.Timeout = "1s"
 			cfg.Global.Points = 0
-			cfg.IP = tierlimit.LayerConfig{Points: 5, Duration: duration, Algorithm: algorithm}
+			cfg.IP = config.LayerConfig{Points: 5, Duration: duration, Algorithm: algorithm}
 
 			h, err := tierlimit.New(context.Background(), http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}), cfg, "shortened-"+algorithm+"@test")
 			if err != nil {

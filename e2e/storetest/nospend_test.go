@@ -13,6 +13,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 
 	"github.com/tierlimit/tierlimit"
+	"github.com/tierlimit/tierlimit/config"
 )
 
 // keyState is every key of m with its type, value and TTL, as one string:
@@ -59,17 +60,17 @@ func keyState(t *testing.T, m *miniredis.Miniredis) string {
 
 // layerOf is a layer that refuses the third request (tight) or none of the
 // first hundred, with algorithm; a token bucket's burst is its budget.
-func layerOf(algorithm string, tight bool) tierlimit.LayerConfig {
+func layerOf(algorithm string, tight bool) config.LayerConfig {
 	points := 100
 	if tight {
 		points = 2
 	}
 
 	if algorithm == "tokenbucket" {
-		return tierlimit.LayerConfig{Points: 1, Duration: "1h", Algorithm: algorithm, Burst: points}
+		return config.LayerConfig{Points: 1, Duration: "1h", Algorithm: algorithm, Burst: points}
 	}
 
-	return tierlimit.LayerConfig{Points: points, Duration: "1h", Algorithm: algorithm}
+	return config.LayerConfig{Points: points, Duration: "1h", Algorithm: algorithm}
 }
 
 // TestRefusedRequestLeavesEveryKeyAgainstMiniredis: for each algorithm, and
@@ -100,7 +101,7 @@ func TestRefusedRequestLeavesEveryKeyAgainstMiniredis(t *testing.T) {
 			cfg.Global = layerOf(algorithms[0], refusing == 0)
 			cfg.IP = layerOf(algorithms[1], refusing == 1)
 			route := layerOf(algorithms[2], refusing == 2)
-			cfg.Routes = []tierlimit.RouteConfig{{Name: "login", Paths: []string{"/login"}, Key: "ip",
+			cfg.Routes = []config.RouteConfig{{Name: "login", Paths: []string{"/login"}, Key: "ip",
 				Points: route.Points, Duration: route.Duration, Algorithm: route.Algorithm, Burst: route.Burst}}
 
 			name := "nospend" + strconv.Itoa(n) + "-" + strconv.Itoa(refusing) + "@test"
@@ -152,8 +153,8 @@ func TestExhaustedIPDoesNotSpendGlobalAgainstMiniredis(t *testing.T) {
 	cfg.Store = "redis"
 	cfg.Redis.Address = m.Addr()
 	cfg.Redis.Timeout = "1s"
-	cfg.Global = tierlimit.LayerConfig{Points: 1000, Duration: "1h"}
-	cfg.IP = tierlimit.LayerConfig{Points: 3, Duration: "1h"}
+	cfg.Global = config.LayerConfig{Points: 1000, Duration: "1h"}
+	cfg.IP = config.LayerConfig{Points: 3, Duration: "1h"}
 
 	h, err := tierlimit.New(context.Background(), http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}), cfg, "exhausted@test")
 	if err != nil {
@@ -194,7 +195,7 @@ func TestRaisedPointsLetABlockedClientInAgainstMiniredis(t *testing.T) {
 		cfg.Redis.Address = m.Addr()
 		cfg.Redis.Timeout = "1s"
 		cfg.Global.Points = 0
-		cfg.IP = tierlimit.LayerConfig{Points: points, Duration: "1h"}
+		cfg.IP = config.LayerConfig{Points: points, Duration: "1h"}
 
 		// The same name: the reloaded instance shares the block list.
 		h, err := tierlimit.New(context.Background(), http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}), cfg, "raised@test")
@@ -262,8 +263,8 @@ func TestDryRunChargesEveryLayerAgainstMiniredis(t *testing.T) {
 	cfg.Redis.Address = m.Addr()
 	cfg.Redis.Timeout = "1s"
 	cfg.DryRun = true
-	cfg.Global = tierlimit.LayerConfig{Points: 2, Duration: "1h"}
-	cfg.IP = tierlimit.LayerConfig{Points: 100, Duration: "1h"}
+	cfg.Global = config.LayerConfig{Points: 2, Duration: "1h"}
+	cfg.IP = config.LayerConfig{Points: 100, Duration: "1h"}
 
 	h, err := tierlimit.New(context.Background(), http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}), cfg, "dryrun@test")
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/tierlimit/tierlimit"
+	"github.com/tierlimit/tierlimit/config"
 )
 
 // layerCounts reads a layer's allowed and refused counters from the status
@@ -78,7 +79,7 @@ func TestTokenBucketMatchesXTimeRateOnMiniredis(t *testing.T) {
 		cfg.DryRun = true
 		cfg.Status.Path = "/_ratelimit"
 		cfg.Global.Points = 0
-		cfg.IP = tierlimit.LayerConfig{Points: tc.average, Duration: tc.period.String(), Algorithm: "tokenbucket", Burst: tc.burst}
+		cfg.IP = config.LayerConfig{Points: tc.average, Duration: tc.period.String(), Algorithm: "tokenbucket", Burst: tc.burst}
 
 		h, err := tierlimit.New(context.Background(), http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}), cfg, "xrate"+strconv.Itoa(n)+"@test")
 		if err != nil {
@@ -130,7 +131,7 @@ func TestTokenBucketWithoutRedis(t *testing.T) {
 	cfg.Redis.Timeout = "100ms"
 	cfg.Redis.DialTimeout = "100ms"
 	cfg.Global.Points = 0
-	cfg.IP = tierlimit.LayerConfig{Points: 2, Duration: "60s", Algorithm: "tokenbucket"}
+	cfg.IP = config.LayerConfig{Points: 2, Duration: "60s", Algorithm: "tokenbucket"}
 
 	h, err := tierlimit.New(context.Background(), http.NotFoundHandler(), cfg, "bucket-down@test")
 	if err != nil {

@@ -1,4 +1,4 @@
-package tierlimit
+package memstore
 
 import (
 	"context"
@@ -7,8 +7,8 @@ import (
 
 	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/lifetime"
-	"github.com/tierlimit/tierlimit/memstore"
-	"github.com/tierlimit/tierlimit/redisstore"
+	"github.com/tierlimit/tierlimit/limit"
+	"github.com/tierlimit/tierlimit/rule"
 )
 
 // keepTimers drives a keeping registry: its clock and its timers, which the
@@ -23,7 +23,7 @@ type keepTimer struct {
 	f func()
 }
 
-func newKeepTimers(r *heldRegistry, now int64) *keepTimers {
+func newKeepTimers(r *lifetime.HeldRegistry, now int64) *keepTimers {
 	kt := &keepTimers{now: now, started: make(chan keepTimer, 16)}
 	r.Now = func() time.Time { return time.Unix(0, kt.now) }
 	r.After = func(d time.Duration, f func()) { kt.started <- keepTimer{d, f} }
@@ -62,27 +62,6 @@ func (kt *keepTimers) none(t *testing.T) {
 	}
 }
 
-func newTestStore() interface{} { return memstore.NewWindowStore(100) }
-
-// keepStore is a middleware's memory store taken from r by one instance
-// whose configuration is then replaced (its ctx cancelled); it returns the
-// store and the grace timer that started.
-func keepStore(t *testing.T, r *heldRegistry, kt *keepTimers, charge func(s *windowStore)) (*windowStore, keepTimer) {
-	t.Helper()
-
-	ctx, cancel := context.WithCancel(context.Background())
-	s, _ := r.Take(ctx, "rl@file", newTestStore).(*windowStore)
-	charge(s)
-	cancel()
-
-	tm := kt.next(t)
-	if tm.d != releaseGrace {
-		t.Fatalf("first timer %s, want the grace", tm.d)
-	}
-
-	return s, tm
-}
-
 // TestUnheldCountersOutliveTheGraceUntilTheirEnd: a middleware disabled by
 // a bad reload, or removed, keeps its counters past the grace while they
 // hold something (a window, a sliding window's weight, a token bucket's
@@ -99,22 +78,21 @@ func TestUnheldCountersOutliveTheGraceUntilTheirEnd(t *testing.T) {
 		{"fixed", config.Rule{Name: "ip", Points: 5, Duration: 10 * time.Minute}, 3, t0 + int64(10*time.Minute)},
 		{"sliding", config.Rule{Name: "ip", Points: 5, Duration: time.Minute, Sliding: true}, 3, t0 + int64(2*time.Minute)},
 		{"tokenbucket", config.Rule{Name: "ip", Points: 1, Duration: time.Minute, Bucket: true, Burst: 5}, 3, t0 + int64(3*time.Minute)},
-		{"calendar day", config.Rule{Name: "ip", Points: 5, Duration: 24 * time.Hour, Calendar: calDay}, 3, day},
+		{"calendar day", config.Rule{Name: "ip", Points: 5, Duration: 24 * time.Hour, Calendar: limit.Day}, 3, day},
 		{"block", config.Rule{Name: "ip", Points: 2, Duration: time.Minute, Block: time.Hour}, 3, t0 + int64(time.Hour)},
 	}
 
 	for _, c := range cases {
-		r := lifetime.NewKeepingRegistry(memstore.Live)
+		r := lifetime.NewKeepingRegistry(Live)
 		kt := newKeepTimers(r, t0)
 
 		var l *layer
 
-		s, grace := keepStore(t, r, kt, func(s *windowStore) {
-			l = newLayer(s, c.spec, keyOfClient)
-			store := &stores{memory: s, blocks: l.BlockDuration != 0}
+		s, grace := keepStore(t, r, kt, func(s *WindowStore) {
+			l = newLayer(s, c.spec, rule.KeyOfClient)
 
 			for i := 0; i < c.hits; i++ {
-				takeIn(store, t0, []*layer{l}, "198.51.100.7", "", false)
+				takeIn(s, t0, []*layer{l}, "198.51.100.7", false)
 			}
 		})
 
@@ -132,7 +110,7 @@ func TestUnheldCountersOutliveTheGraceUntilTheirEnd(t *testing.T) {
 		}
 
 		// The same name configured again meanwhile takes its counts back.
-		if again, _ := r.Take(context.Background(), "rl@file", newTestStore).(*windowStore); again != s {
+		if again, _ := r.Take(context.Background(), "rl@file", newTestStore).(*WindowStore); again != s {
 			t.Fatalf("%s: the middleware configured again got new counters", c.name)
 		}
 
@@ -148,13 +126,13 @@ func TestUnheldCountersOutliveTheGraceUntilTheirEnd(t *testing.T) {
 // released at the end of its last window; an empty store, or one whose
 // windows all ended, goes at the grace as before.
 func TestUnheldCountersReleasedWhenTheyEnd(t *testing.T) {
-	r := lifetime.NewKeepingRegistry(memstore.Live)
+	r := lifetime.NewKeepingRegistry(Live)
 	kt := newKeepTimers(r, t0)
 
-	_, grace := keepStore(t, r, kt, func(s *windowStore) {
+	_, grace := keepStore(t, r, kt, func(s *WindowStore) {
 		l := testLayer(s, "ip", 5, 10*time.Minute)
-		takeIn(s, t0, []*layer{l}, "198.51.100.7", "", false)
-		takeIn(s, t0+int64(time.Minute), []*layer{l}, "198.51.100.8", "", false)
+		takeIn(s, t0, []*layer{l}, "198.51.100.7", false)
+		takeIn(s, t0+int64(time.Minute), []*layer{l}, "198.51.100.8", false)
 	})
 
 	kt.fire(grace)
@@ -174,14 +152,14 @@ func TestUnheldCountersReleasedWhenTheyEnd(t *testing.T) {
 	kt.none(t)
 
 	for _, name := range []string{"empty", "ended"} {
-		r := lifetime.NewKeepingRegistry(memstore.Live)
+		r := lifetime.NewKeepingRegistry(Live)
 		kt := newKeepTimers(r, t0)
 		name := name
 
-		_, grace := keepStore(t, r, kt, func(s *windowStore) {
+		_, grace := keepStore(t, r, kt, func(s *WindowStore) {
 			if name == "ended" {
 				l := testLayer(s, "ip", 5, time.Second)
-				takeIn(s, t0, []*layer{l}, "198.51.100.7", "", false)
+				takeIn(s, t0, []*layer{l}, "198.51.100.7", false)
 			}
 		})
 
@@ -195,57 +173,23 @@ func TestUnheldCountersReleasedWhenTheyEnd(t *testing.T) {
 	}
 }
 
-// TestUnheldBlockListKeptUntilItsBlocksEnd: the Redis store's list of keys
-// known blocked is kept while a block runs.
-func TestUnheldBlockListKeptUntilItsBlocksEnd(t *testing.T) {
-	r := lifetime.NewKeepingRegistry(redisstore.BlockListLive)
-	kt := newKeepTimers(r, t0)
+func newTestStore() interface{} { return NewWindowStore(100) }
+
+// keepStore is a middleware's memory store taken from r by one instance
+// whose configuration is then replaced (its ctx cancelled); it returns the
+// store and the grace timer that started.
+func keepStore(t *testing.T, r *lifetime.HeldRegistry, kt *keepTimers, charge func(s *WindowStore)) (*WindowStore, keepTimer) {
+	t.Helper()
 
 	ctx, cancel := context.WithCancel(context.Background())
-	b, _ := r.Take(ctx, "rl@file", func() interface{} { return redisstore.NewBlockList(100) }).(*blockList)
-	b.Add("ip\x00args\x00", "198.51.100.7", t0+int64(time.Hour), t0)
+	s, _ := r.Take(ctx, "rl@file", newTestStore).(*WindowStore)
+	charge(s)
 	cancel()
 
-	kt.fire(kt.next(t))
-
 	tm := kt.next(t)
-	if at := kt.now + int64(tm.d); at != t0+int64(time.Hour) || r.Size() != 1 {
-		t.Fatalf("block list: %d entries, checked again at +%s, want kept to +1h0m0s", r.Size(), time.Duration(at-t0))
+	if tm.d != lifetime.ReleaseGrace {
+		t.Fatalf("first timer %s, want the grace", tm.d)
 	}
 
-	kt.fire(tm)
-
-	if r.Size() != 0 {
-		t.Fatal("block list kept after its blocks ended")
-	}
-}
-
-// TestUnheldConnectionCounterKeptWhileConnectionsAreOpen: a removed
-// middleware's WebSocket connections stay open; their counter is kept
-// (checked every grace) until they close, so the middleware configured
-// again does not admit maxConnectionsPerIP more.
-func TestUnheldConnectionCounterKeptWhileConnectionsAreOpen(t *testing.T) {
-	r := lifetime.NewKeepingRegistry(connLive)
-	kt := newKeepTimers(r, t0)
-
-	ctx, cancel := context.WithCancel(context.Background())
-	c, _ := r.Take(ctx, "rl@file", func() interface{} {
-		return &connCounter{byIP: map[string]int{}, logged: map[string]bool{}, max: 5}
-	}).(*connCounter)
-	c.acquire("198.51.100.7")
-	cancel()
-
-	kt.fire(kt.next(t))
-
-	tm := kt.next(t)
-	if tm.d != releaseGrace || r.Size() != 1 {
-		t.Fatalf("with a connection open: %d entries, checked again in %s", r.Size(), tm.d)
-	}
-
-	c.release("198.51.100.7")
-	kt.fire(tm)
-
-	if r.Size() != 0 {
-		t.Fatal("connection counter kept after its connections closed")
-	}
+	return s, tm
 }

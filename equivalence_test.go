@@ -1,6 +1,7 @@
 package tierlimit
 
 import (
+	"io"
 	"math/rand"
 	"net/http"
 	"net/http/httptest"
@@ -10,9 +11,165 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/redisresp"
 	"github.com/tierlimit/tierlimit/redisstore"
 )
+
+// TestPathsAgree runs one seeded script of requests through every
+// configuration shape twice: on the path chooseMode picks and on the general
+// path (for the Redis shape, whose Redis is down: on its memory twin's fast
+// path, since the fallback must decide as memory does). Status, body, every
+// rate-limit header, the backend calls and the events must agree.
+func TestPathsAgree(t *testing.T) {
+	for i, sh := range shapes {
+		if sh.mode == modeOff {
+			continue
+		}
+
+		a, b := newHarness(t, sh.cfg), newHarness(t, sh.cfg)
+
+		if sh.name == "redis" {
+			cfg := CreateConfig()
+			sh.cfg(cfg)
+			cfg.Redis.Address = closedPort(t)
+
+			s, err := parse(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+
+			pool := redisresp.NewPool(s.Redis)
+			redisStoreOf(a.p).Backend = &redisstore.RedisBackend{Pool: pool, Single: pool, Address: cfg.Redis.Address, Log: io.Discard}
+			b = newHarness(t, with(sh.cfg, func(c *Config) { c.Store = "memory" }))
+		} else {
+			b.p.mode = modeGeneral
+			b.h = b.p
+		}
+
+		if sh.mode != modeGeneral && a.p.mode != sh.mode {
+			t.Fatalf("%s: mode %d", sh.name, a.p.mode)
+		}
+
+		runScript(t, sh.name, int64(i+1), a, b)
+	}
+}
+
+var (
+	scriptMethods = []string{http.MethodGet, http.MethodGet, http.MethodPost, http.MethodPut, http.MethodHead}
+	scriptPaths   = []string{
+		"/api", "/api", "/assets/a.js", "/auth/login", "/users/7", "/export", "/missing/x", "/_tierlimit",
+		"/Auth/Login;x=1/", "/USERS//7", "/assets/../auth/login", "/ASSETS/a.js", "/assets//b.css", "/assetsx",
+	}
+	scriptClients = []struct{ remote, forwarded string }{
+		{"203.0.113.1:1", ""},
+		{"203.0.113.7:2", ""},
+		{"[2001:db8::1]:1", ""},
+		{"[2001:db8::2]:3", ""}, // the same /64 as the one above
+		{"10.0.0.1:5", "198.51.100.4"},
+		{"10.0.0.1:5", "198.51.100.9, 10.0.0.2"},
+		{"127.0.0.1:9", ""}, // allowed to see the status endpoint
+	}
+	scriptCredentials = []func(req *http.Request){
+		nil, nil,
+		func(req *http.Request) { req.Header.Set("Authorization", "Bearer good") },
+		func(req *http.Request) { req.Header.Set("Authorization", " ") },
+		func(req *http.Request) { req.AddCookie(&http.Cookie{Name: "session", Value: "s1"}) },
+		func(req *http.Request) { req.URL.RawQuery = "token=t1" },
+		func(req *http.Request) { req.Header.Set("X-Api-Key", "k1") },
+	}
+	scriptPrincipals = []map[string]string{
+		nil, nil,
+		{"X-Auth-User": "alice"},
+		{"X-Auth-User": "bob"},
+		{"X-Auth-User": "batch", "X-Auth-Service-Account": "true"},
+		{"X-Auth-User": "carol", "X-Auth-Plan": "pro"},
+		{"X-Auth-User": "dave", "X-Auth-Plan": "free"},
+		{"X-Auth-User": "erin", "X-Auth-Plan": "gold"}, // no such plan: user
+		{"X-Auth-User": "frank", "X-Auth-Plan": "open"},
+		{"X-Auth-User": "batch", "X-Auth-Service-Account": "true", "X-Auth-Plan": "pro"},
+		{"X-Auth-Plan": "pro"}, // no principal: ip
+	}
+	rateLimitHeaders = []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "RateLimit-Policy", "RateLimit", "Retry-After", "Content-Type"}
+)
+
+func runScript(t *testing.T, name string, seed int64, a, b *harness) {
+	t.Helper()
+
+	rng := rand.New(rand.NewSource(seed))
+	refusals := 0
+
+	for i := 0; i < 500; i++ {
+		method := scriptMethods[rng.Intn(len(scriptMethods))]
+		path := scriptPaths[rng.Intn(len(scriptPaths))]
+		client := scriptClients[rng.Intn(len(scriptClients))]
+		cred := scriptCredentials[rng.Intn(len(scriptCredentials))]
+		principal := scriptPrincipals[rng.Intn(len(scriptPrincipals))]
+
+		send := func(h *harness) *httptest.ResponseRecorder {
+			req := httptest.NewRequest(method, path, nil)
+			req.RemoteAddr = client.remote
+
+			if client.forwarded != "" {
+				req.Header.Set("X-Forwarded-For", client.forwarded)
+			}
+
+			if cred != nil {
+				cred(req)
+			}
+
+			for k, v := range principal {
+				req.Header.Set(k, v)
+			}
+
+			rec := httptest.NewRecorder()
+			h.h.ServeHTTP(rec, req)
+
+			return rec
+		}
+
+		ra, rb := send(a), send(b)
+		what := name + ": request " + strconv.Itoa(i) + " (" + method + " " + path + " from " + client.remote + ")"
+
+		bodyA := strings.ReplaceAll(ra.Body.String(), a.p.name, "")
+		bodyB := strings.ReplaceAll(rb.Body.String(), b.p.name, "")
+
+		if ra.Code != rb.Code || bodyA != bodyB {
+			t.Fatalf("%s: %d %q vs %d %q", what, ra.Code, bodyA, rb.Code, bodyB)
+		}
+
+		for _, k := range rateLimitHeaders {
+			if ra.Header().Get(k) != rb.Header().Get(k) {
+				t.Fatalf("%s: %s %q vs %q", what, k, ra.Header().Get(k), rb.Header().Get(k))
+			}
+		}
+
+		if ra.Code == http.StatusTooManyRequests {
+			refusals++
+		}
+
+		if rng.Intn(6) == 0 {
+			step := time.Duration(rng.Intn(700)) * time.Millisecond
+			a.clock.Add(step)
+			b.clock.Add(step)
+		}
+	}
+
+	if a.calls.Load() != b.calls.Load() {
+		t.Fatalf("%s: backend called %d vs %d times", name, a.calls.Load(), b.calls.Load())
+	}
+
+	evA := strings.ReplaceAll(a.events.String(), a.p.name, "")
+	evB := strings.ReplaceAll(b.events.String(), b.p.name, "")
+
+	if evA != evB {
+		t.Fatalf("%s: events differ:\n%s\nvs\n%s", name, evA, evB)
+	}
+
+	if len(a.p.layers) > 0 && (evA == "" || refusals == 0 && !a.p.dryRun) {
+		t.Fatalf("%s: %d refusals, events %q: the script does not reach a refusal", name, refusals, evA)
+	}
+}
 
 // The equivalence of the stores: memory, exact Redis (one script call per
 // request) and synced Redis (redis.syncInterval, one replica) give the same
@@ -28,9 +185,9 @@ import (
 func costedShape(seed int64, algorithm string) func(c *Config) {
 	return func(c *Config) {
 		rng := rand.New(rand.NewSource(seed))
-		costed := func(name, key string, methods, paths []string) RouteConfig {
+		costed := func(name, key string, methods, paths []string) config.RouteConfig {
 			cost := 1 + rng.Intn(5)
-			rc := RouteConfig{Name: name, Key: key, Methods: methods, Paths: paths, Cost: cost, Points: unfitPoints(cost, rng), Duration: "1h"}
+			rc := config.RouteConfig{Name: name, Key: key, Methods: methods, Paths: paths, Cost: cost, Points: unfitPoints(cost, rng), Duration: "1h"}
 
 			if algorithm != "fixed" {
 				rc.Algorithm = algorithm
@@ -43,10 +200,10 @@ func costedShape(seed int64, algorithm string) func(c *Config) {
 			return rc
 		}
 
-		c.Global = LayerConfig{Points: 60 + rng.Intn(40), Duration: "1h"}
-		c.IP = LayerConfig{Points: 12 + rng.Intn(12), Duration: "1h"}
-		c.Assets = AssetsConfig{Points: 8, Duration: "1h", PathPrefixes: []string{"/assets/"}}
-		c.User = LayerConfig{Points: 6, Duration: "1h"}
+		c.Global = config.LayerConfig{Points: 60 + rng.Intn(40), Duration: "1h"}
+		c.IP = config.LayerConfig{Points: 12 + rng.Intn(12), Duration: "1h"}
+		c.Assets = config.AssetsConfig{Points: 8, Duration: "1h", PathPrefixes: []string{"/assets/"}}
+		c.User = config.LayerConfig{Points: 6, Duration: "1h"}
 		c.Principal.UserHeader = "X-Auth-User"
 		c.Principal.CredentialHeaders = []string{"Authorization"}
 
@@ -62,7 +219,7 @@ func costedShape(seed int64, algorithm string) func(c *Config) {
 		login.Algorithm, login.Burst, login.Duration, login.Calendar = "", 0, "", "day"
 		login.Points = unfitPoints(login.Cost, rng)
 
-		c.Routes = []RouteConfig{
+		c.Routes = []config.RouteConfig{
 			login,
 			costed("export", "", nil, []string{"/export"}),
 			costed("api_write", "principal", []string{"POST", "PUT"}, []string{"/api", "/users/"}),
@@ -276,7 +433,7 @@ func agreeSynced(t *testing.T, name string, seed int64, plan syncPlan, conf func
 
 // syncedOf is b's synced counters, on b's backend and clock (syncHarness's
 // set-up, for a store a month policy may wrap).
-func syncedOf(t *testing.T, b *harness) *syncState {
+func syncedOf(t *testing.T, b *harness) *redisstore.SyncState {
 	t.Helper()
 
 	rs := b.p.stores.redis
@@ -296,7 +453,7 @@ func syncedOf(t *testing.T, b *harness) *syncState {
 // earlier (CollectSync), is in flight: the sync ends when the request is
 // served, or, for a request that waits for it (its lease going back),
 // a moment after it started.
-func sendDuringSync(t *testing.T, st *syncState, batch []redisstore.LeaseAsk, now int64, send func() *httptest.ResponseRecorder) *httptest.ResponseRecorder {
+func sendDuringSync(t *testing.T, st *redisstore.SyncState, batch []redisstore.LeaseAsk, now int64, send func() *httptest.ResponseRecorder) *httptest.ResponseRecorder {
 	t.Helper()
 
 	if batch == nil {
@@ -332,7 +489,7 @@ func sendDuringSync(t *testing.T, st *syncState, batch []redisstore.LeaseAsk, no
 
 // finishSync sends a sync's batch collected earlier (CollectSync) and
 // applies Redis's answers, as SyncNow does after collecting.
-func finishSync(t *testing.T, st *syncState, batch []redisstore.LeaseAsk, now int64) {
+func finishSync(t *testing.T, st *redisstore.SyncState, batch []redisstore.LeaseAsk, now int64) {
 	t.Helper()
 
 	if batch == nil {
@@ -354,7 +511,7 @@ func finishSync(t *testing.T, st *syncState, batch []redisstore.LeaseAsk, now in
 // come back, which runs on Redis's clock there: its answers are compared,
 // not its key. Keys of another instance on the server are told apart by
 // b's prefix.
-func agreeCounts(t *testing.T, name string, a, b *harness, admin *redisresp.Pool, st *syncState) {
+func agreeCounts(t *testing.T, name string, a, b *harness, admin *redisresp.Pool, st *redisstore.SyncState) {
 	t.Helper()
 
 	prefix := b.p.stores.redis.Prefix

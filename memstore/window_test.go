@@ -1,22 +1,28 @@
-package tierlimit
+package memstore
 
 import (
-	"context"
-	"fmt"
-	"net/http"
 	"strconv"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/tierlimit/tierlimit/config"
-	"github.com/tierlimit/tierlimit/memstore"
+	"github.com/tierlimit/tierlimit/rule"
 )
 
 var t0 = time.Date(2026, 6, 15, 10, 0, 0, 0, time.UTC).UnixNano()
 
-func testLayer(s *windowStore, name string, points int64, d time.Duration) *layer {
-	return newLayer(s, config.Rule{Name: name, Points: points, Duration: d}, keyOfClient)
+// newLayer is the layer the root builds from spec (its newLayer), as far as
+// the memory store reads it: rule.NewLayer, attached to s.
+func newLayer(s *WindowStore, spec config.Rule, keyKind int) *layer {
+	l := rule.NewLayer(spec, keyKind)
+	s.Attach(l)
+
+	return l
+}
+
+func testLayer(s *WindowStore, name string, points int64, d time.Duration) *layer {
+	return newLayer(s, config.Rule{Name: name, Points: points, Duration: d}, rule.KeyOfClient)
 }
 
 // hit is one layer's outcome of a request.
@@ -25,30 +31,44 @@ type hit struct {
 	firstRefusal bool
 }
 
-func hitOnce(s *windowStore, now int64, l *layer, key string) hit {
-	var t tally
-
-	take(storeOf(s), &t, chargeOf([]*layer{l}, key, "", nil, now, false))
+func hitOnce(s *WindowStore, now int64, l *layer, key string) hit {
+	t := takeIn(s, now, []*layer{l}, key, false)
 
 	return hit{count: t.Count, reset: t.Reset, firstRefusal: t.Firsts != 0}
 }
 
-// takeIn runs take on s (storeOf) and returns the tally.
-func takeIn(s interface{}, now int64, layers []*layer, client, principal string, all bool) tally {
+// takeIn charges layers to client as the root's take does for a memory
+// store (with its blocks when a layer blocks), and returns the tally.
+func takeIn(s *WindowStore, now int64, layers []*layer, client string, all bool) tally {
 	var t tally
 
-	take(storeOf(s), &t, chargeOf(layers, client, principal, nil, now, all))
+	blocks := false
+	for _, l := range layers {
+		blocks = blocks || l.BlockDuration != 0
+	}
+
+	keys := make([]string, len(layers))
+	for i, l := range layers {
+		keys[i] = client
+		if l.KeyKind == rule.KeyOfConst {
+			keys[i] = l.ConstKey
+		}
+	}
+
+	TakeWithBlocks(s, blocks, &t, &charge{Layers: layers, Keys: keys, Client: client, Now: now, All: all})
 
 	return t
 }
 
-func peekCount(s *windowStore, now int64, layer, key string) int64 {
+func peekCount(s *WindowStore, now int64, layer, key string) int64 {
 	count, _ := s.Peek(now, layer, key)
 	return count
 }
 
+func formatInt(n int64) string { return strconv.FormatInt(n, 10) }
+
 func TestWindowResetsAtFirstHitPlusDuration(t *testing.T) {
-	s := memstore.NewWindowStore(100)
+	s := NewWindowStore(100)
 	l := testLayer(s, "ip", 3, time.Second)
 	first := t0 + int64(300*time.Millisecond)
 
@@ -75,7 +95,7 @@ func TestWindowResetsAtFirstHitPlusDuration(t *testing.T) {
 }
 
 func TestWindowExactCountAtBoundary(t *testing.T) {
-	s := memstore.NewWindowStore(100)
+	s := NewWindowStore(100)
 	l := testLayer(s, "ip", 50, time.Second)
 
 	for i := 1; i <= 52; i++ {
@@ -115,7 +135,7 @@ func TestWindowExactCountAtBoundary(t *testing.T) {
 }
 
 func TestWindowKeysAndLayersAreSeparate(t *testing.T) {
-	s := memstore.NewWindowStore(100)
+	s := NewWindowStore(100)
 	a := testLayer(s, "a", 1, time.Second)
 	b := testLayer(s, "b", 1, time.Second)
 
@@ -130,17 +150,17 @@ func TestWindowKeysAndLayersAreSeparate(t *testing.T) {
 }
 
 func TestTakeStopsAtRefusingLayer(t *testing.T) {
-	s := memstore.NewWindowStore(100)
-	g := newLayer(s, config.Rule{Name: "global", Points: 10, Duration: time.Second}, keyOfConst)
+	s := NewWindowStore(100)
+	g := newLayer(s, config.Rule{Name: "global", Points: 10, Duration: time.Second}, rule.KeyOfConst)
 	ip := testLayer(s, "ip", 1, time.Second)
 	route := testLayer(s, "login", 10, time.Second)
 	layers := []*layer{g, ip, route}
 
-	if tl := takeIn(s, t0, layers, "1.2.3.4", "", false); tl.Refused || tl.Shown != 1 || tl.Count != 1 || peekCount(s, t0, "login", "1.2.3.4") != 1 {
+	if tl := takeIn(s, t0, layers, "1.2.3.4", false); tl.Refused || tl.Shown != 1 || tl.Count != 1 || peekCount(s, t0, "login", "1.2.3.4") != 1 {
 		t.Fatalf("first request: %+v, want every layer charged, ip shown (fewest left)", tl)
 	}
 
-	tl := takeIn(s, t0, layers, "1.2.3.4", "", false)
+	tl := takeIn(s, t0, layers, "1.2.3.4", false)
 	if !tl.Refused || tl.Shown != 1 || tl.Count != 2 || tl.Firsts != 1<<1 {
 		t.Fatalf("refused request: %+v, want ip shown with the count it would have reached", tl)
 	}
@@ -156,41 +176,20 @@ func TestTakeStopsAtRefusingLayer(t *testing.T) {
 	// A refusal by the last layer gives back every earlier one.
 	route.Points = 1
 	other := "5.6.7.8"
-	takeIn(s, t0, layers, other, "", false)
-	if tl := takeIn(s, t0, []*layer{g, route}, other, "", false); !tl.Refused || tl.Shown != 1 || peekCount(s, t0, "global", "global") != 2 {
+	takeIn(s, t0, layers, other, false)
+	if tl := takeIn(s, t0, []*layer{g, route}, other, false); !tl.Refused || tl.Shown != 1 || peekCount(s, t0, "global", "global") != 2 {
 		t.Fatalf("refused by the last layer: %+v, global %d, want 2", tl, peekCount(s, t0, "global", "global"))
 	}
 	route.Points = 10
 
 	// all=true (dry run) charges every layer; the refusing layer stays shown.
-	if tl := takeIn(s, t0, layers, "1.2.3.4", "", true); tl.Shown != 1 || !tl.Refused || peekCount(s, t0, "login", "1.2.3.4") != 2 {
+	if tl := takeIn(s, t0, layers, "1.2.3.4", true); tl.Shown != 1 || !tl.Refused || peekCount(s, t0, "login", "1.2.3.4") != 2 {
 		t.Fatalf("dry run: %+v, route count %d, want every layer charged", tl, peekCount(s, t0, "login", "1.2.3.4"))
 	}
 }
 
-func TestKeysByKind(t *testing.T) {
-	cases := []struct {
-		kind              int
-		client, principal string
-		want              string
-	}{
-		{keyOfClient, "1.2.3.4", "alice", "1.2.3.4"},
-		{keyOfPrincipal, "1.2.3.4", "alice", "alice"},
-		{keyOfConst, "1.2.3.4", "alice", "global"},
-		{keyOfPrincipalElseClient, "1.2.3.4", "alice", "alice"},
-		{keyOfPrincipalElseClient, "1.2.3.4", "", "ip:1.2.3.4"},
-	}
-
-	for _, tc := range cases {
-		l := &layer{Limits: limits{KeyKind: tc.kind, ConstKey: "global"}}
-		if got := keyFor(l, tc.client, tc.principal, nil); got != tc.want {
-			t.Errorf("kind %d: %q, want %q", tc.kind, got, tc.want)
-		}
-	}
-}
-
 func TestMaxTrackedPurgesExpiredThenEvictsOldest(t *testing.T) {
-	s := memstore.NewWindowStore(3)
+	s := NewWindowStore(3)
 	short := testLayer(s, "short", 5, time.Second)
 	long := testLayer(s, "long", 5, time.Minute)
 
@@ -226,7 +225,7 @@ func TestMaxTrackedPurgesExpiredThenEvictsOldest(t *testing.T) {
 }
 
 func TestMaxTrackedBoundsAFlood(t *testing.T) {
-	s := memstore.NewWindowStore(1000)
+	s := NewWindowStore(1000)
 	l := testLayer(s, "ip", 5, time.Minute)
 
 	for i := 0; i < 100000; i++ {
@@ -244,7 +243,7 @@ func TestMaxTrackedBoundsAFlood(t *testing.T) {
 }
 
 func TestExpiredKeysArePurgedBelowTheCap(t *testing.T) {
-	s := memstore.NewWindowStore(1 << 20)
+	s := NewWindowStore(1 << 20)
 	l := testLayer(s, "ip", 5, time.Second)
 
 	// Each second brings 100 new clients; the old ones expire.
@@ -260,7 +259,7 @@ func TestExpiredKeysArePurgedBelowTheCap(t *testing.T) {
 }
 
 func TestWindowCountsExactlyUnderConcurrency(t *testing.T) {
-	s := memstore.NewWindowStore(100)
+	s := NewWindowStore(100)
 	l := testLayer(s, "ip", 1000, time.Hour)
 
 	var wg sync.WaitGroup
@@ -290,36 +289,18 @@ func TestWindowCountsExactlyUnderConcurrency(t *testing.T) {
 	}
 }
 
-func TestRegistrySharesStoresByName(t *testing.T) {
-	a := registry.get(context.Background(), "shared-test@file", 10)
-	b := registry.get(context.Background(), "shared-test@file", 20)
-	c := registry.get(context.Background(), "other-test@file", 10)
-
-	if a != b {
-		t.Fatal("same middleware name got two stores")
-	}
-
-	if a == c {
-		t.Fatal("different middleware names share a store")
-	}
-
-	if a.Max != 20 {
-		t.Fatalf("reload did not apply maxTracked: %d", a.Max)
-	}
-}
-
 // At the cap, the counters a request charged are never the ones evicted: with
 // room for one counter per layer, global and ip do not evict each other, and
 // global counts every request.
 func TestEvictionSparesTheCountersOfTheRequest(t *testing.T) {
-	s := memstore.NewWindowStore(2)
-	global := newLayer(s, config.Rule{Name: "global", Points: 5, Duration: time.Minute}, keyOfConst)
+	s := NewWindowStore(2)
+	global := newLayer(s, config.Rule{Name: "global", Points: 5, Duration: time.Minute}, rule.KeyOfConst)
 	ip := testLayer(s, "ip", 50, time.Minute)
 
 	allowed := 0
 
 	for i := 0; i < 10; i++ {
-		got := takeIn(s, t0+int64(i), []*layer{global, ip}, "198.51.100."+formatInt(int64(i)), "", false)
+		got := takeIn(s, t0+int64(i), []*layer{global, ip}, "198.51.100."+formatInt(int64(i)), false)
 		if !got.Refused {
 			allowed++
 		}
@@ -334,45 +315,16 @@ func TestEvictionSparesTheCountersOfTheRequest(t *testing.T) {
 	}
 }
 
-// The general path and the fast path keep the same rule.
-func TestEvictionSparesTheRequestsCountersOnEveryPath(t *testing.T) {
-	for _, headers := range []bool{true, false} {
-		h := newHarness(t, func(c *Config) {
-			c.MaxTracked = 2
-			c.Global = LayerConfig{Points: 5, Duration: "60s"}
-			c.IP = LayerConfig{Points: 50, Duration: "60s"}
-			c.Assets.Points, c.User.Points, c.Service.Points = 0, 0, 0
-			c.Headers = headers // off: serveGeneral
-		})
-
-		if (h.p.mode == modeAnonymous) != headers {
-			t.Fatalf("headers %v: mode %d", headers, h.p.mode)
-		}
-
-		allowed := 0
-
-		for i := 0; i < 10; i++ {
-			if rec := h.get("/api", "198.51.100."+strconv.Itoa(i)+":1"); rec.Code == http.StatusOK {
-				allowed++
-			}
-		}
-
-		if allowed != 5 {
-			t.Fatalf("headers %v: %d of 10 allowed through global 5 at maxTracked 2", headers, allowed)
-		}
-	}
-}
-
 // A sliding layer's counter is spared too.
 func TestEvictionSparesASlidingCounterOfTheRequest(t *testing.T) {
-	s := memstore.NewWindowStore(2)
-	global := newLayer(s, config.Rule{Name: "global", Points: 5, Duration: time.Minute, Sliding: true}, keyOfConst)
+	s := NewWindowStore(2)
+	global := newLayer(s, config.Rule{Name: "global", Points: 5, Duration: time.Minute, Sliding: true}, rule.KeyOfConst)
 	ip := testLayer(s, "ip", 50, time.Minute)
 
 	allowed := 0
 
 	for i := 0; i < 10; i++ {
-		if got := takeIn(s, t0+int64(i), []*layer{global, ip}, "198.51.100."+formatInt(int64(i)), "", false); !got.Refused {
+		if got := takeIn(s, t0+int64(i), []*layer{global, ip}, "198.51.100."+formatInt(int64(i)), false); !got.Refused {
 			allowed++
 		}
 	}
@@ -382,40 +334,147 @@ func TestEvictionSparesASlidingCounterOfTheRequest(t *testing.T) {
 	}
 }
 
-// TestEvictionKeepsLimitedKeys: at maxTracked, a client over its limit is
-// not evicted by others filling the table, on the fast and the general
-// path; a key over its limit goes only when every key is; evictions count.
-func TestEvictionKeepsLimitedKeys(t *testing.T) {
-	for _, headers := range []bool{true, false} {
-		h := newHarness(t, func(c *Config) {
-			c.MaxTracked = 1000
-			c.Global.Points = 0
-			c.IP = LayerConfig{Points: 5, Duration: "60s"}
-			c.Assets.Points, c.User.Points, c.Service.Points = 0, 0, 0
-			c.Headers = headers // off: serveGeneral
-		})
+// TestSlidingRemovesTheBoundaryBurst spends a layer's points at the end of one
+// window and again at the start of the next: a fixed window lets both bursts
+// through, a sliding one refuses most of the second.
+func TestSlidingRemovesTheBoundaryBurst(t *testing.T) {
+	for _, sliding := range []bool{false, true} {
+		s := NewWindowStore(100)
+		l := newLayer(s, config.Rule{Name: "ip", Points: 10, Duration: 10 * time.Second, Sliding: sliding}, rule.KeyOfClient)
+		start := time.Unix(1000, 0).UnixNano()
 
-		for i := 0; i < 6; i++ {
-			h.get("/api", "203.0.113.9:1")
-		}
+		burst := func(at int64, n int) (allowed int, last tally) {
+			for i := 0; i < n; i++ {
+				tl := takeIn(s, at, []*layer{l}, "203.0.113.1", false)
 
-		for i := 0; i < 3000; i++ {
-			h.get("/api", "10."+strconv.Itoa(i/65536)+"."+strconv.Itoa(i/256%256)+"."+strconv.Itoa(i%256)+":1")
-		}
+				if !tl.Refused {
+					allowed++
+				}
 
-		for i := 0; i < 3; i++ {
-			if rec := h.get("/api", "203.0.113.9:1"); rec.Code != http.StatusTooManyRequests {
-				t.Fatalf("headers %v: the limited client after 3000 others: %d, want 429", headers, rec.Code)
+				last = tl
 			}
+
+			return allowed, last
 		}
 
-		if n := h.p.memory.Evicted(); n != 2001 {
-			t.Fatalf("headers %v: %d evictions, want 2001", headers, n)
+		// The first hit opens the window at start; nine more at its very end.
+		burst(start, 1)
+
+		if got, _ := burst(start+int64(9900*time.Millisecond), 9); got != 9 {
+			t.Fatalf("sliding %v: end of the first window: %d of 9 allowed", sliding, got)
+		}
+
+		got, last := burst(start+int64(10100*time.Millisecond), 10)
+
+		if !sliding {
+			if got != 10 {
+				t.Fatalf("fixed: %d of the second burst allowed, want 10", got)
+			}
+
+			continue
+		}
+
+		// 10 x 9.9s/10s of the previous window still weigh 9: one more fits.
+		if got != 1 {
+			t.Fatalf("sliding: %d of the second burst allowed, want 1", got)
+		}
+
+		if !last.Refused || last.Count != 11 {
+			t.Fatalf("sliding: last request %+v, want refused with estimate 11", last)
+		}
+
+		// The refusal's reset is when the next request fits: then one is
+		// allowed, and not a millisecond earlier.
+		wait := last.Reset
+
+		if n, _ := burst(wait-int64(time.Millisecond), 1); n != 0 {
+			t.Fatalf("sliding: allowed before the reported reset")
+		}
+
+		if n, _ := burst(wait, 1); n != 1 {
+			t.Fatalf("sliding: refused at the reported reset")
+		}
+	}
+}
+
+// TestSlidingCountsOnlyAllowedRequests: a client that keeps retrying above the
+// limit is let through again once the window has slid, because its refusals
+// did not count, and no faster than the previous window's weight allows.
+func TestSlidingCountsOnlyAllowedRequests(t *testing.T) {
+	s := NewWindowStore(100)
+	l := newLayer(s, config.Rule{Name: "ip", Points: 5, Duration: time.Second, Sliding: true}, rule.KeyOfClient)
+	now := time.Unix(2000, 0).UnixNano()
+
+	var allowed []int // milliseconds after the first request
+
+	// 100 requests per window, for 10 windows, evenly spread.
+	for i := 0; i < 1000; i++ {
+		tl := takeIn(s, now+int64(i)*int64(10*time.Millisecond), []*layer{l}, "c", false)
+
+		if !tl.Refused {
+			allowed = append(allowed, i*10)
 		}
 	}
 
-	// Every key limited: the oldest goes.
-	s := memstore.NewWindowStore(2)
+	// The first window allows its first 5 requests. In each later one the
+	// previous window's 5 weigh 5 x left / 1s, so the n-th request (from 0)
+	// fits once that weight is down to 4 - n: after 10, 210, ... 810 ms.
+	want := []int{0, 10, 20, 30, 40}
+	for w := 1; w < 10; w++ {
+		for n := 0; n < 5; n++ {
+			want = append(want, w*1000+10+n*200)
+		}
+	}
+
+	if len(allowed) != len(want) {
+		t.Fatalf("%d of 1000 allowed over 10 windows of 5 points, want %d: at %v ms", len(allowed), len(want), allowed)
+	}
+
+	for i := range want {
+		if allowed[i] != want[i] {
+			t.Fatalf("allowed at %v ms, want %v", allowed, want)
+		}
+	}
+}
+
+// TestSlidingExpiresAfterTwoWindows: a sliding counter is kept one window past
+// its end, since it weighs on the next, and dropped after.
+func TestSlidingExpiresAfterTwoWindows(t *testing.T) {
+	s := NewWindowStore(100)
+	l := newLayer(s, config.Rule{Name: "ip", Points: 3, Duration: time.Second, Sliding: true}, rule.KeyOfClient)
+	f := newLayer(s, config.Rule{Name: "f", Points: 3, Duration: time.Second}, rule.KeyOfClient)
+	now := time.Unix(3000, 0).UnixNano()
+
+	takeIn(s, now, []*layer{l, f}, "a", false)
+
+	if l.List == f.List {
+		t.Fatal("a sliding and a fixed layer of one duration share a list")
+	}
+
+	// A new key after 1.5 windows purges the fixed counter, not the sliding one.
+	takeIn(s, now+int64(1500*time.Millisecond), []*layer{f}, "b", false)
+	takeIn(s, now+int64(1500*time.Millisecond), []*layer{l}, "b", false)
+
+	if _, ok := l.Entries["a"]; !ok {
+		t.Fatal("sliding counter dropped within its second window")
+	}
+
+	if _, ok := f.Entries["a"]; ok {
+		t.Fatal("expired fixed counter kept")
+	}
+
+	takeIn(s, now+int64(2500*time.Millisecond), []*layer{l}, "c", false)
+
+	if _, ok := l.Entries["a"]; ok {
+		t.Fatal("sliding counter kept past two windows")
+	}
+}
+
+// TestEvictionTakesTheOldestWhenEveryKeyIsLimited: a key over its limit goes
+// only when every key is (the root's TestEvictionKeepsLimitedKeys: not
+// before); evictions count.
+func TestEvictionTakesTheOldestWhenEveryKeyIsLimited(t *testing.T) {
+	s := NewWindowStore(2)
 	l := testLayer(s, "ip", 1, time.Minute)
 	for _, k := range []string{"a", "a", "b", "b"} {
 		hitOnce(s, t0, l, k)
@@ -426,19 +485,4 @@ func TestEvictionKeepsLimitedKeys(t *testing.T) {
 	if peekCount(s, t0, "ip", "a") != 0 || peekCount(s, t0, "ip", "b") != 1 || s.Evicted() != 1 {
 		t.Fatalf("all limited: a %d, b %d, evictions %d; want a evicted", peekCount(s, t0, "ip", "a"), peekCount(s, t0, "ip", "b"), s.Evicted())
 	}
-}
-
-// storeOf is what take and refund (stores.go) charge for a store the test
-// holds: a memory store alone, or a Redis store with its fallback.
-func storeOf(s interface{}) *stores {
-	switch v := s.(type) {
-	case *windowStore:
-		return &stores{memory: v}
-	case *redisStore:
-		return &stores{memory: v.Local, redis: v, blocks: v.Blocks}
-	case *stores:
-		return v
-	}
-
-	panic(fmt.Sprintf("storeOf(%T)", s))
 }

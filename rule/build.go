@@ -1,0 +1,103 @@
+package rule
+
+import (
+	"strconv"
+
+	"github.com/tierlimit/tierlimit/config"
+	"github.com/tierlimit/tierlimit/limit"
+)
+
+// NewLayer is the layer of spec, a rule that is on, as far as it depends on
+// the rule alone: its limits, a token bucket's burst and rate, its header
+// table and a month's policy. keyKind is how it finds its key (KeyOf*),
+// unless spec keys by a header or the host. Each store adds its own part
+// (memstore's Attach, redisstore's Encode); the root's newLayer builds the
+// whole.
+func NewLayer(spec config.Rule, keyKind int) *Layer {
+	if spec.KeyHeader != "" {
+		keyKind = KeyOfHeader
+	}
+
+	if spec.KeyHost {
+		keyKind = KeyOfHost
+	}
+
+	l := &Layer{
+		Limits: Limits{
+			Name:          spec.Name,
+			Points:        spec.Points,
+			Duration:      int64(spec.Duration),
+			KeyKind:       keyKind,
+			ConstKey:      config.LayerGlobal,
+			KeyHeader:     spec.KeyHeader,
+			Sliding:       spec.Sliding,
+			Concurrency:   spec.Concurrency,
+			BlockDuration: int64(spec.Block),
+			Calendar:      spec.Calendar,
+			UtcOffset:     spec.UtcOffset,
+			DryRun:        spec.DryRun,
+			Memory:        spec.Memory,
+		},
+	}
+
+	// A token bucket's points become its burst (memstore/bucket.go).
+	if spec.Bucket {
+		spec = makeBucket(l, spec)
+	}
+
+	l.HeaderTable = newHeaderTable(spec, l.Interval)
+
+	if spec.Calendar == limit.Month {
+		l.Month = &MonthPolicy{}
+	}
+
+	return l
+}
+
+// makeBucket turns l into a token bucket for spec: points becomes the burst,
+// the bucket's capacity, which the headers and the refusal report as the limit.
+// It returns spec with its points set to the burst likewise.
+func makeBucket(l *Layer, spec config.Rule) config.Rule {
+	l.Refill = spec.Points
+	l.Interval = int64(spec.Duration) / spec.Points
+	l.Points = spec.Burst
+	l.Limit = strconv.FormatInt(spec.Burst, 10)
+	spec.Points = spec.Burst
+
+	return spec
+}
+
+// newHeaderTable makes a layer's header values; a token bucket's policy
+// window is the time its burst takes to refill (interval per point).
+func newHeaderTable(spec config.Rule, interval int64) HeaderTable {
+	points := strconv.FormatInt(spec.Points, 10)
+	window := int64(spec.Duration)
+	if spec.Bucket {
+		window = spec.Points * interval
+	}
+
+	t := HeaderTable{
+		Limit:     points,
+		LimitHdr:  []string{points},
+		PolicyHdr: []string{`"` + spec.Name + `";q=` + points + ";w=" + strconv.FormatInt(limit.CeilSeconds(window), 10) + policyUnit(spec)},
+	}
+
+	for left := int64(0); left <= spec.Points && left < MaxPrecomputed; left++ {
+		t.RemainingHdr = append(t.RemainingHdr, []string{strconv.FormatInt(left, 10)})
+		t.RatePrefix = append(t.RatePrefix, `"`+spec.Name+`";r=`+strconv.FormatInt(left, 10)+";t=")
+	}
+
+	t.TableLen = int64(len(t.RemainingHdr))
+
+	return t
+}
+
+// policyUnit is what RateLimit-Policy adds for a layer's quota unit: a
+// concurrency layer counts requests in flight.
+func policyUnit(spec config.Rule) string {
+	if spec.Concurrency {
+		return `;qu="concurrent-requests"`
+	}
+
+	return ""
+}
