@@ -430,6 +430,7 @@ func newRedisStore(ctx context.Context, cfg *config.Settings, name string, memor
 	}
 
 	rs.Blocks = anyBlock(layers)
+	redisstore.SetProbeKey(rs.Backend, redisstore.ProbeKey(cfg.KeyPrefix))
 
 	for _, l := range layers {
 		l.RedisKey = rs.Prefix + l.Name + ":"

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"io"
 	"sync"
 	"sync/atomic"
@@ -34,14 +35,16 @@ type RedisBackend struct {
 	// down mirrors failing for the common path, which then takes no lock.
 	Down atomic.Bool
 
-	Mu      sync.Mutex
-	failing bool
-	probing bool  // one request is trying Redis after the back-off
-	retryAt int64 // Unix nanoseconds
-	Backoff time.Duration
-	outage  redisOutage // which transitions are logged (../events/redisevents.go)
-	debts   []func()    // what the stores' fallbacks charged, paid when Redis answers again (owed.go)
-	Probe   redisProbe  // the goroutine that probes Redis while failing (probe.go)
+	Mu       sync.Mutex
+	failing  bool
+	probing  bool  // one request is trying Redis after the back-off
+	retryAt  int64 // Unix nanoseconds
+	Backoff  time.Duration
+	outage   redisOutage // which transitions are logged (../events/redisevents.go)
+	reason   string      // why the last failure failed, while failing (reason.go)
+	probeKey string      // the key the probe writes (probe.go)
+	debts    []func()    // what the stores' fallbacks charged, paid when Redis answers again (owed.go)
+	Probe    redisProbe  // the goroutine that probes Redis while failing (probe.go)
 }
 
 // Usable reports whether to call Redis at now. While failing, one request per
@@ -67,6 +70,29 @@ func (b *RedisBackend) Usable(now int64) (use, probe bool) {
 	return true, true
 }
 
+// ProbeAnswered records a request's call, the back-off's probe started at
+// now, answering. Redis has recovered when it takes a write: a call that
+// wrote nothing (a refusal, a layer that only checks) would also be answered
+// by a replica, or a server out of memory, so the probe's own write
+// (writeProbe) decides, one round trip more once per back-off.
+func (b *RedisBackend) ProbeAnswered(now int64) {
+	err := writeProbe(b)
+	if err == nil {
+		b.Succeeded(now)
+		return
+	}
+
+	if errors.Is(err, redisresp.ErrClosed) || errors.Is(err, redisresp.ErrPoolTimeout) {
+		b.Mu.Lock()
+		b.probing = false
+		b.Mu.Unlock()
+
+		return
+	}
+
+	b.Failed(now, true, err)
+}
+
 // Succeeded records the back-off's probe, started at now, succeeding. Leaving
 // the fallback (down, the metric) and REDIS_RECOVERED are one transition.
 func (b *RedisBackend) Succeeded(now int64) {
@@ -75,11 +101,12 @@ func (b *RedisBackend) Succeeded(now int64) {
 	// The line is written before the fallback ends, under the lock that
 	// orders the transitions, so that whoever sees the metric at 0 finds it.
 	if b.failing {
-		b.event("REDIS_RECOVERED", "info", "", 0, now)
+		b.event("REDIS_RECOVERED", "info", "", "", 0, now)
 	}
 
 	events.OutageSucceeded(&b.outage, now, true)
 	b.failing, b.probing, b.Backoff = false, false, 0
+	b.reason = ""
 	b.Down.Store(false)
 	debts := b.debts
 	b.debts = nil
@@ -117,10 +144,12 @@ func (b *RedisBackend) Failed(now int64, probe bool, err error) {
 		}
 	}
 
+	b.reason = Reason(err)
+
 	// As in succeeded: the line before the metric moves, under the lock
 	// that orders the transitions.
 	if kind != outageQuiet {
-		b.event("REDIS_UNAVAILABLE", "error", err.Error(), backoff, now)
+		b.event("REDIS_UNAVAILABLE", "error", b.reason, err.Error(), backoff, now)
 	}
 
 	b.failing, b.probing, b.Backoff = true, false, backoff
@@ -132,6 +161,18 @@ func (b *RedisBackend) Failed(now int64, probe bool, err error) {
 	if start {
 		go probeRedis(b)
 	}
+}
+
+// FallbackReason is why Redis is failing (Reason), or "" while it is not.
+func FallbackReason(b *RedisBackend) string {
+	b.Mu.Lock()
+	defer b.Mu.Unlock()
+
+	if !b.failing {
+		return ""
+	}
+
+	return b.reason
 }
 
 // switched logs that the sentinels named another primary, and lets the next
@@ -152,8 +193,8 @@ func (b *RedisBackend) switched(from, to string) {
 	}
 }
 
-func (b *RedisBackend) event(name, severity, msg string, retry time.Duration, now int64) {
-	ev := redisEvent{Event: name, Severity: severity, Address: b.Address, Error: msg}
+func (b *RedisBackend) event(name, severity, reason, msg string, retry time.Duration, now int64) {
+	ev := redisEvent{Event: name, Severity: severity, Address: b.Address, Reason: reason, Error: msg}
 	if sp, ok := b.Pool.(interface{ Primary() string }); ok {
 		ev.Primary = sp.Primary()
 	}

@@ -91,9 +91,10 @@ func Take(s *RedisStore, t *tally, c *charge) {
 	}
 
 	// Only the back-off's probe ends an outage (../events/redisevents.go): a call in
-	// flight when Redis failed may still succeed.
+	// flight when Redis failed may still succeed. And only once Redis takes
+	// a write (ProbeAnswered).
 	if probe {
-		s.Backend.Succeeded(c.Now)
+		s.Backend.ProbeAnswered(c.Now)
 	}
 }
 

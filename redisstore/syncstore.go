@@ -582,7 +582,7 @@ func acquire(st *SyncState, now int64) error {
 
 	if probe {
 		st.Mu.Unlock()
-		backend.Succeeded(now)
+		backend.ProbeAnswered(now)
 		st.Mu.Lock()
 	}
 
@@ -717,7 +717,7 @@ func SyncNow(st *SyncState, now int64, final bool) error {
 	}
 
 	if probe {
-		backend.Succeeded(now)
+		backend.ProbeAnswered(now)
 	}
 
 	return nil
