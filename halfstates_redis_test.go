@@ -348,3 +348,52 @@ func statusReason(t *testing.T, h *harness) string {
 
 	return doc.Reason
 }
+
+// TestACheckOnlyRequestDoesNotEndAReadOnlyOutage: a request whose call only
+// reads (a countStatus route checks its budget up front and charges after
+// the response) is answered by a read-only replica too; as the back-off's
+// probe it must not end the outage, since the charge after its response,
+// and every other request's, would fail again: Redis has recovered when the
+// probe's write succeeds.
+func TestACheckOnlyRequestDoesNotEndAReadOnlyOutage(t *testing.T) {
+	addr, admin := redisServer(t)
+	h, _ := redisHarness(t, addr, func(c *Config) {
+		asACLUser(c)
+		c.IP.Points = 0
+		c.Routes = []RouteConfig{{Name: "login", Paths: []string{"/login"}, Key: "ip", Points: 100, Duration: "1h", CountStatus: []int{401}}}
+	})
+	_, events := probing(t, h)
+	h.backend = http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) { rw.WriteHeader(http.StatusUnauthorized) })
+
+	login := func() {
+		t.Helper()
+
+		if rec := h.get("/login", "203.0.113.41:1"); rec.Code != http.StatusUnauthorized {
+			t.Fatalf("login answered %d %s, want the backend's 401", rec.Code, rec.Body.String())
+		}
+	}
+
+	login()
+
+	// A replica of a stopped primary: its data and reads stay, writes fail.
+	host, port, _ := strings.Cut(closedPort(t), ":")
+	redisDo(t, admin, "REPLICAOF", host, port)
+
+	login() // its charge fails: the outage starts
+
+	for i := 0; i < 3; i++ {
+		h.clock.Add(10 * time.Second) // past the back-off: this login probes
+		login()
+	}
+
+	wantEvents(t, events.String(), 1, 0, "readonly")
+
+	if got := peekCount(h.p.memory, h.clock.Now().UnixNano(), "login", "203.0.113.41"); got != 5 {
+		t.Fatalf("memory fallback count %d, want 5 (1 Redis reported, 4 during the outage)", got)
+	}
+
+	redisDo(t, admin, "REPLICAOF", "NO", "ONE")
+	h.clock.Add(10 * time.Second)
+	login()
+	wantEvents(t, events.String(), 1, 1, "readonly")
+}

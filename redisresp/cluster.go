@@ -541,6 +541,20 @@ func (c *Cluster) pool(addr string) (*Pool, error) {
 	return p, nil
 }
 
+// DropIdle closes the idle connections to every node (Pool.DropIdle).
+func (c *Cluster) DropIdle() {
+	c.mu.Lock()
+	var pools []*Pool
+	for _, p := range c.pools {
+		pools = append(pools, p)
+	}
+	c.mu.Unlock()
+
+	for _, p := range pools {
+		p.DropIdle()
+	}
+}
+
 func (c *Cluster) markStale() {
 	c.mu.Lock()
 	c.stale = true

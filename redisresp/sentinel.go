@@ -247,6 +247,17 @@ func LostPrimary(serverErr string) bool {
 		strings.Contains(serverErr, "-READONLY") || strings.Contains(serverErr, "-MASTERDOWN")
 }
 
+// DropIdle closes the idle connections to the primary (Pool.DropIdle).
+func (s *Sentinel) DropIdle() {
+	s.mu.Lock()
+	p := s.pool
+	s.mu.Unlock()
+
+	if p != nil {
+		p.DropIdle()
+	}
+}
+
 // forget drops p if it is still the primary in use.
 func (s *Sentinel) forget(p *Pool) {
 	s.mu.Lock()

@@ -70,27 +70,44 @@ func (b *RedisBackend) Usable(now int64) (use, probe bool) {
 	return true, true
 }
 
-// ProbeAnswered records a request's call, the back-off's probe started at
-// now, answering. Redis has recovered when it takes a write: a call that
-// wrote nothing (a refusal, a layer that only checks) would also be answered
-// by a replica, or a server out of memory, so the probe's own write
-// (writeProbe) decides, one round trip more once per back-off.
-func (b *RedisBackend) ProbeAnswered(now int64) {
+// UseNow reports whether a request calls Redis at now while b is down
+// (Usable): not during the back-off; after it, one request is the probe,
+// which first writes to Redis as a request would (ProbeWrite) and calls it
+// only once that succeeded, the outage then over. A request's own call is
+// no probe: one that writes nothing (a refusal, a layer that only checks)
+// would be answered by a replica or a server out of memory too, with counts
+// the fallback must not take for Redis's.
+func UseNow(b *RedisBackend, now int64) bool {
+	use, probe := b.Usable(now)
+	if !probe {
+		return use
+	}
+
+	return b.ProbeWrite(now)
+}
+
+// ProbeWrite is the back-off's probe, started at now, that Usable granted:
+// the probe's write (writeProbe), then Succeeded or Failed. It reports
+// whether Redis took the write.
+func (b *RedisBackend) ProbeWrite(now int64) bool {
 	err := writeProbe(b)
 	if err == nil {
 		b.Succeeded(now)
-		return
+		return true
 	}
 
+	// Not Redis failing (Take): the probe is given back.
 	if errors.Is(err, redisresp.ErrClosed) || errors.Is(err, redisresp.ErrPoolTimeout) {
 		b.Mu.Lock()
 		b.probing = false
 		b.Mu.Unlock()
 
-		return
+		return false
 	}
 
 	b.Failed(now, true, err)
+
+	return false
 }
 
 // Succeeded records the back-off's probe, started at now, succeeding. Leaving

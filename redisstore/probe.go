@@ -166,9 +166,12 @@ func claimProbe(b *RedisBackend) (int64, bool) {
 // probePoints), through the call requests make, which the ACL grants; it
 // loads the script into a server that restarted empty. A server that
 // answers but refuses writes (a replica, out of memory, a failed save) fails
-// it, as it fails requests. On a cluster it goes to the key's node, after
-// the cluster's own check of the nodes it saw fail.
+// it, as it fails requests. It runs on a new connection (dropIdle). On a
+// cluster it goes to the key's node, after the cluster's own check of the
+// nodes it saw fail.
 func writeProbe(b *RedisBackend) error {
+	dropIdle(b)
+
 	key := ProbeKeyOf(b)
 	call := TakeCall(1)
 	arg := redisresp.Bulk(key) + ArgStopAtRefusal + argCostOne + probeArgs
@@ -198,6 +201,20 @@ func writeProbe(b *RedisBackend) error {
 	}
 
 	return nil
+}
+
+// dropIdle closes b's idle connections before a probe: those that an outage
+// left (a restarted server, a network cut) are dead, and the probe would
+// fail on each in turn, one back-off each, after Redis came back.
+func dropIdle(b *RedisBackend) {
+	switch {
+	case b.Single != nil:
+		b.Single.DropIdle()
+	case b.Sentinel != nil:
+		b.Sentinel.DropIdle()
+	case b.cluster != nil:
+		b.cluster.DropIdle()
+	}
 }
 
 // The probe's window: short, so that its key goes with the outage, and of
