@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -396,4 +397,49 @@ func TestACheckOnlyRequestDoesNotEndAReadOnlyOutage(t *testing.T) {
 	h.clock.Add(10 * time.Second)
 	login()
 	wantEvents(t, events.String(), 1, 1, "readonly")
+}
+
+// TestOneProbeEndsAnOutageThatKilledEveryConnection: an outage that killed
+// every connection of the pool (a network cut, a restart) ends at the first
+// probe once Redis is back: the probe does not fail on the dead
+// connections the pool still holds idle, one back-off each.
+func TestOneProbeEndsAnOutageThatKilledEveryConnection(t *testing.T) {
+	f := newFlap(t, "fixed", "203.0.113.42")
+	h, proxy := f.h, f.proxy
+	b := h.p.stores.redis.Backend
+
+	// Four connections, all idle afterwards: four calls at once, each held
+	// by a script that waits 50 ms on Redis's clock.
+	var wg sync.WaitGroup
+	for i := 0; i < 4; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, _ = b.Single.Do("EVAL", `local t = redis.call('TIME')
+local stop = t[1] * 1000000 + t[2] + 50000
+repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] >= stop
+return 1`, "0")
+		}()
+	}
+	wg.Wait()
+
+	f.send(1)
+	proxy.cut()
+	f.send(1)
+
+	if !b.Down.Load() {
+		t.Fatal("the cut did not start an outage")
+	}
+
+	proxy.restore()
+	h.clock.Add(time.Minute)
+	f.send(1)
+
+	if b.Down.Load() {
+		t.Fatal("Redis is back, but the first probe after the back-off failed: it ran on a connection the cut killed")
+	}
+
+	if f.allowed != 3 {
+		t.Fatalf("%d of 3 requests allowed", f.allowed)
+	}
 }
