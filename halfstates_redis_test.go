@@ -50,6 +50,7 @@ func halfStateEpisode(t *testing.T, st halfState) {
 		asACLUser(c)
 		c.IP = LayerConfig{Points: 1000, Duration: "1h"}
 		c.Status.Path = "/_ratelimit"
+		c.Redis.DialTimeout = "1s" // each probe dials (a loading server accepts between keys)
 	})
 	b, events := probing(t, h)
 
@@ -305,10 +306,10 @@ func TestALoadingRedisIsOneOutage(t *testing.T) {
 	halfStateEpisode(t, halfState{reason: "loading",
 		args: func(*testing.T, string) []string { return []string{"--dir", dir, "--enable-debug-command", "yes"} },
 		enter: func(t *testing.T, addr string, admin *redisresp.Pool) func() {
-			// 400 keys of 1 KiB loaded 10 ms apart: about 4 s of LOADING, the
+			// 2000 keys of 1 KiB loaded 2 ms apart: about 4 s of LOADING, the
 			// server answering between keys.
-			redisDo(t, admin, "DEBUG", "POPULATE", "400", "filler", "1024")
-			redisDo(t, admin, "CONFIG", "SET", "key-load-delay", "10000")
+			redisDo(t, admin, "DEBUG", "POPULATE", "2000", "filler", "1024")
+			redisDo(t, admin, "CONFIG", "SET", "key-load-delay", "2000")
 			redisDo(t, admin, "CONFIG", "SET", "loading-process-events-interval-bytes", "1024")
 
 			reload := redisresp.NewPool(redisresp.Options{Address: addr, Timeout: time.Minute})
