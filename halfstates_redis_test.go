@@ -2,6 +2,7 @@ package tierlimit
 
 import (
 	"encoding/json"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -442,5 +443,65 @@ return 1`, "0")
 
 	if f.allowed != 3 {
 		t.Fatalf("%d of 3 requests allowed", f.allowed)
+	}
+}
+
+// TestAnOutageNamesHowTheConnectionFailed: the reason of REDIS_UNAVAILABLE
+// and of the status page when Redis does not answer at all: nothing listens
+// (refused), a server that accepts and never answers (timeout), one that
+// closes every connection (closed).
+func TestAnOutageNamesHowTheConnectionFailed(t *testing.T) {
+	listen := func(serve func(net.Conn)) string {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+
+		t.Cleanup(func() { l.Close() })
+
+		go func() {
+			for {
+				c, err := l.Accept()
+				if err != nil {
+					return
+				}
+
+				serve(c)
+			}
+		}()
+
+		return l.Addr().String()
+	}
+
+	var held []net.Conn
+	var mu sync.Mutex
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+
+		for _, c := range held {
+			c.Close()
+		}
+	})
+
+	for reason, addr := range map[string]string{
+		"refused": closedPort(t),
+		"timeout": listen(func(c net.Conn) { mu.Lock(); held = append(held, c); mu.Unlock() }),
+		"closed":  listen(func(c net.Conn) { c.Close() }),
+	} {
+		h, logs := redisHarness(t, addr, func(c *Config) {
+			c.Redis.Timeout = "100ms"
+			c.Status.Path = "/_ratelimit"
+		})
+
+		if rec := h.get("/api", "203.0.113.43:1"); rec.Code != http.StatusOK {
+			t.Fatalf("%s: answered %d, want 200 from memory", reason, rec.Code)
+		}
+
+		wantEvents(t, logs.String(), 1, 0, reason)
+
+		if got := statusReason(t, h); got != reason {
+			t.Fatalf("status page redisFallbackReason %q, want %q", got, reason)
+		}
 	}
 }
