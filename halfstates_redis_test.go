@@ -7,12 +7,14 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/tierlimit/tierlimit/redisresp"
+	"github.com/tierlimit/tierlimit/redisstore"
 )
 
 // A Redis that answers but refuses writes: each test puts a real
@@ -504,4 +506,68 @@ func TestAnOutageNamesHowTheConnectionFailed(t *testing.T) {
 			t.Fatalf("status page redisFallbackReason %q, want %q", got, reason)
 		}
 	}
+}
+
+// TestAReadOnlyRedisIsOneOutageForSyncedCounters: with redis.syncInterval,
+// a read-only Redis fails the leases and the syncs; the probes (the
+// background one, a lease's after the back-off on the injected clock, a
+// sync's) write, so it stays one outage until Redis takes writes again.
+func TestAReadOnlyRedisIsOneOutageForSyncedCounters(t *testing.T) {
+	addr, admin := redisServer(t)
+	h, _ := redisHarness(t, addr, func(c *Config) {
+		asACLUser(c)
+		synced(c)
+		c.IP = LayerConfig{Points: 1000, Duration: "1h"}
+		c.Status.Path = "/_ratelimit"
+	})
+	b, events := probing(t, h)
+	st := syncedOf(t, h)
+
+	clients := 0
+	send := func() {
+		t.Helper()
+
+		clients++ // a new key: it needs a lease
+		if rec := h.get("/api", "203.0.113."+strconv.Itoa(clients)+":1"); rec.Code != http.StatusOK {
+			t.Fatalf("request answered %d %s, want 200", rec.Code, rec.Body.String())
+		}
+	}
+
+	send()
+
+	host, port, _ := strings.Cut(closedPort(t), ":")
+	redisDo(t, admin, "REPLICAOF", host, port)
+	send()
+
+	waitFor(t, "two failed probes, or a recovery", func() bool {
+		b.Mu.Lock()
+		defer b.Mu.Unlock()
+
+		return b.Backoff >= 4*minBackoff || b.Backoff == 0
+	})
+
+	for i := 0; i < 3; i++ {
+		h.clock.Add(10 * time.Second) // past the back-off: the lease probes
+		send()
+		_ = redisstore.SyncNow(st, h.clock.Now().UnixNano(), false)
+	}
+
+	wantEvents(t, events.String(), 1, 0, "readonly")
+
+	if got := statusReason(t, h); got != "readonly" {
+		t.Fatalf("status page redisFallbackReason %q, want readonly", got)
+	}
+
+	// Past the back-off: the next lease's probe (or the background one)
+	// finds Redis taking writes.
+	redisDo(t, admin, "REPLICAOF", "NO", "ONE")
+	h.clock.Add(10 * time.Second)
+	send()
+
+	if got := fallbackMetric(t, h); got != "0" {
+		t.Fatalf("tierlimit_redis_fallback %s once Redis takes writes, want 0", got)
+	}
+
+	mustSync(t, st, h.clock.Now().UnixNano())
+	wantEvents(t, events.String(), 1, 1, "readonly")
 }
