@@ -12,6 +12,7 @@ import (
 	"github.com/tierlimit/tierlimit/answer"
 	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/memstore"
+	"github.com/tierlimit/tierlimit/redisstore"
 	"github.com/tierlimit/tierlimit/request"
 )
 
@@ -104,13 +105,15 @@ const countingRule = "a request refused by any layer spends nothing in any layer
 // The JSON document. Only exported, tagged fields: Yaegi's encoding/json
 // would otherwise show unexported ones.
 type statusReport struct {
-	Middleware    string        `json:"middleware"`
-	Store         string        `json:"store"`
-	RedisFallback bool          `json:"redisFallback"`
-	Evictions     int64         `json:"evictions"`
-	Counting      string        `json:"counting"`
-	Layers        []statusLayer `json:"layers"`
-	Keys          statusKeys    `json:"keys"`
+	Middleware    string `json:"middleware"`
+	Store         string `json:"store"`
+	RedisFallback bool   `json:"redisFallback"`
+	// RedisFallbackReason says why, in one word, while RedisFallback.
+	RedisFallbackReason string        `json:"redisFallbackReason,omitempty"`
+	Evictions           int64         `json:"evictions"`
+	Counting            string        `json:"counting"`
+	Layers              []statusLayer `json:"layers"`
+	Keys                statusKeys    `json:"keys"`
 }
 
 type statusLayer struct {
@@ -222,13 +225,14 @@ func (p *Plugin) statusJSON(req *http.Request, now int64) ([]byte, int) {
 	entries = p.firstSorted(entries, pageEnd(q, total))
 
 	report := statusReport{
-		Middleware:    p.name,
-		Store:         p.status.store,
-		RedisFallback: p.redisFallback(),
-		Evictions:     p.memory.Evicted(),
-		Counting:      countingRule,
-		Layers:        p.statusLayers(tracked),
-		Keys:          statusKeys{Total: total, Offset: q.offset, Limit: q.limit, Items: p.statusItems(entries, q.offset)},
+		Middleware:          p.name,
+		Store:               p.status.store,
+		RedisFallback:       p.redisFallback(),
+		RedisFallbackReason: p.redisFallbackReason(),
+		Evictions:           p.memory.Evicted(),
+		Counting:            countingRule,
+		Layers:              p.statusLayers(tracked),
+		Keys:                statusKeys{Total: total, Offset: q.offset, Limit: q.limit, Items: p.statusItems(entries, q.offset)},
 	}
 
 	body, err := json.Marshal(report)
@@ -523,6 +527,15 @@ func (p *Plugin) firstSorted(entries []liveKey, n int) []liveKey {
 func (p *Plugin) redisFallback() bool {
 	rs := p.stores.redis
 	return rs != nil && rs.Backend.Down.Load()
+}
+
+// redisFallbackReason is why Redis is failing, or "".
+func (p *Plugin) redisFallbackReason() string {
+	if rs := p.stores.redis; rs != nil {
+		return redisstore.FallbackReason(rs.Backend)
+	}
+
+	return ""
 }
 
 // appendBucket is liveKeys' loop for a token-bucket layer, under the store's

@@ -613,8 +613,8 @@ func TestRedisThatNeverAnswers(t *testing.T) {
 	}
 
 	logs := grepLines(e.traefik.Logs(), "REDIS_UNAVAILABLE")
-	if strings.Count(logs, "REDIS_UNAVAILABLE") != 1 || !strings.Contains(logs, "timeout") {
-		t.Fatalf("want one REDIS_UNAVAILABLE naming the timeout, got:\n%s", logs)
+	if strings.Count(logs, "REDIS_UNAVAILABLE") != 1 || !strings.Contains(logs, `"reason":"timeout"`) {
+		t.Fatalf("want one REDIS_UNAVAILABLE with the reason timeout, got:\n%s", logs)
 	}
 
 	t.Logf("silent Redis: %d requests, %d connection attempts; latency p50 %s, p99 %s, max %s (redis.timeout 100ms)",

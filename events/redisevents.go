@@ -90,6 +90,7 @@ type RedisEvent struct {
 	Address  string `json:"address"`
 	Primary  string `json:"primary,omitempty"`
 	Previous string `json:"previous,omitempty"`
+	Reason   string `json:"reason,omitempty"` // why Redis failed, in one word (redisstore.Reason)
 	Error    string `json:"error,omitempty"`
 	Fallback string `json:"fallback,omitempty"`
 	RetryIn  string `json:"retryIn,omitempty"`

@@ -363,15 +363,29 @@ func (c *Cluster) recheck() error {
 // redirect follows MOVED (to the node named, refreshing the map on the next
 // call) and ASK (to the node named, after ASKING), retries TRYAGAIN (a slot
 // being migrated has this call's keys on both nodes for a moment: better a
-// few milliseconds than memory for a whole back-off) and loads a script a
-// node lacks with EVAL. Any other server error is the call's reply.
+// few milliseconds than memory for a whole back-off), follows a READONLY
+// once to the slot's owner in a map read at once, and loads a script a node
+// lacks with EVAL. Any other server error is the call's reply.
 func (c *Cluster) redirect(call ClusterCall, serverErr string) (Reply, error) {
 	addr, asking := c.ownerOf(call.Slot), false
+	demoted := false
 
 	for step := 0; step < redirectLimit; step++ {
 		cmd := call.Call.evalsha
 
 		switch kind, to := redirection(serverErr); {
+		case strings.HasPrefix(serverErr, "READONLY") && !demoted:
+			// A primary demoted by a failover the map has not seen yet:
+			// read the map now, and run the call once on the slot's owner
+			// it names, if another.
+			demoted = true
+			owner := c.freshOwner(call.Slot)
+			if owner == "" || owner == addr {
+				return Reply{ServerErr: serverErr}, nil
+			}
+
+			addr = owner
+			asking = false
 		case kind == "MOVED":
 			c.markStale()
 			addr, asking = to, false
@@ -419,6 +433,21 @@ func redirection(serverErr string) (string, string) {
 	}
 
 	return "", ""
+}
+
+// freshOwner reads the slot map again and returns slot's owner in it, or ""
+// when the map cannot be read.
+func (c *Cluster) freshOwner(slot int) string {
+	c.mu.Lock()
+	attempts := c.attempts
+	c.mu.Unlock()
+
+	owner, addrs, err := c.refresh(attempts, nil, nil)
+	if err != nil || owner == nil {
+		return ""
+	}
+
+	return addrs[owner[slot]]
 }
 
 func (c *Cluster) ownerOf(slot int) string {
@@ -510,6 +539,20 @@ func (c *Cluster) pool(addr string) (*Pool, error) {
 	}
 
 	return p, nil
+}
+
+// DropIdle closes the idle connections to every node (Pool.DropIdle).
+func (c *Cluster) DropIdle() {
+	c.mu.Lock()
+	var pools []*Pool
+	for _, p := range c.pools {
+		pools = append(pools, p)
+	}
+	c.mu.Unlock()
+
+	for _, p := range pools {
+		p.DropIdle()
+	}
 }
 
 func (c *Cluster) markStale() {

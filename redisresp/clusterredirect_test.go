@@ -203,3 +203,40 @@ func TestClusterRetriesTryAgain(t *testing.T) {
 		t.Fatalf("node b received %v", commandsOf(fc.b))
 	}
 }
+
+// TestClusterReadOnlyReadsTheMapAtOnce: a primary demoted by a failover that
+// the map has not seen answers READONLY; the map is read at once and the
+// call runs on the slot's new owner, within the call (the rate limiter does
+// not fall back to memory for a back-off). A READONLY from the node the
+// fresh map still names is the call's reply.
+func TestClusterReadOnlyReadsTheMapAtOnce(t *testing.T) {
+	var fc *fakeCluster
+	fc = startCluster(t, func(n int) string {
+		if n == 2 {
+			fc.mu.Lock()
+			fc.moved = true
+			fc.mu.Unlock()
+		}
+
+		return "-READONLY You can't write against a read only replica.\r\n"
+	}, func(n int) string {
+		return "*1\r\n:" + strconv.Itoa(n) + "\r\n"
+	})
+
+	c := newTestCluster(fc)
+	defer c.Close()
+
+	// The map still gives the slot to a: READONLY is the reply.
+	if r := runOnSlot(t, c); !strings.HasPrefix(r.ServerErr, "READONLY") {
+		t.Fatalf("first call: %+v, want a's READONLY (the map names no other owner)", r)
+	}
+
+	// The failover is in the map: the call moves to b.
+	if r := runOnSlot(t, c); r.ServerErr != "" || len(r.Ints) != 1 || r.Ints[0] != 1 {
+		t.Fatalf("second call: %+v, want b's reply [1], the map read again at the READONLY", r)
+	}
+
+	if got := commandsOf(fc.a); !sameArgs(got, []string{"CLUSTER", "EVALSHA", "CLUSTER", "EVALSHA", "CLUSTER"}) {
+		t.Fatalf("node a received %v: want the map, each call answered READONLY followed by the map", got)
+	}
+}

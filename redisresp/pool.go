@@ -312,6 +312,21 @@ func (p *Pool) scriptSlow(c *Conn, call Call, cmd string) (int64, []int64, error
 	return -1, nil, fmt.Errorf("%w: %s", ErrServer, serverErr)
 }
 
+// DropIdle closes p's idle connections. After a failure they may all be
+// dead (a restarted server, a network cut), and each would fail a call in
+// turn: the rate limiter's probe of a failing Redis starts from a new one.
+func (p *Pool) DropIdle() {
+	p.mu.Lock()
+	idle := p.idle
+	p.idle = nil
+	p.open -= len(idle)
+	p.mu.Unlock()
+
+	for _, c := range idle {
+		_ = c.Close()
+	}
+}
+
 // Pipeline sends cmds in one write and reads their replies, on one connection.
 func (p *Pool) Pipeline(cmds [][]string) ([]Value, error) {
 	c, err := p.get()

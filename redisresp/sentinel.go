@@ -97,11 +97,56 @@ func (s *Sentinel) DoInts(cmd string) ([]int64, string, error) {
 		}
 	}
 
-	if (err != nil && !errors.Is(err, ErrPoolTimeout)) || (serverErr != "" && LostPrimary(serverErr)) {
+	if (serverErr != "" && LostPrimary(serverErr)) || errors.Is(err, ErrNotPrimary) {
+		return sentinelRetryInts(s, p, cmd, ints, serverErr, err)
+	}
+
+	if err != nil && !errors.Is(err, ErrPoolTimeout) {
 		s.forget(p)
 	}
 
 	return ints, serverErr, err
+}
+
+// sentinelRetryInts is DoInts after p answered READONLY or MASTERDOWN
+// (ints, serverErr), or turned out a replica (err, ErrNotPrimary): p was
+// demoted, or lost its own primary, in a failover that the sentinels may
+// have finished already. They are asked at once (sentinelRetry), and the
+// call runs again on the primary they name, rather than the rate limiter's
+// deciding in memory for a back-off.
+func sentinelRetryInts(s *Sentinel, p *Pool, cmd string, ints []int64, serverErr string, err error) ([]int64, string, error) {
+	np := sentinelRetry(s, p)
+	if np == nil {
+		return ints, serverErr, err
+	}
+
+	ints, serverErr, err = np.DoInts(cmd)
+	if (err != nil && !errors.Is(err, ErrPoolTimeout)) || (serverErr != "" && LostPrimary(serverErr)) {
+		s.forget(np)
+	}
+
+	return ints, serverErr, err
+}
+
+// sentinelRetry forgets p, which said it is no longer a usable primary, asks
+// the sentinels for the primary at once, and returns its pool when they name
+// another server; nil when they still name p's (they have not switched yet:
+// their announcement will end the back-off, Sentinel.OnSwitch) or cannot
+// be asked. A server that refused the call wrote nothing: a replica refuses
+// a script at its first write, and MASTERDOWN refuses any command.
+func sentinelRetry(s *Sentinel, p *Pool) *Pool {
+	s.forget(p)
+
+	s.mu.Lock()
+	attempts := s.attempts
+	s.mu.Unlock()
+
+	np, err := s.discover(attempts)
+	if err != nil || np == nil || np.opts.Address == p.opts.Address {
+		return nil
+	}
+
+	return np
 }
 
 // SentinelScriptInts is ScriptInts on the primary s follows, found first if
@@ -123,7 +168,31 @@ func SentinelScriptInts(s *Sentinel, call Call, cmd string) (int64, []int64, err
 	}
 
 	if err != nil && lostPrimary(err) {
+		return sentinelRetryScript(s, p, call, cmd, err)
+	}
+
+	return n, ints, err
+}
+
+// sentinelRetryScript is SentinelScriptInts after its call on p failed with
+// err, which says that p is no longer the primary: when the server answered
+// READONLY or MASTERDOWN, or turned out a replica, the call runs again on
+// the primary the sentinels name now (sentinelRetry), if another; else p is
+// forgotten, and the next call finds the primary.
+func sentinelRetryScript(s *Sentinel, p *Pool, call Call, cmd string, err error) (int64, []int64, error) {
+	if !errors.Is(err, ErrServer) && !errors.Is(err, ErrNotPrimary) {
 		s.forget(p)
+		return -1, nil, err
+	}
+
+	np := sentinelRetry(s, p)
+	if np == nil {
+		return -1, nil, err
+	}
+
+	n, ints, err := ScriptInts(np, nil, call, cmd)
+	if err != nil && lostPrimary(err) {
+		s.forget(np)
 	}
 
 	return n, ints, err
@@ -176,6 +245,17 @@ func lostPrimary(err error) bool {
 func LostPrimary(serverErr string) bool {
 	return strings.HasPrefix(serverErr, "READONLY") || strings.HasPrefix(serverErr, "MASTERDOWN") ||
 		strings.Contains(serverErr, "-READONLY") || strings.Contains(serverErr, "-MASTERDOWN")
+}
+
+// DropIdle closes the idle connections to the primary (Pool.DropIdle).
+func (s *Sentinel) DropIdle() {
+	s.mu.Lock()
+	p := s.pool
+	s.mu.Unlock()
+
+	if p != nil {
+		p.DropIdle()
+	}
 }
 
 // forget drops p if it is still the primary in use.

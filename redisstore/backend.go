@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"io"
 	"sync"
 	"sync/atomic"
@@ -34,14 +35,16 @@ type RedisBackend struct {
 	// down mirrors failing for the common path, which then takes no lock.
 	Down atomic.Bool
 
-	Mu      sync.Mutex
-	failing bool
-	probing bool  // one request is trying Redis after the back-off
-	retryAt int64 // Unix nanoseconds
-	Backoff time.Duration
-	outage  redisOutage // which transitions are logged (../events/redisevents.go)
-	debts   []func()    // what the stores' fallbacks charged, paid when Redis answers again (owed.go)
-	Probe   redisProbe  // the goroutine that probes Redis while failing (probe.go)
+	Mu       sync.Mutex
+	failing  bool
+	probing  bool  // one request is trying Redis after the back-off
+	retryAt  int64 // Unix nanoseconds
+	Backoff  time.Duration
+	outage   redisOutage // which transitions are logged (../events/redisevents.go)
+	reason   string      // why the last failure failed, while failing (reason.go)
+	probeKey string      // the key the probe writes (probe.go)
+	debts    []func()    // what the stores' fallbacks charged, paid when Redis answers again (owed.go)
+	Probe    redisProbe  // the goroutine that probes Redis while failing (probe.go)
 }
 
 // Usable reports whether to call Redis at now. While failing, one request per
@@ -67,6 +70,46 @@ func (b *RedisBackend) Usable(now int64) (use, probe bool) {
 	return true, true
 }
 
+// UseNow reports whether a request calls Redis at now while b is down
+// (Usable): not during the back-off; after it, one request is the probe,
+// which first writes to Redis as a request would (ProbeWrite) and calls it
+// only once that succeeded, the outage then over. A request's own call is
+// no probe: one that writes nothing (a refusal, a layer that only checks)
+// would be answered by a replica or a server out of memory too, with counts
+// the fallback must not take for Redis's.
+func UseNow(b *RedisBackend, now int64) bool {
+	use, probe := b.Usable(now)
+	if !probe {
+		return use
+	}
+
+	return b.ProbeWrite(now)
+}
+
+// ProbeWrite is the back-off's probe, started at now, that Usable granted:
+// the probe's write (writeProbe), then Succeeded or Failed. It reports
+// whether Redis took the write.
+func (b *RedisBackend) ProbeWrite(now int64) bool {
+	err := writeProbe(b)
+	if err == nil {
+		b.Succeeded(now)
+		return true
+	}
+
+	// Not Redis failing (Take): the probe is given back.
+	if errors.Is(err, redisresp.ErrClosed) || errors.Is(err, redisresp.ErrPoolTimeout) {
+		b.Mu.Lock()
+		b.probing = false
+		b.Mu.Unlock()
+
+		return false
+	}
+
+	b.Failed(now, true, err)
+
+	return false
+}
+
 // Succeeded records the back-off's probe, started at now, succeeding. Leaving
 // the fallback (down, the metric) and REDIS_RECOVERED are one transition.
 func (b *RedisBackend) Succeeded(now int64) {
@@ -75,11 +118,12 @@ func (b *RedisBackend) Succeeded(now int64) {
 	// The line is written before the fallback ends, under the lock that
 	// orders the transitions, so that whoever sees the metric at 0 finds it.
 	if b.failing {
-		b.event("REDIS_RECOVERED", "info", "", 0, now)
+		b.event("REDIS_RECOVERED", "info", "", "", 0, now)
 	}
 
 	events.OutageSucceeded(&b.outage, now, true)
 	b.failing, b.probing, b.Backoff = false, false, 0
+	b.reason = ""
 	b.Down.Store(false)
 	debts := b.debts
 	b.debts = nil
@@ -117,10 +161,12 @@ func (b *RedisBackend) Failed(now int64, probe bool, err error) {
 		}
 	}
 
+	b.reason = Reason(err)
+
 	// As in succeeded: the line before the metric moves, under the lock
 	// that orders the transitions.
 	if kind != outageQuiet {
-		b.event("REDIS_UNAVAILABLE", "error", err.Error(), backoff, now)
+		b.event("REDIS_UNAVAILABLE", "error", b.reason, err.Error(), backoff, now)
 	}
 
 	b.failing, b.probing, b.Backoff = true, false, backoff
@@ -132,6 +178,18 @@ func (b *RedisBackend) Failed(now int64, probe bool, err error) {
 	if start {
 		go probeRedis(b)
 	}
+}
+
+// FallbackReason is why Redis is failing (Reason), or "" while it is not.
+func FallbackReason(b *RedisBackend) string {
+	b.Mu.Lock()
+	defer b.Mu.Unlock()
+
+	if !b.failing {
+		return ""
+	}
+
+	return b.reason
 }
 
 // switched logs that the sentinels named another primary, and lets the next
@@ -152,8 +210,8 @@ func (b *RedisBackend) switched(from, to string) {
 	}
 }
 
-func (b *RedisBackend) event(name, severity, msg string, retry time.Duration, now int64) {
-	ev := redisEvent{Event: name, Severity: severity, Address: b.Address, Error: msg}
+func (b *RedisBackend) event(name, severity, reason, msg string, retry time.Duration, now int64) {
+	ev := redisEvent{Event: name, Severity: severity, Address: b.Address, Reason: reason, Error: msg}
 	if sp, ok := b.Pool.(interface{ Primary() string }); ok {
 		ev.Primary = sp.Primary()
 	}

@@ -31,6 +31,8 @@ func New(ctx context.Context, cfg *config.Settings, name string, memory *memstor
 		Clock:   time.Now,
 	}
 
+	SetProbeKey(rs.Backend, ProbeKey(cfg.KeyPrefix))
+
 	for _, l := range layers {
 		rs.Blocks = rs.Blocks || l.BlockDuration != 0
 		l.RedisKey = rs.Prefix + l.Name + ":"

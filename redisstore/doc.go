@@ -7,8 +7,9 @@
 // calls, lease.go). It owns what happens when Redis fails: the backend's
 // back-off and its event lines (RedisBackend, backend.go), the memory
 // fallback started from what Redis last reported (fallback.go), what the
-// fallback charged during an outage and pays back (owed.go), and the probe
-// that finds Redis again (probe.go). It keeps the keys Redis reported over
+// fallback charged during an outage and pays back (owed.go), the probe
+// that finds Redis again, a write as a request makes (probe.go), and the
+// one-word reason of a failure (reason.go). It keeps the keys Redis reported over
 // their limit (BlockList, blocklist.go) and resets them: an operator's reset (reset.go),
 // published to the other replicas (resetsub.go).
 //

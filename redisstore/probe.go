@@ -2,6 +2,8 @@ package redisstore
 
 import (
 	"errors"
+	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/tierlimit/tierlimit/redisresp"
@@ -92,7 +94,7 @@ func probeRedis(b *RedisBackend) {
 		}
 
 		claimed = true
-		err := pingRedis(b)
+		err := writeProbe(b)
 
 		if errors.Is(err, redisresp.ErrClosed) {
 			return
@@ -159,27 +161,98 @@ func claimProbe(b *RedisBackend) (int64, bool) {
 	return p.failedAt + int64(time.Since(p.failedWall)), true
 }
 
-// pingRedis runs the refund script on no key: the call requests make, which
-// the ACL grants, and it loads the script into a server that restarted empty.
-// On a cluster it asks slot 0's primary, after the cluster's own check of the
+// writeProbe asks Redis what a request would: the rate-limit script charges
+// one point to a fixed window of its own (ProbeKey, probeWindow long, of
+// probePoints), through the call requests make, which the ACL grants; it
+// loads the script into a server that restarted empty. A server that
+// answers but refuses writes (a replica, out of memory, a failed save) fails
+// it, as it fails requests. It runs on a new connection (dropIdle). On a
+// cluster it goes to the key's node, after the cluster's own check of the
 // nodes it saw fail.
-func pingRedis(b *RedisBackend) error {
-	call := refundRedis.Call(0, 1)
-	arg := redisresp.Bulk("0")
+func writeProbe(b *RedisBackend) error {
+	dropIdle(b)
+
+	key := ProbeKeyOf(b)
+	call := takeCall(1)
+	arg := redisresp.Bulk(key) + ArgStopAtRefusal + argCostOne + probeArgs
+
+	var ints []int64
+	var serverErr string
+	var err error
 
 	if b.cluster != nil {
-		replies, err := b.cluster.RunInts([]redisresp.ClusterCall{{Slot: 0, Call: call, Encoded: arg}})
-		if err == nil && len(replies) == 1 && replies[0].ServerErr != "" {
-			err = errors.New("probing Redis: " + replies[0].ServerErr)
+		replies, cerr := b.cluster.RunInts([]redisresp.ClusterCall{{Slot: redisresp.Slot(key), Call: call, Encoded: arg}})
+		err = cerr
+		if err == nil && len(replies) == 1 {
+			ints = replies[0].Ints
+			serverErr = replies[0].ServerErr
 		}
+	} else {
+		ints, serverErr, err = call.RunIntsOn(b.Pool, arg)
+	}
 
+	switch {
+	case err != nil:
 		return err
+	case serverErr != "":
+		return fmt.Errorf("probing Redis with a write: %w: %s", redisresp.ErrServer, serverErr)
+	case len(ints) != 2 || ints[0] < 1:
+		return fmt.Errorf("probing Redis with a write: %w: %v", ErrBadReply, ints)
 	}
 
-	_, serverErr, err := call.RunIntsOn(b.Pool, arg)
-	if err == nil && serverErr != "" {
-		err = errors.New("probing Redis: " + serverErr)
+	return nil
+}
+
+// dropIdle closes b's idle connections before a probe: those that an outage
+// left (a restarted server, a network cut) are dead, and the probe would
+// fail on each in turn, one back-off each, after Redis came back.
+func dropIdle(b *RedisBackend) {
+	switch {
+	case b.Single != nil:
+		b.Single.DropIdle()
+	case b.Sentinel != nil:
+		b.Sentinel.DropIdle()
+	case b.cluster != nil:
+		b.cluster.DropIdle()
+	}
+}
+
+// The probe's window: short, so that its key goes with the outage, and of
+// points no probing reaches.
+const (
+	probeWindow = time.Second
+	probePoints = 1 << 40
+)
+
+var probeArgs = redisresp.Bulk(strconv.FormatInt(probePoints, 10)) +
+	redisresp.Bulk(strconv.FormatInt(int64(probeWindow/time.Millisecond), 10)) + algoFixed + redisresp.Bulk("0")
+
+// DefaultProbeKey is the probe's key until a store names the backend's
+// (SetProbeKey): under the default keyPrefix.
+const DefaultProbeKey = "ratelimit:probe"
+
+// ProbeKey returns the probe's key for keyPrefix: under it, so that the ACL
+// that grants the plugin's keys grants it; no middleware's key is
+// <keyPrefix>:probe (theirs are <keyPrefix>:<name>:<layer>:<key>).
+func ProbeKey(keyPrefix string) string {
+	return keyPrefix + ":probe"
+}
+
+// SetProbeKey makes key b's probe key: the latest store made on b names it.
+func SetProbeKey(b *RedisBackend, key string) {
+	b.Mu.Lock()
+	b.probeKey = key
+	b.Mu.Unlock()
+}
+
+// ProbeKeyOf is b's probe key.
+func ProbeKeyOf(b *RedisBackend) string {
+	b.Mu.Lock()
+	defer b.Mu.Unlock()
+
+	if b.probeKey == "" {
+		return DefaultProbeKey
 	}
 
-	return err
+	return b.probeKey
 }

@@ -87,10 +87,10 @@ type resetListener struct {
 // NewResetListener makes b's listener; it does no I/O.
 func NewResetListener(b *RedisBackend, opts redisresp.Options) *resetListener {
 	event := func(msg string) {
-		b.event("REDIS_RESETS_UNAVAILABLE", "error", msg, 0, time.Now().UnixNano())
+		b.event("REDIS_RESETS_UNAVAILABLE", "error", "", msg, 0, time.Now().UnixNano())
 	}
 	back := func() {
-		b.event("REDIS_RESETS_RECOVERED", "info", "", 0, time.Now().UnixNano())
+		b.event("REDIS_RESETS_RECOVERED", "info", "", "", 0, time.Now().UnixNano())
 	}
 
 	return &resetListener{opts: opts, sentinel: b.Sentinel, cluster: b.cluster, Event: event, back: back,

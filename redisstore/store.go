@@ -65,14 +65,11 @@ func Take(s *RedisStore, t *tally, c *charge) {
 		return
 	}
 
-	probe := false
-
-	if s.Backend.Down.Load() {
-		use := false
-		if use, probe = s.Backend.Usable(c.Now); !use {
-			s.TakeLocal(t, c)
-			return
-		}
+	// Only the back-off's probe ends an outage (UseNow; ../events/redisevents.go):
+	// a call in flight when Redis failed may still succeed.
+	if s.Backend.Down.Load() && !UseNow(s.Backend, c.Now) {
+		s.TakeLocal(t, c)
+		return
 	}
 
 	if err := takeInRedis(s, t, c); err != nil {
@@ -81,19 +78,11 @@ func Take(s *RedisStore, t *tally, c *charge) {
 		// is a pool that stayed busy for redisresp.DefaultWaitTimeout: the
 		// calls ahead of this one were answered.
 		if !errors.Is(err, redisresp.ErrClosed) && !errors.Is(err, redisresp.ErrPoolTimeout) {
-			s.Backend.Failed(c.Now, probe, err)
+			s.Backend.Failed(c.Now, false, err)
 		}
 
 		*t = tally{Cost: t.Cost}
 		s.TakeLocal(t, c)
-
-		return
-	}
-
-	// Only the back-off's probe ends an outage (../events/redisevents.go): a call in
-	// flight when Redis failed may still succeed.
-	if probe {
-		s.Backend.Succeeded(c.Now)
 	}
 }
 

@@ -560,7 +560,7 @@ func acquire(st *SyncState, now int64) error {
 	st.Acquiring = done
 	st.Mu.Unlock()
 
-	replies, err := SendLeases(backend, asks, now)
+	replies, err := leasesAfterProbe(backend, asks, now, probe)
 
 	st.Mu.Lock()
 	st.Acquiring = nil
@@ -569,9 +569,9 @@ func acquire(st *SyncState, now int64) error {
 	if err != nil {
 		unsendAsks(asks)
 
-		if !errors.Is(err, redisresp.ErrClosed) && !errors.Is(err, redisresp.ErrPoolTimeout) {
+		if !errors.Is(err, redisresp.ErrClosed) && !errors.Is(err, redisresp.ErrPoolTimeout) && !errors.Is(err, errSyncSkipped) {
 			st.Mu.Unlock()
-			backend.Failed(now, probe, err)
+			backend.Failed(now, false, err)
 			st.Mu.Lock()
 		}
 
@@ -580,13 +580,18 @@ func acquire(st *SyncState, now int64) error {
 
 	applyAsks(asks, replies)
 
-	if probe {
-		st.Mu.Unlock()
-		backend.Succeeded(now)
-		st.Mu.Lock()
+	return nil
+}
+
+// leasesAfterProbe sends asks, after the probe's write when the call is the
+// back-off's probe (UseNow, made here without st.mu held); errSyncSkipped
+// when the probe failed.
+func leasesAfterProbe(backend *RedisBackend, asks []LeaseAsk, now int64, probe bool) ([]int64, error) {
+	if probe && !backend.ProbeWrite(now) {
+		return nil, errSyncSkipped
 	}
 
-	return nil
+	return SendLeases(backend, asks, now)
 }
 
 // SyncForget drops the counters of bucket in the layer called layer, every
@@ -695,14 +700,9 @@ func SyncNow(st *SyncState, now int64, final bool) error {
 		return nil
 	}
 
-	probe := false
-
-	if backend.Down.Load() {
-		use := false
-		if use, probe = backend.Usable(now); !use {
-			EndSync(st, asks, nil)
-			return errSyncSkipped
-		}
+	if backend.Down.Load() && !UseNow(backend, now) {
+		EndSync(st, asks, nil)
+		return errSyncSkipped
 	}
 
 	replies, err := SendLeases(backend, asks, now)
@@ -710,14 +710,10 @@ func SyncNow(st *SyncState, now int64, final bool) error {
 
 	if err != nil {
 		if !errors.Is(err, redisresp.ErrClosed) && !errors.Is(err, redisresp.ErrPoolTimeout) {
-			backend.Failed(now, probe, err)
+			backend.Failed(now, false, err)
 		}
 
 		return err
-	}
-
-	if probe {
-		backend.Succeeded(now)
 	}
 
 	return nil

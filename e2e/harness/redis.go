@@ -207,6 +207,17 @@ func (r *Redis) Kill() {
 	<-r.done
 }
 
+// Pause stops the server's process (SIGSTOP) without closing its
+// connections: it answers nothing, as a frozen host would, until Resume.
+func (r *Redis) Pause() error {
+	return r.cmd.Process.Signal(syscall.SIGSTOP)
+}
+
+// Resume lets a paused server run again (SIGCONT).
+func (r *Redis) Resume() error {
+	return r.cmd.Process.Signal(syscall.SIGCONT)
+}
+
 // Client returns a pool for inspecting the server; opts.Address is set.
 func (r *Redis) Client(opts redisresp.Options) *redisresp.Pool {
 	opts.Address = r.Addr
