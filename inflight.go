@@ -23,7 +23,7 @@ import (
 // anyConcurrency reports whether a layer that is on is a concurrency layer.
 func anyConcurrency(s *config.Settings) bool {
 	for _, l := range config.Rules(s) {
-		if l.On() && l.Concurrency {
+		if l.On() && l.Algorithm == algConcurrency {
 			return true
 		}
 	}
@@ -104,7 +104,7 @@ func inFlightMetrics(p *Plugin, b *strings.Builder, labels []string, now int64) 
 
 	s := p.memory
 	for i, l := range p.layers {
-		if !l.Concurrency {
+		if l.Algorithm != algConcurrency {
 			continue
 		}
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tierlimit/tierlimit/answer"
+	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/request"
@@ -264,20 +265,11 @@ func (p *Plugin) statusLayers(tracked []int) []statusLayer {
 		allowed, refused := p.memory.Totals(l.Stats)
 
 		sl := statusLayer{
-			Name: l.Name, Points: l.Points, Duration: time.Duration(l.Duration).String(), Algorithm: "fixed",
+			Name: l.Name, Points: l.Points, Duration: time.Duration(l.Duration).String(), Algorithm: config.AlgorithmName(l.Algorithm),
 			TrackedKeys: tracked[i], Allowed: allowed, Refused: refused,
 		}
 
-		if l.Sliding {
-			sl.Algorithm = "sliding"
-		}
-
-		if l.Concurrency {
-			sl.Algorithm = "concurrency"
-		}
-
-		if l.Interval != 0 {
-			sl.Algorithm = "tokenbucket"
+		if l.Algorithm == algTokenBucket {
 			sl.Points = l.Refill
 			sl.Burst = l.Points
 		}
@@ -350,17 +342,17 @@ func (p *Plugin) liveKeys(now int64, limitedOnly bool, prefix string) ([]liveKey
 		m := s.Maps[l.Name]
 		tracked[i] = len(m)
 
-		if l.Sliding {
+		if l.Algorithm == algSliding {
 			out = appendSliding(out, i, l, m, f)
 			continue
 		}
 
-		if l.Interval != 0 {
+		if l.Algorithm == algTokenBucket {
 			out = appendBucket(out, i, l, m, f)
 			continue
 		}
 
-		if l.Concurrency {
+		if l.Algorithm == algConcurrency {
 			out = appendHeld(out, i, l, m, f) // inflight.go
 			continue
 		}

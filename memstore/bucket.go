@@ -21,7 +21,7 @@ import (
 // drip takes cost tokens from the token-bucket layer l under s.mu and
 // records it in t as layers[i]. It reports whether the layer refused, which
 // takes nothing, in dry run too (rate.Limiter.Allow does the same).
-func (s *WindowStore) drip(t *tally, i int, now int64, l *layer, key string, cost int64) bool {
+func drip(s *WindowStore, t *tally, i int, now int64, l *layer, key string, cost int64) bool {
 	w := bucketAt(s, l, key, now)
 
 	tat, used := limit.BucketTake(w.Reset, now, cost, l.Points, l.Interval)

@@ -21,9 +21,9 @@ func checkLayer(t *tally, i int, now int64, l *layer, key string, cost int64) bo
 	}
 
 	switch {
-	case l.Sliding:
+	case l.Algorithm == algSliding:
 		return checkSliding(t, i, now, l, w, cost)
-	case l.Interval != 0:
+	case l.Algorithm == algTokenBucket:
 		return checkBucket(t, i, now, l, w, cost)
 	}
 

@@ -107,7 +107,7 @@ func Release(s *WindowStore, c *charge) {
 	s.Mu.Lock()
 
 	for i, l := range c.Layers {
-		if !l.Concurrency {
+		if l.Algorithm != algConcurrency {
 			continue
 		}
 

@@ -19,7 +19,7 @@ import (
 // slide charges cost points to a sliding layer l under s.mu and records it
 // in t as layers[i]. It reports whether the layer refused, which charges
 // nothing, in dry run too: a sliding window counts only what it allows.
-func (s *WindowStore) slide(t *tally, i int, now int64, l *layer, key string, cost int64) bool {
+func slide(s *WindowStore, t *tally, i int, now int64, l *layer, key string, cost int64) bool {
 	w := slidingAt(s, l, key, now)
 	left := w.Reset - now
 	est := limit.SlidingCount(w.PrevCount, w.Count, cost, left, l.Duration)

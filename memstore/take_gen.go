@@ -19,7 +19,6 @@ func Take(s *WindowStore, t *tally, c *charge) {
 		cost = 1
 	}
 	now := c.Now
-	all := c.All
 
 	s.Mu.Lock()
 	s.Takes++
@@ -30,11 +29,11 @@ func Take(s *WindowStore, t *tally, c *charge) {
 		switch {
 		case l.CheckOnly:
 			refused = checkLayer(t, i, now, l, key, cost)
-		case l.Sliding:
-			refused = s.slide(t, i, now, l, key, cost)
-		case l.Interval != 0:
-			refused = s.drip(t, i, now, l, key, cost)
-		case l.Concurrency:
+		case l.Algorithm == algSliding:
+			refused = slide(s, t, i, now, l, key, cost)
+		case l.Algorithm == algTokenBucket:
+			refused = drip(s, t, i, now, l, key, cost)
+		case l.Algorithm == algConcurrency:
 			refused = hold(s, t, i, now, l, key)
 		default:
 			w := l.Entries[key]
@@ -44,7 +43,7 @@ func Take(s *WindowStore, t *tally, c *charge) {
 				w = s.Restart(now, l, w, key)
 			}
 			if w.Count+cost > l.Points {
-				refused = refuseFixed(t, i, l, w, cost, all)
+				refused = refuseFixed(t, i, l, w, cost, c.All)
 			} else {
 				w.Count += cost
 				l.Stats.Allowed++
@@ -58,7 +57,7 @@ func Take(s *WindowStore, t *tally, c *charge) {
 			}
 		}
 
-		if refused && !all {
+		if refused && !c.All {
 			GiveBack(c, i, cost, t.Uncharged)
 			break
 		}

@@ -154,7 +154,7 @@ func slotGroups(c *charge, head string) []*slotGroup {
 			args = calendarArgs(l, now)
 		}
 
-		if l.Concurrency {
+		if l.Algorithm == algConcurrency {
 			args += redisresp.Bulk(leaseOf(c)) // concurrency.go
 		}
 

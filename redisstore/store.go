@@ -131,7 +131,7 @@ func (s *RedisStore) TakeBlocked(t *tally, c *charge) bool {
 	costly := t.Cost > 1
 
 	for i, l := range c.Layers {
-		if costly && t.Cost > l.MinCost && (l.Sliding || l.Interval != 0) && l.BlockDuration == 0 {
+		if costly && t.Cost > l.MinCost && l.BlockDuration == 0 && limit.Gradual(l.Algorithm) {
 			continue
 		}
 
@@ -372,7 +372,7 @@ func (s *RedisStore) refused(t *tally, c *charge, i int, count, reset int64) boo
 	first := false
 	// A layer whose counts may fall blocks nothing: a concurrency slot may
 	// free at once, a costFrom route's settlement may give points back.
-	if !l.DryRun && !l.Concurrency && !l.Settles && (t.Cost <= 1 || t.Cost <= l.MinCost || l.BlockDuration != 0) {
+	if !l.DryRun && l.Algorithm != algConcurrency && !l.Settles && (t.Cost <= 1 || t.Cost <= l.MinCost || l.BlockDuration != 0) {
 		first = s.Blocked.Add(l.BlockPrefix, key, reset, now)
 		if first {
 			ListenResets(s)
