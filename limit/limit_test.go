@@ -288,3 +288,25 @@ func TestSlidingWaitIsTheFirstAllowedMoment(t *testing.T) {
 		}
 	}
 }
+
+// Full is Fits of a cost of 1, negated, for every count around the points.
+func TestFullIsNoRoomForOne(t *testing.T) {
+	for count := int64(0); count <= 12; count++ {
+		if got, want := Full(count, 10), !Fits(count, 1, 10); got != want {
+			t.Errorf("Full(%d, 10) = %v, want %v", count, got, want)
+		}
+	}
+}
+
+func TestLeft(t *testing.T) {
+	for _, c := range []struct{ count, points, want int64 }{
+		{0, 10, 10},
+		{4, 10, 6},
+		{10, 10, 0},
+		{12, 10, -2}, // a dry-run window past its points
+	} {
+		if got := Left(c.count, c.points); got != c.want {
+			t.Errorf("Left(%d, %d) = %d, want %d", c.count, c.points, got, c.want)
+		}
+	}
+}

@@ -26,3 +26,17 @@ func CeilMillis(ns int64) int64 {
 }
 
 const nsPerMillisecond = 1000000
+
+// Full reports whether a fixed window that holds count of its points has
+// no room for a request of cost 1, !Fits(count, 1, points): the check of
+// the fast paths, which charge 1.
+func Full(count, points int64) bool {
+	return count >= points
+}
+
+// Left is what a window that holds count of its points has left: the
+// remaining the headers show, and what tells which layer they show (the
+// one with the least left).
+func Left(count, points int64) int64 {
+	return points - count
+}

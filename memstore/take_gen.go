@@ -42,9 +42,7 @@ func Take(s *WindowStore, t *tally, c *charge) {
 			} else {
 				w = s.Restart(now, l, w, key)
 			}
-			if w.Count+cost > l.Points {
-				refused = refuseFixed(t, i, l, w, cost, c.All)
-			} else {
+			if w.Count+cost <= l.Points {
 				w.Count += cost
 				l.Stats.Allowed++
 				if left := l.Points - w.Count; !t.Refused && !l.Quiet && (t.Shown < 0 || left < t.Left) {
@@ -54,6 +52,8 @@ func Take(s *WindowStore, t *tally, c *charge) {
 					t.ResetH = w.ResetH
 					t.Left = left
 				}
+			} else {
+				refused = refuseFixed(t, i, l, w, cost, c.All)
 			}
 		}
 

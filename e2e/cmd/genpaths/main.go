@@ -125,7 +125,13 @@ func expand(tmplPath string) ([]byte, error) {
 		return nil, fmt.Errorf("reading the template: %w", err)
 	}
 
-	t, err := template.New(filepath.Base(tmplPath)).Option("missingkey=error").Funcs(template.FuncMap{"args": args}).Parse(string(src))
+	lim, err := readLimit(filepath.Join(filepath.Dir(tmplPath), "limit"))
+	if err != nil {
+		return nil, err
+	}
+
+	funcs := template.FuncMap{"args": args, "inline": lim.inline}
+	t, err := template.New(filepath.Base(tmplPath)).Option("missingkey=error").Funcs(funcs).Parse(string(src))
 	if err != nil {
 		return nil, fmt.Errorf("parsing the template: %w", err)
 	}
