@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/tierlimit/tierlimit/config"
+	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/redisstore"
 )
@@ -72,8 +73,8 @@ func appendHeld(out []liveKey, i int, l *layer, m map[string]*window, f *liveFil
 		}
 
 		held := heldAt(w, f.now)
-		if held > 0 && (held >= l.Points || !f.limitedOnly) {
-			out = append(out, liveKey{layer: i, key: key, count: held, reset: w.Expire, limited: held >= l.Points, refused: w.Refused})
+		if held > 0 && (!limit.SlotFits(held, l.Points) || !f.limitedOnly) {
+			out = append(out, liveKey{layer: i, key: key, count: held, reset: w.Expire, limited: !limit.SlotFits(held, l.Points), refused: w.Refused})
 		}
 	}
 

@@ -358,9 +358,9 @@ func (p *Plugin) liveKeys(now int64, limitedOnly bool, prefix string) ([]liveKey
 		}
 
 		for key, w := range m {
-			if w.Reset > now && w.List == l.List && (!limitedOnly || w.Count >= l.Points) &&
+			if w.Reset > now && w.List == l.List && (!limitedOnly || limit.Full(w.Count, l.Points)) &&
 				(prefix == "" || strings.HasPrefix(key, prefix)) {
-				out = append(out, liveKey{layer: i, key: key, count: w.Count, reset: w.Reset, limited: w.Count >= l.Points, refused: w.Refused})
+				out = append(out, liveKey{layer: i, key: key, count: w.Count, reset: w.Reset, limited: limit.Full(w.Count, l.Points), refused: w.Refused})
 			}
 		}
 	}
@@ -396,8 +396,8 @@ func appendSliding(out []liveKey, i int, l *layer, m map[string]*window, f *live
 		}
 
 		est := limit.SlidingCount(prev, count, 0, reset-now, l.Duration)
-		if est >= l.Points || !limitedOnly {
-			out = append(out, liveKey{layer: i, key: key, count: est, reset: reset, limited: est >= l.Points, refused: w.Refused})
+		if limit.Full(est, l.Points) || !limitedOnly {
+			out = append(out, liveKey{layer: i, key: key, count: est, reset: reset, limited: limit.Full(est, l.Points), refused: w.Refused})
 		}
 	}
 
@@ -530,7 +530,7 @@ func appendBucket(out []liveKey, i int, l *layer, m map[string]*window, f *liveF
 		}
 
 		_, used := limit.BucketTake(w.Reset, now, 0, l.Points, l.Interval)
-		limited := used >= l.Points
+		limited := limit.Full(used, l.Points)
 		if limited || !limitedOnly {
 			out = append(out, liveKey{layer: i, key: key, count: used, reset: w.Reset, limited: limited, refused: w.Refused})
 		}

@@ -310,3 +310,34 @@ func TestLeft(t *testing.T) {
 		}
 	}
 }
+
+// Over is the refusal a take reports: past the points, never at them.
+func TestOver(t *testing.T) {
+	for _, c := range []struct {
+		count, points int64
+		want          bool
+	}{
+		{9, 10, false},
+		{10, 10, false}, // exactly the points: allowed
+		{11, 10, true},
+	} {
+		if got := Over(c.count, c.points); got != c.want {
+			t.Errorf("Over(%d, %d) = %v, want %v", c.count, c.points, got, c.want)
+		}
+	}
+}
+
+// The headers show the first of equals: a later layer replaces it only
+// with fewer left.
+func TestFewerLeft(t *testing.T) {
+	if !FewerLeft(2, 3) || FewerLeft(3, 3) || FewerLeft(4, 3) {
+		t.Fatal("FewerLeft(2, 3), FewerLeft(3, 3), FewerLeft(4, 3): want true, false, false")
+	}
+}
+
+// A slot fits while fewer than the slots are held.
+func TestSlotFits(t *testing.T) {
+	if !SlotFits(0, 1) || !SlotFits(2, 3) || SlotFits(3, 3) || SlotFits(4, 3) {
+		t.Fatal("SlotFits(0, 1), (2, 3), (3, 3), (4, 3): want true, true, false, false")
+	}
+}

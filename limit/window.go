@@ -40,3 +40,18 @@ func Full(count, points int64) bool {
 func Left(count, points int64) int64 {
 	return points - count
 }
+
+// Over reports whether a count that a take reports is past the points: a
+// refused take reports the count it would have reached (count + cost where
+// Fits is false, a sliding window's estimate, a bucket's tokens in use), an
+// allowed one at most the points. A store reads a refusal from it.
+func Over(count, points int64) bool {
+	return count > points
+}
+
+// FewerLeft reports whether a layer with left requests left is more
+// restrictive than the one the headers show, which has shownLeft: the
+// headers show the layer with the fewest left, the first of equals.
+func FewerLeft(left, shownLeft int64) bool {
+	return left < shownLeft
+}

@@ -57,9 +57,10 @@ func readLimit(dir string) (limitFuncs, error) {
 // inline is the body of limit's function name, one returned expression,
 // with each parameter replaced by the Go expression given for it, in the
 // parameters' order: {{inline "Fits" "w.Count" "cost" "l.Points"}} is
-// w.Count+cost <= l.Points. An argument that is not an operand (a name, a
-// selector, a literal, an index or a call) is put in parentheses, so that
-// the expression means what the function computes.
+// w.Count+cost <= l.Points. An argument is put in parentheses where its
+// operators would otherwise bind to the function's (an operand of a
+// tighter or equal operator), so that the expression means what the
+// function computes.
 func (fns limitFuncs) inline(name string, argv ...string) (string, error) {
 	fd := fns[name]
 	if fd == nil {
@@ -80,7 +81,7 @@ func (fns limitFuncs) inline(name string, argv ...string) (string, error) {
 		return "", err
 	}
 
-	expr := replace(ret.Results[0], subst)
+	expr := replace(ret.Results[0], subst, 0, false)
 	bad := false
 	ast.Inspect(expr, func(n ast.Node) bool {
 		_, isBad := n.(*ast.BadExpr)
@@ -117,12 +118,6 @@ func parameters(fd *ast.FuncDecl, name string, argv []string) (map[string]ast.Ex
 				return nil, fmt.Errorf("inline: limit.%s's argument %q: %w", name, argv[n], err)
 			}
 
-			switch e.(type) {
-			case *ast.Ident, *ast.SelectorExpr, *ast.BasicLit, *ast.IndexExpr, *ast.CallExpr, *ast.ParenExpr:
-			default:
-				e = &ast.ParenExpr{X: e}
-			}
-
 			subst[p.Name] = e
 			n++
 		}
@@ -136,22 +131,31 @@ func parameters(fd *ast.FuncDecl, name string, argv []string) (map[string]ast.Ex
 }
 
 // replace returns a copy of e with each name in subst replaced by its
-// expression. Only the forms of expressions limit's one-line functions use
-// are copied; another becomes a BadExpr, which inline reports.
-func replace(e ast.Expr, subst map[string]ast.Expr) ast.Expr {
+// expression, in parentheses when it is a binary expression that would not
+// stay whole as an operand of an operator of precedence prec (0: none; the
+// right operand when right). Only the forms of expressions limit's one-line
+// functions use are copied; another becomes a BadExpr, which inline
+// reports.
+func replace(e ast.Expr, subst map[string]ast.Expr, prec int, right bool) ast.Expr {
 	switch x := e.(type) {
 	case *ast.Ident:
-		if r, ok := subst[x.Name]; ok {
-			return r
+		r, ok := subst[x.Name]
+		if !ok {
+			return &ast.Ident{Name: x.Name}
 		}
 
-		return &ast.Ident{Name: x.Name}
+		if b, isBinary := r.(*ast.BinaryExpr); isBinary && (b.Op.Precedence() < prec || right && b.Op.Precedence() == prec) {
+			return &ast.ParenExpr{X: r}
+		}
+
+		return r
 	case *ast.BinaryExpr:
-		return &ast.BinaryExpr{X: replace(x.X, subst), Op: x.Op, Y: replace(x.Y, subst)}
+		p := x.Op.Precedence()
+		return &ast.BinaryExpr{X: replace(x.X, subst, p, false), Op: x.Op, Y: replace(x.Y, subst, p, true)}
 	case *ast.UnaryExpr:
-		return &ast.UnaryExpr{Op: x.Op, X: replace(x.X, subst)}
+		return &ast.UnaryExpr{Op: x.Op, X: replace(x.X, subst, token.HighestPrec, false)}
 	case *ast.ParenExpr:
-		return &ast.ParenExpr{X: replace(x.X, subst)}
+		return &ast.ParenExpr{X: replace(x.X, subst, 0, false)}
 	case *ast.BasicLit:
 		return &ast.BasicLit{Kind: x.Kind, Value: x.Value}
 	default:

@@ -21,7 +21,10 @@ func TestInlineWritesLimitsExpression(t *testing.T) {
 		want string
 	}{
 		{[]string{"Fits", "w.Count", "cost", "l.Points"}, "w.Count+cost <= l.Points"},
-		{[]string{"Fits", "a + b", "1", "p[i]"}, "(a+b)+1 <= p[i]"},
+		{[]string{"Fits", "a + b", "1", "p[i]"}, "a+b+1 <= p[i]"},
+		{[]string{"Fits", "x", "a - b", "p"}, "x+(a-b) <= p"},
+		{[]string{"Left", "a + b", "p"}, "p - (a + b)"},
+		{[]string{"FewerLeft", "p - c", "left"}, "p-c < left"},
 	} {
 		got, err := fns.inline(c.args[0], c.args[1:]...)
 		if err != nil || got != c.want {
