@@ -73,8 +73,8 @@ func appendHeld(out []liveKey, i int, l *layer, m map[string]*window, f *liveFil
 		}
 
 		held := heldAt(w, f.now)
-		if held > 0 && (!limit.SlotFits(held, l.Points) || !f.limitedOnly) {
-			out = append(out, liveKey{layer: i, key: key, count: held, reset: w.Expire, limited: !limit.SlotFits(held, l.Points), refused: w.Refused})
+		if held > 0 && (limit.Full(held, l.Points) || !f.limitedOnly) {
+			out = append(out, liveKey{layer: i, key: key, count: held, reset: w.Expire, limited: limit.Full(held, l.Points), refused: w.Refused})
 		}
 	}
 

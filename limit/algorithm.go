@@ -10,7 +10,9 @@ package limit
 //     (sliding.go).
 //   - TokenBucket: the bucket's burst, the tokens it holds when full; its
 //     rate is apart, one token per interval (bucket.go).
-//   - Concurrency: the slots, requests in flight at once (concurrency.go).
+//   - Concurrency: the slots, requests in flight at once per key; a
+//     request holds one whatever its cost, so it fits while fewer than the
+//     slots are held (Full).
 //
 // It is an alias of int, not a type of its own: under Yaegi each
 // comparison of a value of a defined type allocates once per evaluation

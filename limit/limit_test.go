@@ -334,10 +334,3 @@ func TestFewerLeft(t *testing.T) {
 		t.Fatal("FewerLeft(2, 3), FewerLeft(3, 3), FewerLeft(4, 3): want true, false, false")
 	}
 }
-
-// A slot fits while fewer than the slots are held.
-func TestSlotFits(t *testing.T) {
-	if !SlotFits(0, 1) || !SlotFits(2, 3) || SlotFits(3, 3) || SlotFits(4, 3) {
-		t.Fatal("SlotFits(0, 1), (2, 3), (3, 3), (4, 3): want true, true, false, false")
-	}
-}

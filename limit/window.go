@@ -29,7 +29,9 @@ const nsPerMillisecond = 1000000
 
 // Full reports whether a fixed window that holds count of its points has
 // no room for a request of cost 1, !Fits(count, 1, points): the check of
-// the fast paths, which charge 1.
+// the fast paths, which charge 1. It is a concurrency layer's check too,
+// with the slots held and the layer's slots: a request holds one slot
+// whatever its cost, so a slot fits while held < slots.
 func Full(count, points int64) bool {
 	return count >= points
 }
