@@ -1,6 +1,6 @@
 // Command genpaths writes the plugin's request path, paths_gen.go and the files after its
 // fileMarker lines (memstore/take_gen.go, rule/allow_gen.go,
-// redisstore/record_gen.go), from its
+// redisstore/reply_gen.go), from its
 // template, paths.tmpl (both in the plugin's root). The template holds each
 // piece of the decision once; the generated file writes them out in every
 // path that needs them, since under Yaegi a call costs the callee's whole

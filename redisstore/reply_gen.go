@@ -9,7 +9,11 @@ import (
 	"time"
 
 	"github.com/tierlimit/tierlimit/limit"
+	"github.com/tierlimit/tierlimit/redisresp"
 )
+
+// A script's reply, read: whether it refused is limit's comparison,
+// written out here (inline) since these run for every request on Redis.
 
 // Record writes the script's reply (count and milliseconds to reset per
 // layer evaluated) to t, and checks it: on an error, t is to be discarded.
@@ -72,4 +76,60 @@ func Record(s *RedisStore, t *tally, c *charge, ints []int64) error {
 	}
 
 	return nil
+}
+
+// slotRefused reports whether a slot's call refused the request (or failed,
+// which charged nothing either).
+func slotRefused(layers []*layer, g *slotGroup, r redisresp.Reply) bool {
+	if r.ServerErr != "" || len(r.Ints) < 2*len(g.Layers) {
+		return true
+	}
+
+	for j, li := range g.Layers {
+		if r.Ints[2*j] > layers[li].Points {
+			return true
+		}
+	}
+
+	return false
+}
+
+// mergeSlotReplies puts the replies of the per-slot calls back in layer
+// order, as one script call on a single server would have answered: count and
+// milliseconds to reset per layer, up to and including the first refusal in
+// evaluation order (layers of other slots that their own call charged after
+// it are left out, as a single server would not have charged them); a
+// dry-run layer's refusal refuses nothing. A server error of any call is the
+// outcome.
+func mergeSlotReplies(layers []*layer, groups []*slotGroup, replies []redisresp.Reply, all bool) ([]int64, string, error) {
+	answered := make([][2]int64, len(layers))
+	got := make([]bool, len(layers))
+
+	for i, g := range groups {
+		r := replies[i]
+		if r.ServerErr != "" {
+			return nil, r.ServerErr, nil
+		}
+
+		for j := 0; 2*j+1 < len(r.Ints) && j < len(g.Layers); j++ {
+			answered[g.Layers[j]] = [2]int64{r.Ints[2*j], r.Ints[2*j+1]}
+			got[g.Layers[j]] = true
+		}
+	}
+
+	var ints []int64
+
+	for i, l := range layers {
+		if !got[i] {
+			break
+		}
+
+		ints = append(ints, answered[i][0], answered[i][1])
+
+		if answered[i][0] > l.Points && !all && !l.DryRun {
+			break
+		}
+	}
+
+	return ints, "", nil
 }
