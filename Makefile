@@ -3,7 +3,7 @@
 # make unit: the fast loop: root module tests (the scripts on a redis-server they start: it must be installed),
 #   then the Lua script and RESP client against miniredis (e2e/storetest) and the check that paths_gen.go
 #   is what paths.tmpl makes.
-# make generate: paths_gen.go, memstore/take_gen.go and rule/allow_gen.go from paths.tmpl.
+# make generate: paths_gen.go, memstore/take_gen.go, rule/allow_gen.go and redisstore/reply_gen.go from paths.tmpl.
 # make kube: kube-apiserver and kine for the Kubernetes e2e test, built once into e2e/.cache.
 # make config-check: the configuration check (cmd/tierlimit-check) on dynamic.yml and every example, and its tests.
 GO ?= go
@@ -32,7 +32,7 @@ unit: prereq
 	$(GO) test -count=1 -run 'TestCanonicalPathFastPath' ./request
 	cd e2e && $(GO) vet ./storetest ./cmd/genpaths && $(GO) test -race -count=1 ./storetest ./cmd/genpaths
 
-# paths_gen.go, memstore/take_gen.go and rule/allow_gen.go, the request path, from its template
+# paths_gen.go, memstore/take_gen.go, rule/allow_gen.go and redisstore/reply_gen.go, the request path, from its template
 # paths.tmpl (doc.go: generated paths).
 generate:
 	cd e2e && $(GO) run ./cmd/genpaths -root ..

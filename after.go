@@ -132,7 +132,7 @@ func chargedOnly(layers []*layer) []*layer {
 	var out []*layer
 
 	for i, l := range layers {
-		if !l.CheckOnly && !l.Concurrency {
+		if !l.CheckOnly && l.Algorithm != algConcurrency {
 			if out != nil {
 				out = append(out, l)
 			}

@@ -423,7 +423,7 @@ func TestTokenBucketConfigErrors(t *testing.T) {
 	cfg.IP = config.LayerConfig{Points: 5, Duration: "1s", Algorithm: " tokenbucket "}
 
 	s, err := parse(cfg)
-	if err != nil || !s.Spec(layerIP).Bucket || s.Spec(layerIP).Burst != 5 {
+	if err != nil || s.Spec(layerIP).Algorithm != limit.TokenBucket || s.Spec(layerIP).Burst != 5 {
 		t.Fatalf("default burst: %+v %v", s.Spec(layerIP), err)
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/redisstore"
 	"github.com/tierlimit/tierlimit/rule"
+
+	"github.com/tierlimit/tierlimit/limit"
 )
 
 // The request path names other packages' types and constants through these
@@ -29,3 +31,7 @@ const maxHostKeyLen = memstore.MaxHostKeyLen
 const nsPerMillisecond = redisstore.NsPerMillisecond
 
 type syncCounter = redisstore.SyncCounter
+
+const algSliding = limit.Sliding
+const algTokenBucket = limit.TokenBucket
+const algConcurrency = limit.Concurrency

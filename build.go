@@ -58,7 +58,7 @@ func chooseMode(s *config.Settings) mode {
 		if l.On() {
 			on = true
 			// A dry-run layer, or one that blocks, is charged on the general path only.
-			fixed = fixed && !l.Sliding && !l.Bucket && l.KeyHeader == "" && !l.KeyHost && l.Block == 0 && !l.DryRun && l.Calendar == 0
+			fixed = fixed && l.Algorithm != algSliding && l.Algorithm != algTokenBucket && l.KeyHeader == "" && !l.KeyHost && l.Block == 0 && !l.DryRun && l.Calendar == 0
 		}
 	}
 

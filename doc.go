@@ -65,7 +65,9 @@
 // needs them is generated from it by e2e/cmd/genpaths (make generate, or go
 // generate in the root): the root's paths into paths_gen.go, the memory
 // store's Take into memstore/take_gen.go, the allow snippet as rule.Allow
-// into rule/allow_gen.go. Edit paths.tmpl, never a _gen.go
+// into rule/allow_gen.go, the Redis store's Record into
+// redisstore/reply_gen.go. The comparisons of limit/ in them are copied
+// from limit's source (the template's inline). Edit paths.tmpl, never a _gen.go
 // file: the generator's test fails when they disagree.
 //
 // Modes. New chooses the mode once (chooseMode, build.go); paths.go (the
@@ -94,6 +96,6 @@
 // held lock costs none; select and defer cost more than a map lookup.
 package tierlimit
 
-// paths_gen.go, memstore/take_gen.go and rule/allow_gen.go are made from paths.tmpl (see
+// paths_gen.go, memstore/take_gen.go, rule/allow_gen.go and redisstore/reply_gen.go are made from paths.tmpl (see
 // "Generated paths" above).
 //go:generate sh -c "cd e2e && go run ./cmd/genpaths -root .."

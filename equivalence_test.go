@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/tierlimit/tierlimit/config"
+	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/redisresp"
 	"github.com/tierlimit/tierlimit/redisstore"
 )
@@ -306,7 +307,7 @@ func refusedUnfit(h *harness) int {
 
 	for _, l := range h.p.layers {
 		for _, w := range h.p.memory.Maps[l.Name] {
-			if l.Interval == 0 && w.Refused > 0 && w.Count < l.Points {
+			if l.Algorithm != limit.TokenBucket && w.Refused > 0 && w.Count < l.Points {
 				n++
 			}
 		}
@@ -519,7 +520,7 @@ func agreeCounts(t *testing.T, name string, a, b *harness, admin *redisresp.Pool
 	bucketLayers := map[string]bool{}
 
 	for _, l := range b.p.layers {
-		if l.Interval != 0 {
+		if l.Algorithm == limit.TokenBucket {
 			bucketLayers[prefix+l.Name+":"] = true
 		}
 	}

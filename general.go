@@ -114,7 +114,7 @@ func reportTally(p *Plugin, rw http.ResponseWriter, t *tally, c *charge) {
 // of its window (the bits of firsts below monthPolicyBit).
 func report(p *Plugin, c *charge, firsts uint64) {
 	for i, l := range c.Layers {
-		if i < 63 && firsts&(uint64(1)<<uint(i)) != 0 && l.Concurrency {
+		if i < 63 && firsts&(uint64(1)<<uint(i)) != 0 && l.Algorithm == algConcurrency {
 			p.events.RefusedInFlight(l.Name, c.Keys[i], c.Client, l.DryRun, l.Points)
 		} else if i < 63 && firsts&(uint64(1)<<uint(i)) != 0 {
 			p.events.Refused(l.Name, c.Keys[i], c.Client, l.DryRun)
@@ -308,7 +308,7 @@ func routedFastEligible(p *Plugin) bool {
 
 	for _, rt := range p.routes {
 		l := rt.layer
-		if rt.costFrom != nil || l.Sliding || l.Interval != 0 || l.BlockDuration != 0 || l.DryRun || l.Calendar != 0 ||
+		if rt.costFrom != nil || l.Algorithm == algSliding || l.Algorithm == algTokenBucket || l.BlockDuration != 0 || l.DryRun || l.Calendar != 0 ||
 			l.KeyKind != keyOfClient && l.KeyKind != keyOfConst {
 			return false
 		}

@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/tierlimit/tierlimit/config"
+	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/redisstore"
 )
@@ -23,7 +24,7 @@ import (
 // anyConcurrency reports whether a layer that is on is a concurrency layer.
 func anyConcurrency(s *config.Settings) bool {
 	for _, l := range config.Rules(s) {
-		if l.On() && l.Concurrency {
+		if l.On() && l.Algorithm == algConcurrency {
 			return true
 		}
 	}
@@ -72,8 +73,8 @@ func appendHeld(out []liveKey, i int, l *layer, m map[string]*window, f *liveFil
 		}
 
 		held := heldAt(w, f.now)
-		if held > 0 && (held >= l.Points || !f.limitedOnly) {
-			out = append(out, liveKey{layer: i, key: key, count: held, reset: w.Expire, limited: held >= l.Points, refused: w.Refused})
+		if held > 0 && (limit.Full(held, l.Points) || !f.limitedOnly) {
+			out = append(out, liveKey{layer: i, key: key, count: held, reset: w.Expire, limited: limit.Full(held, l.Points), refused: w.Refused})
 		}
 	}
 
@@ -104,7 +105,7 @@ func inFlightMetrics(p *Plugin, b *strings.Builder, labels []string, now int64) 
 
 	s := p.memory
 	for i, l := range p.layers {
-		if !l.Concurrency {
+		if l.Algorithm != algConcurrency {
 			continue
 		}
 

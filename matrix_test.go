@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tierlimit/tierlimit/config"
+	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/redisresp"
 	"github.com/tierlimit/tierlimit/redisstore"
 )
@@ -883,7 +884,7 @@ func mxCheckHeld(c *mxCell, fail func(string, ...interface{})) {
 		}
 
 		for _, l := range routeLayers(h) {
-			if !l.Concurrency {
+			if l.Algorithm != limit.Concurrency {
 				continue
 			}
 
@@ -911,7 +912,7 @@ func mxCheckHeld(c *mxCell, fail func(string, ...interface{})) {
 	doc := c.h.status("/_tl")
 	for _, it := range doc.Keys.Items {
 		for _, l := range routeLayers(c.h) {
-			if l.Concurrency && it.Layer == l.Name && it.Count != 0 {
+			if l.Algorithm == limit.Concurrency && it.Layer == l.Name && it.Count != 0 {
 				fail("the status page shows %s/%s with %d in flight", it.Layer, it.Key, it.Count)
 			}
 		}
@@ -989,7 +990,7 @@ func mxCheckCounts(c *mxCell, fault mxFault, fail func(string, ...interface{})) 
 				}
 				h.p.memory.Mu.Unlock()
 			}
-			if n := got[l.Name]; n > l.Points+c.row.over && !l.Concurrency {
+			if n := got[l.Name]; n > l.Points+c.row.over && l.Algorithm != limit.Concurrency {
 				fail("layer %s counts %d, over its %d points", l.Name, n, l.Points)
 			}
 		}

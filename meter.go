@@ -162,7 +162,7 @@ func reserveFor(rt *route, pc *charge, t *tally) reservation {
 	r := reservation{rt: rt, key: pc.Keys[0], client: pc.Client, held: rt.reserve}
 	atomic.AddInt64(&rt.layer.Stats.Reserved, 1)
 
-	if rt.layer.Interval == 0 {
+	if rt.layer.Algorithm != algTokenBucket {
 		r.reset = t.Reset
 	}
 

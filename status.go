@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tierlimit/tierlimit/answer"
+	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/redisstore"
@@ -268,20 +269,11 @@ func (p *Plugin) statusLayers(tracked []int) []statusLayer {
 		allowed, refused := p.memory.Totals(l.Stats)
 
 		sl := statusLayer{
-			Name: l.Name, Points: l.Points, Duration: time.Duration(l.Duration).String(), Algorithm: "fixed",
+			Name: l.Name, Points: l.Points, Duration: time.Duration(l.Duration).String(), Algorithm: config.AlgorithmName(l.Algorithm),
 			TrackedKeys: tracked[i], Allowed: allowed, Refused: refused,
 		}
 
-		if l.Sliding {
-			sl.Algorithm = "sliding"
-		}
-
-		if l.Concurrency {
-			sl.Algorithm = "concurrency"
-		}
-
-		if l.Interval != 0 {
-			sl.Algorithm = "tokenbucket"
+		if l.Algorithm == algTokenBucket {
 			sl.Points = l.Refill
 			sl.Burst = l.Points
 		}
@@ -354,25 +346,25 @@ func (p *Plugin) liveKeys(now int64, limitedOnly bool, prefix string) ([]liveKey
 		m := s.Maps[l.Name]
 		tracked[i] = len(m)
 
-		if l.Sliding {
+		if l.Algorithm == algSliding {
 			out = appendSliding(out, i, l, m, f)
 			continue
 		}
 
-		if l.Interval != 0 {
+		if l.Algorithm == algTokenBucket {
 			out = appendBucket(out, i, l, m, f)
 			continue
 		}
 
-		if l.Concurrency {
+		if l.Algorithm == algConcurrency {
 			out = appendHeld(out, i, l, m, f) // inflight.go
 			continue
 		}
 
 		for key, w := range m {
-			if w.Reset > now && w.List == l.List && (!limitedOnly || w.Count >= l.Points) &&
+			if w.Reset > now && w.List == l.List && (!limitedOnly || limit.Full(w.Count, l.Points)) &&
 				(prefix == "" || strings.HasPrefix(key, prefix)) {
-				out = append(out, liveKey{layer: i, key: key, count: w.Count, reset: w.Reset, limited: w.Count >= l.Points, refused: w.Refused})
+				out = append(out, liveKey{layer: i, key: key, count: w.Count, reset: w.Reset, limited: limit.Full(w.Count, l.Points), refused: w.Refused})
 			}
 		}
 	}
@@ -408,8 +400,8 @@ func appendSliding(out []liveKey, i int, l *layer, m map[string]*window, f *live
 		}
 
 		est := limit.SlidingCount(prev, count, 0, reset-now, l.Duration)
-		if est >= l.Points || !limitedOnly {
-			out = append(out, liveKey{layer: i, key: key, count: est, reset: reset, limited: est >= l.Points, refused: w.Refused})
+		if limit.Full(est, l.Points) || !limitedOnly {
+			out = append(out, liveKey{layer: i, key: key, count: est, reset: reset, limited: limit.Full(est, l.Points), refused: w.Refused})
 		}
 	}
 
@@ -551,7 +543,7 @@ func appendBucket(out []liveKey, i int, l *layer, m map[string]*window, f *liveF
 		}
 
 		_, used := limit.BucketTake(w.Reset, now, 0, l.Points, l.Interval)
-		limited := used >= l.Points
+		limited := limit.Full(used, l.Points)
 		if limited || !limitedOnly {
 			out = append(out, liveKey{layer: i, key: key, count: used, reset: w.Reset, limited: limited, refused: w.Refused})
 		}

@@ -3,6 +3,8 @@ package config
 import (
 	"strconv"
 	"strings"
+
+	"github.com/tierlimit/tierlimit/limit"
 )
 
 // A concurrency layer (algorithm: concurrency) counts requests in flight:
@@ -31,7 +33,7 @@ import (
 // checkConcurrencyLayer checks what a concurrency layer cannot take of its
 // own section.
 func checkConcurrencyLayer(field string, lc LayerConfig, spec Rule) error {
-	if !spec.Concurrency || !spec.On() {
+	if spec.Algorithm != limit.Concurrency || !spec.On() {
 		return nil
 	}
 
@@ -50,7 +52,7 @@ func checkConcurrencyLayer(field string, lc LayerConfig, spec Rule) error {
 // elsewhere in the configuration.
 func checkConcurrency(s *Settings) error {
 	for _, l := range Rules(s) {
-		if l.On() && l.Concurrency && s.SyncInterval != 0 && s.Store == StoreRedis && !l.Memory {
+		if l.On() && l.Algorithm == limit.Concurrency && s.SyncInterval != 0 && s.Store == StoreRedis && !l.Memory {
 			return invalid("redis.syncInterval", s.SyncInterval.String(), "syncs fixed windows only, and layer "+strconv.Quote(l.Name)+` has algorithm "concurrency"; use syncInterval 0 (one script call per request) or store: memory on that layer`)
 		}
 	}
@@ -62,7 +64,7 @@ func checkConcurrency(s *Settings) error {
 	}
 
 	ip := s.Spec(LayerIP)
-	if ip.On() && ip.Concurrency && len(s.CredHeaders)+len(s.CredCookies)+len(s.CredQuery) > 0 {
+	if ip.On() && ip.Algorithm == limit.Concurrency && len(s.CredHeaders)+len(s.CredCookies)+len(s.CredQuery) > 0 {
 		return invalid("ip.algorithm", "concurrency", "cannot hold a slot for a credentialed request, whose ip charge is decided after the response (principal.credentialHeaders, credentialCookies, credentialQueryParams): use another algorithm on ip, or a route keyed by ip")
 	}
 
@@ -74,7 +76,7 @@ func checkConcurrency(s *Settings) error {
 func checkConcurrencyRoute(field string, rs Route) error {
 	names := []string{}
 	for _, l := range append([]Rule{rs.Rule}, rs.Plans...) {
-		if l.On() && l.Concurrency {
+		if l.On() && l.Algorithm == limit.Concurrency {
 			names = append(names, l.Name)
 		}
 	}

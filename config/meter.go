@@ -4,6 +4,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/usage"
 )
 
@@ -45,10 +46,7 @@ func parseRouteMeter(field string, rc RouteConfig, spec *Route) error {
 	}
 
 	for _, r := range append([]Rule{spec.Rule}, spec.Plans...) {
-		capacity := r.Points
-		if r.Bucket {
-			capacity = r.Burst
-		}
+		capacity := limit.Capacity(r.Algorithm, r.Points, r.Burst)
 
 		if r.On() && spec.Reserve > capacity {
 			return invalid(field+".reserve", spec.Reserve, "must be at most what "+r.Name+" holds (its points, a token bucket's burst): "+strconv.FormatInt(capacity, 10))

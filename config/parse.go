@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tierlimit/tierlimit/answer"
+	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/redisresp"
 	"github.com/tierlimit/tierlimit/request"
 	"github.com/tierlimit/tierlimit/usage"
@@ -62,19 +63,19 @@ type Settings struct {
 
 // Rule is a parsed layer. points == 0 means off.
 type Rule struct {
-	Name      string
-	Points    int64
-	Duration  time.Duration
-	Sliding   bool
-	Bucket    bool   // tokenbucket: points per duration into a bucket of burst
+	Name     string
+	Points   int64
+	Duration time.Duration
+	// Algorithm is how the rule counts (limit.Algorithm): a token bucket
+	// takes points per duration into a bucket of Burst; a concurrency rule
+	// holds points requests in flight at once, each slot held at most
+	// duration, its lease.
+	Algorithm limit.Algorithm
 	Burst     int64  // tokenbucket only
 	KeyHeader string // canonical header name when keyed by "header:<Name>"
 	KeyHost   bool   // keyed by the request's host
 	// block is how long a key the layer refused stays refused (0: none).
 	Block time.Duration
-	// Concurrency: points requests in flight at once, each slot held at
-	// most duration, its lease (concurrency.go).
-	Concurrency bool
 	// calendar (calDay, calWeek, calMonth; 0: none) aligns the windows to
 	// the calendar at utcOffset (nanoseconds east of UTC); duration is then
 	// the period's longest (calendarMax).
@@ -406,23 +407,18 @@ func parseLayer(field, name string, lc LayerConfig) (Rule, error) {
 		return Rule{}, err
 	}
 
-	switch strings.TrimSpace(lc.Algorithm) {
-	case "", "fixed":
-	case "sliding":
-		spec.Sliding = true
-	case "tokenbucket":
-		spec.Bucket = true
-	case "concurrency":
-		spec.Concurrency = true
-	default:
+	alg, ok := algorithmNamed(strings.TrimSpace(lc.Algorithm))
+	if !ok {
 		return Rule{}, invalid(field+".algorithm", lc.Algorithm, `must be "fixed", "sliding", "tokenbucket" or "concurrency"`)
 	}
+
+	spec.Algorithm = alg
 
 	if err := parseBurst(field, lc, &spec); err != nil {
 		return Rule{}, err
 	}
 
-	if spec.Calendar != 0 && (spec.Sliding || spec.Bucket) {
+	if spec.Calendar != 0 && (spec.Algorithm == limit.Sliding || spec.Algorithm == limit.TokenBucket) {
 		return Rule{}, invalid(field+".calendar", lc.Calendar, `takes algorithm "fixed" only, not `+strconv.Quote(lc.Algorithm))
 	}
 
@@ -463,7 +459,7 @@ func parseBurst(field string, lc LayerConfig, spec *Rule) error {
 		return invalid(field+".burst", lc.Burst, "must be >= 0 (0: the points)")
 	}
 
-	if !spec.Bucket {
+	if spec.Algorithm != limit.TokenBucket {
 		if lc.Burst != 0 {
 			return invalid(field+".burst", lc.Burst, `only algorithm "tokenbucket" takes a burst`)
 		}
@@ -667,10 +663,7 @@ func parseRouteCost(field string, rc RouteConfig, spec *Route) error {
 		spec.Cost = int64(rc.Cost)
 	}
 
-	capacity := spec.Points
-	if spec.Bucket {
-		capacity = spec.Burst
-	}
+	capacity := limit.Capacity(spec.Algorithm, spec.Points, spec.Burst)
 
 	if spec.On() && spec.Cost > capacity && rc.CostFrom == "" {
 		return invalid(field+".cost", rc.Cost, "must be at most what the route holds (its points, a token bucket's burst): "+strconv.FormatInt(capacity, 10))

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/request"
 )
 
@@ -159,10 +160,7 @@ func parseRoutePlans(field string, rc RouteConfig, spec *Route) error {
 			return invalid(pf+".points", rule.Points, "is ignored on a route with points 0 (off), which matches nothing: give the route points (a plan's points 0 means no limit for that plan)")
 		}
 
-		capacity := rule.Points
-		if rule.Bucket {
-			capacity = rule.Burst
-		}
+		capacity := limit.Capacity(rule.Algorithm, rule.Points, rule.Burst)
 
 		if rule.On() && spec.Cost > capacity && rc.CostFrom == "" {
 			return invalid(pf+".points", rule.Points, "holds less than the route's cost, "+strconv.FormatInt(spec.Cost, 10)+": no request could ever be served")

@@ -4,6 +4,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/tierlimit/tierlimit/limit"
 )
 
 // checkSync reads redis.syncInterval into s.syncInterval: a duration, with
@@ -40,9 +42,9 @@ func checkSync(raw string, s *Settings) error {
 
 		why := ""
 		switch {
-		case l.Sliding:
+		case l.Algorithm == limit.Sliding:
 			why = `algorithm "sliding"`
-		case l.Bucket:
+		case l.Algorithm == limit.TokenBucket:
 			why = `algorithm "tokenbucket"`
 		case l.Block != 0:
 			why = "a blockDuration"

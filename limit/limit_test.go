@@ -288,3 +288,49 @@ func TestSlidingWaitIsTheFirstAllowedMoment(t *testing.T) {
 		}
 	}
 }
+
+// Full is Fits of a cost of 1, negated, for every count around the points.
+func TestFullIsNoRoomForOne(t *testing.T) {
+	for count := int64(0); count <= 12; count++ {
+		if got, want := Full(count, 10), !Fits(count, 1, 10); got != want {
+			t.Errorf("Full(%d, 10) = %v, want %v", count, got, want)
+		}
+	}
+}
+
+func TestLeft(t *testing.T) {
+	for _, c := range []struct{ count, points, want int64 }{
+		{0, 10, 10},
+		{4, 10, 6},
+		{10, 10, 0},
+		{12, 10, -2}, // a dry-run window past its points
+	} {
+		if got := Left(c.count, c.points); got != c.want {
+			t.Errorf("Left(%d, %d) = %d, want %d", c.count, c.points, got, c.want)
+		}
+	}
+}
+
+// Over is the refusal a take reports: past the points, never at them.
+func TestOver(t *testing.T) {
+	for _, c := range []struct {
+		count, points int64
+		want          bool
+	}{
+		{9, 10, false},
+		{10, 10, false}, // exactly the points: allowed
+		{11, 10, true},
+	} {
+		if got := Over(c.count, c.points); got != c.want {
+			t.Errorf("Over(%d, %d) = %v, want %v", c.count, c.points, got, c.want)
+		}
+	}
+}
+
+// The headers show the first of equals: a later layer replaces it only
+// with fewer left.
+func TestFewerLeft(t *testing.T) {
+	if !FewerLeft(2, 3) || FewerLeft(3, 3) || FewerLeft(4, 3) {
+		t.Fatal("FewerLeft(2, 3), FewerLeft(3, 3), FewerLeft(4, 3): want true, false, false")
+	}
+}

@@ -1,6 +1,9 @@
 package memstore
 
-import "github.com/tierlimit/tierlimit/rule"
+import (
+	"github.com/tierlimit/tierlimit/limit"
+	"github.com/tierlimit/tierlimit/rule"
+)
 
 // This package names other packages' types and constants through these
 // aliases, not qualified: under Yaegi a function that names another
@@ -13,3 +16,7 @@ type layerStats = rule.Stats
 type tally = rule.Tally
 type window = rule.Window
 type windowList = rule.WindowList
+
+const algSliding = limit.Sliding
+const algTokenBucket = limit.TokenBucket
+const algConcurrency = limit.Concurrency

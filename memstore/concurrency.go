@@ -1,11 +1,6 @@
 package memstore
 
-import (
-	"strconv"
-
-	"github.com/tierlimit/tierlimit/limit"
-	"github.com/tierlimit/tierlimit/rule"
-)
+import "github.com/tierlimit/tierlimit/rule"
 
 // A concurrency layer counts requests in flight: a key's window holds its
 // slots (window.Slots), each one's lease end, the admission time plus the
@@ -14,62 +9,13 @@ import (
 // its release after the response (Release) removes the slot of its lease end,
 // and a slot whose request never ends (a hung request; in Redis, a replica
 // that died) frees itself when its lease does. The window's count is the
-// slots held, its reset the latest lease end, after which it expires.
+// slots held, its reset the latest lease end, after which it expires. A
+// request takes its slot in hold (take_gen.go, from ../paths.tmpl, where
+// limit.Full is written out).
 
 // RetryConcurrency is when a client refused by a concurrency layer should
 // try again, in nanoseconds: Retry-After: 1.
 const RetryConcurrency = 1000000000
-
-// hold takes a slot of the concurrency layer l for key under s.mu and
-// records it in t as layers[i]. It reports whether the layer refused, which
-// takes nothing, in dry run too.
-func hold(s *WindowStore, t *tally, i int, now int64, l *layer, key string) bool {
-	w := l.Entries[key]
-	if w == nil || w.List != l.List {
-		w = s.Restart(now, l, w, key)
-		w.Slots = nil
-	}
-
-	w.Taken = s.Takes
-
-	// Slots are in admission order: none has ended while the first runs.
-	if len(w.Slots) > 0 && w.Slots[0] <= now {
-		w.Slots = dropEnded(w.Slots, now)
-	}
-
-	held := int64(len(w.Slots))
-
-	if held >= l.Points {
-		l.Stats.Refused++
-		w.Refused++
-
-		first := !w.Logged
-		w.Logged = true
-		retry := now + RetryConcurrency
-		return rule.RefuseAs(t, i, l, held+1, retry, []string{strconv.FormatInt(limit.CeilSeconds(retry), 10)}, first)
-	}
-
-	end := now + l.Duration
-	w.Slots = append(w.Slots, end)
-	w.Count = held + 1
-	w.Logged = false
-
-	// The window lives as long as its last lease: at its list's tail, which
-	// stays ordered by expiry (every lease of the list is as long).
-	rule.Requeue(l.List, w)
-	w.Start = now
-	w.Reset = end
-	w.Expire = end
-	if secs := limit.CeilSeconds(end); w.ResetH == nil || secs != w.ResetSec {
-		w.ResetSec = secs
-		w.ResetH = []string{strconv.FormatInt(secs, 10)}
-	}
-
-	l.Stats.Allowed++
-	rule.Allow(t, i, l, w.Count, end, w.ResetH)
-
-	return false
-}
 
 // dropEnded is slots without those whose lease ended by now.
 func dropEnded(slots []int64, now int64) []int64 {
@@ -107,7 +53,7 @@ func Release(s *WindowStore, c *charge) {
 	s.Mu.Lock()
 
 	for i, l := range c.Layers {
-		if !l.Concurrency {
+		if l.Algorithm != algConcurrency {
 			continue
 		}
 

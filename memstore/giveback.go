@@ -22,7 +22,7 @@ func GiveBack(c *charge, n int, cost int64, skip uint64) {
 			continue
 		}
 
-		if l.Concurrency {
+		if l.Algorithm == algConcurrency {
 			releaseSlot(w, c.Now+l.Duration)
 			continue
 		}
@@ -35,7 +35,7 @@ func GiveBack(c *charge, n int, cost int64, skip uint64) {
 // bucket's TAT by cost emission intervals (a bucket whose TAT falls behind
 // the present is as full as one at the present).
 func unspend(w *window, l *layer, cost int64) {
-	if l.Interval != 0 {
+	if l.Algorithm == algTokenBucket {
 		w.Reset = limit.BucketReturn(w.Reset, cost, l.Interval)
 		w.Expire = w.Reset
 		w.Count -= cost
@@ -67,9 +67,9 @@ func Refund(s *WindowStore, c *charge, cost int64) {
 	s.Mu.Lock()
 
 	for i, l := range c.Layers {
-		if w := l.Entries[c.Keys[i]]; w != nil && l.Concurrency && w.List == l.List {
+		if w := l.Entries[c.Keys[i]]; w != nil && l.Algorithm == algConcurrency && w.List == l.List {
 			releaseSlot(w, c.Now+l.Duration)
-		} else if w != nil && !l.CheckOnly && w.List == l.List && (l.Interval != 0 || w.Reset > c.Now) {
+		} else if w != nil && !l.CheckOnly && w.List == l.List && (l.Algorithm == algTokenBucket || w.Reset > c.Now) {
 			unspend(w, l, cost)
 		}
 	}

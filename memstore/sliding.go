@@ -4,7 +4,6 @@ import (
 	"strconv"
 
 	"github.com/tierlimit/tierlimit/limit"
-	"github.com/tierlimit/tierlimit/rule"
 )
 
 // A sliding layer uses the sliding-window counter (../limit/sliding.go):
@@ -14,32 +13,9 @@ import (
 // points across a boundary, for one more counter per key. Unlike a fixed
 // window, a sliding layer counts only the requests it allows: a client that
 // keeps retrying above the limit would otherwise carry its refusals into
-// every following window and never be let through again.
-
-// slide charges cost points to a sliding layer l under s.mu and records it
-// in t as layers[i]. It reports whether the layer refused, which charges
-// nothing, in dry run too: a sliding window counts only what it allows.
-func (s *WindowStore) slide(t *tally, i int, now int64, l *layer, key string, cost int64) bool {
-	w := slidingAt(s, l, key, now)
-	left := w.Reset - now
-	est := limit.SlidingCount(w.PrevCount, w.Count, cost, left, l.Duration)
-
-	if est > l.Points {
-		l.Stats.Refused++
-		w.Refused++
-
-		first := !w.Logged
-		w.Logged = true
-		retry := now + limit.SlidingWait(w.PrevCount, w.Count, cost, l.Points, left, l.Duration)
-		return rule.RefuseAs(t, i, l, est, retry, []string{strconv.FormatInt(limit.CeilSeconds(retry), 10)}, first)
-	}
-
-	w.Count += cost
-	l.Stats.Allowed++
-	rule.Allow(t, i, l, est, w.Reset, w.ResetH)
-
-	return false
-}
+// every following window and never be let through again. A request is
+// charged in slide (take_gen.go, from ../paths.tmpl, where limit.Over is
+// written out).
 
 // slidingAt is key's sliding window in l at now: started when missing,
 // expired or of another algorithm, moved on when its window ended, held by

@@ -23,9 +23,9 @@ func Spend(s *WindowStore, c *charge, cost int64) {
 
 		switch {
 		case l.CheckOnly:
-		case l.Interval != 0:
+		case l.Algorithm == algTokenBucket:
 			spendBucket(s, l, key, now, cost)
-		case l.Sliding:
+		case l.Algorithm == algSliding:
 			slidingAt(s, l, key, now).Count += cost
 		default:
 			if w == nil || w.Reset <= now || w.List != l.List {

@@ -95,11 +95,11 @@ func (s *WindowStore) Attach(l *layer) {
 	l.Stats = s.stats[l.Name]
 
 	span := l.Duration
-	if l.Sliding {
+	if l.Algorithm == algSliding {
 		span = 2 * l.Duration
 	}
 
-	if l.Interval != 0 {
+	if l.Algorithm == algTokenBucket {
 		span = 0 // token buckets: ordered by last request (bucket.go)
 	}
 

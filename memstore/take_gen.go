@@ -2,6 +2,13 @@
 
 package memstore
 
+import (
+	"strconv"
+
+	"github.com/tierlimit/tierlimit/limit"
+	"github.com/tierlimit/tierlimit/rule"
+)
+
 // Take charges t.Cost points (at least 1) to each of c's layers in order,
 // under one lock so that the counts are exact under concurrency, each under
 // its key (c.Keys), and writes the outcome to t. All or nothing: a layer
@@ -19,7 +26,6 @@ func Take(s *WindowStore, t *tally, c *charge) {
 		cost = 1
 	}
 	now := c.Now
-	all := c.All
 
 	s.Mu.Lock()
 	s.Takes++
@@ -30,11 +36,11 @@ func Take(s *WindowStore, t *tally, c *charge) {
 		switch {
 		case l.CheckOnly:
 			refused = checkLayer(t, i, now, l, key, cost)
-		case l.Sliding:
-			refused = s.slide(t, i, now, l, key, cost)
-		case l.Interval != 0:
-			refused = s.drip(t, i, now, l, key, cost)
-		case l.Concurrency:
+		case l.Algorithm == algSliding:
+			refused = slide(s, t, i, now, l, key, cost)
+		case l.Algorithm == algTokenBucket:
+			refused = drip(s, t, i, now, l, key, cost)
+		case l.Algorithm == algConcurrency:
 			refused = hold(s, t, i, now, l, key)
 		default:
 			w := l.Entries[key]
@@ -43,9 +49,7 @@ func Take(s *WindowStore, t *tally, c *charge) {
 			} else {
 				w = s.Restart(now, l, w, key)
 			}
-			if w.Count+cost > l.Points {
-				refused = refuseFixed(t, i, l, w, cost, all)
-			} else {
+			if w.Count+cost <= l.Points {
 				w.Count += cost
 				l.Stats.Allowed++
 				if left := l.Points - w.Count; !t.Refused && !l.Quiet && (t.Shown < 0 || left < t.Left) {
@@ -55,14 +59,217 @@ func Take(s *WindowStore, t *tally, c *charge) {
 					t.ResetH = w.ResetH
 					t.Left = left
 				}
+			} else {
+				refused = refuseFixed(t, i, l, w, cost, c.All)
 			}
 		}
 
-		if refused && !all {
+		if refused && !c.All {
 			GiveBack(c, i, cost, t.Uncharged)
 			break
 		}
 	}
 
 	s.Mu.Unlock()
+}
+
+// checkLayer evaluates the check-only layer l under the store's lock for a
+// request of cost points, as Take would charge it, and records it in t as
+// layers[i]: a
+// refusal like any other, an allowance with the layer's count as it is
+// (nothing spent). It writes no count and makes no counter: only refusal
+// statistics, and a sliding window's move to its next window, which every
+// later charge would make the same.
+func checkLayer(t *tally, i int, now int64, l *layer, key string, cost int64) bool {
+	w := l.Entries[key]
+	if w != nil && w.List != l.List {
+		w = nil
+	}
+
+	switch {
+	case l.Algorithm == algSliding:
+		return checkSliding(t, i, now, l, w, cost)
+	case l.Algorithm == algTokenBucket:
+		return checkBucket(t, i, now, l, w, cost)
+	}
+
+	count := int64(0)
+	reset := now + l.Duration
+	var resetH []string
+
+	if w != nil && w.Reset > now {
+		count = w.Count
+		reset = w.Reset
+		resetH = w.ResetH
+	} else {
+		w = nil
+	}
+
+	if count+cost <= l.Points {
+		if resetH == nil {
+			resetH = []string{strconv.FormatInt(limit.CeilSeconds(reset), 10)}
+		}
+
+		rule.Allow(t, i, l, count, reset, resetH)
+
+		return false
+	}
+
+	return checkRefused(t, i, l, w, count+cost, reset, resetH)
+}
+
+// checkSliding is check for a sliding layer (slide's arithmetic).
+func checkSliding(t *tally, i int, now int64, l *layer, w *window, cost int64) bool {
+	if w == nil || w.Expire <= now {
+		reset := now + l.Duration
+		rule.Allow(t, i, l, 0, reset, []string{strconv.FormatInt(limit.CeilSeconds(reset), 10)})
+
+		return false
+	}
+
+	if w.Reset <= now {
+		rotate(w, l, now)
+	}
+
+	left := w.Reset - now
+	est := limit.SlidingCount(w.PrevCount, w.Count, cost, left, l.Duration)
+
+	if est > l.Points {
+		retry := now + limit.SlidingWait(w.PrevCount, w.Count, cost, l.Points, left, l.Duration)
+		return checkRefused(t, i, l, w, est, retry, []string{strconv.FormatInt(limit.CeilSeconds(retry), 10)})
+	}
+
+	rule.Allow(t, i, l, est-cost, w.Reset, w.ResetH)
+
+	return false
+}
+
+// checkBucket is check for a token bucket (drip's arithmetic). An allowed
+// take of cost tokens puts cost whole intervals on the TAT, so the tokens in
+// use without it are cost fewer than BucketTake's.
+func checkBucket(t *tally, i int, now int64, l *layer, w *window, cost int64) bool {
+	tat := now
+	if w != nil && w.Reset > now {
+		tat = w.Reset
+	}
+
+	retry, used := limit.BucketTake(tat, now, cost, l.Points, l.Interval)
+	if used > l.Points {
+		return checkRefused(t, i, l, w, used, retry, []string{strconv.FormatInt(limit.CeilSeconds(retry), 10)})
+	}
+
+	rule.Allow(t, i, l, used-cost, tat, []string{strconv.FormatInt(limit.CeilSeconds(tat), 10)})
+
+	return false
+}
+
+// slide charges cost points to a sliding layer l under s.mu and records it
+// in t as layers[i]. It reports whether the layer refused, which charges
+// nothing, in dry run too: a sliding window counts only what it allows.
+func slide(s *WindowStore, t *tally, i int, now int64, l *layer, key string, cost int64) bool {
+	w := slidingAt(s, l, key, now)
+	left := w.Reset - now
+	est := limit.SlidingCount(w.PrevCount, w.Count, cost, left, l.Duration)
+
+	if est > l.Points {
+		l.Stats.Refused++
+		w.Refused++
+
+		first := !w.Logged
+		w.Logged = true
+		retry := now + limit.SlidingWait(w.PrevCount, w.Count, cost, l.Points, left, l.Duration)
+		return rule.RefuseAs(t, i, l, est, retry, []string{strconv.FormatInt(limit.CeilSeconds(retry), 10)}, first)
+	}
+
+	w.Count += cost
+	l.Stats.Allowed++
+	rule.Allow(t, i, l, est, w.Reset, w.ResetH)
+
+	return false
+}
+
+// drip takes cost tokens from the token-bucket layer l under s.mu and
+// records it in t as layers[i]. It reports whether the layer refused, which
+// takes nothing, in dry run too (rate.Limiter.Allow does the same).
+func drip(s *WindowStore, t *tally, i int, now int64, l *layer, key string, cost int64) bool {
+	w := bucketAt(s, l, key, now)
+
+	tat, used := limit.BucketTake(w.Reset, now, cost, l.Points, l.Interval)
+	if used > l.Points {
+		l.Stats.Refused++
+		w.Refused++
+
+		first := !w.Logged
+		w.Logged = true
+		return rule.RefuseAs(t, i, l, used, tat, []string{strconv.FormatInt(limit.CeilSeconds(tat), 10)}, first)
+	}
+
+	w.Reset = tat
+	w.Expire = tat
+	w.Logged = false
+
+	// X-RateLimit-Reset changes with every request; it is formatted again
+	// only when its second does.
+	secs := limit.CeilSeconds(tat)
+	if w.ResetH == nil || w.ResetSec != secs {
+		w.ResetSec = secs
+		w.ResetH = []string{strconv.FormatInt(secs, 10)}
+	}
+
+	w.Count = used
+	l.Stats.Allowed++
+	rule.Allow(t, i, l, used, tat, w.ResetH)
+
+	return false
+}
+
+// hold takes a slot of the concurrency layer l for key under s.mu and
+// records it in t as layers[i]. It reports whether the layer refused, which
+// takes nothing, in dry run too.
+func hold(s *WindowStore, t *tally, i int, now int64, l *layer, key string) bool {
+	w := l.Entries[key]
+	if w == nil || w.List != l.List {
+		w = s.Restart(now, l, w, key)
+		w.Slots = nil
+	}
+
+	w.Taken = s.Takes
+
+	// Slots are in admission order: none has ended while the first runs.
+	if len(w.Slots) > 0 && w.Slots[0] <= now {
+		w.Slots = dropEnded(w.Slots, now)
+	}
+
+	held := int64(len(w.Slots))
+
+	if held >= l.Points {
+		l.Stats.Refused++
+		w.Refused++
+
+		first := !w.Logged
+		w.Logged = true
+		retry := now + RetryConcurrency
+		return rule.RefuseAs(t, i, l, held+1, retry, []string{strconv.FormatInt(limit.CeilSeconds(retry), 10)}, first)
+	}
+
+	end := now + l.Duration
+	w.Slots = append(w.Slots, end)
+	w.Count = held + 1
+	w.Logged = false
+
+	// The window lives as long as its last lease: at its list's tail, which
+	// stays ordered by expiry (every lease of the list is as long).
+	rule.Requeue(l.List, w)
+	w.Start = now
+	w.Reset = end
+	w.Expire = end
+	if secs := limit.CeilSeconds(end); w.ResetH == nil || secs != w.ResetSec {
+		w.ResetSec = secs
+		w.ResetH = []string{strconv.FormatInt(secs, 10)}
+	}
+
+	l.Stats.Allowed++
+	rule.Allow(t, i, l, w.Count, end, w.ResetH)
+
+	return false
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tierlimit/tierlimit/config"
+	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/rule"
 )
 
@@ -318,7 +319,7 @@ func TestEvictionSparesTheCountersOfTheRequest(t *testing.T) {
 // A sliding layer's counter is spared too.
 func TestEvictionSparesASlidingCounterOfTheRequest(t *testing.T) {
 	s := NewWindowStore(2)
-	global := newLayer(s, config.Rule{Name: "global", Points: 5, Duration: time.Minute, Sliding: true}, rule.KeyOfConst)
+	global := newLayer(s, config.Rule{Name: "global", Points: 5, Duration: time.Minute, Algorithm: limit.Sliding}, rule.KeyOfConst)
 	ip := testLayer(s, "ip", 50, time.Minute)
 
 	allowed := 0
@@ -339,8 +340,13 @@ func TestEvictionSparesASlidingCounterOfTheRequest(t *testing.T) {
 // through, a sliding one refuses most of the second.
 func TestSlidingRemovesTheBoundaryBurst(t *testing.T) {
 	for _, sliding := range []bool{false, true} {
+		alg := limit.Fixed
+		if sliding {
+			alg = limit.Sliding
+		}
+
 		s := NewWindowStore(100)
-		l := newLayer(s, config.Rule{Name: "ip", Points: 10, Duration: 10 * time.Second, Sliding: sliding}, rule.KeyOfClient)
+		l := newLayer(s, config.Rule{Name: "ip", Points: 10, Duration: 10 * time.Second, Algorithm: alg}, rule.KeyOfClient)
 		start := time.Unix(1000, 0).UnixNano()
 
 		burst := func(at int64, n int) (allowed int, last tally) {
@@ -402,7 +408,7 @@ func TestSlidingRemovesTheBoundaryBurst(t *testing.T) {
 // did not count, and no faster than the previous window's weight allows.
 func TestSlidingCountsOnlyAllowedRequests(t *testing.T) {
 	s := NewWindowStore(100)
-	l := newLayer(s, config.Rule{Name: "ip", Points: 5, Duration: time.Second, Sliding: true}, rule.KeyOfClient)
+	l := newLayer(s, config.Rule{Name: "ip", Points: 5, Duration: time.Second, Algorithm: limit.Sliding}, rule.KeyOfClient)
 	now := time.Unix(2000, 0).UnixNano()
 
 	var allowed []int // milliseconds after the first request
@@ -441,7 +447,7 @@ func TestSlidingCountsOnlyAllowedRequests(t *testing.T) {
 // its end, since it weighs on the next, and dropped after.
 func TestSlidingExpiresAfterTwoWindows(t *testing.T) {
 	s := NewWindowStore(100)
-	l := newLayer(s, config.Rule{Name: "ip", Points: 3, Duration: time.Second, Sliding: true}, rule.KeyOfClient)
+	l := newLayer(s, config.Rule{Name: "ip", Points: 3, Duration: time.Second, Algorithm: limit.Sliding}, rule.KeyOfClient)
 	f := newLayer(s, config.Rule{Name: "f", Points: 3, Duration: time.Second}, rule.KeyOfClient)
 	now := time.Unix(3000, 0).UnixNano()
 

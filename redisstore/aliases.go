@@ -5,6 +5,8 @@ import (
 	"github.com/tierlimit/tierlimit/lifetime"
 	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/rule"
+
+	"github.com/tierlimit/tierlimit/limit"
 )
 
 // This package names other packages' types and constants through these
@@ -30,3 +32,7 @@ const outageStale = events.OutageStale
 
 type redisEvent = events.RedisEvent
 type redisOutage = events.RedisOutage
+
+const algSliding = limit.Sliding
+const algTokenBucket = limit.TokenBucket
+const algConcurrency = limit.Concurrency

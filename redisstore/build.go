@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tierlimit/tierlimit/config"
+	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/redisresp"
 	"github.com/tierlimit/tierlimit/rule"
@@ -57,22 +58,20 @@ func New(ctx context.Context, cfg *config.Settings, name string, memory *memstor
 // bucket's rate, a block, the dry-run flag and a calendar's tail.
 func Encode(l *rule.Layer, spec config.Rule) {
 	rate := l.Refill
-	if spec.Bucket {
-		spec.Points = spec.Burst // a token bucket's points are its burst
-	}
+	spec.Points = limit.Capacity(spec.Algorithm, spec.Points, spec.Burst) // a token bucket's points are its burst
 
 	ms := int64(spec.Duration / time.Millisecond)
 	head := redisresp.Bulk(strconv.FormatInt(spec.Points, 10)) + redisresp.Bulk(strconv.FormatInt(ms, 10))
 	e := rule.RedisEncoding{RedisArgs: head + algoFixed + argNoRate, MaxTTL: ms}
 
 	switch {
-	case spec.Sliding:
+	case spec.Algorithm == limit.Sliding:
 		e.RedisArgs = head + algoSliding + argNoRate
 		e.MaxTTL = 2 * ms
-	case spec.Bucket:
+	case spec.Algorithm == limit.TokenBucket:
 		e.RedisArgs = head + algoBucket + redisresp.Bulk(strconv.FormatInt(rate, 10))
 		e.MaxTTL = (spec.Points*ms+rate-1)/rate + 1
-	case spec.Concurrency:
+	case spec.Algorithm == limit.Concurrency:
 		e = concurrencyEncoding(head, ms)
 	case spec.Calendar != 0:
 		// A calendar key names its period: the fourth argument, the

@@ -4,13 +4,14 @@ import (
 	"testing"
 
 	"github.com/tierlimit/tierlimit/config"
+	"github.com/tierlimit/tierlimit/limit"
 )
 
 // TestFlagArgs: the dry-run and check flags prefix the algorithm argument,
 // together as "cd" (takeScript).
 func TestFlagArgs(t *testing.T) {
 	l := &layer{}
-	Encode(l, config.Rule{Name: "x", Points: 12, Duration: 1500e6, Sliding: true, DryRun: true})
+	Encode(l, config.Rule{Name: "x", Points: 12, Duration: 1500e6, Algorithm: limit.Sliding, DryRun: true})
 	args := l.RedisArgs
 	if want := "$2\r\n12\r\n$4\r\n1500\r\n$2\r\nd1\r\n$1\r\n0\r\n"; args != want {
 		t.Fatalf("dry-run args %q, want %q", args, want)

@@ -96,22 +96,6 @@ func (s *RedisStore) refundOtherSlots(cl *redisresp.Cluster, c *charge, groups [
 	}
 }
 
-// slotRefused reports whether a slot's call refused the request (or failed,
-// which charged nothing either).
-func slotRefused(layers []*layer, g *slotGroup, r redisresp.Reply) bool {
-	if r.ServerErr != "" || len(r.Ints) < 2*len(g.Layers) {
-		return true
-	}
-
-	for j, li := range g.Layers {
-		if r.Ints[2*j] > layers[li].Points {
-			return true
-		}
-	}
-
-	return false
-}
-
 // refundCluster is refund's call on a Redis Cluster: one refundScript call
 // per slot.
 func (s *RedisStore) refundCluster(cl *redisresp.Cluster, c *charge, cost int64) error {
@@ -154,7 +138,7 @@ func slotGroups(c *charge, head string) []*slotGroup {
 			args = calendarArgs(l, now)
 		}
 
-		if l.Concurrency {
+		if l.Algorithm == algConcurrency {
 			args += redisresp.Bulk(leaseOf(c)) // concurrency.go
 		}
 
@@ -178,44 +162,4 @@ func slotGroups(c *charge, head string) []*slotGroup {
 	}
 
 	return groups
-}
-
-// mergeSlotReplies puts the replies of the per-slot calls back in layer
-// order, as one script call on a single server would have answered: count and
-// milliseconds to reset per layer, up to and including the first refusal in
-// evaluation order (layers of other slots that their own call charged after
-// it are left out, as a single server would not have charged them); a
-// dry-run layer's refusal refuses nothing. A server error of any call is the
-// outcome.
-func mergeSlotReplies(layers []*layer, groups []*slotGroup, replies []redisresp.Reply, all bool) ([]int64, string, error) {
-	answered := make([][2]int64, len(layers))
-	got := make([]bool, len(layers))
-
-	for i, g := range groups {
-		r := replies[i]
-		if r.ServerErr != "" {
-			return nil, r.ServerErr, nil
-		}
-
-		for j := 0; 2*j+1 < len(r.Ints) && j < len(g.Layers); j++ {
-			answered[g.Layers[j]] = [2]int64{r.Ints[2*j], r.Ints[2*j+1]}
-			got[g.Layers[j]] = true
-		}
-	}
-
-	var ints []int64
-
-	for i, l := range layers {
-		if !got[i] {
-			break
-		}
-
-		ints = append(ints, answered[i][0], answered[i][1])
-
-		if answered[i][0] > l.Points && !all && !l.DryRun {
-			break
-		}
-	}
-
-	return ints, "", nil
 }

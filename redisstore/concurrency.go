@@ -45,7 +45,7 @@ func leaseOf(c *charge) string {
 // calendar layer's, whose window is its period's rest, or a concurrency
 // layer's, which ends with the request's member.
 func variedCall(l *layer, keys, args string, c *charge, i int) (string, string) {
-	if !l.Concurrency {
+	if l.Algorithm != algConcurrency {
 		return calendarCall(l, keys, args, c.Keys[i], c.Now)
 	}
 
@@ -83,9 +83,11 @@ func oweRelease(s *RedisStore, c *charge) {
 // counted in Redis.
 func anyRedisSlot(c *charge) bool {
 	for _, l := range c.Layers {
-		if l.Concurrency && !l.Memory {
-			return true
+		if l.Algorithm != algConcurrency || l.Memory {
+			continue
 		}
+
+		return true
 	}
 
 	return false
@@ -100,7 +102,7 @@ func releaseInRedis(s *RedisStore, c *charge) error {
 	var calls []redisresp.ClusterCall
 
 	for i, l := range c.Layers {
-		if !l.Concurrency || l.Memory {
+		if l.Algorithm != algConcurrency || l.Memory {
 			continue
 		}
 

@@ -39,7 +39,7 @@ func Remember(s *windowStore, l *layer, key string, count, reset, now int64) []s
 	w.Taken = s.Takes
 
 	w.Expire = reset
-	if l.Sliding {
+	if l.Algorithm == algSliding {
 		w.PrevCount = 0
 		w.Start = reset - l.Duration
 		w.Expire = w.Start + l.List.Span
@@ -63,7 +63,7 @@ func rememberAll(s *windowStore, c *charge, ints []int64) {
 	now := c.Now
 	for i := 0; 2*i+1 < len(ints) && i < len(c.Layers); i++ {
 		l := c.Layers[i]
-		if l.Concurrency {
+		if l.Algorithm == algConcurrency {
 			if ints[2*i] <= l.Points {
 				memstore.Mirror(s, l, c.Keys[i], now) // concurrency.go
 			}
@@ -81,5 +81,5 @@ func rememberAll(s *windowStore, c *charge, ints []int64) {
 // its points: a dry-run fixed window does (TakeScript); a sliding window or
 // a token bucket then reports what it would hold, not what it does.
 func heldPast(l *layer) bool {
-	return l.DryRun && !l.Sliding && l.Interval == 0
+	return l.DryRun && l.Algorithm != algSliding && l.Algorithm != algTokenBucket
 }

@@ -74,7 +74,7 @@ func applyAsks(asks []LeaseAsk, replies []int64) {
 		c.Remote = replies[2*i+1]
 		c.Inflight -= a.add
 		c.Back -= a.back
-		c.Full = c.Full && Counted(c) >= c.points
+		c.Full = c.Full && limit.Full(Counted(c), c.points)
 	}
 }
 

@@ -65,7 +65,7 @@ func oweCharged(s *RedisStore, t *tally, c *charge) {
 
 	o.Mu.Lock()
 	for i, l := range c.Layers {
-		if l.CheckOnly || l.Concurrency || t.Uncharged&(uint64(1)<<uint(i)) != 0 {
+		if l.CheckOnly || l.Algorithm == algConcurrency || t.Uncharged&(uint64(1)<<uint(i)) != 0 {
 			continue
 		}
 
@@ -203,7 +203,7 @@ func oweReplaced(s *RedisStore, unpaid map[OwedKey]owedDebt) {
 // creates the key with when Redis lost it.
 func payDebt(s *RedisStore, k OwedKey, d owedDebt) error {
 	ttl := int64(0)
-	if k.L.Interval == 0 {
+	if k.L.Algorithm != algTokenBucket {
 		ttl = windowLeft(s.Local, k.L, k.Key, s.Clock().UnixNano())
 	}
 

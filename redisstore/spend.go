@@ -46,7 +46,7 @@ func Spend(s *RedisStore, c *charge, cost int64) {
 func spendOnRedis(s *RedisStore, c *charge, cost int64) error {
 	for i, l := range c.Layers {
 		ttl := int64(0)
-		if l.Interval == 0 {
+		if l.Algorithm != algTokenBucket {
 			ttl = l.Duration / NsPerMillisecond
 		}
 

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"sync/atomic"
 	"time"
 
 	"github.com/tierlimit/tierlimit/limit"
@@ -120,7 +119,7 @@ func (s *RedisStore) TakeBlocked(t *tally, c *charge) bool {
 	costly := t.Cost > 1
 
 	for i, l := range c.Layers {
-		if costly && t.Cost > l.MinCost && (l.Sliding || l.Interval != 0) && l.BlockDuration == 0 {
+		if costly && t.Cost > l.MinCost && l.BlockDuration == 0 && limit.Gradual(l.Algorithm) {
 			continue
 		}
 
@@ -281,69 +280,6 @@ func refundOnRedis(s *RedisStore, c *charge, cost int64) error {
 	return err
 }
 
-// Record writes the script's reply (count and milliseconds to reset per
-// layer evaluated) to t, and checks it: on an error, t is to be discarded.
-func Record(s *RedisStore, t *tally, c *charge, ints []int64) error {
-	layers, now, all, n := c.Layers, c.Now, c.All, len(ints)/2
-	if len(ints)%2 != 0 || n == 0 || n > len(layers) {
-		return fmt.Errorf("%w: %d integers for %d layers", ErrBadReply, len(ints), len(layers))
-	}
-
-	t.Shown = -1
-
-	for i := 0; i < n; i++ {
-		l, count, ttl := layers[i], ints[2*i], ints[2*i+1]
-
-		// A check-only layer that allows reports the count without the
-		// request, which may be 0.
-		if count < 1 && (count < 0 || !l.CheckOnly) || ttl < 0 || ttl > l.MaxTTL {
-			return fmt.Errorf("%w: count %d, ttl %d", ErrBadReply, count, ttl)
-		}
-
-		reset := now + ttl*int64(time.Millisecond)
-
-		if count > l.Points {
-			if s.refused(t, c, i, count, reset) && !all && i < n-1 {
-				return fmt.Errorf("%w: layers answered after a refusal", ErrBadReply)
-			}
-
-			continue
-		}
-
-		if !t.Refused && !l.Quiet && (t.Shown < 0 || l.Points-count < t.Left) { // as tally.allow
-			t.Shown, t.Count, t.Reset, t.Left = i, count, reset, l.Points-count
-		}
-	}
-
-	// The script stops only at a refusal; a shorter reply that does not end in
-	// one would let a request skip the layers it did not reach.
-	if n < len(layers) && (all || !t.Refused) {
-		return fmt.Errorf("%w: %d of %d layers answered", ErrBadReply, n, len(layers))
-	}
-
-	if !t.Refused {
-		t.ResetH = []string{strconv.FormatInt(limit.CeilSeconds(t.Reset), 10)}
-	}
-
-	for i := 0; i < n; i++ {
-		// A check-only layer counts as allowed what its later charge takes
-		// (../after.go).
-		if ints[2*i] > layers[i].Points {
-			atomic.AddInt64(&layers[i].Stats.RedisRefused, 1)
-		} else if !layers[i].CheckOnly {
-			atomic.AddInt64(&layers[i].Stats.RedisAllowed, 1)
-		}
-	}
-
-	// What Redis now holds, for the fallback (fallback.go); a refused
-	// request changed nothing there.
-	if !t.Refused || all {
-		rememberAll(s.Local, c, ints)
-	}
-
-	return nil
-}
-
 // refused records that layers[i] refused with count: the key is blocked
 // locally until reset, and the first refusal per window is reported. It
 // reports whether the request is refused, so that takeRedis can tell a
@@ -361,7 +297,7 @@ func (s *RedisStore) refused(t *tally, c *charge, i int, count, reset int64) boo
 	first := false
 	// A layer whose counts may fall blocks nothing: a concurrency slot may
 	// free at once, a costFrom route's settlement may give points back.
-	if !l.DryRun && !l.Concurrency && !l.Settles && (t.Cost <= 1 || t.Cost <= l.MinCost || l.BlockDuration != 0) {
+	if !l.DryRun && l.Algorithm != algConcurrency && !l.Settles && (t.Cost <= 1 || t.Cost <= l.MinCost || l.BlockDuration != 0) {
 		first = s.Blocked.Add(l.BlockPrefix, key, reset, now)
 		if first {
 			ListenResets(s)

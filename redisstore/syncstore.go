@@ -499,7 +499,7 @@ func decideSynced(t *tally, counters []*SyncCounter, ch *charge, cost int64, dow
 
 		first := !c.Logged
 		c.Logged = true
-		c.Full = !l.CheckOnly && count >= l.Points
+		c.Full = !l.CheckOnly && limit.Full(count, l.Points)
 
 		if rule.RefuseAs(t, i, l, count+cost, c.End, c.ResetH, first) {
 			c.Refused++

@@ -14,3 +14,40 @@ func Allow(t *Tally, i int, l *Layer, count, reset int64, resetH []string) {
 		t.Left = left
 	}
 }
+
+// MergeTally adds part, the tally of some of a request's layers (index[j]
+// is the place of its layer j among them), to t: as one take of every layer
+// would have reported it, the first refusing layer shown, else the one with
+// the fewest requests left (the first of equals).
+func MergeTally(t, part *Tally, index []int) {
+	for j, i := range index {
+		if part.Firsts&(uint64(1)<<uint(j)) != 0 {
+			t.Firsts |= uint64(1) << uint(i)
+		}
+
+		if part.Uncharged&(uint64(1)<<uint(j)) != 0 {
+			t.Uncharged |= uint64(1) << uint(i)
+		}
+	}
+
+	if part.Shown < 0 {
+		return
+	}
+
+	i := index[part.Shown]
+
+	take := t.Shown < 0
+	switch {
+	case take:
+	case part.Refused != t.Refused:
+		take = part.Refused
+	case !part.Refused && part.Left != t.Left:
+		take = part.Left < t.Left
+	default:
+		take = i < t.Shown
+	}
+
+	if take {
+		t.Shown, t.Count, t.Reset, t.ResetH, t.Left, t.Refused = i, part.Count, part.Reset, part.ResetH, part.Left, part.Refused
+	}
+}

@@ -30,8 +30,7 @@ func NewLayer(spec config.Rule, keyKind int) *Layer {
 			KeyKind:       keyKind,
 			ConstKey:      config.LayerGlobal,
 			KeyHeader:     spec.KeyHeader,
-			Sliding:       spec.Sliding,
-			Concurrency:   spec.Concurrency,
+			Algorithm:     spec.Algorithm,
 			BlockDuration: int64(spec.Block),
 			Calendar:      spec.Calendar,
 			UtcOffset:     spec.UtcOffset,
@@ -41,7 +40,7 @@ func NewLayer(spec config.Rule, keyKind int) *Layer {
 	}
 
 	// A token bucket's points become its burst (memstore/bucket.go).
-	if spec.Bucket {
+	if spec.Algorithm == limit.TokenBucket {
 		spec = makeBucket(l, spec)
 	}
 
@@ -72,7 +71,7 @@ func makeBucket(l *Layer, spec config.Rule) config.Rule {
 func newHeaderTable(spec config.Rule, interval int64) HeaderTable {
 	points := strconv.FormatInt(spec.Points, 10)
 	window := int64(spec.Duration)
-	if spec.Bucket {
+	if spec.Algorithm == limit.TokenBucket {
 		window = spec.Points * interval
 	}
 
@@ -95,7 +94,7 @@ func newHeaderTable(spec config.Rule, interval int64) HeaderTable {
 // policyUnit is what RateLimit-Policy adds for a layer's quota unit: a
 // concurrency layer counts requests in flight.
 func policyUnit(spec config.Rule) string {
-	if spec.Concurrency {
+	if spec.Algorithm == limit.Concurrency {
 		return `;qu="concurrent-requests"`
 	}
 

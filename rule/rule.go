@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 
 	"github.com/tierlimit/tierlimit/answer"
+	"github.com/tierlimit/tierlimit/limit"
 )
 
 // How a layer finds its key in a request.
@@ -39,14 +40,15 @@ type Limits struct {
 	KeyKind   int
 	ConstKey  string
 	KeyHeader string // canonical, for keyOfHeader
-	Sliding   bool   // sliding-window counter instead of a fixed window
-	Interval  int64  // token bucket: nanoseconds per point (../limit/bucket.go); 0 for a window
-	Refill    int64  // token bucket: the points per duration configured; points is then the burst
-	// Concurrency marks a concurrency layer: points requests in flight per
-	// key, each slot held until its request ends or for Duration at most,
-	// its lease (../memstore/concurrency.go). A request holds one slot
-	// whatever its cost.
-	Concurrency bool
+	// Algorithm is how the layer counts, and so what Points is
+	// (limit.Algorithm): a window's points, a token bucket's burst, a
+	// concurrency layer's slots (requests in flight per key, each slot held
+	// until its request ends or for Duration at most, its lease:
+	// ../memstore/concurrency.go; a request holds one slot whatever its
+	// cost).
+	Algorithm limit.Algorithm
+	Interval  int64 // token bucket: nanoseconds per point (../limit/bucket.go); 0 for a window
+	Refill    int64 // token bucket: the points per duration configured; Points is then the burst
 	// MinCost is the smallest cost a request charged to the layer can have:
 	// a route's cost (a request is charged the largest cost of its routes),
 	// 1 elsewhere (0 reads as 1). The Redis block list blocks only what
@@ -310,7 +312,7 @@ func RefuseAs(t *Tally, i int, l *Layer, count, reset int64, resetH []string, fi
 		t.Firsts |= uint64(1) << uint(i)
 	}
 
-	if l.Sliding || l.Interval != 0 || l.Concurrency {
+	if l.Algorithm != algFixed {
 		t.Uncharged |= uint64(1) << uint(i)
 	}
 
@@ -360,43 +362,6 @@ type MonthPolicy struct {
 	Start int64
 	End   int64
 	Hdr   []string
-}
-
-// MergeTally adds part, the tally of some of a request's layers (index[j]
-// is the place of its layer j among them), to t: as one take of every layer
-// would have reported it, the first refusing layer shown, else the one with
-// the fewest requests left (the first of equals).
-func MergeTally(t, part *Tally, index []int) {
-	for j, i := range index {
-		if part.Firsts&(uint64(1)<<uint(j)) != 0 {
-			t.Firsts |= uint64(1) << uint(i)
-		}
-
-		if part.Uncharged&(uint64(1)<<uint(j)) != 0 {
-			t.Uncharged |= uint64(1) << uint(i)
-		}
-	}
-
-	if part.Shown < 0 {
-		return
-	}
-
-	i := index[part.Shown]
-
-	take := t.Shown < 0
-	switch {
-	case take:
-	case part.Refused != t.Refused:
-		take = part.Refused
-	case !part.Refused && part.Left != t.Left:
-		take = part.Left < t.Left
-	default:
-		take = i < t.Shown
-	}
-
-	if take {
-		t.Shown, t.Count, t.Reset, t.ResetH, t.Left, t.Refused = i, part.Count, part.Reset, part.ResetH, part.Left, part.Refused
-	}
 }
 
 // CostOf is the points a tally's request spends in each layer: its cost,

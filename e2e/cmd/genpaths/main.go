@@ -1,5 +1,6 @@
 // Command genpaths writes the plugin's request path, paths_gen.go and the files after its
-// fileMarker lines (memstore/take_gen.go, rule/allow_gen.go), from its
+// fileMarker lines (memstore/take_gen.go, rule/allow_gen.go,
+// redisstore/reply_gen.go), from its
 // template, paths.tmpl (both in the plugin's root). The template holds each
 // piece of the decision once; the generated file writes them out in every
 // path that needs them, since under Yaegi a call costs the callee's whole
@@ -125,7 +126,13 @@ func expand(tmplPath string) ([]byte, error) {
 		return nil, fmt.Errorf("reading the template: %w", err)
 	}
 
-	t, err := template.New(filepath.Base(tmplPath)).Option("missingkey=error").Funcs(template.FuncMap{"args": args}).Parse(string(src))
+	lim, err := readLimit(filepath.Join(filepath.Dir(tmplPath), "limit"))
+	if err != nil {
+		return nil, err
+	}
+
+	funcs := template.FuncMap{"args": args, "inline": lim.inline}
+	t, err := template.New(filepath.Base(tmplPath)).Option("missingkey=error").Funcs(funcs).Parse(string(src))
 	if err != nil {
 		return nil, fmt.Errorf("parsing the template: %w", err)
 	}
