@@ -3,8 +3,6 @@ package redisstore
 import (
 	"strconv"
 
-	"github.com/tierlimit/tierlimit/memstore"
-
 	"github.com/tierlimit/tierlimit/limit"
 )
 
@@ -54,27 +52,6 @@ func Remember(s *windowStore, l *layer, key string, count, reset, now int64) []s
 	}
 
 	return w.ResetH
-}
-
-// rememberAll is remember for every layer of a request that Redis
-// allowed, or charged in a dry run: ints is the script's reply, validated
-// (Record), with each layer's count and milliseconds to reset.
-func rememberAll(s *windowStore, c *charge, ints []int64) {
-	now := c.Now
-	for i := 0; 2*i+1 < len(ints) && i < len(c.Layers); i++ {
-		l := c.Layers[i]
-		if l.Algorithm == algConcurrency {
-			if ints[2*i] <= l.Points {
-				memstore.Mirror(s, l, c.Keys[i], now) // concurrency.go
-			}
-
-			continue
-		}
-
-		if count := ints[2*i]; count <= l.Points || heldPast(l) {
-			Remember(s, l, c.Keys[i], count, now+ints[2*i+1]*NsPerMillisecond, now)
-		}
-	}
 }
 
 // heldPast reports whether Redis holds a request that layer l counts past

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tierlimit/tierlimit/limit"
+	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/redisresp"
 )
 
@@ -76,6 +77,27 @@ func Record(s *RedisStore, t *tally, c *charge, ints []int64) error {
 	}
 
 	return nil
+}
+
+// rememberAll is remember (fallback.go) for every layer of a request that
+// Redis allowed, or charged in a dry run: ints is the script's reply,
+// validated (Record), with each layer's count and milliseconds to reset.
+func rememberAll(s *memstore.WindowStore, c *charge, ints []int64) {
+	now := c.Now
+	for i := 0; 2*i+1 < len(ints) && i < len(c.Layers); i++ {
+		l, count := c.Layers[i], ints[2*i]
+		if l.Algorithm == algConcurrency {
+			if !(count > l.Points) {
+				memstore.Mirror(s, l, c.Keys[i], now) // concurrency.go
+			}
+
+			continue
+		}
+
+		if !(count > l.Points) || heldPast(l) {
+			Remember(s, l, c.Keys[i], count, now+ints[2*i+1]*NsPerMillisecond, now)
+		}
+	}
 }
 
 // slotRefused reports whether a slot's call refused the request (or failed,
