@@ -275,14 +275,10 @@ func unreported(p *Plugin, r *reservation, now int64) {
 // body is settled at once, before the client has its header.
 func startReading(w *watchWriter) {
 	h := w.rw.Header()
-	ct := ""
-	if v := h["Content-Type"]; len(v) > 0 {
-		ct = v[0]
-	}
 
 	for i := range w.reserved {
 		if src := w.reserved[i].rt.costFrom; src.Header == "" {
-			w.reserved[i].reader = usage.NewReader(*src, ct)
+			w.reserved[i].reader = usage.Open(src, h)
 			// Only a stream states a cost before it ends.
 			w.reserved[i].streams = usage.Streams(w.reserved[i].reader)
 		}
