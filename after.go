@@ -424,7 +424,7 @@ func serveCounted(p *Plugin, out http.ResponseWriter, req *http.Request, c *char
 	ww.principal = c.Principal
 	ww.cost = hits.cost
 	ww.reserved = hits.reserved
-	if hits.reserved != nil {
+	if hits.reserved != nil && req.Header["Accept-Encoding"] != nil {
 		// Only what the readers decode (meter.go).
 		usage.NarrowAcceptEncoding(req.Header)
 	}

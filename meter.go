@@ -241,20 +241,13 @@ func bodyCost(r *reservation) (int64, bool) {
 // headerCost is the cost header name states in h, else its trailer:
 // several copies are a list (usage.ParseHeaderValues).
 func headerCost(h http.Header, name string) (int64, bool) {
-	v := h[name]
-	if len(v) == 0 {
-		v = h[http.TrailerPrefix+name]
+	// The common case in a small frame, the others in HeaderCost's (doc.go:
+	// frames).
+	if v := h[name]; len(v) == 1 {
+		return usage.ParseHeaderValue(v[0])
 	}
 
-	if len(v) == 0 {
-		return 0, false
-	}
-
-	if len(v) > 1 {
-		return usage.ParseHeaderValues(v)
-	}
-
-	return usage.ParseHeaderValue(v[0])
+	return usage.HeaderCost(h, name)
 }
 
 // unreported counts a response that stated no cost, and writes an event

@@ -59,8 +59,11 @@ type Reader struct {
 	set    uint32
 	header http.Header
 
-	inner *Reader   // modeCompressed: the reader of the decoded body
-	z     *inflater // modeCompressed: its decoder
+	// modeCompressed: the *Reader of the decoded body, and its decoder.
+	// Neither type names the Reader: Yaegi cannot assign to a field of a
+	// type that refers to itself.
+	inner interface{}
+	z     *inflater
 }
 
 // The modes of a Reader.
@@ -147,7 +150,7 @@ func openOther(r *Reader, e *Expr, h http.Header) {
 		inner := *r
 		r.inner = &inner
 		r.mode = modeCompressed
-		r.z = &inflater{coding: coding, r: r}
+		r.z = &inflater{coding: coding}
 	}
 }
 

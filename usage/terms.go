@@ -25,7 +25,8 @@ func finishOther(r *Reader) {
 	switch r.mode {
 	case modeCompressed:
 		endInflate(r)
-		cost, ok := Result(r.inner)
+		inner, _ := r.inner.(*Reader)
+		cost, ok := Result(inner)
 		r.cost = cost
 		r.ok = ok
 
@@ -125,7 +126,7 @@ func evaluate(r *Reader) (int64, bool) {
 func termValue(r *Reader, i int, src Source) (int64, bool) {
 	switch {
 	case src.Header != "":
-		return headerValue(r.header, src.Header)
+		return HeaderCost(r.header, src.Header)
 	case src.LLM != llmNone:
 		return llmValue(r, src.LLM), r.set != 0
 	}
@@ -133,8 +134,9 @@ func termValue(r *Reader, i int, src Source) (int64, bool) {
 	return r.vals[i], r.stated&(uint32(1)<<uint(i)) != 0
 }
 
-// headerValue is the cost header name states in h, else its trailer.
-func headerValue(h http.Header, name string) (int64, bool) {
+// HeaderCost is the cost header name (canonical) states in h, else its
+// trailer: several copies are a list (ParseHeaderValues).
+func HeaderCost(h http.Header, name string) (int64, bool) {
 	v := h[name]
 	if len(v) == 0 {
 		v = h[http.TrailerPrefix+name]
