@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"runtime"
 	"strings"
 	"sync"
@@ -40,15 +41,22 @@ func compressed(enc encoder, next http.Handler) http.Handler {
 		}
 
 		rw.Header().Set("Content-Encoding", coding)
-		z := enc.open(rw)
-		next.ServeHTTP(&encodingWriter{ResponseWriter: rw, z: z}, req)
-		_ = z.Close()
+		w := &encodingWriter{ResponseWriter: rw}
+		w.z = enc.open(&w.out)
+		next.ServeHTTP(w, req)
+		_ = w.z.Close()
+		_, _ = rw.Write(w.out.Bytes())
 	})
 }
 
+// encodingWriter compresses each write and its compressor's flush (a data
+// block, then an empty one that makes a decoder hand the data on) into one
+// write of the connection, as a proxy reading them from the network would
+// (the compressor writes them apart).
 type encodingWriter struct {
 	http.ResponseWriter
-	z io.WriteCloser
+	z   io.WriteCloser
+	out bytes.Buffer
 }
 
 func (w *encodingWriter) Write(b []byte) (int, error) {
@@ -56,7 +64,12 @@ func (w *encodingWriter) Write(b []byte) (int, error) {
 	if f, ok := w.z.(interface{ Flush() error }); ok {
 		_ = f.Flush()
 	}
-	w.ResponseWriter.(http.Flusher).Flush()
+
+	_, _ = w.ResponseWriter.Write(w.out.Bytes())
+	w.out.Reset()
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
 
 	return n, err
 }
@@ -312,4 +325,67 @@ func TestAGzipBombStatesNoCostInBoundedMemory(t *testing.T) {
 	}
 }
 
-var _ = fmt.Sprint
+
+// decodedPrefix is what a gzip decoder makes of the first bytes of a body.
+func decodedPrefix(b []byte) string {
+	z, err := gzip.NewReader(bytes.NewReader(b))
+	if err != nil {
+		return ""
+	}
+
+	out, _ := io.ReadAll(z)
+
+	return string(out)
+}
+
+// A gzip-compressed stream's cost is charged once the event that states it
+// is decoded, before the client has the bytes that hold it, as a plain
+// stream's is (holdStated).
+func TestACompressedStreamIsChargedBeforeItsEventLeaves(t *testing.T) {
+	h := newHarness(t, meteredRoute("json:usage.total_tokens", 0))
+	h.backend = compressed(encoders[0], http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+		rw.Header().Set("Content-Type", "text/event-stream")
+		_, _ = rw.Write([]byte("data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n"))
+		_, _ = rw.Write([]byte("data: {\"usage\":{\"total_tokens\":400}}\n\n"))
+		_, _ = rw.Write([]byte("data: [DONE]\n\n"))
+	}))
+
+	var body []byte
+	var late []string
+	w := &watchCount{ResponseRecorder: httptest.NewRecorder()}
+	w.count = func() int64 { return h.counted("k1") }
+	wrapped := &bytesSeen{watchCount: w, seen: func(b []byte, n int64) {
+		body = append(body, b...)
+		if strings.Contains(decodedPrefix(body), "400") && n != 400 {
+			late = append(late, fmt.Sprintf("a write of %d bytes that completes the usage event found %d counted", len(b), n))
+		}
+	}}
+
+	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
+	req.Header.Set("X-Api-Key", "k1")
+	h.h.ServeHTTP(wrapped, req)
+
+	if len(late) > 0 || !strings.Contains(decodedPrefix(body), "[DONE]") {
+		t.Errorf("%v (the client decoded %q)", late, decodedPrefix(body))
+	}
+
+	if n := h.counted("k1"); n != 400 {
+		t.Errorf("k1 counts %d once the stream ended, want 400", n)
+	}
+}
+
+// bytesSeen hands each write's bytes, with the count its watchCount saw, to
+// seen.
+type bytesSeen struct {
+	*watchCount
+	seen func(b []byte, n int64)
+}
+
+func (w *bytesSeen) Write(b []byte) (int, error) {
+	n := w.count()
+	w.seen(b, n)
+
+	return w.ResponseRecorder.Write(b)
+}
+
+func (w *bytesSeen) Flush() {}
