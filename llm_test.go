@@ -325,7 +325,6 @@ func TestAGzipBombStatesNoCostInBoundedMemory(t *testing.T) {
 	}
 }
 
-
 // decodedPrefix is what a gzip decoder makes of the first bytes of a body.
 func decodedPrefix(b []byte) string {
 	z, err := gzip.NewReader(bytes.NewReader(b))
