@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/tierlimit/tierlimit/memstore"
+	"github.com/tierlimit/tierlimit/usage"
 )
 
 // In the recommended chain [edge, ForwardAuth, principal instance] the edge
@@ -423,6 +424,10 @@ func serveCounted(p *Plugin, out http.ResponseWriter, req *http.Request, c *char
 	ww.principal = c.Principal
 	ww.cost = hits.cost
 	ww.reserved = hits.reserved
+	if hits.reserved != nil && req.Header["Accept-Encoding"] != nil {
+		// Only what the readers decode (meter.go).
+		usage.NarrowAcceptEncoding(req.Header)
+	}
 
 	defer endCounted(ww)
 

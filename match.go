@@ -69,7 +69,7 @@ type route struct {
 	// costFrom is where the response states what a request cost the
 	// route's layer (nil: it charges cost up front), which holds reserve
 	// points for the request until then (meter.go).
-	costFrom *usage.Source
+	costFrom *usage.Expr
 	reserve  int64
 	// loud is the layer of a costFrom route in dry run beside rules that
 	// enforce (layer.Quiet), as its reservation's take charges it: the same

@@ -1,6 +1,7 @@
 package tierlimit
 
 import (
+	"compress/gzip"
 	"io"
 	"net/http"
 	"strconv"
@@ -140,6 +141,16 @@ func costScript(costs ...int64) []mxReq {
 	return s
 }
 
+// gzipScript is costScript with answers gzip-compressed, their usage
+// stated as an LLM's (mxBackend).
+func gzipScript(costs ...int64) []mxReq {
+	s := costScript(costs...)
+	for i := range s {
+		s[i].hdr = map[string]string{"X-Mx-Gzip": "1", "Accept-Encoding": "gzip, br"}
+	}
+	return s
+}
+
 var mxMinute = utc(2026, 6, 15, 10, 1, 0)
 
 func matrixRows() []mxRow {
@@ -175,6 +186,8 @@ func matrixRows() []mxRow {
 			script: costScript(2, 1, 3, 3, 2, 3, 3), charge: mxChargeStated(true, 3), end: mxMinute},
 		{name: "costFrom stream, no reserve", conf: mxRoutes(config.RouteConfig{Name: "rt", Points: 6, Duration: "60s", CostFrom: "json:usage.total_tokens"}),
 			script: costScript(2, 2, 1, 2, 1, 1), charge: mxChargeStated(false, 1), over: 1, end: mxMinute},
+		{name: "costFrom gzip stream, llm: sum", conf: mxRoutes(config.RouteConfig{Name: "rt", Points: 6, Duration: "60s", CostFrom: "llm:input + 2*llm:output"}),
+			script: gzipScript(2, 2, 1, 2, 1, 1), charge: mxChargeStated(false, 1), over: 1, end: mxMinute},
 		{name: "countStatus", conf: mxRoutes(config.RouteConfig{Name: "rt", Points: 2, Duration: "60s", CountStatus: []int{401}}),
 			script: status, charge: mxChargeStatus(401), end: mxMinute},
 		{name: "route plans", conf: with(mxRoutes(config.RouteConfig{Name: "rt", Key: "principal", Points: 3, Duration: "60s",
@@ -305,15 +318,40 @@ func (b *mxBackend) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	if status == 0 {
 		status = http.StatusOK
 	}
+
+	// A gzip answer (its request accepting only what the plugin reads)
+	// states its usage as an LLM's: input + 2*output = cost.
+	var out io.Writer = rw
+	if req.Header.Get("X-Mx-Gzip") == "1" && req.Header.Get("Accept-Encoding") == "gzip" {
+		rw.Header().Set("Content-Encoding", "gzip")
+		z := gzip.NewWriter(rw)
+		defer z.Close()
+		out = mxFlushing{z}
+		if cost >= 0 {
+			usage = `{"total_tokens":` + strconv.FormatInt(cost, 10) + `,"prompt_tokens":` + strconv.FormatInt(cost%2, 10) +
+				`,"completion_tokens":` + strconv.FormatInt(cost/2, 10) + `}`
+		}
+	}
+
 	rw.WriteHeader(status)
-	_, _ = rw.Write([]byte(`data: {"usage":` + usage + "}\n\n"))
+	_, _ = out.Write([]byte(`data: {"usage":` + usage + "}\n\n"))
 	http.NewResponseController(rw).Flush() //nolint:errcheck
 
 	if mode == "stream" && !arrive() {
 		return
 	}
 
-	_, _ = rw.Write([]byte("data: [DONE]\n\n"))
+	_, _ = out.Write([]byte("data: [DONE]\n\n"))
+}
+
+// mxFlushing flushes its compressor after each write: the event leaves
+// whole (net/http sends both when the handler flushes).
+type mxFlushing struct{ z *gzip.Writer }
+
+func (f mxFlushing) Write(b []byte) (int, error) {
+	n, err := f.z.Write(b)
+	_ = f.z.Flush()
+	return n, err
 }
 
 // mxSeeing records, between the plugin and the proxy, what the plugin saw
@@ -355,6 +393,9 @@ type mxWriter struct {
 	v      *mxSaw
 	buf    string
 	headed bool
+	// A gzip answer: its bytes so far, and how much of them decoded.
+	raw     []byte
+	decoded int
 }
 
 func (w *mxWriter) Header() http.Header { return w.rw.Header() }
@@ -374,7 +415,14 @@ func (w *mxWriter) WriteHeader(code int) {
 
 func (w *mxWriter) Write(b []byte) (int, error) {
 	w.WriteHeader(http.StatusOK)
-	w.buf += string(b)
+	if w.rw.Header().Get("Content-Encoding") == "gzip" {
+		w.raw = append(w.raw, b...)
+		text := decodedPrefix(w.raw)
+		w.buf += text[w.decoded:]
+		w.decoded = len(text)
+	} else {
+		w.buf += string(b)
+	}
 
 	for {
 		i := strings.Index(w.buf, "\n\n")
@@ -575,7 +623,13 @@ func matrixFaults() []mxFault {
 		return func(c *mxCell, q mxReq) {
 			o, hd := c.open(c.h, q, mode)
 			if hd.wait(c.t, o.ended) && mode == "stream" {
-				o.readUntil("\n\n") // the first event, with its stated cost
+				// The first event, with its stated cost; compressed, the end of
+				// the compressor's flush after it.
+				until := "\n\n"
+				if q.hdr["X-Mx-Gzip"] == "1" {
+					until = "\x00\x00\xff\xff"
+				}
+				o.readUntil(until)
 			}
 			o.hangUp()
 			o.wait()

@@ -241,20 +241,13 @@ func bodyCost(r *reservation) (int64, bool) {
 // headerCost is the cost header name states in h, else its trailer:
 // several copies are a list (usage.ParseHeaderValues).
 func headerCost(h http.Header, name string) (int64, bool) {
-	v := h[name]
-	if len(v) == 0 {
-		v = h[http.TrailerPrefix+name]
+	// The common case in a small frame, the others in HeaderCost's (doc.go:
+	// frames).
+	if v := h[name]; len(v) == 1 {
+		return usage.ParseHeaderValue(v[0])
 	}
 
-	if len(v) == 0 {
-		return 0, false
-	}
-
-	if len(v) > 1 {
-		return usage.ParseHeaderValues(v)
-	}
-
-	return usage.ParseHeaderValue(v[0])
+	return usage.HeaderCost(h, name)
 }
 
 // unreported counts a response that stated no cost, and writes an event
@@ -275,14 +268,10 @@ func unreported(p *Plugin, r *reservation, now int64) {
 // body is settled at once, before the client has its header.
 func startReading(w *watchWriter) {
 	h := w.rw.Header()
-	ct := ""
-	if v := h["Content-Type"]; len(v) > 0 {
-		ct = v[0]
-	}
 
 	for i := range w.reserved {
 		if src := w.reserved[i].rt.costFrom; src.Header == "" {
-			w.reserved[i].reader = usage.NewReader(*src, ct)
+			w.reserved[i].reader = usage.Open(src, h)
 			// Only a stream states a cost before it ends.
 			w.reserved[i].streams = usage.Streams(w.reserved[i].reader)
 		}

@@ -377,7 +377,12 @@ func TestCostFromConfiguration(t *testing.T) {
 	}{
 		{"json", route(func(r *config.RouteConfig) {}), ""},
 		{"header and reserve", route(func(r *config.RouteConfig) { r.CostFrom, r.Reserve = "header:X-Usage", 1000 }), ""},
-		{"bad source", route(func(r *config.RouteConfig) { r.CostFrom = "body:usage" }), `routes[0].costFrom = "body:usage": must start with "header:" or "json:"`},
+		{"bad source", route(func(r *config.RouteConfig) { r.CostFrom = "body:usage" }), `routes[0].costFrom = "body:usage": unknown source: must start with "llm:", "json:" or "header:"`},
+		{"a misspelt term of a sum", route(func(r *config.RouteConfig) { r.CostFrom = "llm:input + 4*llm:inptu" }), `routes[0].costFrom = "llm:input + 4*llm:inptu": the term "4*llm:inptu": unknown source`},
+		{"a weight with four decimals", route(func(r *config.RouteConfig) { r.CostFrom = "0.1255*llm:output" }), `routes[0].costFrom = "0.1255*llm:output": the weight "0.1255"`},
+		{"a sum", route(func(r *config.RouteConfig) {
+			r.CostFrom = "llm:input + 0.5*llm:cachedInput + 4*json:usage.x + header:X-Extra"
+		}), ""},
 		{"bad header", route(func(r *config.RouteConfig) { r.CostFrom = "header:X Usage" }), `routes[0].costFrom = "header:X Usage"`},
 		{"reserve past the points", route(func(r *config.RouteConfig) { r.Reserve = 1001 }), `routes[0].reserve = "1001"`},
 		{"reserve past a burst", route(func(r *config.RouteConfig) { r.Algorithm, r.Burst, r.Reserve = "tokenbucket", 100, 101 }), `routes[0].reserve = "101"`},

@@ -24,9 +24,16 @@ func parseRouteMeter(field string, rc RouteConfig, spec *Route) error {
 		return nil
 	}
 
-	src, err := usage.ParseSource(rc.CostFrom)
+	src, err := usage.ParseExpr(rc.CostFrom)
 	if err != nil {
-		why := strings.TrimPrefix(err.Error(), "costFrom "+strconv.Quote(rc.CostFrom)+": ")
+		// An expression of one term is named once; a term of a sum by itself.
+		why := err.Error()
+		if whole := "costFrom " + strconv.Quote(rc.CostFrom) + ": "; strings.HasPrefix(why, whole) {
+			why = why[len(whole):]
+		} else {
+			why = "the term " + strings.TrimPrefix(why, "costFrom ")
+		}
+
 		return invalid(field+".costFrom", rc.CostFrom, why)
 	}
 

@@ -103,7 +103,7 @@ type Route struct {
 	// CostFrom is where the response states what a request cost the
 	// route's own layer (costFrom; nil: the route charges Cost up front),
 	// which holds Reserve points for it until then.
-	CostFrom *usage.Source
+	CostFrom *usage.Expr
 	Reserve  int64
 	// Plans are the route's windows for principals on a plan, in plan
 	// order: each rule named <route>.<plan> (RoutePlanName).

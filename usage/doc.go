@@ -3,7 +3,7 @@
 // no net/http handler and no state shared between responses. It imports the
 // standard library and request (what an HTTP token is) only.
 //
-// ParseSource reads the two forms of a source: "header:<Name>", a header or
+// ParseSource reads the two forms of a single source: "header:<Name>", a header or
 // trailer whose value ParseHeaderValue reads, and "json:<dotted.path>"
 // (json:usage.total_tokens), a member of a JSON body or of the events of a
 // text/event-stream body, which a Reader reads from the body's chunks as
@@ -36,8 +36,16 @@
 // A body whose Content-Type is text/event-stream (parameters and case
 // aside) is read as events; any other body (application/json typically,
 // and a missing Content-Type) as one JSON value, which must be an object
-// holding the path. A body is read as the client receives it: a compressed
-// body (Content-Encoding gzip, br...) does not parse and states no cost.
+// holding the path. A body whose Content-Encoding is gzip or deflate is
+// decoded first (inflate.go), its bounds counted in decoded bytes; one in
+// another coding (br, zstd) states no cost, and NarrowAcceptEncoding keeps
+// a request from asking for one.
+//
+// # Expressions
+//
+// ParseExpr reads a costFrom that is a weighted sum of sources, the llm:
+// variables among them (expr.go, llm.go, terms.go), and Open makes the
+// Reader of one from a response's header.
 //
 // # Events
 //

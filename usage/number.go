@@ -7,6 +7,8 @@ import (
 
 // The bounds of a cost as a response states it.
 const (
+	// maxCost bounds a cost: it is below 10^18.
+	maxCost = 1000000000000000000
 	// maxDigits is the most significant digits of a cost: every cost is
 	// below 10^18, so it fits an int64 with room to add it to a count.
 	maxDigits = 18
@@ -33,13 +35,11 @@ const (
 func ParseHeaderValue(v string) (int64, bool) {
 	s := strings.Trim(v, " \t")
 
-	// The common case, digits alone, in one call of compiled code: with no
-	// sign and at most maxDigits digits, ParseInt takes nothing else.
-	if s != "" && len(s) <= maxDigits && s[0] >= '0' && s[0] <= '9' {
-		n, err := strconv.ParseInt(s, 10, 64)
-		if err == nil {
-			return n, true
-		}
+	// The common case, digits alone, in one call of compiled code: ParseUint
+	// takes digits alone (no sign, no underscore in base 10), leading zeros
+	// included.
+	if n, err := strconv.ParseUint(s, 10, 64); err == nil && n < maxCost && len(s) <= maxNumberBytes {
+		return int64(n), true
 	}
 
 	return parseOther(s)

@@ -3,6 +3,7 @@ package usage
 import (
 	"bytes"
 	"encoding/json"
+	"net/http"
 	"strings"
 )
 
@@ -22,6 +23,11 @@ const (
 // JSON body or MaxEventBytes of an event. Its zero value reads nothing:
 // make one with NewReader. One Reader reads one body, from one goroutine.
 type Reader struct {
+	// mode is how Feed reads: modePlain the body as it comes, one json: path
+	// alone or an expression (expr); modeSkip nothing; modeCompressed
+	// through a decoder into inner (inflate.go).
+	mode int
+	expr *Expr // an expression other than one json: path alone; nil: path
 	path []string
 	// quoted is the last segment in quotes: an event whose data holds it
 	// nowhere, nor a \u escape, cannot hold the path, and is skipped
@@ -43,7 +49,29 @@ type Reader struct {
 
 	cost int64
 	ok   bool
+
+	// An expression's: what each term's source stated last (by term; bit i
+	// of stated: term i was stated), the llm: fields (llm.go), and the
+	// response's header, read at the end.
+	vals   []int64
+	stated uint32
+	fields [nFields]int64
+	set    uint32
+	header http.Header
+
+	// modeCompressed: the *Reader of the decoded body, and its decoder.
+	// Neither type names the Reader: Yaegi cannot assign to a field of a
+	// type that refers to itself.
+	inner interface{}
+	z     *inflater
 }
+
+// The modes of a Reader.
+const (
+	modePlain = iota
+	modeSkip
+	modeCompressed
+)
 
 // The phases of a line of an event stream.
 const (
@@ -60,18 +88,81 @@ const (
 	eventStream = "text/event-stream"
 )
 
-// NewReader returns a Reader of the cost at src.Path in a body of the given
-// Content-Type: text/event-stream (parameters and case aside) is read as
-// events, anything else as one JSON value. A header source reads nothing
-// from the body: its Result is always (0, false).
+// NewReader returns a Reader of the cost at src (a json: path) in a body
+// of the given Content-Type: text/event-stream (parameters and case aside)
+// is read as events, anything else as one JSON value. A header source
+// reads nothing from the body: its Result is always (0, false). Open reads
+// an expression.
 func NewReader(src Source, contentType string) *Reader {
-	r := &Reader{path: src.Path, stream: isEventStream(contentType)}
+	if src.Header != "" {
+		return &Reader{mode: modeSkip}
+	}
 
-	if n := len(src.Path); n > 0 && !strings.ContainsAny(src.Path[n-1], "/\"\\\uFFFD") {
-		r.quoted = []byte(`"` + src.Path[n-1] + `"`)
+	e := Expr{Terms: []Term{{Weight: 1000, Source: src}}, Spec: src.Spec, path: src.Path}
+	e.needles = needlesOf(e.Terms)
+	if e.needles != nil {
+		e.quoted = e.needles[0]
+	}
+
+	return Open(&e, http.Header{"Content-Type": {contentType}})
+}
+
+// Open returns a Reader of the cost that e states in a response whose
+// header is h (which it keeps, for e's header: terms and the trailers
+// Result reads): its body is read as NewReader says, decoded first when
+// its Content-Encoding is gzip or deflate (inflate.go); a body in another
+// coding states nothing.
+func Open(e *Expr, h http.Header) *Reader {
+	ct := ""
+	if v := h["Content-Type"]; len(v) > 0 {
+		ct = v[0]
+	}
+
+	r := &Reader{path: e.path, quoted: e.quoted, stream: isEventStream(ct)}
+	if e.path == nil || h["Content-Encoding"] != nil {
+		openOther(r, e, h)
 	}
 
 	return r
+}
+
+// openOther is Open for a Reader other than one json: path alone read as
+// it comes: an expression's, or a compressed body's.
+func openOther(r *Reader, e *Expr, h http.Header) {
+	if e.path == nil {
+		r.expr = e
+		r.quoted = nil
+		r.vals = make([]int64, len(e.Terms))
+		r.header = h
+
+		if !readsBody(e) {
+			r.mode = modeSkip
+			return
+		}
+	}
+
+	coding := readableCoding(h["Content-Encoding"])
+	switch coding {
+	case codingIdentity:
+	case codingNone:
+		r.mode = modeSkip
+	default:
+		inner := *r
+		r.inner = &inner
+		r.mode = modeCompressed
+		r.z = &inflater{coding: coding}
+	}
+}
+
+// readsBody reports whether some term of e reads the body.
+func readsBody(e *Expr) bool {
+	for _, t := range e.Terms {
+		if t.Source.Header == "" {
+			return true
+		}
+	}
+
+	return false
 }
 
 func isEventStream(contentType string) bool {
@@ -87,7 +178,11 @@ func isEventStream(contentType string) bool {
 // the result does not depend on where. Feed keeps no reference to b. After
 // Result, Feed does nothing.
 func Feed(r *Reader, b []byte) {
-	if r.done || len(r.path) == 0 {
+	if r.done || r.mode != modePlain {
+		if !r.done && r.mode == modeCompressed {
+			feedCompressed(r, b)
+		}
+
 		return
 	}
 
@@ -138,7 +233,8 @@ func Stated(r *Reader) (int64, bool) {
 }
 
 func finish(r *Reader) {
-	if len(r.path) == 0 {
+	if r.mode != modePlain || r.expr != nil {
+		finishOther(r)
 		return
 	}
 

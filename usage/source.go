@@ -21,6 +21,9 @@ type Source struct {
 	// Path is the object members leading to the cost, outermost first, for
 	// "json:<dotted.path>".
 	Path []string
+	// LLM is an llm: variable (llmInput...), in an expression only
+	// (ParseExpr); 0 otherwise.
+	LLM int
 	// Spec is the source as written, which events name.
 	Spec string
 }

@@ -169,8 +169,9 @@ func endEvent(r *Reader) {
 	// Most events of a stream lack the path's last segment in quotes and
 	// skip the decoding, unless a \u escape could hide it (NewReader: quoted).
 	if r.dataLines > 0 && !r.over && (r.quoted == nil || bytes.Contains(r.buf, r.quoted) || bytes.Contains(r.buf, unicodeEscape)) {
-		cost, ok := lookup(r.buf, r.path)
-		if ok {
+		if r.expr != nil {
+			eventTerms(r)
+		} else if cost, ok := lookup(r.buf, r.path); ok {
 			r.cost = cost
 			r.ok = true
 		}

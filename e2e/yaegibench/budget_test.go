@@ -1,6 +1,8 @@
 package yaegibench
 
 import (
+	"bytes"
+	"compress/gzip"
 	"net/http"
 	"strconv"
 	"strings"
@@ -17,29 +19,41 @@ import (
 // commit. Windows last an hour and every key is warmed first, so the
 // measured requests start no window.
 var budgets = map[string]float64{
-	"edge allowed":            214,
-	"edge with a status page": 230,
-	"edge forwarded":          251,
-	"edge forwarded refused":  275,
-	"edge refused":            238,
-	"edge busy peers":         214,
-	"edge busy peers refused": 238,
-	"principal":               246,
-	"principal with plans":    259,
-	"chain edge anonymous":    281,
-	"chain edge credentialed": 278,
-	"costed route":            352,
-	"countStatus route":       427,
-	"costFrom header route":   1177,
-	"costFrom json route":     1610,
-	"redis, global in memory": 541,
-	"redis allowed":           454,
-	"redis refused":           240,
-	"redis synced allowed":    214,
-	"redis synced refused":    250,
-	"concurrency allowed":     616,  // the general path, a slot taken and given back (memstore/concurrency.go)
-	"concurrency on redis":    2190, // the script call and the release, a second call
+	"edge allowed":             214,
+	"edge with a status page":  230,
+	"edge forwarded":           251,
+	"edge forwarded refused":   275,
+	"edge refused":             238,
+	"edge busy peers":          214,
+	"edge busy peers refused":  238,
+	"principal":                246,
+	"principal with plans":     259,
+	"chain edge anonymous":     281,
+	"chain edge credentialed":  278,
+	"costed route":             352,
+	"countStatus route":        427,
+	"costFrom header route":    1175,
+	"costFrom json route":      1590,
+	"costFrom gzip json route": 2000, // the body decoded by a goroutine of its own (usage/inflate.go)
+	"costFrom llm sum route":   2030, // each level of the usage decoded into its raw members (usage/llm.go)
+	"redis, global in memory":  541,
+	"redis allowed":            454,
+	"redis refused":            240,
+	"redis synced allowed":     214,
+	"redis synced refused":     250,
+	"concurrency allowed":      616,  // the general path, a slot taken and given back (memstore/concurrency.go)
+	"concurrency on redis":     2190, // the script call and the release, a second call
 }
+
+// gzipUsage is the JSON body of the costFrom json route, gzip-compressed.
+var gzipUsage = func() []byte {
+	var b bytes.Buffer
+	z := gzip.NewWriter(&b)
+	_, _ = z.Write([]byte(`{"id":"x","usage":{"prompt_tokens":4,"total_tokens":10}}`))
+	_ = z.Close()
+
+	return b.Bytes()
+}()
 
 // longEdge is the edge of edgeConfig with hour-long windows.
 func longEdge() map[string]any {
@@ -157,6 +171,15 @@ func TestAllocationBudgets(t *testing.T) {
 		{"costFrom json route", "json:usage.total_tokens", func(rw http.ResponseWriter, _ *http.Request) {
 			rw.Header()["Content-Type"] = []string{"application/json"}
 			_, _ = rw.Write([]byte(`{"id":"x","usage":{"prompt_tokens":4,"total_tokens":10}}`))
+		}},
+		{"costFrom gzip json route", "json:usage.total_tokens", func(rw http.ResponseWriter, _ *http.Request) {
+			rw.Header()["Content-Type"] = []string{"application/json"}
+			rw.Header()["Content-Encoding"] = []string{"gzip"}
+			_, _ = rw.Write(gzipUsage)
+		}},
+		{"costFrom llm sum route", "llm:input + 4*llm:output", func(rw http.ResponseWriter, _ *http.Request) {
+			rw.Header()["Content-Type"] = []string{"application/json"}
+			_, _ = rw.Write([]byte(`{"id":"x","usage":{"prompt_tokens":4,"completion_tokens":6,"total_tokens":10}}`))
 		}},
 	} {
 		metered := longEdge()
