@@ -270,9 +270,15 @@ func TestTokenBucketStatus(t *testing.T) {
 	rec := h.get("/_status", "192.0.2.1:1")
 
 	var doc struct {
-		Layers []statusLayer `json:"layers"`
-		Keys   struct {
-			Items []statusKey `json:"items"`
+		Layers []struct {
+			Algorithm string `json:"algorithm"`
+			Points    int64  `json:"points"`
+			Burst     int64  `json:"burst"`
+			Allowed   int64  `json:"allowed"`
+			Refused   int64  `json:"refused"`
+		} `json:"layers"`
+		Keys struct {
+			Items []keyItem `json:"items"`
 		} `json:"keys"`
 	}
 

@@ -27,13 +27,6 @@ type exemptions struct {
 	plan []*layer // global, unless exempt.global
 }
 
-// statusPage is the status endpoint (status.go).
-type statusPage struct {
-	path    string
-	allowed []netip.Prefix
-	store   string // "memory" or "redis", as configured
-}
-
 // chooseMode decides, from the parsed settings alone, how an instance serves
 // its requests; TestChooseMode (paths_test.go) names every configuration
 // shape.
@@ -149,6 +142,10 @@ func build(ctx context.Context, cfg *config.Settings, next http.Handler, name st
 	splitCountStatus(p.routes)
 	loudReserves(p.routes)
 
+	if cfg.StatusPath != "" {
+		p.status = statusPageOf(p, cfg)
+	}
+
 	return p
 }
 
@@ -202,8 +199,7 @@ func loudReserves(routes []*route) {
 	}
 }
 
-// buildOperations makes the connection cap, the exemptions and the status
-// page; built are the built-in layers (buildLayers).
+// buildOperations makes the connection cap and the exemptions; built are the built-in layers (buildLayers).
 func (p *Plugin) buildOperations(ctx context.Context, cfg *config.Settings, memory *memstore.WindowStore, built []*layer) {
 	if cfg.WSMaxPerIP > 0 {
 		p.ws = connCounters.get(ctx, p.name, cfg.WSMaxPerIP)
@@ -215,10 +211,6 @@ func (p *Plugin) buildOperations(ctx context.Context, cfg *config.Settings, memo
 		if !cfg.ExemptGlobal {
 			p.exempt.plan = chargedTo(built, exemptPlan)
 		}
-	}
-
-	if cfg.StatusPath != "" {
-		p.status = &statusPage{path: cfg.StatusPath, allowed: cfg.StatusAllowed, store: cfg.Store}
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/redisresp"
 	"github.com/tierlimit/tierlimit/redisstore"
+	"github.com/tierlimit/tierlimit/status"
 )
 
 // A Redis that answers but refuses writes: each test puts a real
@@ -342,7 +343,7 @@ func TestALoadingRedisIsOneOutage(t *testing.T) {
 func statusReason(t *testing.T, h *harness) string {
 	t.Helper()
 
-	body, code := h.p.statusJSON(httptest.NewRequest(http.MethodGet, "/_ratelimit", nil), h.clock.Now().UnixNano())
+	body, code := status.JSON(statusOf(h.p), httptest.NewRequest(http.MethodGet, "/_ratelimit", nil), h.clock.Now().UnixNano())
 
 	var doc struct {
 		Reason string `json:"redisFallbackReason"`

@@ -2,10 +2,8 @@ package tierlimit
 
 import (
 	"net/http"
-	"strings"
 
 	"github.com/tierlimit/tierlimit/config"
-	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/redisstore"
 )
@@ -60,65 +58,4 @@ func serveExemptHeld(p *Plugin, rw http.ResponseWriter, req *http.Request, clien
 	defer releaseHeld(p, c)
 
 	p.next.ServeHTTP(rw, req)
-}
-
-// appendHeld is liveKeys' loop for a concurrency layer, under the store's
-// lock: the keys holding slots in memory, their count the requests in
-// flight, their reset the last lease's end, limited while every slot is
-// held.
-func appendHeld(out []liveKey, i int, l *layer, m map[string]*window, f *liveFilter) []liveKey {
-	for key, w := range m {
-		if w.List != l.List || (f.prefix != "" && !strings.HasPrefix(key, f.prefix)) {
-			continue
-		}
-
-		held := heldAt(w, f.now)
-		if held > 0 && (limit.Full(held, l.Points) || !f.limitedOnly) {
-			out = append(out, liveKey{layer: i, key: key, count: held, reset: w.Expire, limited: limit.Full(held, l.Points), refused: w.Refused})
-		}
-	}
-
-	return out
-}
-
-// heldAt is the slots of w whose lease runs at now.
-func heldAt(w *window, now int64) int64 {
-	n := int64(0)
-	for _, end := range w.Slots {
-		if end > now {
-			n++
-		}
-	}
-
-	return n
-}
-
-// inFlightMetrics writes the requests in flight that each concurrency
-// layer counts in memory (the memory store, or a Redis instance's memory
-// layers and fallback), summed over its keys; labels are the layers'.
-func inFlightMetrics(p *Plugin, b *strings.Builder, labels []string, now int64) {
-	if !p.held {
-		return
-	}
-
-	family(b, "tierlimit_in_flight", "gauge", "Requests in flight that a concurrency layer counts in memory, over its keys.")
-
-	s := p.memory
-	for i, l := range p.layers {
-		if l.Algorithm != algConcurrency {
-			continue
-		}
-
-		total := int64(0)
-
-		s.Mu.Lock()
-		for _, w := range s.Maps[l.Name] {
-			if w.List == l.List {
-				total += heldAt(w, now)
-			}
-		}
-		s.Mu.Unlock()
-
-		sample(b, "tierlimit_in_flight", labels[i], formatInt(total))
-	}
 }

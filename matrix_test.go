@@ -13,6 +13,7 @@ import (
 
 	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/limit"
+	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/redisresp"
 	"github.com/tierlimit/tierlimit/redisstore"
 )
@@ -945,7 +946,7 @@ func mxCheckHeld(c *mxCell, fail func(string, ...interface{})) {
 			now := h.clock.Now().UnixNano()
 			h.p.memory.Mu.Lock()
 			for key, w := range h.p.memory.Maps[l.Name] {
-				if n := heldAt(w, now); n != 0 {
+				if n := memstore.HeldAt(w, now); n != 0 {
 					fail("instance %d: %s/%s holds %d slots in memory", i, l.Name, key, n)
 				}
 			}

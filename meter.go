@@ -314,28 +314,6 @@ func readBody(w *watchWriter, b []byte) {
 	}
 }
 
-// meteredRouteOf is the costFrom route (or route plan) whose layer is l,
-// for the status page and metrics; nil when none is.
-func meteredRouteOf(p *Plugin, l *layer) *route {
-	if !l.Settles {
-		return nil
-	}
-
-	for _, rt := range p.routes {
-		if rt.layer == l {
-			return rt
-		}
-
-		for _, alt := range rt.plans {
-			if alt.layer == l {
-				return alt
-			}
-		}
-	}
-
-	return nil
-}
-
 // holdStated raises what r's layer holds for its request to the cost its
 // event stream states so far, as soon as the event that states it is read
 // and before the client has it, when that cost is larger: a client that

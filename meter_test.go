@@ -1,6 +1,7 @@
 package tierlimit
 
 import (
+	"encoding/json"
 	"fmt"
 	"math/rand"
 	"net/http"
@@ -444,17 +445,35 @@ func TestStatusShowsReservationsAndSettlements(t *testing.T) {
 	}()
 	<-entered
 
-	var llm *statusLayer
-	doc := h.p.statusLayers(make([]int, len(h.p.layers)))
-	for i := range doc {
-		if doc[i].Name == "llm" {
-			llm = &doc[i]
+	type meter struct {
+		Source     string `json:"source"`
+		Reserve    int64  `json:"reserve"`
+		Reserved   int64  `json:"reserved"`
+		Settled    int64  `json:"settledPoints"`
+		Unreported int64  `json:"unreported"`
+	}
+
+	var doc struct {
+		Layers []struct {
+			Name     string `json:"name"`
+			CostFrom *meter `json:"costFrom"`
+		} `json:"layers"`
+	}
+
+	if err := json.Unmarshal(h.get("/_rl", local).Body.Bytes(), &doc); err != nil {
+		t.Fatal(err)
+	}
+
+	var llm *meter
+	for _, l := range doc.Layers {
+		if l.Name == "llm" {
+			llm = l.CostFrom
 		}
 	}
 
-	want := statusMeter{Source: "header:X-Usage", Reserve: 300, Reserved: 1, Settled: 40, Unreported: 1}
-	if llm == nil || llm.CostFrom == nil || *llm.CostFrom != want {
-		t.Errorf("status of llm: %+v, want costFrom %+v", llm, want)
+	want := meter{Source: "header:X-Usage", Reserve: 300, Reserved: 1, Settled: 40, Unreported: 1}
+	if llm == nil || *llm != want {
+		t.Errorf("status of llm: costFrom %+v, want %+v", llm, want)
 	}
 
 	metrics := h.get("/_rl/metrics", local).Body.String()

@@ -13,6 +13,7 @@ import (
 	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/redisresp"
 	"github.com/tierlimit/tierlimit/redisstore"
+	"github.com/tierlimit/tierlimit/status"
 )
 
 // eventSink is an event writer that the probing goroutine and the test
@@ -55,7 +56,7 @@ func probing(t *testing.T, h *harness) (*redisstore.RedisBackend, *eventSink) {
 func fallbackMetric(t *testing.T, h *harness) string {
 	t.Helper()
 
-	text := h.p.metricsText(h.clock.Now().UnixNano())
+	text := status.Metrics(statusOf(h.p), h.clock.Now().UnixNano())
 	head := `tierlimit_redis_fallback{middleware="` + h.p.name + `"} `
 
 	i := strings.Index(text, head)

@@ -11,6 +11,7 @@ import (
 	"github.com/tierlimit/tierlimit/events"
 	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/request"
+	"github.com/tierlimit/tierlimit/status"
 )
 
 // Plugin is the middleware. It is safe for concurrent use; everything but the
@@ -47,7 +48,7 @@ type Plugin struct {
 	ws      *connCounter // nil when websocket.maxConnectionsPerIP is 0
 	wsLayer *layer       // stands for the connection cap in a refusal
 	exempt  *exemptions  // nil when nothing is exempt
-	status  *statusPage  // nil when status.path is not set
+	status  *status.Page // nil when status.path is not set (status.go)
 	fast    *redisFast   // modeRedis only
 	// held: some layer is a concurrency layer, whose slots a request
 	// holds until its response ends (inflight.go).

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -98,10 +99,20 @@ func newHarness(t *testing.T, mutate func(c *Config)) *harness {
 	h.h = handler
 	h.p = pluginOf(handler)
 	h.p.now = h.clock.Now
-	h.p.events = events.NewEventLog(h.events, name)
-	h.p.events.Now = h.clock.Now
+	logEventsTo(h.p, h.events, name, h.clock.Now)
 
 	return h
+}
+
+// logEventsTo makes p write its events to w, timed by now, and its status
+// page (which New handed p's log) too.
+func logEventsTo(p *Plugin, w io.Writer, name string, now func() time.Time) {
+	p.events = events.NewEventLog(w, name)
+	p.events.Now = now
+
+	if p.status != nil {
+		p.status.Events = p.events
+	}
 }
 
 func (h *harness) do(method, target, remote string, hdr map[string]string) *httptest.ResponseRecorder {

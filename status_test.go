@@ -3,7 +3,6 @@ package tierlimit
 import (
 	"context"
 	"encoding/json"
-	"math/rand"
 	"net/http"
 	"regexp"
 	"sort"
@@ -14,7 +13,7 @@ import (
 
 	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/request"
-	"github.com/tierlimit/tierlimit/rule"
+	"github.com/tierlimit/tierlimit/status"
 )
 
 // statusDoc is the status JSON as a client reads it (the names are the contract).
@@ -559,7 +558,7 @@ func TestMetricsEscapeLabelValues(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	text := pluginOf(handler).metricsText(time.Now().UnixNano())
+	text := status.Metrics(pluginOf(handler).status, time.Now().UnixNano())
 	if !strings.Contains(text, `tierlimit_redis_fallback{middleware="we\"ird\\name\n`+t.Name()+`"} 0`) {
 		t.Fatalf("escaping:\n%s", text)
 	}
@@ -641,43 +640,6 @@ func TestStatusMergesTheFallbackAndReportsIt(t *testing.T) {
 
 	if body := h.get("/_rl/metrics", local).Body.String(); !strings.Contains(body, "tierlimit_redis_fallback{middleware=\""+h.p.name+"\"} 1\n") {
 		t.Fatalf("metrics:\n%s", body)
-	}
-}
-
-// firstSorted's one-pass selection of a page near the top agrees with a full
-// sort, ties included.
-func TestFirstSortedAgreesWithAFullSort(t *testing.T) {
-	p := &Plugin{layers: []*layer{{Limits: rule.Limits{Name: "ip"}}, {Limits: rule.Limits{Name: "global"}}, {Limits: rule.Limits{Name: "a_route"}}}}
-	rng := rand.New(rand.NewSource(1))
-
-	for round := 0; round < 50; round++ {
-		entries := make([]liveKey, rng.Intn(300))
-		for i := range entries {
-			entries[i] = liveKey{layer: rng.Intn(3), key: strconv.Itoa(rng.Intn(50)), count: int64(rng.Intn(8))}
-		}
-
-		want := append([]liveKey(nil), entries...)
-		sort.SliceStable(want, func(i, j int) bool { return p.before(want[i], want[j]) })
-
-		for _, n := range []int{0, 1, 3, 10, 40, 74, 75, 200, 1000} {
-			got := p.firstSorted(append([]liveKey(nil), entries...), n)
-
-			k := n
-			if k > len(want) {
-				k = len(want)
-			}
-
-			if len(got) != k {
-				t.Fatalf("round %d, n %d: %d entries, want %d", round, n, len(got), k)
-			}
-
-			for i := range got {
-				// Equal entries (same layer, key and count) are interchangeable.
-				if p.before(got[i], want[i]) || p.before(want[i], got[i]) {
-					t.Fatalf("round %d, n %d, position %d: %+v, want %+v", round, n, i, got[i], want[i])
-				}
-			}
-		}
 	}
 }
 
@@ -811,4 +773,14 @@ func TestResetOfALayerTheEdgeNeverChargesIsUnknown(t *testing.T) {
 	if rec.Code != http.StatusBadRequest || !strings.Contains(rec.Body.String(), "user") {
 		t.Errorf("reset of user at the edge: %d %s, want a 400 naming the layer", rec.Code, rec.Body)
 	}
+}
+
+// statusOf is p's status page; for an instance without one, the page it
+// would have.
+func statusOf(p *Plugin) *status.Page {
+	if p.status != nil {
+		return p.status
+	}
+
+	return statusPageOf(p, &config.Settings{})
 }

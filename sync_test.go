@@ -17,6 +17,7 @@ import (
 	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/redisresp"
 	"github.com/tierlimit/tierlimit/redisstore"
+	"github.com/tierlimit/tierlimit/status"
 )
 
 // syncHarness is redisHarness with redis.syncInterval: its synced counters
@@ -198,7 +199,7 @@ func TestResetClearsASyncedKeyHereAndInRedis(t *testing.T) {
 		t.Fatalf("Redis total %q before the reset, want 10", got)
 	}
 
-	r := clearKey(h.p, ip, client)
+	r := status.ClearKey(statusOf(h.p), ip, client, h.clock.Now().UnixNano())
 	if !r.Memory || r.Redis != redisstore.RedisCleared {
 		t.Fatalf("reset of a synced key: %+v, want memory and Redis cleared", r)
 	}

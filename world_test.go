@@ -19,7 +19,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tierlimit/tierlimit/events"
 )
 
 // The world as Traefik runs the plugin, for any test: an http.Server in
@@ -492,8 +491,7 @@ func reloaded(t *testing.T, h *harness, mutate func(c *Config)) *harness {
 
 	r := &harness{t: t, h: handler, p: pluginOf(handler), clock: h.clock, events: h.events, cancel: cancel, backend: h.backend, front: h.front}
 	r.p.now = r.clock.Now
-	r.p.events = events.NewEventLog(r.events, r.p.name)
-	r.p.events.Now = r.clock.Now
+	logEventsTo(r.p, r.events, r.p.name, r.clock.Now)
 
 	if h.front != nil {
 		h.front.mu.Lock()
@@ -623,8 +621,7 @@ func chainedBefore(t *testing.T, h *harness, mutate func(c *Config), name string
 
 	p := pluginOf(handler)
 	p.now = h.clock.Now
-	p.events = events.NewEventLog(h.events, name)
-	p.events.Now = h.clock.Now
+	logEventsTo(p, h.events, name, h.clock.Now)
 
 	if h.front != nil {
 		h.front.mu.Lock()

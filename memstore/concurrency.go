@@ -76,6 +76,12 @@ func InFlight(s *WindowStore, layer, key string, now int64) int64 {
 		return 0
 	}
 
+	return HeldAt(w, now)
+}
+
+// HeldAt is the slots of a concurrency layer's window w whose lease runs at
+// now.
+func HeldAt(w *window, now int64) int64 {
 	n := int64(0)
 	for _, end := range w.Slots {
 		if end > now {

@@ -1,32 +1,33 @@
-package tierlimit
+package status
 
 import (
 	"encoding/json"
 	"net/http"
+	"time"
 
 	"github.com/tierlimit/tierlimit/answer"
 	"github.com/tierlimit/tierlimit/events"
 	"github.com/tierlimit/tierlimit/redisstore"
 	"github.com/tierlimit/tierlimit/request"
+	"github.com/tierlimit/tierlimit/rule"
 )
 
 // The operator's reset: POST <status.path>/reset?layer=<layer>&key=<key>,
-// behind the status page's address rule (serveStatusPage), clears one key of
+// behind the status page's address rule (Serve), clears one key of
 // one layer wherever this Traefik can reach it: its counter in memory (the
 // memory store, or the Redis store's fallback), its entry in the block list of
 // keys Redis reported over their limit, and its key in Redis. Support can so
-// unlock a client without a restart or a flush. It is off the request path:
-// it may call methods and take the store's lock like the status page.
+// unlock a client without a restart or a flush.
 //
 // Other Traefik instances on the same Redis see the cleared Redis key at
 // their next round trip; one that refused the key itself holds it in its
 // own block list, and forgets it when the reset's message reaches it
-// (redisstore/resetsub.go): the reset script publishes it.
+// (../redisstore/resetsub.go): the reset script publishes it.
 
 const resetSuffix = "/reset"
 
 // serveReset answers a request for <status.path>/reset from an allowed client.
-func serveReset(p *Plugin, rw http.ResponseWriter, req *http.Request) {
+func serveReset(pg *Page, rw http.ResponseWriter, req *http.Request, now func() time.Time) {
 	if req.Method != http.MethodPost {
 		rw.Header()["Allow"] = []string{http.MethodPost}
 		writeStatus(rw, req, http.StatusMethodNotAllowed, answer.JSONContentType, []byte(`{"error":"method not allowed"}`))
@@ -34,17 +35,17 @@ func serveReset(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 		return
 	}
 
-	body, code := resetKey(p, req)
+	body, code := resetKey(pg, req, now().UnixNano())
 	writeStatus(rw, req, code, answer.JSONContentType, body)
 }
 
-// resetKey clears the key the query names and returns the answer: 200 when it
-// cleared something, 404 when there was nothing to clear, 400 naming a
-// missing parameter or an unknown layer, and 503 when Redis could not be
-// reached: the shared counter may still hold the key, so the operator should
-// retry (memory and the block list are cleared all the same, and the body
-// says so).
-func resetKey(p *Plugin, req *http.Request) ([]byte, int) {
+// resetKey clears the key the query names at now and returns the answer:
+// 200 when it cleared something, 404 when there was nothing to clear, 400
+// naming a missing parameter or an unknown layer, and 503 when Redis could
+// not be reached: the shared counter may still hold the key, so the operator
+// should retry (memory and the block list are cleared all the same, and the
+// body says so).
+func resetKey(pg *Page, req *http.Request, now int64) ([]byte, int) {
 	values := req.URL.Query()
 	name, key := values.Get("layer"), values.Get("key")
 
@@ -55,13 +56,13 @@ func resetKey(p *Plugin, req *http.Request) ([]byte, int) {
 		return badReset("missing query parameter key", "key")
 	}
 
-	i := p.layerIndex(name)
+	i := layerIndex(pg.Layers, name)
 	if i < 0 {
 		return badReset("unknown layer "+name, "layer")
 	}
 
-	r := clearKey(p, p.layers[i], key)
-	p.events.Reset(r, operatorOf(p, req))
+	r := ClearKey(pg, pg.Layers[i], key, now)
+	pg.Events.Reset(r, operatorOf(pg, req))
 
 	code := http.StatusOK
 
@@ -87,18 +88,17 @@ func badReset(msg, parameter string) ([]byte, int) {
 	return body, http.StatusBadRequest
 }
 
-// clearKey clears key in layer l: in memory, in the block list and in Redis.
-// A blockDuration block goes too: its memory entry beside the counter's, its
-// Redis key in resetKeys.
-func clearKey(p *Plugin, l *layer, key string) events.ResetReport {
-	now := p.now().UnixNano()
+// ClearKey clears key in layer l at now: in memory, in the block list and in
+// Redis. A blockDuration block goes too: its memory entry beside the
+// counter's, its Redis key in resetKeys.
+func ClearKey(pg *Page, l *rule.Layer, key string, now int64) events.ResetReport {
 	r := events.ResetReport{Layer: l.Name, Key: key}
-	r.Memory = p.memory.Forget(l, key, now)
-	if p.memory.ForgetBlock(l, key, now) {
+	r.Memory = pg.Memory.Forget(l, key, now)
+	if pg.Memory.ForgetBlock(l, key, now) {
 		r.Memory = true
 	}
 
-	if rs := p.stores.redis; rs != nil {
+	if rs := pg.Redis; rs != nil {
 		if rs.Synced != nil && redisstore.SyncForget(rs.Synced, l.Name, key) {
 			r.Memory = true
 		}
@@ -112,8 +112,8 @@ func clearKey(p *Plugin, l *layer, key string) events.ResetReport {
 
 // operatorOf is the address of the reset's client, resolved as the status
 // page's address rule resolves it.
-func operatorOf(p *Plugin, req *http.Request) string {
-	a, ok := request.ClientAddr(p.ips, req.RemoteAddr, req.Header["X-Forwarded-For"])
+func operatorOf(pg *Page, req *http.Request) string {
+	a, ok := request.ClientAddr(pg.IPs, req.RemoteAddr, req.Header["X-Forwarded-For"])
 	if !ok {
 		return request.UnknownClient
 	}
