@@ -11,10 +11,10 @@
 // paths_gen.go; paths.go, general.go), keys, routes, assets and exemptions
 // (match.go), the charges after authentication and after the response
 // (after.go), the stores as an instance puts them together (stores.go), the
-// status page, its metrics and resets (status.go, metrics.go, reset.go), the
-// WebSocket connection cap (wsclose.go) and the release of concurrency
-// layers' slots after the response (inflight.go). It imports its sub-packages;
-// none of them imports it.
+// WebSocket connection cap (wsclose.go), the release of concurrency layers'
+// slots after the response (inflight.go), and what the status endpoint (the
+// status page, its metrics and resets: package status) is asked and handed
+// (status.go). It imports its sub-packages; none of them imports it.
 //
 // # Writing this package for Yaegi
 //

@@ -18,7 +18,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
 )
 
 // The world as Traefik runs the plugin, for any test: an http.Server in
