@@ -16,7 +16,14 @@ import (
 // set; the path is compared first, in a frame of its own, so that other
 // requests cost one string prefix test (doc.go: frames).
 func serveStatus(p *Plugin, rw http.ResponseWriter, req *http.Request) bool {
-	return strings.HasPrefix(req.URL.Path, p.status.Path) && status.Serve(p.status, rw, req, p.now)
+	return strings.HasPrefix(req.URL.Path, p.status.Path) && serveStatusPage(p, rw, req)
+}
+
+// serveStatusPage is serveStatus for a request whose path starts with
+// status.path: the selectors of status.Serve's arguments are temporaries
+// every request's frame would hold.
+func serveStatusPage(p *Plugin, rw http.ResponseWriter, req *http.Request) bool {
+	return status.Serve(p.status, rw, req, p.now)
 }
 
 // statusPageOf is the instance as the status endpoint reads it, once its
