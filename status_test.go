@@ -1,7 +1,6 @@
 package tierlimit
 
 import (
-	"context"
 	"encoding/json"
 	"net/http"
 	"regexp"
@@ -544,23 +543,6 @@ tierlimit_evictions_total{MW} 0
 	if !strings.Contains(body, `tierlimit_limited_keys{`+mw+`,layer="ip"} 0`) ||
 		!strings.Contains(body, `tierlimit_requests_total{`+mw+`,layer="ip",decision="refused"} 4`) {
 		t.Fatalf("after the reset:\n%s", body)
-	}
-}
-
-func TestMetricsEscapeLabelValues(t *testing.T) {
-	cfg := CreateConfig()
-	cfg.Global.Points = 0
-	cfg.IP = config.LayerConfig{Points: 5, Duration: "1s"}
-	cfg.Status.Path = "/_rl"
-
-	handler, err := New(context.Background(), http.NotFoundHandler(), cfg, "we\"ird\\name\n"+t.Name())
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	text := status.Metrics(pluginOf(handler).status, time.Now().UnixNano())
-	if !strings.Contains(text, `tierlimit_redis_fallback{middleware="we\"ird\\name\n`+t.Name()+`"} 0`) {
-		t.Fatalf("escaping:\n%s", text)
 	}
 }
 
