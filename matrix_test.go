@@ -18,7 +18,7 @@ import (
 	"github.com/tierlimit/tierlimit/redisstore"
 )
 
-// The fault matrix (issue 38): every charging feature, alone and beside
+// The fault matrix: every charging feature, alone and beside
 // another, on every store, through every request path that can serve it,
 // first with no fault (every store and path must answer the script alike
 // and end with the same counts), then under each fault around one request
