@@ -35,7 +35,7 @@
 //
 // Flags choose the grid (-replicas, -keys, -modes, -deployments), the load
 // (-rate, -duration, -workers, -zipf) and the limit (-points, -window,
-// -sync); -sweep adds the rates of the growth-law runs.
+// -sync); -sweep and -sweepwindows add the growth-law runs.
 package main
 
 import (
@@ -67,9 +67,10 @@ func main() {
 		modes       = flag.String("modes", "exact,synced", "counting modes")
 		deployments = flag.String("deployments", "single,cluster", "Redis deployments: single (one redis-server), cluster (three primaries)")
 		rate        = flag.Float64("rate", 10000, "requests per second over all replicas; 0: as fast as the machine goes")
-		sweep       = flag.String("sweep", "2500,0", "more rates for the growth-law runs (one server, 16 replicas, 10^4 keys); empty: none")
+		sweep       = flag.String("sweep", "2500,40000,0", "more rates for the growth-law runs (one server, 4 replicas, 10^3 keys); empty: none")
+		sweepWindow = flag.String("sweepwindows", "10s", "more windows for the growth-law runs, at -rate")
 		duration    = flag.Duration("duration", 4*time.Second, "load per configuration")
-		workers     = flag.Int("workers", 8, "goroutines sending requests")
+		workers     = flag.Int("workers", 32, "goroutines sending requests (clients in flight)")
 		points      = flag.Int("points", 100, "the ip layer's points per window")
 		window      = flag.Duration("window", 2*time.Second, "the ip layer's duration (whole seconds, at least 2s)")
 		syncEvery   = flag.Duration("sync", 100*time.Millisecond, "redis.syncInterval in synced mode")
@@ -82,7 +83,7 @@ func main() {
 	if *quick { // the grid's defaults, where no flag says otherwise
 		set := map[string]bool{}
 		flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
-		quickly := map[string]string{"replicas": "1,4", "keys": "1000,10000", "duration": "2s", "sweep": ""}
+		quickly := map[string]string{"replicas": "1,4", "keys": "1000,10000", "duration": "2s", "sweep": "", "sweepwindows": ""}
 
 		for name, value := range quickly {
 			if !set[name] {
@@ -94,7 +95,7 @@ func main() {
 	proto := simConfig{Rate: *rate, Duration: *duration, Workers: *workers, Points: *points, Window: *window,
 		SyncInterval: *syncEvery, Zipf: *zipf, Seed: 1}
 
-	grid, err := makeGrid(proto, *deployments, *modes, *replicas, *keys, *sweep)
+	grid, err := makeGrid(proto, *deployments, *modes, *replicas, *keys, *sweep, *sweepWindow)
 	if err != nil {
 		fail(err)
 	}
@@ -139,9 +140,9 @@ func ints(list string) ([]int, error) {
 }
 
 // makeGrid is every (deployment, mode, keys, replicas) at proto's rate,
-// then, for each sweep rate, one server with 16 replicas and 10^4 keys in
-// each mode.
-func makeGrid(proto simConfig, deployments, modes, replicas, keys, sweep string) ([]simConfig, error) {
+// then the growth-law runs: one server, 4 replicas, 10^3 keys, each mode,
+// at each sweep rate, then at proto's rate with each sweep window.
+func makeGrid(proto simConfig, deployments, modes, replicas, keys, sweep, windows string) ([]simConfig, error) {
 	ns, err := ints(replicas)
 	if err != nil {
 		return nil, err
@@ -166,19 +167,34 @@ func makeGrid(proto simConfig, deployments, modes, replicas, keys, sweep string)
 		}
 	}
 
-	if sweep == "" {
-		return grid, nil
-	}
-
 	rates, err := ints(sweep)
 	if err != nil {
 		return nil, err
 	}
 
-	for _, r := range rates {
+	var spans []time.Duration
+
+	for _, w := range strings.Split(windows, ",") {
+		if w = strings.TrimSpace(w); w != "" {
+			d, err := time.ParseDuration(w)
+			if err != nil {
+				return nil, err
+			}
+
+			spans = append(spans, d)
+		}
+	}
+
+	for i := 0; i < len(rates)+len(spans); i++ {
 		for _, m := range strings.Split(modes, ",") {
 			c := proto
-			c.Deployment, c.Mode, c.Keys, c.Replicas, c.Rate = "single", m, 10000, 16, float64(r)
+			c.Deployment, c.Mode, c.Keys, c.Replicas = "single", m, 1000, 4
+			if i < len(rates) {
+				c.Rate = float64(rates[i])
+			} else {
+				c.Window = spans[i-len(rates)]
+			}
+
 			grid = append(grid, c)
 		}
 	}

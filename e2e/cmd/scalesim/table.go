@@ -35,8 +35,8 @@ func rateName(rate float64) string {
 	return fmt.Sprintf("%.0f", rate)
 }
 
-const header = "| Redis | counting | replicas | keys | keys requested | target req/s | req/s | max admitted/points | fill, refused keys | fill, flooded keys | script calls/s | commands/s | round trips/s | scripts /1k req | commands /1k req | round trips /1k req | Redis CPU ms /1k req | Redis CPU (cores) | sim CPU ms /1k req | heap B/key/replica | outages |\n" +
-	"|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+const header = "| Redis | counting | replicas | keys | limit | keys requested | target req/s | req/s | replica-keys/s | max admitted/points | fill, refused keys | fill, flooded keys | script calls/s | commands/s | round trips/s | scripts /1k req | commands /1k req | round trips /1k req | Redis CPU ms /1k req | Redis CPU (cores) | sim CPU ms /1k req | heap B/key/replica | outages |\n" +
+	"|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
 
 // row is one result as a table row.
 func row(r *simResult) string {
@@ -46,8 +46,8 @@ func row(r *simResult) string {
 		over = fmt.Sprintf("**%.2f (%d over)**", r.MaxFill, r.Over)
 	}
 
-	return fmt.Sprintf("| %s | %s | %d | %d | %d | %s | %.0f | %s | %.2f | %.2f | %.0f | %.0f | %.0f | %.1f | %.1f | %.1f | %.2f | %.2f | %.1f | %s | %d |",
-		c.Deployment, c.Mode, c.Replicas, c.Keys, r.Touched, rateName(c.Rate), perS(float64(r.Requests), r), over, r.HotFillMean, r.FloodFillMean,
+	return fmt.Sprintf("| %s | %s | %d | %d | %d/%s | %d | %s | %.0f | %.0f | %s | %.2f | %.2f | %.0f | %.0f | %.0f | %.1f | %.1f | %.1f | %.2f | %.2f | %.1f | %s | %d |",
+		c.Deployment, c.Mode, c.Replicas, c.Keys, c.Points, c.Window, r.Touched, rateName(c.Rate), perS(float64(r.Requests), r), perS(float64(r.ReplicaKeyWindows), r), over, r.HotFillMean, r.FloodFillMean,
 		perS(float64(d.Scripts), r), perS(float64(d.Commands), r), perS(float64(d.RoundTrips), r),
 		perK(float64(d.Scripts), r), perK(float64(d.Commands), r), perK(float64(d.RoundTrips), r),
 		perK(d.CPU*1000, r), d.CPU/r.Elapsed, perK(r.ClientCPU*1000, r), heapPerKey(r), r.Outages)
