@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"math"
+	"math/bits"
 	"math/rand"
 	"net/http"
 	"runtime"
@@ -178,12 +180,15 @@ func newTally(c simConfig, start time.Time) *tally {
 	return t
 }
 
-// record counts one answer of replica r for key k. The window is the
-// answer's X-RateLimit-Reset: the window's end, the same for every answer
-// of a synced window (aligned to the epoch) and, in exact mode, the key's
-// first hit + duration, which the rounding up to seconds may report as two
-// neighbouring values: that splits a window's count (never merges two
-// windows, whose ends are at least Window > 1s apart).
+// record counts one answer of replica r for key k, in the slot of its
+// X-RateLimit-Reset: the window's end in whole seconds. A synced window is
+// aligned to the epoch, so its answers all name its end. An exact window
+// ends at the key's first hit + duration (Redis's PTTL), which a replica
+// reports as its clock at the reply + PTTL, rounded up: the reply's delay
+// (under a second) makes that end, c, or the second after it, c+1. The
+// next window of the key ends at least Window later, from c+Window on: with
+// Window >= 3s a window's answers are a run of neighbouring slots, and two
+// windows are never neighbours (fills).
 func (t *tally) record(r int, k uint64, code int, h http.Header) {
 	t.requests.Add(1)
 	atomic.OrUint32(&t.seen[r][k/32], 1<<(k%32))
@@ -216,35 +221,43 @@ func (t *tally) record(r int, k uint64, code int, h http.Header) {
 	atomic.OrUint32(&t.active[r][i/32], 1<<(i%32))
 }
 
-// fills sets the result's never-over and how-far-under figures.
+// fills sets the result's never-over and how-far-under figures, a window
+// being a run of neighbouring slots (record).
 func (t *tally) fills(res *simResult, points int) {
 	var hotSum, floodSum float64
 
-	for i, a := range t.admitted {
-		r := t.refused[i]
-		if a == 0 && r == 0 {
-			continue
-		}
+	for k := int64(0); k < int64(len(t.admitted))/t.slots; k++ {
+		var a, r int32
 
-		res.KeyWindows++
-		fill := float64(a) / float64(points)
+		for s := int64(0); s <= t.slots; s++ {
+			if s < t.slots && t.admitted[k*t.slots+s]+t.refused[k*t.slots+s] > 0 {
+				a, r = a+t.admitted[k*t.slots+s], r+t.refused[k*t.slots+s]
+				continue
+			}
 
-		if fill > res.MaxFill {
-			res.MaxFill = fill
-		}
+			if a+r == 0 {
+				continue
+			}
 
-		if int(a) > points {
-			res.Over++
-		}
+			fill := float64(a) / float64(points)
+			res.KeyWindows++
+			res.MaxFill = math.Max(res.MaxFill, fill)
 
-		if r > 0 {
-			res.HotWindows++
-			hotSum += fill
-		}
+			if int(a) > points {
+				res.Over++
+			}
 
-		if int(a+r) >= 2*points {
-			res.FloodWindows++
-			floodSum += fill
+			if r > 0 {
+				res.HotWindows++
+				hotSum += fill
+			}
+
+			if int(a+r) >= 2*points {
+				res.FloodWindows++
+				floodSum += fill
+			}
+
+			a, r = 0, 0
 		}
 	}
 
@@ -256,32 +269,46 @@ func (t *tally) fills(res *simResult, points int) {
 		res.FloodFillMean = floodSum / float64(res.FloodWindows)
 	}
 
-	union := make([]uint32, len(t.seen[0]))
-	for _, bits := range t.seen {
-		for w, b := range bits {
-			union[w] |= b
-			res.ReplicaKeys += int64(popcount(b))
-		}
-	}
-
-	for _, b := range union {
-		res.Touched += int64(popcount(b))
-	}
-
-	for _, bits := range t.active {
-		for _, b := range bits {
-			res.ReplicaKeyWindows += int64(popcount(b))
-		}
-	}
-
+	t.keys(res)
 	res.Requests, res.Admitted, res.Refused, res.Other = t.requests.Load(), t.ok.Load(), t.no.Load(), t.other.Load()
 	res.BadReset = t.bad.Load()
 }
 
-func popcount(b uint32) int {
-	n := 0
-	for ; b != 0; b &= b - 1 {
-		n++
+// keys counts the distinct keys requested, in all and per replica, and
+// each replica's (key, window) pairs: runs of its slots of a key.
+func (t *tally) keys(res *simResult) {
+	union := make([]uint32, len(t.seen[0]))
+
+	for r, words := range t.seen {
+		for w, b := range words {
+			union[w] |= b
+			res.ReplicaKeys += int64(bits.OnesCount32(b))
+
+			for ; b != 0; b &= b - 1 {
+				k := int64(w)*32 + int64(bits.TrailingZeros32(b))
+				res.ReplicaKeyWindows += t.runs(t.active[r], k)
+			}
+		}
+	}
+
+	for _, b := range union {
+		res.Touched += int64(bits.OnesCount32(b))
+	}
+}
+
+// runs is the number of runs of set bits among key k's slots in active.
+func (t *tally) runs(active []uint32, k int64) int64 {
+	var n int64
+
+	prev := false
+
+	for s := k * t.slots; s < (k+1)*t.slots; s++ {
+		set := active[s/32]&(1<<(s%32)) != 0
+		if set && !prev {
+			n++
+		}
+
+		prev = set
 	}
 
 	return n
@@ -397,6 +424,10 @@ const warmKeys = 1 << 21
 // simulate runs configuration c against Redis deployments already running
 // (flushed) and measures it. base names the middleware (replicaNames).
 func simulate(c simConfig, base string) (*simResult, error) {
+	if c.Window < 3*time.Second || c.Window%time.Second != 0 {
+		return nil, fmt.Errorf("window %s: whole seconds, at least 3s, tell windows apart (tally.record)", c.Window)
+	}
+
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 

@@ -10,7 +10,7 @@ import (
 // TestNoKeyIsAdmittedOverItsPoints is the simulation at a small N: four
 // replicas of the compiled plugin share a redis-server, then a Redis
 // Cluster of three primaries, under the simulation's load (a Zipf law over
-// 1,000 client IPs, 20 points per 2s each, eight goroutines as fast as
+// 1,000 client IPs, 30 points per 3s each, eight goroutines as fast as
 // the machine serves them) for a second and a half, counting exactly and
 // synced. No key admits more than its points in any window, and the load
 // does reach the limit (keys are refused), so the check is not vacuous.
@@ -37,7 +37,7 @@ func TestNoKeyIsAdmittedOverItsPoints(t *testing.T) {
 		for _, mode := range []string{"exact", "synced"} {
 			t.Run(deployment+"/"+mode, func(t *testing.T) {
 				c := simConfig{Deployment: deployment, Addrs: addrs[deployment], Mode: mode, Replicas: 4, Keys: 1000,
-					Duration: 1500 * time.Millisecond, Workers: 8, Points: 20, Window: 2 * time.Second,
+					Duration: 1500 * time.Millisecond, Workers: 8, Points: 30, Window: 3 * time.Second,
 					SyncInterval: 100 * time.Millisecond, Zipf: 1.1, Seed: 1}
 				neverOver(t, c, "test-"+deployment+"-"+mode)
 			})
