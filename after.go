@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"sync"
 
+	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/usage"
 )
@@ -200,7 +201,7 @@ func (w *watchWriter) chargeIP() bool {
 		return true
 	}
 
-	if p.headers && (w.prevLeft < 0 || t.Left < w.prevLeft) {
+	if p.headers && (w.prevLeft < 0 || limit.FewerLeft(t.Left, w.prevLeft)) {
 		setHeaders(h, ip, t.Left, t.Reset, t.ResetH, now)
 		monthPolicyOf(h, ip, now)
 	}
@@ -493,7 +494,7 @@ func chargeStatus(w *watchWriter, code int) {
 	c := chargeOf(layers, w.client, w.principal, w.req, now, p.dryRun)
 	take(p.stores, &t, c)
 
-	if p.headers && t.Shown >= 0 && (w.prevLeft < 0 || t.Left < w.prevLeft) {
+	if p.headers && t.Shown >= 0 && (w.prevLeft < 0 || limit.FewerLeft(t.Left, w.prevLeft)) {
 		setHeaders(w.rw.Header(), layers[t.Shown], t.Left, t.Reset, t.ResetH, now)
 	}
 
