@@ -429,8 +429,8 @@ func TestTokenBucketConfigErrors(t *testing.T) {
 	cfg.IP = config.LayerConfig{Points: 5, Duration: "1s", Algorithm: " tokenbucket "}
 
 	s, err := parse(cfg)
-	if err != nil || s.Spec(layerIP).Algorithm != limit.TokenBucket || s.Spec(layerIP).Burst != 5 {
-		t.Fatalf("default burst: %+v %v", s.Spec(layerIP), err)
+	if err != nil || s.Spec(config.LayerIP).Algorithm != limit.TokenBucket || s.Spec(config.LayerIP).Burst != 5 {
+		t.Fatalf("default burst: %+v %v", s.Spec(config.LayerIP), err)
 	}
 }
 

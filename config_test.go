@@ -29,11 +29,11 @@ func TestDefaultsMatchDesign(t *testing.T) {
 		points int64
 		d      time.Duration
 	}{
-		{s.Spec(layerGlobal), 1000, time.Second},
-		{s.Spec(layerIP), 50, time.Second},
-		{s.Spec(layerAssets), 300, time.Second},
-		{s.Spec(layerUser), 300, time.Minute},
-		{s.Spec(layerService), 10000, time.Minute},
+		{s.Spec(config.LayerGlobal), 1000, time.Second},
+		{s.Spec(config.LayerIP), 50, time.Second},
+		{s.Spec(config.LayerAssets), 300, time.Second},
+		{s.Spec(config.LayerUser), 300, time.Minute},
+		{s.Spec(config.LayerService), 10000, time.Minute},
 	}
 	for _, l := range layers {
 		if l.got.Points != l.points || l.got.Duration != l.d {
@@ -328,7 +328,7 @@ func TestCatalogueDrivesDefaultsAndKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	for i, row := range builtinLayers {
+	for i, row := range config.Builtins {
 		spec := s.Builtin[i]
 		if spec.Name != row.Name || spec.Points != int64(row.Points) || spec.Duration != mustDuration(t, row.Duration) {
 			t.Errorf("%s: parsed %+v from the defaults, want %d/%s", row.Name, spec, row.Points, row.Duration)
@@ -345,12 +345,12 @@ func TestCatalogueDrivesDefaultsAndKeys(t *testing.T) {
 		}
 	}
 
-	for _, row := range builtinLayers {
+	for _, row := range config.Builtins {
 		cfg := CreateConfig()
 		lcKey(cfg, row.Name, "header:X-Api-Key")
 
 		_, err := parse(cfg)
-		if config.TakesKey(row.Builtin, keyHeader) != (err == nil) {
+		if config.TakesKey(row, config.KeyHeader) != (err == nil) {
 			t.Errorf("%s.key header:X-Api-Key: %v, row takes %v", row.Name, err, row.Keys)
 		}
 	}
@@ -370,15 +370,15 @@ func mustDuration(t *testing.T, raw string) time.Duration {
 // lcKey sets the key of the built-in layer called name.
 func lcKey(c *Config, name, key string) {
 	switch name {
-	case layerGlobal:
+	case config.LayerGlobal:
 		c.Global.Key = key
-	case layerIP:
+	case config.LayerIP:
 		c.IP.Key = key
-	case layerAssets:
+	case config.LayerAssets:
 		c.Assets.Key = key
-	case layerUser:
+	case config.LayerUser:
 		c.User.Key = key
-	case layerService:
+	case config.LayerService:
 		c.Service.Key = key
 	}
 }

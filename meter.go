@@ -119,7 +119,7 @@ func giveBackReserved(st *stores, c *charge, t *tally, hits *routeHits, i int) {
 	n := len(c.Layers) - len(hits.metered)
 	if n > 0 {
 		rest := rule.ChargeSpan(c, 0, n)
-		refund(st, rule.ChargeWithout(rest, t.Uncharged&(uint64(1)<<uint(n)-1)|checkOnlyBits(rest.Layers)), rule.CostOf(t))
+		refund(st, rule.ChargeWithout(rest, t.Uncharged&(uint64(1)<<uint(n)-1)|rule.CheckOnlyBits(rest.Layers)), rule.CostOf(t))
 	}
 
 	for j := n; j < i; j++ {
@@ -129,20 +129,6 @@ func giveBackReserved(st *stores, c *charge, t *tally, hits *routeHits, i int) {
 	}
 
 	hits.reserved = nil
-}
-
-// checkOnlyBits has bit i set for each check-only layer of layers, which a
-// take evaluated but did not charge.
-func checkOnlyBits(layers []*layer) uint64 {
-	var bits uint64
-
-	for i, l := range layers {
-		if l.CheckOnly {
-			bits |= uint64(1) << uint(i)
-		}
-	}
-
-	return bits
 }
 
 // takeQuiet is take for the reservation of a quiet costFrom layer (a dry
