@@ -16,7 +16,6 @@ import (
 	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/redisstore"
-	"github.com/tierlimit/tierlimit/request"
 	"github.com/tierlimit/tierlimit/rule"
 )
 
@@ -328,23 +327,6 @@ func TestTokenBucketMemoryIsBounded(t *testing.T) {
 
 	if n := h.p.memory.Count(); n > 40 {
 		t.Fatalf("%d buckets held after they all filled up", n)
-	}
-}
-
-func TestHostKey(t *testing.T) {
-	long := strings.Repeat("a", 200) + ".example"
-
-	for _, tc := range []struct{ host, want string }{
-		{"Example.COM:8443", "host:example.com"},
-		{"example.com.", "host:example.com"},
-		{"[2001:db8::1]:80", "host:2001:db8::1"},
-		{"", "203.0.113.5"},
-		{":80", "203.0.113.5"},
-		{long, request.HashKey(long)},
-	} {
-		if got := hostKey(tc.host, "203.0.113.5"); got != tc.want {
-			t.Errorf("hostKey(%q) = %q, want %q", tc.host, got, tc.want)
-		}
 	}
 }
 

@@ -1,7 +1,6 @@
 package tierlimit
 
 import (
-	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/redisstore"
 	"github.com/tierlimit/tierlimit/rule"
 
@@ -25,8 +24,6 @@ type charge = rule.Charge
 type layer = rule.Layer
 type tally = rule.Tally
 type window = rule.Window
-
-const maxHostKeyLen = memstore.MaxHostKeyLen
 
 const nsPerMillisecond = redisstore.NsPerMillisecond
 
