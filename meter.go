@@ -52,7 +52,7 @@ const maxReportedCost = int64(1) << 40
 // is charged its route's reserve, every other layer t.Cost. The other
 // layers are taken first, then each reserving layer in a take of its own,
 // all or nothing: a refusal gives the earlier takes their points back, as
-// takeMixed does across stores. What it reserves goes to hits.reserved.
+// redisstore.TakeMixed does across stores. What it reserves goes to hits.reserved.
 // The reserving layers are marked in t.Uncharged: a pending ip charge that
 // refuses the request later (after.go settle) leaves them to the
 // settlement, which gives their reservation back.

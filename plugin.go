@@ -89,7 +89,7 @@ type pathForms struct {
 type plans struct {
 	planIP, planAssets, planUser, planService, planCred, planInvalid []*layer
 	planCost                                                         int64
-	// planNamed holds the plan of each of plans: by name (drawNamedPlans);
+	// planNamed holds the plan of each of plans: by name (rule.NamedPlans);
 	// nil when there are none.
 	planNamed map[string][]*layer
 }

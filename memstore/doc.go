@@ -11,7 +11,7 @@
 //
 // It takes a rule.Charge (the layers and each one's key) and writes a
 // rule.Tally, never an *http.Request, and imports only rule and limit. It
-// names rule's types through aliases (rule.go; ../doc.go: qualified names).
-// The Redis store (redisstore) uses it as its fallback, and the root for the
-// layers a Redis instance counts in memory (takeMixed, ../stores.go).
+// names rule's types through aliases (aliases.go; ../doc.go: qualified names).
+// The Redis store (redisstore) uses it as its fallback and for the layers a
+// Redis instance counts in memory (../redisstore/mixed.go).
 package memstore

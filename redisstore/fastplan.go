@@ -21,7 +21,7 @@ type FastCall struct {
 }
 
 // EncodeFast encodes the call that charges shared, the layers in Redis of
-// such a plan, as encodeCall encodes it but for ARGV[1]: "2", the
+// such a plan, as EncodeCall encodes it but for ARGV[1]: "2", the
 // one-integer reply; each request costs cost. Client keys up to maxClient
 // bytes have their head.
 func EncodeFast(s *RedisStore, shared []*layer, cost int64, maxClient int) FastCall {
