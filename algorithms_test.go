@@ -457,24 +457,6 @@ func peekCount(s *memstore.WindowStore, now int64, layer, key string) int64 {
 	return count
 }
 
-func TestRegistrySharesStoresByName(t *testing.T) {
-	a := registry.get(context.Background(), "shared-test@file", 10)
-	b := registry.get(context.Background(), "shared-test@file", 20)
-	c := registry.get(context.Background(), "other-test@file", 10)
-
-	if a != b {
-		t.Fatal("same middleware name got two stores")
-	}
-
-	if a == c {
-		t.Fatal("different middleware names share a store")
-	}
-
-	if a.Max != 20 {
-		t.Fatalf("reload did not apply maxTracked: %d", a.Max)
-	}
-}
-
 // The general path and the fast path keep the same rule.
 func TestEvictionSparesTheRequestsCountersOnEveryPath(t *testing.T) {
 	for _, headers := range []bool{true, false} {

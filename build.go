@@ -90,7 +90,7 @@ func chooseMode(s *config.Settings) mode {
 // caps, Redis backends) held until ctx, which Traefik cancels at the next
 // configuration reload, is done (lifetime/lifetime.go).
 func build(ctx context.Context, cfg *config.Settings, next http.Handler, name string) *Plugin {
-	memory := registry.get(ctx, name, cfg.MaxTracked)
+	memory := memstore.StoreOf(ctx, name, cfg.MaxTracked)
 
 	p := &Plugin{
 		next:    next,
@@ -413,7 +413,7 @@ func (p *Plugin) buildStore(ctx context.Context, cfg *config.Settings, name stri
 
 	st.plain = false
 
-	rs := redisstore.New(ctx, cfg, name, memory, registry.blockListFor(ctx, name, cfg.MaxTracked), p.layers)
+	rs := redisstore.New(ctx, cfg, name, memory, redisstore.BlockListOf(ctx, name, cfg.MaxTracked), p.layers)
 	rs.Clock = func() time.Time { return p.now() }
 	st.redis = rs
 	redisstore.SetCurrent(name, rs)

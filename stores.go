@@ -1,8 +1,6 @@
 package tierlimit
 
 import (
-	"context"
-
 	"github.com/tierlimit/tierlimit/lifetime"
 	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/redisstore"
@@ -126,38 +124,4 @@ func connLive(v interface{}, now int64) int64 {
 	}
 
 	return now + int64(lifetime.ReleaseGrace)
-}
-
-// registry holds one windowStore per middleware name, and for the redis
-// store one blockList, while some instance of the middleware uses them or
-// they hold counts that still matter (lifetime/lifetime.go, stores.go). Traefik keeps
-// one interpreter per plugin, so this survives configuration reloads and is
-// shared by every router that uses the middleware.
-var registry = &storeRegistry{stores: lifetime.NewKeepingRegistry(memstore.Live), blocked: lifetime.NewKeepingRegistry(redisstore.BlockListLive)}
-
-type storeRegistry struct {
-	stores  *lifetime.HeldRegistry // *windowStore by middleware name
-	blocked *lifetime.HeldRegistry // *blockList by middleware name: keys known over their limit
-}
-
-// get returns the store of the middleware called name, held until ctx is
-// cancelled, creating it with the cap capacity or applying capacity to the
-// existing one.
-func (r *storeRegistry) get(ctx context.Context, name string, capacity int) *memstore.WindowStore {
-	v := r.stores.Take(ctx, name, func() interface{} { return memstore.NewWindowStore(capacity) })
-
-	s, _ := v.(*memstore.WindowStore)
-	s.SetMax(capacity)
-
-	return s
-}
-
-// blockListFor returns the list of keys known over their limit for the
-// middleware called name (redis store), held until ctx is cancelled.
-func (r *storeRegistry) blockListFor(ctx context.Context, name string, capacity int) *redisstore.BlockList {
-	v := r.blocked.Take(ctx, name, func() interface{} { return redisstore.NewBlockList(capacity) })
-
-	b, _ := v.(*redisstore.BlockList)
-
-	return b
 }
