@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"sync/atomic"
 
+	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/rule"
 	"github.com/tierlimit/tierlimit/usage"
 )
@@ -86,8 +87,9 @@ func takeReserving(st *stores, t *tally, c *charge, hits *routeHits) {
 
 		hits.reserved = append(hits.reserved, reserveFor(rt, pc, &part))
 
-		// One value at a time (doc.go: frames).
-		if part.Shown == 0 && !t.Refused && (t.Shown < 0 || part.Left < t.Left) {
+		// One value at a time (doc.go: frames); which layer the headers show
+		// is limit's decision (FewerLeft), not restated here.
+		if part.Shown == 0 && !t.Refused && (t.Shown < 0 || limit.FewerLeft(part.Left, t.Left)) {
 			t.Shown = i
 			t.Count = part.Count
 			t.Reset = part.Reset
