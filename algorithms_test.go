@@ -425,8 +425,8 @@ func TestKeysByKind(t *testing.T) {
 		{keyOfClient, "1.2.3.4", "alice", "1.2.3.4"},
 		{keyOfPrincipal, "1.2.3.4", "alice", "alice"},
 		{keyOfConst, "1.2.3.4", "alice", "global"},
-		{keyOfPrincipalElseClient, "1.2.3.4", "alice", "alice"},
-		{keyOfPrincipalElseClient, "1.2.3.4", "", "ip:1.2.3.4"},
+		{rule.KeyOfPrincipalElseClient, "1.2.3.4", "alice", "alice"},
+		{rule.KeyOfPrincipalElseClient, "1.2.3.4", "", "ip:1.2.3.4"},
 	}
 
 	for _, tc := range cases {

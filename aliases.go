@@ -18,7 +18,6 @@ const keyOfConst = rule.KeyOfConst
 const keyOfHeader = rule.KeyOfHeader
 const keyOfHost = rule.KeyOfHost
 const keyOfPrincipal = rule.KeyOfPrincipal
-const keyOfPrincipalElseClient = rule.KeyOfPrincipalElseClient
 
 type charge = rule.Charge
 type layer = rule.Layer
