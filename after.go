@@ -7,7 +7,9 @@ import (
 	"net/http"
 	"sync"
 
+	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/memstore"
+	"github.com/tierlimit/tierlimit/rule"
 	"github.com/tierlimit/tierlimit/usage"
 )
 
@@ -72,7 +74,7 @@ func settle(pd *pendingIP, t *tally, now int64, charging bool) *charge {
 	}
 
 	if t.Refused && !edge.dryRun && len(charged) > 0 {
-		refund(edge.stores, chargeOf(chargedOnly(memstore.ExceptUncharged(charged, pd.skip)), client, "", pd.req, now, false), cost)
+		refund(edge.stores, chargeOf(rule.ChargedOnly(memstore.ExceptUncharged(charged, pd.skip)), client, "", pd.req, now, false), cost)
 	}
 
 	return c
@@ -124,35 +126,6 @@ func afterAuthPlan(p *Plugin, rw http.ResponseWriter, req *http.Request, princip
 	return p.planIP, true
 }
 
-// chargedOnly is layers without those a deferred refund gives nothing
-// back to: the check-only ones, which a take evaluated but did not charge,
-// and concurrency layers, whose slot the request holds until its release
-// frees it (inflight.go): a refund timed later would free another
-// request's slot, one admitted at the refund's time.
-func chargedOnly(layers []*layer) []*layer {
-	var out []*layer
-
-	for i, l := range layers {
-		if !l.CheckOnly && l.Algorithm != algConcurrency {
-			if out != nil {
-				out = append(out, l)
-			}
-
-			continue
-		}
-
-		if out == nil {
-			out = append(make([]*layer, 0, len(layers)), layers[:i]...)
-		}
-	}
-
-	if out == nil {
-		return layers
-	}
-
-	return out
-}
-
 // replacedHeaders describe the downstream's body or challenge, which a 429 replaces.
 var replacedHeaders = []string{
 	"Content-Length", "Content-Encoding", "Content-Range", "Content-Disposition",
@@ -192,7 +165,7 @@ func (w *watchWriter) chargeIP() bool {
 
 		if p.headers {
 			setHeaders(h, ip, t.Left, t.Reset, t.ResetH, now)
-			monthPolicyOf(h, ip, now)
+			rule.MonthPolicyOf(h, ip, now)
 		}
 
 		reject(p, w.rw, w.req, ip, t.Reset, now)
@@ -200,9 +173,9 @@ func (w *watchWriter) chargeIP() bool {
 		return true
 	}
 
-	if p.headers && (w.prevLeft < 0 || t.Left < w.prevLeft) {
+	if p.headers && (w.prevLeft < 0 || limit.FewerLeft(t.Left, w.prevLeft)) {
 		setHeaders(h, ip, t.Left, t.Reset, t.ResetH, now)
-		monthPolicyOf(h, ip, now)
+		rule.MonthPolicyOf(h, ip, now)
 	}
 
 	return false
@@ -493,7 +466,7 @@ func chargeStatus(w *watchWriter, code int) {
 	c := chargeOf(layers, w.client, w.principal, w.req, now, p.dryRun)
 	take(p.stores, &t, c)
 
-	if p.headers && t.Shown >= 0 && (w.prevLeft < 0 || t.Left < w.prevLeft) {
+	if p.headers && t.Shown >= 0 && (w.prevLeft < 0 || limit.FewerLeft(t.Left, w.prevLeft)) {
 		setHeaders(w.rw.Header(), layers[t.Shown], t.Left, t.Reset, t.ResetH, now)
 	}
 

@@ -1,7 +1,6 @@
 package tierlimit
 
 import (
-	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/redisstore"
 	"github.com/tierlimit/tierlimit/rule"
 
@@ -19,14 +18,11 @@ const keyOfConst = rule.KeyOfConst
 const keyOfHeader = rule.KeyOfHeader
 const keyOfHost = rule.KeyOfHost
 const keyOfPrincipal = rule.KeyOfPrincipal
-const keyOfPrincipalElseClient = rule.KeyOfPrincipalElseClient
 
 type charge = rule.Charge
 type layer = rule.Layer
 type tally = rule.Tally
 type window = rule.Window
-
-const maxHostKeyLen = memstore.MaxHostKeyLen
 
 const nsPerMillisecond = redisstore.NsPerMillisecond
 

@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tierlimit/tierlimit/answer"
 	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/events"
 	"github.com/tierlimit/tierlimit/memstore"
@@ -58,7 +57,7 @@ func chooseMode(s *config.Settings) mode {
 	switch {
 	case !s.Enabled || !on && s.WSMaxPerIP == 0:
 		return modeOff
-	case anyConcurrency(s):
+	case config.AnyConcurrency(s):
 		return modeGeneral // serveGeneral releases the slots (inflight.go)
 	case redisFastEligible(s, fixed, routes):
 		return modeRedis
@@ -74,7 +73,7 @@ func chooseMode(s *config.Settings) mode {
 		// classifyPath hands principals to principalPath, which reads no
 		// plan: plans with routes are served in general.
 		return modeGeneral
-	case s.UserHeader == "" && anonymousPlanMayBeEmpty(s):
+	case s.UserHeader == "" && config.AnonymousPlanMayBeEmpty(s):
 		// anonymousPath does not handle an empty plan: rare
 		// configurations, served in general.
 		return modeGeneral
@@ -85,20 +84,13 @@ func chooseMode(s *config.Settings) mode {
 	return modeAnonymous
 }
 
-// anonymousPlanMayBeEmpty reports whether an anonymous request may meet a
-// plan with no layer: the anonymous one, or, when there are asset paths,
-// the assets one.
-func anonymousPlanMayBeEmpty(s *config.Settings) bool {
-	return !planOn(s, anonymousPlan) || len(s.AssetPaths) > 0 && !planOn(s, assetPlan)
-}
-
 // build makes the Plugin of a parsed configuration.
 //
 // Registries hand out the middleware's shared state (counters, connection
 // caps, Redis backends) held until ctx, which Traefik cancels at the next
 // configuration reload, is done (lifetime/lifetime.go).
 func build(ctx context.Context, cfg *config.Settings, next http.Handler, name string) *Plugin {
-	memory := registry.get(ctx, name, cfg.MaxTracked)
+	memory := memstore.StoreOf(ctx, name, cfg.MaxTracked)
 
 	p := &Plugin{
 		next:    next,
@@ -111,7 +103,7 @@ func build(ctx context.Context, cfg *config.Settings, next http.Handler, name st
 		memory:  memory,
 		dryRun:  cfg.DryRun,
 		headers: cfg.Headers,
-		held:    anyConcurrency(cfg),
+		held:    config.AnyConcurrency(cfg),
 
 		pathForms: pathForms{assetPaths: cfg.AssetPaths},
 		Principal: request.Principal{
@@ -136,7 +128,7 @@ func build(ctx context.Context, cfg *config.Settings, next http.Handler, name st
 	}
 
 	for _, l := range all {
-		l.Refusal = newRefusal(cfg, l)
+		l.Refusal = rule.NewRefusal(cfg, l)
 	}
 
 	splitCountStatus(p.routes)
@@ -203,27 +195,28 @@ func loudReserves(routes []*route) {
 func (p *Plugin) buildOperations(ctx context.Context, cfg *config.Settings, memory *memstore.WindowStore, built []*layer) {
 	if cfg.WSMaxPerIP > 0 {
 		p.ws = connCounters.get(ctx, p.name, cfg.WSMaxPerIP)
-		p.wsLayer = newLayer(memory, config.Rule{Name: layerWebsocket, Points: int64(cfg.WSMaxPerIP), Duration: time.Second}, keyOfClient)
+		p.wsLayer = newLayer(memory, config.Rule{Name: config.LayerWebsocket, Points: int64(cfg.WSMaxPerIP), Duration: time.Second}, keyOfClient)
 	}
 
 	if len(cfg.ExemptIPs)+len(cfg.ExemptIDs) > 0 {
 		p.exempt = &exemptions{ips: cfg.ExemptIPs, ids: cfg.ExemptIDs}
 		if !cfg.ExemptGlobal {
-			p.exempt.plan = chargedTo(built, exemptPlan)
+			p.exempt.plan = rule.ChargedTo(built, config.ExemptPlan)
 		}
 	}
 }
 
 // buildLayers makes the layers (built-in, of plans:, of routes) and the
-// plans; it returns the built-in layers, aligned with builtinLayers (nil
-// where off, or where the instance never charges the layer: neverCharged).
+// plans; it returns the built-in layers, aligned with config.Builtins (nil
+// where off, or where the instance never charges the layer:
+// config.NeverCharged).
 // So the status page, the metrics and the reset endpoint know the layers the
 // instance can charge only.
 func (p *Plugin) buildLayers(cfg *config.Settings, memory *memstore.WindowStore) []*layer {
-	built := make([]*layer, len(builtinLayers))
-	for i, row := range builtinLayers {
-		if !neverCharged(cfg, row.Name) {
-			built[i] = newLayer(memory, cfg.Builtin[i], row.keyKind)
+	built := make([]*layer, len(config.Builtins))
+	for i, row := range config.Builtins {
+		if !config.NeverCharged(cfg, row.Name) {
+			built[i] = newLayer(memory, cfg.Builtin[i], rule.BuiltinKeyKind(row))
 		}
 	}
 
@@ -250,40 +243,10 @@ func (p *Plugin) buildLayers(cfg *config.Settings, memory *memstore.WindowStore)
 	}
 
 	p.plans = drawPlans(built)
-	p.planNamed = drawNamedPlans(built, cfg.Plans, named)
-	quietDryRuns(p.layers)
+	p.planNamed = rule.NamedPlans(built, cfg.Plans, named)
+	rule.QuietDryRuns(p.layers)
 
 	return built
-}
-
-// neverCharged reports whether an instance never charges the built-in layer
-// called name, whatever its points: user and service without a principal
-// (principal.userHeader empty, the edge), service without its flag's header,
-// assets without asset paths.
-func neverCharged(cfg *config.Settings, name string) bool {
-	switch name {
-	case layerUser:
-		return cfg.UserHeader == ""
-	case layerService:
-		return cfg.UserHeader == "" || cfg.ServiceHeader == ""
-	case layerAssets:
-		return len(cfg.AssetPaths) == 0
-	}
-
-	return false
-}
-
-// quietDryRuns marks the dry-run layers quiet unless every layer is in dry
-// run (layer.quiet).
-func quietDryRuns(layers []*layer) {
-	enforced := false
-	for _, l := range layers {
-		enforced = enforced || !l.DryRun
-	}
-
-	for _, l := range layers {
-		l.Quiet = l.DryRun && enforced
-	}
 }
 
 // buildRoutes makes the route layers that are on, and the methods they are
@@ -300,7 +263,7 @@ func buildRoutes(memory *memstore.WindowStore, specs []config.Route) ([]*route, 
 		}
 
 		rt := &route{
-			layer: newLayer(memory, rs.Rule, routeKeyKinds[rs.Key]), exact: withTrailingSlash(rs.Exact), prefixes: rs.Prefixes,
+			layer: newLayer(memory, rs.Rule, rule.RouteKeyKinds[rs.Key]), exact: withTrailingSlash(rs.Exact), prefixes: rs.Prefixes,
 			caseSensitive: rs.CaseSensitive, cost: rs.Cost, countStatus: rs.CountStatus,
 		}
 		if len(rs.Methods) > 0 {
@@ -357,7 +320,7 @@ func routePlans(memory *memstore.WindowStore, rt *route, rs config.Route) map[st
 
 	for _, spec := range rs.Plans {
 		alt := *rt
-		alt.layer = newLayer(memory, spec, routeKeyKinds[rs.Key])
+		alt.layer = newLayer(memory, spec, rule.RouteKeyKinds[rs.Key])
 		if alt.layer != nil {
 			alt.layer.MinCost, alt.layer.Settles = rt.layer.MinCost, rt.layer.Settles
 		} else {
@@ -434,34 +397,13 @@ func newLayer(memory *memstore.WindowStore, spec config.Rule, keyKind int) *laye
 	return l
 }
 
-// newRefusal is the configured refusal of layer l.
-func newRefusal(cfg *config.Settings, l *layer) rule.Refusal {
-	r := rule.Refusal{Policy: answer.Policy{
-		Status:      cfg.RefusalStatus,
-		ContentType: answer.JSONContentType,
-		BodyPrefix:  `{"errors":[{"message":"Hit rate limit","extensions":{"code":"REQUESTS_EXCEEDED","limit":` + l.Limit + `,"reset":"`,
-		BodySuffix:  `","layer":"` + l.Name + `"}}]}`,
-	}}
-
-	if cfg.RefusalType != answer.JSONContentType[0] {
-		r.ContentType = []string{cfg.RefusalType}
-	}
-
-	if cfg.ResponseBody != "" {
-		body, _ := answer.ParseBodyTemplate(cfg.ResponseBody) // checked by config.Parse
-		r.Body = answer.BindLayer(body, l.Name, l.Limit)
-	}
-
-	return r
-}
-
 // buildStore says where the instance counts (stores): memory, or Redis
 // with memory as its fallback, and what applies on top (blocks, memory
 // layers of a Redis instance, month policies).
 func (p *Plugin) buildStore(ctx context.Context, cfg *config.Settings, name string, memory *memstore.WindowStore) {
 	st := p.stores
-	st.blocks = anyBlock(p.layers)
-	st.month = anyMonth(p.layers)
+	st.blocks = rule.AnyBlock(p.layers)
+	st.month = rule.AnyMonth(p.layers)
 	st.plain = !st.blocks && !st.month
 
 	if cfg.Store != config.StoreRedis {
@@ -471,7 +413,7 @@ func (p *Plugin) buildStore(ctx context.Context, cfg *config.Settings, name stri
 
 	st.plain = false
 
-	rs := redisstore.New(ctx, cfg, name, memory, registry.blockListFor(ctx, name, cfg.MaxTracked), p.layers)
+	rs := redisstore.New(ctx, cfg, name, memory, redisstore.BlockListOf(ctx, name, cfg.MaxTracked), p.layers)
 	rs.Clock = func() time.Time { return p.now() }
 	st.redis = rs
 	redisstore.SetCurrent(name, rs)
@@ -479,165 +421,22 @@ func (p *Plugin) buildStore(ctx context.Context, cfg *config.Settings, name stri
 		p.fast = newRedisFast(rs, p.plans)
 	}
 
-	if anyMemoryLayer(cfg) {
-		st.mixed = true
-		st.blocks = false
-		for _, l := range p.layers {
-			if l.Memory && l.BlockDuration != 0 {
-				st.blocks = true
-			}
-		}
-	}
+	st.mixed = config.AnyMemoryLayer(cfg)
 }
-
-// The built-in layers as data. builtinLayers is config.Builtins (the
-// defaults, parsing and validation: config/layers.go) with what each layer
-// charges: the mode choice (chooseMode) and the plans (drawPlans) read it, so
-// that a layer is one row. A plan is drawn up from the classes of requests its
-// layers charge (the plan rules below), not from layer names. The plans of
-// plans: (config/plans.go), charged instead of user, are one more rule
-// (namedPlan) with a layer of their own each.
-
-// Layer names and key values: configuration's (config/layers.go).
-const (
-	layerGlobal    = config.LayerGlobal
-	layerIP        = config.LayerIP
-	layerAssets    = config.LayerAssets
-	layerUser      = config.LayerUser
-	layerService   = config.LayerService
-	layerWebsocket = config.LayerWebsocket
-
-	keyIP        = config.KeyIP
-	keyPrincipal = config.KeyPrincipal
-	keyGlobal    = config.KeyGlobal
-	keyHeader    = config.KeyHeader
-	keyHost      = config.KeyHost
-)
-
-// The classes of requests a built-in layer charges.
-const (
-	chargesAll       = iota // every request
-	chargesAnonymous        // a request without a principal, not for an asset
-	chargesAsset            // a request without a principal, for an asset (assets.pathPrefixes)
-	chargesUser             // a principal that is not a service account
-	chargesService          // a service account
-)
-
-// builtinLayer is one built-in layer: configuration's row (its name,
-// defaults and keys), the class of requests it charges and how it finds its
-// key.
-type builtinLayer struct {
-	config.Builtin
-	charges int
-	keyKind int // rule/rule.go's keyOf*, unless key: says otherwise
-}
-
-// builtinLayers in evaluation order, row for row config.Builtins: a plan
-// charges its layers in this order.
-var builtinLayers = []builtinLayer{
-	{Builtin: config.Builtins[0], charges: chargesAll, keyKind: keyOfConst},
-	{Builtin: config.Builtins[1], charges: chargesAnonymous, keyKind: keyOfClient},
-	{Builtin: config.Builtins[2], charges: chargesAsset, keyKind: keyOfClient},
-	{Builtin: config.Builtins[3], charges: chargesUser, keyKind: keyOfPrincipal},
-	{Builtin: config.Builtins[4], charges: chargesService, keyKind: keyOfPrincipal},
-}
-
-// routeKeyKinds are the key: values a route takes and how each finds its key.
-var routeKeyKinds = map[string]int{
-	keyIP: keyOfClient, keyPrincipal: keyOfPrincipalElseClient, keyGlobal: keyOfConst, keyHost: keyOfHost, keyHeader: keyOfHeader,
-}
-
-// The plan rules: the classes of built-in layers each plan of plugin.go
-// charges, in catalogue order. A credentialed request is charged the
-// layers every request pays (planCred), and, once its credential is known
-// invalid, the anonymous ones (planInvalid).
-var (
-	anonymousPlan = []int{chargesAll, chargesAnonymous}
-	assetPlan     = []int{chargesAll, chargesAsset}
-	userPlan      = []int{chargesAll, chargesUser}
-	servicePlan   = []int{chargesAll, chargesService}
-	credPlan      = []int{chargesAll}
-	invalidPlan   = []int{chargesAnonymous}
-	// exemptPlan: an exempt request still pays what every request does,
-	// unless exempt.global.
-	exemptPlan = []int{chargesAll}
-	// namedPlan: a principal whose plan header names one of plans: pays
-	// what every request does, then its plan's own layer (drawNamedPlans),
-	// in place of userPlan. Service accounts keep servicePlan.
-	namedPlan = []int{chargesAll}
-)
 
 // requestCost is what one request is charged (config.RequestCost).
 const requestCost = config.RequestCost
 
 // drawPlans draws up the plans from the built-in layers, built aligned with
-// builtinLayers (nil where off).
+// config.Builtins (nil where off), by the plan rules (config/charges.go).
 func drawPlans(built []*layer) plans {
 	return plans{
-		planIP:      chargedTo(built, anonymousPlan),
-		planAssets:  chargedTo(built, assetPlan),
-		planUser:    chargedTo(built, userPlan),
-		planService: chargedTo(built, servicePlan),
-		planCred:    chargedTo(built, credPlan),
-		planInvalid: chargedTo(built, invalidPlan),
+		planIP:      rule.ChargedTo(built, config.AnonymousPlan),
+		planAssets:  rule.ChargedTo(built, config.AssetPlan),
+		planUser:    rule.ChargedTo(built, config.UserPlan),
+		planService: rule.ChargedTo(built, config.ServicePlan),
+		planCred:    rule.ChargedTo(built, config.CredPlan),
+		planInvalid: rule.ChargedTo(built, config.InvalidPlan),
 		planCost:    requestCost,
 	}
-}
-
-// drawNamedPlans draws up the plan of each of plans: (specs, by name), whose
-// layers are named (aligned with specs, nil where off: that plan charges
-// namedPlan's layers only). nil when there are no plans.
-func drawNamedPlans(built []*layer, specs []config.Rule, named []*layer) map[string][]*layer {
-	if len(specs) == 0 {
-		return nil
-	}
-
-	out := make(map[string][]*layer, len(specs))
-
-	for i, spec := range specs {
-		layers := chargedTo(built, namedPlan)
-		if named[i] != nil {
-			layers = append(layers, named[i])
-		}
-
-		out[spec.Name] = layers
-	}
-
-	return out
-}
-
-// chargedTo lists, in catalogue order, the layers that are on among those of
-// the classes; nil when none is.
-func chargedTo(built []*layer, classes []int) []*layer {
-	var out []*layer
-
-	for i, row := range builtinLayers {
-		if built[i] != nil && hasClass(classes, row.charges) {
-			out = append(out, built[i])
-		}
-	}
-
-	return out
-}
-
-// planOn reports whether some built-in layer of the classes is on: whether
-// the plan of those classes charges anything but routes.
-func planOn(s *config.Settings, classes []int) bool {
-	for i, row := range builtinLayers {
-		if s.Builtin[i].On() && hasClass(classes, row.charges) {
-			return true
-		}
-	}
-
-	return false
-}
-
-func hasClass(classes []int, c int) bool {
-	for _, k := range classes {
-		if k == c {
-			return true
-		}
-	}
-
-	return false
 }

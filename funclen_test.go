@@ -152,3 +152,62 @@ func funcName(fn *ast.FuncDecl) string {
 
 	return fn.Name.Name
 }
+
+// The root package holds what no sub-package owns (doc.go, CONTRIBUTING.md):
+// maxRootLines bounds its hand-written runtime lines (its non-test files,
+// the generated ones aside), and maxRootAliases its type aliases, each one
+// a name the request path needs unqualified (doc.go: qualified names).
+const (
+	maxRootLines   = 3000
+	maxRootAliases = 5
+)
+
+// TestRootHoldsWhatNoPackageOwns counts the root package's hand-written
+// runtime lines, as wc -l does, and its type aliases: code that grows past
+// the bar goes to the package of its concern.
+func TestRootHoldsWhatNoPackageOwns(t *testing.T) {
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	lines := 0
+	var aliases []string
+	fset := token.NewFileSet()
+
+	for _, path := range files {
+		if strings.HasSuffix(path, "_test.go") || strings.HasSuffix(path, "_gen.go") {
+			continue
+		}
+
+		src, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+
+		lines += strings.Count(string(src), "\n")
+
+		f, err := parser.ParseFile(fset, path, src, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+
+		for _, decl := range f.Decls {
+			if g, ok := decl.(*ast.GenDecl); ok && g.Tok == token.TYPE {
+				for _, spec := range g.Specs {
+					if ts, ok := spec.(*ast.TypeSpec); ok && ts.Assign.IsValid() {
+						aliases = append(aliases, path+" "+ts.Name.Name)
+					}
+				}
+			}
+		}
+	}
+
+	if lines > maxRootLines {
+		t.Errorf("the root package has %d hand-written lines, more than %d: move what has a package of its own there (CONTRIBUTING.md)", lines, maxRootLines)
+	}
+
+	if len(aliases) > maxRootAliases {
+		t.Errorf("the root package has %d type aliases, more than %d: %s", len(aliases), maxRootAliases, strings.Join(aliases, ", "))
+	}
+}

@@ -5,6 +5,7 @@ import (
 
 	"github.com/tierlimit/tierlimit/answer"
 	"github.com/tierlimit/tierlimit/request"
+	"github.com/tierlimit/tierlimit/rule"
 )
 
 // The general path serves modeGeneral, and the route matches of
@@ -102,7 +103,7 @@ func serveUpgrade(p *Plugin, out, rw http.ResponseWriter, req *http.Request, cli
 // writes a month layer's policy when take marked it (stores.month).
 func reportTally(p *Plugin, rw http.ResponseWriter, t *tally, c *charge) {
 	if t.Firsts&monthPolicyBit != 0 {
-		setMonthPolicy(rw.Header(), c.Layers[t.Shown], c.Now)
+		rule.SetMonthPolicy(rw.Header(), c.Layers[t.Shown], c.Now)
 	}
 
 	if t.Firsts&^monthPolicyBit != 0 {

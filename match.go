@@ -1,7 +1,6 @@
 package tierlimit
 
 import (
-	"net"
 	"net/http"
 	"strings"
 
@@ -37,7 +36,7 @@ func keyFor(l *layer, client, principal string, req *http.Request) string {
 			return client
 		}
 
-		return hostKey(req.Host, client)
+		return request.HostKey(req.Host, client)
 	}
 
 	if principal != "" {
@@ -100,25 +99,6 @@ func hasAnyPrefix(path string, prefixes []string) bool {
 	}
 
 	return false
-}
-
-// hostKey is the bucket key of a layer keyed by host: the request's host,
-// without its port, in lower case, or client when the request has none.
-func hostKey(host, client string) string {
-	if h, _, err := net.SplitHostPort(host); err == nil {
-		host = h
-	}
-
-	host = strings.ToLower(strings.TrimSuffix(strings.TrimSpace(host), "."))
-	if host == "" {
-		return client
-	}
-
-	if len(host) > maxHostKeyLen {
-		return request.HashKey(host)
-	}
-
-	return "host:" + host
 }
 
 // isAsset reports whether the request's canonical path starts with an asset

@@ -110,8 +110,8 @@ type redisFast struct {
 	assets *redisPlan // nil without asset prefixes
 }
 
-// redisPlan is the script call of a plan: the command is heads[len(client)]
-// + client + tail.
+// redisPlan is the script call of a plan (redisstore.FastCall): the command
+// is heads[len(client)] + client + tail.
 type redisPlan struct {
 	call  redisresp.Call
 	heads []string // the call's head, the keys before the client's, and its length and prefix
@@ -167,15 +167,15 @@ const maxFastClientKey = 64
 
 // sharedClient reports whether the layers keyed by the client that a Redis
 // path charges (ip, and assets when on) count in Redis, and whether an
-// instance with layers counted in memory (anyMemoryLayer) counts the others
+// instance with layers counted in memory (config.AnyMemoryLayer) counts the others
 // exactly: mixedPath charges both stores, the synced counters' path
 // (syncedPath) Redis's alone.
 func sharedClient(s *config.Settings) bool {
-	if !anyMemoryLayer(s) {
+	if !config.AnyMemoryLayer(s) {
 		return true
 	}
 
-	return s.SyncInterval == 0 && !s.Spec(layerIP).Memory && !s.Spec(layerAssets).Memory
+	return s.SyncInterval == 0 && !s.Spec(config.LayerIP).Memory && !s.Spec(config.LayerAssets).Memory
 }
 
 // oneSlot reports whether a Redis path's call has its keys in one slot: on
@@ -183,7 +183,7 @@ func sharedClient(s *config.Settings) bool {
 // counts in memory (mixedPath), so that the call's layers in Redis are
 // those keyed by the client, whose key's hash tag it is.
 func oneSlot(s *config.Settings) bool {
-	return s.Redis.Cluster == nil || s.Spec(layerGlobal).On() && s.Spec(layerGlobal).Memory
+	return s.Redis.Cluster == nil || s.Spec(config.LayerGlobal).On() && s.Spec(config.LayerGlobal).Memory
 }
 
 // newRedisFast encodes the calls of the plans of a modeRedis instance.
@@ -199,58 +199,15 @@ func newRedisFast(rs *redisstore.RedisStore, ps plans) *redisFast {
 }
 
 // newRedisPlan encodes the call of a plan with one layer keyed by the client
-// as encodeCall encodes it, but for ARGV[1]: "2", the one-integer reply; each
-// request costs cost.
+// (redisstore.EncodeFast); each request costs cost.
 func newRedisPlan(rs *redisstore.RedisStore, layers []*layer, cost int64) *redisPlan {
-	rp := &redisPlan{layers: layers}
-	for i, l := range layers {
-		if l.Memory {
-			rp.memory = append(rp.memory, l)
-			rp.memoryAt = append(rp.memoryAt, i)
-		} else {
-			rp.shared = append(rp.shared, l)
-			rp.sharedAt = append(rp.sharedAt, i)
-		}
+	memory, shared, memoryAt, sharedAt := redisstore.SplitLayers(layers)
+	f := redisstore.EncodeFast(rs, shared, cost, maxFastClientKey)
+
+	return &redisPlan{
+		call: f.Call, heads: f.Heads, tail: f.Tail, cluster: f.Cluster,
+		layers: layers, shared: shared, memory: memory, sharedAt: sharedAt, memoryAt: memoryAt,
 	}
-
-	rp.call = redisstore.CallFor(rs, len(rp.shared))
-	rp.cluster = redisstore.ClusterOf(rs.Backend)
-	front, key, tail, args := rp.call.Head(), "", "", redisstore.ArgOneInteger+redisstore.CostArg(cost)
-	seen := false
-
-	for _, l := range rp.shared {
-		args += l.RedisArgs
-
-		switch {
-		case l.KeyKind != keyOfConst && rp.cluster != nil:
-			// The client is the key's hash tag, as redisstore.ClusterKey
-			// writes it: the key's slot is the client's.
-			key = l.RedisKey + "{"
-			tail = "}\r\n"
-			seen = true
-		case l.KeyKind != keyOfConst:
-			key = l.RedisKey
-			tail = "\r\n"
-			seen = true
-		case seen:
-			tail += l.RedisConstKey
-		default:
-			front += l.RedisConstKey
-		}
-	}
-
-	rp.tail = tail + args
-
-	extra := 0
-	if rp.cluster != nil {
-		extra = 1 // the "}" after the client
-	}
-
-	for n := 0; n < maxFastClientKey; n++ {
-		rp.heads = append(rp.heads, front+"$"+strconv.Itoa(len(key)+n+extra)+"\r\n"+key)
-	}
-
-	return rp
 }
 
 // redisFastEligible tells chooseMode whether an instance that would
@@ -261,7 +218,7 @@ func redisFastEligible(s *config.Settings, fixed, routes bool) bool {
 		s.Headers && !s.DryRun && fixed && !routes && s.WSMaxPerIP == 0 &&
 		s.UserHeader == "" && len(s.CredHeaders)+len(s.CredCookies)+len(s.CredQuery) == 0 &&
 		len(s.ExemptIPs)+len(s.ExemptIDs) == 0 &&
-		s.Spec(layerIP).On() && (s.Spec(layerAssets).On() || len(s.AssetPaths) == 0)
+		s.Spec(config.LayerIP).On() && (s.Spec(config.LayerAssets).On() || len(s.AssetPaths) == 0)
 }
 
 // redisPath is the handler of modeRedis (see paths.go's handlers).

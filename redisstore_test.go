@@ -563,7 +563,7 @@ func TestClusterKeysShareASlotPerClientAndPrincipal(t *testing.T) {
 		return &layer{Limits: rule.Limits{Name: name, KeyKind: kind, ConstKey: "global"}, RedisEncoding: rule.RedisEncoding{RedisKey: "ratelimit:mw:" + name + ":"}}
 	}
 
-	ip, login, byPrincipal, global := mk("ip", keyOfClient), mk("login", keyOfClient), mk("upload", keyOfPrincipalElseClient), mk("global", keyOfConst)
+	ip, login, byPrincipal, global := mk("ip", keyOfClient), mk("login", keyOfClient), mk("upload", rule.KeyOfPrincipalElseClient), mk("global", keyOfConst)
 
 	if k := redisstore.ClusterKey(ip, keyFor(ip, "198.51.100.7", "", nil)); k != "ratelimit:mw:ip:{198.51.100.7}" {
 		t.Fatalf("ip key %q", k)

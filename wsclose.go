@@ -69,7 +69,7 @@ func (c *connCounter) release(ip string) {
 
 // connCounters holds one connCounter per middleware name while some instance
 // of the middleware uses it or it counts open connections (lifetime/lifetime.go,
-// stores.go), like the memory store.
+// connLive in stores.go), like the memory store (memstore.Stores).
 var connCounters = &counterRegistry{byName: lifetime.NewKeepingRegistry(connLive)}
 
 type counterRegistry struct {

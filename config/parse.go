@@ -29,7 +29,7 @@ type Settings struct {
 	Hops       int
 	IPv6Prefix int
 	MaxTracked int
-	Builtin    []Rule   // aligned with builtinLayers
+	Builtin    []Rule   // aligned with Builtins
 	AssetPaths []string // canonical (canonicalPattern); nil when none
 	AssetsCase bool     // assets.caseSensitive
 	Routes     []Route

@@ -59,9 +59,9 @@ func unspend(w *window, l *layer, cost int64) {
 // bucket only once the chain has told a real credential from a garbage one.
 // A window that has ended since is left alone: the charge went with it. A
 // concurrency layer gives back the slot of a request admitted at c.Now (a
-// Redis refusal after the memory layers of takeMixed, a costFrom route's
+// Redis refusal after the memory layers of redisstore.TakeMixed, a costFrom route's
 // refusal after the other layers, the mirror of Redis's slot); a deferred
-// refund leaves concurrency layers out (../after.go chargedOnly), the
+// refund leaves concurrency layers out (rule.ChargedOnly), the
 // request's release frees their slot.
 func Refund(s *WindowStore, c *charge, cost int64) {
 	s.Mu.Lock()

@@ -15,14 +15,14 @@ const (
 	KeyOfConst                      // Limits.ConstKey (global, routes keyed by global)
 	KeyOfPrincipalElseClient        // routes keyed by principal
 	KeyOfHeader                     // "header:<Name>": the value hashed, else the client IP
-	KeyOfHost                       // "host": the request's host (hostKey), else the client IP
+	KeyOfHost                       // "host": the request's host (request.HostKey), else the client IP
 )
 
 // Layer is a layer as the request path uses it, in parts by concern. The
 // parts are embedded so that the request path reads l.Points, l.Entries,
 // l.LimitHdr alike. NewLayer (build.go) builds Limits and HeaderTable,
 // memstore's Attach memCounters, redisstore's Encode and New RedisEncoding,
-// the root's newRefusal Refusal.
+// NewRefusal Refusal.
 type Layer struct {
 	Limits
 	Stats *Stats // decisions since the process started, shared across reloads
@@ -74,9 +74,9 @@ type Limits struct {
 	// at UtcOffset, nanoseconds east of UTC (limit.Period; 0: none).
 	Calendar  int
 	UtcOffset int64
-	Month     *MonthPolicy // a month layer's RateLimit-Policy (the root's stores.month)
+	Month     *MonthPolicy // a month layer's RateLimit-Policy (month.go)
 	// Memory marks the layer of a Redis instance that is counted in memory
-	// (the root's takeMixed).
+	// (../redisstore/mixed.go).
 	Memory bool
 	// Settles marks a costFrom route's layer, whose counts fall when a
 	// response reports less than its reservation (../meter.go): the Redis

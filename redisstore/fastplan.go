@@ -1,0 +1,65 @@
+package redisstore
+
+import (
+	"strconv"
+
+	"github.com/tierlimit/tierlimit/redisresp"
+)
+
+// FastCall is the script call of a plan of the root's Redis fast path (a
+// plan with one layer keyed by the client, paths.go's redisPlan), encoded
+// once but for the client's key: the command is Heads[len(client)] +
+// client + Tail.
+type FastCall struct {
+	Call  redisresp.Call
+	Heads []string // the call's head, the keys before the client's, and its length and prefix
+	Tail  string   // the end of the client's key, the keys after it, the arguments
+	// Cluster is the Redis Cluster the call goes to (nil: one server or a
+	// Sentinel's primary), on the node of the client's slot: the plan's
+	// layers in Redis are then those keyed by the client alone.
+	Cluster *redisresp.Cluster
+}
+
+// EncodeFast encodes the call that charges shared, the layers in Redis of
+// such a plan, as EncodeCall encodes it but for ARGV[1]: "2", the
+// one-integer reply; each request costs cost. Client keys up to maxClient
+// bytes have their head.
+func EncodeFast(s *RedisStore, shared []*layer, cost int64, maxClient int) FastCall {
+	f := FastCall{Call: CallFor(s, len(shared)), Cluster: ClusterOf(s.Backend)}
+	front, key, tail, args := f.Call.Head(), "", "", ArgOneInteger+CostArg(cost)
+	seen := false
+
+	for _, l := range shared {
+		args += l.RedisArgs
+
+		switch {
+		case l.KeyKind != keyOfConst && f.Cluster != nil:
+			// The client is the key's hash tag, as ClusterKey writes it:
+			// the key's slot is the client's.
+			key = l.RedisKey + "{"
+			tail = "}\r\n"
+			seen = true
+		case l.KeyKind != keyOfConst:
+			key = l.RedisKey
+			tail = "\r\n"
+			seen = true
+		case seen:
+			tail += l.RedisConstKey
+		default:
+			front += l.RedisConstKey
+		}
+	}
+
+	f.Tail = tail + args
+
+	extra := 0
+	if f.Cluster != nil {
+		extra = 1 // the "}" after the client
+	}
+
+	for n := 0; n < maxClient; n++ {
+		f.Heads = append(f.Heads, front+"$"+strconv.Itoa(len(key)+n+extra)+"\r\n"+key)
+	}
+
+	return f
+}
