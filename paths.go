@@ -186,6 +186,14 @@ func oneSlot(s *config.Settings) bool {
 	return s.Redis.Cluster == nil || s.Spec(layerGlobal).On() && s.Spec(layerGlobal).Memory
 }
 
+// slotsServed reports whether a Redis path serves the instance's keys
+// wherever their slots are: in one slot (oneSlot), or with
+// redis.syncInterval, whose path makes no Redis call (syncedPath: the
+// leases go off the request path, one call per slot, SendLeases).
+func slotsServed(s *config.Settings) bool {
+	return oneSlot(s) || s.SyncInterval > 0
+}
+
 // newRedisFast encodes the calls of the plans of a modeRedis instance.
 func newRedisFast(rs *redisstore.RedisStore, ps plans) *redisFast {
 	f := &redisFast{store: rs, ip: newRedisPlan(rs, ps.planIP, 1)}
@@ -257,7 +265,7 @@ func newRedisPlan(rs *redisstore.RedisStore, layers []*layer, cost int64) *redis
 // otherwise take the general path meets what redisPath needs (see the
 // top of this file).
 func redisFastEligible(s *config.Settings, fixed, routes bool) bool {
-	return s.Store == config.StoreRedis && sharedClient(s) && oneSlot(s) &&
+	return s.Store == config.StoreRedis && sharedClient(s) && slotsServed(s) &&
 		s.Headers && !s.DryRun && fixed && !routes && s.WSMaxPerIP == 0 &&
 		s.UserHeader == "" && len(s.CredHeaders)+len(s.CredCookies)+len(s.CredQuery) == 0 &&
 		len(s.ExemptIPs)+len(s.ExemptIDs) == 0 &&
