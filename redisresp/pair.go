@@ -23,13 +23,26 @@ import (
 // a pool yet: RunInts reads the map and makes the pools). err says a call
 // was left without a reply; its node is marked down, as RunInts marks it.
 func PairInts(c *Cluster, slotA int, cmdA string, slotB int, cmdB string) (int64, []int64, int64, []int64, error) {
-	pa, pb := pairPools(c, slotA, slotB)
+	var pa, pb *Pool
+	var ca, cb *Conn
+	c.mu.Lock()
+	if c.owner != nil && !c.stale && !c.closed && len(c.down) == 0 {
+		pa = c.pools[c.addrs[c.owner[slotA]]]
+		pb = c.pools[c.addrs[c.owner[slotB]]]
+	}
+	c.mu.Unlock()
 	if pa == nil || pb == nil {
 		return -1, nil, -1, nil, nil
 	}
 
-	ca := idleConn(pa)
-	cb := ca
+	pa.mu.Lock()
+	if n := len(pa.idle); n > 0 && !pa.closed {
+		ca = pa.idle[n-1]
+		pa.idle = pa.idle[:n-1]
+	}
+	pa.mu.Unlock()
+
+	cb = ca
 	if pb != pa {
 		cb = idleConn(pb)
 	}
@@ -41,8 +54,7 @@ func PairInts(c *Cluster, slotA int, cmdA string, slotB int, cmdB string) (int64
 		}
 	}
 
-	deadline := time.Now().Add(c.opts.Timeout)
-	if !sendCmd(ca, deadline, cmdA) || !sendCmd(cb, deadline, cmdB) {
+	if !sendPair(ca, cmdA, cb, cmdB, time.Now().Add(c.opts.Timeout)) {
 		return -1, nil, -1, nil, pairUnsent(c, pa, ca, pb, cb)
 	}
 
@@ -50,31 +62,25 @@ func PairInts(c *Cluster, slotA int, cmdA string, slotB int, cmdB string) (int64
 	vb, ib := recvInts(cb)
 
 	if va < 0 || vb < 0 {
-		err = pairEnd(c, pa, ca, pb, cb)
-	} else {
+		return va, ia, vb, ib, pairEnd(c, pa, ca, pb, cb)
+	}
+
+	pa.mu.Lock()
+	if !pa.closed && pa.waiting == 0 {
+		pa.idle = append(pa.idle, ca)
+		ca = nil
+	}
+	pa.mu.Unlock()
+
+	if ca != nil {
 		giveBack(pa, ca)
-		if pb != pa {
-			giveBack(pb, cb)
-		}
 	}
 
-	return va, ia, vb, ib, err
-}
-
-// pairPools returns the pools of the nodes that serve slotA and slotB, or
-// nil when the map is not known, stale or closed, a node is down, or a
-// node has no pool yet (PairInts).
-func pairPools(c *Cluster, slotA, slotB int) (*Pool, *Pool) {
-	var pa, pb *Pool
-
-	c.mu.Lock()
-	if c.owner != nil && !c.stale && !c.closed && len(c.down) == 0 {
-		pa = c.pools[c.addrs[c.owner[slotA]]]
-		pb = c.pools[c.addrs[c.owner[slotB]]]
+	if pb != pa {
+		giveBack(pb, cb)
 	}
-	c.mu.Unlock()
 
-	return pa, pb
+	return va, ia, vb, ib, nil
 }
 
 // idleConn takes an idle connection of p, or returns nil, as ScriptInts
@@ -163,6 +169,22 @@ func waitConn(c *Cluster, p *Pool, conn *Conn) (*Conn, error) {
 	}
 
 	return conn, nil
+}
+
+// sendPair writes cmdA to ca and cmdB to cb (one connection or two) within
+// deadline, and reports whether both went (sendCmd).
+func sendPair(ca *Conn, cmdA string, cb *Conn, cmdB string, deadline time.Time) bool {
+	if ca.err == nil && cb.err == nil && ca.nc.SetDeadline(deadline) == nil && cb.nc.SetDeadline(deadline) == nil {
+		if _, err := io.WriteString(ca.nc, cmdA); err == nil {
+			if _, err = io.WriteString(cb.nc, cmdB); err == nil {
+				return true
+			}
+
+			return sendCmd(cb, deadline, cmdB) // a late write, or the failure's
+		}
+	}
+
+	return sendCmd(ca, deadline, cmdA) && sendCmd(cb, deadline, cmdB)
 }
 
 // sendCmd writes cmd to c within deadline, and reports whether it went. A
