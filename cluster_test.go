@@ -1,6 +1,7 @@
 package tierlimit
 
 import (
+	"bufio"
 	"bytes"
 	"fmt"
 	"net"
@@ -10,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/redisresp"
@@ -213,6 +215,26 @@ func TestExactCountingOnAClusterSendsEachSlotItsCallTogether(t *testing.T) {
 			t.Fatalf("%s in Redis %q, want 6", ip, v)
 		}
 	}
+
+	// The calls are clusterPath's, not the general path's: global's asks
+	// for the one-integer reply (ARGV[1] "2", the general path's "0").
+	if line := monitored(t, addrs[nodeOf(global)], func() { h.get("/api", clients[0]+":1") }); !strings.Contains(line, `{global}" "2" "1"`) {
+		t.Fatalf("global's call %s, want its one-integer form", line)
+	}
+
+	// An asset: global and assets, the assets plan's pair of calls.
+	if rec := h.get("/assets/app.js", clients[0]+":1"); rec.Code != http.StatusOK {
+		t.Fatalf("an asset: %d, want 200", rec.Code)
+	}
+
+	assets := h.p.planAssets[1].RedisKey + "{" + clients[0] + "}"
+	if v := redisDo(t, admins[nodeOf(assets)], "GET", assets).Str; v != "1" {
+		t.Fatalf("%s in Redis %q, want 1", assets, v)
+	}
+
+	if n := scriptCallsOn(t, admins) - before; n != 2*22 {
+		t.Fatalf("22 requests made %d script calls, want 44 (one per slot each)", n)
+	}
 }
 
 // TestAClusterNeverAdmitsOverThePointsAcrossSlots: requests of many
@@ -362,5 +384,41 @@ func TestAClusterNodeDownMidRequestIsDecidedInMemory(t *testing.T) {
 
 	if n := strings.Count(logs.String(), `"REDIS_UNAVAILABLE"`); n != 1 {
 		t.Fatalf("%d REDIS_UNAVAILABLE, want 1:\n%s", n, logs.String())
+	}
+}
+
+// monitored runs do while MONITOR watches the node at addr, and returns the
+// first script call the node ran.
+func monitored(t *testing.T, addr string, do func()) string {
+	t.Helper()
+
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+
+	r := bufio.NewReader(c)
+	if _, err := c.Write([]byte("MONITOR\r\n")); err != nil {
+		t.Fatal(err)
+	}
+
+	if line, err := r.ReadString('\n'); err != nil || line != "+OK\r\n" {
+		t.Fatalf("MONITOR: %q, %v", line, err)
+	}
+
+	do()
+
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+
+	for {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatalf("no script call seen: %v", err)
+		}
+
+		if strings.Contains(line, `"EVALSHA"`) || strings.Contains(line, `"evalsha"`) {
+			return line
+		}
 	}
 }
