@@ -75,7 +75,8 @@
 // what their mode guarantees them, so that the request path tests no
 // configuration it does not need. Within a mode, the shapes New can tell
 // apart take paths of their own too: a Redis instance with layers in
-// memory takes mixedPath (redisFast.mixed), a route match of a classify
+// memory takes mixedPath (redisFast.mixed), one on a Cluster with global
+// in Redis clusterPath (redisFast.pair), a route match of a classify
 // instance whose routes are fixed windows takes serveRoutedFast, or
 // serveCountedFast when some route counts statuses (routedPaths);
 // everything else, serveGeneral.

@@ -90,8 +90,8 @@ func refuseOther(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer,
 // The Redis fast path serves modeRedis. chooseMode guarantees it what
 // modeAnonymous has (headers on, no dry run, fixed windows, no principal, no
 // credential, no route, no connection cap, no exemption), with the Redis
-// store on one server or a Sentinel's primary (no Cluster) instead of
-// memory, and an ip
+// store instead of memory (on a Cluster, clusterPath, mixedPath and
+// syncedPath: slotsServed), and an ip
 // layer keyed by the client on every plan (assets too, when asset prefixes
 // apply): each plan charges global (when on) and one layer keyed by the
 // client. So the script call of a plan is encoded once but for the client's
@@ -105,6 +105,7 @@ func refuseOther(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer,
 // redisFast is what redisPath reads: the store and the plans' calls.
 type redisFast struct {
 	mixed  bool // some layer counts in memory: mixedPath
+	pair   bool // a Cluster with global in Redis: clusterPath
 	store  *redisstore.RedisStore
 	ip     *redisPlan
 	assets *redisPlan // nil without asset prefixes
@@ -126,6 +127,57 @@ type redisPlan struct {
 	// layers in Redis are then those keyed by the client alone
 	// (redisFastEligible).
 	cluster *redisresp.Cluster
+	// constCmd is clusterPath's call of the plan's first layer, global,
+	// on the node of its slot, constSlot; the call above is then that of
+	// the client's layer alone.
+	constCmd  string
+	constSlot int
+}
+
+// clusterPath is the Redis path of a modeRedis instance on a Cluster with
+// global counted in Redis (redisFast.pair): global's key and the client's
+// are in two slots, so each is charged by a call of its own on its slot's
+// node, both sent before either reply is read (redisresp.PairInts), in one
+// round trip of time. Its ServeHTTP is in paths.tmpl.
+type clusterPath Plugin
+
+// pairAllowed is global's reply on clusterPath when it is an array, count
+// and milliseconds to reset (TakeScript sends one integer only while it
+// fits a Lua number: not for a global of a billion points an hour): the
+// integer it stands for, or -1 when it does not allow the request or the
+// integer would not fit.
+func pairAllowed(ints []int64, l *layer) int64 {
+	if len(ints) != 2 || ints[0] < 1 || limit.Over(ints[0], l.Points) || ints[1] < 0 || ints[1] > l.MaxTTL {
+		return -1
+	}
+
+	left := l.Points - ints[0]
+	if left > (1<<58)/(l.MaxTTL+1) {
+		return -1
+	}
+
+	return (left*(l.MaxTTL+1) + ints[1]) * 16
+}
+
+// clusterOther is clusterPath for a request whose calls did not both allow
+// it: a call without a reply (decided in memory, as the general path
+// decides a failed call), or a refusal, a call that did not run or was not
+// sent (a redirection, a missing script, the Cluster's map to read: the
+// general path's call does it), which redisstore.SettlePair settles across
+// the two slots (all or nothing) before the request is answered from the
+// replies or decided anew.
+func clusterOther(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, client string, va int64, ia []int64, vb int64, ib []int64, err error) {
+	if err != nil {
+		redisFailed(p, rw, req, layers, client, err)
+		return
+	}
+
+	c := chargeOf(layers, client, "", req, p.now().UnixNano(), false)
+	if ints, again := redisstore.SettlePair(p.fast.store, c, va, ia, vb, ib); again {
+		serveRedisSlow(p, rw, req, layers, client)
+	} else {
+		redisReply(p, rw, req, layers, client, ints)
+	}
 }
 
 // mixedPath is the Redis path of an instance with layers counted in memory
@@ -186,6 +238,16 @@ func oneSlot(s *config.Settings) bool {
 	return s.Redis.Cluster == nil || s.Spec(config.LayerGlobal).On() && s.Spec(config.LayerGlobal).Memory
 }
 
+// slotsServed reports whether a Redis path serves the instance's keys
+// wherever their slots are: in one slot (oneSlot); with redis.syncInterval,
+// whose path makes no Redis call (syncedPath: the leases go off the request
+// path, one call per slot, SendLeases); or global in Redis beside the
+// client's layer on a Cluster (clusterPath: a call per slot, sent
+// together).
+func slotsServed(s *config.Settings) bool {
+	return oneSlot(s) || s.SyncInterval > 0 || s.Spec(layerGlobal).On()
+}
+
 // newRedisFast encodes the calls of the plans of a modeRedis instance.
 func newRedisFast(rs *redisstore.RedisStore, ps plans) *redisFast {
 	f := &redisFast{store: rs, ip: newRedisPlan(rs, ps.planIP, 1)}
@@ -194,8 +256,31 @@ func newRedisFast(rs *redisstore.RedisStore, ps plans) *redisFast {
 	}
 
 	f.mixed = f.ip.memory != nil || f.assets != nil && f.assets.memory != nil
+	if !f.mixed && f.ip.cluster != nil && ps.planIP[0].KeyKind == keyOfConst {
+		f.pair = true
+		f.ip = newClusterPair(rs, ps.planIP)
+		if ps.planAssets != nil {
+			f.assets = newClusterPair(rs, ps.planAssets)
+		}
+	}
 
 	return f
+}
+
+// newClusterPair encodes clusterPath's two calls of a plan of global and
+// one layer keyed by the client, each in its own slot on a Cluster: the
+// client's layer's as newRedisPlan encodes a plan of it alone, and
+// global's, whole.
+func newClusterPair(rs *redisstore.RedisStore, layers []*layer) *redisPlan {
+	rp := newRedisPlan(rs, layers[1:], 1)
+	rp.layers = layers
+
+	g := layers[0]
+	key := redisstore.ClusterKey(g, g.ConstKey)
+	rp.constSlot = redisresp.Slot(key)
+	rp.constCmd = rp.call.Head() + redisresp.Bulk(key) + redisstore.ArgOneInteger + redisstore.CostArg(1) + g.RedisArgs
+
+	return rp
 }
 
 // newRedisPlan encodes the call of a plan with one layer keyed by the client
@@ -214,7 +299,7 @@ func newRedisPlan(rs *redisstore.RedisStore, layers []*layer, cost int64) *redis
 // otherwise take the general path meets what redisPath needs (see the
 // top of this file).
 func redisFastEligible(s *config.Settings, fixed, routes bool) bool {
-	return s.Store == config.StoreRedis && sharedClient(s) && oneSlot(s) &&
+	return s.Store == config.StoreRedis && sharedClient(s) && slotsServed(s) &&
 		s.Headers && !s.DryRun && fixed && !routes && s.WSMaxPerIP == 0 &&
 		s.UserHeader == "" && len(s.CredHeaders)+len(s.CredCookies)+len(s.CredQuery) == 0 &&
 		len(s.ExemptIPs)+len(s.ExemptIDs) == 0 &&

@@ -619,6 +619,70 @@ func (rd *redisPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	redisAllowed(p, rw, req, layers, client, now, v)
 }
 
+// ServeHTTP is the Redis path of an instance on a Cluster whose plans
+// count global in Redis (paths.go): global's call and the client's layer's
+// go to their slots' nodes together, and when both allow, the request is
+// answered as redisPath answers one call's integer, that of the layer with
+// the fewest left (global's of equals; global's array when its integer
+// would not fit, pairAllowed). A client whose slot is global's,
+// Redis in back-off or a long key take the general decision
+// (serveRedisSlow); everything else clusterOther.
+func (cp *clusterPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
+	p := (*Plugin)(cp)
+	if p.status != nil && serveStatus(p, rw, req) {
+		return
+	}
+	client := ""
+	if req.Header["X-Forwarded-For"] == nil {
+		i := strings.LastIndexByte(req.RemoteAddr, ':')
+		if i > 0 && req.RemoteAddr[0] != '[' {
+			client = req.RemoteAddr[:i]
+		}
+	}
+	if client == "" {
+		client = request.Resolve(p.ips, req)
+	}
+	layers := p.planIP
+	rp := p.fast.ip
+	if p.assetHint != nil && p.assetHint.MatchString(req.URL.Path) && isAsset(p, req) {
+		layers = p.planAssets
+		rp = p.fast.assets
+	}
+
+	rs := p.fast.store
+	if rs.Blocked.Size.Load() != 0 && refuseBlocked(p, rw, req, layers, client) {
+		return
+	}
+
+	slot := redisresp.Slot(client)
+	if rs.Backend.Down.Load() || len(client) >= maxFastClientKey || slot == rp.constSlot {
+		serveRedisSlow(p, rw, req, layers, client)
+		return
+	}
+
+	now := p.now().UnixNano()
+	va, ia, vb, ib, err := redisresp.PairInts(rp.cluster, rp.constSlot, rp.constCmd, slot, rp.heads[len(client)]+client+rp.tail)
+	if va < 0 && vb >= 0 && err == nil {
+		va = pairAllowed(ia, layers[0])
+	}
+	if va < 0 || vb < 0 {
+		clusterOther(p, rw, req, layers, client, va, ia, vb, ib, err)
+		return
+	}
+
+	// Each integer is its call's one layer's (index 0): the client's is
+	// the plan's second.
+	if va%16 != 0 || vb%16 != 0 {
+		redisReply(p, rw, req, layers, client, nil)
+		return
+	}
+	v := va
+	if vb/16/(layers[1].MaxTTL+1) < va/16/(layers[0].MaxTTL+1) {
+		v = vb + 1
+	}
+	redisAllowed(p, rw, req, layers, client, now, v)
+}
+
 // redisAllowed answers a request of redisPath on its script's reply. It is
 // a function of its own so that a refusal from the block list does not pay
 // for its frame (a slot per variable and temporary under Yaegi).

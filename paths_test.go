@@ -251,7 +251,15 @@ func TestChooseModeRedis(t *testing.T) {
 		{"redis sentinel", with(redis, func(c *Config) {
 			c.Redis.Sentinel = &config.RedisSentinelConfig{MasterName: "m", Addresses: []string{"127.0.0.1:26379"}}
 		}), modeRedis},
-		{"redis cluster", with(redis, func(c *Config) { c.Redis.Cluster = &config.RedisClusterConfig{Addresses: []string{"127.0.0.1:7000"}} }), modeGeneral},
+		{"redis cluster", with(redis, func(c *Config) { c.Redis.Cluster = &config.RedisClusterConfig{Addresses: []string{"127.0.0.1:7000"}} }), modeRedis},
+		{"redis cluster, no global", with(redis, func(c *Config) {
+			c.Redis.Cluster = &config.RedisClusterConfig{Addresses: []string{"127.0.0.1:7000"}}
+			c.Global.Points = 0
+		}), modeGeneral},
+		{"redis cluster, synced", with(redis, func(c *Config) {
+			c.Redis.Cluster = &config.RedisClusterConfig{Addresses: []string{"127.0.0.1:7000"}}
+			c.Redis.SyncInterval = "100ms"
+		}), modeRedis},
 		{"redis, dry run", with(redis, func(c *Config) { c.DryRun = true }), modeGeneral},
 		{"redis, headers off", with(redis, func(c *Config) { c.Headers = false }), modeGeneral},
 		{"redis, sliding ip", with(redis, func(c *Config) { c.IP.Algorithm = "sliding" }), modeGeneral},

@@ -182,6 +182,10 @@ func (p *Plugin) fastPath() http.Handler {
 			return (*mixedPath)(p)
 		}
 
+		if p.fast.pair {
+			return (*clusterPath)(p)
+		}
+
 		return (*redisPath)(p)
 	}
 

@@ -43,6 +43,9 @@ var budgets = map[string]float64{
 	"redis synced refused":     250,
 	"concurrency allowed":      616,  // the general path, a slot taken and given back (memstore/concurrency.go)
 	"concurrency on redis":     2190, // the script call and the release, a second call
+	"cluster allowed":          981,  // global's call and the client's, on their nodes, sent together; global's reply an array (a billion points an hour do not fit the one integer)
+	"cluster refused":          272,
+	"cluster synced allowed":   214,
 }
 
 // gzipUsage is the JSON body of the costFrom json route, gzip-compressed.
@@ -237,6 +240,8 @@ func TestAllocationBudgets(t *testing.T) {
 	syncedRefused["redis"] = synced["redis"]
 	check(t, "redis synced refused", allocsPerRequest(build(t, "tierlimit", syncedRefused, "redissyncedrefused@budget"), nil))
 
+	checkCluster(t)
+
 	t.Logf("minimal redis limiter, for reference: allowed %.0f",
 		allocsPerRequest(build(t, "minimalredis", map[string]any{"address": r.Addr, "seconds": "3600"}, "minimalredis@budget"), nil))
 
@@ -333,4 +338,37 @@ func allocsPerRequest(h http.Handler, set func(i int, req *http.Request)) float6
 	}
 
 	return fewest
+}
+
+// checkCluster measures the shapes of a Redis Cluster of three primaries,
+// global's key and the clients' in their own slots.
+func checkCluster(t *testing.T) {
+	t.Helper()
+
+	c, err := harness.StartCluster(t.TempDir(), 3, 0)
+	if err != nil {
+		t.Fatalf("starting a redis cluster: %v", err)
+	}
+	defer c.Kill()
+
+	var seeds []any
+	for _, s := range c.Seeds() {
+		seeds = append(seeds, s)
+	}
+
+	cfg := longEdge()
+	cfg["store"] = "redis"
+	cfg["redis"] = map[string]any{"cluster": map[string]any{"addresses": seeds}, "timeout": "2s"}
+	check(t, "cluster allowed", allocsPerRequest(build(t, "tierlimit", cfg, "cluster@budget"), nil))
+
+	refused := longEdge()
+	refused["ip"] = map[string]any{"points": "1", "duration": "1h"}
+	refused["store"] = "redis"
+	refused["redis"] = cfg["redis"]
+	check(t, "cluster refused", allocsPerRequest(build(t, "tierlimit", refused, "clusterrefused@budget"), nil))
+
+	synced := longEdge()
+	synced["store"] = "redis"
+	synced["redis"] = map[string]any{"cluster": map[string]any{"addresses": seeds}, "timeout": "2s", "syncInterval": "1h"}
+	check(t, "cluster synced allowed", allocsPerRequest(build(t, "tierlimit", synced, "clustersynced@budget"), nil))
 }
