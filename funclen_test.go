@@ -156,10 +156,13 @@ func funcName(fn *ast.FuncDecl) string {
 // The root package holds what no sub-package owns (doc.go, CONTRIBUTING.md):
 // maxRootLines bounds its hand-written runtime lines (its non-test files,
 // the generated ones aside), and maxRootAliases its type aliases, each one
-// a name the request path needs unqualified (doc.go: qualified names).
+// a name the request path needs unqualified (doc.go: qualified names);
+// maxRootTestFiles its test files: the root tests the HTTP side, each
+// package's own tests sit beside it.
 const (
-	maxRootLines   = 3000
-	maxRootAliases = 5
+	maxRootLines     = 3000
+	maxRootAliases   = 5
+	maxRootTestFiles = 25
 )
 
 // TestRootHoldsWhatNoPackageOwns counts the root package's hand-written
@@ -171,11 +174,15 @@ func TestRootHoldsWhatNoPackageOwns(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	lines := 0
+	lines, tests := 0, 0
 	var aliases []string
 	fset := token.NewFileSet()
 
 	for _, path := range files {
+		if strings.HasSuffix(path, "_test.go") {
+			tests++
+		}
+
 		if strings.HasSuffix(path, "_test.go") || strings.HasSuffix(path, "_gen.go") {
 			continue
 		}
@@ -205,6 +212,10 @@ func TestRootHoldsWhatNoPackageOwns(t *testing.T) {
 
 	if lines > maxRootLines {
 		t.Errorf("the root package has %d hand-written lines, more than %d: move what has a package of its own there (CONTRIBUTING.md)", lines, maxRootLines)
+	}
+
+	if tests > maxRootTestFiles {
+		t.Errorf("the root package has %d test files, more than %d: a package's own tests go beside it, a root test beside the file of its behaviour", tests, maxRootTestFiles)
 	}
 
 	if len(aliases) > maxRootAliases {

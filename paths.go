@@ -245,7 +245,7 @@ func oneSlot(s *config.Settings) bool {
 // client's layer on a Cluster (clusterPath: a call per slot, sent
 // together).
 func slotsServed(s *config.Settings) bool {
-	return oneSlot(s) || s.SyncInterval > 0 || s.Spec(layerGlobal).On()
+	return oneSlot(s) || s.SyncInterval > 0 || s.Spec(config.LayerGlobal).On()
 }
 
 // newRedisFast encodes the calls of the plans of a modeRedis instance.
