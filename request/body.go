@@ -8,9 +8,10 @@ import (
 )
 
 // MaxBodyMembers bounds the members BodyValue looks at in each object on
-// its path: a body with more states no value. A request's JSON names a few
-// dozen; the bound keeps a body of millions of tiny members from costing
-// seconds of interpreted loop (the root's doc.go: cost).
+// its path when the body holds many: a body with more states no value. A
+// request's JSON names a few dozen; the bound keeps a body of millions of
+// tiny members from costing seconds of interpreted loop (the root's doc.go:
+// cost) or a map of them.
 const MaxBodyMembers = 1024
 
 // bodyBlock is the size of the blocks a body of unknown length is read in:
@@ -19,33 +20,40 @@ const bodyBlock = 32 << 10
 
 // BodyValue returns the value at path (object members, outermost first) in
 // req's JSON body, if the body ends within max bytes: a string (decoded)
-// or a number as written. ok is false when the body is longer, is not a
+// or a number as written. ok is false when the body is longer, is not one
 // JSON object, or holds no such value, or an empty string, or one of
-// another type there. The value is the one encoding/json would decode:
-// member names matched exactly, a duplicated member read as its last
-// occurrence, so that the backend reads the same value. A body whose
-// Content-Length is above max is not read at all.
+// another type there. The value is the one encoding/json decodes: member
+// names matched exactly, a duplicated member read as its last occurrence,
+// as the backend reads it. A body whose Content-Length is above max is not
+// read at all.
 //
 // What BodyValue reads is put back: req.Body becomes those bytes followed
 // by the rest of the body, so the next handler reads the body unchanged
 // (ContentLength kept). It keeps what it read, at most max bytes and a
-// block, and, for the time of the call, the decoder's copy of the longest
-// value it skips (two to four times its size).
+// block, and, for the time of the call, a copy of the members on the path
+// or, in a body of many members, the decoder's copy of the longest value
+// it skips (two to four times its size).
 func BodyValue(req *http.Request, path []string, max int64) (string, bool) {
 	body := req.Body
 	if body == nil || body == http.NoBody || req.ContentLength == 0 || req.ContentLength > max {
 		return "", false
 	}
 
-	blocks, complete := readBody(body, req.ContentLength, max)
+	if req.ContentLength > 0 {
+		return sizedBodyValue(req, path)
+	}
+
+	blocks, complete := readBody(body, max)
 
 	v := ""
 	ok := false
 
-	if complete {
-		dec := json.NewDecoder(blockReader(blocks, nil))
-		dec.UseNumber()
-		v, ok = objectValue(dec, path)
+	switch {
+	case !complete:
+	case len(blocks) == 1:
+		v, ok = valueIn(blocks[0], path)
+	default:
+		v, ok = streamedValue(blockReader(blocks, nil), path)
 	}
 
 	req.Body = io.NopCloser(blockReader(blocks, body))
@@ -53,21 +61,58 @@ func BodyValue(req *http.Request, path []string, max int64) (string, bool) {
 	return v, ok
 }
 
-// readBody reads body, of the given length (-1: unknown), until it ends or
-// more than max bytes are read, and returns what it read and whether the
-// body ended within max bytes. A body of known length is read into one
-// block of that length.
-func readBody(body io.Reader, length, max int64) ([][]byte, bool) {
+// sizedBodyValue is BodyValue for a body whose Content-Length is known
+// (and within max): read whole into one slice, which the body becomes.
+func sizedBodyValue(req *http.Request, path []string) (string, bool) {
+	b := make([]byte, req.ContentLength)
+	n, err := io.ReadFull(req.Body, b)
+
+	req.Body = io.NopCloser(io.MultiReader(bytes.NewReader(b[:n]), req.Body))
+
+	if err != nil {
+		return "", false
+	}
+
+	return valueIn(b, path)
+}
+
+// valueIn is the value at path in data, a whole JSON value: decoded level
+// by level into raw members (memberValue), in one call of compiled code
+// each, unless data may hold more than MaxBodyMembers members (colons),
+// then through a decoder (streamedValue).
+func valueIn(data []byte, path []string) (string, bool) {
+	if len(path) > 0 && bytes.Count(data, colon) > MaxBodyMembers {
+		return streamedValue(bytes.NewReader(data), path)
+	}
+
+	return memberValue(data, path)
+}
+
+var colon = []byte{':'}
+
+// streamedValue is the value at path in the JSON value r reads, which
+// nothing may follow but spaces.
+func streamedValue(r io.Reader, path []string) (string, bool) {
+	dec := json.NewDecoder(r)
+	dec.UseNumber()
+
+	v, ok := objectValue(dec, path)
+	if _, err := dec.Token(); err != io.EOF {
+		return "", false
+	}
+
+	return v, ok
+}
+
+// readBody reads body, of unknown length, until it ends or more than max
+// bytes are read, and returns what it read and whether the body ended
+// within max bytes.
+func readBody(body io.Reader, max int64) ([][]byte, bool) {
 	var blocks [][]byte
 
 	total := int64(0)
 	for total <= max {
-		size := length
-		if size < 0 {
-			size = bodyBlock
-		}
-
-		b := make([]byte, size)
+		b := make([]byte, bodyBlock)
 		n, err := io.ReadFull(body, b)
 		total += int64(n)
 
@@ -75,10 +120,9 @@ func readBody(body io.Reader, length, max int64) ([][]byte, bool) {
 			blocks = append(blocks, b[:n])
 		}
 
-		if err != nil || length >= 0 {
-			// The body ended (io.EOF, io.ErrUnexpectedEOF), failed, or was
-			// read to its length.
-			return blocks, (err == nil || err == io.EOF || err == io.ErrUnexpectedEOF && length < 0) && total <= max
+		if err != nil {
+			// io.EOF or io.ErrUnexpectedEOF: the body ended.
+			return blocks, (err == io.EOF || err == io.ErrUnexpectedEOF) && total <= max
 		}
 	}
 
@@ -131,7 +175,7 @@ func objectValue(dec *json.Decoder, path []string) (string, bool) {
 		}
 
 		// A later member of the same name replaces this one, found or not.
-		v, found = memberValue(raw, path[1:])
+		v, found = valueIn(raw, path[1:])
 	}
 
 	if d, ok := nextDelim(dec); !ok || d != '}' {
@@ -141,17 +185,20 @@ func objectValue(dec *json.Decoder, path []string) (string, bool) {
 	return v, found
 }
 
-// memberValue is the value at path in raw, the value of a member on the
-// path: the value itself when path is empty.
-func memberValue(raw json.RawMessage, path []string) (string, bool) {
-	raw = bytes.TrimSpace(raw)
+// memberValue is the value at path in raw: raw itself when path is empty,
+// else the value at path[1:] in raw's member path[0], raw being an object.
+// Each level is decoded into its raw members, never further.
+func memberValue(raw []byte, path []string) (string, bool) {
 	if len(path) > 0 {
-		dec := json.NewDecoder(bytes.NewReader(raw))
-		dec.UseNumber()
+		var members map[string]json.RawMessage
+		if json.Unmarshal(raw, &members) != nil || members[path[0]] == nil {
+			return "", false
+		}
 
-		return objectValue(dec, path)
+		return valueIn(members[path[0]], path[1:])
 	}
 
+	// A member's value, as encoding/json hands it over: no spaces around.
 	if len(raw) == 0 {
 		return "", false
 	}

@@ -11,6 +11,8 @@ import (
 
 func TestBodyValueReadsTheMemberAndPutsTheBodyBack(t *testing.T) {
 	long := `{"messages":[{"role":"user","content":"` + strings.Repeat("x", 200<<10) + `"}],"temperature":0.5,`
+	// Past MaxBodyMembers colons, the body is read through a decoder.
+	colons := `{"messages":[{"role":"user","content":"` + strings.Repeat("a: b ", 2000) + `"}],`
 	cases := []struct {
 		name, body, path, want string
 		max                    int64
@@ -31,6 +33,17 @@ func TestBodyValueReadsTheMemberAndPutsTheBodyBack(t *testing.T) {
 		{"an array", `["model","x"]`, "model", "", 1 << 20, false},
 		{"cut", `{"model":"gpt-4o"`, "model", "", 1 << 20, false},
 		{"beyond the bound", long + `"model":"gpt-4o"}`, "model", "", 100 << 10, false},
+		{"many colons", colons + `"model":"gpt-4o"}`, "model", "gpt-4o", 1 << 20, true},
+		{"many colons, last duplicate wins", colons + `"model":"mini","model":"gpt-4o"}`, "model", "gpt-4o", 1 << 20, true},
+		{"many colons, a number", colons + `"model":-12.5}`, "model", "-12.5", 1 << 20, true},
+		{"many colons, nested", colons + `"a":{"x":1,"b":"v"}}`, "a.b", "v", 1 << 20, true},
+		{"many colons, absent", colons + `"x":"y"}`, "model", "", 1 << 20, false},
+		{"many colons, cut", colons + `"model":"gpt-4o"`, "model", "", 1 << 20, false},
+		{"many colons, trailing data", colons + `"model":"gpt-4o"} x`, "model", "", 1 << 20, false},
+		{"spaces", " {\n \"model\" :\t\"gpt-4o\" , \"n\" : 12 }\n", "model", "gpt-4o", 1 << 20, true},
+		{"many colons, spaces", colons + " \"model\" :\t\"gpt-4o\" , \"n\" : 12 }\n", "model", "gpt-4o", 1 << 20, true},
+		{"many colons, a number and spaces", colons + " \"model\" :\t12 , \"n\" : 12 }\n", "model", "12", 1 << 20, true},
+		{"trailing data", `{"model":"gpt-4o"} x`, "model", "", 1 << 20, false},
 		{"object not closed within the bound", `{"model":"gpt-4o","messages":"` + strings.Repeat("x", 100) + `"}`, "model", "", 50, false},
 	}
 
