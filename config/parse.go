@@ -717,7 +717,7 @@ func parseRouteKey(field, key string, spec *Route) error {
 		spec.KeyHeader = name
 		spec.Key = KeyHeader
 	default:
-		return invalid(field+".key", key, `must be "ip", "principal", "global", "host", "header:<Name>", "json:<path>" or several of them but global joined by commas`)
+		return invalid(field+".key", key, `must be "ip", "principal", "global", "host", "header:<Name>", "json:<path>", or sources joined by commas ("header:X-Api-Key,json:model")`)
 	}
 
 	return nil
