@@ -351,3 +351,29 @@ func TestAFailedLoginIsChargedToTheUsernameItNamed(t *testing.T) {
 		t.Fatalf("bob's failures count %d, want 2", n)
 	}
 }
+
+// A route's plan is keyed as the route is: with key header:X-Api-Key, each
+// API key of a principal on the pro plan has the plan's 2 points on the
+// route (the plan's layer once fell back to the client IP, one bucket for
+// every key).
+func TestARoutePlanIsKeyedAsItsRoute(t *testing.T) {
+	h := newProxiedHarness(t, func(c *Config) {
+		c.Global.Points = 0
+		c.IP = config.LayerConfig{Points: 1000, Duration: "60s"}
+		c.User = config.LayerConfig{Points: 1000, Duration: "60s"}
+		c.Principal.UserHeader, c.Principal.PlanHeader = "X-Auth-User", "X-Auth-Plan"
+		c.Plans = map[string]config.PlanConfig{"pro": {Points: 1000, Duration: "60s"}}
+		c.Routes = []config.RouteConfig{{Name: "llm", Paths: []string{"/v1/"}, Key: "header:X-Api-Key", Points: 5, Duration: "60s",
+			Plans: map[string]config.PlanConfig{"pro": {Points: 2, Duration: "60s"}}}}
+	})
+
+	for i, s := range []struct {
+		key  string
+		want int
+	}{{"k1", 200}, {"k1", 200}, {"k1", 429}, {"k2", 200}, {"k2", 200}, {"k2", 429}} {
+		rec := h.do(http.MethodPost, "/v1/chat", "203.0.113.5:1", map[string]string{"X-Auth-User": "carol", "X-Auth-Plan": "pro", "X-Api-Key": s.key})
+		if rec.Code != s.want {
+			t.Fatalf("request %d (%s): %d, want %d", i+1, s.key, rec.Code, s.want)
+		}
+	}
+}
