@@ -37,7 +37,7 @@ var budgets = map[string]float64{
 	"costFrom json route":      1590,
 	"costFrom gzip json route": 2000, // the body decoded by a goroutine of its own (usage/inflate.go)
 	"costFrom llm sum route":   2030, // each level of the usage decoded into its raw members (usage/llm.go)
-	"json-keyed route":         980,  // the body read and decoded into its raw members (request/body.go), the API key hashed
+	"json-keyed route":         972,  // the body read and decoded into its raw members (request/body.go), the API key hashed
 	"redis, global in memory":  541,
 	"redis allowed":            454,
 	"redis refused":            240,
