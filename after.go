@@ -240,8 +240,8 @@ type watchWriter struct {
 	pending *pendingIP // a credentialed request's ip charge; nil: none
 
 	routes            []*route // the routes matched, some with countStatus; nil: none
-	client, principal string   // the routes' keys
-	decided           *charge  // serveCounted's: the decision, whose keys the routes' charges take
+	client, principal string   // the routes' keys, on serveCountedFast
+	decided           *charge  // serveCounted's: the decision, whose client and keys the routes' charges take
 	cost              int64    // the request's cost, which a listed status charges
 
 	reserved []reservation // what costFrom routes hold for the request (meter.go); nil: none
@@ -421,8 +421,6 @@ func serveCounted(p *Plugin, out http.ResponseWriter, req *http.Request, c *char
 		out = ww.self
 	}
 	ww.routes = hits.counted
-	ww.client = c.Client
-	ww.principal = c.Principal
 	ww.decided = c
 	ww.cost = hits.cost
 	ww.reserved = hits.reserved
