@@ -18,6 +18,8 @@ const keyOfConst = rule.KeyOfConst
 const keyOfHeader = rule.KeyOfHeader
 const keyOfHost = rule.KeyOfHost
 const keyOfPrincipal = rule.KeyOfPrincipal
+const keyOfParts = rule.KeyOfParts
+const keyOfJSON = rule.KeyOfJSON
 
 type charge = rule.Charge
 type layer = rule.Layer

@@ -319,6 +319,11 @@ func routePlans(memory *memstore.WindowStore, rt *route, rs config.Route) map[st
 	plans := make(map[string]*route, len(rs.Plans))
 
 	for _, spec := range rs.Plans {
+		// Keyed as the route is.
+		spec.KeyHeader = rs.KeyHeader
+		spec.KeyParts = rs.KeyParts
+		spec.MaxBody = rs.MaxBody
+
 		alt := *rt
 		alt.layer = newLayer(memory, spec, rule.RouteKeyKinds[rs.Key])
 		if alt.layer != nil {

@@ -5,9 +5,9 @@ import (
 	"strings"
 )
 
-// maxHostKeyLen bounds the hosts kept as keys; a longer one is keyed by its
+// MaxKeyLen bounds the hosts and body values kept as keys; a longer one is keyed by its
 // digest, as long principal ids are.
-const maxHostKeyLen = 128
+const MaxKeyLen = 128
 
 // HostKey is the bucket key of a layer keyed by host: the request's host,
 // without its port, in lower case, or client when the request has none.
@@ -21,7 +21,7 @@ func HostKey(host, client string) string {
 		return client
 	}
 
-	if len(host) > maxHostKeyLen {
+	if len(host) > MaxKeyLen {
 		return HashKey(host)
 	}
 

@@ -23,7 +23,7 @@ func BuiltinKeyKind(row config.Builtin) int {
 // RouteKeyKinds are the key: values a route takes and how each finds its key.
 var RouteKeyKinds = map[string]int{
 	config.KeyIP: KeyOfClient, config.KeyPrincipal: KeyOfPrincipalElseClient, config.KeyGlobal: KeyOfConst,
-	config.KeyHost: KeyOfHost, config.KeyHeader: KeyOfHeader,
+	config.KeyHost: KeyOfHost, config.KeyHeader: KeyOfHeader, config.KeyParts: KeyOfParts,
 }
 
 // ChargedTo lists, in catalogue order, the built layers that are on among
