@@ -112,6 +112,7 @@ func build(ctx context.Context, cfg *config.Settings, next http.Handler, name st
 		dryRun:  cfg.DryRun,
 		headers: cfg.Headers,
 		held:    anyConcurrency(cfg),
+		items:   cfg.Headers && (anyConcurrency(cfg) || anyCostFrom(cfg)),
 
 		pathForms: pathForms{assetPaths: cfg.AssetPaths},
 		Principal: request.Principal{

@@ -59,3 +59,14 @@ func serveExemptHeld(p *Plugin, rw http.ResponseWriter, req *http.Request, clien
 
 	p.next.ServeHTTP(rw, req)
 }
+
+// anyCostFrom reports whether a route charges what its response reports.
+func anyCostFrom(s *config.Settings) bool {
+	for _, r := range s.Routes {
+		if r.CostFrom != nil {
+			return true
+		}
+	}
+
+	return false
+}

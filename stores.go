@@ -131,28 +131,32 @@ func takeMixed(st *stores, t *tally, c *charge) {
 	}
 
 	tm := tally{Cost: t.Cost}
+	tr := tally{Cost: t.Cost}
+	if t.Each != nil {
+		tm.Each = rule.NewItems(len(li))
+		tr.Each = rule.NewItems(len(si))
+	}
 	cm := rule.ChargeAt(c, li)
 	memstore.TakeWithBlocks(st.memory, st.blocks, &tm, cm)
 
 	if tm.Refused && !c.All {
-		*t = tally{Cost: t.Cost, Shown: -1}
+		*t = tally{Cost: t.Cost, Shown: -1, Each: t.Each}
 		rule.MergeTally(t, &tm, li)
 
 		return
 	}
 
-	tr := tally{Cost: t.Cost}
 	redisstore.Take(st.redis, &tr, rule.ChargeAt(c, si))
 
 	if tr.Refused && !c.All {
 		memstore.Refund(st.memory, rule.ChargeWithout(cm, tm.Uncharged), rule.CostOf(t))
-		*t = tally{Cost: t.Cost, Shown: -1}
+		*t = tally{Cost: t.Cost, Shown: -1, Each: t.Each}
 		rule.MergeTally(t, &tr, si)
 
 		return
 	}
 
-	*t = tally{Cost: t.Cost, Shown: -1}
+	*t = tally{Cost: t.Cost, Shown: -1, Each: t.Each}
 	rule.MergeTally(t, &tm, li)
 	rule.MergeTally(t, &tr, si)
 }

@@ -80,7 +80,7 @@ func Take(s *RedisStore, t *tally, c *charge) {
 			s.Backend.Failed(c.Now, false, err)
 		}
 
-		*t = tally{Cost: t.Cost}
+		*t = tally{Cost: t.Cost, Each: t.Each}
 		s.TakeLocal(t, c)
 	}
 }
