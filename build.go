@@ -474,6 +474,9 @@ func (p *Plugin) buildStore(ctx context.Context, cfg *config.Settings, name stri
 
 	rs := redisstore.New(ctx, cfg, name, memory, registry.blockListFor(ctx, name, cfg.MaxTracked), p.layers)
 	rs.Clock = func() time.Time { return p.now() }
+	if rs.Exact != nil {
+		rs.Exact.Clock = rs.Clock
+	}
 	st.redis = rs
 	redisstore.SetCurrent(name, rs)
 	if p.mode == modeRedis {

@@ -456,10 +456,6 @@ func TestConcurrencyConfigErrors(t *testing.T) {
 		{func(c *Config) { c.IP = conc(2); c.IP.Duration, c.IP.Calendar = "", "day" }, `ip.calendar = "day": takes algorithm "fixed" only`},
 		{func(c *Config) { c.IP = conc(2); c.IP.BlockDuration = "1m" }, `ip.blockDuration = "1m": does not apply to algorithm "concurrency"`},
 		{func(c *Config) { c.IP = conc(2); c.IP.Burst = 3 }, `ip.burst = "3": only algorithm "tokenbucket" takes a burst`},
-		{func(c *Config) {
-			c.IP = conc(2)
-			c.Store, c.Redis.SyncInterval = "redis", "1s"
-		}, `redis.syncInterval = "1s": syncs fixed windows only, and layer "ip" has algorithm "concurrency"`},
 		{func(c *Config) { c.Routes = route(func(rc *config.RouteConfig) { rc.Cost = 2 }) }, `routes[0].cost = "2": a concurrency layer (export) holds one slot per request`},
 		{func(c *Config) { c.Routes = route(func(rc *config.RouteConfig) { rc.CountStatus = []int{401} }) }, `routes[0].countStatus = "401": cannot charge a concurrency layer (export)`},
 		{func(c *Config) {
@@ -483,6 +479,10 @@ func TestConcurrencyConfigErrors(t *testing.T) {
 		func(c *Config) {
 			c.IP = conc(2)
 			c.IP.Store = "memory"
+			c.Store, c.Redis.SyncInterval = "redis", "1s"
+		},
+		func(c *Config) {
+			c.IP = conc(2)
 			c.Store, c.Redis.SyncInterval = "redis", "1s"
 		},
 		func(c *Config) { c.Routes = route(func(rc *config.RouteConfig) { rc.Cost = 1 }) },

@@ -45,7 +45,7 @@ func TestAMeteredClientReadsEveryPolicyInItsHeaders(t *testing.T) {
 	}{
 		{"memory", func(*Config) {}, true},
 		{"exact redis", redis, true},
-		{"synced redis", func(c *Config) { redis(c); synced(c) }, false},
+		{"synced redis", func(c *Config) { redis(c); synced(c) }, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, func(c *Config) {
