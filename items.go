@@ -15,7 +15,7 @@ import (
 // that a client reading the first item alone reads what X-RateLimit-* says.
 // Every other answer names one layer: a refusal the refusing one, other
 // requests the one with the fewest left, as the fast paths (which serve
-// neither kind of layer) do (docs/headers.md).
+// neither kind of layer) do (docs/limits.md#responses).
 
 // itemsFor is a tally's Each for a request charged to layers (tally.Each),
 // or nil when none of them is a costFrom route's or a concurrency layer.
