@@ -34,6 +34,14 @@ func TestLLMExampleRunsInTraefik(t *testing.T) {
 	}
 	t.Cleanup(stop)
 
+	// The static configuration beside it loads the plugin as the harness
+	// does, in local mode, and the file provider reads dynamic.yml.
+	static := readYAML(t, "examples/llm/traefik.yml")[0]
+	if get(static, "experimental", "localPlugins", "tierlimit", "moduleName") != harness.ModuleName ||
+		get(static, "providers", "file", "filename") != "dynamic.yml" {
+		t.Fatalf("examples/llm/traefik.yml: %v, want the plugin %s in local mode and the file provider on dynamic.yml", static, harness.ModuleName)
+	}
+
 	dynamic := strings.NewReplacer("http://auth:9000", "{{auth}}", "http://llm:8000", llm).Replace(string(raw))
 	e := start(t, dynamic)
 	e.waitRouters("llm")
