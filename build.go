@@ -104,6 +104,7 @@ func build(ctx context.Context, cfg *config.Settings, next http.Handler, name st
 		dryRun:  cfg.DryRun,
 		headers: cfg.Headers,
 		held:    config.AnyConcurrency(cfg),
+		items:   cfg.Headers && (config.AnyConcurrency(cfg) || config.AnyCostFrom(cfg)),
 
 		pathForms: pathForms{assetPaths: cfg.AssetPaths},
 		Principal: request.Principal{
@@ -420,6 +421,9 @@ func (p *Plugin) buildStore(ctx context.Context, cfg *config.Settings, name stri
 
 	rs := redisstore.New(ctx, cfg, name, memory, redisstore.BlockListOf(ctx, name, cfg.MaxTracked), p.layers)
 	rs.Clock = func() time.Time { return p.now() }
+	if rs.Exact != nil {
+		rs.Exact.Clock = rs.Clock
+	}
 	st.redis = rs
 	redisstore.SetCurrent(name, rs)
 	if p.mode == modeRedis {

@@ -96,6 +96,10 @@ func takeReserving(st *stores, t *tally, c *charge, hits *routeHits) {
 			t.ResetH = part.ResetH
 			t.Left = part.Left
 		}
+		if t.Each != nil && part.Shown == 0 {
+			t.Each[2*i] = part.Left + 1
+			t.Each[2*i+1] = part.Reset
+		}
 	}
 }
 

@@ -153,6 +153,9 @@ func redisHarness(t *testing.T, addr string, mutate func(c *Config)) (*harness, 
 	logs := &bytes.Buffer{}
 	pool := redisresp.NewPool(s.Redis)
 	h.p.stores.redis.Backend = &redisstore.RedisBackend{Pool: pool, Single: pool, Address: addr, Log: logs}
+	if ex := h.p.stores.redis.Exact; ex != nil {
+		ex.Backend = h.p.stores.redis.Backend // the slots of a synced store (redisstore/slots.go)
+	}
 
 	return h, logs
 }

@@ -111,3 +111,14 @@ func AnyConcurrency(s *Settings) bool {
 
 	return false
 }
+
+// AnyCostFrom reports whether a route charges what its response reports.
+func AnyCostFrom(s *Settings) bool {
+	for _, r := range s.Routes {
+		if r.CostFrom != nil {
+			return true
+		}
+	}
+
+	return false
+}

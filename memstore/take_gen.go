@@ -59,6 +59,10 @@ func Take(s *WindowStore, t *tally, c *charge) {
 					t.ResetH = w.ResetH
 					t.Left = left
 				}
+				if t.Each != nil && !l.Quiet {
+					t.Each[2*i] = l.Points - w.Count + 1
+					t.Each[2*i+1] = w.Reset
+				}
 			} else {
 				refused = refuseFixed(t, i, l, w, cost, c.All)
 			}

@@ -41,13 +41,14 @@ func New(ctx context.Context, cfg *config.Settings, name string, memory *memstor
 		l.BlockPrefix = blockPrefix(l)
 	}
 
-	if cfg.SyncInterval > 0 {
-		rs.Synced = syncStateFor(ctx, name, rs.Backend, cfg.SyncInterval, cfg.MaxTracked, func() { ListenResets(rs) })
-	}
-
 	// A plan has at most every layer: global, one tier or plan and the routes.
 	for n := 0; n <= len(layers); n++ {
 		rs.Calls = append(rs.Calls, takeCall(n))
+	}
+
+	if cfg.SyncInterval > 0 {
+		rs.Exact = exactBeside(rs, layers)
+		rs.Synced = syncStateFor(ctx, name, rs.Backend, cfg.SyncInterval, cfg.MaxTracked, func() { ListenResets(rs) })
 	}
 
 	return rs

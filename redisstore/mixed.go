@@ -32,28 +32,32 @@ func TakeMixed(s *RedisStore, t *tally, c *charge) {
 	}
 
 	tm := tally{Cost: t.Cost}
+	tr := tally{Cost: t.Cost}
+	if t.Each != nil {
+		tm.Each = rule.NewItems(len(li))
+		tr.Each = rule.NewItems(len(si))
+	}
 	cm := rule.ChargeAt(c, li)
 	memstore.TakeWithBlocks(s.Local, s.Blocks, &tm, cm)
 
 	if tm.Refused && !c.All {
-		*t = tally{Cost: t.Cost, Shown: -1}
+		*t = tally{Cost: t.Cost, Shown: -1, Each: t.Each}
 		rule.MergeTally(t, &tm, li)
 
 		return
 	}
 
-	tr := tally{Cost: t.Cost}
 	Take(s, &tr, rule.ChargeAt(c, si))
 
 	if tr.Refused && !c.All {
 		memstore.Refund(s.Local, rule.ChargeWithout(cm, tm.Uncharged), rule.CostOf(t))
-		*t = tally{Cost: t.Cost, Shown: -1}
+		*t = tally{Cost: t.Cost, Shown: -1, Each: t.Each}
 		rule.MergeTally(t, &tr, si)
 
 		return
 	}
 
-	*t = tally{Cost: t.Cost, Shown: -1}
+	*t = tally{Cost: t.Cost, Shown: -1, Each: t.Each}
 	rule.MergeTally(t, &tm, li)
 	rule.MergeTally(t, &tr, si)
 }

@@ -41,12 +41,12 @@ func SetMonthPolicy(h http.Header, l *Layer, now int64) {
 		return
 	}
 
-	h["Ratelimit-Policy"] = monthPolicyAt(l, now)
+	h["Ratelimit-Policy"] = MonthPolicyAt(l, now)
 }
 
-// monthPolicyAt is l's RateLimit-Policy value at now, made again when now
+// MonthPolicyAt is l's RateLimit-Policy value at now, made again when now
 // leaves the period it was made for.
-func monthPolicyAt(l *Layer, now int64) []string {
+func MonthPolicyAt(l *Layer, now int64) []string {
 	m := l.Month
 
 	m.Mu.Lock()

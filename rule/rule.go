@@ -299,6 +299,18 @@ type Tally struct {
 	// refused and took nothing (a sliding window, a token bucket): a later
 	// refusal has nothing to give back to it (memstore.GiveBack).
 	Uncharged uint64
+	// Each, when the caller sets it (NewItems: the general path of an
+	// instance with headers, for a request of several layers), receives
+	// every layer that allows the request and may show (not quiet): at 2i
+	// layers[i]'s requests (points) left plus one, 0 for a layer that
+	// reported none, at 2i+1 its reset (Unix nanoseconds). They are the
+	// items of the RateLimit and RateLimit-Policy fields (../items.go).
+	Each []int64
+}
+
+// NewItems is a Tally.Each for n layers.
+func NewItems(n int) []int64 {
+	return make([]int64, 2*n)
 }
 
 // Refuse records that layers[i] refused with this count and reset; first
