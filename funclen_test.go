@@ -21,9 +21,9 @@ const maxFuncLines = 60
 // maxGeneratedFuncLines bounds a generated one (paths.tmpl's snippets
 // written out, doc.go: generated paths), longer since it writes out what a
 // hand-written function would call. The bar is 80; it holds
-// serveCountedFast's 121 and mixedPath.ServeHTTP's 109 until they are
-// split without a call more per request (each costs about 13 allocations
-// under Yaegi), and no generated function may grow past them meanwhile.
+// serveCountedFast's 121 until it is split without a call more per request
+// (each costs about 13 allocations under Yaegi), and no generated function
+// may grow past it meanwhile.
 const maxGeneratedFuncLines = 121
 
 // TestNoLongRuntimeFunctions parses every non-test Go file of the plugin's

@@ -129,7 +129,7 @@ type redisPlan struct {
 }
 
 // mixedPath is the Redis path of an instance with layers counted in memory
-// (modeRedis, redisFast.mixed). Its ServeHTTP and chargeMemory are in
+// (modeRedis, redisFast.mixed). Its ServeHTTP and mixedShared are in
 // paths.tmpl.
 type mixedPath Plugin
 
@@ -386,8 +386,8 @@ func formatInt(n int64) string {
 }
 
 // unspendMemory is unspendFast for the first n memory layers of plan rp,
-// which mixedPath charges a point each: a call of chargeMemory's own shape,
-// whose frame holds no more for it (doc.go: frames).
+// which mixedPath charges a point each: a call of its own shape, whose
+// frame holds no more for it (doc.go: frames).
 func unspendMemory(rp *redisPlan, n int, client string, now int64) {
 	unspendFast(rp.memory, n, client, 1, now)
 }

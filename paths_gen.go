@@ -637,11 +637,6 @@ func redisAllowed(p *Plugin, rw http.ResponseWriter, req *http.Request, layers [
 		redisReply(p, rw, req, layers, client, []int64{v})
 		return
 	}
-
-	// The layers' stats and the fallback's counter of the shown layer, the
-	// one the fallback reaches first, under the memory store's lock
-	// (redisstore/fallback.go). Its common case, the counter of the same window, only
-	// takes the count: a reset within the counter's second is its window's.
 	reset := now + ttl*nsPerMillisecond
 	key := client
 	if shown.KeyKind == keyOfConst {
@@ -852,14 +847,11 @@ func refuseSynced(p *Plugin, rw http.ResponseWriter, req *http.Request, layers [
 
 // ServeHTTP is the Redis path of an instance whose plans count some layers
 // in memory (layer.Memory: typically global, a per-replica backstop): the
-// memory layers are charged first (chargeMemory), then the Redis layers in
-// one script call, as on redisPath. Anything but every layer allowing the
-// request gives the memory layers their charge back (unchargeMemory): a
-// refusal by Redis is answered from its reply (mixedReply), everything
-// else (a memory layer full, Redis failing or in back-off, a reply of
-// another shape) is decided anew on the general path (serveRedisSlow). The
-// headers show the layer with the fewest requests left of the two stores,
-// the first of equals.
+// memory layers are charged first, a point each, all or nothing, as the
+// memory fast paths charge, then the Redis layers (mixedShared). A memory
+// layer that is full gives the layers before it their point back, and the
+// general path decides the request anew (serveRedisSlow), as it does when
+// Redis is in back-off.
 func (mp *mixedPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	p := (*Plugin)(mp)
 	if p.status != nil && serveStatus(p, rw, req) {
@@ -875,61 +867,94 @@ func (mp *mixedPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	if client == "" {
 		client = request.Resolve(p.ips, req)
 	}
-	layers := p.planIP
 	rp := p.fast.ip
 	if p.assetHint != nil && p.assetHint.MatchString(req.URL.Path) && isAsset(p, req) {
-		layers = p.planAssets
 		rp = p.fast.assets
 	}
 
 	rs := p.fast.store
-	if rs.Blocked.Size.Load() != 0 && refuseBlocked(p, rw, req, layers, client) {
+	if rs.Blocked.Size.Load() != 0 && refuseBlocked(p, rw, req, rp.layers, client) {
+		return
+	}
+
+	if rs.Backend.Down.Load() || len(client) >= maxFastClientKey {
+		serveRedisSlow(p, rw, req, rp.layers, client)
 		return
 	}
 
 	now := p.now().UnixNano()
-	k := -1
-	var mleft, mreset int64
-	var mresetH []string
-	if !rs.Backend.Down.Load() && len(client) < maxFastClientKey {
-		k, mleft, mreset, mresetH = chargeMemory(p, rp, client, now)
+	s := p.memory
+	k := -1 // the memory layer with the fewest left, the first of equals
+	var left, reset int64
+	var resetH []string
+	s.Mu.Lock()
+	s.Takes++
+	for j, l := range rp.memory {
+		key := client
+		if l.KeyKind == keyOfConst {
+			key = l.ConstKey
+		}
+		w := l.Entries[key]
+		if w != nil && w.Reset > now && w.List == l.List {
+			w.Taken = s.Takes
+		} else {
+			w = s.Restart(now, l, w, key)
+		}
+		if w.Count >= l.Points {
+			unspendMemory(rp, j, client, now)
+			s.Mu.Unlock()
+			serveRedisSlow(p, rw, req, rp.layers, client)
+			return
+		}
+		w.Count++
+		l.Stats.Allowed++
+		if k < 0 || l.Points-w.Count < left {
+			k = j
+			left = l.Points - w.Count
+			reset = w.Reset
+			resetH = w.ResetH
+		}
 	}
+	s.Mu.Unlock()
 
-	if k < 0 {
-		serveRedisSlow(p, rw, req, layers, client)
-		return
-	}
+	mixedShared(p, rw, req, rs, rp, client, now, k, left, reset, resetH)
+}
 
+// mixedShared is mixedPath once its memory layers took the request, k the
+// one with the fewest left (mleft, reset mreset): the Redis layers in one
+// script call, as on redisPath. Anything but every layer allowing the
+// request gives the memory layers their charge back (mixedOther): a refusal
+// by Redis is answered from its reply, everything else (Redis failing, a
+// reply of another shape) is decided anew on the general path. The headers
+// show the layer with the fewest requests left of the two stores, the first
+// of equals. Its frame is apart from ServeHTTP's so that a refusal from
+// the block list or by memory does not pay for it (doc.go: frames).
+func mixedShared(p *Plugin, rw http.ResponseWriter, req *http.Request, rs *redisstore.RedisStore, rp *redisPlan, client string, now int64, k int, mleft, mreset int64, mresetH []string) {
 	pool := rs.Backend.Single
 	var err error
 	if rp.cluster != nil {
 		pool, err = redisresp.SlotPool(rp.cluster, redisresp.Slot(client))
 	}
-	v := int64(-1)
+	var v int64
 	var ints []int64
 	if err == nil {
 		v, ints, err = redisresp.ScriptInts(pool, rs.Backend.Sentinel, rp.call, rp.heads[len(client)]+client+rp.tail)
 	}
-	if err != nil || ints != nil {
+	// Every layer allowed: one integer, as redisAllowed reads it; a reply of
+	// one integer that is not that goes to the general path as no reply.
+	i := v % 16
+	if err != nil || ints != nil || i >= int64(len(rp.shared)) {
 		mixedOther(p, rw, req, rp, client, ints, err)
 		return
 	}
-
-	i := v % 16
-	if i >= int64(len(rp.shared)) {
-		mixedOther(p, rw, req, rp, client, []int64{v}, nil)
-		return
-	}
 	shown := rp.shared[i]
-	ttl := v / 16 % (shown.MaxTTL + 1)
-	left := v / 16 / (shown.MaxTTL + 1)
+	v /= 16
+	ttl := v % (shown.MaxTTL + 1)
+	left := v / (shown.MaxTTL + 1)
 	if left >= shown.Points {
-		mixedOther(p, rw, req, rp, client, []int64{v}, nil)
+		mixedOther(p, rw, req, rp, client, nil, nil)
 		return
 	}
-
-	// As redisAllowed: the Redis layers' stats and the fallback's counter
-	// of the shown one.
 	reset := now + ttl*nsPerMillisecond
 	key := client
 	if shown.KeyKind == keyOfConst {
@@ -968,47 +993,6 @@ func (mp *mixedPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	}
 
 	p.next.ServeHTTP(rw, req)
-}
-
-// chargeMemory charges the memory layers of plan rp a point each, all or
-// nothing, as the memory fast paths do, and returns the one with the fewest
-// requests left (the first of equals): its index in rp.memory, its requests
-// left, reset and formatted reset. k is -1 when one of them is full, having
-// charged none: the general path then decides the request, with its
-// refusal's events and headers.
-func chargeMemory(p *Plugin, rp *redisPlan, client string, now int64) (k int, left, reset int64, resetH []string) {
-	k = -1
-	s := p.memory
-	s.Mu.Lock()
-	s.Takes++
-	for j, l := range rp.memory {
-		key := client
-		if l.KeyKind == keyOfConst {
-			key = l.ConstKey
-		}
-		w := l.Entries[key]
-		if w != nil && w.Reset > now && w.List == l.List {
-			w.Taken = s.Takes
-		} else {
-			w = s.Restart(now, l, w, key)
-		}
-		if w.Count >= l.Points {
-			unspendMemory(rp, j, client, now)
-			s.Mu.Unlock()
-			return -1, 0, 0, nil
-		}
-		w.Count++
-		l.Stats.Allowed++
-		if k < 0 || l.Points-w.Count < left {
-			k = j
-			left = l.Points - w.Count
-			reset = w.Reset
-			resetH = w.ResetH
-		}
-	}
-	s.Mu.Unlock()
-
-	return k, left, reset, resetH
 }
 
 // serveRoutedFast charges a request of the classify path that matches
