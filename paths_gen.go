@@ -1017,25 +1017,23 @@ func serveRoutedFast(p *Plugin, rw http.ResponseWriter, req *http.Request, match
 	if client == "" {
 		client = request.Resolve(p.ips, req)
 	}
-	plan := p.planIP
+	layers := p.planIP
 	if p.assetHint != nil && p.assetHint.MatchString(req.URL.Path) && isAsset(p, req) {
-		plan = p.planAssets
+		layers = p.planAssets
 	}
 	cost := int64(1)
-	layers := make([]*layer, len(plan), len(plan)+len(matched))
-	copy(layers, plan)
+	layers = append(make([]*layer, 0, len(layers)+len(matched)), layers...) // the plan is shared
 	for _, rt := range matched {
 		layers = append(layers, rt.layer)
 		if rt.cost > cost {
 			cost = rt.cost
 		}
 	}
-
 	now := p.now().UnixNano()
 	s := p.memory
-	var shown *layer // the layer with the fewest left
-	var sw *window
-	var left int64 // requests left in shown
+	var shown *layer      // the layer with the fewest left
+	var left, reset int64 // its requests left and reset
+	var resetH []string
 	s.Mu.Lock()
 	s.Takes++
 	for i, l := range layers {
@@ -1054,18 +1052,15 @@ func serveRoutedFast(p *Plugin, rw http.ResponseWriter, req *http.Request, match
 			l.Stats.Allowed++
 			if shown == nil || l.Points-w.Count < left {
 				shown = l
-				sw = w
 				left = l.Points - w.Count
+				reset = w.Reset
+				resetH = w.ResetH
 			}
 			continue
 		}
-		unspendFast(layers, i, client, cost, now)
-		s.Mu.Unlock()
-		serveGeneral(p, rw, req, matched)
+		routedAnew(p, rw, req, matched, layers, i, client, cost, now)
 		return
 	}
-	reset := sw.Reset
-	resetH := sw.ResetH
 	s.Mu.Unlock()
 	h := rw.Header()
 	h["X-Ratelimit-Limit"] = shown.LimitHdr
@@ -1083,7 +1078,11 @@ func serveRoutedFast(p *Plugin, rw http.ResponseWriter, req *http.Request, match
 }
 
 // serveCountedFast is serveRoutedFast for an instance with countStatus
-// routes.
+// routes. A check (a countStatus route's layer, layer.CheckOnly) reads the
+// key's live window, which it neither makes (memstore.checkLayer) nor
+// charges (held, w.Taken, as a charged one: no later layer's new window
+// evicts it); without one it reads unseen, a count of 0. A request that
+// matched such a route is passed on by serveWatched.
 func serveCountedFast(p *Plugin, rw http.ResponseWriter, req *http.Request, matched []*route) {
 	client := ""
 	if req.Header["X-Forwarded-For"] == nil {
@@ -1095,29 +1094,24 @@ func serveCountedFast(p *Plugin, rw http.ResponseWriter, req *http.Request, matc
 	if client == "" {
 		client = request.Resolve(p.ips, req)
 	}
-	plan := p.planIP
+	layers := p.planIP
 	if p.assetHint != nil && p.assetHint.MatchString(req.URL.Path) && isAsset(p, req) {
-		plan = p.planAssets
+		layers = p.planAssets
 	}
 	cost := int64(1)
-	watch := false // some route counts statuses: the response is watched
-	layers := make([]*layer, len(plan), len(plan)+len(matched))
-	copy(layers, plan)
+	layers = append(make([]*layer, 0, len(layers)+len(matched)), layers...) // the plan is shared
 	for _, rt := range matched {
 		layers = append(layers, rt.layer)
 		if rt.cost > cost {
 			cost = rt.cost
 		}
-		if rt.countStatus != nil {
-			watch = true
-		}
 	}
-
 	now := p.now().UnixNano()
 	s := p.memory
-	var shown *layer // the layer with the fewest left
-	var sw *window
-	var left int64 // requests left in shown
+	var shown *layer      // the layer with the fewest left
+	var left, reset int64 // its requests left and reset
+	var resetH []string
+	watch := false // a route counts statuses: the response is watched
 	s.Mu.Lock()
 	s.Takes++
 	for i, l := range layers {
@@ -1125,49 +1119,32 @@ func serveCountedFast(p *Plugin, rw http.ResponseWriter, req *http.Request, matc
 		if l.KeyKind == keyOfConst {
 			key = l.ConstKey
 		}
-		if l.CheckOnly {
-			// The key's live window, which a check does not make
-			// (memstore.checkLayer), and its count.
-			cw := l.Entries[key]
-			count := int64(0)
-			if cw != nil && cw.List == l.List && cw.Reset > now {
-				count = cw.Count
-			} else {
-				cw = nil
-			}
-			if count+cost <= l.Points && (shown != nil && l.Points-count >= left || cw != nil) {
-				if shown == nil || l.Points-count < left {
-					shown = l
-					sw = cw
-					left = l.Points - count
-				}
-				continue
-			}
+		w := l.Entries[key]
+		if w != nil && w.Reset > now && w.List == l.List {
+			w.Taken = s.Takes
+		} else if l.CheckOnly {
+			w = unseen
 		} else {
-			w := l.Entries[key]
-			if w != nil && w.Reset > now && w.List == l.List {
-				w.Taken = s.Takes
+			w = s.Restart(now, l, w, key)
+		}
+		if w.Count+cost <= l.Points && (w != unseen || shown != nil && l.Points-w.Count >= left) {
+			if l.CheckOnly {
+				watch = true
 			} else {
-				w = s.Restart(now, l, w, key)
-			}
-			if w.Count+cost <= l.Points {
 				w.Count += cost
 				l.Stats.Allowed++
-				if shown == nil || l.Points-w.Count < left {
-					shown = l
-					sw = w
-					left = l.Points - w.Count
-				}
-				continue
 			}
+			if shown == nil || l.Points-w.Count < left {
+				shown = l
+				left = l.Points - w.Count
+				reset = w.Reset
+				resetH = w.ResetH
+			}
+			continue
 		}
-		unspendFast(layers, i, client, cost, now)
-		s.Mu.Unlock()
-		serveGeneral(p, rw, req, matched)
+		routedAnew(p, rw, req, matched, layers, i, client, cost, now)
 		return
 	}
-	reset := sw.Reset
-	resetH := sw.ResetH
 	s.Mu.Unlock()
 	h := rw.Header()
 	h["X-Ratelimit-Limit"] = shown.LimitHdr
@@ -1180,30 +1157,35 @@ func serveCountedFast(p *Plugin, rw http.ResponseWriter, req *http.Request, matc
 	} else {
 		answer.SetLargeHeaders(h, shown.Name, left, secs)
 	}
-
 	if watch {
-		// serveCounted, written out for what the classify path serves: no
-		// pending ip charge, no WebSocket cap; a pooled writer (watchPool).
-		// Nothing here needs a defer: the status is charged as it is
-		// written, and a writer whose request panicked (a client gone
-		// mid-body) is left to the garbage collector, never put back.
-		ww, _ := watchPool.Get().(*watchWriter)
-		if ww == nil {
-			ww = newPooledWatch()
-		}
-		*ww = watchWriter{self: ww.self, rw: rw, req: req, p: p, prevLeft: left, routes: matched, client: client, cost: cost}
-		p.next.ServeHTTP(ww.self, req)
-		if !ww.wroteHeader {
-			ww.wroteHeader = true
-			countStatus(ww, http.StatusOK)
-		}
-		ww.rw = nil
-		ww.req = nil
-		watchPool.Put(ww)
-		return
+		serveWatched(p, rw, req, matched, client, cost, left)
+	} else {
+		p.next.ServeHTTP(rw, req)
 	}
+}
 
-	p.next.ServeHTTP(rw, req)
+// serveWatched passes on a request of serveCountedFast that matched a
+// countStatus route, its response watched: serveCounted, written out for
+// what the classify path serves (no pending ip charge, no WebSocket cap; a
+// pooled writer, watchPool), in a frame of its own that the requests
+// matching no such route do not pay for (doc.go: frames). Nothing here needs
+// a defer: the status is charged as it is written, and a writer whose
+// request panicked (a client gone mid-body) is left to the garbage
+// collector, never put back.
+func serveWatched(p *Plugin, rw http.ResponseWriter, req *http.Request, matched []*route, client string, cost, left int64) {
+	ww, _ := watchPool.Get().(*watchWriter)
+	if ww == nil {
+		ww = newPooledWatch()
+	}
+	*ww = watchWriter{self: ww.self, rw: rw, req: req, p: p, prevLeft: left, routes: matched, client: client, cost: cost}
+	p.next.ServeHTTP(ww.self, req)
+	if !ww.wroteHeader {
+		ww.wroteHeader = true
+		countStatus(ww, http.StatusOK)
+	}
+	ww.rw = nil
+	ww.req = nil
+	watchPool.Put(ww)
 }
 
 // namedPlanOf is the plan of plans: that the auth server named in

@@ -30,13 +30,13 @@ var budgets = map[string]float64{
 	"principal with plans":     259,
 	"chain edge anonymous":     281,
 	"chain edge credentialed":  278,
-	"costed route":             352,
-	"countStatus route":        427,
+	"costed route":             345,
+	"countStatus route":        410,
 	"costFrom header route":    1175,
 	"costFrom json route":      1590,
 	"costFrom gzip json route": 2000, // the body decoded by a goroutine of its own (usage/inflate.go)
 	"costFrom llm sum route":   2030, // each level of the usage decoded into its raw members (usage/llm.go)
-	"redis, global in memory":  541,
+	"redis, global in memory":  540,
 	"redis allowed":            454,
 	"redis refused":            240,
 	"redis synced allowed":     214,
