@@ -10,7 +10,9 @@
 // template, never take_gen.go.
 //
 // It takes a rule.Charge (the layers and each one's key) and writes a
-// rule.Tally, never an *http.Request, and imports only rule and limit. It
+// rule.Tally, never an *http.Request, and imports only rule, limit and
+// counter, the types of its counters (a layer's table of them, which Attach
+// makes and the layer points to). It
 // names rule's types through aliases (rule.go; ../doc.go: qualified names).
 // The Redis store (redisstore) uses it as its fallback, and the root for the
 // layers a Redis instance counts in memory (takeMixed, ../stores.go).

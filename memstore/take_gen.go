@@ -5,6 +5,7 @@ package memstore
 import (
 	"strconv"
 
+	"github.com/tierlimit/tierlimit/counter"
 	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/rule"
 )
@@ -259,7 +260,7 @@ func hold(s *WindowStore, t *tally, i int, now int64, l *layer, key string) bool
 
 	// The window lives as long as its last lease: at its list's tail, which
 	// stays ordered by expiry (every lease of the list is as long).
-	rule.Requeue(l.List, w)
+	counter.Requeue(w.List, w)
 	w.Start = now
 	w.Reset = end
 	w.Expire = end
