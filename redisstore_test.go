@@ -10,6 +10,7 @@ import (
 	"bytes"
 	"crypto/sha1"
 	"encoding/hex"
+	"github.com/tierlimit/tierlimit/rediscall"
 	"io"
 	"net"
 	"net/http"
@@ -560,7 +561,7 @@ func TestTwoCommandsPerFixedKeyOnRedisServer(t *testing.T) {
 
 func TestClusterKeysShareASlotPerClientAndPrincipal(t *testing.T) {
 	mk := func(name string, kind int) *layer {
-		return &layer{Limits: rule.Limits{Name: name, KeyKind: kind, ConstKey: "global"}, RedisEncoding: rule.RedisEncoding{RedisKey: "ratelimit:mw:" + name + ":"}}
+		return &layer{Limits: rule.Limits{Name: name, KeyKind: kind, ConstKey: "global"}, Encoding: &rediscall.Encoding{RedisKey: "ratelimit:mw:" + name + ":"}}
 	}
 
 	ip, login, byPrincipal, global := mk("ip", keyOfClient), mk("login", keyOfClient), mk("upload", keyOfPrincipalElseClient), mk("global", keyOfConst)

@@ -7,6 +7,7 @@ import (
 	"github.com/tierlimit/tierlimit/answer"
 	"github.com/tierlimit/tierlimit/counter"
 	"github.com/tierlimit/tierlimit/limit"
+	"github.com/tierlimit/tierlimit/rediscall"
 )
 
 // How a layer finds its key in a request.
@@ -21,19 +22,20 @@ const (
 
 // Layer is a layer as the request path uses it, in parts by concern. The
 // parts are embedded so that the request path reads l.Points, l.Entries,
-// l.LimitHdr alike. NewLayer (build.go) builds Limits and HeaderTable,
-// redisstore's Encode and New RedisEncoding, the root's newRefusal Refusal.
-// Its counters in the memory store are the store's (counter.Table, made by
-// memstore's Attach): the layer points to them, embedded, so that the
-// request path reaches them without a lookup, at no cost under Yaegi (a
-// table indexed by the layer's position cost 6 allocations per request).
-// A promoted field of the table passed straight to a call costs a few
-// allocations: pass what equals it (w.List, not l.List).
+// l.LimitHdr alike. NewLayer (build.go) builds Limits and HeaderTable, the
+// root's newRefusal Refusal: the layer's rule and its answer. What a store
+// keeps of the layer is the store's: its counters in the memory store
+// (counter.Table, made by memstore's Attach) and its part of the Redis
+// script call (rediscall.Encoding, made by redisstore's Encode). The layer
+// points to them, embedded, so that the request path reaches them without
+// a lookup, at no cost under Yaegi (a table indexed by the layer's position
+// cost 6 allocations per request). A promoted field passed straight to a
+// call costs a few allocations: pass what equals it (w.List, not l.List).
 type Layer struct {
 	Limits
 	Stats *Stats // decisions since the process started, shared across reloads
 	*counter.Table
-	RedisEncoding
+	*rediscall.Encoding
 	HeaderTable
 	Refusal
 }
@@ -88,16 +90,6 @@ type Limits struct {
 	// response reports less than its reservation (../meter.go): the Redis
 	// block list, which holds a key until its reset, never holds its keys.
 	Settles bool
-}
-
-// RedisEncoding is the layer's part of the Redis script call, RESP-encoded once.
-type RedisEncoding struct {
-	RedisArgs     string // points, window (ms) and algorithm
-	RedisKey      string // the key up to the bucket key
-	RedisConstKey string // a constant key whole
-	MaxTTL        int64  // the longest reset the script may report, in ms: the window, twice for sliding
-	BlockPrefix   string // the start of the layer's block list entries (blockList)
-	RedisTail     string // a calendar layer's arguments after points and window (calendarCall)
 }
 
 // HeaderTable holds the rate-limit header values that depend only on the
