@@ -132,11 +132,11 @@ func checkSliding(t *tally, i int, now int64, l *layer, w *window, cost int64) b
 		rotate(w, l, now)
 	}
 
-	left := w.Reset - now
-	est := limit.SlidingCount(w.PrevCount, w.Count, cost, left, l.Duration)
+	toEnd := w.Reset - now
+	est := limit.SlidingCount(w.PrevCount, w.Count, cost, toEnd, l.Duration)
 
 	if est > l.Points {
-		retry := now + limit.SlidingWait(w.PrevCount, w.Count, cost, l.Points, left, l.Duration)
+		retry := now + limit.SlidingWait(w.PrevCount, w.Count, cost, l.Points, toEnd, l.Duration)
 		return checkRefused(t, i, l, w, est, retry, []string{strconv.FormatInt(limit.CeilSeconds(retry), 10)})
 	}
 
@@ -169,8 +169,8 @@ func checkBucket(t *tally, i int, now int64, l *layer, w *window, cost int64) bo
 // nothing, in dry run too: a sliding window counts only what it allows.
 func slide(s *WindowStore, t *tally, i int, now int64, l *layer, key string, cost int64) bool {
 	w := slidingAt(s, l, key, now)
-	left := w.Reset - now
-	est := limit.SlidingCount(w.PrevCount, w.Count, cost, left, l.Duration)
+	toEnd := w.Reset - now
+	est := limit.SlidingCount(w.PrevCount, w.Count, cost, toEnd, l.Duration)
 
 	if est > l.Points {
 		l.Stats.Refused++
@@ -178,7 +178,7 @@ func slide(s *WindowStore, t *tally, i int, now int64, l *layer, key string, cos
 
 		first := !w.Logged
 		w.Logged = true
-		retry := now + limit.SlidingWait(w.PrevCount, w.Count, cost, l.Points, left, l.Duration)
+		retry := now + limit.SlidingWait(w.PrevCount, w.Count, cost, l.Points, toEnd, l.Duration)
 		return rule.RefuseAs(t, i, l, est, retry, []string{strconv.FormatInt(limit.CeilSeconds(retry), 10)}, first)
 	}
 
