@@ -1,6 +1,7 @@
 package tierlimit
 
 import (
+	"github.com/tierlimit/tierlimit/counter"
 	"github.com/tierlimit/tierlimit/redisstore"
 	"github.com/tierlimit/tierlimit/rule"
 
@@ -24,7 +25,7 @@ const keyOfJSON = rule.KeyOfJSON
 type charge = rule.Charge
 type layer = rule.Layer
 type tally = rule.Tally
-type window = rule.Window
+type window = counter.Window
 
 const nsPerMillisecond = redisstore.NsPerMillisecond
 

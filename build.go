@@ -164,10 +164,12 @@ func splitCountStatus(routes []*route) {
 		charge := *rt.layer
 		rt.charge = &charge
 		rt.layer.CheckOnly = true
-		rt.layer.RedisArgs = redisstore.CheckArgs(rt.layer.RedisArgs)
+		check := *rt.layer.Encoding // the charge keeps its own
+		check.RedisArgs = redisstore.CheckArgs(check.RedisArgs)
 		if rt.layer.Calendar != 0 {
-			rt.layer.RedisTail = redisstore.RedisTail(rt.layer.RedisArgs) // the check flag too
+			check.RedisTail = redisstore.RedisTail(check.RedisArgs) // the check flag too
 		}
+		rt.layer.Encoding = &check
 	}
 }
 

@@ -20,11 +20,10 @@ const maxFuncLines = 60
 
 // maxGeneratedFuncLines bounds a generated one (paths.tmpl's snippets
 // written out, doc.go: generated paths), longer since it writes out what a
-// hand-written function would call. The bar is 80; it holds
-// serveCountedFast's 121 and mixedPath.ServeHTTP's 109 until they are
-// split without a call more per request (each costs about 13 allocations
-// under Yaegi), and no generated function may grow past them meanwhile.
-const maxGeneratedFuncLines = 121
+// hand-written function would call. A path that outgrows it splits along
+// its rare branches (doc.go: frames), where a call costs only the requests
+// that take them.
+const maxGeneratedFuncLines = 80
 
 // TestNoLongRuntimeFunctions parses every non-test Go file of the plugin's
 // module (the root package and its sub-packages; nested modules such as e2e/

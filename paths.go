@@ -181,7 +181,7 @@ func clusterOther(p *Plugin, rw http.ResponseWriter, req *http.Request, layers [
 }
 
 // mixedPath is the Redis path of an instance with layers counted in memory
-// (modeRedis, redisFast.mixed). Its ServeHTTP and chargeMemory are in
+// (modeRedis, redisFast.mixed). Its ServeHTTP and mixedShared are in
 // paths.tmpl.
 type mixedPath Plugin
 
@@ -428,10 +428,25 @@ func formatInt(n int64) string {
 }
 
 // unspendMemory is unspendFast for the first n memory layers of plan rp,
-// which mixedPath charges a point each: a call of chargeMemory's own shape,
-// whose frame holds no more for it (doc.go: frames).
+// which mixedPath charges a point each: a call of its own shape, whose
+// frame holds no more for it (doc.go: frames).
 func unspendMemory(rp *redisPlan, n int, client string, now int64) {
 	unspendFast(rp.memory, n, client, 1, now)
+}
+
+// unseen is the window serveCountedFast's check reads for a key without a
+// live one: a count of 0, never charged nor shown.
+var unseen = &window{}
+
+// routedAnew is serveRoutedFast's and serveCountedFast's refusal, called
+// with the memory store locked: the first n layers are given back what they
+// took (unspendFast), and serveGeneral decides the request anew, with its
+// events and headers. A function of its own: the requests it allowed do not
+// pay for its frame (doc.go: frames).
+func routedAnew(p *Plugin, rw http.ResponseWriter, req *http.Request, matched []*route, layers []*layer, n int, client string, cost, now int64) {
+	unspendFast(layers, n, client, cost, now)
+	p.memory.Mu.Unlock()
+	serveGeneral(p, rw, req, matched)
 }
 
 // unspendFast gives back the cost a fast path (serveRoutedFast,

@@ -11,6 +11,7 @@ import (
 	"crypto/sha1"
 	"encoding/hex"
 	"fmt"
+	"github.com/tierlimit/tierlimit/rediscall"
 	"io"
 	"net"
 	"net/http"
@@ -564,7 +565,7 @@ func TestTwoCommandsPerFixedKeyOnRedisServer(t *testing.T) {
 
 func TestClusterKeysShareASlotPerClientAndPrincipal(t *testing.T) {
 	mk := func(name string, kind int) *layer {
-		return &layer{Limits: rule.Limits{Name: name, KeyKind: kind, ConstKey: "global"}, RedisEncoding: rule.RedisEncoding{RedisKey: "ratelimit:mw:" + name + ":"}}
+		return &layer{Limits: rule.Limits{Name: name, KeyKind: kind, ConstKey: "global"}, Encoding: &rediscall.Encoding{RedisKey: "ratelimit:mw:" + name + ":"}}
 	}
 
 	ip, login, byPrincipal, global := mk("ip", keyOfClient), mk("login", keyOfClient), mk("upload", rule.KeyOfPrincipalElseClient), mk("global", keyOfConst)

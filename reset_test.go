@@ -3,6 +3,7 @@ package tierlimit
 import (
 	"bytes"
 	"encoding/json"
+	"github.com/tierlimit/tierlimit/rediscall"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -337,7 +338,7 @@ func TestResetClusterKeyIsTheChargedOne(t *testing.T) {
 	req.Header.Set("X-Api-Key", "secret")
 
 	for _, kind := range []int{keyOfClient, keyOfPrincipal, keyOfConst, rule.KeyOfPrincipalElseClient, keyOfHeader, keyOfHost} {
-		l := &layer{Limits: rule.Limits{Name: "l", KeyKind: kind, ConstKey: "global", KeyHeader: "X-Api-Key"}, RedisEncoding: rule.RedisEncoding{RedisKey: "ratelimit:mw:l:"}}
+		l := &layer{Limits: rule.Limits{Name: "l", KeyKind: kind, ConstKey: "global", KeyHeader: "X-Api-Key"}, Encoding: &rediscall.Encoding{RedisKey: "ratelimit:mw:l:"}}
 
 		for _, principal := range []string{"", "alice"} {
 			bucket := keyFor(l, "198.51.100.7", principal, req)

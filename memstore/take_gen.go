@@ -5,6 +5,7 @@ package memstore
 import (
 	"strconv"
 
+	"github.com/tierlimit/tierlimit/counter"
 	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/rule"
 )
@@ -135,11 +136,11 @@ func checkSliding(t *tally, i int, now int64, l *layer, w *window, cost int64) b
 		rotate(w, l, now)
 	}
 
-	left := w.Reset - now
-	est := limit.SlidingCount(w.PrevCount, w.Count, cost, left, l.Duration)
+	toEnd := w.Reset - now
+	est := limit.SlidingCount(w.PrevCount, w.Count, cost, toEnd, l.Duration)
 
 	if est > l.Points {
-		retry := now + limit.SlidingWait(w.PrevCount, w.Count, cost, l.Points, left, l.Duration)
+		retry := now + limit.SlidingWait(w.PrevCount, w.Count, cost, l.Points, toEnd, l.Duration)
 		return checkRefused(t, i, l, w, est, retry, []string{strconv.FormatInt(limit.CeilSeconds(retry), 10)})
 	}
 
@@ -172,8 +173,8 @@ func checkBucket(t *tally, i int, now int64, l *layer, w *window, cost int64) bo
 // nothing, in dry run too: a sliding window counts only what it allows.
 func slide(s *WindowStore, t *tally, i int, now int64, l *layer, key string, cost int64) bool {
 	w := slidingAt(s, l, key, now)
-	left := w.Reset - now
-	est := limit.SlidingCount(w.PrevCount, w.Count, cost, left, l.Duration)
+	toEnd := w.Reset - now
+	est := limit.SlidingCount(w.PrevCount, w.Count, cost, toEnd, l.Duration)
 
 	if est > l.Points {
 		l.Stats.Refused++
@@ -181,7 +182,7 @@ func slide(s *WindowStore, t *tally, i int, now int64, l *layer, key string, cos
 
 		first := !w.Logged
 		w.Logged = true
-		retry := now + limit.SlidingWait(w.PrevCount, w.Count, cost, l.Points, left, l.Duration)
+		retry := now + limit.SlidingWait(w.PrevCount, w.Count, cost, l.Points, toEnd, l.Duration)
 		return rule.RefuseAs(t, i, l, est, retry, []string{strconv.FormatInt(limit.CeilSeconds(retry), 10)}, first)
 	}
 
@@ -263,7 +264,7 @@ func hold(s *WindowStore, t *tally, i int, now int64, l *layer, key string) bool
 
 	// The window lives as long as its last lease: at its list's tail, which
 	// stays ordered by expiry (every lease of the list is as long).
-	rule.Requeue(l.List, w)
+	counter.Requeue(w.List, w)
 	w.Start = now
 	w.Reset = end
 	w.Expire = end

@@ -5,7 +5,9 @@ import (
 	"sync/atomic"
 
 	"github.com/tierlimit/tierlimit/answer"
+	"github.com/tierlimit/tierlimit/counter"
 	"github.com/tierlimit/tierlimit/limit"
+	"github.com/tierlimit/tierlimit/rediscall"
 )
 
 // How a layer finds its key in a request.
@@ -33,13 +35,19 @@ type KeyPart struct {
 // Layer is a layer as the request path uses it, in parts by concern. The
 // parts are embedded so that the request path reads l.Points, l.Entries,
 // l.LimitHdr alike. NewLayer (build.go) builds Limits and HeaderTable,
-// memstore's Attach memCounters, redisstore's Encode and New RedisEncoding,
-// NewRefusal Refusal.
+// NewRefusal Refusal: the layer's rule and its answer. What a store
+// keeps of the layer is the store's: its counters in the memory store
+// (counter.Table, made by memstore's Attach) and its part of the Redis
+// script call (rediscall.Encoding, made by redisstore's Encode). The layer
+// points to them, embedded, so that the request path reaches them without
+// a lookup, at no cost under Yaegi (a table indexed by the layer's position
+// cost 6 allocations per request). A promoted field passed straight to a
+// call costs a few allocations: pass what equals it (w.List, not l.List).
 type Layer struct {
 	Limits
 	Stats *Stats // decisions since the process started, shared across reloads
-	memCounters
-	RedisEncoding
+	*counter.Table
+	*rediscall.Encoding
 	HeaderTable
 	Refusal
 }
@@ -99,24 +107,6 @@ type Limits struct {
 	// response reports less than its reservation (../meter.go): the Redis
 	// block list, which holds a key until its reset, never holds its keys.
 	Settles bool
-}
-
-// memCounters are the layer's counters in the memory store, resolved once
-// (WindowStore.Attach, ../memstore/store.go) so that the request path does no lookup.
-type memCounters struct {
-	Entries map[string]*Window
-	List    *WindowList      // the memory store's list for this duration
-	Blocks  map[string]int64 // blocked keys' block ends (../memstore/block.go)
-}
-
-// RedisEncoding is the layer's part of the Redis script call, RESP-encoded once.
-type RedisEncoding struct {
-	RedisArgs     string // points, window (ms) and algorithm
-	RedisKey      string // the key up to the bucket key
-	RedisConstKey string // a constant key whole
-	MaxTTL        int64  // the longest reset the script may report, in ms: the window, twice for sliding
-	BlockPrefix   string // the start of the layer's block list entries (blockList)
-	RedisTail     string // a calendar layer's arguments after points and window (calendarCall)
 }
 
 // HeaderTable holds the rate-limit header values that depend only on the
@@ -246,42 +236,6 @@ func CountRedis(st *Stats, refused bool) {
 	atomic.AddInt64(&st.RedisAllowed, 1)
 }
 
-// Window is one counter. Times are Unix nanoseconds.
-type Window struct {
-	Layer  string
-	Key    string
-	Count  int64 // points spent in the window: never above the layer's points but in dry run
-	Start  int64
-	Reset  int64
-	Expire int64 // when the counter may be dropped: reset, or reset + duration for a sliding window
-	// PrevCount is a sliding window's count of the window before; ResetSec
-	// is the second ResetH shows.
-	PrevCount int64
-	ResetSec  int64
-	Refused   int64    // requests this window refused (status page)
-	Logged    bool     // a refusal of this window was reported (see Tally.Firsts)
-	Taken     int64    // WindowStore.Takes of the last request that charged it: never evicted by that request
-	Slots     []int64  // a concurrency layer's slots held: each one's lease end (../memstore/concurrency.go)
-	ResetH    []string // X-RateLimit-Reset value, formatted once per window
-	List      *WindowList
-	prev      *Window
-	Next      *Window
-}
-
-// WindowList links the counters of one duration and algorithm, oldest start
-// first. A sliding window's counter outlives its window by one duration (its
-// count weighs on the next window), so it keeps a list of its own.
-type WindowList struct {
-	Duration int64
-	Span     int64 // how long a counter lives from its start: duration, or 2x when sliding; 0 for token buckets
-	// Calendar and UtcOffset are those of the list's layers: a calendar
-	// window lives to its period's end (alignCalendar).
-	Calendar  int
-	UtcOffset int64
-	Head      *Window
-	tail      *Window
-}
-
 // Tally is what a store reports of one request's layers. Cost is the
 // caller's: the points the request spends in every layer (0 counts as 1).
 type Tally struct {
@@ -350,40 +304,6 @@ func RefuseAs(t *Tally, i int, l *Layer, count, reset int64, resetH []string, fi
 	return false
 }
 
-// Push appends w at the list's tail.
-func (l *WindowList) Push(w *Window) {
-	w.List = l
-	w.prev = l.tail
-	w.Next = nil
-
-	if l.tail != nil {
-		l.tail.Next = w
-	} else {
-		l.Head = w
-	}
-
-	l.tail = w
-}
-
-// Unlink removes w from l, its list.
-func (l *WindowList) Unlink(w *Window) {
-	if w.prev != nil {
-		w.prev.Next = w.Next
-	} else {
-		l.Head = w.Next
-	}
-
-	if w.Next != nil {
-		w.Next.prev = w.prev
-	} else {
-		l.tail = w.prev
-	}
-
-	w.prev = nil
-	w.Next = nil
-	w.List = nil
-}
-
 // MonthPolicy is a month layer's RateLimit-Policy value for the period
 // [start, end), Unix nanoseconds.
 type MonthPolicy struct {
@@ -401,25 +321,4 @@ func CostOf(t *Tally) int64 {
 	}
 
 	return t.Cost
-}
-
-// Requeue moves w, in list l, to l's tail: a function rather than Unlink
-// and Push, two method calls on the request path (../doc.go: functions,
-// not methods).
-func Requeue(l *WindowList, w *Window) {
-	if l.tail == w {
-		return
-	}
-
-	if w.prev != nil {
-		w.prev.Next = w.Next
-	} else {
-		l.Head = w.Next
-	}
-
-	w.Next.prev = w.prev
-	w.prev = l.tail
-	w.Next = nil
-	l.tail.Next = w
-	l.tail = w
 }

@@ -31,14 +31,14 @@ var budgets = map[string]float64{
 	"principal with plans":        259,
 	"chain edge anonymous":        281,
 	"chain edge credentialed":     278,
-	"costed route":                352,
-	"countStatus route":           427,
+	"costed route":                345,
+	"countStatus route":           410,
 	"costFrom header route":       1462, // 1174 with one RateLimit item; three (global, ip, the route) since (items.go)
 	"costFrom json route":         1875,
 	"costFrom gzip json route":    2278, // the body decoded by a goroutine of its own (usage/inflate.go)
 	"costFrom llm sum route":      2306, // each level of the usage decoded into its raw members (usage/llm.go)
 	"json-keyed route":            972,  // the body read and decoded into its raw members (request/body.go), the API key hashed
-	"redis, global in memory":     541,
+	"redis, global in memory":     540,
 	"redis allowed":               454,
 	"redis refused":               240,
 	"redis synced allowed":        214,
