@@ -431,7 +431,7 @@ func TestKeysByKind(t *testing.T) {
 
 	for _, tc := range cases {
 		l := &layer{Limits: rule.Limits{KeyKind: tc.kind, ConstKey: "global"}}
-		if got := keyFor(l, tc.client, tc.principal, nil); got != tc.want {
+		if got := rule.KeyFor(l, tc.client, tc.principal, nil); got != tc.want {
 			t.Errorf("kind %d: %q, want %q", tc.kind, got, tc.want)
 		}
 	}

@@ -34,7 +34,7 @@ type exemptions struct {
 // headers on, no dry run, fixed windows keyed by client, principal or a
 // constant, credentials in headers only, no connection cap, no exemptions.
 // redisPath handles the anonymous instance on one Redis server, and
-// mixedPath the same with layers counted in memory (redisFastEligible,
+// mixedPath the same with layers counted in memory (config.RedisFastEligible,
 // paths.go).
 // Every other instance takes serveGeneral, which handles everything.
 func chooseMode(s *config.Settings) mode {
@@ -59,7 +59,7 @@ func chooseMode(s *config.Settings) mode {
 		return modeOff
 	case config.AnyConcurrency(s):
 		return modeGeneral // serveGeneral releases the slots (inflight.go)
-	case redisFastEligible(s, fixed, routes):
+	case config.RedisFastEligible(s, fixed, routes):
 		return modeRedis
 	case s.Store != config.StoreMemory || !s.Headers || s.DryRun || !fixed || s.WSMaxPerIP > 0,
 		len(s.CredCookies)+len(s.CredQuery) > 0,
