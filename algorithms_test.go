@@ -423,7 +423,7 @@ func TestKeysByKind(t *testing.T) {
 		want              string
 	}{
 		{keyOfClient, "1.2.3.4", "alice", "1.2.3.4"},
-		{keyOfPrincipal, "1.2.3.4", "alice", "alice"},
+		{rule.KeyOfPrincipal, "1.2.3.4", "alice", "alice"},
 		{keyOfConst, "1.2.3.4", "alice", "global"},
 		{rule.KeyOfPrincipalElseClient, "1.2.3.4", "alice", "alice"},
 		{rule.KeyOfPrincipalElseClient, "1.2.3.4", "", "ip:1.2.3.4"},

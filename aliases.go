@@ -15,7 +15,6 @@ import (
 
 const keyOfClient = rule.KeyOfClient
 const keyOfConst = rule.KeyOfConst
-const keyOfPrincipal = rule.KeyOfPrincipal
 
 type charge = rule.Charge
 type layer = rule.Layer

@@ -53,20 +53,10 @@ func routeForm(rt *route, req *http.Request, path string) string {
 	return request.CanonicalPath(req.URL.Path, false)
 }
 
-func hasAnyPrefix(path string, prefixes []string) bool {
-	for _, prefix := range prefixes {
-		if strings.HasPrefix(path, prefix) {
-			return true
-		}
-	}
-
-	return false
-}
-
 // isAsset reports whether the request's canonical path starts with an asset
 // prefix. A path that p.assetHint (request.AssetHint) does not match is none.
 func isAsset(p *Plugin, req *http.Request) bool {
-	return p.assetHint != nil && p.assetHint.MatchString(req.URL.Path) && hasAnyPrefix(request.CanonicalPath(req.URL.Path, p.foldPaths), p.assetPaths)
+	return p.assetHint != nil && p.assetHint.MatchString(req.URL.Path) && request.HasAnyPrefix(request.CanonicalPath(req.URL.Path, p.foldPaths), p.assetPaths)
 }
 
 // isExempt reports whether exempt.ips holds the request's client address or

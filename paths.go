@@ -70,16 +70,15 @@ func refuseOther(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer,
 // modeAnonymous has (headers on, no dry run, fixed windows, no principal, no
 // credential, no route, no connection cap, no exemption), with the Redis
 // store instead of memory (on a Cluster, clusterPath, mixedPath and
-// syncedPath: config.RedisFastEligible), and an ip
-// layer keyed by the client on every plan (assets too, when asset prefixes
-// apply): each plan charges global (when on) and one layer keyed by the
-// client. So the script call of a plan is encoded once but for the client's
-// key (redisPlan), and the common request, every layer allowed with Redis
-// healthy and none of its keys blocked, is served here. Every other case
-// takes the Redis store's own code (redisstore/store.go): a blocked key is refused
-// by refuseBlocked, Redis in back-off decided by serveRedisSlow, a failed
-// call by redisFailed, a refusal or a reply the fast path does not accept by
-// redisReply.
+// syncedPath: config.RedisFastEligible), and an ip layer keyed by the client
+// on every plan (assets too, when asset prefixes apply): each plan charges
+// global (when on) and one layer keyed by the client. So the script call of
+// a plan is encoded once but for the client's key (redisPlan), and the
+// common request, every layer allowed with Redis healthy and none of its
+// keys blocked, is served here. Every other case takes the Redis store's
+// own code (redisstore/store.go): a blocked key is refused by refuseBlocked,
+// Redis in back-off decided by serveRedisSlow, a failed call by redisFailed,
+// a refusal or a reply the fast path does not accept by redisReply.
 
 // redisFast is what redisPath reads: the store and the plans' calls.
 type redisFast struct {
@@ -90,27 +89,22 @@ type redisFast struct {
 	assets *redisPlan // nil without asset prefixes
 }
 
-// redisPlan is the script call of a plan (redisstore.FastCall): the command
-// is heads[len(client)] + client + tail.
+// redisPlan is the script call of a plan (redisstore.FastCall: the command
+// is heads[len(client)] + client + tail, sent to cluster, nil for one server
+// or a Sentinel's primary) and its layers: shared those counted in Redis,
+// which the call charges, memory those counted in memory (mixedPath), each
+// one's place in the plan in sharedAt and memoryAt. On clusterPath the call
+// is the client's layer's alone, and constCmd that of global, the plan's
+// first layer, on the node of its slot, constSlot.
 type redisPlan struct {
-	call  redisresp.Call
-	heads []string // the call's head, the keys before the client's, and its length and prefix
-	tail  string   // the end of the client's key, the keys after it, the arguments
-	// layers is the plan; shared its layers counted in Redis, which the
-	// call charges; memory those counted in memory (mixedPath), each one's
-	// place in the plan in sharedAt and memoryAt.
+	call                   redisresp.Call
+	heads                  []string
+	tail                   string
+	cluster                *redisresp.Cluster
 	layers, shared, memory []*layer
 	sharedAt, memoryAt     []int
-	// cluster is the Redis Cluster the call goes to (nil: one server or a
-	// Sentinel's primary), on the node of the client's slot: the plan's
-	// layers in Redis are then those keyed by the client alone
-	// (config.RedisFastEligible).
-	cluster *redisresp.Cluster
-	// constCmd is clusterPath's call of the plan's first layer, global,
-	// on the node of its slot, constSlot; the call above is then that of
-	// the client's layer alone.
-	constCmd  string
-	constSlot int
+	constCmd               string
+	constSlot              int
 }
 
 // clusterPath is the Redis path of a modeRedis instance on a Cluster with
@@ -204,11 +198,9 @@ func newRedisFast(rs *redisstore.RedisStore, ps plans) *redisFast {
 func newClusterPair(rs *redisstore.RedisStore, layers []*layer) *redisPlan {
 	rp := newRedisPlan(rs, layers[1:], 1)
 	rp.layers = layers
-
-	g := layers[0]
-	key := redisstore.ClusterKey(g, g.ConstKey)
-	rp.constSlot = redisresp.Slot(key)
-	rp.constCmd = rp.call.Head() + redisresp.Bulk(key) + redisstore.ArgOneInteger + redisstore.CostArg(1) + g.RedisArgs
+	cmd, slot := redisstore.EncodeConst(rp.call, layers[0])
+	rp.constCmd = cmd
+	rp.constSlot = slot
 
 	return rp
 }
@@ -325,10 +317,9 @@ func serveOnCounters(p *Plugin, rw http.ResponseWriter, req *http.Request, layer
 	answerRedis(p, rw, req, &t, c)
 }
 
-// The answer itself (headers beyond the tables, Retry-After, the refusal,
-// the WebSocket close) is package answer. This file holds the header
-// arithmetic of the generated paths (paths.tmpl) and the number formatting
-// the root's windows, stores and status page share.
+// The header arithmetic of the generated paths (paths.tmpl); the answer
+// itself (headers beyond the tables, Retry-After, the refusal, the
+// WebSocket close) is package answer.
 
 // Constants of the header arithmetic: typed expressions such as
 // int64(time.Second) or int64(len(smallInts)) are evaluated per request under

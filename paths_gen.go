@@ -497,7 +497,7 @@ func serveGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request, matched 
 		return
 	}
 
-	if p.ws != nil && isUpgrade(req) {
+	if p.ws != nil && request.IsUpgrade(req) {
 		serveUpgrade(p, out, rw, req, client)
 		return
 	}

@@ -779,7 +779,7 @@ func TestAssetHintCoversEveryAsset(t *testing.T) {
 		}
 
 		for _, p := range paths {
-			if hasAnyPrefix(request.CanonicalPath(p, fold), canonical) && !hint.MatchString(p) {
+			if request.HasAnyPrefix(request.CanonicalPath(p, fold), canonical) && !hint.MatchString(p) {
 				t.Fatalf("fold %v: %q is an asset (canonical %q) that assetHint misses", fold, p, request.CanonicalPath(p, fold))
 			}
 		}

@@ -336,7 +336,7 @@ func TestResetClusterKeyIsTheChargedOne(t *testing.T) {
 	req := httptest.NewRequest(http.MethodGet, "http://api.example/", nil)
 	req.Header.Set("X-Api-Key", "secret")
 
-	for _, kind := range []int{keyOfClient, keyOfPrincipal, keyOfConst, rule.KeyOfPrincipalElseClient, rule.KeyOfHeader, rule.KeyOfHost} {
+	for _, kind := range []int{keyOfClient, rule.KeyOfPrincipal, keyOfConst, rule.KeyOfPrincipalElseClient, rule.KeyOfHeader, rule.KeyOfHost} {
 		l := &layer{Limits: rule.Limits{Name: "l", KeyKind: kind, ConstKey: "global", KeyHeader: "X-Api-Key"}, RedisEncoding: rule.RedisEncoding{RedisKey: "ratelimit:mw:l:"}}
 
 		for _, principal := range []string{"", "alice"} {

@@ -65,6 +65,16 @@ func EncodeFast(s *RedisStore, shared []*layer, cost int64, maxClient int) FastC
 	return f
 }
 
+// EncodeConst encodes the root's clusterPath call of g, a plan's global
+// layer, whole, after call's head, and the slot of its key, whose node it
+// goes to.
+func EncodeConst(call redisresp.Call, g *layer) (string, int) {
+	key := ClusterKey(g, g.ConstKey)
+	slot := redisresp.Slot(key)
+
+	return call.Head() + redisresp.Bulk(key) + ArgOneInteger + CostArg(1) + g.RedisArgs, slot
+}
+
 // PairAllowed is global's reply on the root's clusterPath when it is an
 // array, count and milliseconds to reset (TakeScript sends one integer only
 // while it fits a Lua number: not for a global of a billion points an
