@@ -16,7 +16,6 @@ import (
 	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/redisstore"
-	"github.com/tierlimit/tierlimit/rule"
 )
 
 func onlyBucket(points, burst int, duration string) func(c *Config) {
@@ -413,27 +412,6 @@ func TestTokenBucketConfigErrors(t *testing.T) {
 	s, err := parse(cfg)
 	if err != nil || s.Spec(config.LayerIP).Algorithm != limit.TokenBucket || s.Spec(config.LayerIP).Burst != 5 {
 		t.Fatalf("default burst: %+v %v", s.Spec(config.LayerIP), err)
-	}
-}
-
-func TestKeysByKind(t *testing.T) {
-	cases := []struct {
-		kind              int
-		client, principal string
-		want              string
-	}{
-		{keyOfClient, "1.2.3.4", "alice", "1.2.3.4"},
-		{keyOfPrincipal, "1.2.3.4", "alice", "alice"},
-		{keyOfConst, "1.2.3.4", "alice", "global"},
-		{rule.KeyOfPrincipalElseClient, "1.2.3.4", "alice", "alice"},
-		{rule.KeyOfPrincipalElseClient, "1.2.3.4", "", "ip:1.2.3.4"},
-	}
-
-	for _, tc := range cases {
-		l := &layer{Limits: rule.Limits{KeyKind: tc.kind, ConstKey: "global"}}
-		if got := keyFor(l, tc.client, tc.principal, nil); got != tc.want {
-			t.Errorf("kind %d: %q, want %q", tc.kind, got, tc.want)
-		}
 	}
 }
 

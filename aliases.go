@@ -16,11 +16,6 @@ import (
 
 const keyOfClient = rule.KeyOfClient
 const keyOfConst = rule.KeyOfConst
-const keyOfHeader = rule.KeyOfHeader
-const keyOfHost = rule.KeyOfHost
-const keyOfPrincipal = rule.KeyOfPrincipal
-const keyOfParts = rule.KeyOfParts
-const keyOfJSON = rule.KeyOfJSON
 
 type charge = rule.Charge
 type layer = rule.Layer

@@ -28,15 +28,9 @@ type exemptions struct {
 
 // chooseMode decides, from the parsed settings alone, how an instance serves
 // its requests; TestChooseMode (paths_test.go) names every configuration
-// shape.
-//
-// The fast paths (paths.go) handle the common instances: the memory store,
-// headers on, no dry run, fixed windows keyed by client, principal or a
-// constant, credentials in headers only, no connection cap, no exemptions.
-// redisPath handles the anonymous instance on one Redis server, and
-// mixedPath the same with layers counted in memory (redisFastEligible,
-// paths.go).
-// Every other instance takes serveGeneral, which handles everything.
+// shape. What each mode guarantees its path is stated beside the path
+// (paths.go; config.RedisFastEligible for the Redis paths); every other
+// instance takes serveGeneral, which handles everything.
 func chooseMode(s *config.Settings) mode {
 	// Route layers are charged on the general path only (classifyPath
 	// hands route matches over), so their algorithm and key do not matter.
@@ -59,7 +53,7 @@ func chooseMode(s *config.Settings) mode {
 		return modeOff
 	case config.AnyConcurrency(s):
 		return modeGeneral // serveGeneral releases the slots (inflight.go)
-	case redisFastEligible(s, fixed, routes):
+	case config.RedisFastEligible(s, fixed, routes):
 		return modeRedis
 	case s.Store != config.StoreMemory || !s.Headers || s.DryRun || !fixed || s.WSMaxPerIP > 0,
 		len(s.CredCookies)+len(s.CredQuery) > 0,
@@ -148,15 +142,7 @@ func build(ctx context.Context, cfg *config.Settings, next http.Handler, name st
 // the one its requests' plans hold, check-only: the script reads it with the
 // check flag (redisstore.CheckArgs), and both share the block list entries.
 func splitCountStatus(routes []*route) {
-	var all []*route
-	for _, rt := range routes {
-		all = append(all, rt)
-		for _, name := range sortedPlans(rt) {
-			all = append(all, rt.plans[name])
-		}
-	}
-
-	for _, rt := range all {
+	for _, rt := range allRoutes(routes) {
 		if rt.countStatus == nil {
 			continue
 		}
@@ -177,15 +163,7 @@ func splitCountStatus(routes []*route) {
 // quiet its loud layer (route.loud), a copy of the complete layer that is
 // not quiet.
 func loudReserves(routes []*route) {
-	var all []*route
-	for _, rt := range routes {
-		all = append(all, rt)
-		for _, name := range sortedPlans(rt) {
-			all = append(all, rt.plans[name])
-		}
-	}
-
-	for _, rt := range all {
+	for _, rt := range allRoutes(routes) {
 		if rt.costFrom != nil && rt.layer.Quiet {
 			loud := *rt.layer
 			loud.Quiet = false
@@ -223,25 +201,22 @@ func (p *Plugin) buildLayers(cfg *config.Settings, memory *memstore.WindowStore)
 		}
 	}
 
-	p.layers = plan(built...)
+	p.layers = rule.On(built)
 
 	// A plan's layer is keyed by its principal, like user's.
 	named := make([]*layer, len(cfg.Plans))
 	for i, spec := range cfg.Plans {
-		named[i] = newLayer(memory, spec, keyOfPrincipal)
+		named[i] = newLayer(memory, spec, rule.KeyOfPrincipal)
 	}
 
-	p.layers = append(p.layers, plan(named...)...)
+	p.layers = append(p.layers, rule.On(named)...)
 	p.routes, p.routeMethods = buildRoutes(memory, cfg.Routes)
 	p.setPathForms(cfg)
 	routedPaths(p)
 
-	for _, rt := range p.routes {
-		p.layers = append(p.layers, rt.layer)
-		for _, name := range sortedPlans(rt) {
-			if alt := rt.plans[name]; alt.layer != nil {
-				p.layers = append(p.layers, alt.layer)
-			}
+	for _, rt := range allRoutes(p.routes) {
+		if rt.layer != nil { // nil: a route plan with no limit on the route
+			p.layers = append(p.layers, rt.layer)
 		}
 	}
 
@@ -266,7 +241,7 @@ func buildRoutes(memory *memstore.WindowStore, specs []config.Route) ([]*route, 
 		}
 
 		rt := &route{
-			layer: newLayer(memory, rs.Rule, rule.RouteKeyKinds[rs.Key]), exact: withTrailingSlash(rs.Exact), prefixes: rs.Prefixes,
+			layer: newLayer(memory, rs.Rule, rule.RouteKeyKinds[rs.Key]), exact: request.WithTrailingSlash(rs.Exact), prefixes: rs.Prefixes,
 			caseSensitive: rs.CaseSensitive, cost: rs.Cost, countStatus: rs.CountStatus,
 		}
 		if len(rs.Methods) > 0 {
@@ -307,6 +282,19 @@ func sortedPlans(rt *route) []string {
 	sort.Strings(names)
 
 	return names
+}
+
+// allRoutes is routes, each followed by its plans' forms (route.plans).
+func allRoutes(routes []*route) []*route {
+	var all []*route
+	for _, rt := range routes {
+		all = append(all, rt)
+		for _, name := range sortedPlans(rt) {
+			all = append(all, rt.plans[name])
+		}
+	}
+
+	return all
 }
 
 // routePlans makes route rt's forms for its plans (config.Route.Plans):
@@ -360,35 +348,6 @@ func (p *Plugin) setPathForms(cfg *config.Settings) {
 		rt.caseSensitive = rt.caseSensitive && p.foldPaths
 		rt.otherForm = rt.lower || rt.caseSensitive
 	}
-}
-
-// withTrailingSlash is the set of paths, each with and without a trailing
-// slash (route.exact); nil for none.
-func withTrailingSlash(paths map[string]bool) map[string]bool {
-	if len(paths) == 0 {
-		return nil
-	}
-
-	out := make(map[string]bool, 2*len(paths))
-	for path := range paths {
-		out[path] = true
-		out[path+"/"] = true
-	}
-
-	return out
-}
-
-// plan lists the layers that are on, in order.
-func plan(layers ...*layer) []*layer {
-	var out []*layer
-
-	for _, l := range layers {
-		if l != nil {
-			out = append(out, l)
-		}
-	}
-
-	return out
 }
 
 // newLayer is the layer of spec in every store (rule.NewLayer, memstore's

@@ -8,7 +8,7 @@
 // panic) and what no sub-package owns: the mode an instance
 // serves in and the layers, plans, routes and stores it is built from
 // (plugin.go, build.go), the request paths (paths.tmpl, generated into
-// paths_gen.go; paths.go, general.go), keys, routes, assets and exemptions
+// paths_gen.go; paths.go, general.go), routes, assets and exemptions
 // (match.go), the charges after authentication and after the response
 // (after.go), the stores as an instance puts them together (stores.go), the
 // WebSocket connection cap (wsclose.go), the release of concurrency layers'

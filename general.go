@@ -129,7 +129,7 @@ func report(p *Plugin, c *charge, firsts uint64) {
 // reject answers a refused request: a 429, or for a WebSocket upgrade a
 // completed handshake closed with 1013.
 func reject(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer, reset, now int64) {
-	if req.Header["Upgrade"] == nil || !isUpgrade(req) {
+	if req.Header["Upgrade"] == nil || !request.IsUpgrade(req) {
 		answer.Refuse(rw, &l.Policy, reset, now)
 		return
 	}
@@ -197,7 +197,7 @@ func matchRoutes(p *Plugin, req *http.Request, path string) []*route {
 			form = routeForm(rt, req, path)
 		}
 
-		if rt.exact[form] || hasAnyPrefix(form, rt.prefixes) {
+		if rt.exact[form] || request.HasAnyPrefix(form, rt.prefixes) {
 			out = append(out, rt)
 		}
 	}

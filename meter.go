@@ -1,7 +1,6 @@
 package tierlimit
 
 import (
-	"net/http"
 	"strconv"
 	"sync/atomic"
 
@@ -184,7 +183,7 @@ func settleReservations(w *watchWriter) {
 		switch {
 		case w.discard:
 		case r.rt.costFrom.Header != "":
-			cost, ok = headerCost(w.rw.Header(), r.rt.costFrom.Header)
+			cost, ok = usage.HeaderCost(w.rw.Header(), r.rt.costFrom.Header)
 		default:
 			cost, ok = bodyCost(r)
 		}
@@ -221,25 +220,13 @@ func holdCost(p *Plugin, r *reservation, cost, now int64) {
 }
 
 // bodyCost is the cost r's response's body states at r's route's
-// costFrom (a json: source); headerCost reads a header's.
+// costFrom (a json: source); usage.HeaderCost reads a header's.
 func bodyCost(r *reservation) (int64, bool) {
 	if r.reader == nil {
 		return 0, false
 	}
 
 	return usage.Result(r.reader)
-}
-
-// headerCost is the cost header name states in h, else its trailer:
-// several copies are a list (usage.ParseHeaderValues).
-func headerCost(h http.Header, name string) (int64, bool) {
-	// The common case in a small frame, the others in HeaderCost's (doc.go:
-	// frames).
-	if v := h[name]; len(v) == 1 {
-		return usage.ParseHeaderValue(v[0])
-	}
-
-	return usage.HeaderCost(h, name)
 }
 
 // unreported counts a response that stated no cost, and writes an event

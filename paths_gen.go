@@ -12,6 +12,7 @@ import (
 	"github.com/tierlimit/tierlimit/redisresp"
 	"github.com/tierlimit/tierlimit/redisstore"
 	"github.com/tierlimit/tierlimit/request"
+	"github.com/tierlimit/tierlimit/rule"
 )
 
 // ServeHTTP serves modeAnonymous, and the requests without a credential
@@ -463,7 +464,7 @@ func serveGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request, matched 
 		if l.KeyKind == keyOfConst {
 			keys[i] = l.ConstKey
 		} else if l.KeyKind != keyOfClient {
-			keys[i] = keyFor(l, client, principal, req)
+			keys[i] = rule.KeyFor(l, client, principal, req)
 		}
 	}
 	c := &charge{Layers: layers, Keys: keys, Client: client, Principal: principal, Now: now, All: p.dryRun}
@@ -495,7 +496,7 @@ func serveGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request, matched 
 		return
 	}
 
-	if p.ws != nil && isUpgrade(req) {
+	if p.ws != nil && request.IsUpgrade(req) {
 		serveUpgrade(p, out, rw, req, client)
 		return
 	}
@@ -627,7 +628,7 @@ func (rd *redisPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 // go to their slots' nodes together, and when both allow, the request is
 // answered as redisPath answers one call's integer, that of the layer with
 // the fewest left (global's of equals; global's array when its integer
-// would not fit, pairAllowed). A client whose slot is global's,
+// would not fit, redisstore.PairAllowed). A client whose slot is global's,
 // Redis in back-off or a long key take the general decision
 // (serveRedisSlow); everything else clusterOther.
 func (cp *clusterPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
@@ -666,7 +667,7 @@ func (cp *clusterPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	now := p.now().UnixNano()
 	va, ia, vb, ib, err := redisresp.PairInts(rp.cluster, rp.constSlot, rp.constCmd, slot, rp.heads[len(client)]+client+rp.tail)
 	if va < 0 && vb >= 0 && err == nil {
-		va = pairAllowed(ia, layers[0])
+		va = redisstore.PairAllowed(ia, layers[0])
 	}
 	if va < 0 || vb < 0 {
 		clusterOther(p, rw, req, layers, client, va, ia, vb, ib, err)
@@ -767,7 +768,7 @@ func refuseBlocked(p *Plugin, rw http.ResponseWriter, req *http.Request, layers 
 		resetSec := (reset + nsPerSecond - 1) / nsPerSecond
 		secs := (reset - now + nsPerSecond - 1) / nsPerSecond
 		if c.ResetSec != resetSec || c.Secs != secs {
-			cacheRefusal(l, formatInt(resetSec), reset, secs)
+			rule.CacheRefusal(l, formatInt(resetSec), reset, secs)
 		}
 		values := c.Values
 		body := c.Body
@@ -898,7 +899,7 @@ func refuseSynced(p *Plugin, rw http.ResponseWriter, req *http.Request, layers [
 	cache := &l.Cache
 	secs := (c.End - now + nsPerSecond - 1) / nsPerSecond
 	if cache.ResetSec != c.ResetSec || cache.Secs != secs {
-		cacheRefusal(l, c.ResetH[0], c.End, secs)
+		rule.CacheRefusal(l, c.ResetH[0], c.End, secs)
 	}
 
 	values := cache.Values
@@ -1277,7 +1278,7 @@ func chargeOf(layers []*layer, client, principal string, req *http.Request, now 
 		if l.KeyKind == keyOfConst {
 			keys[i] = l.ConstKey
 		} else if l.KeyKind != keyOfClient {
-			keys[i] = keyFor(l, client, principal, req)
+			keys[i] = rule.KeyFor(l, client, principal, req)
 		}
 	}
 
@@ -1297,7 +1298,7 @@ func decide(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*laye
 		if l.KeyKind == keyOfConst {
 			keys[i] = l.ConstKey
 		} else if l.KeyKind != keyOfClient {
-			keys[i] = keyFor(l, client, principal, req)
+			keys[i] = rule.KeyFor(l, client, principal, req)
 		}
 	}
 	c := &charge{Layers: layers, Keys: keys, Client: client, Principal: principal, Now: now, All: p.dryRun}

@@ -570,21 +570,21 @@ func TestClusterKeysShareASlotPerClientAndPrincipal(t *testing.T) {
 
 	ip, login, byPrincipal, global := mk("ip", keyOfClient), mk("login", keyOfClient), mk("upload", rule.KeyOfPrincipalElseClient), mk("global", keyOfConst)
 
-	if k := redisstore.ClusterKey(ip, keyFor(ip, "198.51.100.7", "", nil)); k != "ratelimit:mw:ip:{198.51.100.7}" {
+	if k := redisstore.ClusterKey(ip, rule.KeyFor(ip, "198.51.100.7", "", nil)); k != "ratelimit:mw:ip:{198.51.100.7}" {
 		t.Fatalf("ip key %q", k)
 	}
 
-	anon := redisstore.ClusterKey(byPrincipal, keyFor(byPrincipal, "198.51.100.7", "", nil))
-	if redisresp.Slot(anon) != redisresp.Slot(redisstore.ClusterKey(ip, keyFor(ip, "198.51.100.7", "", nil))) ||
-		redisresp.Slot(redisstore.ClusterKey(login, keyFor(login, "198.51.100.7", "", nil))) != redisresp.Slot(anon) {
+	anon := redisstore.ClusterKey(byPrincipal, rule.KeyFor(byPrincipal, "198.51.100.7", "", nil))
+	if redisresp.Slot(anon) != redisresp.Slot(redisstore.ClusterKey(ip, rule.KeyFor(ip, "198.51.100.7", "", nil))) ||
+		redisresp.Slot(redisstore.ClusterKey(login, rule.KeyFor(login, "198.51.100.7", "", nil))) != redisresp.Slot(anon) {
 		t.Fatalf("one client's layers in different slots: %q", anon)
 	}
 
-	if k := redisstore.ClusterKey(byPrincipal, keyFor(byPrincipal, "198.51.100.7", "alice", nil)); k != "ratelimit:mw:upload:{alice}" {
+	if k := redisstore.ClusterKey(byPrincipal, rule.KeyFor(byPrincipal, "198.51.100.7", "alice", nil)); k != "ratelimit:mw:upload:{alice}" {
 		t.Fatalf("principal key %q", k)
 	}
 
-	if k := redisstore.ClusterKey(global, keyFor(global, "198.51.100.7", "alice", nil)); k != "ratelimit:mw:global:{global}" {
+	if k := redisstore.ClusterKey(global, rule.KeyFor(global, "198.51.100.7", "alice", nil)); k != "ratelimit:mw:global:{global}" {
 		t.Fatalf("global key %q", k)
 	}
 }

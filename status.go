@@ -55,15 +55,9 @@ func meteredRouteOf(p *Plugin, l *layer) *route {
 		return nil
 	}
 
-	for _, rt := range p.routes {
+	for _, rt := range allRoutes(p.routes) {
 		if rt.layer == l {
 			return rt
-		}
-
-		for _, alt := range rt.plans {
-			if alt.layer == l {
-				return alt
-			}
 		}
 	}
 

@@ -2,29 +2,10 @@ package tierlimit
 
 import (
 	"context"
-	"net/http"
-	"strings"
 	"sync"
 
 	"github.com/tierlimit/tierlimit/lifetime"
 )
-
-// isUpgrade reports whether req asks for a WebSocket upgrade.
-func isUpgrade(req *http.Request) bool {
-	if !strings.EqualFold(req.Header.Get("Upgrade"), "websocket") {
-		return false
-	}
-
-	for _, v := range req.Header["Connection"] {
-		for _, token := range strings.Split(v, ",") {
-			if strings.EqualFold(strings.TrimSpace(token), "upgrade") {
-				return true
-			}
-		}
-	}
-
-	return false
-}
 
 // connCounter counts the open upgraded connections per client IP in this
 // process and caps them. An upgrade holds its slot while the rest of the chain

@@ -11,6 +11,8 @@ import (
 // package's type or constant allocates once more per call for each such name
 // (../doc.go: qualified names).
 
+const keyOfConst = rule.KeyOfConst
+
 type charge = rule.Charge
 type layer = rule.Layer
 type layerStats = rule.Stats

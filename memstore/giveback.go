@@ -95,3 +95,30 @@ func ExceptUncharged(layers []*layer, uncharged uint64) []*layer {
 
 	return out
 }
+
+// UnspendFast gives back the cost a root's fast path (serveRoutedFast,
+// serveCountedFast, mixedPath) charged to the first n layers, and their
+// allowed counts, under the memory store's lock, for a request the general
+// path then decides anew. A check-only layer was evaluated, not charged; a window
+// that ended meanwhile is left alone: the points went with it.
+func UnspendFast(layers []*layer, n int, client string, cost, now int64) {
+	for _, l := range layers[:n] {
+		if l.CheckOnly {
+			continue // evaluated, not charged
+		}
+
+		key := client
+		if l.KeyKind == keyOfConst {
+			key = l.ConstKey
+		}
+
+		if w := l.Entries[key]; w != nil && w.List == l.List && w.Reset > now {
+			w.Count -= cost
+			if w.Count < 0 {
+				w.Count = 0
+			}
+		}
+
+		l.Stats.Allowed--
+	}
+}

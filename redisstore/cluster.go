@@ -14,7 +14,7 @@ import (
 // client (ip, assets, routes keyed by ip) share a slot, as do those of one
 // principal, and one script call charges them. A principal-keyed route's
 // fallback to the client IP (ip:<addr>) is tagged by the address, with the
-// client's other layers. bucket is the key as keyFor made it.
+// client's other layers. bucket is the key as rule.KeyFor made it.
 func ClusterKey(l *layer, bucket string) string {
 	if l.KeyKind == keyOfPrincipalElseClient && strings.HasPrefix(bucket, "ip:") {
 		return l.RedisKey + "ip:{" + bucket[len("ip:"):] + "}"

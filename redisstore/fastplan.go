@@ -3,6 +3,7 @@ package redisstore
 import (
 	"strconv"
 
+	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/redisresp"
 )
 
@@ -62,4 +63,32 @@ func EncodeFast(s *RedisStore, shared []*layer, cost int64, maxClient int) FastC
 	}
 
 	return f
+}
+
+// EncodeConst encodes the root's clusterPath call of g, a plan's global
+// layer, whole, after call's head, and the slot of its key, whose node it
+// goes to.
+func EncodeConst(call redisresp.Call, g *layer) (string, int) {
+	key := ClusterKey(g, g.ConstKey)
+	slot := redisresp.Slot(key)
+
+	return call.Head() + redisresp.Bulk(key) + ArgOneInteger + CostArg(1) + g.RedisArgs, slot
+}
+
+// PairAllowed is global's reply on the root's clusterPath when it is an
+// array, count and milliseconds to reset (TakeScript sends one integer only
+// while it fits a Lua number: not for a global of a billion points an
+// hour): the integer it stands for, or -1 when it does not allow the
+// request or the integer would not fit.
+func PairAllowed(ints []int64, l *layer) int64 {
+	if len(ints) != 2 || ints[0] < 1 || limit.Over(ints[0], l.Points) || ints[1] < 0 || ints[1] > l.MaxTTL {
+		return -1
+	}
+
+	left := l.Points - ints[0]
+	if left > (1<<58)/(l.MaxTTL+1) {
+		return -1
+	}
+
+	return (left*(l.MaxTTL+1) + ints[1]) * 16
 }

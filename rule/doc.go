@@ -3,7 +3,7 @@
 // store's table of its counters, package counter; its part of the Redis
 // script call, package rediscall), its header tables and its refusal,
 // which are the layer's answer; and what one
-// request's decision takes and gives (Charge: the layers and their keys;
-// Tally: the outcome). It is data: the root builds it in New (build.go), the
+// request's decision takes and gives (Charge: the layers and their keys,
+// made by KeyFor; Tally: the outcome). It is data: the root builds it in New (build.go), the
 // stores count by it, the answer reads it. The arithmetic is package limit.
 package rule

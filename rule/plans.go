@@ -26,6 +26,19 @@ var RouteKeyKinds = map[string]int{
 	config.KeyHost: KeyOfHost, config.KeyHeader: KeyOfHeader, config.KeyParts: KeyOfParts,
 }
 
+// On lists the layers that are on (not nil), in order.
+func On(layers []*Layer) []*Layer {
+	var out []*Layer
+
+	for _, l := range layers {
+		if l != nil {
+			out = append(out, l)
+		}
+	}
+
+	return out
+}
+
 // ChargedTo lists, in catalogue order, the built layers that are on among
 // those of the classes (a plan rule of config/charges.go); nil when none is.
 func ChargedTo(built []*Layer, classes []int) []*Layer {

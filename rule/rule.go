@@ -135,7 +135,7 @@ type Refusal struct {
 
 // refusalCache holds a default refusal of the layer, for the reset second
 // ResetH and Secs seconds to the reset: the body and the header values, in
-// the order of refusalHeaders (../paths.go). Many refusals share them: every
+// the order of RefusalHeaders (refusal.go). Many refusals share them: every
 // refusal of a flood within one second, of windows that reset in one second.
 type refusalCache struct {
 	ResetH   string
@@ -155,7 +155,7 @@ const MaxPrecomputed = 4096
 // debts count by these keys.
 type Charge struct {
 	Layers    []*Layer
-	Keys      []string // Keys[i] is Layers[i]'s key (the root's keyFor)
+	Keys      []string // Keys[i] is Layers[i]'s key (KeyFor)
 	Client    string   // the client's key, which events name
 	Principal string   // the request's principal ("": none), for the charges after the response (../after.go)
 	Now       int64
