@@ -59,8 +59,8 @@ func verdict(p *Plugin, rw http.ResponseWriter, req *http.Request, t *tally, c *
 
 	if p.headers {
 		setHeaders(rw.Header(), c.Layers[t.Shown], t.Left, t.Reset, t.ResetH, c.Now)
-		if t.Each != nil && !t.Refused {
-			setItems(rw.Header(), t, c)
+		if t.Each != nil {
+			setItems(p, rw, t, c)
 		}
 	}
 

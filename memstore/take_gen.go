@@ -59,7 +59,7 @@ func Take(s *WindowStore, t *tally, c *charge) {
 					t.ResetH = w.ResetH
 					t.Left = left
 				}
-				if t.Each != nil && !l.Quiet {
+				if t.Each != nil {
 					t.Each[2*i] = l.Points - w.Count + 1
 					t.Each[2*i+1] = w.Reset
 				}
