@@ -27,7 +27,7 @@ func itemsFor(layers []*layer) []int64 {
 
 	for _, l := range layers {
 		if l.Settles || l.Algorithm == algConcurrency {
-			return rule.NewItems(len(layers))
+			return make([]int64, 2*len(layers)) // rule.NewItems, without its frame
 		}
 	}
 
@@ -40,12 +40,11 @@ func itemsFor(layers []*layer) []int64 {
 // state into one buffer. One frame with few temporaries, a month layer's
 // policy in a function of its own: under Yaegi every call, operator and
 // string concatenation costs allocations (doc.go: frames).
-func setItems(p *Plugin, rw http.ResponseWriter, t *tally, c *charge) {
+func setItems(p *Plugin, h http.Header, t *tally, c *charge) {
 	if t.Refused {
 		return
 	}
 
-	h := rw.Header()
 	policy := h["Ratelimit-Policy"][0]
 	b := append(make([]byte, 0, 160), h["Ratelimit"][0]...)
 	for i, l := range c.Layers {
@@ -55,15 +54,12 @@ func setItems(p *Plugin, rw http.ResponseWriter, t *tally, c *charge) {
 
 		policy += l.PolicyItem
 		left := t.Each[2*i] - 1
-		secs := (t.Each[2*i+1] - c.Now + (nsPerSecond - 1)) / nsPerSecond
 		if left < 0 {
 			left = 0
 		}
-		if secs < 0 {
-			secs = 0
-		}
 		b = strconv.AppendInt(append(b, l.RateItem...), left, 10)
-		b = strconv.AppendInt(append(b, ";t="...), secs, 10)
+		// An allowed layer's reset is ahead: its seconds are not negative.
+		b = strconv.AppendInt(append(b, ";t="...), (t.Each[2*i+1]-c.Now+(nsPerSecond-1))/nsPerSecond, 10)
 	}
 
 	h["Ratelimit-Policy"] = []string{policy}
