@@ -53,12 +53,9 @@ func setItems(p *Plugin, h http.Header, t *tally, c *charge) {
 		}
 
 		policy += l.PolicyItem
-		left := t.Each[2*i] - 1
-		if left < 0 {
-			left = 0
-		}
-		b = strconv.AppendInt(append(b, l.RateItem...), left, 10)
-		// An allowed layer's reset is ahead: its seconds are not negative.
+		// An allowed layer has requests left, not fewer than none, and its
+		// reset is ahead: neither number is negative.
+		b = strconv.AppendInt(append(b, l.RateItem...), t.Each[2*i]-1, 10)
 		b = strconv.AppendInt(append(b, ";t="...), (t.Each[2*i+1]-c.Now+(nsPerSecond-1))/nsPerSecond, 10)
 	}
 
