@@ -62,31 +62,6 @@ func setItems(p *Plugin, h http.Header, t *tally, c *charge) {
 	h["Ratelimit-Policy"] = []string{policy}
 	h["Ratelimit"] = []string{string(b)}
 	if p.stores.month {
-		setMonthItems(h, t, c)
+		rule.SetMonthItems(h, t, c) // a month layer's policy changes with the month
 	}
-}
-
-// setMonthItems writes setItems's RateLimit-Policy anew for an instance
-// with a calendar month layer, whose policy changes with the month
-// (rule.MonthPolicyAt).
-func setMonthItems(h http.Header, t *tally, c *charge) {
-	policy := ""
-	for i, l := range c.Layers {
-		if i != t.Shown && (t.Each[2*i] == 0 || l.Quiet) {
-			continue
-		}
-
-		item := l.PolicyHdr[0]
-		if l.Month != nil {
-			item = rule.MonthPolicyAt(l, c.Now)[0]
-		}
-
-		if i == t.Shown {
-			policy = item + policy
-		} else {
-			policy += ", " + item
-		}
-	}
-
-	h["Ratelimit-Policy"] = []string{policy}
 }
