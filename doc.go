@@ -64,7 +64,8 @@
 // the answer of a cached refusal, the keys of a charge), and every path that
 // needs them is generated from it by e2e/cmd/genpaths (make generate, or go
 // generate in the root): the root's paths into paths_gen.go, the memory
-// store's Take into memstore/take_gen.go, the allow snippet as rule.Allow
+// store's Take (and TakeEach, which records RateLimit items) into
+// memstore/take_gen.go, the allow snippet as rule.Allow
 // into rule/allow_gen.go, the Redis store's Record into
 // redisstore/reply_gen.go. The comparisons of limit/ in them are copied
 // from limit's source (the template's inline). Edit paths.tmpl, never a _gen.go

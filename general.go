@@ -58,9 +58,10 @@ func verdict(p *Plugin, rw http.ResponseWriter, req *http.Request, t *tally, c *
 	}
 
 	if p.headers {
-		setHeaders(rw.Header(), c.Layers[t.Shown], t.Left, t.Reset, t.ResetH, c.Now)
-		if t.Each != nil && !t.Refused {
-			setItems(rw.Header(), t, c)
+		h := rw.Header()
+		setHeaders(h, c.Layers[t.Shown], t.Left, t.Reset, t.ResetH, c.Now)
+		if t.Each != nil {
+			setItems(p, h, t, c)
 		}
 	}
 

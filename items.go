@@ -2,6 +2,7 @@ package tierlimit
 
 import (
 	"net/http"
+	"strconv"
 
 	"github.com/tierlimit/tierlimit/rule"
 )
@@ -26,7 +27,7 @@ func itemsFor(layers []*layer) []int64 {
 
 	for _, l := range layers {
 		if l.Settles || l.Algorithm == algConcurrency {
-			return rule.NewItems(len(layers))
+			return make([]int64, 2*len(layers)) // rule.NewItems, without its frame
 		}
 	}
 
@@ -35,53 +36,32 @@ func itemsFor(layers []*layer) []int64 {
 
 // setItems appends to the RateLimit-Policy and RateLimit values that
 // setHeaders wrote for tally t's shown layer the items of its other
-// layers (t.Each, tally.Each). One string each, grown in place: under Yaegi
-// every call and slice costs allocations (doc.go: frames).
-func setItems(h http.Header, t *tally, c *charge) {
-	policy := h["Ratelimit-Policy"][0]
-	rate := h["Ratelimit"][0]
-	if c.Layers[t.Shown].Month != nil {
-		policy = rule.MonthPolicyAt(c.Layers[t.Shown], c.Now)[0]
+// layers (t.Each, tally.Each): the policy from the layer's PolicyItem, the
+// state into one buffer. One frame with few temporaries, a month layer's
+// policy in a function of its own: under Yaegi every call, operator and
+// string concatenation costs allocations (doc.go: frames).
+func setItems(p *Plugin, h http.Header, t *tally, c *charge) {
+	if t.Refused {
+		return
 	}
 
-	more := false
+	policy := h["Ratelimit-Policy"][0]
+	b := append(make([]byte, 0, 160), h["Ratelimit"][0]...)
 	for i, l := range c.Layers {
-		if i == t.Shown || t.Each[2*i] == 0 {
+		if i == t.Shown || t.Each[2*i] == 0 || l.Quiet {
 			continue
 		}
 
-		more = true
-		secs := (t.Each[2*i+1] - c.Now + (nsPerSecond - 1)) / nsPerSecond
-		if left := t.Each[2*i] - 1; left < l.TableLen && secs <= maxSmallInt && secs >= 0 && l.Month == nil {
-			policy += ", " + l.PolicyHdr[0]
-			rate += ", " + l.RatePrefix[left] + smallInts[secs]
-		} else {
-			policy, rate = appendLargeItem(policy, rate, l, left, secs, c.Now)
-		}
+		policy += l.PolicyItem
+		// An allowed layer has requests left, not fewer than none, and its
+		// reset is ahead: neither number is negative.
+		b = strconv.AppendInt(append(b, l.RateItem...), t.Each[2*i]-1, 10)
+		b = strconv.AppendInt(append(b, ";t="...), (t.Each[2*i+1]-c.Now+(nsPerSecond-1))/nsPerSecond, 10)
 	}
 
-	if more {
-		h["Ratelimit-Policy"] = []string{policy}
-		h["Ratelimit"] = []string{rate}
+	h["Ratelimit-Policy"] = []string{policy}
+	h["Ratelimit"] = []string{string(b)}
+	if p.stores.month {
+		rule.SetMonthItems(h, t, c) // a month layer's policy changes with the month
 	}
-}
-
-// appendLargeItem is setItems's item of layer l beyond its header table, or
-// of a month layer, whose policy changes with the month (stores.month).
-func appendLargeItem(policy, rate string, l *layer, left, secs, now int64) (string, string) {
-	if l.Month != nil {
-		policy += ", " + rule.MonthPolicyAt(l, now)[0]
-	} else {
-		policy += ", " + l.PolicyHdr[0]
-	}
-
-	if left < 0 {
-		left = 0
-	}
-
-	if secs < 0 {
-		secs = 0
-	}
-
-	return policy, rate + `, "` + l.Name + `";r=` + formatInt(left) + ";t=" + formatInt(secs)
 }

@@ -95,7 +95,7 @@ func takeReserving(st *stores, t *tally, c *charge, hits *routeHits) {
 			t.ResetH = part.ResetH
 			t.Left = part.Left
 		}
-		if t.Each != nil && part.Shown == 0 {
+		if t.Each != nil { // a quiet layer's too, which setItems skips
 			t.Each[2*i] = part.Left + 1
 			t.Each[2*i+1] = part.Reset
 		}

@@ -1555,3 +1555,30 @@ func TestAMeteredClientReadsEveryPolicyInItsHeaders(t *testing.T) {
 		})
 	}
 }
+
+// A month's token budget beside ip: its item in RateLimit-Policy states the
+// month's length (rule.MonthPolicyAt), its RateLimit item the seconds to
+// the month's end, after the shown ip layer's.
+func TestAMonthlyTokenBudgetIsAnItemOfItsMonth(t *testing.T) {
+	h := newHarness(t, func(c *Config) {
+		gatewayConfig(false)(c)
+		c.Routes[0].Duration, c.Routes[0].Calendar = "", "month"
+	})
+	h.clock.mu.Lock()
+	h.clock.now = utc(2026, 2, 10, 12, 0, 0)
+	h.clock.mu.Unlock()
+	h.backend = jsonUsage(100)
+
+	rec := h.key("k1")
+	if rec.Code != http.StatusOK {
+		t.Fatalf("%d, want 200", rec.Code)
+	}
+
+	if got, want := rec.Header().Get("RateLimit-Policy"), `"ip";q=50;w=60, "chat";q=1000;w=2419200`; got != want {
+		t.Errorf("RateLimit-Policy %q, want %q", got, want)
+	}
+
+	if got, want := rec.Header().Get("RateLimit"), `"ip";r=49;t=60, "chat";r=900;t=1598400`; got != want {
+		t.Errorf("RateLimit %q, want %q", got, want)
+	}
+}

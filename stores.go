@@ -35,6 +35,10 @@ type stores struct {
 // evaluates every layer.
 func take(st *stores, t *tally, c *charge) {
 	if st.plain {
+		if t.Each != nil {
+			memstore.TakeEach(st.memory, t, c) // its items recorded (items.go)
+			return
+		}
 		memstore.Take(st.memory, t, c)
 		return
 	}

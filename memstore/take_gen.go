@@ -60,10 +60,65 @@ func Take(s *WindowStore, t *tally, c *charge) {
 					t.ResetH = w.ResetH
 					t.Left = left
 				}
-				if t.Each != nil && !l.Quiet {
-					t.Each[2*i] = l.Points - w.Count + 1
-					t.Each[2*i+1] = w.Reset
+			} else {
+				refused = refuseFixed(t, i, l, w, cost, c.All)
+			}
+		}
+
+		if refused && !c.All {
+			GiveBack(c, i, cost, t.Uncharged)
+			break
+		}
+	}
+
+	s.Mu.Unlock()
+}
+
+// TakeEach is Take for a tally that records its items (tally.Each: a
+// request whose RateLimit lists every layer, ../items.go), its fixed
+// windows' too; Take's frame holds none of it (../doc.go: frames).
+func TakeEach(s *WindowStore, t *tally, c *charge) {
+	t.Shown = -1
+	cost := t.Cost
+	if cost < 1 {
+		cost = 1
+	}
+	now := c.Now
+
+	s.Mu.Lock()
+	s.Takes++
+
+	for i, l := range c.Layers {
+		key := c.Keys[i]
+		refused := false
+		switch {
+		case l.CheckOnly:
+			refused = checkLayer(t, i, now, l, key, cost)
+		case l.Algorithm == algSliding:
+			refused = slide(s, t, i, now, l, key, cost)
+		case l.Algorithm == algTokenBucket:
+			refused = drip(s, t, i, now, l, key, cost)
+		case l.Algorithm == algConcurrency:
+			refused = hold(s, t, i, now, l, key)
+		default:
+			w := l.Entries[key]
+			if w != nil && w.Reset > now && w.List == l.List {
+				w.Taken = s.Takes
+			} else {
+				w = s.Restart(now, l, w, key)
+			}
+			if w.Count+cost <= l.Points {
+				w.Count += cost
+				l.Stats.Allowed++
+				if left := l.Points - w.Count; !t.Refused && !l.Quiet && (t.Shown < 0 || left < t.Left) {
+					t.Shown = i
+					t.Count = w.Count
+					t.Reset = w.Reset
+					t.ResetH = w.ResetH
+					t.Left = left
 				}
+				t.Each[2*i] = l.Points - w.Count + 1
+				t.Each[2*i+1] = w.Reset
 			} else {
 				refused = refuseFixed(t, i, l, w, cost, c.All)
 			}

@@ -13,7 +13,7 @@ func Allow(t *Tally, i int, l *Layer, count, reset int64, resetH []string) {
 		t.ResetH = resetH
 		t.Left = left
 	}
-	if t.Each != nil && !l.Quiet {
+	if t.Each != nil {
 		t.Each[2*i] = l.Points - count + 1
 		t.Each[2*i+1] = reset
 	}

@@ -69,3 +69,29 @@ func MonthPolicyOf(h http.Header, l *Layer, now int64) {
 		SetMonthPolicy(h, l, now)
 	}
 }
+
+// SetMonthItems writes anew the RateLimit-Policy of a tally t with items
+// (Tally.Each, ../items.go) for an instance with a calendar month layer:
+// each item from its layer's policy, a month layer's of the current month,
+// the shown layer first.
+func SetMonthItems(h http.Header, t *Tally, c *Charge) {
+	policy := ""
+	for i, l := range c.Layers {
+		if i != t.Shown && (t.Each[2*i] == 0 || l.Quiet) {
+			continue
+		}
+
+		item := l.PolicyHdr[0]
+		if l.Month != nil {
+			item = MonthPolicyAt(l, c.Now)[0]
+		}
+
+		if i == t.Shown {
+			policy = item + policy
+		} else {
+			policy += ", " + item
+		}
+	}
+
+	h["Ratelimit-Policy"] = []string{policy}
+}

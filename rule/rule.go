@@ -121,6 +121,12 @@ type HeaderTable struct {
 	TableLen     int64    // len(remainingHdr)
 	// RemainingHdr and RatePrefix are indexed by requests left, for the
 	// first MaxPrecomputed values; larger ones are formatted per request.
+
+	// PolicyItem and RateItem are the layer's item after another's in
+	// RateLimit-Policy and RateLimit (up to its requests left): `, ` and
+	// its policy, `, "name";r=` (../items.go).
+	PolicyItem string
+	RateItem   string
 }
 
 // Refusal is how the layer answers a request it refuses: the answer's
