@@ -240,7 +240,8 @@ type watchWriter struct {
 	pending *pendingIP // a credentialed request's ip charge; nil: none
 
 	routes            []*route // the routes matched, some with countStatus; nil: none
-	client, principal string   // the routes' keys
+	client, principal string   // the routes' keys, on serveCountedFast
+	decided           *charge  // serveCounted's: the decision, whose client and keys the routes' charges take
 	cost              int64    // the request's cost, which a listed status charges
 
 	reserved []reservation // what costFrom routes hold for the request (meter.go); nil: none
@@ -420,8 +421,7 @@ func serveCounted(p *Plugin, out http.ResponseWriter, req *http.Request, c *char
 		out = ww.self
 	}
 	ww.routes = hits.counted
-	ww.client = c.Client
-	ww.principal = c.Principal
+	ww.decided = c
 	ww.cost = hits.cost
 	ww.reserved = hits.reserved
 	if hits.reserved != nil && req.Header["Accept-Encoding"] != nil {
@@ -443,6 +443,30 @@ func serveCounted(p *Plugin, out http.ResponseWriter, req *http.Request, c *char
 		ww.wroteHeader = true
 		countStatus(ww, http.StatusOK)
 	}
+}
+
+// chargeDecided is the charge of layers, the charge layers of w's counted
+// routes, each with the key the decision found for its route: the body a
+// json: key is read from is the backend's by now.
+func chargeDecided(w *watchWriter, layers []*layer, now int64) *charge {
+	d := w.decided
+	keys := make([]string, len(layers))
+
+	for i, l := range layers {
+		for _, rt := range w.routes {
+			if rt.charge != l {
+				continue
+			}
+
+			for j, checked := range d.Layers {
+				if checked == rt.layer {
+					keys[i] = d.Keys[j]
+				}
+			}
+		}
+	}
+
+	return &charge{Layers: layers, Keys: keys, Client: d.Client, Principal: d.Principal, Now: now, All: w.p.dryRun}
 }
 
 // endCounted is what serveCounted does once its request has ended, however
@@ -490,7 +514,12 @@ func chargeStatus(w *watchWriter, code int) {
 	now := p.now().UnixNano()
 	t := tally{Cost: w.cost}
 
-	c := chargeOf(layers, w.client, w.principal, w.req, now, p.dryRun)
+	var c *charge
+	if w.decided != nil {
+		c = chargeDecided(w, layers, now)
+	} else {
+		c = chargeOf(layers, w.client, w.principal, w.req, now, p.dryRun)
+	}
 	take(p.stores, &t, c)
 
 	if p.headers && t.Shown >= 0 && (w.prevLeft < 0 || t.Left < w.prevLeft) {

@@ -414,7 +414,7 @@ func TestTokenBucketConfigErrors(t *testing.T) {
 		{func(c *Config) { c.IP.Key = "hostname" }, `ip.key = "hostname": must be empty, "host" or "header:<Name>"`},
 		{func(c *Config) {
 			c.Routes = []config.RouteConfig{{Name: "r", Paths: []string{"/r"}, Points: 1, Duration: "1s", Key: "hosts"}}
-		}, `routes[0].key = "hosts": must be "ip", "principal", "global", "host" or "header:<Name>"`},
+		}, `routes[0].key = "hosts": must be "ip", "principal", "global", "host", "header:<Name>", "json:<path>", or sources joined by commas`},
 	} {
 		cfg := CreateConfig()
 		tc.mutate(cfg)

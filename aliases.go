@@ -20,6 +20,8 @@ const keyOfHeader = rule.KeyOfHeader
 const keyOfHost = rule.KeyOfHost
 const keyOfPrincipal = rule.KeyOfPrincipal
 const keyOfPrincipalElseClient = rule.KeyOfPrincipalElseClient
+const keyOfParts = rule.KeyOfParts
+const keyOfJSON = rule.KeyOfJSON
 
 type charge = rule.Charge
 type layer = rule.Layer

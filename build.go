@@ -356,6 +356,11 @@ func routePlans(memory *memstore.WindowStore, rt *route, rs config.Route) map[st
 	plans := make(map[string]*route, len(rs.Plans))
 
 	for _, spec := range rs.Plans {
+		// Keyed as the route is.
+		spec.KeyHeader = rs.KeyHeader
+		spec.KeyParts = rs.KeyParts
+		spec.MaxBody = rs.MaxBody
+
 		alt := *rt
 		alt.layer = newLayer(memory, spec, routeKeyKinds[rs.Key])
 		if alt.layer != nil {
@@ -512,6 +517,7 @@ const (
 	keyGlobal    = config.KeyGlobal
 	keyHeader    = config.KeyHeader
 	keyHost      = config.KeyHost
+	keyParts     = config.KeyParts
 )
 
 // The classes of requests a built-in layer charges.
@@ -545,6 +551,7 @@ var builtinLayers = []builtinLayer{
 // routeKeyKinds are the key: values a route takes and how each finds its key.
 var routeKeyKinds = map[string]int{
 	keyIP: keyOfClient, keyPrincipal: keyOfPrincipalElseClient, keyGlobal: keyOfConst, keyHost: keyOfHost, keyHeader: keyOfHeader,
+	keyParts: keyOfParts,
 }
 
 // The plan rules: the classes of built-in layers each plan of plugin.go

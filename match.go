@@ -38,6 +38,8 @@ func keyFor(l *layer, client, principal string, req *http.Request) string {
 		}
 
 		return hostKey(req.Host, client)
+	case keyOfParts:
+		return partsKey(l, client, principal, req)
 	}
 
 	if principal != "" {
@@ -45,6 +47,78 @@ func keyFor(l *layer, client, principal string, req *http.Request) string {
 	}
 
 	return "ip:" + client
+}
+
+// The key of a KeyOfParts layer whose json: source the body does not state
+// (request.BodyValue), and the separator of a composite key's values.
+const (
+	unknownKey  = "unknown"
+	partsJoiner = "|"
+)
+
+// partsKey is the key of a layer keyed by a json: source or by several
+// sources: each source's value as a layer keyed by it alone would have it
+// (a json: value as it is, or hashed when longer than maxHostKeyLen),
+// joined by "|", each with "%" and "|" escaped (as %25 and %7C), so that
+// two different lists of values never make one key.
+func partsKey(l *layer, client, principal string, req *http.Request) string {
+	if req == nil {
+		return client
+	}
+
+	key := ""
+	for i, part := range l.KeyParts {
+		v := ""
+		switch part.Kind {
+		case keyOfJSON:
+			v = jsonKey(req, part.Path, l.MaxBody)
+		case keyOfClient:
+			v = client
+		case keyOfHost:
+			v = hostKey(req.Host, client)
+		case keyOfHeader:
+			v = client
+			if h := req.Header[part.Header]; len(h) > 0 && strings.TrimSpace(h[0]) != "" {
+				v = request.HashKey(strings.TrimSpace(h[0]))
+			}
+		default:
+			v = "ip:" + client
+			if principal != "" {
+				v = principal
+			}
+		}
+
+		if len(l.KeyParts) == 1 {
+			return v
+		}
+
+		if i > 0 {
+			key += partsJoiner
+		}
+
+		key += keyEscaper.Replace(v)
+	}
+
+	return key
+}
+
+// keyEscaper escapes a value of a composite key (partsKey).
+var keyEscaper = strings.NewReplacer("%", "%25", partsJoiner, "%7C")
+
+// jsonKey is the key of a json: source: the value at path in req's body,
+// hashed when longer than maxHostKeyLen, or unknownKey when the body does
+// not state one within max bytes.
+func jsonKey(req *http.Request, path []string, max int64) string {
+	v, ok := request.BodyValue(req, path, max)
+	if !ok {
+		return unknownKey
+	}
+
+	if len(v) > maxHostKeyLen {
+		return request.HashKey(v)
+	}
+
+	return v
 }
 
 // route is a route limit with its matcher.

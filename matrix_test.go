@@ -152,6 +152,17 @@ func gzipScript(costs ...int64) []mxReq {
 	return s
 }
 
+// bodyScript is a script for a route keyed by API key and model: each
+// request names its model after 20 KB of messages. (One key: the clock
+// faults bound what a layer admits as one key's points.)
+func bodyScript() []mxReq {
+	var s []mxReq
+	for i := 0; i < 5; i++ {
+		s = append(s, mxReq{hdr: map[string]string{"X-Api-Key": "k1", bodyHeader: string(chatBody("gpt-4o", 20<<10))}, cost: -1})
+	}
+	return s
+}
+
 var mxMinute = utc(2026, 6, 15, 10, 1, 0)
 
 func matrixRows() []mxRow {
@@ -203,6 +214,8 @@ func matrixRows() []mxRow {
 			config.RouteConfig{Name: "conc", Points: 1, Duration: "60s", Algorithm: "concurrency"},
 			config.RouteConfig{Name: "tok", Points: 10, Duration: "60s", CostFrom: "header:X-Cost", Reserve: 3}),
 			script: costScript(2, 1, 3, 3, 2, 3, 3), charge: mxChargeStated(true, 3), end: mxMinute},
+		{name: "a route keyed by the request body", conf: mxRoutes(config.RouteConfig{Name: "rt", Key: "header:X-Api-Key,json:model", Points: 2, Duration: "60s"}),
+			script: bodyScript(), charge: mxChargeEach(1), end: mxMinute},
 		{name: "per minute beside per day", conf: mxRoutes(
 			config.RouteConfig{Name: "tpm", Points: 3, Duration: "60s"},
 			config.RouteConfig{Name: "tpd", Points: 4, Calendar: "day"}),

@@ -191,9 +191,18 @@ func (h *harness) quiet() {
 	}
 }
 
+// bodyHeader in the headers a harness request is given is not a header:
+// its value is the request's body, sent with its Content-Length (for any
+// of do, open, doUntil).
+const bodyHeader = "X-Harness-Body"
+
 // newFrontRequest is a request to the front as a client at remote sends it.
 func newFrontRequest(f *front, method, target, remote string, hdr map[string]string, body io.Reader) *http.Request {
 	u, _ := url.Parse(target)
+
+	if b, ok := hdr[bodyHeader]; ok && body == nil {
+		body = strings.NewReader(b)
+	}
 
 	req, err := http.NewRequest(method, f.srv.URL+u.RequestURI(), body)
 	if err != nil {
@@ -209,7 +218,9 @@ func newFrontRequest(f *front, method, target, remote string, hdr map[string]str
 	}
 
 	for k, v := range hdr {
-		req.Header.Set(k, v)
+		if k != bodyHeader {
+			req.Header.Set(k, v)
+		}
 	}
 
 	return req
@@ -220,8 +231,19 @@ func newFrontRequest(f *front, method, target, remote string, hdr map[string]str
 func doFront(h *harness, method, target, remote string, hdr map[string]string) *httptest.ResponseRecorder {
 	h.t.Helper()
 
+	return h.send(method, target, remote, hdr, nil, 0)
+}
+
+// send is harness.do through the front with a request body: length bytes
+// of body, sent with that Content-Length, or chunked when length is -1.
+func (h *harness) send(method, target, remote string, hdr map[string]string, body io.Reader, length int64) *httptest.ResponseRecorder {
+	h.t.Helper()
+
 	f := h.front
-	req := newFrontRequest(f, method, target, remote, hdr, nil)
+	req := newFrontRequest(f, method, target, remote, hdr, body)
+	if body != nil {
+		req.ContentLength = length
+	}
 	id, ended := f.expect()
 	req.Header.Set(reqIDHeader, id)
 
@@ -230,7 +252,7 @@ func doFront(h *harness, method, target, remote string, hdr map[string]string) *
 		h.t.Fatalf("%s %s: %v", method, target, err)
 	}
 
-	body, _ := io.ReadAll(res.Body)
+	answer, _ := io.ReadAll(res.Body)
 	_ = res.Body.Close()
 
 	waitEnded(h.t, ended, method+" "+target)
@@ -245,7 +267,7 @@ func doFront(h *harness, method, target, remote string, hdr map[string]string) *
 	}
 
 	rec.Code = res.StatusCode
-	rec.Body = bytes.NewBuffer(body)
+	rec.Body = bytes.NewBuffer(answer)
 
 	return rec
 }

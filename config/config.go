@@ -129,6 +129,9 @@ type RouteConfig struct {
 	// (the root's meter.go).
 	CostFrom string
 	Reserve  int
+	// MaxRequestBody ("8MiB", bytes) bounds what a route whose key reads the
+	// request's body reads of it (bodykeys.go).
+	MaxRequestBody string
 	// Calendar, "day", "week" or "month", replaces Duration with windows
 	// aligned to the calendar at UtcOffset ("+07:00"; empty: UTC).
 	Calendar  string

@@ -27,6 +27,11 @@ const (
 	KeyGlobal    = "global"
 	KeyHeader    = "header:"
 	KeyHost      = "host"
+	// KeyJSON is a source of a route key that reads the request's JSON
+	// body (bodykeys.go); KeyParts is a route's Key when its key has such a
+	// source or several sources (Rule.KeyParts), which no user writes.
+	KeyJSON  = "json:"
+	KeyParts = "parts"
 )
 
 // The stores: Settings.Store, and a rule's store.

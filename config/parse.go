@@ -74,6 +74,11 @@ type Rule struct {
 	Burst     int64  // tokenbucket only
 	KeyHeader string // canonical header name when keyed by "header:<Name>"
 	KeyHost   bool   // keyed by the request's host
+	// KeyParts are the sources of a route key that reads the request's
+	// body (json:<path>) or combines several sources; nil otherwise.
+	// MaxBody bounds the body bytes read for it (maxRequestBody).
+	KeyParts []KeyPart
+	MaxBody  int64
 	// block is how long a key the layer refused stays refused (0: none).
 	Block time.Duration
 	// calendar (calDay, calWeek, calMonth; 0: none) aligns the windows to
@@ -97,7 +102,7 @@ type Route struct {
 	Exact         map[string]bool // canonical paths (canonicalPattern)
 	Prefixes      []string        // canonical, ending in "/"
 	CaseSensitive bool
-	Key           string       // KeyIP, keyPrincipal, keyGlobal, KeyHost or KeyHeader
+	Key           string       // KeyIP, keyPrincipal, keyGlobal, KeyHost, KeyHeader or KeyParts
 	Cost          int64        // what a matching request is charged in each of its layers (>= 1)
 	CountStatus   map[int]bool // the statuses charged to the route; nil: every request, up front
 	// CostFrom is where the response states what a request cost the
@@ -628,6 +633,10 @@ func parseRoute(field string, rc RouteConfig) (Route, error) {
 		return Route{}, err
 	}
 
+	if err := parseMaxRequestBody(field, rc, &spec.Rule); err != nil {
+		return Route{}, err
+	}
+
 	if err := parseRouteMatch(field, rc, &spec); err != nil {
 		return Route{}, err
 	}
@@ -696,6 +705,9 @@ func parseRouteKey(field, key string, spec *Route) error {
 		spec.Key = KeyIP
 	case known && key != KeyHeader:
 		spec.Key = key
+	case strings.HasPrefix(key, KeyJSON) || strings.Contains(key, ","):
+		spec.Key = KeyParts
+		return parseKeyParts(field+".key", key, &spec.Rule)
 	case strings.HasPrefix(key, KeyHeader):
 		name, err := parseKeyHeader(key)
 		if err != nil {
@@ -705,7 +717,7 @@ func parseRouteKey(field, key string, spec *Route) error {
 		spec.KeyHeader = name
 		spec.Key = KeyHeader
 	default:
-		return invalid(field+".key", key, `must be "ip", "principal", "global", "host" or "header:<Name>"`)
+		return invalid(field+".key", key, `must be "ip", "principal", "global", "host", "header:<Name>", "json:<path>", or sources joined by commas ("header:X-Api-Key,json:model")`)
 	}
 
 	return nil

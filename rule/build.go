@@ -22,6 +22,10 @@ func NewLayer(spec config.Rule, keyKind int) *Layer {
 		keyKind = KeyOfHost
 	}
 
+	if spec.KeyParts != nil {
+		keyKind = KeyOfParts
+	}
+
 	l := &Layer{
 		Limits: Limits{
 			Name:          spec.Name,
@@ -30,6 +34,8 @@ func NewLayer(spec config.Rule, keyKind int) *Layer {
 			KeyKind:       keyKind,
 			ConstKey:      config.LayerGlobal,
 			KeyHeader:     spec.KeyHeader,
+			KeyParts:      keyParts(spec.KeyParts),
+			MaxBody:       spec.MaxBody,
 			Algorithm:     spec.Algorithm,
 			BlockDuration: int64(spec.Block),
 			Calendar:      spec.Calendar,
@@ -51,6 +57,22 @@ func NewLayer(spec config.Rule, keyKind int) *Layer {
 	}
 
 	return l
+}
+
+// keyParts is a key's parts as the request path reads them; nil for none.
+func keyParts(parts []config.KeyPart) []KeyPart {
+	if parts == nil {
+		return nil
+	}
+
+	kinds := map[string]int{config.KeyIP: KeyOfClient, config.KeyPrincipal: KeyOfPrincipalElseClient, config.KeyHost: KeyOfHost, config.KeyHeader: KeyOfHeader, config.KeyJSON: KeyOfJSON}
+	out := make([]KeyPart, len(parts))
+
+	for i, p := range parts {
+		out[i] = KeyPart{Kind: kinds[p.Key], Header: p.Header, Path: p.Path}
+	}
+
+	return out
 }
 
 // makeBucket turns l into a token bucket for spec: points becomes the burst,

@@ -16,7 +16,19 @@ const (
 	KeyOfPrincipalElseClient        // routes keyed by principal
 	KeyOfHeader                     // "header:<Name>": the value hashed, else the client IP
 	KeyOfHost                       // "host": the request's host (hostKey), else the client IP
+	KeyOfParts                      // a route's key of json: or several sources (Limits.KeyParts)
 )
+
+// KeyOfJSON is a KeyPart's kind for a json:<path> source: the value at
+// Path in the request's JSON body.
+const KeyOfJSON = -1
+
+// KeyPart is one source of a KeyOfParts key.
+type KeyPart struct {
+	Kind   int    // KeyOfClient, KeyOfPrincipalElseClient, KeyOfHost, KeyOfHeader or KeyOfJSON
+	Header string // canonical, for KeyOfHeader
+	Path   []string
+}
 
 // Layer is a layer as the request path uses it, in parts by concern. The
 // parts are embedded so that the request path reads l.Points, l.Entries,
@@ -40,6 +52,11 @@ type Limits struct {
 	KeyKind   int
 	ConstKey  string
 	KeyHeader string // canonical, for keyOfHeader
+	// KeyParts are the sources of a KeyOfParts key, in order, each a
+	// KeyOf* but KeyOfConst (or KeyOfJSON), whose values the key joins;
+	// MaxBody bounds the body bytes its json: sources read.
+	KeyParts []KeyPart
+	MaxBody  int64
 	// Algorithm is how the layer counts, and so what Points is
 	// (limit.Algorithm): a window's points, a token bucket's burst, a
 	// concurrency layer's slots (requests in flight per key, each slot held

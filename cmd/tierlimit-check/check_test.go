@@ -51,6 +51,21 @@ func TestUnknownKeyIsNamed(t *testing.T) {
 	}
 }
 
+// Route keys read from the request's body, alone or with other sources,
+// and maxRequestBody as a size or a number of bytes.
+func TestBodyAndCompositeKeys(t *testing.T) {
+	out, code := runCheck(t, "testdata/body-keys.yml")
+
+	wantLines(t, out,
+		`testdata/body-keys.yml: emptyPath@file: configuring emptyPath@file: invalid configuration: routes[0].key = "header:X-Api-Key,json:": source 2 "json:": an empty path`,
+		`testdata/body-keys.yml: negativeBound@file: configuring negativeBound@file: invalid configuration: routes[0].maxRequestBody = "-1": must be from 1 byte to 1GiB`,
+		"testdata/body-keys.yml: perModel@file: ok")
+
+	if code != exitInvalid {
+		t.Errorf("exit %d, want 1", code)
+	}
+}
+
 func TestWrongTypedValues(t *testing.T) {
 	out, code := runCheck(t, "testdata/wrong-type.yml")
 

@@ -3,6 +3,7 @@ package yaegibench
 import (
 	"bytes"
 	"compress/gzip"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -36,6 +37,7 @@ var budgets = map[string]float64{
 	"costFrom json route":      1590,
 	"costFrom gzip json route": 2000, // the body decoded by a goroutine of its own (usage/inflate.go)
 	"costFrom llm sum route":   2030, // each level of the usage decoded into its raw members (usage/llm.go)
+	"json-keyed route":         972,  // the body read and decoded into its raw members (request/body.go), the API key hashed
 	"redis, global in memory":  541,
 	"redis allowed":            454,
 	"redis refused":            240,
@@ -192,6 +194,29 @@ func TestAllocationBudgets(t *testing.T) {
 
 	t.Logf("a route of cost 1, for reference: %.0f", allocsPerRequest(build(t, "tierlimit", plainRoute, "plainroute@budget"), export))
 
+	// A route keyed by API key and model, the model read from a chat
+	// request's body (request/body.go), on the general path.
+	jsonKeyed := longEdge()
+	jsonKeyed["routes"] = []any{
+		map[string]any{"name": "llm", "methods": []any{"POST"}, "paths": []any{"/v1/chat/completions"}, "key": "header:X-Api-Key,json:model", "points": "1000000000", "duration": "1h"},
+	}
+	chat := []byte(`{"messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Say hi."}],"model":"gpt-4o","stream":false}`)
+	bodies := map[*http.Request]*rewindBody{}
+	chatRequest := func(i int, req *http.Request) {
+		req.Method = http.MethodPost
+		req.URL.Path = "/v1/chat/completions"
+		req.Header.Set("X-Api-Key", "key-"+strconv.Itoa(i%10))
+		req.ContentLength = int64(len(chat))
+		b := &rewindBody{r: bytes.NewReader(chat)}
+		b.rc = io.NopCloser(b.r)
+		bodies[req] = b
+	}
+	check(t, "json-keyed route", allocsPerRequestEach(build(t, "tierlimit", jsonKeyed, "jsonkeyed@budget"), chatRequest, func(req *http.Request) {
+		b := bodies[req]
+		_, _ = b.r.Seek(0, io.SeekStart)
+		req.Body = b.rc
+	}))
+
 	r, err := harness.StartRedis(t.TempDir())
 	if err != nil {
 		t.Fatalf("starting redis-server (the e2e tests need it installed): %v", err)
@@ -297,6 +322,18 @@ func check(t *testing.T, name string, got float64) {
 // is the process's, so a background goroutine (a Redis subscriber's read
 // deadline, a pool's dial) can only add to a pass.
 func allocsPerRequest(h http.Handler, set func(i int, req *http.Request)) float64 {
+	return allocsPerRequestEach(h, set, nil)
+}
+
+// rewindBody is a request body served again and again (allocsPerRequestEach).
+type rewindBody struct {
+	r  *bytes.Reader
+	rc io.ReadCloser
+}
+
+// allocsPerRequestEach is allocsPerRequest with before (nil: none) called
+// before each request is served: to give it back its body, say.
+func allocsPerRequestEach(h http.Handler, set func(i int, req *http.Request), before func(req *http.Request)) float64 {
 	reqs := requests(1000)
 	if set != nil {
 		for i, req := range reqs {
@@ -308,6 +345,10 @@ func allocsPerRequest(h http.Handler, set func(i int, req *http.Request)) float6
 	serve := func(req *http.Request) {
 		for k := range w.h {
 			delete(w.h, k)
+		}
+
+		if before != nil {
+			before(req)
 		}
 
 		h.ServeHTTP(w, req)
