@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -432,4 +433,83 @@ func TestSDKRetryLandsOnceTheWindowHasRoom(t *testing.T) {
 
 		check(t, "anthropic", a, err, 4)
 	})
+}
+
+// sentDigests is an openai-go middleware that keeps the digest of each body
+// the SDK sends (fakellm.Digest).
+type sentDigests struct {
+	mu      sync.Mutex
+	digests []string
+}
+
+func (s *sentDigests) openai(req *http.Request, next option.MiddlewareNext) (*http.Response, error) {
+	if req.GetBody != nil {
+		if body, err := req.GetBody(); err == nil {
+			data, _ := io.ReadAll(body)
+
+			s.mu.Lock()
+			s.digests = append(s.digests, fakellm.Digest(data))
+			s.mu.Unlock()
+		}
+	}
+
+	return next(req)
+}
+
+// TestSDKBudgetPerKeyPerModel: a route keyed by the API key and the
+// request's model (key: "header:Authorization,json:model") gives each key
+// 1000 tokens a minute per model, although openai-go writes the model after
+// the conversation (here 120 KB of it): three calls of 400 tokens to one
+// model pass and the fourth is refused, while the same key's call to another
+// model and another key's call to the first pass; the API receives every
+// body as the SDK sent it.
+func TestSDKBudgetPerKeyPerModel(t *testing.T) {
+	e, llm := startSDK(t, fakellm.Usage{Input: 100, Output: 300}, `
+            - {name: per-model, methods: [POST], paths: [/v1/chat/completions], key: "header:Authorization,json:model", points: 1000, duration: 60s, costFrom: "llm:total"}`)
+	ctx := sdkContext(t)
+	sent := &sentDigests{}
+
+	long := chatParams(strings.Repeat("A long conversation. ", 6000))
+	call := func(key string, model openai.ChatModel) error {
+		p := long
+		p.Model = model
+
+		_, err := openaiClient(e, key, option.WithMaxRetries(0), option.WithMiddleware(sent.openai)).Chat.Completions.New(ctx, p)
+
+		return err
+	}
+
+	for i := 1; i <= 4; i++ {
+		err := call("sk-alice", openai.ChatModelGPT4oMini)
+		if i < 4 && err != nil {
+			t.Fatalf("alice's call %d to gpt-4o-mini: %v", i, err)
+		}
+
+		if i == 4 && statusOf(err) != http.StatusTooManyRequests {
+			t.Fatalf("alice's call 4 to gpt-4o-mini (400 tokens each, 1000 a minute): %v, want a 429", err)
+		}
+	}
+
+	if err := call("sk-alice", openai.ChatModelGPT4o); err != nil {
+		t.Fatalf("alice's call to another model: %v (the models share a budget)", err)
+	}
+
+	if err := call("sk-bob", openai.ChatModelGPT4oMini); err != nil {
+		t.Fatalf("bob's call to gpt-4o-mini: %v (the keys share a budget)", err)
+	}
+
+	calls := llm.Calls()
+	if len(calls) != 5 {
+		t.Fatalf("the API answered %d calls, want 5", len(calls))
+	}
+
+	for i, c := range calls {
+		if c.ModelOffset < 100<<10 {
+			t.Fatalf("call %d: the model at byte %d, want past 100 KB of messages", i+1, c.ModelOffset)
+		}
+
+		if !contains(sent.digests, c.Digest) {
+			t.Fatalf("call %d: the API received a body the SDK did not send", i+1)
+		}
+	}
 }
