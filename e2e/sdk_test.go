@@ -89,11 +89,11 @@ func anthropicClient(e *env, key string, opts ...aoption.RequestOption) *anthrop
 }
 
 func chatParams(content string) openai.ChatCompletionNewParams {
-	return openai.ChatCompletionNewParams{Model: openai.ChatModelGPT4oMini, Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(content)}}
+	return openai.ChatCompletionNewParams{Model: "gpt-5-mini", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(content)}}
 }
 
 func messageParams() anthropic.MessageNewParams {
-	return anthropic.MessageNewParams{Model: anthropic.ModelClaudeHaiku4_5, MaxTokens: 1024,
+	return anthropic.MessageNewParams{Model: "claude-haiku-4-5", MaxTokens: 1024,
 		Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("hi"))}}
 }
 
@@ -294,7 +294,7 @@ func TestSDKResponsesStreamChargedAWeightedSum(t *testing.T) {
             - {name: weighted, methods: [POST], paths: [/v1/responses], key: "header:Authorization", points: 10000, duration: 60s, costFrom: "llm:input + 4*llm:output"}`)
 	ctx := sdkContext(t)
 	client := openaiClient(e, "sk-weighted", option.WithMaxRetries(0))
-	params := responses.ResponseNewParams{Model: openai.ChatModelGPT4oMini, Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("hi")}}
+	params := responses.ResponseNewParams{Model: "gpt-5-mini", Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("hi")}}
 
 	stream := client.Responses.NewStreaming(ctx, params)
 	text, completed := "", responses.ResponseUsage{}
@@ -470,7 +470,7 @@ func TestSDKBudgetPerKeyPerModel(t *testing.T) {
 	sent := &sentDigests{}
 
 	long := chatParams(strings.Repeat("A long conversation. ", 6000))
-	call := func(key string, model openai.ChatModel) error {
+	call := func(key string, model string) error {
 		p := long
 		p.Model = model
 
@@ -480,22 +480,22 @@ func TestSDKBudgetPerKeyPerModel(t *testing.T) {
 	}
 
 	for i := 1; i <= 4; i++ {
-		err := call("sk-alice", openai.ChatModelGPT4oMini)
+		err := call("sk-alice", "gpt-5-mini")
 		if i < 4 && err != nil {
-			t.Fatalf("alice's call %d to gpt-4o-mini: %v", i, err)
+			t.Fatalf("alice's call %d to gpt-5-mini: %v", i, err)
 		}
 
 		if i == 4 && statusOf(err) != http.StatusTooManyRequests {
-			t.Fatalf("alice's call 4 to gpt-4o-mini (400 tokens each, 1000 a minute): %v, want a 429", err)
+			t.Fatalf("alice's call 4 to gpt-5-mini (400 tokens each, 1000 a minute): %v, want a 429", err)
 		}
 	}
 
-	if err := call("sk-alice", openai.ChatModelGPT4o); err != nil {
+	if err := call("sk-alice", "gpt-5"); err != nil {
 		t.Fatalf("alice's call to another model: %v (the models share a budget)", err)
 	}
 
-	if err := call("sk-bob", openai.ChatModelGPT4oMini); err != nil {
-		t.Fatalf("bob's call to gpt-4o-mini: %v (the keys share a budget)", err)
+	if err := call("sk-bob", "gpt-5-mini"); err != nil {
+		t.Fatalf("bob's call to gpt-5-mini: %v (the keys share a budget)", err)
 	}
 
 	calls := llm.Calls()

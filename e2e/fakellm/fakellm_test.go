@@ -45,7 +45,7 @@ func checkCalls(t *testing.T, s *Server, n int) {
 func TestOpenAIChatCompletions(t *testing.T) {
 	s, url := serve(t)
 	client := openai.NewClient(option.WithAPIKey("k"), option.WithBaseURL(url+"/v1/"), option.WithMaxRetries(0))
-	params := openai.ChatCompletionNewParams{Model: openai.ChatModelGPT4oMini, Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")}}
+	params := openai.ChatCompletionNewParams{Model: "gpt-5-mini", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")}}
 
 	c, err := client.Chat.Completions.New(context.Background(), params)
 	if err != nil {
@@ -75,7 +75,7 @@ func TestOpenAIChatCompletions(t *testing.T) {
 func TestOpenAIResponses(t *testing.T) {
 	s, url := serve(t)
 	client := openai.NewClient(option.WithAPIKey("k"), option.WithBaseURL(url+"/v1/"), option.WithMaxRetries(0))
-	params := responses.ResponseNewParams{Model: openai.ChatModelGPT4oMini, Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("hi")}}
+	params := responses.ResponseNewParams{Model: "gpt-5-mini", Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("hi")}}
 
 	r, err := client.Responses.New(context.Background(), params)
 	if err != nil {
@@ -108,7 +108,7 @@ func TestOpenAIResponses(t *testing.T) {
 func TestAnthropicMessages(t *testing.T) {
 	s, url := serve(t)
 	client := anthropic.NewClient(aoption.WithAPIKey("k"), aoption.WithBaseURL(url), aoption.WithMaxRetries(0))
-	params := anthropic.MessageNewParams{Model: anthropic.ModelClaudeHaiku4_5, MaxTokens: 1024,
+	params := anthropic.MessageNewParams{Model: "claude-haiku-4-5", MaxTokens: 1024,
 		Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("hi"))}}
 
 	m, err := client.Messages.New(context.Background(), params)
