@@ -1,10 +1,11 @@
-package e2e
+package sdk
 
 import (
 	"context"
 	"errors"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -16,13 +17,13 @@ import (
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/responses"
 
-	"github.com/tierlimit/tierlimit/e2e/fakellm"
 	"github.com/tierlimit/tierlimit/e2e/harness"
+	"github.com/tierlimit/tierlimit/e2e/sdk/fakellm"
 )
 
 // The tests of this file are LLM gateways in the real Traefik, called by the
 // official OpenAI and Anthropic Go SDKs as their users call them, against a
-// backend that answers as those APIs do (e2e/fakellm): gzip-compressed, since
+// backend that answers as those APIs do (fakellm): gzip-compressed, since
 // Go's HTTP client accepts gzip, and in each API's JSON and event formats.
 
 const sdkDynamic = `
@@ -159,7 +160,7 @@ func newKey(t *testing.T, counts map[string]int64, seen ...string) string {
 	var out []string
 
 	for k := range counts {
-		if !contains(seen, k) {
+		if !slices.Contains(seen, k) {
 			out = append(out, k)
 		}
 	}
@@ -508,7 +509,7 @@ func TestSDKBudgetPerKeyPerModel(t *testing.T) {
 			t.Fatalf("call %d: the model at byte %d, want past 100 KB of messages", i+1, c.ModelOffset)
 		}
 
-		if !contains(sent.digests, c.Digest) {
+		if !slices.Contains(sent.digests, c.Digest) {
 			t.Fatalf("call %d: the API received a body the SDK did not send", i+1)
 		}
 	}
