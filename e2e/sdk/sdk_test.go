@@ -22,7 +22,8 @@ import (
 )
 
 // The tests of this file are LLM gateways in the real Traefik, called by the
-// official OpenAI and Anthropic Go SDKs as their users call them, against a
+// official OpenAI and Anthropic Go SDKs as their users call them (over
+// HTTP/2, as they reach a gateway over TLS: env's h2c client), against a
 // backend that answers as those APIs do (fakellm): gzip-compressed, since
 // Go's HTTP client accepts gzip, and in each API's JSON and event formats.
 
@@ -80,12 +81,12 @@ func sdkContext(t *testing.T) context.Context {
 }
 
 func openaiClient(e *env, key string, opts ...option.RequestOption) *openai.Client {
-	c := openai.NewClient(append([]option.RequestOption{option.WithAPIKey(key), option.WithBaseURL(e.traefik.Web + "/v1/")}, opts...)...)
+	c := openai.NewClient(append([]option.RequestOption{option.WithAPIKey(key), option.WithBaseURL(e.traefik.Web + "/v1/"), option.WithHTTPClient(e.client)}, opts...)...)
 	return &c
 }
 
 func anthropicClient(e *env, key string, opts ...aoption.RequestOption) *anthropic.Client {
-	c := anthropic.NewClient(append([]aoption.RequestOption{aoption.WithAPIKey(key), aoption.WithBaseURL(e.traefik.Web)}, opts...)...)
+	c := anthropic.NewClient(append([]aoption.RequestOption{aoption.WithAPIKey(key), aoption.WithBaseURL(e.traefik.Web), aoption.WithHTTPClient(e.client)}, opts...)...)
 	return &c
 }
 
@@ -324,6 +325,10 @@ func TestSDKResponsesStreamChargedAWeightedSum(t *testing.T) {
 	r, err := client.Responses.New(ctx, params, option.WithResponseInto(&raw))
 	if err != nil || r.OutputText() != said {
 		t.Fatalf("JSON response: %v", err)
+	}
+
+	if raw.ProtoMajor != 2 {
+		t.Fatalf("the SDK's call went over %s, want HTTP/2 (h2c)", raw.Proto)
 	}
 
 	if got := raw.Header.Get("X-RateLimit-Remaining"); got != "9679" {
