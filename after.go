@@ -7,7 +7,10 @@ import (
 	"net/http"
 	"sync"
 
+	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/memstore"
+	"github.com/tierlimit/tierlimit/request"
+	"github.com/tierlimit/tierlimit/rule"
 	"github.com/tierlimit/tierlimit/usage"
 )
 
@@ -23,8 +26,8 @@ import (
 //
 // When nothing after the edge settles it (ForwardAuth answered itself, or the
 // chain has no principal instance), the edge charges its ip bucket if the
-// response status is one of principal.invalidCredentialStatus
-// (after.go). Either way the request lands in exactly one tier bucket.
+// response status is one of principal.invalidCredentialStatus (chargeIP).
+// Either way the request lands in exactly one tier bucket.
 type pendingIP struct {
 	edge    *Plugin
 	req     *http.Request // as the edge saw it
@@ -72,7 +75,7 @@ func settle(pd *pendingIP, t *tally, now int64, charging bool) *charge {
 	}
 
 	if t.Refused && !edge.dryRun && len(charged) > 0 {
-		refund(edge.stores, chargeOf(chargedOnly(memstore.ExceptUncharged(charged, pd.skip)), client, "", pd.req, now, false), cost)
+		refund(edge.stores, chargeOf(rule.ChargedOnly(memstore.ExceptUncharged(charged, pd.skip)), client, "", pd.req, now, false), cost)
 	}
 
 	return c
@@ -124,35 +127,6 @@ func afterAuthPlan(p *Plugin, rw http.ResponseWriter, req *http.Request, princip
 	return p.planIP, true
 }
 
-// chargedOnly is layers without those a deferred refund gives nothing
-// back to: the check-only ones, which a take evaluated but did not charge,
-// and concurrency layers, whose slot the request holds until its release
-// frees it (inflight.go): a refund timed later would free another
-// request's slot, one admitted at the refund's time.
-func chargedOnly(layers []*layer) []*layer {
-	var out []*layer
-
-	for i, l := range layers {
-		if !l.CheckOnly && l.Algorithm != algConcurrency {
-			if out != nil {
-				out = append(out, l)
-			}
-
-			continue
-		}
-
-		if out == nil {
-			out = append(make([]*layer, 0, len(layers)), layers[:i]...)
-		}
-	}
-
-	if out == nil {
-		return layers
-	}
-
-	return out
-}
-
 // replacedHeaders describe the downstream's body or challenge, which a 429 replaces.
 var replacedHeaders = []string{
 	"Content-Length", "Content-Encoding", "Content-Range", "Content-Disposition",
@@ -160,7 +134,7 @@ var replacedHeaders = []string{
 }
 
 // chargeIP charges the client's ip bucket for an invalid credential, unless
-// an instance after ForwardAuth settled the charge already (after.go), and,
+// an instance after ForwardAuth settled the charge already (settle), and,
 // when the bucket refuses, answers 429 (or 1013) in place of the downstream.
 // It reports whether it did.
 func (w *watchWriter) chargeIP() bool {
@@ -192,7 +166,7 @@ func (w *watchWriter) chargeIP() bool {
 
 		if p.headers {
 			setHeaders(h, ip, t.Left, t.Reset, t.ResetH, now)
-			monthPolicyOf(h, ip, now)
+			rule.MonthPolicyOf(h, ip, now)
 		}
 
 		reject(p, w.rw, w.req, ip, t.Reset, now)
@@ -200,9 +174,9 @@ func (w *watchWriter) chargeIP() bool {
 		return true
 	}
 
-	if p.headers && (w.prevLeft < 0 || t.Left < w.prevLeft) {
+	if p.headers && (w.prevLeft < 0 || limit.FewerLeft(t.Left, w.prevLeft)) {
 		setHeaders(h, ip, t.Left, t.Reset, t.ResetH, now)
-		monthPolicyOf(h, ip, now)
+		rule.MonthPolicyOf(h, ip, now)
 	}
 
 	return false
@@ -211,16 +185,13 @@ func (w *watchWriter) chargeIP() bool {
 // watchWriter watches the status that the rest of the chain (ForwardAuth or
 // the application) gives a request whose charge depends on it, and decides
 // that charge before the status goes out, so that the headers can show it:
-//   - pending: a credentialed request's ip charge (after.go). A
-//     credential is not charged to the ip layer up front, since it may be
-//     real and arrive from a BFF that every user shares; when the downstream
-//     answers one of principal.invalidCredentialStatus, the client's ip
-//     bucket is charged, and once that bucket is exhausted the client gets
-//     the 429 instead of the downstream's answer, unless an instance after
-//     ForwardAuth has settled the request's tier bucket already (after.go).
-//     So a garbage token cannot dodge the per-IP limit.
-//   - routes: the countStatus routes the request matched (after.go),
-//     charged when their list holds the status. A WebSocket upgrade is
+//   - pending: a credentialed request's ip charge (pendingIP), charged when
+//     the downstream answers one of principal.invalidCredentialStatus; once
+//     the client's ip bucket is exhausted the client gets the 429 instead of
+//     the downstream's answer, so a garbage token cannot dodge the per-IP
+//     limit.
+//   - routes: the countStatus routes the request matched, charged when
+//     their list holds the status. A WebSocket upgrade is
 //     watched too, as its answer may be a listed 401; its 101, written on the
 //     hijacked connection, counts only where 101 is listed.
 //
@@ -431,7 +402,7 @@ func serveCounted(p *Plugin, out http.ResponseWriter, req *http.Request, c *char
 
 	defer endCounted(ww)
 
-	if p.ws != nil && isUpgrade(req) {
+	if p.ws != nil && request.IsUpgrade(req) {
 		serveUpgrade(p, out, ww.rw, req, c.Client)
 	} else {
 		p.next.ServeHTTP(out, req)
@@ -522,7 +493,7 @@ func chargeStatus(w *watchWriter, code int) {
 	}
 	take(p.stores, &t, c)
 
-	if p.headers && t.Shown >= 0 && (w.prevLeft < 0 || t.Left < w.prevLeft) {
+	if p.headers && t.Shown >= 0 && (w.prevLeft < 0 || limit.FewerLeft(t.Left, w.prevLeft)) {
 		setHeaders(w.rw.Header(), layers[t.Shown], t.Left, t.Reset, t.ResetH, now)
 	}
 

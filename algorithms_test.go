@@ -16,8 +16,6 @@ import (
 	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/redisstore"
-	"github.com/tierlimit/tierlimit/request"
-	"github.com/tierlimit/tierlimit/rule"
 )
 
 func onlyBucket(points, burst int, duration string) func(c *Config) {
@@ -331,23 +329,6 @@ func TestTokenBucketMemoryIsBounded(t *testing.T) {
 	}
 }
 
-func TestHostKey(t *testing.T) {
-	long := strings.Repeat("a", 200) + ".example"
-
-	for _, tc := range []struct{ host, want string }{
-		{"Example.COM:8443", "host:example.com"},
-		{"example.com.", "host:example.com"},
-		{"[2001:db8::1]:80", "host:2001:db8::1"},
-		{"", "203.0.113.5"},
-		{":80", "203.0.113.5"},
-		{long, request.HashKey(long)},
-	} {
-		if got := hostKey(tc.host, "203.0.113.5"); got != tc.want {
-			t.Errorf("hostKey(%q) = %q, want %q", tc.host, got, tc.want)
-		}
-	}
-}
-
 // TestKeyHost keys a layer and a route by the request's host.
 func TestKeyHost(t *testing.T) {
 	h := newHarness(t, func(c *Config) {
@@ -429,29 +410,8 @@ func TestTokenBucketConfigErrors(t *testing.T) {
 	cfg.IP = config.LayerConfig{Points: 5, Duration: "1s", Algorithm: " tokenbucket "}
 
 	s, err := parse(cfg)
-	if err != nil || s.Spec(layerIP).Algorithm != limit.TokenBucket || s.Spec(layerIP).Burst != 5 {
-		t.Fatalf("default burst: %+v %v", s.Spec(layerIP), err)
-	}
-}
-
-func TestKeysByKind(t *testing.T) {
-	cases := []struct {
-		kind              int
-		client, principal string
-		want              string
-	}{
-		{keyOfClient, "1.2.3.4", "alice", "1.2.3.4"},
-		{keyOfPrincipal, "1.2.3.4", "alice", "alice"},
-		{keyOfConst, "1.2.3.4", "alice", "global"},
-		{keyOfPrincipalElseClient, "1.2.3.4", "alice", "alice"},
-		{keyOfPrincipalElseClient, "1.2.3.4", "", "ip:1.2.3.4"},
-	}
-
-	for _, tc := range cases {
-		l := &layer{Limits: rule.Limits{KeyKind: tc.kind, ConstKey: "global"}}
-		if got := keyFor(l, tc.client, tc.principal, nil); got != tc.want {
-			t.Errorf("kind %d: %q, want %q", tc.kind, got, tc.want)
-		}
+	if err != nil || s.Spec(config.LayerIP).Algorithm != limit.TokenBucket || s.Spec(config.LayerIP).Burst != 5 {
+		t.Fatalf("default burst: %+v %v", s.Spec(config.LayerIP), err)
 	}
 }
 
@@ -473,24 +433,6 @@ func takeIn(s interface{}, now int64, layers []*layer, client, principal string,
 func peekCount(s *memstore.WindowStore, now int64, layer, key string) int64 {
 	count, _ := s.Peek(now, layer, key)
 	return count
-}
-
-func TestRegistrySharesStoresByName(t *testing.T) {
-	a := registry.get(context.Background(), "shared-test@file", 10)
-	b := registry.get(context.Background(), "shared-test@file", 20)
-	c := registry.get(context.Background(), "other-test@file", 10)
-
-	if a != b {
-		t.Fatal("same middleware name got two stores")
-	}
-
-	if a == c {
-		t.Fatal("different middleware names share a store")
-	}
-
-	if a.Max != 20 {
-		t.Fatalf("reload did not apply maxTracked: %d", a.Max)
-	}
 }
 
 // The general path and the fast path keep the same rule.

@@ -1,7 +1,7 @@
 package tierlimit
 
 import (
-	"github.com/tierlimit/tierlimit/memstore"
+	"github.com/tierlimit/tierlimit/counter"
 	"github.com/tierlimit/tierlimit/redisstore"
 	"github.com/tierlimit/tierlimit/rule"
 
@@ -16,19 +16,11 @@ import (
 
 const keyOfClient = rule.KeyOfClient
 const keyOfConst = rule.KeyOfConst
-const keyOfHeader = rule.KeyOfHeader
-const keyOfHost = rule.KeyOfHost
-const keyOfPrincipal = rule.KeyOfPrincipal
-const keyOfPrincipalElseClient = rule.KeyOfPrincipalElseClient
-const keyOfParts = rule.KeyOfParts
-const keyOfJSON = rule.KeyOfJSON
 
 type charge = rule.Charge
 type layer = rule.Layer
 type tally = rule.Tally
-type window = rule.Window
-
-const maxHostKeyLen = memstore.MaxHostKeyLen
+type window = counter.Window
 
 const nsPerMillisecond = redisstore.NsPerMillisecond
 

@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tierlimit/tierlimit/answer"
 	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/events"
 	"github.com/tierlimit/tierlimit/memstore"
@@ -29,15 +28,9 @@ type exemptions struct {
 
 // chooseMode decides, from the parsed settings alone, how an instance serves
 // its requests; TestChooseMode (paths_test.go) names every configuration
-// shape.
-//
-// The fast paths (paths.go) handle the common instances: the memory store,
-// headers on, no dry run, fixed windows keyed by client, principal or a
-// constant, credentials in headers only, no connection cap, no exemptions.
-// redisPath handles the anonymous instance on one Redis server, and
-// mixedPath the same with layers counted in memory (redisFastEligible,
-// paths.go).
-// Every other instance takes serveGeneral, which handles everything.
+// shape. What each mode guarantees its path is stated beside the path
+// (paths.go; config.RedisFastEligible for the Redis paths); every other
+// instance takes serveGeneral, which handles everything.
 func chooseMode(s *config.Settings) mode {
 	// Route layers are charged on the general path only (classifyPath
 	// hands route matches over), so their algorithm and key do not matter.
@@ -58,9 +51,9 @@ func chooseMode(s *config.Settings) mode {
 	switch {
 	case !s.Enabled || !on && s.WSMaxPerIP == 0:
 		return modeOff
-	case anyConcurrency(s):
+	case config.AnyConcurrency(s):
 		return modeGeneral // serveGeneral releases the slots (inflight.go)
-	case redisFastEligible(s, fixed, routes):
+	case config.RedisFastEligible(s, fixed, routes):
 		return modeRedis
 	case s.Store != config.StoreMemory || !s.Headers || s.DryRun || !fixed || s.WSMaxPerIP > 0,
 		len(s.CredCookies)+len(s.CredQuery) > 0,
@@ -74,7 +67,7 @@ func chooseMode(s *config.Settings) mode {
 		// classifyPath hands principals to principalPath, which reads no
 		// plan: plans with routes are served in general.
 		return modeGeneral
-	case s.UserHeader == "" && anonymousPlanMayBeEmpty(s):
+	case s.UserHeader == "" && config.AnonymousPlanMayBeEmpty(s):
 		// anonymousPath does not handle an empty plan: rare
 		// configurations, served in general.
 		return modeGeneral
@@ -85,20 +78,13 @@ func chooseMode(s *config.Settings) mode {
 	return modeAnonymous
 }
 
-// anonymousPlanMayBeEmpty reports whether an anonymous request may meet a
-// plan with no layer: the anonymous one, or, when there are asset paths,
-// the assets one.
-func anonymousPlanMayBeEmpty(s *config.Settings) bool {
-	return !planOn(s, anonymousPlan) || len(s.AssetPaths) > 0 && !planOn(s, assetPlan)
-}
-
 // build makes the Plugin of a parsed configuration.
 //
 // Registries hand out the middleware's shared state (counters, connection
 // caps, Redis backends) held until ctx, which Traefik cancels at the next
 // configuration reload, is done (lifetime/lifetime.go).
 func build(ctx context.Context, cfg *config.Settings, next http.Handler, name string) *Plugin {
-	memory := registry.get(ctx, name, cfg.MaxTracked)
+	memory := memstore.StoreOf(ctx, name, cfg.MaxTracked)
 
 	p := &Plugin{
 		next:    next,
@@ -111,7 +97,8 @@ func build(ctx context.Context, cfg *config.Settings, next http.Handler, name st
 		memory:  memory,
 		dryRun:  cfg.DryRun,
 		headers: cfg.Headers,
-		held:    anyConcurrency(cfg),
+		held:    config.AnyConcurrency(cfg),
+		items:   cfg.Headers && (config.AnyConcurrency(cfg) || config.AnyCostFrom(cfg)),
 
 		pathForms: pathForms{assetPaths: cfg.AssetPaths},
 		Principal: request.Principal{
@@ -136,7 +123,7 @@ func build(ctx context.Context, cfg *config.Settings, next http.Handler, name st
 	}
 
 	for _, l := range all {
-		l.Refusal = newRefusal(cfg, l)
+		l.Refusal = rule.NewRefusal(cfg, l)
 	}
 
 	splitCountStatus(p.routes)
@@ -155,15 +142,7 @@ func build(ctx context.Context, cfg *config.Settings, next http.Handler, name st
 // the one its requests' plans hold, check-only: the script reads it with the
 // check flag (redisstore.CheckArgs), and both share the block list entries.
 func splitCountStatus(routes []*route) {
-	var all []*route
-	for _, rt := range routes {
-		all = append(all, rt)
-		for _, name := range sortedPlans(rt) {
-			all = append(all, rt.plans[name])
-		}
-	}
-
-	for _, rt := range all {
+	for _, rt := range allRoutes(routes) {
 		if rt.countStatus == nil {
 			continue
 		}
@@ -171,10 +150,12 @@ func splitCountStatus(routes []*route) {
 		charge := *rt.layer
 		rt.charge = &charge
 		rt.layer.CheckOnly = true
-		rt.layer.RedisArgs = redisstore.CheckArgs(rt.layer.RedisArgs)
+		check := *rt.layer.Encoding // the charge keeps its own
+		check.RedisArgs = redisstore.CheckArgs(check.RedisArgs)
 		if rt.layer.Calendar != 0 {
-			rt.layer.RedisTail = redisstore.RedisTail(rt.layer.RedisArgs) // the check flag too
+			check.RedisTail = redisstore.RedisTail(check.RedisArgs) // the check flag too
 		}
+		rt.layer.Encoding = &check
 	}
 }
 
@@ -182,15 +163,7 @@ func splitCountStatus(routes []*route) {
 // quiet its loud layer (route.loud), a copy of the complete layer that is
 // not quiet.
 func loudReserves(routes []*route) {
-	var all []*route
-	for _, rt := range routes {
-		all = append(all, rt)
-		for _, name := range sortedPlans(rt) {
-			all = append(all, rt.plans[name])
-		}
-	}
-
-	for _, rt := range all {
+	for _, rt := range allRoutes(routes) {
 		if rt.costFrom != nil && rt.layer.Quiet {
 			loud := *rt.layer
 			loud.Quiet = false
@@ -203,87 +176,55 @@ func loudReserves(routes []*route) {
 func (p *Plugin) buildOperations(ctx context.Context, cfg *config.Settings, memory *memstore.WindowStore, built []*layer) {
 	if cfg.WSMaxPerIP > 0 {
 		p.ws = connCounters.get(ctx, p.name, cfg.WSMaxPerIP)
-		p.wsLayer = newLayer(memory, config.Rule{Name: layerWebsocket, Points: int64(cfg.WSMaxPerIP), Duration: time.Second}, keyOfClient)
+		p.wsLayer = newLayer(memory, config.Rule{Name: config.LayerWebsocket, Points: int64(cfg.WSMaxPerIP), Duration: time.Second}, keyOfClient)
 	}
 
 	if len(cfg.ExemptIPs)+len(cfg.ExemptIDs) > 0 {
 		p.exempt = &exemptions{ips: cfg.ExemptIPs, ids: cfg.ExemptIDs}
 		if !cfg.ExemptGlobal {
-			p.exempt.plan = chargedTo(built, exemptPlan)
+			p.exempt.plan = rule.ChargedTo(built, config.ExemptPlan)
 		}
 	}
 }
 
 // buildLayers makes the layers (built-in, of plans:, of routes) and the
-// plans; it returns the built-in layers, aligned with builtinLayers (nil
-// where off, or where the instance never charges the layer: neverCharged).
+// plans; it returns the built-in layers, aligned with config.Builtins (nil
+// where off, or where the instance never charges the layer:
+// config.NeverCharged).
 // So the status page, the metrics and the reset endpoint know the layers the
 // instance can charge only.
 func (p *Plugin) buildLayers(cfg *config.Settings, memory *memstore.WindowStore) []*layer {
-	built := make([]*layer, len(builtinLayers))
-	for i, row := range builtinLayers {
-		if !neverCharged(cfg, row.Name) {
-			built[i] = newLayer(memory, cfg.Builtin[i], row.keyKind)
+	built := make([]*layer, len(config.Builtins))
+	for i, row := range config.Builtins {
+		if !config.NeverCharged(cfg, row.Name) {
+			built[i] = newLayer(memory, cfg.Builtin[i], rule.BuiltinKeyKind(row))
 		}
 	}
 
-	p.layers = plan(built...)
+	p.layers = rule.On(built)
 
 	// A plan's layer is keyed by its principal, like user's.
 	named := make([]*layer, len(cfg.Plans))
 	for i, spec := range cfg.Plans {
-		named[i] = newLayer(memory, spec, keyOfPrincipal)
+		named[i] = newLayer(memory, spec, rule.KeyOfPrincipal)
 	}
 
-	p.layers = append(p.layers, plan(named...)...)
+	p.layers = append(p.layers, rule.On(named)...)
 	p.routes, p.routeMethods = buildRoutes(memory, cfg.Routes)
 	p.setPathForms(cfg)
 	routedPaths(p)
 
-	for _, rt := range p.routes {
-		p.layers = append(p.layers, rt.layer)
-		for _, name := range sortedPlans(rt) {
-			if alt := rt.plans[name]; alt.layer != nil {
-				p.layers = append(p.layers, alt.layer)
-			}
+	for _, rt := range allRoutes(p.routes) {
+		if rt.layer != nil { // nil: a route plan with no limit on the route
+			p.layers = append(p.layers, rt.layer)
 		}
 	}
 
 	p.plans = drawPlans(built)
-	p.planNamed = drawNamedPlans(built, cfg.Plans, named)
-	quietDryRuns(p.layers)
+	p.planNamed = rule.NamedPlans(built, cfg.Plans, named)
+	rule.QuietDryRuns(p.layers)
 
 	return built
-}
-
-// neverCharged reports whether an instance never charges the built-in layer
-// called name, whatever its points: user and service without a principal
-// (principal.userHeader empty, the edge), service without its flag's header,
-// assets without asset paths.
-func neverCharged(cfg *config.Settings, name string) bool {
-	switch name {
-	case layerUser:
-		return cfg.UserHeader == ""
-	case layerService:
-		return cfg.UserHeader == "" || cfg.ServiceHeader == ""
-	case layerAssets:
-		return len(cfg.AssetPaths) == 0
-	}
-
-	return false
-}
-
-// quietDryRuns marks the dry-run layers quiet unless every layer is in dry
-// run (layer.quiet).
-func quietDryRuns(layers []*layer) {
-	enforced := false
-	for _, l := range layers {
-		enforced = enforced || !l.DryRun
-	}
-
-	for _, l := range layers {
-		l.Quiet = l.DryRun && enforced
-	}
 }
 
 // buildRoutes makes the route layers that are on, and the methods they are
@@ -300,7 +241,7 @@ func buildRoutes(memory *memstore.WindowStore, specs []config.Route) ([]*route, 
 		}
 
 		rt := &route{
-			layer: newLayer(memory, rs.Rule, routeKeyKinds[rs.Key]), exact: withTrailingSlash(rs.Exact), prefixes: rs.Prefixes,
+			layer: newLayer(memory, rs.Rule, rule.RouteKeyKinds[rs.Key]), exact: request.WithTrailingSlash(rs.Exact), prefixes: rs.Prefixes,
 			caseSensitive: rs.CaseSensitive, cost: rs.Cost, countStatus: rs.CountStatus,
 		}
 		if len(rs.Methods) > 0 {
@@ -343,6 +284,19 @@ func sortedPlans(rt *route) []string {
 	return names
 }
 
+// allRoutes is routes, each followed by its plans' forms (route.plans).
+func allRoutes(routes []*route) []*route {
+	var all []*route
+	for _, rt := range routes {
+		all = append(all, rt)
+		for _, name := range sortedPlans(rt) {
+			all = append(all, rt.plans[name])
+		}
+	}
+
+	return all
+}
+
 // routePlans makes route rt's forms for its plans (config.Route.Plans):
 // each a copy of rt with the plan's layer, keyed as rt is. nil: none. A
 // plan with points 0 has no limit on the route: its form has no layer, and
@@ -362,7 +316,7 @@ func routePlans(memory *memstore.WindowStore, rt *route, rs config.Route) map[st
 		spec.MaxBody = rs.MaxBody
 
 		alt := *rt
-		alt.layer = newLayer(memory, spec, routeKeyKinds[rs.Key])
+		alt.layer = newLayer(memory, spec, rule.RouteKeyKinds[rs.Key])
 		if alt.layer != nil {
 			alt.layer.MinCost, alt.layer.Settles = rt.layer.MinCost, rt.layer.Settles
 		} else {
@@ -396,35 +350,6 @@ func (p *Plugin) setPathForms(cfg *config.Settings) {
 	}
 }
 
-// withTrailingSlash is the set of paths, each with and without a trailing
-// slash (route.exact); nil for none.
-func withTrailingSlash(paths map[string]bool) map[string]bool {
-	if len(paths) == 0 {
-		return nil
-	}
-
-	out := make(map[string]bool, 2*len(paths))
-	for path := range paths {
-		out[path] = true
-		out[path+"/"] = true
-	}
-
-	return out
-}
-
-// plan lists the layers that are on, in order.
-func plan(layers ...*layer) []*layer {
-	var out []*layer
-
-	for _, l := range layers {
-		if l != nil {
-			out = append(out, l)
-		}
-	}
-
-	return out
-}
-
 // newLayer is the layer of spec in every store (rule.NewLayer, memstore's
 // Attach, redisstore.Encode); nil for a layer that is off.
 func newLayer(memory *memstore.WindowStore, spec config.Rule, keyKind int) *layer {
@@ -439,34 +364,13 @@ func newLayer(memory *memstore.WindowStore, spec config.Rule, keyKind int) *laye
 	return l
 }
 
-// newRefusal is the configured refusal of layer l.
-func newRefusal(cfg *config.Settings, l *layer) rule.Refusal {
-	r := rule.Refusal{Policy: answer.Policy{
-		Status:      cfg.RefusalStatus,
-		ContentType: answer.JSONContentType,
-		BodyPrefix:  `{"errors":[{"message":"Hit rate limit","extensions":{"code":"REQUESTS_EXCEEDED","limit":` + l.Limit + `,"reset":"`,
-		BodySuffix:  `","layer":"` + l.Name + `"}}]}`,
-	}}
-
-	if cfg.RefusalType != answer.JSONContentType[0] {
-		r.ContentType = []string{cfg.RefusalType}
-	}
-
-	if cfg.ResponseBody != "" {
-		body, _ := answer.ParseBodyTemplate(cfg.ResponseBody) // checked by config.Parse
-		r.Body = answer.BindLayer(body, l.Name, l.Limit)
-	}
-
-	return r
-}
-
 // buildStore says where the instance counts (stores): memory, or Redis
 // with memory as its fallback, and what applies on top (blocks, memory
 // layers of a Redis instance, month policies).
 func (p *Plugin) buildStore(ctx context.Context, cfg *config.Settings, name string, memory *memstore.WindowStore) {
 	st := p.stores
-	st.blocks = anyBlock(p.layers)
-	st.month = anyMonth(p.layers)
+	st.blocks = rule.AnyBlock(p.layers)
+	st.month = rule.AnyMonth(p.layers)
 	st.plain = !st.blocks && !st.month
 
 	if cfg.Store != config.StoreRedis {
@@ -476,175 +380,33 @@ func (p *Plugin) buildStore(ctx context.Context, cfg *config.Settings, name stri
 
 	st.plain = false
 
-	rs := redisstore.New(ctx, cfg, name, memory, registry.blockListFor(ctx, name, cfg.MaxTracked), p.layers)
+	rs := redisstore.New(ctx, cfg, name, memory, redisstore.BlockListOf(ctx, name, cfg.MaxTracked), p.layers)
 	rs.Clock = func() time.Time { return p.now() }
+	if rs.Exact != nil {
+		rs.Exact.Clock = rs.Clock
+	}
 	st.redis = rs
 	redisstore.SetCurrent(name, rs)
 	if p.mode == modeRedis {
 		p.fast = newRedisFast(rs, p.plans)
 	}
 
-	if anyMemoryLayer(cfg) {
-		st.mixed = true
-		st.blocks = false
-		for _, l := range p.layers {
-			if l.Memory && l.BlockDuration != 0 {
-				st.blocks = true
-			}
-		}
-	}
+	st.mixed = config.AnyMemoryLayer(cfg)
 }
-
-// The built-in layers as data. builtinLayers is config.Builtins (the
-// defaults, parsing and validation: config/layers.go) with what each layer
-// charges: the mode choice (chooseMode) and the plans (drawPlans) read it, so
-// that a layer is one row. A plan is drawn up from the classes of requests its
-// layers charge (the plan rules below), not from layer names. The plans of
-// plans: (config/plans.go), charged instead of user, are one more rule
-// (namedPlan) with a layer of their own each.
-
-// Layer names and key values: configuration's (config/layers.go).
-const (
-	layerGlobal    = config.LayerGlobal
-	layerIP        = config.LayerIP
-	layerAssets    = config.LayerAssets
-	layerUser      = config.LayerUser
-	layerService   = config.LayerService
-	layerWebsocket = config.LayerWebsocket
-
-	keyIP        = config.KeyIP
-	keyPrincipal = config.KeyPrincipal
-	keyGlobal    = config.KeyGlobal
-	keyHeader    = config.KeyHeader
-	keyHost      = config.KeyHost
-	keyParts     = config.KeyParts
-)
-
-// The classes of requests a built-in layer charges.
-const (
-	chargesAll       = iota // every request
-	chargesAnonymous        // a request without a principal, not for an asset
-	chargesAsset            // a request without a principal, for an asset (assets.pathPrefixes)
-	chargesUser             // a principal that is not a service account
-	chargesService          // a service account
-)
-
-// builtinLayer is one built-in layer: configuration's row (its name,
-// defaults and keys), the class of requests it charges and how it finds its
-// key.
-type builtinLayer struct {
-	config.Builtin
-	charges int
-	keyKind int // rule/rule.go's keyOf*, unless key: says otherwise
-}
-
-// builtinLayers in evaluation order, row for row config.Builtins: a plan
-// charges its layers in this order.
-var builtinLayers = []builtinLayer{
-	{Builtin: config.Builtins[0], charges: chargesAll, keyKind: keyOfConst},
-	{Builtin: config.Builtins[1], charges: chargesAnonymous, keyKind: keyOfClient},
-	{Builtin: config.Builtins[2], charges: chargesAsset, keyKind: keyOfClient},
-	{Builtin: config.Builtins[3], charges: chargesUser, keyKind: keyOfPrincipal},
-	{Builtin: config.Builtins[4], charges: chargesService, keyKind: keyOfPrincipal},
-}
-
-// routeKeyKinds are the key: values a route takes and how each finds its key.
-var routeKeyKinds = map[string]int{
-	keyIP: keyOfClient, keyPrincipal: keyOfPrincipalElseClient, keyGlobal: keyOfConst, keyHost: keyOfHost, keyHeader: keyOfHeader,
-	keyParts: keyOfParts,
-}
-
-// The plan rules: the classes of built-in layers each plan of plugin.go
-// charges, in catalogue order. A credentialed request is charged the
-// layers every request pays (planCred), and, once its credential is known
-// invalid, the anonymous ones (planInvalid).
-var (
-	anonymousPlan = []int{chargesAll, chargesAnonymous}
-	assetPlan     = []int{chargesAll, chargesAsset}
-	userPlan      = []int{chargesAll, chargesUser}
-	servicePlan   = []int{chargesAll, chargesService}
-	credPlan      = []int{chargesAll}
-	invalidPlan   = []int{chargesAnonymous}
-	// exemptPlan: an exempt request still pays what every request does,
-	// unless exempt.global.
-	exemptPlan = []int{chargesAll}
-	// namedPlan: a principal whose plan header names one of plans: pays
-	// what every request does, then its plan's own layer (drawNamedPlans),
-	// in place of userPlan. Service accounts keep servicePlan.
-	namedPlan = []int{chargesAll}
-)
 
 // requestCost is what one request is charged (config.RequestCost).
 const requestCost = config.RequestCost
 
 // drawPlans draws up the plans from the built-in layers, built aligned with
-// builtinLayers (nil where off).
+// config.Builtins (nil where off), by the plan rules (config/charges.go).
 func drawPlans(built []*layer) plans {
 	return plans{
-		planIP:      chargedTo(built, anonymousPlan),
-		planAssets:  chargedTo(built, assetPlan),
-		planUser:    chargedTo(built, userPlan),
-		planService: chargedTo(built, servicePlan),
-		planCred:    chargedTo(built, credPlan),
-		planInvalid: chargedTo(built, invalidPlan),
+		planIP:      rule.ChargedTo(built, config.AnonymousPlan),
+		planAssets:  rule.ChargedTo(built, config.AssetPlan),
+		planUser:    rule.ChargedTo(built, config.UserPlan),
+		planService: rule.ChargedTo(built, config.ServicePlan),
+		planCred:    rule.ChargedTo(built, config.CredPlan),
+		planInvalid: rule.ChargedTo(built, config.InvalidPlan),
 		planCost:    requestCost,
 	}
-}
-
-// drawNamedPlans draws up the plan of each of plans: (specs, by name), whose
-// layers are named (aligned with specs, nil where off: that plan charges
-// namedPlan's layers only). nil when there are no plans.
-func drawNamedPlans(built []*layer, specs []config.Rule, named []*layer) map[string][]*layer {
-	if len(specs) == 0 {
-		return nil
-	}
-
-	out := make(map[string][]*layer, len(specs))
-
-	for i, spec := range specs {
-		layers := chargedTo(built, namedPlan)
-		if named[i] != nil {
-			layers = append(layers, named[i])
-		}
-
-		out[spec.Name] = layers
-	}
-
-	return out
-}
-
-// chargedTo lists, in catalogue order, the layers that are on among those of
-// the classes; nil when none is.
-func chargedTo(built []*layer, classes []int) []*layer {
-	var out []*layer
-
-	for i, row := range builtinLayers {
-		if built[i] != nil && hasClass(classes, row.charges) {
-			out = append(out, built[i])
-		}
-	}
-
-	return out
-}
-
-// planOn reports whether some built-in layer of the classes is on: whether
-// the plan of those classes charges anything but routes.
-func planOn(s *config.Settings, classes []int) bool {
-	for i, row := range builtinLayers {
-		if s.Builtin[i].On() && hasClass(classes, row.charges) {
-			return true
-		}
-	}
-
-	return false
-}
-
-func hasClass(classes []int, c int) bool {
-	for _, k := range classes {
-		if k == c {
-			return true
-		}
-	}
-
-	return false
 }

@@ -29,11 +29,11 @@ func TestDefaultsMatchDesign(t *testing.T) {
 		points int64
 		d      time.Duration
 	}{
-		{s.Spec(layerGlobal), 1000, time.Second},
-		{s.Spec(layerIP), 50, time.Second},
-		{s.Spec(layerAssets), 300, time.Second},
-		{s.Spec(layerUser), 300, time.Minute},
-		{s.Spec(layerService), 10000, time.Minute},
+		{s.Spec(config.LayerGlobal), 1000, time.Second},
+		{s.Spec(config.LayerIP), 50, time.Second},
+		{s.Spec(config.LayerAssets), 300, time.Second},
+		{s.Spec(config.LayerUser), 300, time.Minute},
+		{s.Spec(config.LayerService), 10000, time.Minute},
 	}
 	for _, l := range layers {
 		if l.got.Points != l.points || l.got.Duration != l.d {
@@ -286,7 +286,7 @@ func TestPlansFollowTheCatalogue(t *testing.T) {
 	for _, tc := range cases {
 		cfg := CreateConfig()
 		cfg.Exempt.IPs = []string{"203.0.113.7"}
-		cfg.Principal.UserHeader = "X-Auth-User" // else user and service are never charged (neverCharged)
+		cfg.Principal.UserHeader = "X-Auth-User" // else user and service are never charged (config.NeverCharged)
 		cfg.Routes = []config.RouteConfig{{Name: "login", Paths: []string{"/login"}, Points: 3, Duration: "1m"}}
 		tc.mutate(cfg)
 
@@ -316,70 +316,6 @@ func TestPlansFollowTheCatalogue(t *testing.T) {
 		if p.planCost != requestCost || p.routes[0].cost != requestCost || requestCost != 1 {
 			t.Errorf("%s: plans cost %d, route cost %d, want 1 each", tc.name, p.planCost, p.routes[0].cost)
 		}
-	}
-}
-
-// TestCatalogueDrivesDefaultsAndKeys: CreateConfig's layer defaults are the
-// catalogue's, every built-in name is reserved for routes, and only the
-// layers whose row takes a key accept one.
-func TestCatalogueDrivesDefaultsAndKeys(t *testing.T) {
-	s, err := parse(CreateConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	for i, row := range builtinLayers {
-		spec := s.Builtin[i]
-		if spec.Name != row.Name || spec.Points != int64(row.Points) || spec.Duration != mustDuration(t, row.Duration) {
-			t.Errorf("%s: parsed %+v from the defaults, want %d/%s", row.Name, spec, row.Points, row.Duration)
-		}
-
-		if !config.IsBuiltinName(row.Name) {
-			t.Errorf("%s: not reserved for routes", row.Name)
-		}
-
-		cfg := CreateConfig()
-		cfg.Routes = []config.RouteConfig{{Name: row.Name, Paths: []string{"/x"}, Points: 1, Duration: "1s"}}
-		if _, err := parse(cfg); err == nil || !strings.Contains(err.Error(), "is the name of a built-in layer") {
-			t.Errorf("route named %s: %v", row.Name, err)
-		}
-	}
-
-	for _, row := range builtinLayers {
-		cfg := CreateConfig()
-		lcKey(cfg, row.Name, "header:X-Api-Key")
-
-		_, err := parse(cfg)
-		if config.TakesKey(row.Builtin, keyHeader) != (err == nil) {
-			t.Errorf("%s.key header:X-Api-Key: %v, row takes %v", row.Name, err, row.Keys)
-		}
-	}
-}
-
-func mustDuration(t *testing.T, raw string) time.Duration {
-	t.Helper()
-
-	d, err := config.ParseDuration(raw)
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	return d
-}
-
-// lcKey sets the key of the built-in layer called name.
-func lcKey(c *Config, name, key string) {
-	switch name {
-	case layerGlobal:
-		c.Global.Key = key
-	case layerIP:
-		c.IP.Key = key
-	case layerAssets:
-		c.Assets.Key = key
-	case layerUser:
-		c.User.Key = key
-	case layerService:
-		c.Service.Key = key
 	}
 }
 

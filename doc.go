@@ -8,7 +8,7 @@
 // panic) and what no sub-package owns: the mode an instance
 // serves in and the layers, plans, routes and stores it is built from
 // (plugin.go, build.go), the request paths (paths.tmpl, generated into
-// paths_gen.go; paths.go, general.go), keys, routes, assets and exemptions
+// paths_gen.go; paths.go, general.go), routes, assets and exemptions
 // (match.go), the charges after authentication and after the response
 // (after.go), the stores as an instance puts them together (stores.go), the
 // WebSocket connection cap (wsclose.go), the release of concurrency layers'
@@ -64,7 +64,8 @@
 // the answer of a cached refusal, the keys of a charge), and every path that
 // needs them is generated from it by e2e/cmd/genpaths (make generate, or go
 // generate in the root): the root's paths into paths_gen.go, the memory
-// store's Take into memstore/take_gen.go, the allow snippet as rule.Allow
+// store's Take (and TakeEach, which records RateLimit items) into
+// memstore/take_gen.go, the allow snippet as rule.Allow
 // into rule/allow_gen.go, the Redis store's Record into
 // redisstore/reply_gen.go. The comparisons of limit/ in them are copied
 // from limit's source (the template's inline). Edit paths.tmpl, never a _gen.go
@@ -75,7 +76,8 @@
 // what their mode guarantees them, so that the request path tests no
 // configuration it does not need. Within a mode, the shapes New can tell
 // apart take paths of their own too: a Redis instance with layers in
-// memory takes mixedPath (redisFast.mixed), a route match of a classify
+// memory takes mixedPath (redisFast.mixed), one on a Cluster with global
+// in Redis clusterPath (redisFast.pair), a route match of a classify
 // instance whose routes are fixed windows takes serveRoutedFast, or
 // serveCountedFast when some route counts statuses (routedPaths);
 // everything else, serveGeneral.

@@ -5,6 +5,7 @@ import (
 
 	"github.com/tierlimit/tierlimit/answer"
 	"github.com/tierlimit/tierlimit/request"
+	"github.com/tierlimit/tierlimit/rule"
 )
 
 // The general path serves modeGeneral, and the route matches of
@@ -57,7 +58,11 @@ func verdict(p *Plugin, rw http.ResponseWriter, req *http.Request, t *tally, c *
 	}
 
 	if p.headers {
-		setHeaders(rw.Header(), c.Layers[t.Shown], t.Left, t.Reset, t.ResetH, c.Now)
+		h := rw.Header()
+		setHeaders(h, c.Layers[t.Shown], t.Left, t.Reset, t.ResetH, c.Now)
+		if t.Each != nil {
+			setItems(p, h, t, c)
+		}
 	}
 
 	// After the headers, which a month layer's mark corrects (stores.month).
@@ -102,7 +107,7 @@ func serveUpgrade(p *Plugin, out, rw http.ResponseWriter, req *http.Request, cli
 // writes a month layer's policy when take marked it (stores.month).
 func reportTally(p *Plugin, rw http.ResponseWriter, t *tally, c *charge) {
 	if t.Firsts&monthPolicyBit != 0 {
-		setMonthPolicy(rw.Header(), c.Layers[t.Shown], c.Now)
+		rule.SetMonthPolicy(rw.Header(), c.Layers[t.Shown], c.Now)
 	}
 
 	if t.Firsts&^monthPolicyBit != 0 {
@@ -125,7 +130,7 @@ func report(p *Plugin, c *charge, firsts uint64) {
 // reject answers a refused request: a 429, or for a WebSocket upgrade a
 // completed handshake closed with 1013.
 func reject(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer, reset, now int64) {
-	if req.Header["Upgrade"] == nil || !isUpgrade(req) {
+	if req.Header["Upgrade"] == nil || !request.IsUpgrade(req) {
 		answer.Refuse(rw, &l.Policy, reset, now)
 		return
 	}
@@ -193,7 +198,7 @@ func matchRoutes(p *Plugin, req *http.Request, path string) []*route {
 			form = routeForm(rt, req, path)
 		}
 
-		if rt.exact[form] || hasAnyPrefix(form, rt.prefixes) {
+		if rt.exact[form] || request.HasAnyPrefix(form, rt.prefixes) {
 			out = append(out, rt)
 		}
 	}

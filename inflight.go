@@ -3,7 +3,6 @@ package tierlimit
 import (
 	"net/http"
 
-	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/redisstore"
 )
@@ -18,17 +17,6 @@ import (
 // holding slots in Redis, can hold. chooseMode sends an instance with such a
 // layer to serveGeneral, which releases them (releaseHeld); the fast paths
 // never see one.
-
-// anyConcurrency reports whether a layer that is on is a concurrency layer.
-func anyConcurrency(s *config.Settings) bool {
-	for _, l := range config.Rules(s) {
-		if l.On() && l.Algorithm == algConcurrency {
-			return true
-		}
-	}
-
-	return false
-}
 
 // releaseHeld frees the slots that the request of charge c holds in its
 // concurrency layers, once it has been served: on Redis, the store's one

@@ -800,7 +800,7 @@ func matrixFault(t *testing.T, fault mxFault, stores []mxStore) {
 				conf(cfg)
 
 				if _, err := parse(cfg); err != nil {
-					continue // the store does not take the row (synced: no sliding window, no bucket, no Redis concurrency)
+					continue // the store does not take the row (synced: no sliding window, no bucket)
 				}
 
 				for _, path := range []string{"chosen", "general"} {

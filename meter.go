@@ -1,10 +1,10 @@
 package tierlimit
 
 import (
-	"net/http"
 	"strconv"
 	"sync/atomic"
 
+	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/rule"
 	"github.com/tierlimit/tierlimit/usage"
 )
@@ -52,7 +52,7 @@ const maxReportedCost = int64(1) << 40
 // is charged its route's reserve, every other layer t.Cost. The other
 // layers are taken first, then each reserving layer in a take of its own,
 // all or nothing: a refusal gives the earlier takes their points back, as
-// takeMixed does across stores. What it reserves goes to hits.reserved.
+// redisstore.TakeMixed does across stores. What it reserves goes to hits.reserved.
 // The reserving layers are marked in t.Uncharged: a pending ip charge that
 // refuses the request later (after.go settle) leaves them to the
 // settlement, which gives their reservation back.
@@ -86,13 +86,18 @@ func takeReserving(st *stores, t *tally, c *charge, hits *routeHits) {
 
 		hits.reserved = append(hits.reserved, reserveFor(rt, pc, &part))
 
-		// One value at a time (doc.go: frames).
-		if part.Shown == 0 && !t.Refused && (t.Shown < 0 || part.Left < t.Left) {
+		// One value at a time (doc.go: frames); which layer the headers show
+		// is limit's decision (FewerLeft), not restated here.
+		if part.Shown == 0 && !t.Refused && (t.Shown < 0 || limit.FewerLeft(part.Left, t.Left)) {
 			t.Shown = i
 			t.Count = part.Count
 			t.Reset = part.Reset
 			t.ResetH = part.ResetH
 			t.Left = part.Left
+		}
+		if t.Each != nil { // a quiet layer's too, which setItems skips
+			t.Each[2*i] = part.Left + 1
+			t.Each[2*i+1] = part.Reset
 		}
 	}
 }
@@ -119,7 +124,7 @@ func giveBackReserved(st *stores, c *charge, t *tally, hits *routeHits, i int) {
 	n := len(c.Layers) - len(hits.metered)
 	if n > 0 {
 		rest := rule.ChargeSpan(c, 0, n)
-		refund(st, rule.ChargeWithout(rest, t.Uncharged&(uint64(1)<<uint(n)-1)|checkOnlyBits(rest.Layers)), rule.CostOf(t))
+		refund(st, rule.ChargeWithout(rest, t.Uncharged&(uint64(1)<<uint(n)-1)|rule.CheckOnlyBits(rest.Layers)), rule.CostOf(t))
 	}
 
 	for j := n; j < i; j++ {
@@ -129,20 +134,6 @@ func giveBackReserved(st *stores, c *charge, t *tally, hits *routeHits, i int) {
 	}
 
 	hits.reserved = nil
-}
-
-// checkOnlyBits has bit i set for each check-only layer of layers, which a
-// take evaluated but did not charge.
-func checkOnlyBits(layers []*layer) uint64 {
-	var bits uint64
-
-	for i, l := range layers {
-		if l.CheckOnly {
-			bits |= uint64(1) << uint(i)
-		}
-	}
-
-	return bits
 }
 
 // takeQuiet is take for the reservation of a quiet costFrom layer (a dry
@@ -192,7 +183,7 @@ func settleReservations(w *watchWriter) {
 		switch {
 		case w.discard:
 		case r.rt.costFrom.Header != "":
-			cost, ok = headerCost(w.rw.Header(), r.rt.costFrom.Header)
+			cost, ok = usage.HeaderCost(w.rw.Header(), r.rt.costFrom.Header)
 		default:
 			cost, ok = bodyCost(r)
 		}
@@ -229,25 +220,13 @@ func holdCost(p *Plugin, r *reservation, cost, now int64) {
 }
 
 // bodyCost is the cost r's response's body states at r's route's
-// costFrom (a json: source); headerCost reads a header's.
+// costFrom (a json: source); usage.HeaderCost reads a header's.
 func bodyCost(r *reservation) (int64, bool) {
 	if r.reader == nil {
 		return 0, false
 	}
 
 	return usage.Result(r.reader)
-}
-
-// headerCost is the cost header name states in h, else its trailer:
-// several copies are a list (usage.ParseHeaderValues).
-func headerCost(h http.Header, name string) (int64, bool) {
-	// The common case in a small frame, the others in HeaderCost's (doc.go:
-	// frames).
-	if v := h[name]; len(v) == 1 {
-		return usage.ParseHeaderValue(v[0])
-	}
-
-	return usage.HeaderCost(h, name)
 }
 
 // unreported counts a response that stated no cost, and writes an event

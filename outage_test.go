@@ -13,6 +13,7 @@ import (
 	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/redisresp"
 	"github.com/tierlimit/tierlimit/redisstore"
+	"github.com/tierlimit/tierlimit/rule"
 	"github.com/tierlimit/tierlimit/status"
 )
 
@@ -492,7 +493,7 @@ func TestAFailedPaymentIsPaidAtTheNextRecovery(t *testing.T) {
 	redisstore.PayOwed(rs)
 
 	rs.Owed.Mu.Lock()
-	debt := rs.Owed.Debts[redisstore.OwedKey{L: h.p.layers[0], Key: keyFor(h.p.layers[0], client, "", nil)}].Points
+	debt := rs.Owed.Debts[redisstore.OwedKey{L: h.p.layers[0], Key: rule.KeyFor(h.p.layers[0], client, "", nil)}].Points
 	rs.Owed.Mu.Unlock()
 
 	if debt != 3 {

@@ -4,14 +4,14 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
-	"time"
 
 	"github.com/tierlimit/tierlimit/answer"
-	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/limit"
+	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/redisresp"
 	"github.com/tierlimit/tierlimit/redisstore"
 	"github.com/tierlimit/tierlimit/request"
+	"github.com/tierlimit/tierlimit/rule"
 )
 
 // The fast path serves modeAnonymous, modePrincipal(Plans) and modeClassify.
@@ -37,35 +37,14 @@ type (
 	classifyPath       Plugin // modeClassify
 )
 
-// refusalHeaders are the names of refusalCache.values.
-var refusalHeaders = []string{
-	"X-Ratelimit-Limit", "Ratelimit-Policy", "X-Ratelimit-Reset", "X-Ratelimit-Remaining",
-	"Ratelimit", "Retry-After", "Content-Type", "Cache-Control",
-}
+// refusalHeaders are the names of a layer's cached refusal's values
+// (rule.CacheRefusal).
+var refusalHeaders = rule.RefusalHeaders
 
-// cacheWindowRefusal is cacheRefusal for the window w of l; out of
+// cacheWindowRefusal is rule.CacheRefusal for the window w of l; out of
 // refuseFast, whose frame would hold its arguments (doc.go: frames).
 func cacheWindowRefusal(l *layer, w *window, secs int64) {
-	cacheRefusal(l, w.ResetH[0], w.Reset, secs)
-}
-
-// cacheRefusal caches the refusal of layer l for a window that resets at
-// reset (resetH formatted), secs seconds from now. The slices handed out
-// before are left as they are: requests that read them may still be writing
-// them. A function, not a method (doc.go: functions, not methods).
-func cacheRefusal(l *layer, resetH string, reset, secs int64) {
-	c := &l.Cache
-	if c.ResetH != resetH {
-		c.ResetH = resetH
-		c.ResetSec = limit.CeilSeconds(reset)
-		c.Body = []byte(l.BodyPrefix + time.Unix(limit.CeilSeconds(reset), 0).UTC().Format(time.RFC3339) + l.BodySuffix)
-	}
-
-	c.Secs = secs
-	c.Values = [][]string{
-		l.LimitHdr, l.PolicyHdr, {resetH}, l.RemainingHdr[0],
-		{`"` + l.Name + `";r=0;t=` + formatInt(secs)}, {formatInt(secs)}, l.ContentType, answer.NoStore,
-	}
+	rule.CacheRefusal(l, w.ResetH[0], w.Reset, secs)
 }
 
 // refuseOther is refuseFast for a configured body, a WebSocket upgrade, or
@@ -80,7 +59,7 @@ func refuseOther(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer,
 	// The event's keys are found again here, off the common refusal.
 	if first {
 		client := clientKey(p.ips, req)
-		p.events.Refused(l.Name, keyFor(l, client, request.PrincipalOf(p.UserHeader, req), nil), client, l.DryRun)
+		p.events.Refused(l.Name, rule.KeyFor(l, client, request.PrincipalOf(p.UserHeader, req), nil), client, l.DryRun)
 	}
 
 	setHeaders(rw.Header(), l, 0, reset, resetH, now)
@@ -90,46 +69,74 @@ func refuseOther(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer,
 // The Redis fast path serves modeRedis. chooseMode guarantees it what
 // modeAnonymous has (headers on, no dry run, fixed windows, no principal, no
 // credential, no route, no connection cap, no exemption), with the Redis
-// store on one server or a Sentinel's primary (no Cluster) instead of
-// memory, and an ip
-// layer keyed by the client on every plan (assets too, when asset prefixes
-// apply): each plan charges global (when on) and one layer keyed by the
-// client. So the script call of a plan is encoded once but for the client's
-// key (redisPlan), and the common request, every layer allowed with Redis
-// healthy and none of its keys blocked, is served here. Every other case
-// takes the Redis store's own code (redisstore/store.go): a blocked key is refused
-// by refuseBlocked, Redis in back-off decided by serveRedisSlow, a failed
-// call by redisFailed, a refusal or a reply the fast path does not accept by
-// redisReply.
+// store instead of memory (on a Cluster, clusterPath, mixedPath and
+// syncedPath: config.RedisFastEligible), and an ip layer keyed by the client
+// on every plan (assets too, when asset prefixes apply): each plan charges
+// global (when on) and one layer keyed by the client. So the script call of
+// a plan is encoded once but for the client's key (redisPlan), and the
+// common request, every layer allowed with Redis healthy and none of its
+// keys blocked, is served here. Every other case takes the Redis store's
+// own code (redisstore/store.go): a blocked key is refused by refuseBlocked,
+// Redis in back-off decided by serveRedisSlow, a failed call by redisFailed,
+// a refusal or a reply the fast path does not accept by redisReply.
 
 // redisFast is what redisPath reads: the store and the plans' calls.
 type redisFast struct {
 	mixed  bool // some layer counts in memory: mixedPath
+	pair   bool // a Cluster with global in Redis: clusterPath
 	store  *redisstore.RedisStore
 	ip     *redisPlan
 	assets *redisPlan // nil without asset prefixes
 }
 
-// redisPlan is the script call of a plan: the command is heads[len(client)]
-// + client + tail.
+// redisPlan is the script call of a plan (redisstore.FastCall: the command
+// is heads[len(client)] + client + tail, sent to cluster, nil for one server
+// or a Sentinel's primary) and its layers: shared those counted in Redis,
+// which the call charges, memory those counted in memory (mixedPath), each
+// one's place in the plan in sharedAt and memoryAt. On clusterPath the call
+// is the client's layer's alone, and constCmd that of global, the plan's
+// first layer, on the node of its slot, constSlot.
 type redisPlan struct {
-	call  redisresp.Call
-	heads []string // the call's head, the keys before the client's, and its length and prefix
-	tail  string   // the end of the client's key, the keys after it, the arguments
-	// layers is the plan; shared its layers counted in Redis, which the
-	// call charges; memory those counted in memory (mixedPath), each one's
-	// place in the plan in sharedAt and memoryAt.
+	call                   redisresp.Call
+	heads                  []string
+	tail                   string
+	cluster                *redisresp.Cluster
 	layers, shared, memory []*layer
 	sharedAt, memoryAt     []int
-	// cluster is the Redis Cluster the call goes to (nil: one server or a
-	// Sentinel's primary), on the node of the client's slot: the plan's
-	// layers in Redis are then those keyed by the client alone
-	// (redisFastEligible).
-	cluster *redisresp.Cluster
+	constCmd               string
+	constSlot              int
+}
+
+// clusterPath is the Redis path of a modeRedis instance on a Cluster with
+// global counted in Redis (redisFast.pair): global's key and the client's
+// are in two slots, so each is charged by a call of its own on its slot's
+// node, both sent before either reply is read (redisresp.PairInts), in one
+// round trip of time. Its ServeHTTP is in paths.tmpl.
+type clusterPath Plugin
+
+// clusterOther is clusterPath for a request whose calls did not both allow
+// it: a call without a reply (decided in memory, as the general path
+// decides a failed call), or a refusal, a call that did not run or was not
+// sent (a redirection, a missing script, the Cluster's map to read: the
+// general path's call does it), which redisstore.SettlePair settles across
+// the two slots (all or nothing) before the request is answered from the
+// replies or decided anew.
+func clusterOther(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, client string, va int64, ia []int64, vb int64, ib []int64, err error) {
+	if err != nil {
+		redisFailed(p, rw, req, layers, client, err)
+		return
+	}
+
+	c := chargeOf(layers, client, "", req, p.now().UnixNano(), false)
+	if ints, again := redisstore.SettlePair(p.fast.store, c, va, ia, vb, ib); again {
+		serveRedisSlow(p, rw, req, layers, client)
+	} else {
+		redisReply(p, rw, req, layers, client, ints)
+	}
 }
 
 // mixedPath is the Redis path of an instance with layers counted in memory
-// (modeRedis, redisFast.mixed). Its ServeHTTP and chargeMemory are in
+// (modeRedis, redisFast.mixed). Its ServeHTTP and mixedShared are in
 // paths.tmpl.
 type mixedPath Plugin
 
@@ -165,27 +172,6 @@ func mixedOther(p *Plugin, rw http.ResponseWriter, req *http.Request, rp *redisP
 // keys are served by serveRedisSlow.
 const maxFastClientKey = 64
 
-// sharedClient reports whether the layers keyed by the client that a Redis
-// path charges (ip, and assets when on) count in Redis, and whether an
-// instance with layers counted in memory (anyMemoryLayer) counts the others
-// exactly: mixedPath charges both stores, the synced counters' path
-// (syncedPath) Redis's alone.
-func sharedClient(s *config.Settings) bool {
-	if !anyMemoryLayer(s) {
-		return true
-	}
-
-	return s.SyncInterval == 0 && !s.Spec(layerIP).Memory && !s.Spec(layerAssets).Memory
-}
-
-// oneSlot reports whether a Redis path's call has its keys in one slot: on
-// one server or a Sentinel's primary, always; on a Cluster, when global
-// counts in memory (mixedPath), so that the call's layers in Redis are
-// those keyed by the client, whose key's hash tag it is.
-func oneSlot(s *config.Settings) bool {
-	return s.Redis.Cluster == nil || s.Spec(layerGlobal).On() && s.Spec(layerGlobal).Memory
-}
-
 // newRedisFast encodes the calls of the plans of a modeRedis instance.
 func newRedisFast(rs *redisstore.RedisStore, ps plans) *redisFast {
 	f := &redisFast{store: rs, ip: newRedisPlan(rs, ps.planIP, 1)}
@@ -194,74 +180,41 @@ func newRedisFast(rs *redisstore.RedisStore, ps plans) *redisFast {
 	}
 
 	f.mixed = f.ip.memory != nil || f.assets != nil && f.assets.memory != nil
+	if !f.mixed && f.ip.cluster != nil && ps.planIP[0].KeyKind == keyOfConst {
+		f.pair = true
+		f.ip = newClusterPair(rs, ps.planIP)
+		if ps.planAssets != nil {
+			f.assets = newClusterPair(rs, ps.planAssets)
+		}
+	}
 
 	return f
 }
 
-// newRedisPlan encodes the call of a plan with one layer keyed by the client
-// as encodeCall encodes it, but for ARGV[1]: "2", the one-integer reply; each
-// request costs cost.
-func newRedisPlan(rs *redisstore.RedisStore, layers []*layer, cost int64) *redisPlan {
-	rp := &redisPlan{layers: layers}
-	for i, l := range layers {
-		if l.Memory {
-			rp.memory = append(rp.memory, l)
-			rp.memoryAt = append(rp.memoryAt, i)
-		} else {
-			rp.shared = append(rp.shared, l)
-			rp.sharedAt = append(rp.sharedAt, i)
-		}
-	}
-
-	rp.call = redisstore.CallFor(rs, len(rp.shared))
-	rp.cluster = redisstore.ClusterOf(rs.Backend)
-	front, key, tail, args := rp.call.Head(), "", "", redisstore.ArgOneInteger+redisstore.CostArg(cost)
-	seen := false
-
-	for _, l := range rp.shared {
-		args += l.RedisArgs
-
-		switch {
-		case l.KeyKind != keyOfConst && rp.cluster != nil:
-			// The client is the key's hash tag, as redisstore.ClusterKey
-			// writes it: the key's slot is the client's.
-			key = l.RedisKey + "{"
-			tail = "}\r\n"
-			seen = true
-		case l.KeyKind != keyOfConst:
-			key = l.RedisKey
-			tail = "\r\n"
-			seen = true
-		case seen:
-			tail += l.RedisConstKey
-		default:
-			front += l.RedisConstKey
-		}
-	}
-
-	rp.tail = tail + args
-
-	extra := 0
-	if rp.cluster != nil {
-		extra = 1 // the "}" after the client
-	}
-
-	for n := 0; n < maxFastClientKey; n++ {
-		rp.heads = append(rp.heads, front+"$"+strconv.Itoa(len(key)+n+extra)+"\r\n"+key)
-	}
+// newClusterPair encodes clusterPath's two calls of a plan of global and
+// one layer keyed by the client, each in its own slot on a Cluster: the
+// client's layer's as newRedisPlan encodes a plan of it alone, and
+// global's, whole.
+func newClusterPair(rs *redisstore.RedisStore, layers []*layer) *redisPlan {
+	rp := newRedisPlan(rs, layers[1:], 1)
+	rp.layers = layers
+	cmd, slot := redisstore.EncodeConst(rp.call, layers[0])
+	rp.constCmd = cmd
+	rp.constSlot = slot
 
 	return rp
 }
 
-// redisFastEligible tells chooseMode whether an instance that would
-// otherwise take the general path meets what redisPath needs (see the
-// top of this file).
-func redisFastEligible(s *config.Settings, fixed, routes bool) bool {
-	return s.Store == config.StoreRedis && sharedClient(s) && oneSlot(s) &&
-		s.Headers && !s.DryRun && fixed && !routes && s.WSMaxPerIP == 0 &&
-		s.UserHeader == "" && len(s.CredHeaders)+len(s.CredCookies)+len(s.CredQuery) == 0 &&
-		len(s.ExemptIPs)+len(s.ExemptIDs) == 0 &&
-		s.Spec(layerIP).On() && (s.Spec(layerAssets).On() || len(s.AssetPaths) == 0)
+// newRedisPlan encodes the call of a plan with one layer keyed by the client
+// (redisstore.EncodeFast); each request costs cost.
+func newRedisPlan(rs *redisstore.RedisStore, layers []*layer, cost int64) *redisPlan {
+	memory, shared, memoryAt, sharedAt := redisstore.SplitLayers(layers)
+	f := redisstore.EncodeFast(rs, shared, cost, maxFastClientKey)
+
+	return &redisPlan{
+		call: f.Call, heads: f.Heads, tail: f.Tail, cluster: f.Cluster,
+		layers: layers, shared: shared, memory: memory, sharedAt: sharedAt, memoryAt: memoryAt,
+	}
 }
 
 // redisPath is the handler of modeRedis (see paths.go's handlers).
@@ -364,10 +317,9 @@ func serveOnCounters(p *Plugin, rw http.ResponseWriter, req *http.Request, layer
 	answerRedis(p, rw, req, &t, c)
 }
 
-// The answer itself (headers beyond the tables, Retry-After, the refusal,
-// the WebSocket close) is package answer. This file holds the header
-// arithmetic of the generated paths (paths.tmpl) and the number formatting
-// the root's windows, stores and status page share.
+// The header arithmetic of the generated paths (paths.tmpl); the answer
+// itself (headers beyond the tables, Retry-After, the refusal, the
+// WebSocket close) is package answer.
 
 // Constants of the header arithmetic: typed expressions such as
 // int64(time.Second) or int64(len(smallInts)) are evaluated per request under
@@ -385,36 +337,24 @@ func formatInt(n int64) string {
 	return strconv.FormatInt(n, 10)
 }
 
-// unspendMemory is unspendFast for the first n memory layers of plan rp,
+// unspendMemory is memstore.UnspendFast for the first n memory layers of plan rp,
 // which mixedPath charges a point each: a call of chargeMemory's own shape,
 // whose frame holds no more for it (doc.go: frames).
 func unspendMemory(rp *redisPlan, n int, client string, now int64) {
-	unspendFast(rp.memory, n, client, 1, now)
+	memstore.UnspendFast(rp.memory, n, client, 1, now)
 }
 
-// unspendFast gives back the cost a fast path (serveRoutedFast,
-// serveCountedFast, mixedPath) charged to the first n layers, and their
-// allowed counts, under the memory store's lock, for a request the general
-// path then decides anew. A check-only layer was evaluated, not charged; a window
-// that ended meanwhile is left alone: the points went with it.
-func unspendFast(layers []*layer, n int, client string, cost, now int64) {
-	for _, l := range layers[:n] {
-		if l.CheckOnly {
-			continue // evaluated, not charged
-		}
+// unseen is the window serveCountedFast's check reads for a key without a
+// live one: a count of 0, never charged nor shown.
+var unseen = &window{}
 
-		key := client
-		if l.KeyKind == keyOfConst {
-			key = l.ConstKey
-		}
-
-		if w := l.Entries[key]; w != nil && w.List == l.List && w.Reset > now {
-			w.Count -= cost
-			if w.Count < 0 {
-				w.Count = 0
-			}
-		}
-
-		l.Stats.Allowed--
-	}
+// routedAnew is serveRoutedFast's and serveCountedFast's refusal, called
+// with the memory store locked: the first n layers are given back what they
+// took (memstore.UnspendFast), and serveGeneral decides the request anew, with its
+// events and headers. A function of its own: the requests it allowed do not
+// pay for its frame (doc.go: frames).
+func routedAnew(p *Plugin, rw http.ResponseWriter, req *http.Request, matched []*route, layers []*layer, n int, client string, cost, now int64) {
+	memstore.UnspendFast(layers, n, client, cost, now)
+	p.memory.Mu.Unlock()
+	serveGeneral(p, rw, req, matched)
 }

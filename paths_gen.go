@@ -12,6 +12,7 @@ import (
 	"github.com/tierlimit/tierlimit/redisresp"
 	"github.com/tierlimit/tierlimit/redisstore"
 	"github.com/tierlimit/tierlimit/request"
+	"github.com/tierlimit/tierlimit/rule"
 )
 
 // ServeHTTP serves modeAnonymous, and the requests without a credential
@@ -463,10 +464,13 @@ func serveGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request, matched 
 		if l.KeyKind == keyOfConst {
 			keys[i] = l.ConstKey
 		} else if l.KeyKind != keyOfClient {
-			keys[i] = keyFor(l, client, principal, req)
+			keys[i] = rule.KeyFor(l, client, principal, req)
 		}
 	}
 	c := &charge{Layers: layers, Keys: keys, Client: client, Principal: principal, Now: now, All: p.dryRun}
+	if p.items {
+		t.Each = itemsFor(layers) // one item per layer (items.go)
+	}
 	if hits.metered == nil {
 		take(p.stores, &t, c)
 	} else {
@@ -492,7 +496,7 @@ func serveGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request, matched 
 		return
 	}
 
-	if p.ws != nil && isUpgrade(req) {
+	if p.ws != nil && request.IsUpgrade(req) {
 		serveUpgrade(p, out, rw, req, client)
 		return
 	}
@@ -619,6 +623,70 @@ func (rd *redisPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	redisAllowed(p, rw, req, layers, client, now, v)
 }
 
+// ServeHTTP is the Redis path of an instance on a Cluster whose plans
+// count global in Redis (paths.go): global's call and the client's layer's
+// go to their slots' nodes together, and when both allow, the request is
+// answered as redisPath answers one call's integer, that of the layer with
+// the fewest left (global's of equals; global's array when its integer
+// would not fit, redisstore.PairAllowed). A client whose slot is global's,
+// Redis in back-off or a long key take the general decision
+// (serveRedisSlow); everything else clusterOther.
+func (cp *clusterPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
+	p := (*Plugin)(cp)
+	if p.status != nil && serveStatus(p, rw, req) {
+		return
+	}
+	client := ""
+	if req.Header["X-Forwarded-For"] == nil {
+		i := strings.LastIndexByte(req.RemoteAddr, ':')
+		if i > 0 && req.RemoteAddr[0] != '[' {
+			client = req.RemoteAddr[:i]
+		}
+	}
+	if client == "" {
+		client = request.Resolve(p.ips, req)
+	}
+	layers := p.planIP
+	rp := p.fast.ip
+	if p.assetHint != nil && p.assetHint.MatchString(req.URL.Path) && isAsset(p, req) {
+		layers = p.planAssets
+		rp = p.fast.assets
+	}
+
+	rs := p.fast.store
+	if rs.Blocked.Size.Load() != 0 && refuseBlocked(p, rw, req, layers, client) {
+		return
+	}
+
+	slot := redisresp.Slot(client)
+	if rs.Backend.Down.Load() || len(client) >= maxFastClientKey || slot == rp.constSlot {
+		serveRedisSlow(p, rw, req, layers, client)
+		return
+	}
+
+	now := p.now().UnixNano()
+	va, ia, vb, ib, err := redisresp.PairInts(rp.cluster, rp.constSlot, rp.constCmd, slot, rp.heads[len(client)]+client+rp.tail)
+	if va < 0 && vb >= 0 && err == nil {
+		va = redisstore.PairAllowed(ia, layers[0])
+	}
+	if va < 0 || vb < 0 {
+		clusterOther(p, rw, req, layers, client, va, ia, vb, ib, err)
+		return
+	}
+
+	// Each integer is its call's one layer's (index 0): the client's is
+	// the plan's second.
+	if va%16 != 0 || vb%16 != 0 {
+		redisReply(p, rw, req, layers, client, nil)
+		return
+	}
+	v := va
+	if vb/16/(layers[1].MaxTTL+1) < va/16/(layers[0].MaxTTL+1) {
+		v = vb + 1
+	}
+	redisAllowed(p, rw, req, layers, client, now, v)
+}
+
 // redisAllowed answers a request of redisPath on its script's reply. It is
 // a function of its own so that a refusal from the block list does not pay
 // for its frame (a slot per variable and temporary under Yaegi).
@@ -637,11 +705,6 @@ func redisAllowed(p *Plugin, rw http.ResponseWriter, req *http.Request, layers [
 		redisReply(p, rw, req, layers, client, []int64{v})
 		return
 	}
-
-	// The layers' stats and the fallback's counter of the shown layer, the
-	// one the fallback reaches first, under the memory store's lock
-	// (redisstore/fallback.go). Its common case, the counter of the same window, only
-	// takes the count: a reset within the counter's second is its window's.
 	reset := now + ttl*nsPerMillisecond
 	key := client
 	if shown.KeyKind == keyOfConst {
@@ -705,7 +768,7 @@ func refuseBlocked(p *Plugin, rw http.ResponseWriter, req *http.Request, layers 
 		resetSec := (reset + nsPerSecond - 1) / nsPerSecond
 		secs := (reset - now + nsPerSecond - 1) / nsPerSecond
 		if c.ResetSec != resetSec || c.Secs != secs {
-			cacheRefusal(l, formatInt(resetSec), reset, secs)
+			rule.CacheRefusal(l, formatInt(resetSec), reset, secs)
 		}
 		values := c.Values
 		body := c.Body
@@ -836,7 +899,7 @@ func refuseSynced(p *Plugin, rw http.ResponseWriter, req *http.Request, layers [
 	cache := &l.Cache
 	secs := (c.End - now + nsPerSecond - 1) / nsPerSecond
 	if cache.ResetSec != c.ResetSec || cache.Secs != secs {
-		cacheRefusal(l, c.ResetH[0], c.End, secs)
+		rule.CacheRefusal(l, c.ResetH[0], c.End, secs)
 	}
 
 	values := cache.Values
@@ -852,14 +915,11 @@ func refuseSynced(p *Plugin, rw http.ResponseWriter, req *http.Request, layers [
 
 // ServeHTTP is the Redis path of an instance whose plans count some layers
 // in memory (layer.Memory: typically global, a per-replica backstop): the
-// memory layers are charged first (chargeMemory), then the Redis layers in
-// one script call, as on redisPath. Anything but every layer allowing the
-// request gives the memory layers their charge back (unchargeMemory): a
-// refusal by Redis is answered from its reply (mixedReply), everything
-// else (a memory layer full, Redis failing or in back-off, a reply of
-// another shape) is decided anew on the general path (serveRedisSlow). The
-// headers show the layer with the fewest requests left of the two stores,
-// the first of equals.
+// memory layers are charged first, a point each, all or nothing, as the
+// memory fast paths charge, then the Redis layers (mixedShared). A memory
+// layer that is full gives the layers before it their point back, and the
+// general path decides the request anew (serveRedisSlow), as it does when
+// Redis is in back-off.
 func (mp *mixedPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	p := (*Plugin)(mp)
 	if p.status != nil && serveStatus(p, rw, req) {
@@ -875,61 +935,94 @@ func (mp *mixedPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	if client == "" {
 		client = request.Resolve(p.ips, req)
 	}
-	layers := p.planIP
 	rp := p.fast.ip
 	if p.assetHint != nil && p.assetHint.MatchString(req.URL.Path) && isAsset(p, req) {
-		layers = p.planAssets
 		rp = p.fast.assets
 	}
 
 	rs := p.fast.store
-	if rs.Blocked.Size.Load() != 0 && refuseBlocked(p, rw, req, layers, client) {
+	if rs.Blocked.Size.Load() != 0 && refuseBlocked(p, rw, req, rp.layers, client) {
+		return
+	}
+
+	if rs.Backend.Down.Load() || len(client) >= maxFastClientKey {
+		serveRedisSlow(p, rw, req, rp.layers, client)
 		return
 	}
 
 	now := p.now().UnixNano()
-	k := -1
-	var mleft, mreset int64
-	var mresetH []string
-	if !rs.Backend.Down.Load() && len(client) < maxFastClientKey {
-		k, mleft, mreset, mresetH = chargeMemory(p, rp, client, now)
+	s := p.memory
+	k := -1 // the memory layer with the fewest left, the first of equals
+	var left, reset int64
+	var resetH []string
+	s.Mu.Lock()
+	s.Takes++
+	for j, l := range rp.memory {
+		key := client
+		if l.KeyKind == keyOfConst {
+			key = l.ConstKey
+		}
+		w := l.Entries[key]
+		if w != nil && w.Reset > now && w.List == l.List {
+			w.Taken = s.Takes
+		} else {
+			w = s.Restart(now, l, w, key)
+		}
+		if w.Count >= l.Points {
+			unspendMemory(rp, j, client, now)
+			s.Mu.Unlock()
+			serveRedisSlow(p, rw, req, rp.layers, client)
+			return
+		}
+		w.Count++
+		l.Stats.Allowed++
+		if k < 0 || l.Points-w.Count < left {
+			k = j
+			left = l.Points - w.Count
+			reset = w.Reset
+			resetH = w.ResetH
+		}
 	}
+	s.Mu.Unlock()
 
-	if k < 0 {
-		serveRedisSlow(p, rw, req, layers, client)
-		return
-	}
+	mixedShared(p, rw, req, rs, rp, client, now, k, left, reset, resetH)
+}
 
+// mixedShared is mixedPath once its memory layers took the request, k the
+// one with the fewest left (mleft, reset mreset): the Redis layers in one
+// script call, as on redisPath. Anything but every layer allowing the
+// request gives the memory layers their charge back (mixedOther): a refusal
+// by Redis is answered from its reply, everything else (Redis failing, a
+// reply of another shape) is decided anew on the general path. The headers
+// show the layer with the fewest requests left of the two stores, the first
+// of equals. Its frame is apart from ServeHTTP's so that a refusal from
+// the block list or by memory does not pay for it (doc.go: frames).
+func mixedShared(p *Plugin, rw http.ResponseWriter, req *http.Request, rs *redisstore.RedisStore, rp *redisPlan, client string, now int64, k int, mleft, mreset int64, mresetH []string) {
 	pool := rs.Backend.Single
 	var err error
 	if rp.cluster != nil {
 		pool, err = redisresp.SlotPool(rp.cluster, redisresp.Slot(client))
 	}
-	v := int64(-1)
+	var v int64
 	var ints []int64
 	if err == nil {
 		v, ints, err = redisresp.ScriptInts(pool, rs.Backend.Sentinel, rp.call, rp.heads[len(client)]+client+rp.tail)
 	}
-	if err != nil || ints != nil {
+	// Every layer allowed: one integer, as redisAllowed reads it; a reply of
+	// one integer that is not that goes to the general path as no reply.
+	i := v % 16
+	if err != nil || ints != nil || i >= int64(len(rp.shared)) {
 		mixedOther(p, rw, req, rp, client, ints, err)
 		return
 	}
-
-	i := v % 16
-	if i >= int64(len(rp.shared)) {
-		mixedOther(p, rw, req, rp, client, []int64{v}, nil)
-		return
-	}
 	shown := rp.shared[i]
-	ttl := v / 16 % (shown.MaxTTL + 1)
-	left := v / 16 / (shown.MaxTTL + 1)
+	v /= 16
+	ttl := v % (shown.MaxTTL + 1)
+	left := v / (shown.MaxTTL + 1)
 	if left >= shown.Points {
-		mixedOther(p, rw, req, rp, client, []int64{v}, nil)
+		mixedOther(p, rw, req, rp, client, nil, nil)
 		return
 	}
-
-	// As redisAllowed: the Redis layers' stats and the fallback's counter
-	// of the shown one.
 	reset := now + ttl*nsPerMillisecond
 	key := client
 	if shown.KeyKind == keyOfConst {
@@ -970,47 +1063,6 @@ func (mp *mixedPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	p.next.ServeHTTP(rw, req)
 }
 
-// chargeMemory charges the memory layers of plan rp a point each, all or
-// nothing, as the memory fast paths do, and returns the one with the fewest
-// requests left (the first of equals): its index in rp.memory, its requests
-// left, reset and formatted reset. k is -1 when one of them is full, having
-// charged none: the general path then decides the request, with its
-// refusal's events and headers.
-func chargeMemory(p *Plugin, rp *redisPlan, client string, now int64) (k int, left, reset int64, resetH []string) {
-	k = -1
-	s := p.memory
-	s.Mu.Lock()
-	s.Takes++
-	for j, l := range rp.memory {
-		key := client
-		if l.KeyKind == keyOfConst {
-			key = l.ConstKey
-		}
-		w := l.Entries[key]
-		if w != nil && w.Reset > now && w.List == l.List {
-			w.Taken = s.Takes
-		} else {
-			w = s.Restart(now, l, w, key)
-		}
-		if w.Count >= l.Points {
-			unspendMemory(rp, j, client, now)
-			s.Mu.Unlock()
-			return -1, 0, 0, nil
-		}
-		w.Count++
-		l.Stats.Allowed++
-		if k < 0 || l.Points-w.Count < left {
-			k = j
-			left = l.Points - w.Count
-			reset = w.Reset
-			resetH = w.ResetH
-		}
-	}
-	s.Mu.Unlock()
-
-	return k, left, reset, resetH
-}
-
 // serveRoutedFast charges a request of the classify path that matches
 // routes (routedFastEligible): the client's plan and the routes' layers,
 // each the largest cost of the routes, all or nothing, as the memory fast
@@ -1033,25 +1085,23 @@ func serveRoutedFast(p *Plugin, rw http.ResponseWriter, req *http.Request, match
 	if client == "" {
 		client = request.Resolve(p.ips, req)
 	}
-	plan := p.planIP
+	layers := p.planIP
 	if p.assetHint != nil && p.assetHint.MatchString(req.URL.Path) && isAsset(p, req) {
-		plan = p.planAssets
+		layers = p.planAssets
 	}
 	cost := int64(1)
-	layers := make([]*layer, len(plan), len(plan)+len(matched))
-	copy(layers, plan)
+	layers = append(make([]*layer, 0, len(layers)+len(matched)), layers...) // the plan is shared
 	for _, rt := range matched {
 		layers = append(layers, rt.layer)
 		if rt.cost > cost {
 			cost = rt.cost
 		}
 	}
-
 	now := p.now().UnixNano()
 	s := p.memory
-	var shown *layer // the layer with the fewest left
-	var sw *window
-	var left int64 // requests left in shown
+	var shown *layer      // the layer with the fewest left
+	var left, reset int64 // its requests left and reset
+	var resetH []string
 	s.Mu.Lock()
 	s.Takes++
 	for i, l := range layers {
@@ -1070,18 +1120,15 @@ func serveRoutedFast(p *Plugin, rw http.ResponseWriter, req *http.Request, match
 			l.Stats.Allowed++
 			if shown == nil || l.Points-w.Count < left {
 				shown = l
-				sw = w
 				left = l.Points - w.Count
+				reset = w.Reset
+				resetH = w.ResetH
 			}
 			continue
 		}
-		unspendFast(layers, i, client, cost, now)
-		s.Mu.Unlock()
-		serveGeneral(p, rw, req, matched)
+		routedAnew(p, rw, req, matched, layers, i, client, cost, now)
 		return
 	}
-	reset := sw.Reset
-	resetH := sw.ResetH
 	s.Mu.Unlock()
 	h := rw.Header()
 	h["X-Ratelimit-Limit"] = shown.LimitHdr
@@ -1099,7 +1146,11 @@ func serveRoutedFast(p *Plugin, rw http.ResponseWriter, req *http.Request, match
 }
 
 // serveCountedFast is serveRoutedFast for an instance with countStatus
-// routes.
+// routes. A check (a countStatus route's layer, layer.CheckOnly) reads the
+// key's live window, which it neither makes (memstore.checkLayer) nor
+// charges (held, w.Taken, as a charged one: no later layer's new window
+// evicts it); without one it reads unseen, a count of 0. A request that
+// matched such a route is passed on by serveWatched.
 func serveCountedFast(p *Plugin, rw http.ResponseWriter, req *http.Request, matched []*route) {
 	client := ""
 	if req.Header["X-Forwarded-For"] == nil {
@@ -1111,29 +1162,24 @@ func serveCountedFast(p *Plugin, rw http.ResponseWriter, req *http.Request, matc
 	if client == "" {
 		client = request.Resolve(p.ips, req)
 	}
-	plan := p.planIP
+	layers := p.planIP
 	if p.assetHint != nil && p.assetHint.MatchString(req.URL.Path) && isAsset(p, req) {
-		plan = p.planAssets
+		layers = p.planAssets
 	}
 	cost := int64(1)
-	watch := false // some route counts statuses: the response is watched
-	layers := make([]*layer, len(plan), len(plan)+len(matched))
-	copy(layers, plan)
+	layers = append(make([]*layer, 0, len(layers)+len(matched)), layers...) // the plan is shared
 	for _, rt := range matched {
 		layers = append(layers, rt.layer)
 		if rt.cost > cost {
 			cost = rt.cost
 		}
-		if rt.countStatus != nil {
-			watch = true
-		}
 	}
-
 	now := p.now().UnixNano()
 	s := p.memory
-	var shown *layer // the layer with the fewest left
-	var sw *window
-	var left int64 // requests left in shown
+	var shown *layer      // the layer with the fewest left
+	var left, reset int64 // its requests left and reset
+	var resetH []string
+	watch := false // a route counts statuses: the response is watched
 	s.Mu.Lock()
 	s.Takes++
 	for i, l := range layers {
@@ -1141,49 +1187,32 @@ func serveCountedFast(p *Plugin, rw http.ResponseWriter, req *http.Request, matc
 		if l.KeyKind == keyOfConst {
 			key = l.ConstKey
 		}
-		if l.CheckOnly {
-			// The key's live window, which a check does not make
-			// (memstore.checkLayer), and its count.
-			cw := l.Entries[key]
-			count := int64(0)
-			if cw != nil && cw.List == l.List && cw.Reset > now {
-				count = cw.Count
-			} else {
-				cw = nil
-			}
-			if count+cost <= l.Points && (shown != nil && l.Points-count >= left || cw != nil) {
-				if shown == nil || l.Points-count < left {
-					shown = l
-					sw = cw
-					left = l.Points - count
-				}
-				continue
-			}
+		w := l.Entries[key]
+		if w != nil && w.Reset > now && w.List == l.List {
+			w.Taken = s.Takes
+		} else if l.CheckOnly {
+			w = unseen
 		} else {
-			w := l.Entries[key]
-			if w != nil && w.Reset > now && w.List == l.List {
-				w.Taken = s.Takes
+			w = s.Restart(now, l, w, key)
+		}
+		if w.Count+cost <= l.Points && (w != unseen || shown != nil && l.Points-w.Count >= left) {
+			if l.CheckOnly {
+				watch = true
 			} else {
-				w = s.Restart(now, l, w, key)
-			}
-			if w.Count+cost <= l.Points {
 				w.Count += cost
 				l.Stats.Allowed++
-				if shown == nil || l.Points-w.Count < left {
-					shown = l
-					sw = w
-					left = l.Points - w.Count
-				}
-				continue
 			}
+			if shown == nil || l.Points-w.Count < left {
+				shown = l
+				left = l.Points - w.Count
+				reset = w.Reset
+				resetH = w.ResetH
+			}
+			continue
 		}
-		unspendFast(layers, i, client, cost, now)
-		s.Mu.Unlock()
-		serveGeneral(p, rw, req, matched)
+		routedAnew(p, rw, req, matched, layers, i, client, cost, now)
 		return
 	}
-	reset := sw.Reset
-	resetH := sw.ResetH
 	s.Mu.Unlock()
 	h := rw.Header()
 	h["X-Ratelimit-Limit"] = shown.LimitHdr
@@ -1196,30 +1225,35 @@ func serveCountedFast(p *Plugin, rw http.ResponseWriter, req *http.Request, matc
 	} else {
 		answer.SetLargeHeaders(h, shown.Name, left, secs)
 	}
-
 	if watch {
-		// serveCounted, written out for what the classify path serves: no
-		// pending ip charge, no WebSocket cap; a pooled writer (watchPool).
-		// Nothing here needs a defer: the status is charged as it is
-		// written, and a writer whose request panicked (a client gone
-		// mid-body) is left to the garbage collector, never put back.
-		ww, _ := watchPool.Get().(*watchWriter)
-		if ww == nil {
-			ww = newPooledWatch()
-		}
-		*ww = watchWriter{self: ww.self, rw: rw, req: req, p: p, prevLeft: left, routes: matched, client: client, cost: cost}
-		p.next.ServeHTTP(ww.self, req)
-		if !ww.wroteHeader {
-			ww.wroteHeader = true
-			countStatus(ww, http.StatusOK)
-		}
-		ww.rw = nil
-		ww.req = nil
-		watchPool.Put(ww)
-		return
+		serveWatched(p, rw, req, matched, client, cost, left)
+	} else {
+		p.next.ServeHTTP(rw, req)
 	}
+}
 
-	p.next.ServeHTTP(rw, req)
+// serveWatched passes on a request of serveCountedFast that matched a
+// countStatus route, its response watched: serveCounted, written out for
+// what the classify path serves (no pending ip charge, no WebSocket cap; a
+// pooled writer, watchPool), in a frame of its own that the requests
+// matching no such route do not pay for (doc.go: frames). Nothing here needs
+// a defer: the status is charged as it is written, and a writer whose
+// request panicked (a client gone mid-body) is left to the garbage
+// collector, never put back.
+func serveWatched(p *Plugin, rw http.ResponseWriter, req *http.Request, matched []*route, client string, cost, left int64) {
+	ww, _ := watchPool.Get().(*watchWriter)
+	if ww == nil {
+		ww = newPooledWatch()
+	}
+	*ww = watchWriter{self: ww.self, rw: rw, req: req, p: p, prevLeft: left, routes: matched, client: client, cost: cost}
+	p.next.ServeHTTP(ww.self, req)
+	if !ww.wroteHeader {
+		ww.wroteHeader = true
+		countStatus(ww, http.StatusOK)
+	}
+	ww.rw = nil
+	ww.req = nil
+	watchPool.Put(ww)
 }
 
 // namedPlanOf is the plan of plans: that the auth server named in
@@ -1244,7 +1278,7 @@ func chargeOf(layers []*layer, client, principal string, req *http.Request, now 
 		if l.KeyKind == keyOfConst {
 			keys[i] = l.ConstKey
 		} else if l.KeyKind != keyOfClient {
-			keys[i] = keyFor(l, client, principal, req)
+			keys[i] = rule.KeyFor(l, client, principal, req)
 		}
 	}
 
@@ -1264,10 +1298,13 @@ func decide(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*laye
 		if l.KeyKind == keyOfConst {
 			keys[i] = l.ConstKey
 		} else if l.KeyKind != keyOfClient {
-			keys[i] = keyFor(l, client, principal, req)
+			keys[i] = rule.KeyFor(l, client, principal, req)
 		}
 	}
 	c := &charge{Layers: layers, Keys: keys, Client: client, Principal: principal, Now: now, All: p.dryRun}
+	if p.items {
+		t.Each = itemsFor(layers) // one item per layer (items.go)
+	}
 	take(p.stores, &t, c)
 
 	return verdict(p, rw, req, &t, c)

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
-	"math/rand"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
@@ -18,7 +17,6 @@ import (
 	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/events"
 	"github.com/tierlimit/tierlimit/redisstore"
-	"github.com/tierlimit/tierlimit/request"
 )
 
 // shape is a configuration shape: the table of chooseMode and the script of
@@ -251,7 +249,15 @@ func TestChooseModeRedis(t *testing.T) {
 		{"redis sentinel", with(redis, func(c *Config) {
 			c.Redis.Sentinel = &config.RedisSentinelConfig{MasterName: "m", Addresses: []string{"127.0.0.1:26379"}}
 		}), modeRedis},
-		{"redis cluster", with(redis, func(c *Config) { c.Redis.Cluster = &config.RedisClusterConfig{Addresses: []string{"127.0.0.1:7000"}} }), modeGeneral},
+		{"redis cluster", with(redis, func(c *Config) { c.Redis.Cluster = &config.RedisClusterConfig{Addresses: []string{"127.0.0.1:7000"}} }), modeRedis},
+		{"redis cluster, no global", with(redis, func(c *Config) {
+			c.Redis.Cluster = &config.RedisClusterConfig{Addresses: []string{"127.0.0.1:7000"}}
+			c.Global.Points = 0
+		}), modeGeneral},
+		{"redis cluster, synced", with(redis, func(c *Config) {
+			c.Redis.Cluster = &config.RedisClusterConfig{Addresses: []string{"127.0.0.1:7000"}}
+			c.Redis.SyncInterval = "100ms"
+		}), modeRedis},
 		{"redis, dry run", with(redis, func(c *Config) { c.DryRun = true }), modeGeneral},
 		{"redis, headers off", with(redis, func(c *Config) { c.Headers = false }), modeGeneral},
 		{"redis, sliding ip", with(redis, func(c *Config) { c.IP.Algorithm = "sliding" }), modeGeneral},
@@ -741,47 +747,6 @@ func layerOf(rec *httptest.ResponseRecorder) string {
 	}
 
 	return ""
-}
-
-// TestAssetHintCoversEveryAsset: request.AssetHint must match every path
-// whose canonical form starts with an asset prefix (else such a request would
-// be charged to ip by the fast path and to assets by request.CanonicalPath),
-// and should leave ordinary paths alone.
-func TestAssetHintCoversEveryAsset(t *testing.T) {
-	pieces := []string{"/", "/", "a", "A", "s", "S", "e", "t", "x", "%", "2", "5", "F", "f", "6", "1", ";", ".", "..", `\`, "\u212a", "é"}
-	prefixes := []string{"/assets/", "/static/"}
-	rng := rand.New(rand.NewSource(1))
-
-	for _, fold := range []bool{true, false} {
-		canonical := make([]string, len(prefixes))
-		for i, prefix := range prefixes {
-			canonical[i] = request.CanonicalPattern(prefix, !fold)
-		}
-
-		hint := request.AssetHint(canonical, fold)
-		paths := []string{"", "assets/x", "/ASSETS/x", "/assets//x", "//assets/x", "/x/../assets/y", "/%61ssets/x", "/%2561ssets/x", `\assets\x`, "/;p/assets/x", "/static/"}
-
-		for i := 0; i < 200000; i++ {
-			var b strings.Builder
-			for n := rng.Intn(12); n >= 0; n-- {
-				b.WriteString(pieces[rng.Intn(len(pieces))])
-			}
-
-			paths = append(paths, b.String(), "/assets/"+b.String(), "/"+b.String()+"assets/")
-		}
-
-		for _, p := range paths {
-			if hasAnyPrefix(request.CanonicalPath(p, fold), canonical) && !hint.MatchString(p) {
-				t.Fatalf("fold %v: %q is an asset (canonical %q) that assetHint misses", fold, p, request.CanonicalPath(p, fold))
-			}
-		}
-
-		for _, p := range []string{"/api/items", "/auth/login", "/users/7/profile", "/assetsx/a.js"} {
-			if hint.MatchString(p) {
-				t.Errorf("fold %v: assetHint matches %q, which is no asset", fold, p)
-			}
-		}
-	}
 }
 
 // Compiled figures for the same paths as e2e/yaegibench (which measures them

@@ -53,6 +53,9 @@ type Plugin struct {
 	// held: some layer is a concurrency layer, whose slots a request
 	// holds until its response ends (inflight.go).
 	held bool
+	// items: a request a costFrom route or a concurrency layer charges may
+	// show several RateLimit items (items.go).
+	items bool
 }
 
 // routing is how an instance's routes are matched and charged (buildRoutes,
@@ -89,7 +92,7 @@ type pathForms struct {
 type plans struct {
 	planIP, planAssets, planUser, planService, planCred, planInvalid []*layer
 	planCost                                                         int64
-	// planNamed holds the plan of each of plans: by name (drawNamedPlans);
+	// planNamed holds the plan of each of plans: by name (rule.NamedPlans);
 	// nil when there are none.
 	planNamed map[string][]*layer
 }
@@ -182,6 +185,10 @@ func (p *Plugin) fastPath() http.Handler {
 			return (*mixedPath)(p)
 		}
 
+		if p.fast.pair {
+			return (*clusterPath)(p)
+		}
+
 		return (*redisPath)(p)
 	}
 
@@ -211,17 +218,17 @@ func (p *Plugin) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 // The configuration is package config (config/): the schema and its
 // defaults, their parsing and validation into config.Settings. Config is
 // its schema as Traefik's plugin loader asks for it (CreateConfig and New
-// name it); build.go adds to config's catalogue of built-in layers what
-// each charges.
-type Config = config.Config
+// name it): config.Config's fields, a type of the root's own rather than an
+// alias (the root keeps at most five).
+type Config config.Config
 
 // CreateConfig returns the defaults README.md documents (config.Defaults);
 // Traefik decodes the user's settings over it.
 func CreateConfig() *Config {
-	return config.Defaults()
+	return (*Config)(config.Defaults())
 }
 
 // parse validates cfg and returns its parsed form (config.Parse).
 func parse(cfg *Config) (*config.Settings, error) {
-	return config.Parse(cfg)
+	return config.Parse((*config.Config)(cfg))
 }

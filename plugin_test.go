@@ -604,6 +604,8 @@ func pluginOf(h http.Handler) *Plugin {
 		return (*Plugin)(v)
 	case *mixedPath:
 		return (*Plugin)(v)
+	case *clusterPath:
+		return (*Plugin)(v)
 	}
 
 	return h.(*Plugin)

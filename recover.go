@@ -41,7 +41,7 @@ func panicField(ctx context.Context, s *config.Settings, name string) string {
 	cancel()
 
 	for i, rs := range s.Routes {
-		t := alone(s)
+		t := config.Alone(s)
 		t.Routes = []config.Route{rs}
 		if !buildPanics(probe, t, name) {
 			continue
@@ -61,7 +61,7 @@ func panicField(ctx context.Context, s *config.Settings, name string) string {
 	}
 
 	for _, plan := range s.Plans {
-		t := alone(s)
+		t := config.Alone(s)
 		t.Plans = []config.Rule{plan}
 		if buildPanics(probe, t, name) {
 			return "plans." + plan.Name
@@ -69,7 +69,7 @@ func panicField(ctx context.Context, s *config.Settings, name string) string {
 	}
 
 	for i, rule := range s.Builtin {
-		t := alone(s)
+		t := config.Alone(s)
 		t.Builtin[i] = rule
 		if buildPanics(probe, t, name) {
 			return rule.Name
@@ -77,20 +77,6 @@ func panicField(ctx context.Context, s *config.Settings, name string) string {
 	}
 
 	return ""
-}
-
-// alone is s without its routes and plans, and with its built-in layers off.
-func alone(s *config.Settings) *config.Settings {
-	t := *s
-	t.Routes = nil
-	t.Plans = nil
-	t.Builtin = make([]config.Rule, len(s.Builtin))
-
-	for i, rule := range s.Builtin {
-		t.Builtin[i] = config.Rule{Name: rule.Name}
-	}
-
-	return &t
 }
 
 // buildPanics reports whether building s panics.

@@ -3,6 +3,7 @@ package tierlimit
 import (
 	"bytes"
 	"encoding/json"
+	"github.com/tierlimit/tierlimit/rediscall"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -336,12 +337,12 @@ func TestResetClusterKeyIsTheChargedOne(t *testing.T) {
 	req := httptest.NewRequest(http.MethodGet, "http://api.example/", nil)
 	req.Header.Set("X-Api-Key", "secret")
 
-	for _, kind := range []int{keyOfClient, keyOfPrincipal, keyOfConst, keyOfPrincipalElseClient, keyOfHeader, keyOfHost} {
-		l := &layer{Limits: rule.Limits{Name: "l", KeyKind: kind, ConstKey: "global", KeyHeader: "X-Api-Key"}, RedisEncoding: rule.RedisEncoding{RedisKey: "ratelimit:mw:l:"}}
+	for _, kind := range []int{keyOfClient, rule.KeyOfPrincipal, keyOfConst, rule.KeyOfPrincipalElseClient, rule.KeyOfHeader, rule.KeyOfHost} {
+		l := &layer{Limits: rule.Limits{Name: "l", KeyKind: kind, ConstKey: "global", KeyHeader: "X-Api-Key"}, Encoding: &rediscall.Encoding{RedisKey: "ratelimit:mw:l:"}}
 
 		for _, principal := range []string{"", "alice"} {
-			bucket := keyFor(l, "198.51.100.7", principal, req)
-			if got, want := redisstore.ResetClusterKey(l, bucket), redisstore.ClusterKey(l, keyFor(l, "198.51.100.7", principal, req)); got != want || redisresp.Slot(got) != redisresp.Slot(want) {
+			bucket := rule.KeyFor(l, "198.51.100.7", principal, req)
+			if got, want := redisstore.ResetClusterKey(l, bucket), redisstore.ClusterKey(l, rule.KeyFor(l, "198.51.100.7", principal, req)); got != want || redisresp.Slot(got) != redisresp.Slot(want) {
 				t.Errorf("kind %d, principal %q: reset deletes %q, charged %q", kind, principal, got, want)
 			}
 		}

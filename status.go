@@ -5,6 +5,8 @@ import (
 	"strings"
 
 	"github.com/tierlimit/tierlimit/config"
+	"github.com/tierlimit/tierlimit/memstore"
+	"github.com/tierlimit/tierlimit/redisstore"
 	"github.com/tierlimit/tierlimit/status"
 )
 
@@ -33,7 +35,7 @@ func statusPageOf(p *Plugin, cfg *config.Settings) *status.Page {
 		Path: cfg.StatusPath, Allowed: cfg.StatusAllowed, Store: cfg.Store,
 		Name: p.name, IPs: p.ips, Events: p.events,
 		Layers: p.layers, Memory: p.memory, Redis: p.stores.redis, Meters: make([]*status.Meter, len(p.layers)), Held: p.held,
-		Registries: []status.Registry{{Name: "stores", Entries: registry.stores}, {Name: "blocklists", Entries: registry.blocked},
+		Registries: []status.Registry{{Name: "stores", Entries: memstore.Stores}, {Name: "blocklists", Entries: redisstore.BlockLists},
 			{Name: "connections", Entries: connCounters.byName}},
 	}
 
@@ -53,15 +55,9 @@ func meteredRouteOf(p *Plugin, l *layer) *route {
 		return nil
 	}
 
-	for _, rt := range p.routes {
+	for _, rt := range allRoutes(p.routes) {
 		if rt.layer == l {
 			return rt
-		}
-
-		for _, alt := range rt.plans {
-			if alt.layer == l {
-				return alt
-			}
 		}
 	}
 

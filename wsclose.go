@@ -2,29 +2,10 @@ package tierlimit
 
 import (
 	"context"
-	"net/http"
-	"strings"
 	"sync"
 
 	"github.com/tierlimit/tierlimit/lifetime"
 )
-
-// isUpgrade reports whether req asks for a WebSocket upgrade.
-func isUpgrade(req *http.Request) bool {
-	if !strings.EqualFold(req.Header.Get("Upgrade"), "websocket") {
-		return false
-	}
-
-	for _, v := range req.Header["Connection"] {
-		for _, token := range strings.Split(v, ",") {
-			if strings.EqualFold(strings.TrimSpace(token), "upgrade") {
-				return true
-			}
-		}
-	}
-
-	return false
-}
 
 // connCounter counts the open upgraded connections per client IP in this
 // process and caps them. An upgrade holds its slot while the rest of the chain
@@ -69,7 +50,7 @@ func (c *connCounter) release(ip string) {
 
 // connCounters holds one connCounter per middleware name while some instance
 // of the middleware uses it or it counts open connections (lifetime/lifetime.go,
-// stores.go), like the memory store.
+// connLive in stores.go), like the memory store (memstore.Stores).
 var connCounters = &counterRegistry{byName: lifetime.NewKeepingRegistry(connLive)}
 
 type counterRegistry struct {

@@ -14,8 +14,6 @@ import (
 // combine with it is an error naming the field, never ignored:
 //   - calendar, blockDuration: a slot is freed by its request ending, not by
 //     a window, and a refusal lasts as long as the slots are busy;
-//   - redis.syncInterval: synced counting admits from points leased in
-//     batches, a slot must be held and released in Redis itself;
 //   - a route's cost above 1 on a concurrency route (or one of its plans):
 //     a request holds one slot whatever it costs (a concurrency layer among
 //     the layers a costly route charges takes one slot too);
@@ -28,7 +26,10 @@ import (
 //     request's life.
 //
 // global may be a concurrency layer: the instance's whole in-flight cap, the
-// usual protection of a backend that degrades past some parallelism.
+// usual protection of a backend that degrades past some parallelism. With
+// redis.syncInterval a concurrency layer is counted in Redis exactly, one
+// script call each way, while the other layers stay synced
+// (../redisstore/slots.go).
 
 // checkConcurrencyLayer checks what a concurrency layer cannot take of its
 // own section.
@@ -51,12 +52,6 @@ func checkConcurrencyLayer(field string, lc LayerConfig, spec Rule) error {
 // checkConcurrency checks what concurrency layers cannot combine with
 // elsewhere in the configuration.
 func checkConcurrency(s *Settings) error {
-	for _, l := range Rules(s) {
-		if l.On() && l.Algorithm == limit.Concurrency && s.SyncInterval != 0 && s.Store == StoreRedis && !l.Memory {
-			return invalid("redis.syncInterval", s.SyncInterval.String(), "syncs fixed windows only, and layer "+strconv.Quote(l.Name)+` has algorithm "concurrency"; use syncInterval 0 (one script call per request) or store: memory on that layer`)
-		}
-	}
-
 	for i, rs := range s.Routes {
 		if err := checkConcurrencyRoute("routes["+strconv.Itoa(i)+"]", rs); err != nil {
 			return err

@@ -3,7 +3,8 @@
 // (Defaults), and their parsing and validation (Parse, parse.go) into
 // Settings, a Rule for each layer and plan and a Route for each route, which
 // the root builds its layers and stores from. layers.go is the catalogue of
-// built-in layers, plans.go plans:, redis.go redis.* and redis.tls,
+// built-in layers, charges.go what each charges and the plan rules,
+// plans.go plans:, redis.go redis.* and redis.tls,
 // calendar.go calendar and utcOffset, sync.go redis.syncInterval, check.go
 // the validation helpers, keys.go the keys no field took. It imports the
 // plugin's request/ (canonical path patterns), answer/ (the refusal body

@@ -1,10 +1,10 @@
 package config
 
-// The built-in layers as data. Builtins is the one list of them that
-// configuration reads: the defaults (Defaults), parsing and validation
-// (parseBuiltin), the reserved route names (checkRouteName) and maxTracked's
-// minimum (checkMaxTracked). The root's catalogue (../build.go) adds what
-// each layer charges, row for row.
+// The built-in layers as data. Builtins is the one list of them: the
+// defaults (Defaults), parsing and validation (parseBuiltin), the reserved
+// route names (checkRouteName), maxTracked's minimum (checkMaxTracked), the
+// class of requests each charges, from which the plans are drawn up
+// (charges.go), and what keys it (rule.BuiltinKeyKind).
 
 // Layer names. Routes may not take them: they name the built-in layers.
 const (
@@ -46,12 +46,16 @@ const (
 const RequestCost = int64(1)
 
 // Builtin is one built-in layer: its name (and section of Config), its
-// defaults and the key: values it takes besides none.
+// defaults, the key: values it takes besides none, what keys it without
+// key: (KeyGlobal, KeyIP or KeyPrincipal) and the class of requests it
+// charges (Charges*).
 type Builtin struct {
 	Name     string
 	Points   int
 	Duration string
 	Keys     []string
+	KeyedBy  string
+	Charges  int
 	// config reads the layer's section of Config.
 	config func(c *Config) LayerConfig
 	// more parses what else its section holds (assets: the path prefixes);
@@ -66,22 +70,27 @@ var tierKeys = []string{KeyHost, KeyHeader}
 var Builtins = []Builtin{
 	{
 		Name: LayerGlobal, Points: 1000, Duration: "1s",
+		KeyedBy: KeyGlobal, Charges: ChargesAll,
 		config: func(c *Config) LayerConfig { return c.Global },
 	},
 	{
 		Name: LayerIP, Points: 50, Duration: "1s", Keys: tierKeys,
+		KeyedBy: KeyIP, Charges: ChargesAnonymous,
 		config: func(c *Config) LayerConfig { return c.IP },
 	},
 	{
 		Name: LayerAssets, Points: 300, Duration: "1s", Keys: tierKeys,
+		KeyedBy: KeyIP, Charges: ChargesAsset,
 		config: assetsLayer, more: parseAssetPaths,
 	},
 	{
 		Name: LayerUser, Points: 300, Duration: "60s", Keys: tierKeys,
+		KeyedBy: KeyPrincipal, Charges: ChargesUser,
 		config: func(c *Config) LayerConfig { return c.User },
 	},
 	{
 		Name: LayerService, Points: 10000, Duration: "60s", Keys: tierKeys,
+		KeyedBy: KeyPrincipal, Charges: ChargesService,
 		config: func(c *Config) LayerConfig { return c.Service },
 	},
 }

@@ -29,7 +29,7 @@ type Settings struct {
 	Hops       int
 	IPv6Prefix int
 	MaxTracked int
-	Builtin    []Rule   // aligned with builtinLayers
+	Builtin    []Rule   // aligned with Builtins
 	AssetPaths []string // canonical (canonicalPattern); nil when none
 	AssetsCase bool     // assets.caseSensitive
 	Routes     []Route
@@ -327,6 +327,21 @@ func Rules(s *Settings) []Rule {
 	}
 
 	return append(specs, s.Plans...)
+}
+
+// Alone is s without its routes and plans, and with its built-in layers
+// off: what the root's panicField adds one part of s to at a time.
+func Alone(s *Settings) *Settings {
+	t := *s
+	t.Routes = nil
+	t.Plans = nil
+	t.Builtin = make([]Rule, len(s.Builtin))
+
+	for i, rule := range s.Builtin {
+		t.Builtin[i] = Rule{Name: rule.Name}
+	}
+
+	return &t
 }
 
 // parseBuiltin reads the section of a built-in layer.

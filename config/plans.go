@@ -14,7 +14,7 @@ import (
 // and plans: gives each name the window that replaces user for it. A plan
 // is a layer like the others (its name is the layer name in headers, events,
 // the status page, metrics and Redis keys), keyed by the principal, and its
-// plan rule is the root's namedPlan (../build.go).
+// plan rule is NamedPlan (charges.go).
 
 // parsePlans reads plans:, in name order so that the layers, the status page
 // and the metrics list them alike on every reload. A plan's name follows the

@@ -88,7 +88,7 @@ func TestTokenBucketOnRedisServer(t *testing.T) {
 }
 
 // rateLimitDynamic puts Traefik's built-in rateLimit and tierlimit configured
-// from the README's migration table side by side, one pair of routers per
+// from the migration table (docs/migrating.md) side by side, one pair of routers per
 // source criterion: a request header, the request host, and the client IP
 // taken at depth 1 of X-Forwarded-For, the TCP peer (no sourceCriterion),
 // and a request header with both on Redis. 6 per hour with a burst of 3: a

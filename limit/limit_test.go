@@ -111,7 +111,7 @@ func TestPeriod(t *testing.T) {
 
 func TestSlidingCount(t *testing.T) {
 	for _, c := range []struct {
-		prev, count, cost, left, d, want int64
+		prev, count, cost, toEnd, d, want int64
 	}{
 		{0, 0, 1, 10, 10, 1},
 		{10, 0, 1, 10, 10, 11}, // a window that just started: all of the previous one weighs
@@ -121,8 +121,8 @@ func TestSlidingCount(t *testing.T) {
 		{10, 4, 0, 0, 10, 4},   // a window at its end: the previous one weighs nothing
 		{0, 0, 11, 10, 10, 11}, // a cost above the points is counted whole
 	} {
-		if got := SlidingCount(c.prev, c.count, c.cost, c.left, c.d); got != c.want {
-			t.Errorf("SlidingCount(%d, %d, %d, %d, %d) = %d, want %d", c.prev, c.count, c.cost, c.left, c.d, got, c.want)
+		if got := SlidingCount(c.prev, c.count, c.cost, c.toEnd, c.d); got != c.want {
+			t.Errorf("SlidingCount(%d, %d, %d, %d, %d) = %d, want %d", c.prev, c.count, c.cost, c.toEnd, c.d, got, c.want)
 		}
 	}
 }
@@ -131,17 +131,17 @@ func TestSlidingCount(t *testing.T) {
 // by hand at the moment it names and the one before.
 func TestSlidingWait(t *testing.T) {
 	for _, c := range []struct {
-		name                               string
-		prev, count, cost, points, left, d int64
-		want                               int64
+		name                                string
+		prev, count, cost, points, toEnd, d int64
+		want                                int64
 	}{
-		// In this window: at 6, left 4: 1 + 4 = 5 fits; at 5: 1 + 5 = 6.
+		// In this window: at 6, 4 to its end: 1 + 4 = 5 fits; at 5: 1 + 5 = 6.
 		{"in this window", 10, 0, 1, 5, 10, 10, 6},
-		// At 2, left 4: 2 + floor(28 / 10) = 4 fits; at 1: 2 + 3 = 5.
+		// At 2, 4 to its end: 2 + floor(28 / 10) = 4 fits; at 1: 2 + 3 = 5.
 		{"in this window, rounded", 7, 1, 1, 4, 6, 10, 2},
-		// Only once the window ends (left 3): 4 + 1 = 5, the points exactly.
+		// Only once the window ends (3 to its end): 4 + 1 = 5, the points exactly.
 		{"when this window ends", 10, 4, 1, 5, 3, 10, 3},
-		// Full window: in the next one, at 1 in (9 left): 1 + floor(5 x 9
+		// Full window: in the next one, at 1 in (9 to its end): 1 + floor(5 x 9
 		// / 10) = 5 fits; at its start: 1 + 5 = 6.
 		{"in the next window", 0, 5, 1, 5, 4, 10, 5},
 		// 2 + floor(4 x 9 / 10) = 5 at 1 into the next window.
@@ -150,12 +150,12 @@ func TestSlidingWait(t *testing.T) {
 		{"a cost above the points", 0, 3, 6, 5, 4, 10, 14},
 		{"a cost above the points, empty window", 0, 0, 6, 5, 4, 10, 14},
 	} {
-		if SlidingCount(c.prev, c.count, c.cost, c.left, c.d) <= c.points {
+		if SlidingCount(c.prev, c.count, c.cost, c.toEnd, c.d) <= c.points {
 			t.Fatalf("%s: not a refusal", c.name)
 		}
 
-		if got := SlidingWait(c.prev, c.count, c.cost, c.points, c.left, c.d); got != c.want {
-			t.Errorf("%s: SlidingWait(%d, %d, %d, %d, %d, %d) = %d, want %d", c.name, c.prev, c.count, c.cost, c.points, c.left, c.d, got, c.want)
+		if got := SlidingWait(c.prev, c.count, c.cost, c.points, c.toEnd, c.d); got != c.want {
+			t.Errorf("%s: SlidingWait(%d, %d, %d, %d, %d, %d) = %d, want %d", c.name, c.prev, c.count, c.cost, c.points, c.toEnd, c.d, got, c.want)
 		}
 	}
 }
@@ -259,19 +259,19 @@ func TestSlidingWaitIsTheFirstAllowedMoment(t *testing.T) {
 	for points := int64(1); points <= 6; points++ {
 		for prev := int64(0); prev <= 8; prev++ {
 			for count := int64(0); count <= points; count++ {
-				for left := int64(1); left <= d; left++ {
-					if SlidingCount(prev, count, 1, left, d) <= points {
+				for toEnd := int64(1); toEnd <= d; toEnd++ {
+					if SlidingCount(prev, count, 1, toEnd, d) <= points {
 						continue // not a refusal
 					}
 
 					want := int64(0)
 
-					for x := int64(1); x <= left+d; x++ {
+					for x := int64(1); x <= toEnd+d; x++ {
 						est := int64(0)
-						if x < left {
-							est = SlidingCount(prev, count, 1, left-x, d)
+						if x < toEnd {
+							est = SlidingCount(prev, count, 1, toEnd-x, d)
 						} else {
-							est = SlidingCount(count, 0, 1, d-(x-left), d)
+							est = SlidingCount(count, 0, 1, d-(x-toEnd), d)
 						}
 
 						if est <= points {
@@ -280,8 +280,8 @@ func TestSlidingWaitIsTheFirstAllowedMoment(t *testing.T) {
 						}
 					}
 
-					if got := SlidingWait(prev, count, 1, points, left, d); got != want {
-						t.Fatalf("points %d prev %d count %d left %d: wait %d, want %d", points, prev, count, left, got, want)
+					if got := SlidingWait(prev, count, 1, points, toEnd, d); got != want {
+						t.Fatalf("points %d prev %d count %d toEnd %d: wait %d, want %d", points, prev, count, toEnd, got, want)
 					}
 				}
 			}

@@ -1,6 +1,7 @@
 package memstore
 
 import (
+	"github.com/tierlimit/tierlimit/counter"
 	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/rule"
 )
@@ -10,12 +11,14 @@ import (
 // package's type or constant allocates once more per call for each such name
 // (../doc.go: qualified names).
 
+const keyOfConst = rule.KeyOfConst
+
 type charge = rule.Charge
 type layer = rule.Layer
 type layerStats = rule.Stats
 type tally = rule.Tally
-type window = rule.Window
-type windowList = rule.WindowList
+type window = counter.Window
+type windowList = counter.WindowList
 
 const algSliding = limit.Sliding
 const algTokenBucket = limit.TokenBucket

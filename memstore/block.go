@@ -181,11 +181,17 @@ type BlockedKey struct {
 	Refused int64 // the requests a blockDuration block refused (0: not counted)
 }
 
-// TakeWithBlocks is Take, or takeBlocking when blocks is set: what a store
+// TakeWithBlocks is Take (TakeEach for a tally with items, tally.Each), or
+// takeBlocking when blocks is set: what a store
 // whose layers may block (a blockDuration counted in memory) calls.
 func TakeWithBlocks(s *WindowStore, blocks bool, t *tally, c *charge) {
 	if blocks {
 		takeBlocking(s, t, c)
+		return
+	}
+
+	if t.Each != nil {
+		TakeEach(s, t, c)
 		return
 	}
 
@@ -203,7 +209,11 @@ func takeBlocking(s *WindowStore, t *tally, c *charge) {
 		return
 	}
 
-	Take(s, t, c)
+	if t.Each != nil {
+		TakeEach(s, t, c)
+	} else {
+		Take(s, t, c)
+	}
 
 	if !t.Refused || c.All || t.Shown < 0 || c.Layers[t.Shown].BlockDuration == 0 {
 		return

@@ -12,10 +12,6 @@ package memstore
 // first when the store is full. A request takes its tokens in drip
 // (take_gen.go, from ../paths.tmpl, where limit.Over is written out).
 
-// MaxHostKeyLen bounds the hosts kept as keys; a longer one is keyed by its
-// digest, as long principal ids are.
-const MaxHostKeyLen = 128
-
 // bucketAt is key's token bucket in l, made full when missing (or when a
 // reload left a window of another algorithm), and moved to the end of its
 // list as the last used. Called with s.mu held.

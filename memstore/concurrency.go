@@ -1,6 +1,6 @@
 package memstore
 
-import "github.com/tierlimit/tierlimit/rule"
+import "github.com/tierlimit/tierlimit/counter"
 
 // A concurrency layer counts requests in flight: a key's window holds its
 // slots (window.Slots), each one's lease end, the admission time plus the
@@ -110,7 +110,7 @@ func Mirror(s *WindowStore, l *layer, key string, now int64) {
 	w.Taken = s.Takes
 	w.Slots = append(dropEnded(w.Slots, now), now+l.Duration)
 	w.Count = int64(len(w.Slots))
-	rule.Requeue(l.List, w)
+	counter.Requeue(w.List, w)
 	w.Start = now
 	w.Reset = now + l.Duration
 	w.Expire = w.Reset

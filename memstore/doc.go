@@ -10,8 +10,10 @@
 // template, never take_gen.go.
 //
 // It takes a rule.Charge (the layers and each one's key) and writes a
-// rule.Tally, never an *http.Request, and imports only rule and limit. It
-// names rule's types through aliases (rule.go; ../doc.go: qualified names).
-// The Redis store (redisstore) uses it as its fallback, and the root for the
-// layers a Redis instance counts in memory (takeMixed, ../stores.go).
+// rule.Tally, never an *http.Request, and imports only rule, limit,
+// lifetime (its registry, live.go) and counter (the types of its counters: a
+// layer's table of them, which Attach makes and the layer points to). It
+// names rule's types through aliases (aliases.go; ../doc.go: qualified
+// names). The Redis store (redisstore) uses it as its fallback and for the
+// layers a Redis instance counts in memory (../redisstore/mixed.go).
 package memstore

@@ -59,9 +59,9 @@ func unspend(w *window, l *layer, cost int64) {
 // bucket only once the chain has told a real credential from a garbage one.
 // A window that has ended since is left alone: the charge went with it. A
 // concurrency layer gives back the slot of a request admitted at c.Now (a
-// Redis refusal after the memory layers of takeMixed, a costFrom route's
+// Redis refusal after the memory layers of redisstore.TakeMixed, a costFrom route's
 // refusal after the other layers, the mirror of Redis's slot); a deferred
-// refund leaves concurrency layers out (../after.go chargedOnly), the
+// refund leaves concurrency layers out (rule.ChargedOnly), the
 // request's release frees their slot.
 func Refund(s *WindowStore, c *charge, cost int64) {
 	s.Mu.Lock()
@@ -94,4 +94,31 @@ func ExceptUncharged(layers []*layer, uncharged uint64) []*layer {
 	}
 
 	return out
+}
+
+// UnspendFast gives back the cost a root's fast path (serveRoutedFast,
+// serveCountedFast, mixedPath) charged to the first n layers, and their
+// allowed counts, under the memory store's lock, for a request the general
+// path then decides anew. A check-only layer was evaluated, not charged; a window
+// that ended meanwhile is left alone: the points went with it.
+func UnspendFast(layers []*layer, n int, client string, cost, now int64) {
+	for _, l := range layers[:n] {
+		if l.CheckOnly {
+			continue // evaluated, not charged
+		}
+
+		key := client
+		if l.KeyKind == keyOfConst {
+			key = l.ConstKey
+		}
+
+		if w := l.Entries[key]; w != nil && w.List == l.List && w.Reset > now {
+			w.Count -= cost
+			if w.Count < 0 {
+				w.Count = 0
+			}
+		}
+
+		l.Stats.Allowed--
+	}
 }

@@ -193,3 +193,21 @@ func keepStore(t *testing.T, r *lifetime.HeldRegistry, kt *keepTimers, charge fu
 
 	return s, tm
 }
+
+func TestRegistrySharesStoresByName(t *testing.T) {
+	a := StoreOf(context.Background(), "shared-test@file", 10)
+	b := StoreOf(context.Background(), "shared-test@file", 20)
+	c := StoreOf(context.Background(), "other-test@file", 10)
+
+	if a != b {
+		t.Fatal("same middleware name got two stores")
+	}
+
+	if a == c {
+		t.Fatal("different middleware names share a store")
+	}
+
+	if a.Max != 20 {
+		t.Fatalf("reload did not apply maxTracked: %d", a.Max)
+	}
+}

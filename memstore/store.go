@@ -1,6 +1,7 @@
 package memstore
 
 import (
+	"github.com/tierlimit/tierlimit/counter"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -70,8 +71,9 @@ func (s *WindowStore) SetMax(capacity int) {
 	s.Mu.Unlock()
 }
 
-// Attach gives a layer its map and its duration's list in this store. Layers
-// resolve both once, in New, so the request path does no lookup.
+// Attach makes a layer's table of counters in this store (counter.Table):
+// the map of its name and its duration's list, which the layer points to
+// so that the request path does no lookup, and its stats.
 func (s *WindowStore) Attach(l *layer) {
 	s.Mu.Lock()
 	defer s.Mu.Unlock()
@@ -80,20 +82,21 @@ func (s *WindowStore) Attach(l *layer) {
 		s.Maps[l.Name] = map[string]*window{}
 	}
 
-	l.Entries = s.Maps[l.Name]
-
 	if s.Blocks[l.Name] == nil {
 		s.Blocks[l.Name] = map[string]int64{}
 	}
-
-	l.Blocks = s.Blocks[l.Name]
 
 	if s.stats[l.Name] == nil {
 		s.stats[l.Name] = &layerStats{}
 	}
 
 	l.Stats = s.stats[l.Name]
+	l.Table = &counter.Table{Entries: s.Maps[l.Name], Blocks: s.Blocks[l.Name], List: s.list(l)}
+}
 
+// list is the list of l's duration, algorithm and calendar, made on first
+// use; under s.Mu.
+func (s *WindowStore) list(l *layer) *windowList {
 	span := l.Duration
 	if l.Algorithm == algSliding {
 		span = 2 * l.Duration
@@ -105,13 +108,14 @@ func (s *WindowStore) Attach(l *layer) {
 
 	for _, wl := range s.lists {
 		if wl.Duration == l.Duration && wl.Span == span && wl.Calendar == l.Calendar && wl.UtcOffset == l.UtcOffset {
-			l.List = wl
-			return
+			return wl
 		}
 	}
 
-	l.List = &windowList{Duration: l.Duration, Span: span, Calendar: l.Calendar, UtcOffset: l.UtcOffset}
-	s.lists = append(s.lists, l.List)
+	wl := &windowList{Duration: l.Duration, Span: span, Calendar: l.Calendar, UtcOffset: l.UtcOffset}
+	s.lists = append(s.lists, wl)
+
+	return wl
 }
 
 // refuseFixed records that the fixed window w of layers[i] cannot take cost

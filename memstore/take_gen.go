@@ -5,6 +5,7 @@ package memstore
 import (
 	"strconv"
 
+	"github.com/tierlimit/tierlimit/counter"
 	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/rule"
 )
@@ -59,6 +60,65 @@ func Take(s *WindowStore, t *tally, c *charge) {
 					t.ResetH = w.ResetH
 					t.Left = left
 				}
+			} else {
+				refused = refuseFixed(t, i, l, w, cost, c.All)
+			}
+		}
+
+		if refused && !c.All {
+			GiveBack(c, i, cost, t.Uncharged)
+			break
+		}
+	}
+
+	s.Mu.Unlock()
+}
+
+// TakeEach is Take for a tally that records its items (tally.Each: a
+// request whose RateLimit lists every layer, ../items.go), its fixed
+// windows' too; Take's frame holds none of it (../doc.go: frames).
+func TakeEach(s *WindowStore, t *tally, c *charge) {
+	t.Shown = -1
+	cost := t.Cost
+	if cost < 1 {
+		cost = 1
+	}
+	now := c.Now
+
+	s.Mu.Lock()
+	s.Takes++
+
+	for i, l := range c.Layers {
+		key := c.Keys[i]
+		refused := false
+		switch {
+		case l.CheckOnly:
+			refused = checkLayer(t, i, now, l, key, cost)
+		case l.Algorithm == algSliding:
+			refused = slide(s, t, i, now, l, key, cost)
+		case l.Algorithm == algTokenBucket:
+			refused = drip(s, t, i, now, l, key, cost)
+		case l.Algorithm == algConcurrency:
+			refused = hold(s, t, i, now, l, key)
+		default:
+			w := l.Entries[key]
+			if w != nil && w.Reset > now && w.List == l.List {
+				w.Taken = s.Takes
+			} else {
+				w = s.Restart(now, l, w, key)
+			}
+			if w.Count+cost <= l.Points {
+				w.Count += cost
+				l.Stats.Allowed++
+				if left := l.Points - w.Count; !t.Refused && !l.Quiet && (t.Shown < 0 || left < t.Left) {
+					t.Shown = i
+					t.Count = w.Count
+					t.Reset = w.Reset
+					t.ResetH = w.ResetH
+					t.Left = left
+				}
+				t.Each[2*i] = l.Points - w.Count + 1
+				t.Each[2*i+1] = w.Reset
 			} else {
 				refused = refuseFixed(t, i, l, w, cost, c.All)
 			}
@@ -131,11 +191,11 @@ func checkSliding(t *tally, i int, now int64, l *layer, w *window, cost int64) b
 		rotate(w, l, now)
 	}
 
-	left := w.Reset - now
-	est := limit.SlidingCount(w.PrevCount, w.Count, cost, left, l.Duration)
+	toEnd := w.Reset - now
+	est := limit.SlidingCount(w.PrevCount, w.Count, cost, toEnd, l.Duration)
 
 	if est > l.Points {
-		retry := now + limit.SlidingWait(w.PrevCount, w.Count, cost, l.Points, left, l.Duration)
+		retry := now + limit.SlidingWait(w.PrevCount, w.Count, cost, l.Points, toEnd, l.Duration)
 		return checkRefused(t, i, l, w, est, retry, []string{strconv.FormatInt(limit.CeilSeconds(retry), 10)})
 	}
 
@@ -168,8 +228,8 @@ func checkBucket(t *tally, i int, now int64, l *layer, w *window, cost int64) bo
 // nothing, in dry run too: a sliding window counts only what it allows.
 func slide(s *WindowStore, t *tally, i int, now int64, l *layer, key string, cost int64) bool {
 	w := slidingAt(s, l, key, now)
-	left := w.Reset - now
-	est := limit.SlidingCount(w.PrevCount, w.Count, cost, left, l.Duration)
+	toEnd := w.Reset - now
+	est := limit.SlidingCount(w.PrevCount, w.Count, cost, toEnd, l.Duration)
 
 	if est > l.Points {
 		l.Stats.Refused++
@@ -177,7 +237,7 @@ func slide(s *WindowStore, t *tally, i int, now int64, l *layer, key string, cos
 
 		first := !w.Logged
 		w.Logged = true
-		retry := now + limit.SlidingWait(w.PrevCount, w.Count, cost, l.Points, left, l.Duration)
+		retry := now + limit.SlidingWait(w.PrevCount, w.Count, cost, l.Points, toEnd, l.Duration)
 		return rule.RefuseAs(t, i, l, est, retry, []string{strconv.FormatInt(limit.CeilSeconds(retry), 10)}, first)
 	}
 
@@ -259,7 +319,7 @@ func hold(s *WindowStore, t *tally, i int, now int64, l *layer, key string) bool
 
 	// The window lives as long as its last lease: at its list's tail, which
 	// stays ordered by expiry (every lease of the list is as long).
-	rule.Requeue(l.List, w)
+	counter.Requeue(w.List, w)
 	w.Start = now
 	w.Reset = end
 	w.Expire = end

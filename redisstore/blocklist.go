@@ -1,10 +1,12 @@
 package redisstore
 
 import (
+	"context"
 	"strings"
 	"sync"
 	"sync/atomic"
 
+	"github.com/tierlimit/tierlimit/lifetime"
 	"github.com/tierlimit/tierlimit/memstore"
 )
 
@@ -185,4 +187,19 @@ func BlockListLive(v interface{}, now int64) int64 {
 	defer b.Mu.Unlock()
 
 	return memstore.LatestAfter(b.noted, memstore.LatestAfter(b.Until, 0))
+}
+
+// BlockLists holds one BlockList per middleware name on the Redis store,
+// as memstore.Stores holds its memory store, while some instance uses it or
+// it holds entries that still matter (BlockListLive).
+var BlockLists = lifetime.NewKeepingRegistry(BlockListLive)
+
+// BlockListOf returns the block list of the middleware called name, held
+// until ctx is cancelled.
+func BlockListOf(ctx context.Context, name string, capacity int) *BlockList {
+	v := BlockLists.Take(ctx, name, func() interface{} { return NewBlockList(capacity) })
+
+	b, _ := v.(*BlockList)
+
+	return b
 }

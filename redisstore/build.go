@@ -9,12 +9,13 @@ import (
 	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/memstore"
+	"github.com/tierlimit/tierlimit/rediscall"
 	"github.com/tierlimit/tierlimit/redisresp"
 	"github.com/tierlimit/tierlimit/rule"
 )
 
 // What New and Encode make once per instance: the store, and each layer's
-// part of the script call (rule.RedisEncoding), which the request path
+// part of the script call (rediscall.Encoding), which the request path
 // then only concatenates.
 
 // New makes the Redis store of an instance, with memory as its fallback
@@ -41,13 +42,14 @@ func New(ctx context.Context, cfg *config.Settings, name string, memory *memstor
 		l.BlockPrefix = blockPrefix(l)
 	}
 
-	if cfg.SyncInterval > 0 {
-		rs.Synced = syncStateFor(ctx, name, rs.Backend, cfg.SyncInterval, cfg.MaxTracked, func() { ListenResets(rs) })
-	}
-
 	// A plan has at most every layer: global, one tier or plan and the routes.
 	for n := 0; n <= len(layers); n++ {
 		rs.Calls = append(rs.Calls, takeCall(n))
+	}
+
+	if cfg.SyncInterval > 0 {
+		rs.Exact = exactBeside(rs, layers)
+		rs.Synced = syncStateFor(ctx, name, rs.Backend, cfg.SyncInterval, cfg.MaxTracked, func() { ListenResets(rs) })
 	}
 
 	return rs
@@ -62,7 +64,7 @@ func Encode(l *rule.Layer, spec config.Rule) {
 
 	ms := int64(spec.Duration / time.Millisecond)
 	head := redisresp.Bulk(strconv.FormatInt(spec.Points, 10)) + redisresp.Bulk(strconv.FormatInt(ms, 10))
-	e := rule.RedisEncoding{RedisArgs: head + algoFixed + argNoRate, MaxTTL: ms}
+	e := rediscall.Encoding{RedisArgs: head + algoFixed + argNoRate, MaxTTL: ms}
 
 	switch {
 	case spec.Algorithm == limit.Sliding:
@@ -91,14 +93,14 @@ func Encode(l *rule.Layer, spec config.Rule) {
 		e.RedisTail = RedisTail(e.RedisArgs)
 	}
 
-	l.RedisEncoding = e
+	l.Encoding = &e
 }
 
 // concurrencyEncoding is a concurrency layer's script arguments of head
 // (points and lease): the algorithm, and a per-request member that the
 // store adds to each call (LeaseArgs). A refusal's reset is a second away.
-func concurrencyEncoding(head string, ms int64) rule.RedisEncoding {
-	e := rule.RedisEncoding{RedisArgs: head + algoConcurrency, MaxTTL: ms}
+func concurrencyEncoding(head string, ms int64) rediscall.Encoding {
+	e := rediscall.Encoding{RedisArgs: head + algoConcurrency, MaxTTL: ms}
 	if e.MaxTTL < memstore.RetryConcurrency/NsPerMillisecond {
 		e.MaxTTL = memstore.RetryConcurrency / NsPerMillisecond
 	}

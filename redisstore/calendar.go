@@ -27,7 +27,7 @@ func calendarSuffix(l *layer, now int64) string {
 }
 
 // calendarCall adds a calendar layer's key and arguments to a script call
-// (encodeCall): the key names the period, and the window is the
+// (EncodeCall): the key names the period, and the window is the
 // milliseconds left to its end (at least 1) on the caller's clock, which the
 // script takes for the reset and the key's life, never for whether the key
 // is live (another replica's clock, and Redis's, differ).

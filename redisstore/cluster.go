@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/redisresp"
 	"github.com/tierlimit/tierlimit/rule"
 )
@@ -13,7 +14,7 @@ import (
 // client (ip, assets, routes keyed by ip) share a slot, as do those of one
 // principal, and one script call charges them. A principal-keyed route's
 // fallback to the client IP (ip:<addr>) is tagged by the address, with the
-// client's other layers. bucket is the key as keyFor made it.
+// client's other layers. bucket is the key as rule.KeyFor made it.
 func ClusterKey(l *layer, bucket string) string {
 	if l.KeyKind == keyOfPrincipalElseClient && strings.HasPrefix(bucket, "ip:") {
 		return l.RedisKey + "ip:{" + bucket[len("ip:"):] + "}"
@@ -94,6 +95,64 @@ func (s *RedisStore) refundOtherSlots(cl *redisresp.Cluster, c *charge, groups [
 	if refused && len(charged) > 0 {
 		_ = s.refundCluster(cl, rule.ChargeAt(c, charged), cost)
 	}
+}
+
+// SettlePair reads the replies of the two calls of the root's clusterPath
+// (../paths.go) when they did not both allow the request: c's layer 0
+// (global) and layer 1 (the client's) each had a call of its own on its
+// slot's node, sent together (redisresp.PairInts), with the one-integer
+// reply of ArgOneInteger and a cost of one: an integer (va, vb: allowed),
+// an array (ia, ib: count and milliseconds to reset), or neither (the call
+// did not run, or was not sent). As runCluster does, it keeps the rule that
+// a refused request changes no count: a call that charged its layer while
+// the other refused, or did not run, is given its point back
+// (refundCluster, whose failure leaves that point charged, as there). It
+// returns what one call on one server would have answered (count and
+// milliseconds to reset per layer, up to the refusal), or again when a call
+// did not run: the request is then to be decided anew by the store's Take,
+// which follows redirections and loads scripts.
+func SettlePair(s *RedisStore, c *charge, va int64, ia []int64, vb int64, ib []int64) ([]int64, bool) {
+	var replies [2][]int64
+
+	var charged [2]bool
+
+	again := false
+
+	for i, v := range []int64{va, vb} {
+		l, ints := c.Layers[i], ia
+		if i == 1 {
+			ints = ib
+		}
+
+		switch {
+		case v >= 0:
+			// (left x (window + 1) + reset) x 16 + 0 (TakeScript).
+			replies[i] = []int64{l.Points - v/16/(l.MaxTTL+1), v / 16 % (l.MaxTTL + 1)}
+			charged[i] = true
+		case ints == nil:
+			again = true
+		default:
+			replies[i] = ints
+			charged[i] = len(ints) == 2 && !limit.Over(ints[0], l.Points)
+		}
+	}
+
+	for i := range charged {
+		if charged[i] && (!charged[0] || !charged[1]) {
+			_ = s.refundCluster(s.Backend.cluster, rule.ChargeAt(c, []int{i}), 1)
+		}
+	}
+
+	if again {
+		return nil, true
+	}
+
+	ints := append([]int64(nil), replies[0]...)
+	if charged[0] {
+		ints = append(ints, replies[1]...)
+	}
+
+	return ints, false
 }
 
 // refundCluster is refund's call on a Redis Cluster: one refundScript call

@@ -28,12 +28,14 @@ var (
 )
 
 // leaseOf is the member that names c's slots, made the first time one of
-// its concurrency layers is encoded, and given to the charge c is a part of.
+// its concurrency layers is encoded, and given to the charges c is a part
+// of (a part of a part: the slots of a synced store's request that a
+// costFrom route also charges, slots.go), up to the request's own.
 func leaseOf(c *charge) string {
 	if c.Lease == "" {
 		c.Lease = replica + ":" + strconv.FormatInt(atomic.AddInt64(&leases, 1), 10)
-		if c.Parent != nil && c.Parent.Lease == "" {
-			c.Parent.Lease = c.Lease
+		for up := c.Parent; up != nil && up.Lease == ""; up = up.Parent {
+			up.Lease = c.Lease
 		}
 	}
 

@@ -27,7 +27,7 @@ import (
 // early, never late.
 
 // OwedKey is one layer's key whose outage charges Redis is owed: the layer
-// and its key, as keyFor made it (what Redis and memory count by).
+// and its key, as rule.KeyFor made it (what Redis and memory count by).
 type OwedKey struct {
 	L   *layer
 	Key string

@@ -48,6 +48,10 @@ func Record(s *RedisStore, t *tally, c *charge, ints []int64) error {
 		if !t.Refused && !l.Quiet && (t.Shown < 0 || l.Points-count < t.Left) { // the allow snippet, without resetH
 			t.Shown, t.Count, t.Reset, t.Left = i, count, reset, l.Points-count
 		}
+		if t.Each != nil {
+			t.Each[2*i] = l.Points - count + 1
+			t.Each[2*i+1] = reset
+		}
 	}
 
 	// The script stops only at a refusal; a shorter reply that does not end in

@@ -31,7 +31,7 @@ func (b *BlockList) Forget(id string, now int64) bool {
 // under the same hash tag: resetScript deletes every key of one call, which
 // a cluster runs in one slot.
 func resetKeys(s *RedisStore, l *layer, key string, now int64) []string {
-	if s.Synced != nil {
+	if s.Synced != nil && !isSlots(l) {
 		start, _ := SyncWindow(l, now)
 		return []string{SyncKey(l, key, s.Backend.cluster != nil, start)}
 	}
@@ -52,7 +52,7 @@ func resetKeys(s *RedisStore, l *layer, key string, now int64) []string {
 	return []string{k}
 }
 
-// ResetClusterKey is clusterKey for a bucket key as keyFor made it: a
+// ResetClusterKey is clusterKey for a bucket key as rule.KeyFor made it: a
 // principal-keyed route's key of a request without a principal (ip:<addr>)
 // is tagged by the address, every other by the whole key.
 func ResetClusterKey(l *layer, key string) string {

@@ -31,6 +31,10 @@ type RedisStore struct {
 	Clock   func() time.Time // the instance's (Plugin.now), for what no request times: a reset from another replica
 	Calls   []redisresp.Call // the script's call head by number of layers
 	Synced  *SyncState       // redis.syncInterval's counters (syncstore.go); nil: exact mode
+	// Exact: with Synced, the store that counts the concurrency layers in
+	// Redis exactly, beside the synced layers (slots.go): this store with
+	// no Synced; nil when no concurrency layer is counted in Redis.
+	Exact *RedisStore
 }
 
 // CallFor returns the script's call head for n layers.
@@ -48,7 +52,7 @@ func CallFor(s *RedisStore, n int) redisresp.Call {
 // takes no lock and makes as few calls as it can (../doc.go: frames).
 func Take(s *RedisStore, t *tally, c *charge) {
 	if s.Synced != nil {
-		SyncTake(s.Synced, t, c)
+		takeSynced(s, t, c)
 		return
 	}
 
@@ -80,7 +84,7 @@ func Take(s *RedisStore, t *tally, c *charge) {
 			s.Backend.Failed(c.Now, false, err)
 		}
 
-		*t = tally{Cost: t.Cost}
+		*t = tally{Cost: t.Cost, Each: t.Each}
 		s.TakeLocal(t, c)
 	}
 }
@@ -234,6 +238,11 @@ func giveBackInRedis(s *RedisStore, c *charge, cost int64, slots bool) {
 // is in back-off: memory held the charge, which Redis is owed no more.
 func giveBackAway(s *RedisStore, c *charge, cost int64, slots bool) {
 	if s.Synced != nil {
+		if s.Exact != nil && anyRedisSlot(c) {
+			giveBackSlots(s, c, cost, slots)
+			return
+		}
+
 		if !slots {
 			syncRefund(s.Synced, c, cost)
 		}

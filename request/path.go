@@ -135,3 +135,31 @@ func lenientUnescape(p string) string {
 func CanonicalPattern(p string, caseSensitive bool) string {
 	return CanonicalPath(p, !caseSensitive)
 }
+
+// WithTrailingSlash is the set of paths, each with and without a trailing
+// slash: a route's exact paths, which match with or without one; nil for
+// none.
+func WithTrailingSlash(paths map[string]bool) map[string]bool {
+	if len(paths) == 0 {
+		return nil
+	}
+
+	out := make(map[string]bool, 2*len(paths))
+	for path := range paths {
+		out[path] = true
+		out[path+"/"] = true
+	}
+
+	return out
+}
+
+// HasAnyPrefix reports whether path starts with one of prefixes.
+func HasAnyPrefix(path string, prefixes []string) bool {
+	for _, prefix := range prefixes {
+		if strings.HasPrefix(path, prefix) {
+			return true
+		}
+	}
+
+	return false
+}

@@ -13,6 +13,10 @@ func Allow(t *Tally, i int, l *Layer, count, reset int64, resetH []string) {
 		t.ResetH = resetH
 		t.Left = left
 	}
+	if t.Each != nil {
+		t.Each[2*i] = l.Points - count + 1
+		t.Each[2*i+1] = reset
+	}
 }
 
 // MergeTally adds part, the tally of some of a request's layers (index[j]
@@ -27,6 +31,11 @@ func MergeTally(t, part *Tally, index []int) {
 
 		if part.Uncharged&(uint64(1)<<uint(j)) != 0 {
 			t.Uncharged |= uint64(1) << uint(i)
+		}
+
+		if 2*j < len(part.Each) && 2*i < len(t.Each) {
+			t.Each[2*i] = part.Each[2*j]
+			t.Each[2*i+1] = part.Each[2*j+1]
 		}
 	}
 

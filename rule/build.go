@@ -109,6 +109,8 @@ func newHeaderTable(spec config.Rule, interval int64) HeaderTable {
 	}
 
 	t.TableLen = int64(len(t.RemainingHdr))
+	t.PolicyItem = ", " + t.PolicyHdr[0]
+	t.RateItem = `, "` + spec.Name + `";r=`
 
 	return t
 }

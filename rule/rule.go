@@ -5,7 +5,9 @@ import (
 	"sync/atomic"
 
 	"github.com/tierlimit/tierlimit/answer"
+	"github.com/tierlimit/tierlimit/counter"
 	"github.com/tierlimit/tierlimit/limit"
+	"github.com/tierlimit/tierlimit/rediscall"
 )
 
 // How a layer finds its key in a request.
@@ -15,7 +17,7 @@ const (
 	KeyOfConst                      // Limits.ConstKey (global, routes keyed by global)
 	KeyOfPrincipalElseClient        // routes keyed by principal
 	KeyOfHeader                     // "header:<Name>": the value hashed, else the client IP
-	KeyOfHost                       // "host": the request's host (hostKey), else the client IP
+	KeyOfHost                       // "host": the request's host (request.HostKey), else the client IP
 	KeyOfParts                      // a route's key of json: or several sources (Limits.KeyParts)
 )
 
@@ -33,13 +35,19 @@ type KeyPart struct {
 // Layer is a layer as the request path uses it, in parts by concern. The
 // parts are embedded so that the request path reads l.Points, l.Entries,
 // l.LimitHdr alike. NewLayer (build.go) builds Limits and HeaderTable,
-// memstore's Attach memCounters, redisstore's Encode and New RedisEncoding,
-// the root's newRefusal Refusal.
+// NewRefusal Refusal: the layer's rule and its answer. What a store
+// keeps of the layer is the store's: its counters in the memory store
+// (counter.Table, made by memstore's Attach) and its part of the Redis
+// script call (rediscall.Encoding, made by redisstore's Encode). The layer
+// points to them, embedded, so that the request path reaches them without
+// a lookup, at no cost under Yaegi (a table indexed by the layer's position
+// cost 6 allocations per request). A promoted field passed straight to a
+// call costs a few allocations: pass what equals it (w.List, not l.List).
 type Layer struct {
 	Limits
 	Stats *Stats // decisions since the process started, shared across reloads
-	memCounters
-	RedisEncoding
+	*counter.Table
+	*rediscall.Encoding
 	HeaderTable
 	Refusal
 }
@@ -91,32 +99,14 @@ type Limits struct {
 	// at UtcOffset, nanoseconds east of UTC (limit.Period; 0: none).
 	Calendar  int
 	UtcOffset int64
-	Month     *MonthPolicy // a month layer's RateLimit-Policy (the root's stores.month)
+	Month     *MonthPolicy // a month layer's RateLimit-Policy (month.go)
 	// Memory marks the layer of a Redis instance that is counted in memory
-	// (the root's takeMixed).
+	// (../redisstore/mixed.go).
 	Memory bool
 	// Settles marks a costFrom route's layer, whose counts fall when a
 	// response reports less than its reservation (../meter.go): the Redis
 	// block list, which holds a key until its reset, never holds its keys.
 	Settles bool
-}
-
-// memCounters are the layer's counters in the memory store, resolved once
-// (WindowStore.Attach, ../memstore/store.go) so that the request path does no lookup.
-type memCounters struct {
-	Entries map[string]*Window
-	List    *WindowList      // the memory store's list for this duration
-	Blocks  map[string]int64 // blocked keys' block ends (../memstore/block.go)
-}
-
-// RedisEncoding is the layer's part of the Redis script call, RESP-encoded once.
-type RedisEncoding struct {
-	RedisArgs     string // points, window (ms) and algorithm
-	RedisKey      string // the key up to the bucket key
-	RedisConstKey string // a constant key whole
-	MaxTTL        int64  // the longest reset the script may report, in ms: the window, twice for sliding
-	BlockPrefix   string // the start of the layer's block list entries (blockList)
-	RedisTail     string // a calendar layer's arguments after points and window (calendarCall)
 }
 
 // HeaderTable holds the rate-limit header values that depend only on the
@@ -131,6 +121,12 @@ type HeaderTable struct {
 	TableLen     int64    // len(remainingHdr)
 	// RemainingHdr and RatePrefix are indexed by requests left, for the
 	// first MaxPrecomputed values; larger ones are formatted per request.
+
+	// PolicyItem and RateItem are the layer's item after another's in
+	// RateLimit-Policy and RateLimit (up to its requests left): `, ` and
+	// its policy, `, "name";r=` (../items.go).
+	PolicyItem string
+	RateItem   string
 }
 
 // Refusal is how the layer answers a request it refuses: the answer's
@@ -145,7 +141,7 @@ type Refusal struct {
 
 // refusalCache holds a default refusal of the layer, for the reset second
 // ResetH and Secs seconds to the reset: the body and the header values, in
-// the order of refusalHeaders (../paths.go). Many refusals share them: every
+// the order of RefusalHeaders (refusal.go). Many refusals share them: every
 // refusal of a flood within one second, of windows that reset in one second.
 type refusalCache struct {
 	ResetH   string
@@ -165,7 +161,7 @@ const MaxPrecomputed = 4096
 // debts count by these keys.
 type Charge struct {
 	Layers    []*Layer
-	Keys      []string // Keys[i] is Layers[i]'s key (the root's keyFor)
+	Keys      []string // Keys[i] is Layers[i]'s key (KeyFor)
 	Client    string   // the client's key, which events name
 	Principal string   // the request's principal ("": none), for the charges after the response (../after.go)
 	Now       int64
@@ -246,42 +242,6 @@ func CountRedis(st *Stats, refused bool) {
 	atomic.AddInt64(&st.RedisAllowed, 1)
 }
 
-// Window is one counter. Times are Unix nanoseconds.
-type Window struct {
-	Layer  string
-	Key    string
-	Count  int64 // points spent in the window: never above the layer's points but in dry run
-	Start  int64
-	Reset  int64
-	Expire int64 // when the counter may be dropped: reset, or reset + duration for a sliding window
-	// PrevCount is a sliding window's count of the window before; ResetSec
-	// is the second ResetH shows.
-	PrevCount int64
-	ResetSec  int64
-	Refused   int64    // requests this window refused (status page)
-	Logged    bool     // a refusal of this window was reported (see Tally.Firsts)
-	Taken     int64    // WindowStore.Takes of the last request that charged it: never evicted by that request
-	Slots     []int64  // a concurrency layer's slots held: each one's lease end (../memstore/concurrency.go)
-	ResetH    []string // X-RateLimit-Reset value, formatted once per window
-	List      *WindowList
-	prev      *Window
-	Next      *Window
-}
-
-// WindowList links the counters of one duration and algorithm, oldest start
-// first. A sliding window's counter outlives its window by one duration (its
-// count weighs on the next window), so it keeps a list of its own.
-type WindowList struct {
-	Duration int64
-	Span     int64 // how long a counter lives from its start: duration, or 2x when sliding; 0 for token buckets
-	// Calendar and UtcOffset are those of the list's layers: a calendar
-	// window lives to its period's end (alignCalendar).
-	Calendar  int
-	UtcOffset int64
-	Head      *Window
-	tail      *Window
-}
-
 // Tally is what a store reports of one request's layers. Cost is the
 // caller's: the points the request spends in every layer (0 counts as 1).
 type Tally struct {
@@ -299,6 +259,18 @@ type Tally struct {
 	// refused and took nothing (a sliding window, a token bucket): a later
 	// refusal has nothing to give back to it (memstore.GiveBack).
 	Uncharged uint64
+	// Each, when the caller sets it (NewItems: the general path of an
+	// instance with headers, for a request of several layers), receives
+	// every layer that allows the request and may show (not quiet): at 2i
+	// layers[i]'s requests (points) left plus one, 0 for a layer that
+	// reported none, at 2i+1 its reset (Unix nanoseconds). They are the
+	// items of the RateLimit and RateLimit-Policy fields (../items.go).
+	Each []int64
+}
+
+// NewItems is a Tally.Each for n layers.
+func NewItems(n int) []int64 {
+	return make([]int64, 2*n)
 }
 
 // Refuse records that layers[i] refused with this count and reset; first
@@ -338,40 +310,6 @@ func RefuseAs(t *Tally, i int, l *Layer, count, reset int64, resetH []string, fi
 	return false
 }
 
-// Push appends w at the list's tail.
-func (l *WindowList) Push(w *Window) {
-	w.List = l
-	w.prev = l.tail
-	w.Next = nil
-
-	if l.tail != nil {
-		l.tail.Next = w
-	} else {
-		l.Head = w
-	}
-
-	l.tail = w
-}
-
-// Unlink removes w from l, its list.
-func (l *WindowList) Unlink(w *Window) {
-	if w.prev != nil {
-		w.prev.Next = w.Next
-	} else {
-		l.Head = w.Next
-	}
-
-	if w.Next != nil {
-		w.Next.prev = w.prev
-	} else {
-		l.tail = w.prev
-	}
-
-	w.prev = nil
-	w.Next = nil
-	w.List = nil
-}
-
 // MonthPolicy is a month layer's RateLimit-Policy value for the period
 // [start, end), Unix nanoseconds.
 type MonthPolicy struct {
@@ -389,25 +327,4 @@ func CostOf(t *Tally) int64 {
 	}
 
 	return t.Cost
-}
-
-// Requeue moves w, in list l, to l's tail: a function rather than Unlink
-// and Push, two method calls on the request path (../doc.go: functions,
-// not methods).
-func Requeue(l *WindowList, w *Window) {
-	if l.tail == w {
-		return
-	}
-
-	if w.prev != nil {
-		w.prev.Next = w.Next
-	} else {
-		l.Head = w.Next
-	}
-
-	w.Next.prev = w.prev
-	w.prev = l.tail
-	w.Next = nil
-	l.tail.Next = w
-	l.tail = w
 }

@@ -167,7 +167,9 @@ func inFlightMetrics(b *strings.Builder, pg *Page, labels []string, now int64) {
 // registryMetrics writes the sizes of the process-wide registries, so
 // without a middleware label: they follow the current configuration, not
 // the history of reloads (../lifetime/lifetime.go). The Redis backends'
-// registry is redisstore's; the others are the root's (Page.Registries).
+// registry is redisstore's; the others are those the root hands over
+// (Page.Registries: memstore's stores, redisstore's block lists, the root's
+// connection counters).
 func registryMetrics(b *strings.Builder, registries []Registry) {
 	family(b, "tierlimit_registry_entries", "gauge",
 		"Entries in the plugin's process-wide registries: what the current configuration uses, plus what it stopped using in the last 10 seconds or that still holds counts (windows, blocks, open connections).")

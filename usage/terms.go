@@ -135,8 +135,18 @@ func termValue(r *Reader, i int, src Source) (int64, bool) {
 }
 
 // HeaderCost is the cost header name (canonical) states in h, else its
-// trailer: several copies are a list (ParseHeaderValues).
+// trailer: several copies are a list (ParseHeaderValues). The common case,
+// one copy, in a small frame, the others in headerCostElse's (../doc.go:
+// frames).
 func HeaderCost(h http.Header, name string) (int64, bool) {
+	if v := h[name]; len(v) == 1 {
+		return ParseHeaderValue(v[0])
+	}
+
+	return headerCostElse(h, name)
+}
+
+func headerCostElse(h http.Header, name string) (int64, bool) {
 	v := h[name]
 	if len(v) == 0 {
 		v = h[http.TrailerPrefix+name]

@@ -149,3 +149,16 @@ func TestLicense(t *testing.T) {
 		t.Fatal("README does not name the licence")
 	}
 }
+
+// TestReadmeFitsInThreeHundredLines: README is the first screen and the
+// reference; detail goes to docs/.
+func TestReadmeFitsInThreeHundredLines(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join(harness.RepoRoot(), "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	if n := strings.Count(string(raw), "\n"); n > 300 {
+		t.Errorf("README.md has %d lines; at most 300: move detail to docs/", n)
+	}
+}

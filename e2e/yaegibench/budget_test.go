@@ -20,31 +20,35 @@ import (
 // commit. Windows last an hour and every key is warmed first, so the
 // measured requests start no window.
 var budgets = map[string]float64{
-	"edge allowed":             214,
-	"edge with a status page":  230,
-	"edge forwarded":           251,
-	"edge forwarded refused":   275,
-	"edge refused":             238,
-	"edge busy peers":          214,
-	"edge busy peers refused":  238,
-	"principal":                246,
-	"principal with plans":     259,
-	"chain edge anonymous":     281,
-	"chain edge credentialed":  278,
-	"costed route":             352,
-	"countStatus route":        427,
-	"costFrom header route":    1175,
-	"costFrom json route":      1590,
-	"costFrom gzip json route": 2000, // the body decoded by a goroutine of its own (usage/inflate.go)
-	"costFrom llm sum route":   2030, // each level of the usage decoded into its raw members (usage/llm.go)
-	"json-keyed route":         972,  // the body read and decoded into its raw members (request/body.go), the API key hashed
-	"redis, global in memory":  541,
-	"redis allowed":            454,
-	"redis refused":            240,
-	"redis synced allowed":     214,
-	"redis synced refused":     250,
-	"concurrency allowed":      616,  // the general path, a slot taken and given back (memstore/concurrency.go)
-	"concurrency on redis":     2190, // the script call and the release, a second call
+	"edge allowed":                214,
+	"edge with a status page":     230,
+	"edge forwarded":              251,
+	"edge forwarded refused":      275,
+	"edge refused":                238,
+	"edge busy peers":             214,
+	"edge busy peers refused":     238,
+	"principal":                   246,
+	"principal with plans":        259,
+	"chain edge anonymous":        281,
+	"chain edge credentialed":     278,
+	"costed route":                345,
+	"countStatus route":           410,
+	"costFrom header route":       1324, // 1161 with one RateLimit item; three (global, ip, the route) since (items.go: recorded in the take, formatted in setItems's frame)
+	"costFrom json route":         1736,
+	"costFrom gzip json route":    2139, // the body decoded by a goroutine of its own (usage/inflate.go)
+	"costFrom llm sum route":      2166, // each level of the usage decoded into its raw members (usage/llm.go)
+	"json-keyed route":            985,  // the body read and decoded into its raw members (request/body.go), the API key hashed; 972 before the general path tested for RateLimit items (serveGeneral, verdict, take: items.go)
+	"redis, global in memory":     540,
+	"redis allowed":               454,
+	"redis refused":               240,
+	"redis synced allowed":        214,
+	"redis synced refused":        250,
+	"concurrency allowed":         758,  // the general path, a slot taken and given back (memstore/concurrency.go), two RateLimit items; measured 756 or 758
+	"concurrency on redis":        2315, // the script call and the release, a second call
+	"concurrency on synced redis": 3035, // global from its lease, the slot in Redis and its release (redisstore/slots.go)
+	"cluster allowed":             981,  // global's call and the client's, on their nodes, sent together; global's reply an array (a billion points an hour do not fit the one integer)
+	"cluster refused":             272,
+	"cluster synced allowed":      214,
 }
 
 // gzipUsage is the JSON body of the costFrom json route, gzip-compressed.
@@ -256,11 +260,21 @@ func TestAllocationBudgets(t *testing.T) {
 	concurrentRedis["redis"] = cfg["redis"]
 	check(t, "concurrency on redis", allocsPerRequest(build(t, "tierlimit", concurrentRedis, "redisconcurrent@budget"), nil))
 
+	// A concurrency layer beside synced counters: global from its lease,
+	// the slot in Redis exactly (redisstore/slots.go), then its release.
+	concurrentSynced := longEdge()
+	concurrentSynced["ip"] = concurrent["ip"]
+	concurrentSynced["store"] = "redis"
+	concurrentSynced["redis"] = synced["redis"]
+	check(t, "concurrency on synced redis", allocsPerRequest(build(t, "tierlimit", concurrentSynced, "redissyncedconcurrent@budget"), nil))
+
 	syncedRefused := longEdge()
 	syncedRefused["ip"] = map[string]any{"points": "1", "duration": "1h"}
 	syncedRefused["store"] = "redis"
 	syncedRefused["redis"] = synced["redis"]
 	check(t, "redis synced refused", allocsPerRequest(build(t, "tierlimit", syncedRefused, "redissyncedrefused@budget"), nil))
+
+	checkCluster(t)
 
 	t.Logf("minimal redis limiter, for reference: allowed %.0f",
 		allocsPerRequest(build(t, "minimalredis", map[string]any{"address": r.Addr, "seconds": "3600"}, "minimalredis@budget"), nil))
@@ -374,4 +388,37 @@ func allocsPerRequestEach(h http.Handler, set func(i int, req *http.Request), be
 	}
 
 	return fewest
+}
+
+// checkCluster measures the shapes of a Redis Cluster of three primaries,
+// global's key and the clients' in their own slots.
+func checkCluster(t *testing.T) {
+	t.Helper()
+
+	c, err := harness.StartCluster(t.TempDir(), 3, 0)
+	if err != nil {
+		t.Fatalf("starting a redis cluster: %v", err)
+	}
+	defer c.Kill()
+
+	var seeds []any
+	for _, s := range c.Seeds() {
+		seeds = append(seeds, s)
+	}
+
+	cfg := longEdge()
+	cfg["store"] = "redis"
+	cfg["redis"] = map[string]any{"cluster": map[string]any{"addresses": seeds}, "timeout": "2s"}
+	check(t, "cluster allowed", allocsPerRequest(build(t, "tierlimit", cfg, "cluster@budget"), nil))
+
+	refused := longEdge()
+	refused["ip"] = map[string]any{"points": "1", "duration": "1h"}
+	refused["store"] = "redis"
+	refused["redis"] = cfg["redis"]
+	check(t, "cluster refused", allocsPerRequest(build(t, "tierlimit", refused, "clusterrefused@budget"), nil))
+
+	synced := longEdge()
+	synced["store"] = "redis"
+	synced["redis"] = map[string]any{"cluster": map[string]any{"addresses": seeds}, "timeout": "2s", "syncInterval": "1h"}
+	check(t, "cluster synced allowed", allocsPerRequest(build(t, "tierlimit", synced, "clustersynced@budget"), nil))
 }

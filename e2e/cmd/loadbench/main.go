@@ -16,6 +16,7 @@
 //	builtin-cluster   Traefik's RateLimit with three endpoints: a Redis Cluster of three primaries
 //	tierlimit-cluster this plugin, redis.cluster, the same cluster
 //	tierlimit-cluster-memglobal  the same with global: {store: memory}, one script call per request
+//	tierlimit-cluster-sync  tierlimit-cluster with redis.syncInterval: 100ms
 //
 // (the sentinel's own PING and PUBLISH to the server, about one a second, are
 // in its Redis command counts) and two scenarios: (a) limits high enough that nothing is refused, (b) a
@@ -116,6 +117,7 @@ var configurations = []configuration{
 	{name: "builtin-cluster", redis: true, cluster: true, middleware: builtinCluster},
 	{name: "tierlimit-cluster", redis: true, cluster: true, middleware: pluginCluster},
 	{name: "tierlimit-cluster-memglobal", redis: true, cluster: true, middleware: pluginClusterMemGlobal},
+	{name: "tierlimit-cluster-sync", redis: true, cluster: true, middleware: pluginClusterSync},
 }
 
 // clusterAddrs are the cluster's primaries, when a configuration needs them.
@@ -144,6 +146,13 @@ func pluginClusterMemGlobal(s scenario, addr string) string {
 
 	return strings.Replace(y, fmt.Sprintf("global: {points: %d, duration: 1s}", highPoints),
 		fmt.Sprintf("global: {points: %d, duration: 1s, store: memory}", highPoints), 1)
+}
+
+// pluginClusterSync is pluginCluster with redis.syncInterval: 100ms.
+func pluginClusterSync(s scenario, addr string) string {
+	y := pluginCluster(s, addr)
+
+	return strings.Replace(y, "redis: {cluster: {", "redis: {syncInterval: 100ms, cluster: {", 1)
 }
 
 // pluginSync is plugin(true) with redis.syncInterval: 100ms.
@@ -1143,7 +1152,8 @@ func report(w io.Writer, b *bench, results map[string]map[string][]result, took 
 		// Machine noise drifts over minutes; runs of the same repetition are
 		// close in time, so their ratios show how stable the comparison is.
 		for _, pair := range [][2]string{{"tierlimit-memory", "builtin-memory"}, {"tierlimit-redis", "builtin-redis"},
-			{"minimal-redis", "builtin-redis"}, {"tierlimit-redis", "minimal-redis"}, {"tierlimit-redis-sync", "tierlimit-memory"}} {
+			{"minimal-redis", "builtin-redis"}, {"tierlimit-redis", "minimal-redis"}, {"tierlimit-redis-sync", "tierlimit-memory"},
+			{"tierlimit-cluster", "builtin-cluster"}, {"tierlimit-cluster-sync", "tierlimit-redis-sync"}} {
 			ours, theirs := results[s.id][pair[0]], results[s.id][pair[1]]
 
 			var ratios []string

@@ -1,0 +1,120 @@
+package redisstore
+
+import (
+	"github.com/tierlimit/tierlimit/memstore"
+	"github.com/tierlimit/tierlimit/rule"
+)
+
+// A concurrency layer beside synced counters (redis.syncInterval). Synced
+// counting admits from points leased in batches, which a slot cannot be: a
+// slot is held from a request's admission to its end, and every replica must
+// see it at once. So on a synced store a concurrency layer counts as exact
+// mode counts it, with its own script calls (concurrency.go: the take,
+// then the release after the response), and falls back to memory during an
+// outage as exact mode does (owed.go), while the store's other layers stay
+// synced. A request that both charge is taken in two parts, all or nothing,
+// as the root's takeMixed does across stores: its synced layers first (from
+// their leases, most often without a call), then its slots; a refusal of the
+// slots gives the synced layers their charge back.
+
+// exactBeside is the exact store of synced store rs (RedisStore.Exact):
+// rs as New made it before its synced counters, sharing its backend, memory
+// mirror, block list and debts; nil when no layer is a concurrency layer
+// counted in Redis.
+func exactBeside(rs *RedisStore, layers []*layer) *RedisStore {
+	for _, l := range layers {
+		if isSlots(l) {
+			exact := *rs
+			return &exact
+		}
+	}
+
+	return nil
+}
+
+// isSlots reports whether l is a concurrency layer counted in Redis.
+func isSlots(l *layer) bool {
+	return l.Algorithm == algConcurrency && !l.Memory
+}
+
+// takeSynced is Take on a synced store.
+func takeSynced(s *RedisStore, t *tally, c *charge) {
+	if s.Exact == nil || !anyRedisSlot(c) {
+		SyncTake(s.Synced, t, c)
+		return
+	}
+
+	var synced, slots []int
+	for i, l := range c.Layers {
+		if isSlots(l) {
+			slots = append(slots, i)
+		} else {
+			synced = append(synced, i)
+		}
+	}
+
+	if len(synced) == 0 {
+		Take(s.Exact, t, c)
+		return
+	}
+
+	takeBoth(s, t, c, synced, slots)
+}
+
+// takeBoth takes c's synced layers (at synced) from their counters, then,
+// when they allow it, its slots (at slots) in Redis.
+func takeBoth(s *RedisStore, t *tally, c *charge, synced, slots []int) {
+	ts := tally{Cost: t.Cost}
+	tx := tally{Cost: t.Cost}
+	if t.Each != nil {
+		ts.Each = rule.NewItems(len(synced))
+		tx.Each = rule.NewItems(len(slots))
+	}
+
+	cs := rule.ChargeAt(c, synced)
+	SyncTake(s.Synced, &ts, cs)
+
+	if ts.Refused && !c.All {
+		*t = tally{Cost: t.Cost, Shown: -1, Each: t.Each}
+		rule.MergeTally(t, &ts, synced)
+
+		return
+	}
+
+	Take(s.Exact, &tx, rule.ChargeAt(c, slots))
+
+	if tx.Refused && !c.All {
+		syncRefund(s.Synced, rule.ChargeWithout(cs, ts.Uncharged), rule.CostOf(t))
+		*t = tally{Cost: t.Cost, Shown: -1, Each: t.Each}
+		rule.MergeTally(t, &tx, slots)
+
+		return
+	}
+
+	*t = tally{Cost: t.Cost, Shown: -1, Each: t.Each}
+	rule.MergeTally(t, &ts, synced)
+	rule.MergeTally(t, &tx, slots)
+}
+
+// giveBackSlots is GiveBack's Redis part on a synced store for a charge c
+// with slots in Redis (GiveBack released or refunded c in memory, but a
+// refund of its slots): the release of its slots (slots true), or the
+// refund of cost to its synced counters and its slots.
+func giveBackSlots(s *RedisStore, c *charge, cost int64, slots bool) {
+	var synced, held []int
+	for i, l := range c.Layers {
+		if isSlots(l) {
+			held = append(held, i)
+		} else {
+			synced = append(synced, i)
+		}
+	}
+
+	part := rule.ChargeAt(c, held)
+	if !slots {
+		syncRefund(s.Synced, rule.ChargeAt(c, synced), cost)
+		memstore.Refund(s.Local, part, cost)
+	}
+
+	giveBackInRedis(s.Exact, part, cost, slots)
+}
