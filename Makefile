@@ -49,11 +49,13 @@ fuzz:
 	cd e2e && $(GO) test -run='^$$' -fuzz=FuzzNewNeverPanics -fuzztime=150000x -fuzzminimizetime=10x ./configfuzz
 
 # The e2e tests start redis-server themselves: prereq checks that it is installed.
+# e2e/sdk (the official LLM SDKs' tests, a module of its own: see e2e/sdk/doc.go) runs the same Traefik binary.
 # kube-apiserver and kine are built first, so that no test's timeout counts their build.
 e2e: prereq $(TRAEFIK) $(KUBE_APISERVER) $(KINE)
 	cd e2e && $(GO) vet ./...
 	cd e2e && $(GO) run $(STATICCHECK) ./...
 	cd e2e && $(GO) test -count=1 -timeout 20m ./...
+	cd e2e/sdk && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./... && $(GO) test -count=1 ./...
 
 # The check users run before a reload (cmd/tierlimit-check, a module of its own: it needs Traefik),
 # its tests, and the check itself on dynamic.yml, docker-compose.yml and every example.
