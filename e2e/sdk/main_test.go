@@ -61,7 +61,8 @@ func start(t *testing.T, dynamic string) *env {
 // plain entrypoints serve, as SDK users reach a gateway over HTTP/2 (with
 // TLS). Over HTTP/1.1, Go's server (Traefik's entrypoint) discards the rest
 // of a request body when the handler answers before the proxy has read it
-// to EOF (net/http, issue 15527), racing the proxy's transport that is still
+// to EOF (so that a client writing its whole request before it reads does
+// not deadlock), racing the proxy's transport that is still
 // sending it to the API, whose connection is then closed mid-answer: a
 // stream ended in "unexpected EOF" about one run in three.
 func h2cTransport() *http.Transport {
