@@ -1,5 +1,7 @@
 package config
 
+import "reflect"
+
 // The built-in layers as data. Builtins is the one list of them: the
 // defaults (Defaults), parsing and validation (parseBuiltin), the reserved
 // route names (checkRouteName), maxTracked's minimum (checkMaxTracked), the
@@ -95,9 +97,28 @@ var Builtins = []Builtin{
 	},
 }
 
-func assetsLayer(c *Config) LayerConfig {
-	a := c.Assets
-	return LayerConfig{Points: a.Points, Duration: a.Duration, Algorithm: a.Algorithm, Burst: a.Burst, Key: a.Key, BlockDuration: a.BlockDuration, Calendar: a.Calendar, UtcOffset: a.UtcOffset, DryRun: a.DryRun, Store: a.Store}
+func assetsLayer(c *Config) LayerConfig { return layerOf(c.Assets) }
+
+// layerOf is the window of a section that has one besides what else it
+// says (AssetsConfig, RouteConfig, PlanConfig): each field of LayerConfig
+// that the section has, by name and type. An option added to the sections
+// reaches parseLayer with no list of fields to keep; a section's own fields
+// (a route's paths, a route's key, which parseLayer does not read) are its
+// parser's.
+func layerOf(section interface{}) LayerConfig {
+	var lc LayerConfig
+
+	dst := reflect.ValueOf(&lc).Elem()
+	src := reflect.ValueOf(section)
+
+	for i := 0; i < dst.NumField(); i++ {
+		f := dst.Type().Field(i)
+		if sf, ok := src.Type().FieldByName(f.Name); ok && f.Name != unknownField && sf.Type == f.Type {
+			dst.Field(i).Set(src.FieldByIndex(sf.Index))
+		}
+	}
+
+	return lc
 }
 
 // defaultLayer is the built-in layer's default points. Its default duration

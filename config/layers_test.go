@@ -1,6 +1,7 @@
 package config
 
 import (
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -67,5 +68,38 @@ func lcKey(c *Config, name, key string) {
 		c.User.Key = key
 	case LayerService:
 		c.Service.Key = key
+	}
+}
+
+// TestEverySectionsWindowReachesParseLayer: what assets, a route and a plan
+// say of their window is the LayerConfig parseLayer reads, field by field,
+// so that an option added to the sections needs no list kept beside them.
+func TestEverySectionsWindowReachesParseLayer(t *testing.T) {
+	for _, section := range []interface{}{AssetsConfig{}, RouteConfig{}, PlanConfig{}} {
+		src := reflect.New(reflect.TypeOf(section)).Elem()
+		st := src.Type()
+
+		for i := 0; i < st.NumField(); i++ {
+			switch f := src.Field(i); f.Kind() {
+			case reflect.String:
+				f.SetString(st.Field(i).Name)
+			case reflect.Int:
+				f.SetInt(int64(i + 1))
+			case reflect.Bool:
+				f.SetBool(true)
+			}
+		}
+
+		lc := reflect.ValueOf(layerOf(src.Interface()))
+		lt := lc.Type()
+
+		for i := 0; i < lt.NumField(); i++ {
+			name := lt.Field(i).Name
+			if sf, ok := st.FieldByName(name); ok && name != unknownField && sf.Type == lt.Field(i).Type {
+				if got, want := lc.Field(i).Interface(), src.FieldByName(name).Interface(); !reflect.DeepEqual(got, want) {
+					t.Errorf("%s.%s reaches parseLayer as %v, want %v", st.Name(), name, got, want)
+				}
+			}
+		}
 	}
 }

@@ -633,7 +633,7 @@ func checkRouteName(field, name string, seen map[string]bool) error {
 
 // parseRoute reads one route; field is its place in routes.
 func parseRoute(field string, rc RouteConfig) (Route, error) {
-	layer, err := parseLayer(field, rc.Name, LayerConfig{Points: rc.Points, Duration: rc.Duration, Algorithm: rc.Algorithm, Burst: rc.Burst, BlockDuration: rc.BlockDuration, Calendar: rc.Calendar, UtcOffset: rc.UtcOffset, DryRun: rc.DryRun, Store: rc.Store})
+	layer, err := parseLayer(field, rc.Name, layerOf(rc))
 	if err != nil {
 		return Route{}, err
 	}

@@ -82,7 +82,7 @@ func checkPlanName(name string, taken map[string]string) error {
 // parsePlan reads one plan's window. A plan with points 0 needs no
 // duration: it is off, and its principals are charged global only.
 func parsePlan(field, name string, pc PlanConfig) (Rule, error) {
-	lc := LayerConfig{Points: pc.Points, Duration: pc.Duration, Algorithm: pc.Algorithm, Burst: pc.Burst, Calendar: pc.Calendar, UtcOffset: pc.UtcOffset, DryRun: pc.DryRun, Store: pc.Store}
+	lc := layerOf(pc)
 	if lc.Points == 0 && strings.TrimSpace(lc.Duration) == "" && lc.Calendar == "" {
 		lc.Duration = "1s"
 	}
