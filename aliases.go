@@ -26,6 +26,5 @@ const nsPerMillisecond = redisstore.NsPerMillisecond
 
 type syncCounter = redisstore.SyncCounter
 
-const algSliding = limit.Sliding
 const algTokenBucket = limit.TokenBucket
 const algConcurrency = limit.Concurrency

@@ -43,8 +43,7 @@ func chooseMode(s *config.Settings) mode {
 	for _, l := range append(s.Builtin[:len(s.Builtin):len(s.Builtin)], s.Plans...) {
 		if l.On() {
 			on = true
-			// A dry-run layer, or one that blocks, is charged on the general path only.
-			fixed = fixed && l.Algorithm != algSliding && l.Algorithm != algTokenBucket && l.KeyHeader == "" && !l.KeyHost && l.Block == 0 && !l.DryRun && l.Calendar == 0
+			fixed = fixed && l.Plain()
 		}
 	}
 
@@ -212,7 +211,7 @@ func (p *Plugin) buildLayers(cfg *config.Settings, memory *memstore.WindowStore)
 	p.layers = append(p.layers, rule.On(named)...)
 	p.routes, p.routeMethods = buildRoutes(memory, cfg.Routes)
 	p.setPathForms(cfg)
-	routedPaths(p)
+	routedPaths(p, cfg.Routes)
 
 	for _, rt := range allRoutes(p.routes) {
 		if rt.layer != nil { // nil: a route plan with no limit on the route
@@ -409,4 +408,42 @@ func drawPlans(built []*layer) plans {
 		planInvalid: rule.ChargedTo(built, config.InvalidPlan),
 		planCost:    requestCost,
 	}
+}
+
+// routedPaths sets what charges the route matches of a classify instance:
+// serveRoutedFast, serveCountedFast when a route counts statuses, or
+// serveGeneral when routedFastEligible says neither can. A function value
+// in a field would say it once, but Yaegi cannot store one whose signature
+// names the plugin's types.
+func routedPaths(p *Plugin, routes []config.Route) {
+	if !routedFastEligible(p, routes) {
+		return
+	}
+
+	p.routedFast = true
+	for _, rt := range p.routes {
+		if rt.countStatus != nil {
+			p.routedFast, p.countedFast = false, true
+		}
+	}
+}
+
+// routedFastEligible reports whether serveRoutedFast can charge the route
+// matches of a classify instance: no principal and no credential (the plan
+// is the client's, ip or assets), and every route a fixed window (charged
+// up front, or after the response for countStatus), keyed by the client or
+// a constant, enforcing.
+// The plan's layers are fixed windows already (chooseMode).
+func routedFastEligible(p *Plugin, routes []config.Route) bool {
+	if p.mode != modeClassify || p.UserHeader != "" || len(p.CredentialHeaders) > 0 {
+		return false
+	}
+
+	for _, rs := range routes {
+		if rs.On() && (!rs.Plain() || rs.CostFrom != nil || rs.Key != config.KeyIP && rs.Key != config.KeyGlobal) {
+			return false
+		}
+	}
+
+	return true
 }

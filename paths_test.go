@@ -554,7 +554,7 @@ func TestRoutedFastPathGivesBackWhatARefusalCharged(t *testing.T) {
 		c.Routes = []config.RouteConfig{{Name: "export", Key: "ip", Paths: []string{"/export"}, Points: 5, Duration: "1h", Cost: 3}}
 	})
 
-	if !routedFastEligible(h.p) {
+	if !h.p.routedFast {
 		t.Fatal("the instance's route matches are not charged on serveRoutedFast")
 	}
 

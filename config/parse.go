@@ -95,6 +95,15 @@ type Rule struct {
 
 func (l Rule) On() bool { return l.Points > 0 }
 
+// Plain reports whether the fast paths can charge the rule: a fixed window,
+// off the calendar, that blocks no key, enforces, and is keyed as its
+// section says (not by a header, the host or the body). Any other rule is
+// charged on the general path only (the root's chooseMode and
+// routedPaths): an option the fast paths do not implement joins here.
+func (l Rule) Plain() bool {
+	return l.Algorithm == limit.Fixed && l.KeyHeader == "" && !l.KeyHost && l.KeyParts == nil && l.Block == 0 && !l.DryRun && l.Calendar == 0
+}
+
 // Route is a parsed route limit.
 type Route struct {
 	Rule
