@@ -40,6 +40,25 @@ func BucketTake(tat, now, cost, burst, interval int64) (int64, int64) {
 // int64 overflow, and so does a give-back.
 const BucketHorizon = int64(1) << 62
 
+// BucketSpend takes cost tokens at now whatever the burst: a response's
+// cost beyond what its request reserved, which a bucket repays as it
+// refills. It returns the TAT after the spend (BucketTake's without the
+// refusal, saturating at BucketHorizon) and the tokens then in use, which
+// may exceed the burst.
+func BucketSpend(tat, now, cost, interval int64) (int64, int64) {
+	if tat < now {
+		tat = now
+	}
+
+	if cost > (BucketHorizon-tat)/interval {
+		tat = BucketHorizon
+	} else {
+		tat += cost * interval
+	}
+
+	return tat, (tat - now + interval - 1) / interval
+}
+
 // BucketReturn returns the TAT of a bucket given back cost tokens that a take
 // took: cost intervals earlier, at most BucketHorizon earlier (a give-back
 // past it leaves a full bucket, as what the spend saturated is unknown). A

@@ -334,3 +334,23 @@ func TestFewerLeft(t *testing.T) {
 		t.Fatal("FewerLeft(2, 3), FewerLeft(3, 3), FewerLeft(4, 3): want true, false, false")
 	}
 }
+
+// TestBucketSpend: a spend takes its tokens whatever the burst, from the
+// later of the TAT and now, and saturates at BucketHorizon.
+func TestBucketSpend(t *testing.T) {
+	const interval = 10
+
+	cases := []struct{ tat, now, cost, wantTAT, wantUsed int64 }{
+		{0, 100, 3, 130, 3},   // a full bucket: from now
+		{150, 100, 3, 180, 8}, // 5 in use: 8 after, past any burst
+		{105, 100, 1, 115, 2}, // a part of an interval in use counts whole
+		{0, 100, BucketHorizon, BucketHorizon, (BucketHorizon - 100 + interval - 1) / interval},
+	}
+
+	for _, c := range cases {
+		tat, used := BucketSpend(c.tat, c.now, c.cost, interval)
+		if tat != c.wantTAT || used != c.wantUsed {
+			t.Errorf("BucketSpend(%d, %d, %d, %d) = %d, %d; want %d, %d", c.tat, c.now, c.cost, interval, tat, used, c.wantTAT, c.wantUsed)
+		}
+	}
+}

@@ -39,24 +39,14 @@ func Spend(s *WindowStore, c *charge, cost int64) {
 	s.Mu.Unlock()
 }
 
-// spendBucket moves token bucket l's TAT for key cost emission intervals
-// past the later of the present and where it was (drip without the
-// refusal), saturating far from overflow. Called with s.mu held.
+// spendBucket charges token bucket l's key cost tokens whatever its burst
+// (limit.BucketSpend). Called with s.mu held.
 func spendBucket(s *WindowStore, l *layer, key string, now, cost int64) {
 	w := bucketAt(s, l, key, now)
-	if w.Reset < now {
-		w.Reset = now
-	}
-
-	horizon := limit.BucketHorizon
-	if cost > (horizon-w.Reset)/l.Interval {
-		w.Reset = horizon
-	} else {
-		w.Reset += cost * l.Interval
-	}
-
-	w.Expire = w.Reset
-	w.Count = (w.Reset - now + l.Interval - 1) / l.Interval
+	tat, used := limit.BucketSpend(w.Reset, now, cost, l.Interval)
+	w.Reset = tat
+	w.Count = used
+	w.Expire = tat
 	w.ResetSec = limit.CeilSeconds(w.Reset)
 	w.ResetH = []string{strconv.FormatInt(w.ResetSec, 10)}
 }
