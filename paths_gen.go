@@ -843,7 +843,7 @@ func (sp *syncedPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 		// What is left to this replica: what Redis had not granted at its
 		// last answer, and the lease (redisstore.Counted, without the
 		// points admitted during an outage that a call is sending).
-		n := l.Points - c.Remote + c.Lease
+		n := l.Points - (c.Remote - c.Lease)
 		if shown == nil || n < left {
 			shown = l
 			sc = c

@@ -43,6 +43,13 @@ func Left(count, points int64) int64 {
 	return points - count
 }
 
+// Held is what a window with left of its points left holds: Left's
+// inverse, what a Redis reply that states left leaves in memory's mirror
+// of the window.
+func Held(left, points int64) int64 {
+	return points - left
+}
+
 // Over reports whether a count that a take reports is past the points: a
 // refused take reports the count it would have reached (count + cost where
 // Fits is false, a sliding window's estimate, a bucket's tokens in use), an
