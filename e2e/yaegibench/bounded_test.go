@@ -9,7 +9,9 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 )
 
@@ -17,6 +19,16 @@ import (
 // (Yaegi), where a Read of an interpreted Reader and every buffer it keeps
 // could cost otherwise than in compiled Go: a gzip bomb and a 100 MB
 // request body cost the memory of the bounds, not of the bodies.
+
+// runs numbers the middlewares these tests build: an instance built under
+// the name of an earlier one keeps its counters (a Traefik reload), which a
+// second run (-count) would see.
+var runs atomic.Int64
+
+// fresh is the middleware name "<name>-<n>@yaegi", new on each call.
+func fresh(name string) string {
+	return name + "-" + strconv.FormatInt(runs.Add(1), 10) + "@yaegi"
+}
 
 // allocated is what fn allocated, in bytes, the heap collected before.
 func allocated(fn func()) uint64 {
@@ -116,7 +128,7 @@ func TestAGzipBombCostsBoundedMemoryUnderYaegi(t *testing.T) {
 			"costFrom": "json:usage.total_tokens",
 		}},
 	}
-	plugin := buildWith(t, "tierlimit", config, "bomb@yaegi", backend)
+	plugin := buildWith(t, "tierlimit", config, fresh("bomb"), backend)
 
 	w := newDigestWriter()
 	grew := allocated(func() {
@@ -214,7 +226,7 @@ func TestAHundredMegabyteBodyCostsBoundedMemoryUnderYaegi(t *testing.T) {
 			"name": "llm", "paths": []any{"/v1/"}, "key": "header:X-Api-Key,json:model", "points": "100", "duration": "1h", "maxRequestBody": "1MiB",
 		}},
 	}
-	plugin := buildWith(t, "tierlimit", config, "hundred@yaegi", backend)
+	plugin := buildWith(t, "tierlimit", config, fresh("hundred"), backend)
 
 	d := sha256.New()
 	_, _ = io.Copy(d, &genBody{size: size})
