@@ -302,20 +302,9 @@ experimental:
 		out = io.MultiWriter(tr.logs, opts.Stdout)
 	}
 
-	tr.cmd = exec.Command(bin, "--configFile="+staticPath)
-	tr.cmd.Dir = opts.Dir
-	tr.cmd.Stdout = out
-	tr.cmd.Stderr = out
-	tr.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-
-	if err := tr.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("starting traefik: %w", err)
+	if err := tr.run(bin, staticPath, out); err != nil {
+		return nil, err
 	}
-
-	go func() {
-		_ = tr.cmd.Wait()
-		close(tr.done)
-	}()
 
 	if err := tr.waitPing(60 * time.Second); err != nil {
 		tr.Stop()
@@ -323,6 +312,62 @@ experimental:
 	}
 
 	return tr, nil
+}
+
+// run starts the Traefik binary bin with the static configuration file
+// staticPath in tr.Dir, its output to out.
+func (tr *Traefik) run(bin, staticPath string, out io.Writer) error {
+	tr.cmd = exec.Command(bin, "--configFile="+staticPath)
+	tr.cmd.Dir = tr.Dir
+	tr.cmd.Stdout = out
+	tr.cmd.Stderr = out
+	tr.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+
+	if err := tr.cmd.Start(); err != nil {
+		return fmt.Errorf("starting traefik: %w", err)
+	}
+
+	go func() {
+		_ = tr.cmd.Wait()
+		close(tr.done)
+	}()
+
+	return nil
+}
+
+// StartAsWritten runs Traefik in dir as `traefik --configFile=traefik.yml`
+// there: the static configuration dir/traefik.yml and the files it names
+// (a file provider's, relative to dir) are the caller's, and nothing is
+// added to them; the plugin is laid out under dir/plugins-local, where a
+// localPlugins section finds it. It returns once the process has started:
+// the configuration may have no API or ping to wait on, so the caller waits
+// for its entrypoints to serve (Traefik.Exited tells a process that ended).
+func StartAsWritten(dir string) (*Traefik, error) {
+	bin, err := TraefikBinary(nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if err := CopyPlugin(filepath.Join(dir, "plugins-local")); err != nil {
+		return nil, fmt.Errorf("copying plugin: %w", err)
+	}
+
+	tr := &Traefik{Dir: dir, logs: &syncBuffer{}, done: make(chan struct{})}
+	if err := tr.run(bin, "traefik.yml", tr.logs); err != nil {
+		return nil, err
+	}
+
+	return tr, nil
+}
+
+// Exited reports whether the Traefik process has ended.
+func (tr *Traefik) Exited() bool {
+	select {
+	case <-tr.done:
+		return true
+	default:
+		return false
+	}
 }
 
 func (tr *Traefik) waitPing(limit time.Duration) error {
