@@ -165,37 +165,37 @@ local function sliding(k, points, window, cost, check)
   if pttl > 0 and pttl <= 2 * window then
     v = read('HMGET', k, 'c', 'p')
   end
-  local cur, prev, left = 0, 0, window
+  local cur, prev, toEnd = 0, 0, window
   if v and pttl > window then
-    cur, prev, left = tonumber(v[1]) or 0, tonumber(v[2]) or 0, pttl - window
+    cur, prev, toEnd = tonumber(v[1]) or 0, tonumber(v[2]) or 0, pttl - window
   elseif v then
-    prev, left = tonumber(v[1]) or 0, pttl
+    prev, toEnd = tonumber(v[1]) or 0, pttl
   end
-  local count = cur + cost + math.floor(prev * left / window)
+  local count = cur + cost + math.floor(prev * toEnd / window)
   if count <= points then
-    if check then return count - cost, left, false end
-    return count, left, function()
+    if check then return count - cost, toEnd, false end
+    return count, toEnd, function()
       if v and pttl > window then
         redis.call('HINCRBY', k, 'c', cost)
         return
       end
       if not v then redis.call('DEL', k) end
       redis.call('HSET', k, 'c', cost, 'p', prev)
-      redis.call('PEXPIRE', k, left + window)
+      redis.call('PEXPIRE', k, toEnd + window)
     end
   end
   local ttl
   if cur + cost <= points then
-    ttl = left - math.ceil((points - cur - cost + 1) * window / prev) + 1
+    ttl = toEnd - math.ceil((points - cur - cost + 1) * window / prev) + 1
     if ttl < 1 then ttl = 1 end
-    if ttl > left then ttl = left end
+    if ttl > toEnd then ttl = toEnd end
   else
     local y = window
     if cur > 0 and cost <= points then
       y = window - math.ceil((points - cost + 1) * window / cur) + 1
     end
     if y < 0 then y = 0 end
-    ttl = left + y
+    ttl = toEnd + y
   end
   return count, ttl, false
 end
