@@ -307,7 +307,7 @@ func refusedUnfit(h *harness) int {
 
 	for _, l := range h.p.layers {
 		for _, w := range h.p.memory.Maps[l.Name] {
-			if l.Algorithm != limit.TokenBucket && w.Refused > 0 && w.Count < l.Points {
+			if l.Algorithm != limit.TokenBucket && w.Refused > 0 && w.Count < l.Capacity {
 				n++
 			}
 		}

@@ -120,7 +120,7 @@ func reportTally(p *Plugin, rw http.ResponseWriter, t *tally, c *charge) {
 func report(p *Plugin, c *charge, firsts uint64) {
 	for i, l := range c.Layers {
 		if i < 63 && firsts&(uint64(1)<<uint(i)) != 0 && l.Algorithm == algConcurrency {
-			p.events.RefusedInFlight(l.Name, c.Keys[i], c.Client, l.DryRun, l.Points)
+			p.events.RefusedInFlight(l.Name, c.Keys[i], c.Client, l.DryRun, l.Capacity)
 		} else if i < 63 && firsts&(uint64(1)<<uint(i)) != 0 {
 			p.events.Refused(l.Name, c.Keys[i], c.Client, l.DryRun)
 		}

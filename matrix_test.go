@@ -1010,7 +1010,7 @@ func mxCheckCounts(c *mxCell, fault mxFault, fail func(string, ...interface{})) 
 		// The clock faults: over both replicas, the window admits its points.
 		bound := int64(0)
 		for _, l := range routeLayers(c.h) {
-			bound += (l.Points + c.row.over) * c.row.charge(mxReq{}, mxSaw{reached: true, header: 1, body: 1})
+			bound += (l.Capacity + c.row.over) * c.row.charge(mxReq{}, mxSaw{reached: true, header: 1, body: 1})
 		}
 		if c.row.charge(mxReq{}, mxSaw{reached: true, header: 1, body: 1}) != 0 && want[1] > bound {
 			fail("the replicas admitted %d points over their window, more than %d", want[1], bound)
@@ -1058,8 +1058,8 @@ func mxCheckCounts(c *mxCell, fault mxFault, fail func(string, ...interface{})) 
 				}
 				h.p.memory.Mu.Unlock()
 			}
-			if n := got[l.Name]; n > l.Points+c.row.over && l.Algorithm != limit.Concurrency {
-				fail("layer %s counts %d, over its %d points", l.Name, n, l.Points)
+			if n := got[l.Name]; n > l.Capacity+c.row.over && l.Algorithm != limit.Concurrency {
+				fail("layer %s counts %d, over its %d points", l.Name, n, l.Capacity)
 			}
 		}
 	}

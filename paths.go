@@ -153,7 +153,7 @@ func mixedOther(p *Plugin, rw http.ResponseWriter, req *http.Request, rp *redisP
 	unspendMemory(rp, len(rp.memory), client, now)
 	s.Mu.Unlock()
 
-	if n := len(ints) / 2; err == nil && n > 0 && n <= len(rp.shared) && limit.Over(ints[2*n-2], rp.shared[n-1].Points) {
+	if n := len(ints) / 2; err == nil && n > 0 && n <= len(rp.shared) && limit.Over(ints[2*n-2], rp.shared[n-1].Capacity) {
 		redisReply(p, rw, req, rp.shared, client, ints)
 		return
 	}

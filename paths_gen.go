@@ -57,16 +57,16 @@ func (ap *anonymousPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 		} else {
 			w = s.Restart(now, l, w, key)
 		}
-		if w.Count >= l.Points {
+		if w.Count >= l.Capacity {
 			refuseFast(p, rw, req, l, w, sw, now)
 			return
 		}
 		w.Count++
 		l.Stats.Allowed++
-		if shown == nil || l.Points-w.Count < left {
+		if shown == nil || l.Capacity-w.Count < left {
 			shown = l
 			sw = w
-			left = l.Points - w.Count
+			left = l.Capacity - w.Count
 		}
 	}
 	reset := sw.Reset
@@ -125,16 +125,16 @@ func (pp *principalPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 		} else {
 			w = s.Restart(now, l, w, key)
 		}
-		if w.Count >= l.Points {
+		if w.Count >= l.Capacity {
 			refuseFast(p, rw, req, l, w, sw, now)
 			return
 		}
 		w.Count++
 		l.Stats.Allowed++
-		if shown == nil || l.Points-w.Count < left {
+		if shown == nil || l.Capacity-w.Count < left {
 			shown = l
 			sw = w
-			left = l.Points - w.Count
+			left = l.Capacity - w.Count
 		}
 	}
 	if sw == nil {
@@ -204,16 +204,16 @@ func (pp *principalPlansPath) ServeHTTP(rw http.ResponseWriter, req *http.Reques
 		} else {
 			w = s.Restart(now, l, w, key)
 		}
-		if w.Count >= l.Points {
+		if w.Count >= l.Capacity {
 			refuseFast(p, rw, req, l, w, sw, now)
 			return
 		}
 		w.Count++
 		l.Stats.Allowed++
-		if shown == nil || l.Points-w.Count < left {
+		if shown == nil || l.Capacity-w.Count < left {
 			shown = l
 			sw = w
-			left = l.Points - w.Count
+			left = l.Capacity - w.Count
 		}
 	}
 	if sw == nil {
@@ -265,16 +265,16 @@ func serveFast(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 		} else {
 			w = s.Restart(now, l, w, key)
 		}
-		if w.Count >= l.Points {
+		if w.Count >= l.Capacity {
 			refuseFast(p, rw, req, l, w, sw, now)
 			return
 		}
 		w.Count++
 		l.Stats.Allowed++
-		if shown == nil || l.Points-w.Count < left {
+		if shown == nil || l.Capacity-w.Count < left {
 			shown = l
 			sw = w
-			left = l.Points - w.Count
+			left = l.Capacity - w.Count
 		}
 	}
 	if sw == nil {
@@ -346,13 +346,13 @@ func serveCredentialed(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 		} else {
 			w = s.Restart(now, l, w, key)
 		}
-		if w.Count >= l.Points {
+		if w.Count >= l.Capacity {
 			refuseFast(p, rw, req, l, w, nil, now)
 			return
 		}
 		w.Count++
 		l.Stats.Allowed++
-		left = l.Points - w.Count
+		left = l.Capacity - w.Count
 		reset := w.Reset
 		resetH := w.ResetH
 		s.Mu.Unlock()
@@ -701,7 +701,7 @@ func redisAllowed(p *Plugin, rw http.ResponseWriter, req *http.Request, layers [
 	shown := layers[i]
 	ttl := v / 16 % (shown.MaxTTL + 1)
 	left := v / 16 / (shown.MaxTTL + 1)
-	if left >= shown.Points {
+	if left >= shown.Capacity {
 		redisReply(p, rw, req, layers, client, []int64{v})
 		return
 	}
@@ -717,12 +717,12 @@ func redisAllowed(p *Plugin, rw http.ResponseWriter, req *http.Request, layers [
 	}
 	var resetH []string
 	if w := shown.Entries[key]; w != nil && w.ResetSec == (reset+nsPerSecond-1)/nsPerSecond {
-		w.Count = shown.Points - left
+		w.Count = shown.Capacity - left
 		resetH = w.ResetH
 	}
 	local.Mu.Unlock()
 	if resetH == nil {
-		resetH = redisstore.Remember(local, shown, key, shown.Points-left, reset, now)
+		resetH = redisstore.Remember(local, shown, key, shown.Capacity-left, reset, now)
 	}
 	h := rw.Header()
 	h["X-Ratelimit-Limit"] = shown.LimitHdr
@@ -843,7 +843,7 @@ func (sp *syncedPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 		// What is left to this replica: what Redis had not granted at its
 		// last answer, and the lease (redisstore.Counted, without the
 		// points admitted during an outage that a call is sending).
-		n := l.Points - (c.Remote - c.Lease)
+		n := l.Capacity - (c.Remote - c.Lease)
 		if shown == nil || n < left {
 			shown = l
 			sc = c
@@ -968,7 +968,7 @@ func (mp *mixedPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 		} else {
 			w = s.Restart(now, l, w, key)
 		}
-		if w.Count >= l.Points {
+		if w.Count >= l.Capacity {
 			unspendMemory(rp, j, client, now)
 			s.Mu.Unlock()
 			serveRedisSlow(p, rw, req, rp.layers, client)
@@ -976,9 +976,9 @@ func (mp *mixedPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 		}
 		w.Count++
 		l.Stats.Allowed++
-		if k < 0 || l.Points-w.Count < left {
+		if k < 0 || l.Capacity-w.Count < left {
 			k = j
-			left = l.Points - w.Count
+			left = l.Capacity - w.Count
 			reset = w.Reset
 			resetH = w.ResetH
 		}
@@ -1019,7 +1019,7 @@ func mixedShared(p *Plugin, rw http.ResponseWriter, req *http.Request, rs *redis
 	v /= 16
 	ttl := v % (shown.MaxTTL + 1)
 	left := v / (shown.MaxTTL + 1)
-	if left >= shown.Points {
+	if left >= shown.Capacity {
 		mixedOther(p, rw, req, rp, client, nil, nil)
 		return
 	}
@@ -1035,12 +1035,12 @@ func mixedShared(p *Plugin, rw http.ResponseWriter, req *http.Request, rs *redis
 	}
 	var resetH []string
 	if w := shown.Entries[key]; w != nil && w.ResetSec == (reset+nsPerSecond-1)/nsPerSecond {
-		w.Count = shown.Points - left
+		w.Count = shown.Capacity - left
 		resetH = w.ResetH
 	}
 	local.Mu.Unlock()
 	if resetH == nil {
-		resetH = redisstore.Remember(local, shown, key, shown.Points-left, reset, now)
+		resetH = redisstore.Remember(local, shown, key, shown.Capacity-left, reset, now)
 	}
 	if mleft < left || mleft == left && rp.memoryAt[k] < rp.sharedAt[i] {
 		shown = rp.memory[k]
@@ -1115,12 +1115,12 @@ func serveRoutedFast(p *Plugin, rw http.ResponseWriter, req *http.Request, match
 		} else {
 			w = s.Restart(now, l, w, key)
 		}
-		if w.Count+cost <= l.Points {
+		if w.Count+cost <= l.Capacity {
 			w.Count += cost
 			l.Stats.Allowed++
-			if shown == nil || l.Points-w.Count < left {
+			if shown == nil || l.Capacity-w.Count < left {
 				shown = l
-				left = l.Points - w.Count
+				left = l.Capacity - w.Count
 				reset = w.Reset
 				resetH = w.ResetH
 			}
@@ -1195,16 +1195,16 @@ func serveCountedFast(p *Plugin, rw http.ResponseWriter, req *http.Request, matc
 		} else {
 			w = s.Restart(now, l, w, key)
 		}
-		if w.Count+cost <= l.Points && (w != unseen || shown != nil && l.Points-w.Count >= left) {
+		if w.Count+cost <= l.Capacity && (w != unseen || shown != nil && l.Capacity-w.Count >= left) {
 			if l.CheckOnly {
 				watch = true
 			} else {
 				w.Count += cost
 				l.Stats.Allowed++
 			}
-			if shown == nil || l.Points-w.Count < left {
+			if shown == nil || l.Capacity-w.Count < left {
 				shown = l
-				left = l.Points - w.Count
+				left = l.Capacity - w.Count
 				reset = w.Reset
 				resetH = w.ResetH
 			}

@@ -69,7 +69,7 @@ func counterOf(st *redisstore.SyncState, layer, bucket string) *syncCounter {
 func takeOn(st *redisstore.SyncState, h *harness, client string) bool {
 	var layers []*layer
 	for _, name := range []string{"global", "ip"} {
-		if i := layerIndex(h, name); i >= 0 && h.p.layers[i].Points > 0 {
+		if i := layerIndex(h, name); i >= 0 && h.p.layers[i].Capacity > 0 {
 			layers = append(layers, h.p.layers[i])
 		}
 	}

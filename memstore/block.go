@@ -35,7 +35,7 @@ func refuseBlockedAt(s *WindowStore, t *tally, c *charge, i int) bool {
 
 	l.Stats.Refused++
 	countBlocked(s, l, key)
-	rule.Refuse(t, i, l.Points+1, until, []string{strconv.FormatInt(limit.CeilSeconds(until), 10)}, false)
+	rule.Refuse(t, i, l.Capacity+1, until, []string{strconv.FormatInt(limit.CeilSeconds(until), 10)}, false)
 
 	return true
 }

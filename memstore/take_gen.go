@@ -50,10 +50,10 @@ func Take(s *WindowStore, t *tally, c *charge) {
 			} else {
 				w = s.Restart(now, l, w, key)
 			}
-			if w.Count+cost <= l.Points {
+			if w.Count+cost <= l.Capacity {
 				w.Count += cost
 				l.Stats.Allowed++
-				if left := l.Points - w.Count; !t.Refused && !l.Quiet && (t.Shown < 0 || left < t.Left) {
+				if left := l.Capacity - w.Count; !t.Refused && !l.Quiet && (t.Shown < 0 || left < t.Left) {
 					t.Shown = i
 					t.Count = w.Count
 					t.Reset = w.Reset
@@ -107,17 +107,17 @@ func TakeEach(s *WindowStore, t *tally, c *charge) {
 			} else {
 				w = s.Restart(now, l, w, key)
 			}
-			if w.Count+cost <= l.Points {
+			if w.Count+cost <= l.Capacity {
 				w.Count += cost
 				l.Stats.Allowed++
-				if left := l.Points - w.Count; !t.Refused && !l.Quiet && (t.Shown < 0 || left < t.Left) {
+				if left := l.Capacity - w.Count; !t.Refused && !l.Quiet && (t.Shown < 0 || left < t.Left) {
 					t.Shown = i
 					t.Count = w.Count
 					t.Reset = w.Reset
 					t.ResetH = w.ResetH
 					t.Left = left
 				}
-				t.Each[2*i] = l.Points - w.Count + 1
+				t.Each[2*i] = l.Capacity - w.Count + 1
 				t.Each[2*i+1] = w.Reset
 			} else {
 				refused = refuseFixed(t, i, l, w, cost, c.All)
@@ -165,7 +165,7 @@ func checkLayer(t *tally, i int, now int64, l *layer, key string, cost int64) bo
 		w = nil
 	}
 
-	if count+cost <= l.Points {
+	if count+cost <= l.Capacity {
 		if resetH == nil {
 			resetH = []string{strconv.FormatInt(limit.CeilSeconds(reset), 10)}
 		}
@@ -194,8 +194,8 @@ func checkSliding(t *tally, i int, now int64, l *layer, w *window, cost int64) b
 	toEnd := w.Reset - now
 	est := limit.SlidingCount(w.PrevCount, w.Count, cost, toEnd, l.Duration)
 
-	if est > l.Points {
-		retry := now + limit.SlidingWait(w.PrevCount, w.Count, cost, l.Points, toEnd, l.Duration)
+	if est > l.Capacity {
+		retry := now + limit.SlidingWait(w.PrevCount, w.Count, cost, l.Capacity, toEnd, l.Duration)
 		return checkRefused(t, i, l, w, est, retry, []string{strconv.FormatInt(limit.CeilSeconds(retry), 10)})
 	}
 
@@ -213,8 +213,8 @@ func checkBucket(t *tally, i int, now int64, l *layer, w *window, cost int64) bo
 		tat = w.Reset
 	}
 
-	retry, used := limit.BucketTake(tat, now, cost, l.Points, l.Interval)
-	if used > l.Points {
+	retry, used := limit.BucketTake(tat, now, cost, l.Capacity, l.Interval)
+	if used > l.Capacity {
 		return checkRefused(t, i, l, w, used, retry, []string{strconv.FormatInt(limit.CeilSeconds(retry), 10)})
 	}
 
@@ -231,13 +231,13 @@ func slide(s *WindowStore, t *tally, i int, now int64, l *layer, key string, cos
 	toEnd := w.Reset - now
 	est := limit.SlidingCount(w.PrevCount, w.Count, cost, toEnd, l.Duration)
 
-	if est > l.Points {
+	if est > l.Capacity {
 		l.Stats.Refused++
 		w.Refused++
 
 		first := !w.Logged
 		w.Logged = true
-		retry := now + limit.SlidingWait(w.PrevCount, w.Count, cost, l.Points, toEnd, l.Duration)
+		retry := now + limit.SlidingWait(w.PrevCount, w.Count, cost, l.Capacity, toEnd, l.Duration)
 		return rule.RefuseAs(t, i, l, est, retry, []string{strconv.FormatInt(limit.CeilSeconds(retry), 10)}, first)
 	}
 
@@ -254,8 +254,8 @@ func slide(s *WindowStore, t *tally, i int, now int64, l *layer, key string, cos
 func drip(s *WindowStore, t *tally, i int, now int64, l *layer, key string, cost int64) bool {
 	w := bucketAt(s, l, key, now)
 
-	tat, used := limit.BucketTake(w.Reset, now, cost, l.Points, l.Interval)
-	if used > l.Points {
+	tat, used := limit.BucketTake(w.Reset, now, cost, l.Capacity, l.Interval)
+	if used > l.Capacity {
 		l.Stats.Refused++
 		w.Refused++
 
@@ -302,7 +302,7 @@ func hold(s *WindowStore, t *tally, i int, now int64, l *layer, key string) bool
 
 	held := int64(len(w.Slots))
 
-	if held >= l.Points {
+	if held >= l.Capacity {
 		l.Stats.Refused++
 		w.Refused++
 

@@ -115,7 +115,7 @@ func TestWindowExactCountAtBoundary(t *testing.T) {
 			t.Fatalf("hit %d: stored count %d", i, stored)
 		}
 
-		if refused := got.count > l.Points; refused != (i > 50) {
+		if refused := got.count > l.Capacity; refused != (i > 50) {
 			t.Fatalf("hit %d: refused=%v", i, refused)
 		}
 
@@ -175,13 +175,13 @@ func TestTakeStopsAtRefusingLayer(t *testing.T) {
 	}
 
 	// A refusal by the last layer gives back every earlier one.
-	route.Points = 1
+	route.Capacity = 1
 	other := "5.6.7.8"
 	takeIn(s, t0, layers, other, false)
 	if tl := takeIn(s, t0, []*layer{g, route}, other, false); !tl.Refused || tl.Shown != 1 || peekCount(s, t0, "global", "global") != 2 {
 		t.Fatalf("refused by the last layer: %+v, global %d, want 2", tl, peekCount(s, t0, "global", "global"))
 	}
-	route.Points = 10
+	route.Capacity = 10
 
 	// all=true (dry run) charges every layer; the refusing layer stays shown.
 	if tl := takeIn(s, t0, layers, "1.2.3.4", true); tl.Shown != 1 || !tl.Refused || peekCount(s, t0, "login", "1.2.3.4") != 2 {
@@ -274,7 +274,7 @@ func TestWindowCountsExactlyUnderConcurrency(t *testing.T) {
 			defer wg.Done()
 
 			for i := 0; i < 250; i++ {
-				if got := hitOnce(s, t0, l, "k"); got.count <= l.Points {
+				if got := hitOnce(s, t0, l, "k"); got.count <= l.Capacity {
 					mu.Lock()
 					allowed++
 					mu.Unlock()

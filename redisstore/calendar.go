@@ -46,7 +46,7 @@ func calendarArgs(l *layer, now int64) string {
 		ms = 1
 	}
 
-	return redisresp.Bulk(strconv.FormatInt(l.Points, 10)) + redisresp.Bulk(strconv.FormatInt(ms, 10)) + l.RedisTail
+	return redisresp.Bulk(strconv.FormatInt(l.Capacity, 10)) + redisresp.Bulk(strconv.FormatInt(ms, 10)) + l.RedisTail
 }
 
 // RedisTail is a layer's script arguments after its points and window.

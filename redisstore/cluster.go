@@ -127,13 +127,13 @@ func SettlePair(s *RedisStore, c *charge, va int64, ia []int64, vb int64, ib []i
 		switch {
 		case v >= 0:
 			// (left x (window + 1) + reset) x 16 + 0 (TakeScript).
-			replies[i] = []int64{limit.Held(v/16/(l.MaxTTL+1), l.Points), v / 16 % (l.MaxTTL + 1)}
+			replies[i] = []int64{limit.Held(v/16/(l.MaxTTL+1), l.Capacity), v / 16 % (l.MaxTTL + 1)}
 			charged[i] = true
 		case ints == nil:
 			again = true
 		default:
 			replies[i] = ints
-			charged[i] = len(ints) == 2 && !limit.Over(ints[0], l.Points)
+			charged[i] = len(ints) == 2 && !limit.Over(ints[0], l.Capacity)
 		}
 	}
 

@@ -81,11 +81,11 @@ func EncodeConst(call redisresp.Call, g *layer) (string, int) {
 // hour): the integer it stands for, or -1 when it does not allow the
 // request or the integer would not fit.
 func PairAllowed(ints []int64, l *layer) int64 {
-	if len(ints) != 2 || ints[0] < 1 || limit.Over(ints[0], l.Points) || ints[1] < 0 || ints[1] > l.MaxTTL {
+	if len(ints) != 2 || ints[0] < 1 || limit.Over(ints[0], l.Capacity) || ints[1] < 0 || ints[1] > l.MaxTTL {
 		return -1
 	}
 
-	left := l.Points - ints[0]
+	left := l.Capacity - ints[0]
 	if left > (1<<58)/(l.MaxTTL+1) {
 		return -1
 	}

@@ -37,7 +37,7 @@ func Record(s *RedisStore, t *tally, c *charge, ints []int64) error {
 
 		reset := now + ttl*int64(time.Millisecond)
 
-		if count > l.Points {
+		if count > l.Capacity {
 			if s.refused(t, c, i, count, reset) && !all && i < n-1 {
 				return fmt.Errorf("%w: layers answered after a refusal", ErrBadReply)
 			}
@@ -45,11 +45,11 @@ func Record(s *RedisStore, t *tally, c *charge, ints []int64) error {
 			continue
 		}
 
-		if !t.Refused && !l.Quiet && (t.Shown < 0 || l.Points-count < t.Left) { // the allow snippet, without resetH
-			t.Shown, t.Count, t.Reset, t.Left = i, count, reset, l.Points-count
+		if !t.Refused && !l.Quiet && (t.Shown < 0 || l.Capacity-count < t.Left) { // the allow snippet, without resetH
+			t.Shown, t.Count, t.Reset, t.Left = i, count, reset, l.Capacity-count
 		}
 		if t.Each != nil {
-			t.Each[2*i] = l.Points - count + 1
+			t.Each[2*i] = l.Capacity - count + 1
 			t.Each[2*i+1] = reset
 		}
 	}
@@ -67,7 +67,7 @@ func Record(s *RedisStore, t *tally, c *charge, ints []int64) error {
 	for i := 0; i < n; i++ {
 		// A check-only layer counts as allowed what its later charge takes
 		// (../after.go).
-		if ints[2*i] > layers[i].Points {
+		if ints[2*i] > layers[i].Capacity {
 			atomic.AddInt64(&layers[i].Stats.RedisRefused, 1)
 		} else if !layers[i].CheckOnly {
 			atomic.AddInt64(&layers[i].Stats.RedisAllowed, 1)
@@ -91,14 +91,14 @@ func rememberAll(s *memstore.WindowStore, c *charge, ints []int64) {
 	for i := 0; 2*i+1 < len(ints) && i < len(c.Layers); i++ {
 		l, count := c.Layers[i], ints[2*i]
 		if l.Algorithm == algConcurrency {
-			if !(count > l.Points) {
+			if !(count > l.Capacity) {
 				memstore.Mirror(s, l, c.Keys[i], now) // concurrency.go
 			}
 
 			continue
 		}
 
-		if !(count > l.Points) || heldPast(l) {
+		if !(count > l.Capacity) || heldPast(l) {
 			Remember(s, l, c.Keys[i], count, now+ints[2*i+1]*NsPerMillisecond, now)
 		}
 	}
@@ -112,7 +112,7 @@ func slotRefused(layers []*layer, g *slotGroup, r redisresp.Reply) bool {
 	}
 
 	for j, li := range g.Layers {
-		if r.Ints[2*j] > layers[li].Points {
+		if r.Ints[2*j] > layers[li].Capacity {
 			return true
 		}
 	}
@@ -152,7 +152,7 @@ func mergeSlotReplies(layers []*layer, groups []*slotGroup, replies []redisresp.
 
 		ints = append(ints, answered[i][0], answered[i][1])
 
-		if answered[i][0] > l.Points && !all && !l.DryRun {
+		if answered[i][0] > l.Capacity && !all && !l.DryRun {
 			break
 		}
 	}

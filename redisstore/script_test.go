@@ -373,7 +373,7 @@ func TestOddFixedKeysStartAfreshOnRedisServer(t *testing.T) {
 // On a cluster a calendar layer's key and window are those of the period that
 // holds the request's time (the instance's clock), not the wall clock's.
 func TestClusterCalendarKeyFollowsTheRequestTime(t *testing.T) {
-	l := &layer{Limits: rule.Limits{Name: "ip", Points: 5, KeyKind: rule.KeyOfClient, Calendar: limit.Day}, Encoding: &rediscall.Encoding{RedisKey: "ratelimit:mw:ip:"}}
+	l := &layer{Limits: rule.Limits{Name: "ip", Capacity: 5, KeyKind: rule.KeyOfClient, Calendar: limit.Day}, Encoding: &rediscall.Encoding{RedisKey: "ratelimit:mw:ip:"}}
 	l.RedisArgs = redisresp.Bulk("5") + redisresp.Bulk("86400000") + algoFixed + argNoRate
 	l.RedisTail = RedisTail(l.RedisArgs)
 	now := time.Date(2026, 2, 10, 18, 0, 0, 0, time.UTC).UnixNano()

@@ -133,7 +133,7 @@ func (s *RedisStore) TakeBlocked(t *tally, c *charge) bool {
 				s.Blocked.hit(l.BlockPrefix, c.Keys[i], false)
 			}
 
-			*t = tally{Shown: i, Count: l.Points + 1, Reset: reset, Refused: true,
+			*t = tally{Shown: i, Count: l.Capacity + 1, Reset: reset, Refused: true,
 				ResetH: []string{strconv.FormatInt(limit.CeilSeconds(reset), 10)}}
 
 			return true

@@ -31,7 +31,7 @@ func TestBlockListIsBounded(t *testing.T) {
 }
 
 func TestMergeSlotRepliesStopsAtTheFirstRefusalInLayerOrder(t *testing.T) {
-	layers := []*layer{{Limits: rule.Limits{Name: "global", Points: 10}}, {Limits: rule.Limits{Name: "ip", Points: 5}}, {Limits: rule.Limits{Name: "login", Points: 3}}}
+	layers := []*layer{{Limits: rule.Limits{Name: "global", Capacity: 10}}, {Limits: rule.Limits{Name: "ip", Capacity: 5}}, {Limits: rule.Limits{Name: "login", Capacity: 3}}}
 	// global alone in one slot; ip and login share the client's.
 	groups := []*slotGroup{{Layers: []int{0}}, {Layers: []int{1, 2}}}
 

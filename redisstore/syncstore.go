@@ -273,7 +273,7 @@ func SyncRestart(st *SyncState, l *layer, bucket string, now int64) *SyncCounter
 	start, end := SyncWindow(l, now)
 	key := SyncKey(l, bucket, st.Backend != nil && st.Backend.cluster != nil, start)
 
-	c := &SyncCounter{Key: key, layer: l.Name, bucket: bucket, points: l.Points, End: end, stats: l.Stats,
+	c := &SyncCounter{Key: key, layer: l.Name, bucket: bucket, points: l.Capacity, End: end, stats: l.Stats,
 		ResetSec: limit.CeilSeconds(end)}
 	c.ResetH = []string{strconv.FormatInt(c.ResetSec, 10)}
 	if st.Backend != nil && st.Backend.cluster != nil {
@@ -354,7 +354,7 @@ func SyncTake(st *SyncState, t *tally, ch *charge) {
 	for round := 0; ; round++ {
 		for i, l := range ch.Layers {
 			c := syncCounterFor(st, l, ch.Keys[i], ch.Now)
-			c.points = l.Points
+			c.points = l.Capacity
 			c.Touched = true
 			counters[i] = c
 		}
@@ -482,9 +482,9 @@ func decideSynced(t *tally, counters []*SyncCounter, ch *charge, cost int64, dow
 
 		// A check (a countStatus route before the response) charges
 		// nothing: it fits when the count does.
-		fits := c.Lease >= cost || down && limit.Fits(count, cost, l.Points)
+		fits := c.Lease >= cost || down && limit.Fits(count, cost, l.Capacity)
 		if l.CheckOnly {
-			fits = limit.Fits(count, cost, l.Points)
+			fits = limit.Fits(count, cost, l.Capacity)
 		}
 
 		if fits {
@@ -499,7 +499,7 @@ func decideSynced(t *tally, counters []*SyncCounter, ch *charge, cost int64, dow
 
 		first := !c.Logged
 		c.Logged = true
-		c.Full = !l.CheckOnly && limit.Full(count, l.Points)
+		c.Full = !l.CheckOnly && limit.Full(count, l.Capacity)
 
 		if rule.RefuseAs(t, i, l, count+cost, c.End, c.ResetH, first) {
 			c.Refused++

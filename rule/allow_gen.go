@@ -6,7 +6,7 @@ package rule
 // and reset (resetH formatted): the "allow" snippet of paths.tmpl, which
 // the memory store's Take writes out.
 func Allow(t *Tally, i int, l *Layer, count, reset int64, resetH []string) {
-	if left := l.Points - count; !t.Refused && !l.Quiet && (t.Shown < 0 || left < t.Left) {
+	if left := l.Capacity - count; !t.Refused && !l.Quiet && (t.Shown < 0 || left < t.Left) {
 		t.Shown = i
 		t.Count = count
 		t.Reset = reset
@@ -14,7 +14,7 @@ func Allow(t *Tally, i int, l *Layer, count, reset int64, resetH []string) {
 		t.Left = left
 	}
 	if t.Each != nil {
-		t.Each[2*i] = l.Points - count + 1
+		t.Each[2*i] = l.Capacity - count + 1
 		t.Each[2*i+1] = reset
 	}
 }

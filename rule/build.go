@@ -29,7 +29,7 @@ func NewLayer(spec config.Rule, keyKind int) *Layer {
 	l := &Layer{
 		Limits: Limits{
 			Name:          spec.Name,
-			Points:        spec.Points,
+			Capacity:      spec.Points,
 			Duration:      int64(spec.Duration),
 			KeyKind:       keyKind,
 			ConstKey:      config.LayerGlobal,
@@ -81,7 +81,7 @@ func keyParts(parts []config.KeyPart) []KeyPart {
 func makeBucket(l *Layer, spec config.Rule) config.Rule {
 	l.Refill = spec.Points
 	l.Interval = int64(spec.Duration) / spec.Points
-	l.Points = spec.Burst
+	l.Capacity = spec.Burst
 	l.Limit = strconv.FormatInt(spec.Burst, 10)
 	spec.Points = spec.Burst
 

@@ -54,8 +54,11 @@ type Layer struct {
 
 // Limits is what the configuration says of a layer.
 type Limits struct {
-	Name      string
-	Points    int64
+	Name string
+	// Capacity is what the layer holds at once: a window's points, a token
+	// bucket's burst, a concurrency layer's slots (limit.Capacity); what
+	// X-RateLimit-Limit shows and every check compares with.
+	Capacity  int64
 	Duration  int64 // nanoseconds
 	KeyKind   int
 	ConstKey  string
@@ -65,7 +68,7 @@ type Limits struct {
 	// MaxBody bounds the body bytes its json: sources read.
 	KeyParts []KeyPart
 	MaxBody  int64
-	// Algorithm is how the layer counts, and so what Points is
+	// Algorithm is how the layer counts, and so what Capacity is
 	// (limit.Algorithm): a window's points, a token bucket's burst, a
 	// concurrency layer's slots (requests in flight per key, each slot held
 	// until its request ends or for Duration at most, its lease:
@@ -73,7 +76,7 @@ type Limits struct {
 	// cost).
 	Algorithm limit.Algorithm
 	Interval  int64 // token bucket: nanoseconds per point (../limit/bucket.go); 0 for a window
-	Refill    int64 // token bucket: the points per duration configured; Points is then the burst
+	Refill    int64 // token bucket: the points per duration configured; Capacity is then the burst
 	// MinCost is the smallest cost a request charged to the layer can have:
 	// a route's cost (a request is charged the largest cost of its routes),
 	// 1 elsewhere (0 reads as 1). The Redis block list blocks only what
@@ -305,7 +308,7 @@ func RefuseAs(t *Tally, i int, l *Layer, count, reset int64, resetH []string, fi
 		t.Uncharged |= uint64(1) << uint(i)
 	}
 
-	Allow(t, i, l, l.Points, reset, resetH)
+	Allow(t, i, l, l.Capacity, reset, resetH)
 
 	return false
 }

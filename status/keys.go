@@ -65,9 +65,9 @@ func liveKeys(pg *Page, now int64, limitedOnly bool, prefix string) ([]liveKey, 
 		}
 
 		for key, w := range m {
-			if w.Reset > now && w.List == l.List && (!limitedOnly || limit.Full(w.Count, l.Points)) &&
+			if w.Reset > now && w.List == l.List && (!limitedOnly || limit.Full(w.Count, l.Capacity)) &&
 				(prefix == "" || strings.HasPrefix(key, prefix)) {
-				out = append(out, liveKey{layer: i, key: key, count: w.Count, reset: w.Reset, limited: limit.Full(w.Count, l.Points), refused: w.Refused})
+				out = append(out, liveKey{layer: i, key: key, count: w.Count, reset: w.Reset, limited: limit.Full(w.Count, l.Capacity), refused: w.Refused})
 			}
 		}
 	}
@@ -103,8 +103,8 @@ func appendSliding(out []liveKey, i int, l *rule.Layer, m map[string]*counter.Wi
 		}
 
 		est := limit.SlidingCount(prev, count, 0, reset-now, l.Duration)
-		if limit.Full(est, l.Points) || !limitedOnly {
-			out = append(out, liveKey{layer: i, key: key, count: est, reset: reset, limited: limit.Full(est, l.Points), refused: w.Refused})
+		if limit.Full(est, l.Capacity) || !limitedOnly {
+			out = append(out, liveKey{layer: i, key: key, count: est, reset: reset, limited: limit.Full(est, l.Capacity), refused: w.Refused})
 		}
 	}
 
@@ -123,8 +123,8 @@ func appendBucket(out []liveKey, i int, l *rule.Layer, m map[string]*counter.Win
 			continue
 		}
 
-		_, used := limit.BucketTake(w.Reset, now, 0, l.Points, l.Interval)
-		limited := limit.Full(used, l.Points)
+		_, used := limit.BucketTake(w.Reset, now, 0, l.Capacity, l.Interval)
+		limited := limit.Full(used, l.Capacity)
 		if limited || !limitedOnly {
 			out = append(out, liveKey{layer: i, key: key, count: used, reset: w.Reset, limited: limited, refused: w.Refused})
 		}
@@ -144,8 +144,8 @@ func appendHeld(out []liveKey, i int, l *rule.Layer, m map[string]*counter.Windo
 		}
 
 		held := memstore.HeldAt(w, f.now)
-		if held > 0 && (limit.Full(held, l.Points) || !f.limitedOnly) {
-			out = append(out, liveKey{layer: i, key: key, count: held, reset: w.Expire, limited: limit.Full(held, l.Points), refused: w.Refused})
+		if held > 0 && (limit.Full(held, l.Capacity) || !f.limitedOnly) {
+			out = append(out, liveKey{layer: i, key: key, count: held, reset: w.Expire, limited: limit.Full(held, l.Capacity), refused: w.Refused})
 		}
 	}
 
@@ -170,7 +170,7 @@ func mergeBlocked(layers []*rule.Layer, out []liveKey, blocked []memstore.Blocke
 			continue
 		}
 
-		count := layers[li].Points
+		count := layers[li].Capacity
 
 		if i, ok := index[b.Layer+"\x00"+b.Key]; ok {
 			out[i].limited = true

@@ -91,7 +91,7 @@ func layerMetrics(b *strings.Builder, layers []*rule.Layer, labels []string) {
 	family(b, "tierlimit_layer_limit", "gauge", "Requests the layer allows per key and window (points).")
 
 	for i, l := range layers {
-		sample(b, "tierlimit_layer_limit", labels[i], formatInt(l.Points))
+		sample(b, "tierlimit_layer_limit", labels[i], formatInt(l.Capacity))
 	}
 
 	family(b, "tierlimit_layer_window_seconds", "gauge", "The layer's window (duration) in seconds.")

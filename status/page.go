@@ -287,13 +287,13 @@ func statusLayers(pg *Page, tracked []int) []statusLayer {
 		allowed, refused := pg.Memory.Totals(l.Stats)
 
 		sl := statusLayer{
-			Name: l.Name, Points: l.Points, Duration: time.Duration(l.Duration).String(), Algorithm: config.AlgorithmName(l.Algorithm),
+			Name: l.Name, Points: l.Capacity, Duration: time.Duration(l.Duration).String(), Algorithm: config.AlgorithmName(l.Algorithm),
 			TrackedKeys: tracked[i], Allowed: allowed, Refused: refused,
 		}
 
 		if l.Algorithm == limit.TokenBucket {
 			sl.Points = l.Refill
-			sl.Burst = l.Points
+			sl.Burst = l.Capacity
 		}
 
 		if m := pg.Meters[i]; m != nil {
@@ -317,7 +317,7 @@ func statusItems(layers []*rule.Layer, entries []liveKey, offset int) []statusKe
 		resetUnix := limit.CeilSeconds(e.reset)
 
 		items = append(items, statusKey{
-			Layer: l.Name, Key: e.key, Count: e.count, Limit: l.Points, Limited: e.limited, Refused: e.refused,
+			Layer: l.Name, Key: e.key, Count: e.count, Limit: l.Capacity, Limited: e.limited, Refused: e.refused,
 			Reset: time.Unix(resetUnix, 0).UTC().Format(time.RFC3339), ResetUnix: resetUnix,
 		})
 	}
