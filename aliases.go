@@ -20,7 +20,7 @@ const keyOfConst = rule.KeyOfConst
 type charge = rule.Charge
 type layer = rule.Layer
 type tally = rule.Tally
-type window = counter.Window
+type entry = counter.Entry
 
 const nsPerMillisecond = redisstore.NsPerMillisecond
 

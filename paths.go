@@ -43,13 +43,13 @@ var refusalHeaders = rule.RefusalHeaders
 
 // cacheWindowRefusal is rule.CacheRefusal for the window w of l; out of
 // refuseFast, whose frame would hold its arguments (doc.go: frames).
-func cacheWindowRefusal(l *layer, w *window, secs int64) {
+func cacheWindowRefusal(l *layer, w *entry, secs int64) {
 	rule.CacheRefusal(l, w.ResetH[0], w.Reset, secs)
 }
 
 // refuseOther is refuseFast for a configured body, a WebSocket upgrade, or
 // the window's first refusal, which is reported.
-func refuseOther(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer, w *window, now int64) {
+func refuseOther(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer, w *entry, now int64) {
 	reset, resetH := w.Reset, w.ResetH
 	first := !w.Logged
 	w.Logged = true
@@ -346,7 +346,7 @@ func unspendMemory(rp *redisPlan, n int, client string, now int64) {
 
 // unseen is the window serveCountedFast's check reads for a key without a
 // live one: a count of 0, never charged nor shown.
-var unseen = &window{}
+var unseen = &entry{}
 
 // routedAnew is serveRoutedFast's and serveCountedFast's refusal, called
 // with the memory store locked: the first n layers are given back what they

@@ -42,7 +42,7 @@ func (ap *anonymousPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	now := p.now().UnixNano()
 	s := p.memory
 	var shown *layer // the layer with the fewest left
-	var sw *window
+	var sw *entry
 	var left int64 // requests left in shown
 	s.Mu.Lock()
 	s.Takes++
@@ -110,7 +110,7 @@ func (pp *principalPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	now := p.now().UnixNano()
 	s := p.memory
 	var shown *layer // the layer with the fewest left
-	var sw *window
+	var sw *entry
 	var left int64 // requests left in shown
 	s.Mu.Lock()
 	s.Takes++
@@ -189,7 +189,7 @@ func (pp *principalPlansPath) ServeHTTP(rw http.ResponseWriter, req *http.Reques
 	now := p.now().UnixNano()
 	s := p.memory
 	var shown *layer // the layer with the fewest left
-	var sw *window
+	var sw *entry
 	var left int64 // requests left in shown
 	s.Mu.Lock()
 	s.Takes++
@@ -250,7 +250,7 @@ func serveFast(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 	now := p.now().UnixNano()
 	s := p.memory
 	var shown *layer // the layer with the fewest left
-	var sw *window
+	var sw *entry
 	var left int64 // requests left in shown
 	s.Mu.Lock()
 	s.Takes++
@@ -392,7 +392,7 @@ func serveCredentialed(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 // what an earlier refusal of the layer computed (refusalCache): the body and
 // the headers depend only on the layer, the reset second and the seconds to
 // the reset.
-func refuseFast(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer, w *window, fw *window, now int64) {
+func refuseFast(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer, w *entry, fw *entry, now int64) {
 	if fw != nil {
 		fw.Count--
 	}

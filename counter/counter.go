@@ -1,5 +1,6 @@
-// Package counter holds the memory store's counters (package memstore): a
-// Window per layer and key, the WindowLists that order them by start, and a
+// Package counter holds the memory store's counters (package memstore): an
+// Entry per layer and key (a window's count, a token bucket's TAT, a
+// concurrency layer's slots), the Lists that order them by start, and a
 // layer's Table of them, which the memory store makes for each layer of an
 // instance (memstore's Attach) and the layer (rule.Layer) points to, so that
 // the request path reaches its counters without a lookup (../doc.go:
@@ -7,14 +8,16 @@
 // other store reads it but through memstore (the Redis store's fallback).
 package counter
 
-// Window's type is made first, before any other of the package's: Yaegi
-// 0.16 resolves a pair of types that point to each other (Window.List,
-// WindowList.Head) right only from the first one it meets, Window (a
-// WindowList met first leaves Window.List typed as a *Window).
-var _ = &Window{}
+// Entry's type is made first, before any other of the package's: Yaegi
+// 0.16 resolves a pair of types that point to each other (Entry.List,
+// List.Head) right only from the first one it meets, Entry (a List met
+// first leaves Entry.List typed as an *Entry).
+var _ = &Entry{}
 
-// Window is one counter. Times are Unix nanoseconds.
-type Window struct {
+// Entry is one layer's counter of one key: a fixed or sliding window's
+// count, a token bucket's TAT (Reset), a concurrency layer's slots. Times
+// are Unix nanoseconds.
+type Entry struct {
 	Layer  string
 	Key    string
 	Count  int64 // points spent in the window: never above the layer's points but in dry run
@@ -30,27 +33,27 @@ type Window struct {
 	Taken     int64    // memstore.WindowStore.Takes of the last request that charged it: never evicted by that request
 	Slots     []int64  // a concurrency layer's slots held: each one's lease end (../memstore/concurrency.go)
 	ResetH    []string // X-RateLimit-Reset value, formatted once per window
-	List      *WindowList
-	prev      *Window
-	Next      *Window
+	List      *List
+	prev      *Entry
+	Next      *Entry
 }
 
-// WindowList links the counters of one duration and algorithm, oldest start
+// List links the counters of one duration and algorithm, oldest start
 // first. A sliding window's counter outlives its window by one duration (its
 // count weighs on the next window), so it keeps a list of its own.
-type WindowList struct {
+type List struct {
 	Duration int64
 	Span     int64 // how long a counter lives from its start: duration, or 2x when sliding; 0 for token buckets
 	// Calendar and UtcOffset are those of the list's layers: a calendar
 	// window lives to its period's end (memstore.alignCalendar).
 	Calendar  int
 	UtcOffset int64
-	Head      *Window
-	tail      *Window
+	Head      *Entry
+	tail      *Entry
 }
 
 // Push appends w at the list's tail.
-func (l *WindowList) Push(w *Window) {
+func (l *List) Push(w *Entry) {
 	w.List = l
 	w.prev = l.tail
 	w.Next = nil
@@ -65,7 +68,7 @@ func (l *WindowList) Push(w *Window) {
 }
 
 // Unlink removes w from l, its list.
-func (l *WindowList) Unlink(w *Window) {
+func (l *List) Unlink(w *Entry) {
 	if w.prev != nil {
 		w.prev.Next = w.Next
 	} else {
@@ -86,7 +89,7 @@ func (l *WindowList) Unlink(w *Window) {
 // Requeue moves w, in list l, to l's tail: a function rather than Unlink
 // and Push, two method calls on the request path (../doc.go: functions,
 // not methods).
-func Requeue(l *WindowList, w *Window) {
+func Requeue(l *List, w *Entry) {
 	if l.tail == w {
 		return
 	}
@@ -109,7 +112,7 @@ func Requeue(l *WindowList, w *Window) {
 // its blocks are) and the list of its duration, resolved once by memstore's
 // Attach so that the request path does no lookup.
 type Table struct {
-	Entries map[string]*Window
-	List    *WindowList      // the memory store's list for this duration
+	Entries map[string]*Entry
+	List    *List            // the memory store's list for this duration
 	Blocks  map[string]int64 // blocked keys' block ends (../memstore/block.go)
 }

@@ -17,8 +17,8 @@ type charge = rule.Charge
 type layer = rule.Layer
 type layerStats = rule.Stats
 type tally = rule.Tally
-type window = counter.Window
-type windowList = counter.WindowList
+type entry = counter.Entry
+type entryList = counter.List
 
 const algSliding = limit.Sliding
 const algTokenBucket = limit.TokenBucket

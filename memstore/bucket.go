@@ -15,12 +15,12 @@ package memstore
 // bucketAt is key's token bucket in l, made full when missing (or when a
 // reload left a window of another algorithm), and moved to the end of its
 // list as the last used. Called with s.mu held.
-func bucketAt(s *WindowStore, l *layer, key string, now int64) *window {
+func bucketAt(s *WindowStore, l *layer, key string, now int64) *entry {
 	w := l.Entries[key]
 	if w == nil {
 		s.makeRoom(now, l.List)
 
-		w = &window{Layer: l.Name, Key: key, Reset: now}
+		w = &entry{Layer: l.Name, Key: key, Reset: now}
 		l.Entries[key] = w
 		s.size++
 	} else {

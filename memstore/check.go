@@ -14,7 +14,7 @@ import (
 // checkRefused records a refusal of a check-only layer (window w, or nil
 // when the key has none) and reports whether it refuses the request (not
 // in dry run).
-func checkRefused(t *tally, i int, l *layer, w *window, count, reset int64, resetH []string) bool {
+func checkRefused(t *tally, i int, l *layer, w *entry, count, reset int64, resetH []string) bool {
 	l.Stats.Refused++
 
 	first := false

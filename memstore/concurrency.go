@@ -35,7 +35,7 @@ func dropEnded(slots []int64, now int64) []int64 {
 // in the same nanosecond, the first to end frees either's slot: the count
 // stays right, only which lease runs on may differ (after a reset of the
 // key in between, the one reset away would free the other's).
-func releaseSlot(w *window, end int64) {
+func releaseSlot(w *entry, end int64) {
 	for j, e := range w.Slots {
 		if e == end {
 			w.Slots = append(w.Slots[:j], w.Slots[j+1:]...)
@@ -81,7 +81,7 @@ func InFlight(s *WindowStore, layer, key string, now int64) int64 {
 
 // HeldAt is the slots of a concurrency layer's window w whose lease runs at
 // now.
-func HeldAt(w *window, now int64) int64 {
+func HeldAt(w *entry, now int64) int64 {
 	n := int64(0)
 	for _, end := range w.Slots {
 		if end > now {

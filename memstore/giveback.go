@@ -34,7 +34,7 @@ func GiveBack(c *charge, n int, cost int64, skip uint64) {
 // unspend takes cost points off a counter: a window's count, or a token
 // bucket's TAT by cost emission intervals (a bucket whose TAT falls behind
 // the present is as full as one at the present).
-func unspend(w *window, l *layer, cost int64) {
+func unspend(w *entry, l *layer, cost int64) {
 	if l.Algorithm == algTokenBucket {
 		w.Reset = limit.BucketReturn(w.Reset, cost, l.Interval)
 		w.Expire = w.Reset

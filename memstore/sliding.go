@@ -20,7 +20,7 @@ import (
 // slidingAt is key's sliding window in l at now: started when missing,
 // expired or of another algorithm, moved on when its window ended, held by
 // the current request (WindowStore.Takes). Called with s.mu held.
-func slidingAt(s *WindowStore, l *layer, key string, now int64) *window {
+func slidingAt(s *WindowStore, l *layer, key string, now int64) *entry {
 	w := l.Entries[key]
 	if w == nil || w.Expire <= now || w.List != l.List {
 		w = s.Restart(now, l, w, key)
@@ -38,7 +38,7 @@ func slidingAt(s *WindowStore, l *layer, key string, now int64) *window {
 // rotate moves a sliding window whose window ended less than a duration
 // before now (else it expired) to the next window, which starts where it
 // ended (limit.SlidingAt).
-func rotate(w *window, l *layer, now int64) {
+func rotate(w *entry, l *layer, now int64) {
 	w.List.Unlink(w)
 	w.PrevCount, w.Count, w.Reset = limit.SlidingAt(w.PrevCount, w.Count, w.Reset, now, l.Duration)
 	w.Refused = 0

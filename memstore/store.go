@@ -29,12 +29,12 @@ type WindowStore struct {
 	Mu        sync.Mutex
 	Max       int
 	size      int
-	Takes     int64                         // requests charged so far: window.taken of the current one
-	evictions int64                         // live counters dropped at the cap (status page, metrics)
-	Maps      map[string]map[string]*window // by layer name
-	Blocks    map[string]map[string]int64   // by layer name: the end of each blocked key's block (block.go)
-	blockHits map[string]map[string]int64   // by layer name: the requests each running block refused (block.go)
-	lists     []*windowList
+	Takes     int64                        // requests charged so far: window.taken of the current one
+	evictions int64                        // live counters dropped at the cap (status page, metrics)
+	Maps      map[string]map[string]*entry // by layer name
+	Blocks    map[string]map[string]int64  // by layer name: the end of each blocked key's block (block.go)
+	blockHits map[string]map[string]int64  // by layer name: the requests each running block refused (block.go)
+	lists     []*entryList
 	stats     map[string]*layerStats // by layer name
 }
 
@@ -52,7 +52,7 @@ func (s *WindowStore) Totals(st *layerStats) (allowed, refused int64) {
 const purgePerInsert = 2
 
 func NewWindowStore(capacity int) *WindowStore {
-	return &WindowStore{Max: capacity, Maps: map[string]map[string]*window{}, Blocks: map[string]map[string]int64{}, stats: map[string]*layerStats{}}
+	return &WindowStore{Max: capacity, Maps: map[string]map[string]*entry{}, Blocks: map[string]map[string]int64{}, stats: map[string]*layerStats{}}
 }
 
 // Evicted returns the live counters dropped at the cap so far.
@@ -79,7 +79,7 @@ func (s *WindowStore) Attach(l *layer) {
 	defer s.Mu.Unlock()
 
 	if s.Maps[l.Name] == nil {
-		s.Maps[l.Name] = map[string]*window{}
+		s.Maps[l.Name] = map[string]*entry{}
 	}
 
 	if s.Blocks[l.Name] == nil {
@@ -96,7 +96,7 @@ func (s *WindowStore) Attach(l *layer) {
 
 // list is the list of l's duration, algorithm and calendar, made on first
 // use; under s.Mu.
-func (s *WindowStore) list(l *layer) *windowList {
+func (s *WindowStore) list(l *layer) *entryList {
 	span := l.Duration
 	if l.Algorithm == algSliding {
 		span = 2 * l.Duration
@@ -112,7 +112,7 @@ func (s *WindowStore) list(l *layer) *windowList {
 		}
 	}
 
-	wl := &windowList{Duration: l.Duration, Span: span, Calendar: l.Calendar, UtcOffset: l.UtcOffset}
+	wl := &entryList{Duration: l.Duration, Span: span, Calendar: l.Calendar, UtcOffset: l.UtcOffset}
 	s.lists = append(s.lists, wl)
 
 	return wl
@@ -122,7 +122,7 @@ func (s *WindowStore) list(l *layer) *windowList {
 // points; the window is charged only in dry run (all, or the layer's own).
 // Kept out of Take, whose frame every charge allocates (doc.go:
 // frames). It reports whether the request is refused.
-func refuseFixed(t *tally, i int, l *layer, w *window, cost int64, all bool) bool {
+func refuseFixed(t *tally, i int, l *layer, w *entry, cost int64, all bool) bool {
 	l.Stats.Refused++
 	w.Refused++
 	first := !w.Logged
@@ -141,13 +141,13 @@ func refuseFixed(t *tally, i int, l *layer, w *window, cost int64, all bool) boo
 // current request (WindowStore.Takes) so that its own later layers cannot
 // evict it. Kept out of the paths that charge so that their common case
 // stays small (../doc.go: frames).
-func (s *WindowStore) Restart(now int64, l *layer, w *window, key string) *window {
+func (s *WindowStore) Restart(now int64, l *layer, w *entry, key string) *entry {
 	if w != nil {
 		w.List.Unlink(w)
 	} else {
 		s.makeRoom(now, l.List)
 
-		w = &window{Layer: l.Name, Key: key}
+		w = &entry{Layer: l.Name, Key: key}
 		l.Entries[key] = w
 		s.size++
 	}
@@ -176,7 +176,7 @@ func (s *WindowStore) Restart(now int64, l *layer, w *window, key string) *windo
 // the current request charged: with the cap at least the number of layers
 // (config/check.go), another one is always there to evict, so the layers of one
 // request cannot evict each other's counters.
-func (s *WindowStore) makeRoom(now int64, l *windowList) {
+func (s *WindowStore) makeRoom(now int64, l *entryList) {
 	for n := 0; n < purgePerInsert && l.Head != nil && l.Head.Expire <= now; n++ {
 		s.remove(l.Head)
 	}
@@ -216,8 +216,8 @@ const maxEvictionScan = 256
 // is set, that is not over its limit (refused in its window, w.logged): a
 // limited client must not get back in because other clients filled the
 // table. nil when there is none.
-func (s *WindowStore) oldestEvictable(limited bool) *window {
-	var oldest *window
+func (s *WindowStore) oldestEvictable(limited bool) *entry {
+	var oldest *entry
 
 	for _, other := range s.lists {
 		w := other.Head
@@ -233,14 +233,14 @@ func (s *WindowStore) oldestEvictable(limited bool) *window {
 	return oldest
 }
 
-func (s *WindowStore) remove(w *window) {
+func (s *WindowStore) remove(w *entry) {
 	w.List.Unlink(w)
 	delete(s.Maps[w.Layer], w.Key)
 	s.size--
 }
 
 // alignCalendar gives the memory window w, restarted at now, its period.
-func alignCalendar(now int64, l *layer, w *window) {
+func alignCalendar(now int64, l *layer, w *entry) {
 	w.Start, w.Reset = limit.Period(now, l.Calendar, l.UtcOffset)
 	w.Expire = w.Reset
 }

@@ -179,7 +179,7 @@ func checkLayer(t *tally, i int, now int64, l *layer, key string, cost int64) bo
 }
 
 // checkSliding is check for a sliding layer (slide's arithmetic).
-func checkSliding(t *tally, i int, now int64, l *layer, w *window, cost int64) bool {
+func checkSliding(t *tally, i int, now int64, l *layer, w *entry, cost int64) bool {
 	if w == nil || w.Expire <= now {
 		reset := now + l.Duration
 		rule.Allow(t, i, l, 0, reset, []string{strconv.FormatInt(limit.CeilSeconds(reset), 10)})
@@ -207,7 +207,7 @@ func checkSliding(t *tally, i int, now int64, l *layer, w *window, cost int64) b
 // checkBucket is check for a token bucket (drip's arithmetic). An allowed
 // take of cost tokens puts cost whole intervals on the TAT, so the tokens in
 // use without it are cost fewer than BucketTake's.
-func checkBucket(t *tally, i int, now int64, l *layer, w *window, cost int64) bool {
+func checkBucket(t *tally, i int, now int64, l *layer, w *entry, cost int64) bool {
 	tat := now
 	if w != nil && w.Reset > now {
 		tat = w.Reset

@@ -90,7 +90,7 @@ func liveKeys(pg *Page, now int64, limitedOnly bool, prefix string) ([]liveKey, 
 // and a key is limited when its next request would be refused. A counter
 // whose window ended less than a duration ago stands for the window that
 // followed it (limit.SlidingAt).
-func appendSliding(out []liveKey, i int, l *rule.Layer, m map[string]*counter.Window, f *liveFilter) []liveKey {
+func appendSliding(out []liveKey, i int, l *rule.Layer, m map[string]*counter.Entry, f *liveFilter) []liveKey {
 	now, limitedOnly, prefix := f.now, f.limitedOnly, f.prefix
 	for key, w := range m {
 		if w.Expire <= now || w.List != l.List || (prefix != "" && !strings.HasPrefix(key, prefix)) {
@@ -116,7 +116,7 @@ func appendSliding(out []liveKey, i int, l *rule.Layer, m map[string]*counter.Wi
 // limited when the next request would be refused: as for a window, when the
 // count is at the points (a take fits while the tokens in use plus its cost
 // are at most the burst, limit.BucketTake).
-func appendBucket(out []liveKey, i int, l *rule.Layer, m map[string]*counter.Window, f *liveFilter) []liveKey {
+func appendBucket(out []liveKey, i int, l *rule.Layer, m map[string]*counter.Entry, f *liveFilter) []liveKey {
 	now, limitedOnly, prefix := f.now, f.limitedOnly, f.prefix
 	for key, w := range m {
 		if w.Reset <= now || w.List != l.List || (prefix != "" && !strings.HasPrefix(key, prefix)) {
@@ -137,7 +137,7 @@ func appendBucket(out []liveKey, i int, l *rule.Layer, m map[string]*counter.Win
 // lock: the keys holding slots in memory, their count the requests in
 // flight, their reset the last lease's end, limited while every slot is
 // held.
-func appendHeld(out []liveKey, i int, l *rule.Layer, m map[string]*counter.Window, f *liveFilter) []liveKey {
+func appendHeld(out []liveKey, i int, l *rule.Layer, m map[string]*counter.Entry, f *liveFilter) []liveKey {
 	for key, w := range m {
 		if w.List != l.List || (f.prefix != "" && !strings.HasPrefix(key, f.prefix)) {
 			continue
