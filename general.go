@@ -58,11 +58,7 @@ func verdict(p *Plugin, rw http.ResponseWriter, req *http.Request, t *tally, c *
 	}
 
 	if p.headers {
-		h := rw.Header()
-		setHeaders(h, c.Layers[t.Shown], t.Left, t.Reset, t.ResetH, c.Now)
-		if t.Each != nil {
-			setItems(p, h, t, c)
-		}
+		setHeaders(rw.Header(), c.Layers[t.Shown], t.Left, t.Reset, t.ResetH, c.Now)
 	}
 
 	// After the headers, which a month layer's mark corrects (stores.month).

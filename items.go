@@ -8,30 +8,30 @@ import (
 )
 
 // The draft's fields (draft-ietf-httpapi-ratelimit-headers) are lists. An
-// allowed request that a costFrom route or a concurrency layer charges (its
-// client meters points, or the layer shown is its slots) gets every layer
-// that allowed it in RateLimit-Policy and each one's state in RateLimit, in
-// the same order: the layer X-RateLimit-* shows (the fewest left) first,
-// then the others in the request's order (global, its tier, its routes), so
-// that a client reading the first item alone reads what X-RateLimit-* says.
-// Every other answer names one layer: a refusal the refusing one, other
-// requests the one with the fewest left, as the fast paths (which serve
-// neither kind of layer) do (docs/limits.md#responses).
+// allowed request that a costFrom route and a concurrency layer both charge
+// (its client meters tokens, and its slots, the fewest left while a request
+// is in flight, would be shown alone) gets every layer that allowed it in
+// RateLimit-Policy and each one's state in RateLimit, in the same order:
+// the layer X-RateLimit-* shows (the fewest left) first, then the others in
+// the request's order (global, its tier, its routes), so that a client
+// reading the first item alone reads what X-RateLimit-* says. Every other
+// answer names one layer: a refusal the refusing one, other requests the
+// one with the fewest left, as the fast paths do (docs/limits.md#responses).
+// Only takeReserving and serveCounted, which metered requests alone reach,
+// test for items: the other requests pay nothing for them (doc.go: frames).
 
-// itemsFor is a tally's Each for a request charged to layers (tally.Each),
-// or nil when none of them is a costFrom route's or a concurrency layer.
-func itemsFor(layers []*layer) []int64 {
-	if len(layers) < 2 {
-		return nil
-	}
+// itemsFor gives tally t its items (tally.Each) when one of charge c's
+// layers is a concurrency layer, and hands t to serveCounted in hits:
+// takeReserving asks for a request that a costFrom route charges.
+func itemsFor(t *tally, c *charge, hits *routeHits) {
+	for _, l := range c.Layers {
+		if l.Algorithm == algConcurrency {
+			t.Each = make([]int64, 2*len(c.Layers)) // rule.NewItems, without its frame
+			hits.items = t
 
-	for _, l := range layers {
-		if l.Settles || l.Algorithm == algConcurrency {
-			return make([]int64, 2*len(layers)) // rule.NewItems, without its frame
+			return
 		}
 	}
-
-	return nil
 }
 
 // setItems appends to the RateLimit-Policy and RateLimit values that
@@ -41,7 +41,7 @@ func itemsFor(layers []*layer) []int64 {
 // policy in a function of its own: under Yaegi every call, operator and
 // string concatenation costs allocations (doc.go: frames).
 func setItems(p *Plugin, h http.Header, t *tally, c *charge) {
-	if t.Refused {
+	if t.Refused || t.Shown < 0 {
 		return
 	}
 

@@ -59,9 +59,17 @@ const maxReportedCost = int64(1) << 40
 func takeReserving(st *stores, t *tally, c *charge, hits *routeHits) {
 	n := len(c.Layers) - len(hits.metered)
 	t.Shown = -1
+	if st.items {
+		itemsFor(t, c, hits)
+	}
 
 	if n > 0 {
-		take(st, t, rule.ChargeSpan(c, 0, n))
+		span := rule.ChargeSpan(c, 0, n)
+		if t.Each != nil {
+			takeEach(st, t, span)
+		} else {
+			take(st, t, span)
+		}
 		if t.Refused && !c.All {
 			return
 		}

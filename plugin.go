@@ -53,9 +53,6 @@ type Plugin struct {
 	// held: some layer is a concurrency layer, whose slots a request
 	// holds until its response ends (inflight.go).
 	held bool
-	// items: a request a costFrom route or a concurrency layer charges may
-	// show several RateLimit items (items.go).
-	items bool
 }
 
 // routing is how an instance's routes are matched and charged (buildRoutes,

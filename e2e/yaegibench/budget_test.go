@@ -35,19 +35,19 @@ var budgets = map[string]float64{
 	"chain edge credentialed":     278,
 	"costed route":                345,
 	"countStatus route":           410,
-	"costFrom header route":       1324, // 1161 with one RateLimit item; three (global, ip, the route) since (items.go: recorded in the take, formatted in setItems's frame)
-	"costFrom json route":         1736,
-	"costFrom gzip json route":    2139, // the body decoded by a goroutine of its own (usage/inflate.go)
-	"costFrom llm sum route":      2166, // each level of the usage decoded into its raw members (usage/llm.go)
-	"json-keyed route":            985,  // the body read and decoded into its raw members (request/body.go), the API key hashed; 972 before the general path tested for RateLimit items (serveGeneral, verdict, take: items.go)
+	"costFrom header route":       1184, // one RateLimit item: several only beside a concurrency layer (items.go)
+	"costFrom json route":         1596,
+	"costFrom gzip json route":    1999, // the body decoded by a goroutine of its own (usage/inflate.go)
+	"costFrom llm sum route":      2026, // each level of the usage decoded into its raw members (usage/llm.go)
+	"json-keyed route":            973,  // the body read and decoded into its raw members (request/body.go), the API key hashed
 	"redis, global in memory":     540,
 	"redis allowed":               454,
 	"redis refused":               240,
 	"redis synced allowed":        214,
 	"redis synced refused":        250,
-	"concurrency allowed":         758,  // the general path, a slot taken and given back (memstore/concurrency.go), two RateLimit items; measured 756 or 758
-	"concurrency on redis":        2315, // the script call and the release, a second call
-	"concurrency on synced redis": 3035, // global from its lease, the slot in Redis and its release (redisstore/slots.go)
+	"concurrency allowed":         627,  // the general path, a slot taken and given back (memstore/concurrency.go)
+	"concurrency on redis":        2197, // the script call and the release, a second call
+	"concurrency on synced redis": 2903, // global from its lease, the slot in Redis and its release (redisstore/slots.go)
 	"cluster allowed":             981,  // global's call and the client's, on their nodes, sent together; global's reply an array (a billion points an hour do not fit the one integer)
 	"cluster refused":             272,
 	"cluster synced allowed":      214,
