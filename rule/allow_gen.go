@@ -14,8 +14,7 @@ func Allow(t *Tally, i int, l *Layer, count, reset int64, resetH []string) {
 		t.Left = left
 	}
 	if t.Each != nil {
-		t.Each[2*i] = l.Points - count + 1
-		t.Each[2*i+1] = reset
+		Item(t, i, l, count, reset)
 	}
 }
 
@@ -33,9 +32,8 @@ func MergeTally(t, part *Tally, index []int) {
 			t.Uncharged |= uint64(1) << uint(i)
 		}
 
-		if 2*j < len(part.Each) && 2*i < len(t.Each) {
-			t.Each[2*i] = part.Each[2*j]
-			t.Each[2*i+1] = part.Each[2*j+1]
+		if part.Each != nil {
+			CopyItem(t, part, i, j)
 		}
 	}
 

@@ -268,6 +268,21 @@ type Tally struct {
 	Each []int64
 }
 
+// Item records in t.Each the item of layers[i], l, which allowed the
+// request with this count and reset: Allow's, in a function of its own so
+// that a tally without items pays for none of it (../doc.go: frames).
+func Item(t *Tally, i int, l *Layer, count, reset int64) {
+	t.Each[2*i] = l.Points - count + 1
+	t.Each[2*i+1] = reset
+}
+
+// CopyItem copies into t.Each at i the item of part.Each at j: MergeTally's,
+// in a function of its own as Item is Allow's. Both tallies have items.
+func CopyItem(t, part *Tally, i, j int) {
+	t.Each[2*i] = part.Each[2*j]
+	t.Each[2*i+1] = part.Each[2*j+1]
+}
+
 // NewItems is a Tally.Each for n layers.
 func NewItems(n int) []int64 {
 	return make([]int64, 2*n)
