@@ -353,9 +353,6 @@ type routeHits struct {
 	// reserved for them (meter.go).
 	metered  []*route
 	reserved []reservation
-	// items is the tally of a request whose headers list every layer
-	// (items.go), which serveCounted writes: nil for the others.
-	items *tally
 }
 
 // serveCounted passes on a request that matched countStatus or costFrom
@@ -371,10 +368,6 @@ type routeHits struct {
 // handler after this one may panic too. A panic goes on once the request
 // is settled (no recover: the deferred call runs as the panic unwinds).
 func serveCounted(p *Plugin, out http.ResponseWriter, req *http.Request, c *charge, hits *routeHits, left int64) {
-	if hits.items != nil {
-		setItems(p, out.Header(), hits.items, c)
-	}
-
 	// out is this instance's watchWriter already converted to the
 	// interface, or the writer a pooled one wraps (watchPool; doc.go:
 	// wrappers). Another instance's watchWriter (the edge's, when this

@@ -20,18 +20,41 @@ import (
 // Only takeReserving and serveCounted, which metered requests alone reach,
 // test for items: the other requests pay nothing for them (doc.go: frames).
 
-// itemsFor gives tally t its items (tally.Each) when one of charge c's
-// layers is a concurrency layer, and hands t to serveCounted in hits:
-// takeReserving asks for a request that a costFrom route charges.
-func itemsFor(t *tally, c *charge, hits *routeHits) {
-	for _, l := range c.Layers {
-		if l.Algorithm == algConcurrency {
-			t.Each = make([]int64, 2*len(c.Layers)) // rule.NewItems, without its frame
-			hits.items = t
+// itemsBit marks, in tally.Firsts, a tally with items that allowed the
+// request (reservedItem): verdict, which calls reportTally for any mark,
+// writes its items then, so that a tally without items pays for none of it
+// (doc.go: frames). The bits below it are layers' first refusals: a request
+// of more layers than that gets no items (takeItems).
+const itemsBit = uint64(1) << 62
+
+// markBits are tally.Firsts's marks, not layers'.
+const markBits = monthPolicyBit | itemsBit
+
+// takeItems is take for the layers of charge pc, a metered request's
+// others (takeReserving), on an instance with items (stores.items): the
+// tally has items (tally.Each, one pair per layer of the whole request,
+// whose first layers pc's are) when one of them is a concurrency layer.
+func takeItems(st *stores, t *tally, pc *charge) {
+	n := len(pc.Parent.Layers)
+	for _, l := range pc.Layers {
+		if l.Algorithm == algConcurrency && n < 62 {
+			t.Each = make([]int64, 2*n) // rule.NewItems, without its frame
+			takeEach(st, t, pc)
 
 			return
 		}
 	}
+
+	take(st, t, pc)
+}
+
+// reservedItem records the item of the reserving layer at i, whose take
+// was part, in t, and marks t (itemsBit): takeReserving's, after its
+// takes, which may write t anew (redisstore.TakeMixed).
+func reservedItem(t *tally, i int, part *tally) {
+	t.Each[2*i] = part.Left + 1 // a quiet layer's too, which setItems skips
+	t.Each[2*i+1] = part.Reset
+	t.Firsts |= itemsBit
 }
 
 // setItems appends to the RateLimit-Policy and RateLimit values that

@@ -59,16 +59,12 @@ const maxReportedCost = int64(1) << 40
 func takeReserving(st *stores, t *tally, c *charge, hits *routeHits) {
 	n := len(c.Layers) - len(hits.metered)
 	t.Shown = -1
-	if st.items {
-		itemsFor(t, c, hits)
-	}
 
 	if n > 0 {
-		span := rule.ChargeSpan(c, 0, n)
-		if t.Each != nil {
-			takeEach(st, t, span)
+		if st.items {
+			takeItems(st, t, rule.ChargeSpan(c, 0, n))
 		} else {
-			take(st, t, span)
+			take(st, t, rule.ChargeSpan(c, 0, n))
 		}
 		if t.Refused && !c.All {
 			return
@@ -103,9 +99,8 @@ func takeReserving(st *stores, t *tally, c *charge, hits *routeHits) {
 			t.ResetH = part.ResetH
 			t.Left = part.Left
 		}
-		if t.Each != nil { // a quiet layer's too, which setItems skips
-			t.Each[2*i] = part.Left + 1
-			t.Each[2*i+1] = part.Reset
+		if t.Each != nil {
+			reservedItem(t, i, &part)
 		}
 	}
 }
