@@ -45,9 +45,9 @@ var budgets = map[string]float64{
 	"redis refused":               240,
 	"redis synced allowed":        214,
 	"redis synced refused":        250,
-	"concurrency allowed":         618,  // the general path, a slot taken and given back (memstore/concurrency.go)
-	"concurrency on redis":        2188, // the script call and the release, a second call
-	"concurrency on synced redis": 2845, // global from its lease, the slot in Redis and its release (redisstore/slots.go)
+	"concurrency allowed":         612,  // the general path, a slot taken and given back (memstore/concurrency.go)
+	"concurrency on redis":        2182, // the script call and the release, a second call
+	"concurrency on synced redis": 2839, // global from its lease, the slot in Redis and its release (redisstore/slots.go)
 	"cluster allowed":             981,  // global's call and the client's, on their nodes, sent together; global's reply an array (a billion points an hour do not fit the one integer)
 	"cluster refused":             272,
 	"cluster synced allowed":      214,
