@@ -39,6 +39,7 @@ var budgets = map[string]float64{
 	"costFrom json route":         1579,
 	"costFrom gzip json route":    1982, // the body decoded by a goroutine of its own (usage/inflate.go)
 	"costFrom llm sum route":      2009, // each level of the usage decoded into its raw members (usage/llm.go)
+	"costFrom route beside slots": 1514, // an LLM gateway's: ip a concurrency layer, three RateLimit items (items.go: about 200 of these allocations)
 	"json-keyed route":            973,  // the body read and decoded into its raw members (request/body.go), the API key hashed
 	"redis, global in memory":     540,
 	"redis allowed":               454,
@@ -197,6 +198,17 @@ func TestAllocationBudgets(t *testing.T) {
 		h := buildWith(t, "tierlimit", metered, "budget-"+strconv.Itoa(len(sh.name))+sh.name+"@budget", sh.backend)
 		check(t, sh.name, allocsPerRequest(h, export))
 	}
+
+	// An LLM gateway's: the costFrom header route beside a concurrency
+	// layer, whose answers list every layer (items.go).
+	gateway := longEdge()
+	gateway["ip"] = concurrent["ip"]
+	gateway["routes"] = []any{
+		map[string]any{"name": "tokens", "paths": []any{"/export"}, "key": "ip", "points": "1000000000", "duration": "1h", "costFrom": "header:X-Usage"},
+	}
+	check(t, "costFrom route beside slots", allocsPerRequest(buildWith(t, "tierlimit", gateway, "budget-gateway@budget", http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+		rw.Header()["X-Usage"] = []string{"10"}
+	})), export))
 
 	t.Logf("a route of cost 1, for reference: %.0f", allocsPerRequest(build(t, "tierlimit", plainRoute, "plainroute@budget"), export))
 
