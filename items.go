@@ -60,16 +60,18 @@ func reservedItem(t *tally, i int, part *tally) {
 // setItems appends to the RateLimit-Policy and RateLimit values that
 // setHeaders wrote for tally t's shown layer the items of its other
 // layers (t.Each, tally.Each): the policy from the layer's PolicyItem, the
-// state into one buffer. One frame with few temporaries, a month layer's
-// policy in a function of its own: under Yaegi every call, operator and
-// string concatenation costs allocations (doc.go: frames).
+// state from its RateItem and two numbers, one concatenation each (fewer
+// temporaries than a buffer's appends). One frame, a month layer's policy
+// in a function of its own: under Yaegi every call, operator and string
+// concatenation costs allocations (doc.go: frames). reportTally calls it
+// for verdict, whose tally shows a layer.
 func setItems(p *Plugin, h http.Header, t *tally, c *charge) {
-	if t.Refused || t.Shown < 0 {
+	if t.Refused { // a dry run's (c.All), whose answer names the refusal
 		return
 	}
 
 	policy := h["Ratelimit-Policy"][0]
-	b := append(make([]byte, 0, 160), h["Ratelimit"][0]...)
+	rate := h["Ratelimit"][0]
 	for i, l := range c.Layers {
 		if i == t.Shown || t.Each[2*i] == 0 || l.Quiet {
 			continue
@@ -78,12 +80,11 @@ func setItems(p *Plugin, h http.Header, t *tally, c *charge) {
 		policy += l.PolicyItem
 		// An allowed layer has requests left, not fewer than none, and its
 		// reset is ahead: neither number is negative.
-		b = strconv.AppendInt(append(b, l.RateItem...), t.Each[2*i]-1, 10)
-		b = strconv.AppendInt(append(b, ";t="...), (t.Each[2*i+1]-c.Now+(nsPerSecond-1))/nsPerSecond, 10)
+		rate += l.RateItem + strconv.FormatInt(t.Each[2*i]-1, 10) + ";t=" + strconv.FormatInt((t.Each[2*i+1]-c.Now+(nsPerSecond-1))/nsPerSecond, 10)
 	}
 
 	h["Ratelimit-Policy"] = []string{policy}
-	h["Ratelimit"] = []string{string(b)}
+	h["Ratelimit"] = []string{rate}
 	if p.stores.month {
 		rule.SetMonthItems(h, t, c) // a month layer's policy changes with the month
 	}

@@ -39,7 +39,7 @@ var budgets = map[string]float64{
 	"costFrom json route":         1579,
 	"costFrom gzip json route":    1982, // the body decoded by a goroutine of its own (usage/inflate.go)
 	"costFrom llm sum route":      2009, // each level of the usage decoded into its raw members (usage/llm.go)
-	"costFrom route beside slots": 1514, // an LLM gateway's: ip a concurrency layer, three RateLimit items (items.go: about 200 of these allocations)
+	"costFrom route beside slots": 1497, // an LLM gateway's: ip a concurrency layer, three RateLimit items (items.go: about 200 of these allocations)
 	"json-keyed route":            973,  // the body read and decoded into its raw members (request/body.go), the API key hashed
 	"redis, global in memory":     540,
 	"redis allowed":               454,
