@@ -17,8 +17,9 @@ import (
 // reading the first item alone reads what X-RateLimit-* says. Every other
 // answer names one layer: a refusal the refusing one, other requests the
 // one with the fewest left, as the fast paths do (docs/limits.md#responses).
-// Only takeReserving and serveCounted, which metered requests alone reach,
-// test for items: the other requests pay nothing for them (doc.go: frames).
+// Only takeReserving, which metered requests alone reach, tests for items,
+// and verdict writes them through reportTally (itemsBit): the other
+// requests pay nothing for them (doc.go: frames).
 
 // itemsBit marks, in tally.Firsts, a tally with items that allowed the
 // request (reservedItem): verdict, which calls reportTally for any mark,
