@@ -92,12 +92,11 @@ func build(ctx context.Context, cfg *config.Settings, next http.Handler, name st
 		mode:    chooseMode(cfg),
 		events:  events.NewEventLog(events.EventWriter, name),
 		ips:     &request.Resolver{Proxies: cfg.Proxies, Hops: cfg.Hops, IPv6Prefix: cfg.IPv6Prefix, Cache: request.NewKeyCache()},
-		stores:  &stores{memory: memory},
+		stores:  &stores{memory: memory, items: cfg.Headers && config.AnyConcurrency(cfg) && config.AnyCostFrom(cfg)},
 		memory:  memory,
 		dryRun:  cfg.DryRun,
 		headers: cfg.Headers,
 		held:    config.AnyConcurrency(cfg),
-		items:   cfg.Headers && (config.AnyConcurrency(cfg) || config.AnyCostFrom(cfg)),
 
 		pathForms: pathForms{assetPaths: cfg.AssetPaths},
 		Principal: request.Principal{

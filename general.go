@@ -58,11 +58,7 @@ func verdict(p *Plugin, rw http.ResponseWriter, req *http.Request, t *tally, c *
 	}
 
 	if p.headers {
-		h := rw.Header()
-		setHeaders(h, c.Layers[t.Shown], t.Left, t.Reset, t.ResetH, c.Now)
-		if t.Each != nil {
-			setItems(p, h, t, c)
-		}
+		setHeaders(rw.Header(), c.Layers[t.Shown], t.Left, t.Reset, t.ResetH, c.Now)
 	}
 
 	// After the headers, which a month layer's mark corrects (stores.month).
@@ -104,19 +100,24 @@ func serveUpgrade(p *Plugin, out, rw http.ResponseWriter, req *http.Request, cli
 }
 
 // reportTally is report for a tally of charge c whose headers rw shows, and
-// writes a month layer's policy when take marked it (stores.month).
+// writes a month layer's policy when take marked it (stores.month), and the
+// RateLimit items of a tally that has them (itemsBit, items.go).
 func reportTally(p *Plugin, rw http.ResponseWriter, t *tally, c *charge) {
 	if t.Firsts&monthPolicyBit != 0 {
 		rule.SetMonthPolicy(rw.Header(), c.Layers[t.Shown], c.Now)
 	}
 
-	if t.Firsts&^monthPolicyBit != 0 {
+	if t.Firsts&itemsBit != 0 {
+		setItems(p, rw.Header(), t, c)
+	}
+
+	if t.Firsts&^markBits != 0 {
 		report(p, c, t.Firsts)
 	}
 }
 
 // report writes an event for each of c's layers whose refusal is the first
-// of its window (the bits of firsts below monthPolicyBit).
+// of its window (the bits of firsts below itemsBit).
 func report(p *Plugin, c *charge, firsts uint64) {
 	for i, l := range c.Layers {
 		if i < 63 && firsts&(uint64(1)<<uint(i)) != 0 && l.Algorithm == algConcurrency {

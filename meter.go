@@ -61,7 +61,11 @@ func takeReserving(st *stores, t *tally, c *charge, hits *routeHits) {
 	t.Shown = -1
 
 	if n > 0 {
-		take(st, t, rule.ChargeSpan(c, 0, n))
+		if st.items {
+			takeItems(st, t, rule.ChargeSpan(c, 0, n))
+		} else {
+			take(st, t, rule.ChargeSpan(c, 0, n))
+		}
 		if t.Refused && !c.All {
 			return
 		}
@@ -95,9 +99,8 @@ func takeReserving(st *stores, t *tally, c *charge, hits *routeHits) {
 			t.ResetH = part.ResetH
 			t.Left = part.Left
 		}
-		if t.Each != nil { // a quiet layer's too, which setItems skips
-			t.Each[2*i] = part.Left + 1
-			t.Each[2*i+1] = part.Reset
+		if t.Each != nil {
+			reservedItem(t, i, &part)
 		}
 	}
 }

@@ -1556,12 +1556,48 @@ func TestAMeteredClientReadsEveryPolicyInItsHeaders(t *testing.T) {
 	}
 }
 
-// A month's token budget beside ip: its item in RateLimit-Policy states the
-// month's length (rule.MonthPolicyAt), its RateLimit item the seconds to
-// the month's end, after the shown ip layer's.
+// Without both a costFrom route and a concurrency layer, an answer names
+// one layer, the one with the fewest left: a metered client whose slots
+// are not shown reads its tokens there when they are the fewest, and the
+// items' recording and formatting cost the other requests nothing.
+func TestAnswersWithoutBothTokensAndSlotsNameOneLayer(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		config       func(c *Config)
+		policy, rate string
+	}{
+		{"tokens", gatewayConfig(false), `"ip";q=50;w=60`, `"ip";r=49;t=60`},
+		{"slots", func(c *Config) {
+			gatewayConfig(true)(c)
+			c.Routes = c.Routes[1:]
+		}, `"inflight";q=2;w=300;qu="concurrent-requests"`, `"inflight";r=1;t=300`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, tc.config)
+			h.backend = jsonUsage(100)
+
+			rec := h.key("k1")
+			if rec.Code != http.StatusOK {
+				t.Fatalf("%d, want 200", rec.Code)
+			}
+
+			if got := rec.Header().Get("RateLimit-Policy"); got != tc.policy {
+				t.Errorf("RateLimit-Policy %q, want %q", got, tc.policy)
+			}
+
+			if got := rec.Header().Get("RateLimit"); got != tc.rate {
+				t.Errorf("RateLimit %q, want %q", got, tc.rate)
+			}
+		})
+	}
+}
+
+// A month's token budget beside ip and slots: its item in RateLimit-Policy
+// states the month's length (rule.MonthPolicyAt), its RateLimit item the
+// seconds to the month's end, after the shown slots' and ip's.
 func TestAMonthlyTokenBudgetIsAnItemOfItsMonth(t *testing.T) {
 	h := newHarness(t, func(c *Config) {
-		gatewayConfig(false)(c)
+		gatewayConfig(true)(c)
 		c.Routes[0].Duration, c.Routes[0].Calendar = "", "month"
 	})
 	h.clock.mu.Lock()
@@ -1574,11 +1610,11 @@ func TestAMonthlyTokenBudgetIsAnItemOfItsMonth(t *testing.T) {
 		t.Fatalf("%d, want 200", rec.Code)
 	}
 
-	if got, want := rec.Header().Get("RateLimit-Policy"), `"ip";q=50;w=60, "chat";q=1000;w=2419200`; got != want {
+	if got, want := rec.Header().Get("RateLimit-Policy"), `"inflight";q=2;w=300;qu="concurrent-requests", "ip";q=50;w=60, "chat";q=1000;w=2419200`; got != want {
 		t.Errorf("RateLimit-Policy %q, want %q", got, want)
 	}
 
-	if got, want := rec.Header().Get("RateLimit"), `"ip";r=49;t=60, "chat";r=900;t=1598400`; got != want {
+	if got, want := rec.Header().Get("RateLimit"), `"inflight";r=1;t=300, "ip";r=49;t=60, "chat";r=900;t=1598400`; got != want {
 		t.Errorf("RateLimit %q, want %q", got, want)
 	}
 }

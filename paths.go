@@ -35,7 +35,19 @@ type (
 	principalPath      Plugin // modePrincipal
 	principalPlansPath Plugin // modePrincipalPlans
 	classifyPath       Plugin // modeClassify
+	generalPath        Plugin // modeGeneral
 )
+
+// ServeHTTP is modeGeneral's path: the status page, else serveGeneral,
+// without the Plugin's ServeHTTP's dispatch in its frame (doc.go: frames).
+func (g *generalPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
+	p := (*Plugin)(g)
+	if p.status != nil && serveStatus(p, rw, req) {
+		return
+	}
+
+	serveGeneral(p, rw, req, nil)
+}
 
 // refusalHeaders are the names of a layer's cached refusal's values
 // (rule.CacheRefusal).

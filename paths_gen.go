@@ -468,9 +468,6 @@ func serveGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request, matched 
 		}
 	}
 	c := &charge{Layers: layers, Keys: keys, Client: client, Principal: principal, Now: now, All: p.dryRun}
-	if p.items {
-		t.Each = itemsFor(layers) // one item per layer (items.go)
-	}
 	if hits.metered == nil {
 		take(p.stores, &t, c)
 	} else {
@@ -1302,9 +1299,6 @@ func decide(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*laye
 		}
 	}
 	c := &charge{Layers: layers, Keys: keys, Client: client, Principal: principal, Now: now, All: p.dryRun}
-	if p.items {
-		t.Each = itemsFor(layers) // one item per layer (items.go)
-	}
 	take(p.stores, &t, c)
 
 	return verdict(p, rw, req, &t, c)

@@ -225,6 +225,8 @@ func TestNewReturnsTheModesHandler(t *testing.T) {
 				want = (*classifyPath)(h.p)
 			case modeRedis:
 				want = (*redisPath)(h.p)
+			case modeGeneral:
+				want = (*generalPath)(h.p)
 			}
 
 			if h.h != want {
@@ -320,6 +322,8 @@ func TestFastPlansHoldTwoLayers(t *testing.T) {
 		case *classifyPath:
 			p = (*Plugin)(v)
 		case *redisPath:
+			p = (*Plugin)(v)
+		case *generalPath:
 			p = (*Plugin)(v)
 		}
 

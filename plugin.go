@@ -53,9 +53,6 @@ type Plugin struct {
 	// held: some layer is a concurrency layer, whose slots a request
 	// holds until its response ends (inflight.go).
 	held bool
-	// items: a request a costFrom route or a concurrency layer charges may
-	// show several RateLimit items (items.go).
-	items bool
 }
 
 // routing is how an instance's routes are matched and charged (buildRoutes,
@@ -156,11 +153,15 @@ func New(ctx context.Context, next http.Handler, conf *Config, name string) (han
 }
 
 // handler is what serves the instance's requests: the handler of its fast
-// mode (fastPath), which starts a request on that mode's path without
-// ServeHTTP's frame (doc.go: frames), or, for the other modes, the Plugin
-// itself. Each answers the status page first.
+// mode (fastPath) or of modeGeneral (generalPath), which starts a request
+// on that mode's path without ServeHTTP's frame (doc.go: frames), or, for
+// modeOff, the Plugin itself. Each answers the status page first.
 func (p *Plugin) handler() http.Handler {
-	if p.mode == modeOff || p.mode == modeGeneral {
+	if p.mode == modeGeneral {
+		return (*generalPath)(p)
+	}
+
+	if p.mode == modeOff {
 		return p
 	}
 

@@ -606,6 +606,8 @@ func pluginOf(h http.Handler) *Plugin {
 		return (*Plugin)(v)
 	case *clusterPath:
 		return (*Plugin)(v)
+	case *generalPath:
+		return (*Plugin)(v)
 	}
 
 	return h.(*Plugin)

@@ -28,6 +28,9 @@ type stores struct {
 	// plain: none of the above, the memory store alone (take's first case,
 	// which keeps its frame small: doc.go frames).
 	plain bool
+	// items: a request that a costFrom route and a concurrency layer both
+	// charge may show several RateLimit items (takeReserving, items.go).
+	items bool
 }
 
 // take charges c's layers t.Cost points each (0: 1), all or nothing, where
@@ -35,11 +38,19 @@ type stores struct {
 // evaluates every layer.
 func take(st *stores, t *tally, c *charge) {
 	if st.plain {
-		if t.Each != nil {
-			memstore.TakeEach(st.memory, t, c) // its items recorded (items.go)
-			return
-		}
 		memstore.Take(st.memory, t, c)
+		return
+	}
+
+	takeComposed(st, t, c)
+}
+
+// takeEach is take for a tally with items (tally.Each, items.go), which
+// the memory store's TakeEach records, Take not; takeComposed's stores test
+// t.Each themselves.
+func takeEach(st *stores, t *tally, c *charge) {
+	if st.plain {
+		memstore.TakeEach(st.memory, t, c)
 		return
 	}
 

@@ -11,6 +11,7 @@ import (
 	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/redisresp"
+	"github.com/tierlimit/tierlimit/rule"
 )
 
 // A script's reply, read: whether it refused is limit's comparison,
@@ -49,8 +50,7 @@ func Record(s *RedisStore, t *tally, c *charge, ints []int64) error {
 			t.Shown, t.Count, t.Reset, t.Left = i, count, reset, l.Capacity-count
 		}
 		if t.Each != nil {
-			t.Each[2*i] = l.Capacity - count + 1
-			t.Each[2*i+1] = reset
+			rule.Item(t, i, l, count, reset)
 		}
 	}
 

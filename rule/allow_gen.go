@@ -14,9 +14,16 @@ func Allow(t *Tally, i int, l *Layer, count, reset int64, resetH []string) {
 		t.Left = left
 	}
 	if t.Each != nil {
-		t.Each[2*i] = l.Capacity - count + 1
-		t.Each[2*i+1] = reset
+		Item(t, i, l, count, reset)
 	}
+}
+
+// Item records in t.Each the item of layers[i], l, which allowed the
+// request with this count and reset: Allow's, in a function of its own so
+// that a tally without items pays for none of it (../doc.go: frames).
+func Item(t *Tally, i int, l *Layer, count, reset int64) {
+	t.Each[2*i] = l.Capacity - count + 1
+	t.Each[2*i+1] = reset
 }
 
 // MergeTally adds part, the tally of some of a request's layers (index[j]
@@ -33,9 +40,8 @@ func MergeTally(t, part *Tally, index []int) {
 			t.Uncharged |= uint64(1) << uint(i)
 		}
 
-		if 2*j < len(part.Each) && 2*i < len(t.Each) {
-			t.Each[2*i] = part.Each[2*j]
-			t.Each[2*i+1] = part.Each[2*j+1]
+		if part.Each != nil {
+			CopyItem(t, part, i, j)
 		}
 	}
 

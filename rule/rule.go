@@ -33,7 +33,7 @@ type KeyPart struct {
 }
 
 // Layer is a layer as the request path uses it, in parts by concern. The
-// parts are embedded so that the request path reads l.Points, l.Entries,
+// parts are embedded so that the request path reads l.Capacity, l.Entries,
 // l.LimitHdr alike. NewLayer (build.go) builds Limits and HeaderTable,
 // NewRefusal Refusal: the layer's rule and its answer. What a store
 // keeps of the layer is the store's: its counters in the memory store
@@ -269,6 +269,13 @@ type Tally struct {
 	// reported none, at 2i+1 its reset (Unix nanoseconds). They are the
 	// items of the RateLimit and RateLimit-Policy fields (../items.go).
 	Each []int64
+}
+
+// CopyItem copies into t.Each at i the item of part.Each at j: MergeTally's,
+// in a function of its own as Item is Allow's. Both tallies have items.
+func CopyItem(t, part *Tally, i, j int) {
+	t.Each[2*i] = part.Each[2*j]
+	t.Each[2*i+1] = part.Each[2*j+1]
 }
 
 // NewItems is a Tally.Each for n layers.

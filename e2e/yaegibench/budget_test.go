@@ -35,19 +35,20 @@ var budgets = map[string]float64{
 	"chain edge credentialed":     278,
 	"costed route":                345,
 	"countStatus route":           410,
-	"costFrom header route":       1324, // 1161 with one RateLimit item; three (global, ip, the route) since (items.go: recorded in the take, formatted in setItems's frame)
-	"costFrom json route":         1736,
-	"costFrom gzip json route":    2139, // the body decoded by a goroutine of its own (usage/inflate.go)
-	"costFrom llm sum route":      2166, // each level of the usage decoded into its raw members (usage/llm.go)
-	"json-keyed route":            985,  // the body read and decoded into its raw members (request/body.go), the API key hashed; 972 before the general path tested for RateLimit items (serveGeneral, verdict, take: items.go)
+	"costFrom header route":       1167, // one RateLimit item: several only beside a concurrency layer (items.go)
+	"costFrom json route":         1579,
+	"costFrom gzip json route":    1982, // the body decoded by a goroutine of its own (usage/inflate.go)
+	"costFrom llm sum route":      2009, // each level of the usage decoded into its raw members (usage/llm.go)
+	"costFrom route beside slots": 1497, // an LLM gateway's: ip a concurrency layer, three RateLimit items (items.go: about 200 of these allocations)
+	"json-keyed route":            973,  // the body read and decoded into its raw members (request/body.go), the API key hashed
 	"redis, global in memory":     540,
 	"redis allowed":               454,
 	"redis refused":               240,
 	"redis synced allowed":        214,
 	"redis synced refused":        250,
-	"concurrency allowed":         758,  // the general path, a slot taken and given back (memstore/concurrency.go), two RateLimit items; measured 756 or 758
-	"concurrency on redis":        2315, // the script call and the release, a second call
-	"concurrency on synced redis": 3035, // global from its lease, the slot in Redis and its release (redisstore/slots.go)
+	"concurrency allowed":         612,  // the general path, a slot taken and given back (memstore/concurrency.go)
+	"concurrency on redis":        2182, // the script call and the release, a second call
+	"concurrency on synced redis": 2839, // global from its lease, the slot in Redis and its release (redisstore/slots.go)
 	"cluster allowed":             981,  // global's call and the client's, on their nodes, sent together; global's reply an array (a billion points an hour do not fit the one integer)
 	"cluster refused":             272,
 	"cluster synced allowed":      214,
@@ -197,6 +198,17 @@ func TestAllocationBudgets(t *testing.T) {
 		h := buildWith(t, "tierlimit", metered, "budget-"+strconv.Itoa(len(sh.name))+sh.name+"@budget", sh.backend)
 		check(t, sh.name, allocsPerRequest(h, export))
 	}
+
+	// An LLM gateway's: the costFrom header route beside a concurrency
+	// layer, whose answers list every layer (items.go).
+	gateway := longEdge()
+	gateway["ip"] = concurrent["ip"]
+	gateway["routes"] = []any{
+		map[string]any{"name": "tokens", "paths": []any{"/export"}, "key": "ip", "points": "1000000000", "duration": "1h", "costFrom": "header:X-Usage"},
+	}
+	check(t, "costFrom route beside slots", allocsPerRequest(buildWith(t, "tierlimit", gateway, "budget-gateway@budget", http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+		rw.Header()["X-Usage"] = []string{"10"}
+	})), export))
 
 	t.Logf("a route of cost 1, for reference: %.0f", allocsPerRequest(build(t, "tierlimit", plainRoute, "plainroute@budget"), export))
 
