@@ -129,7 +129,7 @@ func TestBlockDurationConfig(t *testing.T) {
 	cfg.Routes = []config.RouteConfig{{Name: "login", Paths: []string{"/login"}, Points: 1, Duration: "1s", BlockDuration: "15m"}}
 
 	s, err := parse(cfg)
-	if err != nil || s.Routes[0].Block != 15*time.Minute {
+	if err != nil || s.Routes[0].BlockDuration != 15*time.Minute {
 		t.Fatalf("a route's blockDuration: %v", err)
 	}
 }

@@ -42,7 +42,7 @@ func checkConcurrencyLayer(field string, lc LayerConfig, spec Rule) error {
 		return invalid(field+".calendar", lc.Calendar, `takes algorithm "fixed" only, not "concurrency" (a concurrency layer's duration is a request's lease)`)
 	}
 
-	if spec.Block != 0 {
+	if spec.BlockDuration != 0 {
 		return invalid(field+".blockDuration", lc.BlockDuration, `does not apply to algorithm "concurrency", whose refusals last while its slots are busy`)
 	}
 

@@ -79,8 +79,8 @@ type Rule struct {
 	// MaxBody bounds the body bytes read for it (maxRequestBody).
 	KeyParts []KeyPart
 	MaxBody  int64
-	// block is how long a key the layer refused stays refused (0: none).
-	Block time.Duration
+	// BlockDuration is how long a key the layer refused stays refused (0: none).
+	BlockDuration time.Duration
 	// calendar (calDay, calWeek, calMonth; 0: none) aligns the windows to
 	// the calendar at utcOffset (nanoseconds east of UTC); duration is then
 	// the period's longest (calendarMax).
@@ -101,7 +101,7 @@ func (l Rule) On() bool { return l.Points > 0 }
 // charged on the general path only (the root's chooseMode and
 // routedPaths): an option the fast paths do not implement joins here.
 func (l Rule) Plain() bool {
-	return l.Algorithm == limit.Fixed && l.KeyHeader == "" && !l.KeyHost && l.KeyParts == nil && l.Block == 0 && !l.DryRun && l.Calendar == 0
+	return l.Algorithm == limit.Fixed && l.KeyHeader == "" && !l.KeyHost && l.KeyParts == nil && l.BlockDuration == 0 && !l.DryRun && l.Calendar == 0
 }
 
 // Route is a parsed route limit.
@@ -456,7 +456,7 @@ func parseLayer(field, name string, lc LayerConfig) (Rule, error) {
 		return Rule{}, err
 	}
 
-	spec.Block = block
+	spec.BlockDuration = block
 
 	return spec, checkConcurrencyLayer(field, lc, spec)
 }

@@ -46,7 +46,7 @@ func checkSync(raw string, s *Settings) error {
 			why = `algorithm "sliding"`
 		case l.Algorithm == limit.TokenBucket:
 			why = `algorithm "tokenbucket"`
-		case l.Block != 0:
+		case l.BlockDuration != 0:
 			why = "a blockDuration"
 		}
 

@@ -79,7 +79,7 @@ func TestUnheldCountersOutliveTheGraceUntilTheirEnd(t *testing.T) {
 		{"sliding", config.Rule{Name: "ip", Points: 5, Duration: time.Minute, Algorithm: limit.Sliding}, 3, t0 + int64(2*time.Minute)},
 		{"tokenbucket", config.Rule{Name: "ip", Points: 1, Duration: time.Minute, Algorithm: limit.TokenBucket, Burst: 5}, 3, t0 + int64(3*time.Minute)},
 		{"calendar day", config.Rule{Name: "ip", Points: 5, Duration: 24 * time.Hour, Calendar: limit.Day}, 3, day},
-		{"block", config.Rule{Name: "ip", Points: 2, Duration: time.Minute, Block: time.Hour}, 3, t0 + int64(time.Hour)},
+		{"block", config.Rule{Name: "ip", Points: 2, Duration: time.Minute, BlockDuration: time.Hour}, 3, t0 + int64(time.Hour)},
 	}
 
 	for _, c := range cases {

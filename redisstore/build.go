@@ -81,8 +81,8 @@ func Encode(l *rule.Layer, spec config.Rule) {
 		e.RedisArgs = head + algoFixed + redisresp.Bulk(strconv.FormatInt(ms, 10))
 	}
 
-	if spec.Block > 0 {
-		e.RedisArgs, e.MaxTTL = withBlock(e.RedisArgs, e.MaxTTL, int64(spec.Block/time.Millisecond))
+	if spec.BlockDuration > 0 {
+		e.RedisArgs, e.MaxTTL = withBlock(e.RedisArgs, e.MaxTTL, int64(spec.BlockDuration/time.Millisecond))
 	}
 
 	if spec.DryRun {

@@ -1,6 +1,7 @@
 package rule
 
 import (
+	"reflect"
 	"strconv"
 
 	"github.com/tierlimit/tierlimit/config"
@@ -26,24 +27,8 @@ func NewLayer(spec config.Rule, keyKind int) *Layer {
 		keyKind = KeyOfParts
 	}
 
-	l := &Layer{
-		Limits: Limits{
-			Name:          spec.Name,
-			Capacity:      spec.Points,
-			Duration:      int64(spec.Duration),
-			KeyKind:       keyKind,
-			ConstKey:      config.LayerGlobal,
-			KeyHeader:     spec.KeyHeader,
-			KeyParts:      keyParts(spec.KeyParts),
-			MaxBody:       spec.MaxBody,
-			Algorithm:     spec.Algorithm,
-			BlockDuration: int64(spec.Block),
-			Calendar:      spec.Calendar,
-			UtcOffset:     spec.UtcOffset,
-			DryRun:        spec.DryRun,
-			Memory:        spec.Memory,
-		},
-	}
+	l := &Layer{Limits: Limits{Capacity: spec.Points, KeyKind: keyKind, ConstKey: config.LayerGlobal, KeyParts: keyParts(spec.KeyParts)}}
+	keepRule(&l.Limits, spec)
 
 	// A token bucket's points become its burst (memstore/bucket.go).
 	if spec.Algorithm == limit.TokenBucket {
@@ -57,6 +42,24 @@ func NewLayer(spec config.Rule, keyKind int) *Layer {
 	}
 
 	return l
+}
+
+// keepRule sets each field of limits that spec has by the same name and a
+// type of the same kind convertible to it (a time.Duration as int64
+// nanoseconds): what the layer keeps of its rule as the rule says it, so
+// that an option added to config.Rule and Limits under one name reaches the
+// layer with no line here. What the layer computes (its capacity, key kind
+// and parts) NewLayer sets.
+func keepRule(limits *Limits, spec config.Rule) {
+	dst := reflect.ValueOf(limits).Elem()
+	src := reflect.ValueOf(spec)
+
+	for i := 0; i < dst.NumField(); i++ {
+		f := dst.Type().Field(i)
+		if sf, ok := src.Type().FieldByName(f.Name); ok && sf.Type.Kind() == f.Type.Kind() && sf.Type.ConvertibleTo(f.Type) {
+			dst.Field(i).Set(src.FieldByIndex(sf.Index).Convert(f.Type))
+		}
+	}
 }
 
 // keyParts is a key's parts as the request path reads them; nil for none.
