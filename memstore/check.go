@@ -12,16 +12,21 @@ import (
 // ../paths.tmpl, where limit's comparisons are written out).
 
 // checkRefused records a refusal of a check-only layer (window w, or nil
-// when the key has none) and reports whether it refuses the request (not
-// in dry run).
-func checkRefused(t *tally, i int, l *layer, w *entry, count, reset int64, resetH []string) bool {
+// when the key has none) at this count and reset, and reports whether it
+// refuses the request (not in dry run). The reset is formatted unless it
+// is in the second w's is.
+func checkRefused(t *tally, i int, l *layer, w *entry, count, reset int64) bool {
 	l.Stats.Refused++
 
 	first := false
+	var resetH []string
 	if w != nil {
 		w.Refused++
 		first = !w.Logged
 		w.Logged = true
+		if w.ResetH != nil && w.ResetSec == limit.CeilSeconds(reset) {
+			resetH = w.ResetH
+		}
 	}
 
 	if resetH == nil {

@@ -175,7 +175,7 @@ func checkLayer(t *tally, i int, now int64, l *layer, key string, cost int64) bo
 		return false
 	}
 
-	return checkRefused(t, i, l, w, count+cost, reset, resetH)
+	return checkRefused(t, i, l, w, count+cost, reset)
 }
 
 // checkSliding is check for a sliding layer (slide's arithmetic).
@@ -196,7 +196,7 @@ func checkSliding(t *tally, i int, now int64, l *layer, w *entry, cost int64) bo
 
 	if est > l.Capacity {
 		retry := now + limit.SlidingWait(w.PrevCount, w.Count, cost, l.Capacity, toEnd, l.Duration)
-		return checkRefused(t, i, l, w, est, retry, []string{strconv.FormatInt(limit.CeilSeconds(retry), 10)})
+		return checkRefused(t, i, l, w, est, retry)
 	}
 
 	rule.Allow(t, i, l, est-cost, w.Reset, w.ResetH)
@@ -215,7 +215,7 @@ func checkBucket(t *tally, i int, now int64, l *layer, w *entry, cost int64) boo
 
 	retry, used := limit.BucketTake(tat, now, cost, l.Capacity, l.Interval)
 	if used > l.Capacity {
-		return checkRefused(t, i, l, w, used, retry, []string{strconv.FormatInt(limit.CeilSeconds(retry), 10)})
+		return checkRefused(t, i, l, w, used, retry)
 	}
 
 	rule.Allow(t, i, l, used-cost, tat, []string{strconv.FormatInt(limit.CeilSeconds(tat), 10)})

@@ -117,12 +117,10 @@ func SettlePair(s *RedisStore, c *charge, va int64, ia []int64, vb int64, ib []i
 	var charged [2]bool
 
 	again := false
+	arrays := [2][]int64{ia, ib}
 
-	for i, v := range []int64{va, vb} {
-		l, ints := c.Layers[i], ia
-		if i == 1 {
-			ints = ib
-		}
+	for i, v := range [2]int64{va, vb} {
+		l, ints := c.Layers[i], arrays[i]
 
 		switch {
 		case v >= 0:
