@@ -934,6 +934,13 @@ func TestTheStatusPageCountsWhatRedisCountsInADryRun(t *testing.T) {
 // after the recovery Redis holds no slot of a client with nothing in
 // flight.
 func TestAReleaseDuringAnOutageFreesTheRedisSlotAtTheRecovery(t *testing.T) {
+	releaseDuringAnOutage(t, func(c *Config) { c.Global.Points = 0 })
+}
+
+// releaseDuringAnOutage holds a request of a client whose ip layer is a
+// concurrency layer in Redis (mutate sets the rest), cuts Redis off, ends
+// the request, restores Redis and waits for its slot to go from Redis.
+func releaseDuringAnOutage(t *testing.T, mutate func(c *Config)) {
 	addr, admin := redisServer(t)
 	proxy := newSwitchProxy(t, addr)
 	h := newProxiedHarness(t, func(c *Config) {
@@ -941,7 +948,7 @@ func TestAReleaseDuringAnOutageFreesTheRedisSlotAtTheRecovery(t *testing.T) {
 		c.Redis.Address = proxy.l.Addr().String()
 		c.Redis.Timeout = "1s"
 		c.Redis.DialTimeout = "1s"
-		c.Global.Points = 0
+		mutate(c)
 		c.IP = config.LayerConfig{Points: 2, Duration: "60s", Algorithm: "concurrency"}
 	})
 
@@ -1093,53 +1100,9 @@ func TestASyncedConcurrencyLayerWhileRedisIsDown(t *testing.T) {
 // mode, a slot released while Redis is cut off is freed in Redis when it
 // answers again, so that its key is not refused there until its lease ends.
 func TestASyncedSlotReleasedDuringAnOutageIsFreedAtTheRecovery(t *testing.T) {
-	addr, admin := redisServer(t)
-	proxy := newSwitchProxy(t, addr)
-	h := newProxiedHarness(t, func(c *Config) {
-		c.Store = "redis"
-		c.Redis.Address = proxy.l.Addr().String()
-		c.Redis.Timeout = "1s"
-		c.Redis.DialTimeout = "1s"
+	releaseDuringAnOutage(t, func(c *Config) {
 		c.Redis.SyncInterval = "1h"
 		asACLUser(c)
 		c.Global = config.LayerConfig{Points: 1000, Duration: "1h"}
-		c.IP = config.LayerConfig{Points: 2, Duration: "60s", Algorithm: "concurrency"}
-	})
-
-	entered, release := make(chan struct{}), make(chan struct{})
-	h.backend = http.HandlerFunc(func(rw http.ResponseWriter, req *http.Request) {
-		if req.Header.Get("X-Hold") != "" {
-			entered <- struct{}{}
-			<-release
-		}
-
-		_, _ = rw.Write([]byte("ok"))
-	})
-
-	held := h.open(http.MethodGet, "/api", mirrorClient+":1", map[string]string{"X-Hold": "1"})
-	<-entered
-
-	ip := h.p.layers[layerIndex(h, "ip")]
-	if n := redisDo(t, admin, "ZCARD", ip.RedisKey+mirrorClient).Int; n != 1 {
-		t.Fatalf("Redis holds %d slots of the held request, want 1", n)
-	}
-
-	proxy.cut()
-	if rec := h.get("/api", mirrorClient+":2"); rec.Code != http.StatusOK || !h.p.stores.redis.Backend.Down.Load() {
-		t.Fatalf("during the outage: %d, down %v; want 200 from the fallback", rec.Code, h.p.stores.redis.Backend.Down.Load())
-	}
-
-	close(release)
-	_ = held.readAll()
-	held.wait()
-
-	proxy.restore()
-	h.clock.Add(time.Minute) // past the back-off: the next request probes
-	if rec := h.get("/api", mirrorClient+":3"); rec.Code != http.StatusOK {
-		t.Fatalf("after the recovery: %d, want 200", rec.Code)
-	}
-
-	waitFor(t, "Redis to free the slot released during the outage", func() bool {
-		return redisDo(t, admin, "ZCARD", ip.RedisKey+mirrorClient).Int == 0
 	})
 }
