@@ -101,24 +101,34 @@ func assetsLayer(c *Config) LayerConfig { return layerOf(c.Assets) }
 
 // layerOf is the window of a section that has one besides what else it
 // says (AssetsConfig, RouteConfig, PlanConfig): each field of LayerConfig
-// that the section has, by name and type. An option added to the sections
+// that the section has (CopyByName). An option added to the sections
 // reaches parseLayer with no list of fields to keep; a section's own fields
 // (a route's paths, a route's key, which parseLayer does not read) are its
 // parser's.
 func layerOf(section interface{}) LayerConfig {
 	var lc LayerConfig
 
-	dst := reflect.ValueOf(&lc).Elem()
-	src := reflect.ValueOf(section)
-
-	for i := 0; i < dst.NumField(); i++ {
-		f := dst.Type().Field(i)
-		if sf, ok := src.Type().FieldByName(f.Name); ok && f.Name != unknownField && sf.Type == f.Type {
-			dst.Field(i).Set(src.FieldByIndex(sf.Index))
-		}
-	}
+	CopyByName(reflect.ValueOf(&lc).Elem(), reflect.ValueOf(section))
 
 	return lc
+}
+
+// CopyByName sets each field of the struct dst (addressable) that the
+// struct src has by the same name, with a type of the same kind convertible
+// to it (a time.Duration into an int64): how a value made from another by
+// its names (a section's window, a layer's rule: rule.NewLayer) takes an
+// option added to both with no list of fields to keep. Done in New, never
+// on a request. The caller makes the reflect.Values: under Yaegi, fields set
+// through a pointer that reached interpreted code as an interface{} did not
+// reach the caller's value (every layer lost its rule: the allocation
+// budgets tripled).
+func CopyByName(dst, src reflect.Value) {
+	for i := 0; i < dst.NumField(); i++ {
+		f := dst.Type().Field(i)
+		if sf, ok := src.Type().FieldByName(f.Name); ok && sf.Type.Kind() == f.Type.Kind() && sf.Type.ConvertibleTo(f.Type) {
+			dst.Field(i).Set(src.FieldByIndex(sf.Index).Convert(f.Type))
+		}
+	}
 }
 
 // defaultLayer is the built-in layer's default points. Its default duration

@@ -28,7 +28,9 @@ func NewLayer(spec config.Rule, keyKind int) *Layer {
 	}
 
 	l := &Layer{Limits: Limits{Capacity: spec.Points, KeyKind: keyKind, ConstKey: config.LayerGlobal, KeyParts: keyParts(spec.KeyParts)}}
-	keepRule(&l.Limits, spec)
+	// What the layer keeps of its rule as the rule says it, by name (a
+	// duration in nanoseconds); what it computes is set above.
+	config.CopyByName(reflect.ValueOf(&l.Limits).Elem(), reflect.ValueOf(spec))
 
 	// A token bucket's points become its burst (memstore/bucket.go).
 	if spec.Algorithm == limit.TokenBucket {
@@ -42,24 +44,6 @@ func NewLayer(spec config.Rule, keyKind int) *Layer {
 	}
 
 	return l
-}
-
-// keepRule sets each field of limits that spec has by the same name and a
-// type of the same kind convertible to it (a time.Duration as int64
-// nanoseconds): what the layer keeps of its rule as the rule says it, so
-// that an option added to config.Rule and Limits under one name reaches the
-// layer with no line here. What the layer computes (its capacity, key kind
-// and parts) NewLayer sets.
-func keepRule(limits *Limits, spec config.Rule) {
-	dst := reflect.ValueOf(limits).Elem()
-	src := reflect.ValueOf(spec)
-
-	for i := 0; i < dst.NumField(); i++ {
-		f := dst.Type().Field(i)
-		if sf, ok := src.Type().FieldByName(f.Name); ok && sf.Type.Kind() == f.Type.Kind() && sf.Type.ConvertibleTo(f.Type) {
-			dst.Field(i).Set(src.FieldByIndex(sf.Index).Convert(f.Type))
-		}
-	}
 }
 
 // keyParts is a key's parts as the request path reads them; nil for none.
