@@ -91,6 +91,11 @@ type Rule struct {
 	// redisField names a store: redis, which only a Redis instance takes.
 	Memory     bool
 	RedisField string
+	// Unleased marks a rule that synced counting (redis.syncInterval) does
+	// not lease: the script counts it at each request, as exact counting
+	// does, since every replica must see what it holds at once (a
+	// concurrency layer's slots, held from a request's admission to its end).
+	Unleased bool
 }
 
 func (l Rule) On() bool { return l.Points > 0 }
@@ -457,6 +462,7 @@ func parseLayer(field, name string, lc LayerConfig) (Rule, error) {
 	}
 
 	spec.BlockDuration = block
+	spec.Unleased = spec.Algorithm == limit.Concurrency
 
 	return spec, checkConcurrencyLayer(field, lc, spec)
 }

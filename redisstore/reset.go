@@ -31,7 +31,7 @@ func (b *BlockList) Forget(id string, now int64) bool {
 // under the same hash tag: resetScript deletes every key of one call, which
 // a cluster runs in one slot.
 func resetKeys(s *RedisStore, l *layer, key string, now int64) []string {
-	if s.Synced != nil && !isSlots(l) {
+	if s.Synced != nil && !unleased(l) {
 		start, _ := SyncWindow(l, now)
 		return []string{SyncKey(l, key, s.Backend.cluster != nil, start)}
 	}

@@ -5,11 +5,12 @@ import (
 	"github.com/tierlimit/tierlimit/rule"
 )
 
-// A concurrency layer beside synced counters (redis.syncInterval). Synced
-// counting admits from points leased in batches, which a slot cannot be: a
-// slot is held from a request's admission to its end, and every replica must
-// see it at once. So on a synced store a concurrency layer counts as exact
-// mode counts it, with its own script calls (concurrency.go: the take,
+// A layer beside synced counters (redis.syncInterval) that they do not
+// lease (Limits.Unleased, which the configuration sets): a concurrency
+// layer. Synced counting admits from points leased in batches, which a slot
+// cannot be: a slot is held from a request's admission to its end, and
+// every replica must see it at once. So on a synced store such a layer
+// counts as exact mode counts it, with its own script calls (concurrency.go: the take,
 // then the release after the response), and falls back to memory during an
 // outage as exact mode does (owed.go), while the store's other layers stay
 // synced. A request that both charge is taken in two parts, all or nothing,
@@ -19,11 +20,10 @@ import (
 
 // exactBeside is the exact store of synced store rs (RedisStore.Exact):
 // rs as New made it before its synced counters, sharing its backend, memory
-// mirror, block list and debts; nil when no layer is a concurrency layer
-// counted in Redis.
+// mirror, block list and debts; nil when no layer is unleased in Redis.
 func exactBeside(rs *RedisStore, layers []*layer) *RedisStore {
 	for _, l := range layers {
-		if isSlots(l) {
+		if unleased(l) {
 			exact := *rs
 			return &exact
 		}
@@ -32,22 +32,34 @@ func exactBeside(rs *RedisStore, layers []*layer) *RedisStore {
 	return nil
 }
 
-// isSlots reports whether l is a concurrency layer counted in Redis.
-func isSlots(l *layer) bool {
-	return l.Algorithm == algConcurrency && !l.Memory
+// unleased reports whether l is counted in Redis by the script even on a
+// synced store (Limits.Unleased).
+func unleased(l *layer) bool {
+	return l.Unleased && !l.Memory
+}
+
+// anyUnleased reports whether one of c's layers is unleased (unleased).
+func anyUnleased(c *charge) bool {
+	for _, l := range c.Layers {
+		if unleased(l) {
+			return true
+		}
+	}
+
+	return false
 }
 
 // takeSynced is Take on a synced store.
 func takeSynced(s *RedisStore, t *tally, c *charge) {
-	if s.Exact == nil || !anyRedisSlot(c) {
+	if s.Exact == nil || !anyUnleased(c) {
 		SyncTake(s.Synced, t, c)
 		return
 	}
 
-	var synced, slots []int
+	var synced, exact []int
 	for i, l := range c.Layers {
-		if isSlots(l) {
-			slots = append(slots, i)
+		if unleased(l) {
+			exact = append(exact, i)
 		} else {
 			synced = append(synced, i)
 		}
@@ -58,17 +70,17 @@ func takeSynced(s *RedisStore, t *tally, c *charge) {
 		return
 	}
 
-	takeBoth(s, t, c, synced, slots)
+	takeBoth(s, t, c, synced, exact)
 }
 
 // takeBoth takes c's synced layers (at synced) from their counters, then,
-// when they allow it, its slots (at slots) in Redis.
-func takeBoth(s *RedisStore, t *tally, c *charge, synced, slots []int) {
+// when they allow it, its unleased layers (at exact) with the script.
+func takeBoth(s *RedisStore, t *tally, c *charge, synced, exact []int) {
 	ts := tally{Cost: t.Cost}
 	tx := tally{Cost: t.Cost}
 	if t.Each != nil {
 		ts.Each = rule.NewItems(len(synced))
-		tx.Each = rule.NewItems(len(slots))
+		tx.Each = rule.NewItems(len(exact))
 	}
 
 	cs := rule.ChargeAt(c, synced)
@@ -81,36 +93,36 @@ func takeBoth(s *RedisStore, t *tally, c *charge, synced, slots []int) {
 		return
 	}
 
-	Take(s.Exact, &tx, rule.ChargeAt(c, slots))
+	Take(s.Exact, &tx, rule.ChargeAt(c, exact))
 
 	if tx.Refused && !c.All {
 		syncRefund(s.Synced, rule.ChargeWithout(cs, ts.Uncharged), rule.CostOf(t))
 		*t = tally{Cost: t.Cost, Shown: -1, Each: t.Each}
-		rule.MergeTally(t, &tx, slots)
+		rule.MergeTally(t, &tx, exact)
 
 		return
 	}
 
 	*t = tally{Cost: t.Cost, Shown: -1, Each: t.Each}
 	rule.MergeTally(t, &ts, synced)
-	rule.MergeTally(t, &tx, slots)
+	rule.MergeTally(t, &tx, exact)
 }
 
-// giveBackSlots is GiveBack's Redis part on a synced store for a charge c
-// with slots in Redis (GiveBack released or refunded c in memory, but a
-// refund of its slots): the release of its slots (slots true), or the
-// refund of cost to its synced counters and its slots.
-func giveBackSlots(s *RedisStore, c *charge, cost int64, slots bool) {
-	var synced, held []int
+// giveBackUnleased is GiveBack's Redis part on a synced store for a charge
+// c with unleased layers (GiveBack released or refunded c in memory, but a
+// refund of those): the release of its slots (slots true), or the refund
+// of cost to its synced counters and its unleased layers.
+func giveBackUnleased(s *RedisStore, c *charge, cost int64, slots bool) {
+	var synced, exact []int
 	for i, l := range c.Layers {
-		if isSlots(l) {
-			held = append(held, i)
+		if unleased(l) {
+			exact = append(exact, i)
 		} else {
 			synced = append(synced, i)
 		}
 	}
 
-	part := rule.ChargeAt(c, held)
+	part := rule.ChargeAt(c, exact)
 	if !slots {
 		syncRefund(s.Synced, rule.ChargeAt(c, synced), cost)
 		memstore.Refund(s.Local, part, cost)

@@ -238,8 +238,8 @@ func giveBackInRedis(s *RedisStore, c *charge, cost int64, slots bool) {
 // is in back-off: memory held the charge, which Redis is owed no more.
 func giveBackAway(s *RedisStore, c *charge, cost int64, slots bool) {
 	if s.Synced != nil {
-		if s.Exact != nil && anyRedisSlot(c) {
-			giveBackSlots(s, c, cost, slots)
+		if s.Exact != nil && anyUnleased(c) {
+			giveBackUnleased(s, c, cost, slots)
 			return
 		}
 

@@ -106,6 +106,9 @@ type Limits struct {
 	// Memory marks the layer of a Redis instance that is counted in memory
 	// (../redisstore/mixed.go).
 	Memory bool
+	// Unleased marks a layer that a synced store counts with the script at
+	// each request rather than from leases (../redisstore/slots.go).
+	Unleased bool
 	// Settles marks a costFrom route's layer, whose counts fall when a
 	// response reports less than its reservation (../meter.go): the Redis
 	// block list, which holds a key until its reset, never holds its keys.
