@@ -21,7 +21,7 @@ import (
 // rs as New made it before its synced counters, sharing its backend, memory
 // mirror, block list and debts; nil when no layer is a concurrency layer
 // counted in Redis.
-func exactBeside(rs *RedisStore, layers []*layer) *RedisStore {
+func exactBeside(rs *RedisStore, layers []*rule.Layer) *RedisStore {
 	for _, l := range layers {
 		if isSlots(l) {
 			exact := *rs
@@ -33,12 +33,12 @@ func exactBeside(rs *RedisStore, layers []*layer) *RedisStore {
 }
 
 // isSlots reports whether l is a concurrency layer counted in Redis.
-func isSlots(l *layer) bool {
+func isSlots(l *rule.Layer) bool {
 	return l.Algorithm == algConcurrency && !l.Memory
 }
 
 // takeSynced is Take on a synced store.
-func takeSynced(s *RedisStore, t *tally, c *charge) {
+func takeSynced(s *RedisStore, t *rule.Tally, c *rule.Charge) {
 	if s.Exact == nil || !anyRedisSlot(c) {
 		SyncTake(s.Synced, t, c)
 		return
@@ -63,9 +63,9 @@ func takeSynced(s *RedisStore, t *tally, c *charge) {
 
 // takeBoth takes c's synced layers (at synced) from their counters, then,
 // when they allow it, its slots (at slots) in Redis.
-func takeBoth(s *RedisStore, t *tally, c *charge, synced, slots []int) {
-	ts := tally{Cost: t.Cost}
-	tx := tally{Cost: t.Cost}
+func takeBoth(s *RedisStore, t *rule.Tally, c *rule.Charge, synced, slots []int) {
+	ts := rule.Tally{Cost: t.Cost}
+	tx := rule.Tally{Cost: t.Cost}
 	if t.Each != nil {
 		ts.Each = rule.NewItems(len(synced))
 		tx.Each = rule.NewItems(len(slots))
@@ -75,7 +75,7 @@ func takeBoth(s *RedisStore, t *tally, c *charge, synced, slots []int) {
 	SyncTake(s.Synced, &ts, cs)
 
 	if ts.Refused && !c.All {
-		*t = tally{Cost: t.Cost, Shown: -1, Each: t.Each}
+		*t = rule.Tally{Cost: t.Cost, Shown: -1, Each: t.Each}
 		rule.MergeTally(t, &ts, synced)
 
 		return
@@ -85,13 +85,13 @@ func takeBoth(s *RedisStore, t *tally, c *charge, synced, slots []int) {
 
 	if tx.Refused && !c.All {
 		syncRefund(s.Synced, rule.ChargeWithout(cs, ts.Uncharged), rule.CostOf(t))
-		*t = tally{Cost: t.Cost, Shown: -1, Each: t.Each}
+		*t = rule.Tally{Cost: t.Cost, Shown: -1, Each: t.Each}
 		rule.MergeTally(t, &tx, slots)
 
 		return
 	}
 
-	*t = tally{Cost: t.Cost, Shown: -1, Each: t.Each}
+	*t = rule.Tally{Cost: t.Cost, Shown: -1, Each: t.Each}
 	rule.MergeTally(t, &ts, synced)
 	rule.MergeTally(t, &tx, slots)
 }
@@ -100,7 +100,7 @@ func takeBoth(s *RedisStore, t *tally, c *charge, synced, slots []int) {
 // with slots in Redis (GiveBack released or refunded c in memory, but a
 // refund of its slots): the release of its slots (slots true), or the
 // refund of cost to its synced counters and its slots.
-func giveBackSlots(s *RedisStore, c *charge, cost int64, slots bool) {
+func giveBackSlots(s *RedisStore, c *rule.Charge, cost int64, slots bool) {
 	var synced, held []int
 	for i, l := range c.Layers {
 		if isSlots(l) {
