@@ -32,7 +32,7 @@ type pendingIP struct {
 	edge    *Plugin
 	req     *http.Request // as the edge saw it
 	client  string        // the edge's key for its client; "" until pendingClient resolves it
-	charged []*layer      // the edge's layers charged up front (global, routes); nil: its planCred
+	charged []*rule.Layer // the edge's layers charged up front (global, routes); nil: its planCred
 	cost    int64         // what the request was charged in each of them, and is in ip (0: 1)
 	skip    uint64        // bit i: charged[i] took nothing (tally.uncharged), so a refund skips it
 	claimed bool          // settle's: whoever claims the charge decides it
@@ -48,7 +48,7 @@ type pendingIP struct {
 // layers the edge charged up front get their points back, since a refused
 // request spends nothing (one noisy client with garbage credentials would
 // otherwise spend global for everyone).
-func settle(pd *pendingIP, t *tally, now int64, charging bool) *charge {
+func settle(pd *pendingIP, t *rule.Tally, now int64, charging bool) *rule.Charge {
 	if pd.claimed {
 		return nil
 	}
@@ -103,9 +103,9 @@ var pendingKey = new(byte)
 // that instance's ip bucket); else ip or assets. It settles the pending charge
 // either way. ok is false when the pending charge refused the request, which
 // has then been answered.
-func afterAuthPlan(p *Plugin, rw http.ResponseWriter, req *http.Request, principal string) (layers []*layer, ok bool) {
+func afterAuthPlan(p *Plugin, rw http.ResponseWriter, req *http.Request, principal string) (layers []*rule.Layer, ok bool) {
 	if pd, _ := req.Context().Value(pendingKey).(*pendingIP); pd != nil {
-		var t tally
+		var t rule.Tally
 
 		now := pd.edge.now().UnixNano()
 		if c := settle(pd, &t, now, principal == ""); c != nil {
@@ -142,7 +142,7 @@ func (w *watchWriter) chargeIP() bool {
 	h := w.rw.Header()
 	now := p.now().UnixNano()
 
-	var t tally
+	var t rule.Tally
 
 	c := settle(w.pending, &t, now, true)
 	if c == nil {
@@ -210,10 +210,10 @@ type watchWriter struct {
 
 	pending *pendingIP // a credentialed request's ip charge; nil: none
 
-	routes            []*route // the routes matched, some with countStatus; nil: none
-	client, principal string   // the routes' keys, on serveCountedFast
-	decided           *charge  // serveCounted's: the decision, whose client and keys the routes' charges take
-	cost              int64    // the request's cost, which a listed status charges
+	routes            []*route     // the routes matched, some with countStatus; nil: none
+	client, principal string       // the routes' keys, on serveCountedFast
+	decided           *rule.Charge // serveCounted's: the decision, whose client and keys the routes' charges take
+	cost              int64        // the request's cost, which a listed status charges
 
 	reserved []reservation // what costFrom routes hold for the request (meter.go); nil: none
 	bodyLeft int64         // the bytes of the body its Content-Length still announces; -1: none
@@ -367,7 +367,7 @@ type routeHits struct {
 // client hangs up mid-body, it panics with http.ErrAbortHandler, and a
 // handler after this one may panic too. A panic goes on once the request
 // is settled (no recover: the deferred call runs as the panic unwinds).
-func serveCounted(p *Plugin, out http.ResponseWriter, req *http.Request, c *charge, hits *routeHits, left int64) {
+func serveCounted(p *Plugin, out http.ResponseWriter, req *http.Request, c *rule.Charge, hits *routeHits, left int64) {
 	// out is this instance's watchWriter already converted to the
 	// interface, or the writer a pooled one wraps (watchPool; doc.go:
 	// wrappers). Another instance's watchWriter (the edge's, when this
@@ -419,7 +419,7 @@ func serveCounted(p *Plugin, out http.ResponseWriter, req *http.Request, c *char
 // chargeDecided is the charge of layers, the charge layers of w's counted
 // routes, each with the key the decision found for its route: the body a
 // json: key is read from is the backend's by now.
-func chargeDecided(w *watchWriter, layers []*layer, now int64) *charge {
+func chargeDecided(w *watchWriter, layers []*rule.Layer, now int64) *rule.Charge {
 	d := w.decided
 	keys := make([]string, len(layers))
 
@@ -437,7 +437,7 @@ func chargeDecided(w *watchWriter, layers []*layer, now int64) *charge {
 		}
 	}
 
-	return &charge{Layers: layers, Keys: keys, Client: d.Client, Principal: d.Principal, Now: now, All: w.p.dryRun}
+	return &rule.Charge{Layers: layers, Keys: keys, Client: d.Client, Principal: d.Principal, Now: now, All: w.p.dryRun}
 }
 
 // endCounted is what serveCounted does once its request has ended, however
@@ -469,7 +469,7 @@ func countStatus(w *watchWriter, code int) {
 // its own, so that a response no route counts costs countStatus's frame
 // only (doc.go: frames).
 func chargeStatus(w *watchWriter, code int) {
-	var layers []*layer
+	var layers []*rule.Layer
 
 	for _, rt := range w.routes {
 		if rt.countStatus[code] {
@@ -483,9 +483,9 @@ func chargeStatus(w *watchWriter, code int) {
 
 	p := w.p
 	now := p.now().UnixNano()
-	t := tally{Cost: w.cost}
+	t := rule.Tally{Cost: w.cost}
 
-	var c *charge
+	var c *rule.Charge
 	if w.decided != nil {
 		c = chargeDecided(w, layers, now)
 	} else {

@@ -16,6 +16,7 @@ import (
 	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/redisstore"
+	"github.com/tierlimit/tierlimit/rule"
 )
 
 func onlyBucket(points, burst int, duration string) func(c *Config) {
@@ -417,13 +418,13 @@ func TestTokenBucketConfigErrors(t *testing.T) {
 
 var t0 = time.Date(2026, 6, 15, 10, 0, 0, 0, time.UTC).UnixNano()
 
-func testLayer(s *memstore.WindowStore, name string, points int64, d time.Duration) *layer {
+func testLayer(s *memstore.WindowStore, name string, points int64, d time.Duration) *rule.Layer {
 	return newLayer(s, config.Rule{Name: name, Points: points, Duration: d}, keyOfClient)
 }
 
 // takeIn runs take on s (storeOf) and returns the tally.
-func takeIn(s interface{}, now int64, layers []*layer, client, principal string, all bool) tally {
-	var t tally
+func takeIn(s interface{}, now int64, layers []*rule.Layer, client, principal string, all bool) rule.Tally {
+	var t rule.Tally
 
 	take(storeOf(s), &t, chargeOf(layers, client, principal, nil, now, all))
 

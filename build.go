@@ -23,7 +23,7 @@ import (
 type exemptions struct {
 	ips  []netip.Prefix
 	ids  map[string]bool
-	plan []*layer // global, unless exempt.global
+	plan []*rule.Layer // global, unless exempt.global
 }
 
 // chooseMode decides, from the parsed settings alone, how an instance serves
@@ -165,13 +165,13 @@ func loudReserves(routes []*route) {
 		if rt.costFrom != nil && rt.layer.Quiet {
 			loud := *rt.layer
 			loud.Quiet = false
-			rt.loud = []*layer{&loud}
+			rt.loud = []*rule.Layer{&loud}
 		}
 	}
 }
 
 // buildOperations makes the connection cap and the exemptions; built are the built-in layers (buildLayers).
-func (p *Plugin) buildOperations(ctx context.Context, cfg *config.Settings, memory *memstore.WindowStore, built []*layer) {
+func (p *Plugin) buildOperations(ctx context.Context, cfg *config.Settings, memory *memstore.WindowStore, built []*rule.Layer) {
 	if cfg.WSMaxPerIP > 0 {
 		p.ws = connCounters.get(ctx, p.name, cfg.WSMaxPerIP)
 		p.wsLayer = newLayer(memory, config.Rule{Name: config.LayerWebsocket, Points: int64(cfg.WSMaxPerIP), Duration: time.Second}, keyOfClient)
@@ -191,8 +191,8 @@ func (p *Plugin) buildOperations(ctx context.Context, cfg *config.Settings, memo
 // config.NeverCharged).
 // So the status page, the metrics and the reset endpoint know the layers the
 // instance can charge only.
-func (p *Plugin) buildLayers(cfg *config.Settings, memory *memstore.WindowStore) []*layer {
-	built := make([]*layer, len(config.Builtins))
+func (p *Plugin) buildLayers(cfg *config.Settings, memory *memstore.WindowStore) []*rule.Layer {
+	built := make([]*rule.Layer, len(config.Builtins))
 	for i, row := range config.Builtins {
 		if !config.NeverCharged(cfg, row.Name) {
 			built[i] = newLayer(memory, cfg.Builtin[i], rule.BuiltinKeyKind(row))
@@ -202,7 +202,7 @@ func (p *Plugin) buildLayers(cfg *config.Settings, memory *memstore.WindowStore)
 	p.layers = rule.On(built)
 
 	// A plan's layer is keyed by its principal, like user's.
-	named := make([]*layer, len(cfg.Plans))
+	named := make([]*rule.Layer, len(cfg.Plans))
 	for i, spec := range cfg.Plans {
 		named[i] = newLayer(memory, spec, rule.KeyOfPrincipal)
 	}
@@ -350,7 +350,7 @@ func (p *Plugin) setPathForms(cfg *config.Settings) {
 
 // newLayer is the layer of spec in every store (rule.NewLayer, memstore's
 // Attach, redisstore.Encode); nil for a layer that is off.
-func newLayer(memory *memstore.WindowStore, spec config.Rule, keyKind int) *layer {
+func newLayer(memory *memstore.WindowStore, spec config.Rule, keyKind int) *rule.Layer {
 	if !spec.On() {
 		return nil
 	}
@@ -397,7 +397,7 @@ const requestCost = config.RequestCost
 
 // drawPlans draws up the plans from the built-in layers, built aligned with
 // config.Builtins (nil where off), by the plan rules (config/charges.go).
-func drawPlans(built []*layer) plans {
+func drawPlans(built []*rule.Layer) plans {
 	return plans{
 		planIP:      rule.ChargedTo(built, config.AnonymousPlan),
 		planAssets:  rule.ChargedTo(built, config.AssetPlan),

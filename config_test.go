@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/tierlimit/tierlimit/config"
+	"github.com/tierlimit/tierlimit/rule"
 )
 
 func TestDefaultsMatchDesign(t *testing.T) {
@@ -250,7 +251,7 @@ func TestMaxTrackedHoldsOneCounterPerLayer(t *testing.T) {
 	}
 }
 
-func layerNames(layers []*layer) string {
+func layerNames(layers []*rule.Layer) string {
 	names := make([]string, 0, len(layers))
 	for _, l := range layers {
 		names = append(names, l.Name)

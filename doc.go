@@ -45,16 +45,27 @@
 // whose ServeHTTP is that mode's path: the one method call a request makes
 // is Traefik's.
 //
-// Qualified names. In a function on the request path, each type or constant
-// of another package named as pkg.Name (rule.Layer, rule.KeyOfClient) costs
-// one allocation per call of that function, for each such name. So each
-// package names the types and constants its request path uses through
-// aliases declared once (aliases.go here, memstore/aliases.go,
-// redisstore/aliases.go), and its request path names the alias (layer, not
-// rule.Layer); code off the request path names them qualified. A call of another package's function costs what a call of a
-// local one does, and reading a field of its struct costs nothing more: a
-// sub-package is free on the request path as long as it exposes functions
-// and its types are named through aliases.
+// Qualified names. In a function on the request path, each constant of
+// another package named as pkg.Name (rule.KeyOfClient) costs one allocation
+// per call of that function, for each such name. So each package names the
+// constants its request path uses through constants declared once
+// (aliases.go here, memstore/aliases.go, redisstore/aliases.go), and its
+// request path names those (keyOfClient, not rule.KeyOfClient); code off the
+// request path names them qualified. A type of another package named in a
+// function's body (var shown *rule.Layer, rule.Tally{...}) costs that
+// allocation too when Yaegi met the type named (in a signature, a field)
+// before its declaration, reading its package's files by name and each
+// file's declarations in order, and nothing when it met the declaration
+// first; named in a signature it costs nothing either way. So the request
+// path names types qualified, and each type it names is declared before
+// anything of its package names it: rule's Layer, Charge and Tally in
+// rule/a_types.go, the file Yaegi reads first, redisstore.SyncCounter in
+// redisstore/lease.go, counter.Entry, memstore.BlockedKey and
+// events.RedisEvent first in their files. e2e/yaegibench's
+// TestTypesTheRequestPathNamesCostNothingUnderYaegi measures each of them. A
+// call of another package's function costs what a call of a local one does,
+// and reading a field of its struct costs nothing more: a sub-package is
+// free on the request path as long as it exposes functions.
 //
 // Generated paths. Where a shared helper would put a frame on the fast
 // path, the fast path writes the few lines out. Those lines are written once,

@@ -21,7 +21,7 @@ import (
 // cost and countStatus routes go to hits. ok is false when
 // a charge left pending by an earlier instance refused the request, which
 // has then been answered (afterAuthPlan).
-func generalPlan(p *Plugin, rw http.ResponseWriter, req *http.Request, principal string, hits *routeHits) (layers []*layer, credentialed, ok bool) {
+func generalPlan(p *Plugin, rw http.ResponseWriter, req *http.Request, principal string, hits *routeHits) (layers []*rule.Layer, credentialed, ok bool) {
 	layers = p.planIP
 
 	switch {
@@ -46,7 +46,7 @@ func generalPlan(p *Plugin, rw http.ResponseWriter, req *http.Request, principal
 
 // verdict is decide after the charge c: it reports first refusals, sets the
 // headers and answers a refusal.
-func verdict(p *Plugin, rw http.ResponseWriter, req *http.Request, t *tally, c *charge) (bool, int64) {
+func verdict(p *Plugin, rw http.ResponseWriter, req *http.Request, t *rule.Tally, c *rule.Charge) (bool, int64) {
 	// A refusal always shows a layer (tally.refuse); a quiet dry-run
 	// layer's does not (tally.allow), and is reported here.
 	if t.Shown < 0 {
@@ -102,7 +102,7 @@ func serveUpgrade(p *Plugin, out, rw http.ResponseWriter, req *http.Request, cli
 // reportTally is report for a tally of charge c whose headers rw shows, and
 // writes a month layer's policy when take marked it (stores.month), and the
 // RateLimit items of a tally that has them (itemsBit, items.go).
-func reportTally(p *Plugin, rw http.ResponseWriter, t *tally, c *charge) {
+func reportTally(p *Plugin, rw http.ResponseWriter, t *rule.Tally, c *rule.Charge) {
 	if t.Firsts&monthPolicyBit != 0 {
 		rule.SetMonthPolicy(rw.Header(), c.Layers[t.Shown], c.Now)
 	}
@@ -118,7 +118,7 @@ func reportTally(p *Plugin, rw http.ResponseWriter, t *tally, c *charge) {
 
 // report writes an event for each of c's layers whose refusal is the first
 // of its window (the bits of firsts below itemsBit).
-func report(p *Plugin, c *charge, firsts uint64) {
+func report(p *Plugin, c *rule.Charge, firsts uint64) {
 	for i, l := range c.Layers {
 		if i < 63 && firsts&(uint64(1)<<uint(i)) != 0 && l.Algorithm == algConcurrency {
 			p.events.RefusedInFlight(l.Name, c.Keys[i], c.Client, l.DryRun, l.Capacity)
@@ -130,7 +130,7 @@ func report(p *Plugin, c *charge, firsts uint64) {
 
 // reject answers a refused request: a 429, or for a WebSocket upgrade a
 // completed handshake closed with 1013.
-func reject(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer, reset, now int64) {
+func reject(p *Plugin, rw http.ResponseWriter, req *http.Request, l *rule.Layer, reset, now int64) {
 	if req.Header["Upgrade"] == nil || !request.IsUpgrade(req) {
 		answer.Refuse(rw, &l.Policy, reset, now)
 		return
@@ -150,7 +150,7 @@ func reject(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer, rese
 
 // principalPlan is the plan of a request with a principal: service, the
 // plan its plan header names, or user.
-func principalPlan(p *Plugin, req *http.Request) []*layer {
+func principalPlan(p *Plugin, req *http.Request) []*rule.Layer {
 	if request.IsServiceAccount(p.ServiceHeader, req) {
 		return p.planService
 	}
@@ -211,7 +211,7 @@ func matchRoutes(p *Plugin, req *http.Request, path string) []*route {
 // (hits.matched, else matched here) to the plan, and writes to hits the
 // largest of their costs (the request's cost in every layer) and those
 // that count only listed statuses.
-func withRoutes(p *Plugin, layers []*layer, req *http.Request, hits *routeHits) []*layer {
+func withRoutes(p *Plugin, layers []*rule.Layer, req *http.Request, hits *routeHits) []*rule.Layer {
 	if hits.matched == nil {
 		hits.matched = matchRoutes(p, req, request.CanonicalPath(req.URL.Path, p.foldPaths))
 	}
@@ -220,7 +220,7 @@ func withRoutes(p *Plugin, layers []*layer, req *http.Request, hits *routeHits) 
 		return layers
 	}
 
-	out := make([]*layer, len(layers), len(layers)+len(hits.matched))
+	out := make([]*rule.Layer, len(layers), len(layers)+len(hits.matched))
 	copy(out, layers)
 
 	for _, rt := range hits.matched {
@@ -260,7 +260,7 @@ func withRoutes(p *Plugin, layers []*layer, req *http.Request, hits *routeHits) 
 // header names one of its plans, else the route. A plan with no limit on
 // the route (points 0: routePlans) adds the route's cost to the request
 // and no layer.
-func withRoutePlan(p *Plugin, out []*layer, rt *route, req *http.Request, hits *routeHits) []*layer {
+func withRoutePlan(p *Plugin, out []*rule.Layer, rt *route, req *http.Request, hits *routeHits) []*rule.Layer {
 	if v := req.Header[p.planHeader]; len(v) > 0 && rt.plans[v[0]] != nil {
 		rt = rt.plans[v[0]]
 	}

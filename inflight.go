@@ -5,6 +5,7 @@ import (
 
 	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/redisstore"
+	"github.com/tierlimit/tierlimit/rule"
 )
 
 // Concurrency layers (algorithm: concurrency, config/concurrency.go): a
@@ -21,7 +22,7 @@ import (
 // releaseHeld frees the slots that the request of charge c holds in its
 // concurrency layers, once it has been served: on Redis, the store's one
 // give-back, which frees them in Redis and in its memory mirror alike.
-func releaseHeld(p *Plugin, c *charge) {
+func releaseHeld(p *Plugin, c *rule.Charge) {
 	if p.stores.redis == nil {
 		memstore.Release(p.stores.memory, c)
 		return
@@ -35,7 +36,7 @@ func releaseHeld(p *Plugin, c *charge) {
 // until it has been served.
 func serveExemptHeld(p *Plugin, rw http.ResponseWriter, req *http.Request, client, principal string) {
 	now := p.now().UnixNano()
-	t := tally{Cost: requestCost}
+	t := rule.Tally{Cost: requestCost}
 	c := chargeOf(p.exempt.plan, client, principal, req, now, p.dryRun)
 	take(p.stores, &t, c)
 

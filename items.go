@@ -35,7 +35,7 @@ const markBits = monthPolicyBit | itemsBit
 // others (takeReserving), on an instance with items (stores.items): the
 // tally has items (tally.Each, one pair per layer of the whole request,
 // whose first layers pc's are) when one of them is a concurrency layer.
-func takeItems(st *stores, t *tally, pc *charge) {
+func takeItems(st *stores, t *rule.Tally, pc *rule.Charge) {
 	n := len(pc.Parent.Layers)
 	for _, l := range pc.Layers {
 		if l.Algorithm == algConcurrency && n < 62 {
@@ -52,7 +52,7 @@ func takeItems(st *stores, t *tally, pc *charge) {
 // reservedItem records the item of the reserving layer at i, whose take
 // was part, in t, and marks t (itemsBit): takeReserving's, after its
 // takes, which may write t anew (redisstore.TakeMixed).
-func reservedItem(t *tally, i int, part *tally) {
+func reservedItem(t *rule.Tally, i int, part *rule.Tally) {
 	t.Each[2*i] = part.Left + 1 // a quiet layer's too, which setItems skips
 	t.Each[2*i+1] = part.Reset
 	t.Firsts |= itemsBit
@@ -66,7 +66,7 @@ func reservedItem(t *tally, i int, part *tally) {
 // in a function of its own: under Yaegi every call, operator and string
 // concatenation costs allocations (doc.go: frames). reportTally calls it
 // for verdict, whose tally shows a layer.
-func setItems(p *Plugin, h http.Header, t *tally, c *charge) {
+func setItems(p *Plugin, h http.Header, t *rule.Tally, c *rule.Charge) {
 	if t.Refused { // a dry run's (c.All), whose answer names the refusal
 		return
 	}

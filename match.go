@@ -5,12 +5,13 @@ import (
 	"strings"
 
 	"github.com/tierlimit/tierlimit/request"
+	"github.com/tierlimit/tierlimit/rule"
 	"github.com/tierlimit/tierlimit/usage"
 )
 
 // route is a route limit with its matcher.
 type route struct {
-	layer   *layer
+	layer   *rule.Layer
 	methods map[string]bool // nil: any method
 	// exact holds the exact paths, canonical (request/path.go), each also
 	// with a trailing slash: an exact path matches with or without one.
@@ -26,7 +27,7 @@ type route struct {
 	// response (nil: every request, up front); charge is then the route's
 	// layer as that charge takes it: the same counters, not check-only.
 	countStatus map[int]bool
-	charge      *layer
+	charge      *rule.Layer
 	// costFrom is where the response states what a request cost the
 	// route's layer (nil: it charges cost up front), which holds reserve
 	// points for the request until then (meter.go).
@@ -36,7 +37,7 @@ type route struct {
 	// enforce (layer.Quiet), as its reservation's take charges it: the same
 	// counters, shown, so that the take reports the window's reset, which
 	// the settlement's give-back needs (reserveFor). nil for other routes.
-	loud []*layer
+	loud []*rule.Layer
 	// plans are the route's forms for principals on a plan (routes[].plans):
 	// by plan name, a copy of the route with the plan's layer.
 	plans map[string]*route

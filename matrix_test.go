@@ -16,6 +16,7 @@ import (
 	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/redisresp"
 	"github.com/tierlimit/tierlimit/redisstore"
+	"github.com/tierlimit/tierlimit/rule"
 )
 
 // The fault matrix: every charging feature, alone and beside
@@ -928,8 +929,8 @@ func waitCond(cond func() bool) bool {
 }
 
 // routeLayers are h's route layers (a route's plans' too).
-func routeLayers(h *harness) []*layer {
-	var out []*layer
+func routeLayers(h *harness) []*rule.Layer {
+	var out []*rule.Layer
 	for _, l := range h.p.layers {
 		switch l.Name {
 		case "global", "ip", "assets", "user", "service", "pro":

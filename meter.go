@@ -56,7 +56,7 @@ const maxReportedCost = int64(1) << 40
 // The reserving layers are marked in t.Uncharged: a pending ip charge that
 // refuses the request later (after.go settle) leaves them to the
 // settlement, which gives their reservation back.
-func takeReserving(st *stores, t *tally, c *charge, hits *routeHits) {
+func takeReserving(st *stores, t *rule.Tally, c *rule.Charge, hits *routeHits) {
 	n := len(c.Layers) - len(hits.metered)
 	t.Shown = -1
 
@@ -73,7 +73,7 @@ func takeReserving(st *stores, t *tally, c *charge, hits *routeHits) {
 
 	for j, rt := range hits.metered {
 		i := n + j
-		part := tally{Cost: rt.reserve}
+		part := rule.Tally{Cost: rt.reserve}
 		pc := rule.ChargeSpan(c, i, i+1)
 		if rt.loud != nil {
 			takeQuiet(st, &part, pc, rt.loud)
@@ -108,7 +108,7 @@ func takeReserving(st *stores, t *tally, c *charge, hits *routeHits) {
 // refuseReserved makes t the refusal of the reserving layer at i of c,
 // whose take was part, after giving back what the request's takes charged
 // before (giveBackReserved).
-func refuseReserved(st *stores, t *tally, c *charge, hits *routeHits, part *tally, i int) {
+func refuseReserved(st *stores, t *rule.Tally, c *rule.Charge, hits *routeHits, part *rule.Tally, i int) {
 	giveBackReserved(st, c, t, hits, i)
 
 	t.Shown = i
@@ -123,7 +123,7 @@ func refuseReserved(st *stores, t *tally, c *charge, hits *routeHits, part *tall
 // reserving layer at i refused it: the other layers (c's first n, but those
 // the take left uncharged and the check-only ones) and the reservations
 // made so far.
-func giveBackReserved(st *stores, c *charge, t *tally, hits *routeHits, i int) {
+func giveBackReserved(st *stores, c *rule.Charge, t *rule.Tally, hits *routeHits, i int) {
 	n := len(c.Layers) - len(hits.metered)
 	if n > 0 {
 		rest := rule.ChargeSpan(c, 0, n)
@@ -143,7 +143,7 @@ func giveBackReserved(st *stores, c *charge, t *tally, hits *routeHits, i int) {
 // run beside rules that enforce), charge pc its layer alone, loud the
 // layer's loud copy (route.loud): the take charges the same counters and
 // reports the window's reset, which the headers never show (t.Shown -1).
-func takeQuiet(st *stores, t *tally, pc *charge, loud []*layer) {
+func takeQuiet(st *stores, t *rule.Tally, pc *rule.Charge, loud []*rule.Layer) {
 	pc.Layers = loud
 	take(st, t, pc)
 	t.Shown = -1
@@ -152,7 +152,7 @@ func takeQuiet(st *stores, t *tally, pc *charge, loud []*layer) {
 // reserveFor is the reservation that the take of part t, charge pc (a
 // costFrom route's layer alone), made for route rt: t's reset is the
 // layer's window's (takeQuiet's too).
-func reserveFor(rt *route, pc *charge, t *tally) reservation {
+func reserveFor(rt *route, pc *rule.Charge, t *rule.Tally) reservation {
 	r := reservation{rt: rt, key: pc.Keys[0], client: pc.Client, held: rt.reserve}
 	atomic.AddInt64(&rt.layer.Stats.Reserved, 1)
 
@@ -212,7 +212,7 @@ func holdCost(p *Plugin, r *reservation, cost, now int64) {
 	delta := cost - r.held
 	r.held = cost
 
-	c := &charge{Layers: []*layer{r.rt.layer}, Keys: []string{r.key}, Client: r.client, Now: now}
+	c := &rule.Charge{Layers: []*rule.Layer{r.rt.layer}, Keys: []string{r.key}, Client: r.client, Now: now}
 
 	switch {
 	case delta < 0 && (r.reset == 0 || now < r.reset):

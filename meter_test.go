@@ -16,6 +16,7 @@ import (
 	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/redisstore"
 	"github.com/tierlimit/tierlimit/request"
+	"github.com/tierlimit/tierlimit/rule"
 )
 
 // meteredRoute is the route: 1000 points a minute per API key,
@@ -927,7 +928,7 @@ func TestSpendAddsToAKeyAtZeroOnRedisServer(t *testing.T) {
 	redisDo(t, admin, "SET", key, "0", "PX", "60000")
 
 	l := h.p.routes[0].layer
-	spend(h.p.stores, &charge{Layers: []*layer{l}, Keys: []string{request.HashKey("k1")}, Now: h.clock.Now().UnixNano()}, 5)
+	spend(h.p.stores, &rule.Charge{Layers: []*rule.Layer{l}, Keys: []string{request.HashKey("k1")}, Now: h.clock.Now().UnixNano()}, 5)
 
 	if got := redisDo(t, admin, "GET", key).Str; got != "5" {
 		t.Errorf("Redis holds %q after a charge of 5 on 0, want 5", got)
@@ -980,7 +981,7 @@ func TestSpendStartsASlidingKeysWindowOnRedisServer(t *testing.T) {
 	redisDo(t, admin, "PEXPIRE", key, "30000") // half of the current 60 s window left
 
 	l := h.p.routes[0].layer
-	spend(h.p.stores, &charge{Layers: []*layer{l}, Keys: []string{request.HashKey("k1")}, Now: h.clock.Now().UnixNano()}, 9)
+	spend(h.p.stores, &rule.Charge{Layers: []*rule.Layer{l}, Keys: []string{request.HashKey("k1")}, Now: h.clock.Now().UnixNano()}, 9)
 
 	c, p := redisDo(t, admin, "HGET", key, "c").Str, redisDo(t, admin, "HGET", key, "p").Str
 	ttl := redisDo(t, admin, "PTTL", key).Int

@@ -615,7 +615,7 @@ func TestOutageChargesArePaidAtTheirCost(t *testing.T) {
 	proxy.restore()
 	redisstore.PayOwed(rs)
 
-	for _, l := range []*layer{h.p.layers[layerIndex(h, "ip")], h.p.routes[0].layer} {
+	for _, l := range []*rule.Layer{h.p.layers[layerIndex(h, "ip")], h.p.routes[0].layer} {
 		if got := redisDo(t, admin, "GET", l.RedisKey+client).Str; got != "30" {
 			t.Errorf("%s in Redis after the payment: %q, want 30 (10 before the outage, 2 x 10 during it)", l.Name, got)
 		}
@@ -691,7 +691,7 @@ func TestARefundDuringAnOutageIsNotPaidToRedis(t *testing.T) {
 
 	// One of the outage's 3 is given back, as the refund of a request that
 	// a later layer refused.
-	refund(storeOf(rs), chargeOf([]*layer{ip}, f.client, "", nil, h.clock.Now().UnixNano(), false), 1)
+	refund(storeOf(rs), chargeOf([]*rule.Layer{ip}, f.client, "", nil, h.clock.Now().UnixNano(), false), 1)
 
 	proxy.restore()
 	redisstore.PayOwed(rs)

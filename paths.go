@@ -6,6 +6,7 @@ import (
 	"strconv"
 
 	"github.com/tierlimit/tierlimit/answer"
+	"github.com/tierlimit/tierlimit/counter"
 	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/redisresp"
@@ -55,13 +56,13 @@ var refusalHeaders = rule.RefusalHeaders
 
 // cacheWindowRefusal is rule.CacheRefusal for the window w of l; out of
 // refuseFast, whose frame would hold its arguments (doc.go: frames).
-func cacheWindowRefusal(l *layer, w *entry, secs int64) {
+func cacheWindowRefusal(l *rule.Layer, w *counter.Entry, secs int64) {
 	rule.CacheRefusal(l, w.ResetH[0], w.Reset, secs)
 }
 
 // refuseOther is refuseFast for a configured body, a WebSocket upgrade, or
 // the window's first refusal, which is reported.
-func refuseOther(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer, w *entry, now int64) {
+func refuseOther(p *Plugin, rw http.ResponseWriter, req *http.Request, l *rule.Layer, w *counter.Entry, now int64) {
 	reset, resetH := w.Reset, w.ResetH
 	first := !w.Logged
 	w.Logged = true
@@ -113,7 +114,7 @@ type redisPlan struct {
 	heads                  []string
 	tail                   string
 	cluster                *redisresp.Cluster
-	layers, shared, memory []*layer
+	layers, shared, memory []*rule.Layer
 	sharedAt, memoryAt     []int
 	constCmd               string
 	constSlot              int
@@ -133,7 +134,7 @@ type clusterPath Plugin
 // general path's call does it), which redisstore.SettlePair settles across
 // the two slots (all or nothing) before the request is answered from the
 // replies or decided anew.
-func clusterOther(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, client string, va int64, ia []int64, vb int64, ib []int64, err error) {
+func clusterOther(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*rule.Layer, client string, va int64, ia []int64, vb int64, ib []int64, err error) {
 	if err != nil {
 		redisFailed(p, rw, req, layers, client, err)
 		return
@@ -207,7 +208,7 @@ func newRedisFast(rs *redisstore.RedisStore, ps plans) *redisFast {
 // one layer keyed by the client, each in its own slot on a Cluster: the
 // client's layer's as newRedisPlan encodes a plan of it alone, and
 // global's, whole.
-func newClusterPair(rs *redisstore.RedisStore, layers []*layer) *redisPlan {
+func newClusterPair(rs *redisstore.RedisStore, layers []*rule.Layer) *redisPlan {
 	rp := newRedisPlan(rs, layers[1:], 1)
 	rp.layers = layers
 	cmd, slot := redisstore.EncodeConst(rp.call, layers[0])
@@ -219,7 +220,7 @@ func newClusterPair(rs *redisstore.RedisStore, layers []*layer) *redisPlan {
 
 // newRedisPlan encodes the call of a plan with one layer keyed by the client
 // (redisstore.EncodeFast); each request costs cost.
-func newRedisPlan(rs *redisstore.RedisStore, layers []*layer, cost int64) *redisPlan {
+func newRedisPlan(rs *redisstore.RedisStore, layers []*rule.Layer, cost int64) *redisPlan {
 	memory, shared, memoryAt, sharedAt := redisstore.SplitLayers(layers)
 	f := redisstore.EncodeFast(rs, shared, cost, maxFastClientKey)
 
@@ -233,8 +234,8 @@ func newRedisPlan(rs *redisstore.RedisStore, layers []*layer, cost int64) *redis
 type redisPath Plugin
 
 // refuseBlockedGeneral is refuseBlocked through the store's takeBlocked.
-func refuseBlockedGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, client string, now int64) bool {
-	var t tally
+func refuseBlockedGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*rule.Layer, client string, now int64) bool {
+	var t rule.Tally
 
 	c := chargeOf(layers, client, "", req, now, false)
 	if !p.fast.store.TakeBlocked(&t, c) {
@@ -248,7 +249,7 @@ func refuseBlockedGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request, 
 
 // serveRedisSlow serves a request of modeRedis on the general decision:
 // Redis is in back-off, or the client key is long.
-func serveRedisSlow(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, client string) {
+func serveRedisSlow(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*rule.Layer, client string) {
 	if ok, _ := decide(p, rw, req, layers, client, "", requestCost); ok {
 		p.next.ServeHTTP(rw, req)
 	}
@@ -256,7 +257,7 @@ func serveRedisSlow(p *Plugin, rw http.ResponseWriter, req *http.Request, layers
 
 // redisFailed decides in memory a request whose script call failed, as
 // redisstore.Take does.
-func redisFailed(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, client string, err error) {
+func redisFailed(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*rule.Layer, client string, err error) {
 	now := p.now().UnixNano()
 	rs := p.fast.store
 
@@ -265,7 +266,7 @@ func redisFailed(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []
 		rs.Backend.Failed(now, false, err)
 	}
 
-	var t tally
+	var t rule.Tally
 
 	c := chargeOf(layers, client, "", req, now, false)
 	rs.TakeLocal(&t, c)
@@ -274,9 +275,9 @@ func redisFailed(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []
 
 // redisReply decides a request on a reply that redisPath did not accept: a
 // refusal, or a malformed reply (then in memory).
-func redisReply(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, client string, ints []int64) {
+func redisReply(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*rule.Layer, client string, ints []int64) {
 	now := p.now().UnixNano()
-	var t tally
+	var t rule.Tally
 
 	c := chargeOf(layers, client, "", req, now, false)
 	if err := redisstore.Record(p.fast.store, &t, c, ints); err != nil {
@@ -288,7 +289,7 @@ func redisReply(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*
 }
 
 // answerRedis is decide after the charge c, for a request of modeRedis.
-func answerRedis(p *Plugin, rw http.ResponseWriter, req *http.Request, t *tally, c *charge) {
+func answerRedis(p *Plugin, rw http.ResponseWriter, req *http.Request, t *rule.Tally, c *rule.Charge) {
 	if t.Firsts != 0 {
 		report(p, c, t.Firsts)
 	}
@@ -321,8 +322,8 @@ type syncedPath Plugin
 // serveOnCounters decides a request of syncedPath on its synced counters (SyncTake), and answers
 // it: a counter without a lease, a window's first refusal, a configured
 // body, a WebSocket upgrade (refuseSynced).
-func serveOnCounters(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, client string, now int64) {
-	var t tally
+func serveOnCounters(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*rule.Layer, client string, now int64) {
+	var t rule.Tally
 
 	c := chargeOf(layers, client, "", req, now, false)
 	redisstore.SyncTake(p.fast.store.Synced, &t, c)
@@ -358,14 +359,14 @@ func unspendMemory(rp *redisPlan, n int, client string, now int64) {
 
 // unseen is the window serveCountedFast's check reads for a key without a
 // live one: a count of 0, never charged nor shown.
-var unseen = &entry{}
+var unseen = &counter.Entry{}
 
 // routedAnew is serveRoutedFast's and serveCountedFast's refusal, called
 // with the memory store locked: the first n layers are given back what they
 // took (memstore.UnspendFast), and serveGeneral decides the request anew, with its
 // events and headers. A function of its own: the requests it allowed do not
 // pay for its frame (doc.go: frames).
-func routedAnew(p *Plugin, rw http.ResponseWriter, req *http.Request, matched []*route, layers []*layer, n int, client string, cost, now int64) {
+func routedAnew(p *Plugin, rw http.ResponseWriter, req *http.Request, matched []*route, layers []*rule.Layer, n int, client string, cost, now int64) {
 	memstore.UnspendFast(layers, n, client, cost, now)
 	p.memory.Mu.Unlock()
 	serveGeneral(p, rw, req, matched)

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 
 	"github.com/tierlimit/tierlimit/answer"
+	"github.com/tierlimit/tierlimit/counter"
 	"github.com/tierlimit/tierlimit/redisresp"
 	"github.com/tierlimit/tierlimit/redisstore"
 	"github.com/tierlimit/tierlimit/request"
@@ -41,8 +42,8 @@ func (ap *anonymousPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	}
 	now := p.now().UnixNano()
 	s := p.memory
-	var shown *layer // the layer with the fewest left
-	var sw *entry
+	var shown *rule.Layer // the layer with the fewest left
+	var sw *counter.Entry
 	var left int64 // requests left in shown
 	s.Mu.Lock()
 	s.Takes++
@@ -109,8 +110,8 @@ func (pp *principalPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	}
 	now := p.now().UnixNano()
 	s := p.memory
-	var shown *layer // the layer with the fewest left
-	var sw *entry
+	var shown *rule.Layer // the layer with the fewest left
+	var sw *counter.Entry
 	var left int64 // requests left in shown
 	s.Mu.Lock()
 	s.Takes++
@@ -188,8 +189,8 @@ func (pp *principalPlansPath) ServeHTTP(rw http.ResponseWriter, req *http.Reques
 	}
 	now := p.now().UnixNano()
 	s := p.memory
-	var shown *layer // the layer with the fewest left
-	var sw *entry
+	var shown *rule.Layer // the layer with the fewest left
+	var sw *counter.Entry
 	var left int64 // requests left in shown
 	s.Mu.Lock()
 	s.Takes++
@@ -249,8 +250,8 @@ func serveFast(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 	client := clientKey(p.ips, req)
 	now := p.now().UnixNano()
 	s := p.memory
-	var shown *layer // the layer with the fewest left
-	var sw *entry
+	var shown *rule.Layer // the layer with the fewest left
+	var sw *counter.Entry
 	var left int64 // requests left in shown
 	s.Mu.Lock()
 	s.Takes++
@@ -392,7 +393,7 @@ func serveCredentialed(p *Plugin, rw http.ResponseWriter, req *http.Request) {
 // what an earlier refusal of the layer computed (refusalCache): the body and
 // the headers depend only on the layer, the reset second and the seconds to
 // the reset.
-func refuseFast(p *Plugin, rw http.ResponseWriter, req *http.Request, l *layer, w *entry, fw *entry, now int64) {
+func refuseFast(p *Plugin, rw http.ResponseWriter, req *http.Request, l *rule.Layer, w *counter.Entry, fw *counter.Entry, now int64) {
 	if fw != nil {
 		fw.Count--
 	}
@@ -457,7 +458,7 @@ func serveGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request, matched 
 	// decide, written out: a pending ip charge keeps what the take did not
 	// charge (t.Uncharged), which a refund must not give back.
 	now := p.now().UnixNano()
-	t := tally{Cost: hits.cost}
+	t := rule.Tally{Cost: hits.cost}
 	keys := make([]string, len(layers))
 	for i, l := range layers {
 		keys[i] = client
@@ -467,7 +468,7 @@ func serveGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request, matched 
 			keys[i] = rule.KeyFor(l, client, principal, req)
 		}
 	}
-	c := &charge{Layers: layers, Keys: keys, Client: client, Principal: principal, Now: now, All: p.dryRun}
+	c := &rule.Charge{Layers: layers, Keys: keys, Client: client, Principal: principal, Now: now, All: p.dryRun}
 	if hits.metered == nil {
 		take(p.stores, &t, c)
 	} else {
@@ -505,7 +506,7 @@ func serveGeneral(p *Plugin, rw http.ResponseWriter, req *http.Request, matched 
 // charge pending (pass-credentialed), charge c and tally t having charged
 // its other layers: a function of its own, so that serveGeneral's frame
 // holds none of its values (doc.go: frames).
-func pendIP(p *Plugin, rw http.ResponseWriter, req *http.Request, c *charge, t *tally, left int64) (http.ResponseWriter, *http.Request) {
+func pendIP(p *Plugin, rw http.ResponseWriter, req *http.Request, c *rule.Charge, t *rule.Tally, left int64) (http.ResponseWriter, *http.Request) {
 	client := c.Client
 	var out http.ResponseWriter = rw
 	pd := &pendingIP{edge: p, req: req, client: client, charged: c.Layers, cost: t.Cost, skip: t.Uncharged}
@@ -556,7 +557,7 @@ func hasCredential(p *Plugin, req *http.Request) bool {
 // RateLimit-Policy and RateLimit of layer shown, with left requests left and
 // the window's reset (Unix nanoseconds; resetH formatted). Reset is in Unix
 // seconds, rounded up so that a client waiting until then finds a new window.
-func setHeaders(h http.Header, shown *layer, left, reset int64, resetH []string, now int64) {
+func setHeaders(h http.Header, shown *rule.Layer, left, reset int64, resetH []string, now int64) {
 	h["X-Ratelimit-Limit"] = shown.LimitHdr
 	h["Ratelimit-Policy"] = shown.PolicyHdr
 	h["X-Ratelimit-Reset"] = resetH
@@ -687,7 +688,7 @@ func (cp *clusterPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 // redisAllowed answers a request of redisPath on its script's reply. It is
 // a function of its own so that a refusal from the block list does not pay
 // for its frame (a slot per variable and temporary under Yaegi).
-func redisAllowed(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, client string, now, v int64) {
+func redisAllowed(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*rule.Layer, client string, now, v int64) {
 	// Every layer allowed: one integer, (left x (window + 1) + reset) x 16 +
 	// the index of the layer to show (takeScript).
 	i := v % 16
@@ -743,7 +744,7 @@ func redisAllowed(p *Plugin, rw http.ResponseWriter, req *http.Request, layers [
 // the refusal was reported when the key was blocked. An expired entry, a
 // configured body or a WebSocket upgrade takes the store's own code
 // (refuseBlockedGeneral).
-func refuseBlocked(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, client string) bool {
+func refuseBlocked(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*rule.Layer, client string) bool {
 	b := p.fast.store.Blocked
 	now := p.now().UnixNano()
 	b.Mu.Lock()
@@ -813,8 +814,8 @@ func (sp *syncedPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	now := p.now().UnixNano()
 	st := p.fast.store.Synced
 
-	var shown *layer
-	var sc, fc *syncCounter
+	var shown *rule.Layer
+	var sc, fc *redisstore.SyncCounter
 	var left int64
 
 	st.Mu.Lock()
@@ -873,7 +874,7 @@ func (sp *syncedPath) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 // refusal cache (as in refuseFast, fc's allowed count keeps its decision);
 // else SyncTake, which asks Redis for a lease. It is called with the synced
 // counters locked and unlocks them.
-func refuseSynced(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, l *layer, c, fc *syncCounter, client string, now int64) {
+func refuseSynced(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*rule.Layer, l *rule.Layer, c, fc *redisstore.SyncCounter, client string, now int64) {
 	st := p.fast.store.Synced
 	if fc != nil {
 		fc.Lease++
@@ -1087,7 +1088,7 @@ func serveRoutedFast(p *Plugin, rw http.ResponseWriter, req *http.Request, match
 		layers = p.planAssets
 	}
 	cost := int64(1)
-	layers = append(make([]*layer, 0, len(layers)+len(matched)), layers...) // the plan is shared
+	layers = append(make([]*rule.Layer, 0, len(layers)+len(matched)), layers...) // the plan is shared
 	for _, rt := range matched {
 		layers = append(layers, rt.layer)
 		if rt.cost > cost {
@@ -1096,7 +1097,7 @@ func serveRoutedFast(p *Plugin, rw http.ResponseWriter, req *http.Request, match
 	}
 	now := p.now().UnixNano()
 	s := p.memory
-	var shown *layer      // the layer with the fewest left
+	var shown *rule.Layer // the layer with the fewest left
 	var left, reset int64 // its requests left and reset
 	var resetH []string
 	s.Mu.Lock()
@@ -1164,7 +1165,7 @@ func serveCountedFast(p *Plugin, rw http.ResponseWriter, req *http.Request, matc
 		layers = p.planAssets
 	}
 	cost := int64(1)
-	layers = append(make([]*layer, 0, len(layers)+len(matched)), layers...) // the plan is shared
+	layers = append(make([]*rule.Layer, 0, len(layers)+len(matched)), layers...) // the plan is shared
 	for _, rt := range matched {
 		layers = append(layers, rt.layer)
 		if rt.cost > cost {
@@ -1173,7 +1174,7 @@ func serveCountedFast(p *Plugin, rw http.ResponseWriter, req *http.Request, matc
 	}
 	now := p.now().UnixNano()
 	s := p.memory
-	var shown *layer      // the layer with the fewest left
+	var shown *rule.Layer // the layer with the fewest left
 	var left, reset int64 // its requests left and reset
 	var resetH []string
 	watch := false // a route counts statuses: the response is watched
@@ -1255,7 +1256,7 @@ func serveWatched(p *Plugin, rw http.ResponseWriter, req *http.Request, matched 
 
 // namedPlanOf is the plan of plans: that the auth server named in
 // principal.planHeader, else user (no header, or a name not in plans:).
-func namedPlanOf(p *Plugin, req *http.Request) []*layer {
+func namedPlanOf(p *Plugin, req *http.Request) []*rule.Layer {
 	layers := p.planUser
 	if v := req.Header[p.planHeader]; len(v) > 0 {
 		if named, ok := p.planNamed[v[0]]; ok {
@@ -1268,7 +1269,7 @@ func namedPlanOf(p *Plugin, req *http.Request) []*layer {
 
 // chargeOf is the charge of layers for a request of client and principal at
 // now: the request becomes keys here, as in serveGeneral and decide.
-func chargeOf(layers []*layer, client, principal string, req *http.Request, now int64, all bool) *charge {
+func chargeOf(layers []*rule.Layer, client, principal string, req *http.Request, now int64, all bool) *rule.Charge {
 	keys := make([]string, len(layers))
 	for i, l := range layers {
 		keys[i] = client
@@ -1279,16 +1280,16 @@ func chargeOf(layers []*layer, client, principal string, req *http.Request, now 
 		}
 	}
 
-	return &charge{Layers: layers, Keys: keys, Client: client, Principal: principal, Now: now, All: all}
+	return &rule.Charge{Layers: layers, Keys: keys, Client: client, Principal: principal, Now: now, All: all}
 }
 
 // decide charges the layers cost points each (0: 1), reports first
 // refusals, sets the headers of the most restrictive layer and answers a
 // refusal. It reports whether the request may go on, and the requests left
 // in the layer the headers show (-1: none).
-func decide(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*layer, client, principal string, cost int64) (bool, int64) {
+func decide(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*rule.Layer, client, principal string, cost int64) (bool, int64) {
 	now := p.now().UnixNano()
-	t := tally{Cost: cost}
+	t := rule.Tally{Cost: cost}
 	keys := make([]string, len(layers))
 	for i, l := range layers {
 		keys[i] = client
@@ -1298,7 +1299,7 @@ func decide(p *Plugin, rw http.ResponseWriter, req *http.Request, layers []*laye
 			keys[i] = rule.KeyFor(l, client, principal, req)
 		}
 	}
-	c := &charge{Layers: layers, Keys: keys, Client: client, Principal: principal, Now: now, All: p.dryRun}
+	c := &rule.Charge{Layers: layers, Keys: keys, Client: client, Principal: principal, Now: now, All: p.dryRun}
 	take(p.stores, &t, c)
 
 	return verdict(p, rw, req, &t, c)

@@ -17,6 +17,7 @@ import (
 	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/events"
 	"github.com/tierlimit/tierlimit/redisstore"
+	"github.com/tierlimit/tierlimit/rule"
 )
 
 // shape is a configuration shape: the table of chooseMode and the script of
@@ -331,7 +332,7 @@ func TestFastPlansHoldTwoLayers(t *testing.T) {
 			continue
 		}
 
-		held := map[string][]*layer{"ip": p.planIP, "assets": p.planAssets, "user": p.planUser, "service": p.planService, "cred": p.planCred}
+		held := map[string][]*rule.Layer{"ip": p.planIP, "assets": p.planAssets, "user": p.planUser, "service": p.planService, "cred": p.planCred}
 		for name, plan := range p.planNamed {
 			held["plans."+name] = plan
 		}

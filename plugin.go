@@ -11,6 +11,7 @@ import (
 	"github.com/tierlimit/tierlimit/events"
 	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/request"
+	"github.com/tierlimit/tierlimit/rule"
 	"github.com/tierlimit/tierlimit/status"
 )
 
@@ -27,7 +28,7 @@ type Plugin struct {
 	stores *stores               // where each layer counts (stores.go)
 	memory *memstore.WindowStore // the memory store, or the redis store's fallback (stores.memory)
 
-	layers []*layer // every layer that is on, in evaluation order (status, metrics)
+	layers []*rule.Layer // every layer that is on, in evaluation order (status, metrics)
 	plans
 	routing
 	pathForms
@@ -46,7 +47,7 @@ type Plugin struct {
 	headers bool
 
 	ws      *connCounter // nil when websocket.maxConnectionsPerIP is 0
-	wsLayer *layer       // stands for the connection cap in a refusal
+	wsLayer *rule.Layer  // stands for the connection cap in a refusal
 	exempt  *exemptions  // nil when nothing is exempt
 	status  *status.Page // nil when status.path is not set (status.go)
 	fast    *redisFast   // modeRedis only
@@ -87,11 +88,11 @@ type pathForms struct {
 // order, drawn up from the catalogue of built-in layers (drawPlans,
 // build.go), and what a request is charged in each of their layers.
 type plans struct {
-	planIP, planAssets, planUser, planService, planCred, planInvalid []*layer
+	planIP, planAssets, planUser, planService, planCred, planInvalid []*rule.Layer
 	planCost                                                         int64
 	// planNamed holds the plan of each of plans: by name (rule.NamedPlans);
 	// nil when there are none.
-	planNamed map[string][]*layer
+	planNamed map[string][]*rule.Layer
 }
 
 // mode is how an instance serves its requests, chosen once in New by
@@ -219,8 +220,7 @@ func (p *Plugin) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 // The configuration is package config (config/): the schema and its
 // defaults, their parsing and validation into config.Settings. Config is
 // its schema as Traefik's plugin loader asks for it (CreateConfig and New
-// name it): config.Config's fields, a type of the root's own rather than an
-// alias (the root keeps at most five).
+// name it): config.Config's fields, a type of the root's own.
 type Config config.Config
 
 // CreateConfig returns the defaults README.md documents (config.Defaults);

@@ -11,7 +11,6 @@ import (
 	"crypto/sha1"
 	"encoding/hex"
 	"fmt"
-	"github.com/tierlimit/tierlimit/rediscall"
 	"io"
 	"net"
 	"net/http"
@@ -24,6 +23,7 @@ import (
 	"time"
 
 	"github.com/tierlimit/tierlimit/config"
+	"github.com/tierlimit/tierlimit/rediscall"
 	"github.com/tierlimit/tierlimit/redisresp"
 	"github.com/tierlimit/tierlimit/redisstore"
 	"github.com/tierlimit/tierlimit/rule"
@@ -344,7 +344,7 @@ func TestRedisKeysAndArguments(t *testing.T) {
 	})
 
 	store := h.p.stores.redis
-	tl := takeIn(store, t0, []*layer{h.p.planIP[0], h.p.planIP[1], h.p.routes[0].layer}, "2001:db8::/64", "", false)
+	tl := takeIn(store, t0, []*rule.Layer{h.p.planIP[0], h.p.planIP[1], h.p.routes[0].layer}, "2001:db8::/64", "", false)
 	if tl.Refused || tl.Shown != 1 || tl.Count != 1 || tl.Reset != t0+int64(time.Minute) {
 		t.Fatalf("tally %+v, want ip shown (fewest left), reset from its TTL", tl)
 	}
@@ -564,8 +564,8 @@ func TestTwoCommandsPerFixedKeyOnRedisServer(t *testing.T) {
 }
 
 func TestClusterKeysShareASlotPerClientAndPrincipal(t *testing.T) {
-	mk := func(name string, kind int) *layer {
-		return &layer{Limits: rule.Limits{Name: name, KeyKind: kind, ConstKey: "global"}, Encoding: &rediscall.Encoding{RedisKey: "ratelimit:mw:" + name + ":"}}
+	mk := func(name string, kind int) *rule.Layer {
+		return &rule.Layer{Limits: rule.Limits{Name: name, KeyKind: kind, ConstKey: "global"}, Encoding: &rediscall.Encoding{RedisKey: "ratelimit:mw:" + name + ":"}}
 	}
 
 	ip, login, byPrincipal, global := mk("ip", keyOfClient), mk("login", keyOfClient), mk("upload", rule.KeyOfPrincipalElseClient), mk("global", keyOfConst)

@@ -3,7 +3,6 @@ package tierlimit
 import (
 	"bytes"
 	"encoding/json"
-	"github.com/tierlimit/tierlimit/rediscall"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -15,6 +14,7 @@ import (
 	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/events"
 	"github.com/tierlimit/tierlimit/memstore"
+	"github.com/tierlimit/tierlimit/rediscall"
 	"github.com/tierlimit/tierlimit/redisresp"
 	"github.com/tierlimit/tierlimit/redisstore"
 	"github.com/tierlimit/tierlimit/request"
@@ -338,7 +338,7 @@ func TestResetClusterKeyIsTheChargedOne(t *testing.T) {
 	req.Header.Set("X-Api-Key", "secret")
 
 	for _, kind := range []int{keyOfClient, rule.KeyOfPrincipal, keyOfConst, rule.KeyOfPrincipalElseClient, rule.KeyOfHeader, rule.KeyOfHost} {
-		l := &layer{Limits: rule.Limits{Name: "l", KeyKind: kind, ConstKey: "global", KeyHeader: "X-Api-Key"}, Encoding: &rediscall.Encoding{RedisKey: "ratelimit:mw:l:"}}
+		l := &rule.Layer{Limits: rule.Limits{Name: "l", KeyKind: kind, ConstKey: "global", KeyHeader: "X-Api-Key"}, Encoding: &rediscall.Encoding{RedisKey: "ratelimit:mw:l:"}}
 
 		for _, principal := range []string{"", "alice"} {
 			bucket := rule.KeyFor(l, "198.51.100.7", principal, req)
@@ -410,8 +410,8 @@ func TestResetIsPublishedWhenRedisHasNoKey(t *testing.T) {
 	// B decided the client in memory during an outage: 2 counted, then
 	// refused and blocked; Redis never saw the client.
 	for i := 0; i < 2; i++ {
-		var tl tally
-		take(storeOf(b.Local), &tl, chargeOf([]*layer{l}, client, "", req, now, false))
+		var tl rule.Tally
+		take(storeOf(b.Local), &tl, chargeOf([]*rule.Layer{l}, client, "", req, now, false))
 	}
 
 	b.Blocked.Add(l.BlockPrefix, client, now+int64(time.Hour), now)
@@ -551,9 +551,9 @@ func TestResetMessageClearsTheNamedKeyOnly(t *testing.T) {
 	bl.Add("ip\x00points 5\x00", "203.0.113.8", reset, now)
 	bl.Add("ipx\x00points 5\x00", "203.0.113.7", reset, now)
 
-	for _, lay := range []*layer{l, other} {
-		var tl tally
-		take(storeOf(ws), &tl, chargeOf([]*layer{lay}, "203.0.113.7", "", req, now, false))
+	for _, lay := range []*rule.Layer{l, other} {
+		var tl rule.Tally
+		take(storeOf(ws), &tl, chargeOf([]*rule.Layer{lay}, "203.0.113.7", "", req, now, false))
 	}
 
 	// A block the memory fallback started (takeLocal), and the
@@ -623,8 +623,8 @@ func TestResetReachesAnotherReplicasBlockListOnRedisServer(t *testing.T) {
 	client, other := "203.0.113.7", "203.0.113.8"
 	now := h.clock.Now().UnixNano()
 
-	take := func(s *redisstore.RedisStore, client string) tally {
-		var tl tally
+	take := func(s *redisstore.RedisStore, client string) rule.Tally {
+		var tl rule.Tally
 		take(storeOf(s), &tl, chargeOf(layers, client, "", httptest.NewRequest(http.MethodGet, "/api", nil), now, false))
 		return tl
 	}
@@ -646,7 +646,7 @@ func TestResetReachesAnotherReplicasBlockListOnRedisServer(t *testing.T) {
 		t.Fatal("the clients are not refused")
 	}
 
-	var memory tally
+	var memory rule.Tally
 	memstore.Take(b.Local, &memory, chargeOf(layers, client, "", nil, now, false))
 
 	waitUntil(t, "B subscribes", func() bool { return numsub() == 1 })

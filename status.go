@@ -7,6 +7,7 @@ import (
 	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/redisstore"
+	"github.com/tierlimit/tierlimit/rule"
 	"github.com/tierlimit/tierlimit/status"
 )
 
@@ -50,7 +51,7 @@ func statusPageOf(p *Plugin, cfg *config.Settings) *status.Page {
 
 // meteredRouteOf is the costFrom route (or route plan) whose layer is l;
 // nil when none is.
-func meteredRouteOf(p *Plugin, l *layer) *route {
+func meteredRouteOf(p *Plugin, l *rule.Layer) *route {
 	if !l.Settles {
 		return nil
 	}

@@ -36,7 +36,7 @@ type stores struct {
 // take charges c's layers t.Cost points each (0: 1), all or nothing, where
 // each counts, and writes the outcome to t. A dry run (c.All) charges and
 // evaluates every layer.
-func take(st *stores, t *tally, c *charge) {
+func take(st *stores, t *rule.Tally, c *rule.Charge) {
 	if st.plain {
 		memstore.Take(st.memory, t, c)
 		return
@@ -48,7 +48,7 @@ func take(st *stores, t *tally, c *charge) {
 // takeEach is take for a tally with items (tally.Each, items.go), which
 // the memory store's TakeEach records, Take not; takeComposed's stores test
 // t.Each themselves.
-func takeEach(st *stores, t *tally, c *charge) {
+func takeEach(st *stores, t *rule.Tally, c *rule.Charge) {
 	if st.plain {
 		memstore.TakeEach(st.memory, t, c)
 		return
@@ -58,7 +58,7 @@ func takeEach(st *stores, t *tally, c *charge) {
 }
 
 // takeComposed is take where more than the memory store's Take applies.
-func takeComposed(st *stores, t *tally, c *charge) {
+func takeComposed(st *stores, t *rule.Tally, c *rule.Charge) {
 	switch {
 	case st.redis == nil:
 		memstore.TakeWithBlocks(st.memory, st.blocks, t, c)
@@ -76,18 +76,18 @@ func takeComposed(st *stores, t *tally, c *charge) {
 // takeMixed and refundMixed are take and refund on a Redis instance with
 // memory layers (redisstore/mixed.go), apart so that their argument's
 // selector is no temporary of every take's frame (doc.go: frames).
-func takeMixed(st *stores, t *tally, c *charge) {
+func takeMixed(st *stores, t *rule.Tally, c *rule.Charge) {
 	redisstore.TakeMixed(st.redis, t, c)
 }
 
-func refundMixed(st *stores, c *charge, cost int64) {
+func refundMixed(st *stores, c *rule.Charge, cost int64) {
 	redisstore.RefundMixed(st.redis, c, cost)
 }
 
 // refund gives cost points back to c's layers, which an earlier take
 // charged, for a request a later, deferred charge refused (after.go
 // settle), or a countStatus route's check.
-func refund(st *stores, c *charge, cost int64) {
+func refund(st *stores, c *rule.Charge, cost int64) {
 	switch {
 	case st.redis == nil:
 		memstore.Refund(st.memory, c, cost)
@@ -101,7 +101,7 @@ func refund(st *stores, c *charge, cost int64) {
 // spend charges cost to c's layers whatever their points, where each
 // counts: what a response reported beyond its request's reservation
 // (meter.go).
-func spend(st *stores, c *charge, cost int64) {
+func spend(st *stores, c *rule.Charge, cost int64) {
 	switch {
 	case st.redis == nil:
 		memstore.Spend(st.memory, c, cost)

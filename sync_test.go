@@ -17,6 +17,7 @@ import (
 	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/redisresp"
 	"github.com/tierlimit/tierlimit/redisstore"
+	"github.com/tierlimit/tierlimit/rule"
 	"github.com/tierlimit/tierlimit/status"
 )
 
@@ -56,7 +57,7 @@ func replica(st *redisstore.SyncState) *redisstore.SyncState {
 }
 
 // counterOf is st's counter of bucket in the layer called layer, or nil.
-func counterOf(st *redisstore.SyncState, layer, bucket string) *syncCounter {
+func counterOf(st *redisstore.SyncState, layer, bucket string) *redisstore.SyncCounter {
 	st.Mu.Lock()
 	defer st.Mu.Unlock()
 
@@ -67,14 +68,14 @@ func counterOf(st *redisstore.SyncState, layer, bucket string) *syncCounter {
 // an anonymous request (global if on, then ip), and reports whether it was
 // allowed.
 func takeOn(st *redisstore.SyncState, h *harness, client string) bool {
-	var layers []*layer
+	var layers []*rule.Layer
 	for _, name := range []string{"global", "ip"} {
 		if i := layerIndex(h, name); i >= 0 && h.p.layers[i].Capacity > 0 {
 			layers = append(layers, h.p.layers[i])
 		}
 	}
 
-	var tl tally
+	var tl rule.Tally
 	redisstore.SyncTake(st, &tl, chargeOf(layers, client, "", nil, h.clock.Now().UnixNano(), false))
 
 	return !tl.Refused

@@ -8,12 +8,6 @@
 // other store reads it but through memstore (the Redis store's fallback).
 package counter
 
-// Entry's type is made first, before any other of the package's: Yaegi
-// 0.16 resolves a pair of types that point to each other (Entry.List,
-// List.Head) right only from the first one it meets, Entry (a List met
-// first leaves Entry.List typed as an *Entry).
-var _ = &Entry{}
-
 // Entry is one layer's counter of one key: a fixed or sliding window's
 // count, a token bucket's TAT (Reset), a concurrency layer's slots. Times
 // are Unix nanoseconds.
@@ -37,6 +31,14 @@ type Entry struct {
 	prev      *Entry
 	Next      *Entry
 }
+
+// Entry's type is made here, after its declaration and before List's:
+// Yaegi 0.16 resolves a pair of types that point to each other (Entry.List,
+// List.Head) right only from the first one it meets, Entry (a List met
+// first leaves Entry.List typed as an *Entry). Made before its declaration,
+// it would cost every function of another package that names counter.Entry
+// an allocation per call (../doc.go: qualified names).
+var _ = &Entry{}
 
 // List links the counters of one duration and algorithm, oldest start
 // first. A sliding window's counter outlives its window by one duration (its

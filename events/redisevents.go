@@ -68,19 +68,6 @@ func OutageSucceeded(o *RedisOutage, now int64, probe bool) bool {
 	return true
 }
 
-// RedisEventLine returns the JSON line of ev at now (Unix nanoseconds), newline
-// included.
-func RedisEventLine(ev RedisEvent, now int64) ([]byte, error) {
-	ev.Time = EventTime(now)
-
-	line, err := json.Marshal(ev)
-	if err != nil {
-		return nil, err
-	}
-
-	return append(line, '\n'), nil
-}
-
 // RedisEvent is a Redis event line: its time first, set when it is written
 // (RedisEventLine).
 type RedisEvent struct {
@@ -94,4 +81,17 @@ type RedisEvent struct {
 	Error    string `json:"error,omitempty"`
 	Fallback string `json:"fallback,omitempty"`
 	RetryIn  string `json:"retryIn,omitempty"`
+}
+
+// RedisEventLine returns the JSON line of ev at now (Unix nanoseconds), newline
+// included.
+func RedisEventLine(ev RedisEvent, now int64) ([]byte, error) {
+	ev.Time = EventTime(now)
+
+	line, err := json.Marshal(ev)
+	if err != nil {
+		return nil, err
+	}
+
+	return append(line, '\n'), nil
 }

@@ -19,7 +19,7 @@ import (
 // store's lock, and reports whether it did. The block's refusals are its own first
 // refusal's event, so none of them is reported; each is counted (the layer's
 // and the key's refused).
-func refuseBlockedAt(s *WindowStore, t *tally, c *charge, i int) bool {
+func refuseBlockedAt(s *WindowStore, t *rule.Tally, c *rule.Charge, i int) bool {
 	l, key, now := c.Layers[i], c.Keys[i], c.Now
 	until := l.Blocks[key]
 	if until == 0 {
@@ -43,7 +43,7 @@ func refuseBlockedAt(s *WindowStore, t *tally, c *charge, i int) bool {
 // StartBlock blocks key in l from now, after layers[i] refused it: the
 // refusal shown then says when the block ends, and it is reported (one event
 // per block, whatever the window's earlier refusals).
-func (s *WindowStore) StartBlock(t *tally, i int, now int64, l *layer, key string) {
+func (s *WindowStore) StartBlock(t *rule.Tally, i int, now int64, l *rule.Layer, key string) {
 	if l.Blocks[key] > now {
 		return
 	}
@@ -66,7 +66,7 @@ func (s *WindowStore) StartBlock(t *tally, i int, now int64, l *layer, key strin
 }
 
 // ForgetBlock drops key's block in l and reports whether it still refused.
-func (s *WindowStore) ForgetBlock(l *layer, key string, now int64) bool {
+func (s *WindowStore) ForgetBlock(l *rule.Layer, key string, now int64) bool {
 	s.Mu.Lock()
 	defer s.Mu.Unlock()
 
@@ -81,9 +81,19 @@ func (s *WindowStore) ForgetBlock(l *layer, key string, now int64) bool {
 	return until > now
 }
 
+// BlockedKey is a block list entry as the status endpoint lists it; prefix
+// tells an entry of the layer's current limits (layer.blockPrefix).
+type BlockedKey struct {
+	Layer   string
+	Prefix  string
+	Key     string
+	Reset   int64
+	Refused int64 // the requests a blockDuration block refused (0: not counted)
+}
+
 // BlockedKeys copies the memory store's blocks running at now whose key
 // starts with prefix, for the status page.
-func (s *WindowStore) BlockedKeys(now int64, layers []*layer, prefix string) []BlockedKey {
+func (s *WindowStore) BlockedKeys(now int64, layers []*rule.Layer, prefix string) []BlockedKey {
 	var out []BlockedKey
 
 	s.Mu.Lock()
@@ -115,7 +125,7 @@ func (s *WindowStore) ForgetBlockKey(layer, key string) {
 // block's refusals, and in its window's while the layer has it (a blocked
 // key's window is not charged, so it ends and is replaced only after the
 // block). Called with s.mu held.
-func countBlocked(s *WindowStore, l *layer, key string) {
+func countBlocked(s *WindowStore, l *rule.Layer, key string) {
 	if w := l.Entries[key]; w != nil && w.List == l.List {
 		w.Refused++
 	}
@@ -127,7 +137,7 @@ func countBlocked(s *WindowStore, l *layer, key string) {
 // blockHitsOf returns the refusal counts of l's running blocks, made when
 // missing; at the cap it first drops those of blocks that are gone. Called
 // with s.mu held.
-func blockHitsOf(s *WindowStore, l *layer) map[string]int64 {
+func blockHitsOf(s *WindowStore, l *rule.Layer) map[string]int64 {
 	if s.blockHits == nil {
 		s.blockHits = map[string]map[string]int64{}
 	}
@@ -171,20 +181,10 @@ func TrimEntries(m map[string]int64, capacity int, now int64) {
 	}
 }
 
-// BlockedKey is a block list entry as the status endpoint lists it; prefix
-// tells an entry of the layer's current limits (layer.blockPrefix).
-type BlockedKey struct {
-	Layer   string
-	Prefix  string
-	Key     string
-	Reset   int64
-	Refused int64 // the requests a blockDuration block refused (0: not counted)
-}
-
 // TakeWithBlocks is Take (TakeEach for a tally with items, tally.Each), or
 // takeBlocking when blocks is set: what a store
 // whose layers may block (a blockDuration counted in memory) calls.
-func TakeWithBlocks(s *WindowStore, blocks bool, t *tally, c *charge) {
+func TakeWithBlocks(s *WindowStore, blocks bool, t *rule.Tally, c *rule.Charge) {
 	if blocks {
 		takeBlocking(s, t, c)
 		return
@@ -204,7 +204,7 @@ func TakeWithBlocks(s *WindowStore, blocks bool, t *tally, c *charge) {
 // layer with a blockDuration blocks its key. A dry run, which refuses
 // nothing, neither honours nor starts blocks. Take, shared by every
 // instance, costs layers without a block nothing more (../doc.go: frames).
-func takeBlocking(s *WindowStore, t *tally, c *charge) {
+func takeBlocking(s *WindowStore, t *rule.Tally, c *rule.Charge) {
 	if !c.All && refuseAny(s, t, c) {
 		return
 	}
@@ -229,7 +229,7 @@ func takeBlocking(s *WindowStore, t *tally, c *charge) {
 // Redis: a layer before it that refuses is the one shown, and the layers
 // before it that allow are charged and given back (between the two holds of
 // the lock another request may see that charge; the counts end exact).
-func refuseAny(s *WindowStore, t *tally, c *charge) bool {
+func refuseAny(s *WindowStore, t *rule.Tally, c *rule.Charge) bool {
 	i := firstBlocked(s, c)
 
 	if i < 0 {
@@ -247,7 +247,7 @@ func refuseAny(s *WindowStore, t *tally, c *charge) bool {
 
 	s.Mu.Lock()
 	GiveBack(c, i, cost, t.Uncharged)
-	*t = tally{Cost: t.Cost}
+	*t = rule.Tally{Cost: t.Cost}
 
 	if !refuseBlockedAt(s, t, c, i) {
 		t.Shown = -1 // the block ended meanwhile: decided afresh
@@ -264,7 +264,7 @@ func refuseAny(s *WindowStore, t *tally, c *charge) bool {
 // firstBlocked returns the index of the first of c's layers whose key is
 // blocked at c.now, or -1. A dry-run layer refuses nothing: a block it
 // started before a reload to dry run is not honoured.
-func firstBlocked(s *WindowStore, c *charge) int {
+func firstBlocked(s *WindowStore, c *rule.Charge) int {
 
 	s.Mu.Lock()
 	defer s.Mu.Unlock()

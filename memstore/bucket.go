@@ -1,5 +1,10 @@
 package memstore
 
+import (
+	"github.com/tierlimit/tierlimit/counter"
+	"github.com/tierlimit/tierlimit/rule"
+)
+
 // A tokenbucket layer is the token bucket of golang.org/x/time/rate, which
 // Traefik's rateLimit middleware uses, computed as the generic cell rate
 // algorithm (../limit/bucket.go): a key's whole state is its theoretical
@@ -15,12 +20,12 @@ package memstore
 // bucketAt is key's token bucket in l, made full when missing (or when a
 // reload left a window of another algorithm), and moved to the end of its
 // list as the last used. Called with s.mu held.
-func bucketAt(s *WindowStore, l *layer, key string, now int64) *entry {
+func bucketAt(s *WindowStore, l *rule.Layer, key string, now int64) *counter.Entry {
 	w := l.Entries[key]
 	if w == nil {
 		s.makeRoom(now, l.List)
 
-		w = &entry{Layer: l.Name, Key: key, Reset: now}
+		w = &counter.Entry{Layer: l.Name, Key: key, Reset: now}
 		l.Entries[key] = w
 		s.size++
 	} else {

@@ -3,6 +3,7 @@ package memstore
 import (
 	"strconv"
 
+	"github.com/tierlimit/tierlimit/counter"
 	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/rule"
 )
@@ -15,7 +16,7 @@ import (
 // when the key has none) at this count and reset, and reports whether it
 // refuses the request (not in dry run). The reset is formatted unless it
 // is in the second w's is.
-func checkRefused(t *tally, i int, l *layer, w *entry, count, reset int64) bool {
+func checkRefused(t *rule.Tally, i int, l *rule.Layer, w *counter.Entry, count, reset int64) bool {
 	l.Stats.Refused++
 
 	first := false

@@ -1,6 +1,9 @@
 package memstore
 
-import "github.com/tierlimit/tierlimit/counter"
+import (
+	"github.com/tierlimit/tierlimit/counter"
+	"github.com/tierlimit/tierlimit/rule"
+)
 
 // A concurrency layer counts requests in flight: a key's window holds its
 // slots (window.Slots), each one's lease end, the admission time plus the
@@ -35,7 +38,7 @@ func dropEnded(slots []int64, now int64) []int64 {
 // in the same nanosecond, the first to end frees either's slot: the count
 // stays right, only which lease runs on may differ (after a reset of the
 // key in between, the one reset away would free the other's).
-func releaseSlot(w *entry, end int64) {
+func releaseSlot(w *counter.Entry, end int64) {
 	for j, e := range w.Slots {
 		if e == end {
 			w.Slots = append(w.Slots[:j], w.Slots[j+1:]...)
@@ -49,7 +52,7 @@ func releaseSlot(w *entry, end int64) {
 // Release frees the slots a request admitted at c.Now holds in c's
 // concurrency layers, once its response has ended. Other layers are left
 // alone: what they counted stays spent.
-func Release(s *WindowStore, c *charge) {
+func Release(s *WindowStore, c *rule.Charge) {
 	s.Mu.Lock()
 
 	for i, l := range c.Layers {
@@ -81,7 +84,7 @@ func InFlight(s *WindowStore, layer, key string, now int64) int64 {
 
 // HeldAt is the slots of a concurrency layer's window w whose lease runs at
 // now.
-func HeldAt(w *entry, now int64) int64 {
+func HeldAt(w *counter.Entry, now int64) int64 {
 	n := int64(0)
 	for _, end := range w.Slots {
 		if end > now {
@@ -97,7 +100,7 @@ func HeldAt(w *entry, now int64) int64 {
 // metrics, and its memory fallback counts them should Redis fail while they
 // run; Release frees it with the request's. It counts no decision and checks
 // no limit: Redis decided.
-func Mirror(s *WindowStore, l *layer, key string, now int64) {
+func Mirror(s *WindowStore, l *rule.Layer, key string, now int64) {
 	s.Mu.Lock()
 	s.Takes++
 

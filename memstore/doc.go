@@ -13,7 +13,7 @@
 // rule.Tally, never an *http.Request, and imports only rule, limit,
 // lifetime (its registry, live.go) and counter (the types of its counters: a
 // layer's table of them, which Attach makes and the layer points to). It
-// names rule's types through aliases (aliases.go; ../doc.go: qualified
-// names). The Redis store (redisstore) uses it as its fallback and for the
+// names rule's and limit's constants through aliases (aliases.go; ../doc.go:
+// qualified names). The Redis store (redisstore) uses it as its fallback and for the
 // layers a Redis instance counts in memory (../redisstore/mixed.go).
 package memstore

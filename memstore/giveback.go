@@ -1,6 +1,10 @@
 package memstore
 
-import "github.com/tierlimit/tierlimit/limit"
+import (
+	"github.com/tierlimit/tierlimit/counter"
+	"github.com/tierlimit/tierlimit/limit"
+	"github.com/tierlimit/tierlimit/rule"
+)
 
 // GiveBack returns cost points to each of c's first n layers, which the
 // current request charged before a later layer refused it, under the
@@ -9,7 +13,7 @@ import "github.com/tierlimit/tierlimit/limit"
 // the counts are exact and no other request sees the charge. Each layer's
 // allowed count keeps its own decision: it let the request by. skip has bit
 // i set for a layer that took nothing (tally.uncharged).
-func GiveBack(c *charge, n int, cost int64, skip uint64) {
+func GiveBack(c *rule.Charge, n int, cost int64, skip uint64) {
 	for i := 0; i < n; i++ {
 		if skip&(uint64(1)<<uint(i)) != 0 {
 			continue
@@ -34,7 +38,7 @@ func GiveBack(c *charge, n int, cost int64, skip uint64) {
 // unspend takes cost points off a counter: a window's count, or a token
 // bucket's TAT by cost emission intervals (a bucket whose TAT falls behind
 // the present is as full as one at the present).
-func unspend(w *entry, l *layer, cost int64) {
+func unspend(w *counter.Entry, l *rule.Layer, cost int64) {
 	if l.Algorithm == algTokenBucket {
 		w.Reset = limit.BucketReturn(w.Reset, cost, l.Interval)
 		w.Expire = w.Reset
@@ -63,7 +67,7 @@ func unspend(w *entry, l *layer, cost int64) {
 // refusal after the other layers, the mirror of Redis's slot); a deferred
 // refund leaves concurrency layers out (rule.ChargedOnly), the
 // request's release frees their slot.
-func Refund(s *WindowStore, c *charge, cost int64) {
+func Refund(s *WindowStore, c *rule.Charge, cost int64) {
 	s.Mu.Lock()
 
 	for i, l := range c.Layers {
@@ -80,12 +84,12 @@ func Refund(s *WindowStore, c *charge, cost int64) {
 // ExceptUncharged is layers without those a take left uncharged (a dry-run
 // sliding window or token bucket that would refuse: tally.uncharged), which
 // a refund must not give points back to.
-func ExceptUncharged(layers []*layer, uncharged uint64) []*layer {
+func ExceptUncharged(layers []*rule.Layer, uncharged uint64) []*rule.Layer {
 	if uncharged == 0 {
 		return layers
 	}
 
-	var out []*layer
+	var out []*rule.Layer
 
 	for i, l := range layers {
 		if uncharged&(uint64(1)<<uint(i)) == 0 {
@@ -101,7 +105,7 @@ func ExceptUncharged(layers []*layer, uncharged uint64) []*layer {
 // allowed counts, under the memory store's lock, for a request the general
 // path then decides anew. A check-only layer was evaluated, not charged; a window
 // that ended meanwhile is left alone: the points went with it.
-func UnspendFast(layers []*layer, n int, client string, cost, now int64) {
+func UnspendFast(layers []*rule.Layer, n int, client string, cost, now int64) {
 	for _, l := range layers[:n] {
 		if l.CheckOnly {
 			continue // evaluated, not charged

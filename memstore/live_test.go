@@ -86,13 +86,13 @@ func TestUnheldCountersOutliveTheGraceUntilTheirEnd(t *testing.T) {
 		r := lifetime.NewKeepingRegistry(Live)
 		kt := newKeepTimers(r, t0)
 
-		var l *layer
+		var l *rule.Layer
 
 		s, grace := keepStore(t, r, kt, func(s *WindowStore) {
 			l = newLayer(s, c.spec, rule.KeyOfClient)
 
 			for i := 0; i < c.hits; i++ {
-				takeIn(s, t0, []*layer{l}, "198.51.100.7", false)
+				takeIn(s, t0, []*rule.Layer{l}, "198.51.100.7", false)
 			}
 		})
 
@@ -131,8 +131,8 @@ func TestUnheldCountersReleasedWhenTheyEnd(t *testing.T) {
 
 	_, grace := keepStore(t, r, kt, func(s *WindowStore) {
 		l := testLayer(s, "ip", 5, 10*time.Minute)
-		takeIn(s, t0, []*layer{l}, "198.51.100.7", false)
-		takeIn(s, t0+int64(time.Minute), []*layer{l}, "198.51.100.8", false)
+		takeIn(s, t0, []*rule.Layer{l}, "198.51.100.7", false)
+		takeIn(s, t0+int64(time.Minute), []*rule.Layer{l}, "198.51.100.8", false)
 	})
 
 	kt.fire(grace)
@@ -159,7 +159,7 @@ func TestUnheldCountersReleasedWhenTheyEnd(t *testing.T) {
 		_, grace := keepStore(t, r, kt, func(s *WindowStore) {
 			if name == "ended" {
 				l := testLayer(s, "ip", 5, time.Second)
-				takeIn(s, t0, []*layer{l}, "198.51.100.7", false)
+				takeIn(s, t0, []*rule.Layer{l}, "198.51.100.7", false)
 			}
 		})
 

@@ -3,7 +3,9 @@ package memstore
 import (
 	"strconv"
 
+	"github.com/tierlimit/tierlimit/counter"
 	"github.com/tierlimit/tierlimit/limit"
+	"github.com/tierlimit/tierlimit/rule"
 )
 
 // A sliding layer uses the sliding-window counter (../limit/sliding.go):
@@ -20,7 +22,7 @@ import (
 // slidingAt is key's sliding window in l at now: started when missing,
 // expired or of another algorithm, moved on when its window ended, held by
 // the current request (WindowStore.Takes). Called with s.mu held.
-func slidingAt(s *WindowStore, l *layer, key string, now int64) *entry {
+func slidingAt(s *WindowStore, l *rule.Layer, key string, now int64) *counter.Entry {
 	w := l.Entries[key]
 	if w == nil || w.Expire <= now || w.List != l.List {
 		w = s.Restart(now, l, w, key)
@@ -38,7 +40,7 @@ func slidingAt(s *WindowStore, l *layer, key string, now int64) *entry {
 // rotate moves a sliding window whose window ended less than a duration
 // before now (else it expired) to the next window, which starts where it
 // ended (limit.SlidingAt).
-func rotate(w *entry, l *layer, now int64) {
+func rotate(w *counter.Entry, l *rule.Layer, now int64) {
 	w.List.Unlink(w)
 	w.PrevCount, w.Count, w.Reset = limit.SlidingAt(w.PrevCount, w.Count, w.Reset, now, l.Duration)
 	w.Refused = 0

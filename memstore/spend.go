@@ -4,6 +4,7 @@ import (
 	"strconv"
 
 	"github.com/tierlimit/tierlimit/limit"
+	"github.com/tierlimit/tierlimit/rule"
 )
 
 // Spend charges cost to each of c's layers whatever its points: the part
@@ -11,7 +12,7 @@ import (
 // may take a layer past its points, which then refuses until its window
 // has room again; a token bucket repays the debt as it refills. A window
 // that has ended is started anew with the charge.
-func Spend(s *WindowStore, c *charge, cost int64) {
+func Spend(s *WindowStore, c *rule.Charge, cost int64) {
 	now := c.Now
 
 	s.Mu.Lock()
@@ -41,7 +42,7 @@ func Spend(s *WindowStore, c *charge, cost int64) {
 
 // spendBucket charges token bucket l's key cost tokens whatever its burst
 // (limit.BucketSpend). Called with s.mu held.
-func spendBucket(s *WindowStore, l *layer, key string, now, cost int64) {
+func spendBucket(s *WindowStore, l *rule.Layer, key string, now, cost int64) {
 	w := bucketAt(s, l, key, now)
 	tat, used := limit.BucketSpend(w.Reset, now, cost, l.Interval)
 	w.Reset = tat

@@ -1,11 +1,11 @@
 package memstore
 
 import (
-	"github.com/tierlimit/tierlimit/counter"
 	"strconv"
 	"sync"
 	"sync/atomic"
 
+	"github.com/tierlimit/tierlimit/counter"
 	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/rule"
 )
@@ -29,17 +29,17 @@ type WindowStore struct {
 	Mu        sync.Mutex
 	Max       int
 	size      int
-	Takes     int64                        // requests charged so far: window.taken of the current one
-	evictions int64                        // live counters dropped at the cap (status page, metrics)
-	Maps      map[string]map[string]*entry // by layer name
-	Blocks    map[string]map[string]int64  // by layer name: the end of each blocked key's block (block.go)
-	blockHits map[string]map[string]int64  // by layer name: the requests each running block refused (block.go)
-	lists     []*entryList
-	stats     map[string]*layerStats // by layer name
+	Takes     int64                                // requests charged so far: window.taken of the current one
+	evictions int64                                // live counters dropped at the cap (status page, metrics)
+	Maps      map[string]map[string]*counter.Entry // by layer name
+	Blocks    map[string]map[string]int64          // by layer name: the end of each blocked key's block (block.go)
+	blockHits map[string]map[string]int64          // by layer name: the requests each running block refused (block.go)
+	lists     []*counter.List
+	stats     map[string]*rule.Stats // by layer name
 }
 
 // Totals returns a layer's allowed and refused counts, both stores together.
-func (s *WindowStore) Totals(st *layerStats) (allowed, refused int64) {
+func (s *WindowStore) Totals(st *rule.Stats) (allowed, refused int64) {
 	s.Mu.Lock()
 	allowed, refused = st.Allowed, st.Refused
 	s.Mu.Unlock()
@@ -52,7 +52,7 @@ func (s *WindowStore) Totals(st *layerStats) (allowed, refused int64) {
 const purgePerInsert = 2
 
 func NewWindowStore(capacity int) *WindowStore {
-	return &WindowStore{Max: capacity, Maps: map[string]map[string]*entry{}, Blocks: map[string]map[string]int64{}, stats: map[string]*layerStats{}}
+	return &WindowStore{Max: capacity, Maps: map[string]map[string]*counter.Entry{}, Blocks: map[string]map[string]int64{}, stats: map[string]*rule.Stats{}}
 }
 
 // Evicted returns the live counters dropped at the cap so far.
@@ -74,12 +74,12 @@ func (s *WindowStore) SetMax(capacity int) {
 // Attach makes a layer's table of counters in this store (counter.Table):
 // the map of its name and its duration's list, which the layer points to
 // so that the request path does no lookup, and its stats.
-func (s *WindowStore) Attach(l *layer) {
+func (s *WindowStore) Attach(l *rule.Layer) {
 	s.Mu.Lock()
 	defer s.Mu.Unlock()
 
 	if s.Maps[l.Name] == nil {
-		s.Maps[l.Name] = map[string]*entry{}
+		s.Maps[l.Name] = map[string]*counter.Entry{}
 	}
 
 	if s.Blocks[l.Name] == nil {
@@ -87,7 +87,7 @@ func (s *WindowStore) Attach(l *layer) {
 	}
 
 	if s.stats[l.Name] == nil {
-		s.stats[l.Name] = &layerStats{}
+		s.stats[l.Name] = &rule.Stats{}
 	}
 
 	l.Stats = s.stats[l.Name]
@@ -96,7 +96,7 @@ func (s *WindowStore) Attach(l *layer) {
 
 // list is the list of l's duration, algorithm and calendar, made on first
 // use; under s.Mu.
-func (s *WindowStore) list(l *layer) *entryList {
+func (s *WindowStore) list(l *rule.Layer) *counter.List {
 	span := l.Duration
 	if l.Algorithm == algSliding {
 		span = 2 * l.Duration
@@ -112,7 +112,7 @@ func (s *WindowStore) list(l *layer) *entryList {
 		}
 	}
 
-	wl := &entryList{Duration: l.Duration, Span: span, Calendar: l.Calendar, UtcOffset: l.UtcOffset}
+	wl := &counter.List{Duration: l.Duration, Span: span, Calendar: l.Calendar, UtcOffset: l.UtcOffset}
 	s.lists = append(s.lists, wl)
 
 	return wl
@@ -122,7 +122,7 @@ func (s *WindowStore) list(l *layer) *entryList {
 // points; the window is charged only in dry run (all, or the layer's own).
 // Kept out of Take, whose frame every charge allocates (doc.go:
 // frames). It reports whether the request is refused.
-func refuseFixed(t *tally, i int, l *layer, w *entry, cost int64, all bool) bool {
+func refuseFixed(t *rule.Tally, i int, l *rule.Layer, w *counter.Entry, cost int64, all bool) bool {
 	l.Stats.Refused++
 	w.Refused++
 	first := !w.Logged
@@ -141,13 +141,13 @@ func refuseFixed(t *tally, i int, l *layer, w *entry, cost int64, all bool) bool
 // current request (WindowStore.Takes) so that its own later layers cannot
 // evict it. Kept out of the paths that charge so that their common case
 // stays small (../doc.go: frames).
-func (s *WindowStore) Restart(now int64, l *layer, w *entry, key string) *entry {
+func (s *WindowStore) Restart(now int64, l *rule.Layer, w *counter.Entry, key string) *counter.Entry {
 	if w != nil {
 		w.List.Unlink(w)
 	} else {
 		s.makeRoom(now, l.List)
 
-		w = &entry{Layer: l.Name, Key: key}
+		w = &counter.Entry{Layer: l.Name, Key: key}
 		l.Entries[key] = w
 		s.size++
 	}
@@ -176,7 +176,7 @@ func (s *WindowStore) Restart(now int64, l *layer, w *entry, key string) *entry 
 // the current request charged: with the cap at least the number of layers
 // (config/check.go), another one is always there to evict, so the layers of one
 // request cannot evict each other's counters.
-func (s *WindowStore) makeRoom(now int64, l *entryList) {
+func (s *WindowStore) makeRoom(now int64, l *counter.List) {
 	for n := 0; n < purgePerInsert && l.Head != nil && l.Head.Expire <= now; n++ {
 		s.remove(l.Head)
 	}
@@ -216,8 +216,8 @@ const maxEvictionScan = 256
 // is set, that is not over its limit (refused in its window, w.logged): a
 // limited client must not get back in because other clients filled the
 // table. nil when there is none.
-func (s *WindowStore) oldestEvictable(limited bool) *entry {
-	var oldest *entry
+func (s *WindowStore) oldestEvictable(limited bool) *counter.Entry {
+	var oldest *counter.Entry
 
 	for _, other := range s.lists {
 		w := other.Head
@@ -233,14 +233,14 @@ func (s *WindowStore) oldestEvictable(limited bool) *entry {
 	return oldest
 }
 
-func (s *WindowStore) remove(w *entry) {
+func (s *WindowStore) remove(w *counter.Entry) {
 	w.List.Unlink(w)
 	delete(s.Maps[w.Layer], w.Key)
 	s.size--
 }
 
 // alignCalendar gives the memory window w, restarted at now, its period.
-func alignCalendar(now int64, l *layer, w *entry) {
+func alignCalendar(now int64, l *rule.Layer, w *counter.Entry) {
 	w.Start, w.Reset = limit.Period(now, l.Calendar, l.UtcOffset)
 	w.Expire = w.Reset
 }
@@ -248,7 +248,7 @@ func alignCalendar(now int64, l *layer, w *entry) {
 // Forget drops key's counter in l, of any algorithm, and reports whether it
 // still counted something: a window not yet over (for a sliding window, one
 // whose count still weighs on the next), a token bucket not yet full.
-func (s *WindowStore) Forget(l *layer, key string, now int64) bool {
+func (s *WindowStore) Forget(l *rule.Layer, key string, now int64) bool {
 	return s.ForgetKey(l.Name, key, now)
 }
 

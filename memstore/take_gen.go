@@ -20,7 +20,7 @@ import (
 // charged and evaluated, refusing or not. A fixed window is charged here,
 // its arithmetic (limit.Fits) written out, rather than in a function of its
 // own, whose frame every layer would allocate (../doc.go: frames).
-func Take(s *WindowStore, t *tally, c *charge) {
+func Take(s *WindowStore, t *rule.Tally, c *rule.Charge) {
 	t.Shown = -1
 	cost := t.Cost
 	if cost < 1 {
@@ -77,7 +77,7 @@ func Take(s *WindowStore, t *tally, c *charge) {
 // TakeEach is Take for a tally that records its items (tally.Each: a
 // request whose RateLimit lists every layer, ../items.go), its fixed
 // windows' too; Take's frame holds none of it (../doc.go: frames).
-func TakeEach(s *WindowStore, t *tally, c *charge) {
+func TakeEach(s *WindowStore, t *rule.Tally, c *rule.Charge) {
 	t.Shown = -1
 	cost := t.Cost
 	if cost < 1 {
@@ -140,7 +140,7 @@ func TakeEach(s *WindowStore, t *tally, c *charge) {
 // (nothing spent). It writes no count and makes no counter: only refusal
 // statistics, and a sliding window's move to its next window, which every
 // later charge would make the same.
-func checkLayer(t *tally, i int, now int64, l *layer, key string, cost int64) bool {
+func checkLayer(t *rule.Tally, i int, now int64, l *rule.Layer, key string, cost int64) bool {
 	w := l.Entries[key]
 	if w != nil && w.List != l.List {
 		w = nil
@@ -179,7 +179,7 @@ func checkLayer(t *tally, i int, now int64, l *layer, key string, cost int64) bo
 }
 
 // checkSliding is check for a sliding layer (slide's arithmetic).
-func checkSliding(t *tally, i int, now int64, l *layer, w *entry, cost int64) bool {
+func checkSliding(t *rule.Tally, i int, now int64, l *rule.Layer, w *counter.Entry, cost int64) bool {
 	if w == nil || w.Expire <= now {
 		reset := now + l.Duration
 		rule.Allow(t, i, l, 0, reset, []string{strconv.FormatInt(limit.CeilSeconds(reset), 10)})
@@ -207,7 +207,7 @@ func checkSliding(t *tally, i int, now int64, l *layer, w *entry, cost int64) bo
 // checkBucket is check for a token bucket (drip's arithmetic). An allowed
 // take of cost tokens puts cost whole intervals on the TAT, so the tokens in
 // use without it are cost fewer than BucketTake's.
-func checkBucket(t *tally, i int, now int64, l *layer, w *entry, cost int64) bool {
+func checkBucket(t *rule.Tally, i int, now int64, l *rule.Layer, w *counter.Entry, cost int64) bool {
 	tat := now
 	if w != nil && w.Reset > now {
 		tat = w.Reset
@@ -226,7 +226,7 @@ func checkBucket(t *tally, i int, now int64, l *layer, w *entry, cost int64) boo
 // slide charges cost points to a sliding layer l under s.mu and records it
 // in t as layers[i]. It reports whether the layer refused, which charges
 // nothing, in dry run too: a sliding window counts only what it allows.
-func slide(s *WindowStore, t *tally, i int, now int64, l *layer, key string, cost int64) bool {
+func slide(s *WindowStore, t *rule.Tally, i int, now int64, l *rule.Layer, key string, cost int64) bool {
 	w := slidingAt(s, l, key, now)
 	toEnd := w.Reset - now
 	est := limit.SlidingCount(w.PrevCount, w.Count, cost, toEnd, l.Duration)
@@ -251,7 +251,7 @@ func slide(s *WindowStore, t *tally, i int, now int64, l *layer, key string, cos
 // drip takes cost tokens from the token-bucket layer l under s.mu and
 // records it in t as layers[i]. It reports whether the layer refused, which
 // takes nothing, in dry run too (rate.Limiter.Allow does the same).
-func drip(s *WindowStore, t *tally, i int, now int64, l *layer, key string, cost int64) bool {
+func drip(s *WindowStore, t *rule.Tally, i int, now int64, l *rule.Layer, key string, cost int64) bool {
 	w := bucketAt(s, l, key, now)
 
 	tat, used := limit.BucketTake(w.Reset, now, cost, l.Capacity, l.Interval)
@@ -286,7 +286,7 @@ func drip(s *WindowStore, t *tally, i int, now int64, l *layer, key string, cost
 // hold takes a slot of the concurrency layer l for key under s.mu and
 // records it in t as layers[i]. It reports whether the layer refused, which
 // takes nothing, in dry run too.
-func hold(s *WindowStore, t *tally, i int, now int64, l *layer, key string) bool {
+func hold(s *WindowStore, t *rule.Tally, i int, now int64, l *rule.Layer, key string) bool {
 	w := l.Entries[key]
 	if w == nil || w.List != l.List {
 		w = s.Restart(now, l, w, key)

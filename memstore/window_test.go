@@ -15,14 +15,14 @@ var t0 = time.Date(2026, 6, 15, 10, 0, 0, 0, time.UTC).UnixNano()
 
 // newLayer is the layer the root builds from spec (its newLayer), as far as
 // the memory store reads it: rule.NewLayer, attached to s.
-func newLayer(s *WindowStore, spec config.Rule, keyKind int) *layer {
+func newLayer(s *WindowStore, spec config.Rule, keyKind int) *rule.Layer {
 	l := rule.NewLayer(spec, keyKind)
 	s.Attach(l)
 
 	return l
 }
 
-func testLayer(s *WindowStore, name string, points int64, d time.Duration) *layer {
+func testLayer(s *WindowStore, name string, points int64, d time.Duration) *rule.Layer {
 	return newLayer(s, config.Rule{Name: name, Points: points, Duration: d}, rule.KeyOfClient)
 }
 
@@ -32,16 +32,16 @@ type hit struct {
 	firstRefusal bool
 }
 
-func hitOnce(s *WindowStore, now int64, l *layer, key string) hit {
-	t := takeIn(s, now, []*layer{l}, key, false)
+func hitOnce(s *WindowStore, now int64, l *rule.Layer, key string) hit {
+	t := takeIn(s, now, []*rule.Layer{l}, key, false)
 
 	return hit{count: t.Count, reset: t.Reset, firstRefusal: t.Firsts != 0}
 }
 
 // takeIn charges layers to client as the root's take does for a memory
 // store (with its blocks when a layer blocks), and returns the tally.
-func takeIn(s *WindowStore, now int64, layers []*layer, client string, all bool) tally {
-	var t tally
+func takeIn(s *WindowStore, now int64, layers []*rule.Layer, client string, all bool) rule.Tally {
+	var t rule.Tally
 
 	blocks := false
 	for _, l := range layers {
@@ -56,7 +56,7 @@ func takeIn(s *WindowStore, now int64, layers []*layer, client string, all bool)
 		}
 	}
 
-	TakeWithBlocks(s, blocks, &t, &charge{Layers: layers, Keys: keys, Client: client, Now: now, All: all})
+	TakeWithBlocks(s, blocks, &t, &rule.Charge{Layers: layers, Keys: keys, Client: client, Now: now, All: all})
 
 	return t
 }
@@ -141,7 +141,7 @@ func TestWindowKeysAndLayersAreSeparate(t *testing.T) {
 	b := testLayer(s, "b", 1, time.Second)
 
 	for _, c := range []struct {
-		l   *layer
+		l   *rule.Layer
 		key string
 	}{{a, "x"}, {a, "y"}, {b, "x"}} {
 		if got := hitOnce(s, t0, c.l, c.key); got.count != 1 {
@@ -155,7 +155,7 @@ func TestTakeStopsAtRefusingLayer(t *testing.T) {
 	g := newLayer(s, config.Rule{Name: "global", Points: 10, Duration: time.Second}, rule.KeyOfConst)
 	ip := testLayer(s, "ip", 1, time.Second)
 	route := testLayer(s, "login", 10, time.Second)
-	layers := []*layer{g, ip, route}
+	layers := []*rule.Layer{g, ip, route}
 
 	if tl := takeIn(s, t0, layers, "1.2.3.4", false); tl.Refused || tl.Shown != 1 || tl.Count != 1 || peekCount(s, t0, "login", "1.2.3.4") != 1 {
 		t.Fatalf("first request: %+v, want every layer charged, ip shown (fewest left)", tl)
@@ -178,7 +178,7 @@ func TestTakeStopsAtRefusingLayer(t *testing.T) {
 	route.Capacity = 1
 	other := "5.6.7.8"
 	takeIn(s, t0, layers, other, false)
-	if tl := takeIn(s, t0, []*layer{g, route}, other, false); !tl.Refused || tl.Shown != 1 || peekCount(s, t0, "global", "global") != 2 {
+	if tl := takeIn(s, t0, []*rule.Layer{g, route}, other, false); !tl.Refused || tl.Shown != 1 || peekCount(s, t0, "global", "global") != 2 {
 		t.Fatalf("refused by the last layer: %+v, global %d, want 2", tl, peekCount(s, t0, "global", "global"))
 	}
 	route.Capacity = 10
@@ -301,7 +301,7 @@ func TestEvictionSparesTheCountersOfTheRequest(t *testing.T) {
 	allowed := 0
 
 	for i := 0; i < 10; i++ {
-		got := takeIn(s, t0+int64(i), []*layer{global, ip}, "198.51.100."+formatInt(int64(i)), false)
+		got := takeIn(s, t0+int64(i), []*rule.Layer{global, ip}, "198.51.100."+formatInt(int64(i)), false)
 		if !got.Refused {
 			allowed++
 		}
@@ -325,7 +325,7 @@ func TestEvictionSparesASlidingCounterOfTheRequest(t *testing.T) {
 	allowed := 0
 
 	for i := 0; i < 10; i++ {
-		if got := takeIn(s, t0+int64(i), []*layer{global, ip}, "198.51.100."+formatInt(int64(i)), false); !got.Refused {
+		if got := takeIn(s, t0+int64(i), []*rule.Layer{global, ip}, "198.51.100."+formatInt(int64(i)), false); !got.Refused {
 			allowed++
 		}
 	}
@@ -349,9 +349,9 @@ func TestSlidingRemovesTheBoundaryBurst(t *testing.T) {
 		l := newLayer(s, config.Rule{Name: "ip", Points: 10, Duration: 10 * time.Second, Algorithm: alg}, rule.KeyOfClient)
 		start := time.Unix(1000, 0).UnixNano()
 
-		burst := func(at int64, n int) (allowed int, last tally) {
+		burst := func(at int64, n int) (allowed int, last rule.Tally) {
 			for i := 0; i < n; i++ {
-				tl := takeIn(s, at, []*layer{l}, "203.0.113.1", false)
+				tl := takeIn(s, at, []*rule.Layer{l}, "203.0.113.1", false)
 
 				if !tl.Refused {
 					allowed++
@@ -415,7 +415,7 @@ func TestSlidingCountsOnlyAllowedRequests(t *testing.T) {
 
 	// 100 requests per window, for 10 windows, evenly spread.
 	for i := 0; i < 1000; i++ {
-		tl := takeIn(s, now+int64(i)*int64(10*time.Millisecond), []*layer{l}, "c", false)
+		tl := takeIn(s, now+int64(i)*int64(10*time.Millisecond), []*rule.Layer{l}, "c", false)
 
 		if !tl.Refused {
 			allowed = append(allowed, i*10)
@@ -451,15 +451,15 @@ func TestSlidingExpiresAfterTwoWindows(t *testing.T) {
 	f := newLayer(s, config.Rule{Name: "f", Points: 3, Duration: time.Second}, rule.KeyOfClient)
 	now := time.Unix(3000, 0).UnixNano()
 
-	takeIn(s, now, []*layer{l, f}, "a", false)
+	takeIn(s, now, []*rule.Layer{l, f}, "a", false)
 
 	if l.List == f.List {
 		t.Fatal("a sliding and a fixed layer of one duration share a list")
 	}
 
 	// A new key after 1.5 windows purges the fixed counter, not the sliding one.
-	takeIn(s, now+int64(1500*time.Millisecond), []*layer{f}, "b", false)
-	takeIn(s, now+int64(1500*time.Millisecond), []*layer{l}, "b", false)
+	takeIn(s, now+int64(1500*time.Millisecond), []*rule.Layer{f}, "b", false)
+	takeIn(s, now+int64(1500*time.Millisecond), []*rule.Layer{l}, "b", false)
 
 	if _, ok := l.Entries["a"]; !ok {
 		t.Fatal("sliding counter dropped within its second window")
@@ -469,7 +469,7 @@ func TestSlidingExpiresAfterTwoWindows(t *testing.T) {
 		t.Fatal("expired fixed counter kept")
 	}
 
-	takeIn(s, now+int64(2500*time.Millisecond), []*layer{l}, "c", false)
+	takeIn(s, now+int64(2500*time.Millisecond), []*rule.Layer{l}, "c", false)
 
 	if _, ok := l.Entries["a"]; ok {
 		t.Fatal("sliding counter kept past two windows")

@@ -40,11 +40,11 @@ type RedisBackend struct {
 	probing  bool  // one request is trying Redis after the back-off
 	retryAt  int64 // Unix nanoseconds
 	Backoff  time.Duration
-	outage   redisOutage // which transitions are logged (../events/redisevents.go)
-	reason   string      // why the last failure failed, while failing (reason.go)
-	probeKey string      // the key the probe writes (probe.go)
-	debts    []func()    // what the stores' fallbacks charged, paid when Redis answers again (owed.go)
-	Probe    redisProbe  // the goroutine that probes Redis while failing (probe.go)
+	outage   events.RedisOutage // which transitions are logged (../events/redisevents.go)
+	reason   string             // why the last failure failed, while failing (reason.go)
+	probeKey string             // the key the probe writes (probe.go)
+	debts    []func()           // what the stores' fallbacks charged, paid when Redis answers again (owed.go)
+	Probe    redisProbe         // the goroutine that probes Redis while failing (probe.go)
 }
 
 // Usable reports whether to call Redis at now. While failing, one request per
@@ -204,14 +204,14 @@ func (b *RedisBackend) switched(from, to string) {
 		b.Resets.resubscribe()
 	}
 
-	line, err := events.RedisEventLine(redisEvent{Event: "REDIS_PRIMARY_CHANGED", Severity: "info", Address: b.Address, Primary: to, Previous: from}, time.Now().UnixNano())
+	line, err := events.RedisEventLine(events.RedisEvent{Event: "REDIS_PRIMARY_CHANGED", Severity: "info", Address: b.Address, Primary: to, Previous: from}, time.Now().UnixNano())
 	if err == nil {
 		_, _ = b.Log.Write(line)
 	}
 }
 
 func (b *RedisBackend) event(name, severity, reason, msg string, retry time.Duration, now int64) {
-	ev := redisEvent{Event: name, Severity: severity, Address: b.Address, Reason: reason, Error: msg}
+	ev := events.RedisEvent{Event: name, Severity: severity, Address: b.Address, Reason: reason, Error: msg}
 	if sp, ok := b.Pool.(interface{ Primary() string }); ok {
 		ev.Primary = sp.Primary()
 	}
@@ -235,7 +235,7 @@ func (b *RedisBackend) event(name, severity, reason, msg string, retry time.Dura
 var Backends = &BackendRegistry{ByConfig: lifetime.NewHeldRegistry(CloseBackend)}
 
 type BackendRegistry struct {
-	ByConfig *heldRegistry // *redisBackend by configuration
+	ByConfig *lifetime.HeldRegistry // *redisBackend by configuration
 }
 
 func CloseBackend(v interface{}) {

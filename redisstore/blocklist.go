@@ -8,6 +8,7 @@ import (
 
 	"github.com/tierlimit/tierlimit/lifetime"
 	"github.com/tierlimit/tierlimit/memstore"
+	"github.com/tierlimit/tierlimit/rule"
 )
 
 // BlockList remembers keys that Redis reported over their limit, until their
@@ -41,7 +42,7 @@ func NewBlockList(capacity int) *BlockList {
 // blockPrefix is a layer's part of its block list entries: its name and its
 // Redis arguments (points, window, algorithm, rate), each ended by a NUL,
 // which neither holds.
-func blockPrefix(l *layer) string {
+func blockPrefix(l *rule.Layer) string {
 	return l.Name + "\x00" + l.RedisArgs + "\x00"
 }
 
@@ -147,12 +148,12 @@ func (b *BlockList) note(prefix, key string, reset, now int64) bool {
 }
 
 // Snapshot copies the keys blocked at now whose key starts with prefix.
-func (b *BlockList) Snapshot(now int64, prefix string) []blockedKey {
+func (b *BlockList) Snapshot(now int64, prefix string) []memstore.BlockedKey {
 	if b.Size.Load() == 0 {
 		return nil
 	}
 
-	var out []blockedKey
+	var out []memstore.BlockedKey
 
 	b.Mu.Lock()
 
@@ -164,7 +165,7 @@ func (b *BlockList) Snapshot(now int64, prefix string) []blockedKey {
 		}
 
 		if reset > now && j >= 0 && strings.HasPrefix(id[i+j+2:], prefix) {
-			out = append(out, blockedKey{Layer: id[:i], Prefix: id[:i+j+2], Key: id[i+j+2:], Reset: reset, Refused: b.hits[id]})
+			out = append(out, memstore.BlockedKey{Layer: id[:i], Prefix: id[:i+j+2], Key: id[i+j+2:], Reset: reset, Refused: b.hits[id]})
 		}
 	}
 

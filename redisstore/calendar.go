@@ -7,6 +7,7 @@ import (
 
 	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/redisresp"
+	"github.com/tierlimit/tierlimit/rule"
 )
 
 // KeyGrace is how long a key that names its window (a calendar period's,
@@ -21,7 +22,7 @@ const KeyGrace = 10 * time.Second
 
 // calendarSuffix is what a calendar layer's Redis key ends with at now: the
 // period's start in Unix seconds.
-func calendarSuffix(l *layer, now int64) string {
+func calendarSuffix(l *rule.Layer, now int64) string {
 	start, _ := limit.Period(now, l.Calendar, l.UtcOffset)
 	return ":" + strconv.FormatInt(start/int64(time.Second), 10)
 }
@@ -31,7 +32,7 @@ func calendarSuffix(l *layer, now int64) string {
 // milliseconds left to its end (at least 1) on the caller's clock, which the
 // script takes for the reset and the key's life, never for whether the key
 // is live (another replica's clock, and Redis's, differ).
-func calendarCall(l *layer, keys, args, key string, now int64) (string, string) {
+func calendarCall(l *rule.Layer, keys, args, key string, now int64) (string, string) {
 	key = l.RedisKey + key + calendarSuffix(l, now)
 
 	return keys + "$" + strconv.Itoa(len(key)) + "\r\n" + key + "\r\n", args + calendarArgs(l, now)
@@ -39,7 +40,7 @@ func calendarCall(l *layer, keys, args, key string, now int64) (string, string) 
 
 // calendarArgs are a calendar layer's script arguments at now: its window is
 // the milliseconds left to the period's end (at least 1).
-func calendarArgs(l *layer, now int64) string {
+func calendarArgs(l *rule.Layer, now int64) string {
 	_, end := limit.Period(now, l.Calendar, l.UtcOffset)
 	ms := (end - now) / int64(time.Millisecond)
 	if ms < 1 {

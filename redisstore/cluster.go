@@ -15,7 +15,7 @@ import (
 // principal, and one script call charges them. A principal-keyed route's
 // fallback to the client IP (ip:<addr>) is tagged by the address, with the
 // client's other layers. bucket is the key as rule.KeyFor made it.
-func ClusterKey(l *layer, bucket string) string {
+func ClusterKey(l *rule.Layer, bucket string) string {
 	if l.KeyKind == keyOfPrincipalElseClient && strings.HasPrefix(bucket, "ip:") {
 		return l.RedisKey + "ip:{" + bucket[len("ip:"):] + "}"
 	}
@@ -36,7 +36,7 @@ type slotGroup struct {
 // a refund of the other slots' layers when one refused (refundOtherSlots).
 // The reply is returned as the single-server script would give it: count and
 // milliseconds to reset per layer in order, up to the first refusal.
-func (s *RedisStore) runCluster(cl *redisresp.Cluster, c *charge, cost int64) ([]int64, string, error) {
+func (s *RedisStore) runCluster(cl *redisresp.Cluster, c *rule.Charge, cost int64) ([]int64, string, error) {
 	layers, all := c.Layers, c.All
 	mode := ArgStopAtRefusal
 	if all {
@@ -72,7 +72,7 @@ func (s *RedisStore) runCluster(cl *redisresp.Cluster, c *charge, cost int64) ([
 // refusals only), cost each; check-only layers were charged nothing. A
 // refund that fails leaves those layers over-charged for this request; the
 // refusal stands either way.
-func (s *RedisStore) refundOtherSlots(cl *redisresp.Cluster, c *charge, groups []*slotGroup, replies []redisresp.Reply, cost int64) {
+func (s *RedisStore) refundOtherSlots(cl *redisresp.Cluster, c *rule.Charge, groups []*slotGroup, replies []redisresp.Reply, cost int64) {
 	var charged []int
 
 	layers := c.Layers
@@ -111,7 +111,7 @@ func (s *RedisStore) refundOtherSlots(cl *redisresp.Cluster, c *charge, groups [
 // milliseconds to reset per layer, up to the refusal), or again when a call
 // did not run: the request is then to be decided anew by the store's Take,
 // which follows redirections and loads scripts.
-func SettlePair(s *RedisStore, c *charge, va int64, ia []int64, vb int64, ib []int64) ([]int64, bool) {
+func SettlePair(s *RedisStore, c *rule.Charge, va int64, ia []int64, vb int64, ib []int64) ([]int64, bool) {
 	var replies [2][]int64
 
 	var charged [2]bool
@@ -155,7 +155,7 @@ func SettlePair(s *RedisStore, c *charge, va int64, ia []int64, vb int64, ib []i
 
 // refundCluster is refund's call on a Redis Cluster: one refundScript call
 // per slot.
-func (s *RedisStore) refundCluster(cl *redisresp.Cluster, c *charge, cost int64) error {
+func (s *RedisStore) refundCluster(cl *redisresp.Cluster, c *rule.Charge, cost int64) error {
 	groups := slotGroups(c, CostArg(cost))
 
 	calls := make([]redisresp.ClusterCall, len(groups))
@@ -181,7 +181,7 @@ func (s *RedisStore) refundCluster(cl *redisresp.Cluster, c *charge, cost int64)
 // slotGroups groups c's layers by the slot of their keys, each group's
 // arguments starting with head (the request's arguments); a calendar layer's
 // key and window are those of the period that holds c.now.
-func slotGroups(c *charge, head string) []*slotGroup {
+func slotGroups(c *rule.Charge, head string) []*slotGroup {
 	var groups []*slotGroup
 
 	now := c.Now

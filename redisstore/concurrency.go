@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tierlimit/tierlimit/redisresp"
+	"github.com/tierlimit/tierlimit/rule"
 )
 
 // A concurrency layer's key in Redis is a sorted set of the requests in
@@ -31,7 +32,7 @@ var (
 // its concurrency layers is encoded, and given to the charges c is a part
 // of (a part of a part: the slots of a synced store's request that a
 // costFrom route also charges, slots.go), up to the request's own.
-func leaseOf(c *charge) string {
+func leaseOf(c *rule.Charge) string {
 	if c.Lease == "" {
 		c.Lease = replica + ":" + strconv.FormatInt(atomic.AddInt64(&leases, 1), 10)
 		for up := c.Parent; up != nil && up.Lease == ""; up = up.Parent {
@@ -46,7 +47,7 @@ func leaseOf(c *charge) string {
 // the request (layer.RedisTail set) to a script call (EncodeCall): a
 // calendar layer's, whose window is its period's rest, or a concurrency
 // layer's, which ends with the request's member.
-func variedCall(l *layer, keys, args string, c *charge, i int) (string, string) {
+func variedCall(l *rule.Layer, keys, args string, c *rule.Charge, i int) (string, string) {
 	if l.Algorithm != algConcurrency {
 		return calendarCall(l, keys, args, c.Keys[i], c.Now)
 	}
@@ -73,7 +74,7 @@ var (
 // that could not reach it; a charge whose lease Redis never saw (the
 // fallback admitted it) or without such layers owes nothing. A release that
 // fails then leaves the slots to their leases.
-func oweRelease(s *RedisStore, c *charge) {
+func oweRelease(s *RedisStore, c *rule.Charge) {
 	if c.Lease == "" || !anyRedisSlot(c) {
 		return
 	}
@@ -83,7 +84,7 @@ func oweRelease(s *RedisStore, c *charge) {
 
 // anyRedisSlot reports whether one of c's layers is a concurrency layer
 // counted in Redis.
-func anyRedisSlot(c *charge) bool {
+func anyRedisSlot(c *rule.Charge) bool {
 	for _, l := range c.Layers {
 		if l.Algorithm != algConcurrency || l.Memory {
 			continue
@@ -97,7 +98,7 @@ func anyRedisSlot(c *charge) bool {
 
 // releaseInRedis runs the release script for c's concurrency layers counted
 // in Redis.
-func releaseInRedis(s *RedisStore, c *charge) error {
+func releaseInRedis(s *RedisStore, c *rule.Charge) error {
 	member := redisresp.Bulk(c.Lease)
 	keys, n := "", 0
 

@@ -15,6 +15,6 @@
 //
 // It takes a rule.Charge and writes a rule.Tally, never an *http.Request;
 // it imports memstore (the fallback), rule, limit, events, lifetime and
-// redisresp, never the root, and names their types through aliases
+// redisresp, never the root, and names their constants through aliases
 // (aliases.go; ../doc.go: qualified names).
 package redisstore

@@ -4,6 +4,8 @@ import (
 	"strconv"
 
 	"github.com/tierlimit/tierlimit/limit"
+	"github.com/tierlimit/tierlimit/memstore"
+	"github.com/tierlimit/tierlimit/rule"
 )
 
 // The Redis store's memory fallback decides while Redis cannot. It starts
@@ -20,7 +22,7 @@ import (
 // A sliding counter takes the estimate as its current window's count, with
 // none before it: memory then refuses no later than Redis would. It returns
 // the counter's X-RateLimit-Reset value.
-func Remember(s *windowStore, l *layer, key string, count, reset, now int64) []string {
+func Remember(s *memstore.WindowStore, l *rule.Layer, key string, count, reset, now int64) []string {
 	s.Mu.Lock()
 	defer s.Mu.Unlock()
 
@@ -57,6 +59,6 @@ func Remember(s *windowStore, l *layer, key string, count, reset, now int64) []s
 // heldPast reports whether Redis holds a request that layer l counts past
 // its points: a dry-run fixed window does (TakeScript); a sliding window or
 // a token bucket then reports what it would hold, not what it does.
-func heldPast(l *layer) bool {
+func heldPast(l *rule.Layer) bool {
 	return l.DryRun && l.Algorithm != algSliding && l.Algorithm != algTokenBucket
 }

@@ -5,6 +5,7 @@ import (
 
 	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/redisresp"
+	"github.com/tierlimit/tierlimit/rule"
 )
 
 // FastCall is the script call of a plan of the root's Redis fast path (a
@@ -25,7 +26,7 @@ type FastCall struct {
 // such a plan, as EncodeCall encodes it but for ARGV[1]: "2", the
 // one-integer reply; each request costs cost. Client keys up to maxClient
 // bytes have their head.
-func EncodeFast(s *RedisStore, shared []*layer, cost int64, maxClient int) FastCall {
+func EncodeFast(s *RedisStore, shared []*rule.Layer, cost int64, maxClient int) FastCall {
 	f := FastCall{Call: CallFor(s, len(shared)), Cluster: ClusterOf(s.Backend)}
 	front, key, tail, args := f.Call.Head(), "", "", ArgOneInteger+CostArg(cost)
 	seen := false
@@ -68,7 +69,7 @@ func EncodeFast(s *RedisStore, shared []*layer, cost int64, maxClient int) FastC
 // EncodeConst encodes the root's clusterPath call of g, a plan's global
 // layer, whole, after call's head, and the slot of its key, whose node it
 // goes to.
-func EncodeConst(call redisresp.Call, g *layer) (string, int) {
+func EncodeConst(call redisresp.Call, g *rule.Layer) (string, int) {
 	key := ClusterKey(g, g.ConstKey)
 	slot := redisresp.Slot(key)
 
@@ -80,7 +81,7 @@ func EncodeConst(call redisresp.Call, g *layer) (string, int) {
 // while it fits a Lua number: not for a global of a billion points an
 // hour): the integer it stands for, or -1 when it does not allow the
 // request or the integer would not fit.
-func PairAllowed(ints []int64, l *layer) int64 {
+func PairAllowed(ints []int64, l *rule.Layer) int64 {
 	if len(ints) != 2 || ints[0] < 1 || limit.Over(ints[0], l.Capacity) || ints[1] < 0 || ints[1] > l.MaxTTL {
 		return -1
 	}

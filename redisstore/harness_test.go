@@ -43,7 +43,7 @@ var storeSeq atomic.Int64
 type storeHarness struct {
 	clock  *clock
 	store  *RedisStore
-	layers []*layer
+	layers []*rule.Layer
 }
 
 // newStoreHarness builds the store of the defaults on the redis-server at
@@ -97,7 +97,7 @@ func newStoreHarness(t *testing.T, addr string, mutate func(c *config.Config)) (
 }
 
 // layer is the harness's layer called name.
-func (h *storeHarness) layer(name string) *layer {
+func (h *storeHarness) layer(name string) *rule.Layer {
 	for _, l := range h.layers {
 		if l.Name == name {
 			return l
@@ -108,13 +108,13 @@ func (h *storeHarness) layer(name string) *layer {
 }
 
 // charge is a request of client to every layer of the harness at now.
-func (h *storeHarness) charge(client string, now int64) *charge {
+func (h *storeHarness) charge(client string, now int64) *rule.Charge {
 	return chargeOf(h.layers, client, now)
 }
 
 // chargeOf is a request of client to layers at now, each keyed by the
 // client or its constant key (the root's chargeOf for those key kinds).
-func chargeOf(layers []*layer, client string, now int64) *charge {
+func chargeOf(layers []*rule.Layer, client string, now int64) *rule.Charge {
 	keys := make([]string, len(layers))
 	for i, l := range layers {
 		keys[i] = client
@@ -123,7 +123,7 @@ func chargeOf(layers []*layer, client string, now int64) *charge {
 		}
 	}
 
-	return &charge{Layers: layers, Keys: keys, Client: client, Now: now}
+	return &rule.Charge{Layers: layers, Keys: keys, Client: client, Now: now}
 }
 
 func formatInt(n int64) string { return strconv.FormatInt(n, 10) }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/redisresp"
+	"github.com/tierlimit/tierlimit/rule"
 )
 
 // leaseScript settles and grants synced counters' leases (syncstore.go),
@@ -55,6 +56,46 @@ return out
 `
 
 var leaseRedis = redisresp.NewScript(leaseScript)
+
+// SyncCounter is one key of one window as a replica knows it: Redis's total
+// at its last answer, the lease this replica holds, and what it admitted
+// without a lease. It is declared here, in the first file Yaegi reads
+// that names it, because the root's synced path names it (../doc.go:
+// qualified names).
+type SyncCounter struct {
+	Key    string // the Redis key, naming the window's start
+	layer  string // the layer's name and the bucket key, for resets
+	bucket string
+	slot   int // the key's Cluster slot
+	// Remote is Redis's count at its last answer: every point it granted
+	// (this replica's lease included) and every pending point paid.
+	Remote int64
+	// Lease is the points this replica holds and has not spent.
+	Lease int64
+	// Pending is what this replica admitted without a lease (Redis down),
+	// to be added to Redis; Inflight is the part a call is sending.
+	Pending  int64
+	Inflight int64
+	Back     int64 // lease a call is giving back
+	Need     int64 // points queued for the next lease call (0: not queued)
+	points   int64 // the layer's points at the last request
+	End      int64 // the window's end, Unix nanoseconds
+	// allowed and refused count decisions under the state's lock, added to
+	// stats at each sync: an atomic add on the request path costs more.
+	// Allowed since the last sync is also the key's use, which sizes its
+	// next top-up.
+	Allowed  int64
+	Refused  int64
+	stats    *rule.Stats
+	ResetH   []string // X-RateLimit-Reset of the window
+	ResetSec int64    // its second
+	Logged   bool     // a refusal of this window was reported
+	// Full: a request was refused for want of room (and reported), and no
+	// answer of Redis since gave room: the next is refused from the cache.
+	Full    bool
+	Touched bool  // a request asked since the last sync
+	Idle    int64 // syncs in a row that no request asked in
+}
 
 // LeaseAsk is what one counter sends in a lease call: add pending points,
 // give back a lease, and need and want points of the layer's points, as

@@ -18,7 +18,7 @@ import (
 // by memory calls no Redis. Between the charge and its refund, another
 // request may see the memory layers' counts with this one in; the counts
 // end exact.
-func TakeMixed(s *RedisStore, t *tally, c *charge) {
+func TakeMixed(s *RedisStore, t *rule.Tally, c *rule.Charge) {
 	local, shared, li, si := SplitLayers(c.Layers)
 
 	if len(local) == 0 {
@@ -31,8 +31,8 @@ func TakeMixed(s *RedisStore, t *tally, c *charge) {
 		return
 	}
 
-	tm := tally{Cost: t.Cost}
-	tr := tally{Cost: t.Cost}
+	tm := rule.Tally{Cost: t.Cost}
+	tr := rule.Tally{Cost: t.Cost}
 	if t.Each != nil {
 		tm.Each = rule.NewItems(len(li))
 		tr.Each = rule.NewItems(len(si))
@@ -41,7 +41,7 @@ func TakeMixed(s *RedisStore, t *tally, c *charge) {
 	memstore.TakeWithBlocks(s.Local, s.Blocks, &tm, cm)
 
 	if tm.Refused && !c.All {
-		*t = tally{Cost: t.Cost, Shown: -1, Each: t.Each}
+		*t = rule.Tally{Cost: t.Cost, Shown: -1, Each: t.Each}
 		rule.MergeTally(t, &tm, li)
 
 		return
@@ -51,19 +51,19 @@ func TakeMixed(s *RedisStore, t *tally, c *charge) {
 
 	if tr.Refused && !c.All {
 		memstore.Refund(s.Local, rule.ChargeWithout(cm, tm.Uncharged), rule.CostOf(t))
-		*t = tally{Cost: t.Cost, Shown: -1, Each: t.Each}
+		*t = rule.Tally{Cost: t.Cost, Shown: -1, Each: t.Each}
 		rule.MergeTally(t, &tr, si)
 
 		return
 	}
 
-	*t = tally{Cost: t.Cost, Shown: -1, Each: t.Each}
+	*t = rule.Tally{Cost: t.Cost, Shown: -1, Each: t.Each}
 	rule.MergeTally(t, &tm, li)
 	rule.MergeTally(t, &tr, si)
 }
 
 // RefundMixed is Refund on a Redis instance with memory layers.
-func RefundMixed(s *RedisStore, c *charge, cost int64) {
+func RefundMixed(s *RedisStore, c *rule.Charge, cost int64) {
 	local, _, li, si := SplitLayers(c.Layers)
 
 	if len(local) > 0 {
@@ -74,7 +74,7 @@ func RefundMixed(s *RedisStore, c *charge, cost int64) {
 }
 
 // SpendMixed is Spend on a Redis instance with memory layers.
-func SpendMixed(s *RedisStore, c *charge, cost int64) {
+func SpendMixed(s *RedisStore, c *rule.Charge, cost int64) {
 	local, shared, li, si := SplitLayers(c.Layers)
 	if len(local) > 0 {
 		memstore.Spend(s.Local, rule.ChargeAt(c, li), cost)
@@ -87,7 +87,7 @@ func SpendMixed(s *RedisStore, c *charge, cost int64) {
 
 // SplitLayers returns the memory layers and the Redis layers of layers, in
 // order, with each one's index in layers.
-func SplitLayers(layers []*layer) (local, shared []*layer, li, si []int) {
+func SplitLayers(layers []*rule.Layer) (local, shared []*rule.Layer, li, si []int) {
 	for i, l := range layers {
 		if l.Memory {
 			local = append(local, l)

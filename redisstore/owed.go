@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/tierlimit/tierlimit/limit"
+	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/redisresp"
 	"github.com/tierlimit/tierlimit/rule"
 )
@@ -29,7 +30,7 @@ import (
 // OwedKey is one layer's key whose outage charges Redis is owed: the layer
 // and its key, as rule.KeyFor made it (what Redis and memory count by).
 type OwedKey struct {
-	L   *layer
+	L   *rule.Layer
 	Key string
 }
 
@@ -55,7 +56,7 @@ func newOwedCounts(max int) *owedCounts {
 // oweCharged records what a take in the fallback charged, while Redis is
 // down: a call that failed for another reason (a busy pool, a replaced
 // configuration) leaves no outage to recover from.
-func oweCharged(s *RedisStore, t *tally, c *charge) {
+func oweCharged(s *RedisStore, t *rule.Tally, c *rule.Charge) {
 	if !s.Backend.Down.Load() {
 		return
 	}
@@ -111,7 +112,7 @@ func listOwed(s *RedisStore) {
 
 // forgiveRefunded takes back from the debts what a refund during the
 // outage gave memory back.
-func forgiveRefunded(s *RedisStore, c *charge, cost int64) {
+func forgiveRefunded(s *RedisStore, c *rule.Charge, cost int64) {
 	o := s.Owed
 
 	o.Mu.Lock()
@@ -215,11 +216,11 @@ func payDebt(s *RedisStore, k OwedKey, d owedDebt) error {
 // milliseconds to live (none when 0), and a token bucket that is gone or
 // full from now. at is the time of the charge (a calendar key names its
 // period).
-func addOnRedis(s *RedisStore, l *layer, key string, points, ttl, at int64) error {
+func addOnRedis(s *RedisStore, l *rule.Layer, key string, points, ttl, at int64) error {
 	tail := redisresp.Bulk(strconv.FormatInt(ttl, 10))
 	call := refundRedis.Call(1, 7)
 
-	c := &charge{Layers: []*layer{l}, Keys: []string{key}, Now: at}
+	c := &rule.Charge{Layers: []*rule.Layer{l}, Keys: []string{key}, Now: at}
 	if cl := s.Backend.cluster; cl != nil {
 		g := slotGroups(c, CostArg(-points))[0]
 		replies, err := cl.RunInts([]redisresp.ClusterCall{{Slot: g.slot, Call: call, Encoded: g.Keys + g.Args + tail}})
@@ -243,7 +244,7 @@ func addOnRedis(s *RedisStore, l *layer, key string, points, ttl, at int64) erro
 // windowLeft is the milliseconds left at now in memory's window of key in
 // l, rounded up (limit.CeilMillis), or 0 when memory holds none that is
 // live.
-func windowLeft(s *windowStore, l *layer, key string, now int64) int64 {
+func windowLeft(s *memstore.WindowStore, l *rule.Layer, key string, now int64) int64 {
 	s.Mu.Lock()
 	defer s.Mu.Unlock()
 

@@ -19,7 +19,7 @@ import (
 
 // Record writes the script's reply (count and milliseconds to reset per
 // layer evaluated) to t, and checks it: on an error, t is to be discarded.
-func Record(s *RedisStore, t *tally, c *charge, ints []int64) error {
+func Record(s *RedisStore, t *rule.Tally, c *rule.Charge, ints []int64) error {
 	layers, now, all, n := c.Layers, c.Now, c.All, len(ints)/2
 	if len(ints)%2 != 0 || n == 0 || n > len(layers) {
 		return fmt.Errorf("%w: %d integers for %d layers", ErrBadReply, len(ints), len(layers))
@@ -86,7 +86,7 @@ func Record(s *RedisStore, t *tally, c *charge, ints []int64) error {
 // rememberAll is remember (fallback.go) for every layer of a request that
 // Redis allowed, or charged in a dry run: ints is the script's reply,
 // validated (Record), with each layer's count and milliseconds to reset.
-func rememberAll(s *memstore.WindowStore, c *charge, ints []int64) {
+func rememberAll(s *memstore.WindowStore, c *rule.Charge, ints []int64) {
 	now := c.Now
 	for i := 0; 2*i+1 < len(ints) && i < len(c.Layers); i++ {
 		l, count := c.Layers[i], ints[2*i]
@@ -106,7 +106,7 @@ func rememberAll(s *memstore.WindowStore, c *charge, ints []int64) {
 
 // slotRefused reports whether a slot's call refused the request (or failed,
 // which charged nothing either).
-func slotRefused(layers []*layer, g *slotGroup, r redisresp.Reply) bool {
+func slotRefused(layers []*rule.Layer, g *slotGroup, r redisresp.Reply) bool {
 	if r.ServerErr != "" || len(r.Ints) < 2*len(g.Layers) {
 		return true
 	}
@@ -127,7 +127,7 @@ func slotRefused(layers []*layer, g *slotGroup, r redisresp.Reply) bool {
 // it are left out, as a single server would not have charged them); a
 // dry-run layer's refusal refuses nothing. A server error of any call is the
 // outcome.
-func mergeSlotReplies(layers []*layer, groups []*slotGroup, replies []redisresp.Reply, all bool) ([]int64, string, error) {
+func mergeSlotReplies(layers []*rule.Layer, groups []*slotGroup, replies []redisresp.Reply, all bool) ([]int64, string, error) {
 	answered := make([][2]int64, len(layers))
 	got := make([]bool, len(layers))
 

@@ -7,6 +7,7 @@ import (
 
 	"github.com/tierlimit/tierlimit/events"
 	"github.com/tierlimit/tierlimit/redisresp"
+	"github.com/tierlimit/tierlimit/rule"
 )
 
 // Forget drops a block list entry (layer.blockPrefix + key) and reports
@@ -30,7 +31,7 @@ func (b *BlockList) Forget(id string, now int64) bool {
 // the deployment (clusterKey on a cluster), and a blockDuration block's key,
 // under the same hash tag: resetScript deletes every key of one call, which
 // a cluster runs in one slot.
-func resetKeys(s *RedisStore, l *layer, key string, now int64) []string {
+func resetKeys(s *RedisStore, l *rule.Layer, key string, now int64) []string {
 	if s.Synced != nil && !unleased(l) {
 		start, _ := SyncWindow(l, now)
 		return []string{SyncKey(l, key, s.Backend.cluster != nil, start)}
@@ -55,14 +56,14 @@ func resetKeys(s *RedisStore, l *layer, key string, now int64) []string {
 // ResetClusterKey is clusterKey for a bucket key as rule.KeyFor made it: a
 // principal-keyed route's key of a request without a principal (ip:<addr>)
 // is tagged by the address, every other by the whole key.
-func ResetClusterKey(l *layer, key string) string {
+func ResetClusterKey(l *rule.Layer, key string) string {
 	return ClusterKey(l, key)
 }
 
 // Reset deletes key's Redis keys in l and says what it found: redisCleared,
 // redisAbsent, or redisUnavailable when the call failed (logged; Redis's
 // back-off is left to the requests, which will find out themselves).
-func (s *RedisStore) Reset(l *layer, key string, now int64) string {
+func (s *RedisStore) Reset(l *rule.Layer, key string, now int64) string {
 	n, err := s.deleteKeys(resetKeys(s, l, key, now), s.Channel, ResetMessage(s.Name, l.Name, key))
 	if err != nil {
 		s.Backend.logResetFailure(err)
@@ -117,7 +118,7 @@ func (s *RedisStore) deleteKeys(keys []string, channel, message string) (int64, 
 
 // logResetFailure logs a reset that could not reach Redis.
 func (b *RedisBackend) logResetFailure(err error) {
-	line, jerr := events.RedisEventLine(redisEvent{Event: "REDIS_RESET_FAILED", Severity: "error", Address: b.Address, Error: err.Error()}, time.Now().UnixNano())
+	line, jerr := events.RedisEventLine(events.RedisEvent{Event: "REDIS_RESET_FAILED", Severity: "error", Address: b.Address, Error: err.Error()}, time.Now().UnixNano())
 	if jerr == nil {
 		_, _ = b.Log.Write(line)
 	}

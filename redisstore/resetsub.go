@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/redisresp"
 )
 
@@ -116,7 +117,7 @@ func ListenResets(s *RedisStore) {
 
 // ForgetIn clears a key in a middleware's block list and memory fallback,
 // at the middleware's clock.
-func ForgetIn(blocked *BlockList, local *windowStore, clock func() time.Time) ResetForget {
+func ForgetIn(blocked *BlockList, local *memstore.WindowStore, clock func() time.Time) ResetForget {
 	return func(layer, key string) {
 		blocked.forgetLayerKey(layer, key)
 		local.ForgetKey(layer, key, clock().UnixNano())

@@ -65,7 +65,7 @@ func serverState(t *testing.T, p *redisresp.Pool) string {
 
 // scriptCharge runs takeScript for layers with a cost, as takeRedis does for a cost
 // of 1, and returns the outcome.
-func scriptCharge(t *testing.T, s *RedisStore, layers []*layer, client string, cost int64) tally {
+func scriptCharge(t *testing.T, s *RedisStore, layers []*rule.Layer, client string, cost int64) rule.Tally {
 	t.Helper()
 
 	ints, serverErr, err := CallFor(s, len(layers)).RunIntsOn(s.Backend.Pool, EncodeCall(chargeOf(layers, client, time.Now().UnixNano()), ArgStopAtRefusal, cost))
@@ -73,7 +73,7 @@ func scriptCharge(t *testing.T, s *RedisStore, layers []*layer, client string, c
 		t.Fatalf("script: %v %s", err, serverErr)
 	}
 
-	var tl tally
+	var tl rule.Tally
 	if err := Record(s, &tl, chargeOf(layers, client, t0), ints); err != nil {
 		t.Fatalf("reply %v: %v", ints, err)
 	}
@@ -103,8 +103,8 @@ func redisServer(t *testing.T) (string, *redisresp.Pool) {
 }
 
 // takeIn is Take of client in layers at now, and its tally.
-func takeIn(s *RedisStore, now int64, layers []*layer, client string) tally {
-	var t tally
+func takeIn(s *RedisStore, now int64, layers []*rule.Layer, client string) rule.Tally {
+	var t rule.Tally
 	Take(s, &t, chargeOf(layers, client, now))
 
 	return t
@@ -373,12 +373,12 @@ func TestOddFixedKeysStartAfreshOnRedisServer(t *testing.T) {
 // On a cluster a calendar layer's key and window are those of the period that
 // holds the request's time (the instance's clock), not the wall clock's.
 func TestClusterCalendarKeyFollowsTheRequestTime(t *testing.T) {
-	l := &layer{Limits: rule.Limits{Name: "ip", Capacity: 5, KeyKind: rule.KeyOfClient, Calendar: limit.Day}, Encoding: &rediscall.Encoding{RedisKey: "ratelimit:mw:ip:"}}
+	l := &rule.Layer{Limits: rule.Limits{Name: "ip", Capacity: 5, KeyKind: rule.KeyOfClient, Calendar: limit.Day}, Encoding: &rediscall.Encoding{RedisKey: "ratelimit:mw:ip:"}}
 	l.RedisArgs = redisresp.Bulk("5") + redisresp.Bulk("86400000") + algoFixed + argNoRate
 	l.RedisTail = RedisTail(l.RedisArgs)
 	now := time.Date(2026, 2, 10, 18, 0, 0, 0, time.UTC).UnixNano()
 
-	groups := slotGroups(chargeOf([]*layer{l}, "198.51.100.7", now), "")
+	groups := slotGroups(chargeOf([]*rule.Layer{l}, "198.51.100.7", now), "")
 
 	start := time.Date(2026, 2, 10, 0, 0, 0, 0, time.UTC).Unix()
 	if want := redisresp.Bulk("ratelimit:mw:ip:{198.51.100.7}:" + strconv.FormatInt(start, 10)); len(groups) != 1 || groups[0].Keys != want {
@@ -394,7 +394,7 @@ func TestClusterCalendarKeyFollowsTheRequestTime(t *testing.T) {
 // TestFlagArgs: the dry-run and check flags prefix the algorithm argument,
 // together as "cd" (takeScript).
 func TestFlagArgs(t *testing.T) {
-	l := &layer{}
+	l := &rule.Layer{}
 	Encode(l, config.Rule{Name: "x", Points: 12, Duration: 1500e6, Algorithm: limit.Sliding, DryRun: true})
 	args := l.RedisArgs
 	if want := "$2\r\n12\r\n$4\r\n1500\r\n$2\r\nd1\r\n$1\r\n0\r\n"; args != want {

@@ -587,7 +587,7 @@ func takeCall(n int) redisresp.Call {
 // the cost and each layer's arguments. The command is encoded here, from each
 // layer's pre-encoded parts: under Yaegi, a loop over arguments in the RESP
 // writer costs more than the round trip.
-func EncodeCall(c *charge, mode string, cost int64) string {
+func EncodeCall(c *rule.Charge, mode string, cost int64) string {
 	keys, args := "", mode+argCostOne
 	if cost != 1 {
 		args = mode + CostArg(cost)

@@ -21,7 +21,7 @@ import (
 // exactBeside is the exact store of synced store rs (RedisStore.Exact):
 // rs as New made it before its synced counters, sharing its backend, memory
 // mirror, block list and debts; nil when no layer is unleased in Redis.
-func exactBeside(rs *RedisStore, layers []*layer) *RedisStore {
+func exactBeside(rs *RedisStore, layers []*rule.Layer) *RedisStore {
 	for _, l := range layers {
 		if unleased(l) {
 			exact := *rs
@@ -34,12 +34,12 @@ func exactBeside(rs *RedisStore, layers []*layer) *RedisStore {
 
 // unleased reports whether l is counted in Redis by the script even on a
 // synced store (Limits.Unleased).
-func unleased(l *layer) bool {
+func unleased(l *rule.Layer) bool {
 	return l.Unleased && !l.Memory
 }
 
 // anyUnleased reports whether one of c's layers is unleased (unleased).
-func anyUnleased(c *charge) bool {
+func anyUnleased(c *rule.Charge) bool {
 	for _, l := range c.Layers {
 		if unleased(l) {
 			return true
@@ -50,7 +50,7 @@ func anyUnleased(c *charge) bool {
 }
 
 // takeSynced is Take on a synced store.
-func takeSynced(s *RedisStore, t *tally, c *charge) {
+func takeSynced(s *RedisStore, t *rule.Tally, c *rule.Charge) {
 	if s.Exact == nil || !anyUnleased(c) {
 		SyncTake(s.Synced, t, c)
 		return
@@ -75,9 +75,9 @@ func takeSynced(s *RedisStore, t *tally, c *charge) {
 
 // takeBoth takes c's synced layers (at synced) from their counters, then,
 // when they allow it, its unleased layers (at exact) with the script.
-func takeBoth(s *RedisStore, t *tally, c *charge, synced, exact []int) {
-	ts := tally{Cost: t.Cost}
-	tx := tally{Cost: t.Cost}
+func takeBoth(s *RedisStore, t *rule.Tally, c *rule.Charge, synced, exact []int) {
+	ts := rule.Tally{Cost: t.Cost}
+	tx := rule.Tally{Cost: t.Cost}
 	if t.Each != nil {
 		ts.Each = rule.NewItems(len(synced))
 		tx.Each = rule.NewItems(len(exact))
@@ -87,7 +87,7 @@ func takeBoth(s *RedisStore, t *tally, c *charge, synced, exact []int) {
 	SyncTake(s.Synced, &ts, cs)
 
 	if ts.Refused && !c.All {
-		*t = tally{Cost: t.Cost, Shown: -1, Each: t.Each}
+		*t = rule.Tally{Cost: t.Cost, Shown: -1, Each: t.Each}
 		rule.MergeTally(t, &ts, synced)
 
 		return
@@ -97,13 +97,13 @@ func takeBoth(s *RedisStore, t *tally, c *charge, synced, exact []int) {
 
 	if tx.Refused && !c.All {
 		syncRefund(s.Synced, rule.ChargeWithout(cs, ts.Uncharged), rule.CostOf(t))
-		*t = tally{Cost: t.Cost, Shown: -1, Each: t.Each}
+		*t = rule.Tally{Cost: t.Cost, Shown: -1, Each: t.Each}
 		rule.MergeTally(t, &tx, exact)
 
 		return
 	}
 
-	*t = tally{Cost: t.Cost, Shown: -1, Each: t.Each}
+	*t = rule.Tally{Cost: t.Cost, Shown: -1, Each: t.Each}
 	rule.MergeTally(t, &ts, synced)
 	rule.MergeTally(t, &tx, exact)
 }
@@ -112,7 +112,7 @@ func takeBoth(s *RedisStore, t *tally, c *charge, synced, exact []int) {
 // c with unleased layers (GiveBack released or refunded c in memory, but a
 // refund of those): the release of its slots (slots true), or the refund
 // of cost to its synced counters and its unleased layers.
-func giveBackUnleased(s *RedisStore, c *charge, cost int64, slots bool) {
+func giveBackUnleased(s *RedisStore, c *rule.Charge, cost int64, slots bool) {
 	var synced, exact []int
 	for i, l := range c.Layers {
 		if unleased(l) {

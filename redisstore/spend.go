@@ -7,6 +7,7 @@ import (
 
 	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/redisresp"
+	"github.com/tierlimit/tierlimit/rule"
 )
 
 // Spend charges cost to each of c's layers whatever its points: the part of
@@ -16,7 +17,7 @@ import (
 // pending. Memory takes it too, whatever Redis does: it mirrors Redis's
 // counts (GiveBack), or holds the charge itself while Redis is down or when
 // the call fails, owed to Redis as the fallback's charges are (owed.go).
-func Spend(s *RedisStore, c *charge, cost int64) {
+func Spend(s *RedisStore, c *rule.Charge, cost int64) {
 	if s.Synced != nil {
 		syncSpend(s.Synced, c, cost)
 		return
@@ -38,12 +39,12 @@ func Spend(s *RedisStore, c *charge, cost int64) {
 		s.Backend.Failed(c.Now, false, fmt.Errorf("charging a reported cost: %w", err))
 	}
 
-	oweCharged(s, &tally{Cost: cost}, c)
+	oweCharged(s, &rule.Tally{Cost: cost}, c)
 }
 
 // spendOnRedis adds cost to each of c's layers in Redis, a window that is
 // gone started with its whole duration.
-func spendOnRedis(s *RedisStore, c *charge, cost int64) error {
+func spendOnRedis(s *RedisStore, c *rule.Charge, cost int64) error {
 	for i, l := range c.Layers {
 		ttl := int64(0)
 		if l.Algorithm != algTokenBucket {
@@ -60,7 +61,7 @@ func spendOnRedis(s *RedisStore, c *charge, cost int64) error {
 
 // syncSpend charges cost to the charge's counters whatever their points:
 // from the lease, and the rest pending, which the next call adds to Redis.
-func syncSpend(st *SyncState, ch *charge, cost int64) {
+func syncSpend(st *SyncState, ch *rule.Charge, cost int64) {
 	st.Mu.Lock()
 
 	for i, l := range ch.Layers {
@@ -128,18 +129,18 @@ func successor(s *RedisStore) *RedisStore {
 // spendReplaced is the Redis part of Spend of a store whose pool is closed
 // (memory, shared by the name's stores, took the cost already): the
 // successor's Redis, or its fallback's debts while it is down.
-func spendReplaced(s *RedisStore, c *charge, cost int64) {
+func spendReplaced(s *RedisStore, c *rule.Charge, cost int64) {
 	n := successor(s)
 	switch {
 	case n == nil:
 	case n.Synced != nil:
 		syncSpend(n.Synced, c, cost)
 	case n.Backend.Down.Load():
-		oweCharged(n, &tally{Cost: cost}, c)
+		oweCharged(n, &rule.Tally{Cost: cost}, c)
 	default:
 		if err := spendOnRedis(n, c, cost); err != nil {
 			n.Backend.Failed(c.Now, false, fmt.Errorf("charging a reported cost: %w", err))
-			oweCharged(n, &tally{Cost: cost}, c)
+			oweCharged(n, &rule.Tally{Cost: cost}, c)
 		}
 	}
 }
@@ -148,7 +149,7 @@ func spendReplaced(s *RedisStore, c *charge, cost int64) {
 // closed (memory, shared by the name's stores, gave back already). With no
 // successor on Redis, the name no longer counts in Redis: the counts' windows
 // and the slots' leases end them there.
-func giveBackReplaced(s *RedisStore, c *charge, cost int64, slots bool) {
+func giveBackReplaced(s *RedisStore, c *rule.Charge, cost int64, slots bool) {
 	if n := successor(s); n != nil {
 		giveBackInRedis(n, c, cost, slots)
 	}

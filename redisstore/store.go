@@ -22,7 +22,7 @@ type RedisStore struct {
 	Name    string // the middleware's, and the channel of its resets (resetsub.go)
 	Channel string
 	Backend *RedisBackend
-	Local   *windowStore
+	Local   *memstore.WindowStore
 	// Blocks: a layer has a blockDuration, so that the fallback decides
 	// with blocks (memstore.TakeWithBlocks) when Redis cannot (takeLocal).
 	Blocks  bool
@@ -50,7 +50,7 @@ func CallFor(s *RedisStore, n int) redisresp.Call {
 // to the synced counters, or to the fallback when Redis is down or fails),
 // and writes the outcome to t. The healthy path (nothing blocked, Redis up)
 // takes no lock and makes as few calls as it can (../doc.go: frames).
-func Take(s *RedisStore, t *tally, c *charge) {
+func Take(s *RedisStore, t *rule.Tally, c *rule.Charge) {
 	if s.Synced != nil {
 		takeSynced(s, t, c)
 		return
@@ -84,7 +84,7 @@ func Take(s *RedisStore, t *tally, c *charge) {
 			s.Backend.Failed(c.Now, false, err)
 		}
 
-		*t = tally{Cost: t.Cost, Each: t.Each}
+		*t = rule.Tally{Cost: t.Cost, Each: t.Each}
 		s.TakeLocal(t, c)
 	}
 }
@@ -93,7 +93,7 @@ func Take(s *RedisStore, t *tally, c *charge) {
 // A key Redis blocked is refused before (takeBlocked); a blockDuration
 // refusal here starts a block in memory, and on the block list, so that
 // it refuses the key for the rest of the block after Redis is back too.
-func (s *RedisStore) TakeLocal(t *tally, c *charge) {
+func (s *RedisStore) TakeLocal(t *rule.Tally, c *rule.Charge) {
 	memstore.TakeWithBlocks(s.Local, s.Blocks, t, c)
 
 	if !t.Refused || c.All {
@@ -119,7 +119,7 @@ func (s *RedisStore) TakeLocal(t *tally, c *charge) {
 // smallest cost fits again (redisStore.refused); a larger one refuses too,
 // but in a sliding window or a token bucket it fits later than that, so
 // such a request asks Redis, which tells when.
-func (s *RedisStore) TakeBlocked(t *tally, c *charge) bool {
+func (s *RedisStore) TakeBlocked(t *rule.Tally, c *rule.Charge) bool {
 	costly := t.Cost > 1
 
 	for i, l := range c.Layers {
@@ -133,7 +133,7 @@ func (s *RedisStore) TakeBlocked(t *tally, c *charge) bool {
 				s.Blocked.hit(l.BlockPrefix, c.Keys[i], false)
 			}
 
-			*t = tally{Shown: i, Count: l.Capacity + 1, Reset: reset, Refused: true,
+			*t = rule.Tally{Shown: i, Count: l.Capacity + 1, Reset: reset, Refused: true,
 				ResetH: []string{strconv.FormatInt(limit.CeilSeconds(reset), 10)}}
 
 			return true
@@ -145,7 +145,7 @@ func (s *RedisStore) TakeBlocked(t *tally, c *charge) bool {
 
 // takeInRedis runs the script and writes its outcome to t; on an error, t is
 // to be discarded.
-func takeInRedis(s *RedisStore, t *tally, c *charge) error {
+func takeInRedis(s *RedisStore, t *rule.Tally, c *rule.Charge) error {
 	mode := ArgStopAtRefusal
 	if c.All {
 		mode = argChargeAll
@@ -180,7 +180,7 @@ func takeInRedis(s *RedisStore, t *tally, c *charge) error {
 // credentialed request whose ip charge is refused, the other layers of a
 // request a costFrom route refuses): GiveBack, with each concurrency layer's
 // slot of c's lease.
-func Refund(s *RedisStore, c *charge, cost int64) {
+func Refund(s *RedisStore, c *rule.Charge, cost int64) {
 	GiveBack(s, c, cost, false)
 }
 
@@ -201,7 +201,7 @@ func Refund(s *RedisStore, c *charge, cost int64) {
 // answers again (oweRelease), so that a key with nothing in flight is not
 // refused there until their leases end. Synced counters hold no slot and
 // keep their own counts (syncRefund).
-func GiveBack(s *RedisStore, c *charge, cost int64, slots bool) {
+func GiveBack(s *RedisStore, c *rule.Charge, cost int64, slots bool) {
 	if slots {
 		memstore.Release(s.Local, c)
 	} else if s.Synced == nil {
@@ -215,7 +215,7 @@ func GiveBack(s *RedisStore, c *charge, cost int64, slots bool) {
 // reload closed hands to its successor (giveBackReplaced). Rare cases are
 // in functions of their own (../doc.go: frames): a release is on every
 // request of a concurrency layer.
-func giveBackInRedis(s *RedisStore, c *charge, cost int64, slots bool) {
+func giveBackInRedis(s *RedisStore, c *rule.Charge, cost int64, slots bool) {
 	var err error
 
 	switch {
@@ -236,7 +236,7 @@ func giveBackInRedis(s *RedisStore, c *charge, cost int64, slots bool) {
 
 // giveBackAway is GiveBack's Redis part for synced counters, or while Redis
 // is in back-off: memory held the charge, which Redis is owed no more.
-func giveBackAway(s *RedisStore, c *charge, cost int64, slots bool) {
+func giveBackAway(s *RedisStore, c *rule.Charge, cost int64, slots bool) {
 	if s.Synced != nil {
 		if s.Exact != nil && anyUnleased(c) {
 			giveBackUnleased(s, c, cost, slots)
@@ -261,7 +261,7 @@ func giveBackAway(s *RedisStore, c *charge, cost int64, slots bool) {
 // (a busy pool is none), and the slots are owed to the recovery; a pool a
 // reload closed hands the give-back to the newest store of the name
 // (giveBackReplaced).
-func gaveBackFailed(s *RedisStore, c *charge, cost int64, slots bool, err error) {
+func gaveBackFailed(s *RedisStore, c *rule.Charge, cost int64, slots bool, err error) {
 	if errors.Is(err, redisresp.ErrClosed) {
 		giveBackReplaced(s, c, cost, slots)
 		return
@@ -276,7 +276,7 @@ func gaveBackFailed(s *RedisStore, c *charge, cost int64, slots bool, err error)
 
 // refundOnRedis runs the refund script of cost for layers in Redis (a
 // negative cost adds to the keys that exist).
-func refundOnRedis(s *RedisStore, c *charge, cost int64) error {
+func refundOnRedis(s *RedisStore, c *rule.Charge, cost int64) error {
 	if s.Backend.cluster != nil {
 		return s.refundCluster(s.Backend.cluster, c, cost)
 	}
@@ -300,7 +300,7 @@ func refundOnRedis(s *RedisStore, c *charge, cost int64) error {
 // cost 10) may still take a smaller one (a plain read), so that refusal
 // blocks nothing and the next such request asks Redis again; the block list
 // only remembers it was reported (blockList.note).
-func (s *RedisStore) refused(t *tally, c *charge, i int, count, reset int64) bool {
+func (s *RedisStore) refused(t *rule.Tally, c *rule.Charge, i int, count, reset int64) bool {
 	l, key, now := c.Layers[i], c.Keys[i], c.Now
 
 	first := false

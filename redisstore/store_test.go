@@ -31,7 +31,7 @@ func TestBlockListIsBounded(t *testing.T) {
 }
 
 func TestMergeSlotRepliesStopsAtTheFirstRefusalInLayerOrder(t *testing.T) {
-	layers := []*layer{{Limits: rule.Limits{Name: "global", Capacity: 10}}, {Limits: rule.Limits{Name: "ip", Capacity: 5}}, {Limits: rule.Limits{Name: "login", Capacity: 3}}}
+	layers := []*rule.Layer{{Limits: rule.Limits{Name: "global", Capacity: 10}}, {Limits: rule.Limits{Name: "ip", Capacity: 5}}, {Limits: rule.Limits{Name: "login", Capacity: 3}}}
 	// global alone in one slot; ip and login share the client's.
 	groups := []*slotGroup{{Layers: []int{0}}, {Layers: []int{1, 2}}}
 
@@ -197,7 +197,7 @@ type fakeTimers struct {
 	started chan func()
 }
 
-func newFakeTimers(r *heldRegistry) *fakeTimers {
+func newFakeTimers(r *lifetime.HeldRegistry) *fakeTimers {
 	ft := &fakeTimers{started: make(chan func(), 16)}
 	r.After = func(d time.Duration, f func()) {
 		if d != lifetime.ReleaseGrace {

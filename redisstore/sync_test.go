@@ -17,6 +17,7 @@ import (
 
 	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/redisresp"
+	"github.com/tierlimit/tierlimit/rule"
 )
 
 // syncHarness is newStoreHarness with redis.syncInterval: its synced counters
@@ -66,7 +67,7 @@ func counterOf(st *SyncState, layer, bucket string) *SyncCounter {
 // an anonymous request (global if on, then ip: the harness's layers), and
 // reports whether it was allowed.
 func takeOn(st *SyncState, h *storeHarness, client string) bool {
-	var tl tally
+	var tl rule.Tally
 	SyncTake(st, &tl, h.charge(client, h.clock.Now().UnixNano()))
 
 	return !tl.Refused

@@ -70,44 +70,6 @@ const maxLeaseRounds = 8
 // errSyncSkipped is a sync that did not call Redis: the back-off is running.
 var errSyncSkipped = errors.New("redis is in back-off")
 
-// SyncCounter is one key of one window as a replica knows it: Redis's total
-// at its last answer, the lease this replica holds, and what it admitted
-// without a lease.
-type SyncCounter struct {
-	Key    string // the Redis key, naming the window's start
-	layer  string // the layer's name and the bucket key, for resets
-	bucket string
-	slot   int // the key's Cluster slot
-	// Remote is Redis's count at its last answer: every point it granted
-	// (this replica's lease included) and every pending point paid.
-	Remote int64
-	// Lease is the points this replica holds and has not spent.
-	Lease int64
-	// Pending is what this replica admitted without a lease (Redis down),
-	// to be added to Redis; Inflight is the part a call is sending.
-	Pending  int64
-	Inflight int64
-	Back     int64 // lease a call is giving back
-	Need     int64 // points queued for the next lease call (0: not queued)
-	points   int64 // the layer's points at the last request
-	End      int64 // the window's end, Unix nanoseconds
-	// allowed and refused count decisions under the state's lock, added to
-	// stats at each sync: an atomic add on the request path costs more.
-	// Allowed since the last sync is also the key's use, which sizes its
-	// next top-up.
-	Allowed  int64
-	Refused  int64
-	stats    *layerStats
-	ResetH   []string // X-RateLimit-Reset of the window
-	ResetSec int64    // its second
-	Logged   bool     // a refusal of this window was reported
-	// Full: a request was refused for want of room (and reported), and no
-	// answer of Redis since gave room: the next is refused from the cache.
-	Full    bool
-	Touched bool  // a request asked since the last sync
-	Idle    int64 // syncs in a row that no request asked in
-}
-
 // Counted is c's count as this replica sees it: its layer's points minus
 // what the replica may still admit (what Redis had not granted at its last
 // answer, and the lease). Pending points, admitted without a lease, count.
@@ -215,7 +177,7 @@ func syncStateFor(ctx context.Context, name string, backend *RedisBackend, inter
 // SyncWindow returns l's window at now: its start and end, aligned to the
 // epoch (limit.Aligned) or the calendar (limit.Period), so that every
 // replica computes the same.
-func SyncWindow(l *layer, now int64) (int64, int64) {
+func SyncWindow(l *rule.Layer, now int64) (int64, int64) {
 	if l.Calendar != 0 {
 		return limit.Period(now, l.Calendar, l.UtcOffset)
 	}
@@ -225,7 +187,7 @@ func SyncWindow(l *layer, now int64) (int64, int64) {
 
 // SyncKey is the Redis key of bucket in l's window that starts at start:
 // on a Cluster with the bucket in a hash tag.
-func SyncKey(l *layer, bucket string, cluster bool, start int64) string {
+func SyncKey(l *rule.Layer, bucket string, cluster bool, start int64) string {
 	if cluster {
 		return l.RedisKey + "{" + bucket + "}:" + strconv.FormatInt(start/int64(time.Millisecond), 10)
 	}
@@ -235,7 +197,7 @@ func SyncKey(l *layer, bucket string, cluster bool, start int64) string {
 
 // syncCounterFor returns the counter of l's key bucket at now, made when
 // missing or of an ended window. Called with st.mu held.
-func syncCounterFor(st *SyncState, l *layer, bucket string, now int64) *SyncCounter {
+func syncCounterFor(st *SyncState, l *rule.Layer, bucket string, now int64) *SyncCounter {
 	c := st.ByLayer[l.Name][bucket]
 	if c == nil || c.End <= now {
 		c = SyncRestart(st, l, bucket, now)
@@ -248,7 +210,7 @@ func syncCounterFor(st *SyncState, l *layer, bucket string, now int64) *SyncCoun
 // one of an ended window, and starts the sync goroutine at the first
 // request. Kept out of the request path's common case (doc.go: frames).
 // Called with st.mu held.
-func SyncRestart(st *SyncState, l *layer, bucket string, now int64) *SyncCounter {
+func SyncRestart(st *SyncState, l *rule.Layer, bucket string, now int64) *SyncCounter {
 	if !st.Started {
 		StartSync(st)
 	}
@@ -339,7 +301,7 @@ func purgeCounters(st *SyncState, now int64) {
 // Redis had no room at its last answer; while Redis is down it decides as
 // the memory fallback would (decideSynced). It starts the sync goroutine at
 // the first request.
-func SyncTake(st *SyncState, t *tally, ch *charge) {
+func SyncTake(st *SyncState, t *rule.Tally, ch *rule.Charge) {
 	t.Shown = -1
 	if len(ch.Layers) == 0 {
 		return
@@ -402,7 +364,7 @@ func SyncTake(st *SyncState, t *tally, ch *charge) {
 // needsLease reports whether a counter holds less than cost while Redis, at
 // its last answer, had room for the rest.
 // Called with st.mu held.
-func needsLease(counters []*SyncCounter, layers []*layer, cost int64) bool {
+func needsLease(counters []*SyncCounter, layers []*rule.Layer, cost int64) bool {
 	for i, c := range counters {
 		if c.Lease < cost && !layers[i].CheckOnly && limit.Fits(Counted(c), cost, c.points) {
 			return true
@@ -440,7 +402,7 @@ func queuedAsks(st *SyncState, cluster bool) []LeaseAsk {
 // queueNeeds queues, for the next lease call, each counter that holds less
 // than cost, with the most a request queued for it lacks. Called with st.mu
 // held.
-func queueNeeds(st *SyncState, counters []*SyncCounter, layers []*layer, cost int64) {
+func queueNeeds(st *SyncState, counters []*SyncCounter, layers []*rule.Layer, cost int64) {
 	for i, c := range counters {
 		if c.Lease >= cost || layers[i].CheckOnly {
 			continue
@@ -473,7 +435,7 @@ func returning(counters []*SyncCounter) bool {
 // points then pending); else it refuses. All or nothing: the layers are
 // charged when none refuses (or in a dry run, all: a refused layer's charge
 // pending). Called with st.mu held.
-func decideSynced(t *tally, counters []*SyncCounter, ch *charge, cost int64, down bool) {
+func decideSynced(t *rule.Tally, counters []*SyncCounter, ch *rule.Charge, cost int64, down bool) {
 	refused := false
 
 	for i, l := range ch.Layers {
@@ -516,7 +478,7 @@ func decideSynced(t *tally, counters []*SyncCounter, ch *charge, cost int64, dow
 // chargeSynced charges cost to the counters of a request's layers when
 // charge is set (no layer refused, or a dry run): from the lease, the rest
 // pending; and counts the decisions. Called with st.mu held.
-func chargeSynced(t *tally, counters []*SyncCounter, layers []*layer, cost int64, charge bool) {
+func chargeSynced(t *rule.Tally, counters []*SyncCounter, layers []*rule.Layer, cost int64, charge bool) {
 	for i, c := range counters {
 		if layers[i].CheckOnly {
 			continue
@@ -618,7 +580,7 @@ func SyncForget(st *SyncState, layer, bucket string) bool {
 // the request voided their charge (../stores.go refund). It goes to the
 // lease, which Redis counts; a counter whose window ended meanwhile is left
 // alone.
-func syncRefund(st *SyncState, ch *charge, cost int64) {
+func syncRefund(st *SyncState, ch *rule.Charge, cost int64) {
 	st.Mu.Lock()
 
 	for i, l := range ch.Layers {
