@@ -1,14 +1,20 @@
 package rule
 
 import (
+	"sync"
+
+	"github.com/tierlimit/tierlimit/answer"
 	"github.com/tierlimit/tierlimit/counter"
+	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/rediscall"
 )
 
-// The types that other packages' request paths name in their functions'
-// bodies are declared in this file, which Yaegi reads first: a type it
-// meets named (in a signature, a field) before its declaration costs each
-// such function an allocation per call (../doc.go: qualified names).
+// The package's types (a layer and its parts, a charge, a tally), which
+// other packages' request paths name in their functions' bodies, are
+// declared in this file, which Yaegi reads first: a type it meets named (in
+// a signature, a field) before its declaration costs each such function an
+// allocation per call (../doc.go: qualified names). Their functions are in
+// the package's other files.
 
 // Layer is a layer as the request path uses it, in parts by concern. The
 // parts are embedded so that the request path reads l.Capacity, l.Entries,
@@ -75,4 +81,140 @@ type Tally struct {
 	// reported none, at 2i+1 its reset (Unix nanoseconds). They are the
 	// items of the RateLimit and RateLimit-Policy fields (../items.go).
 	Each []int64
+}
+
+// KeyPart is one source of a KeyOfParts key.
+type KeyPart struct {
+	Kind   int    // KeyOfClient, KeyOfPrincipalElseClient, KeyOfHost, KeyOfHeader or KeyOfJSON
+	Header string // canonical, for KeyOfHeader
+	Path   []string
+}
+
+// Limits is what the configuration says of a layer.
+type Limits struct {
+	Name string
+	// Capacity is what the layer holds at once: a window's points, a token
+	// bucket's burst, a concurrency layer's slots (limit.Capacity); what
+	// X-RateLimit-Limit shows and every check compares with.
+	Capacity  int64
+	Duration  int64 // nanoseconds
+	KeyKind   int
+	ConstKey  string
+	KeyHeader string // canonical, for keyOfHeader
+	// KeyParts are the sources of a KeyOfParts key, in order, each a
+	// KeyOf* but KeyOfConst (or KeyOfJSON), whose values the key joins;
+	// MaxBody bounds the body bytes its json: sources read.
+	KeyParts []KeyPart
+	MaxBody  int64
+	// Algorithm is how the layer counts, and so what Capacity is
+	// (limit.Algorithm): a window's points, a token bucket's burst, a
+	// concurrency layer's slots (requests in flight per key, each slot held
+	// until its request ends or for Duration at most, its lease:
+	// ../memstore/concurrency.go; a request holds one slot whatever its
+	// cost).
+	Algorithm limit.Algorithm
+	Interval  int64 // token bucket: nanoseconds per point (../limit/bucket.go); 0 for a window
+	Refill    int64 // token bucket: the points per duration configured; Capacity is then the burst
+	// MinCost is the smallest cost a request charged to the layer can have:
+	// a route's cost (a request is charged the largest cost of its routes),
+	// 1 elsewhere (0 reads as 1). The Redis block list blocks only what
+	// even that cost would not fit (RedisStore.refused, ../redisstore).
+	MinCost int64
+	// CheckOnly marks a countStatus route's layer as a request's plan holds
+	// it: evaluated, never charged (../after.go). Its charge, once the
+	// response's status is known, goes to route.charge.
+	CheckOnly bool
+	// BlockDuration is how long a key this layer refused stays refused,
+	// in nanoseconds (0: only while over its limit; ../memstore/block.go).
+	BlockDuration int64
+	// DryRun marks a layer that counts and reports what it would refuse, but
+	// refuses nothing (Tally.RefuseAs); a fixed window is charged even
+	// then, a sliding window or a token bucket takes only what it holds.
+	DryRun bool
+	// Quiet marks a dry-run layer of an instance where some rule enforces. The
+	// client's headers never show it (Tally.Allow): they show the most
+	// restrictive rule that enforces. When every rule is in dry run (the
+	// top-level dryRun), the most restrictive dry-run rule shows.
+	Quiet bool
+	// Calendar aligns the layer's fixed windows to days, weeks or months
+	// at UtcOffset, nanoseconds east of UTC (limit.Period; 0: none).
+	Calendar  int
+	UtcOffset int64
+	Month     *MonthPolicy // a month layer's RateLimit-Policy (month.go)
+	// Memory marks the layer of a Redis instance that is counted in memory
+	// (../redisstore/mixed.go).
+	Memory bool
+	// Unleased marks a layer that a synced store counts with the script at
+	// each request rather than from leases (../redisstore/slots.go).
+	Unleased bool
+	// Settles marks a costFrom route's layer, whose counts fall when a
+	// response reports less than its reservation (../meter.go): the Redis
+	// block list, which holds a key until its reset, never holds its keys.
+	Settles bool
+}
+
+// HeaderTable holds the rate-limit header values that depend only on the
+// layer and the requests left. The slices are shared by every response:
+// http.Header's Add and Set replace a value rather than write into it.
+type HeaderTable struct {
+	Limit        string   // points, formatted
+	LimitHdr     []string // X-RateLimit-Limit
+	PolicyHdr    []string // RateLimit-Policy
+	RemainingHdr [][]string
+	RatePrefix   []string // RateLimit values up to the seconds: `"name";r=12;t=`
+	TableLen     int64    // len(remainingHdr)
+	// RemainingHdr and RatePrefix are indexed by requests left, for the
+	// first MaxPrecomputed values; larger ones are formatted per request.
+
+	// PolicyItem and RateItem are the layer's item after another's in
+	// RateLimit-Policy and RateLimit (up to its requests left): `, ` and
+	// its policy, `, "name";r=` (../items.go).
+	PolicyItem string
+	RateItem   string
+}
+
+// Refusal is how the layer answers a request it refuses: the answer's
+// Policy (status, content type, and either a template (response.body) or the
+// default JSON body around its reset time; layer names need no JSON
+// escaping: validName), embedded so that the request path reads l.Status,
+// l.Body alike, and the fast paths' cache of a default refusal.
+type Refusal struct {
+	answer.Policy
+	Cache refusalCache // the fast paths', under the memory store's lock (in modeRedis, the block list's)
+}
+
+// refusalCache holds a default refusal of the layer, for the reset second
+// ResetH and Secs seconds to the reset: the body and the header values, in
+// the order of RefusalHeaders (refusal.go). Many refusals share them: every
+// refusal of a flood within one second, of windows that reset in one second.
+type refusalCache struct {
+	ResetH   string
+	ResetSec int64 // ResetH, parsed
+	Secs     int64
+	Body     []byte
+	Values   [][]string
+}
+
+// Stats counts a layer's decisions since the process started: requests
+// it let through and requests it refused. The memory store counts under its
+// lock, with plain increments (../doc.go: a sync/atomic call costs
+// allocations);
+// the Redis store, which takes no lock, counts in the atomic fields.
+type Stats struct {
+	Allowed, Refused           int64 // under WindowStore.Mu
+	RedisAllowed, RedisRefused int64 // atomic
+	// A costFrom route's layer (../meter.go), atomic: the requests holding
+	// a reservation now, the points their responses reported, the responses
+	// that reported none, and the window (time / duration) of the last
+	// event about one.
+	Reserved, Settled, Unreported, UnreportedWindow int64
+}
+
+// MonthPolicy is a month layer's RateLimit-Policy value for the period
+// [start, end), Unix nanoseconds.
+type MonthPolicy struct {
+	Mu    sync.Mutex
+	Start int64
+	End   int64
+	Hdr   []string
 }

@@ -48,7 +48,7 @@ var budgets = map[string]float64{
 	"redis synced refused":        250,
 	"concurrency allowed":         612,  // the general path, a slot taken and given back (memstore/concurrency.go)
 	"concurrency on redis":        2182, // the script call and the release, a second call
-	"concurrency on synced redis": 2839, // global from its lease, the slot in Redis and its release (redisstore/slots.go)
+	"concurrency on synced redis": 2835, // global from its lease, the slot in Redis and its release (redisstore/slots.go)
 	"cluster allowed":             981,  // global's call and the client's, on their nodes, sent together; global's reply an array (a billion points an hour do not fit the one integer)
 	"cluster refused":             272,
 	"cluster synced allowed":      214,
