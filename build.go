@@ -147,7 +147,7 @@ func splitCountStatus(routes []*route) {
 
 		charge := *rt.layer
 		rt.charge = &charge
-		rt.layer.CheckOnly = true
+		rt.layer.CheckOnly, rt.layer.Apart = true, true
 		check := *rt.layer.Encoding // the charge keeps its own
 		check.RedisArgs = redisstore.CheckArgs(check.RedisArgs)
 		if rt.layer.Calendar != 0 {

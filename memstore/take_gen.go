@@ -35,8 +35,8 @@ func Take(s *WindowStore, t *rule.Tally, c *rule.Charge) {
 		key := c.Keys[i]
 		refused := false
 		switch {
-		case l.CheckOnly:
-			refused = checkLayer(t, i, now, l, key, cost)
+		case l.Apart:
+			refused = apart(s, t, i, now, l, key, cost)
 		case l.Algorithm == algSliding:
 			refused = slide(s, t, i, now, l, key, cost)
 		case l.Algorithm == algTokenBucket:
@@ -92,8 +92,8 @@ func TakeEach(s *WindowStore, t *rule.Tally, c *rule.Charge) {
 		key := c.Keys[i]
 		refused := false
 		switch {
-		case l.CheckOnly:
-			refused = checkLayer(t, i, now, l, key, cost)
+		case l.Apart:
+			refused = apart(s, t, i, now, l, key, cost)
 		case l.Algorithm == algSliding:
 			refused = slide(s, t, i, now, l, key, cost)
 		case l.Algorithm == algTokenBucket:
@@ -131,6 +131,14 @@ func TakeEach(s *WindowStore, t *rule.Tally, c *rule.Charge) {
 	}
 
 	s.Mu.Unlock()
+}
+
+// apart charges a layer that Take does not charge as its algorithm does
+// (Limits.Apart): a check-only layer is evaluated, charged nothing
+// (checkLayer). Take tests the one flag for every such layer, so that the
+// others pay for none of them.
+func apart(s *WindowStore, t *rule.Tally, i int, now int64, l *rule.Layer, key string, cost int64) bool {
+	return checkLayer(t, i, now, l, key, cost)
 }
 
 // checkLayer evaluates the check-only layer l under the store's lock for a

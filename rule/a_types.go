@@ -144,6 +144,9 @@ type Limits struct {
 	// Memory marks the layer of a Redis instance that is counted in memory
 	// (../redisstore/mixed.go).
 	Memory bool
+	// Apart marks a layer that the memory store's Take charges apart from
+	// its algorithm's usual take (memstore's apart): a check-only layer.
+	Apart bool
 	// Unleased marks a layer that a synced store counts with the script at
 	// each request rather than from leases (../redisstore/slots.go).
 	Unleased bool
