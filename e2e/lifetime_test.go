@@ -444,6 +444,7 @@ func TestRenamedMiddlewaresLeaveNothingBehind(t *testing.T) {
 		}
 
 		if n == 10 {
+			e.client.CloseIdleConnections()
 			baseline = goroutines(t, e)
 		}
 	}
@@ -468,15 +469,18 @@ func TestRenamedMiddlewaresLeaveNothingBehind(t *testing.T) {
 		return true
 	}, func() string { return "registry sizes " + formatSizes(last) + ", want " + formatSizes(want) })
 
-	after := goroutines(t, e)
+	// What passes drains (a grace's timer, a pool closing, the test's own
+	// idle connections) is not growth: the count is waited for, a leak stays.
+	after := 0
+	waitFor(t, 30*time.Second, func() bool {
+		e.client.CloseIdleConnections()
+		after = goroutines(t, e)
+		return after <= baseline+20
+	}, func() string { return "goroutines grew from " + strconv.Itoa(baseline) + " after 10 reloads to " + strconv.Itoa(after) + " after 100" })
 	t.Logf("goroutines: %d after 10 reloads, %d after 100", baseline, after)
 
 	if strings.Contains(e.traefik.Logs(), "panic") {
 		t.Errorf("a panic in Traefik's log:\n%s", grepLines(e.traefik.Logs(), "panic"))
-	}
-
-	if after > baseline+20 {
-		t.Fatalf("goroutines grew from %d after 10 reloads to %d after 100", baseline, after)
 	}
 }
 
