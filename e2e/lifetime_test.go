@@ -476,7 +476,9 @@ func TestRenamedMiddlewaresLeaveNothingBehind(t *testing.T) {
 		e.client.CloseIdleConnections()
 		after = goroutines(t, e)
 		return after <= baseline+20
-	}, func() string { return "goroutines grew from " + strconv.Itoa(baseline) + " after 10 reloads to " + strconv.Itoa(after) + " after 100" })
+	}, func() string {
+		return "goroutines grew from " + strconv.Itoa(baseline) + " after 10 reloads to " + strconv.Itoa(after) + " after 100"
+	})
 	t.Logf("goroutines: %d after 10 reloads, %d after 100", baseline, after)
 
 	if strings.Contains(e.traefik.Logs(), "panic") {
