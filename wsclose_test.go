@@ -16,6 +16,7 @@ import (
 
 	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/events"
+	"github.com/tierlimit/tierlimit/lifetime"
 )
 
 // The handshake example of RFC 6455, section 1.3.
@@ -259,4 +260,75 @@ func (c *connCounter) open(ip string) int {
 	defer c.mu.Unlock()
 
 	return c.byIP[ip]
+}
+
+// keepTimers drives a keeping registry: its clock and its timers, which the
+// test fires, so that no test waits for a grace or a window.
+type keepTimers struct {
+	now     int64
+	started chan keepTimer
+}
+
+type keepTimer struct {
+	d time.Duration
+	f func()
+}
+
+func newKeepTimers(r *lifetime.HeldRegistry, now int64) *keepTimers {
+	kt := &keepTimers{now: now, started: make(chan keepTimer, 16)}
+	r.Now = func() time.Time { return time.Unix(0, kt.now) }
+	r.After = func(d time.Duration, f func()) { kt.started <- keepTimer{d, f} }
+
+	return kt
+}
+
+// next returns the next timer started; the first one after a ctx is
+// cancelled is started on a goroutine of context.AfterFunc's, hence the
+// wait (with a deadline).
+func (kt *keepTimers) next(t *testing.T) keepTimer {
+	t.Helper()
+
+	select {
+	case tm := <-kt.started:
+		return tm
+	case <-time.After(5 * time.Second):
+		t.Fatal("no timer started")
+		return keepTimer{}
+	}
+}
+
+// fire moves the clock to the timer's end and runs it.
+func (kt *keepTimers) fire(tm keepTimer) {
+	kt.now += int64(tm.d)
+	tm.f()
+}
+
+// TestUnheldConnectionCounterKeptWhileConnectionsAreOpen: a removed
+// middleware's WebSocket connections stay open; their counter is kept
+// (checked every grace) until they close, so the middleware configured
+// again does not admit maxConnectionsPerIP more.
+func TestUnheldConnectionCounterKeptWhileConnectionsAreOpen(t *testing.T) {
+	r := lifetime.NewKeepingRegistry(connLive)
+	kt := newKeepTimers(r, t0)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	c, _ := r.Take(ctx, "rl@file", func() interface{} {
+		return &connCounter{byIP: map[string]int{}, logged: map[string]bool{}, max: 5}
+	}).(*connCounter)
+	c.acquire("198.51.100.7")
+	cancel()
+
+	kt.fire(kt.next(t))
+
+	tm := kt.next(t)
+	if tm.d != lifetime.ReleaseGrace || r.Size() != 1 {
+		t.Fatalf("with a connection open: %d entries, checked again in %s", r.Size(), tm.d)
+	}
+
+	c.release("198.51.100.7")
+	kt.fire(tm)
+
+	if r.Size() != 0 {
+		t.Fatal("connection counter kept after its connections closed")
+	}
 }
