@@ -1,7 +1,9 @@
 package tierlimit
 
 import (
+	"context"
 	"net/http"
+	"time"
 
 	"github.com/tierlimit/tierlimit/answer"
 	"github.com/tierlimit/tierlimit/request"
@@ -61,9 +63,10 @@ func verdict(p *Plugin, rw http.ResponseWriter, req *http.Request, t *rule.Tally
 		setHeaders(rw.Header(), c.Layers[t.Shown], t.Left, t.Reset, t.ResetH, c.Now)
 	}
 
-	// After the headers, which a month layer's mark corrects (stores.month).
+	// After the headers, which a month layer's mark corrects (stores.month);
+	// a request whose take reserved a place waits for it there (waitBit).
 	if t.Firsts != 0 {
-		reportTally(p, rw, t, c)
+		reportWaiting(p, rw, req, t, c)
 	}
 
 	if !t.Refused || p.dryRun {
@@ -99,16 +102,37 @@ func serveUpgrade(p *Plugin, out, rw http.ResponseWriter, req *http.Request, cli
 	p.next.ServeHTTP(out, req)
 }
 
-// reportTally is report for a tally of charge c whose headers rw shows, and
-// writes a month layer's policy when take marked it (stores.month), and the
-// RateLimit items of a tally that has them (itemsBit, items.go).
+// reportTally is report for a tally of charge c whose headers rw shows
+// (reportWaiting) where no request waits: a countStatus route's charge
+// after the response (../after.go).
 func reportTally(p *Plugin, rw http.ResponseWriter, t *rule.Tally, c *rule.Charge) {
+	reportWaiting(p, rw, nil, t, c)
+}
+
+// reportWaiting is report for a tally of charge c whose headers rw shows, and
+// writes a month layer's policy when take marked it (stores.month), and the
+// RateLimit items of a tally that has them (itemsBit, items.go); a request
+// req whose take reserved a place (waitBit) waits for it here, in a frame
+// that only the requests with a mark have.
+func reportWaiting(p *Plugin, rw http.ResponseWriter, req *http.Request, t *rule.Tally, c *rule.Charge) {
 	if t.Firsts&monthPolicyBit != 0 {
 		rule.SetMonthPolicy(rw.Header(), c.Layers[t.Shown], c.Now)
 	}
 
 	if t.Firsts&itemsBit != 0 {
 		setItems(p, rw.Header(), t, c)
+	}
+
+	if t.Firsts&^markBits != 0 {
+		reportOrWait(p, req, t, c)
+	}
+}
+
+// reportOrWait is report of t's first refusals, for a tally that may mark a
+// wait (waitBit), which it waits for first (waitForPlace).
+func reportOrWait(p *Plugin, req *http.Request, t *rule.Tally, c *rule.Charge) {
+	if t.Firsts&waitBit != 0 && req != nil {
+		waitForPlace(p, req, t, c)
 	}
 
 	if t.Firsts&^markBits != 0 {
@@ -281,4 +305,55 @@ func withRoutePlan(p *Plugin, out []*rule.Layer, rt *route, req *http.Request, h
 	}
 
 	return out
+}
+
+// maxDelay: a layer with a maxDelay does not refuse a request whose place
+// comes within it. The store reserves that place at once, as
+// golang.org/x/time/rate's Reserve does (a token bucket's TAT moved ahead, a
+// window's counter charged, the next window's for a fixed window whose
+// points are spent), so that the requests that wait queue in the order they
+// came instead of racing for the moment the layer frees; the take reports
+// the longest wait of its layers (tally.Wait, marked by rule.WaitBit), and
+// verdict waits for it (waitForPlace) before the request goes on. A request that would wait longer is refused
+// as before, and reserves nothing (the take is all or nothing).
+
+// waitBit marks a tally whose request waits for its place (rule.WaitBit).
+const waitBit = rule.WaitBit
+
+// waitForPlace holds the request of charge c until the place its tally t
+// reserved comes (awaitPlace); a client gone meanwhile leaves the request
+// refused: verdict answers no one (its connection is closed) and passes
+// nothing on.
+func waitForPlace(p *Plugin, req *http.Request, t *rule.Tally, c *rule.Charge) {
+	t.Firsts &^= waitBit
+	t.Refused = t.Refused || t.Wait > 0 && !awaitPlace(p, req, t, c)
+}
+
+// afterDelay runs f after d and returns what stops it: time.AfterFunc,
+// which tests replace with their manual clock's timers. A function, not a
+// select on a timer's channel, which Yaegi may not see fire (doc.go).
+var afterDelay = func(d time.Duration, f func()) func() bool {
+	return time.AfterFunc(d, f).Stop
+}
+
+// awaitPlace holds the request of charge c until the place its tally t
+// reserved comes, and reports whether it may go on. When its client goes
+// away first (the request's context ends), the place goes back to every
+// layer the take charged (refund: the stores' own give-back) and the
+// request is answered by no one, as a client that is gone reads nothing.
+// The wait and the client's end arrive on one channel.
+func awaitPlace(p *Plugin, req *http.Request, t *rule.Tally, c *rule.Charge) bool {
+	ch := make(chan bool, 2)
+	stopTimer := afterDelay(time.Duration(t.Wait), func() { ch <- true })
+	stopWatch := context.AfterFunc(req.Context(), func() { ch <- false })
+	ok := <-ch
+
+	stopTimer()
+	stopWatch()
+
+	if !ok {
+		refund(p.stores, rule.ChargeWithout(c, t.Uncharged), rule.CostOf(t))
+	}
+
+	return ok
 }

@@ -217,6 +217,12 @@ func matrixRows() []mxRow {
 			script: costScript(2, 1, 3, 3, 2, 3, 3), charge: mxChargeStated(true, 3), end: mxMinute},
 		{name: "a route keyed by the request body", conf: mxRoutes(config.RouteConfig{Name: "rt", Key: "header:X-Api-Key,json:model", Points: 2, Duration: "60s"}),
 			script: bodyScript(), charge: mxChargeEach(1), end: mxMinute},
+		// One token an hour: the second request waits an hour for its
+		// place (the faulted one), the third two, the rest are refused; the
+		// two places reserved ahead are admitted at once here (the matrix's
+		// waits end at once), over the burst.
+		{name: "maxDelay", conf: mxRoutes(config.RouteConfig{Name: "rt", Points: 1, Duration: "1h", Algorithm: "tokenbucket", Burst: 1, MaxDelay: "150m"}),
+			script: plainScript(5), charge: mxChargeEach(1), over: 2, uncounted: true, end: mxMinute},
 		{name: "per minute beside per day", conf: mxRoutes(
 			config.RouteConfig{Name: "tpm", Points: 3, Duration: "60s"},
 			config.RouteConfig{Name: "tpd", Points: 4, Calendar: "day"}),
@@ -779,6 +785,13 @@ func TestMatrix(t *testing.T) {
 			c.Redis.Cluster = &config.RedisClusterConfig{Addresses: []string{cluster}}
 		}},
 	}
+
+	// A request that waits for its place (maxDelay) goes on at once: the
+	// matrix's faults meet it once it has its place (its wait and a
+	// client gone while waiting: delay_test.go).
+	old := afterDelay
+	afterDelay = func(_ time.Duration, f func()) func() bool { return time.AfterFunc(0, f).Stop }
+	defer func() { afterDelay = old }()
 
 	for _, fault := range matrixFaults() {
 		t.Run(fault.name, func(t *testing.T) { matrixFault(t, fault, stores) })

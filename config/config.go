@@ -69,6 +69,9 @@ type LayerConfig struct {
 	// aligned to the calendar at UtcOffset ("+07:00"; empty: UTC).
 	Calendar  string
 	UtcOffset string
+	// MaxDelay, a duration (empty or 0: none), lets a request that the rule
+	// would refuse wait for its place when that comes within it.
+	MaxDelay string
 
 	// Store, "memory" or "redis" (empty: the instance's store), counts this
 	// rule in the Traefik process even when the others are in Redis.
@@ -94,6 +97,7 @@ type AssetsConfig struct {
 	// aligned to the calendar at UtcOffset ("+07:00"; empty: UTC).
 	Calendar  string
 	UtcOffset string
+	MaxDelay  string // as LayerConfig's
 
 	// Store, "memory" or "redis" (empty: the instance's store), counts this
 	// rule in the Traefik process even when the others are in Redis.
@@ -137,6 +141,7 @@ type RouteConfig struct {
 	// aligned to the calendar at UtcOffset ("+07:00"; empty: UTC).
 	Calendar  string
 	UtcOffset string
+	MaxDelay  string // as LayerConfig's
 
 	// Store, "memory" or "redis" (empty: the instance's store), counts this
 	// rule in the Traefik process even when the others are in Redis.
@@ -160,6 +165,7 @@ type PlanConfig struct {
 	Burst     int
 	Calendar  string
 	UtcOffset string
+	MaxDelay  string // as LayerConfig's
 
 	// Store, "memory" or "redis" (empty: the instance's store), counts this
 	// rule in the Traefik process even when the others are in Redis.

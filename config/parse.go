@@ -81,6 +81,10 @@ type Rule struct {
 	MaxBody  int64
 	// BlockDuration is how long a key the layer refused stays refused (0: none).
 	BlockDuration time.Duration
+	// MaxDelay is how long a request the rule would refuse may wait for its
+	// place (0: none, it is refused; always 0 in dry run, which refuses
+	// nothing).
+	MaxDelay time.Duration
 	// calendar (calDay, calWeek, calMonth; 0: none) aligns the windows to
 	// the calendar at utcOffset (nanoseconds east of UTC); duration is then
 	// the period's longest (calendarMax).
@@ -96,6 +100,9 @@ type Rule struct {
 	// does, since every replica must see what it holds at once (a
 	// concurrency layer's slots, held from a request's admission to its end).
 	Unleased bool
+	// Apart marks a rule that the memory store charges apart from its
+	// algorithm's usual take (rule.Limits.Apart): a maxDelay's.
+	Apart bool
 }
 
 func (l Rule) On() bool { return l.Points > 0 }
@@ -106,7 +113,7 @@ func (l Rule) On() bool { return l.Points > 0 }
 // charged on the general path only (the root's chooseMode and
 // routedPaths): an option the fast paths do not implement joins here.
 func (l Rule) Plain() bool {
-	return l.Algorithm == limit.Fixed && l.KeyHeader == "" && !l.KeyHost && l.KeyParts == nil && l.BlockDuration == 0 && !l.DryRun && l.Calendar == 0
+	return l.Algorithm == limit.Fixed && l.KeyHeader == "" && !l.KeyHost && l.KeyParts == nil && l.BlockDuration == 0 && l.MaxDelay == 0 && !l.DryRun && l.Calendar == 0
 }
 
 // Route is a parsed route limit.
@@ -174,15 +181,7 @@ func Parse(cfg *Config) (*Settings, error) {
 		return nil, err
 	}
 
-	if err := checkRedis(cfg.Redis, s); err != nil {
-		return nil, err
-	}
-
-	if err := checkSync(cfg.Redis.SyncInterval, s); err != nil {
-		return nil, err
-	}
-
-	if err := checkConcurrency(s); err != nil {
+	if err := checkStores(cfg, s); err != nil {
 		return nil, err
 	}
 
@@ -203,23 +202,83 @@ func Parse(cfg *Config) (*Settings, error) {
 	return s, nil
 }
 
+// checkStores checks what the layers ask of their stores: the Redis
+// deployment, synced counting, concurrency and maxDelay, in that order.
+func checkStores(cfg *Config, s *Settings) error {
+	if err := checkRedis(cfg.Redis, s); err != nil {
+		return err
+	}
+
+	if err := checkSync(cfg.Redis.SyncInterval, s); err != nil {
+		return err
+	}
+
+	if err := checkConcurrency(s); err != nil {
+		return err
+	}
+
+	return checkMaxDelays(cfg, s)
+}
+
+// checkMaxDelays refuses a maxDelay where its place cannot be reserved:
+// a countStatus route charges after the response, too late to wait; a
+// costFrom route's reservation is the response's; a calendar key in Redis
+// knows only the period of now (the next one is another key), and a
+// Cluster's calls are settled in pairs that carry no wait. On synced
+// counting a layer with a maxDelay is unleased (parseLayer): the script
+// reserves its place at each request.
+func checkMaxDelays(cfg *Config, s *Settings) error {
+	for i, rs := range s.Routes {
+		delays := rs.MaxDelay != 0
+		for _, pl := range rs.Plans {
+			delays = delays || pl.MaxDelay != 0
+		}
+
+		switch {
+		case delays && rs.CountStatus != nil:
+			return invalid("routes["+strconv.Itoa(i)+"].maxDelay", cfg.Routes[i].MaxDelay, "a countStatus route charges after the response, too late to wait")
+		case delays && rs.CostFrom != nil:
+			return invalid("routes["+strconv.Itoa(i)+"].maxDelay", cfg.Routes[i].MaxDelay, "a costFrom route's reservation does not wait (the request's other layers may)")
+		}
+	}
+
+	for _, r := range Rules(s) {
+		switch {
+		case r.MaxDelay == 0 || s.Store != StoreRedis || r.Memory:
+		case cfg.Redis.Cluster != nil:
+			return invalid(r.Name+".maxDelay", r.MaxDelay.String(), "a Redis Cluster does not queue yet (count the layer in memory with store: memory)")
+		case r.Calendar != 0:
+			return invalid(r.Name+".maxDelay", r.MaxDelay.String(), "a calendar window in Redis does not queue (count it in memory with store: memory)")
+		}
+	}
+
+	return nil
+}
+
 // allDryRun puts every layer in dry run: the top-level dryRun is each rule's
 // dryRun at once, so the request path knows one flag.
 func allDryRun(s *Settings) {
 	for i := range s.Builtin {
-		s.Builtin[i].DryRun = true
+		dryRun(&s.Builtin[i])
 	}
 
 	for i := range s.Routes {
-		s.Routes[i].DryRun = true
+		dryRun(&s.Routes[i].Rule)
 		for j := range s.Routes[i].Plans {
-			s.Routes[i].Plans[j].DryRun = true
+			dryRun(&s.Routes[i].Plans[j])
 		}
 	}
 
 	for i := range s.Plans {
-		s.Plans[i].DryRun = true
+		dryRun(&s.Plans[i])
 	}
+}
+
+// dryRun puts r in dry run: it refuses nothing, so it waits for nothing.
+func dryRun(r *Rule) {
+	r.DryRun = true
+	r.MaxDelay = 0
+	r.Apart = false
 }
 
 // parseStore reads store and keyPrefix.
@@ -462,9 +521,48 @@ func parseLayer(field, name string, lc LayerConfig) (Rule, error) {
 	}
 
 	spec.BlockDuration = block
-	spec.Unleased = spec.Algorithm == limit.Concurrency
+
+	if spec.MaxDelay, err = parseMaxDelay(field, lc, spec); err != nil {
+		return Rule{}, err
+	}
+
+	// A dry-run layer refuses nothing, so it waits for nothing.
+	if spec.DryRun {
+		spec.MaxDelay = 0
+	}
+
+	// A place reserved ahead is Redis's to keep at once, as a slot is: no
+	// lease holds it. Memory's Take charges it apart from its algorithm.
+	spec.Unleased = spec.Algorithm == limit.Concurrency || spec.MaxDelay != 0
+	spec.Apart = spec.MaxDelay != 0
 
 	return spec, checkConcurrencyLayer(field, lc, spec)
+}
+
+// parseMaxDelay reads a maxDelay: empty or 0 waits for nothing. A fixed
+// window's place is at most its next window, so a wait as long as the
+// window is an error rather than a promise the layer cannot keep (a
+// calendar's shortest period is a day); a concurrency slot has no moment to
+// wait for.
+func parseMaxDelay(field string, lc LayerConfig, spec Rule) (time.Duration, error) {
+	v := lc.MaxDelay
+	if t := strings.TrimSpace(v); t == "" || t == "0" {
+		return 0, nil
+	}
+
+	d, err := ParseDuration(v)
+	switch {
+	case err != nil:
+		return 0, invalid(field+".maxDelay", durationText(v), err.Error())
+	case spec.Algorithm == limit.Concurrency:
+		return 0, invalid(field+".maxDelay", v, "a concurrency layer does not queue: a slot frees when a request ends, not at a moment to wait for")
+	case spec.Calendar != 0 && d >= 24*time.Hour:
+		return 0, invalid(field+".maxDelay", v, "must be shorter than a day, the shortest calendar period (a request waits at most for the next period)")
+	case spec.Calendar == 0 && spec.Algorithm == limit.Fixed && d >= spec.Duration:
+		return 0, invalid(field+".maxDelay", v, "must be shorter than the duration, "+spec.Duration.String()+" (a request waits at most for the next window)")
+	}
+
+	return d, nil
 }
 
 // parseBlock reads a blockDuration: empty or 0 blocks nothing.

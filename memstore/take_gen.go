@@ -135,10 +135,15 @@ func TakeEach(s *WindowStore, t *rule.Tally, c *rule.Charge) {
 
 // apart charges a layer that Take does not charge as its algorithm does
 // (Limits.Apart): a check-only layer is evaluated, charged nothing
-// (checkLayer). Take tests the one flag for every such layer, so that the
-// others pay for none of them.
+// (checkLayer); a layer with a maxDelay is charged at its place (delay).
+// Take tests the one flag for every such layer, so that the others pay for
+// none of them.
 func apart(s *WindowStore, t *rule.Tally, i int, now int64, l *rule.Layer, key string, cost int64) bool {
-	return checkLayer(t, i, now, l, key, cost)
+	if l.CheckOnly {
+		return checkLayer(t, i, now, l, key, cost)
+	}
+
+	return delay(s, t, i, now, l, key, cost)
 }
 
 // checkLayer evaluates the check-only layer l under the store's lock for a
@@ -340,4 +345,104 @@ func hold(s *WindowStore, t *rule.Tally, i int, now int64, l *rule.Layer, key st
 	rule.Allow(t, i, l, w.Count, end, w.ResetH)
 
 	return false
+}
+
+// A layer with a maxDelay (l.MaxDelay) charges a request that does not fit
+// now at the moment it fits, when that comes within l.MaxDelay, and reports
+// the wait (tally.Wait, the longest of the request's layers): the take "at"
+// that moment of golang.org/x/time/rate's reserveN, made now, so that the
+// requests that wait queue in order. A token bucket's TAT moves ahead; a
+// sliding window is charged at its moment (moved to the next window when
+// the moment is in it: until then its estimate weighs the window before in
+// full and more, so nothing fits before the reserved place); a fixed or
+// calendar window whose points are spent starts its next window now,
+// charged, and a request that finds a window that has not started yet
+// waits for its start. A layer that refuses takes nothing, as Take's
+// others, and Take gives the places of the layers before it back (GiveBack:
+// the counters they were charged to).
+
+// delay is apart's charge of a layer with a maxDelay, under s.mu. It
+// reports whether the layer refused.
+func delay(s *WindowStore, t *rule.Tally, i int, now int64, l *rule.Layer, key string, cost int64) bool {
+	at := now
+	switch {
+	case l.Algorithm == algSliding:
+		at = slidingPlace(s, l, key, now, cost)
+		if refused := slide(s, t, i, at, l, key, cost); refused {
+			return true
+		}
+	case l.Algorithm == algTokenBucket:
+		at = bucketPlace(s, l, key, now, cost)
+		if refused := drip(s, t, i, at, l, key, cost); refused {
+			return true
+		}
+	default:
+		w := fixedPlace(s, l, key, now, cost)
+		if w.Count+cost > l.Capacity || w.Start-now > l.MaxDelay {
+			return refuseFixed(t, i, l, w, cost, false)
+		}
+
+		w.Count += cost
+		l.Stats.Allowed++
+		rule.Allow(t, i, l, w.Count, w.Reset, w.ResetH)
+		at = w.Start
+	}
+
+	if at-now > t.Wait {
+		t.Wait = at - now
+		t.Firsts |= rule.WaitBit
+	}
+
+	return false
+}
+
+// slidingPlace is when a request of cost fits key's sliding window in l:
+// now, or the moment limit.SlidingWait gives when it is within l.MaxDelay
+// (else now, where it is refused).
+func slidingPlace(s *WindowStore, l *rule.Layer, key string, now, cost int64) int64 {
+	w := slidingAt(s, l, key, now)
+	left := w.Reset - now
+
+	if cost > l.Capacity || limit.SlidingCount(w.PrevCount, w.Count, cost, left, l.Duration) <= l.Capacity {
+		return now
+	}
+
+	if wait := limit.SlidingWait(w.PrevCount, w.Count, cost, l.Capacity, left, l.Duration); wait <= l.MaxDelay {
+		return now + wait
+	}
+
+	return now
+}
+
+// bucketPlace is when cost tokens fit key's token bucket in l: now, or the
+// moment limit.BucketTake gives when it is within l.MaxDelay (else now,
+// where the take is refused).
+func bucketPlace(s *WindowStore, l *rule.Layer, key string, now, cost int64) int64 {
+	w := bucketAt(s, l, key, now)
+
+	at, used := limit.BucketTake(w.Reset, now, cost, l.Capacity, l.Interval)
+	if used <= l.Capacity || cost > l.Capacity || at-now > l.MaxDelay {
+		return now
+	}
+
+	return at
+}
+
+// fixedPlace is the window of key in l that a request of cost is charged
+// to: the current one, one that starts later (reserved by a request before),
+// or, when the current one cannot hold the cost and its end is within
+// l.MaxDelay, the next one, started now.
+func fixedPlace(s *WindowStore, l *rule.Layer, key string, now, cost int64) *counter.Entry {
+	w := l.Entries[key]
+	if w == nil || w.Reset <= now || w.List != l.List {
+		w = s.Restart(now, l, w, key)
+	}
+
+	w.Taken = s.Takes
+
+	if w.Count+cost > l.Capacity && cost <= l.Capacity && w.Start <= now && w.Reset-now <= l.MaxDelay {
+		w = s.Restart(w.Reset, l, w, key)
+	}
+
+	return w
 }

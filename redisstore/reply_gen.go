@@ -22,7 +22,7 @@ import (
 func Record(s *RedisStore, t *rule.Tally, c *rule.Charge, ints []int64) error {
 	layers, now, all, n := c.Layers, c.Now, c.All, len(ints)/2
 	if len(ints)%2 != 0 || n == 0 || n > len(layers) {
-		return fmt.Errorf("%w: %d integers for %d layers", ErrBadReply, len(ints), len(layers))
+		return recordOdd(s, t, c, ints)
 	}
 
 	t.Shown = -1
@@ -81,6 +81,34 @@ func Record(s *RedisStore, t *rule.Tally, c *rule.Charge, ints []int64) error {
 	}
 
 	return nil
+}
+
+// recordOdd is Record of a reply that is not count and reset per layer:
+// one that ends with the wait for the place a maxDelay reserved
+// (TakeScript), the rest recorded as usual, or else a bad reply. Kept out
+// of Record, whose frame every request allocates (../doc.go: frames).
+func recordOdd(s *RedisStore, t *rule.Tally, c *rule.Charge, ints []int64) error {
+	n := len(ints) - 1
+	if n < 2 || n%2 != 0 || ints[n] < 0 {
+		return fmt.Errorf("%w: %d integers for %d layers", ErrBadReply, len(ints), len(c.Layers))
+	}
+
+	// A wait no layer allows is no wait: the request would hang on it.
+	longest := int64(0)
+	for _, l := range c.Layers {
+		if l.MaxDelay > longest {
+			longest = l.MaxDelay
+		}
+	}
+
+	if ints[n]*NsPerMillisecond > longest {
+		return fmt.Errorf("%w: a wait of %dms, beyond every layer's maxDelay", ErrBadReply, ints[n])
+	}
+
+	t.Wait = ints[n] * NsPerMillisecond
+	t.Firsts |= rule.WaitBit
+
+	return Record(s, t, c, ints[:n])
 }
 
 // rememberAll is remember (fallback.go) for every layer of a request that

@@ -93,6 +93,17 @@ var luaGrace = "local grace = " + strconv.FormatInt(int64(KeyGrace/time.Millisec
 // refusal, when the request is not a dry run, and while it lives the layer
 // refuses, its reset the block's end; a dry-run layer (a reload may put it in
 // dry run during a block) ignores the block and counts as usual.
+// An algorithm followed by "w<ms>" ("0w900", after a block's "b<ms>") is a
+// layer with a maxDelay of that long: a request it would refuse, whose place
+// comes within it, reserves the place now and is allowed, and the reply
+// ends with one more integer, the longest wait in milliseconds (an odd
+// length: takeInRedis reads it). A token bucket's TAT moves ahead; a sliding
+// window is charged in the window its place is in (the next one: the key
+// then lives two windows from that one's start, and until it starts its
+// estimate weighs the window before in full, and more); a fixed window
+// whose points are spent starts its next window at once (a key that
+// outlives its window by at most the maxDelay is a window that starts in
+// PTTL - window, which a request waits for).
 // An algorithm prefixed with "c" ("c0", "c1", "c2") marks a check-only layer
 // (a countStatus route, ../after.go): it refuses as the others do, but is
 // never written, and when it allows, its count is the layer's as it is,
@@ -138,11 +149,13 @@ end
 -- its TTL up to the calendar's longest period and the grace, its reset is
 -- window, and it lives window + grace, made longer (never shorter) when a
 -- caller's period ends after it.
-local function fixed(k, points, window, cost, check, span)
+local function fixed(k, points, window, cost, check, span, md)
   local pttl = redis.call('PTTL', k)
-  local live, reset, life = pttl > 0 and pttl <= window, pttl, window
+  local live, reset, life, ahead = pttl > 0 and pttl <= window, pttl, window, 0
   if span > 0 then
     live, reset, life = pttl > 0 and pttl <= span + grace, window, window + grace
+  elseif md > 0 and pttl > window and pttl <= window + md then
+    live, ahead = true, pttl - window
   end
   if check then
     local v = live and read('GET', k)
@@ -156,19 +169,26 @@ local function fixed(k, points, window, cost, check, span)
     if v and v >= cost and span > 0 and pttl < window then
       return v, reset, function() redis.call('PEXPIRE', k, life) end, true
     end
-    if v and v >= cost then return v, reset, false, true end
+    if v and v > points and md > 0 and ahead == 0 and span == 0 and cost <= points and pttl <= md then
+      -- the next window, which starts in pttl: this one keeps its count
+      redis.call('DECRBY', k, cost)
+      return cost, pttl + window, function()
+        redis.call('SET', k, cost, 'PX', pttl + window)
+      end, false, pttl
+    end
+    if v and v >= cost then return v, reset, false, true, ahead end
     -- a negative count is no count: taken back, and restarted below
     if v then redis.call('DECRBY', k, cost) end
   end
   return cost, window, function()
     redis.call('SET', k, cost, 'PX', life)
-  end, false
+  end, false, 0
 end
 
-local function sliding(k, points, window, cost, check)
+local function sliding(k, points, window, cost, check, md)
   local pttl = redis.call('PTTL', k)
   local v = false
-  if pttl > 0 and pttl <= 2 * window then
+  if pttl > 0 and pttl <= 2 * window + md then
     v = read('HMGET', k, 'c', 'p')
   end
   local cur, prev, toEnd = 0, 0, window
@@ -178,17 +198,18 @@ local function sliding(k, points, window, cost, check)
     prev, toEnd = tonumber(v[1]) or 0, pttl
   end
   local count = cur + cost + math.floor(prev * toEnd / window)
-  if count <= points then
-    if check then return count - cost, toEnd, false end
-    return count, toEnd, function()
-      if v and pttl > window then
-        redis.call('HINCRBY', k, 'c', cost)
-        return
-      end
-      if not v then redis.call('DEL', k) end
-      redis.call('HSET', k, 'c', cost, 'p', prev)
-      redis.call('PEXPIRE', k, toEnd + window)
+  local function charge()
+    if v and pttl > window then
+      redis.call('HINCRBY', k, 'c', cost)
+      return
     end
+    if not v then redis.call('DEL', k) end
+    redis.call('HSET', k, 'c', cost, 'p', prev)
+    redis.call('PEXPIRE', k, toEnd + window)
+  end
+  if count <= points then
+    if check then return count - cost, toEnd, false, 0 end
+    return count, toEnd, charge, 0
   end
   local ttl
   if cur + cost <= points then
@@ -203,10 +224,18 @@ local function sliding(k, points, window, cost, check)
     if y < 0 then y = 0 end
     ttl = toEnd + y
   end
-  return count, ttl, false
+  if md == 0 or cost > points or ttl > md then return count, ttl, false, 0 end
+  if ttl <= toEnd then
+    return cur + cost + math.floor(prev * (toEnd - ttl) / window), toEnd, charge, ttl
+  end
+  -- the next window, which its place is in: this one weighs as the one before
+  return cost + math.floor(cur * (toEnd + window - ttl) / window), toEnd + window, function()
+    redis.call('HSET', k, 'c', cost, 'p', cur)
+    redis.call('PEXPIRE', k, toEnd + 2 * window)
+  end, ttl
 end
 
-local function bucket(k, points, window, rate, cost, now, check)
+local function bucket(k, points, window, rate, cost, now, check, md)
   local d = window * 1000
   local v = read('HMGET', k, 'r', 'n')
   local r, n, valid = now, 0, false
@@ -219,8 +248,13 @@ local function bucket(k, points, window, rate, cost, now, check)
   if ahead < 0 then
     r, n, ahead = now, 0, 0
   end
-  if ahead <= (points - cost) * d then
-    if check then return math.ceil(ahead / d), math.ceil(ahead / rate / 1000), false end
+  local wait = 0
+  local late = (ahead - (points - cost) * d) / rate / 1000
+  if late > 0 and md > 0 and cost <= points and late <= md then
+    wait = math.ceil(late)
+  end
+  if ahead <= (points - cost) * d or wait > 0 then
+    if check then return math.ceil(ahead / d), math.ceil(ahead / rate / 1000), false, 0 end
     n = n + cost
     ahead = ahead + cost * d
     if n >= rate then
@@ -228,16 +262,20 @@ local function bucket(k, points, window, rate, cost, now, check)
       r, n = r + q * d, n - q * rate
     end
     local ttl = math.ceil(ahead / rate / 1000)
-    return math.ceil(ahead / d), ttl, function()
+    local used = math.ceil(ahead / d)
+    -- a reserved take counts its tokens at its place: the whole burst
+    if wait > 0 then used = points end
+    return used, ttl, function()
       if not valid then redis.call('DEL', k) end
       redis.call('HSET', k, 'r', r, 'n', n)
       redis.call('PEXPIRE', k, ttl)
-    end
+    end, wait
   end
   local ttl = math.ceil((ahead - (points - cost) * d) / rate / 1000)
-  local full = math.ceil(points * window / rate)
+  -- a bucket holds at most its burst, and the places reserved ahead
+  local full = math.ceil(points * window / rate) + md
   if ttl > full then ttl = full end
-  return points + 1, ttl, false
+  return points + 1, ttl, false, 0
 end
 
 -- concurrent takes a slot of a concurrency layer: a sorted set of the
@@ -261,7 +299,7 @@ end
 
 local all = ARGV[1] == '1'
 local cost = tonumber(ARGV[2])
-local out, writes, charged, refused, now = {}, {}, {}, false, false
+local out, writes, charged, refused, now, longest = {}, {}, {}, false, false, 0
 for i = 1, #KEYS do
   local points = tonumber(ARGV[4 * i - 1])
   local window = tonumber(ARGV[4 * i])
@@ -270,12 +308,18 @@ for i = 1, #KEYS do
   if check then algorithm = string.sub(algorithm, 2) end
   local dry = string.byte(algorithm, 1) == 100
   if dry then algorithm = string.sub(algorithm, 2) end
+  local md = string.find(algorithm, 'w', 1, true)
+  if md then
+    md, algorithm = tonumber(string.sub(algorithm, md + 1)), string.sub(algorithm, 1, md - 1)
+  else
+    md = 0
+  end
   local block, blocked = string.find(algorithm, 'b', 1, true), 0
   if block then
     block, algorithm = tonumber(string.sub(algorithm, block + 1)), string.sub(algorithm, 1, block - 1)
     blocked = redis.call('PTTL', KEYS[i] .. ':block')
   end
-  local count, ttl, write, incremented
+  local count, ttl, write, incremented, wait
   if blocked > 0 and not dry then
     count, ttl, write = points + 1, blocked, false
   elseif algorithm == '2' then
@@ -283,7 +327,7 @@ for i = 1, #KEYS do
       local clock = redis.call('TIME')
       now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
     end
-    count, ttl, write = bucket(KEYS[i], points, window, tonumber(ARGV[4 * i + 2]), cost, now, check)
+    count, ttl, write, wait = bucket(KEYS[i], points, window, tonumber(ARGV[4 * i + 2]), cost, now, check, md)
   elseif algorithm == '3' then
     if not now then
       local clock = redis.call('TIME')
@@ -291,10 +335,11 @@ for i = 1, #KEYS do
     end
     count, ttl, write = concurrent(KEYS[i], points, window, ARGV[4 * i + 2], now)
   elseif algorithm == '1' then
-    count, ttl, write = sliding(KEYS[i], points, window, cost, check)
+    count, ttl, write, wait = sliding(KEYS[i], points, window, cost, check, md)
   else
-    count, ttl, write, incremented = fixed(KEYS[i], points, window, cost, check, tonumber(ARGV[4 * i + 2]))
+    count, ttl, write, incremented, wait = fixed(KEYS[i], points, window, cost, check, tonumber(ARGV[4 * i + 2]), md)
   end
+  if wait and wait > longest then longest = wait end
   if incremented then charged[#charged + 1] = KEYS[i] end
   out[#out + 1] = count
   out[#out + 1] = ttl
@@ -316,6 +361,10 @@ else
   for i = 1, #charged do
     redis.call('DECRBY', charged[i], cost)
   end
+end
+if longest > 0 and not refused then
+  out[#out + 1] = longest
+  return out
 end
 if ARGV[1] == '2' and not refused then
   local shown, left, ttl, m = -1, 0, 0, 0
@@ -371,6 +420,8 @@ for i = 1, #KEYS do
   local k = KEYS[i]
   local algorithm = ARGV[4 * i]
   if string.byte(algorithm, 1) == 100 then algorithm = string.sub(algorithm, 2) end
+  local delayed = string.find(algorithm, 'w', 1, true)
+  if delayed then algorithm = string.sub(algorithm, 1, delayed - 1) end
   local block = string.find(algorithm, 'b', 1, true)
   if block then algorithm = string.sub(algorithm, 1, block - 1) end
   if algorithm == '2' then
@@ -503,6 +554,10 @@ func Encode(l *rule.Layer, spec config.Rule) {
 		e.RedisArgs = flagArgs(e.RedisArgs, "d")
 	}
 
+	if spec.MaxDelay > 0 && !spec.DryRun {
+		e.RedisArgs, e.MaxTTL = withDelay(e.RedisArgs, e.MaxTTL, int64(spec.MaxDelay/time.Millisecond))
+	}
+
 	if spec.Calendar != 0 {
 		e.RedisTail = RedisTail(e.RedisArgs)
 	}
@@ -535,6 +590,15 @@ func withBlock(args string, maxTTL, blockMs int64) (string, int64) {
 	}
 
 	return args[:start] + redisresp.Bulk(args[value:value+size]+"b"+strconv.FormatInt(blockMs, 10)) + args[value+size+2:], maxTTL
+}
+
+// withDelay adds a maxDelay of delayMs to a layer's algorithm ("0w900",
+// after a block's "b<ms>"): the script reserves a place that far ahead,
+// whose reset is that much later than the window's.
+func withDelay(args string, maxTTL, delayMs int64) (string, int64) {
+	start, value, size := algorithmArg(args)
+
+	return args[:start] + redisresp.Bulk(args[value:value+size]+"w"+strconv.FormatInt(delayMs, 10)) + args[value+size+2:], maxTTL + delayMs
 }
 
 // algorithmArg finds a layer's algorithm in its script arguments, the third

@@ -81,7 +81,17 @@ type Tally struct {
 	// reported none, at 2i+1 its reset (Unix nanoseconds). They are the
 	// items of the RateLimit and RateLimit-Policy fields (../items.go).
 	Each []int64
+	// Wait is how long the request must wait for the place its layers
+	// reserved (nanoseconds, the longest of their waits; 0: none): a layer
+	// with a MaxDelay would have refused it now. Firsts has WaitBit set
+	// then, so that the request path tests nothing more for it.
+	Wait int64
 }
+
+// WaitBit marks, in Tally.Firsts, a tally with a Wait (the bits below are
+// the layers' first refusals; MonthPolicyBit and the root's itemsBit take
+// bits 63 and 62).
+const WaitBit = uint64(1) << 61
 
 // KeyPart is one source of a KeyOfParts key.
 type KeyPart struct {
@@ -145,8 +155,14 @@ type Limits struct {
 	// (../redisstore/mixed.go).
 	Memory bool
 	// Apart marks a layer that the memory store's Take charges apart from
-	// its algorithm's usual take (memstore's apart): a check-only layer.
+	// its algorithm's usual take (memstore's apart): a check-only layer, a
+	// layer with a MaxDelay.
 	Apart bool
+	// MaxDelay is how long a request the layer would refuse may wait for
+	// its place, in nanoseconds (0: none; a dry-run layer refuses nothing,
+	// so it waits for nothing): the stores reserve the place at once and
+	// report the wait (Tally.Wait).
+	MaxDelay int64
 	// Unleased marks a layer that a synced store counts with the script at
 	// each request rather than from leases (../redisstore/slots.go).
 	Unleased bool

@@ -31,6 +31,10 @@ func Item(t *Tally, i int, l *Layer, count, reset int64) {
 // would have reported it, the first refusing layer shown, else the one with
 // the fewest requests left (the first of equals).
 func MergeTally(t, part *Tally, index []int) {
+	if part.Wait != 0 {
+		mergeWait(t, part)
+	}
+
 	for j, i := range index {
 		if part.Firsts&(uint64(1)<<uint(j)) != 0 {
 			t.Firsts |= uint64(1) << uint(i)
@@ -64,5 +68,14 @@ func MergeTally(t, part *Tally, index []int) {
 
 	if take {
 		t.Shown, t.Count, t.Reset, t.ResetH, t.Left, t.Refused = i, part.Count, part.Reset, part.ResetH, part.Left, part.Refused
+	}
+}
+
+// mergeWait is MergeTally's for a part with a wait: the request waits for
+// the longest of its parts' (Tally.Wait).
+func mergeWait(t, part *Tally) {
+	if part.Wait > t.Wait {
+		t.Wait = part.Wait
+		t.Firsts |= WaitBit
 	}
 }

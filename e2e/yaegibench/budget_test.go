@@ -48,10 +48,12 @@ var budgets = map[string]float64{
 	"redis synced refused":        250,
 	"concurrency allowed":         612,  // the general path, a slot taken and given back (memstore/concurrency.go)
 	"concurrency on redis":        2182, // the script call and the release, a second call
-	"concurrency on synced redis": 2835, // global from its lease, the slot in Redis and its release (redisstore/slots.go)
+	"concurrency on synced redis": 2836, // global from its lease, the slot in Redis and its release (redisstore/slots.go)
 	"cluster allowed":             981,  // global's call and the client's, on their nodes, sent together; global's reply an array (a billion points an hour do not fit the one integer)
 	"cluster refused":             272,
 	"cluster synced allowed":      214,
+	"maxDelay allowed":            563, // the general path, ip with a maxDelay (memstore's apart), each request fitting at once
+	"maxDelay delayed":            980, // each request waits for its place: a timer and the context watched (889-934 measured: timers are not counted alike each pass)
 }
 
 // gzipUsage is the JSON body of the costFrom json route, gzip-compressed.
@@ -138,6 +140,12 @@ func TestAllocationBudgets(t *testing.T) {
 	// back once served, on the general path.
 	concurrent := longEdge()
 	concurrent["ip"] = map[string]any{"points": "1000", "duration": "1h", "algorithm": "concurrency"}
+	// maxDelay: ip may delay, and never needs to; then a global token
+	// bucket of one token a millisecond, which each request waits for.
+	delayAllowed := longEdge()
+	delayAllowed["ip"] = map[string]any{"points": "1000000", "duration": "1h", "maxDelay": "1s"}
+	delayed := longEdge()
+	delayed["global"] = map[string]any{"points": "1", "duration": "1ms", "algorithm": "tokenbucket", "burst": "1", "maxDelay": "1s"}
 	export := func(_ int, req *http.Request) { req.URL.Path = "/export" }
 	login := func(_ int, req *http.Request) { req.Method = http.MethodPost; req.URL.Path = "/auth/login" }
 
@@ -160,6 +168,8 @@ func TestAllocationBudgets(t *testing.T) {
 		{"costed route", costed, export},
 		{"countStatus route", counted, login},
 		{"concurrency allowed", concurrent, nil},
+		{"maxDelay allowed", delayAllowed, nil},
+		{"maxDelay delayed", delayed, nil},
 	}
 
 	for _, sh := range shapes {

@@ -1,0 +1,599 @@
+package tierlimit
+
+import (
+	"errors"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tierlimit/tierlimit/config"
+	"github.com/tierlimit/tierlimit/redisresp"
+)
+
+// delays replaces the plugin's afterDelay with timers of a manual clock:
+// a waiting request's timer fires when the test moves the clock past its
+// moment (advance), never by itself.
+type delays struct {
+	t     *testing.T
+	clock *clock
+
+	mu      sync.Mutex
+	changed *sync.Cond
+	pending []*delayTimer
+	asked   []time.Duration // every wait asked for, in order
+}
+
+type delayTimer struct {
+	at time.Time
+	f  func()
+}
+
+// manualDelays makes h's waits run on h's clock until the test ends.
+func manualDelays(t *testing.T, h *harness) *delays {
+	d := &delays{t: t, clock: h.clock}
+	d.changed = sync.NewCond(&d.mu)
+
+	old := afterDelay
+	afterDelay = d.after
+	// A test that stops early lets its waiting requests go, so that its
+	// servers close.
+	t.Cleanup(func() {
+		afterDelay = old
+		d.advance(366 * 24 * time.Hour)
+	})
+
+	return d
+}
+
+func (d *delays) after(wait time.Duration, f func()) func() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+
+	tm := &delayTimer{at: d.clock.Now().Add(wait), f: f}
+	d.pending = append(d.pending, tm)
+	d.asked = append(d.asked, wait)
+	d.changed.Broadcast()
+
+	return func() bool {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+
+		for i, p := range d.pending {
+			if p == tm {
+				d.pending = append(d.pending[:i], d.pending[i+1:]...)
+				d.changed.Broadcast()
+
+				return true
+			}
+		}
+
+		return false
+	}
+}
+
+// waiting waits until n requests have asked for a wait in all, and returns
+// the waits asked for.
+func (d *delays) waiting(n int) []time.Duration {
+	d.t.Helper()
+
+	stop := time.AfterFunc(20*time.Second, func() {
+		d.mu.Lock()
+		d.asked = append(d.asked, -1) // marks the timeout
+		d.changed.Broadcast()
+		d.mu.Unlock()
+	})
+	defer stop.Stop()
+
+	d.mu.Lock()
+	defer d.mu.Unlock()
+
+	for len(d.asked) < n {
+		d.changed.Wait()
+	}
+
+	out := append([]time.Duration(nil), d.asked...)
+	for _, w := range out {
+		if w < 0 {
+			d.t.Fatalf("%d waits asked for, want %d", len(out)-1, n)
+		}
+	}
+
+	return out
+}
+
+// held is how many requests are waiting now.
+func (d *delays) held() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+
+	return len(d.pending)
+}
+
+// advance moves the clock by step and fires the timers now due, earliest
+// first.
+func (d *delays) advance(step time.Duration) {
+	d.clock.Add(step)
+	now := d.clock.Now()
+
+	d.mu.Lock()
+	sort.SliceStable(d.pending, func(i, j int) bool { return d.pending[i].at.Before(d.pending[j].at) })
+
+	var due []*delayTimer
+
+	for len(d.pending) > 0 && !d.pending[0].at.After(now) {
+		due = append(due, d.pending[0])
+		d.pending = d.pending[1:]
+	}
+	d.mu.Unlock()
+
+	for _, tm := range due {
+		tm.f()
+	}
+}
+
+// delayCase is a layer with a maxDelay under which two requests fit, the
+// next two wait for their places (each later than the one before, or at
+// the same next window for a fixed window) and the fifth is refused.
+type delayCase struct {
+	name  string
+	layer config.LayerConfig
+	// age readies the window after the two requests that fit: a fixed
+	// window must end within its maxDelay.
+	age func(t *testing.T, h *harness, admin *redisresp.Pool)
+	// waits are the waits of requests 3 and 4, to the millisecond (Redis
+	// counts in milliseconds from its own clock: a wait it reports may be
+	// shorter by the real time the test has run).
+	waits [2]time.Duration
+}
+
+func delayCases(redis bool) []delayCase {
+	unit := time.Nanosecond // what a sliding window's wait is counted in
+	if redis {
+		unit = time.Millisecond
+	}
+
+	cases := []delayCase{
+		// 2 tokens per 10s (one per 5s), burst 2: the third token is back
+		// 5s on, the fourth 10s; the fifth (15s) is beyond maxDelay.
+		{name: "tokenbucket", layer: config.LayerConfig{Points: 2, Duration: "10s", Algorithm: "tokenbucket", Burst: 2, MaxDelay: "12s"},
+			waits: [2]time.Duration{5 * time.Second, 10 * time.Second}},
+		// Sliding, 2 per 10s: the third fits once the window after starts
+		// (the two weigh while less than half of it is over: 1 + floor(2 x
+		// left / 10s) <= 2 needs left < 5s, just after it starts: 10s and
+		// one unit of time); the fourth once half of that one
+		// is over (15s); the fifth, two windows on, waits too long.
+		{name: "sliding", layer: config.LayerConfig{Points: 2, Duration: "10s", Algorithm: "sliding", MaxDelay: "16s"},
+			waits: [2]time.Duration{10*time.Second + unit, 15*time.Second + unit}},
+		// Fixed, 2 per 10s with 5s left: the next window, 5s on, holds the
+		// third and the fourth; the fifth would wait for the one after.
+		{name: "fixed", layer: config.LayerConfig{Points: 2, Duration: "10s", MaxDelay: "9s"},
+			age: func(t *testing.T, h *harness, admin *redisresp.Pool) {
+				if admin == nil {
+					h.clock.Add(5 * time.Second)
+					return
+				}
+
+				key := "ratelimit:" + h.p.name + ":ip:203.0.113.7"
+				if got := redisDo(t, admin, "PEXPIRE", key, "5000"); got.Int != 1 {
+					t.Fatalf("PEXPIRE %s: %+v", key, got)
+				}
+			},
+			waits: [2]time.Duration{5 * time.Second, 5 * time.Second}},
+	}
+
+	if !redis {
+		// A day that ends in 30 minutes: the next day holds the third and
+		// the fourth.
+		cases = append(cases, delayCase{name: "calendar", layer: config.LayerConfig{Points: 2, Calendar: "day", MaxDelay: "1h"},
+			age: func(t *testing.T, h *harness, _ *redisresp.Pool) {
+				now := h.clock.Now()
+				end := time.Date(now.Year(), now.Month(), now.Day()+1, 0, 0, 0, 0, time.UTC)
+				h.clock.Add(end.Sub(now) - 30*time.Minute)
+			},
+			waits: [2]time.Duration{30 * time.Minute, 30 * time.Minute}})
+	}
+
+	return cases
+}
+
+// closeTo reports whether a wait Redis reported is the one expected: at
+// most it, and short of it by no more than the real time a test runs.
+func closeTo(got, want time.Duration, redis bool) bool {
+	if !redis {
+		return got == want
+	}
+
+	return got <= want && got > want-5*time.Second
+}
+
+// TestMaxDelayQueuesABurstInOrder: on memory and on exact Redis, for each
+// algorithm, and beside synced counters for a fixed window, a burst beyond the limit is delayed, not refused, each request
+// reserving its place at once (the next one waits longer, or for the same
+// next window), and served in order when its moment comes; a request
+// whose place is beyond maxDelay is refused as without it (429,
+// Retry-After) and reserves nothing.
+func TestMaxDelayQueuesABurstInOrder(t *testing.T) {
+	for _, store := range []string{"memory", "redis", "synced"} {
+		var addr string
+
+		var admin *redisresp.Pool
+		if store != "memory" {
+			addr, admin = redisServer(t)
+		}
+
+		for _, tc := range delayCases(store != "memory") {
+			// Synced counting leases fixed windows only; a layer with a
+			// maxDelay is counted by the script (config.Rule.Unleased).
+			if store == "synced" && tc.layer.Algorithm != "" {
+				continue
+			}
+
+			t.Run(store+"/"+tc.name, func(t *testing.T) {
+				conf := func(c *Config) {
+					c.Global.Points = 0
+					c.IP = tc.layer
+					if store == "synced" {
+						c.Redis.SyncInterval = "1h"
+					}
+				}
+
+				var h *harness
+				if store != "memory" {
+					h, _ = redisHarness(t, addr, with(conf, asACLUser))
+					h = behindProxy(t, h)
+				} else {
+					h = newProxiedHarness(t, conf)
+				}
+
+				queuesInOrder(t, h, admin, tc)
+			})
+		}
+	}
+}
+
+func queuesInOrder(t *testing.T, h *harness, admin *redisresp.Pool, tc delayCase) {
+	redis := admin != nil
+	d := manualDelays(t, h)
+	const client = "203.0.113.7:1234"
+
+	for i := 1; i <= 2; i++ {
+		if rec := h.get("/api", client); rec.Code != http.StatusOK {
+			t.Fatalf("request %d: %d", i, rec.Code)
+		}
+	}
+
+	if tc.age != nil {
+		tc.age(t, h, admin)
+	}
+
+	third := h.open(http.MethodGet, "/third", client, nil)
+	d.waiting(1)
+	fourth := h.open(http.MethodGet, "/fourth", client, nil)
+	waits := d.waiting(2)
+
+	if !closeTo(waits[0], tc.waits[0], redis) || !closeTo(waits[1], tc.waits[1], redis) {
+		t.Fatalf("waits %v, want %v", waits, tc.waits)
+	}
+
+	// Beyond maxDelay: refused as without it, and nothing reserved.
+	rec := h.get("/api", client)
+	if rec.Code != http.StatusTooManyRequests || rec.Header().Get("Retry-After") == "" {
+		t.Fatalf("fifth: %d, Retry-After %q, want 429 with one", rec.Code, rec.Header().Get("Retry-After"))
+	}
+
+	if n := h.calls.Load(); n != 2 || d.held() != 2 {
+		t.Fatalf("backend called %d times and %d waiting, want 2 and 2", n, d.held())
+	}
+
+	// The third goes first: the fourth waits on, unless it shares its place.
+	d.advance(tc.waits[0])
+	if res := third.head(); res.StatusCode != http.StatusOK {
+		t.Fatalf("third: %d after its wait", res.StatusCode)
+	}
+
+	third.wait()
+
+	if tc.waits[1] != tc.waits[0] {
+		if n := h.calls.Load(); n != 3 || d.held() != 1 {
+			t.Fatalf("after the third's wait: backend called %d times, %d waiting, want 3 and 1", n, d.held())
+		}
+
+		d.advance(tc.waits[1] - tc.waits[0])
+	}
+
+	if res := fourth.head(); res.StatusCode != http.StatusOK {
+		t.Fatalf("fourth: %d after its wait", res.StatusCode)
+	}
+
+	fourth.wait()
+
+	if n := h.calls.Load(); n != 4 {
+		t.Fatalf("backend called %d times, want 4", n)
+	}
+
+}
+
+// TestMaxDelayRefusalReservesNothing: a request beyond maxDelay is refused
+// with the Retry-After of its place and reserves nothing: the bucket's TAT
+// (memory's window, Redis's key) is what it was before the refusals.
+func TestMaxDelayRefusalReservesNothing(t *testing.T) {
+	addr, admin := redisServer(t)
+
+	for _, store := range []string{"memory", "redis"} {
+		t.Run(store, func(t *testing.T) {
+			conf := func(c *Config) {
+				c.Global.Points = 0
+				c.IP = config.LayerConfig{Points: 2, Duration: "10s", Algorithm: "tokenbucket", Burst: 1, MaxDelay: "7s"}
+			}
+
+			var h *harness
+			if store == "redis" {
+				h, _ = redisHarness(t, addr, with(conf, asACLUser))
+				h = behindProxy(t, h)
+			} else {
+				h = newProxiedHarness(t, conf)
+			}
+
+			d := manualDelays(t, h)
+			const client = "203.0.113.8:1234"
+
+			tat := func() string {
+				if store == "redis" {
+					v := redisDo(t, admin, "HMGET", "ratelimit:"+h.p.name+":ip:203.0.113.8", "r", "n")
+					return v.String()
+				}
+
+				h.p.memory.Mu.Lock()
+				defer h.p.memory.Mu.Unlock()
+
+				return strconv.FormatInt(h.p.memory.Maps["ip"]["203.0.113.8"].Reset, 10)
+			}
+
+			if rec := h.get("/api", client); rec.Code != http.StatusOK {
+				t.Fatalf("first: %d", rec.Code)
+			}
+
+			second := h.open(http.MethodGet, "/second", client, nil) // 5s
+			d.waiting(1)
+
+			before := tat()
+
+			// 10s: beyond 7s, twice; neither reserves.
+			for i := 0; i < 2; i++ {
+				rec := h.get("/api", client)
+				if rec.Code != http.StatusTooManyRequests || rec.Header().Get("Retry-After") != "10" {
+					t.Fatalf("refused %d: %d, Retry-After %q, want 429 and 10", i, rec.Code, rec.Header().Get("Retry-After"))
+				}
+			}
+
+			if after := tat(); after != before {
+				t.Fatalf("the bucket moved from %s to %s: a refusal reserved", before, after)
+			}
+
+			d.advance(5 * time.Second)
+			second.wait()
+
+			if n := h.calls.Load(); n != 2 {
+				t.Fatalf("backend called %d times, want 2", n)
+			}
+		})
+	}
+}
+
+// TestMaxDelayClientGoneGivesItsPlaceBack: a client that hangs up while
+// its request waits gives the place back (the store's give-back), and
+// nothing is proxied: the next request takes the place.
+func TestMaxDelayClientGoneGivesItsPlaceBack(t *testing.T) {
+	addr, _ := redisServer(t)
+
+	for _, store := range []string{"memory", "redis", "synced"} {
+		for _, tc := range delayCases(store != "memory") {
+			if store == "synced" && tc.layer.Algorithm != "" {
+				continue // synced counting leases fixed windows only
+			}
+
+			t.Run(store+"/"+tc.name, func(t *testing.T) {
+				conf := func(c *Config) {
+					c.Global.Points = 0
+					c.IP = tc.layer
+					if store == "synced" {
+						c.Redis.SyncInterval = "1h"
+					}
+				}
+
+				var h *harness
+				if store != "memory" {
+					h, _ = redisHarness(t, addr, with(conf, asACLUser))
+					h = behindProxy(t, h)
+				} else {
+					h = newProxiedHarness(t, conf)
+				}
+
+				d := manualDelays(t, h)
+				const client = "203.0.113.7:1234"
+
+				for i := 1; i <= 2; i++ {
+					if rec := h.get("/api", client); rec.Code != http.StatusOK {
+						t.Fatalf("request %d: %d", i, rec.Code)
+					}
+				}
+
+				if tc.age != nil {
+					var admin *redisresp.Pool
+					if store != "memory" {
+						admin = redisresp.NewPool(redisresp.Options{Address: addr})
+						t.Cleanup(admin.Close)
+					}
+
+					tc.age(t, h, admin)
+				}
+
+				gone := h.open(http.MethodGet, "/gone", client, nil)
+				d.waiting(1)
+				gone.hangUp()
+				gone.wait()
+
+				// Its place is the next request's: the next two wait as the
+				// third and the fourth of a burst do.
+				next := h.open(http.MethodGet, "/next", client, nil)
+				d.waiting(2)
+				after := h.open(http.MethodGet, "/after", client, nil)
+				waits := d.waiting(3)
+				if !closeTo(waits[1], tc.waits[0], store != "memory") || !closeTo(waits[2], tc.waits[1], store != "memory") {
+					t.Fatalf("waits %v: the place was not given back (want %v after the first)", waits, tc.waits)
+				}
+
+				d.advance(tc.waits[1])
+				next.wait()
+				after.wait()
+
+				if n := h.calls.Load(); n != 4 {
+					t.Fatalf("backend called %d times, want 4 (the gone request proxied nothing)", n)
+				}
+			})
+		}
+	}
+}
+
+// TestMaxDelayWaitsThroughAReload: a request waiting when Traefik reloads
+// goes on at its moment on the old instance, and the new one (same
+// counters) sees its place taken.
+func TestMaxDelayWaitsThroughAReload(t *testing.T) {
+	conf := func(c *Config) {
+		c.Global.Points = 0
+		c.IP = config.LayerConfig{Points: 2, Duration: "10s", Algorithm: "tokenbucket", Burst: 2, MaxDelay: "12s"}
+	}
+
+	h := newProxiedHarness(t, conf)
+	d := manualDelays(t, h)
+	const client = "203.0.113.9:1234"
+
+	for i := 1; i <= 2; i++ {
+		if rec := h.get("/api", client); rec.Code != http.StatusOK {
+			t.Fatalf("request %d: %d", i, rec.Code)
+		}
+	}
+
+	third := h.open(http.MethodGet, "/third", client, nil)
+	d.waiting(1)
+
+	r := reloaded(t, h, conf)
+
+	fourth := r.open(http.MethodGet, "/fourth", client, nil)
+	if waits := d.waiting(2); waits[1] != 10*time.Second {
+		t.Fatalf("waits %v: the new instance does not see the third's place", waits)
+	}
+
+	d.advance(5 * time.Second)
+	if res := third.head(); res.StatusCode != http.StatusOK {
+		t.Fatalf("third, across the reload: %d", res.StatusCode)
+	}
+
+	third.wait()
+	d.advance(5 * time.Second)
+	fourth.wait()
+
+	if n := h.calls.Load() + r.calls.Load(); n != 4 {
+		t.Fatalf("backend called %d times, want 4", n)
+	}
+}
+
+// TestMaxDelayEveryLayerAllOrNothing: when several layers apply, the wait
+// is the longest of theirs, and a request that one layer refuses outright
+// reserves nothing in the others.
+func TestMaxDelayEveryLayerAllOrNothing(t *testing.T) {
+	h := newProxiedHarness(t, func(c *Config) {
+		c.Global = config.LayerConfig{Points: 3, Duration: "1h"}
+		c.IP = config.LayerConfig{Points: 2, Duration: "10s", Algorithm: "tokenbucket", Burst: 1, MaxDelay: "30s"}
+		c.Routes = []config.RouteConfig{{Name: "slow", Paths: []string{"/slow"}, Key: "ip", Points: 1, Duration: "20s", Algorithm: "tokenbucket", Burst: 1, MaxDelay: "30s"}}
+	})
+	d := manualDelays(t, h)
+	const client = "203.0.113.10:1234"
+
+	if rec := h.get("/slow", client); rec.Code != http.StatusOK {
+		t.Fatalf("first: %d", rec.Code)
+	}
+
+	// ip's place is 5s on, slow's 20s: it waits 20s.
+	second := h.open(http.MethodGet, "/slow", client, nil)
+	if waits := d.waiting(1); waits[0] != 20*time.Second {
+		t.Fatalf("wait %v, want the longest of the layers', 20s", waits[0])
+	}
+
+	// global has one point left: /api takes it after ip's place (10s on).
+	third := h.open(http.MethodGet, "/api", client, nil)
+	if waits := d.waiting(2); waits[1] != 10*time.Second {
+		t.Fatalf("waits %v, want 10s for the third", waits)
+	}
+
+	// global refuses outright: ip keeps its places (the next one 15s on).
+	if rec := h.get("/api", client); rec.Code != http.StatusTooManyRequests {
+		t.Fatalf("global spent: %d", rec.Code)
+	}
+
+	d.advance(20 * time.Second)
+	second.wait()
+	third.wait()
+
+	if n := h.calls.Load(); n != 3 {
+		t.Fatalf("backend called %d times, want 3", n)
+	}
+}
+
+// TestMaxDelayConfigErrorsNameTheField: a maxDelay that cannot be kept is a
+// configuration error naming the field and its value.
+func TestMaxDelayConfigErrorsNameTheField(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		mutate func(c *Config)
+		want   string
+	}{
+		{"unparsable", func(c *Config) { c.IP.MaxDelay = "soon" }, `ip.maxDelay = "soon"`},
+		{"negative", func(c *Config) { c.IP.MaxDelay = "-1s" }, `ip.maxDelay = "-1s"`},
+		{"a fixed window's whole duration", func(c *Config) { c.IP = config.LayerConfig{Points: 5, Duration: "1s", MaxDelay: "1s"} }, `ip.maxDelay = "1s"`},
+		{"a calendar day", func(c *Config) { c.User = config.LayerConfig{Points: 5, Calendar: "day", MaxDelay: "24h"} }, `user.maxDelay = "24h"`},
+		{"concurrency", func(c *Config) {
+			c.IP = config.LayerConfig{Points: 5, Duration: "30s", Algorithm: "concurrency", MaxDelay: "1s"}
+		}, `ip.maxDelay = "1s"`},
+		{"countStatus route", func(c *Config) {
+			c.Routes = []config.RouteConfig{{Name: "login", Paths: []string{"/login"}, Key: "ip", Points: 5, Duration: "60s", CountStatus: []int{401}, MaxDelay: "1s"}}
+		}, `routes[0].maxDelay = "1s"`},
+		{"costFrom route", func(c *Config) {
+			c.Routes = []config.RouteConfig{{Name: "llm", Paths: []string{"/v1/"}, Key: "ip", Points: 500, Duration: "60s", CostFrom: "header:X-Cost", MaxDelay: "1s"}}
+		}, `routes[0].maxDelay = "1s"`},
+		{"plan", func(c *Config) {
+			c.Principal.UserHeader, c.Principal.PlanHeader = "X-User", "X-Plan"
+			c.Plans = map[string]config.PlanConfig{"pro": {Points: 5, Duration: "1s", MaxDelay: "2s"}}
+		}, `plans.pro.maxDelay = "2s"`},
+		{"a calendar window in Redis", func(c *Config) {
+			c.Store = "redis"
+			c.User = config.LayerConfig{Points: 5, Calendar: "day", MaxDelay: "1h"}
+		}, `user.maxDelay = "1h0m0s"`},
+		{"a Redis Cluster", func(c *Config) {
+			c.Store = "redis"
+			c.Redis.Cluster = &config.RedisClusterConfig{Addresses: []string{"127.0.0.1:7000"}}
+			c.IP.MaxDelay = "500ms"
+		}, `ip.maxDelay = "500ms"`},
+	} {
+		cfg := CreateConfig()
+		c.mutate(cfg)
+
+		_, err := parse(cfg)
+		if err == nil || !errors.Is(err, config.ErrConfig) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want an error naming %s", c.name, err, c.want)
+		}
+	}
+
+	// Zero is no delay, on any algorithm.
+	cfg := CreateConfig()
+	cfg.IP.MaxDelay = "0"
+	if _, err := parse(cfg); err != nil {
+		t.Fatalf("maxDelay 0: %v", err)
+	}
+
+	_ = strconv.Itoa
+}

@@ -1,0 +1,135 @@
+package e2e
+
+import (
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// bucketDelay is an ip token bucket of 2 per second (a token each 500ms),
+// burst 1, whose requests may wait 800ms for their token.
+const bucketDelay = `{points: 2, duration: 1s, algorithm: tokenbucket, burst: 1, maxDelay: 800ms}`
+
+// windowDelay is an ip fixed window of 1 per 2s whose requests may wait
+// for the next window when it starts within 1999ms: from the first
+// millisecond after a window's first request on.
+const windowDelay = `{points: 1, duration: 2s, maxDelay: 1999ms}`
+
+// delayDynamic is the ip layer given, on the memory store or, with
+// {{store}} set, on Redis.
+func delayDynamic(ip, store string) string {
+	return strings.NewReplacer("{{store}}", store, "{{ip}}", ip).Replace(`
+http:
+  routers:
+    api:
+      entryPoints: [web]
+      rule: PathPrefix(` + "`/`" + `)
+      middlewares: [edge]
+      service: backend
+  middlewares:
+    edge:
+      plugin:
+        tierlimit:
+          {{store}}
+          global: {points: 0}
+          ip: {{ip}}
+          assets: {points: 0}
+          user: {points: 0}
+          service: {points: 0}
+  services:
+    backend:
+      loadBalancer:
+        servers:
+          - url: "{{backend}}"
+`)
+}
+
+// delayHolds sends a client's first request, then two at once: whichever
+// reaches the plugin first waits for its place (the next token, the next
+// window) and is answered 200 no sooner than minWait after it was sent; the
+// other's place is beyond maxDelay, so it is refused at once with a
+// Retry-After (retryAfter, when given) and reserves nothing. Which of the
+// two waits is the plugin's order, not the test's.
+func delayHolds(t *testing.T, e *env, client, retryAfter string, minWait time.Duration) {
+	t.Helper()
+
+	if r := e.get(e.traefik.Web+"/api", from(client)); r.code != http.StatusOK {
+		t.Fatalf("first: %d", r.code)
+	}
+
+	// A fixed window's next one is a place once it starts within maxDelay:
+	// 1999ms of a 2s window, from its first millisecond on. Traefik's clock
+	// cannot be moved; this pause is that millisecond, with room.
+	time.Sleep(50 * time.Millisecond)
+
+	type answer struct {
+		r    response
+		took time.Duration
+	}
+
+	answers := make(chan answer, 2)
+	sent := time.Now()
+
+	for i := 0; i < 2; i++ {
+		go func() {
+			r := e.get(e.traefik.Web+"/api", from(client))
+			answers <- answer{r, time.Since(sent)}
+		}()
+	}
+
+	var waited, refused []answer
+	for i := 0; i < 2; i++ {
+		a := <-answers
+		if a.r.code == http.StatusOK {
+			waited = append(waited, a)
+		} else {
+			refused = append(refused, a)
+		}
+	}
+
+	if len(waited) != 1 || len(refused) != 1 {
+		t.Fatalf("two requests after the first: %d answered 200, %d refused; want one of each", len(waited), len(refused))
+	}
+
+	if r := refused[0].r; r.code != http.StatusTooManyRequests || r.header.Get("Retry-After") == "" || retryAfter != "" && r.header.Get("Retry-After") != retryAfter {
+		t.Fatalf("the one beyond maxDelay: %d, Retry-After %q, want 429 and %q", r.code, r.header.Get("Retry-After"), retryAfter)
+	}
+
+	// Its place comes after its wait: it cannot be answered sooner.
+	if waited[0].took < minWait {
+		t.Fatalf("the one within maxDelay answered after %v, want after its wait (at least %v)", waited[0].took, minWait)
+	}
+}
+
+// TestMaxDelayThroughTraefik: in the real Traefik, a request within
+// maxDelay of its place is delayed and answered 200, and one beyond it is
+// refused: a token bucket on memory and on exact Redis, a fixed window on
+// memory, exact Redis and beside synced counters (redis.syncInterval, where
+// the script counts it: config.Rule.Unleased).
+func TestMaxDelayThroughTraefik(t *testing.T) {
+	rs := startRedis(t)
+	exact := `store: redis
+          redis: {address: "` + rs.Addr + `"}`
+	synced := `store: redis
+          redis: {address: "` + rs.Addr + `", syncInterval: 100ms}`
+
+	for i, c := range []struct {
+		name, ip, store, retryAfter string
+		minWait                     time.Duration
+	}{
+		{"token bucket in memory", bucketDelay, "", "1", 300 * time.Millisecond},
+		{"token bucket on Redis", bucketDelay, exact, "1", 300 * time.Millisecond},
+		{"fixed window in memory", windowDelay, "", "", 1500 * time.Millisecond},
+		{"fixed window on Redis", windowDelay, exact, "", 1500 * time.Millisecond},
+		{"fixed window beside synced counters", windowDelay, synced, "", 1500 * time.Millisecond},
+	} {
+		client := "203.0.113." + strconv.Itoa(40+i) // a key of its own in the shared Redis
+		t.Run(c.name, func(t *testing.T) {
+			e := start(t, delayDynamic(c.ip, c.store))
+			e.waitRouters("api")
+			delayHolds(t, e, client, c.retryAfter, c.minWait)
+		})
+	}
+}
