@@ -354,3 +354,22 @@ func TestBucketSpend(t *testing.T) {
 		}
 	}
 }
+
+// TestWithin: a place maxDelay away is within it, one a nanosecond later
+// is not; a place now is within any horizon, 0 included.
+func TestWithin(t *testing.T) {
+	for _, c := range []struct {
+		wait, maxDelay int64
+		want           bool
+	}{
+		{0, 0, true},
+		{500, 500, true},
+		{501, 500, false},
+		{1, 0, false},
+		{-1, 0, true},
+	} {
+		if got := Within(c.wait, c.maxDelay); got != c.want {
+			t.Errorf("Within(%d, %d) = %v, want %v", c.wait, c.maxDelay, got, c.want)
+		}
+	}
+}

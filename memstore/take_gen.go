@@ -378,7 +378,7 @@ func delay(s *WindowStore, t *rule.Tally, i int, now int64, l *rule.Layer, key s
 		}
 	default:
 		w := fixedPlace(s, l, key, now, cost)
-		if w.Count+cost > l.Capacity || w.Start-now > l.MaxDelay {
+		if !(w.Count+cost <= l.Capacity) || !(w.Start-now <= l.MaxDelay) {
 			return refuseFixed(t, i, l, w, cost, false)
 		}
 
@@ -403,7 +403,7 @@ func slidingPlace(s *WindowStore, l *rule.Layer, key string, now, cost int64) in
 	w := slidingAt(s, l, key, now)
 	left := w.Reset - now
 
-	if cost > l.Capacity || limit.SlidingCount(w.PrevCount, w.Count, cost, left, l.Duration) <= l.Capacity {
+	if !(0+cost <= l.Capacity) || !(limit.SlidingCount(w.PrevCount, w.Count, cost, left, l.Duration) > l.Capacity) {
 		return now
 	}
 
@@ -421,7 +421,7 @@ func bucketPlace(s *WindowStore, l *rule.Layer, key string, now, cost int64) int
 	w := bucketAt(s, l, key, now)
 
 	at, used := limit.BucketTake(w.Reset, now, cost, l.Capacity, l.Interval)
-	if used <= l.Capacity || cost > l.Capacity || at-now > l.MaxDelay {
+	if !(used > l.Capacity) || !(0+cost <= l.Capacity) || !(at-now <= l.MaxDelay) {
 		return now
 	}
 
@@ -440,7 +440,7 @@ func fixedPlace(s *WindowStore, l *rule.Layer, key string, now, cost int64) *cou
 
 	w.Taken = s.Takes
 
-	if w.Count+cost > l.Capacity && cost <= l.Capacity && w.Start <= now && w.Reset-now <= l.MaxDelay {
+	if !(w.Count+cost <= l.Capacity) && 0+cost <= l.Capacity && w.Start <= now && w.Reset-now <= l.MaxDelay {
 		w = s.Restart(w.Reset, l, w, key)
 	}
 
