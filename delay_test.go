@@ -211,7 +211,8 @@ func closeTo(got, want time.Duration, redis bool) bool {
 }
 
 // TestMaxDelayQueuesABurstInOrder: on memory and on exact Redis, for each
-// algorithm, and beside synced counters for a fixed window, a burst beyond the limit is delayed, not refused, each request
+// algorithm, and beside synced counters (where the script counts such a
+// layer), a burst beyond the limit is delayed, not refused, each request
 // reserving its place at once (the next one waits longer, or for the same
 // next window), and served in order when its moment comes; a request
 // whose place is beyond maxDelay is refused as without it (429,
@@ -226,12 +227,6 @@ func TestMaxDelayQueuesABurstInOrder(t *testing.T) {
 		}
 
 		for _, tc := range delayCases(store != "memory") {
-			// Synced counting leases fixed windows only; a layer with a
-			// maxDelay is counted by the script (config.Rule.Unleased).
-			if store == "synced" && tc.layer.Algorithm != "" {
-				continue
-			}
-
 			t.Run(store+"/"+tc.name, func(t *testing.T) {
 				conf := func(c *Config) {
 					c.Global.Points = 0
@@ -392,10 +387,6 @@ func TestMaxDelayClientGoneGivesItsPlaceBack(t *testing.T) {
 
 	for _, store := range []string{"memory", "redis", "synced"} {
 		for _, tc := range delayCases(store != "memory") {
-			if store == "synced" && tc.layer.Algorithm != "" {
-				continue // synced counting leases fixed windows only
-			}
-
 			t.Run(store+"/"+tc.name, func(t *testing.T) {
 				conf := func(c *Config) {
 					c.Global.Points = 0

@@ -9,8 +9,9 @@ import (
 )
 
 // checkSync reads redis.syncInterval into s.syncInterval: a duration, with
-// fixed windows only (sliding windows and token buckets are decided by
-// Redis's clock and state, block durations by a block key).
+// fixed windows only among the layers it leases (sliding windows and token
+// buckets are decided by Redis's clock and state, block durations by a
+// block key).
 func checkSync(raw string, s *Settings) error {
 	trimmed := strings.TrimSpace(raw)
 	if trimmed == "" || trimmed == "0" {
@@ -35,8 +36,11 @@ func checkSync(raw string, s *Settings) error {
 		return nil
 	}
 
+	// A layer synced counting does not lease (Unleased: concurrency, a
+	// maxDelay) is counted by the script as exact counting does, whatever
+	// its algorithm.
 	for _, l := range Rules(s) {
-		if !l.On() {
+		if !l.On() || l.Unleased {
 			continue
 		}
 

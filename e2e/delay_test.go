@@ -105,9 +105,9 @@ func delayHolds(t *testing.T, e *env, client, retryAfter string, minWait time.Du
 
 // TestMaxDelayThroughTraefik: in the real Traefik, a request within
 // maxDelay of its place is delayed and answered 200, and one beyond it is
-// refused: a token bucket on memory and on exact Redis, a fixed window on
-// memory, exact Redis and beside synced counters (redis.syncInterval, where
-// the script counts it: config.Rule.Unleased).
+// refused: a token bucket and a fixed window on memory, on exact Redis and
+// beside synced counters (redis.syncInterval, where the script counts such
+// a layer: config.Rule.Unleased).
 func TestMaxDelayThroughTraefik(t *testing.T) {
 	rs := startRedis(t)
 	exact := `store: redis
@@ -124,6 +124,7 @@ func TestMaxDelayThroughTraefik(t *testing.T) {
 		{"fixed window in memory", windowDelay, "", "", 1500 * time.Millisecond},
 		{"fixed window on Redis", windowDelay, exact, "", 1500 * time.Millisecond},
 		{"fixed window beside synced counters", windowDelay, synced, "", 1500 * time.Millisecond},
+		{"token bucket beside synced counters", bucketDelay, synced, "1", 300 * time.Millisecond},
 	} {
 		client := "203.0.113." + strconv.Itoa(40+i) // a key of its own in the shared Redis
 		t.Run(c.name, func(t *testing.T) {
