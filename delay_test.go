@@ -183,6 +183,21 @@ func delayCases(redis bool) []delayCase {
 				}
 			},
 			waits: [2]time.Duration{5 * time.Second, 5 * time.Second}},
+		// The same with a maxDelay of an hour, past the window: the place is
+		// at most the next window, so the fifth is refused all the same.
+		{name: "fixed, maxDelay past the window", layer: config.LayerConfig{Points: 2, Duration: "10s", MaxDelay: "1h"},
+			age: func(t *testing.T, h *harness, admin *redisresp.Pool) {
+				if admin == nil {
+					h.clock.Add(5 * time.Second)
+					return
+				}
+
+				key := "ratelimit:" + h.p.name + ":ip:203.0.113.7"
+				if got := redisDo(t, admin, "PEXPIRE", key, "5000"); got.Int != 1 {
+					t.Fatalf("PEXPIRE %s: %+v", key, got)
+				}
+			},
+			waits: [2]time.Duration{5 * time.Second, 5 * time.Second}},
 	}
 
 	if !redis {
@@ -545,8 +560,6 @@ func TestMaxDelayConfigErrorsNameTheField(t *testing.T) {
 	}{
 		{"unparsable", func(c *Config) { c.IP.MaxDelay = "soon" }, `ip.maxDelay = "soon"`},
 		{"negative", func(c *Config) { c.IP.MaxDelay = "-1s" }, `ip.maxDelay = "-1s"`},
-		{"a fixed window's whole duration", func(c *Config) { c.IP = config.LayerConfig{Points: 5, Duration: "1s", MaxDelay: "1s"} }, `ip.maxDelay = "1s"`},
-		{"a calendar day", func(c *Config) { c.User = config.LayerConfig{Points: 5, Calendar: "day", MaxDelay: "24h"} }, `user.maxDelay = "24h"`},
 		{"concurrency", func(c *Config) {
 			c.IP = config.LayerConfig{Points: 5, Duration: "30s", Algorithm: "concurrency", MaxDelay: "1s"}
 		}, `ip.maxDelay = "1s"`},
@@ -558,8 +571,8 @@ func TestMaxDelayConfigErrorsNameTheField(t *testing.T) {
 		}, `routes[0].maxDelay = "1s"`},
 		{"plan", func(c *Config) {
 			c.Principal.UserHeader, c.Principal.PlanHeader = "X-User", "X-Plan"
-			c.Plans = map[string]config.PlanConfig{"pro": {Points: 5, Duration: "1s", MaxDelay: "2s"}}
-		}, `plans.pro.maxDelay = "2s"`},
+			c.Plans = map[string]config.PlanConfig{"pro": {Points: 5, Duration: "1s", MaxDelay: "2 seconds"}}
+		}, `plans.pro.maxDelay = "2 seconds"`},
 		{"a calendar window in Redis", func(c *Config) {
 			c.Store = "redis"
 			c.User = config.LayerConfig{Points: 5, Calendar: "day", MaxDelay: "1h"}
@@ -584,6 +597,15 @@ func TestMaxDelayConfigErrorsNameTheField(t *testing.T) {
 	cfg.IP.MaxDelay = "0"
 	if _, err := parse(cfg); err != nil {
 		t.Fatalf("maxDelay 0: %v", err)
+	}
+
+	// A horizon past the next window is no error: the place is at most the
+	// next window (delayCases: "fixed, maxDelay past the window").
+	cfg = CreateConfig()
+	cfg.IP = config.LayerConfig{Points: 5, Duration: "1s", MaxDelay: "1h"}
+	cfg.User = config.LayerConfig{Points: 5, Calendar: "day", MaxDelay: "48h"}
+	if _, err := parse(cfg); err != nil {
+		t.Fatalf("maxDelay past the window: %v", err)
 	}
 
 	_ = strconv.Itoa

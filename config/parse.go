@@ -539,11 +539,10 @@ func parseLayer(field, name string, lc LayerConfig) (Rule, error) {
 	return spec, checkConcurrencyLayer(field, lc, spec)
 }
 
-// parseMaxDelay reads a maxDelay: empty or 0 waits for nothing. A fixed
-// window's place is at most its next window, so a wait as long as the
-// window is an error rather than a promise the layer cannot keep (a
-// calendar's shortest period is a day); a concurrency slot has no moment to
-// wait for.
+// parseMaxDelay reads a maxDelay: empty or 0 waits for nothing. Any
+// duration is a horizon (a fixed or calendar window's place is at most its
+// next window, however long maxDelay is); a concurrency slot has no moment
+// to wait for.
 func parseMaxDelay(field string, lc LayerConfig, spec Rule) (time.Duration, error) {
 	v := lc.MaxDelay
 	if t := strings.TrimSpace(v); t == "" || t == "0" {
@@ -556,10 +555,6 @@ func parseMaxDelay(field string, lc LayerConfig, spec Rule) (time.Duration, erro
 		return 0, invalid(field+".maxDelay", durationText(v), err.Error())
 	case spec.Algorithm == limit.Concurrency:
 		return 0, invalid(field+".maxDelay", v, "a concurrency layer does not queue: a slot frees when a request ends, not at a moment to wait for")
-	case spec.Calendar != 0 && d >= 24*time.Hour:
-		return 0, invalid(field+".maxDelay", v, "must be shorter than a day, the shortest calendar period (a request waits at most for the next period)")
-	case spec.Calendar == 0 && spec.Algorithm == limit.Fixed && d >= spec.Duration:
-		return 0, invalid(field+".maxDelay", v, "must be shorter than the duration, "+spec.Duration.String()+" (a request waits at most for the next window)")
 	}
 
 	return d, nil
