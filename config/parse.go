@@ -223,8 +223,7 @@ func checkStores(cfg *Config, s *Settings) error {
 // checkMaxDelays refuses a maxDelay where its place cannot be reserved:
 // a countStatus route charges after the response, too late to wait; a
 // costFrom route's reservation is the response's; a calendar key in Redis
-// knows only the period of now (the next one is another key), and a
-// Cluster's calls are settled in pairs that carry no wait. On synced
+// knows only the period of now (the next one is another key). On synced
 // counting a layer with a maxDelay is unleased (parseLayer): the script
 // reserves its place at each request.
 func checkMaxDelays(cfg *Config, s *Settings) error {
@@ -245,8 +244,6 @@ func checkMaxDelays(cfg *Config, s *Settings) error {
 	for _, r := range Rules(s) {
 		switch {
 		case r.MaxDelay == 0 || s.Store != StoreRedis || r.Memory:
-		case cfg.Redis.Cluster != nil:
-			return invalid(r.Name+".maxDelay", r.MaxDelay.String(), "a Redis Cluster does not queue yet (count the layer in memory with store: memory)")
 		case r.Calendar != 0:
 			return invalid(r.Name+".maxDelay", r.MaxDelay.String(), "a calendar window in Redis does not queue (count it in memory with store: memory)")
 		}

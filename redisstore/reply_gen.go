@@ -158,11 +158,18 @@ func slotRefused(layers []*rule.Layer, g *slotGroup, r redisresp.Reply) bool {
 func mergeSlotReplies(layers []*rule.Layer, groups []*slotGroup, replies []redisresp.Reply, all bool) ([]int64, string, error) {
 	answered := make([][2]int64, len(layers))
 	got := make([]bool, len(layers))
+	wait := int64(0)
 
 	for i, g := range groups {
 		r := replies[i]
 		if r.ServerErr != "" {
 			return nil, r.ServerErr, nil
+		}
+
+		// A reply that ends with a wait (a maxDelay's place, TakeScript):
+		// the request waits for the longest of its slots'.
+		if len(r.Ints)%2 != 0 && r.Ints[len(r.Ints)-1] > wait {
+			wait = r.Ints[len(r.Ints)-1]
 		}
 
 		for j := 0; 2*j+1 < len(r.Ints) && j < len(g.Layers); j++ {
@@ -181,8 +188,12 @@ func mergeSlotReplies(layers []*rule.Layer, groups []*slotGroup, replies []redis
 		ints = append(ints, answered[i][0], answered[i][1])
 
 		if answered[i][0] > l.Capacity && !all && !l.DryRun {
-			break
+			return ints, "", nil // refused: no wait
 		}
+	}
+
+	if wait > 0 {
+		ints = append(ints, wait) // Record's recordOdd reads it
 	}
 
 	return ints, "", nil
