@@ -401,13 +401,13 @@ func delay(s *WindowStore, t *rule.Tally, i int, now int64, l *rule.Layer, key s
 // (else now, where it is refused).
 func slidingPlace(s *WindowStore, l *rule.Layer, key string, now, cost int64) int64 {
 	w := slidingAt(s, l, key, now)
-	left := w.Reset - now
+	toEnd := w.Reset - now
 
-	if !(0+cost <= l.Capacity) || !(limit.SlidingCount(w.PrevCount, w.Count, cost, left, l.Duration) > l.Capacity) {
+	if !(0+cost <= l.Capacity) || !(limit.SlidingCount(w.PrevCount, w.Count, cost, toEnd, l.Duration) > l.Capacity) {
 		return now
 	}
 
-	if wait := limit.SlidingWait(w.PrevCount, w.Count, cost, l.Capacity, left, l.Duration); wait <= l.MaxDelay {
+	if wait := limit.SlidingWait(w.PrevCount, w.Count, cost, l.Capacity, toEnd, l.Duration); wait <= l.MaxDelay {
 		return now + wait
 	}
 

@@ -554,7 +554,7 @@ func Encode(l *rule.Layer, spec config.Rule) {
 		e.RedisArgs = flagArgs(e.RedisArgs, "d")
 	}
 
-	if spec.MaxDelay > 0 && !spec.DryRun {
+	if spec.MaxDelay > 0 { // 0 in dry run (config.Rule.MaxDelay)
 		e.RedisArgs, e.MaxTTL = withDelay(e.RedisArgs, e.MaxTTL, int64(spec.MaxDelay/time.Millisecond))
 	}
 
