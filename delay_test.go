@@ -144,6 +144,9 @@ type delayCase struct {
 	// age readies the window after the two requests that fit: a fixed
 	// window must end within its maxDelay.
 	age func(t *testing.T, h *harness, admin *redisresp.Pool)
+	// keyed: age shortens the Redis key's TTL by its name, which on a
+	// Cluster has a hash tag (there the case is left to the other stores)
+	keyed bool
 	// waits are the waits of requests 3 and 4, to the millisecond (Redis
 	// counts in milliseconds from its own clock: a wait it reports may be
 	// shorter by the real time the test has run).
@@ -182,7 +185,7 @@ func delayCases(redis bool) []delayCase {
 					t.Fatalf("PEXPIRE %s: %+v", key, got)
 				}
 			},
-			waits: [2]time.Duration{5 * time.Second, 5 * time.Second}},
+			keyed: true, waits: [2]time.Duration{5 * time.Second, 5 * time.Second}},
 		// The same with a maxDelay of an hour, past the window: the place is
 		// at most the next window, so the fifth is refused all the same.
 		{name: "fixed, maxDelay past the window", layer: config.LayerConfig{Points: 2, Duration: "10s", MaxDelay: "1h"},
@@ -197,20 +200,19 @@ func delayCases(redis bool) []delayCase {
 					t.Fatalf("PEXPIRE %s: %+v", key, got)
 				}
 			},
-			waits: [2]time.Duration{5 * time.Second, 5 * time.Second}},
+			keyed: true, waits: [2]time.Duration{5 * time.Second, 5 * time.Second}},
 	}
 
-	if !redis {
-		// A day that ends in 30 minutes: the next day holds the third and
-		// the fourth.
-		cases = append(cases, delayCase{name: "calendar", layer: config.LayerConfig{Points: 2, Calendar: "day", MaxDelay: "1h"},
-			age: func(t *testing.T, h *harness, _ *redisresp.Pool) {
-				now := h.clock.Now()
-				end := time.Date(now.Year(), now.Month(), now.Day()+1, 0, 0, 0, 0, time.UTC)
-				h.clock.Add(end.Sub(now) - 30*time.Minute)
-			},
-			waits: [2]time.Duration{30 * time.Minute, 30 * time.Minute}})
-	}
+	// A day that ends in 30 minutes (on the instance's clock, which a
+	// calendar's period is of, in Redis too): the next day holds the third
+	// and the fourth (in Redis the next day's key).
+	cases = append(cases, delayCase{name: "calendar", layer: config.LayerConfig{Points: 2, Calendar: "day", MaxDelay: "1h"},
+		age: func(t *testing.T, h *harness, _ *redisresp.Pool) {
+			now := h.clock.Now()
+			end := time.Date(now.Year(), now.Month(), now.Day()+1, 0, 0, 0, 0, time.UTC)
+			h.clock.Add(end.Sub(now) - 30*time.Minute)
+		},
+		waits: [2]time.Duration{30 * time.Minute, 30 * time.Minute}})
 
 	return cases
 }
@@ -245,8 +247,8 @@ func TestMaxDelayQueuesABurstInOrder(t *testing.T) {
 		}
 
 		for _, tc := range delayCases(store != "memory") {
-			if store == "cluster" && tc.age != nil {
-				continue // its key is a Cluster's (a hash tag): the other stores age it
+			if store == "cluster" && tc.keyed {
+				continue
 			}
 
 			t.Run(store+"/"+tc.name, func(t *testing.T) {
@@ -403,6 +405,72 @@ func TestMaxDelayRefusalReservesNothing(t *testing.T) {
 			if n := h.calls.Load(); n != 2 {
 				t.Fatalf("backend called %d times, want 2", n)
 			}
+		})
+	}
+}
+
+// TestMaxDelayARefusalBlocksOnlyUntilAPlaceComesWithinReach: a request
+// refused because its place is beyond maxDelay blocks its key (the Redis
+// store's block list refuses the next ones without asking Redis) only until
+// a place comes within maxDelay: a daily quota of 2 with a maxDelay of an
+// hour, spent 2 hours before midnight, refuses the third; 90 minutes later
+// the fourth waits 30 minutes for the next day instead of being refused.
+func TestMaxDelayARefusalBlocksOnlyUntilAPlaceComesWithinReach(t *testing.T) {
+	addr, _ := redisServer(t)
+	clusterAddr, _ := clusterNode(t)
+
+	for _, store := range []string{"memory", "redis", "synced", "cluster"} {
+		t.Run(store, func(t *testing.T) {
+			conf := func(c *Config) {
+				c.Global.Points = 0
+				c.IP = config.LayerConfig{Points: 2, Calendar: "day", MaxDelay: "1h"}
+				if store == "synced" {
+					c.Redis.SyncInterval = "1h"
+				}
+			}
+
+			var h *harness
+			switch store {
+			case "cluster":
+				h = newProxiedHarness(t, with(conf, func(c *Config) {
+					c.Store, c.Redis.Timeout = "redis", "1s"
+					c.Redis.Cluster = &config.RedisClusterConfig{Addresses: []string{clusterAddr}}
+				}))
+			case "redis", "synced":
+				h, _ = redisHarness(t, addr, with(conf, asACLUser))
+				h = behindProxy(t, h)
+			default:
+				h = newProxiedHarness(t, conf)
+			}
+
+			d := manualDelays(t, h)
+			now := h.clock.Now()
+			h.clock.Add(time.Date(now.Year(), now.Month(), now.Day()+1, 0, 0, 0, 0, time.UTC).Sub(now) - 2*time.Hour)
+
+			const client = "203.0.113.10:1234"
+			for i := 1; i <= 2; i++ {
+				if rec := h.get("/api", client); rec.Code != http.StatusOK {
+					t.Fatalf("request %d: %d", i, rec.Code)
+				}
+			}
+
+			if rec := h.get("/api", client); rec.Code != http.StatusTooManyRequests {
+				t.Fatalf("third, 2h before its place: %d, want 429", rec.Code)
+			}
+
+			h.clock.Add(90 * time.Minute)
+
+			fourth := h.open(http.MethodGet, "/fourth", client, nil)
+			if waits := d.waiting(1); waits[0] != 30*time.Minute {
+				t.Fatalf("fourth waits %v, want 30m", waits)
+			}
+
+			d.advance(30 * time.Minute)
+			if res := fourth.head(); res.StatusCode != http.StatusOK {
+				t.Fatalf("fourth: %d after its wait", res.StatusCode)
+			}
+
+			fourth.wait()
 		})
 	}
 }
@@ -586,10 +654,6 @@ func TestMaxDelayConfigErrorsNameTheField(t *testing.T) {
 			c.Principal.UserHeader, c.Principal.PlanHeader = "X-User", "X-Plan"
 			c.Plans = map[string]config.PlanConfig{"pro": {Points: 5, Duration: "1s", MaxDelay: "2 seconds"}}
 		}, `plans.pro.maxDelay = "2 seconds"`},
-		{"a calendar window in Redis", func(c *Config) {
-			c.Store = "redis"
-			c.User = config.LayerConfig{Points: 5, Calendar: "day", MaxDelay: "1h"}
-		}, `user.maxDelay = "1h0m0s"`},
 	} {
 		cfg := CreateConfig()
 		c.mutate(cfg)
@@ -614,6 +678,13 @@ func TestMaxDelayConfigErrorsNameTheField(t *testing.T) {
 	cfg.User = config.LayerConfig{Points: 5, Calendar: "day", MaxDelay: "48h"}
 	if _, err := parse(cfg); err != nil {
 		t.Fatalf("maxDelay past the window: %v", err)
+	}
+
+	// A calendar window counted in Redis takes one too (its next period is
+	// the next key).
+	cfg.Store = "redis"
+	if _, err := parse(cfg); err != nil {
+		t.Fatalf("maxDelay on a calendar window in Redis: %v", err)
 	}
 
 	_ = strconv.Itoa

@@ -222,8 +222,7 @@ func checkStores(cfg *Config, s *Settings) error {
 
 // checkMaxDelays refuses a maxDelay where its place cannot be reserved:
 // a countStatus route charges after the response, too late to wait; a
-// costFrom route's reservation is the response's; a calendar key in Redis
-// knows only the period of now (the next one is another key). On synced
+// costFrom route's reservation is the response's. On synced
 // counting a layer with a maxDelay is unleased (parseLayer): the script
 // reserves its place at each request.
 func checkMaxDelays(cfg *Config, s *Settings) error {
@@ -238,14 +237,6 @@ func checkMaxDelays(cfg *Config, s *Settings) error {
 			return invalid("routes["+strconv.Itoa(i)+"].maxDelay", cfg.Routes[i].MaxDelay, "a countStatus route charges after the response, too late to wait")
 		case delays && rs.CostFrom != nil:
 			return invalid("routes["+strconv.Itoa(i)+"].maxDelay", cfg.Routes[i].MaxDelay, "a costFrom route's reservation does not wait (the request's other layers may)")
-		}
-	}
-
-	for _, r := range Rules(s) {
-		switch {
-		case r.MaxDelay == 0 || s.Store != StoreRedis || r.Memory:
-		case r.Calendar != 0:
-			return invalid(r.Name+".maxDelay", r.MaxDelay.String(), "a calendar window in Redis does not queue (count it in memory with store: memory)")
 		}
 	}
 

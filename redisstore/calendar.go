@@ -39,7 +39,8 @@ func calendarCall(l *rule.Layer, keys, args, key string, now int64) (string, str
 }
 
 // calendarArgs are a calendar layer's script arguments at now: its window is
-// the milliseconds left to the period's end (at least 1).
+// the milliseconds left to the period's end (at least 1), and when that end
+// is within the layer's maxDelay, its algorithm names the next period.
 func calendarArgs(l *rule.Layer, now int64) string {
 	_, end := limit.Period(now, l.Calendar, l.UtcOffset)
 	ms := (end - now) / int64(time.Millisecond)
@@ -47,7 +48,67 @@ func calendarArgs(l *rule.Layer, now int64) string {
 		ms = 1
 	}
 
-	return redisresp.Bulk(strconv.FormatInt(l.Capacity, 10)) + redisresp.Bulk(strconv.FormatInt(ms, 10)) + l.RedisTail
+	tail := l.RedisTail
+	if limit.Within(end-now, l.MaxDelay) {
+		tail = nextPeriodTail(l, end)
+	}
+
+	return redisresp.Bulk(strconv.FormatInt(l.Capacity, 10)) + redisresp.Bulk(strconv.FormatInt(ms, 10)) + tail
+}
+
+// nextPeriodTail is l's RedisTail with the period that starts at end named
+// after its algorithm's maxDelay (takeScript's "w<ms>n<start>:<length>"):
+// its start in Unix seconds, its key's suffix, and its length in
+// milliseconds.
+func nextPeriodTail(l *rule.Layer, end int64) string {
+	_, after := limit.Period(end, l.Calendar, l.UtcOffset)
+	j := strings.Index(l.RedisTail, "\r\n")
+	size, _ := strconv.Atoi(l.RedisTail[1:j])
+	algorithm := l.RedisTail[j+2 : j+2+size]
+
+	return redisresp.Bulk(algorithm+"n"+calendarSuffix(l, end)[1:]+":"+strconv.FormatInt((after-end)/int64(time.Millisecond), 10)) + l.RedisTail[j+2+size+2:]
+}
+
+// calendarAt is the moment whose period a calendar layer l of c counts in:
+// c.Now, or the end of its period when a maxDelay reserved c's place in the
+// next one (rule.Charge.Ahead), where c's give-backs then go.
+func calendarAt(c *rule.Charge, l *rule.Layer) int64 {
+	if l.MaxDelay == 0 {
+		return c.Now
+	}
+
+	for up := c; up != nil; up = up.Parent {
+		for _, x := range up.Ahead {
+			if x == l {
+				_, end := limit.Period(c.Now, l.Calendar, l.UtcOffset)
+				return end
+			}
+		}
+	}
+
+	return c.Now
+}
+
+// noteAhead records on c's first charge (calendarAt) each calendar layer
+// whose place the script reserved in its next period: its reset in the
+// reply ints, count and milliseconds to reset per layer, is past its
+// period's end.
+func noteAhead(c *rule.Charge, ints []int64) {
+	top := c
+	for top.Parent != nil {
+		top = top.Parent
+	}
+
+	for i, l := range c.Layers {
+		if l.Calendar == 0 || l.MaxDelay == 0 || 2*i+1 >= len(ints) {
+			continue
+		}
+
+		_, end := limit.Period(c.Now, l.Calendar, l.UtcOffset)
+		if ints[2*i+1]*NsPerMillisecond > end-c.Now {
+			top.Ahead = append(top.Ahead, l)
+		}
+	}
 }
 
 // RedisTail is a layer's script arguments after its points and window.

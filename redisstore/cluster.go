@@ -180,19 +180,18 @@ func (s *RedisStore) refundCluster(cl *redisresp.Cluster, c *rule.Charge, cost i
 
 // slotGroups groups c's layers by the slot of their keys, each group's
 // arguments starting with head (the request's arguments); a calendar layer's
-// key and window are those of the period that holds c.now.
+// key and window are those of the period it counts in (calendarAt).
 func slotGroups(c *rule.Charge, head string) []*slotGroup {
 	var groups []*slotGroup
 
-	now := c.Now
 	for i, l := range c.Layers {
 		key := ClusterKey(l, c.Keys[i])
 		args := l.RedisArgs
 		if l.Calendar != 0 {
 			// The period from the hash tag on: the slot stays the client's.
 			// One value per statement: doc.go, constructs Yaegi cannot run.
-			key += calendarSuffix(l, now)
-			args = calendarArgs(l, now)
+			key += calendarSuffix(l, calendarAt(c, l))
+			args = calendarArgs(l, calendarAt(c, l))
 		}
 
 		if l.Algorithm == algConcurrency {

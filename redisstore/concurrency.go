@@ -49,7 +49,7 @@ func leaseOf(c *rule.Charge) string {
 // layer's, which ends with the request's member.
 func variedCall(l *rule.Layer, keys, args string, c *rule.Charge, i int) (string, string) {
 	if l.Algorithm != algConcurrency {
-		return calendarCall(l, keys, args, c.Keys[i], c.Now)
+		return calendarCall(l, keys, args, c.Keys[i], calendarAt(c, l))
 	}
 
 	key := l.RedisKey + c.Keys[i]

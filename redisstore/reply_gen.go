@@ -107,6 +107,7 @@ func recordOdd(s *RedisStore, t *rule.Tally, c *rule.Charge, ints []int64) error
 
 	t.Wait = ints[n] * NsPerMillisecond
 	t.Firsts |= rule.WaitBit
+	noteAhead(c, ints[:n]) // calendar.go
 
 	return Record(s, t, c, ints[:n])
 }

@@ -103,7 +103,12 @@ var luaGrace = "local grace = " + strconv.FormatInt(int64(KeyGrace/time.Millisec
 // estimate weighs the window before in full, and more); a fixed window
 // whose points are spent starts its next window at once (a key that
 // outlives its window by at most the maxDelay is a window that starts in
-// PTTL - window, which a request waits for).
+// PTTL - window, which a request waits for). A calendar layer's next period
+// is another key, which the caller names when its period ends within the
+// maxDelay: "w<ms>n<start>:<length>" (calendar.go), the next period's
+// start in Unix seconds (its key is KEYS[i] with that start) and its length
+// in milliseconds; a request its period cannot hold is charged there, and
+// waits for the period's end.
 // An algorithm prefixed with "c" ("c0", "c1", "c2") marks a check-only layer
 // (a countStatus route, ../after.go): it refuses as the others do, but is
 // never written, and when it allows, its count is the layer's as it is,
@@ -149,7 +154,35 @@ end
 -- its TTL up to the calendar's longest period and the grace, its reset is
 -- window, and it lives window + grace, made longer (never shorter) when a
 -- caller's period ends after it.
-local function fixed(k, points, window, cost, check, span, md)
+-- nextPeriod is a calendar layer's place in its next period, key nk, which
+-- the caller names when its period ends within the maxDelay (window from
+-- now), nlen milliseconds long, for a request its period cannot hold (its
+-- count there v, its reset reset): the request waits window for it, or,
+-- that period full too, is refused as without a maxDelay. The key lives
+-- the next period and the grace (never shorter), as that period's own
+-- requests make it; one is live while its TTL is within bound and the
+-- grace (the calendar's longest period and the maxDelay).
+local function nextPeriod(nk, points, window, cost, bound, nlen, v, reset)
+  local pttl = redis.call('PTTL', nk)
+  local n = false
+  if pttl > 0 and pttl <= bound + grace then
+    n = read('GET', nk)
+    n = type(n) == 'string' and tonumber(n)
+    if not (n and n >= 0 and n == math.floor(n)) then n = false end
+  end
+  if (n or 0) + cost > points then return v, reset, false, false, 0 end
+  local life = window + nlen + grace
+  return (n or 0) + cost, window + nlen, function()
+    if not n then
+      redis.call('SET', nk, cost, 'PX', life)
+      return
+    end
+    redis.call('INCRBY', nk, cost)
+    if pttl < life then redis.call('PEXPIRE', nk, life) end
+  end, false, window
+end
+
+local function fixed(k, points, window, cost, check, span, md, nk, nlen)
   local pttl = redis.call('PTTL', k)
   local live, reset, life, ahead = pttl > 0 and pttl <= window, pttl, window, 0
   if span > 0 then
@@ -166,6 +199,11 @@ local function fixed(k, points, window, cost, check, span, md)
   end
   if live then
     local v = incr(k, cost)
+    if v and v > points and nk and cost <= points then
+      -- the next period, another key: this one keeps its count
+      redis.call('DECRBY', k, cost)
+      return nextPeriod(nk, points, window, cost, span + md, nlen, v, reset)
+    end
     if v and v >= cost and span > 0 and pttl < window then
       return v, reset, function() redis.call('PEXPIRE', k, life) end, true
     end
@@ -308,9 +346,15 @@ for i = 1, #KEYS do
   if check then algorithm = string.sub(algorithm, 2) end
   local dry = string.byte(algorithm, 1) == 100
   if dry then algorithm = string.sub(algorithm, 2) end
-  local md = string.find(algorithm, 'w', 1, true)
+  local md, nk, nlen = string.find(algorithm, 'w', 1, true), false, 0
   if md then
-    md, algorithm = tonumber(string.sub(algorithm, md + 1)), string.sub(algorithm, 1, md - 1)
+    md, algorithm = string.sub(algorithm, md + 1), string.sub(algorithm, 1, md - 1)
+    local at, len = string.match(md, 'n(%d+):(%d+)$')
+    local stem = at and string.match(KEYS[i], '^(.*:)%d+$')
+    if stem then
+      nk, nlen = stem .. at, tonumber(len)
+    end
+    md = tonumber(string.match(md, '^%d+'))
   else
     md = 0
   end
@@ -337,7 +381,7 @@ for i = 1, #KEYS do
   elseif algorithm == '1' then
     count, ttl, write, wait = sliding(KEYS[i], points, window, cost, check, md)
   else
-    count, ttl, write, incremented, wait = fixed(KEYS[i], points, window, cost, check, tonumber(ARGV[4 * i + 2]), md)
+    count, ttl, write, incremented, wait = fixed(KEYS[i], points, window, cost, check, tonumber(ARGV[4 * i + 2]), md, nk, nlen)
   end
   if wait and wait > longest then longest = wait end
   if incremented then charged[#charged + 1] = KEYS[i] end

@@ -118,7 +118,9 @@ func (s *RedisStore) TakeLocal(t *rule.Tally, c *rule.Charge) {
 // over its limit, and reports whether it did. A key is blocked until the
 // smallest cost fits again (redisStore.refused); a larger one refuses too,
 // but in a sliding window or a token bucket it fits later than that, so
-// such a request asks Redis, which tells when.
+// such a request asks Redis, which tells when. So does a request to a layer
+// with a maxDelay once the key's reset is within it: Redis reserves its
+// place, which it then waits for.
 func (s *RedisStore) TakeBlocked(t *rule.Tally, c *rule.Charge) bool {
 	costly := t.Cost > 1
 
@@ -127,7 +129,7 @@ func (s *RedisStore) TakeBlocked(t *rule.Tally, c *rule.Charge) bool {
 			continue
 		}
 
-		if reset := s.Blocked.ResetOf(l.BlockPrefix, c.Keys[i], c.Now); reset != 0 {
+		if reset := s.Blocked.ResetOf(l.BlockPrefix, c.Keys[i], c.Now); reset != 0 && reset-l.MaxDelay > c.Now {
 			rule.CountRedis(l.Stats, true)
 			if l.BlockDuration != 0 {
 				s.Blocked.hit(l.BlockPrefix, c.Keys[i], false)

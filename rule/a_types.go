@@ -55,6 +55,11 @@ type Charge struct {
 	// Parent is the charge this one is a part of (ChargeAt), which a lease
 	// made for the part is given too, so that the release finds it.
 	Parent *Charge
+	// Ahead are the calendar layers whose place a maxDelay reserved in
+	// their next period, in Redis another key (set on the first charge,
+	// whose parts find it through Parent: ../redisstore/calendar.go), where
+	// a give-back of the charge goes.
+	Ahead []*Layer
 }
 
 // Tally is what a store reports of one request's layers. Cost is the
