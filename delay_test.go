@@ -151,6 +151,9 @@ type delayCase struct {
 	// counts in milliseconds from its own clock: a wait it reports may be
 	// shorter by the real time the test has run).
 	waits [2]time.Duration
+	// retryAfter is the fifth's Retry-After, when it fits without a wait
+	// ("": not checked)
+	retryAfter string
 }
 
 func delayCases(redis bool) []delayCase {
@@ -185,7 +188,7 @@ func delayCases(redis bool) []delayCase {
 					t.Fatalf("PEXPIRE %s: %+v", key, got)
 				}
 			},
-			keyed: true, waits: [2]time.Duration{5 * time.Second, 5 * time.Second}},
+			keyed: true, waits: [2]time.Duration{5 * time.Second, 5 * time.Second}, retryAfter: "15"},
 		// The same with a maxDelay of an hour, past the window: the place is
 		// at most the next window, so the fifth is refused all the same.
 		{name: "fixed, maxDelay past the window", layer: config.LayerConfig{Points: 2, Duration: "10s", MaxDelay: "1h"},
@@ -200,7 +203,7 @@ func delayCases(redis bool) []delayCase {
 					t.Fatalf("PEXPIRE %s: %+v", key, got)
 				}
 			},
-			keyed: true, waits: [2]time.Duration{5 * time.Second, 5 * time.Second}},
+			keyed: true, waits: [2]time.Duration{5 * time.Second, 5 * time.Second}, retryAfter: "15"},
 	}
 
 	// A day that ends in 30 minutes (on the instance's clock, which a
@@ -212,7 +215,7 @@ func delayCases(redis bool) []delayCase {
 			end := time.Date(now.Year(), now.Month(), now.Day()+1, 0, 0, 0, 0, time.UTC)
 			h.clock.Add(end.Sub(now) - 30*time.Minute)
 		},
-		waits: [2]time.Duration{30 * time.Minute, 30 * time.Minute}})
+		waits: [2]time.Duration{30 * time.Minute, 30 * time.Minute}, retryAfter: "88200"})
 
 	return cases
 }
@@ -308,6 +311,10 @@ func queuesInOrder(t *testing.T, h *harness, admin *redisresp.Pool, tc delayCase
 	rec := h.get("/api", client)
 	if rec.Code != http.StatusTooManyRequests || rec.Header().Get("Retry-After") == "" {
 		t.Fatalf("fifth: %d, Retry-After %q, want 429 with one", rec.Code, rec.Header().Get("Retry-After"))
+	}
+
+	if got := rec.Header().Get("Retry-After"); tc.retryAfter != "" && got != tc.retryAfter {
+		t.Fatalf("fifth: Retry-After %s, want %s (the next window's end)", got, tc.retryAfter)
 	}
 
 	if n := h.calls.Load(); n != 2 || d.held() != 2 {

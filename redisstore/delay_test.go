@@ -2,10 +2,12 @@ package redisstore
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/tierlimit/tierlimit/config"
+	"github.com/tierlimit/tierlimit/redisresp"
 	"github.com/tierlimit/tierlimit/rule"
 )
 
@@ -118,4 +120,74 @@ func TestAReplyWithAWaitNoLayerAllowsIsABadReply(t *testing.T) {
 			t.Errorf("reply %v: %v, %+v; want ErrBadReply", ints, err, tl)
 		}
 	}
+}
+
+// TestACalendarPlaceIsInTheNextPeriodsKey: a daily quota of 2 with a
+// maxDelay of an hour, 30 minutes before the day ends (the instance's
+// clock, as a calendar's periods always are): the third request is charged
+// to the next day's key, whose start its name carries, and waits the 30
+// minutes; the day's own key keeps its 2. Giving the third's charge back
+// (its client gone) takes it off the next day's key, not the day's. Half an
+// hour earlier, the day's end beyond the maxDelay, the same request is
+// refused and names no next key.
+func TestACalendarPlaceIsInTheNextPeriodsKey(t *testing.T) {
+	addr, admin := redisServer(t)
+	h, _ := newStoreHarness(t, addr, func(cfg *config.Config) {
+		asACLUser(cfg)
+		cfg.IP = config.LayerConfig{Points: 2, Calendar: "day", MaxDelay: "1h"}
+	})
+	s := h.store
+	const client = "203.0.113.11"
+
+	now := h.clock.Now()
+	end := time.Date(now.Year(), now.Month(), now.Day()+1, 0, 0, 0, 0, time.UTC)
+	h.clock.Add(end.Sub(now) - 90*time.Minute)
+	day := "ratelimit:" + s.Name + ":ip:" + client + ":" + formatInt(end.Add(-24*time.Hour).Unix())
+	next := "ratelimit:" + s.Name + ":ip:" + client + ":" + formatInt(end.Unix())
+
+	for i := 0; i < 2; i++ {
+		if tl := takeIn(s, h.clock.Now().UnixNano(), h.layers, client); tl.Refused || tl.Wait != 0 {
+			t.Fatalf("request %d: %+v, want allowed at once", i+1, tl)
+		}
+	}
+
+	if tl := takeIn(s, h.clock.Now().UnixNano(), h.layers, client); !tl.Refused {
+		t.Fatalf("90 minutes before the day's end: %+v, want refused", tl)
+	}
+
+	h.clock.Add(time.Hour)
+	c := h.charge(client, h.clock.Now().UnixNano())
+
+	var third rule.Tally
+	Take(s, &third, c)
+	if third.Refused || third.Wait != int64(30*time.Minute) {
+		t.Fatalf("third: %+v, want allowed with a wait of 30m", third)
+	}
+
+	if got, want := counts(t, admin, day, next), "2 1"; got != want {
+		t.Fatalf("the day's and the next day's keys: %s, want %s", got, want)
+	}
+
+	Refund(s, c, 1)
+
+	if got, want := counts(t, admin, day, next), "2 0"; got != want {
+		t.Fatalf("after the third's give-back: %s, want %s", got, want)
+	}
+}
+
+// counts are the values of keys, space-separated ("-" for a key that does
+// not exist).
+func counts(t *testing.T, admin *redisresp.Pool, keys ...string) string {
+	var out []string
+
+	for _, v := range redisDo(t, admin, append([]string{"MGET"}, keys...)...).Array {
+		if v.Null {
+			out = append(out, "-")
+			continue
+		}
+
+		out = append(out, v.Str)
+	}
+
+	return strings.Join(out, " ")
 }

@@ -157,12 +157,12 @@ end
 -- nextPeriod is a calendar layer's place in its next period, key nk, which
 -- the caller names when its period ends within the maxDelay (window from
 -- now), nlen milliseconds long, for a request its period cannot hold (its
--- count there v, its reset reset): the request waits window for it, or,
--- that period full too, is refused as without a maxDelay. The key lives
+-- count there v): the request waits window for it, or, that period full
+-- too, is refused until that period's end (as memory's). The key lives
 -- the next period and the grace (never shorter), as that period's own
 -- requests make it; one is live while its TTL is within bound and the
 -- grace (the calendar's longest period and the maxDelay).
-local function nextPeriod(nk, points, window, cost, bound, nlen, v, reset)
+local function nextPeriod(nk, points, window, cost, bound, nlen)
   local pttl = redis.call('PTTL', nk)
   local n = false
   if pttl > 0 and pttl <= bound + grace then
@@ -170,7 +170,7 @@ local function nextPeriod(nk, points, window, cost, bound, nlen, v, reset)
     n = type(n) == 'string' and tonumber(n)
     if not (n and n >= 0 and n == math.floor(n)) then n = false end
   end
-  if (n or 0) + cost > points then return v, reset, false, false, 0 end
+  if (n or 0) + cost > points then return (n or 0) + cost, window + nlen, false, false, 0 end
   local life = window + nlen + grace
   return (n or 0) + cost, window + nlen, function()
     if not n then
@@ -202,7 +202,7 @@ local function fixed(k, points, window, cost, check, span, md, nk, nlen)
     if v and v > points and nk and cost <= points then
       -- the next period, another key: this one keeps its count
       redis.call('DECRBY', k, cost)
-      return nextPeriod(nk, points, window, cost, span + md, nlen, v, reset)
+      return nextPeriod(nk, points, window, cost, span + md, nlen)
     end
     if v and v >= cost and span > 0 and pttl < window then
       return v, reset, function() redis.call('PEXPIRE', k, life) end, true
