@@ -1,11 +1,14 @@
 package e2e
 
 import (
+	"context"
 	"net/http"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tierlimit/tierlimit/redisresp"
 )
 
 // bucketDelay is an ip token bucket of 2 per second (a token each 500ms),
@@ -133,4 +136,76 @@ func TestMaxDelayThroughTraefik(t *testing.T) {
 			delayHolds(t, e, client, c.retryAfter, c.minWait)
 		})
 	}
+}
+
+// TestMaxDelayOnACalendarThroughTraefik: in the real Traefik on exact
+// Redis, a daily quota of 2 whose maxDelay (25h) always reaches the next
+// day: the third request of the day waits for midnight (UTC), its place
+// the next day's key (which Redis shows charged while it waits), and the
+// day's key keeps its 2; the client giving up gives the place back to the
+// next day's key, not the day's.
+func TestMaxDelayOnACalendarThroughTraefik(t *testing.T) {
+	rs := startRedis(t)
+	now := time.Now().UTC()
+	midnight := time.Date(now.Year(), now.Month(), now.Day()+1, 0, 0, 0, 0, time.UTC)
+	if time.Until(midnight) < time.Minute {
+		time.Sleep(time.Until(midnight) + time.Second) // the test's day must last it out
+		now = time.Now().UTC()
+		midnight = time.Date(now.Year(), now.Month(), now.Day()+1, 0, 0, 0, 0, time.UTC)
+	}
+
+	e := start(t, delayDynamic(`{points: 2, calendar: day, maxDelay: 25h}`, `store: redis
+          redis: {address: "`+rs.Addr+`"}`))
+	e.waitRouters("api")
+
+	const client = "203.0.113.60"
+	for i := 1; i <= 2; i++ {
+		if r := e.get(e.traefik.Web+"/api", from(client)); r.code != http.StatusOK {
+			t.Fatalf("request %d: %d", i, r.code)
+		}
+	}
+
+	admin := rs.Client(redisresp.Options{})
+	defer admin.Close()
+
+	key := "ratelimit:edge@file:ip:" + client + ":"
+	day, next := key+strconv.FormatInt(midnight.Add(-24*time.Hour).Unix(), 10), key+strconv.FormatInt(midnight.Unix(), 10)
+	keys := func() string {
+		v := redisDo(t, admin, "MGET", day, next)
+		return v.Array[0].Str + " " + v.Array[1].Str
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, e.traefik.Web+"/api", nil)
+	req.Header.Set("X-Forwarded-For", client)
+
+	answered := make(chan string, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			answered <- "no answer: " + err.Error()
+			return
+		}
+		resp.Body.Close()
+		answered <- "answered " + resp.Status
+	}()
+
+	waitFor(t, 10*time.Second, func() bool { return keys() == "2 1" }, func() string {
+		return "the day's and the next day's keys: " + keys() + ", want 2 1 (the third waiting in the next day)"
+	})
+
+	select {
+	case a := <-answered:
+		t.Fatalf("the third, whose place is at midnight: %s, want it waiting", a)
+	default:
+	}
+
+	cancel()
+	if a := <-answered; !strings.HasPrefix(a, "no answer") {
+		t.Fatalf("the third, given up: %s", a)
+	}
+
+	waitFor(t, 10*time.Second, func() bool { return keys() == "2 0" }, func() string {
+		return "after the client gave up: " + keys() + ", want 2 0 (its place given back to the next day)"
+	})
 }
