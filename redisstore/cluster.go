@@ -195,7 +195,7 @@ func slotGroups(c *rule.Charge, head string) []*slotGroup {
 			args = calendarArgs(l, now)
 		}
 
-		if l.Algorithm == algConcurrency {
+		if l.Alg == algConcurrency {
 			args += redisresp.Bulk(leaseOf(c)) // concurrency.go
 		}
 

@@ -123,8 +123,12 @@ type Limits struct {
 	// ../memstore/concurrency.go; a request holds one slot whatever its
 	// cost).
 	Algorithm limit.Algorithm
-	Interval  int64 // token bucket: nanoseconds per point (../limit/bucket.go); 0 for a window
-	Refill    int64 // token bucket: the points per duration configured; Capacity is then the burst
+	// Alg is Algorithm as an int, set with it by NewLayer: the request path
+	// compares Alg (with each package's int constants algSliding...,
+	// aliases.go), code off it Algorithm (../doc.go: frames).
+	Alg      int
+	Interval int64 // token bucket: nanoseconds per point (../limit/bucket.go); 0 for a window
+	Refill   int64 // token bucket: the points per duration configured; Capacity is then the burst
 	// MinCost is the smallest cost a request charged to the layer can have:
 	// a route's cost (a request is charged the largest cost of its routes),
 	// 1 elsewhere (0 reads as 1). The Redis block list blocks only what
