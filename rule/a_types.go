@@ -24,9 +24,14 @@ import (
 // (counter.Table, made by memstore's Attach) and its part of the Redis
 // script call (rediscall.Encoding, made by redisstore's Encode). The layer
 // points to them, embedded, so that the request path reaches them without
-// a lookup, at no cost under Yaegi (a table indexed by the layer's position
-// cost 6 allocations per request). A promoted field passed straight to a
-// call costs a few allocations: pass what equals it (w.List, not l.List).
+// a lookup, at no cost under Yaegi. A lookup costs (the edge's fast path,
+// ../BENCHMARKS.md): a table indexed by the layer's position 6 allocations
+// per request, a list of tables beside the plan's layers 8. A store's own
+// list of its layers, each beside its part, costs nothing, but Charge,
+// which every store takes, would then hold a list per store, made per
+// request where a request's layers are (its routes). A promoted field
+// passed straight to a call costs a few allocations: pass what equals it
+// (w.List, not l.List).
 type Layer struct {
 	Limits
 	Stats *Stats // decisions since the process started, shared across reloads
