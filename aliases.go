@@ -18,5 +18,5 @@ const keyOfConst = rule.KeyOfConst
 
 const nsPerMillisecond = redisstore.NsPerMillisecond
 
-const algTokenBucket = limit.TokenBucket
-const algConcurrency = limit.Concurrency
+const algTokenBucket = int(limit.TokenBucket)
+const algConcurrency = int(limit.Concurrency)

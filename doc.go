@@ -32,8 +32,12 @@
 // those requests call. A tuple assignment (a, b = x, y) costs a slot per
 // value and per target: the request path assigns one value at a time.
 // Typed constant expressions such as int64(time.Second) are evaluated per
-// request. Allocations per request are deterministic under
-// Yaegi where timings are not; e2e/yaegibench's budget test counts them.
+// request. An == or != of a value of a defined type (limit.Algorithm)
+// allocates once per evaluation (Yaegi boxes it) where an int's costs
+// nothing, and a switch on it costs what one on an int does: the request
+// path compares a layer's algorithm as an int (rule.Limits.Alg).
+// Allocations per request are deterministic under Yaegi where timings are
+// not; e2e/yaegibench's budget test counts them.
 //
 // Functions, not methods. Yaegi calls a method of our own types through a
 // reflect.MakeFunc wrapper, as if it were compiled code, where it calls a

@@ -144,7 +144,7 @@ func reportOrWait(p *Plugin, req *http.Request, t *rule.Tally, c *rule.Charge) {
 // of its window (the bits of firsts below itemsBit).
 func report(p *Plugin, c *rule.Charge, firsts uint64) {
 	for i, l := range c.Layers {
-		if i < 63 && firsts&(uint64(1)<<uint(i)) != 0 && l.Algorithm == algConcurrency {
+		if i < 63 && firsts&(uint64(1)<<uint(i)) != 0 && l.Alg == algConcurrency {
 			p.events.RefusedInFlight(l.Name, c.Keys[i], c.Client, l.DryRun, l.Capacity)
 		} else if i < 63 && firsts&(uint64(1)<<uint(i)) != 0 {
 			p.events.Refused(l.Name, c.Keys[i], c.Client, l.DryRun)

@@ -38,7 +38,7 @@ const markBits = monthPolicyBit | itemsBit
 func takeItems(st *stores, t *rule.Tally, pc *rule.Charge) {
 	n := len(pc.Parent.Layers)
 	for _, l := range pc.Layers {
-		if l.Algorithm == algConcurrency && n < 62 {
+		if l.Alg == algConcurrency && n < 62 {
 			t.Each = make([]int64, 2*n) // rule.NewItems, without its frame
 			takeEach(st, t, pc)
 

@@ -156,7 +156,7 @@ func reserveFor(rt *route, pc *rule.Charge, t *rule.Tally) reservation {
 	r := reservation{rt: rt, key: pc.Keys[0], client: pc.Client, held: rt.reserve}
 	atomic.AddInt64(&rt.layer.Stats.Reserved, 1)
 
-	if rt.layer.Algorithm != algTokenBucket {
+	if rt.layer.Alg != algTokenBucket {
 		r.reset = t.Reset
 	}
 

@@ -14,11 +14,10 @@ package limit
 //     request holds one whatever its cost, so it fits while fewer than the
 //     slots are held (Full).
 //
-// It is an alias of int, not a type of its own: under Yaegi each
-// comparison of a value of a defined type allocates once per evaluation
-// (an int's costs nothing), and the request path compares a layer's
-// algorithm for every layer of every request (../doc.go: frames).
-type Algorithm = int
+// A layer keeps it as an int too, which the request path compares
+// (rule.Limits.Alg: comparing an Algorithm costs an allocation under
+// Yaegi, ../doc.go: frames).
+type Algorithm int
 
 // The algorithms; the zero value is the fixed window, the default.
 const (
@@ -42,6 +41,14 @@ func Capacity(a Algorithm, points, burst int64) int64 {
 // by little, so that a larger cost fits later than a smaller one: a
 // sliding window, a token bucket. A fixed window frees them all at its
 // reset; a concurrency slot when its request ends.
+//
+// A switch, not comparisons (../doc.go: frames): the Redis store asks on
+// the request path.
 func Gradual(a Algorithm) bool {
-	return a == Sliding || a == TokenBucket
+	switch a {
+	case Sliding, TokenBucket:
+		return true
+	}
+
+	return false
 }

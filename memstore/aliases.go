@@ -12,6 +12,6 @@ import (
 
 const keyOfConst = rule.KeyOfConst
 
-const algSliding = limit.Sliding
-const algTokenBucket = limit.TokenBucket
-const algConcurrency = limit.Concurrency
+const algSliding = int(limit.Sliding)
+const algTokenBucket = int(limit.TokenBucket)
+const algConcurrency = int(limit.Concurrency)

@@ -56,7 +56,7 @@ func Release(s *WindowStore, c *rule.Charge) {
 	s.Mu.Lock()
 
 	for i, l := range c.Layers {
-		if l.Algorithm != algConcurrency {
+		if l.Alg != algConcurrency {
 			continue
 		}
 

@@ -26,7 +26,7 @@ func GiveBack(c *rule.Charge, n int, cost int64, skip uint64) {
 			continue
 		}
 
-		if l.Algorithm == algConcurrency {
+		if l.Alg == algConcurrency {
 			releaseSlot(w, c.Now+l.Duration)
 			continue
 		}
@@ -39,7 +39,7 @@ func GiveBack(c *rule.Charge, n int, cost int64, skip uint64) {
 // bucket's TAT by cost emission intervals (a bucket whose TAT falls behind
 // the present is as full as one at the present).
 func unspend(w *counter.Entry, l *rule.Layer, cost int64) {
-	if l.Algorithm == algTokenBucket {
+	if l.Alg == algTokenBucket {
 		w.Reset = limit.BucketReturn(w.Reset, cost, l.Interval)
 		w.Expire = w.Reset
 		w.Count -= cost
@@ -71,9 +71,9 @@ func Refund(s *WindowStore, c *rule.Charge, cost int64) {
 	s.Mu.Lock()
 
 	for i, l := range c.Layers {
-		if w := l.Entries[c.Keys[i]]; w != nil && l.Algorithm == algConcurrency && w.List == l.List {
+		if w := l.Entries[c.Keys[i]]; w != nil && l.Alg == algConcurrency && w.List == l.List {
 			releaseSlot(w, c.Now+l.Duration)
-		} else if w != nil && !l.CheckOnly && w.List == l.List && (l.Algorithm == algTokenBucket || w.Reset > c.Now) {
+		} else if w != nil && !l.CheckOnly && w.List == l.List && (l.Alg == algTokenBucket || w.Reset > c.Now) {
 			unspend(w, l, cost)
 		}
 	}

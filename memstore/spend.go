@@ -24,9 +24,9 @@ func Spend(s *WindowStore, c *rule.Charge, cost int64) {
 
 		switch {
 		case l.CheckOnly:
-		case l.Algorithm == algTokenBucket:
+		case l.Alg == algTokenBucket:
 			spendBucket(s, l, key, now, cost)
-		case l.Algorithm == algSliding:
+		case l.Alg == algSliding:
 			slidingAt(s, l, key, now).Count += cost
 		default:
 			if w == nil || w.Reset <= now || w.List != l.List {

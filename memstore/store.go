@@ -98,11 +98,11 @@ func (s *WindowStore) Attach(l *rule.Layer) {
 // use; under s.Mu.
 func (s *WindowStore) list(l *rule.Layer) *counter.List {
 	span := l.Duration
-	if l.Algorithm == algSliding {
+	if l.Alg == algSliding {
 		span = 2 * l.Duration
 	}
 
-	if l.Algorithm == algTokenBucket {
+	if l.Alg == algTokenBucket {
 		span = 0 // token buckets: ordered by last request (bucket.go)
 	}
 

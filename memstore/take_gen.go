@@ -37,11 +37,11 @@ func Take(s *WindowStore, t *rule.Tally, c *rule.Charge) {
 		switch {
 		case l.Apart:
 			refused = apart(s, t, i, now, l, key, cost)
-		case l.Algorithm == algSliding:
+		case l.Alg == algSliding:
 			refused = slide(s, t, i, now, l, key, cost)
-		case l.Algorithm == algTokenBucket:
+		case l.Alg == algTokenBucket:
 			refused = drip(s, t, i, now, l, key, cost)
-		case l.Algorithm == algConcurrency:
+		case l.Alg == algConcurrency:
 			refused = hold(s, t, i, now, l, key)
 		default:
 			w := l.Entries[key]
@@ -94,11 +94,11 @@ func TakeEach(s *WindowStore, t *rule.Tally, c *rule.Charge) {
 		switch {
 		case l.Apart:
 			refused = apart(s, t, i, now, l, key, cost)
-		case l.Algorithm == algSliding:
+		case l.Alg == algSliding:
 			refused = slide(s, t, i, now, l, key, cost)
-		case l.Algorithm == algTokenBucket:
+		case l.Alg == algTokenBucket:
 			refused = drip(s, t, i, now, l, key, cost)
-		case l.Algorithm == algConcurrency:
+		case l.Alg == algConcurrency:
 			refused = hold(s, t, i, now, l, key)
 		default:
 			w := l.Entries[key]
@@ -160,9 +160,9 @@ func checkLayer(t *rule.Tally, i int, now int64, l *rule.Layer, key string, cost
 	}
 
 	switch {
-	case l.Algorithm == algSliding:
+	case l.Alg == algSliding:
 		return checkSliding(t, i, now, l, w, cost)
-	case l.Algorithm == algTokenBucket:
+	case l.Alg == algTokenBucket:
 		return checkBucket(t, i, now, l, w, cost)
 	}
 
@@ -366,12 +366,12 @@ func hold(s *WindowStore, t *rule.Tally, i int, now int64, l *rule.Layer, key st
 func delay(s *WindowStore, t *rule.Tally, i int, now int64, l *rule.Layer, key string, cost int64) bool {
 	at := now
 	switch {
-	case l.Algorithm == algSliding:
+	case l.Alg == algSliding:
 		at = slidingPlace(s, l, key, now, cost)
 		if refused := slide(s, t, i, at, l, key, cost); refused {
 			return true
 		}
-	case l.Algorithm == algTokenBucket:
+	case l.Alg == algTokenBucket:
 		at = bucketPlace(s, l, key, now, cost)
 		if refused := drip(s, t, i, at, l, key, cost); refused {
 			return true

@@ -18,6 +18,6 @@ const keyOfPrincipalElseClient = rule.KeyOfPrincipalElseClient
 const outageQuiet = events.OutageQuiet
 const outageStale = events.OutageStale
 
-const algSliding = limit.Sliding
-const algTokenBucket = limit.TokenBucket
-const algConcurrency = limit.Concurrency
+const algSliding = int(limit.Sliding)
+const algTokenBucket = int(limit.TokenBucket)
+const algConcurrency = int(limit.Concurrency)

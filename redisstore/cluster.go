@@ -194,7 +194,7 @@ func slotGroups(c *rule.Charge, head string) []*slotGroup {
 			args = calendarArgs(l, calendarAt(c, l))
 		}
 
-		if l.Algorithm == algConcurrency {
+		if l.Alg == algConcurrency {
 			args += redisresp.Bulk(leaseOf(c)) // concurrency.go
 		}
 

@@ -48,7 +48,7 @@ func leaseOf(c *rule.Charge) string {
 // calendar layer's, whose window is its period's rest, or a concurrency
 // layer's, which ends with the request's member.
 func variedCall(l *rule.Layer, keys, args string, c *rule.Charge, i int) (string, string) {
-	if l.Algorithm != algConcurrency {
+	if l.Alg != algConcurrency {
 		return calendarCall(l, keys, args, c.Keys[i], calendarAt(c, l))
 	}
 
@@ -86,7 +86,7 @@ func oweRelease(s *RedisStore, c *rule.Charge) {
 // counted in Redis.
 func anyRedisSlot(c *rule.Charge) bool {
 	for _, l := range c.Layers {
-		if l.Algorithm != algConcurrency || l.Memory {
+		if l.Alg != algConcurrency || l.Memory {
 			continue
 		}
 
@@ -105,7 +105,7 @@ func releaseInRedis(s *RedisStore, c *rule.Charge) error {
 	var calls []redisresp.ClusterCall
 
 	for i, l := range c.Layers {
-		if l.Algorithm != algConcurrency || l.Memory {
+		if l.Alg != algConcurrency || l.Memory {
 			continue
 		}
 

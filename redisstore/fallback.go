@@ -39,7 +39,7 @@ func Remember(s *memstore.WindowStore, l *rule.Layer, key string, count, reset, 
 	w.Taken = s.Takes
 
 	w.Expire = reset
-	if l.Algorithm == algSliding {
+	if l.Alg == algSliding {
 		w.PrevCount = 0
 		w.Start = reset - l.Duration
 		w.Expire = w.Start + l.List.Span
@@ -60,5 +60,5 @@ func Remember(s *memstore.WindowStore, l *rule.Layer, key string, count, reset, 
 // its points: a dry-run fixed window does (TakeScript); a sliding window or
 // a token bucket then reports what it would hold, not what it does.
 func heldPast(l *rule.Layer) bool {
-	return l.DryRun && l.Algorithm != algSliding && l.Algorithm != algTokenBucket
+	return l.DryRun && l.Alg != algSliding && l.Alg != algTokenBucket
 }

@@ -66,7 +66,7 @@ func oweCharged(s *RedisStore, t *rule.Tally, c *rule.Charge) {
 
 	o.Mu.Lock()
 	for i, l := range c.Layers {
-		if l.CheckOnly || l.Algorithm == algConcurrency || t.Uncharged&(uint64(1)<<uint(i)) != 0 {
+		if l.CheckOnly || l.Alg == algConcurrency || t.Uncharged&(uint64(1)<<uint(i)) != 0 {
 			continue
 		}
 
@@ -204,7 +204,7 @@ func oweReplaced(s *RedisStore, unpaid map[OwedKey]owedDebt) {
 // creates the key with when Redis lost it.
 func payDebt(s *RedisStore, k OwedKey, d owedDebt) error {
 	ttl := int64(0)
-	if k.L.Algorithm != algTokenBucket {
+	if k.L.Alg != algTokenBucket {
 		ttl = windowLeft(s.Local, k.L, k.Key, s.Clock().UnixNano())
 	}
 

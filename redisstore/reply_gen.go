@@ -119,7 +119,7 @@ func rememberAll(s *memstore.WindowStore, c *rule.Charge, ints []int64) {
 	now := c.Now
 	for i := 0; 2*i+1 < len(ints) && i < len(c.Layers); i++ {
 		l, count := c.Layers[i], ints[2*i]
-		if l.Algorithm == algConcurrency {
+		if l.Alg == algConcurrency {
 			if !(count > l.Capacity) {
 				memstore.Mirror(s, l, c.Keys[i], now) // concurrency.go
 			}

@@ -47,7 +47,7 @@ func Spend(s *RedisStore, c *rule.Charge, cost int64) {
 func spendOnRedis(s *RedisStore, c *rule.Charge, cost int64) error {
 	for i, l := range c.Layers {
 		ttl := int64(0)
-		if l.Algorithm != algTokenBucket {
+		if l.Alg != algTokenBucket {
 			ttl = l.Duration / NsPerMillisecond
 		}
 

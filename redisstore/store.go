@@ -308,7 +308,7 @@ func (s *RedisStore) refused(t *rule.Tally, c *rule.Charge, i int, count, reset 
 	first := false
 	// A layer whose counts may fall blocks nothing: a concurrency slot may
 	// free at once, a costFrom route's settlement may give points back.
-	if !l.DryRun && l.Algorithm != algConcurrency && !l.Settles && (t.Cost <= 1 || t.Cost <= l.MinCost || l.BlockDuration != 0) {
+	if !l.DryRun && l.Alg != algConcurrency && !l.Settles && (t.Cost <= 1 || t.Cost <= l.MinCost || l.BlockDuration != 0) {
 		first = s.Blocked.Add(l.BlockPrefix, key, reset, now)
 		if first {
 			ListenResets(s)

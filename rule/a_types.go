@@ -24,9 +24,14 @@ import (
 // (counter.Table, made by memstore's Attach) and its part of the Redis
 // script call (rediscall.Encoding, made by redisstore's Encode). The layer
 // points to them, embedded, so that the request path reaches them without
-// a lookup, at no cost under Yaegi (a table indexed by the layer's position
-// cost 6 allocations per request). A promoted field passed straight to a
-// call costs a few allocations: pass what equals it (w.List, not l.List).
+// a lookup, at no cost under Yaegi. A lookup costs (the edge's fast path,
+// ../BENCHMARKS.md): a table indexed by the layer's position 6 allocations
+// per request, a list of tables beside the plan's layers 8. A store's own
+// list of its layers, each beside its part, costs nothing, but Charge,
+// which every store takes, would then hold a list per store, made per
+// request where a request's layers are (its routes). A promoted field
+// passed straight to a call costs a few allocations: pass what equals it
+// (w.List, not l.List).
 type Layer struct {
 	Limits
 	Stats *Stats // decisions since the process started, shared across reloads
@@ -128,8 +133,12 @@ type Limits struct {
 	// ../memstore/concurrency.go; a request holds one slot whatever its
 	// cost).
 	Algorithm limit.Algorithm
-	Interval  int64 // token bucket: nanoseconds per point (../limit/bucket.go); 0 for a window
-	Refill    int64 // token bucket: the points per duration configured; Capacity is then the burst
+	// Alg is Algorithm as an int, set with it by NewLayer: the request path
+	// compares Alg (with each package's int constants algSliding...,
+	// aliases.go), code off it Algorithm (../doc.go: frames).
+	Alg      int
+	Interval int64 // token bucket: nanoseconds per point (../limit/bucket.go); 0 for a window
+	Refill   int64 // token bucket: the points per duration configured; Capacity is then the burst
 	// MinCost is the smallest cost a request charged to the layer can have:
 	// a route's cost (a request is charged the largest cost of its routes),
 	// 1 elsewhere (0 reads as 1). The Redis block list blocks only what

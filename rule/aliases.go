@@ -6,4 +6,5 @@ import "github.com/tierlimit/tierlimit/limit"
 // qualified: under Yaegi a function that names another package's type or
 // constant allocates once more per call for each such name (../doc.go:
 // qualified names).
-const algFixed = limit.Fixed
+const algFixed = int(limit.Fixed)
+const algConcurrency = int(limit.Concurrency)

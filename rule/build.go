@@ -27,7 +27,7 @@ func NewLayer(spec config.Rule, keyKind int) *Layer {
 		keyKind = KeyOfParts
 	}
 
-	l := &Layer{Limits: Limits{Capacity: spec.Points, KeyKind: keyKind, ConstKey: config.LayerGlobal, KeyParts: keyParts(spec.KeyParts)}}
+	l := &Layer{Limits: Limits{Capacity: spec.Points, KeyKind: keyKind, ConstKey: config.LayerGlobal, KeyParts: keyParts(spec.KeyParts), Alg: int(spec.Algorithm)}}
 	// What the layer keeps of its rule as the rule says it, by name (a
 	// duration in nanoseconds); what it computes is set above.
 	config.CopyByName(reflect.ValueOf(&l.Limits).Elem(), reflect.ValueOf(spec))

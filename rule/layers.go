@@ -1,7 +1,5 @@
 package rule
 
-import "github.com/tierlimit/tierlimit/limit"
-
 // What an instance's layers hold, asked once when it is built (the root's
 // build.go) or off the common request path.
 
@@ -53,7 +51,7 @@ func ChargedOnly(layers []*Layer) []*Layer {
 	var out []*Layer
 
 	for i, l := range layers {
-		if !l.CheckOnly && l.Algorithm != limit.Concurrency {
+		if !l.CheckOnly && l.Alg != algConcurrency {
 			if out != nil {
 				out = append(out, l)
 			}

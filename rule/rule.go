@@ -112,7 +112,7 @@ func RefuseAs(t *Tally, i int, l *Layer, count, reset int64, resetH []string, fi
 		t.Firsts |= uint64(1) << uint(i)
 	}
 
-	if l.Algorithm != algFixed {
+	if l.Alg != algFixed {
 		t.Uncharged |= uint64(1) << uint(i)
 	}
 
