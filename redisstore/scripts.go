@@ -146,19 +146,11 @@ local function incr(k, cost)
   return v
 end
 
--- fixed returns a fixed layer's count with the request, its milliseconds to
--- reset, the write to run when the request is allowed, and whether it
--- charged the key already (which the caller gives back, DECRBY, when
--- another layer refuses). A calendar layer's key (span > 0) names its
--- period, whose rest on the caller's clock is window: it is live whatever
--- its TTL up to the calendar's longest period and the grace, its reset is
--- window, and it lives window + grace, made longer (never shorter) when a
--- caller's period ends after it.
 -- nextPeriod is a calendar layer's place in its next period, key nk, which
 -- the caller names when its period ends within the maxDelay (window from
--- now), nlen milliseconds long, for a request its period cannot hold (its
--- count there v): the request waits window for it, or, that period full
--- too, is refused until that period's end (as memory's). The key lives
+-- now), nlen milliseconds long, for a request its period cannot hold: the
+-- request waits window for it, or, that period full too, is refused until
+-- that period's end (as memory's). The key lives
 -- the next period and the grace (never shorter), as that period's own
 -- requests make it; one is live while its TTL is within bound and the
 -- grace (the calendar's longest period and the maxDelay).
@@ -182,6 +174,14 @@ local function nextPeriod(nk, points, window, cost, bound, nlen)
   end, false, window
 end
 
+-- fixed returns a fixed layer's count with the request, its milliseconds to
+-- reset, the write to run when the request is allowed, and whether it
+-- charged the key already (which the caller gives back, DECRBY, when
+-- another layer refuses). A calendar layer's key (span > 0) names its
+-- period, whose rest on the caller's clock is window: it is live whatever
+-- its TTL up to the calendar's longest period and the grace, its reset is
+-- window, and it lives window + grace, made longer (never shorter) when a
+-- caller's period ends after it.
 local function fixed(k, points, window, cost, check, span, md, nk, nlen)
   local pttl = redis.call('PTTL', k)
   local live, reset, life, ahead = pttl > 0 and pttl <= window, pttl, window, 0

@@ -129,7 +129,7 @@ func (s *RedisStore) TakeBlocked(t *rule.Tally, c *rule.Charge) bool {
 			continue
 		}
 
-		if reset := s.Blocked.ResetOf(l.BlockPrefix, c.Keys[i], c.Now); reset != 0 && reset-l.MaxDelay > c.Now {
+		if reset := s.Blocked.ResetOf(l.BlockPrefix, c.Keys[i], c.Now); reset != 0 && !limit.Within(reset-c.Now, l.MaxDelay) {
 			rule.CountRedis(l.Stats, true)
 			if l.BlockDuration != 0 {
 				s.Blocked.hit(l.BlockPrefix, c.Keys[i], false)
