@@ -12,6 +12,7 @@ import (
 
 	"github.com/tierlimit/tierlimit/config"
 	"github.com/tierlimit/tierlimit/redisresp"
+	"github.com/tierlimit/tierlimit/redisstore"
 )
 
 // delays replaces the plugin's afterDelay with timers of a manual clock:
@@ -480,6 +481,60 @@ func TestMaxDelayARefusalBlocksOnlyUntilAPlaceComesWithinReach(t *testing.T) {
 			fourth.wait()
 		})
 	}
+}
+
+// TestMaxDelayOutageChargesArePaidToTheirPeriod: a daily quota of 2 on
+// Redis with a maxDelay of an hour, 30 minutes before midnight: one
+// request counted in Redis, then Redis unreachable; the memory fallback
+// admits the second and queues the third into the next day. When Redis
+// answers again, what the fallback charged is paid to each charge's day:
+// the day's key 2, the next day's 1 (not 3 to the day, which would leave
+// the next day a request short).
+func TestMaxDelayOutageChargesArePaidToTheirPeriod(t *testing.T) {
+	addr, admin := redisServer(t)
+	proxy := newSwitchProxy(t, addr)
+	h, _ := redisHarness(t, proxy.l.Addr().String(), func(c *Config) {
+		asACLUser(c)
+		c.Global.Points = 0
+		c.IP = config.LayerConfig{Points: 2, Calendar: "day", MaxDelay: "1h"}
+		c.Redis.DialTimeout = "1s"
+	})
+	h = behindProxy(t, h)
+	d := manualDelays(t, h)
+	rs := h.p.stores.redis
+
+	now := h.clock.Now()
+	midnight := time.Date(now.Year(), now.Month(), now.Day()+1, 0, 0, 0, 0, time.UTC)
+	h.clock.Add(midnight.Sub(now) - 30*time.Minute)
+
+	const client = "203.0.113.12"
+	key := "ratelimit:" + h.p.name + ":ip:" + client + ":"
+	day, next := key+strconv.FormatInt(midnight.Add(-24*time.Hour).Unix(), 10), key+strconv.FormatInt(midnight.Unix(), 10)
+
+	if rec := h.get("/api", client+":1"); rec.Code != http.StatusOK {
+		t.Fatalf("first, on Redis: %d", rec.Code)
+	}
+
+	proxy.cut()
+
+	if rec := h.get("/api", client+":1"); rec.Code != http.StatusOK || !rs.Backend.Down.Load() {
+		t.Fatalf("second: %d, down %v; want 200 from the memory fallback", rec.Code, rs.Backend.Down.Load())
+	}
+
+	third := h.open(http.MethodGet, "/third", client+":1", nil)
+	if waits := d.waiting(1); waits[0] != 30*time.Minute {
+		t.Fatalf("third waits %v in the fallback, want 30m (the next day)", waits)
+	}
+
+	proxy.restore()
+	redisstore.PayOwed(rs)
+
+	if got := redisDo(t, admin, "MGET", day, next); got.Array[0].Str != "2" || got.Array[1].Str != "1" {
+		t.Fatalf("the day's and the next day's keys after the recovery: %q %q, want 2 and 1", got.Array[0].Str, got.Array[1].Str)
+	}
+
+	d.advance(30 * time.Minute)
+	third.wait()
 }
 
 // TestMaxDelayClientGoneGivesItsPlaceBack: a client that hangs up while

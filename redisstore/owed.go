@@ -28,14 +28,19 @@ import (
 // early, never late.
 
 // OwedKey is one layer's key whose outage charges Redis is owed: the layer
-// and its key, as rule.KeyFor made it (what Redis and memory count by).
+// and its key, as rule.KeyFor made it (what Redis and memory count by), and
+// for a calendar layer the start of the period the charges count in
+// (owedKey), which its Redis key names: a maxDelay may place a charge in
+// the next period, another key.
 type OwedKey struct {
-	L   *rule.Layer
-	Key string
+	L      *rule.Layer
+	Key    string
+	Period int64
 }
 
 // owedDebt is what Redis is owed for one key: points, and the time of the
-// last charge (a calendar key names the period that holds it).
+// last charge (a calendar key is paid at it, or at its OwedKey.Period's
+// start when that is later: payDebt).
 type owedDebt struct {
 	Points int64
 	at     int64
@@ -62,6 +67,7 @@ func oweCharged(s *RedisStore, t *rule.Tally, c *rule.Charge) {
 	}
 
 	cost := rule.CostOf(t)
+	keys := owedKeys(s, c)
 	o := s.Owed
 
 	o.Mu.Lock()
@@ -70,7 +76,7 @@ func oweCharged(s *RedisStore, t *rule.Tally, c *rule.Charge) {
 			continue
 		}
 
-		addDebt(o, OwedKey{L: l, Key: c.Keys[i]}, owedDebt{Points: cost, at: c.Now})
+		addDebt(o, keys[i], owedDebt{Points: cost, at: c.Now})
 	}
 	o.Mu.Unlock()
 
@@ -110,14 +116,47 @@ func listOwed(s *RedisStore) {
 	}
 }
 
+// owedKeys are the debts' keys of c's layers, taken before the debts' lock
+// (owedKey reads memory's).
+func owedKeys(s *RedisStore, c *rule.Charge) []OwedKey {
+	keys := make([]OwedKey, len(c.Layers))
+	for i, l := range c.Layers {
+		keys[i] = OwedKey{L: l, Key: c.Keys[i]}
+		if l.Calendar != 0 {
+			keys[i].Period = owedPeriod(s.Local, l, c.Keys[i], c.Now)
+		}
+	}
+
+	return keys
+}
+
+// owedPeriod is the start of the calendar period that the fallback's charge
+// of key in l at now counts in: now's, or, with a maxDelay, a later one
+// where memory's window of the key starts (the place it reserved).
+func owedPeriod(s *memstore.WindowStore, l *rule.Layer, key string, now int64) int64 {
+	at := now
+	if l.MaxDelay > 0 {
+		s.Mu.Lock()
+		if w := s.Maps[l.Name][key]; w != nil && w.Start > now {
+			at = w.Start
+		}
+		s.Mu.Unlock()
+	}
+
+	start, _ := limit.Period(at, l.Calendar, l.UtcOffset)
+
+	return start
+}
+
 // forgiveRefunded takes back from the debts what a refund during the
 // outage gave memory back.
 func forgiveRefunded(s *RedisStore, c *rule.Charge, cost int64) {
+	keys := owedKeys(s, c)
 	o := s.Owed
 
 	o.Mu.Lock()
-	for i, l := range c.Layers {
-		k := OwedKey{L: l, Key: c.Keys[i]}
+	for i := range c.Layers {
+		k := keys[i]
 		if d, ok := o.Debts[k]; ok {
 			d.Points -= cost
 			if d.Points > 0 {
@@ -208,7 +247,12 @@ func payDebt(s *RedisStore, k OwedKey, d owedDebt) error {
 		ttl = windowLeft(s.Local, k.L, k.Key, s.Clock().UnixNano())
 	}
 
-	return addOnRedis(s, k.L, k.Key, d.Points, ttl, d.at)
+	at := d.at
+	if at < k.Period {
+		at = k.Period // charges placed in a later period (owedPeriod)
+	}
+
+	return addOnRedis(s, k.L, k.Key, d.Points, ttl, at)
 }
 
 // addOnRedis adds points to l's key in Redis, whatever its points: a refund
