@@ -223,6 +223,11 @@ func matrixRows() []mxRow {
 		// waits end at once), over the burst.
 		{name: "maxDelay", conf: mxRoutes(config.RouteConfig{Name: "rt", Points: 1, Duration: "1h", Algorithm: "tokenbucket", Burst: 1, MaxDelay: "150m"}),
 			script: plainScript(5), charge: mxChargeEach(1), over: 2, uncounted: true, end: mxMinute},
+		// A day of 3 whose maxDelay always reaches the next day: the fourth
+		// and later wait for the next day's 3 places (in Redis its key),
+		// admitted at once here, over the day's points.
+		{name: "maxDelay on a calendar day", conf: mxRoutes(config.RouteConfig{Name: "rt", Points: 3, Calendar: "day", MaxDelay: "25h"}),
+			script: plainScript(5), charge: mxChargeEach(1), over: 3, uncounted: true, end: day},
 		{name: "per minute beside per day", conf: mxRoutes(
 			config.RouteConfig{Name: "tpm", Points: 3, Duration: "60s"},
 			config.RouteConfig{Name: "tpd", Points: 4, Calendar: "day"}),
