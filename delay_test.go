@@ -537,6 +537,46 @@ func TestMaxDelayOutageChargesArePaidToTheirPeriod(t *testing.T) {
 	third.wait()
 }
 
+// TestMaxDelayAPlaceAnotherSlotRefusedIsGivenBackToItsPeriod: on a Redis
+// Cluster each slot's call decides its own layers, so a request whose
+// client's daily quota (maxDelay 1h, 30 minutes before midnight) reserved
+// a place in the next day while global, in another slot, refused it, is
+// given that place back, in the next day's key: the day's keeps its count.
+func TestMaxDelayAPlaceAnotherSlotRefusedIsGivenBackToItsPeriod(t *testing.T) {
+	addr, admin := clusterNode(t)
+	h := newProxiedHarness(t, func(c *Config) {
+		c.Store, c.Redis.Timeout = "redis", "1s"
+		c.Redis.Cluster = &config.RedisClusterConfig{Addresses: []string{addr}}
+		c.Global = config.LayerConfig{Points: 2, Duration: "1h"}
+		c.IP = config.LayerConfig{Points: 1, Calendar: "day", MaxDelay: "1h"}
+	})
+	manualDelays(t, h)
+
+	now := h.clock.Now()
+	midnight := time.Date(now.Year(), now.Month(), now.Day()+1, 0, 0, 0, 0, time.UTC)
+	h.clock.Add(midnight.Sub(now) - 30*time.Minute)
+
+	const a, b = "203.0.113.13", "203.0.113.14"
+	for _, client := range []string{a, b} {
+		if rec := h.get("/api", client+":1"); rec.Code != http.StatusOK {
+			t.Fatalf("%s's first: %d", client, rec.Code)
+		}
+	}
+
+	// a's second: its quota would queue it into the next day, global
+	// refuses it.
+	if rec := h.get("/api", a+":1"); rec.Code != http.StatusTooManyRequests {
+		t.Fatalf("a's second: %d, want 429 (global)", rec.Code)
+	}
+
+	key := "ratelimit:" + h.p.name + ":ip:{" + a + "}:"
+	day, next := key+strconv.FormatInt(midnight.Add(-24*time.Hour).Unix(), 10), key+strconv.FormatInt(midnight.Unix(), 10)
+	got := redisDo(t, admin, "MGET", day, next)
+	if got.Array[0].Str != "1" || got.Array[1].Str != "0" && !got.Array[1].Null {
+		t.Fatalf("a's day and next day after the refusal: %q %q, want 1 and 0 (the place given back)", got.Array[0].Str, got.Array[1].Str)
+	}
+}
+
 // TestMaxDelayClientGoneGivesItsPlaceBack: a client that hangs up while
 // its request waits gives the place back (the store's give-back), and
 // nothing is proxied: the next request takes the place.

@@ -93,7 +93,19 @@ func (s *RedisStore) refundOtherSlots(cl *redisresp.Cluster, c *rule.Charge, gro
 	}
 
 	if refused && len(charged) > 0 {
+		noteSlotsAhead(c, groups, replies)
 		_ = s.refundCluster(cl, rule.ChargeAt(c, charged), cost)
+	}
+}
+
+// noteSlotsAhead is noteAhead (calendar.go) for each slot's reply that
+// ends with a wait: a calendar layer's place there may be in its next
+// period, where refundOtherSlots gives it back.
+func noteSlotsAhead(c *rule.Charge, groups []*slotGroup, replies []redisresp.Reply) {
+	for i, g := range groups {
+		if n := len(replies[i].Ints); n%2 != 0 {
+			noteAhead(rule.ChargeAt(c, g.Layers), replies[i].Ints[:n-1])
+		}
 	}
 }
 
