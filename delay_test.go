@@ -231,6 +231,34 @@ func closeTo(got, want time.Duration, redis bool) bool {
 	return got <= want && got > want-5*time.Second
 }
 
+// ipDelayHarness is the proxied harness of an instance whose only layer is
+// ip, on store: "memory", "redis" (exact, at addr), "synced" (at addr,
+// synced counters beside it) or "cluster" (a Cluster node at addr).
+func ipDelayHarness(t *testing.T, store, addr string, ip config.LayerConfig) *harness {
+	t.Helper()
+
+	conf := func(c *Config) {
+		c.Global.Points = 0
+		c.IP = ip
+		if store == "synced" {
+			c.Redis.SyncInterval = "1h"
+		}
+	}
+
+	switch store {
+	case "cluster":
+		return newProxiedHarness(t, with(conf, func(c *Config) {
+			c.Store, c.Redis.Timeout = "redis", "1s"
+			c.Redis.Cluster = &config.RedisClusterConfig{Addresses: []string{addr}}
+		}))
+	case "redis", "synced":
+		h, _ := redisHarness(t, addr, with(conf, asACLUser))
+		return behindProxy(t, h)
+	default:
+		return newProxiedHarness(t, conf)
+	}
+}
+
 // TestMaxDelayQueuesABurstInOrder: on memory and on exact Redis, for each
 // algorithm, beside synced counters (where the script counts such a layer)
 // and on a Cluster (a reply per slot, merged with its wait), a burst beyond the limit is delayed, not refused, each request
@@ -256,29 +284,7 @@ func TestMaxDelayQueuesABurstInOrder(t *testing.T) {
 			}
 
 			t.Run(store+"/"+tc.name, func(t *testing.T) {
-				conf := func(c *Config) {
-					c.Global.Points = 0
-					c.IP = tc.layer
-					if store == "synced" {
-						c.Redis.SyncInterval = "1h"
-					}
-				}
-
-				var h *harness
-				switch store {
-				case "cluster":
-					h = newProxiedHarness(t, with(conf, func(c *Config) {
-						c.Store, c.Redis.Timeout = "redis", "1s"
-						c.Redis.Cluster = &config.RedisClusterConfig{Addresses: []string{addr}}
-					}))
-				case "redis", "synced":
-					h, _ = redisHarness(t, addr, with(conf, asACLUser))
-					h = behindProxy(t, h)
-				default:
-					h = newProxiedHarness(t, conf)
-				}
-
-				queuesInOrder(t, h, admin, tc)
+				queuesInOrder(t, ipDelayHarness(t, store, addr, tc.layer), admin, tc)
 			})
 		}
 	}
@@ -358,19 +364,7 @@ func TestMaxDelayRefusalReservesNothing(t *testing.T) {
 
 	for _, store := range []string{"memory", "redis"} {
 		t.Run(store, func(t *testing.T) {
-			conf := func(c *Config) {
-				c.Global.Points = 0
-				c.IP = config.LayerConfig{Points: 2, Duration: "10s", Algorithm: "tokenbucket", Burst: 1, MaxDelay: "7s"}
-			}
-
-			var h *harness
-			if store == "redis" {
-				h, _ = redisHarness(t, addr, with(conf, asACLUser))
-				h = behindProxy(t, h)
-			} else {
-				h = newProxiedHarness(t, conf)
-			}
-
+			h := ipDelayHarness(t, store, addr, config.LayerConfig{Points: 2, Duration: "10s", Algorithm: "tokenbucket", Burst: 1, MaxDelay: "7s"})
 			d := manualDelays(t, h)
 			const client = "203.0.113.8:1234"
 
@@ -429,28 +423,12 @@ func TestMaxDelayARefusalBlocksOnlyUntilAPlaceComesWithinReach(t *testing.T) {
 
 	for _, store := range []string{"memory", "redis", "synced", "cluster"} {
 		t.Run(store, func(t *testing.T) {
-			conf := func(c *Config) {
-				c.Global.Points = 0
-				c.IP = config.LayerConfig{Points: 2, Calendar: "day", MaxDelay: "1h"}
-				if store == "synced" {
-					c.Redis.SyncInterval = "1h"
-				}
+			at := addr
+			if store == "cluster" {
+				at = clusterAddr
 			}
 
-			var h *harness
-			switch store {
-			case "cluster":
-				h = newProxiedHarness(t, with(conf, func(c *Config) {
-					c.Store, c.Redis.Timeout = "redis", "1s"
-					c.Redis.Cluster = &config.RedisClusterConfig{Addresses: []string{clusterAddr}}
-				}))
-			case "redis", "synced":
-				h, _ = redisHarness(t, addr, with(conf, asACLUser))
-				h = behindProxy(t, h)
-			default:
-				h = newProxiedHarness(t, conf)
-			}
-
+			h := ipDelayHarness(t, store, at, config.LayerConfig{Points: 2, Calendar: "day", MaxDelay: "1h"})
 			d := manualDelays(t, h)
 			now := h.clock.Now()
 			h.clock.Add(time.Date(now.Year(), now.Month(), now.Day()+1, 0, 0, 0, 0, time.UTC).Sub(now) - 2*time.Hour)
@@ -586,22 +564,7 @@ func TestMaxDelayClientGoneGivesItsPlaceBack(t *testing.T) {
 	for _, store := range []string{"memory", "redis", "synced"} {
 		for _, tc := range delayCases(store != "memory") {
 			t.Run(store+"/"+tc.name, func(t *testing.T) {
-				conf := func(c *Config) {
-					c.Global.Points = 0
-					c.IP = tc.layer
-					if store == "synced" {
-						c.Redis.SyncInterval = "1h"
-					}
-				}
-
-				var h *harness
-				if store != "memory" {
-					h, _ = redisHarness(t, addr, with(conf, asACLUser))
-					h = behindProxy(t, h)
-				} else {
-					h = newProxiedHarness(t, conf)
-				}
-
+				h := ipDelayHarness(t, store, addr, tc.layer)
 				d := manualDelays(t, h)
 				const client = "203.0.113.7:1234"
 

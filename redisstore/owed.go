@@ -30,7 +30,7 @@ import (
 // OwedKey is one layer's key whose outage charges Redis is owed: the layer
 // and its key, as rule.KeyFor made it (what Redis and memory count by), and
 // for a calendar layer the start of the period the charges count in
-// (owedKey), which its Redis key names: a maxDelay may place a charge in
+// (owedPeriod), which its Redis key names: a maxDelay may place a charge in
 // the next period, another key.
 type OwedKey struct {
 	L      *rule.Layer
@@ -117,7 +117,7 @@ func listOwed(s *RedisStore) {
 }
 
 // owedKeys are the debts' keys of c's layers, taken before the debts' lock
-// (owedKey reads memory's).
+// (owedPeriod takes memory's).
 func owedKeys(s *RedisStore, c *rule.Charge) []OwedKey {
 	keys := make([]OwedKey, len(c.Layers))
 	for i, l := range c.Layers {

@@ -150,10 +150,10 @@ end
 -- the caller names when its period ends within the maxDelay (window from
 -- now), nlen milliseconds long, for a request its period cannot hold: the
 -- request waits window for it, or, that period full too, is refused until
--- that period's end (as memory's). The key lives
--- the next period and the grace (never shorter), as that period's own
--- requests make it; one is live while its TTL is within bound and the
--- grace (the calendar's longest period and the maxDelay).
+-- that period's end (as memory's). The key lives the next period and the
+-- grace (never shorter), as that period's own requests make it; one is
+-- live while its TTL is within bound and the grace (the calendar's longest
+-- period and the maxDelay).
 local function nextPeriod(nk, points, window, cost, bound, nlen)
   local pttl = redis.call('PTTL', nk)
   local n = false
