@@ -20,18 +20,18 @@ import (
 // parts are embedded so that the request path reads l.Capacity, l.Entries,
 // l.LimitHdr alike. NewLayer (build.go) builds Limits and HeaderTable,
 // NewRefusal Refusal: the layer's rule and its answer. What a store
-// keeps of the layer is the store's: its counters in the memory store
-// (counter.Table, made by memstore's Attach) and its part of the Redis
-// script call (rediscall.Encoding, made by redisstore's Encode). The layer
-// points to them, embedded, so that the request path reaches them without
-// a lookup, at no cost under Yaegi. A lookup costs (the edge's fast path,
-// ../BENCHMARKS.md): a table indexed by the layer's position 6 allocations
-// per request, a list of tables beside the plan's layers 8. A store's own
-// list of its layers, each beside its part, costs nothing, but Charge,
-// which every store takes, would then hold a list per store, made per
-// request where a request's layers are (its routes). A promoted field
-// passed straight to a call costs a few allocations: pass what equals it
-// (w.List, not l.List).
+// keeps of the layer is the store's, in its package's type: its counters in
+// the memory store (counter.Table, made by memstore's Attach) and its part
+// of the Redis script call (rediscall.Encoding, made by redisstore's
+// Encode). The layer points to them, embedded, because under Yaegi that is
+// the only way to reach them from the one list of layers every store takes
+// (Charge) at no cost: a lookup by the layer's position, a list beside the
+// layers, a map or an untyped field each cost allocations per request, and
+// a store's own list of its layers would need a list per store wherever a
+// request's layers are listed, per request on the routed paths
+// (e2e/yaegibench's TestALayerReachesItsStoresPartsOnlyThroughItselfForFreeUnderYaegi,
+// ../BENCHMARKS.md). A promoted field passed straight to a call costs a few
+// allocations: pass what equals it (w.List, not l.List).
 type Layer struct {
 	Limits
 	Stats *Stats // decisions since the process started, shared across reloads
