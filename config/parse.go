@@ -266,7 +266,15 @@ func allDryRun(s *Settings) {
 func dryRun(r *Rule) {
 	r.DryRun = true
 	r.MaxDelay = 0
-	r.Apart = false
+	placesAhead(r)
+}
+
+// placesAhead marks what a rule's MaxDelay asks of the stores. A place
+// reserved ahead is Redis's to keep at once, as a slot is: no lease holds
+// it (Unleased). Memory's Take charges it apart from its algorithm (Apart).
+func placesAhead(r *Rule) {
+	r.Unleased = r.Algorithm == limit.Concurrency || r.MaxDelay != 0
+	r.Apart = r.MaxDelay != 0
 }
 
 // parseStore reads store and keyPrefix.
@@ -519,10 +527,7 @@ func parseLayer(field, name string, lc LayerConfig) (Rule, error) {
 		spec.MaxDelay = 0
 	}
 
-	// A place reserved ahead is Redis's to keep at once, as a slot is: no
-	// lease holds it. Memory's Take charges it apart from its algorithm.
-	spec.Unleased = spec.Algorithm == limit.Concurrency || spec.MaxDelay != 0
-	spec.Apart = spec.MaxDelay != 0
+	placesAhead(&spec)
 
 	return spec, checkConcurrencyLayer(field, lc, spec)
 }

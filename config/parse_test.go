@@ -48,3 +48,34 @@ func TestMappedProxyPrefixMatchesIPv4(t *testing.T) {
 		t.Fatalf("got %s, want 10.0.0.0/8", p)
 	}
 }
+
+// TestATopLevelDryRunLeasesAFormerMaxDelayRule: the top-level dryRun makes
+// every rule refuse nothing, so a rule's maxDelay waits for nothing; what
+// the maxDelay asked of the stores goes with it: synced counters lease the
+// rule again (Unleased), memory takes it as its algorithm does (Apart). A
+// concurrency rule stays unleased: a slot is never leased.
+func TestATopLevelDryRunLeasesAFormerMaxDelayRule(t *testing.T) {
+	for _, dry := range []bool{false, true} {
+		cfg := Defaults()
+		cfg.DryRun = dry
+		cfg.Store = StoreRedis
+		cfg.Redis.Address = "127.0.0.1:6379"
+		cfg.Redis.SyncInterval = "1s"
+		cfg.IP = LayerConfig{Points: 2, Duration: "1m", MaxDelay: "10s"}
+		cfg.Global = LayerConfig{Points: 5, Algorithm: "concurrency"}
+
+		s, err := Parse(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+
+		ip, global := s.Spec("ip"), s.Spec("global")
+		if want := !dry; ip.Unleased != want || ip.Apart != want || (ip.MaxDelay != 0) != want {
+			t.Errorf("dryRun %v: ip's maxDelay %d, unleased %v, apart %v; want a maxDelay, unleased and apart: %v", dry, ip.MaxDelay, ip.Unleased, ip.Apart, want)
+		}
+
+		if !global.Unleased {
+			t.Errorf("dryRun %v: the concurrency rule is leased", dry)
+		}
+	}
+}
