@@ -18,6 +18,7 @@ const keyOfPrincipalElseClient = rule.KeyOfPrincipalElseClient
 const outageQuiet = events.OutageQuiet
 const outageStale = events.OutageStale
 
+const algFixed = int(limit.Fixed)
 const algSliding = int(limit.Sliding)
 const algTokenBucket = int(limit.TokenBucket)
 const algConcurrency = int(limit.Concurrency)

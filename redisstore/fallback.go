@@ -3,6 +3,7 @@ package redisstore
 import (
 	"strconv"
 
+	"github.com/tierlimit/tierlimit/counter"
 	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/rule"
@@ -45,6 +46,10 @@ func Remember(s *memstore.WindowStore, l *rule.Layer, key string, count, reset, 
 		w.Expire = w.Start + l.List.Span
 	}
 
+	if l.MaxDelay > 0 && l.Alg == algFixed {
+		startsAt(w, l, reset)
+	}
+
 	if w.Reset != reset {
 		w.Reset = reset
 		if secs := limit.CeilSeconds(reset); secs != w.ResetSec {
@@ -54,6 +59,22 @@ func Remember(s *memstore.WindowStore, l *rule.Layer, key string, count, reset, 
 	}
 
 	return w.ResetH
+}
+
+// startsAt gives a fixed or calendar window w of a layer with a maxDelay,
+// remembered with reset, the start of the window that ends then: the
+// window Redis charged is a later one when it reserved a place there (the
+// next window or period), which memory then counts as its own next window
+// (memstore's delay: a request waits for its start), not as the current
+// one, which Redis holds full. Without it the fallback would admit at once
+// what Redis would have made wait.
+func startsAt(w *counter.Entry, l *rule.Layer, reset int64) {
+	if l.Calendar == 0 {
+		w.Start = reset - l.Duration
+		return
+	}
+
+	w.Start, _ = limit.Period(reset-1, l.Calendar, l.UtcOffset)
 }
 
 // heldPast reports whether Redis holds a request that layer l counts past
