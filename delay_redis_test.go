@@ -141,3 +141,73 @@ func TestMaxDelayFallbackKeepsThePlacesRedisReserved(t *testing.T) {
 	}
 
 }
+
+// TestMaxDelayAPlaceGivenBackIsTakenAfterARefusal: a burst takes the places
+// within maxDelay and the next request is refused (its place beyond it);
+// then the client of the last place goes away, giving it back. The next
+// request takes that place and waits for it, as the memory store lets it:
+// the refusal before the give-back does not keep refusing the key (on
+// Redis, the block list) until the old place comes within maxDelay.
+func TestMaxDelayAPlaceGivenBackIsTakenAfterARefusal(t *testing.T) {
+	addr, admin := redisServer(t)
+	clusterAddr, _ := clusterNode(t)
+
+	for _, store := range []string{"memory", "redis", "synced", "cluster"} {
+		for _, tc := range delayCases(store != "memory") {
+			if store == "cluster" && tc.keyed {
+				continue
+			}
+
+			t.Run(store+"/"+tc.name, func(t *testing.T) {
+				at := addr
+				if store == "cluster" {
+					at = clusterAddr
+				}
+
+				h := ipDelayHarness(t, store, at, tc.layer)
+				d := manualDelays(t, h)
+				const client = "203.0.113.7:1234"
+
+				for i := 1; i <= 2; i++ {
+					if rec := h.get("/api", client); rec.Code != http.StatusOK {
+						t.Fatalf("request %d: %d", i, rec.Code)
+					}
+				}
+
+				if tc.age != nil {
+					if store == "memory" {
+						tc.age(t, h, nil)
+					} else {
+						tc.age(t, h, admin)
+					}
+				}
+
+				third := h.open(http.MethodGet, "/third", client, nil)
+				d.waiting(1)
+				fourth := h.open(http.MethodGet, "/fourth", client, nil)
+				d.waiting(2)
+
+				if rec := h.get("/api", client); rec.Code != http.StatusTooManyRequests {
+					t.Fatalf("fifth, beyond maxDelay: %d, want 429", rec.Code)
+				}
+
+				fourth.hangUp()
+				fourth.wait()
+
+				sixth := h.open(http.MethodGet, "/sixth", client, nil)
+				if wait := waitsOrEnds(t, d, sixth, 3); !closeTo(wait, tc.waits[1], store != "memory") {
+					sixth.wait()
+					t.Fatalf("sixth, after the fourth gave its place back: wait %v (-1: none, refused), want the fourth's place, %v", wait, tc.waits[1])
+				}
+
+				d.advance(tc.waits[1])
+				third.wait()
+				sixth.wait()
+
+				if n := h.calls.Load(); n != 4 {
+					t.Fatalf("backend called %d times, want 4", n)
+				}
+			})
+		}
+	}
+}

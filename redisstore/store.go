@@ -220,6 +220,10 @@ func GiveBack(s *RedisStore, c *rule.Charge, cost int64, slots bool) {
 func giveBackInRedis(s *RedisStore, c *rule.Charge, cost int64, slots bool) {
 	var err error
 
+	if !slots && s.Blocked.Size.Load() != 0 {
+		unblockPlaces(s, c)
+	}
+
 	switch {
 	case s.Synced != nil || s.Backend.Down.Load():
 		giveBackAway(s, c, cost, slots)
@@ -233,6 +237,19 @@ func giveBackInRedis(s *RedisStore, c *rule.Charge, cost int64, slots bool) {
 
 	if err != nil {
 		gaveBackFailed(s, c, cost, slots, err)
+	}
+}
+
+// unblockPlaces lets the keys of c's layers with a maxDelay ask Redis again
+// once c's charge is given back (a client gone while waiting): a refusal
+// blocked such a key until its place would come within the maxDelay
+// (TakeBlocked), but the place given back may be nearer, and is the next
+// request's, as in memory. A blockDuration's block stays.
+func unblockPlaces(s *RedisStore, c *rule.Charge) {
+	for i, l := range c.Layers {
+		if l.MaxDelay > 0 && l.BlockDuration == 0 {
+			s.Blocked.Forget(l.BlockPrefix+c.Keys[i], c.Now)
+		}
 	}
 }
 
