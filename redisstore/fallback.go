@@ -3,7 +3,6 @@ package redisstore
 import (
 	"strconv"
 
-	"github.com/tierlimit/tierlimit/counter"
 	"github.com/tierlimit/tierlimit/limit"
 	"github.com/tierlimit/tierlimit/memstore"
 	"github.com/tierlimit/tierlimit/rule"
@@ -46,10 +45,6 @@ func Remember(s *memstore.WindowStore, l *rule.Layer, key string, count, reset, 
 		w.Expire = w.Start + l.List.Span
 	}
 
-	if l.MaxDelay > 0 && l.Alg == algFixed {
-		startsAt(w, l, reset)
-	}
-
 	if w.Reset != reset {
 		w.Reset = reset
 		if secs := limit.CeilSeconds(reset); secs != w.ResetSec {
@@ -61,20 +56,36 @@ func Remember(s *memstore.WindowStore, l *rule.Layer, key string, count, reset, 
 	return w.ResetH
 }
 
-// startsAt gives a fixed or calendar window w of a layer with a maxDelay,
-// remembered with reset, the start of the window that ends then: the
-// window Redis charged is a later one when it reserved a place there (the
-// next window or period), which memory then counts as its own next window
-// (memstore's delay: a request waits for its start), not as the current
-// one, which Redis holds full. Without it the fallback would admit at once
-// what Redis would have made wait.
-func startsAt(w *counter.Entry, l *rule.Layer, reset int64) {
-	if l.Calendar == 0 {
-		w.Start = reset - l.Duration
-		return
-	}
+// rememberPlaces follows rememberAll (Record) for a request that Redis
+// allowed to wait for its place (recordOdd): each fixed or calendar layer
+// with a maxDelay is remembered with the start of the window that ends at
+// its reset. The window Redis charged is a later one when it reserved the
+// place there (the next window or period, Redis holding the current one
+// full), which memory then counts as its own next window (memstore's delay:
+// a request waits for its start); without it the fallback would admit at
+// once what Redis would have made wait.
+func rememberPlaces(s *memstore.WindowStore, c *rule.Charge, ints []int64) {
+	s.Mu.Lock()
+	defer s.Mu.Unlock()
 
-	w.Start, _ = limit.Period(reset-1, l.Calendar, l.UtcOffset)
+	for i := 0; 2*i+1 < len(ints) && i < len(c.Layers); i++ {
+		l := c.Layers[i]
+		if l.MaxDelay == 0 || l.Alg != algFixed {
+			continue
+		}
+
+		w := l.Entries[c.Keys[i]]
+		if w == nil || w.List != l.List {
+			continue
+		}
+
+		reset := c.Now + ints[2*i+1]*NsPerMillisecond
+		if l.Calendar == 0 {
+			w.Start = reset - l.Duration
+		} else {
+			w.Start, _ = limit.Period(reset-1, l.Calendar, l.UtcOffset)
+		}
+	}
 }
 
 // heldPast reports whether Redis holds a request that layer l counts past

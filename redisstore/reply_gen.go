@@ -109,7 +109,15 @@ func recordOdd(s *RedisStore, t *rule.Tally, c *rule.Charge, ints []int64) error
 	t.Firsts |= rule.WaitBit
 	noteAhead(c, ints[:n]) // calendar.go
 
-	return Record(s, t, c, ints[:n])
+	if err := Record(s, t, c, ints[:n]); err != nil {
+		return err
+	}
+
+	if !t.Refused {
+		rememberPlaces(s.Local, c, ints[:n]) // fallback.go
+	}
+
+	return nil
 }
 
 // rememberAll is remember (fallback.go) for every layer of a request that

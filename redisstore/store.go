@@ -180,9 +180,14 @@ func takeInRedis(s *RedisStore, t *rule.Tally, c *rule.Charge) error {
 // Refund gives back a request's charge of cost to layers, a charge that a
 // later refusal of the same request voids (the up-front global charge of a
 // credentialed request whose ip charge is refused, the other layers of a
-// request a costFrom route refuses): GiveBack, with each concurrency layer's
-// slot of c's lease.
+// request a costFrom route refuses, a place whose client went away while
+// waiting): GiveBack, with each concurrency layer's slot of c's lease, and
+// the key of a layer with a maxDelay no longer blocked (unblockPlaces).
 func Refund(s *RedisStore, c *rule.Charge, cost int64) {
+	if s.Blocked.Size.Load() != 0 {
+		unblockPlaces(s, c)
+	}
+
 	GiveBack(s, c, cost, false)
 }
 
@@ -219,10 +224,6 @@ func GiveBack(s *RedisStore, c *rule.Charge, cost int64, slots bool) {
 // request of a concurrency layer.
 func giveBackInRedis(s *RedisStore, c *rule.Charge, cost int64, slots bool) {
 	var err error
-
-	if !slots && s.Blocked.Size.Load() != 0 {
-		unblockPlaces(s, c)
-	}
 
 	switch {
 	case s.Synced != nil || s.Backend.Down.Load():
