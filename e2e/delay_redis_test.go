@@ -439,7 +439,9 @@ func TestMaxDelayOnRedisThroughTraefik(t *testing.T) {
 			s.wait(t)
 
 			switch {
-			case s.code == http.StatusOK && s.at < 2*time.Second:
+			// memory's clock and Redis's milliseconds may round the window's
+			// start a little early: 1.9s, where the fault answers at once.
+			case s.code == http.StatusOK && s.at < 1900*time.Millisecond:
 				t.Fatalf("during the outage a request was admitted %v after the first, before the next window (2s): the fallback ignored the place Redis reserved", s.at)
 			case s.code == http.StatusOK:
 				admitted++
