@@ -486,10 +486,30 @@ func TestMaxDelayOnRedisThroughTraefik(t *testing.T) {
 		beyondMaxDelay(t, "the other", y.code, y.header, 2)
 	})
 
-	// Every key the scenarios wrote has a TTL.
-	for _, k := range keys(t, admin, "ratelimit:") {
-		if got := pttl(admin, k); got <= 0 || got > 61000 {
-			t.Errorf("key %s: PTTL %d, want a TTL within its window (60s at most here)", k, got)
+	// Every key the scenarios wrote has a TTL, on the server and on the
+	// Cluster's nodes.
+	pools, clusterKeys := []*redisresp.Pool{admin}, 0
+	for _, n := range cl.Primaries {
+		p := n.Client(redisresp.Options{})
+		defer p.Close()
+
+		pools = append(pools, p)
+	}
+
+	for i, p := range pools {
+		found := keys(t, p, "ratelimit:")
+		if i > 0 {
+			clusterKeys += len(found)
 		}
+
+		for _, k := range found {
+			if got := pttl(p, k); got <= 0 || got > 61000 {
+				t.Errorf("key %s: PTTL %d, want a TTL within its window (60s at most here)", k, got)
+			}
+		}
+	}
+
+	if clusterKeys == 0 {
+		t.Error("no key on the Cluster's nodes")
 	}
 }
