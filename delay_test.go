@@ -754,3 +754,53 @@ func TestMaxDelayConfigErrorsNameTheField(t *testing.T) {
 
 	_ = strconv.Itoa
 }
+
+// TestMaxDelayRateLimitResetIsCountedFromThePlace: a request that waited
+// for its place is answered then, and its headers show the rule as of that
+// moment: RateLimit's t counts the seconds to the reset from the place (the
+// next fixed window's length, the bucket's full-again time from the token's
+// moment), not from the moment the request arrived, which its wait has
+// made stale.
+func TestMaxDelayRateLimitResetIsCountedFromThePlace(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		layer config.LayerConfig
+		age   time.Duration
+		wait  time.Duration
+		rate  string
+	}{
+		// 2 per 10s, 5s in: the third's place is the next window, 5s on,
+		// which resets 10s after it.
+		{"fixed", config.LayerConfig{Points: 2, Duration: "10s", MaxDelay: "9s"}, 5 * time.Second, 5 * time.Second, `"ip";r=1;t=10`},
+		// A token each 5s, burst 2: the third's token is back 5s on, the
+		// bucket full again 10s after that.
+		{"tokenbucket", config.LayerConfig{Points: 2, Duration: "10s", Algorithm: "tokenbucket", Burst: 2, MaxDelay: "12s"}, 0, 5 * time.Second, `"ip";r=0;t=10`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := ipDelayHarness(t, "memory", "", c.layer)
+			d := manualDelays(t, h)
+			const client = "203.0.113.11:1234"
+
+			for i := 1; i <= 2; i++ {
+				if rec := h.get("/api", client); rec.Code != http.StatusOK {
+					t.Fatalf("request %d: %d", i, rec.Code)
+				}
+			}
+
+			h.clock.Add(c.age)
+
+			third := h.open(http.MethodGet, "/third", client, nil)
+			if waits := d.waiting(1); waits[0] != c.wait {
+				t.Fatalf("third waits %v, want %v", waits, c.wait)
+			}
+
+			d.advance(c.wait)
+			res := third.head()
+			third.wait()
+
+			if got := res.Header.Get("RateLimit"); res.StatusCode != http.StatusOK || got != c.rate {
+				t.Fatalf("third, answered at its place: %d, RateLimit %s, want 200 and %s", res.StatusCode, got, c.rate)
+			}
+		})
+	}
+}

@@ -124,15 +124,15 @@ func reportWaiting(p *Plugin, rw http.ResponseWriter, req *http.Request, t *rule
 	}
 
 	if t.Firsts&^markBits != 0 {
-		reportOrWait(p, req, t, c)
+		reportOrWait(p, rw, req, t, c)
 	}
 }
 
 // reportOrWait is report of t's first refusals, for a tally that may mark a
 // wait (waitBit), which it waits for first (waitForPlace).
-func reportOrWait(p *Plugin, req *http.Request, t *rule.Tally, c *rule.Charge) {
+func reportOrWait(p *Plugin, rw http.ResponseWriter, req *http.Request, t *rule.Tally, c *rule.Charge) {
 	if t.Firsts&waitBit != 0 && req != nil {
-		waitForPlace(p, req, t, c)
+		waitForPlace(p, rw, req, t, c)
 	}
 
 	if t.Firsts&^markBits != 0 {
@@ -323,10 +323,56 @@ const waitBit = rule.WaitBit
 // waitForPlace holds the request of charge c until the place its tally t
 // reserved comes (awaitPlace); a client gone meanwhile leaves the request
 // refused: verdict answers no one (its connection is closed) and passes
-// nothing on.
-func waitForPlace(p *Plugin, req *http.Request, t *rule.Tally, c *rule.Charge) {
+// nothing on. A request that goes on is answered at its place, so its
+// headers are written again as of then (showAtPlace).
+func waitForPlace(p *Plugin, rw http.ResponseWriter, req *http.Request, t *rule.Tally, c *rule.Charge) {
 	t.Firsts &^= waitBit
 	t.Refused = t.Refused || t.Wait > 0 && !awaitPlace(p, req, t, c)
+
+	if !t.Refused && p.headers && t.Wait > 0 {
+		showAtPlace(p, rw.Header(), t, c)
+	}
+}
+
+// showAtPlace writes again what of tally t's headers its wait made stale:
+// counted from its arrival, they are read at its place, the moment it is
+// answered. RateLimit's t is counted from then (never below 0: a layer
+// whose reset the wait passed resets now); the X-RateLimit-* fields, a
+// count and a moment, stay verdict's (setHeaders'). A marked tally's
+// headers are written again whole (showMarksAtPlace).
+func showAtPlace(p *Plugin, h http.Header, t *rule.Tally, c *rule.Charge) {
+	at := c.Now + t.Wait
+	if at > t.Reset {
+		at = t.Reset
+	}
+
+	if t.Firsts&markBits != 0 {
+		showMarksAtPlace(p, h, t, c, at)
+		return
+	}
+
+	l := c.Layers[t.Shown]
+	if secs := (t.Reset - at + (nsPerSecond - 1)) / nsPerSecond; t.Left < l.TableLen && secs <= maxSmallInt {
+		h["Ratelimit"] = []string{l.RatePrefix[t.Left] + smallInts[secs]}
+	} else {
+		answer.SetLargeHeaders(h, l.Name, t.Left, secs)
+	}
+}
+
+// showMarksAtPlace is showAtPlace for a tally with marks: the headers as
+// verdict and reportWaiting wrote them, the shown layer's counted from at,
+// a month layer's policy that of the place's month. The items of a tally
+// that has them (itemsBit) follow as they were.
+func showMarksAtPlace(p *Plugin, h http.Header, t *rule.Tally, c *rule.Charge, at int64) {
+	setHeaders(h, c.Layers[t.Shown], t.Left, t.Reset, t.ResetH, at)
+
+	if t.Firsts&monthPolicyBit != 0 {
+		rule.SetMonthPolicy(h, c.Layers[t.Shown], c.Now+t.Wait)
+	}
+
+	if t.Firsts&itemsBit != 0 {
+		setItems(p, h, t, c)
+	}
 }
 
 // afterDelay runs f after d and returns what stops it: time.AfterFunc,
