@@ -715,6 +715,18 @@ func TestMaxDelayConfigErrorsNameTheField(t *testing.T) {
 		{"costFrom route", func(c *Config) {
 			c.Routes = []config.RouteConfig{{Name: "llm", Paths: []string{"/v1/"}, Key: "ip", Points: 500, Duration: "60s", CostFrom: "header:X-Cost", MaxDelay: "1s"}}
 		}, `routes[0].maxDelay = "1s"`},
+		// A route's plan may not wait where its route may not: the error
+		// names the plan's field.
+		{"countStatus route's plan", func(c *Config) {
+			c.Principal.UserHeader, c.Principal.PlanHeader = "X-User", "X-Plan"
+			c.Routes = []config.RouteConfig{{Name: "login", Paths: []string{"/login"}, Key: "ip", Points: 5, Duration: "60s", CountStatus: []int{401},
+				Plans: map[string]config.PlanConfig{"free": {Points: 5, Duration: "60s"}, "pro": {Points: 50, Duration: "60s", MaxDelay: "1s"}}}}
+		}, `routes[0].plans.pro.maxDelay = "1s"`},
+		{"costFrom route's plan", func(c *Config) {
+			c.Principal.UserHeader, c.Principal.PlanHeader = "X-User", "X-Plan"
+			c.Routes = []config.RouteConfig{{Name: "llm", Paths: []string{"/v1/"}, Key: "ip", Points: 500, Duration: "60s", CostFrom: "header:X-Cost",
+				Plans: map[string]config.PlanConfig{"pro": {Points: 5000, Duration: "60s", MaxDelay: "2s"}}}}
+		}, `routes[0].plans.pro.maxDelay = "2s"`},
 		{"plan", func(c *Config) {
 			c.Principal.UserHeader, c.Principal.PlanHeader = "X-User", "X-Plan"
 			c.Plans = map[string]config.PlanConfig{"pro": {Points: 5, Duration: "1s", MaxDelay: "2 seconds"}}
