@@ -309,69 +309,38 @@ func withRoutePlan(p *Plugin, out []*rule.Layer, rt *route, req *http.Request, h
 
 // maxDelay: a layer with a maxDelay does not refuse a request whose place
 // comes within it. The store reserves that place at once, as
-// golang.org/x/time/rate's Reserve does (a token bucket's TAT moved ahead, a
-// window's counter charged, the next window's for a fixed window whose
-// points are spent), so that the requests that wait queue in the order they
-// came instead of racing for the moment the layer frees; the take reports
-// the longest wait of its layers (tally.Wait, marked by rule.WaitBit), and
-// verdict waits for it (waitForPlace) before the request goes on. A request that would wait longer is refused
-// as before, and reserves nothing (the take is all or nothing).
+// golang.org/x/time/rate's Reserve does (paths.tmpl: delay), so that the
+// requests that wait queue in the order they came instead of racing for the
+// moment the layer frees; the take reports the longest wait of its layers
+// (tally.Wait, rule.WaitBit), which verdict waits for (waitForPlace). A
+// request that would wait longer is refused as before, reserving nothing.
 
 // waitBit marks a tally whose request waits for its place (rule.WaitBit).
 const waitBit = rule.WaitBit
 
 // waitForPlace holds the request of charge c until the place its tally t
-// reserved comes (awaitPlace); a client gone meanwhile leaves the request
-// refused: verdict answers no one (its connection is closed) and passes
-// nothing on. A request that goes on is answered at its place, so its
-// headers are written again as of then (showAtPlace).
+// reserved comes (awaitPlace); a client gone meanwhile leaves it refused
+// (verdict answers no one, passes nothing on). One that goes on is shown as
+// of its place (RateLimit's t, 0 past a reset, a month's policy; not items).
 func waitForPlace(p *Plugin, rw http.ResponseWriter, req *http.Request, t *rule.Tally, c *rule.Charge) {
 	t.Firsts &^= waitBit
 	t.Refused = t.Refused || t.Wait > 0 && !awaitPlace(p, req, t, c)
-
-	if !t.Refused && p.headers && t.Wait > 0 {
-		showAtPlace(p, rw.Header(), t, c)
+	if t.Refused || !p.headers {
+		return
 	}
-}
 
-// showAtPlace writes again what of tally t's headers its wait made stale:
-// counted from its arrival, they are read at its place, the moment it is
-// answered. RateLimit's t is counted from then (never below 0: a layer
-// whose reset the wait passed resets now); the X-RateLimit-* fields, a
-// count and a moment, stay verdict's (setHeaders'). A marked tally's
-// headers are written again whole (showMarksAtPlace).
-func showAtPlace(p *Plugin, h http.Header, t *rule.Tally, c *rule.Charge) {
 	at := c.Now + t.Wait
 	if at > t.Reset {
 		at = t.Reset
 	}
 
-	if t.Firsts&markBits != 0 {
-		showMarksAtPlace(p, h, t, c, at)
-		return
-	}
-
-	l := c.Layers[t.Shown]
-	if secs := (t.Reset - at + (nsPerSecond - 1)) / nsPerSecond; t.Left < l.TableLen && secs <= maxSmallInt {
-		h["Ratelimit"] = []string{l.RatePrefix[t.Left] + smallInts[secs]}
-	} else {
-		answer.SetLargeHeaders(h, l.Name, t.Left, secs)
-	}
-}
-
-// showMarksAtPlace is showAtPlace for a tally with marks: the headers as
-// verdict and reportWaiting wrote them, the shown layer's counted from at,
-// a month layer's policy that of the place's month. The items of a tally
-// that has them (itemsBit) follow as they were.
-func showMarksAtPlace(p *Plugin, h http.Header, t *rule.Tally, c *rule.Charge, at int64) {
-	setHeaders(h, c.Layers[t.Shown], t.Left, t.Reset, t.ResetH, at)
-
+	setHeaders(rw.Header(), c.Layers[t.Shown], t.Left, t.Reset, t.ResetH, at)
 	if t.Firsts&monthPolicyBit != 0 {
-		rule.SetMonthPolicy(h, c.Layers[t.Shown], c.Now+t.Wait)
+		rule.SetMonthPolicy(rw.Header(), c.Layers[t.Shown], c.Now+t.Wait)
 	}
 
 	if t.Firsts&itemsBit != 0 {
-		setItems(p, h, t, c)
+		setItems(p, rw.Header(), t, c)
 	}
 }
 

@@ -53,7 +53,7 @@ var budgets = map[string]float64{
 	"cluster refused":             272,
 	"cluster synced allowed":      214,
 	"maxDelay allowed":            565,  // the general path, ip with a maxDelay (memstore's apart), each request fitting at once
-	"maxDelay delayed":            1040, // each request waits for its place: a timer and the context watched, then its RateLimit written again as of its place (general.go: showAtPlace, about 50) (933-1000 measured: timers are not counted alike each pass)
+	"maxDelay delayed":            1040, // each request waits for its place: a timer and the context watched, then its headers written again as of its place (general.go: waitForPlace, about 60) (983-1008 measured, 933-937 before that: timers are not counted alike each pass)
 }
 
 // gzipUsage is the JSON body of the costFrom json route, gzip-compressed.
