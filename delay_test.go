@@ -715,6 +715,18 @@ func TestMaxDelayConfigErrorsNameTheField(t *testing.T) {
 		{"costFrom route", func(c *Config) {
 			c.Routes = []config.RouteConfig{{Name: "llm", Paths: []string{"/v1/"}, Key: "ip", Points: 500, Duration: "60s", CostFrom: "header:X-Cost", MaxDelay: "1s"}}
 		}, `routes[0].maxDelay = "1s"`},
+		// A route's plan may not wait where its route may not: the error
+		// names the plan's field.
+		{"countStatus route's plan", func(c *Config) {
+			c.Principal.UserHeader, c.Principal.PlanHeader = "X-User", "X-Plan"
+			c.Routes = []config.RouteConfig{{Name: "login", Paths: []string{"/login"}, Key: "ip", Points: 5, Duration: "60s", CountStatus: []int{401},
+				Plans: map[string]config.PlanConfig{"free": {Points: 5, Duration: "60s"}, "pro": {Points: 50, Duration: "60s", MaxDelay: "1s"}}}}
+		}, `routes[0].plans.pro.maxDelay = "1s"`},
+		{"costFrom route's plan", func(c *Config) {
+			c.Principal.UserHeader, c.Principal.PlanHeader = "X-User", "X-Plan"
+			c.Routes = []config.RouteConfig{{Name: "llm", Paths: []string{"/v1/"}, Key: "ip", Points: 500, Duration: "60s", CostFrom: "header:X-Cost",
+				Plans: map[string]config.PlanConfig{"pro": {Points: 5000, Duration: "60s", MaxDelay: "2s"}}}}
+		}, `routes[0].plans.pro.maxDelay = "2s"`},
 		{"plan", func(c *Config) {
 			c.Principal.UserHeader, c.Principal.PlanHeader = "X-User", "X-Plan"
 			c.Plans = map[string]config.PlanConfig{"pro": {Points: 5, Duration: "1s", MaxDelay: "2 seconds"}}
@@ -954,5 +966,70 @@ func TestMaxDelayAPlaceGivenBackIsTakenAfterARefusal(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestMaxDelayRateLimitResetIsCountedFromThePlace: a request that waited
+// for its place is answered then, and its headers show the rule as of that
+// moment: RateLimit's t counts the seconds to the reset from the place (the
+// next fixed window's length, the bucket's full-again time from the token's
+// moment), not from the moment the request arrived, which its wait has
+// made stale.
+func TestMaxDelayRateLimitResetIsCountedFromThePlace(t *testing.T) {
+	now := time.Date(2026, 6, 15, 10, 0, 0, 200e6, time.UTC) // newHarness's clock
+	toFebruary := time.Date(2027, 2, 1, 0, 0, 0, 0, time.UTC).Sub(now)
+
+	for _, c := range []struct {
+		name   string
+		layer  config.LayerConfig
+		start  time.Duration // the clock moved before the first request
+		age    time.Duration // and after the second
+		wait   time.Duration
+		rate   string
+		policy string // "": not checked
+	}{
+		// 2 per 10s, 5s in: the third's place is the next window, 5s on,
+		// which resets 10s after it.
+		{"fixed", config.LayerConfig{Points: 2, Duration: "10s", MaxDelay: "9s"}, 0, 5 * time.Second, 5 * time.Second, `"ip";r=1;t=10`, ""},
+		// A token each 5s, burst 2: the third's token is back 5s on, the
+		// bucket full again 10s after that.
+		{"tokenbucket", config.LayerConfig{Points: 2, Duration: "10s", Algorithm: "tokenbucket", Burst: 2, MaxDelay: "12s"}, 0, 0, 5 * time.Second, `"ip";r=0;t=10`, ""},
+		// A month of 2, 30 minutes before February: the third's place is
+		// February, whose 28 days are the policy's (not January's 31) and
+		// the seconds to its reset.
+		{"month", config.LayerConfig{Points: 2, Calendar: "month", MaxDelay: "1h"}, toFebruary - 30*time.Minute, 0, 30 * time.Minute, `"ip";r=1;t=2419200`, `"ip";q=2;w=2419200`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := ipDelayHarness(t, "memory", "", c.layer)
+			d := manualDelays(t, h)
+			const client = "203.0.113.11:1234"
+
+			h.clock.Add(c.start)
+
+			for i := 1; i <= 2; i++ {
+				if rec := h.get("/api", client); rec.Code != http.StatusOK {
+					t.Fatalf("request %d: %d", i, rec.Code)
+				}
+			}
+
+			h.clock.Add(c.age)
+
+			third := h.open(http.MethodGet, "/third", client, nil)
+			if waits := d.waiting(1); waits[0] != c.wait {
+				t.Fatalf("third waits %v, want %v", waits, c.wait)
+			}
+
+			d.advance(c.wait)
+			res := third.head()
+			third.wait()
+
+			if got := res.Header.Get("RateLimit"); res.StatusCode != http.StatusOK || got != c.rate {
+				t.Fatalf("third, answered at its place: %d, RateLimit %s, want 200 and %s", res.StatusCode, got, c.rate)
+			}
+
+			if got := res.Header.Get("RateLimit-Policy"); c.policy != "" && got != c.policy {
+				t.Fatalf("third, answered at its place: RateLimit-Policy %s, want %s", got, c.policy)
+			}
+		})
 	}
 }

@@ -124,15 +124,15 @@ func reportWaiting(p *Plugin, rw http.ResponseWriter, req *http.Request, t *rule
 	}
 
 	if t.Firsts&^markBits != 0 {
-		reportOrWait(p, req, t, c)
+		reportOrWait(p, rw, req, t, c)
 	}
 }
 
 // reportOrWait is report of t's first refusals, for a tally that may mark a
 // wait (waitBit), which it waits for first (waitForPlace).
-func reportOrWait(p *Plugin, req *http.Request, t *rule.Tally, c *rule.Charge) {
+func reportOrWait(p *Plugin, rw http.ResponseWriter, req *http.Request, t *rule.Tally, c *rule.Charge) {
 	if t.Firsts&waitBit != 0 && req != nil {
-		waitForPlace(p, req, t, c)
+		waitForPlace(p, rw, req, t, c)
 	}
 
 	if t.Firsts&^markBits != 0 {
@@ -309,24 +309,39 @@ func withRoutePlan(p *Plugin, out []*rule.Layer, rt *route, req *http.Request, h
 
 // maxDelay: a layer with a maxDelay does not refuse a request whose place
 // comes within it. The store reserves that place at once, as
-// golang.org/x/time/rate's Reserve does (a token bucket's TAT moved ahead, a
-// window's counter charged, the next window's for a fixed window whose
-// points are spent), so that the requests that wait queue in the order they
-// came instead of racing for the moment the layer frees; the take reports
-// the longest wait of its layers (tally.Wait, marked by rule.WaitBit), and
-// verdict waits for it (waitForPlace) before the request goes on. A request that would wait longer is refused
-// as before, and reserves nothing (the take is all or nothing).
+// golang.org/x/time/rate's Reserve does (paths.tmpl: delay), so that the
+// requests that wait queue in the order they came instead of racing for the
+// moment the layer frees; the take reports the longest wait of its layers
+// (tally.Wait, rule.WaitBit), which verdict waits for (waitForPlace). A
+// request that would wait longer is refused as before, reserving nothing.
 
 // waitBit marks a tally whose request waits for its place (rule.WaitBit).
 const waitBit = rule.WaitBit
 
 // waitForPlace holds the request of charge c until the place its tally t
-// reserved comes (awaitPlace); a client gone meanwhile leaves the request
-// refused: verdict answers no one (its connection is closed) and passes
-// nothing on.
-func waitForPlace(p *Plugin, req *http.Request, t *rule.Tally, c *rule.Charge) {
+// reserved comes (awaitPlace); a client gone meanwhile leaves it refused
+// (verdict answers no one, passes nothing on). One that goes on is shown as
+// of its place (RateLimit's t, 0 past a reset, a month's policy; not items).
+func waitForPlace(p *Plugin, rw http.ResponseWriter, req *http.Request, t *rule.Tally, c *rule.Charge) {
 	t.Firsts &^= waitBit
 	t.Refused = t.Refused || t.Wait > 0 && !awaitPlace(p, req, t, c)
+	if t.Refused || !p.headers {
+		return
+	}
+
+	at := c.Now + t.Wait
+	if at > t.Reset {
+		at = t.Reset
+	}
+
+	setHeaders(rw.Header(), c.Layers[t.Shown], t.Left, t.Reset, t.ResetH, at)
+	if t.Firsts&monthPolicyBit != 0 {
+		rule.SetMonthPolicy(rw.Header(), c.Layers[t.Shown], c.Now+t.Wait)
+	}
+
+	if t.Firsts&itemsBit != 0 {
+		setItems(p, rw.Header(), t, c)
+	}
 }
 
 // afterDelay runs f after d and returns what stops it: time.AfterFunc,

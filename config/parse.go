@@ -222,25 +222,43 @@ func checkStores(cfg *Config, s *Settings) error {
 
 // checkMaxDelays refuses a maxDelay where its place cannot be reserved:
 // a countStatus route charges after the response, too late to wait; a
-// costFrom route's reservation is the response's. On synced
-// counting a layer with a maxDelay is unleased (parseLayer): the script
-// reserves its place at each request.
+// costFrom route's reservation is the response's. The error names the
+// route's maxDelay, or its plan's (delayingField). On synced counting a
+// layer with a maxDelay is unleased (parseLayer): the script reserves its
+// place at each request.
 func checkMaxDelays(cfg *Config, s *Settings) error {
 	for i, rs := range s.Routes {
-		delays := rs.MaxDelay != 0
-		for _, pl := range rs.Plans {
-			delays = delays || pl.MaxDelay != 0
-		}
+		field, value := delayingField(cfg, i, rs)
 
 		switch {
-		case delays && rs.CountStatus != nil:
-			return invalid("routes["+strconv.Itoa(i)+"].maxDelay", cfg.Routes[i].MaxDelay, "a countStatus route charges after the response, too late to wait")
-		case delays && rs.CostFrom != nil:
-			return invalid("routes["+strconv.Itoa(i)+"].maxDelay", cfg.Routes[i].MaxDelay, "a costFrom route's reservation does not wait (the request's other layers may)")
+		case field == "":
+		case rs.CountStatus != nil:
+			return invalid(field, value, "a countStatus route charges after the response, too late to wait")
+		case rs.CostFrom != nil:
+			return invalid(field, value, "a costFrom route's reservation does not wait (the request's other layers may)")
 		}
 	}
 
 	return nil
+}
+
+// delayingField is the field and value of the maxDelay of route i (rs),
+// else of the first of its plans (in plan order) that has one; "" when
+// none has.
+func delayingField(cfg *Config, i int, rs Route) (string, string) {
+	prefix := "routes[" + strconv.Itoa(i) + "]"
+	if rs.MaxDelay != 0 {
+		return prefix + ".maxDelay", cfg.Routes[i].MaxDelay
+	}
+
+	for _, pl := range rs.Plans {
+		if pl.MaxDelay != 0 {
+			name := strings.TrimPrefix(pl.Name, rs.Name+".")
+			return prefix + ".plans." + name + ".maxDelay", cfg.Routes[i].Plans[name].MaxDelay
+		}
+	}
+
+	return "", ""
 }
 
 // allDryRun puts every layer in dry run: the top-level dryRun is each rule's

@@ -57,8 +57,21 @@ http:
 // two waits is the plugin's order, not the test's.
 func delayHolds(t *testing.T, e *env, client, retryAfter string, minWait time.Duration) {
 	t.Helper()
+	delayHoldsAt(t, e, http.MethodGet, e.traefik.Web+"/api", from(client), retryAfter, minWait)
+}
 
-	if r := e.get(e.traefik.Web+"/api", from(client)); r.code != http.StatusOK {
+// timedAnswer is a response and how long after its sending it came.
+type timedAnswer struct {
+	r    response
+	took time.Duration
+}
+
+// delayHoldsAt is delayHolds for requests of method to url with hdr (the
+// client's); it returns the answer of the one that waited.
+func delayHoldsAt(t *testing.T, e *env, method, url string, hdr map[string]string, retryAfter string, minWait time.Duration) timedAnswer {
+	t.Helper()
+
+	if r := e.do(method, url, hdr); r.code != http.StatusOK {
 		t.Fatalf("first: %d", r.code)
 	}
 
@@ -67,22 +80,17 @@ func delayHolds(t *testing.T, e *env, client, retryAfter string, minWait time.Du
 	// cannot be moved; this pause is that millisecond, with room.
 	time.Sleep(50 * time.Millisecond)
 
-	type answer struct {
-		r    response
-		took time.Duration
-	}
-
-	answers := make(chan answer, 2)
+	answers := make(chan timedAnswer, 2)
 	sent := time.Now()
 
 	for i := 0; i < 2; i++ {
 		go func() {
-			r := e.get(e.traefik.Web+"/api", from(client))
-			answers <- answer{r, time.Since(sent)}
+			r := e.do(method, url, hdr)
+			answers <- timedAnswer{r, time.Since(sent)}
 		}()
 	}
 
-	var waited, refused []answer
+	var waited, refused []timedAnswer
 	for i := 0; i < 2; i++ {
 		a := <-answers
 		if a.r.code == http.StatusOK {
@@ -104,6 +112,8 @@ func delayHolds(t *testing.T, e *env, client, retryAfter string, minWait time.Du
 	if waited[0].took < minWait {
 		t.Fatalf("the one within maxDelay answered after %v, want after its wait (at least %v)", waited[0].took, minWait)
 	}
+
+	return waited[0]
 }
 
 // TestMaxDelayThroughTraefik: in the real Traefik, a request within
