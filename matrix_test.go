@@ -228,6 +228,15 @@ func matrixRows() []mxRow {
 		// admitted at once here, over the day's points.
 		{name: "maxDelay on a calendar day", conf: mxRoutes(config.RouteConfig{Name: "rt", Points: 3, Calendar: "day", MaxDelay: "25h"}),
 			script: plainScript(5), charge: mxChargeEach(1), over: 3, uncounted: true, end: day},
+		// The token bucket of "maxDelay" as the ip layer, beside a costFrom
+		// route whose answers are gzip-compressed: the second and third
+		// wait for ip's places, and their reservations are settled from
+		// their compressed usage as any other's; the rest are refused by
+		// ip and charge the route nothing.
+		{name: "maxDelay beside costFrom gzip", conf: with(mxRoutes(config.RouteConfig{Name: "tok", Points: 6, Duration: "60s", CostFrom: "llm:input + 2*llm:output"}),
+			func(c *Config) {
+				c.IP = config.LayerConfig{Points: 1, Duration: "1h", Algorithm: "tokenbucket", Burst: 1, MaxDelay: "150m"}
+			}), script: gzipScript(2, 2, 1, 2, 1), charge: mxChargeStated(false, 1), over: 1, end: mxMinute},
 		{name: "per minute beside per day", conf: mxRoutes(
 			config.RouteConfig{Name: "tpm", Points: 3, Duration: "60s"},
 			config.RouteConfig{Name: "tpd", Points: 4, Calendar: "day"}),
