@@ -157,14 +157,7 @@ func (s *sent) answered() bool {
 // so the polling may not take long.
 func until(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-
-	for deadline := time.Now().Add(5 * time.Second); !cond(); {
-		if time.Now().After(deadline) {
-			t.Fatalf("still not after 5s: %s", what)
-		}
-
-		time.Sleep(5 * time.Millisecond) // polling, not waiting for a window
-	}
+	pollEvery(t, 5*time.Second, 5*time.Millisecond, cond, func() string { return what })
 }
 
 // beyondMaxDelay checks a refusal of a request whose place is beyond a
@@ -177,6 +170,27 @@ func beyondMaxDelay(t *testing.T, what string, code int, header http.Header, max
 	if code != http.StatusTooManyRequests || err != nil || ra < maxDelaySec {
 		t.Fatalf("%s, beyond maxDelay: %d, Retry-After %q, want 429 and at least %d", what, code, header.Get("Retry-After"), maxDelaySec)
 	}
+}
+
+// oneWaitsOneRefused checks two requests sent together after a first one
+// whose window has one place left within a maxDelay of 2s: one of them is
+// answered 200 at its place, 2s after the first, the other refused beyond
+// the maxDelay.
+func oneWaitsOneRefused(t *testing.T, x, y *sent, place string) {
+	t.Helper()
+
+	x.wait(t)
+	y.wait(t)
+
+	if x.code != http.StatusOK {
+		x, y = y, x
+	}
+
+	if x.code != http.StatusOK || x.at < 2*time.Second {
+		t.Fatalf("of the two after the first, one: %d after %v, want 200 at %s, 2s after the first", x.code, x.at, place)
+	}
+
+	beyondMaxDelay(t, "the other", y.code, y.header, 2)
 }
 
 // TestMaxDelayOnRedisThroughTraefik: maxDelay counted in Redis, in the
@@ -316,19 +330,7 @@ func TestMaxDelayOnRedisThroughTraefik(t *testing.T) {
 
 		time.Sleep(50 * time.Millisecond) // the next window within 1999ms
 
-		x, y := send(a, "/planned/2", principal, start), send(a, "/planned/3", principal, start)
-		x.wait(t)
-		y.wait(t)
-
-		if x.code != http.StatusOK {
-			x, y = y, x
-		}
-
-		if x.code != http.StatusOK || x.at < 2*time.Second {
-			t.Fatalf("of the two after the first, one: %d after %v, want 200 at the next window (2s after the first)", x.code, x.at)
-		}
-
-		beyondMaxDelay(t, "the other", y.code, y.header, 2)
+		oneWaitsOneRefused(t, send(a, "/planned/2", principal, start), send(a, "/planned/3", principal, start), "the next window")
 
 		if got := pttl(admin, key("planned", "pro", "u-72")); got <= 0 {
 			t.Fatalf("the plan's key: PTTL %d, want a TTL", got)
@@ -471,19 +473,7 @@ func TestMaxDelayOnRedisThroughTraefik(t *testing.T) {
 		time.Sleep(50 * time.Millisecond) // ip's next window within 1999ms
 
 		// global's place is a second on, ip's two: the longest.
-		x, y := send(a, "/clustered/2", client, start), send(a, "/clustered/3", client, start)
-		x.wait(t)
-		y.wait(t)
-
-		if x.code != http.StatusOK {
-			x, y = y, x
-		}
-
-		if x.code != http.StatusOK || x.at < 2*time.Second {
-			t.Fatalf("of the two after the first, one: %d after %v, want 200 at the longest of its slots' places (ip's next window, 2s after the first)", x.code, x.at)
-		}
-
-		beyondMaxDelay(t, "the other", y.code, y.header, 2)
+		oneWaitsOneRefused(t, send(a, "/clustered/2", client, start), send(a, "/clustered/3", client, start), "the longest of its slots' places (ip's next window)")
 	})
 
 	// Every key the scenarios wrote has a TTL, on the server and on the

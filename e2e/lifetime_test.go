@@ -190,6 +190,12 @@ func (e *env) waitServed(path string) {
 // waitFor polls cond until it holds, failing after limit with what() as the state.
 func waitFor(t *testing.T, limit time.Duration, cond func() bool, what func() string) {
 	t.Helper()
+	pollEvery(t, limit, 100*time.Millisecond, cond, what)
+}
+
+// pollEvery is waitFor polling cond every interval.
+func pollEvery(t *testing.T, limit, interval time.Duration, cond func() bool, what func() string) {
+	t.Helper()
 
 	deadline := time.Now().Add(limit)
 
@@ -198,7 +204,7 @@ func waitFor(t *testing.T, limit time.Duration, cond func() bool, what func() st
 			t.Fatalf("still after %s: %s", limit, what())
 		}
 
-		time.Sleep(100 * time.Millisecond) // polling, not an assertion on time
+		time.Sleep(interval) // polling, not an assertion on time
 	}
 }
 

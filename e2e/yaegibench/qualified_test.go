@@ -33,11 +33,6 @@ var namedOnTheRequestPath = []string{
 // declared before anything names it costs nothing (doc.go: qualified names).
 // Each type the request path names must cost nothing.
 func TestTypesTheRequestPathNamesCostNothingUnderYaegi(t *testing.T) {
-	gopath := t.TempDir()
-	if err := harness.CopyPlugin(gopath); err != nil {
-		t.Fatal(err)
-	}
-
 	imports := map[string]bool{}
 	src := "func Base() int { var x *int; _ = x; return 0 }\n"
 	for i, name := range namedOnTheRequestPath {
@@ -50,23 +45,7 @@ func TestTypesTheRequestPathNamesCostNothingUnderYaegi(t *testing.T) {
 		head += "\t\"" + harness.ModuleName + "/" + pkg + "\"\n"
 	}
 
-	dir := filepath.Join(gopath, "src", "probe")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-
-	if err := os.WriteFile(filepath.Join(dir, "probe.go"), []byte(head+")\n\n"+src), 0o644); err != nil {
-		t.Fatal(err)
-	}
-
-	i := interp.New(interp.Options{GoPath: gopath})
-	if err := i.Use(stdlib.Symbols); err != nil {
-		t.Fatal(err)
-	}
-
-	if _, err := i.Eval(`import "probe"`); err != nil {
-		t.Fatal(err)
-	}
+	i := probeInterpreter(t, head+")\n\n"+src)
 
 	allocs := func(fn string) float64 {
 		v, err := i.Eval("probe." + fn)
@@ -83,4 +62,35 @@ func TestTypesTheRequestPathNamesCostNothingUnderYaegi(t *testing.T) {
 			t.Errorf("var x *%s costs %v allocation per call more than var x *int: Yaegi meets a reference to %s before its declaration; declare it before anything of its package names it, its files taken by name", name, extra, name)
 		}
 	}
+}
+
+// probeInterpreter is Yaegi as Traefik runs it, with the plugin's packages
+// and a package probe of source src imported.
+func probeInterpreter(t *testing.T, src string) *interp.Interpreter {
+	t.Helper()
+
+	gopath := t.TempDir()
+	if err := harness.CopyPlugin(gopath); err != nil {
+		t.Fatal(err)
+	}
+
+	dir := filepath.Join(gopath, "src", "probe")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := os.WriteFile(filepath.Join(dir, "probe.go"), []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	i := interp.New(interp.Options{GoPath: gopath})
+	if err := i.Use(stdlib.Symbols); err != nil {
+		t.Fatal(err)
+	}
+
+	if _, err := i.Eval(`import "probe"`); err != nil {
+		t.Fatal(err)
+	}
+
+	return i
 }

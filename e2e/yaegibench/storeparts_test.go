@@ -1,15 +1,6 @@
 package yaegibench
 
-import (
-	"os"
-	"path/filepath"
-	"testing"
-
-	"github.com/traefik/yaegi/interp"
-	"github.com/traefik/yaegi/stdlib"
-
-	"github.com/tierlimit/tierlimit/e2e/harness"
-)
+import "testing"
 
 // storePartsProbe reaches each layer's counters (a counter.Table) in the
 // ways a store could find them, each in a loop like the anonymous path's
@@ -144,28 +135,7 @@ func Own(key string) int64 {
 // request). The test fails when that stops being so: a lookup free, the
 // layer could drop the stores' parts.
 func TestALayerReachesItsStoresPartsOnlyThroughItselfForFreeUnderYaegi(t *testing.T) {
-	gopath := t.TempDir()
-	if err := harness.CopyPlugin(gopath); err != nil {
-		t.Fatal(err)
-	}
-
-	dir := filepath.Join(gopath, "src", "probe")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-
-	if err := os.WriteFile(filepath.Join(dir, "probe.go"), []byte(storePartsProbe), 0o644); err != nil {
-		t.Fatal(err)
-	}
-
-	i := interp.New(interp.Options{GoPath: gopath})
-	if err := i.Use(stdlib.Symbols); err != nil {
-		t.Fatal(err)
-	}
-
-	if _, err := i.Eval(`import "probe"`); err != nil {
-		t.Fatal(err)
-	}
+	i := probeInterpreter(t, storePartsProbe)
 
 	allocs := func(fn string) float64 {
 		v, err := i.Eval("probe." + fn)
